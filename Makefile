@@ -1,0 +1,30 @@
+# The two set-up commands (see README):  `make demo`  and  `make test`.
+# Both create .venv from nothing with the machine's Python 3.11; VENV=... reuses another one.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.camkit-installed
+
+.PHONY: install demo test bench lint
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/camkit demo --out demo-out
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/run.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples

@@ -1,0 +1,194 @@
+"""Finding layers, hooking them and always unhooking: the one place that touches the user's model.
+
+Every hook camkit registers goes through :func:`hooked`, which removes it in a ``finally`` block,
+so the model is left exactly as it was even when the forward pass raises.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+LayerSpec = str | nn.Module | Sequence[str | nn.Module]
+
+
+class LayerNotFoundError(ValueError):
+    """A layer name or module that is not part of the model."""
+
+
+class LayerOutputError(ValueError):
+    """A layer that did not run, did not return a tensor, or does not reach the score."""
+
+
+def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
+    """Resolve a dotted name (as in ``model.named_modules()``) or a submodule to ``(name, module)``.
+
+    A misspelt name raises :class:`LayerNotFoundError` naming the closest real layer names.
+    """
+    if isinstance(layer, nn.Module):
+        for name, module in model.named_modules(remove_duplicate=False):
+            if module is layer:
+                return name, module
+        raise LayerNotFoundError(
+            f"the module {type(layer).__name__} passed as layer is not a submodule of the model"
+        )
+    if not isinstance(layer, str):
+        raise TypeError(
+            f"layer must be a dotted module name, an nn.Module or a list of them, "
+            f"got {type(layer).__name__}"
+        )
+    modules = dict(model.named_modules())
+    if layer in modules:
+        return layer, modules[layer]
+    close = difflib.get_close_matches(layer, [name for name in modules if name], n=5, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise LayerNotFoundError(
+        f"the model has no layer named {layer!r}{hint} (see model.named_modules() or `camkit layers`)"
+    )
+
+
+def find_layers(model: nn.Module, layers: LayerSpec) -> list[tuple[str, nn.Module]]:
+    """Resolve one layer or a list of layers to a list of ``(name, module)`` pairs."""
+    specs = [layers] if isinstance(layers, str | nn.Module) else list(layers)
+    if not specs:
+        raise LayerNotFoundError("no layer given: pass a layer name, a module or a list of them")
+    found = [find_layer(model, spec) for spec in specs]
+    names = [name for name, _ in found]
+    if len(set(names)) != len(names):
+        raise LayerNotFoundError(f"the same layer is listed twice: {names}")
+    return found
+
+
+@contextmanager
+def hooked(handles_factory: Callable[[], list]) -> Iterator[None]:
+    """Register hooks (a callable returning their handles) and remove every one on exit."""
+    handles: list = []
+    try:
+        handles = handles_factory()
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _tensor_output(name: str, output: object) -> Tensor:
+    if not isinstance(output, Tensor):
+        raise LayerOutputError(
+            f"layer {name!r} returns {type(output).__name__}, not a tensor; "
+            "choose one of its submodules whose output is a tensor"
+        )
+    return output
+
+
+@contextmanager
+def capture_outputs(
+    model: nn.Module, layers: Sequence[tuple[str, nn.Module]], *, start_graph: bool
+) -> Iterator[dict[str, list[Tensor]]]:
+    """Keep the outputs of ``layers`` (every call, in order) during the forward passes inside.
+
+    With ``start_graph=True`` the caller runs the forward under ``torch.no_grad()``; the first
+    captured output turns autograd on and becomes a leaf, so the graph (and its memory) starts at
+    the target layers: gradients of any later score reach exactly the captured tensors and
+    nothing before them. Downstream modules receive a clone, so in-place operations after the
+    layer (``ReLU(inplace=True)``, ``out += identity``) cannot alter what was captured.
+    """
+    taps: dict[str, list[Tensor]] = {name: [] for name, _ in layers}
+    grad_mode = torch.is_grad_enabled()
+
+    def tap(name: str):
+        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
+            output = _tensor_output(name, output)
+            if start_graph and not output.requires_grad:
+                torch.set_grad_enabled(True)
+                output = output.detach().requires_grad_(True)
+            taps[name].append(output)
+            return output.clone()
+
+        return hook
+
+    try:
+        with hooked(lambda: [m.register_forward_hook(tap(n)) for n, m in layers]):
+            yield taps
+    finally:
+        torch.set_grad_enabled(grad_mode)
+
+
+def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
+    """The last call's output of each tapped layer; a layer that never ran is an error."""
+    missing = [name for name, calls in taps.items() if not calls]
+    if missing:
+        raise LayerOutputError(
+            f"layer(s) {missing} did not run during the forward pass; "
+            "pick a layer that the model's forward actually calls"
+        )
+    return [calls[-1] for calls in taps.values()]
+
+
+@dataclass
+class Recording:
+    """What :func:`record` captured.
+
+    ``activations[name]`` and ``gradients[name]`` are a tensor when the layer ran once, and a
+    list of tensors in call order when the module ran several times (a shared ``ReLU``).
+    Tensors are detached; gradients appear after the user's own backward pass.
+    """
+
+    calls: dict[str, list[Tensor]] = field(default_factory=dict)
+    grads: dict[str, list[Tensor | None]] = field(default_factory=dict)
+
+    @staticmethod
+    def _unwrap(store: dict[str, list]) -> dict[str, Tensor | list[Tensor]]:
+        return {
+            name: items[0] if len(items) == 1 else list(items)
+            for name, items in store.items()
+            if items and all(item is not None for item in items)
+        }
+
+    @property
+    def activations(self) -> dict[str, Tensor | list[Tensor]]:
+        return self._unwrap(self.calls)
+
+    @property
+    def gradients(self) -> dict[str, Tensor | list[Tensor]]:
+        return self._unwrap(self.grads)
+
+
+@contextmanager
+def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Iterator[Recording]:
+    """Capture the outputs of ``layers`` during any forward, and their gradients during any backward.
+
+    The hand-written ``LayerActivations`` of every tutorial, done once::
+
+        with camkit.record(model, ["conv1", "layer4"]) as rec:
+            model(x)[0, 281].backward()
+        rec.activations["conv1"], rec.gradients["layer4"]
+
+    Outputs are kept detached and protected from later in-place operations; every hook is
+    removed on exit, also when the code inside raises.
+    """
+    found = find_layers(model, layers)
+    rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})
+
+    def tap(name: str):
+        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
+            output = _tensor_output(name, output)
+            call = len(rec.calls[name])
+            rec.calls[name].append(output.detach())
+            rec.grads[name].append(None)
+            if gradients and output.requires_grad:
+
+                def keep(grad: Tensor) -> None:
+                    rec.grads[name][call] = grad.detach()
+
+                output.register_hook(keep)
+            return output.clone()
+
+        return hook
+
+    with hooked(lambda: [m.register_forward_hook(tap(n)) for n, m in found]):
+        yield rec

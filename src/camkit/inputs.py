@@ -1,0 +1,35 @@
+"""Checking the images handed to an explainer, once, with errors that say what was expected."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
+    """Validate an image ``(C, H, W)`` or batch ``(B, C, H, W)``; return ``(batch, was_single)``."""
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"expected an image tensor (3, H, W) or a batch (B, 3, H, W), got {type(x).__name__}; "
+            "turn images into tensors with camkit.models.load(...).preprocess"
+        )
+    if x.ndim not in (3, 4):
+        raise ValueError(
+            f"expected an image (3, H, W) or a batch (B, 3, H, W), got shape {tuple(x.shape)}"
+        )
+    if not x.is_floating_point():
+        raise TypeError(
+            f"expected a floating-point image tensor, got {x.dtype}; "
+            "scale and normalise it as the model expects (e.g. with .preprocess)"
+        )
+    if x.numel() == 0:
+        raise ValueError(f"the input is empty: shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError("the input contains NaN or infinite values")
+    param = next(model.parameters(), None)
+    if param is not None and param.device != x.device:
+        raise ValueError(
+            f"the model is on {param.device} but the input is on {x.device}; "
+            "move one of them (camkit computes on the input's device)"
+        )
+    return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
