@@ -48,7 +48,8 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
     close = difflib.get_close_matches(layer, [name for name in modules if name], n=5, cutoff=0.5)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise LayerNotFoundError(
-        f"the model has no layer named {layer!r}{hint} (see model.named_modules() or `camkit layers`)"
+        f"the model has no layer named {layer!r}{hint} "
+        "(see model.named_modules() or `camkit layers`)"
     )
 
 
@@ -160,7 +161,7 @@ class Recording:
 
 @contextmanager
 def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Iterator[Recording]:
-    """Capture the outputs of ``layers`` during any forward, and their gradients during any backward.
+    """Capture ``layers``' outputs during any forward, and their gradients during any backward.
 
     The hand-written ``LayerActivations`` of every tutorial, done once::
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from camkit.capture import LayerSpec
 from camkit.cam.base import CAM, Reshape, finish
 from camkit.cam.methods import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+from camkit.capture import LayerSpec
 from camkit.inputs import as_batch
 from camkit.targets import OutputSelector, Target
 

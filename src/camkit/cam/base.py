@@ -77,7 +77,7 @@ def finish(
     single: bool,
     several: bool,
 ) -> Tensor | dict[str, Tensor]:
-    """ReLU, upsample to ``size`` and normalise ``(B, K, h, w)`` maps; fuse layers; drop unused axes.
+    """ReLU, upsample to ``size`` and normalise ``(B, K, h, w)`` maps; fuse layers; squeeze.
 
     Several layers are fused by the mean of their (finished) maps, normalised again; with
     ``fuse=False`` a dict ``{layer: map}`` comes back.
@@ -182,7 +182,7 @@ class CAM:
         return (self.channel_weights(act, grad) * act).sum(dim=-3)
 
     def raw_maps(self, batch: Tensor, target: Target) -> tuple[dict[str, Tensor], bool]:
-        """The maps before finishing, ``{layer: (B, K, h, w)}``, and whether K targets were asked."""
+        """The unfinished maps ``{layer: (B, K, h, w)}``, and whether K targets were asked."""
         acts, grads, several = self.capture.run(
             batch, target, gradients=self.needs_gradients, dtype=self.dtype
         )
@@ -239,4 +239,3 @@ class CAM:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.capture.names})"
-

@@ -74,7 +74,7 @@ class HiResCAM(CAM):
 
 
 class LayerCAM(CAM):
-    """LayerCAM: activations weighted element-wise by the positive gradients, ``sum_c ReLU(g_c) A_c``.
+    """LayerCAM: activations weighted element-wise by positive gradients, ``sum_c ReLU(g_c) A_c``.
 
     Jiang et al., "LayerCAM: Exploring Hierarchical Class Activation Maps for Localization",
     IEEE TIP 2021. Works at shallow layers too; fuse several layers for finer maps.
