@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+
+MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
 
 
 def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
@@ -31,5 +37,12 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
         raise ValueError(
             f"the model is on {param.device} but the input is on {x.device}; "
             "move one of them (camkit computes on the input's device)"
+        )
+    if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
+        warnings.warn(
+            "the model is in training mode: dropout and batch-norm statistics make the maps "
+            "random and batch-dependent (and update running statistics); call model.eval() first",
+            UserWarning,
+            stacklevel=3,
         )
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)

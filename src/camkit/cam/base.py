@@ -44,7 +44,8 @@ def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> lis
         )
     k = scores.shape[1]
     if k == 1:
-        grads = torch.autograd.grad(scores.sum(), acts, allow_unused=True)
+        with torch.enable_grad():
+            grads = torch.autograd.grad(scores.sum(), acts, allow_unused=True)
     else:
         one_hot = torch.eye(k, dtype=scores.dtype, device=scores.device)
         grad_outputs = one_hot[:, None, :].expand(k, *scores.shape)
