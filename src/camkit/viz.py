@@ -1,0 +1,455 @@
+"""Pictures: heatmap overlays, feature-map grids, three-panel figures and atomic PNG writes.
+
+Images may be PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``) or torch tensors
+(``HxW``, ``CxHxW`` with C in 1/3/4, or ``1xCxHxW``), as ``uint8`` (0..255) or float (0..1).
+Numpy arrays are read channels-last and tensors channels-first, unless only the other reading
+has 1, 3 or 4 channels. Gray is repeated to RGB and an alpha channel is dropped (not composited).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "OPENCV_COLORMAPS",
+    "feature_grid",
+    "overlay",
+    "plot",
+    "save_png",
+    "to_rgb_float",
+    "to_rgb_uint8",
+]
+
+OPENCV_COLORMAPS: dict[str, int] = {
+    name.removeprefix("COLORMAP_").lower(): getattr(cv2, name)
+    for name in dir(cv2)
+    if name.startswith("COLORMAP_")
+}
+"""OpenCV colormap names (lower case) -> ``cv2.COLORMAP_*`` codes."""
+
+_CHANNEL_COUNTS = (1, 3, 4)
+_FLOAT_TOLERANCE = 1e-3  # float images may stray this far outside [0, 1] (rounding) before clipping
+_DIVERGING_COLORMAP = "bwr"
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+def _as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu()
+        if array.dtype == torch.bfloat16:
+            array = array.float()
+        return array.numpy()
+    return np.asarray(array)
+
+
+def _image_hwc(image: object) -> np.ndarray:
+    """Any supported image -> numpy ``HxWxC`` (C in 1/3/4), dtype unchanged."""
+    if isinstance(image, Image.Image):
+        return np.asarray(image.convert("RGB"))
+    if isinstance(image, torch.Tensor):
+        channels_first = True
+        if image.ndim == 4 and image.shape[0] == 1:
+            image = image[0]
+    elif isinstance(image, np.ndarray):
+        channels_first = False
+    else:
+        raise TypeError(
+            f"expected an image as a PIL image, numpy array or torch tensor, got {_describe(image)}"
+        )
+    array = _as_numpy(image)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    elif array.ndim == 3:
+        first_ok, last_ok = array.shape[0] in _CHANNEL_COUNTS, array.shape[2] in _CHANNEL_COUNTS
+        if (channels_first and first_ok) or (not last_ok and first_ok):
+            array = np.moveaxis(array, 0, 2)
+        elif not last_ok:
+            raise ValueError(
+                "expected an image with 1, 3 or 4 channels (HxWxC array or CxHxW tensor), "
+                f"got {_describe(image)}"
+            )
+    else:
+        raise ValueError(
+            f"expected a 2-D (gray) or 3-D (color) image, got {_describe(image)} "
+            f"with {array.ndim} dimensions"
+        )
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"the image is empty: {_describe(image)}")
+    return array
+
+
+def _rgb_channels(array: np.ndarray) -> np.ndarray:
+    if array.shape[2] == 1:
+        return np.repeat(array, 3, axis=2)
+    return array[:, :, :3]
+
+
+def _check_unit_range(array: np.ndarray) -> np.ndarray:
+    """Float image -> float32 clipped to [0, 1]; refuses NaN/inf and values far outside [0, 1]."""
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+        raise ValueError("the image contains NaN or infinite values")
+    low, high = float(array.min()), float(array.max())
+    if low < -_FLOAT_TOLERANCE or high > 1 + _FLOAT_TOLERANCE:
+        raise ValueError(
+            f"expected a float image with values in [0, 1], got values in [{low:.4g}, {high:.4g}]"
+            " (a normalised model input? pass the original image, or uint8 0..255)"
+        )
+    return np.clip(array, 0.0, 1.0)
+
+
+def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.uint16:
+        return np.round(array / 257.0).astype(np.uint8)
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high > 255:
+        raise ValueError(
+            f"expected integer image values in 0..255 (or uint16), got {array.dtype} values in "
+            f"[{low}, {high}]"
+        )
+    return array.astype(np.uint8)
+
+
+def to_rgb_uint8(image: object) -> np.ndarray:
+    """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
+
+    uint8 is kept as is, bool maps to 0/255, float in [0, 1] is scaled by 255 and rounded, uint16 is
+    divided by 257; other integer types must already lie in 0..255.
+    """
+    array = _rgb_channels(_image_hwc(image))
+    if array.dtype == np.uint8:
+        return array.copy()
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    if np.issubdtype(array.dtype, np.floating):
+        return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
+    if np.issubdtype(array.dtype, np.integer):
+        return _integer_as_uint8(array)
+    raise TypeError(f"expected a uint8, integer, bool or float image, got {_describe(image)}")
+
+
+def to_rgb_float(image: object) -> np.ndarray:
+    """Any supported image -> ``HxWx3`` float32 RGB in [0, 1] (float input keeps its precision)."""
+    array = _rgb_channels(_image_hwc(image))
+    if np.issubdtype(array.dtype, np.floating):
+        return _check_unit_range(array).copy()
+    return to_rgb_uint8(array).astype(np.float32) / 255.0
+
+
+def _heatmap_2d(heatmap: object) -> np.ndarray:
+    """2-D heatmap (leading size-1 axes allowed) -> float32 in [0, 1]; see :func:`overlay`."""
+    if not isinstance(heatmap, (np.ndarray, torch.Tensor)):
+        raise TypeError(
+            f"expected a heatmap as a numpy array or torch tensor, got {_describe(heatmap)}"
+        )
+    array = _as_numpy(heatmap).astype(np.float32)
+    while array.ndim > 2 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim != 2:
+        raise ValueError(f"expected a 2-D heatmap (H, W), got {_describe(heatmap)}")
+    if array.size == 0:
+        raise ValueError(f"the heatmap is empty: {_describe(heatmap)}")
+    if not np.isfinite(array).all():
+        raise ValueError("the heatmap contains NaN or infinite values")
+    low, high = float(array.min()), float(array.max())
+    if low >= -_FLOAT_TOLERANCE and high <= 1 + _FLOAT_TOLERANCE:
+        return np.clip(array, 0.0, 1.0)
+    if high == low:
+        return np.zeros_like(array)
+    return (array - low) / (high - low)
+
+
+def _colormap_lut(colormap: str) -> np.ndarray:
+    """Colormap name -> ``256x3`` uint8 RGB lookup table (OpenCV names first, then matplotlib)."""
+    if not isinstance(colormap, str):
+        raise TypeError(f"expected a colormap name (str), got {_describe(colormap)}")
+    code = OPENCV_COLORMAPS.get(colormap.lower())
+    if code is not None:
+        ramp = np.arange(256, dtype=np.uint8).reshape(256, 1)
+        return cv2.applyColorMap(ramp, code)[:, 0, ::-1].copy()
+    import matplotlib
+
+    if colormap in matplotlib.colormaps:
+        rgba = matplotlib.colormaps[colormap](np.linspace(0.0, 1.0, 256))
+        return np.round(rgba[:, :3] * 255.0).astype(np.uint8)
+    examples = sorted(OPENCV_COLORMAPS)[:12] + ["gray", "RdBu", "coolwarm", "bwr"]
+    raise ValueError(
+        f"unknown colormap {colormap!r}; use an OpenCV name ({', '.join(examples[:12])}, ...) "
+        f"or a matplotlib colormap name (e.g. {', '.join(examples[12:])})"
+    )
+
+
+def _validate_alpha(alpha: float) -> float:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"expected alpha in [0, 1], got {alpha}")
+    return float(alpha)
+
+
+def overlay(
+    image: object,
+    heatmap: np.ndarray | torch.Tensor,
+    alpha: float = 0.5,
+    colormap: str = "jet",
+) -> np.ndarray:
+    """Blend a colored heatmap onto an image -> ``HxWx3`` uint8 RGB at the image's own size.
+
+    Exactly what happens:
+
+    1. the image becomes uint8 RGB (:func:`to_rgb_uint8`);
+    2. the heatmap (2-D ``(h, w)``, any size; leading size-1 axes are dropped) is used as is when
+       its values lie in [0, 1]; otherwise it is min-max rescaled to [0, 1] (a constant map -> 0);
+    3. it is resized to the image size with bilinear interpolation (``cv2.resize``);
+    4. it is quantised to 0..255 (rounded) and colored by ``colormap``: an OpenCV name (``"jet"``,
+       ``"turbo"``, ``"inferno"``, ... case-insensitive, looked up first) or a matplotlib name;
+    5. ``out = round((1 - alpha) * image + alpha * colored)``.
+
+    The heatmap must cover the same region as the image: for a model input made by a
+    center-cropping preprocess, overlay on the cropped image (``preprocess.resize_crop(image)``).
+    """
+    alpha = _validate_alpha(alpha)
+    rgb = to_rgb_uint8(image)
+    colored = _colorize(_heatmap_2d(heatmap), rgb.shape[:2], colormap)
+    blended = (1.0 - alpha) * rgb.astype(np.float32) + alpha * colored.astype(np.float32)
+    return np.round(blended).astype(np.uint8)
+
+
+def _colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.ndarray:
+    lut = _colormap_lut(colormap)
+    resized = cv2.resize(heat, (size_hw[1], size_hw[0]), interpolation=cv2.INTER_LINEAR)
+    levels = np.round(np.clip(resized, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return lut[levels]
+
+
+def _grid_tiles(maps: object) -> np.ndarray:
+    """Maps -> ``(N, h, w)`` or ``(N, h, w, 3)`` float64 tiles; see :func:`feature_grid`."""
+    if not isinstance(maps, (np.ndarray, torch.Tensor)):
+        raise TypeError(f"expected maps as a numpy array or torch tensor, got {_describe(maps)}")
+    array = _as_numpy(maps).astype(np.float64)
+    if array.ndim == 4 and array.shape[0] == 1:
+        array = array[0]
+    elif array.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
+        array = np.moveaxis(array, 1, 3) if array.shape[1] == 3 else array.mean(axis=1)
+    elif array.ndim == 2:
+        array = array[None]
+    elif array.ndim != 3:
+        raise ValueError(
+            "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
+            f"(H, W), got {_describe(maps)}"
+        )
+    if array.size == 0:
+        raise ValueError(f"no maps to show: {_describe(maps)}")
+    if not np.isfinite(array).all():
+        raise ValueError("the maps contain NaN or infinite values")
+    return array
+
+
+def _min_max(array: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
+    low = array.min(axis=axes, keepdims=True)
+    span = array.max(axis=axes, keepdims=True) - low
+    return np.divide(array - low, span, out=np.zeros_like(array), where=span > 0)
+
+
+def feature_grid(
+    maps: np.ndarray | torch.Tensor,
+    ncols: int | None = None,
+    padding: int = 1,
+    normalize: Literal["tile", "all", "none"] = "tile",
+    max_tiles: int | None = None,
+    pad_value: float = 1.0,
+) -> np.ndarray:
+    """Tile many small maps into one picture (the classic ``vis_square``) -> float in [0, 1].
+
+    ``maps``: ``(C, H, W)`` (one sample's activations or gradients), ``(1, C, H, W)``, one map
+    ``(H, W)``, or conv weights ``(out, in, kh, kw)``: with ``in == 3`` each filter is an RGB tile,
+    otherwise each tile is the filter's mean over its input channels (slice ``w[:, i]`` yourself
+    to see one input channel). Tiles are laid out row by row, ``ncols`` per row (default
+    ``ceil(sqrt(n))``) and as many rows as needed, with ``padding`` pixels of ``pad_value``
+    between tiles and in unused cells; only the first ``max_tiles`` maps are shown.
+
+    ``normalize``: ``"tile"`` min-max scales each tile on its own (RGB tiles over all 3 channels),
+    ``"all"`` scales all shown tiles together, ``"none"`` expects values already in [0, 1].
+    A constant tile becomes 0. Returns ``(rows*H + (rows-1)*padding, ncols*W + (ncols-1)*padding)``
+    and a trailing axis of 3 for RGB tiles.
+    """
+    tiles = _grid_tiles(maps)
+    if max_tiles is not None:
+        if max_tiles < 1:
+            raise ValueError(f"expected max_tiles >= 1 or None, got {max_tiles}")
+        tiles = tiles[:max_tiles]
+    if padding < 0:
+        raise ValueError(f"expected padding >= 0, got {padding}")
+    if not 0.0 <= pad_value <= 1.0:
+        raise ValueError(f"expected pad_value in [0, 1], got {pad_value}")
+    count = tiles.shape[0]
+    tile_axes = tuple(range(1, tiles.ndim))
+    if normalize == "tile":
+        tiles = _min_max(tiles, tile_axes)
+    elif normalize == "all":
+        tiles = _min_max(tiles, None)
+    elif normalize == "none":
+        low, high = float(tiles.min()), float(tiles.max())
+        if low < 0.0 or high > 1.0:
+            raise ValueError(
+                f"normalize='none' expects values in [0, 1], got values in [{low:.4g}, {high:.4g}]"
+            )
+    else:
+        raise ValueError(f"expected normalize 'tile', 'all' or 'none', got {normalize!r}")
+
+    ncols = math.ceil(math.sqrt(count)) if ncols is None else ncols
+    if ncols < 1:
+        raise ValueError(f"expected ncols >= 1 or None, got {ncols}")
+    nrows = math.ceil(count / ncols)
+    height, width = tiles.shape[1:3]
+    grid_shape = (nrows * height + (nrows - 1) * padding, ncols * width + (ncols - 1) * padding)
+    grid = np.full(grid_shape + tiles.shape[3:], pad_value, dtype=np.float32)
+    for index, tile in enumerate(tiles):
+        top = (index // ncols) * (height + padding)
+        left = (index % ncols) * (width + padding)
+        grid[top : top + height, left : left + width] = tile
+    return grid
+
+
+def _attribution_2d(attribution: object) -> np.ndarray:
+    if not isinstance(attribution, (np.ndarray, torch.Tensor)):
+        raise TypeError(
+            f"expected a heatmap/attribution as a numpy array or torch tensor, "
+            f"got {_describe(attribution)}"
+        )
+    array = _as_numpy(attribution).astype(np.float32)
+    while array.ndim > 3 and array.shape[0] == 1:
+        array = array[0]
+    if array.ndim == 3 and array.shape[0] in (1, 3):
+        array = array.sum(axis=0)
+    if array.ndim != 2:
+        raise ValueError(
+            f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
+            f"got {_describe(attribution)}"
+        )
+    if array.size == 0:
+        raise ValueError(f"the map is empty: {_describe(attribution)}")
+    if not np.isfinite(array).all():
+        raise ValueError("the map contains NaN or infinite values")
+    return array
+
+
+def plot(
+    image: object,
+    heatmap_or_attr: np.ndarray | torch.Tensor,
+    *,
+    title: str | None = None,
+    alpha: float = 0.5,
+    colormap: str = "jet",
+    signed: bool | None = None,
+    clip_percentile: float = 99.5,
+) -> Figure:
+    """Three panels, image | map | overlay -> a ``matplotlib.figure.Figure`` (no pyplot involved).
+
+    ``heatmap_or_attr``: a 2-D map ``(H, W)`` or a per-channel attribution ``(3, H, W)``, which is
+    summed over channels. ``signed=None`` means signed when any value is negative.
+
+    * Unsigned: the map is treated as in :func:`overlay` (used as is in [0, 1], else min-max
+      rescaled) and drawn with ``colormap`` on a 0..1 scale.
+    * Signed: drawn with the diverging ``"bwr"`` colormap, centred at 0, limits ``±L`` where ``L``
+      is the ``clip_percentile`` percentile of ``|values|`` (values beyond are clipped); the
+      overlay blends ``(clip(v, -L, L) / L + 1) / 2`` in ``"bwr"``.
+
+    The middle panel shows the map at its own resolution (nearest neighbour) stretched over the
+    image; the overlay uses :func:`overlay` (bilinear). Each has a colorbar.
+    """
+    alpha = _validate_alpha(alpha)
+    if not 0.0 < clip_percentile <= 100.0:
+        raise ValueError(f"expected clip_percentile in (0, 100], got {clip_percentile}")
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    rgb = to_rgb_uint8(image)
+    values = _attribution_2d(heatmap_or_attr)
+    is_signed = bool((values < 0).any()) if signed is None else signed
+    if is_signed:
+        limit = float(np.percentile(np.abs(values), clip_percentile))
+        if limit == 0.0:
+            limit = float(np.abs(values).max()) or 1.0
+        shown = np.clip(values, -limit, limit)
+        low, high, cmap_name = -limit, limit, _DIVERGING_COLORMAP
+        unit = (shown / limit + 1.0) / 2.0
+        map_title = f"signed attribution (clipped at ±{limit:.3g})"
+        bar_label = f"0-centred; ±{limit:.3g} = p{clip_percentile:g} of |values|"
+    else:
+        unit = shown = _heatmap_2d(values)
+        low, high, cmap_name = 0.0, 1.0, colormap
+        in_range = values.min() >= -_FLOAT_TOLERANCE and values.max() <= 1 + _FLOAT_TOLERANCE
+        map_title = "heatmap" if in_range else "heatmap (min-max rescaled)"
+        bar_label = (
+            "heatmap (0..1)"
+            if in_range
+            else f"min-max rescaled from [{values.min():.3g}, {values.max():.3g}]"
+        )
+    cmap = ListedColormap(_colormap_lut(cmap_name) / 255.0, name=cmap_name)
+    height, width = rgb.shape[:2]
+
+    figure = Figure(figsize=(13.5, 4.5), layout="constrained")
+    image_axes, map_axes, overlay_axes = figure.subplots(1, 3)
+    image_axes.imshow(rgb)
+    image_axes.set_title(f"image {width}x{height}")
+    drawn = map_axes.imshow(
+        shown,
+        cmap=cmap,
+        vmin=low,
+        vmax=high,
+        extent=(0, width, height, 0),
+        interpolation="nearest",
+    )
+    map_axes.set_title(f"{map_title}, {values.shape[1]}x{values.shape[0]}")
+    figure.colorbar(drawn, ax=map_axes, shrink=0.8, label=bar_label)
+    overlay_axes.imshow(overlay(rgb, unit, alpha=alpha, colormap=cmap_name))
+    overlay_axes.set_title(f"overlay (alpha={alpha:g}, {cmap_name})")
+    for axes in (image_axes, map_axes, overlay_axes):
+        axes.set_axis_off()
+    if title is not None:
+        figure.suptitle(title)
+    return figure
+
+
+def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically.
+
+    The PNG is written to a hidden temporary file in the same folder and then renamed over
+    ``path`` (``os.replace``), so readers never see a half-written file. Returns the path.
+    """
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise ValueError(f"expected a path ending in .png, got {str(target)!r}")
+    rgb = to_rgb_uint8(rgb_uint8)
+    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    if not ok:
+        raise OSError(f"OpenCV could not encode a PNG of shape {rgb.shape}")
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    descriptor = os.open(temporary, flags, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(encoded.tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return target
