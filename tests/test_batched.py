@@ -1,0 +1,155 @@
+"""One pass, many answers: K targets, cams(), and devices / dtypes / memory formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import camkit
+from camkit import METHODS, AblationCAM, ScoreCAM, cams
+
+
+class SmallNet(nn.Module):
+    """x (B, 3, 16, 16) -> conv blocks "block1" (8 ch, 8x8), "block2" (16 ch, 4x4) -> fc(6)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.block1 = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU())
+        self.block2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.fc = nn.Linear(16, 6)
+        self.eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.block2(self.block1(x)).mean(dim=(-2, -1)))
+
+
+class Forwards:
+    """Counts the model's forward calls (a forward pre-hook)."""
+
+    def __init__(self, model: nn.Module):
+        self.count = 0
+        self.handle = model.register_forward_pre_hook(self.hook)
+
+    def hook(self, module: nn.Module, args: tuple) -> None:
+        self.count += 1
+
+    def __enter__(self) -> Forwards:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()
+
+
+def pearson(a: Tensor, b: Tensor) -> float:
+    return torch.corrcoef(torch.stack([a.flatten().float(), b.flatten().float()]))[0, 1].item()
+
+
+@pytest.fixture
+def model() -> SmallNet:
+    return SmallNet()
+
+
+@pytest.fixture
+def x() -> Tensor:
+    return torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+
+
+TARGETS = [[0, 4, 5], [2, 2, 1], [5, 0, 3]]
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_k_targets_equal_k_single_calls_from_one_forward(model, x, name):
+    cam = METHODS[name](model, "block2")
+    with Forwards(model) as forwards:
+        several = cam(x, TARGETS)
+    assert forwards.count == 1
+    for k in range(3):
+        single = cam(x, [row[k] for row in TARGETS])
+        expected = several if not cam.needs_gradients else several[:, k]
+        torch.testing.assert_close(expected, single)
+    assert several.shape == ((3, 3, 16, 16) if cam.needs_gradients else (3, 16, 16))
+    torch.testing.assert_close(cam(x, torch.tensor(TARGETS)), several)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "target", "kwargs"),
+    [
+        ("single", 4, {}),
+        ("batch", [0, 1, 2], {}),
+        ("batch", TARGETS, {}),
+        ("batch", None, {"relu": False, "normalize": False}),
+        ("batch", TARGETS, {"fuse": False}),
+    ],
+)
+def test_cams_entries_equal_the_single_classes(model, x, inputs, target, kwargs):
+    batch = x[0] if inputs == "single" else x
+    layers = ["block1", "block2"] if kwargs.get("fuse") is False else "block2"
+    with Forwards(model) as forwards:
+        maps = cams(model, layers, batch, target, methods=sorted(METHODS), **kwargs)
+    assert forwards.count == 1  # six methods, one forward (and one backward)
+    assert set(maps) == set(METHODS)
+    for name, got in maps.items():
+        expected = METHODS[name](model, layers)(batch, target, **kwargs)
+        if isinstance(expected, dict):
+            assert set(got) == set(expected) == {"block1", "block2"}
+            for layer in expected:
+                torch.testing.assert_close(got[layer], expected[layer])
+        else:
+            torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "layercam", "scorecam", "ablationcam"])
+def test_bfloat16_autocast_gives_float32_maps_close_to_float32(model, x, method):
+    cls = {"scorecam": ScoreCAM, "ablationcam": AblationCAM}.get(method) or METHODS[method]
+    exact = cls(model, "block2")(x, [0, 1, 2])
+    low = cls(model, "block2", dtype=torch.bfloat16)(x, [0, 1, 2])
+    assert low.dtype == torch.float32
+    for a, b in zip(exact, low, strict=True):
+        assert pearson(a, b) > 0.99
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "eigencam", "scorecam", "ablationcam"])
+def test_channels_last_model_and_input(model, x, method):
+    cls = {"scorecam": ScoreCAM, "ablationcam": AblationCAM}.get(method) or METHODS[method]
+    expected = cls(model, "block2")(x, TARGETS)
+    model = model.to(memory_format=torch.channels_last)
+    got = cls(model, "block2")(x.contiguous(memory_format=torch.channels_last), TARGETS)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_model_gives_float32_maps(model, x):
+    model = model.double()
+    for cls in (camkit.GradCAM, ScoreCAM, AblationCAM):
+        out = cls(model, "block2")(x.double(), 0)
+        assert out.dtype == torch.float32 and out.shape == (3, 16, 16)
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    return torch.device("cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("method", [*sorted(METHODS), "scorecam", "ablationcam"])
+def test_cuda_matches_cpu(model, x, method, cuda):
+    cls = {"scorecam": ScoreCAM, "ablationcam": AblationCAM}.get(method) or METHODS[method]
+    expected = cls(model, "block2")(x, TARGETS)
+    gpu_model = SmallNet().to(cuda)
+    got = cls(gpu_model, "block2")(x.to(cuda), TARGETS)
+    assert got.device.type == "cuda" and got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.cuda
+def test_cuda_cams_and_half_precision(model, x, cuda):
+    gpu_model = SmallNet().to(cuda)
+    maps = cams(gpu_model, "block2", x.to(cuda), TARGETS, dtype=torch.float16)
+    expected = cams(model, "block2", x, TARGETS)
+    for name, got in maps.items():
+        assert got.device.type == "cuda" and got.dtype == torch.float32
+        for a, b in zip(got.cpu().flatten(0, 1), expected[name].flatten(0, 1), strict=True):
+            assert pearson(a, b) > 0.99
