@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -427,25 +428,45 @@ def plot(
     return figure
 
 
-def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically.
+def picture_grid(
+    rows: Sequence[tuple[str, Sequence[np.ndarray]]], columns: Sequence[str]
+) -> np.ndarray:
+    """Pictures in a titled grid, one row per ``(title, [picture, ...])`` -> ``HxWx3`` uint8 RGB.
 
-    The PNG is written to a hidden temporary file in the same folder and then renamed over
-    ``path`` (``os.replace``), so readers never see a half-written file. Returns the path.
+    ``columns`` names the columns; every row has one picture per column (e.g. a photo and
+    its overlays, as in ``camkit demo``'s summary).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(2.4 * len(columns), 1.8 * len(rows)), layout="constrained")
+    axes = figure.subplots(len(rows), len(columns), squeeze=False)
+    for row_axes, (title, pictures) in zip(axes, rows, strict=True):
+        for column, (ax, picture) in enumerate(zip(row_axes, pictures, strict=True)):
+            ax.imshow(picture)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if column == 0:
+                ax.set_ylabel(title, fontsize=9)
+    for ax, name in zip(axes[0], columns, strict=True):
+        ax.set_title(name, fontsize=10)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[:, :, :3]
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
+
+    Readers never see a half-written file, and a killed writer leaves none behind.
     """
     target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise ValueError(f"expected a path ending in .png, got {str(target)!r}")
-    rgb = to_rgb_uint8(rgb_uint8)
-    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
-    if not ok:
-        raise OSError(f"OpenCV could not encode a PNG of shape {rgb.shape}")
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     descriptor = os.open(temporary, flags, 0o666)
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(encoded.tobytes())
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, target)
@@ -453,3 +474,15 @@ def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
         temporary.unlink(missing_ok=True)
         raise
     return target
+
+
+def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically."""
+    target = Path(path)
+    if target.suffix.lower() != ".png":
+        raise ValueError(f"expected a path ending in .png, got {str(target)!r}")
+    rgb = to_rgb_uint8(rgb_uint8)
+    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+    if not ok:
+        raise OSError(f"OpenCV could not encode a PNG of shape {rgb.shape}")
+    return write_atomic(target, encoded.tobytes())

@@ -1,0 +1,381 @@
+"""The ``camkit`` command, run as a user runs it, on scikit-image's sample photos.
+
+Each subprocess imports torch (a few seconds), so the end-to-end checks share few runs; the
+argument handling is also driven in-process through :func:`camkit.cli.main`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from skimage import data
+from torch import nn
+
+from camkit import cli
+
+CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
+LABELS = [f"class {i}" for i in range(4)] + ["tabby", "tiger cat", "Egyptian cat", "crane"]
+
+
+def camkit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m camkit ARGS`` in ``cwd``, as a user would type it."""
+    return subprocess.run(
+        [sys.executable, "-m", "camkit", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def no_temporary_files(folder: Path) -> bool:
+    return not [path for path in folder.rglob("*") if path.name.endswith(".tmp")]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """chelsea.png (451x300), coffee.jpg (600x400), notes.txt, and astronaut.png in a subfolder."""
+    folder = tmp_path_factory.mktemp("photos")
+    Image.fromarray(data.chelsea()).save(folder / "chelsea.png")
+    Image.fromarray(data.coffee()).save(folder / "coffee.jpg", quality=95)
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "more").mkdir()
+    Image.fromarray(data.astronaut()).save(folder / "more" / "astronaut.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def resnet18_weights(tmp_path_factory) -> Path:
+    """A randomly initialised ResNet-18 state dict (no download)."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("weights") / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), path)
+    return path
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_explain_default_model_with_a_corrupt_file(photos, tmp_path):
+    out = tmp_path / "out"
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image")
+    inputs = [photos / "chelsea.png", broken, photos / "coffee.jpg"]
+    run = camkit("explain", *inputs, "--out", out, "--save-raw", cwd=tmp_path)
+
+    assert run.returncode == 1, run.stderr
+    assert f"camkit: cannot read {broken}: " in run.stderr
+    assert "(auto)" in run.stderr  # the automatically chosen layer is announced
+    records = json.loads((out / "manifest.json").read_text())
+    assert [record["image"] for record in records] == [str(path) for path in inputs]
+    chelsea, broken, coffee = records
+
+    assert "error" in broken and "output" not in broken
+    for record, (width, height) in ((chelsea, (451, 300)), (coffee, (600, 400))):
+        assert "error" not in record
+        assert record["method"] == "gradcam" and record["layer"]
+        with Image.open(out / record["output"]) as overlay:
+            assert overlay.size == (width, height) and overlay.mode == "RGB"
+        raw = np.load(out / record["raw"])
+        assert raw.dtype == np.float32 and raw.shape == (224, 224)
+        assert raw.min() >= 0 and raw.max() <= 1
+        top5 = record["top5"]
+        assert len(top5) == 5 and top5[0]["index"] == record["target"]
+        probabilities = [entry["probability"] for entry in top5]
+        assert probabilities == sorted(probabilities, reverse=True)
+        assert sum(probabilities) <= 1 + 1e-6
+    assert chelsea["target"] in CAT_CLASSES
+    assert chelsea["label"] == chelsea["top5"][0]["label"] and "cat" in chelsea["label"]
+    assert chelsea["output"] == f"chelsea_gradcam_{chelsea['target']}.png"
+    assert no_temporary_files(out)
+
+
+def test_explain_a_folder_with_class_list_and_several_methods(photos, resnet18_weights, tmp_path):
+    out = tmp_path / "out"
+    methods = ["gradcam", "eigencam", "guided-gradcam"]
+    run = camkit(
+        "explain",
+        photos,  # chelsea and coffee; not notes.txt, not the subfolder
+        "--model",
+        "torchvision:resnet18",
+        "--weights",
+        resnet18_weights,
+        "--method",
+        ",".join(methods),
+        "--layer",
+        "layer4",
+        "--target",
+        "281,285",
+        "--batch-size",
+        "1",
+        "--colormap",
+        "viridis",
+        "--out",
+        out,
+        cwd=tmp_path,
+    )
+
+    assert run.returncode == 0, run.stderr
+    assert "(auto)" not in run.stderr
+    records = json.loads((out / "manifest.json").read_text())
+    expected = {
+        f"{stem}_{method}_{target}.png"
+        for stem in ("chelsea", "coffee")
+        for method in methods
+        for target in (281, 285)
+    }
+    assert {record["output"] for record in records} == expected
+    assert {path.name for path in out.glob("*.png")} == expected
+    assert all(record["layer"] == "layer4" for record in records)
+    assert {(record["target"], record["label"]) for record in records} == {
+        (281, "tabby"),
+        (285, "Egyptian cat"),
+    }
+    assert all(record["model"] == "torchvision:resnet18" for record in records)
+    assert not list(out.glob("*.npy"))  # only with --save-raw
+
+
+def test_usage_error_exit_status_in_a_real_process(tmp_path):
+    run = camkit("explain", "missing.jpg", "--out", "out", cwd=tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip() == "camkit explain: error: no such file or directory: missing.jpg"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_demo_writes_overlays_and_a_summary(tmp_path):
+    run = camkit("demo", "--out", "demo", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "demo"
+    assert sorted(path.name for path in (out / "inputs").glob("*.png")) == [
+        "astronaut.png",
+        "chelsea.png",
+        "coffee.png",
+        "motorcycle.png",
+        "rocket.png",
+    ]
+    records = json.loads((out / "manifest.json").read_text())
+    assert len(records) == 5 * len(cli.DEMO_METHODS)
+    for record in records:
+        with (
+            Image.open(out / record["output"]) as overlay,
+            Image.open(tmp_path / record["image"]) as photo,
+        ):
+            assert overlay.size == photo.size
+    assert next(r for r in records if "chelsea" in r["image"])["target"] in CAT_CLASSES
+    with Image.open(out / "summary.png") as summary:
+        assert summary.width > 1000 and summary.height > 800
+    assert str(Path("demo", "summary.png")) in run.stdout
+
+
+# ----------------------------------------------------------------------------- in-process
+
+
+def explain_resnet18(image: Path, weights: Path, out: Path, *options: str) -> int:
+    """``camkit explain IMAGE`` with the random ResNet-18, in this process."""
+    model = ["--model", "torchvision:resnet18", "--weights", str(weights)]
+    return cli.main(["explain", str(image), *model, "--out", str(out), *options])
+
+
+def test_target_by_label_through_main(photos, resnet18_weights, tmp_path, capsys):
+    out = tmp_path / "out"
+    options = ("--method", "saliency", "--target", "egyptian CAT")
+    status = explain_resnet18(photos / "chelsea.png", resnet18_weights, out, *options)
+    assert status == 0, capsys.readouterr().err
+    (record,) = json.loads((out / "manifest.json").read_text())
+    assert (record["target"], record["label"], record["layer"]) == (285, "Egyptian cat", None)
+    assert (out / "chelsea_saliency_285.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--method", "gradcm"], "unknown method 'gradcm' (did you mean gradcam"),
+        (["--target", "1000"], "--target class 1000 is out of range"),
+        (["--target", "cat"], "--target 'cat' matches"),
+        (["--target", "tigre cat"], "close: 'tiger cat' (282)"),
+        (["--layer", "layer5"], "--layer: the model has no layer named 'layer5'"),
+        (["--model", "torchvision:resnt18"], "did you mean 'torchvision:resnet18'"),
+        (["--weights", "missing.pth"], "--weights missing.pth: no such file"),
+        (["--colormap", "rainbowz"], "--colormap: unknown colormap 'rainbowz'"),
+    ],
+)
+def test_usage_errors_exit_2_and_write_nothing(
+    photos, resnet18_weights, tmp_path, capsys, extra, message
+):
+    out = tmp_path / "out"
+    assert explain_resnet18(photos / "chelsea.png", resnet18_weights, out, *extra) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("camkit explain: error: ") and message in error
+    assert not out.exists()
+
+
+def test_argparse_errors_exit_2(tmp_path, capsys):
+    for bad in (["--alpha", "1.5"], ["--batch-size", "0"], ["--device", "tpu"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["explain", str(tmp_path), *bad])
+        assert exit_info.value.code == 2
+        assert "camkit explain: error: argument" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_a_usage_error(photos, tmp_path, capsys):
+    argv = ["explain", str(photos / "chelsea.png"), "--device", "cuda", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_layers_marks_the_default_layer(resnet18_weights, capsys):
+    argv = ["layers", "--model", "torchvision:resnet18", "--weights", str(resnet18_weights)]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("torchvision:resnet18, input 224x224: ")
+    marked = [line for line in lines if line.startswith("* ")]
+    assert marked[0].split() == ["*", "layer4", "Sequential", "(1,", "512,", "7,", "7)"]
+    assert marked[-1].endswith(": layer4")
+    assert any(line.split()[:2] == ["fc", "Linear"] for line in lines)
+
+
+def test_layers_at_another_input_size(resnet18_weights, capsys):
+    argv = ["layers", "--model", "torchvision:resnet18", "--weights", str(resnet18_weights)]
+    assert cli.main([*argv, "--input-size", "64"]) == 0
+    assert "(1, 512, 2, 2)" in capsys.readouterr().out
+
+
+def test_version_and_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("camkit 0.")
+    for command in ("explain", "layers", "demo"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert f"usage: camkit {command}" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@pytest.mark.parametrize("method", cli.ALL_METHODS)
+def test_every_method_gives_one_heatmap_per_class(method):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 5),
+    ).eval()
+    explainer = cli.build_explainer(method, model, "2")
+    batch = torch.rand(2, 3, 12, 12)
+    heat, raw = cli.run_method(method, explainer, batch, [[1, 3], [4, 0]])
+    assert heat.shape == (2, 2, 12, 12) and heat.device.type == "cpu"
+    assert heat.min() >= 0 and heat.max() <= 1
+    pixel = method in cli.PIXEL_METHODS
+    assert raw.shape == ((2, 2, 3, 12, 12) if pixel else (2, 2, 12, 12))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("top1", None),
+        ("TOP1", None),
+        ("4", [4]),
+        ("5, 4,5", [5, 4]),
+        ("Tabby", [4]),  # exact, case-insensitive
+        ("egyptian", [6]),  # the one label that contains it
+        ("crane", [7]),  # exact beats the substring matches
+    ],
+)
+def test_parse_target(spec, expected):
+    assert cli.parse_target(spec, LABELS) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("8", "out of range: this model has 8 classes, 0..7"),
+        ("-1", "out of range"),
+        ("cat", "matches 2 classes: 'tiger cat' (5), 'Egyptian cat' (6)"),
+        ("tabbby", "is not a class name of this model; close: 'tabby' (4)"),
+        ("zebra", "is not a class name of this model"),
+    ],
+)
+def test_parse_target_errors(spec, message):
+    with pytest.raises(cli.UsageError) as error:
+        cli.parse_target(spec, LABELS)
+    assert message in str(error.value)
+
+
+def test_find_images_in_a_folder_is_sorted_and_not_recursive(tmp_path):
+    for name in ("b.PNG", "a.jpg", ".hidden.jpg", "c.txt", "sub/d.jpg"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).touch()
+    listed = cli.find_images([str(tmp_path), str(tmp_path / "c.txt")])
+    assert [path.name for path in listed] == ["a.jpg", "b.PNG", "c.txt"]
+
+
+def test_find_images_rejects_an_empty_folder(tmp_path):
+    (tmp_path / "notes.txt").touch()
+    with pytest.raises(cli.UsageError, match=f"no image files .* in directory {tmp_path}"):
+        cli.find_images([str(tmp_path)])
+
+
+def test_unique_stems():
+    paths = [Path("a/cat.jpg"), Path("b/cat.png"), Path("cat.jpg"), Path("dog.jpg")]
+    assert cli.unique_stems(paths) == ["cat", "cat-2", "cat-3", "dog"]
+
+
+def test_read_image_makes_upright_rgb(tmp_path):
+    gray = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
+    Image.fromarray(gray).save(tmp_path / "gray.png")
+    assert cli.read_image(tmp_path / "gray.png").shape == (3, 4, 3)
+
+    rgba = np.zeros((2, 5, 4), np.uint8)
+    Image.fromarray(rgba).save(tmp_path / "rgba.png")
+    assert cli.read_image(tmp_path / "rgba.png").shape == (2, 5, 3)
+
+    deep = np.full((2, 2), 65535, np.uint16)
+    Image.fromarray(deep).save(tmp_path / "deep.png")
+    assert (cli.read_image(tmp_path / "deep.png") == 255).all()
+
+    rotated = Image.fromarray(np.zeros((2, 6, 3), np.uint8))  # stored 6 wide, 2 high
+    exif = rotated.getexif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    rotated.save(tmp_path / "rotated.jpg", exif=exif)
+    assert cli.read_image(tmp_path / "rotated.jpg").shape == (6, 2, 3)
+
+
+def test_atomic_writes_leave_only_the_file(tmp_path):
+    cli.save_json(tmp_path / "m.json", [{"a": 1}])
+    cli.save_npy(tmp_path / "m.npy", np.ones((2, 2), np.float32))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["m.json", "m.npy"]
+    assert json.loads((tmp_path / "m.json").read_text()) == [{"a": 1}]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    terminal, pipe = Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        bar = cli.ProgressBar(4, stream)
+        bar.advance(1)
+        bar.message("camkit: cannot read x.jpg: reason")
+        bar.advance(3)
+        bar.close()
+    assert pipe.getvalue() == "camkit: cannot read x.jpg: reason\n"
+    assert "] 1/4 images" in terminal.getvalue() and terminal.getvalue().endswith("4/4 images\n")
