@@ -119,6 +119,40 @@ def test_channels_last_model_and_input(model, x, method):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+class ViewNet(SmallNet):
+    """SmallNet that flattens with ``.view``: it refuses channels_last inputs (an error)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.view(x.shape[0], -1).view(x.shape)
+        return super().forward(x)
+
+
+EXPLAINERS = {
+    "gradcam": lambda net: camkit.GradCAM(net, "block2"),
+    "saliency": lambda net: camkit.Saliency(net),
+    "smoothgrad": lambda net: camkit.SmoothGrad(net, samples=3, batch_size=4, seed=0),
+    "ig": lambda net: camkit.IntegratedGradients(net, steps=3, batch_size=4),
+    "scorecam": lambda net: ScoreCAM(net, "block2", batch_size=5),
+}
+
+
+@pytest.mark.parametrize("method", sorted(EXPLAINERS))
+def test_inputs_go_channels_last_on_the_cpu_unless_the_model_refuses(model, x, method):
+    """camkit builds the CPU inputs it forwards channels_last (faster there), never converting
+    the caller's tensor; a model that raises on them gets the caller's format, same maps."""
+    seen = []
+
+    def note_layout(module: nn.Module, args: tuple) -> None:
+        seen.append(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    with model.register_forward_pre_hook(note_layout):
+        expected = EXPLAINERS[method](model)(x, TARGETS)
+    assert seen and all(seen)
+    assert x.is_contiguous()
+    got = EXPLAINERS[method](ViewNet())(x, TARGETS)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
 def test_float64_model_gives_float32_maps(model, x):
     model = model.double()
     for cls in (camkit.GradCAM, ScoreCAM, AblationCAM):

@@ -284,6 +284,22 @@ def test_a_state_dict_alone_needs_an_architecture(tmp_path, random_resnet18: nn.
         models.load(path)
 
 
+def test_a_checkpoint_that_names_its_architecture_loads_alone(
+    tmp_path, random_resnet18: nn.Module
+) -> None:
+    state = random_resnet18.state_dict()
+    saved = tmp_path / "named.pt"
+    torch.save({"arch": "torchvision:resnet18", "state_dict": state, "epoch": 3}, saved)
+    tagged = tmp_path / "named.safetensors"
+    save_file(state, tagged, metadata={"arch": "torchvision:resnet18"})
+    for path in (saved, str(tagged)):
+        loaded = models.load(path)
+        assert _outputs_equal(loaded.model, random_resnet18)
+        assert loaded.name == str(path) and loaded.default_layer == "layer4"
+    with pytest.raises(ValueError, match="architecture name with weights="):
+        models.load(saved, weights=saved)
+
+
 def test_not_a_checkpoint(tmp_path) -> None:
     path = tmp_path / "noise.pt"
     path.write_bytes(b"definitely not a checkpoint")

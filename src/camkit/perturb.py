@@ -26,7 +26,6 @@ The finishing (ReLU, upsampling, min-max normalisation, fusing layers, ``(B, K)`
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,23 +34,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.base import CAM, Reshape, autocast, layer_gradients, minmax
-from camkit.capture import LayerOutputError, LayerSpec, capture_outputs, hooked, single_call
+from camkit.capture import LayerOutputError, LayerSpec, hooked, single_call
+from camkit.inputs import Layout
 from camkit.targets import OutputSelector, Target, class_indices, select_output, target_scores
 
 RowScorer = Callable[[Any, Tensor], Tensor]
-# modules whose training mode makes a forward depend on the rest of the batch or on chance
-_BATCH_DEPENDENT = (nn.modules.batchnorm._NormBase, nn.modules.dropout._DropoutNd)
 
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _memory_format(x: Tensor) -> torch.memory_format:
-    channels_last = x.is_contiguous(memory_format=torch.channels_last)
-    return (
-        torch.channels_last if channels_last and not x.is_contiguous() else torch.contiguous_format
-    )
 
 
 def _chunks(items: Tensor, size: int) -> Iterator[Tensor]:
@@ -118,26 +109,13 @@ class _PerturbationCAM(CAM):
         raise NotImplementedError
 
     def raw_maps(self, batch: Tensor, target: Target) -> tuple[dict[str, Tensor], bool]:
-        if any(
-            module.training and isinstance(module, _BATCH_DEPENDENT)
-            for module in self.model.modules()
-        ):
-            warnings.warn(
-                f"{type(self).__name__} runs many forward passes and the model's BatchNorm or "
-                "Dropout layers are in training mode: the maps are random or depend on "
-                "batch_size, and BatchNorm statistics are updated; call model.eval() first",
-                UserWarning,
-                stacklevel=3,
-            )
         ranked = self.top_k is not None
-        with (
-            torch.no_grad(),
-            autocast(batch.device, self.dtype),
-            capture_outputs(self.model, self.capture.layers, start_graph=ranked) as taps,
-        ):
-            output = self.model(batch)
+        layout = Layout(batch)
+        output, taps = self.capture.forward(
+            batch, start_graph=ranked, dtype=self.dtype, layout=layout
+        )
         acts = single_call(taps)
-        run = _Runs(self, batch, output, target)
+        run = _Runs(self, batch, output, target, layout)
         grads: list[Tensor | None] = [None] * len(acts)
         if ranked:
             grads = list(layer_gradients(run.graph_scores, acts, self.capture.names))
@@ -168,14 +146,12 @@ class _PerturbationCAM(CAM):
 class _Runs:
     """The clean pass's target scores ``(B, K)`` and the scorer of later (perturbed) passes."""
 
-    def __init__(self, cam: _PerturbationCAM, batch: Tensor, output: Any, target: Target):
+    def __init__(
+        self, cam: _PerturbationCAM, batch: Tensor, output: Any, target: Target, layout: Layout
+    ):
         self.model, self.dtype, self.selector = cam.model, cam.dtype, cam.capture.output
         self.batch = batch
-        # perturbed images go channels_last on the CPU (oneDNN runs CNNs 1.3-2x faster so),
-        # unless the model refuses them (e.g. a .view()); then in the caller's memory format
-        self.given_format = _memory_format(batch)
-        cpu = batch.device.type == "cpu"
-        self.memory_format = torch.channels_last if cpu else self.given_format
+        self.layout = layout
         with torch.enable_grad():
             logits = select_output(output, self.selector)
             if callable(target):
@@ -198,14 +174,7 @@ class _Runs:
         """Forward ``inputs`` (``n`` rows, whatever the hooks do) and score row ``i`` for the
         targets of sample ``rows[i]``: ``(n, K)`` float32. Callable targets must score each row
         of the output on its own: they are called on batches of perturbed copies."""
-        try:
-            return self._score(inputs, rows, self.memory_format)
-        except RuntimeError:
-            if self.memory_format == self.given_format:
-                raise
-            scores = self._score(inputs, rows, self.given_format)  # raises if not the cause
-            self.memory_format = self.given_format
-            return scores
+        return self.layout.run(lambda memory_format: self._score(inputs, rows, memory_format))
 
     def _score(self, inputs: Tensor, rows: Tensor, memory_format: torch.memory_format) -> Tensor:
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
@@ -283,7 +252,7 @@ class ScoreCAM(_PerturbationCAM):
         images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
         shape = (samples.shape[0], *batch.shape[1:])
         out = torch.empty(
-            shape, dtype=batch.dtype, device=batch.device, memory_format=run.memory_format
+            shape, dtype=batch.dtype, device=batch.device, memory_format=run.layout.preferred
         )
         return torch.mul(images, minmax(masks), out=out)
 
@@ -388,7 +357,7 @@ class AblationCAM(_PerturbationCAM):
         rows = torch.full_like(channels, sample)
         image = run.batch[sample : sample + 1]
         inputs = image.expand(channels.shape[0], *image.shape[1:]).contiguous(
-            memory_format=run.memory_format
+            memory_format=run.layout.preferred
         )
         with hooked(lambda: [module.register_forward_hook(zero)]):
             return run.score(inputs, rows)

@@ -23,8 +23,16 @@ from camkit.cam.base import finish, layer_gradients
 from camkit.cam.methods import GradCAM
 from camkit.capture import LayerOutputError, LayerSpec
 from camkit.guided import Rule, rectifier_rule
-from camkit.inputs import as_batch
-from camkit.targets import OutputSelector, Target, class_indices, select_output, target_scores
+from camkit.inputs import Layout, as_batch
+from camkit.targets import (
+    OutputSelector,
+    Target,
+    class_indices,
+    class_scores,
+    requested_classes,
+    select_output,
+    target_scores,
+)
 
 Baseline = Tensor | float | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")
@@ -92,18 +100,25 @@ class PixelAttribution:
         """The model's forward pass; the guided methods run it under their ReLU rule."""
         return self.model(inputs)
 
-    def input_gradients(self, inputs: Tensor, target: Target) -> tuple[Tensor, Tensor, bool]:
+    def input_gradients(
+        self, inputs: Tensor, target: Target, layout: Layout | None = None
+    ) -> tuple[Tensor, Tensor, bool]:
         """One forward, one batched backward: ``(grads (B, K, C, H, W), scores (B, K), several)``.
 
         The gradient is taken with respect to a detached alias of ``inputs`` (the caller's tensor
         is never set to require grad); ``K`` targets are one batched vector-Jacobian product.
+        The model gets a copy in the ``layout``'s memory format (channels_last on the CPU), so
+        in-place operations on its input stay inside camkit.
         """
         leaf = inputs.detach().requires_grad_(True)
-        with torch.enable_grad():
-            # the model gets a copy: in-place operations on its input stay inside camkit
-            output = self.forward(leaf.clone())
-            logits = select_output(output, self.output)
-            scores, several = target_scores(output, logits, target)
+
+        def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
+            with torch.enable_grad():
+                output = self.forward(leaf.clone(memory_format=memory_format))
+                logits = select_output(output, self.output)
+                return target_scores(output, logits, target)
+
+        scores, several = (layout or Layout(inputs)).run(scores_in)
         if not scores.requires_grad:
             raise LayerOutputError(
                 "the target score does not depend on the input: the model's output is "
@@ -132,11 +147,12 @@ class PixelAttribution:
         rows_total = copies * batch.shape[0]
         step = batch_size or rows_total
         per_row, several = self._fixed_target(batch, target)
+        layout = Layout(batch)
         for start in range(0, rows_total, step):
             span = range(start, min(start + step, rows_total))
             rows = torch.arange(span.start, span.stop, device=batch.device)
             inputs = make_inputs(rows, span)
-            grads, scores, chunk_several = self.input_gradients(inputs, per_row(rows))
+            grads, scores, chunk_several = self.input_gradients(inputs, per_row(rows), layout)
             accumulate(rows, grads, scores)
             several = chunk_several if several is None else several
         return bool(several)
@@ -146,14 +162,17 @@ class PixelAttribution:
     ) -> tuple[Callable[[Tensor], Target], bool | None]:
         if callable(target):
             return (lambda rows: target), None
-        with torch.no_grad():
-            output = self.model(batch)
-        classes, several = class_indices(target, select_output(output, self.output))
         size = batch.shape[0]
+        if target is None:  # the top-1 class of the clean input
+            with torch.no_grad():
+                output = self.model(batch)
+            classes, several = class_indices(None, select_output(output, self.output))
+        else:  # no extra forward: the range is checked on the first chunk's logits
+            classes, several = requested_classes(target, size, batch.device)
 
         def per_row(rows: Tensor) -> Callable[[object], Tensor]:
             chosen = classes[rows % size]
-            return lambda out: select_output(out, self.output).gather(1, chosen)
+            return lambda out: class_scores(select_output(out, self.output), chosen)
 
         return per_row, several
 

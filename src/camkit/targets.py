@@ -69,17 +69,18 @@ def _check_classes(classes: Tensor, num_classes: int) -> None:
         )
 
 
-def class_indices(target: Target, logits: Tensor) -> tuple[Tensor, bool]:
-    """Turn a class target into ``(classes, several)``: ``(B, K)`` validated class indices, and
-    whether the target asked for several classes per sample (a 2-D target)."""
+def _check_logits(logits: Tensor) -> None:
     if logits.ndim != 2:
         raise ValueError(
             f"class targets need (B, num_classes) logits, but the model gives shape "
             f"{tuple(logits.shape)}; pass a callable target that returns (B,) scores"
         )
-    batch, num_classes = logits.shape
-    if target is None:
-        return logits.argmax(dim=1, keepdim=True), False
+
+
+def requested_classes(target: Target, batch: int, device: torch.device) -> tuple[Tensor, bool]:
+    """An explicit class target (not None, not a callable) as ``(classes (B, K), several)``:
+    type and shape are checked here, the class range against the logits by :func:`class_scores`.
+    """
     if isinstance(target, bool) or (
         not isinstance(target, int | Tensor | Sequence) or isinstance(target, str)
     ):
@@ -88,28 +89,42 @@ def class_indices(target: Target, logits: Tensor) -> tuple[Tensor, bool]:
             f"callable, got {type(target).__name__}"
         )
     if isinstance(target, int):
-        classes = torch.full((batch, 1), target, dtype=torch.long, device=logits.device)
-    else:
-        try:
-            classes = torch.as_tensor(target, device=logits.device)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"target lists must be rectangular lists of ints ({err}); "
-                "give every sample the same number of classes"
-            ) from None
-        if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
-            raise TypeError(f"target classes must be integers, got {classes.dtype}")
-        if classes.ndim not in (1, 2) or classes.shape[0] != batch:
-            raise ValueError(
-                f"expected one target per sample ({batch},) or several per sample "
-                f"({batch}, K), got shape {tuple(classes.shape)} for a batch of {batch}; "
-                "for several classes per image pass a list of lists or a (B, K) tensor"
-            )
-    several = not isinstance(target, int) and classes.ndim == 2
-    classes = classes.long().reshape(batch, -1)
-    if classes.shape[1] == 0:
+        return torch.full((batch, 1), target, dtype=torch.long, device=device), False
+    try:
+        classes = torch.as_tensor(target, device=device)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"target lists must be rectangular lists of ints ({err}); "
+            "give every sample the same number of classes"
+        ) from None
+    if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
+        raise TypeError(f"target classes must be integers, got {classes.dtype}")
+    if classes.ndim not in (1, 2) or classes.shape[0] != batch:
+        raise ValueError(
+            f"expected one target per sample ({batch},) or several per sample "
+            f"({batch}, K), got shape {tuple(classes.shape)} for a batch of {batch}; "
+            "for several classes per image pass a list of lists or a (B, K) tensor"
+        )
+    if classes.ndim == 2 and classes.shape[1] == 0:
         raise ValueError("the target lists no class")
-    _check_classes(classes, num_classes)
+    return classes.long().reshape(batch, -1), classes.ndim == 2
+
+
+def class_scores(logits: Tensor, classes: Tensor) -> Tensor:
+    """``logits.gather(1, classes)``, after checking the logits' shape and the classes' range."""
+    _check_logits(logits)
+    _check_classes(classes, logits.shape[1])
+    return logits.gather(1, classes)
+
+
+def class_indices(target: Target, logits: Tensor) -> tuple[Tensor, bool]:
+    """Turn a class target into ``(classes, several)``: ``(B, K)`` validated class indices, and
+    whether the target asked for several classes per sample (a 2-D target)."""
+    _check_logits(logits)
+    if target is None:
+        return logits.argmax(dim=1, keepdim=True), False
+    classes, several = requested_classes(target, logits.shape[0], logits.device)
+    _check_classes(classes, logits.shape[1])
     return classes, several
 
 

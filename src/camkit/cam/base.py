@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.capture import LayerOutputError, LayerSpec, capture_outputs, find_layers, single_call
-from camkit.inputs import as_batch
+from camkit.inputs import Layout, as_batch
 from camkit.targets import OutputSelector, Target, select_output, target_scores
 
 Reshape = Callable[[Tensor], Tensor]
@@ -123,16 +123,37 @@ class Capture:
     def names(self) -> list[str]:
         return [name for name, _ in self.layers]
 
+    def forward(
+        self,
+        batch: Tensor,
+        *,
+        start_graph: bool,
+        dtype: torch.dtype | None = None,
+        layout: Layout | None = None,
+    ) -> tuple[Any, dict[str, list[Tensor]]]:
+        """One forward pass with the layers tapped: ``(model output, {layer: outputs})``.
+
+        Runs under ``torch.no_grad()`` (see :func:`~camkit.capture.capture_outputs` for
+        ``start_graph``); the model sees the batch in the :class:`~camkit.inputs.Layout`'s
+        memory format (channels_last on the CPU: a copy, the caller's tensor is not converted);
+        pass ``layout`` to share what it learns with later forwards.
+        """
+
+        def attempt(memory_format: torch.memory_format) -> tuple[Any, dict[str, list[Tensor]]]:
+            with (
+                torch.no_grad(),
+                autocast(batch.device, dtype),
+                capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
+            ):
+                return self.model(batch.contiguous(memory_format=memory_format)), taps
+
+        return (layout or Layout(batch)).run(attempt)
+
     def run(
         self, batch: Tensor, target: Target, *, gradients: bool, dtype: torch.dtype | None = None
     ) -> tuple[list[Tensor], list[Tensor] | None, bool]:
         """Return ``(activations (B, 1, C, h, w), gradients (B, K, C, h, w) or None, several)``."""
-        with (
-            torch.no_grad(),
-            autocast(batch.device, dtype),
-            capture_outputs(self.model, self.layers, start_graph=gradients) as taps,
-        ):
-            output = self.model(batch)
+        output, taps = self.forward(batch, start_graph=gradients, dtype=dtype)
         acts = single_call(taps)
         if not gradients:
             return [act.unsqueeze(1) for act in acts], None, False
