@@ -14,9 +14,8 @@ of the layer's output; both then read the target score. That is one forward per 
   pretrained model (EfficientNet-Lite0, layer ``bn2``, 1280 channels, 5 scikit-image photos),
   the mean Pearson correlation with the exact map is 0.994 (Score-CAM) / 0.996 (Ablation-CAM)
   for ``top_k=64`` and 1.000 / 1.000 for ``top_k=256`` (docs/performance.md);
-* on the CPU the perturbed images are built ``channels_last`` (oneDNN runs CNNs 1.3-2x faster
-  so); a model that refuses them (an error, e.g. from a ``.view``) gets them in the memory
-  format of the caller's input instead. The caller's own input is never converted;
+* on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
+  (:class:`camkit.inputs.Layout`: faster there; the caller's own input is never converted);
 * ``progress=True`` writes a one-line counter of forward passes to stderr.
 
 The finishing (ReLU, upsampling, min-max normalisation, fusing layers, ``(B, K)`` targets,
