@@ -71,6 +71,14 @@ def test_default_model_description(lite0: models.LoadedModel) -> None:
     assert len(lite0.labels) == 1000
 
 
+def test_top_classes_in_order() -> None:
+    probabilities = torch.tensor([0.1, 0.6, 0.05, 0.25])
+    top = models.top_classes(probabilities, ["a", "b", "c", "d"], k=3)
+    assert [(i, label) for i, label, _ in top] == [(1, "b"), (3, "d"), (0, "a")]
+    assert [p for _, _, p in top] == pytest.approx([0.6, 0.25, 0.1])
+    assert len(models.top_classes(probabilities, ["a", "b", "c", "d"], k=9)) == 4
+
+
 def test_imagenet_labels() -> None:
     labels = models.imagenet_labels()
     assert len(labels) == 1000 and len(set(labels)) == 1000

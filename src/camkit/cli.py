@@ -347,10 +347,9 @@ def class_probabilities(model: nn.Module, batch: Tensor) -> Tensor:
 
 def top_k(probabilities: Tensor, labels: Sequence[str], k: int = TOP_K) -> list[dict]:
     """``[{index, label, probability}]`` of the ``k`` most probable classes of one image."""
-    values, indices = probabilities.topk(min(k, probabilities.numel()))
     return [
-        {"index": index, "label": labels[index], "probability": value}
-        for index, value in zip(indices.tolist(), values.tolist(), strict=True)
+        {"index": index, "label": label, "probability": probability}
+        for index, label, probability in models.top_classes(probabilities, labels, k)
     ]
 
 

@@ -19,7 +19,7 @@ import math
 import os
 import pickle
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from importlib import resources
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from camkit.capture import hooked
 from camkit.viz import to_rgb_float, to_rgb_uint8
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "read_checkpoint",
     "read_state_dict",
     "to_rgb_uint8",
+    "top_classes",
 ]
 
 DEFAULT_MODEL = "efficientnet_lite0"
@@ -171,7 +173,7 @@ def preprocess(
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear",
 ) -> Tensor:
     """Image -> normalised ``(3, H, W)`` float32 tensor; see :class:`Preprocess` for the steps."""
-    transform = Preprocess(_as_size(size), mean, std, crop_pct, interpolation)
+    transform = Preprocess(size, mean, std, crop_pct, interpolation)
     return transform(image)
 
 
@@ -261,19 +263,23 @@ def _trace(model: nn.Module, input_size: int | tuple[int, int]) -> tuple[list[_C
 
         return hook
 
+    def register() -> list:
+        return [
+            handle
+            for name, module in model.named_modules()
+            if name
+            for handle in (
+                module.register_forward_pre_hook(before(name)),
+                module.register_forward_hook(after(name)),
+            )
+        ]
+
     training_flags = {module: module.training for module in model.modules()}
-    handles = []
     try:
-        for name, module in model.named_modules():
-            if name:
-                handles.append(module.register_forward_pre_hook(before(name)))
-                handles.append(module.register_forward_hook(after(name)))
-        model.eval()
-        with torch.no_grad():
+        with hooked(register), torch.no_grad():
+            model.eval()  # a train-mode forward would update batch-norm statistics
             output = model(dummy)
     finally:
-        for handle in handles:
-            handle.remove()
         for module, training in training_flags.items():
             module.train(training)
     return calls, output
@@ -532,10 +538,19 @@ class LoadedModel:
             batch = batch.to(device=reference.device, dtype=reference.dtype)
         with torch.no_grad():
             probabilities = self.model(batch).float().softmax(dim=-1)[0]
-        values, indices = probabilities.topk(min(k, probabilities.numel()))
-        return [
-            (int(i), self.labels[int(i)], float(v)) for v, i in zip(values, indices, strict=True)
-        ]
+        return top_classes(probabilities, self.labels, k)
+
+
+def top_classes(
+    probabilities: Tensor, labels: Sequence[str], k: int = 5
+) -> list[tuple[int, str, float]]:
+    """The ``k`` most probable classes of one ``(num_classes,)`` probability vector, as
+    ``(class index, label, probability)``, most probable first."""
+    values, indices = probabilities.topk(min(k, probabilities.numel()))
+    return [
+        (index, labels[index], value)
+        for index, value in zip(indices.tolist(), values.tolist(), strict=True)
+    ]
 
 
 def _suggest(name: str, candidates: Iterable[str], prefix: str) -> list[str]:

@@ -78,6 +78,7 @@ class _PerturbationCAM(CAM):
     """
 
     needs_gradients = False
+    reshape_refused: str | None = None  # why a subclass cannot take reshape=, if it cannot
 
     def __init__(
         self,
@@ -91,6 +92,8 @@ class _PerturbationCAM(CAM):
         reshape: Reshape | None = None,
         dtype: torch.dtype | None = None,
     ):
+        if reshape is not None and self.reshape_refused:
+            raise ValueError(self.reshape_refused)
         super().__init__(model, layer, output=output, reshape=reshape, dtype=dtype)
         if not _positive_int(batch_size):
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -281,27 +284,10 @@ class AblationCAM(_PerturbationCAM):
     """
 
     name = "ablationcam"
-
-    def __init__(
-        self,
-        model: nn.Module,
-        layer: LayerSpec,
-        batch_size: int = 32,
-        *,
-        top_k: int | None = None,
-        progress: bool = False,
-        output: OutputSelector = None,
-        reshape: Reshape | None = None,
-        dtype: torch.dtype | None = None,
-    ):
-        if reshape is not None:
-            raise ValueError(
-                "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
-                "undo reshape=; use ScoreCAM or a gradient CAM for token models"
-            )
-        super().__init__(
-            model, layer, batch_size, top_k=top_k, progress=progress, output=output, dtype=dtype
-        )
+    reshape_refused = (
+        "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
+        "undo reshape=; use ScoreCAM or a gradient CAM for token models"
+    )
 
     def perturbed_map(
         self, run: _Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor

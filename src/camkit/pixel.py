@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import finish, layer_gradients
+from camkit.cam.base import drop_axes, finish, layer_gradients
 from camkit.cam.methods import GradCAM
 from camkit.capture import LayerOutputError, LayerSpec
 from camkit.guided import Rule, rectifier_rule
@@ -52,9 +52,8 @@ def _batch_size(value: object) -> int | None:
 
 
 def _squeeze(t: Tensor, single: bool, several: bool) -> Tensor:
-    """Drop the target axis (1) unless K targets were asked, and the batch axis for one image."""
-    t = t if several else t.squeeze(1)
-    return (t.squeeze(0) if single else t).detach().float()
+    """:func:`~camkit.cam.base.drop_axes`, as float32."""
+    return drop_axes(t, single, several).float()
 
 
 class PerSample:

@@ -60,6 +60,22 @@ def _as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.asarray(array)
 
 
+def _float_array(value: object, what: str, dtype: type = np.float32) -> np.ndarray:
+    """A numpy array or torch tensor -> float numpy of ``dtype``; anything else: TypeError."""
+    if not isinstance(value, (np.ndarray, torch.Tensor)):
+        raise TypeError(f"expected {what} as a numpy array or torch tensor, got {_describe(value)}")
+    return _as_numpy(value).astype(dtype)
+
+
+def _finite_values(array: np.ndarray, value: object, what: str) -> np.ndarray:
+    """``array`` when it holds values and all are finite; else a ValueError about ``what``."""
+    if array.size == 0:
+        raise ValueError(f"the {what} holds no values: {_describe(value)}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"the {what} holds NaN or infinite values")
+    return array
+
+
 def _image_hwc(image: object) -> np.ndarray:
     """Any supported image -> numpy ``HxWxC`` (C in 1/3/4), dtype unchanged."""
     if isinstance(image, Image.Image):
@@ -156,19 +172,12 @@ def to_rgb_float(image: object) -> np.ndarray:
 
 def _heatmap_2d(heatmap: object) -> np.ndarray:
     """2-D heatmap (leading size-1 axes allowed) -> float32 in [0, 1]; see :func:`overlay`."""
-    if not isinstance(heatmap, (np.ndarray, torch.Tensor)):
-        raise TypeError(
-            f"expected a heatmap as a numpy array or torch tensor, got {_describe(heatmap)}"
-        )
-    array = _as_numpy(heatmap).astype(np.float32)
+    array = _float_array(heatmap, "a heatmap")
     while array.ndim > 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 2:
         raise ValueError(f"expected a 2-D heatmap (H, W), got {_describe(heatmap)}")
-    if array.size == 0:
-        raise ValueError(f"the heatmap is empty: {_describe(heatmap)}")
-    if not np.isfinite(array).all():
-        raise ValueError("the heatmap contains NaN or infinite values")
+    _finite_values(array, heatmap, "heatmap")
     low, high = float(array.min()), float(array.max())
     if low >= -_FLOAT_TOLERANCE and high <= 1 + _FLOAT_TOLERANCE:
         return np.clip(array, 0.0, 1.0)
@@ -240,9 +249,7 @@ def _colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.n
 
 def _grid_tiles(maps: object) -> np.ndarray:
     """Maps -> ``(N, h, w)`` or ``(N, h, w, 3)`` float64 tiles; see :func:`feature_grid`."""
-    if not isinstance(maps, (np.ndarray, torch.Tensor)):
-        raise TypeError(f"expected maps as a numpy array or torch tensor, got {_describe(maps)}")
-    array = _as_numpy(maps).astype(np.float64)
+    array = _float_array(maps, "maps", np.float64)
     if array.ndim == 4 and array.shape[0] == 1:
         array = array[0]
     elif array.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
@@ -254,11 +261,7 @@ def _grid_tiles(maps: object) -> np.ndarray:
             "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
             f"(H, W), got {_describe(maps)}"
         )
-    if array.size == 0:
-        raise ValueError(f"no maps to show: {_describe(maps)}")
-    if not np.isfinite(array).all():
-        raise ValueError("the maps contain NaN or infinite values")
-    return array
+    return _finite_values(array, maps, "maps")
 
 
 def _min_max(array: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
@@ -328,12 +331,7 @@ def feature_grid(
 
 
 def _attribution_2d(attribution: object) -> np.ndarray:
-    if not isinstance(attribution, (np.ndarray, torch.Tensor)):
-        raise TypeError(
-            f"expected a heatmap/attribution as a numpy array or torch tensor, "
-            f"got {_describe(attribution)}"
-        )
-    array = _as_numpy(attribution).astype(np.float32)
+    array = _float_array(attribution, "a heatmap/attribution")
     while array.ndim > 3 and array.shape[0] == 1:
         array = array[0]
     if array.ndim == 3 and array.shape[0] in (1, 3):
@@ -343,11 +341,7 @@ def _attribution_2d(attribution: object) -> np.ndarray:
             f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
             f"got {_describe(attribution)}"
         )
-    if array.size == 0:
-        raise ValueError(f"the map is empty: {_describe(attribution)}")
-    if not np.isfinite(array).all():
-        raise ValueError("the map contains NaN or infinite values")
-    return array
+    return _finite_values(array, attribution, "map")
 
 
 def plot(

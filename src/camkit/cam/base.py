@@ -102,13 +102,16 @@ def finish(
         fused = torch.stack(list(finished.values())).mean(0)
         finished = {"fused": minmax(fused) if normalize else fused}
 
-    def squeeze(cam: Tensor) -> Tensor:
-        cam = cam if several else cam.squeeze(1)
-        return (cam.squeeze(0) if single else cam).detach()
-
     if fuse:
-        return squeeze(next(iter(finished.values())))
-    return {name: squeeze(cam) for name, cam in finished.items()}
+        return drop_axes(next(iter(finished.values())), single, several)
+    return {name: drop_axes(cam, single, several) for name, cam in finished.items()}
+
+
+def drop_axes(t: Tensor, single: bool, several: bool) -> Tensor:
+    """Drop the target axis (1) unless K targets were asked, and the batch axis (0) for one
+    image; the result is detached."""
+    t = t if several else t.squeeze(1)
+    return (t.squeeze(0) if single else t).detach()
 
 
 class Capture:
