@@ -1,4 +1,4 @@
-"""camkit against pytorch-grad-cam, torchcam, captum and a lower bound, timed in one run.
+"""camkit against pytorch-grad-cam, torchcam, captum and the floor, timed in one run.
 
     python benchmarks/run.py [--device cpu|cuda|all] [--repeats 5] [--quick]
                              [--cases gradcam,multiclass,cams,scorecam,smoothgrad]
@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -200,6 +201,22 @@ def torchcam_cam(method: str, model: nn.Module, layer: str, x: Tensor, targets: 
     return finish(maps.unsqueeze(1), tuple(x.shape[-2:])).squeeze(1)
 
 
+FLOOR = "floor: torch.inference_mode() forward"
+
+
+def inference_forward(model: torch.nn.Module, x: Tensor) -> Callable[[], None]:
+    """The floor of any explanation: one plain forward in ``torch.inference_mode()``, with the
+    input in the memory format camkit hands the model (channels_last on the CPU)."""
+    if x.device.type == "cpu":
+        x = x.contiguous(memory_format=torch.channels_last)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            model(x)
+
+    return forward
+
+
 def peer(name: str, build: Callable[[], Callable[[], object]], notes: list[str]) -> list[Impl]:
     """``[Impl]`` when the peer imports, else ``[]`` and a note."""
     try:
@@ -219,7 +236,7 @@ def case_gradcam(device: torch.device) -> Case:
     targets = classes((8,), device)
     notes: list[str] = []
 
-    def lower_bound() -> None:
+    def hand_written_hooks() -> None:
         store: list[Tensor] = []
         handle = model.layer4.register_forward_hook(lambda m, i, out: store.append(out))
         try:
@@ -237,7 +254,8 @@ def case_gradcam(device: torch.device) -> Case:
 
     impls = [
         Impl("camkit GradCAM", lambda: camkit.GradCAM(model, "layer4")(x, targets)),
-        Impl("lower bound (forward + autograd.grad to layer4)", lower_bound),
+        Impl(FLOOR, inference_forward(model, x)),
+        Impl("hand-written hooks (forward + autograd.grad to layer4)", hand_written_hooks),
     ]
     impls += peer(
         "pytorch-grad-cam GradCAM",
@@ -251,7 +269,7 @@ def case_gradcam(device: torch.device) -> Case:
     )
     impls += peer("captum LayerGradCam", captum_build, notes)
     rules = [
-        Rule("lower bound (forward + autograd.grad to layer4)", 1.15),
+        Rule(FLOOR, 1.15),
         Rule("pytorch-grad-cam GradCAM", 0.5),
         Rule("torchcam GradCAM", 1.0),
         Rule("captum LayerGradCam", 1.0),
@@ -272,10 +290,11 @@ def case_multiclass(device: torch.device) -> Case:
             "10 separate camkit calls",
             lambda: torch.stack([cam(x, targets[:, k]) for k in range(10)], dim=1),
         ),
+        Impl(FLOOR, inference_forward(model, x)),
     ]
     title = "Grad-CAM for 10 classes per image, ResNet-50, batch 8"
     subject = "camkit GradCAM, 10 targets in one call"
-    rules = [Rule("10 separate camkit calls", 0.35)]
+    rules = [Rule("10 separate camkit calls", 0.35), Rule(FLOOR, 1.3)]
     return Case("multiclass", title, subject, model, impls, rules)
 
 
@@ -290,10 +309,11 @@ def case_cams(device: torch.device) -> Case:
             lambda: camkit.cams(model, "layer4", x, targets, methods=GRADIENT_METHODS)["gradcam"],
         ),
         Impl("one camkit GradCAM", lambda: camkit.GradCAM(model, "layer4")(x, targets)),
+        Impl(FLOOR, inference_forward(model, x)),
     ]
     title = "5 gradient CAM methods from one cams() call, ResNet-50, batch 8"
     notes = [f"methods: {', '.join(GRADIENT_METHODS)}; correlation compares the Grad-CAM entry"]
-    rules = [Rule("one camkit GradCAM", 1.3)]
+    rules = [Rule("one camkit GradCAM", 1.3), Rule(FLOOR, 1.4)]
     return Case("cams", title, "camkit cams(), 5 methods", model, impls, rules, notes)
 
 
@@ -303,7 +323,9 @@ def case_scorecam(device: torch.device) -> Case:
     model, x = resnet("resnet18", device), images(1, device)
     targets = classes((1,), device)
     notes = ["all three forward the masked images in batches of 32"]
-    impls = [Impl("camkit ScoreCAM", lambda: camkit.ScoreCAM(model, "layer4", 32)(x, targets))]
+    impls = [
+        Impl("camkit ScoreCAM", lambda: camkit.ScoreCAM(model, "layer4", batch_size=32)(x, targets))
+    ]
     impls += peer(
         "pytorch-grad-cam ScoreCAM",
         lambda: quiet(lambda: pgc_cam("ScoreCAM", model, model.layer4, x, targets, batch_size=32)),
@@ -323,16 +345,13 @@ def case_scorecam(device: torch.device) -> Case:
 
 
 def case_smoothgrad(device: torch.device) -> Case:
+    import camkit
+
     title = "SmoothGrad, 25 samples, ResNet-18, batch 4"
     notes: list[str] = []
-    try:
-        from camkit.pixel import SmoothGrad
-    except ImportError as err:
-        notes.append(f"camkit SmoothGrad not available yet: {err}")
-        return Case("smoothgrad", title, "camkit SmoothGrad", None, [], [], notes)
     model, x = resnet("resnet18", device), images(4, device)
     targets = classes((4,), device)
-    smooth = SmoothGrad(model, noise_level=0.15, samples=25, batch_size=16, seed=0)
+    smooth = camkit.SmoothGrad(model, noise_level=0.15, samples=25, batch_size=16, seed=0)
     impls = [Impl("camkit SmoothGrad", lambda: smooth(x, targets))]
 
     def captum_build() -> Callable[[], object]:
@@ -433,6 +452,41 @@ def table(rows: list[Row], device: torch.device) -> str:
     return "\n".join(lines)
 
 
+README_START = "<!-- benchmark table: written by benchmarks/run.py from RESULTS.md -->"
+README_END = "<!-- end of benchmark table -->"
+
+
+def readme_table(rows: list[Row], device: torch.device) -> str:
+    """The short table the README shows: camkit's time and memory and its ratio to each
+    implementation a target compares it with."""
+    lines = [
+        README_START,
+        "| case | camkit | compared with | camkit ÷ other | target | met |",
+        "| --- | ---: | --- | ---: | --- | --- |",
+    ]
+    for key in dict.fromkeys(row.case.key for row in rows):
+        case_rows = [row for row in rows if row.case.key == key]
+        case = case_rows[0].case
+        by_name = {row.impl: row for row in case_rows}
+        subject = by_name[case.subject]
+        first = True
+        for other, (target, met) in verdicts(case, case_rows).items():
+            cell = f"{subject.median:.2f} s, {subject.peak_mb:.0f} MB" if first else ""
+            title = f"{case.title} ({device.type})" if first else ""
+            lines.append(
+                f"| {title} | {cell} | {other} | {subject.median / by_name[other].median:.2f} | "
+                f"{target} | {met} |"
+            )
+            first = False
+    return "\n".join([*lines, README_END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between the README markers replaced by ``block``."""
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    return text[:start] + block + text[end:]
+
+
 def summary(rows: list[Row]) -> str:
     """``Targets met: n of m`` and the missed ones."""
     cases = {row.case.key: row.case for row in rows}
@@ -493,6 +547,7 @@ def benchmark(args: argparse.Namespace) -> None:
     if skipped:
         lines += ["CUDA not available on this machine: CPU only.", ""]
     notes = []
+    readme_rows: list[Row] = []
     for device in devices:
         rows: list[Row] = []
         for key in args.cases:
@@ -503,22 +558,31 @@ def benchmark(args: argparse.Namespace) -> None:
                 rows += run_case(case, device, args.repeats)
         if rows:
             lines += [f"## {device.type}", "", table(rows, device), "", summary(rows), ""]
+            if device.type == "cpu":
+                readme_rows = rows
     end_load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     lines += [f"Load average at the end: {end_load}.", ""]
     lines += ["Notes:", ""] + [f"- {note}" for note in dict.fromkeys(notes)]
+    if readme_rows:
+        lines += ["", "## For the README", "", readme_table(readme_rows, torch.device("cpu"))]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         with open(args.out, "w") as out:
             out.write(text)
+    if args.out and readme_rows and set(args.cases) == set(CASES):
+        readme = Path(__file__).resolve().parent.parent / "README.md"
+        block = readme_table(readme_rows, torch.device("cpu"))
+        readme.write_text(replace_block(readme.read_text(), block))
 
 
 # --------------------------------------------------------------------------- top-k agreement
 
 
 def agreement(ks: tuple[int, ...] = (64, 256)) -> None:
-    """Pearson correlation of top_k Score-/Ablation-CAM maps with the exact ones on the default
-    pretrained model (EfficientNet-Lite0, layer bn2, 1280 channels) over scikit-image photos."""
+    """Pearson correlation of top_channels Score-/Ablation-CAM maps with the exact ones on the
+    default pretrained model (EfficientNet-Lite0, layer bn2, 1280 channels) over scikit-image
+    photos."""
     from skimage import data
 
     import camkit
@@ -529,16 +593,16 @@ def agreement(ks: tuple[int, ...] = (64, 256)) -> None:
     photos = [getattr(data, name)() for name in names]
     x = torch.stack([loaded.preprocess(photo) for photo in photos])
     lines = [
-        "| method | top_k of 1280 | mean Pearson r | min r | time ÷ exact |",
+        "| method | top_channels of 1280 | mean Pearson r | min r | time ÷ exact |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for method in (camkit.AblationCAM, camkit.ScoreCAM):
         start = time.perf_counter()
-        exact = method(loaded.model, loaded.default_layer, 64)(x)
+        exact = method(loaded.model, loaded.default_layer, batch_size=64)(x)
         exact_s = time.perf_counter() - start
         for k in ks:
             start = time.perf_counter()
-            approx = method(loaded.model, loaded.default_layer, 64, top_k=k)(x)
+            approx = method(loaded.model, loaded.default_layer, batch_size=64, top_channels=k)(x)
             seconds = time.perf_counter() - start
             r = torch.stack(
                 [
@@ -562,7 +626,7 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"from {','.join(CASES)}")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--out", default="benchmarks/RESULTS.md")
-    parser.add_argument("--agreement", action="store_true", help="measure top_k agreement")
+    parser.add_argument("--agreement", action="store_true", help="measure top_channels agreement")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.agreement:

@@ -28,6 +28,7 @@ from camkit import (
     LayerOutputError,
     XGradCAM,
 )
+from camkit.errors import GradientError, InputError, OutputError, TargetError, UnknownMethodError
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
 A0 = X[0]
@@ -215,7 +216,7 @@ def test_hooks_removed_and_grad_mode_restored_when_the_forward_raises():
 
 def test_hooks_removed_after_a_bad_target(tiny):
     before = model_state(tiny)
-    with pytest.raises(IndexError):
+    with pytest.raises(TargetError):
         GradCAM(tiny, "conv")(X, target=7)
     assert_untouched(tiny, before)
 
@@ -230,14 +231,14 @@ def test_misspelt_layer_names_the_closest_layers(tiny):
 @pytest.mark.parametrize(
     ("target", "error", "match"),
     [
-        (2, IndexError, r"0\.\.1"),
-        (-1, IndexError, "out of range"),
-        ([0, 1, 0], ValueError, "one target per sample"),
-        ([0], ValueError, "one target per sample"),
-        (torch.tensor([0.5, 1.0]), TypeError, "integers"),
-        ("cat", TypeError, "target must be"),
-        ([[0, 1], [1]], ValueError, "rectangular"),
-        (lambda out: out.sum(), ValueError, "callable target must return"),
+        (2, TargetError, r"0\.\.1"),
+        (-1, TargetError, "out of range"),
+        ([0, 1, 0], TargetError, "one target per sample"),
+        ([0], TargetError, "one target per sample"),
+        (torch.tensor([0.5, 1.0]), TargetError, "integers"),
+        ("cat", TargetError, "target must be"),
+        ([[0, 1], [1]], TargetError, "rectangular"),
+        (lambda out: out.sum(), TargetError, "callable target must return"),
     ],
 )
 def test_bad_targets(tiny, target, error, match):
@@ -248,11 +249,11 @@ def test_bad_targets(tiny, target, error, match):
 @pytest.mark.parametrize(
     ("x", "error", "match"),
     [
-        (torch.ones(2, 2), ValueError, r"\(3, H, W\)"),
-        (torch.ones(1, 1, 1, 2, 2), ValueError, "got shape"),
-        (torch.ones(1, 2, 2, dtype=torch.uint8), TypeError, "floating-point"),
-        (torch.tensor([[[1.0, float("nan")], [0.0, 0.0]]]), ValueError, "NaN"),
-        (X.numpy(), TypeError, "tensor"),
+        (torch.ones(2, 2), InputError, r"\(3, H, W\)"),
+        (torch.ones(1, 1, 1, 2, 2), InputError, "got shape"),
+        (torch.ones(1, 2, 2, dtype=torch.uint8), InputError, "floating-point"),
+        (torch.tensor([[[1.0, float("nan")], [0.0, 0.0]]]), InputError, "NaN"),
+        (X.numpy(), InputError, "tensor"),
     ],
 )
 def test_bad_inputs(tiny, x, error, match):
@@ -306,7 +307,7 @@ def test_tuple_dict_and_object_outputs(style):
 
 
 def test_unknown_output_key():
-    with pytest.raises(KeyError, match="no 'scores'"):
+    with pytest.raises(OutputError, match="no 'scores'"):
         GradCAM(Wrapped("dict"), "net.conv", output="scores")(X, target=0)
 
 
@@ -333,10 +334,24 @@ def test_reshape_for_token_layers():
 
 def test_cams_matches_each_single_method(tiny):
     batch = torch.stack([X, -X])
-    names = list(camkit.METHODS)
+    names = [*camkit.registry.names("gradient-cam"), "scorecam", "ablationcam"]
     together = camkit.cams(tiny, "conv", batch, target=[1, 0], methods=names)
     for name in names:
-        single = camkit.METHODS[name](tiny, "conv")(batch, target=[1, 0])
+        single = camkit.METHODS[name].cls(tiny, "conv")(batch, target=[1, 0])
         torch.testing.assert_close(together[name], single)
-    with pytest.raises(ValueError, match="unknown CAM method"):
+    with pytest.raises(UnknownMethodError, match="did you mean gradcam"):
         camkit.cams(tiny, "conv", X, methods=["gradcamm"])
+    with pytest.raises(UnknownMethodError, match="takes CAM methods"):
+        camkit.cams(tiny, "conv", X, methods=["saliency"])
+
+
+def test_inference_mode_at_the_call_site_is_a_clear_error(tiny):
+    with torch.inference_mode(), pytest.raises(GradientError, match="inference_mode"):
+        GradCAM(tiny, "conv")(X, target=1)
+
+
+def test_a_target_tensor_made_in_inference_mode_works(tiny):
+    with torch.inference_mode():
+        target = torch.tensor([1])
+    expected = GradCAM(tiny, "conv")(X, target=[1])
+    torch.testing.assert_close(GradCAM(tiny, "conv")(X, target=target), expected)

@@ -6,7 +6,6 @@ argument handling is also driven in-process through :func:`camkit.cli.main`.
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -21,6 +20,10 @@ from skimage import data
 from torch import nn
 
 from camkit import cli
+from camkit import io as camkit_io
+from camkit.cli import common, demo, explain
+from camkit.core.progress import progress_bar
+from camkit.registry import METHODS
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
 LABELS = [f"class {i}" for i in range(4)] + ["tabby", "tiger cat", "Egyptian cat", "crane"]
@@ -164,7 +167,7 @@ def test_demo_writes_overlays_and_a_summary(tmp_path):
         "rocket.png",
     ]
     records = json.loads((out / "manifest.json").read_text())
-    assert len(records) == 5 * len(cli.DEMO_METHODS)
+    assert len(records) == 5 * len(demo.DEMO_METHODS)
     for record in records:
         with (
             Image.open(out / record["output"]) as overlay,
@@ -265,7 +268,7 @@ def test_version_and_help(capsys):
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.mark.parametrize("method", cli.ALL_METHODS)
+@pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_gives_one_heatmap_per_class(method):
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -277,12 +280,12 @@ def test_every_method_gives_one_heatmap_per_class(method):
         nn.Flatten(),
         nn.Linear(6, 5),
     ).eval()
-    explainer = cli.build_explainer(method, model, "2")
+    explainer = METHODS[method].build(model, "2")
     batch = torch.rand(2, 3, 12, 12)
-    heat, raw = cli.run_method(method, explainer, batch, [[1, 3], [4, 0]])
+    heat, raw = explainer.heatmaps(batch, [[1, 3], [4, 0]])
     assert heat.shape == (2, 2, 12, 12) and heat.device.type == "cpu"
     assert heat.min() >= 0 and heat.max() <= 1
-    pixel = method in cli.PIXEL_METHODS
+    pixel = METHODS[method].family == "pixel"
     assert raw.shape == ((2, 2, 3, 12, 12) if pixel else (2, 2, 12, 12))
 
 
@@ -299,7 +302,7 @@ def test_every_method_gives_one_heatmap_per_class(method):
     ],
 )
 def test_parse_target(spec, expected):
-    assert cli.parse_target(spec, LABELS) == expected
+    assert common.parse_target(spec, LABELS) == expected
 
 
 @pytest.mark.parametrize(
@@ -313,8 +316,8 @@ def test_parse_target(spec, expected):
     ],
 )
 def test_parse_target_errors(spec, message):
-    with pytest.raises(cli.UsageError) as error:
-        cli.parse_target(spec, LABELS)
+    with pytest.raises(common.UsageError) as error:
+        common.parse_target(spec, LABELS)
     assert message in str(error.value)
 
 
@@ -322,60 +325,51 @@ def test_find_images_in_a_folder_is_sorted_and_not_recursive(tmp_path):
     for name in ("b.PNG", "a.jpg", ".hidden.jpg", "c.txt", "sub/d.jpg"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).touch()
-    listed = cli.find_images([str(tmp_path), str(tmp_path / "c.txt")])
+    listed = common.find_images([str(tmp_path), str(tmp_path / "c.txt")])
     assert [path.name for path in listed] == ["a.jpg", "b.PNG", "c.txt"]
 
 
 def test_find_images_rejects_an_empty_folder(tmp_path):
     (tmp_path / "notes.txt").touch()
-    with pytest.raises(cli.UsageError, match=f"no image files .* in directory {tmp_path}"):
-        cli.find_images([str(tmp_path)])
+    with pytest.raises(common.UsageError, match=f"no image files .* in directory {tmp_path}"):
+        common.find_images([str(tmp_path)])
 
 
 def test_unique_stems():
     paths = [Path("a/cat.jpg"), Path("b/cat.png"), Path("cat.jpg"), Path("dog.jpg")]
-    assert cli.unique_stems(paths) == ["cat", "cat-2", "cat-3", "dog"]
+    assert explain.unique_stems(paths) == ["cat", "cat-2", "cat-3", "dog"]
 
 
 def test_read_image_makes_upright_rgb(tmp_path):
     gray = np.arange(12, dtype=np.uint8).reshape(3, 4) * 20
     Image.fromarray(gray).save(tmp_path / "gray.png")
-    assert cli.read_image(tmp_path / "gray.png").shape == (3, 4, 3)
+    assert camkit_io.read_image(tmp_path / "gray.png").shape == (3, 4, 3)
 
     rgba = np.zeros((2, 5, 4), np.uint8)
     Image.fromarray(rgba).save(tmp_path / "rgba.png")
-    assert cli.read_image(tmp_path / "rgba.png").shape == (2, 5, 3)
+    assert camkit_io.read_image(tmp_path / "rgba.png").shape == (2, 5, 3)
 
     deep = np.full((2, 2), 65535, np.uint16)
     Image.fromarray(deep).save(tmp_path / "deep.png")
-    assert (cli.read_image(tmp_path / "deep.png") == 255).all()
+    assert (camkit_io.read_image(tmp_path / "deep.png") == 255).all()
 
     rotated = Image.fromarray(np.zeros((2, 6, 3), np.uint8))  # stored 6 wide, 2 high
     exif = rotated.getexif()
     exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
     rotated.save(tmp_path / "rotated.jpg", exif=exif)
-    assert cli.read_image(tmp_path / "rotated.jpg").shape == (6, 2, 3)
+    assert camkit_io.read_image(tmp_path / "rotated.jpg").shape == (6, 2, 3)
 
 
 def test_atomic_writes_leave_only_the_file(tmp_path):
-    cli.save_json(tmp_path / "m.json", [{"a": 1}])
-    cli.save_npy(tmp_path / "m.npy", np.ones((2, 2), np.float32))
+    camkit_io.save_json(tmp_path / "m.json", [{"a": 1}])
+    camkit_io.save_npy(tmp_path / "m.npy", np.ones((2, 2), np.float32))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["m.json", "m.npy"]
     assert json.loads((tmp_path / "m.json").read_text()) == [{"a": 1}]
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_bar_only_on_a_terminal():
-    terminal, pipe = Terminal(), io.StringIO()
-    for stream in (terminal, pipe):
-        bar = cli.ProgressBar(4, stream)
-        bar.advance(1)
-        bar.message("camkit: cannot read x.jpg: reason")
-        bar.advance(3)
-        bar.close()
-    assert pipe.getvalue() == "camkit: cannot read x.jpg: reason\n"
-    assert "] 1/4 images" in terminal.getvalue() and terminal.getvalue().endswith("4/4 images\n")
+def test_progress_is_silent_off_a_terminal(capsys):
+    with progress_bar(4, "explain", "image") as bar:  # pytest's stderr is not a terminal
+        bar.update(4)
+    with progress_bar(4, "explain", "image", enabled=False) as bar:
+        bar.update(4)
+    assert capsys.readouterr().err == ""

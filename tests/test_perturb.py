@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +12,7 @@ from conftest import X, assert_untouched, model_state
 from torch import Tensor, nn
 
 from camkit import AblationCAM, ScoreCAM
-from camkit.capture import LayerOutputError
+from camkit.errors import ArgumentError, LayerOutputError
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
 
@@ -141,10 +144,12 @@ def test_ablationcam_by_hand(tiny, cls, scale):
     torch.testing.assert_close(cam, scale * X[0])
 
 
-def test_top_k_keeps_the_channel_of_largest_gradient_times_activation(tiny):
-    # class 1: sum g*A = 10 for A_0 and 40 for A_1, so top_k=1 keeps A_1 alone
-    torch.testing.assert_close(ScoreCAM(tiny, "conv", top_k=1)(X, 1, **RAW), 2 * X[0])
-    torch.testing.assert_close(AblationCAM(tiny, "conv", top_k=1)(X, 1, **RAW), 0.8 * 2 * X[0])
+def test_top_channels_keeps_the_channel_of_largest_gradient_times_activation(tiny):
+    # class 1: sum g*A = 10 for A_0 and 40 for A_1, so top_channels=1 keeps A_1 alone
+    torch.testing.assert_close(ScoreCAM(tiny, "conv", top_channels=1)(X, 1, **RAW), 2 * X[0])
+    torch.testing.assert_close(
+        AblationCAM(tiny, "conv", top_channels=1)(X, 1, **RAW), 0.8 * 2 * X[0]
+    )
 
 
 # -- against direct loops, for any batch_size ---------------------------------------------------
@@ -223,21 +228,32 @@ def test_constant_and_duplicate_channels_are_evaluated_once():
     torch.testing.assert_close(cam, direct_ablation(model, x, [1, 2]), rtol=1e-4, atol=1e-5)
 
 
-def test_top_k_runs_k_forwards_and_all_channels_is_exact(x):
+def test_top_channels_runs_k_forwards_and_all_channels_is_exact(x):
     model = ConvNet()
     for method in (ScoreCAM, AblationCAM):
         with Counter(model) as counter:
-            method(model, "feat", batch_size=1, top_k=2)(x, 0)
+            method(model, "feat", batch_size=1, top_channels=2)(x, 0)
         assert len(counter.calls) == 1 + 3 * 2
         torch.testing.assert_close(
-            method(model, "feat", top_k=6)(x, 0), method(model, "feat")(x, 0)
+            method(model, "feat", top_channels=6)(x, 0), method(model, "feat")(x, 0)
         )
 
 
-def test_progress_line(x, capsys):
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_only_when_asked(x, monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     ScoreCAM(ConvNet(), "feat", progress=True)(x, 0)
-    assert capsys.readouterr().err.endswith("forward passes\n")
+    assert "Score-CAM feat" in terminal.getvalue() and "forward" in terminal.getvalue()
+    drawn = terminal.getvalue()
     AblationCAM(ConvNet(), "feat")(x, 0)
+    assert terminal.getvalue() == drawn
+    monkeypatch.undo()
+    ScoreCAM(ConvNet(), "feat", progress=True)(x, 0)  # stderr not a terminal: silent
     assert capsys.readouterr().err == ""
 
 
@@ -245,11 +261,11 @@ def test_progress_line(x, capsys):
 def test_bad_arguments(bad):
     model = ConvNet()
     for method in (ScoreCAM, AblationCAM):
-        with pytest.raises(ValueError, match="batch_size"):
+        with pytest.raises(ArgumentError, match="batch_size"):
             method(model, "feat", batch_size=bad)
-        with pytest.raises(ValueError, match="top_k"):
-            method(model, "feat", top_k=bad)
-    with pytest.raises(ValueError, match="reshape"):
+        with pytest.raises(ArgumentError, match="top_channels"):
+            method(model, "feat", top_channels=bad)
+    with pytest.raises(ArgumentError, match="reshape"):
         AblationCAM(model, "feat", reshape=lambda t: t)
 
 
@@ -268,7 +284,7 @@ def test_model_untouched_also_after_an_exception(x):
     model.stem.eval()
     before = model_state(model)
     for method in (ScoreCAM, AblationCAM):
-        method(model, "feat", batch_size=2, top_k=3)(x, 1)
+        method(model, "feat", batch_size=2, top_channels=3)(x, 1)
         assert_untouched(model, before)
 
         def failing(out: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from camkit import IntegratedGradients, Saliency, SmoothGrad, to_heatmap
-from camkit.capture import LayerOutputError
+from camkit.errors import ArgumentError, GradientError, InputError, TargetError
 
 
 def linear_model() -> nn.Module:
@@ -116,7 +116,7 @@ def test_a_score_that_ignores_the_input_is_an_error():
         def forward(self, x):
             return x.detach().flatten(1)
 
-    with pytest.raises(LayerOutputError, match="does not depend on the input"):
+    with pytest.raises(GradientError, match="does not depend on the input"):
         Saliency(Detached())(IMAGES, target=0)
 
 
@@ -343,7 +343,7 @@ def test_to_heatmap_ranges(values):
     ("make", "error", "match"),
     [
         (lambda m: SmoothGrad(m, samples=0), ValueError, "samples"),
-        (lambda m: SmoothGrad(m, samples=2.5), TypeError, "samples"),
+        (lambda m: SmoothGrad(m, samples=2.5), ArgumentError, "samples"),
         (lambda m: SmoothGrad(m, batch_size=0), ValueError, "batch_size"),
         (lambda m: SmoothGrad(m, noise_level=-0.1), ValueError, "noise_level"),
         (lambda m: SmoothGrad(m, noise_level=float("nan")), ValueError, "noise_level"),
@@ -383,13 +383,13 @@ def test_bad_inputs():
             method(torch.zeros(2, 2), target=0)
         with pytest.raises(ValueError, match="NaN"):
             method(torch.full((3, 2, 2), float("nan")), target=0)
-        with pytest.raises(TypeError, match="floating-point"):
+        with pytest.raises(InputError, match="floating-point"):
             method(torch.zeros(3, 2, 2, dtype=torch.long), target=0)
-        with pytest.raises(IndexError, match="out of range"):
+        with pytest.raises(TargetError, match="out of range"):
             method(IMAGES, target=3)
         with pytest.raises(ValueError, match="one target per sample"):
             method(IMAGES, target=[0, 1, 2])
-    with pytest.raises(TypeError, match="baseline must be"):
+    with pytest.raises(ArgumentError, match="baseline must be"):
         IntegratedGradients(model, baseline="zeros")(IMAGES, target=0)
     with pytest.raises(ValueError, match="reduction"):
         to_heatmap(torch.zeros(3, 2, 2), "max")

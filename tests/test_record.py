@@ -8,6 +8,7 @@ from conftest import TinyNet, X, assert_untouched, model_state
 from torch import nn
 
 from camkit import LayerNotFoundError, LayerOutputError, find_layer, record
+from camkit.errors import ArgumentError
 
 
 def test_activations_and_gradients_of_a_user_backward(tiny):
@@ -76,7 +77,7 @@ def test_layer_errors(tiny):
         pass
     with pytest.raises(LayerNotFoundError, match="twice"), record(tiny, ["conv", tiny.conv]):
         pass
-    with pytest.raises(TypeError, match="dotted module name"):
+    with pytest.raises(ArgumentError, match="dotted module name"):
         find_layer(tiny, 3)
 
     class TupleOut(nn.Module):

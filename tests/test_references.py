@@ -62,7 +62,7 @@ def resnet() -> tuple[torch.nn.Module, Tensor]:
 def test_gradient_cams_equal_pytorch_grad_cam_on_the_pretrained_model(pretrained, name, reference):
     model, x = pretrained
     expected = _pgc_maps(getattr(pgc, reference), model, "bn2", x, TARGETS)
-    got = camkit.METHODS[name](model, "bn2")(x, target=TARGETS)
+    got = camkit.METHODS[name].cls(model, "bn2")(x, target=TARGETS)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 

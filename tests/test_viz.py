@@ -12,6 +12,7 @@ import torch
 from matplotlib.figure import Figure
 from PIL import Image
 
+from camkit import io as camkit_io
 from camkit import viz
 
 RNG = np.random.default_rng(0)
@@ -101,12 +102,12 @@ def test_overlay_rejects_bad_input(kwargs: dict, message: str) -> None:
 
 
 def test_to_rgb_uint8_conversions() -> None:
-    assert np.array_equal(viz.to_rgb_uint8(torch.from_numpy(IMAGE).permute(2, 0, 1)), IMAGE)
-    assert np.array_equal(viz.to_rgb_uint8(IMAGE.astype(np.float64) / 255), IMAGE)
-    assert np.array_equal(viz.to_rgb_uint8(IMAGE.astype(np.uint16) * 257), IMAGE)
-    assert viz.to_rgb_uint8(np.ones((2, 2), bool)).max() == 255
+    assert np.array_equal(camkit_io.to_rgb_uint8(torch.from_numpy(IMAGE).permute(2, 0, 1)), IMAGE)
+    assert np.array_equal(camkit_io.to_rgb_uint8(IMAGE.astype(np.float64) / 255), IMAGE)
+    assert np.array_equal(camkit_io.to_rgb_uint8(IMAGE.astype(np.uint16) * 257), IMAGE)
+    assert camkit_io.to_rgb_uint8(np.ones((2, 2), bool)).max() == 255
     with pytest.raises(TypeError, match="PIL image, numpy array or torch tensor"):
-        viz.to_rgb_uint8([[0, 1]])
+        camkit_io.to_rgb_uint8([[0, 1]])
 
 
 def test_feature_grid_shape_and_padding() -> None:
@@ -179,7 +180,7 @@ def test_plot_signed_attribution_is_centred_and_clipped() -> None:
 
 def test_save_png_is_atomic_and_readable(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out.png"
-    assert viz.save_png(target, IMAGE) == target
+    assert camkit_io.save_png(target, IMAGE) == target
     assert np.array_equal(cv2.imread(str(target))[:, :, ::-1], IMAGE)
     assert os.listdir(tmp_path) == ["out.png"]
 
@@ -188,12 +189,12 @@ def test_save_png_is_atomic_and_readable(tmp_path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        viz.save_png(target, np.zeros((5, 5, 3), np.uint8))
+        camkit_io.save_png(target, np.zeros((5, 5, 3), np.uint8))
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["out.png"]  # no temporary file left behind
     assert np.array_equal(cv2.imread(str(target))[:, :, ::-1], IMAGE)  # old picture intact
 
-    viz.save_png(target, viz.feature_grid(np.ones((2, 3, 3))))  # float gray grids work too
+    camkit_io.save_png(target, viz.feature_grid(np.ones((2, 3, 3))))  # float gray grids work too
     assert cv2.imread(str(target)).shape == (3, 7, 3)
     with pytest.raises(ValueError, match=r"\.png"):
-        viz.save_png(tmp_path / "out.jpg", IMAGE)
+        camkit_io.save_png(tmp_path / "out.jpg", IMAGE)

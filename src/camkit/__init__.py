@@ -1,39 +1,48 @@
 """camkit: where a PyTorch vision model looks.
 
 ``GradCAM(model, "features.28")(img, target=281)`` gives an ``(H, W)`` heatmap in [0, 1].
+
+Layout: :mod:`camkit.core` (the engine: layers and hooks, targets, the tapped forward, finishing),
+:mod:`camkit.registry` (which methods exist), :mod:`camkit.cam` and :mod:`camkit.pixel` (the
+methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
+:mod:`camkit.errors`.
 """
 
-from camkit import models, viz
+from camkit import errors, models, registry, viz
 from camkit.cam import (
-    CAM,
-    METHODS,
+    AblationCAM,
+    BaseCAM,
     EigenCAM,
     GradCAM,
     GradCAMPlusPlus,
     HiResCAM,
     LayerCAM,
+    ScoreCAM,
     XGradCAM,
     cams,
 )
-from camkit.capture import LayerNotFoundError, LayerOutputError, find_layer, record
-from camkit.perturb import AblationCAM, ScoreCAM
+from camkit.core.layers import find_layer
+from camkit.core.record import record
+from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
+from camkit.guided_gradcam import GuidedGradCAM
 from camkit.pixel import (
     Deconvnet,
     GuidedBackprop,
-    GuidedGradCAM,
     IntegratedGradients,
     Saliency,
     SmoothGrad,
     to_heatmap,
 )
+from camkit.registry import METHODS
 from camkit.viz import feature_grid, overlay, plot
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
-    "AblationCAM",
-    "CAM",
     "METHODS",
+    "AblationCAM",
+    "BaseCAM",
+    "CamkitError",
     "Deconvnet",
     "EigenCAM",
     "GradCAM",
@@ -48,14 +57,17 @@ __all__ = [
     "Saliency",
     "ScoreCAM",
     "SmoothGrad",
+    "TargetError",
     "XGradCAM",
     "cams",
+    "errors",
     "feature_grid",
     "find_layer",
     "models",
     "overlay",
     "plot",
     "record",
+    "registry",
     "to_heatmap",
     "viz",
 ]

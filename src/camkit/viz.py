@@ -1,24 +1,19 @@
-"""Pictures: heatmap overlays, feature-map grids, three-panel figures and atomic PNG writes.
+"""Pictures: heatmap overlays, feature-map grids and figures (files: :mod:`camkit.io`).
 
-Images may be PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``) or torch tensors
-(``HxW``, ``CxHxW`` with C in 1/3/4, or ``1xCxHxW``), as ``uint8`` (0..255) or float (0..1).
-Numpy arrays are read channels-last and tensors channels-first, unless only the other reading
-has 1, 3 or 4 channels. Gray is repeated to RGB and an alpha channel is dropped (not composited).
+Images are anything :func:`camkit.io.to_rgb_uint8` takes (PIL, numpy, torch; uint8 or float).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import cv2
 import numpy as np
 import torch
-from PIL import Image
+
+from camkit.io import FLOAT_TOLERANCE, as_numpy, describe, to_rgb_uint8
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -27,10 +22,8 @@ __all__ = [
     "OPENCV_COLORMAPS",
     "feature_grid",
     "overlay",
+    "picture_grid",
     "plot",
-    "save_png",
-    "to_rgb_float",
-    "to_rgb_uint8",
 ]
 
 OPENCV_COLORMAPS: dict[str, int] = {
@@ -40,134 +33,23 @@ OPENCV_COLORMAPS: dict[str, int] = {
 }
 """OpenCV colormap names (lower case) -> ``cv2.COLORMAP_*`` codes."""
 
-_CHANNEL_COUNTS = (1, 3, 4)
-_FLOAT_TOLERANCE = 1e-3  # float images may stray this far outside [0, 1] (rounding) before clipping
 _DIVERGING_COLORMAP = "bwr"
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return type(value).__name__
-
-
-def _as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(array, torch.Tensor):
-        array = array.detach().cpu()
-        if array.dtype == torch.bfloat16:
-            array = array.float()
-        return array.numpy()
-    return np.asarray(array)
 
 
 def _float_array(value: object, what: str, dtype: type = np.float32) -> np.ndarray:
     """A numpy array or torch tensor -> float numpy of ``dtype``; anything else: TypeError."""
     if not isinstance(value, (np.ndarray, torch.Tensor)):
-        raise TypeError(f"expected {what} as a numpy array or torch tensor, got {_describe(value)}")
-    return _as_numpy(value).astype(dtype)
+        raise TypeError(f"expected {what} as a numpy array or torch tensor, got {describe(value)}")
+    return as_numpy(value).astype(dtype)
 
 
 def _finite_values(array: np.ndarray, value: object, what: str) -> np.ndarray:
     """``array`` when it holds values and all are finite; else a ValueError about ``what``."""
     if array.size == 0:
-        raise ValueError(f"the {what} holds no values: {_describe(value)}")
+        raise ValueError(f"the {what} holds no values: {describe(value)}")
     if not np.isfinite(array).all():
         raise ValueError(f"the {what} holds NaN or infinite values")
     return array
-
-
-def _image_hwc(image: object) -> np.ndarray:
-    """Any supported image -> numpy ``HxWxC`` (C in 1/3/4), dtype unchanged."""
-    if isinstance(image, Image.Image):
-        return np.asarray(image.convert("RGB"))
-    if isinstance(image, torch.Tensor):
-        channels_first = True
-        if image.ndim == 4 and image.shape[0] == 1:
-            image = image[0]
-    elif isinstance(image, np.ndarray):
-        channels_first = False
-    else:
-        raise TypeError(
-            f"expected an image as a PIL image, numpy array or torch tensor, got {_describe(image)}"
-        )
-    array = _as_numpy(image)
-    if array.ndim == 2:
-        array = array[:, :, None]
-    elif array.ndim == 3:
-        first_ok, last_ok = array.shape[0] in _CHANNEL_COUNTS, array.shape[2] in _CHANNEL_COUNTS
-        if (channels_first and first_ok) or (not last_ok and first_ok):
-            array = np.moveaxis(array, 0, 2)
-        elif not last_ok:
-            raise ValueError(
-                "expected an image with 1, 3 or 4 channels (HxWxC array or CxHxW tensor), "
-                f"got {_describe(image)}"
-            )
-    else:
-        raise ValueError(
-            f"expected a 2-D (gray) or 3-D (color) image, got {_describe(image)} "
-            f"with {array.ndim} dimensions"
-        )
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"the image is empty: {_describe(image)}")
-    return array
-
-
-def _rgb_channels(array: np.ndarray) -> np.ndarray:
-    if array.shape[2] == 1:
-        return np.repeat(array, 3, axis=2)
-    return array[:, :, :3]
-
-
-def _check_unit_range(array: np.ndarray) -> np.ndarray:
-    """Float image -> float32 clipped to [0, 1]; refuses NaN/inf and values far outside [0, 1]."""
-    array = array.astype(np.float32, copy=False)
-    if not np.isfinite(array).all():
-        raise ValueError("the image contains NaN or infinite values")
-    low, high = float(array.min()), float(array.max())
-    if low < -_FLOAT_TOLERANCE or high > 1 + _FLOAT_TOLERANCE:
-        raise ValueError(
-            f"expected a float image with values in [0, 1], got values in [{low:.4g}, {high:.4g}]"
-            " (a normalised model input? pass the original image, or uint8 0..255)"
-        )
-    return np.clip(array, 0.0, 1.0)
-
-
-def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
-    if array.dtype == np.uint16:
-        return np.round(array / 257.0).astype(np.uint8)
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high > 255:
-        raise ValueError(
-            f"expected integer image values in 0..255 (or uint16), got {array.dtype} values in "
-            f"[{low}, {high}]"
-        )
-    return array.astype(np.uint8)
-
-
-def to_rgb_uint8(image: object) -> np.ndarray:
-    """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
-
-    uint8 is kept as is, bool maps to 0/255, float in [0, 1] is scaled by 255 and rounded, uint16 is
-    divided by 257; other integer types must already lie in 0..255.
-    """
-    array = _rgb_channels(_image_hwc(image))
-    if array.dtype == np.uint8:
-        return array.copy()
-    if array.dtype == np.bool_:
-        return array.astype(np.uint8) * 255
-    if np.issubdtype(array.dtype, np.floating):
-        return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
-    if np.issubdtype(array.dtype, np.integer):
-        return _integer_as_uint8(array)
-    raise TypeError(f"expected a uint8, integer, bool or float image, got {_describe(image)}")
-
-
-def to_rgb_float(image: object) -> np.ndarray:
-    """Any supported image -> ``HxWx3`` float32 RGB in [0, 1] (float input keeps its precision)."""
-    array = _rgb_channels(_image_hwc(image))
-    if np.issubdtype(array.dtype, np.floating):
-        return _check_unit_range(array).copy()
-    return to_rgb_uint8(array).astype(np.float32) / 255.0
 
 
 def _heatmap_2d(heatmap: object) -> np.ndarray:
@@ -176,10 +58,10 @@ def _heatmap_2d(heatmap: object) -> np.ndarray:
     while array.ndim > 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 2:
-        raise ValueError(f"expected a 2-D heatmap (H, W), got {_describe(heatmap)}")
+        raise ValueError(f"expected a 2-D heatmap (H, W), got {describe(heatmap)}")
     _finite_values(array, heatmap, "heatmap")
     low, high = float(array.min()), float(array.max())
-    if low >= -_FLOAT_TOLERANCE and high <= 1 + _FLOAT_TOLERANCE:
+    if low >= -FLOAT_TOLERANCE and high <= 1 + FLOAT_TOLERANCE:
         return np.clip(array, 0.0, 1.0)
     if high == low:
         return np.zeros_like(array)
@@ -189,7 +71,7 @@ def _heatmap_2d(heatmap: object) -> np.ndarray:
 def _colormap_lut(colormap: str) -> np.ndarray:
     """Colormap name -> ``256x3`` uint8 RGB lookup table (OpenCV names first, then matplotlib)."""
     if not isinstance(colormap, str):
-        raise TypeError(f"expected a colormap name (str), got {_describe(colormap)}")
+        raise TypeError(f"expected a colormap name (str), got {describe(colormap)}")
     code = OPENCV_COLORMAPS.get(colormap.lower())
     if code is not None:
         ramp = np.arange(256, dtype=np.uint8).reshape(256, 1)
@@ -259,7 +141,7 @@ def _grid_tiles(maps: object) -> np.ndarray:
     elif array.ndim != 3:
         raise ValueError(
             "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
-            f"(H, W), got {_describe(maps)}"
+            f"(H, W), got {describe(maps)}"
         )
     return _finite_values(array, maps, "maps")
 
@@ -339,7 +221,7 @@ def _attribution_2d(attribution: object) -> np.ndarray:
     if array.ndim != 2:
         raise ValueError(
             f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
-            f"got {_describe(attribution)}"
+            f"got {describe(attribution)}"
         )
     return _finite_values(array, attribution, "map")
 
@@ -389,7 +271,7 @@ def plot(
     else:
         unit = shown = _heatmap_2d(values)
         low, high, cmap_name = 0.0, 1.0, colormap
-        in_range = values.min() >= -_FLOAT_TOLERANCE and values.max() <= 1 + _FLOAT_TOLERANCE
+        in_range = values.min() >= -FLOAT_TOLERANCE and values.max() <= 1 + FLOAT_TOLERANCE
         map_title = "heatmap" if in_range else "heatmap (min-max rescaled)"
         bar_label = (
             "heatmap (0..1)"
@@ -447,36 +329,3 @@ def picture_grid(
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[:, :, :3]
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
-
-    Readers never see a half-written file, and a killed writer leaves none behind.
-    """
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    descriptor = os.open(temporary, flags, 0o666)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return target
-
-
-def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically."""
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise ValueError(f"expected a path ending in .png, got {str(target)!r}")
-    rgb = to_rgb_uint8(rgb_uint8)
-    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
-    if not ok:
-        raise OSError(f"OpenCV could not encode a PNG of shape {rgb.shape}")
-    return write_atomic(target, encoded.tobytes())

@@ -1,4 +1,5 @@
-"""Class activation maps: the Grad-CAM family, and :func:`cams` for several methods in one pass."""
+"""Class activation maps: the gradient CAMs, the perturbation CAMs, and :func:`cams` for several
+methods in one call."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import CAM, Reshape, finish
-from camkit.cam.methods import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
-from camkit.capture import LayerSpec
-from camkit.inputs import as_batch
-from camkit.targets import OutputSelector, Target
-
-METHODS: dict[str, type[CAM]] = {
-    cls.name: cls for cls in (GradCAM, GradCAMPlusPlus, XGradCAM, HiResCAM, LayerCAM, EigenCAM)
-}
+from camkit import registry
+from camkit.cam.base import BaseCAM, Reshape
+from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
+from camkit.core.engine import over_rows, require_autograd
+from camkit.core.finish import Finishing, drop_axes
+from camkit.core.inputs import as_batch
+from camkit.core.layers import LayerSpec
+from camkit.core.targets import OutputSelector, Target, resolve
+from camkit.errors import UnknownMethodError
 
 
 def cams(
@@ -28,51 +30,78 @@ def cams(
     output: OutputSelector = None,
     reshape: Reshape | None = None,
     dtype: torch.dtype | None = None,
+    batch_size: int | None = None,
     relu: bool = True,
     upsample: bool = True,
     normalize: bool = True,
     fuse: bool = True,
 ) -> dict[str, Tensor | dict[str, Tensor]]:
-    """Several CAM methods from ONE forward and ONE backward pass: ``{method name: map}``.
+    """Several CAM methods on the same input: ``{method name: map}``.
 
-    Each entry equals what the single-method class returns for the same arguments; names are
-    those of :data:`METHODS` (``"gradcam"``, ``"gradcam++"``, ``"xgradcam"``, ``"hirescam"``,
-    ``"layercam"``, ``"eigencam"``).
+    The gradient CAMs (``registry.names("gradient-cam")``: Grad-CAM, Grad-CAM++, ...) share ONE
+    forward and ONE backward pass; other CAMs of the registry (the perturbation CAMs) run their
+    own passes. Each entry equals what the method's class returns for the same arguments.
     """
-    unknown = [name for name in methods if name not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"unknown CAM method(s) {unknown}; choose from {sorted(METHODS)}")
-    explainers = {
-        name: METHODS[name](model, layer, output=output, reshape=reshape, dtype=dtype)
-        for name in dict.fromkeys(methods)
-    }
-    batch, single = as_batch(x, model)
-    capture = next(iter(explainers.values())).capture
-    gradients = any(explainer.needs_gradients for explainer in explainers.values())
-    acts, grads, several = capture.run(batch, target, gradients=gradients, dtype=dtype)
-    return {
-        name: finish(
-            explainer.maps_from(acts, grads),
-            tuple(batch.shape[-2:]),
-            relu=relu,
-            upsample=upsample,
-            normalize=normalize,
-            fuse=fuse,
-            single=single,
-            several=several and explainer.needs_gradients,
+    entries = [registry.get(name) for name in dict.fromkeys(methods)]
+    not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
+    if not_cams or not entries:
+        raise UnknownMethodError(
+            f"cams() takes CAM methods, got {not_cams or 'none'}; choose from "
+            f"{registry.names('gradient-cam') + registry.names('perturbation-cam')}"
         )
-        for name, explainer in explainers.items()
-    }
+    options = {"output": output, "reshape": reshape, "dtype": dtype}
+    if batch_size is not None:  # else each method's own default
+        options["batch_size"] = batch_size
+    explainers = {entry.name: entry.build(model, layer, **options) for entry in entries}
+    batch, single = as_batch(x, model)
+    finishing = Finishing(relu, upsample, normalize, fuse)
+    shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
+    results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
+    for name, explainer in explainers.items():
+        if name not in shared:
+            results[name] = explainer.maps(batch, target, finishing)
+    return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
+
+
+def _shared_pass(
+    explainers: dict[str, BaseCAM],
+    batch: Tensor,
+    target: Target,
+    finishing: Finishing,
+    batch_size: int | None,
+) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
+    """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
+    first = next(iter(explainers.values()))
+    gradients = any(explainer.needs_gradients for explainer in explainers.values())
+    if gradients:
+        require_autograd("cams")
+    scorer = resolve(target, batch.shape[0], batch.device, first.capture.output)
+
+    def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
+        acts, grads, scores, several = first.capture.run(
+            part, scorer, rows, gradients=gradients, dtype=first.dtype
+        )
+        targets = scores.shape[1]
+        return {
+            name: explainer.maps_from(acts, grads, targets)
+            for name, explainer in explainers.items()
+        }, several
+
+    raw, several = over_rows(batch, batch_size, one_pass)
+    size = tuple(batch.shape[2:])
+    return {name: (finishing(raw[name], size), several) for name in explainers}
 
 
 __all__ = [
-    "CAM",
-    "METHODS",
+    "AblationCAM",
+    "BaseCAM",
     "EigenCAM",
     "GradCAM",
     "GradCAMPlusPlus",
     "HiResCAM",
     "LayerCAM",
+    "PerturbationCAM",
+    "ScoreCAM",
     "XGradCAM",
     "cams",
 ]

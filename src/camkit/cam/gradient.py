@@ -9,25 +9,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from camkit.cam.base import CAM
+from camkit.cam.base import BaseCAM
+from camkit.registry import register
 
 SPATIAL = (-2, -1)
 
 
-class GradCAM(CAM):
+@register("gradcam", "Selvaraju et al., ICCV 2017")
+class GradCAM(BaseCAM):
     """Grad-CAM: channel weights are the spatially averaged gradients, ``w_c = mean_ij g_cij``.
 
     Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks via Gradient-based
     Localization", ICCV 2017. Map ``= ReLU(sum_c w_c A_c)``.
     """
 
-    name = "gradcam"
-
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         return grad.mean(dim=SPATIAL, keepdim=True)
 
 
-class GradCAMPlusPlus(CAM):
+@register("gradcam++", "Chattopadhay et al., WACV 2018")
+class GradCAMPlusPlus(BaseCAM):
     """Grad-CAM++: ``w_c = sum_ij alpha_cij ReLU(g_cij)`` with the closed-form alpha.
 
     Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
@@ -37,8 +38,6 @@ class GradCAMPlusPlus(CAM):
     alphas are not rescaled afterwards (the authors' TF script also divides them by their sum).
     """
 
-    name = "gradcam++"
-
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         grad_2 = grad.square()
         denominator = 2 * grad_2 + act.sum(dim=SPATIAL, keepdim=True) * grad_2 * grad
@@ -46,57 +45,54 @@ class GradCAMPlusPlus(CAM):
         return (alpha * grad.relu()).sum(dim=SPATIAL, keepdim=True)
 
 
-class XGradCAM(CAM):
+@register("xgradcam", "Fu et al., BMVC 2020")
+class XGradCAM(BaseCAM):
     """XGrad-CAM: gradients averaged with the normalised activations as weights.
 
     Fu et al., "Axiom-based Grad-CAM: Towards Accurate Visualization and Explanation of CNNs",
     BMVC 2020: ``w_c = sum_ij (A_cij / sum_ab A_cab) g_cij`` (``1e-7`` guards an all-zero map).
     """
 
-    name = "xgradcam"
-
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         total = act.sum(dim=SPATIAL, keepdim=True)
         return (grad * act).sum(dim=SPATIAL, keepdim=True) / (total + 1e-7)
 
 
-class HiResCAM(CAM):
+@register("hirescam", "Draelos & Carin, 2020")
+class HiResCAM(BaseCAM):
     """HiResCAM: the element-wise product of gradients and activations, ``sum_c g_c * A_c``.
 
     Draelos & Carin, "Use HiResCAM instead of Grad-CAM for faithful explanations of
     convolutional neural networks", 2020. Provably shows the locations the score used.
     """
 
-    name = "hirescam"
-
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         return grad
 
 
-class LayerCAM(CAM):
+@register("layercam", "Jiang et al., IEEE TIP 2021")
+class LayerCAM(BaseCAM):
     """LayerCAM: activations weighted element-wise by positive gradients, ``sum_c ReLU(g_c) A_c``.
 
     Jiang et al., "LayerCAM: Exploring Hierarchical Class Activation Maps for Localization",
     IEEE TIP 2021. Works at shallow layers too; fuse several layers for finer maps.
     """
 
-    name = "layercam"
-
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         return grad.relu()
 
 
-class EigenCAM(CAM):
+@register("eigencam", "Muhammad & Yeasin, IJCNN 2020")
+class EigenCAM(BaseCAM):
     """Eigen-CAM: the activations projected on their first principal component (no gradients).
 
     Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020.
     The ``(hw, C)`` activation matrix is centred per channel (as pytorch-grad-cam does) and
     projected on its first right singular vector. The sign of a singular vector is arbitrary,
     so it is fixed to correlate positively with the channel-mean activation: maps do not flip.
-    The map is the same for every target.
+    The map is the same for every target (repeated along the target axis).
     """
 
-    name = "eigencam"
     needs_gradients = False
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:

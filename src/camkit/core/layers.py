@@ -9,20 +9,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from camkit.errors import ArgumentError, LayerNotFoundError, LayerOutputError
+
 LayerSpec = str | nn.Module | Sequence[str | nn.Module]
-
-
-class LayerNotFoundError(ValueError):
-    """A layer name or module that is not part of the model."""
-
-
-class LayerOutputError(ValueError):
-    """A layer that did not run, did not return a tensor, or does not reach the score."""
 
 
 def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
@@ -38,7 +31,7 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
             f"the module {type(layer).__name__} passed as layer is not a submodule of the model"
         )
     if not isinstance(layer, str):
-        raise TypeError(
+        raise ArgumentError(
             f"layer must be a dotted module name, an nn.Module or a list of them, "
             f"got {type(layer).__name__}"
         )
@@ -77,7 +70,7 @@ def hooked(handles_factory: Callable[[], list]) -> Iterator[None]:
             handle.remove()
 
 
-def _tensor_output(name: str, output: object) -> Tensor:
+def tensor_output(name: str, output: object) -> Tensor:
     if not isinstance(output, Tensor):
         raise LayerOutputError(
             f"layer {name!r} returns {type(output).__name__}, not a tensor; "
@@ -103,7 +96,7 @@ def capture_outputs(
 
     def tap(name: str):
         def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = _tensor_output(name, output)
+            output = tensor_output(name, output)
             if start_graph and not output.requires_grad:
                 torch.set_grad_enabled(True)
                 output = output.detach().requires_grad_(True)
@@ -128,68 +121,3 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
             "pick a layer that the model's forward actually calls"
         )
     return [calls[-1] for calls in taps.values()]
-
-
-@dataclass
-class Recording:
-    """What :func:`record` captured.
-
-    ``activations[name]`` and ``gradients[name]`` are a tensor when the layer ran once, and a
-    list of tensors in call order when the module ran several times (a shared ``ReLU``).
-    Tensors are detached; gradients appear after the user's own backward pass.
-    """
-
-    calls: dict[str, list[Tensor]] = field(default_factory=dict)
-    grads: dict[str, list[Tensor | None]] = field(default_factory=dict)
-
-    @staticmethod
-    def _unwrap(store: dict[str, list]) -> dict[str, Tensor | list[Tensor]]:
-        return {
-            name: items[0] if len(items) == 1 else list(items)
-            for name, items in store.items()
-            if items and all(item is not None for item in items)
-        }
-
-    @property
-    def activations(self) -> dict[str, Tensor | list[Tensor]]:
-        return self._unwrap(self.calls)
-
-    @property
-    def gradients(self) -> dict[str, Tensor | list[Tensor]]:
-        return self._unwrap(self.grads)
-
-
-@contextmanager
-def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Iterator[Recording]:
-    """Capture ``layers``' outputs during any forward, and their gradients during any backward.
-
-    The hand-written ``LayerActivations`` of every tutorial, done once::
-
-        with camkit.record(model, ["conv1", "layer4"]) as rec:
-            model(x)[0, 281].backward()
-        rec.activations["conv1"], rec.gradients["layer4"]
-
-    Outputs are kept detached and protected from later in-place operations; every hook is
-    removed on exit, also when the code inside raises.
-    """
-    found = find_layers(model, layers)
-    rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})
-
-    def tap(name: str):
-        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = _tensor_output(name, output)
-            call = len(rec.calls[name])
-            rec.calls[name].append(output.detach())
-            rec.grads[name].append(None)
-            if gradients and output.requires_grad:
-
-                def keep(grad: Tensor) -> None:
-                    rec.grads[name][call] = grad.detach()
-
-                output.register_hook(keep)
-            return output.clone()
-
-        return hook
-
-    with hooked(lambda: [m.register_forward_hook(tap(n)) for n, m in found]):
-        yield rec

@@ -1,15 +1,18 @@
-"""Checking the images handed to an explainer, once, with errors that say what was expected."""
+"""Checking what a caller hands camkit, once: images, sizes, counts; the input memory format."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
+
+from camkit.errors import ArgumentError, InputError
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
 Result = TypeVar("Result")
@@ -18,26 +21,26 @@ Result = TypeVar("Result")
 def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
     """Validate an image ``(C, H, W)`` or batch ``(B, C, H, W)``; return ``(batch, was_single)``."""
     if not isinstance(x, Tensor):
-        raise TypeError(
+        raise InputError(
             f"expected an image tensor (3, H, W) or a batch (B, 3, H, W), got {type(x).__name__}; "
             "turn images into tensors with camkit.models.load(...).preprocess"
         )
     if x.ndim not in (3, 4):
-        raise ValueError(
+        raise InputError(
             f"expected an image (3, H, W) or a batch (B, 3, H, W), got shape {tuple(x.shape)}"
         )
     if not x.is_floating_point():
-        raise TypeError(
+        raise InputError(
             f"expected a floating-point image tensor, got {x.dtype}; "
             "scale and normalise it as the model expects (e.g. with .preprocess)"
         )
     if x.numel() == 0:
-        raise ValueError(f"the input is empty: shape {tuple(x.shape)}")
+        raise InputError(f"the input is empty: shape {tuple(x.shape)}")
     if not torch.isfinite(x).all():
-        raise ValueError("the input contains NaN or infinite values")
+        raise InputError("the input contains NaN or infinite values")
     param = next(model.parameters(), None)
     if param is not None and param.device != x.device:
-        raise ValueError(
+        raise InputError(
             f"the model is on {param.device} but the input is on {x.device}; "
             "move one of them (camkit computes on the input's device)"
         )
@@ -49,6 +52,30 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
             stacklevel=3,
         )
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
+
+
+def positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
+    """``value`` as a count >= 1 (``None`` too when ``optional``), else :class:`ArgumentError`."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        allowed = "a positive int or None" if optional else "a positive int"
+        raise ArgumentError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def as_size(size: int | tuple[int, int]) -> tuple[int, int]:
+    """``224`` or ``(224, 320)`` as ``(H, W)``."""
+    if isinstance(size, int):
+        return (size, size)
+    if len(size) != 2:
+        raise ArgumentError(f"expected a size as an int or (H, W), got {size!r}")
+    return (int(size[0]), int(size[1]))
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` on ``device`` when a dtype is asked for, else nothing."""
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 class Layout:

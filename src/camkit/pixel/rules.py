@@ -35,8 +35,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from camkit.errors import ArgumentError
+
 Rule = Literal["guided", "deconvnet"]
 RULES: tuple[str, ...] = ("guided", "deconvnet")
+
+
+def check_rule(rule: object) -> Rule:
+    """``rule`` if it is a known ReLU rule, else :class:`~camkit.errors.ArgumentError`."""
+    if rule not in RULES:
+        raise ArgumentError(f"unknown ReLU rule {rule!r}; choose from {list(RULES)}")
+    return rule
 
 
 class UnmodifiedActivationWarning(UserWarning):
@@ -240,12 +249,10 @@ def rectifier_rule(rule: Rule) -> Iterator[ActivationLog]:
     Only the forward pass needs to run inside; the rule is recorded in the autograd graph, so a
     later ``torch.autograd.grad`` uses it. Yields an :class:`ActivationLog` of what was met::
 
-        with camkit.guided.rectifier_rule("guided") as log:
+        with camkit.pixel.rules.rectifier_rule("guided") as log:
             score = model(x.requires_grad_())[0, 281]
         (grad,) = torch.autograd.grad(score, x)
     """
-    if rule not in RULES:
-        raise ValueError(f"unknown ReLU rule {rule!r}; choose from {list(RULES)}")
-    mode = _RectifierMode(rule)
+    mode = _RectifierMode(check_rule(rule))
     with mode:
         yield mode.log

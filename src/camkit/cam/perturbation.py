@@ -1,0 +1,335 @@
+"""Perturbation CAMs: channel weights measured with masked or ablated forward passes.
+
+Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
+of the layer's output; both then read the target score. That is one forward per channel, so:
+
+* the forwards run in chunks of ``batch_size`` (masks are built chunk by chunk: memory is
+  bounded by ``batch_size``, and results do not depend on it);
+* identical perturbations run once: in Score-CAM every constant channel (e.g. all zero after a
+  ReLU) gives the same all-zero mask, and channels whose min-max normalised maps are equal give
+  the same mask; in Ablation-CAM zeroing an all-zero channel changes nothing, so its weight is
+  0 without a forward;
+* ``top_channels=k`` (opt-in) evaluates only the ``k`` channels of largest
+  ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
+  its agreement with the exact map is measured in docs/performance.md;
+* on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
+  (:class:`camkit.core.inputs.Layout`: faster there; the caller's own input is never converted);
+* ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
+
+A method is three steps: the perturbations (masks or ablations) and their scores
+(:meth:`PerturbationCAM.perturbed_scores`), then the channel weights from those scores
+(:meth:`PerturbationCAM.score_weights`); a variant overrides one step. The finishing (ReLU,
+upsampling, normalisation, fusing layers, ``(B, K)`` targets, ``dtype``) is the one of every
+CAM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.cam.base import BaseCAM, Reshape
+from camkit.core.engine import layer_gradients, require_autograd
+from camkit.core.finish import minmax
+from camkit.core.inputs import Layout, autocast, positive_int
+from camkit.core.layers import LayerSpec, hooked, single_call
+from camkit.core.progress import progress_bar
+from camkit.core.targets import OutputSelector, RowScorer
+from camkit.errors import LayerOutputError, TargetError
+from camkit.registry import register
+
+
+def _chunks(items: Tensor, size: int) -> Iterator[Tensor]:
+    for start in range(0, items.shape[0], size):
+        yield items[start : start + size]
+
+
+class Runs:
+    """The clean pass's target scores ``(B, K)`` and the scorer of later (perturbed) passes."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: Tensor,
+        scorer: RowScorer,
+        scores: Tensor,
+        layout: Layout,
+        dtype: torch.dtype | None,
+    ):
+        self.model, self.batch, self.scorer, self.layout, self.dtype = (
+            model,
+            batch,
+            scorer,
+            layout,
+            dtype,
+        )
+        self.scores = scores.detach().float()
+
+    def score(self, inputs: Tensor, rows: Tensor) -> Tensor:
+        """Forward ``inputs`` (``n`` rows, whatever the hooks do) and score row ``i`` for the
+        targets of sample ``rows[i]``: ``(n, K)`` float32. Callable targets must score each row
+        of the output on its own: they are called on batches of perturbed copies."""
+        return self.layout.run(lambda memory_format: self._score(inputs, rows, memory_format))
+
+    def _score(self, inputs: Tensor, rows: Tensor, memory_format: torch.memory_format) -> Tensor:
+        with torch.inference_mode(), autocast(inputs.device, self.dtype):
+            output = self.model(inputs.contiguous(memory_format=memory_format))
+            scores, _ = self.scorer(output, rows)  # checks that there is one row per input
+        return scores.float()
+
+
+class PerturbationCAM(BaseCAM):
+    """Base of the CAMs whose channel weights come from perturbed forward passes.
+
+    Args (besides those of :class:`~camkit.cam.base.BaseCAM`):
+        batch_size: perturbed rows per forward pass (the memory knob); results do not depend
+            on it.
+        top_channels: evaluate only the ``top_channels`` channels of largest
+            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0; see the module docstring for
+            the measured agreement); ``None`` evaluates every channel (exact).
+        progress: show a progress bar of the forward passes (on a terminal).
+
+    Each layer must run once per forward pass (a shared module that runs twice is refused).
+    """
+
+    family = "perturbation-cam"
+    needs_gradients = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec,
+        *,
+        batch_size: int = 32,
+        top_channels: int | None = None,
+        progress: bool = False,
+        output: OutputSelector = None,
+        reshape: Reshape | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__(
+            model, layer, output=output, reshape=reshape, dtype=dtype, batch_size=batch_size
+        )
+        self.top_channels = positive_int("top_channels", top_channels, optional=True)
+        self.progress = progress
+
+    def perturbed_scores(
+        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        """``(B, C, K)`` target scores of the perturbed passes of one layer, from its raw
+        output, its ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
+        raise NotImplementedError
+
+    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+        """``(B, C, K)`` channel weights from the perturbed scores."""
+        raise NotImplementedError
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+        ranked = self.top_channels is not None
+        if ranked:
+            require_autograd(type(self).__name__)
+        layout = Layout(batch)
+        output, taps = self.capture.forward(
+            batch, start_graph=ranked, dtype=self.dtype, layout=layout
+        )
+        acts = single_call(taps)
+        scorer = scorer.pinned(output)
+        with torch.set_grad_enabled(ranked):
+            scores, several = scorer(output, torch.arange(batch.shape[0]))
+        run = Runs(self.model, batch, scorer, scores, layout, self.dtype)
+        grads: list[Tensor | None] = [None] * len(acts)
+        if ranked:
+            grads = list(layer_gradients(scores, acts, self.capture.names))
+        maps = {}
+        for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
+            if len(taps[name]) > 1:
+                raise LayerOutputError(
+                    f"layer {name!r} runs {len(taps[name])} times in one forward pass; "
+                    f"{type(self).__name__} needs a layer that runs once"
+                )
+            raw = raw.detach()
+            grid = self.as_grid(raw.unsqueeze(1)).squeeze(1)
+            kept = self.kept(grid, None if grad is None else self.as_grid(grad))
+            perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
+            weights = self.score_weights(perturbed, run, kept)
+            maps[name] = torch.einsum("bck,bchw->bkhw", weights, grid)
+        return maps, several
+
+    def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
+        """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
+        ``|sum_ij g_cij A_cij|`` (summed over the K targets), the first-order estimate of the
+        score change when channel ``c`` is removed, from one backward pass."""
+        if self.top_channels is None or self.top_channels >= grid.shape[1]:
+            return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
+        importance = (grad * grid.unsqueeze(1)).sum(dim=(-2, -1)).abs().sum(dim=1)
+        top = importance.topk(self.top_channels, dim=1).indices
+        return torch.zeros_like(importance, dtype=torch.bool).scatter_(1, top, True)
+
+    def _progress(self, label: str, total: int):
+        return progress_bar(total, label, "forward", enabled=self.progress)
+
+
+@register("scorecam", "Wang et al., CVPR-W 2020")
+class ScoreCAM(PerturbationCAM):
+    """Score-CAM: each channel weighs by the target score of the input masked by that channel.
+
+    Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural
+    Networks", CVPRW 2020, Algorithm 1. Per channel ``c`` of ``A (B, C, h, w)``: the mask
+    ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` in [0, 1] (a constant map gives zeros), the
+    score ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map
+    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` for K targets
+    (the masked forwards are shared by all K targets).
+
+    As in the paper's Algorithm 1, pytorch-grad-cam and torchcam, the softmax is over channels
+    of the target *logits* (the paper's baseline term ``- y(X_b)`` cancels in the softmax). The
+    authors' repository instead weighs by the softmax-over-classes probability of the target
+    and skips constant channels; that is not what is computed here. Masks are upsampled
+    (``align_corners=False``) before normalising, as in the paper (torchcam normalises first,
+    pytorch-grad-cam upsamples with ``align_corners=True``).
+
+    ``top_channels=k`` evaluates only the ``k`` channels of largest ``|sum_ij g_cij A_cij|``
+    (softmax over those, the rest weigh 0; agreement in docs/performance.md).
+    """
+
+    def perturbed_scores(
+        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        batch, channels = grid.shape[:2]
+        # masks are equal when the normalised maps are (constant maps all normalise to zeros):
+        # one key per (sample, channel) is the sample index and the normalised map
+        keys = minmax(grid).flatten(-2)
+        sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
+        keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
+        rows = kept.flatten().nonzero().squeeze(1)  # b * C + c
+        unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
+        first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
+        first.scatter_reduce_(0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin")
+        jobs = rows[first]
+        scores = []
+        with self._progress(f"Score-CAM {name}", jobs.shape[0]) as bar:
+            for part in _chunks(jobs, self.batch_size):
+                samples = part // channels
+                masked = self._masked(run, grid, samples, part % channels)
+                scores.append(run.score(masked, samples))
+                bar.update(part.shape[0])
+        per_row = torch.cat(scores)[inverse]  # (R, K)
+        table = per_row.new_zeros((batch * channels, per_row.shape[1]))
+        return table.index_copy_(0, rows, per_row).unflatten(0, (batch, channels))
+
+    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+        """``softmax_c`` of the masked scores over the evaluated channels."""
+        return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
+
+    @staticmethod
+    def _masked(run: Runs, grid: Tensor, samples: Tensor, channels: Tensor) -> Tensor:
+        """``x[samples[i]] * H`` with ``H = minmax(upsample(A[samples[i], channels[i]]))``:
+        ``(n, C_in, H, W)`` in the runs' memory format (only these n masks exist at once)."""
+        batch = run.batch
+        masks = F.interpolate(
+            grid[samples, channels].unsqueeze(1),
+            size=tuple(batch.shape[-2:]),
+            mode="bilinear",
+            align_corners=False,
+        )
+        images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
+        shape = (samples.shape[0], *batch.shape[1:])
+        out = torch.empty(
+            shape, dtype=batch.dtype, device=batch.device, memory_format=run.layout.preferred
+        )
+        return torch.mul(images, minmax(masks), out=out)
+
+
+@register("ablationcam", "Desai & Ramaswamy, WACV 2020")
+class AblationCAM(PerturbationCAM):
+    """Ablation-CAM: each channel weighs by the relative drop of the score when it is zeroed.
+
+    Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
+    Gradient-free Localization", WACV 2020: ``w_c = (y - y_c) / y`` with ``y`` the target score
+    (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0; map
+    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. A score of
+    exactly 0 is not divided by (the weights are then ``y - y_c``).
+
+    As in the paper, ablation is zeroing (pytorch-grad-cam does the same when the layer's
+    minimum is 0, as after a ReLU; otherwise it sets ``min - 1e7``). All-zero channels weigh 0
+    without a forward. ``top_channels=k`` ablates only the ``k`` channels of largest
+    ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c`` (the rest weigh 0;
+    agreement in docs/performance.md).
+
+    Speed: the layer's prefix is computed once per sample: a hook replaces the layer's output
+    by a batch of ablated copies of its captured output. A model whose later layers combine
+    tensors from before the layer in a way that does not broadcast over that batch (a
+    ``torch.cat`` skip connection, a reshape by the input's batch size) is detected (an error
+    or an output of the wrong batch size) and the layer falls back to full forward passes of
+    repeated inputs. Layers must run once per forward and ``reshape`` is not supported.
+    """
+
+    reshape_refused = (
+        "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
+        "undo reshape=; use ScoreCAM or a gradient CAM for token models"
+    )
+
+    def perturbed_scores(
+        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        batch, channels = grid.shape[:2]
+        kept = kept & (raw.flatten(2) != 0).any(dim=-1)
+        # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
+        ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
+        reuse_prefix = True
+        with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
+            for sample in range(batch):
+                for part in _chunks(kept[sample].nonzero().squeeze(1), self.batch_size):
+                    if reuse_prefix:
+                        try:
+                            scores = self._ablated_suffix(run, module, raw, sample, part)
+                        except (RuntimeError, TargetError):
+                            reuse_prefix = False
+                    if not reuse_prefix:
+                        scores = self._ablated_forward(run, module, sample, part)
+                    ablated[sample, part] = scores
+                    bar.update(part.shape[0])
+        return ablated
+
+    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+        """``(y - y_c) / y``, or ``y - y_c`` where ``y`` is exactly 0."""
+        clean = run.scores[:, None, :]
+        return (clean - scores) / torch.where(clean == 0, torch.ones_like(clean), clean)
+
+    @staticmethod
+    def _ablate(act: Tensor, channels: Tensor) -> Tensor:
+        """Row ``i`` of ``act (n, C, ...)`` with channel ``channels[i]`` zeroed (a new tensor)."""
+        act = act.clone()
+        act[torch.arange(act.shape[0], device=act.device), channels] = 0
+        return act
+
+    def _ablated_suffix(
+        self, run: Runs, module: nn.Module, raw: Tensor, sample: int, channels: Tensor
+    ) -> Tensor:
+        """Scores with the layer's output replaced by ablated copies of its captured output."""
+        copies = raw[sample].expand(channels.shape[0], *raw.shape[1:])
+
+        def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+            return self._ablate(copies, channels)
+
+        rows = torch.full_like(channels, sample)
+        with hooked(lambda: [module.register_forward_hook(replace)]):
+            return run.score(run.batch[sample : sample + 1], rows)
+
+    def _ablated_forward(
+        self, run: Runs, module: nn.Module, sample: int, channels: Tensor
+    ) -> Tensor:
+        """Scores of full forwards of repeated inputs, channel ``channels[i]`` zeroed in row i."""
+
+        def zero(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+            return self._ablate(output, channels)
+
+        rows = torch.full_like(channels, sample)
+        image = run.batch[sample : sample + 1]
+        inputs = image.expand(channels.shape[0], *image.shape[1:]).contiguous(
+            memory_format=run.layout.preferred
+        )
+        with hooked(lambda: [module.register_forward_hook(zero)]):
+            return run.score(inputs, rows)

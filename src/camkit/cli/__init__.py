@@ -1,0 +1,59 @@
+"""The ``camkit`` command: ``explain`` images, list a model's ``layers``, run the ``demo``.
+
+The subcommands parse arguments, find and batch image files, name and write the outputs and the
+manifest, and choose exit codes; every map, overlay and model comes from the library.
+
+Exit status: 0 all written, 1 some images could not be read (the others are written),
+2 a usage error (bad flag, unknown model/method/layer/class, missing path), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+import camkit
+from camkit.cli import demo, explain, layers
+from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``camkit`` parser with its three subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="camkit",
+        description="Show where a PyTorch vision model looks: class activation maps and "
+        "pixel attributions as heatmap overlays.",
+        epilog="run 'camkit COMMAND --help' for a command's options; 'camkit demo' to try it",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"camkit {camkit.__version__} (torch {torch.__version__})",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    explain.add_parser(commands)
+    layers.add_parser(commands)
+    demo.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``camkit`` command; return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"camkit {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("camkit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `camkit layers | head`: stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

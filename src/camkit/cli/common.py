@@ -1,0 +1,189 @@
+"""What every ``camkit`` subcommand shares: usage errors, exit codes, checks of the arguments,
+loading the model."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from camkit import models, registry, viz
+from camkit.core.layers import find_layer
+from camkit.errors import CamkitError, LayerNotFoundError
+
+EXIT_OK = 0
+EXIT_UNREADABLE_IMAGES = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+
+
+class UsageError(Exception):
+    """A command line that cannot run as given: one line on stderr, exit status 2."""
+
+
+def find_images(paths: Sequence[str]) -> list[Path]:
+    """Files as given, and each directory's image files (not recursive, sorted, no dot-files)."""
+    found: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            inside = sorted(
+                entry
+                for entry in path.iterdir()
+                if entry.is_file()
+                and entry.suffix.lower() in IMAGE_SUFFIXES
+                and not entry.name.startswith(".")
+            )
+            if not inside:
+                suffixes = ", ".join(sorted(s.lstrip(".") for s in IMAGE_SUFFIXES))
+                raise UsageError(f"no image files ({suffixes}) in directory {given}")
+            found.extend(inside)
+        elif path.exists():
+            found.append(path)
+        else:
+            raise UsageError(f"no such file or directory: {given}")
+    return found
+
+
+def parse_methods(spec: str) -> list[str]:
+    """``"gradcam,layercam"`` -> ``["gradcam", "layercam"]``; unknown names are usage errors."""
+    methods = list(dict.fromkeys(name.strip().lower() for name in spec.split(",")))
+    for name in methods:
+        try:
+            registry.get(name)
+        except CamkitError as error:
+            raise UsageError(str(error)) from None
+    return methods
+
+
+def _labelled(indices: Sequence[int], labels: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(f"{labels[i]!r} ({i})" for i in indices[:limit])
+    return shown + (f", ... ({len(indices)} in all)" if len(indices) > limit else "")
+
+
+def match_label(name: str, labels: Sequence[str]) -> int:
+    """Class index of a label: exact (case-insensitive), else the one label containing ``name``."""
+    wanted = name.strip().lower()
+    lowered = [label.lower() for label in labels]
+    exact = [i for i, label in enumerate(lowered) if label == wanted]
+    matches = exact or [i for i, label in enumerate(lowered) if wanted and wanted in label]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UsageError(
+            f"--target {name!r} matches {len(matches)} classes: {_labelled(matches, labels)}; "
+            "give the full name or the class index"
+        )
+    close = difflib.get_close_matches(wanted, lowered, n=5, cutoff=0.6)
+    hint = f"; close: {_labelled([lowered.index(c) for c in close], labels)}" if close else ""
+    raise UsageError(f"--target {name!r} is not a class name of this model{hint}")
+
+
+def parse_target(spec: str, labels: Sequence[str]) -> list[int] | None:
+    """``top1`` -> None; ``"281,285"`` -> ``[281, 285]``; a label -> ``[its index]``."""
+    if spec.strip().lower() == "top1":
+        return None
+    parts = [part.strip() for part in spec.split(",")]
+    if all(part.lstrip("-").isdigit() for part in parts):
+        classes = list(dict.fromkeys(int(part) for part in parts))
+        bad = [c for c in classes if not 0 <= c < len(labels)]
+        if bad:
+            raise UsageError(
+                f"--target class {bad[0]} is out of range: this model has {len(labels)} "
+                f"classes, 0..{len(labels) - 1}"
+            )
+        return classes
+    return [match_label(spec, labels)]
+
+
+def check_colormap(name: str) -> None:
+    """Fail early on a colormap name that :func:`camkit.viz.overlay` does not know."""
+    try:
+        viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1), np.float32), colormap=name)
+    except ValueError as error:
+        raise UsageError(f"--colormap: {error}") from None
+
+
+def pick_device(choice: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a usage error."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            "--device cuda: no CUDA device is available to this PyTorch "
+            f"({torch.__version__}); use --device cpu or auto"
+        )
+    return torch.device(choice)
+
+
+def load_model(name: str, weights: str | None) -> models.LoadedModel:
+    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines."""
+    if weights is not None and not Path(weights).is_file():
+        raise UsageError(f"--weights {weights}: no such file")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", models.RandomWeightsWarning)
+        try:
+            loaded = models.load(name, weights=weights)
+        except (CamkitError, FileNotFoundError) as error:
+            raise UsageError(f"--model {name}: {error}") from None
+    for warning in caught:
+        print(f"camkit: warning: {warning.message}", file=sys.stderr)
+    return loaded
+
+
+def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[str]) -> str:
+    """The layer the methods explain: ``--layer`` checked against the model, or the default."""
+    if layer is None:
+        layer = loaded.default_layer
+        if any(registry.get(method).needs_layer for method in methods):
+            print(f"layer: {layer} (auto)", file=sys.stderr)
+        return layer
+    try:
+        find_layer(loaded.model, layer)
+    except LayerNotFoundError as error:
+        raise UsageError(f"--layer: {error}") from None
+    return layer
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def unit_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return value
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=models.DEFAULT_MODEL,
+        help=f"{models.DEFAULT_MODEL} (default; ImageNet weights installed with camkit), "
+        "torchvision:NAME or timm:NAME (e.g. torchvision:resnet50, timm:convnext_tiny), or "
+        "a checkpoint file that names its architecture ('arch'); nothing is downloaded",
+    )
+    parser.add_argument(
+        "--weights",
+        metavar="PATH",
+        help="state dict for --model (.pt/.pth via torch.load(weights_only=True), or "
+        ".safetensors); without it a torchvision/timm model has random weights",
+    )

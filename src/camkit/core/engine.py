@@ -1,0 +1,138 @@
+"""The tapped forward and the batched vector-Jacobian product that every family shares.
+
+:class:`Capture` runs the model once with the target layers tapped (autograd starts at the
+layers, so nothing before them is recorded), scores the target with a
+:class:`~camkit.core.targets.RowScorer`, and :func:`layer_gradients` takes the gradients of
+``K`` targets per sample in one batched backward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.inputs import Layout, autocast
+from camkit.core.layers import LayerSpec, capture_outputs, find_layers, single_call
+from camkit.core.targets import OutputSelector, RowScorer
+from camkit.errors import GradientError, LayerOutputError
+
+
+def require_autograd(method: str) -> None:
+    """Refuse a call made inside ``torch.inference_mode()``, where no gradient can exist."""
+    if torch.is_inference_mode_enabled():
+        raise GradientError(
+            f"{method} needs gradients, but it was called inside torch.inference_mode(); "
+            "call it outside (inside torch.no_grad() is fine: camkit turns gradients on itself)"
+        )
+
+
+def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> list[Tensor]:
+    """``d scores / d acts`` for ``scores (B, K)``: one ``(B, K, *act.shape[1:])`` per layer.
+
+    Samples are independent, so the batch is summed; the ``K`` targets are one batched
+    vector-Jacobian product (``is_grads_batched``), not ``K`` backward passes.
+    """
+    if not scores.requires_grad:
+        raise LayerOutputError(
+            f"the target score does not depend on layer(s) {names}: their output does not "
+            "reach the model's output"
+        )
+    k = scores.shape[1]
+    if k == 1:
+        with torch.enable_grad():
+            grads = torch.autograd.grad(scores.sum(), acts, allow_unused=True)
+    else:
+        one_hot = torch.eye(k, dtype=scores.dtype, device=scores.device)
+        grad_outputs = one_hot[:, None, :].expand(k, *scores.shape)
+        grads = torch.autograd.grad(
+            scores, acts, grad_outputs=grad_outputs, is_grads_batched=True, allow_unused=True
+        )
+    unused = [name for name, grad in zip(names, grads, strict=True) if grad is None]
+    if unused:
+        raise LayerOutputError(f"the target score does not depend on layer(s) {unused}")
+    return [grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1) for grad in grads]
+
+
+class Capture:
+    """One forward pass with the target layers tapped, and the gradients a method needs."""
+
+    def __init__(self, model: nn.Module, layer: LayerSpec, output: OutputSelector = None):
+        self.model = model
+        self.layers = find_layers(model, layer)
+        self.output = output
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.layers]
+
+    def forward(
+        self,
+        batch: Tensor,
+        *,
+        start_graph: bool,
+        dtype: torch.dtype | None = None,
+        layout: Layout | None = None,
+    ) -> tuple[Any, dict[str, list[Tensor]]]:
+        """One forward pass with the layers tapped: ``(model output, {layer: outputs})``.
+
+        Runs under ``torch.no_grad()`` (see :func:`~camkit.core.layers.capture_outputs` for
+        ``start_graph``); the model sees the batch in the :class:`~camkit.core.inputs.Layout`'s
+        memory format (channels_last on the CPU: a copy, the caller's tensor is not converted);
+        pass ``layout`` to share what it learns with later forwards.
+        """
+
+        def attempt(memory_format: torch.memory_format) -> tuple[Any, dict[str, list[Tensor]]]:
+            with (
+                torch.no_grad(),
+                autocast(batch.device, dtype),
+                capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
+            ):
+                return self.model(batch.contiguous(memory_format=memory_format)), taps
+
+        return (layout or Layout(batch)).run(attempt)
+
+    def run(
+        self,
+        batch: Tensor,
+        scorer: RowScorer,
+        rows: Tensor,
+        *,
+        gradients: bool,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[list[Tensor], list[Tensor] | None, Tensor, bool]:
+        """``(activations (B, 1, ...), gradients (B, K, ...) or None, scores (B, K), several)``,
+        with one activation and gradient per layer.
+
+        ``rows`` are the samples' indices in the scorer's batch. The target is scored even when
+        no gradient is needed, so it is checked and its ``K`` is known for every method.
+        """
+        output, taps = self.forward(batch, start_graph=gradients, dtype=dtype)
+        acts = single_call(taps)
+        with torch.set_grad_enabled(gradients):
+            scores, several = scorer(output, rows)
+        grads = layer_gradients(scores, acts, self.names) if gradients else None
+        acts = [act.detach().unsqueeze(1) for act in acts]
+        return acts, grads, scores.detach(), several
+
+
+def over_rows(
+    batch: Tensor, batch_size: int | None, run: Callable[[Tensor, Tensor], tuple[Any, bool]]
+) -> tuple[Any, bool]:
+    """``run(part, rows)`` over chunks of at most ``batch_size`` samples (all at once for
+    None); the results (tensors, or dicts of them, batch first) are concatenated."""
+    size = batch.shape[0]
+    step = batch_size or size
+    parts = [
+        run(batch[start : start + step], torch.arange(start, min(start + step, size)))
+        for start in range(0, size, step)
+    ]
+    return _concatenate([result for result, _ in parts]), parts[0][1]
+
+
+def _concatenate(parts: list[Any]) -> Any:
+    if isinstance(parts[0], dict):
+        return {key: _concatenate([part[key] for part in parts]) for key in parts[0]}
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

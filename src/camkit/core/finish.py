@@ -1,0 +1,78 @@
+"""Finishing raw maps: ReLU, upsampling to the input, min-max normalisation, fusing layers.
+
+Written once for 2-D ``(h, w)`` and 3-D ``(d, h, w)`` maps; results keep the batch and target
+axes ``(B, K, ...)`` until :func:`drop_axes` removes what the caller did not ask for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from camkit.errors import ArgumentError
+
+_RESAMPLING = {2: "bilinear", 3: "trilinear"}
+
+
+def minmax(maps: Tensor, dims: int = 2) -> Tensor:
+    """Min-max normalise each map over its last ``dims`` dims to [0, 1]; a constant map gives
+    zeros."""
+    axes = tuple(range(-dims, 0))
+    low = maps.amin(dim=axes, keepdim=True)
+    high = maps.amax(dim=axes, keepdim=True)
+    span = high - low
+    flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())
+    return torch.where(flat, torch.zeros_like(maps), (maps - low) / span.masked_fill(flat, 1))
+
+
+@dataclass(frozen=True)
+class Finishing:
+    """How raw ``(B, K, *spatial)`` maps are finished: ``relu``, ``upsample`` (bilinear, or
+    trilinear for volumes, ``align_corners=False``) to the input size, min-max ``normalize``
+    per map to [0, 1], and ``fuse`` several layers into one map (the mean of their finished
+    maps, normalised again) or keep them apart as ``{layer: map}``."""
+
+    relu: bool = True
+    upsample: bool = True
+    normalize: bool = True
+    fuse: bool = True
+
+    def __call__(
+        self, maps: dict[str, Tensor], size: tuple[int, ...]
+    ) -> Tensor | dict[str, Tensor]:
+        dims = len(size)
+        finished = {}
+        for name, cam in maps.items():
+            cam = cam.float()
+            if self.relu:
+                cam = cam.relu()
+            if self.upsample:
+                cam = F.interpolate(cam, size=size, mode=_RESAMPLING[dims], align_corners=False)
+            if self.normalize:
+                cam = minmax(cam, dims)
+            finished[name] = cam
+        if not self.fuse:
+            return finished
+        if len(finished) == 1:
+            return next(iter(finished.values()))
+        if len({tuple(cam.shape) for cam in finished.values()}) > 1:
+            raise ArgumentError(
+                "layers of different resolutions can only be fused with upsample=True; "
+                "pass fuse=False to get one map per layer"
+            )
+        fused = torch.stack(list(finished.values())).mean(0)
+        return minmax(fused, dims) if self.normalize else fused
+
+
+def drop_axes(
+    result: Tensor | dict[str, Tensor], single: bool, several: bool
+) -> Tensor | dict[str, Tensor]:
+    """Drop the target axis (1) unless K targets were asked, and the batch axis (0) for one
+    image; the result is detached (a dict of maps, one per layer, likewise)."""
+    if isinstance(result, dict):
+        return {name: drop_axes(t, single, several) for name, t in result.items()}
+    result = result if several else result.squeeze(1)
+    return (result.squeeze(0) if single else result).detach()

@@ -1,0 +1,192 @@
+"""What "target" means: one resolver turns any target into the scores of a model output.
+
+Accepted targets, for a batch of ``B`` images:
+
+* ``None`` -- each sample's top-1 class;
+* ``int`` -- the same class for every sample;
+* a list of ``B`` ints or a ``(B,)`` tensor -- one class per sample;
+* a list of ``B`` lists of ``K`` ints or a ``(B, K)`` tensor -- ``K`` classes per sample,
+  answered from one forward pass;
+* a callable ``f(output) -> (B,)`` or ``(B, K)`` scores -- any other objective; it receives the
+  model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``.
+
+Class scores are the selected logits (before softmax), as in the Grad-CAM paper.
+
+:func:`resolve` gives a :class:`RowScorer`, used by every family: the gradient CAMs score the
+clean pass, the perturbation CAMs and pixel methods score perturbed copies whose row ``i``
+belongs to sample ``rows[i]`` (top-1 classes are pinned on the clean pass first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from camkit.errors import OutputError, TargetError
+
+Target = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | Callable[[Any], Tensor] | None
+OutputSelector = str | int | Callable[[Any], Tensor] | None
+
+
+def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
+    """Pick the logits from a model's output.
+
+    ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
+    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, and a
+    tuple or list gives its first element.
+    """
+    if callable(selector):
+        picked = selector(output)
+    elif isinstance(selector, str):
+        if isinstance(output, Mapping) and selector in output:
+            picked = output[selector]
+        elif hasattr(output, selector):
+            picked = getattr(output, selector)
+        else:
+            keys = list(output) if isinstance(output, Mapping) else None
+            raise OutputError(
+                f"the model's output ({type(output).__name__}) has no {selector!r}"
+                + (f"; its keys are {keys}" if keys is not None else "")
+            )
+    elif isinstance(selector, int):
+        try:
+            picked = output[selector]
+        except (IndexError, TypeError, KeyError):
+            raise OutputError(
+                f"output={selector} does not index the model's output ({type(output).__name__})"
+            ) from None
+    elif isinstance(output, Tensor):
+        picked = output
+    elif isinstance(output, Mapping) and "logits" in output:
+        picked = output["logits"]
+    elif hasattr(output, "logits"):
+        picked = output.logits
+    elif isinstance(output, tuple | list) and output:
+        picked = output[0]
+    else:
+        raise OutputError(
+            f"cannot find the logits in the model's output ({type(output).__name__}); "
+            "pass output= a key, an index or a callable that picks them, or a callable target"
+        )
+    if not isinstance(picked, Tensor):
+        raise OutputError(f"the selected model output is {type(picked).__name__}, not a tensor")
+    return picked
+
+
+def _logits(output: Any, selector: OutputSelector) -> Tensor:
+    logits = select_output(output, selector)
+    if logits.ndim != 2:
+        raise TargetError(
+            f"class targets need (B, num_classes) logits, but the model gives shape "
+            f"{tuple(logits.shape)}; pass a callable target that returns (B,) scores"
+        )
+    return logits
+
+
+def _class_tensor(target: Target, batch: int, device: torch.device) -> tuple[Tensor, bool]:
+    """An explicit class target as ``(classes (B, K), several)``; type and shape checked."""
+    if isinstance(target, bool) or (
+        not isinstance(target, int | Tensor | Sequence) or isinstance(target, str)
+    ):
+        raise TargetError(
+            "target must be None, an int, a list of ints, a list of lists, a tensor or a "
+            f"callable, got {type(target).__name__}"
+        )
+    if isinstance(target, int):
+        return torch.full((batch, 1), target, dtype=torch.long, device=device), False
+    try:
+        classes = torch.as_tensor(target, device=device)
+    except (TypeError, ValueError) as err:
+        raise TargetError(
+            f"target lists must be rectangular lists of ints ({err}); "
+            "give every sample the same number of classes"
+        ) from None
+    if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
+        raise TargetError(f"target classes must be integers, got {classes.dtype}")
+    if classes.ndim not in (1, 2) or classes.shape[0] != batch:
+        raise TargetError(
+            f"expected one target per sample ({batch},) or several per sample "
+            f"({batch}, K), got shape {tuple(classes.shape)} for a batch of {batch}; "
+            "for several classes per image pass a list of lists or a (B, K) tensor"
+        )
+    if classes.ndim == 2 and classes.shape[1] == 0:
+        raise TargetError("the target lists no class")
+    # a copy: a tensor made under torch.inference_mode() could not be saved for backward
+    return classes.long().reshape(batch, -1).clone(), classes.ndim == 2
+
+
+@dataclass(frozen=True)
+class RowScorer:
+    """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
+
+    ``scorer(output, rows)`` gives ``(scores (n, K), several)`` for a model output whose row
+    ``i`` belongs to sample ``rows[i]``: the logits of the fixed classes (``classes (B, K)``),
+    the top-1 logit of each row (``classes is None``: see :meth:`pinned`), or the callable's
+    scores; ``several`` says whether ``K`` targets per sample were asked (a 2-D target, or a
+    callable returning ``(n, K)``).
+    """
+
+    selector: OutputSelector = None
+    classes: Tensor | None = None
+    function: Callable[[Any], Tensor] | None = None
+    several: bool = False
+
+    @property
+    def top1(self) -> bool:
+        """Whether the classes are each row's own top-1 (not fixed yet)."""
+        return self.classes is None and self.function is None
+
+    def pinned(self, output: Any) -> RowScorer:
+        """The same target with top-1 classes fixed from a clean pass over the ``B`` samples,
+        so that perturbed copies keep explaining the clean prediction."""
+        if not self.top1:
+            return self
+        classes = _logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
+        return replace(self, classes=classes)
+
+    def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+        n = rows.shape[0]
+        if self.function is not None:
+            return self._called(output, n)
+        logits = _logits(output, self.selector)
+        if logits.shape[0] != n:
+            raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
+        if self.classes is None:
+            return logits.gather(1, logits.detach().argmax(dim=1, keepdim=True)), False
+        classes = self.classes[rows.to(self.classes.device)]
+        bad = (classes < 0) | (classes >= logits.shape[1])
+        if bad.any():
+            raise TargetError(
+                f"target class {classes[bad][0].item()} is out of range: the model has "
+                f"{logits.shape[1]} outputs, so classes must be in 0..{logits.shape[1] - 1}"
+            )
+        return logits.gather(1, classes.to(logits.device)), self.several
+
+    def _called(self, output: Any, n: int) -> tuple[Tensor, bool]:
+        scores = self.function(output)
+        if not isinstance(scores, Tensor) or scores.ndim not in (1, 2) or scores.shape[0] != n:
+            got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+            raise TargetError(
+                f"a callable target must return scores of shape ({n},) or ({n}, K), got {got}"
+            )
+        return scores.reshape(n, -1), scores.ndim == 2
+
+
+def resolve(
+    target: Target, batch: int, device: torch.device, selector: OutputSelector = None
+) -> RowScorer:
+    """Check ``target`` for a batch of ``batch`` samples and return its :class:`RowScorer`.
+
+    Explicit classes are checked here (type, shape), and against the logits when scored
+    (range); a callable is checked when called.
+    """
+    if target is None:
+        return RowScorer(selector)
+    if callable(target) and not isinstance(target, Tensor):
+        return RowScorer(selector, function=target)
+    classes, several = _class_tensor(target, batch, device)
+    return RowScorer(selector, classes=classes, several=several)

@@ -1,0 +1,59 @@
+"""The errors camkit raises on purpose: catch :class:`CamkitError` for all of them.
+
+Each is also a ``ValueError``, so code written for the built-in type keeps working. Messages say
+what was expected and what came.
+"""
+
+from __future__ import annotations
+
+
+class CamkitError(ValueError):
+    """Base of every error camkit raises for a bad argument, input, layer, target or file."""
+
+
+class ArgumentError(CamkitError):
+    """An option of a method or function with a wrong type or value (``batch_size=0``)."""
+
+
+class InputError(CamkitError):
+    """The image tensor: wrong type, shape, dtype, device, or non-finite values."""
+
+
+class LayerNotFoundError(CamkitError):
+    """A layer name or module that is not part of the model."""
+
+
+class LayerOutputError(CamkitError):
+    """A layer that did not run, did not return a tensor, or does not reach the score."""
+
+
+class OutputError(CamkitError):
+    """The model's output holds nothing camkit can score (no logits, a missing key)."""
+
+
+class TargetError(CamkitError):
+    """A target that is malformed, out of the class range, or does not fit the output."""
+
+
+class GradientError(CamkitError):
+    """The target score does not depend on the input (a detached or no-grad model)."""
+
+
+class UnknownMethodError(CamkitError):
+    """A method name that is not in the registry."""
+
+
+class UnknownModelError(CamkitError):
+    """A model name that is neither the default model, torchvision:NAME nor timm:NAME."""
+
+
+class CheckpointError(CamkitError):
+    """A checkpoint file that camkit cannot use (unreadable, unnamed architecture...)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint that can only be read by running pickled code (refused, never run)."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint whose tensors do not fit the architecture."""

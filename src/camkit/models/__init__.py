@@ -1,0 +1,40 @@
+"""Models to explain: the default pretrained model, builders, safe checkpoints, labels, inputs.
+
+``camkit.models.load("efficientnet_lite0")`` is a ready pretrained model (weights from a pip
+package, nothing downloaded); ``load("torchvision:resnet50", weights="r50.pth")`` and
+``load("timm:convnext_tiny", weights=...)`` build any architecture offline.
+"""
+
+from camkit.core.trace import default_layer, layer_shapes
+from camkit.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    UnknownModelError,
+    UnsafeCheckpointError,
+)
+from camkit.models.builders import DEFAULT_MODEL
+from camkit.models.checkpoints import read_checkpoint, read_state_dict
+from camkit.models.labels import imagenet_labels
+from camkit.models.load import LoadedModel, RandomWeightsWarning, load, top_classes
+from camkit.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, preprocess
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "LoadedModel",
+    "Preprocess",
+    "RandomWeightsWarning",
+    "UnknownModelError",
+    "UnsafeCheckpointError",
+    "default_layer",
+    "imagenet_labels",
+    "layer_shapes",
+    "load",
+    "preprocess",
+    "read_checkpoint",
+    "read_state_dict",
+    "top_classes",
+]

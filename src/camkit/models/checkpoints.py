@@ -1,0 +1,185 @@
+"""Reading checkpoints safely: weights only, never code from the file."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from camkit.errors import CheckpointError, CheckpointMismatchError, UnsafeCheckpointError
+
+CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors"}
+_NESTED_STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
+
+
+def _is_safetensors(path: Path) -> bool:
+    """safetensors files start with an 8-byte little-endian header length, then a JSON '{'."""
+    with path.open("rb") as handle:
+        head = handle.read(9)
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return int.from_bytes(head[:8], "little") < path.stat().st_size
+
+
+def _describe_value(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor {tuple(value.shape)}"
+    return type(value).__name__
+
+
+def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
+    if isinstance(loaded, Mapping) and not all(isinstance(v, Tensor) for v in loaded.values()):
+        for key in _NESTED_STATE_DICT_KEYS:
+            if isinstance(loaded.get(key), Mapping):
+                loaded = loaded[key]
+                break
+    if not isinstance(loaded, Mapping) or not loaded:
+        raise CheckpointError(
+            f"{path}: expected a state dict (a mapping of names to tensors, possibly under "
+            f"{'/'.join(_NESTED_STATE_DICT_KEYS)}), got {_describe_value(loaded)}"
+            + (" (empty)" if isinstance(loaded, Mapping) else "")
+        )
+    bad = [(k, v) for k, v in loaded.items() if not (isinstance(k, str) and isinstance(v, Tensor))]
+    if bad:
+        key, value = bad[0]
+        raise CheckpointError(
+            f"{path}: expected a state dict of names -> tensors, but {len(bad)} entries are not "
+            f"(e.g. {key!r}: {_describe_value(value)})"
+        )
+    return dict(loaded)
+
+
+def _unpickling_reason(message: str) -> str:
+    """The informative line of a weights-only unpickling error (it names any refused GLOBAL)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    named = [line for line in lines if "GLOBAL" in line]
+    if named:
+        return named[0].removeprefix("WeightsUnpickler error:").split(". ")[0].strip()
+    after = message.partition("WeightsUnpickler error:")[2].strip()
+    return after.splitlines()[0].strip() if after else (lines[-1] if lines else "unknown error")
+
+
+def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
+    """Read a state dict from a ``torch.save`` file or a ``.safetensors`` file, on the CPU.
+
+    Only tensors and plain containers are accepted (``torch.load(weights_only=True)``); a whole
+    pickled model or any pickle needing other code raises :class:`UnsafeCheckpointError` without
+    running it. A state dict nested under ``state_dict``/``model_state_dict``/``model``/``module``
+    is unwrapped.
+    """
+    return read_checkpoint(path)[0]
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], str | None]:
+    """:func:`read_state_dict`, and the architecture the file names, if any: the string under
+    ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
+    entry of a safetensors file's metadata."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {path}")
+    if _is_safetensors(path):
+        from safetensors import SafetensorError, safe_open
+        from safetensors.torch import load_file
+
+        try:
+            with safe_open(path, framework="pt") as handle:
+                arch = (handle.metadata() or {}).get("arch")
+            return _unwrap_state_dict(load_file(path, device="cpu"), path), arch
+        except SafetensorError as error:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = _unpickling_reason(str(error))
+        if "GLOBAL" in reason:
+            raise UnsafeCheckpointError(
+                f"{path} is not a plain state dict: loading it would run pickled code, so it was "
+                f"refused and nothing in it was run ({reason}). Save weights only: "
+                "torch.save(model.state_dict(), path) or "
+                "safetensors.torch.save_file(model.state_dict(), path)"
+            ) from None
+        raise CheckpointError(
+            f"{path}: not a checkpoint torch.load(weights_only=True) can read ({reason}); "
+            "nothing in it was run"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as error:
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({error})") from None
+    arch = loaded.get("arch") if isinstance(loaded, Mapping) else None
+    return _unwrap_state_dict(loaded, path), arch if isinstance(arch, str) else None
+
+
+def _optional_key(name: str) -> bool:
+    """BatchNorm counters that old checkpoints lack; PyTorch fills them in."""
+    return name.endswith("num_batches_tracked")
+
+
+def strip_shared_prefix(state: dict[str, Tensor], expected: Iterable[str]) -> dict[str, Tensor]:
+    """Drop wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``...) shared by every key.
+
+    Only done, up to twice, when the stripped names then match the model's exactly.
+    """
+    wanted = {name for name in expected if not _optional_key(name)}
+    for _ in range(2):
+        present = {name for name in state if not _optional_key(name)}
+        if present == wanted:
+            break
+        prefixes = {name.split(".", 1)[0] for name in state}
+        if len(prefixes) != 1 or any("." not in name for name in state):
+            break
+        stripped = {name.split(".", 1)[1]: tensor for name, tensor in state.items()}
+        if {name for name in stripped if not _optional_key(name)} - wanted:
+            break
+        state = stripped
+    return state
+
+
+def _few(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def check_fits(model: nn.Module, state: Mapping[str, Tensor], source: str) -> None:
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and not _optional_key(k)]
+    unexpected = [k for k in state if k not in expected]
+    wrong_shape = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in expected
+        if k in state and state[k].shape != expected[k].shape
+    ]
+    if not (missing or unexpected or wrong_shape):
+        return
+    parts = []
+    if missing:
+        parts.append(f"missing from the file: {_few(missing)}")
+    if unexpected:
+        parts.append(f"not in the model: {_few(unexpected)}")
+    if wrong_shape:
+        parts.append(f"different shapes: {_few(wrong_shape, 3)}")
+    raise CheckpointMismatchError(
+        f"{source} does not fit {type(model).__name__}: "
+        + "; ".join(parts)
+        + ". Is it the right architecture (and number of classes)?"
+    )
+
+
+def classifier_classes(model: nn.Module, state: Mapping[str, Tensor]) -> int | None:
+    """Classes of the checkpoint's head when only its size differs from the model's, else None.
+
+    The head is the last ``nn.Linear`` / ``nn.Conv2d`` registered in the model.
+    """
+    heads = [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    if not heads:
+        return None
+    key = f"{heads[-1]}.weight"
+    current = model.state_dict().get(key)
+    stored = state.get(key)
+    if current is None or stored is None or stored.ndim != current.ndim:
+        return None
+    if stored.shape[0] != current.shape[0] and stored.shape[1:] == current.shape[1:]:
+        return int(stored.shape[0])
+    return None

@@ -1,0 +1,178 @@
+"""The base of the pixel methods: forwards, input gradients, copies, and the heatmap policy.
+
+A pixel method maps an image ``(C, H, W) -> (C, H, W)``, a batch ``(B, C, H, W) -> (B, C, H, W)``
+and ``K`` targets per sample (a ``(B, K)`` target) ``-> (B, K, C, H, W)``: signed float32
+attributions on the input's device, with no autograd history.
+
+Gradients come from ``torch.autograd.grad`` on a detached copy of the input, so the user's tensor
+and the parameters' ``.grad`` are never touched, and the methods work inside ``torch.no_grad()``.
+``rule=`` runs the forward under a ReLU backward rule (:mod:`camkit.pixel.rules`): guided
+SmoothGrad and guided Integrated Gradients come for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.engine import layer_gradients, require_autograd
+from camkit.core.finish import drop_axes
+from camkit.core.inputs import Layout, as_batch, autocast, positive_int
+from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
+from camkit.errors import GradientError
+from camkit.pixel.heatmap import to_heatmap
+from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
+
+HEATMAP_PERCENTILE = 99.0
+
+
+class PerSample:
+    """Per-sample totals of values computed on rows ``r`` that belong to sample ``r % B``."""
+
+    def __init__(self, samples: int):
+        self.samples = samples
+        self.total: Tensor | None = None
+
+    def add(self, sample: Tensor, values: Tensor) -> None:
+        if self.total is None:
+            self.total = values.new_zeros((self.samples, *values.shape[1:]))
+        self.total.index_add_(0, sample, values)
+
+
+class PixelAttribution:
+    """Base of the pixel methods: checks the input, runs forwards, takes input gradients.
+
+    A method implements :meth:`attribute` ``(B, C, H, W) -> (B, K, C, H, W)``.
+
+    Args:
+        model: any ``nn.Module``; it is never modified (no mode switch, no lasting hooks).
+        rule: ``"guided"`` or ``"deconvnet"`` backpropagates every ReLU by that rule, ``None``
+            keeps the method's own (the plain gradient, except for the named shortcuts
+            :class:`~camkit.pixel.methods.GuidedBackprop` and
+            :class:`~camkit.pixel.methods.Deconvnet`).
+        output: picks the logits from a tuple/dict/object output (key, index or callable).
+        dtype: run the forwards under ``torch.autocast`` in this dtype; results stay float32.
+        batch_size: rows per forward pass (copies of the inputs are cut in chunks of this
+            many); None runs them all at once. Results do not depend on it.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str] = "pixel"
+    needs_layer: ClassVar[bool] = False
+    needs_gradients: ClassVar[bool] = True
+    default_rule: ClassVar[Rule | None] = None
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        rule: Rule | None = None,
+        output: OutputSelector = None,
+        dtype: torch.dtype | None = None,
+        batch_size: int | None = None,
+    ):
+        self.model = model
+        self.rule = check_rule(rule) if rule is not None else self.default_rule
+        self.output = output
+        self.dtype = dtype
+        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+
+    def __call__(self, x: Tensor, target: Target = None) -> Tensor:
+        """Attribution for ``target`` shaped like ``x`` (``(B, K, C, H, W)`` for K targets)."""
+        batch, single = as_batch(x, self.model)
+        attr, several = self.attribute(batch, target)
+        return drop_axes(attr, single, several).float()
+
+    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+        """``(B, C, H, W) -> ((B, K, C, H, W), several)``."""
+        raise NotImplementedError
+
+    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display.
+
+        The heat is ``max_c |attribution|`` divided by its 99th percentile and clipped at 1:
+        gradients are spiky, and without the clipping a handful of pixels would take the whole
+        colour range (Smilkov et al. 2017).
+        """
+        attr, _ = self.attribute(batch, target)
+        attr = attr.detach().float()
+        return to_heatmap(attr, "abs-max", percentile=HEATMAP_PERCENTILE), attr
+
+    def forward(self, inputs: Tensor) -> object:
+        """The model's forward pass, under the ReLU rule when there is one."""
+        if self.rule is None:
+            return self.model(inputs)
+        with rectifier_rule(self.rule) as log:
+            output = self.model(inputs)
+        log.warn_if_incomplete(type(self).__name__, self.model)
+        return output
+
+    def input_gradients(
+        self, inputs: Tensor, scorer: RowScorer, rows: Tensor, layout: Layout
+    ) -> tuple[Tensor, Tensor, bool]:
+        """One forward, one batched backward: ``(grads (n, K, C, H, W), scores (n, K), several)``.
+
+        The gradient is taken with respect to a detached alias of ``inputs`` (the caller's tensor
+        is never set to require grad); ``K`` targets are one batched vector-Jacobian product.
+        The model gets a copy in the ``layout``'s memory format (channels_last on the CPU), so
+        in-place operations on its input stay inside camkit.
+        """
+        leaf = inputs.detach().requires_grad_(True)
+
+        def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
+            with torch.enable_grad(), autocast(inputs.device, self.dtype):
+                output = self.forward(leaf.clone(memory_format=memory_format))
+                return scorer(output, rows)
+
+        scores, several = layout.run(scores_in)
+        if not scores.requires_grad:
+            raise GradientError(
+                "the target score does not depend on the input: the model's output is "
+                "detached from it (a torch.no_grad() or .detach() inside the model?)"
+            )
+        (grads,) = layer_gradients(scores, [leaf], ["input"])
+        return grads, scores.detach().float(), several
+
+    def over_copies(
+        self,
+        batch: Tensor,
+        target: Target,
+        copies: int,
+        make_inputs: Callable[[Tensor, range], Tensor] | None,
+        accumulate: Callable[[Tensor, Tensor, Tensor], None],
+    ) -> bool:
+        """Gradients of ``copies`` copies of every sample, ``batch_size`` rows at a time.
+
+        Row ``r`` (of ``copies * B``) is copy ``r // B`` of sample ``r % B``.
+        ``make_inputs(rows, span)`` builds one chunk's rows (given as a tensor and as a
+        ``range``; None: the samples themselves); ``accumulate(rows, grads, scores)`` consumes
+        their results. A top-1 target is fixed on the clean batch when the copies differ from
+        it, so every copy explains the same class. Returns ``several``.
+        """
+        require_autograd(type(self).__name__)
+        size = batch.shape[0]
+        scorer = resolve(target, size, batch.device, self.output)
+        if scorer.top1 and make_inputs is not None:
+            with torch.no_grad(), autocast(batch.device, self.dtype):
+                scorer = scorer.pinned(self.model(batch))
+        layout = Layout(batch)
+        rows_total = copies * size
+        step = self.batch_size or rows_total
+        several = False
+        for start in range(0, rows_total, step):
+            span = range(start, min(start + step, rows_total))
+            rows = torch.arange(span.start, span.stop, device=batch.device)
+            inputs = batch[rows % size] if make_inputs is None else make_inputs(rows, span)
+            grads, scores, several = self.input_gradients(inputs, scorer, rows % size, layout)
+            accumulate(rows, grads, scores)
+        return several
+
+    def __repr__(self) -> str:
+        rule = "" if self.rule is None else f"rule={self.rule!r}"
+        return f"{type(self).__name__}({rule})"
+
+
+__all__ = ["HEATMAP_PERCENTILE", "RULES", "PerSample", "PixelAttribution"]

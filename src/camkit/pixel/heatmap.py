@@ -1,0 +1,55 @@
+"""Turning a signed pixel attribution into a map for display."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from camkit.errors import ArgumentError
+
+HEATMAP_REDUCTIONS = ("abs-max", "sum", "norm")
+
+
+def to_heatmap(
+    attr: Tensor,
+    reduce: Literal["abs-max", "sum", "norm"] = "abs-max",
+    *,
+    percentile: float = 100.0,
+) -> Tensor:
+    """Reduce an attribution over its channel axis (-3) to a map for display.
+
+    ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K, C, H, W) -> (B, K, H, W)``.
+
+    * ``"abs-max"``: ``max_c |attr|`` (Simonyan et al.), in [0, 1];
+    * ``"norm"``: the L2 norm over channels, in [0, 1];
+    * ``"sum"``: the signed sum over channels, in [-1, 1] (the sign is kept).
+
+    Each map is divided by its largest absolute value (not min-max stretched: 0 stays "no
+    attribution" and ratios are kept); an all-zero map stays zero. ``percentile < 100`` divides
+    by that percentile of the absolute values instead and clips above it -- gradients are
+    spiky, and Smilkov et al. clip at the 99th percentile for display.
+    """
+    if not isinstance(attr, Tensor) or attr.ndim < 3:
+        got = tuple(attr.shape) if isinstance(attr, Tensor) else type(attr).__name__
+        raise ArgumentError(f"expected an attribution (C, H, W) or (B, C, H, W), got {got}")
+    if reduce not in HEATMAP_REDUCTIONS:
+        raise ArgumentError(f"unknown reduction {reduce!r}; choose from {HEATMAP_REDUCTIONS}")
+    if not 0 < percentile <= 100:
+        raise ArgumentError(f"percentile must be in (0, 100], got {percentile}")
+    attr = attr.detach().float()
+    if reduce == "abs-max":
+        heat = attr.abs().amax(dim=-3)
+    elif reduce == "norm":
+        heat = torch.linalg.vector_norm(attr, dim=-3)
+    else:
+        heat = attr.sum(dim=-3)
+    magnitude = heat.abs().flatten(-2)
+    if percentile == 100:
+        scale = magnitude.amax(dim=-1)
+    else:
+        scale = magnitude.quantile(percentile / 100, dim=-1)
+    scale = scale[..., None, None]
+    scaled = heat / torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scaled.clamp(-1, 1)

@@ -1,0 +1,285 @@
+"""Pixel-space attributions: gradients of the target score with respect to the input image.
+
+Every method maps ``(C, H, W) -> (C, H, W)``, batches and ``K`` targets per sample likewise (see
+:mod:`camkit.pixel.base`); :func:`~camkit.pixel.heatmap.to_heatmap` turns an attribution into a
+displayable map.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from numbers import Real
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.finish import drop_axes
+from camkit.core.inputs import as_batch, positive_int
+from camkit.core.targets import Target
+from camkit.errors import ArgumentError
+from camkit.pixel.base import PerSample, PixelAttribution
+from camkit.registry import register
+
+Baseline = Tensor | float | Callable[[Tensor], Tensor] | None
+SMOOTHGRAD_KINDS = ("mean", "square", "var")
+
+
+@register("saliency", "Simonyan et al., ICLR-W 2014")
+class Saliency(PixelAttribution):
+    """Saliency: the signed gradient of the target score with respect to the input pixels.
+
+    Simonyan et al., "Deep Inside Convolutional Networks: Visualising Image Classification
+    Models and Saliency Maps", ICLR 2014 workshop. ``(C, H, W) -> (C, H, W)`` (batches and K
+    targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
+    """
+
+    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+        grads = PerSample(batch.shape[0])
+
+        def keep(rows: Tensor, values: Tensor, scores: Tensor) -> None:
+            grads.add(rows, values)
+
+        several = self.over_copies(batch, target, 1, None, keep)
+        return grads.total, several
+
+
+@register("guided", "Springenberg et al., ICLR-W 2015")
+class GuidedBackprop(Saliency):
+    """Guided backpropagation: a ReLU passes back only positive gradients where its input was
+    positive, ``grad_in = grad_out * (x > 0) * (grad_out > 0)``.
+
+    Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR 2015
+    workshop. Reaches ``nn.ReLU`` modules (in-place, reused) and functional ReLUs alike; ReLU6
+    passes where ``0 < x < 6``. ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
+    The same as ``Saliency(model, rule="guided")``.
+    """
+
+    default_rule = "guided"
+
+
+@register("deconvnet", "Zeiler & Fergus, ECCV 2014")
+class Deconvnet(Saliency):
+    """Deconvnet: a ReLU passes back only positive gradients, whatever its input was,
+    ``grad_in = grad_out * (grad_out > 0)``.
+
+    Zeiler & Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014, as a
+    backward rule (Springenberg et al. 2015). ``(C, H, W) -> (C, H, W)``, batches and K targets
+    likewise. The same as ``Saliency(model, rule="deconvnet")``.
+    """
+
+    default_rule = "deconvnet"
+
+
+@register("smoothgrad", "Smilkov et al., 2017")
+class SmoothGrad(PixelAttribution):
+    """SmoothGrad: gradients averaged over noisy copies of the input.
+
+    Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
+    ``samples`` copies ``x + N(0, sigma^2)`` with ``sigma = noise_level * (max(x) - min(x))`` of
+    that sample. ``kind`` = ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients,
+    SmoothGrad^2) or ``"var"`` (population variance of the gradients, VarGrad).
+    ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
+
+    Args:
+        noise_level: noise standard deviation as a fraction of each sample's value range; 0 gives
+            exactly :class:`Saliency` (one pass, all copies would be equal).
+        samples: noisy copies per input sample.
+        seed: seeds the noise: the noise of copy ``s`` of sample ``b`` depends only on
+            ``(seed, s, b)``. None draws the seed from torch's global generator.
+        kind: the statistic of the gradients, see above.
+        rule, output, dtype, batch_size: as for every pixel method
+            (:class:`~camkit.pixel.base.PixelAttribution`); ``batch_size`` counts noisy copies.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        noise_level: float = 0.15,
+        samples: int = 25,
+        seed: int | None = None,
+        kind: Literal["mean", "square", "var"] = "mean",
+        **options: Any,
+    ):
+        super().__init__(model, **options)
+        if isinstance(noise_level, bool) or not isinstance(noise_level, Real):
+            raise ArgumentError(f"noise_level must be a number, got {type(noise_level).__name__}")
+        if not math.isfinite(noise_level) or noise_level < 0:
+            raise ArgumentError(f"noise_level must be a finite number >= 0, got {noise_level}")
+        if kind not in SMOOTHGRAD_KINDS:
+            raise ArgumentError(f"unknown SmoothGrad kind {kind!r}; choose from {SMOOTHGRAD_KINDS}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ArgumentError(f"seed must be an int or None, got {type(seed).__name__}")
+        self.noise_level = float(noise_level)
+        self.samples = positive_int("samples", samples)
+        self.seed = seed
+        self.kind = kind
+
+    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+        size = batch.shape[0]
+        copies = self.samples if self.noise_level > 0 else 1
+        flat = batch.flatten(1)
+        sigma = self.noise_level * (flat.amax(dim=1) - flat.amin(dim=1))
+        seeds = self._seeds(size, copies)
+        generator = _generator(batch.device)
+        sums, squares = PerSample(size), PerSample(size)
+
+        def noisy(rows: Tensor, span: range) -> Tensor:
+            sample = rows % size
+            noise = torch.stack(
+                [
+                    torch.randn(
+                        batch.shape[1:],
+                        generator=generator.manual_seed(seed),
+                        device=generator.device,
+                        dtype=batch.dtype,
+                    )
+                    for seed in seeds[span.start : span.stop]
+                ]
+            ).to(batch.device)
+            return batch[sample] + sigma[sample].view(-1, 1, 1, 1) * noise
+
+        def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
+            sums.add(rows % size, grads)
+            if self.kind != "mean":
+                squares.add(rows % size, grads.square())
+
+        several = self.over_copies(batch, target, copies, noisy, accumulate)
+        mean = sums.total / copies
+        if self.kind == "mean":
+            return mean, several
+        square = squares.total / copies
+        if self.kind == "square":
+            return square, several
+        return (square - mean.square()).clamp(min=0), several
+
+    def _seeds(self, size: int, copies: int) -> list[int]:
+        """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
+        sample b's seeds are the same whatever the batch size."""
+        seed = self.seed
+        if seed is None:
+            seed = int(torch.randint(2**62, ()))
+        generator = torch.Generator().manual_seed(seed)
+        table = torch.randint(2**62, (size, copies), generator=generator)
+        return table.t().flatten().tolist()
+
+    def __repr__(self) -> str:
+        return (
+            f"SmoothGrad(noise_level={self.noise_level}, samples={self.samples}, "
+            f"batch_size={self.batch_size}, seed={self.seed}, kind={self.kind!r}, "
+            f"rule={self.rule!r})"
+        )
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """A generator on ``device`` where the backend has one, else on the CPU."""
+    try:
+        return torch.Generator(device=device)
+    except RuntimeError:
+        return torch.Generator()
+
+
+@register("ig", "Sundararajan et al., ICML 2017")
+class IntegratedGradients(PixelAttribution):
+    """Integrated Gradients: ``(x - x') * mean of the gradients on the path from x' to x``.
+
+    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. The path integral
+    is the trapezoid rule on ``steps`` equal intervals: the gradients at ``x' + (k / steps)
+    (x - x')``, ``k = 0..steps`` (``steps + 1`` points), weighted ``1/2, 1, ..., 1, 1/2`` over
+    ``steps``. Completeness: ``sum(attr) ~ f(x) - f(x')``; ``return_error=True`` also gives the
+    gap. ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
+
+    Args:
+        steps: intervals of the path (``steps + 1`` gradient evaluations per sample).
+        baseline: ``x'``: None (zeros), a number, a tensor shaped like one sample ``(C, H, W)``
+            or like the batch ``(B, C, H, W)`` (or broadcastable to it), or a callable
+            ``f(batch) -> baseline``. It must be finite.
+        rule, output, dtype, batch_size: as for every pixel method
+            (:class:`~camkit.pixel.base.PixelAttribution`); ``batch_size`` counts path points.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        steps: int = 50,
+        baseline: Baseline = None,
+        **options: Any,
+    ):
+        super().__init__(model, **options)
+        self.steps = positive_int("steps", steps)
+        self.baseline = baseline
+
+    def __call__(
+        self, x: Tensor, target: Target = None, *, return_error: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
+        ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
+        """
+        batch, single = as_batch(x, self.model)
+        attr, error, several = self.integrate(batch, target)
+        attr = drop_axes(attr, single, several).float()
+        return (attr, drop_axes(error, single, several)) if return_error else attr
+
+    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+        attr, _, several = self.integrate(batch, target)
+        return attr, several
+
+    def integrate(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor, bool]:
+        """``(attr (B, K, C, H, W), completeness error (B, K), several)``."""
+        size = batch.shape[0]
+        baseline = self.baseline_for(batch)
+        alphas = torch.linspace(0, 1, self.steps + 1, dtype=batch.dtype, device=batch.device)
+        weights = torch.full_like(alphas, 1 / self.steps)
+        weights[[0, -1]] /= 2
+        gradient, start, end = PerSample(size), PerSample(size), PerSample(size)
+
+        def path(rows: Tensor, span: range) -> Tensor:
+            sample, alpha = rows % size, alphas[rows // size].view(-1, 1, 1, 1)
+            return torch.lerp(baseline[sample], batch[sample], alpha)
+
+        def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
+            sample, step = rows % size, rows // size
+            gradient.add(sample, grads * weights[step].view(-1, *[1] * (grads.ndim - 1)))
+            start.add(sample, scores * (step == 0).unsqueeze(1))
+            end.add(sample, scores * (step == self.steps).unsqueeze(1))
+
+        several = self.over_copies(batch, target, self.steps + 1, path, accumulate)
+        attr = (batch - baseline).unsqueeze(1) * gradient.total
+        error = (attr.flatten(2).sum(dim=2) - (end.total - start.total)).abs()
+        return attr, error, several
+
+    def baseline_for(self, batch: Tensor) -> Tensor:
+        """The baseline as a finite ``(B, C, H, W)`` tensor (a broadcast view)."""
+        baseline = self.baseline
+        if baseline is None:
+            return torch.zeros_like(batch)
+        if callable(baseline):
+            baseline = baseline(batch)
+        if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):
+            raise ArgumentError(
+                "baseline must be None, a number, a tensor or a callable returning a tensor, "
+                f"got {type(baseline).__name__}"
+            )
+        baseline = torch.as_tensor(baseline, dtype=batch.dtype, device=batch.device).detach()
+        try:
+            fits = torch.broadcast_shapes(baseline.shape, batch.shape) == batch.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ArgumentError(
+                f"the baseline has shape {tuple(baseline.shape)}, expected one sample's shape "
+                f"{tuple(batch.shape[1:])} or the batch's {tuple(batch.shape)} "
+                "(or a shape that broadcasts to it)"
+            )
+        if not torch.isfinite(baseline).all():
+            raise ArgumentError("the baseline contains NaN or infinite values")
+        return baseline.expand_as(batch)
+
+    def __repr__(self) -> str:
+        return (
+            f"IntegratedGradients(steps={self.steps}, batch_size={self.batch_size}, "
+            f"rule={self.rule!r})"
+        )

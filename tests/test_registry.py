@@ -1,0 +1,74 @@
+"""The method registry: every method in one place, read by the classes' users alike."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import X
+from PIL import Image
+
+import camkit
+from camkit import cli, registry
+from camkit.cam.base import BaseCAM
+from camkit.errors import UnknownMethodError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+class ToyCAM(BaseCAM):
+    """Every channel weighs 1: the map is the channel sum of the activations."""
+
+    def channel_weights(self, act, grad):
+        return torch.ones_like(grad)
+
+
+@pytest.fixture
+def toycam():
+    registry.register("toycam", "A toy, 2026")(ToyCAM)
+    yield ToyCAM
+    del registry.METHODS["toycam"]
+
+
+RAW = {"relu": False, "upsample": False, "normalize": False}
+
+
+def test_a_method_added_through_the_registry_alone_works_everywhere(toycam, tiny, tmp_path):
+    # the class: TinyNet's conv gives A_0 = x and A_1 = 2x, so the channel sum is 3x
+    torch.testing.assert_close(toycam(tiny, "conv")(X, 1, **RAW), 3 * X[0])
+    # cams(): the toy shares the one pass with Grad-CAM
+    maps = camkit.cams(tiny, "conv", X, 1, methods=["toycam", "gradcam"], **RAW)
+    torch.testing.assert_close(maps["toycam"], 3 * X[0])
+    torch.testing.assert_close(maps["gradcam"], camkit.GradCAM(tiny, "conv")(X, 1, **RAW))
+    # the command line
+    Image.new("RGB", (40, 30), (200, 120, 40)).save(tmp_path / "photo.png")
+    argv = ["explain", str(tmp_path / "photo.png"), "--method", "toycam,gradcam"]
+    argv += ["--model", "torchvision:resnet18", "--layer", "layer4", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 0
+    records = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert [record["method"] for record in records] == ["toycam", "gradcam"]
+    assert all((tmp_path / "o" / record["output"]).is_file() for record in records)
+    assert "toycam" in cli.build_parser()._subparsers._group_actions[0].choices["explain"].epilog
+
+
+def test_the_registry_knows_each_method_from_its_class():
+    gradcam, scorecam, guided = (registry.get(n) for n in ("gradcam", "scorecam", "guided"))
+    assert gradcam.cls is camkit.GradCAM and gradcam.shares_pass and gradcam.needs_layer
+    assert scorecam.family == "perturbation-cam" and not scorecam.shares_pass
+    assert guided.family == "pixel" and not guided.needs_layer
+    assert registry.names("perturbation-cam") == ["scorecam", "ablationcam"]
+    with pytest.raises(UnknownMethodError, match="did you mean layercam"):
+        registry.get("layercan")
+
+
+def test_readme_methods_table_lists_every_registered_method_with_its_reference():
+    table = README.read_text().split("## Methods", 1)[1].split("\n\n", 2)[1]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        for name in cells[1].replace("`", "").split(","):
+            rows[name.strip()] = (cells[0], cells[2])
+    assert set(rows) == set(registry.METHODS)
+    for name, method in registry.METHODS.items():
+        assert f"`{method.cls.__name__}`" in rows[name][0], name
+        assert rows[name][1] == method.reference, name
