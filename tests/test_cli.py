@@ -78,7 +78,7 @@ def test_explain_default_model_with_a_corrupt_file(photos, tmp_path):
     assert run.returncode == 1, run.stderr
     assert f"camkit: cannot read {broken}: " in run.stderr
     assert "(auto)" in run.stderr  # the automatically chosen layer is announced
-    records = json.loads((out / "manifest.json").read_text())
+    records = json.loads((out / "manifest.json").read_text())["records"]
     assert [record["image"] for record in records] == [str(path) for path in inputs]
     chelsea, broken, coffee = records
 
@@ -118,7 +118,7 @@ def test_explain_a_folder_with_class_list_and_several_methods(photos, resnet18_w
         "layer4",
         "--target",
         "281,285",
-        "--batch-size",
+        "--images-per-batch",
         "1",
         "--colormap",
         "viridis",
@@ -129,7 +129,7 @@ def test_explain_a_folder_with_class_list_and_several_methods(photos, resnet18_w
 
     assert run.returncode == 0, run.stderr
     assert "(auto)" not in run.stderr
-    records = json.loads((out / "manifest.json").read_text())
+    records = json.loads((out / "manifest.json").read_text())["records"]
     expected = {
         f"{stem}_{method}_{target}.png"
         for stem in ("chelsea", "coffee")
@@ -166,7 +166,7 @@ def test_demo_writes_overlays_and_a_summary(tmp_path):
         "motorcycle.png",
         "rocket.png",
     ]
-    records = json.loads((out / "manifest.json").read_text())
+    records = json.loads((out / "manifest.json").read_text())["records"]
     assert len(records) == 5 * len(demo.DEMO_METHODS)
     for record in records:
         with (
@@ -194,7 +194,7 @@ def test_target_by_label_through_main(photos, resnet18_weights, tmp_path, capsys
     options = ("--method", "saliency", "--target", "egyptian CAT")
     status = explain_resnet18(photos / "chelsea.png", resnet18_weights, out, *options)
     assert status == 0, capsys.readouterr().err
-    (record,) = json.loads((out / "manifest.json").read_text())
+    (record,) = json.loads((out / "manifest.json").read_text())["records"]
     assert (record["target"], record["label"], record["layer"]) == (285, "Egyptian cat", None)
     assert (out / "chelsea_saliency_285.png").is_file()
 

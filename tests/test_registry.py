@@ -45,7 +45,7 @@ def test_a_method_added_through_the_registry_alone_works_everywhere(toycam, tiny
     argv = ["explain", str(tmp_path / "photo.png"), "--method", "toycam,gradcam"]
     argv += ["--model", "torchvision:resnet18", "--layer", "layer4", "--out", str(tmp_path / "o")]
     assert cli.main(argv) == 0
-    records = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    records = json.loads((tmp_path / "o" / "manifest.json").read_text())["records"]
     assert [record["method"] for record in records] == ["toycam", "gradcam"]
     assert all((tmp_path / "o" / record["output"]).is_file() for record in records)
     assert "toycam" in cli.build_parser()._subparsers._group_actions[0].choices["explain"].epilog

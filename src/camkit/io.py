@@ -1,27 +1,68 @@
-"""Image files and conversions: any image to RGB arrays, reading files with limits, atomic writes.
+"""Image files in and out: safe decoding, conversion to RGB, atomic writes, a DataLoader dataset.
 
-Images may be PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``) or torch tensors
-(``HxW``, ``CxHxW`` with C in 1/3/4, or ``1xCxHxW``), as ``uint8`` (0..255) or float (0..1).
-Numpy arrays are read channels-last and tensors channels-first, unless only the other reading
-has 1, 3 or 4 channels. Gray is repeated to RGB and an alpha channel is dropped (not composited).
-Every file is written atomically: readers never see a half-written file.
+Reading (:func:`read_image`) gives every file the same shape: ``HxWx3`` uint8 RGB, upright
+(EXIF orientation applied), first frame only, whatever the file holds (grayscale, palette,
+RGBA/LA, 16-bit, CMYK JPEG). The image size is checked from the header *before* any pixel is
+decoded, so a decompression bomb or a forged ``100000x100000`` header is refused without
+allocating its pixels (:class:`ImageTooLargeError`).
+
+Writing goes through :func:`write_atomic`: a hidden temporary file next to the target, renamed
+over it, so readers (and a resumed run) never see a half-written file.
+
+:class:`ImageFiles` decodes and preprocesses images inside ``torch.utils.data.DataLoader``
+workers; :func:`collate` batches them and reports unreadable files instead of raising.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import uuid
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor
+from torch.utils.data import Dataset
 
-CHANNEL_COUNTS = (1, 3, 4)
+from camkit.errors import CamkitError
+
+__all__ = [
+    "MAX_PIXELS",
+    "READ_ERRORS",
+    "ImageBatch",
+    "ImageFiles",
+    "ImageTooLargeError",
+    "collate",
+    "read_failure",
+    "read_image",
+    "save_jpeg",
+    "save_json",
+    "save_npy",
+    "save_png",
+    "thumbnail",
+    "to_rgb_float",
+    "to_rgb_uint8",
+    "write_atomic",
+]
+
+MAX_PIXELS = 89_478_485
+"""Default pixel limit of :func:`read_image` (Pillow's own warning threshold, about 89.5 MP: a
+``9459x9459`` image, ~256 MB as RGB). Larger images are refused before decoding."""
+
+_CHANNEL_COUNTS = (1, 3, 4)
 FLOAT_TOLERANCE = 1e-3  # float images may stray this far outside [0, 1] (rounding) before clipping
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+# ----------------------------------------------------------------------------- conversion
 
 
 def describe(value: object) -> str:
@@ -57,7 +98,7 @@ def _image_hwc(image: object) -> np.ndarray:
     if array.ndim == 2:
         array = array[:, :, None]
     elif array.ndim == 3:
-        first_ok, last_ok = array.shape[0] in CHANNEL_COUNTS, array.shape[2] in CHANNEL_COUNTS
+        first_ok, last_ok = array.shape[0] in _CHANNEL_COUNTS, array.shape[2] in _CHANNEL_COUNTS
         if (channels_first and first_ok) or (not last_ok and first_ok):
             array = np.moveaxis(array, 0, 2)
         elif not last_ok:
@@ -110,8 +151,12 @@ def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
 def to_rgb_uint8(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
 
+    Images may be PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``) or torch
+    tensors (``HxW``, ``CxHxW`` with C in 1/3/4, or ``1xCxHxW``). Numpy arrays are read
+    channels-last and tensors channels-first, unless only the other reading has 1, 3 or 4
+    channels. Gray is repeated to RGB and an alpha channel is dropped (not composited).
     uint8 is kept as is, bool maps to 0/255, float in [0, 1] is scaled by 255 and rounded, uint16 is
-    divided by 257; other integer types must already lie in 0..255.
+    divided by 257 and rounded; other integer types must already lie in 0..255.
     """
     array = _rgb_channels(_image_hwc(image))
     if array.dtype == np.uint8:
@@ -133,10 +178,149 @@ def to_rgb_float(image: object) -> np.ndarray:
     return to_rgb_uint8(array).astype(np.float32) / 255.0
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+def thumbnail(image: object, max_side: int = 256) -> np.ndarray:
+    """An image shrunk so its longer side is at most ``max_side`` -> ``hxwx3`` uint8 RGB.
+
+    Area interpolation (``cv2.INTER_AREA``, no aliasing), in two steps for speed: first by the
+    largest whole factor ``k`` that keeps the image at least the final size (each output pixel
+    the mean of a ``k x k`` block; the last ``< k`` rows/columns are dropped), then to the
+    final size. An image already small enough is
+    returned unchanged (as uint8 RGB). The aspect ratio is kept; each side is at least 1.
+    """
+    if max_side < 1:
+        raise ValueError(f"expected max_side >= 1, got {max_side}")
+    rgb = to_rgb_uint8(image)
+    height, width = rgb.shape[:2]
+    scale = max_side / max(height, width)
+    if scale >= 1.0:
+        return rgb
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    factor = min(width // size[0], height // size[1])
+    if factor >= 2:  # whole-factor area reduction is ~4x faster than a fractional one
+        reduced = (width // factor, height // factor)
+        rgb = cv2.resize(
+            rgb[: reduced[1] * factor, : reduced[0] * factor], reduced, interpolation=cv2.INTER_AREA
+        )
+    if (rgb.shape[1], rgb.shape[0]) == size:
+        return rgb
+    return cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class ImageTooLargeError(CamkitError):
+    """An image whose header declares more pixels than allowed; refused before decoding."""
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    Image.DecompressionBombError,
+)
+"""What :func:`read_image` raises for a file it cannot turn into an image (never a bug)."""
+
+
+def read_failure(error: BaseException) -> str:
+    """One line saying why a file could not be read (for logs and the manifest)."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image file that Pillow can decode"
+    if isinstance(error, Image.DecompressionBombError):
+        return f"possibly a decompression bomb, refused before decoding: {error}"
+    if isinstance(error, FileNotFoundError):
+        return "no such file"
+    if isinstance(error, OSError) and "truncated" in str(error).lower():
+        return f"the file is truncated or corrupt ({error})"
+    if isinstance(error, MemoryError):
+        return "not enough memory to decode the image"
+    return str(error) or type(error).__name__
+
+
+def _check_size(image: Image.Image, max_pixels: int | None) -> None:
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ValueError(f"the image header declares an empty size {width}x{height}")
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"the image is {width}x{height} ({width * height:,} pixels), more than the limit of "
+            f"{max_pixels:,} pixels; refused before decoding (raise max_pixels to read it)"
+        )
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """The image rotated/flipped as its EXIF orientation says (unchanged without one)."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except (ValueError, TypeError, KeyError, SyntaxError, OSError) as error:
+        warnings.warn(
+            f"ignoring an unreadable EXIF orientation ({error}); the image is used as stored",
+            stacklevel=3,
+        )
+        return image
+
+
+def _pil_to_rgb(image: Image.Image) -> np.ndarray:
+    """A loaded PIL image of any mode -> ``HxWx3`` uint8 RGB."""
+    mode = image.mode
+    if mode in _SIXTEEN_BIT_MODES:  # 16-bit gray (PNG, TIFF): 0..65535 -> 0..255
+        values = np.asarray(image).astype(np.int64)
+        return to_rgb_uint8(np.clip(values, 0, 65535).astype(np.uint16))
+    if mode == "F":
+        values = np.asarray(image)
+        if not np.isfinite(values).all() or values.min() < 0.0 or values.max() > 1.0:
+            raise ValueError(
+                "a floating-point image must hold values in [0, 1]; convert it to 8 or 16 bits"
+            )
+        return to_rgb_uint8(values)
+    if mode == "RGB":
+        return np.asarray(image).copy()
+    # L, LA, 1, P, PA, RGBA, RGBX, CMYK, YCbCr...: Pillow's conversion; alpha is dropped as in
+    # torchvision's ImageFolder loader, so the model sees what it was trained on
+    return np.asarray(image.convert("RGB")).copy()
+
+
+def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = MAX_PIXELS) -> np.ndarray:
+    """An image file -> ``HxWx3`` uint8 RGB, upright (EXIF orientation applied), first frame.
+
+    * gray, palette and 1-bit images are expanded to RGB; RGBA/LA/PA drop their alpha channel
+      (not composited, as torchvision's loader does);
+    * 16-bit gray (``I;16`` PNG/TIFF) is divided by 257 and rounded; 16-bit RGB(A) PNG is
+      reduced to 8 bits by Pillow, which keeps the high byte (``v >> 8``, at most one level
+      below ``round(v / 257)``);
+    * CMYK JPEG (Adobe, inverted or not) is converted by Pillow's CMYK -> RGB formula (embedded
+      ICC profiles are not applied);
+    * EXIF orientations 2-8 are undone, so the array is as the photo is meant to be seen.
+
+    The size is checked from the header before decoding: more than ``max_pixels`` pixels
+    (``None``: no limit of camkit's own) raises :class:`ImageTooLargeError`; Pillow's
+    ``Image.MAX_IMAGE_PIXELS`` bomb check also applies. Errors are those in :data:`READ_ERRORS`;
+    :func:`read_failure` makes a one-line reason of them.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+        try:
+            opened = Image.open(path)
+        except Image.DecompressionBombError as error:  # Pillow's check on the header's size
+            raise ImageTooLargeError(
+                f"{error}; refused before decoding (Pillow's Image.MAX_IMAGE_PIXELS)"
+            ) from None
+        with opened as image:
+            _check_size(image, max_pixels)
+            image.load()
+            return _pil_to_rgb(_upright(image))
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
     """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
 
     Readers never see a half-written file, and a killed writer leaves none behind.
+    ``durable``: ``fsync`` before the rename, so the file survives a power cut too (leave it
+    off for files that are cheap to remake, such as thumbnails: an fsync costs milliseconds).
     """
     target = Path(path)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
@@ -145,8 +329,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(temporary, target)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -154,16 +339,34 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     return target
 
 
-def save_png(path: str | os.PathLike[str], rgb_uint8: object) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically."""
-    target = Path(path)
-    if target.suffix.lower() != ".png":
-        raise ValueError(f"expected a path ending in .png, got {str(target)!r}")
-    rgb = to_rgb_uint8(rgb_uint8)
-    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(rgb[:, :, ::-1]))
+def _encode(suffixes: tuple[str, ...], path: Path, image: object, params: list[int]) -> bytes:
+    if path.suffix.lower() not in suffixes:
+        raise ValueError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
+    rgb = to_rgb_uint8(image)
+    ok, encoded = cv2.imencode(suffixes[0], np.ascontiguousarray(rgb[:, :, ::-1]), params)
     if not ok:
-        raise OSError(f"OpenCV could not encode a PNG of shape {rgb.shape}")
-    return write_atomic(target, encoded.tobytes())
+        raise OSError(f"OpenCV could not encode a {suffixes[0]} image of shape {rgb.shape}")
+    return encoded.tobytes()
+
+
+def save_png(path: str | os.PathLike[str], rgb_uint8: object, *, durable: bool = True) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically
+    (``durable``: see :func:`write_atomic`)."""
+    target = Path(path)
+    return write_atomic(target, _encode((".png",), target, rgb_uint8, []), durable=durable)
+
+
+def save_jpeg(
+    path: str | os.PathLike[str], image: object, quality: int = 85, *, durable: bool = True
+) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.jpg`` file atomically
+    (``durable``: see :func:`write_atomic`)."""
+    if not 1 <= quality <= 100:
+        raise ValueError(f"expected a JPEG quality in 1..100, got {quality}")
+    target = Path(path)
+    params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
+    data = _encode((".jpg", ".jpeg"), target, image, params)
+    return write_atomic(target, data, durable=durable)
 
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:
@@ -178,24 +381,102 @@ def save_json(path: str | os.PathLike[str], value: object) -> Path:
     return write_atomic(path, (json.dumps(value, indent=2) + "\n").encode("utf-8"))
 
 
-def read_image(path: str | os.PathLike[str]) -> np.ndarray:
-    """An image file -> ``HxWx3`` uint8 RGB, upright (EXIF orientation applied), first frame.
+# ----------------------------------------------------------------------------- DataLoader
 
-    Pillow's decompression-bomb limit applies: a header promising too many pixels is refused
-    before anything is allocated.
+
+class ImageFiles(Dataset):
+    """Image files as a ``torch.utils.data.Dataset`` that decodes in the DataLoader's workers.
+
+    ``dataset[i]`` -> ``{"index": i, "path": str, "input": Tensor (3, h, w) | None,
+    "image": Tensor (H, W, 3) uint8 | None, "error": str | None}``: ``input`` is
+    ``preprocess(rgb)`` (e.g. ``dataclasses.replace(camkit.models.load(...).preprocess,
+    crop_mode="squash")``, so every image gives the same ``(3, h, w)``), ``image`` the upright
+    original (:func:`read_image`) for overlays at the original size, kept only when
+    ``keep_original``. An unreadable file never raises: ``input`` and ``image`` are ``None``
+    and ``error`` says why. Use :func:`collate` as the DataLoader's ``collate_fn``.
     """
-    with Image.open(path) as image:
-        upright = ImageOps.exif_transpose(image)
-        if upright.mode.startswith("I;16"):
-            return to_rgb_uint8(np.asarray(upright).astype(np.uint16))
-        return np.asarray(upright.convert("RGB"))
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        preprocess: Callable[[np.ndarray], Tensor],
+        *,
+        keep_original: bool = True,
+        max_pixels: int | None = MAX_PIXELS,
+    ) -> None:
+        if not callable(preprocess):
+            raise TypeError(f"expected preprocess to be callable, got {describe(preprocess)}")
+        self.paths = [os.fspath(path) for path in paths]
+        self.preprocess = preprocess
+        self.keep_original = keep_original
+        self.max_pixels = max_pixels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        path = self.paths[index]
+        item: dict[str, Any] = {"index": index, "path": path, "input": None, "image": None}
+        try:
+            rgb = read_image(path, max_pixels=self.max_pixels)
+        except (*READ_ERRORS, MemoryError) as error:
+            return item | {"error": read_failure(error)}
+        try:
+            model_input = self.preprocess(rgb)
+        except (ValueError, TypeError, RuntimeError) as error:
+            return item | {"error": f"preprocessing failed: {error}"}
+        if not isinstance(model_input, Tensor) or model_input.ndim != 3:
+            return item | {
+                "error": f"preprocess must return a (3, h, w) tensor, got {describe(model_input)}"
+            }
+        image = torch.from_numpy(rgb) if self.keep_original else None
+        return item | {"input": model_input, "image": image, "error": None}
 
 
-READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+@dataclasses.dataclass
+class ImageBatch:
+    """What :func:`collate` makes of a list of :class:`ImageFiles` items.
+
+    ``inputs``: ``(n, 3, h, w)`` model inputs of the ``n`` readable images, ``None`` when none
+    was; ``indices``, ``paths``, ``images`` (``(H_i, W_i, 3)`` uint8 tensors of their own sizes,
+    or ``None`` without ``keep_original``) line up with its rows. ``failures``:
+    ``(index, path, reason)`` of each unreadable file, in dataset order.
+    """
+
+    inputs: Tensor | None
+    indices: list[int]
+    paths: list[str]
+    images: list[Tensor | None]
+    failures: list[tuple[int, str, str]]
+
+    def __len__(self) -> int:
+        return len(self.indices) + len(self.failures)
+
+    def pin_memory(self) -> ImageBatch:
+        """Called by ``DataLoader(pin_memory=True)``: pins ``inputs`` only."""
+        inputs = None if self.inputs is None else self.inputs.pin_memory()
+        return dataclasses.replace(self, inputs=inputs)
 
 
-def read_failure(error: BaseException) -> str:
-    """One line saying why an image could not be read."""
-    if isinstance(error, UnidentifiedImageError):
-        return "not an image file that Pillow can decode"
-    return str(error) or type(error).__name__
+def collate(items: Sequence[dict[str, Any]]) -> ImageBatch:
+    """``DataLoader`` ``collate_fn`` for :class:`ImageFiles`: stack the readable images' inputs,
+    keep the originals as a list (their sizes differ), and set the unreadable ones aside.
+
+    Raises ``ValueError`` when the readable inputs differ in shape (a preprocess that does not
+    resize every image to one size).
+    """
+    good = [item for item in items if item["error"] is None]
+    failures = [(item["index"], item["path"], item["error"]) for item in items if item["error"]]
+    shapes = {tuple(item["input"].shape) for item in good}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"preprocessed images differ in shape ({sorted(shapes)}); use a preprocess that "
+            "resizes every image to one size (e.g. crop_mode='squash' or 'center')"
+        )
+    return ImageBatch(
+        inputs=torch.stack([item["input"] for item in good]) if good else None,
+        indices=[item["index"] for item in good],
+        paths=[item["path"] for item in good],
+        images=[item["image"] for item in good],
+        failures=failures,
+    )

@@ -46,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``camkit`` command; return its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.run(args)
     except UsageError as error:

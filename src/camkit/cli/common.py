@@ -113,16 +113,17 @@ def check_colormap(name: str) -> None:
         raise UsageError(f"--colormap: {error}") from None
 
 
-def pick_device(choice: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a usage error."""
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def pick_device(choice: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; ``cuda`` without CUDA is a usage error.
+    Under torchrun each process on a machine takes its own GPU, ``cuda:LOCAL_RANK``."""
     if choice == "cuda" and not torch.cuda.is_available():
         raise UsageError(
             "--device cuda: no CUDA device is available to this PyTorch "
             f"({torch.__version__}); use --device cpu or auto"
         )
-    return torch.device(choice)
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def load_model(name: str, weights: str | None) -> models.LoadedModel:

@@ -10,7 +10,7 @@ import numpy as np
 
 from camkit import io, models, viz
 from camkit.cli.common import EXIT_OK, check_out_dir, load_model, pick_device, pick_layer
-from camkit.cli.explain import Job, explain_with_progress
+from camkit.cli.explain import Job, explain
 
 DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam")
 
@@ -45,7 +45,7 @@ def run_demo(args: argparse.Namespace) -> int:
         out=out,
         device=device,
     )
-    records = explain_with_progress(loaded, paths, job)
+    records = explain(loaded, paths, job, argv=args.argv)["records"]
     rows = []
     for path in paths:
         mine = [record for record in records if record["image"] == str(path)]

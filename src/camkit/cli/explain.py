@@ -5,17 +5,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from camkit import io, models, registry, viz
+from camkit import io, models, registry, report, viz
 from camkit.cli.common import (
     EXIT_OK,
     EXIT_UNREADABLE_IMAGES,
@@ -32,7 +36,20 @@ from camkit.cli.common import (
     positive_int,
     unit_float,
 )
+from camkit.cli.manifest import (
+    MANIFEST,
+    check_resumable,
+    consolidate,
+    header,
+    merge,
+    part_path,
+    read,
+    sha256,
+)
+from camkit.cli.ranks import Ranks
+from camkit.core.layers import first_output
 from camkit.core.progress import progress_bar
+from camkit.core.targets import select_output
 from camkit.errors import LayerOutputError
 
 FAMILY_TITLES = {
@@ -56,13 +73,38 @@ class Job:
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
+    workers: int = 0
+    quiet: bool = False
+    report: bool = False
+
+    def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
+        """What changes the outputs: a resumed run must have the same."""
+        return {
+            "methods": list(self.methods),
+            "layer": self.layer,
+            "model": loaded.name,
+            "weights_sha256": weights_sha256,
+            "target": None if self.classes is None else list(self.classes),
+            "input_size": list(loaded.input_size),
+            "alpha": self.alpha,
+            "colormap": self.colormap,
+            "save_raw": self.save_raw,
+        }
+
+
+def default_workers() -> int:
+    """DataLoader workers: one core is left to the model, at most 4 decode."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``; methods that draw random numbers get seed 0, so
-    reruns agree."""
+    """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
+    methods that loop (a gradient CAM explains the batch in one pass, whose output is also the
+    prediction); methods that draw random numbers get seed 0, so reruns agree."""
     entry = registry.get(method)
-    options: dict[str, Any] = {"batch_size": job.batch_size}
+    options: dict[str, Any] = {}
+    if entry.family != "gradient-cam":
+        options["batch_size"] = job.batch_size
     if "seed" in inspect.signature(entry.cls).parameters:
         options["seed"] = 0
     return entry.build(model, job.layer, **options)
@@ -82,17 +124,6 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
     return stems
 
 
-def batches(items: Sequence, size: int) -> Iterator[Sequence]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def class_probabilities(model: nn.Module, batch: Tensor) -> Tensor:
-    """The model's softmax ``(B, num_classes)`` for a batch, as float32 on the CPU."""
-    with torch.no_grad():
-        return model(batch).float().softmax(dim=-1).cpu()
-
-
 def top5(probabilities: Tensor, labels: Sequence[str]) -> list[dict]:
     """``[{index, label, probability}]`` of the 5 most probable classes of one image."""
     return [
@@ -101,124 +132,280 @@ def top5(probabilities: Tensor, labels: Sequence[str]) -> list[dict]:
     ]
 
 
-def explain_files(
-    loaded: models.LoadedModel, paths: Sequence[Path], job: Job, progress: tqdm
-) -> list[dict]:
-    """Explain every image, write overlays (and raw maps), keep ``manifest.json`` up to date.
+@dataclasses.dataclass
+class Explained:
+    """One batch's records, and the files still being written for them."""
 
-    Images are resized to the model's input size without cropping, so each map covers the
-    whole photo; :func:`camkit.viz.overlay` stretches it back onto the photo at its own size.
-    The manifest is rewritten after every batch, so an interrupted run leaves a valid one.
+    records: list[dict]
+    writes: list[Future]
+    images: int
+
+
+class BatchExplainer:
+    """The methods of a run on one rank: batches in, files and records out.
+
+    One forward serves the prediction and the first CAM: a gradient or perturbation CAM starts
+    with a clean forward of the batch, whose output gives the top-5 (otherwise one plain forward
+    in inference mode does). Overlays are written by a small thread pool while the next batch
+    runs.
+    """
+
+    def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
+        self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
+        self.model = loaded.model.to(job.device)
+        self.explainers = {m: build_explainer(m, self.model, job) for m in job.methods}
+        cams = [m for m in job.methods if registry.get(m).family != "pixel"]
+        self.order = cams[:1] + [m for m in job.methods if m not in cams[:1]]
+
+    def batch(self, batch: io.ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
+        """Explain the readable images of one batch (``batch.indices`` index ``paths``);
+        unreadable ones become error records."""
+        started = time.perf_counter()
+        records = [
+            {"image": str(paths[index]), "error": reason, "rank": self.rank}
+            for index, _, reason in batch.failures
+        ]
+        writes: list[Future] = []
+        if batch.inputs is None:
+            return Explained(records, writes, len(batch))
+        inputs = batch.inputs.to(self.job.device, non_blocking=True)
+        results, probabilities = self.run_methods(inputs)
+        if self.job.classes is None:
+            classes = probabilities.argmax(dim=-1, keepdim=True).tolist()
+        else:
+            classes = [list(self.job.classes)] * len(inputs)
+        seconds = (time.perf_counter() - started) / len(inputs)
+        for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
+            image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
+            for method in self.job.methods:
+                heat, raw = results[method]
+                for column, target in enumerate(classes[row]):
+                    name = f"{stems[index]}_{method}_{target}"
+                    record = self.record(paths[index], name, method, target, probabilities[row])
+                    record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
+                    first = method == self.job.methods[0] and column == 0
+                    files = (record, image, heat[row, column], raw[row, column], first)
+                    writes.append(self.writer.submit(self.write, *files))
+                    records.append(record)
+        return Explained(records, writes, len(batch))
+
+    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
+        """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
+        target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
+        results, logits = {}, None
+        for method in self.order:
+            explainer = self.explainers[method]
+            if logits is None and registry.get(method).family != "pixel":
+                with first_output(self.model) as kept:
+                    heat, raw = explainer.heatmaps(inputs, target)
+                logits = select_output(kept[0])
+            else:
+                heat, raw = explainer.heatmaps(inputs, target)
+            results[method] = (heat.cpu(), raw.cpu())
+        if logits is None:
+            with torch.inference_mode():
+                logits = select_output(self.model(inputs))
+        return results, logits.float().softmax(dim=-1).cpu()
+
+    def write(
+        self, record: dict, image: np.ndarray, heat: Tensor, raw: Tensor, first: bool
+    ) -> None:
+        """The overlay (and raw map) of one record; with the report, its thumbnails (the
+        photo's with its ``first`` record)."""
+        overlay = viz.overlay(image, heat, self.job.alpha, self.job.colormap)
+        io.save_png(self.job.out / record["output"], overlay)
+        if self.job.save_raw:
+            io.save_npy(self.job.out / record["raw"], raw.numpy())
+        if self.job.report:
+            original = image if first else None
+            report.save_thumbnails(self.job.out, record, original=original, overlay=overlay)
+
+    def record(
+        self, path: Path, name: str, method: str, target: int, probabilities: Tensor
+    ) -> dict:
+        record = {"image": str(path), "output": f"{name}.png"}
+        if self.job.save_raw:
+            record["raw"] = f"{name}.npy"
+        return record | {
+            "method": method,
+            "layer": self.job.layer if registry.get(method).needs_layer else None,
+            "target": target,
+            "label": self.loaded.labels[target],
+            "probability": probabilities[target].item(),
+            "top5": top5(probabilities, self.loaded.labels),
+            "model": self.loaded.name,
+            "rank": self.rank,
+        }
+
+
+def explain_files(
+    loaded: models.LoadedModel,
+    paths: list[Path],
+    indices: list[int],
+    job: Job,
+    ranks: Ranks,
+    head: dict,
+) -> None:
+    """Explain the images ``indices`` of ``paths`` on this rank, keeping its part of the
+    manifest up to date after every batch whose files are written.
+
+    Images are resized to the model's input size without cropping, so each map covers the whole
+    photo; :func:`camkit.viz.overlay` stretches it back onto the photo at its own size.
     """
     job.out.mkdir(parents=True, exist_ok=True)
-    manifest = job.out / "manifest.json"
+    stems = unique_stems(paths)
     squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
-    model = loaded.model.to(job.device)
-    explainers = {method: build_explainer(method, model, job) for method in job.methods}
-    records: list[dict] = []
-    for chunk in batches(list(zip(paths, unique_stems(paths), strict=True)), job.images_per_batch):
-        by_image: dict[str, list[dict]] = {}
-        readable = []
-        for path, stem in chunk:
-            try:
-                readable.append((path, stem, io.read_image(path)))
-            except io.READ_ERRORS as error:
-                reason = io.read_failure(error)
+    loader = DataLoader(
+        io.ImageFiles([paths[index] for index in indices], squash),
+        batch_size=job.images_per_batch,
+        num_workers=job.workers,
+        collate_fn=io.collate,
+        pin_memory=job.device.type == "cuda",
+        worker_init_fn=_one_thread,
+    )
+    part = head | {"rank": ranks.rank, "records": []}
+    started = time.perf_counter()
+    label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
+    with (
+        ThreadPoolExecutor(max_workers=2) as writer,
+        progress_bar(len(indices), label, "image", enabled=not job.quiet) as progress,
+    ):
+        explainer = BatchExplainer(loaded, job, ranks.rank, writer)
+        pending: list[Explained] = []
+        for batch in loader:  # indices of this rank's list -> indices of all paths
+            batch.indices = [indices[index] for index in batch.indices]
+            batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
+            for _, path, reason in batch.failures:
                 progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
-                by_image[stem] = [{"image": str(path), "error": reason}]
-        if readable:
-            by_image |= explain_batch(loaded, explainers, squash, readable, job)
-        records.extend(record for _, stem in chunk for record in by_image[stem])
-        io.save_json(manifest, records)
-        progress.update(len(chunk))
-    return records
+            pending.append(explainer.batch(batch, paths, stems))
+            if len(pending) > 1:  # the previous batch's files were written meanwhile
+                _record(pending.pop(0), part, job.out, ranks, progress, started)
+        pending.append(Explained([], [], 0))  # also records a rank with nothing to do
+        while pending:
+            _record(pending.pop(0), part, job.out, ranks, progress, started)
 
 
-def explain_batch(
-    loaded: models.LoadedModel,
-    explainers: dict[str, Any],
-    squash: models.Preprocess,
-    images: Sequence[tuple[Path, str, np.ndarray]],
-    job: Job,
-) -> dict[str, list[dict]]:
-    """One batch through the model and each method: write the files; records by image stem."""
-    batch = torch.stack([squash(image) for _, _, image in images]).to(job.device)
-    probabilities = class_probabilities(loaded.model, batch)
-    if job.classes is None:
-        classes = [[top1] for top1 in probabilities.argmax(dim=-1).tolist()]
-    else:
-        classes = [list(job.classes) for _ in images]
-    records: dict[str, list[dict]] = {stem: [] for _, stem, _ in images}
-    for method, explainer in explainers.items():
-        heat, raw = explainer.heatmaps(batch, classes)
-        heat, raw = heat.cpu(), raw.cpu()
-        for row, (path, stem, image) in enumerate(images):
-            for column, target in enumerate(classes[row]):
-                name = f"{stem}_{method}_{target}"
-                overlay = viz.overlay(image, heat[row, column], job.alpha, job.colormap)
-                io.save_png(job.out / f"{name}.png", overlay)
-                record = {"image": str(path), "output": f"{name}.png"}
-                if job.save_raw:
-                    io.save_npy(job.out / f"{name}.npy", raw[row, column].numpy())
-                    record["raw"] = f"{name}.npy"
-                records[stem].append(
-                    record
-                    | {
-                        "method": method,
-                        "layer": job.layer if registry.get(method).needs_layer else None,
-                        "target": target,
-                        "label": loaded.labels[target],
-                        "probability": probabilities[row, target].item(),
-                        "top5": top5(probabilities[row], loaded.labels),
-                        "model": loaded.name,
-                        "size": [image.shape[1], image.shape[0]],
-                    }
-                )
-    return records
+def _one_thread(worker: int) -> None:
+    torch.set_num_threads(1)  # decoding workers leave the cores to the model
+
+
+def _record(
+    done: Explained, part: dict, out: Path, ranks: Ranks, progress: tqdm, started: float
+) -> None:
+    """Wait for a batch's files, then add its records to this rank's part of the manifest."""
+    for write in done.writes:
+        write.result()
+    part["records"].extend(done.records)
+    seconds = time.perf_counter() - started
+    images = len({record["image"] for record in part["records"]})
+    part["throughput"] = {
+        "rank": ranks.rank,
+        "images": images,
+        "seconds": seconds,
+        "images_per_second": images / seconds if seconds else None,
+    }
+    io.save_json(part_path(out, ranks.rank), part)
+    progress.update(done.images)
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    """``camkit explain``: check everything, then explain the images batch by batch."""
+    """``camkit explain``: check everything, then explain this rank's share of the images."""
+    ranks = Ranks.from_env()
     paths = find_images(args.images)
     methods = parse_methods(args.method)
     check_colormap(args.colormap)
-    check_out_dir(Path(args.out))
-    device = pick_device(args.device)
-    loaded = load_model(args.model, args.weights)
-    classes = parse_target(args.target, loaded.labels)
-    job = Job(
-        methods=tuple(methods),
-        layer=pick_layer(loaded, args.layer, methods),
-        classes=None if classes is None else tuple(classes),
-        out=Path(args.out),
-        device=device,
-        images_per_batch=args.images_per_batch,
-        batch_size=args.batch_size,
-        alpha=args.alpha,
-        colormap=args.colormap,
-        save_raw=args.save_raw,
-    )
-    records = explain_with_progress(loaded, paths, job)
-    failed = sum("error" in record for record in records)
-    print(
-        f"wrote {len(records) - failed} overlay(s) of {len(paths) - failed} image(s) to "
-        f"{job.out} (manifest: {job.out / 'manifest.json'})"
-    )
-    if failed:
-        print(f"camkit: {failed} image(s) could not be read (see the manifest)", file=sys.stderr)
-        return EXIT_UNREADABLE_IMAGES
-    return EXIT_OK
+    out = Path(args.out)
+    check_out_dir(out)
+    device = pick_device(args.device, ranks.local_rank)
+    with ranks.group(device):
+        loaded = load_model(args.model, args.weights)
+        classes = parse_target(args.target, loaded.labels)
+        job = Job(
+            methods=tuple(methods),
+            layer=pick_layer(loaded, args.layer, methods),
+            classes=None if classes is None else tuple(classes),
+            out=out,
+            device=device,
+            images_per_batch=args.images_per_batch,
+            batch_size=args.batch_size,
+            alpha=args.alpha,
+            colormap=args.colormap,
+            save_raw=args.save_raw,
+            workers=default_workers() if args.workers is None else args.workers,
+            quiet=args.quiet,
+            report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
+        )
+        manifest = explain(
+            loaded, paths, job, ranks, resume=args.resume, weights=args.weights, argv=args.argv
+        )
+    return EXIT_OK if manifest is None else summarize(manifest, out, len(paths))
 
 
-def explain_with_progress(
-    loaded: models.LoadedModel, paths: Sequence[Path], job: Job
-) -> list[dict]:
-    """:func:`explain_files` with a progress bar; an unusable layer is a usage error."""
+def explain(
+    loaded: models.LoadedModel,
+    paths: list[Path],
+    job: Job,
+    ranks: Ranks | None = None,
+    *,
+    resume: bool = False,
+    weights: str | None = None,
+    argv: Sequence[str] = (),
+) -> dict | None:
+    """Explain ``paths`` (this rank's share of those not done yet, with ``resume``); rank 0
+    merges every rank's part and returns the manifest, the others return None."""
+    ranks = ranks or Ranks()
+    settings = job.settings(loaded, sha256(weights))
+    head = header(settings, loaded.name, str(job.device), list(argv))
+    out = job.out
+    if ranks.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            consolidate(out)
+        else:  # a new run: what an earlier one left is not part of it
+            for stale in [out / MANIFEST, *out.glob("manifest.rank*.json")]:
+                stale.unlink(missing_ok=True)
+    ranks.barrier()
+    previous = read(out / MANIFEST) if resume else None
+    if previous is not None:
+        check_resumable(previous, settings)
+    done = {record["image"] for record in previous["records"]} if previous else set()
+    todo = [index for index, path in enumerate(paths) if str(path) not in done]
     try:
-        with progress_bar(len(paths), "explain", "image") as progress:
-            return explain_files(loaded, paths, job, progress)
+        explain_files(loaded, paths, ranks.shard(todo), job, ranks, head)
     except LayerOutputError as error:
         raise UsageError(f"--layer {job.layer}: {error}") from None
+    ranks.barrier()
+    if ranks.rank != 0:
+        return None
+    order = [str(path) for path in paths]
+    manifest = merge(out, head | {"explained": len(todo)}, order, ranks.world)
+    if job.report:
+        report.write_report(out, manifest["records"], colormap=job.colormap)
+    return manifest
+
+
+def summarize(manifest: dict, out: Path, total: int) -> int:
+    """Say what was written and how fast; exit 1 naming the images that could not be read."""
+    records = manifest["records"]
+    failed = [record["image"] for record in records if "error" in record]
+    throughput = manifest["throughput"]
+    speed = throughput["images_per_second"]
+    print(
+        f"wrote {len(records) - len(failed)} overlay(s) of {total - len(failed)} image(s) to "
+        f"{out} (manifest: {out / MANIFEST}); this run explained {manifest['explained']} image(s)"
+        + (f" at {speed:.1f} images/s" if speed else "")
+    )
+    if len(throughput["ranks"]) > 1:
+        for rank in throughput["ranks"]:
+            speed = rank["images_per_second"] or 0.0
+            print(f"  rank {rank['rank']}: {rank['images']} image(s), {speed:.1f} images/s")
+    if failed:
+        print(
+            f"camkit: {len(failed)} image(s) could not be read: {', '.join(failed)}",
+            file=sys.stderr,
+        )
+        return EXIT_UNREADABLE_IMAGES
+    return EXIT_OK
 
 
 def epilog() -> str:
@@ -234,8 +421,10 @@ def epilog() -> str:
 outputs in --out:
   <stem>_<method>_<class>.png   overlay at the image's original size
   <stem>_<method>_<class>.npy   with --save-raw: the method's map at the model's input size
-  manifest.json                 one record per overlay (image, output, method, layer, target,
-                                label, probability, top5) and per unreadable image (image, error)
+  manifest.json                 versions, arguments, settings, throughput, and one record per
+                                overlay (image, output, method, layer, target, label,
+                                probability, top5, rank, seconds) and per unreadable image
+  index.html, thumbs/           with --report (default for directories): a page to browse
 Images are resized to the model's input size without cropping, so a map covers the whole photo.
 exit status: 0 ok, 1 some images unreadable (the others written), 2 usage error
 
@@ -310,5 +499,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     explain.add_argument(
         "--save-raw", action="store_true", help="also save each map as a float32 .npy file"
+    )
+    explain.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+    )
+    explain.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the images a killed or finished run with the same settings already did",
+    )
+    explain.add_argument("--quiet", action="store_true", help="no progress bar")
+    explain.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        help="write OUT/index.html, a page to browse the overlays (default: on when a "
+        "directory is explained)",
     )
     explain.set_defaults(run=run_explain)

@@ -121,3 +121,17 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
             "pick a layer that the model's forward actually calls"
         )
     return [calls[-1] for calls in taps.values()]
+
+
+@contextmanager
+def first_output(model: nn.Module) -> Iterator[list]:
+    """Keep the output of the model's first forward pass inside (a list that holds it, detached
+    where it is a tensor): the clean pass of a method also gives the prediction."""
+    kept: list = []
+
+    def keep(module: nn.Module, inputs: tuple, output: object) -> None:
+        if not kept:
+            kept.append(output.detach() if isinstance(output, Tensor) else output)
+
+    with hooked(lambda: [model.register_forward_hook(keep)]):
+        yield kept

@@ -1,0 +1,148 @@
+"""The manifest of a ``camkit explain`` run: what reproduces it, one row per output, resume.
+
+Each rank keeps its own part, ``manifest.rank<R>.json``, rewritten (atomically) after every
+batch whose files are on disk; at the end rank 0 merges the parts into ``manifest.json``. A run
+killed at any point leaves parts that are consistent with the files, so ``--resume`` merges them
+and skips the images already done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from camkit import io
+from camkit.cli.common import UsageError
+
+MANIFEST = "manifest.json"
+VERSIONED = ("camkit", "torch", "torchvision", "timm")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def versions() -> dict[str, str]:
+    """The versions that make a run reproducible, under the packages' names."""
+    found = {}
+    for package in VERSIONED:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "missing"
+    return found | {"python": platform.python_version()}
+
+
+def sha256(path: str | None) -> str | None:
+    """The SHA-256 of a weights file (None for none)."""
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def part_path(out: Path, rank: int) -> Path:
+    return out / f"manifest.rank{rank}.json"
+
+
+def read(path: Path) -> dict | None:
+    """A manifest or part; None when absent. A manifest of camkit 0.1 (a bare list of records)
+    has no settings to compare, so it cannot be resumed from."""
+    if not path.is_file():
+        return None
+    loaded = json.loads(path.read_text("utf-8"))
+    return loaded if isinstance(loaded, dict) else {"settings": None, "records": loaded}
+
+
+def gather(out: Path) -> dict | None:
+    """``manifest.json`` and the parts left by a killed run as one manifest (records of an image
+    that two of them hold appear once)."""
+    parts = sorted(out.glob("manifest.rank*.json"))
+    pieces = [read(out / MANIFEST), *(read(path) for path in parts)]
+    pieces = [piece for piece in pieces if piece is not None]
+    if not pieces:
+        return None
+    records: dict[tuple, dict] = {}
+    for piece in pieces:
+        for record in piece["records"]:
+            records[(record["image"], record.get("output"))] = record
+    return pieces[0] | {"records": list(records.values())}
+
+
+def consolidate(out: Path) -> None:
+    """Merge what an earlier run left into ``manifest.json`` and remove its parts (rank 0,
+    before the others start)."""
+    gathered = gather(out)
+    if gathered is None:
+        return
+    io.save_json(out / MANIFEST, gathered)
+    for path in out.glob("manifest.rank*.json"):
+        path.unlink()
+
+
+def check_resumable(previous: dict, settings: dict) -> None:
+    """Refuse to resume a run made with other settings, naming them."""
+    if previous.get("settings") is None:
+        raise UsageError(
+            "--resume: the manifest in --out records no settings (an older camkit); "
+            "start a new run in another folder"
+        )
+    changed = [key for key in settings if previous["settings"].get(key) != settings[key]]
+    if changed:
+        details = "; ".join(
+            f"{key}: was {previous['settings'].get(key)!r}, now {settings[key]!r}"
+            for key in changed
+        )
+        raise UsageError(f"--resume: the run in --out was made with other settings ({details})")
+
+
+def header(settings: dict, model: str, device: str, arguments: list[str]) -> dict:
+    """Everything but the records: versions, arguments, settings, the model and its weights."""
+    return versions() | {
+        "arguments": arguments,
+        "command": [Path(sys.argv[0]).name, *arguments],
+        "settings": settings,
+        "model": model,
+        "weights_sha256": settings.get("weights_sha256"),
+        "device": device,
+        "dtype": "float32",
+        "started": now(),
+    }
+
+
+def merge(out: Path, head: dict, order: list[str], world: int) -> dict:
+    """Rank 0, after the barrier: the parts of every rank (and what a resumed run had) as one
+    ``manifest.json`` ordered like the inputs; the parts are removed."""
+    previous = read(out / MANIFEST)
+    parts = [read(part_path(out, rank)) for rank in range(world)]
+    records = {}
+    for piece in [previous, *parts]:
+        for record in piece["records"] if piece else []:
+            records[(record["image"], record.get("output"))] = record
+    position = {image: index for index, image in enumerate(order)}
+    rows = sorted(records.values(), key=lambda r: position.get(r["image"], len(order)))
+    ranks = [part["throughput"] for part in parts if part is not None]
+    seconds = max((rank["seconds"] for rank in ranks), default=0.0)
+    images = sum(rank["images"] for rank in ranks)
+    manifest = head | {
+        "finished": now(),
+        "throughput": {
+            "images": images,
+            "seconds": seconds,
+            "images_per_second": images / seconds if seconds else None,
+            "ranks": ranks,
+        },
+        "records": rows,
+    }
+    io.save_json(out / MANIFEST, manifest)
+    for rank in range(world):
+        part_path(out, rank).unlink(missing_ok=True)
+    return manifest

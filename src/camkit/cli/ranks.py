@@ -1,0 +1,61 @@
+"""Many processes through ``torchrun``: which rank this is, its device, barriers.
+
+``torchrun --nproc_per_node=N -m camkit explain ...`` starts N copies of the command with
+``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set (and ``--nnodes`` / rendezvous flags across
+machines); camkit joins them with ``torch.distributed`` (NCCL on GPUs, gloo on the CPU). A
+plain ``camkit explain`` is rank 0 of 1 and starts no process group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the ``world`` processes of a run."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        """The ranks torchrun set, or a single process."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        return cls(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def shard(self, items: list) -> list:
+        """This rank's items: every ``world``-th from ``rank`` (disjoint, nothing repeated)."""
+        return items[self.rank :: self.world]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    @contextmanager
+    def group(self, device: torch.device) -> Iterator[None]:
+        """The process group of the run, for the code inside (nothing for one process)."""
+        if not self.distributed:
+            yield
+            return
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

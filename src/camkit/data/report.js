@@ -1,0 +1,233 @@
+"use strict";
+const DATA = JSON.parse(document.getElementById("camkit-data").textContent);
+const IMAGES = DATA.images;
+IMAGES.forEach((image, i) => {
+  image.i = i;
+  image.pred = image.top5.length ? image.top5[0][1] : null;
+  image.conf = image.top5.length ? image.top5[0][2] : null;
+});
+const CHUNK = 60;
+const $ = (id) => document.getElementById(id);
+const state = { sort: "conf-desc", cls: "", method: "", query: "", shown: [], rendered: 0 };
+
+function el(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === null || value === undefined) continue;
+    if (key === "class") node.className = value;
+    else if (key === "style") node.style.cssText = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const pct = (p) => (typeof p === "number" ? (100 * p).toFixed(1) + "%" : "?");
+const num = (v) => (typeof v === "number" ? (Math.abs(v) >= 1000 || (v !== 0 && Math.abs(v) < 0.001)
+  ? v.toExponential(3) : +v.toFixed(4)) : String(v));
+
+function metricValue(image, name) {
+  const values = [];
+  if (image.metrics && typeof image.metrics[name] === "number") values.push(image.metrics[name]);
+  for (const o of visibleOverlays(image))
+    if (o.metrics && typeof o.metrics[name] === "number") values.push(o.metrics[name]);
+  return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
+}
+function visibleOverlays(image) {
+  return state.method ? image.overlays.filter((o) => o.method === state.method) : image.overlays;
+}
+
+function setupControls() {
+  const sort = $("sort");
+  const options = [["conf-desc", "confidence, high first"], ["conf-asc", "confidence, low first"],
+    ["name", "file name"], ["input", "input order"]];
+  for (const name of DATA.metricNames)
+    options.push(["m-desc:" + name, name + ", high first"], ["m-asc:" + name, name + ", low first"]);
+  for (const [value, text] of options) sort.append(el("option", { value }, text));
+  const counts = new Map();
+  let errors = 0;
+  for (const image of IMAGES) {
+    if (image.error) errors++;
+    else counts.set(image.pred, (counts.get(image.pred) || 0) + 1);
+  }
+  const cls = $("cls");
+  cls.append(el("option", { value: "" }, `all classes (${counts.size})`));
+  for (const [label, count] of [...counts].sort((a, b) => b[1] - a[1] || String(a[0]).localeCompare(String(b[0]))))
+    cls.append(el("option", { value: "c:" + label }, `${label} (${count})`));
+  if (errors) cls.append(el("option", { value: "error" }, `unreadable (${errors})`));
+  const method = $("method");
+  method.append(el("option", { value: "" }, "all methods"));
+  for (const name of DATA.methods) method.append(el("option", { value: name }, name));
+  for (const id of ["sort", "cls", "method"])
+    $(id).addEventListener("change", (event) => { state[id] = event.target.value; refresh(); });
+  $("query").addEventListener("input", (event) => { state.query = event.target.value.toLowerCase(); refresh(); });
+  const models = [...new Set(IMAGES.map((image) => image.model).filter(Boolean))];
+  $("summary").textContent = `${IMAGES.length} images · ${DATA.methods.join(", ") || "no overlays"}` +
+    (models.length ? ` · model ${models.join(", ")}` : "") + ` · camkit ${DATA.camkit} · ${DATA.generated}`;
+}
+
+function refresh() {
+  let shown = IMAGES.filter((image) => {
+    if (state.cls === "error") { if (!image.error) return false; }
+    else if (state.cls && (image.error || "c:" + image.pred !== state.cls)) return false;
+    if (state.method && !image.error && !image.overlays.some((o) => o.method === state.method)) return false;
+    if (state.method && image.error && state.cls !== "error") return false;
+    if (state.query && !image.path.toLowerCase().includes(state.query)) return false;
+    return true;
+  });
+  const key = state.sort;
+  const last = (v, desc) => (v === null || v === undefined ? -Infinity : desc ? v : -v);
+  if (key === "conf-desc" || key === "conf-asc") {
+    const desc = key === "conf-desc";
+    shown.sort((a, b) => last(b.conf, desc) - last(a.conf, desc) || a.i - b.i);
+  } else if (key === "name") {
+    shown.sort((a, b) => a.name.localeCompare(b.name) || a.i - b.i);
+  } else if (key.startsWith("m-")) {
+    const desc = key.startsWith("m-desc:");
+    const name = key.slice(key.indexOf(":") + 1);
+    const values = new Map(shown.map((image) => [image, metricValue(image, name)]));
+    shown.sort((a, b) => last(values.get(b), desc) - last(values.get(a), desc) || a.i - b.i);
+  } else shown.sort((a, b) => a.i - b.i);
+  state.shown = shown;
+  state.rendered = 0;
+  $("gallery").replaceChildren();
+  $("count").textContent = `showing ${shown.length} of ${IMAGES.length}`;
+  if (!shown.length) $("gallery").append(el("div", { class: "empty" }, "no image matches"));
+  renderMore();
+}
+
+function thumbFigure(src, caption, alt) {
+  return el("figure", {},
+    src ? el("img", { src, alt, loading: "lazy", decoding: "async" }) : el("div", { class: "ph" }),
+    el("figcaption", {}, caption));
+}
+
+function card(image) {
+  const head = el("div", { class: "card-head" }, el("span", { class: "name" }, image.name));
+  const strip = el("div", { class: "strip" });
+  if (image.error) {
+    head.append(el("span", { class: "error" }, "unreadable: " + image.error));
+  } else {
+    head.append(el("span", { class: "pred" }, "predicted ", el("b", {}, image.pred ?? "?"), " ", pct(image.conf)));
+    head.append(el("span", { class: "top5" }, image.top5.slice(1).map((t) => `${t[1]} ${pct(t[2])}`).join(" · ")));
+    strip.append(thumbFigure(image.thumb, image.size ? `original ${image.size[0]}×${image.size[1]}` : "original", image.name));
+    for (const o of visibleOverlays(image)) {
+      const caption = [el("b", {}, o.method), ` → ${o.label} (${o.target}) ${pct(o.p)}`];
+      if (o.metrics) caption.push(el("br"), el("span", { class: "metric" },
+        Object.entries(o.metrics).map(([k, v]) => `${k} ${num(v)}`).join(" · ")));
+      strip.append(thumbFigure(o.thumb, caption, `${o.method} overlay of ${image.name}`));
+    }
+  }
+  if (image.metrics) head.append(el("span", { class: "metric" },
+    Object.entries(image.metrics).map(([k, v]) => `${k} ${num(v)}`).join(" · ")));
+  return el("article", { class: "card", "data-index": image.i, tabindex: 0, role: "button",
+    onclick: () => openDetail(image.i),
+    onkeydown: (event) => { if (event.key === "Enter") openDetail(image.i); } }, head, strip);
+}
+
+function renderMore() {
+  const end = Math.min(state.shown.length, state.rendered + CHUNK);
+  const fragment = document.createDocumentFragment();
+  for (let k = state.rendered; k < end; k++) fragment.append(card(state.shown[k]));
+  $("gallery").append(fragment);
+  state.rendered = end;
+}
+
+new IntersectionObserver((entries) => {
+  if (entries.some((entry) => entry.isIntersecting) && state.rendered < state.shown.length) renderMore();
+}, { rootMargin: "1200px" }).observe($("more"));
+
+function colorbar(gradient, low, high, label) {
+  return el("div", {}, el("div", { class: "colorbar", style: "background: " + gradient }),
+    el("div", { class: "scale" }, el("span", {}, num(low)), el("span", {}, label), el("span", {}, num(high))));
+}
+
+function table(rows, head) {
+  return el("table", {}, head ? el("tr", {}, head.map((h) => el("th", {}, h))) : null,
+    rows.map((cells) => el("tr", {}, cells.map((c) => (c instanceof Node ? el("td", {}, c)
+      : el("td", { class: typeof c === "number" ? "num" : null }, typeof c === "number" ? num(c) : c))))));
+}
+
+function openDetail(i) {
+  const image = IMAGES[i];
+  if (!image) return;
+  const panel = el("div", { class: "panel" });
+  const position = state.shown.indexOf(image);
+  const step = (d) => { const next = state.shown[position + d]; if (next) openDetail(next.i); };
+  panel.append(el("div", { class: "bar" }, el("h2", {}, image.path),
+    el("button", { onclick: () => step(-1), disabled: position > 0 ? null : "" }, "← previous"),
+    el("button", { onclick: () => step(1), disabled: position >= 0 && position < state.shown.length - 1 ? null : "" }, "next →"),
+    el("button", { id: "close", onclick: closeDetail }, "close (Esc)")));
+  if (image.error) panel.append(el("p", { class: "error" }, "unreadable: " + image.error));
+  const big = el("div", { class: "big" });
+  big.append(el("figure", {}, el("img", { src: image.src, alt: "original " + image.name,
+    onerror: (event) => { if (image.thumb && event.target.src !== new URL(image.thumb, location.href).href) event.target.src = image.thumb; } }),
+    el("figcaption", {}, image.size ? `original ${image.size[0]}×${image.size[1]}` : "original")));
+  for (const o of image.overlays) {
+    big.append(el("figure", {}, el("img", { src: o.src, alt: `${o.method} overlay` }),
+      el("figcaption", {}, el("b", {}, o.method), ` → ${o.label} (${o.target}) ${pct(o.p)}`,
+        o.layer ? ` · layer ${o.layer}` : "")));
+  }
+  panel.append(big);
+  const raws = image.overlays.filter((o) => o.raw);
+  if (raws.length) {
+    const rawRow = el("div", { class: "big" });
+    for (const o of raws) {
+      rawRow.append(el("figure", {}, el("img", { class: "raw", src: o.raw.src, alt: `${o.method} raw map` }),
+        colorbar(DATA.gradients[o.raw.cmap] || DATA.gradients[DATA.colormap], o.raw.min, o.raw.max,
+          o.raw.cmap === "bwr" ? "signed, 0 at centre" : "raw map"),
+        el("figcaption", {}, el("b", {}, o.method), ` raw map ${o.raw.size[0]}×${o.raw.size[1]} (`,
+          el("a", { href: o.raw.file }, ".npy"), ")")));
+    }
+    panel.append(el("h3", {}, "raw maps"), rawRow);
+  }
+  const facts = el("div", { class: "facts" });
+  if (image.top5.length) facts.append(el("div", {}, el("h3", {}, "predicted top-5"),
+    table(image.top5.map((t) => [t[1], String(t[0]), el("span", {}, el("span", { class: "pbar", style: `width:${Math.round(80 * t[2])}px` }), " " + pct(t[2]))]), ["class", "index", "probability"])));
+  const targets = image.overlays.map((o) => [o.method, `${o.label} (${o.target})`, pct(o.p)]);
+  if (targets.length) facts.append(el("div", {}, el("h3", {}, "targets"), table(targets, ["method", "target", "probability"])));
+  const metricRows = [];
+  if (image.metrics) for (const [k, v] of Object.entries(image.metrics)) metricRows.push(["image", k, v]);
+  for (const o of image.overlays) if (o.metrics) for (const [k, v] of Object.entries(o.metrics)) metricRows.push([o.method, k, v]);
+  if (metricRows.length) facts.append(el("div", {}, el("h3", {}, "metrics"), table(metricRows, ["map", "metric", "value"])));
+  facts.append(el("div", {}, el("h3", {}, "overlay colour scale"),
+    colorbar(DATA.gradients[DATA.colormap], 0, 1, DATA.colormap + ", per-image map"),
+    el("p", { class: "pred" }, "CAMs are scaled to [0, 1] per image; pixel maps by their 99th percentile.")));
+  const info = [];
+  if (image.model) info.push(["model", image.model]);
+  for (const [k, v] of Object.entries(image.info || {})) info.push([k, v]);
+  for (const o of image.overlays) for (const [k, v] of Object.entries(o.info || {})) info.push([`${o.method} ${k}`, v]);
+  if (info.length) facts.append(el("div", {}, el("h3", {}, "run"), table(info)));
+  panel.append(facts);
+  const detail = $("detail");
+  detail.replaceChildren(panel);
+  detail.hidden = false;
+  detail.dataset.index = String(i);
+  if (location.hash !== "#image=" + i) history.replaceState(null, "", "#image=" + i);
+}
+
+function closeDetail() {
+  $("detail").hidden = true;
+  $("detail").replaceChildren();
+  history.replaceState(null, "", location.pathname + location.search);
+}
+
+$("detail").addEventListener("click", (event) => { if (event.target === $("detail")) closeDetail(); });
+document.addEventListener("keydown", (event) => {
+  if ($("detail").hidden) return;
+  if (event.key === "Escape") closeDetail();
+  else if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+    const position = state.shown.indexOf(IMAGES[+$("detail").dataset.index]);
+    const next = state.shown[position + (event.key === "ArrowRight" ? 1 : -1)];
+    if (next) openDetail(next.i);
+  }
+});
+
+setupControls();
+refresh();
+const match = /^#image=(\d+)$/.exec(location.hash);
+if (match) openDetail(+match[1]);
+document.body.dataset.ready = "1";

@@ -1,0 +1,122 @@
+"""``camkit explain`` as a pipeline: torchrun ranks, resume after SIGKILL, the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+MODEL = ["--model", "torchvision:resnet18"]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("weights") / "resnet18.pt"
+    torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """40 small photos of mixed sizes and kinds (RGB, gray, RGBA) and one broken file."""
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        size = (int(rng.integers(40, 90)), int(rng.integers(40, 90)))
+        pixels = rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8)
+        image = Image.fromarray(pixels)
+        image = [image, image.convert("L"), image.convert("RGBA")][i % 3]
+        image.save(folder / f"img{i:02d}.png")
+    (folder / "broken.png").write_bytes(b"not a png")
+    return folder
+
+
+def explain(*args, env: dict | None = None, launcher: list[str] | None = None, **kw):
+    command = [*(launcher or [sys.executable]), "-m", "camkit", "explain", *map(str, args)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=environment, **kw
+    )
+
+
+def records_by_image(manifest: dict) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {}
+    for record in manifest["records"]:
+        found.setdefault(record["image"], []).append(record)
+    return found
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_equal_one_process(tmp_path, images, weights):
+    common = [images, *MODEL, "--weights", weights, "--save-raw", "--workers", "0"]
+    single = explain(*common, "--out", tmp_path / "one")
+    assert single.returncode == 1, single.stderr  # the broken file
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    double = explain(*common, "--out", tmp_path / "two", launcher=torchrun)
+    assert double.returncode == 1, double.stderr
+    assert "broken.png" in double.stderr
+    one = json.loads((tmp_path / "one" / "manifest.json").read_text())
+    two = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert not list((tmp_path / "two").glob("manifest.rank*.json"))  # merged and removed
+    by_image = records_by_image(two)
+    assert len(by_image) == 41 and all(len(rows) == 1 for rows in by_image.values())
+    assert {row["rank"] for rows in by_image.values() for row in rows} == {0, 1}
+    assert [r["image"] for r in one["records"]] == [r["image"] for r in two["records"]]
+    assert len(two["throughput"]["ranks"]) == 2
+    assert sum(rank["images"] for rank in two["throughput"]["ranks"]) == 41
+    for a, b in zip(one["records"], two["records"], strict=True):
+        if "error" in a:
+            assert "error" in b
+            continue
+        assert (a["output"], a["target"]) == (b["output"], b["target"])
+        assert (tmp_path / "two" / b["output"]).is_file()
+        map_one = np.load(tmp_path / "one" / a["raw"])
+        map_two = np.load(tmp_path / "two" / b["raw"])
+        np.testing.assert_allclose(map_one, map_two, atol=1e-4)
+    for key in ("camkit", "torch", "torchvision", "timm", "arguments", "weights_sha256"):
+        assert two[key], key
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weights):
+    out = tmp_path / "out"
+    common = [images, *MODEL, "--weights", weights, "--out", out, "--workers", "0"]
+    common += ["--images-per-batch", "2", "--method", "gradcam,layercam", "--quiet"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "camkit", "explain", *map(str, common)]
+    process = subprocess.Popen(command, env=environment, stderr=subprocess.DEVNULL)
+    part = out / "manifest.rank0.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if part.is_file() and len(json.loads(part.read_text())["records"]) >= 6:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before = {r["image"] for r in json.loads(part.read_text())["records"]}
+    assert 0 < len(done_before) < 41
+
+    changed = explain(*["gradcam" if a == "gradcam,layercam" else a for a in common], "--resume")
+    assert changed.returncode == 2 and "methods: was ['gradcam', 'layercam']" in changed.stderr
+
+    resumed = explain(*common, "--resume")
+    assert resumed.returncode == 1, resumed.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["explained"] == 41 - len(done_before)
+    by_image = records_by_image(manifest)
+    assert len(by_image) == 41
+    for image, rows in by_image.items():
+        outputs = [row.get("output") for row in rows]
+        assert len(outputs) == len(set(outputs)) == (1 if "broken" in image else 2), image
+    assert not list(out.glob("manifest.rank*.json")) and not list(out.glob("*.tmp"))
