@@ -250,7 +250,8 @@ def test_bad_targets(tiny, target, error, match):
     ("x", "error", "match"),
     [
         (torch.ones(2, 2), InputError, r"\(3, H, W\)"),
-        (torch.ones(1, 1, 1, 2, 2), InputError, "got shape"),
+        (torch.ones(1, 1, 1, 2, 2), InputError, "no 3-D layer"),
+        (torch.ones(1, 1, 1, 1, 2, 2), InputError, "got shape"),
         (torch.ones(1, 2, 2, dtype=torch.uint8), InputError, "floating-point"),
         (torch.tensor([[[1.0, float("nan")], [0.0, 0.0]]]), InputError, "NaN"),
         (X.numpy(), InputError, "tensor"),
@@ -329,7 +330,7 @@ def test_reshape_for_token_layers():
     raw = GradCAM(Tokens(), "tokens", reshape=to_grid)(X, target=1, **RAW)
     torch.testing.assert_close(raw, 5 * A0)
     with pytest.raises(LayerOutputError, match="reshape="):
-        GradCAM(Tokens(), "tokens")(X, target=1)
+        GradCAM(Tokens(), "tokens", reshape=None)(X, target=1)
 
 
 def test_cams_matches_each_single_method(tiny):

@@ -8,7 +8,8 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
 """
 
-from camkit import errors, models, registry, viz
+from camkit import errors, models, registry, targets, viz
+from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import (
     AblationCAM,
     BaseCAM,
@@ -41,6 +42,7 @@ __version__ = "0.2.0"
 __all__ = [
     "METHODS",
     "AblationCAM",
+    "AttentionRollout",
     "BaseCAM",
     "CamkitError",
     "Deconvnet",
@@ -52,6 +54,7 @@ __all__ = [
     "HiResCAM",
     "IntegratedGradients",
     "LayerCAM",
+    "LeGrad",
     "LayerNotFoundError",
     "LayerOutputError",
     "Saliency",
@@ -68,6 +71,7 @@ __all__ = [
     "plot",
     "record",
     "registry",
+    "targets",
     "to_heatmap",
     "viz",
 ]

@@ -35,6 +35,14 @@ class TargetError(CamkitError):
     """A target that is malformed, out of the class range, or does not fit the output."""
 
 
+class LayoutError(CamkitError):
+    """A layer output that cannot be read as a spatial grid without guessing."""
+
+
+class AttentionError(CamkitError):
+    """A model whose attention cannot be read (no supported attention module, wrong blocks)."""
+
+
 class GradientError(CamkitError):
     """The target score does not depend on the input (a detached or no-grad model)."""
 

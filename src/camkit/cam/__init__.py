@@ -28,7 +28,7 @@ def cams(
     methods: Sequence[str] = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam"),
     *,
     output: OutputSelector = None,
-    reshape: Reshape | None = None,
+    reshape: Reshape | str | None = "auto",
     dtype: torch.dtype | None = None,
     batch_size: int | None = None,
     relu: bool = True,
@@ -81,9 +81,9 @@ def _shared_pass(
         acts, grads, scores, several = first.capture.run(
             part, scorer, rows, gradients=gradients, dtype=first.dtype
         )
-        targets = scores.shape[1]
+        targets, size = scores.shape[1], tuple(part.shape[2:])
         return {
-            name: explainer.maps_from(acts, grads, targets)
+            name: explainer.maps_from(acts, grads, targets, size)
             for name, explainer in explainers.items()
         }, several
 

@@ -20,6 +20,7 @@ from camkit.core.engine import Capture, over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec
+from camkit.core.layouts import check_reshape, resolve_reshape
 from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
 from camkit.errors import ArgumentError, LayerOutputError
 
@@ -36,7 +37,11 @@ class BaseCAM:
         model: any ``nn.Module``; it is never modified (no mode switch, no lasting hooks).
         layer: dotted name as in ``model.named_modules()``, a submodule, or a list of either.
         output: picks the logits from a tuple/dict/object output (key, index or callable).
-        reshape: turns a layer's output into ``(B, C, h, w)``, e.g. ViT tokens to a grid.
+        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid: ``"auto"`` (default)
+            reads ViT tokens (prefix tokens dropped) and channels-last outputs (Swin,
+            ConvNeXt) by :func:`camkit.core.layouts.infer_layout` and raises rather than guess;
+            the reading of the last call is in ``cam.layouts``; a callable overrides it; None
+            uses the output as it is.
         dtype: run the forward under ``torch.autocast`` in this dtype; maps stay float32.
         batch_size: rows per forward pass: the input batch is cut in chunks of this many
             samples (None: all at once). Results do not depend on it.
@@ -54,15 +59,17 @@ class BaseCAM:
         layer: LayerSpec,
         *,
         output: OutputSelector = None,
-        reshape: Reshape | None = None,
+        reshape: Reshape | str | None = "auto",
         dtype: torch.dtype | None = None,
         batch_size: int | None = None,
     ):
-        if reshape is not None and self.reshape_refused:
+        check_reshape(reshape)
+        if callable(reshape) and self.reshape_refused:
             raise ArgumentError(self.reshape_refused)
-        self.model = model
         self.capture = Capture(model, layer, output)
+        self.model = self.capture.model  # the eager, unwrapped module
         self.reshape = reshape
+        self.layouts: dict[str, Reshape | None] = {}  # how each layer was read at the last call
         self.dtype = dtype
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
 
@@ -73,8 +80,9 @@ class BaseCAM:
         raise NotImplementedError
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted sum over channels."""
-        return (self.channel_weights(act, grad) * act).sum(dim=-3)
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted sum over channels
+        (volumes likewise, ``d, h, w``)."""
+        return (self.channel_weights(act, grad) * act).sum(dim=2)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -123,31 +131,45 @@ class BaseCAM:
             acts, grads, scores, several = self.capture.run(
                 part, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
             )
-            return self.maps_from(acts, grads, scores.shape[1]), several
+            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
 
         return over_rows(batch, self.batch_size, one_pass)
 
     def maps_from(
-        self, acts: list[Tensor], grads: list[Tensor] | None, targets: int
+        self,
+        acts: list[Tensor],
+        grads: list[Tensor] | None,
+        targets: int,
+        input_size: tuple[int, ...],
     ) -> dict[str, Tensor]:
         """Apply :meth:`layer_map` to captured activations and gradients, layer by layer; a
         map that does not depend on the target is repeated for the ``targets`` targets."""
         grads = grads if grads is not None else [None] * len(acts)
         maps = {}
         for name, act, grad in zip(self.capture.names, acts, grads, strict=True):
-            act, grad = self.as_grid(act), None if grad is None else self.as_grid(grad)
+            reader = self.grid_reader(name, act, input_size)
+            act = self.as_grid(act, reader)
+            grad = None if grad is None else self.as_grid(grad, reader)
             cam = self.layer_map(act, grad)
             maps[name] = cam.expand(-1, targets, *cam.shape[2:])
         return maps
 
-    def as_grid(self, t: Tensor) -> Tensor:
-        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` float32, through
-        ``reshape`` when given."""
+    def grid_reader(self, name: str, act: Tensor, input_size: tuple[int, ...]) -> Reshape | None:
+        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``)."""
+        shape = (act.shape[0], *act.shape[2:])
+        reader = resolve_reshape(self.reshape, self.model, input_size, shape)
+        self.layouts[name] = reader
+        return reader
+
+    @staticmethod
+    def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
+        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
+        w)`` for volumes) float32, through ``reader``."""
         lead = t.shape[:2]
         t = t.flatten(0, 1).float()
-        if self.reshape is not None:
-            t = self.reshape(t)
-        if t.ndim != 4:
+        if reader is not None:
+            t = reader(t)
+        if t.ndim not in (4, 5):
             raise LayerOutputError(
                 f"CAM needs layer outputs of shape (B, C, h, w), got {tuple(t.shape)}; "
                 "pass reshape= a function that turns them into a (B, C, h, w) grid"
@@ -156,3 +178,8 @@ class BaseCAM:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.capture.names})"
+
+
+def spatial(t: Tensor) -> tuple[int, ...]:
+    """The spatial dims of a ``(B, K, C, h, w)`` or ``(B, K, C, d, h, w)`` tensor."""
+    return tuple(range(3 - t.ndim, 0))

@@ -9,10 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, spatial
 from camkit.registry import register
-
-SPATIAL = (-2, -1)
 
 
 @register("gradcam", "Selvaraju et al., ICCV 2017")
@@ -24,7 +22,7 @@ class GradCAM(BaseCAM):
     """
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
-        return grad.mean(dim=SPATIAL, keepdim=True)
+        return grad.mean(dim=spatial(grad), keepdim=True)
 
 
 @register("gradcam++", "Chattopadhay et al., WACV 2018")
@@ -40,9 +38,9 @@ class GradCAMPlusPlus(BaseCAM):
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         grad_2 = grad.square()
-        denominator = 2 * grad_2 + act.sum(dim=SPATIAL, keepdim=True) * grad_2 * grad
+        denominator = 2 * grad_2 + act.sum(dim=spatial(act), keepdim=True) * grad_2 * grad
         alpha = grad_2 / torch.where(denominator != 0, denominator, torch.ones_like(denominator))
-        return (alpha * grad.relu()).sum(dim=SPATIAL, keepdim=True)
+        return (alpha * grad.relu()).sum(dim=spatial(grad), keepdim=True)
 
 
 @register("xgradcam", "Fu et al., BMVC 2020")
@@ -54,8 +52,8 @@ class XGradCAM(BaseCAM):
     """
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
-        total = act.sum(dim=SPATIAL, keepdim=True)
-        return (grad * act).sum(dim=SPATIAL, keepdim=True) / (total + 1e-7)
+        total = act.sum(dim=spatial(act), keepdim=True)
+        return (grad * act).sum(dim=spatial(grad), keepdim=True) / (total + 1e-7)
 
 
 @register("hirescam", "Draelos & Carin, 2020")
@@ -96,11 +94,11 @@ class EigenCAM(BaseCAM):
     needs_gradients = False
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        height, width = act.shape[-2:]
-        positions = act.flatten(-2).transpose(-1, -2)  # (..., hw, C)
+        grid = act.shape[3:]
+        positions = act.flatten(3).transpose(-1, -2)  # (..., hw, C)
         centred = positions - positions.mean(dim=-2, keepdim=True)
         _, _, vh = torch.linalg.svd(centred, full_matrices=False)
         projection = (centred @ vh[..., 0, :, None]).squeeze(-1)  # (..., hw)
         agreement = (projection * positions.mean(dim=-1)).sum(dim=-1, keepdim=True)
         projection = torch.where(agreement < 0, -projection, projection)
-        return projection.unflatten(-1, (height, width))
+        return projection.unflatten(-1, grid)

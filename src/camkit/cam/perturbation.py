@@ -13,7 +13,8 @@ of the layer's output; both then read the target score. That is one forward per 
   ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
   its agreement with the exact map is measured in docs/performance.md;
 * on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
-  (:class:`camkit.core.inputs.Layout`: faster there; the caller's own input is never converted);
+  (:class:`camkit.core.inputs.MemoryFormat`: faster there; the caller's input is never
+  converted);
 * ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
 
 A method is three steps: the perturbations (masks or ablations) and their scores
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 from camkit.cam.base import BaseCAM, Reshape
 from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
-from camkit.core.inputs import Layout, autocast, positive_int
+from camkit.core.inputs import MemoryFormat, autocast, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call
 from camkit.core.progress import progress_bar
 from camkit.core.targets import OutputSelector, RowScorer
@@ -56,14 +57,14 @@ class Runs:
         batch: Tensor,
         scorer: RowScorer,
         scores: Tensor,
-        layout: Layout,
+        memory: MemoryFormat,
         dtype: torch.dtype | None,
     ):
-        self.model, self.batch, self.scorer, self.layout, self.dtype = (
+        self.model, self.batch, self.scorer, self.memory, self.dtype = (
             model,
             batch,
             scorer,
-            layout,
+            memory,
             dtype,
         )
         self.scores = scores.detach().float()
@@ -72,7 +73,7 @@ class Runs:
         """Forward ``inputs`` (``n`` rows, whatever the hooks do) and score row ``i`` for the
         targets of sample ``rows[i]``: ``(n, K)`` float32. Callable targets must score each row
         of the output on its own: they are called on batches of perturbed copies."""
-        return self.layout.run(lambda memory_format: self._score(inputs, rows, memory_format))
+        return self.memory.run(lambda memory_format: self._score(inputs, rows, memory_format))
 
     def _score(self, inputs: Tensor, rows: Tensor, memory_format: torch.memory_format) -> Tensor:
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
@@ -131,15 +132,15 @@ class PerturbationCAM(BaseCAM):
         ranked = self.top_channels is not None
         if ranked:
             require_autograd(type(self).__name__)
-        layout = Layout(batch)
+        memory = MemoryFormat(batch)
         output, taps = self.capture.forward(
-            batch, start_graph=ranked, dtype=self.dtype, layout=layout
+            batch, start_graph=ranked, dtype=self.dtype, memory=memory
         )
         acts = single_call(taps)
         scorer = scorer.pinned(output)
         with torch.set_grad_enabled(ranked):
             scores, several = scorer(output, torch.arange(batch.shape[0]))
-        run = Runs(self.model, batch, scorer, scores, layout, self.dtype)
+        run = Runs(self.model, batch, scorer, scores, memory, self.dtype)
         grads: list[Tensor | None] = [None] * len(acts)
         if ranked:
             grads = list(layer_gradients(scores, acts, self.capture.names))
@@ -151,12 +152,22 @@ class PerturbationCAM(BaseCAM):
                     f"{type(self).__name__} needs a layer that runs once"
                 )
             raw = raw.detach()
-            grid = self.as_grid(raw.unsqueeze(1)).squeeze(1)
-            kept = self.kept(grid, None if grad is None else self.as_grid(grad))
+            reader = self.grid_reader(name, raw.unsqueeze(1), tuple(batch.shape[2:]))
+            self.check_reader(name, reader)
+            grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
+            if grid.ndim != 4:
+                raise LayerOutputError(
+                    f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
+                    f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
+                )
+            kept = self.kept(grid, None if grad is None else self.as_grid(grad, reader))
             perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
             weights = self.score_weights(perturbed, run, kept)
             maps[name] = torch.einsum("bck,bchw->bkhw", weights, grid)
         return maps, several
+
+    def check_reader(self, name: str, reader: object) -> None:
+        """Refuse a layer reading the method cannot perturb (see ``reshape_refused``)."""
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
         """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
@@ -237,7 +248,7 @@ class ScoreCAM(PerturbationCAM):
         images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
         shape = (samples.shape[0], *batch.shape[1:])
         out = torch.empty(
-            shape, dtype=batch.dtype, device=batch.device, memory_format=run.layout.preferred
+            shape, dtype=batch.dtype, device=batch.device, memory_format=run.memory.preferred
         )
         return torch.mul(images, minmax(masks), out=out)
 
@@ -270,6 +281,10 @@ class AblationCAM(PerturbationCAM):
         "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
         "undo reshape=; use ScoreCAM or a gradient CAM for token models"
     )
+
+    def check_reader(self, name: str, reader: object) -> None:
+        if reader is not None and getattr(reader, "kind", None) != "grid":
+            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def perturbed_scores(
         self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
@@ -329,7 +344,7 @@ class AblationCAM(PerturbationCAM):
         rows = torch.full_like(channels, sample)
         image = run.batch[sample : sample + 1]
         inputs = image.expand(channels.shape[0], *image.shape[1:]).contiguous(
-            memory_format=run.layout.preferred
+            memory_format=run.memory.preferred
         )
         with hooked(lambda: [module.register_forward_hook(zero)]):
             return run.score(inputs, rows)

@@ -8,16 +8,27 @@ layers, so nothing before them is recorded), scores the target with a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from camkit.core.inputs import Layout, autocast
-from camkit.core.layers import LayerSpec, capture_outputs, find_layers, single_call
+from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.layers import (
+    LayerSpec,
+    capture_outputs,
+    explained_module,
+    find_layers,
+    single_call,
+)
 from camkit.core.targets import OutputSelector, RowScorer
 from camkit.errors import GradientError, LayerOutputError
+
+
+class ZeroGradientWarning(UserWarning):
+    """A layer whose gradient is zero for the target: its gradient-weighted map is blank."""
 
 
 def require_autograd(method: str) -> None:
@@ -53,6 +64,15 @@ def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> lis
     unused = [name for name, grad in zip(names, grads, strict=True) if grad is None]
     if unused:
         raise LayerOutputError(f"the target score does not depend on layer(s) {unused}")
+    flat = [name for name, grad in zip(names, grads, strict=True) if not grad.any()]
+    if flat:
+        warnings.warn(
+            f"the gradient of the target score is zero everywhere at {flat}: the target does "
+            "not use what it computes there (e.g. an FPN level a detection does not come from, "
+            "or every ReLU closed), so the gradient map is blank",
+            ZeroGradientWarning,
+            stacklevel=4,
+        )
     return [grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1) for grad in grads]
 
 
@@ -60,8 +80,8 @@ class Capture:
     """One forward pass with the target layers tapped, and the gradients a method needs."""
 
     def __init__(self, model: nn.Module, layer: LayerSpec, output: OutputSelector = None):
-        self.model = model
-        self.layers = find_layers(model, layer)
+        self.model = explained_module(model)
+        self.layers = find_layers(self.model, layer)
         self.output = output
 
     @property
@@ -74,14 +94,15 @@ class Capture:
         *,
         start_graph: bool,
         dtype: torch.dtype | None = None,
-        layout: Layout | None = None,
+        memory: MemoryFormat | None = None,
     ) -> tuple[Any, dict[str, list[Tensor]]]:
         """One forward pass with the layers tapped: ``(model output, {layer: outputs})``.
 
         Runs under ``torch.no_grad()`` (see :func:`~camkit.core.layers.capture_outputs` for
-        ``start_graph``); the model sees the batch in the :class:`~camkit.core.inputs.Layout`'s
-        memory format (channels_last on the CPU: a copy, the caller's tensor is not converted);
-        pass ``layout`` to share what it learns with later forwards.
+        ``start_graph``); the model sees the batch in the memory format of
+        :class:`~camkit.core.inputs.MemoryFormat` (channels_last on the CPU: a copy, the
+        caller's tensor is not converted); pass ``memory`` to share what it learns with later
+        forwards.
         """
 
         def attempt(memory_format: torch.memory_format) -> tuple[Any, dict[str, list[Tensor]]]:
@@ -92,7 +113,7 @@ class Capture:
             ):
                 return self.model(batch.contiguous(memory_format=memory_format)), taps
 
-        return (layout or Layout(batch)).run(attempt)
+        return (memory or MemoryFormat(batch)).run(attempt)
 
     def run(
         self,

@@ -15,19 +15,28 @@ from torch.nn.modules.dropout import _DropoutNd
 from camkit.errors import ArgumentError, InputError
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
+VOLUME_LAYERS = (nn.Conv3d, nn.ConvTranspose3d, nn.BatchNorm3d, nn.MaxPool3d, nn.AvgPool3d)
 Result = TypeVar("Result")
 
 
 def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
-    """Validate an image ``(C, H, W)`` or batch ``(B, C, H, W)``; return ``(batch, was_single)``."""
+    """Validate an image ``(C, H, W)``, a batch ``(B, C, H, W)`` or a batch of volumes / clips
+    ``(B, C, D, H, W)`` (a 4-D tensor is always a batch of images); return
+    ``(batch, was_single)``."""
     if not isinstance(x, Tensor):
         raise InputError(
             f"expected an image tensor (3, H, W) or a batch (B, 3, H, W), got {type(x).__name__}; "
             "turn images into tensors with camkit.models.load(...).preprocess"
         )
-    if x.ndim not in (3, 4):
+    if x.ndim not in (3, 4, 5):
         raise InputError(
-            f"expected an image (3, H, W) or a batch (B, 3, H, W), got shape {tuple(x.shape)}"
+            f"expected an image (3, H, W), a batch (B, 3, H, W) or volumes (B, C, D, H, W), "
+            f"got shape {tuple(x.shape)}"
+        )
+    if x.ndim == 5 and not any(isinstance(m, VOLUME_LAYERS) for m in model.modules()):
+        raise InputError(
+            f"a 5-D input {tuple(x.shape)} is a batch of volumes (B, C, D, H, W), but the model "
+            "has no 3-D layer (Conv3d, pooling or batch norm 3d); pass images as (B, C, H, W)"
         )
     if not x.is_floating_point():
         raise InputError(
@@ -43,6 +52,11 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
         raise InputError(
             f"the model is on {param.device} but the input is on {x.device}; "
             "move one of them (camkit computes on the input's device)"
+        )
+    if param is not None and param.is_floating_point() and param.dtype != x.dtype:
+        raise InputError(
+            f"the model's parameters are {param.dtype} but the input is {x.dtype}; pass "
+            f"x.to({param.dtype}) (or keep a float32 model and use the methods' dtype= autocast)"
         )
     if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
         warnings.warn(
@@ -78,7 +92,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
-class Layout:
+class MemoryFormat:
     """The memory format of the inputs camkit builds itself (copies, noisy or masked images).
 
     On the CPU a 4-D batch is built ``channels_last``: oneDNN runs CNNs 1.2-2x faster so,

@@ -16,6 +16,21 @@ from torch import Tensor, nn
 from camkit.errors import ArgumentError, LayerNotFoundError, LayerOutputError
 
 LayerSpec = str | nn.Module | Sequence[str | nn.Module]
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def explained_module(model: nn.Module) -> nn.Module:
+    """The module camkit runs: ``nn.DataParallel`` / ``DistributedDataParallel`` are explained
+    through their ``.module`` (an explanation needs no replica or gradient sync), and a
+    ``torch.compile``d model through its eager original (hooks on a compiled graph can be
+    skipped silently, so its maps would not be trustworthy): the maps equal the eager model's."""
+    while True:
+        if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
@@ -36,6 +51,9 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
             f"got {type(layer).__name__}"
         )
     modules = dict(model.named_modules())
+    wrapped = next((p for p in _WRAPPER_PREFIXES if layer.startswith(p)), None)
+    if layer not in modules and wrapped:  # a name of the wrapped model: "module.layer4"
+        layer = layer.removeprefix(wrapped)
     if layer in modules:
         return layer, modules[layer]
     close = difflib.get_close_matches(layer, [name for name in modules if name], n=5, cutoff=0.5)

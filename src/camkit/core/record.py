@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from camkit.core.layers import LayerSpec, find_layers, hooked, tensor_output
+from camkit.core.layers import LayerSpec, explained_module, find_layers, hooked, tensor_output
 
 
 @dataclass
@@ -53,7 +53,7 @@ def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Itera
     Outputs are kept detached and protected from later in-place operations; every hook is
     removed on exit, also when the code inside raises.
     """
-    found = find_layers(model, layers)
+    found = find_layers(explained_module(model), layers)
     rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})
 
     def tap(name: str):

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from camkit.core.inputs import as_size
 from camkit.core.layers import hooked
+from camkit.core.layouts import default_token_layer
 from camkit.errors import LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -112,10 +113,14 @@ def layer_shapes(
 
 
 def default_layer(model: nn.Module, input_size: int | tuple[int, int] = (224, 224)) -> str:
-    """The dotted name of the layer to explain by default: the last spatial feature map.
+    """The dotted name of the layer to explain by default.
 
-    Rule: run one zero image and, among the modules whose output is a 4-D ``(N, C, H, W)`` tensor
-    with ``H * W > 1``, take the one that *finishes* last. Global pooling (1x1) and the classifier
+    A transformer (ViT, DeiT, Swin: :func:`~camkit.core.layouts.default_token_layer`) gets the
+    first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
+    ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
+    a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: run
+    one zero image and, among the modules whose output is a 4-D ``(N, C, H, W)`` tensor with
+    ``H * W > 1``, take the one that *finishes* last. Global pooling (1x1) and the classifier
     are thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
     Pass-through modules (``nn.Identity``, dropout) are skipped. 4-D outputs are assumed to be
@@ -129,6 +134,10 @@ def default_layer(model: nn.Module, input_size: int | tuple[int, int] = (224, 22
 def last_spatial_map(
     calls: list[_Call], model: nn.Module, input_size: int | tuple[int, int]
 ) -> str:
+    """The default layer from a trace (see :func:`default_layer`)."""
+    token_layer = default_token_layer(model)
+    if token_layer is not None:
+        return token_layer
     candidates = [
         call
         for call in calls

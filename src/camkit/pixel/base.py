@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import drop_axes
-from camkit.core.inputs import Layout, as_batch, autocast, positive_int
+from camkit.core.inputs import MemoryFormat, as_batch, autocast, positive_int
+from camkit.core.layers import explained_module
 from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
 from camkit.errors import GradientError
 from camkit.pixel.heatmap import to_heatmap
@@ -74,7 +75,7 @@ class PixelAttribution:
         dtype: torch.dtype | None = None,
         batch_size: int | None = None,
     ):
-        self.model = model
+        self.model = explained_module(model)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
         self.output = output
         self.dtype = dtype
@@ -111,13 +112,13 @@ class PixelAttribution:
         return output
 
     def input_gradients(
-        self, inputs: Tensor, scorer: RowScorer, rows: Tensor, layout: Layout
+        self, inputs: Tensor, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
     ) -> tuple[Tensor, Tensor, bool]:
         """One forward, one batched backward: ``(grads (n, K, C, H, W), scores (n, K), several)``.
 
         The gradient is taken with respect to a detached alias of ``inputs`` (the caller's tensor
         is never set to require grad); ``K`` targets are one batched vector-Jacobian product.
-        The model gets a copy in the ``layout``'s memory format (channels_last on the CPU), so
+        The model gets a copy in ``memory``'s format (channels_last on the CPU), so
         in-place operations on its input stay inside camkit.
         """
         leaf = inputs.detach().requires_grad_(True)
@@ -127,7 +128,7 @@ class PixelAttribution:
                 output = self.forward(leaf.clone(memory_format=memory_format))
                 return scorer(output, rows)
 
-        scores, several = layout.run(scores_in)
+        scores, several = memory.run(scores_in)
         if not scores.requires_grad:
             raise GradientError(
                 "the target score does not depend on the input: the model's output is "
@@ -158,7 +159,7 @@ class PixelAttribution:
         if scorer.top1 and make_inputs is not None:
             with torch.no_grad(), autocast(batch.device, self.dtype):
                 scorer = scorer.pinned(self.model(batch))
-        layout = Layout(batch)
+        memory = MemoryFormat(batch)
         rows_total = copies * size
         step = self.batch_size or rows_total
         several = False
@@ -166,7 +167,7 @@ class PixelAttribution:
             span = range(start, min(start + step, rows_total))
             rows = torch.arange(span.start, span.stop, device=batch.device)
             inputs = batch[rows % size] if make_inputs is None else make_inputs(rows, span)
-            grads, scores, several = self.input_gradients(inputs, scorer, rows % size, layout)
+            grads, scores, several = self.input_gradients(inputs, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
         return several
 

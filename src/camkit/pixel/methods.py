@@ -139,7 +139,7 @@ class SmoothGrad(PixelAttribution):
                     for seed in seeds[span.start : span.stop]
                 ]
             ).to(batch.device)
-            return batch[sample] + sigma[sample].view(-1, 1, 1, 1) * noise
+            return batch[sample] + sigma[sample].view(-1, *[1] * (batch.ndim - 1)) * noise
 
         def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
             sums.add(rows % size, grads)
@@ -237,7 +237,7 @@ class IntegratedGradients(PixelAttribution):
         gradient, start, end = PerSample(size), PerSample(size), PerSample(size)
 
         def path(rows: Tensor, span: range) -> Tensor:
-            sample, alpha = rows % size, alphas[rows // size].view(-1, 1, 1, 1)
+            sample, alpha = rows % size, alphas[rows // size].view(-1, *[1] * (batch.ndim - 1))
             return torch.lerp(baseline[sample], batch[sample], alpha)
 
         def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
