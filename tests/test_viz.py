@@ -198,3 +198,15 @@ def test_save_png_is_atomic_and_readable(tmp_path, monkeypatch: pytest.MonkeyPat
     assert cv2.imread(str(target)).shape == (3, 7, 3)
     with pytest.raises(ValueError, match=r"\.png"):
         camkit_io.save_png(tmp_path / "out.jpg", IMAGE)
+
+
+def test_overlay_and_feature_grid_take_a_slice_of_a_volume():
+    volume = torch.rand(4, 6, 5)  # (D, H, W)
+    image = torch.rand(1, 4, 6, 5)  # (C, D, H, W), gray
+    np.testing.assert_array_equal(
+        viz.overlay(image, volume, depth=2), viz.overlay(image[:, 2], volume[2])
+    )
+    maps = torch.rand(3, 4, 6, 5)  # (C, D, H, W) feature maps
+    np.testing.assert_array_equal(viz.feature_grid(maps, depth=1), viz.feature_grid(maps[:, 1]))
+    with pytest.raises(ValueError, match="outside the volume's 4 slices"):
+        viz.overlay(image, volume, depth=4)

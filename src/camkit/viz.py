@@ -99,6 +99,8 @@ def overlay(
     heatmap: np.ndarray | torch.Tensor,
     alpha: float = 0.5,
     colormap: str = "jet",
+    *,
+    depth: int | None = None,
 ) -> np.ndarray:
     """Blend a colored heatmap onto an image -> ``HxWx3`` uint8 RGB at the image's own size.
 
@@ -114,12 +116,27 @@ def overlay(
 
     The heatmap must cover the same region as the image: for a model input made by a
     center-cropping preprocess, overlay on the cropped image (``preprocess.resize_crop(image)``).
+    For volumes, ``depth`` picks slice ``depth`` of a ``(D, H, W)`` heatmap (and of a ``(D, H,
+    W)`` or ``(C, D, H, W)`` image).
     """
     alpha = _validate_alpha(alpha)
+    if depth is not None:
+        heatmap, image = _slice(heatmap, depth, 3), _slice(image, depth, 3)
     rgb = to_rgb_uint8(image)
     colored = _colorize(_heatmap_2d(heatmap), rgb.shape[:2], colormap)
     blended = (1.0 - alpha) * rgb.astype(np.float32) + alpha * colored.astype(np.float32)
     return np.round(blended).astype(np.uint8)
+
+
+def _slice(volume: object, depth: int, spatial: int) -> object:
+    """Slice ``depth`` of the depth axis (the ``spatial``-th last axis) of a volume; a 2-D
+    picture (no depth axis) is returned as it is."""
+    if not isinstance(volume, np.ndarray | torch.Tensor) or volume.ndim < spatial:
+        return volume
+    axis = volume.ndim - spatial
+    if not -volume.shape[axis] <= depth < volume.shape[axis]:
+        raise ValueError(f"depth {depth} is outside the volume's {volume.shape[axis]} slices")
+    return volume[(slice(None),) * axis + (depth,)]
 
 
 def _colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.ndarray:
@@ -159,6 +176,8 @@ def feature_grid(
     normalize: Literal["tile", "all", "none"] = "tile",
     max_tiles: int | None = None,
     pad_value: float = 1.0,
+    *,
+    depth: int | None = None,
 ) -> np.ndarray:
     """Tile many small maps into one picture (the classic ``vis_square``) -> float in [0, 1].
 
@@ -172,8 +191,11 @@ def feature_grid(
     ``normalize``: ``"tile"`` min-max scales each tile on its own (RGB tiles over all 3 channels),
     ``"all"`` scales all shown tiles together, ``"none"`` expects values already in [0, 1].
     A constant tile becomes 0. Returns ``(rows*H + (rows-1)*padding, ncols*W + (ncols-1)*padding)``
-    and a trailing axis of 3 for RGB tiles.
+    and a trailing axis of 3 for RGB tiles. For 3-D feature maps ``(C, D, H, W)``, ``depth``
+    picks the slice to tile.
     """
+    if depth is not None:
+        maps = _slice(maps, depth, 3)
     tiles = _grid_tiles(maps)
     if max_tiles is not None:
         if max_tiles < 1:
