@@ -17,6 +17,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader
 
 from camkit import io as cio
+from camkit.errors import ArgumentError
 from camkit.models import Preprocess
 
 RNG = np.random.default_rng(0)
@@ -300,7 +301,7 @@ def test_image_files_reports_preprocess_failures(tmp_path: Path) -> None:
         "preprocessing failed: too small"
     )
     assert "(3, h, w) tensor" in cio.ImageFiles([tmp_path / "a.png"], np.asarray)[0]["error"]
-    with pytest.raises(TypeError, match="callable"):
+    with pytest.raises(ArgumentError, match="callable"):
         cio.ImageFiles([tmp_path / "a.png"], "squash")
 
 

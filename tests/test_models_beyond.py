@@ -11,8 +11,7 @@ from torch import nn
 
 import camkit
 from camkit import GradCAM, LayerCAM, Saliency
-from camkit.core.engine import ZeroGradientWarning
-from camkit.errors import InputError, LayerOutputError
+from camkit.errors import InputError, LayerOutputError, ZeroGradientWarning
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
 

@@ -14,6 +14,7 @@ from PIL import Image
 
 from camkit import io as camkit_io
 from camkit import viz
+from camkit.errors import ArgumentError
 
 RNG = np.random.default_rng(0)
 IMAGE = RNG.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
@@ -106,7 +107,7 @@ def test_to_rgb_uint8_conversions() -> None:
     assert np.array_equal(camkit_io.to_rgb_uint8(IMAGE.astype(np.float64) / 255), IMAGE)
     assert np.array_equal(camkit_io.to_rgb_uint8(IMAGE.astype(np.uint16) * 257), IMAGE)
     assert camkit_io.to_rgb_uint8(np.ones((2, 2), bool)).max() == 255
-    with pytest.raises(TypeError, match="PIL image, numpy array or torch tensor"):
+    with pytest.raises(ArgumentError, match="PIL image, numpy array or torch tensor"):
         camkit_io.to_rgb_uint8([[0, 1]])
 
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch, autocast, positive_int
-from camkit.core.layers import explained_module, hooked
+from camkit.core.layers import explained_module, hooked, this_thread
 from camkit.core.layouts import infer_layout
 from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
@@ -117,16 +117,20 @@ def captured_attention(
     try:
         for store, attn in zip(stores, attentions, strict=True):
             if isinstance(attn, nn.MultiheadAttention):
-                handles.append(attn.register_forward_pre_hook(_mha_pre, with_kwargs=True))
                 handles.append(
-                    attn.register_forward_hook(partial(_mha_post, store), with_kwargs=True)
+                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
+                )
+                handles.append(
+                    attn.register_forward_hook(
+                        this_thread(partial(_mha_post, store)), with_kwargs=True
+                    )
                 )
             else:
                 fused.append((attn, attn.fused_attn))
                 attn.fused_attn = False
                 handles.append(
                     attn.attn_drop.register_forward_hook(
-                        lambda module, args, out, store=store: store.append(out)
+                        this_thread(lambda module, args, out, store=store: store.append(out))
                     )
                 )
         yield stores
@@ -351,7 +355,11 @@ class LeGrad(AttentionMethod):
 
         hooks = zip(outputs, self._block_modules, strict=True)
         with (
-            hooked(lambda: [block.register_forward_hook(keep(store)) for store, block in hooks]),
+            hooked(
+                lambda: [
+                    block.register_forward_hook(this_thread(keep(store))) for store, block in hooks
+                ]
+            ),
             torch.enable_grad(),
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,

@@ -6,6 +6,9 @@ what was expected and what came.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 
 class CamkitError(ValueError):
     """Base of every error camkit raises for a bad argument, input, layer, target or file."""
@@ -65,3 +68,26 @@ class UnsafeCheckpointError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint whose tensors do not fit the architecture."""
+
+
+# ----------------------------------------------------------------------------- warnings
+
+
+class EmptyMapWarning(UserWarning):
+    """A map that is zero everywhere: the method found nothing to show for that target."""
+
+
+class NonFiniteWarning(UserWarning):
+    """The model produced inf/NaN scores or gradients; those map entries were set to 0."""
+
+
+class ZeroGradientWarning(UserWarning):
+    """A layer whose gradient is zero for the target: its gradient-weighted map is blank."""
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointing at the caller's line: the first frame outside camkit."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "camkit":
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

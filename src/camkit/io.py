@@ -32,7 +32,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from camkit.errors import CamkitError
+from camkit.errors import ArgumentError, CamkitError
 
 __all__ = [
     "MAX_PIXELS",
@@ -91,7 +91,7 @@ def _image_hwc(image: object) -> np.ndarray:
     elif isinstance(image, np.ndarray):
         channels_first = False
     else:
-        raise TypeError(
+        raise ArgumentError(
             f"expected an image as a PIL image, numpy array or torch tensor, got {describe(image)}"
         )
     array = as_numpy(image)
@@ -102,17 +102,17 @@ def _image_hwc(image: object) -> np.ndarray:
         if (channels_first and first_ok) or (not last_ok and first_ok):
             array = np.moveaxis(array, 0, 2)
         elif not last_ok:
-            raise ValueError(
+            raise ArgumentError(
                 "expected an image with 1, 3 or 4 channels (HxWxC array or CxHxW tensor), "
                 f"got {describe(image)}"
             )
     else:
-        raise ValueError(
+        raise ArgumentError(
             f"expected a 2-D (gray) or 3-D (color) image, got {describe(image)} "
             f"with {array.ndim} dimensions"
         )
     if array.shape[0] == 0 or array.shape[1] == 0:
-        raise ValueError(f"the image is empty: {describe(image)}")
+        raise ArgumentError(f"the image is empty: {describe(image)}")
     return array
 
 
@@ -126,10 +126,10 @@ def _check_unit_range(array: np.ndarray) -> np.ndarray:
     """Float image -> float32 clipped to [0, 1]; refuses NaN/inf and values far outside [0, 1]."""
     array = array.astype(np.float32, copy=False)
     if not np.isfinite(array).all():
-        raise ValueError("the image contains NaN or infinite values")
+        raise ArgumentError("the image contains NaN or infinite values")
     low, high = float(array.min()), float(array.max())
     if low < -FLOAT_TOLERANCE or high > 1 + FLOAT_TOLERANCE:
-        raise ValueError(
+        raise ArgumentError(
             f"expected a float image with values in [0, 1], got values in [{low:.4g}, {high:.4g}]"
             " (a normalised model input? pass the original image, or uint8 0..255)"
         )
@@ -141,7 +141,7 @@ def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
         return np.round(array / 257.0).astype(np.uint8)
     low, high = int(array.min()), int(array.max())
     if low < 0 or high > 255:
-        raise ValueError(
+        raise ArgumentError(
             f"expected integer image values in 0..255 (or uint16), got {array.dtype} values in "
             f"[{low}, {high}]"
         )
@@ -167,7 +167,7 @@ def to_rgb_uint8(image: object) -> np.ndarray:
         return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
     if np.issubdtype(array.dtype, np.integer):
         return _integer_as_uint8(array)
-    raise TypeError(f"expected a uint8, integer, bool or float image, got {describe(image)}")
+    raise ArgumentError(f"expected a uint8, integer, bool or float image, got {describe(image)}")
 
 
 def to_rgb_float(image: object) -> np.ndarray:
@@ -188,7 +188,7 @@ def thumbnail(image: object, max_side: int = 256) -> np.ndarray:
     returned unchanged (as uint8 RGB). The aspect ratio is kept; each side is at least 1.
     """
     if max_side < 1:
-        raise ValueError(f"expected max_side >= 1, got {max_side}")
+        raise ArgumentError(f"expected max_side >= 1, got {max_side}")
     rgb = to_rgb_uint8(image)
     height, width = rgb.shape[:2]
     scale = max_side / max(height, width)
@@ -241,7 +241,7 @@ def read_failure(error: BaseException) -> str:
 def _check_size(image: Image.Image, max_pixels: int | None) -> None:
     width, height = image.size
     if width < 1 or height < 1:
-        raise ValueError(f"the image header declares an empty size {width}x{height}")
+        raise ArgumentError(f"the image header declares an empty size {width}x{height}")
     if max_pixels is not None and width * height > max_pixels:
         raise ImageTooLargeError(
             f"the image is {width}x{height} ({width * height:,} pixels), more than the limit of "
@@ -270,7 +270,7 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
     if mode == "F":
         values = np.asarray(image)
         if not np.isfinite(values).all() or values.min() < 0.0 or values.max() > 1.0:
-            raise ValueError(
+            raise ArgumentError(
                 "a floating-point image must hold values in [0, 1]; convert it to 8 or 16 bits"
             )
         return to_rgb_uint8(values)
@@ -341,7 +341,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = T
 
 def _encode(suffixes: tuple[str, ...], path: Path, image: object, params: list[int]) -> bytes:
     if path.suffix.lower() not in suffixes:
-        raise ValueError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
+        raise ArgumentError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
     rgb = to_rgb_uint8(image)
     ok, encoded = cv2.imencode(suffixes[0], np.ascontiguousarray(rgb[:, :, ::-1]), params)
     if not ok:
@@ -362,7 +362,7 @@ def save_jpeg(
     """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.jpg`` file atomically
     (``durable``: see :func:`write_atomic`)."""
     if not 1 <= quality <= 100:
-        raise ValueError(f"expected a JPEG quality in 1..100, got {quality}")
+        raise ArgumentError(f"expected a JPEG quality in 1..100, got {quality}")
     target = Path(path)
     params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
     data = _encode((".jpg", ".jpeg"), target, image, params)
@@ -405,7 +405,7 @@ class ImageFiles(Dataset):
         max_pixels: int | None = MAX_PIXELS,
     ) -> None:
         if not callable(preprocess):
-            raise TypeError(f"expected preprocess to be callable, got {describe(preprocess)}")
+            raise ArgumentError(f"expected preprocess to be callable, got {describe(preprocess)}")
         self.paths = [os.fspath(path) for path in paths]
         self.preprocess = preprocess
         self.keep_original = keep_original
@@ -469,7 +469,7 @@ def collate(items: Sequence[dict[str, Any]]) -> ImageBatch:
     failures = [(item["index"], item["path"], item["error"]) for item in items if item["error"]]
     shapes = {tuple(item["input"].shape) for item in good}
     if len(shapes) > 1:
-        raise ValueError(
+        raise ArgumentError(
             f"preprocessed images differ in shape ({sorted(shapes)}); use a preprocess that "
             "resizes every image to one size (e.g. crop_mode='squash' or 'center')"
         )

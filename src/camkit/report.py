@@ -35,6 +35,7 @@ import numpy as np
 
 from camkit import io as cio
 from camkit import viz
+from camkit.errors import ArgumentError
 
 __all__ = [
     "THUMB_SIDE",
@@ -167,7 +168,9 @@ def _render_raw(source: Path, target: Path, colormap: str) -> dict[str, Any]:
     if values.ndim == 3:
         values = values.sum(axis=0)
     if values.ndim != 2 or values.size == 0 or not np.isfinite(values).all():
-        raise ValueError(f"expected a finite 2-D map or (3, H, W) attribution, got {values.shape}")
+        raise ArgumentError(
+            f"expected a finite 2-D map or (3, H, W) attribution, got {values.shape}"
+        )
     if values.min() < 0:
         limit = float(np.percentile(np.abs(values), _SIGNED_PERCENTILE)) or float(
             np.abs(values).max()
@@ -211,7 +214,7 @@ def _group(records: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for index, record in enumerate(records):
         if not isinstance(record, Mapping) or "image" not in record:
-            raise ValueError(f"manifest row {index} has no 'image' field: {record!r:.200}")
+            raise ArgumentError(f"manifest row {index} has no 'image' field: {record!r:.200}")
         grouped.setdefault(str(record["image"]), []).append(record)
     return grouped
 

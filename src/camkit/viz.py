@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 import torch
 
+from camkit.errors import ArgumentError
 from camkit.io import FLOAT_TOLERANCE, as_numpy, describe, to_rgb_uint8
 
 if TYPE_CHECKING:
@@ -39,16 +40,18 @@ _DIVERGING_COLORMAP = "bwr"
 def _float_array(value: object, what: str, dtype: type = np.float32) -> np.ndarray:
     """A numpy array or torch tensor -> float numpy of ``dtype``; anything else: TypeError."""
     if not isinstance(value, (np.ndarray, torch.Tensor)):
-        raise TypeError(f"expected {what} as a numpy array or torch tensor, got {describe(value)}")
+        raise ArgumentError(
+            f"expected {what} as a numpy array or torch tensor, got {describe(value)}"
+        )
     return as_numpy(value).astype(dtype)
 
 
 def _finite_values(array: np.ndarray, value: object, what: str) -> np.ndarray:
     """``array`` when it holds values and all are finite; else a ValueError about ``what``."""
     if array.size == 0:
-        raise ValueError(f"the {what} holds no values: {describe(value)}")
+        raise ArgumentError(f"the {what} holds no values: {describe(value)}")
     if not np.isfinite(array).all():
-        raise ValueError(f"the {what} holds NaN or infinite values")
+        raise ArgumentError(f"the {what} holds NaN or infinite values")
     return array
 
 
@@ -58,7 +61,7 @@ def _heatmap_2d(heatmap: object) -> np.ndarray:
     while array.ndim > 2 and array.shape[0] == 1:
         array = array[0]
     if array.ndim != 2:
-        raise ValueError(f"expected a 2-D heatmap (H, W), got {describe(heatmap)}")
+        raise ArgumentError(f"expected a 2-D heatmap (H, W), got {describe(heatmap)}")
     _finite_values(array, heatmap, "heatmap")
     low, high = float(array.min()), float(array.max())
     if low >= -FLOAT_TOLERANCE and high <= 1 + FLOAT_TOLERANCE:
@@ -71,7 +74,7 @@ def _heatmap_2d(heatmap: object) -> np.ndarray:
 def _colormap_lut(colormap: str) -> np.ndarray:
     """Colormap name -> ``256x3`` uint8 RGB lookup table (OpenCV names first, then matplotlib)."""
     if not isinstance(colormap, str):
-        raise TypeError(f"expected a colormap name (str), got {describe(colormap)}")
+        raise ArgumentError(f"expected a colormap name (str), got {describe(colormap)}")
     code = OPENCV_COLORMAPS.get(colormap.lower())
     if code is not None:
         ramp = np.arange(256, dtype=np.uint8).reshape(256, 1)
@@ -82,7 +85,7 @@ def _colormap_lut(colormap: str) -> np.ndarray:
         rgba = matplotlib.colormaps[colormap](np.linspace(0.0, 1.0, 256))
         return np.round(rgba[:, :3] * 255.0).astype(np.uint8)
     examples = sorted(OPENCV_COLORMAPS)[:12] + ["gray", "RdBu", "coolwarm", "bwr"]
-    raise ValueError(
+    raise ArgumentError(
         f"unknown colormap {colormap!r}; use an OpenCV name ({', '.join(examples[:12])}, ...) "
         f"or a matplotlib colormap name (e.g. {', '.join(examples[12:])})"
     )
@@ -90,7 +93,7 @@ def _colormap_lut(colormap: str) -> np.ndarray:
 
 def _validate_alpha(alpha: float) -> float:
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"expected alpha in [0, 1], got {alpha}")
+        raise ArgumentError(f"expected alpha in [0, 1], got {alpha}")
     return float(alpha)
 
 
@@ -135,7 +138,7 @@ def _slice(volume: object, depth: int, spatial: int) -> object:
         return volume
     axis = volume.ndim - spatial
     if not -volume.shape[axis] <= depth < volume.shape[axis]:
-        raise ValueError(f"depth {depth} is outside the volume's {volume.shape[axis]} slices")
+        raise ArgumentError(f"depth {depth} is outside the volume's {volume.shape[axis]} slices")
     return volume[(slice(None),) * axis + (depth,)]
 
 
@@ -156,7 +159,7 @@ def _grid_tiles(maps: object) -> np.ndarray:
     elif array.ndim == 2:
         array = array[None]
     elif array.ndim != 3:
-        raise ValueError(
+        raise ArgumentError(
             "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
             f"(H, W), got {describe(maps)}"
         )
@@ -199,12 +202,12 @@ def feature_grid(
     tiles = _grid_tiles(maps)
     if max_tiles is not None:
         if max_tiles < 1:
-            raise ValueError(f"expected max_tiles >= 1 or None, got {max_tiles}")
+            raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
         tiles = tiles[:max_tiles]
     if padding < 0:
-        raise ValueError(f"expected padding >= 0, got {padding}")
+        raise ArgumentError(f"expected padding >= 0, got {padding}")
     if not 0.0 <= pad_value <= 1.0:
-        raise ValueError(f"expected pad_value in [0, 1], got {pad_value}")
+        raise ArgumentError(f"expected pad_value in [0, 1], got {pad_value}")
     count = tiles.shape[0]
     tile_axes = tuple(range(1, tiles.ndim))
     if normalize == "tile":
@@ -214,15 +217,15 @@ def feature_grid(
     elif normalize == "none":
         low, high = float(tiles.min()), float(tiles.max())
         if low < 0.0 or high > 1.0:
-            raise ValueError(
+            raise ArgumentError(
                 f"normalize='none' expects values in [0, 1], got values in [{low:.4g}, {high:.4g}]"
             )
     else:
-        raise ValueError(f"expected normalize 'tile', 'all' or 'none', got {normalize!r}")
+        raise ArgumentError(f"expected normalize 'tile', 'all' or 'none', got {normalize!r}")
 
     ncols = math.ceil(math.sqrt(count)) if ncols is None else ncols
     if ncols < 1:
-        raise ValueError(f"expected ncols >= 1 or None, got {ncols}")
+        raise ArgumentError(f"expected ncols >= 1 or None, got {ncols}")
     nrows = math.ceil(count / ncols)
     height, width = tiles.shape[1:3]
     grid_shape = (nrows * height + (nrows - 1) * padding, ncols * width + (ncols - 1) * padding)
@@ -241,7 +244,7 @@ def _attribution_2d(attribution: object) -> np.ndarray:
     if array.ndim == 3 and array.shape[0] in (1, 3):
         array = array.sum(axis=0)
     if array.ndim != 2:
-        raise ValueError(
+        raise ArgumentError(
             f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
             f"got {describe(attribution)}"
         )
@@ -274,7 +277,7 @@ def plot(
     """
     alpha = _validate_alpha(alpha)
     if not 0.0 < clip_percentile <= 100.0:
-        raise ValueError(f"expected clip_percentile in (0, 100], got {clip_percentile}")
+        raise ArgumentError(f"expected clip_percentile in (0, 100], got {clip_percentile}")
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
 

@@ -36,7 +36,7 @@ from camkit.cam.base import BaseCAM, Reshape
 from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, autocast, positive_int
-from camkit.core.layers import LayerSpec, hooked, single_call
+from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.progress import progress_bar
 from camkit.core.targets import OutputSelector, RowScorer
 from camkit.errors import LayerOutputError, TargetError
@@ -330,7 +330,7 @@ class AblationCAM(PerturbationCAM):
             return self._ablate(copies, channels)
 
         rows = torch.full_like(channels, sample)
-        with hooked(lambda: [module.register_forward_hook(replace)]):
+        with hooked(lambda: [module.register_forward_hook(this_thread(replace))]):
             return run.score(run.batch[sample : sample + 1], rows)
 
     def _ablated_forward(
@@ -346,5 +346,5 @@ class AblationCAM(PerturbationCAM):
         inputs = image.expand(channels.shape[0], *image.shape[1:]).contiguous(
             memory_format=run.memory.preferred
         )
-        with hooked(lambda: [module.register_forward_hook(zero)]):
+        with hooked(lambda: [module.register_forward_hook(this_thread(zero))]):
             return run.score(inputs, rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -156,8 +157,16 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
 
 
 def check_out_dir(out: Path) -> None:
+    """``--out`` is a folder, or can be made: its nearest existing ancestor is a writable folder
+    (checked before anything is written, so a refused run writes nothing)."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
+    full = out.absolute()
+    existing = next(path for path in (full, *full.parents) if path.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: {existing} is not writable")
 
 
 def positive_int(text: str) -> int:

@@ -8,7 +8,6 @@ layers, so nothing before them is recorded), scores the target with a
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,11 +23,7 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.targets import OutputSelector, RowScorer
-from camkit.errors import GradientError, LayerOutputError
-
-
-class ZeroGradientWarning(UserWarning):
-    """A layer whose gradient is zero for the target: its gradient-weighted map is blank."""
+from camkit.errors import GradientError, LayerOutputError, ZeroGradientWarning, warn
 
 
 def require_autograd(method: str) -> None:
@@ -66,12 +61,11 @@ def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> lis
         raise LayerOutputError(f"the target score does not depend on layer(s) {unused}")
     flat = [name for name, grad in zip(names, grads, strict=True) if not grad.any()]
     if flat:
-        warnings.warn(
+        warn(
             f"the gradient of the target score is zero everywhere at {flat}: the target does "
             "not use what it computes there (e.g. an FPN level a detection does not come from, "
             "or every ReLU closed), so the gradient map is blank",
             ZeroGradientWarning,
-            stacklevel=4,
         )
     return [grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1) for grad in grads]
 

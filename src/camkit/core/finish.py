@@ -12,9 +12,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from camkit.errors import ArgumentError
+from camkit.errors import ArgumentError, EmptyMapWarning, NonFiniteWarning, warn
 
 _RESAMPLING = {2: "bilinear", 3: "trilinear"}
+
+
+def checked(maps: Tensor) -> Tensor:
+    """``(B, K, ...)`` maps with non-finite entries set to 0, warning about those and about
+    maps that are zero everywhere: never a NaN map, never a silently empty one."""
+    finite = torch.isfinite(maps)
+    if not finite.all():
+        warn(
+            "the model produced non-finite (inf/NaN) values for this input; those map entries "
+            "are set to 0 and the map is not meaningful: check the model's output (an overflow "
+            "in a narrow dtype=?)",
+            NonFiniteWarning,
+        )
+        maps = torch.where(finite, maps, torch.zeros_like(maps))
+    empty = (maps.flatten(2) == 0).all(dim=2)
+    if empty.any():
+        warn(
+            f"{int(empty.sum())} of {empty.numel()} map(s) are empty (all zero): the target "
+            "score's gradient is zero there, or the layer's activations are constant or all cut "
+            "by the ReLU; try another layer or target",
+            EmptyMapWarning,
+        )
+    return maps
 
 
 def minmax(maps: Tensor, dims: int = 2) -> Tensor:
@@ -53,7 +76,7 @@ class Finishing:
                 cam = F.interpolate(cam, size=size, mode=_RESAMPLING[dims], align_corners=False)
             if self.normalize:
                 cam = minmax(cam, dims)
-            finished[name] = cam
+            finished[name] = checked(cam)
         if not self.fuse:
             return finished
         if len(finished) == 1:

@@ -65,6 +65,9 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
             UserWarning,
             stacklevel=3,
         )
+    x = x.detach()  # camkit never differentiates through (or into) the caller's graph
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        x = x.clone()  # made under torch.inference_mode(): a normal copy autograd can use
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
 
 

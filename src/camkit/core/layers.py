@@ -7,6 +7,7 @@ so the model is left exactly as it was even when the forward pass raises.
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -88,6 +89,21 @@ def hooked(handles_factory: Callable[[], list]) -> Iterator[None]:
             handle.remove()
 
 
+def this_thread(hook: Callable) -> Callable:
+    """``hook``, firing only in the thread that registers it (per-call hook state).
+
+    Hooks live on the shared model while a call runs; another thread's forward through the same
+    modules must neither be captured nor altered by them, so concurrent calls on one model get
+    exactly their one-by-one results, without a lock.
+    """
+    owner = threading.get_ident()
+
+    def guarded(*args: object) -> object:
+        return hook(*args) if threading.get_ident() == owner else None
+
+    return guarded
+
+
 def tensor_output(name: str, output: object) -> Tensor:
     if not isinstance(output, Tensor):
         raise LayerOutputError(
@@ -124,7 +140,7 @@ def capture_outputs(
         return hook
 
     try:
-        with hooked(lambda: [m.register_forward_hook(tap(n)) for n, m in layers]):
+        with hooked(lambda: [m.register_forward_hook(this_thread(tap(n))) for n, m in layers]):
             yield taps
     finally:
         torch.set_grad_enabled(grad_mode)
@@ -151,5 +167,5 @@ def first_output(model: nn.Module) -> Iterator[list]:
         if not kept:
             kept.append(output.detach() if isinstance(output, Tensor) else output)
 
-    with hooked(lambda: [model.register_forward_hook(keep)]):
+    with hooked(lambda: [model.register_forward_hook(this_thread(keep))]):
         yield kept

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from camkit.core.layers import LayerSpec, explained_module, find_layers, hooked, tensor_output
+from camkit.core.layers import (
+    LayerSpec,
+    explained_module,
+    find_layers,
+    hooked,
+    tensor_output,
+    this_thread,
+)
 
 
 @dataclass
@@ -72,5 +79,5 @@ def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Itera
 
         return hook
 
-    with hooked(lambda: [m.register_forward_hook(tap(n)) for n, m in found]):
+    with hooked(lambda: [m.register_forward_hook(this_thread(tap(n))) for n, m in found]):
         yield rec

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from camkit.errors import OutputError, TargetError
+from camkit.errors import NonFiniteWarning, OutputError, TargetError, warn
 
 Target = int | Sequence[int] | Sequence[Sequence[int]] | Tensor | Callable[[Any], Tensor] | None
 OutputSelector = str | int | Callable[[Any], Tensor] | None
@@ -149,6 +149,16 @@ class RowScorer:
         return replace(self, classes=classes)
 
     def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+        scores, several = self._scores(output, rows)
+        if not torch.isfinite(scores.detach()).all():
+            warn(
+                "the model returned non-finite (inf/NaN) scores for the target: the maps of "
+                "those samples are not meaningful (their non-finite entries are set to 0)",
+                NonFiniteWarning,
+            )
+        return scores, several
+
+    def _scores(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         n = rows.shape[0]
         if self.function is not None:
             return self._called(output, n)

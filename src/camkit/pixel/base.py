@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import drop_axes
+from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import MemoryFormat, as_batch, autocast, positive_int
 from camkit.core.layers import explained_module
 from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
@@ -85,7 +85,7 @@ class PixelAttribution:
         """Attribution for ``target`` shaped like ``x`` (``(B, K, C, H, W)`` for K targets)."""
         batch, single = as_batch(x, self.model)
         attr, several = self.attribute(batch, target)
-        return drop_axes(attr, single, several).float()
+        return drop_axes(checked(attr.float()), single, several)
 
     def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
         """``(B, C, H, W) -> ((B, K, C, H, W), several)``."""

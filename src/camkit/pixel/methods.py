@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.core.finish import drop_axes
+from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.targets import Target
 from camkit.errors import ArgumentError
@@ -220,7 +220,7 @@ class IntegratedGradients(PixelAttribution):
         """
         batch, single = as_batch(x, self.model)
         attr, error, several = self.integrate(batch, target)
-        attr = drop_axes(attr, single, several).float()
+        attr = drop_axes(checked(attr.float()), single, several)
         return (attr, drop_axes(error, single, several)) if return_error else attr
 
     def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:

@@ -22,8 +22,6 @@ Python (TorchScript) cannot be reached; scripted submodules are reported too.
 from __future__ import annotations
 
 import math
-import sys
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from camkit.errors import ArgumentError
+from camkit.errors import ArgumentError, warn
 
 Rule = Literal["guided", "deconvnet"]
 RULES: tuple[str, ...] = ("guided", "deconvnet")
@@ -196,19 +194,9 @@ class ActivationLog:
         if self.rectifiers == 0:
             problems.append("the model applied no ReLU, so the result is the plain gradient")
         if problems:
-            warnings.warn(
-                f"{method} ({self.rule} rule): " + "; ".join(problems),
-                UnmodifiedActivationWarning,
-                stacklevel=_caller_level(),
+            warn(
+                f"{method} ({self.rule} rule): " + "; ".join(problems), UnmodifiedActivationWarning
             )
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` that points at the first frame outside camkit."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "camkit":
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 class _RectifierMode(TorchFunctionMode):
