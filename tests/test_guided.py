@@ -273,11 +273,12 @@ def test_other_activations_are_named_once_per_call():
     x = torch.randn(1, 1, 4)
     with pytest.warns(UnmodifiedActivationWarning) as caught:
         GuidedBackprop(OtherActivations())(x, target=0)
-    assert len(caught) == 1
-    message = str(caught[0].message)
+    reported = [w for w in caught if issubclass(w.category, UnmodifiedActivationWarning)]
+    assert len(reported) == 1  # (an all-zero guided map may add an EmptyMapWarning)
+    message = str(reported[0].message)
     for name in ("gelu", "silu", "leaky_relu", "hardtanh(min_val=-1.0, max_val=1.0)"):
         assert name in message
-    assert caught[0].filename == __file__  # points at the caller
+    assert reported[0].filename == __file__  # points at the caller
 
 
 @pytest.mark.parametrize(

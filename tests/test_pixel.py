@@ -444,3 +444,21 @@ def test_results_stay_on_the_cuda_device():
         assert result.device.type == "cuda" and result.dtype == torch.float32, name
         if name in ("saliency", "ig"):  # the noise is drawn on the device: it differs
             assert torch.allclose(result.cpu(), cpu[name], rtol=1e-4, atol=1e-5), name
+
+
+def test_completeness_report_relative_to_the_batch():
+    # f(x) = (w.x)^3 on a 1-D "image": sum(attr) - delta is the trapezoid rule's error, which
+    # is exactly |c|^3 / (2 n^2) for c = w.x (the integrand 3 c^3 a^2 on a in [0, 1])
+    class Cube(nn.Module):
+        def forward(self, x):
+            return (x.flatten(1).sum(1, keepdim=True)) ** 3
+
+    x = torch.tensor([[[[1.0]]], [[[0.001]]]])  # c = 1 and c = 0.001
+    report = IntegratedGradients(Cube(), steps=10).completeness(x, target=0)
+    torch.testing.assert_close(report["delta"], torch.tensor([1.0, 1e-9]))
+    expected = torch.tensor([1.0, 1e-9]) / (2 * 10**2)
+    torch.testing.assert_close(report["abs"], expected, rtol=1e-4, atol=1e-12)
+    torch.testing.assert_close(
+        report["relative_to_batch"], expected / 0.5000000005, rtol=1e-4, atol=1e-9
+    )
+    torch.testing.assert_close(report["relative"], torch.full((2,), 1 / 200), rtol=1e-3, atol=0)

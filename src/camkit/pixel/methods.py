@@ -219,16 +219,39 @@ class IntegratedGradients(PixelAttribution):
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
         batch, single = as_batch(x, self.model)
-        attr, error, several = self.integrate(batch, target)
+        attr, delta, several = self.integrate(batch, target)
+        error = (attr.flatten(2).sum(dim=2) - delta).abs()
         attr = drop_axes(checked(attr.float()), single, several)
         return (attr, drop_axes(error, single, several)) if return_error else attr
+
+    def completeness(self, x: Tensor, target: Target = None) -> dict[str, Tensor]:
+        """How well the attribution meets the completeness axiom ``sum(attr) = f(x) - f(x')``.
+
+        ``{"delta": f(x) - f(x'), "abs": |sum(attr) - delta|, "relative": abs / |delta|,
+        "relative_to_batch": abs / mean |delta|}``, each ``(B,)`` (or ``(B, K)``). The
+        per-sample ``relative`` error is meaningless where ``delta`` is close to 0 (it is
+        ``inf`` there); ``relative_to_batch`` divides by the batch's mean ``|delta|`` instead,
+        the scale at which the error can be judged. docs/reliability.md has the convergence in
+        ``steps`` next to captum's rules.
+        """
+        batch, single = as_batch(x, self.model)
+        attr, delta, several = self.integrate(batch, target)
+        error = (attr.flatten(2).sum(dim=2) - delta).abs()
+        scale = delta.abs().mean()
+        report = {
+            "delta": delta,
+            "abs": error,
+            "relative": error / delta.abs(),
+            "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
+        }
+        return {key: drop_axes(value, single, several) for key, value in report.items()}
 
     def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
         attr, _, several = self.integrate(batch, target)
         return attr, several
 
     def integrate(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor, bool]:
-        """``(attr (B, K, C, H, W), completeness error (B, K), several)``."""
+        """``(attr (B, K, C, H, W), f(x) - f(x') (B, K), several)``."""
         size = batch.shape[0]
         baseline = self.baseline_for(batch)
         alphas = torch.linspace(0, 1, self.steps + 1, dtype=batch.dtype, device=batch.device)
@@ -248,8 +271,7 @@ class IntegratedGradients(PixelAttribution):
 
         several = self.over_copies(batch, target, self.steps + 1, path, accumulate)
         attr = (batch - baseline).unsqueeze(1) * gradient.total
-        error = (attr.flatten(2).sum(dim=2) - (end.total - start.total)).abs()
-        return attr, error, several
+        return attr, end.total - start.total, several
 
     def baseline_for(self, batch: Tensor) -> Tensor:
         """The baseline as a finite ``(B, C, H, W)`` tensor (a broadcast view)."""
