@@ -16,6 +16,8 @@ import torch
 import torchvision
 from PIL import Image
 
+from camkit.cli import manifest
+
 MODEL = ["--model", "torchvision:resnet18"]
 
 
@@ -68,7 +70,7 @@ def test_two_torchrun_ranks_equal_one_process(tmp_path, images, weights):
     assert "broken.png" in double.stderr
     one = json.loads((tmp_path / "one" / "manifest.json").read_text())
     two = json.loads((tmp_path / "two" / "manifest.json").read_text())
-    assert not list((tmp_path / "two").glob("manifest.rank*.json"))  # merged and removed
+    assert not list((tmp_path / "two").glob("manifest.rank*.jsonl"))  # merged and removed
     by_image = records_by_image(two)
     assert len(by_image) == 41 and all(len(rows) == 1 for rows in by_image.values())
     assert {row["rank"] for rows in by_image.values() for row in rows} == {0, 1}
@@ -96,15 +98,15 @@ def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weigh
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "camkit", "explain", *map(str, common)]
     process = subprocess.Popen(command, env=environment, stderr=subprocess.DEVNULL)
-    part = out / "manifest.rank0.json"
+    part = out / "manifest.rank0.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        if part.is_file() and len(json.loads(part.read_text())["records"]) >= 6:
+        if part.is_file() and len(manifest.read(part)["records"]) >= 6:
             break
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    done_before = {r["image"] for r in json.loads(part.read_text())["records"]}
+    done_before = {r["image"] for r in manifest.read(part)["records"]}
     assert 0 < len(done_before) < 41
 
     changed = explain(*["gradcam" if a == "gradcam,layercam" else a for a in common], "--resume")
@@ -112,11 +114,11 @@ def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weigh
 
     resumed = explain(*common, "--resume")
     assert resumed.returncode == 1, resumed.stderr
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["explained"] == 41 - len(done_before)
-    by_image = records_by_image(manifest)
+    merged = json.loads((out / "manifest.json").read_text())
+    assert merged["explained"] == 41 - len(done_before)
+    by_image = records_by_image(merged)
     assert len(by_image) == 41
     for image, rows in by_image.items():
         outputs = [row.get("output") for row in rows]
         assert len(outputs) == len(set(outputs)) == (1 if "broken" in image else 2), image
-    assert not list(out.glob("manifest.rank*.json")) and not list(out.glob("*.tmp"))
+    assert not list(out.glob("manifest.rank*.jsonl")) and not list(out.glob("*.tmp"))

@@ -38,6 +38,8 @@ from camkit.cli.common import (
 )
 from camkit.cli.manifest import (
     MANIFEST,
+    PARTS,
+    append,
     check_resumable,
     consolidate,
     header,
@@ -263,7 +265,9 @@ def explain_files(
         pin_memory=job.device.type == "cuda",
         worker_init_fn=_one_thread,
     )
-    part = head | {"rank": ranks.rank, "records": []}
+    part = part_path(job.out, ranks.rank)
+    append(part, [head | {"rank": ranks.rank}])
+    done: set[str] = set()
     started = time.perf_counter()
     label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
     with (
@@ -279,10 +283,10 @@ def explain_files(
                 progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, job.out, ranks, progress, started)
+                _record(pending.pop(0), part, done, ranks.rank, progress, started)
         pending.append(Explained([], [], 0))  # also records a rank with nothing to do
         while pending:
-            _record(pending.pop(0), part, job.out, ranks, progress, started)
+            _record(pending.pop(0), part, done, ranks.rank, progress, started)
 
 
 def _one_thread(worker: int) -> None:
@@ -290,22 +294,22 @@ def _one_thread(worker: int) -> None:
 
 
 def _record(
-    done: Explained, part: dict, out: Path, ranks: Ranks, progress: tqdm, started: float
+    batch: Explained, part: Path, done: set[str], rank: int, progress: tqdm, started: float
 ) -> None:
-    """Wait for a batch's files, then add its records to this rank's part of the manifest."""
-    for write in done.writes:
+    """Wait for a batch's files, then append its records (and the throughput so far) to this
+    rank's part of the manifest."""
+    for write in batch.writes:
         write.result()
-    part["records"].extend(done.records)
+    done.update(record["image"] for record in batch.records)
     seconds = time.perf_counter() - started
-    images = len({record["image"] for record in part["records"]})
-    part["throughput"] = {
-        "rank": ranks.rank,
-        "images": images,
+    throughput = {
+        "rank": rank,
+        "images": len(done),
         "seconds": seconds,
-        "images_per_second": images / seconds if seconds else None,
+        "images_per_second": len(done) / seconds if seconds else None,
     }
-    io.save_json(part_path(out, ranks.rank), part)
-    progress.update(done.images)
+    append(part, [{"record": record} for record in batch.records] + [{"throughput": throughput}])
+    progress.update(batch.images)
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -362,7 +366,7 @@ def explain(
         if resume:
             consolidate(out)
         else:  # a new run: what an earlier one left is not part of it
-            for stale in [out / MANIFEST, *out.glob("manifest.rank*.json")]:
+            for stale in [out / MANIFEST, *out.glob(PARTS)]:
                 stale.unlink(missing_ok=True)
     ranks.barrier()
     previous = read(out / MANIFEST) if resume else None

@@ -1,8 +1,10 @@
 """The manifest of a ``camkit explain`` run: what reproduces it, one row per output, resume.
 
-Each rank keeps its own part, ``manifest.rank<R>.json``, rewritten (atomically) after every
-batch whose files are on disk; at the end rank 0 merges the parts into ``manifest.json``. A run
-killed at any point leaves parts that are consistent with the files, so ``--resume`` merges them
+Each rank appends to its own part, ``manifest.rank<R>.jsonl`` (one JSON line per record, and
+one with the throughput so far), after every batch whose files are on disk, and flushes it to
+the disk: appending keeps the cost per batch constant however large the run. At the end rank 0
+merges the parts into ``manifest.json``. A run killed at any point leaves parts that list only
+images whose files are written (a line cut by the kill is ignored), so ``--resume`` merges them
 and skips the images already done.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import sys
 from datetime import datetime, timezone
@@ -49,23 +52,47 @@ def sha256(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
+PARTS = "manifest.rank*.jsonl"
+
+
 def part_path(out: Path, rank: int) -> Path:
-    return out / f"manifest.rank{rank}.json"
+    return out / f"manifest.rank{rank}.jsonl"
+
+
+def append(path: Path, lines: list[dict]) -> None:
+    """Append JSON lines to a part and flush them to the disk."""
+    with open(path, "a", encoding="utf-8") as part:
+        part.write("".join(json.dumps(line) + "\n" for line in lines))
+        part.flush()
+        os.fsync(part.fileno())
 
 
 def read(path: Path) -> dict | None:
-    """A manifest or part; None when absent. A manifest of camkit 0.1 (a bare list of records)
-    has no settings to compare, so it cannot be resumed from."""
+    """A manifest (``.json``) or a part (``.jsonl``: its header, records and last throughput);
+    None when absent. A manifest of camkit 0.1 (a bare list of records) has no settings to
+    compare, so it cannot be resumed from."""
     if not path.is_file():
         return None
-    loaded = json.loads(path.read_text("utf-8"))
-    return loaded if isinstance(loaded, dict) else {"settings": None, "records": loaded}
+    if path.suffix == ".json":
+        loaded = json.loads(path.read_text("utf-8"))
+        return loaded if isinstance(loaded, dict) else {"settings": None, "records": loaded}
+    part: dict = {"records": []}
+    for text in path.read_text("utf-8").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:  # the line a kill cut short: its batch is not recorded
+            break
+        if "record" in line:
+            part["records"].append(line["record"])
+        else:
+            part.update(line)
+    return part
 
 
 def gather(out: Path) -> dict | None:
     """``manifest.json`` and the parts left by a killed run as one manifest (records of an image
     that two of them hold appear once)."""
-    parts = sorted(out.glob("manifest.rank*.json"))
+    parts = sorted(out.glob(PARTS))
     pieces = [read(out / MANIFEST), *(read(path) for path in parts)]
     pieces = [piece for piece in pieces if piece is not None]
     if not pieces:
@@ -84,7 +111,7 @@ def consolidate(out: Path) -> None:
     if gathered is None:
         return
     io.save_json(out / MANIFEST, gathered)
-    for path in out.glob("manifest.rank*.json"):
+    for path in out.glob(PARTS):
         path.unlink()
 
 
