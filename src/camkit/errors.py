@@ -26,6 +26,10 @@ class LayerNotFoundError(CamkitError):
     """A layer name or module that is not part of the model."""
 
 
+class ClassifierNotFoundError(LayerNotFoundError):
+    """No classifier usable for CAM (one linear layer after the global pooling) was found."""
+
+
 class LayerOutputError(CamkitError):
     """A layer that did not run, did not return a tensor, or does not reach the score."""
 

@@ -47,8 +47,11 @@ class Method:
 
     @property
     def shares_pass(self) -> bool:
-        """Whether :func:`camkit.cams` computes it from the one shared forward/backward pass."""
-        return self.family == "gradient-cam"
+        """Whether :func:`camkit.cams` computes it from the one shared forward/backward pass: a
+        gradient CAM that does not run passes of its own (keeps :meth:`BaseCAM.raw_maps`)."""
+        from camkit.cam.base import BaseCAM  # here: camkit.cam imports the registry
+
+        return self.family == "gradient-cam" and self.cls.raw_maps is BaseCAM.raw_maps
 
     def build(self, model: nn.Module, layer: Any = None, **options: Any) -> Callable:
         """The explainer: ``cls(model, layer, **options)``, or ``cls(model, **options)`` for

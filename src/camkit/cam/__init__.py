@@ -1,5 +1,6 @@
 """Class activation maps: the gradient CAMs, the perturbation CAMs, and :func:`cams` for several
-methods in one call."""
+methods in one call; also CAM (the classifier's weights), FullGrad, RefineCAM and Deep Feature
+Factorization (concepts, not a map method)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from torch import Tensor, nn
 
 from camkit import registry
 from camkit.cam.base import BaseCAM, Reshape
+from camkit.cam.classifier import CAM, find_classifier
+from camkit.cam.dff import DeepFeatureFactorization
+from camkit.cam.extra import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
+from camkit.cam.fullgrad import FullGrad
 from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
+from camkit.cam.refine import RefineCAM
+from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
@@ -38,16 +45,17 @@ def cams(
 ) -> dict[str, Tensor | dict[str, Tensor]]:
     """Several CAM methods on the same input: ``{method name: map}``.
 
-    The gradient CAMs (``registry.names("gradient-cam")``: Grad-CAM, Grad-CAM++, ...) share ONE
-    forward and ONE backward pass; other CAMs of the registry (the perturbation CAMs) run their
-    own passes. Each entry equals what the method's class returns for the same arguments.
+    The gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``: Grad-CAM,
+    Grad-CAM++, ...) share ONE forward and ONE backward pass; other CAMs of the registry (the
+    perturbation CAMs, and those with passes of their own such as Shapley-CAM) run their own.
+    Each entry equals what the method's class returns for the same arguments.
     """
     entries = [registry.get(name) for name in dict.fromkeys(methods)]
     not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
     if not_cams or not entries:
+        choices = [name for name, m in registry.METHODS.items() if issubclass(m.cls, BaseCAM)]
         raise UnknownMethodError(
-            f"cams() takes CAM methods, got {not_cams or 'none'}; choose from "
-            f"{registry.names('gradient-cam') + registry.names('perturbation-cam')}"
+            f"cams() takes CAM methods, got {not_cams or 'none'}; choose from {choices}"
         )
     options = {"output": output, "reshape": reshape, "dtype": dtype}
     if batch_size is not None:  # else each method's own default
@@ -93,15 +101,28 @@ def _shared_pass(
 
 
 __all__ = [
+    "CAM",
+    "FEM",
+    "KPCACAM",
     "AblationCAM",
     "BaseCAM",
+    "DeepFeatureFactorization",
     "EigenCAM",
+    "EigenGradCAM",
+    "FinerCAM",
+    "FullGrad",
     "GradCAM",
+    "GradCAMElementWise",
     "GradCAMPlusPlus",
     "HiResCAM",
     "LayerCAM",
     "PerturbationCAM",
+    "RandomCAM",
+    "RefineCAM",
     "ScoreCAM",
+    "ShapleyCAM",
+    "SmoothGradCAMPlusPlus",
     "XGradCAM",
     "cams",
+    "find_classifier",
 ]

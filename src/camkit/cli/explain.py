@@ -101,11 +101,12 @@ def default_workers() -> int:
 
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
     """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
-    methods that loop (a gradient CAM explains the batch in one pass, whose output is also the
-    prediction); methods that draw random numbers get seed 0, so reruns agree."""
+    methods that run their own passes (a gradient CAM that shares the plain pass explains the
+    batch in one forward, whose output is also the prediction); methods that draw random
+    numbers get seed 0, so reruns agree."""
     entry = registry.get(method)
     options: dict[str, Any] = {}
-    if entry.family != "gradient-cam":
+    if not entry.shares_pass:
         options["batch_size"] = job.batch_size
     if "seed" in inspect.signature(entry.cls).parameters:
         options["seed"] = 0

@@ -35,11 +35,15 @@ def require_autograd(method: str) -> None:
         )
 
 
-def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> list[Tensor]:
+def layer_gradients(
+    scores: Tensor, acts: list[Tensor], names: list[str], *, allow_unused: bool = False
+) -> list[Tensor | None]:
     """``d scores / d acts`` for ``scores (B, K)``: one ``(B, K, *act.shape[1:])`` per layer.
 
     Samples are independent, so the batch is summed; the ``K`` targets are one batched
-    vector-Jacobian product (``is_grads_batched``), not ``K`` backward passes.
+    vector-Jacobian product (``is_grads_batched``), not ``K`` backward passes. A tensor the
+    scores do not depend on is an error, or gives None with ``allow_unused=True`` (then the
+    caller also judges blank gradients: no zero-gradient warning).
     """
     if not scores.requires_grad:
         raise LayerOutputError(
@@ -56,6 +60,8 @@ def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> lis
         grads = torch.autograd.grad(
             scores, acts, grad_outputs=grad_outputs, is_grads_batched=True, allow_unused=True
         )
+    if allow_unused:
+        return [_targets_second(grad, k) for grad in grads]
     unused = [name for name, grad in zip(names, grads, strict=True) if grad is None]
     if unused:
         raise LayerOutputError(f"the target score does not depend on layer(s) {unused}")
@@ -67,7 +73,14 @@ def layer_gradients(scores: Tensor, acts: list[Tensor], names: list[str]) -> lis
             "or every ReLU closed), so the gradient map is blank",
             ZeroGradientWarning,
         )
-    return [grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1) for grad in grads]
+    return [_targets_second(grad, k) for grad in grads]
+
+
+def _targets_second(grad: Tensor | None, k: int) -> Tensor | None:
+    """A gradient ``(B, ...)`` (one target) or ``(K, B, ...)`` (batched) as ``(B, K, ...)``."""
+    if grad is None:
+        return None
+    return grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1)
 
 
 class Capture:

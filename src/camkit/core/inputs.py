@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
+from numbers import Real
 from typing import TypeVar
 
 import torch
@@ -79,6 +81,35 @@ def positive_int(name: str, value: object, *, optional: bool = False) -> int | N
         allowed = "a positive int or None" if optional else "a positive int"
         raise ArgumentError(f"{name} must be {allowed}, got {value!r}")
     return value
+
+
+def finite_number(name: str, value: object, *, minimum: float = -math.inf) -> float:
+    """``value`` as a finite float ``>= minimum``, else :class:`ArgumentError`."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ArgumentError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < minimum:
+        bound = f" >= {minimum}" if minimum > -math.inf else ""
+        raise ArgumentError(f"{name} must be a finite number{bound}, got {value}")
+    return float(value)
+
+
+def seed_value(seed: object, *, optional: bool = False) -> int | None:
+    """``seed`` as an int (``None`` too when ``optional``), else :class:`ArgumentError`."""
+    if seed is None and optional:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        allowed = "an int or None" if optional else "an int"
+        raise ArgumentError(f"seed must be {allowed}, got {type(seed).__name__}")
+    return seed
+
+
+def generator(device: torch.device) -> torch.Generator:
+    """A random generator on ``device`` where the backend has one, else on the CPU (draw with
+    ``device=generator.device``, then move)."""
+    try:
+        return torch.Generator(device=device)
+    except RuntimeError:
+        return torch.Generator()
 
 
 def as_size(size: int | tuple[int, int]) -> tuple[int, int]:

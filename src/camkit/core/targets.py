@@ -148,6 +148,18 @@ class RowScorer:
         classes = _logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
         return replace(self, classes=classes)
 
+    def classes_of(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+        """``(classes (n, K), several)``: the class indices that score the output's rows (the
+        fixed classes of samples ``rows``, or each row's top-1), checked against the logits.
+        For methods that use the classes themselves (a classifier's rows, the closest
+        classes); a callable target has none: :class:`~camkit.errors.TargetError`."""
+        if self.function is not None:
+            raise TargetError("this method needs class targets (class indices), not a callable")
+        _, several = self(output, rows)  # checks the logits and the class range
+        if self.classes is None:
+            return self.pinned(output).classes, several
+        return self.classes[rows.to(self.classes.device)], several
+
     def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         scores, several = self._scores(output, rows)
         if not torch.isfinite(scores.detach()).all():

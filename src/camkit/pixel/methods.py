@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import as_batch, positive_int
+from camkit.core.inputs import generator as random_generator
 from camkit.core.targets import Target
 from camkit.errors import ArgumentError
 from camkit.pixel.base import PerSample, PixelAttribution
@@ -123,7 +124,7 @@ class SmoothGrad(PixelAttribution):
         flat = batch.flatten(1)
         sigma = self.noise_level * (flat.amax(dim=1) - flat.amin(dim=1))
         seeds = self._seeds(size, copies)
-        generator = _generator(batch.device)
+        generator = random_generator(batch.device)
         sums, squares = PerSample(size), PerSample(size)
 
         def noisy(rows: Tensor, span: range) -> Tensor:
@@ -171,14 +172,6 @@ class SmoothGrad(PixelAttribution):
             f"batch_size={self.batch_size}, seed={self.seed}, kind={self.kind!r}, "
             f"rule={self.rule!r})"
         )
-
-
-def _generator(device: torch.device) -> torch.Generator:
-    """A generator on ``device`` where the backend has one, else on the CPU."""
-    try:
-        return torch.Generator(device=device)
-    except RuntimeError:
-        return torch.Generator()
 
 
 @register("ig", "Sundararajan et al., ICML 2017")

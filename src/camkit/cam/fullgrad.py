@@ -1,0 +1,182 @@
+"""FullGrad: the input-gradient plus the bias-gradients of every convolution and batch norm.
+
+Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
+2019. A ReLU network's output is ``f(x) = grad_x f . x + sum_l grad_{b_l} f . b_l`` exactly;
+the saliency map keeps the spatial structure of every term:
+
+``S(x) = psi(|grad_x f * x|) + sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)``
+
+where ``z_l`` is the output of layer ``l`` (its bias-gradient is the gradient at ``z_l`` times
+the bias), and ``psi`` takes the absolute value, rescales each channel map to [0, 1] and upsamples
+it bilinearly to the input size. Biases are those of every ``nn.Conv2d`` and of every
+``nn.BatchNorm2d`` in evaluation mode (``beta - mu * gamma / sqrt(var + eps)``), as in the
+authors' code and pytorch-grad-cam's ``FullGrad``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.core.engine import layer_gradients, over_rows, require_autograd
+from camkit.core.finish import drop_axes, minmax
+from camkit.core.inputs import as_batch, autocast, positive_int
+from camkit.core.layers import capture_outputs, explained_module
+from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
+from camkit.errors import GradientError
+from camkit.registry import register
+
+
+def effective_bias(module: nn.Module) -> Tensor | None:
+    """The bias a conv or batch-norm layer adds per channel ``(C,)``, or None without one.
+
+    Batch norm in evaluation mode is ``gamma (z - mu) / sqrt(var + eps) + beta``: its bias is
+    ``beta - mu gamma / sqrt(var + eps)``.
+    """
+    if isinstance(module, nn.Conv2d):
+        return None if module.bias is None else module.bias.detach()
+    if isinstance(module, nn.BatchNorm2d):
+        if module.bias is None:
+            return None
+        bias = module.bias.detach()
+        if module.running_mean is None or module.running_var is None:
+            return bias
+        scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
+        return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
+    return None
+
+
+def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
+    """``(name, tapped module, bias (C,))`` of every conv / batch norm with a bias.
+
+    A batch norm fused with its activation (timm's ``BatchNormAct2d``: ``act(drop(bn(z)))``) is
+    tapped at its ``drop`` submodule, whose output is the batch norm's, before the activation.
+    """
+    found = []
+    for name, module in model.named_modules():
+        bias = effective_bias(module)
+        if bias is None:
+            continue
+        tapped = module
+        drop = getattr(module, "drop", None)
+        if isinstance(module, nn.BatchNorm2d) and isinstance(drop, nn.Module):
+            tapped, name = drop, f"{name}.drop"
+        found.append((name, tapped, bias))
+    return found
+
+
+def _psi(t: Tensor) -> Tensor:
+    """Absolute value, then each channel map rescaled to [0, 1] (``1e-7`` guards a flat map)."""
+    t = t.abs()
+    low = t.amin(dim=(-2, -1), keepdim=True)
+    t = t - low
+    return t / (t.amax(dim=(-2, -1), keepdim=True) + 1e-7)
+
+
+@register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
+class FullGrad:
+    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019); see the module docstring.
+
+    ``FullGrad(model)(x, target)``: an image ``(C, H, W) -> (H, W)``, a batch
+    ``(B, C, H, W) -> (B, H, W)``, ``K`` targets per sample ``-> (B, K, H, W)``; min-max
+    normalised to [0, 1] unless ``normalize=False``. No layer is chosen: every conv and batch-norm
+    bias contributes (their channel maps are summed at the layer's resolution, then upsampled
+    once: bilinear upsampling is linear, so this equals upsampling every channel).
+
+    Args:
+        model: any ``nn.Module``; it is never modified.
+        output: picks the logits from a tuple/dict/object output (key, index or callable).
+        dtype: run the forward under ``torch.autocast`` in this dtype; maps stay float32.
+        batch_size: samples per forward pass (None: all at once); results do not depend on it.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str] = "gradient-cam"
+    needs_layer: ClassVar[bool] = False
+    needs_gradients: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        output: OutputSelector = None,
+        dtype: torch.dtype | None = None,
+        batch_size: int | None = None,
+    ):
+        self.model = explained_module(model)
+        self.output = output
+        self.dtype = dtype
+        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        self.layers = bias_layers(self.model)
+        if not self.layers:
+            warnings.warn(
+                "the model has no conv or batch-norm bias: FullGrad reduces to |grad * input|",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def __call__(self, x: Tensor, target: Target = None, *, normalize: bool = True) -> Tensor:
+        """FullGrad map of ``x`` for ``target``; float32 on ``x``'s device."""
+        batch, single = as_batch(x, self.model)
+        maps, several = self.maps(batch, target)
+        return drop_axes(minmax(maps) if normalize else maps, single, several)
+
+    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], the unnormalised saliency (B, K, H, W))``."""
+        maps, _ = self.maps(batch, target)
+        return minmax(maps), maps
+
+    def maps(self, batch: Tensor, target: Target = None) -> tuple[Tensor, bool]:
+        """``(B, C, H, W) ->`` the summed ``(B, K, H, W)`` saliency before the final
+        normalisation, and whether ``K`` targets per sample were asked."""
+        require_autograd(type(self).__name__)
+        scorer = resolve(target, batch.shape[0], batch.device, self.output)
+        return self.raw_maps(batch, scorer)
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[Tensor, bool]:
+        """The summed saliency ``(B, K, H, W)``, chunk by chunk of ``batch_size`` samples."""
+        return over_rows(batch, self.batch_size, lambda part, rows: self._pass(part, scorer, rows))
+
+    def _pass(self, part: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+        leaf = part.detach().requires_grad_(True)
+        tapped = [(name, module) for name, module, _ in self.layers]
+        with (
+            torch.enable_grad(),
+            autocast(part.device, self.dtype),
+            capture_outputs(self.model, tapped, start_graph=False) as taps,
+        ):
+            output = self.model(leaf.clone())
+            scores, several = scorer(output, rows)
+        if not scores.requires_grad:
+            raise GradientError("the target score does not depend on the input")
+        calls = [
+            (bias, out)
+            for (name, _, bias) in self.layers
+            for out in taps[name]
+            if isinstance(out, Tensor) and out.requires_grad
+        ]
+        names = ["input"] + [f"bias {i}" for i in range(len(calls))]
+        inputs = [leaf] + [out for _, out in calls]
+        grads = layer_gradients(scores, inputs, names, allow_unused=True)
+        size = tuple(part.shape[-2:])
+        total = _psi(grads[0].float() * part[:, None].float()).sum(dim=2)  # (n, K, H, W)
+        for (bias, _), grad in zip(calls, grads[1:], strict=True):
+            if grad is None or grad.ndim != 5:
+                continue
+            grad = grad.float()
+            bias = bias.to(device=grad.device, dtype=grad.dtype)[:, None, None]
+            channels = _psi(grad * bias).sum(dim=2)  # (n, K, h, w)
+            if channels.shape[-2:] != size:
+                channels = F.interpolate(channels, size=size, mode="bilinear", align_corners=False)
+            total = total + channels
+        return total.float(), several
+
+    def __repr__(self) -> str:
+        return f"FullGrad(bias_layers={len(self.layers)})"
+
+
+__all__ = ["FullGrad", "bias_layers", "effective_bias"]

@@ -1,0 +1,68 @@
+"""RefineCAM: several layers' maps of any CAM method multiplied into one finer map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.cam.base import BaseCAM
+from camkit.cam.gradient import GradCAMPlusPlus
+from camkit.core.finish import minmax
+from camkit.core.layers import LayerSpec
+from camkit.core.targets import RowScorer
+from camkit.errors import ArgumentError
+from camkit.registry import register
+
+_COMMON = ("output", "reshape", "dtype", "batch_size")
+
+
+@register("refinecam", '"How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0)')
+class RefineCAM(BaseCAM):
+    """RefineCAM: the product of the normalised maps of several layers (torchcam's ``RefineCAM``).
+
+    "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
+    method (Grad-CAM++ by default) maps every layer, each map ``M_l`` is rectified and min-max
+    normalised, resized bilinearly to the largest layer resolution and the maps are multiplied,
+    ``M = prod_l minmax(ReLU(M_l))``: a position stays only if every layer agrees. The product
+    is then finished as every CAM (upsampled to the input, min-max normalised).
+    ``(C, H, W) -> (H, W)``, batches and ``(B, K)`` targets as the base method.
+
+    Args (besides those of :class:`~camkit.cam.base.BaseCAM`):
+        layer: at least two layers (names or modules).
+        base: any CAM class (gradient or not); ``**options`` go to its constructor.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec,
+        *,
+        base: type[BaseCAM] = GradCAMPlusPlus,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
+        if len(self.capture.names) < 2:
+            raise ArgumentError(
+                "RefineCAM multiplies the maps of several layers: give at least two"
+            )
+        if not (isinstance(base, type) and issubclass(base, BaseCAM)):
+            raise ArgumentError(f"base must be a CAM class such as GradCAMPlusPlus, got {base!r}")
+        self.base = base(model, layer, **options)
+        self.needs_gradients = self.base.needs_gradients
+        self.layouts = self.base.layouts
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+        maps, several = self.base.raw_maps(batch, scorer)
+        size = tuple(max(m.shape[d] for m in maps.values()) for d in (-2, -1))
+        refined = None
+        for cam in maps.values():
+            cam = minmax(cam.float().relu())
+            if cam.shape[-2:] != size:
+                cam = F.interpolate(cam, size=size, mode="bilinear", align_corners=False)
+            refined = cam if refined is None else refined * cam
+        return {"refined": refined}, several
+
+
+__all__ = ["RefineCAM"]
