@@ -91,7 +91,7 @@ class ZeroGradientWarning(UserWarning):
 
 def warn(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` pointing at the caller's line: the first frame outside camkit."""
-    frame, level = sys._getframe(1), 1
+    frame, level = sys._getframe(1), 2  # stacklevel 2 is the frame that called warn()
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "camkit":
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

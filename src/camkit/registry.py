@@ -51,7 +51,10 @@ class Method:
         gradient CAM that does not run passes of its own (keeps :meth:`BaseCAM.raw_maps`)."""
         from camkit.cam.base import BaseCAM  # here: camkit.cam imports the registry
 
-        return self.family == "gradient-cam" and self.cls.raw_maps is BaseCAM.raw_maps
+        return (
+            self.family == "gradient-cam"
+            and getattr(self.cls, "raw_maps", None) is BaseCAM.raw_maps
+        )
 
     def build(self, model: nn.Module, layer: Any = None, **options: Any) -> Callable:
         """The explainer: ``cls(model, layer, **options)``, or ``cls(model, **options)`` for

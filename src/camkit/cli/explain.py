@@ -157,8 +157,13 @@ class BatchExplainer:
         self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
         self.model = loaded.model.to(job.device)
         self.explainers = {m: build_explainer(m, self.model, job) for m in job.methods}
-        cams = [m for m in job.methods if registry.get(m).family != "pixel"]
-        self.order = cams[:1] + [m for m in job.methods if m not in cams[:1]]
+        # a method whose first forward is the clean batch: its output is also the prediction
+        clean = [m for m in job.methods if self._clean_first(registry.get(m))]
+        self.order = clean[:1] + [m for m in job.methods if m not in clean[:1]]
+
+    @staticmethod
+    def _clean_first(method: registry.Method) -> bool:
+        return method.shares_pass or method.family == "perturbation-cam"
 
     def batch(self, batch: io.ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
         """Explain the readable images of one batch (``batch.indices`` index ``paths``);
@@ -198,7 +203,7 @@ class BatchExplainer:
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
-            if logits is None and registry.get(method).family != "pixel":
+            if logits is None and self._clean_first(registry.get(method)):
                 with first_output(self.model) as kept:
                     heat, raw = explainer.heatmaps(inputs, target)
                 logits = select_output(kept[0])
