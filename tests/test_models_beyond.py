@@ -142,3 +142,37 @@ def test_auto_reshape_reads_tokens_without_a_reshape_function():
     torch.testing.assert_close(cam(X, 1), by_hand(X, 1))
     with pytest.raises(LayerOutputError, match="reshape="):
         GradCAM(model, "tokens", reshape=None)(X, 1)
+
+
+class WithMeta(nn.Module):
+    """TinyNet whose logits are scaled per sample by a second input: ``model(x, meta)``."""
+
+    def __init__(self, tiny):
+        super().__init__()
+        self.net = tiny
+
+    def forward(self, x, meta, offset=0.0):
+        return self.net(x) * meta[:, None] + offset
+
+
+def test_additional_forward_args_follow_their_samples(tiny):
+    model, plain = WithMeta(tiny), tiny
+    batch = torch.stack([X, 2 * X])
+    meta = torch.tensor([3.0, -1.0])
+    args = {"additional_forward_args": (meta, 0.5)}
+    # the score of sample b is meta_b * y_b (+ 0.5): its gradients are meta_b times TinyNet's
+    for method in (GradCAM(model, "net.conv"), camkit.HiResCAM(model, "net.conv")):
+        got = method(batch, 1, **RAW, **args)
+        expected = type(method)(plain, "conv")(batch, 1, **RAW) * meta.view(2, 1, 1)
+        torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(
+        Saliency(model)(batch, 1, **args), Saliency(plain)(batch, 1) * meta.view(2, 1, 1, 1)
+    )
+    smooth = camkit.SmoothGrad(model, samples=4, seed=0, batch_size=3)  # copies cut across samples
+    expected = camkit.SmoothGrad(plain, samples=4, seed=0)(batch, 1) * meta.view(2, 1, 1, 1)
+    torch.testing.assert_close(smooth(batch, 1, **args), expected)
+    ig = camkit.IntegratedGradients(model, steps=4, batch_size=3)(batch, 1, **args)
+    expected = camkit.IntegratedGradients(plain, steps=4)(batch, 1) * meta.view(2, 1, 1, 1)
+    torch.testing.assert_close(ig, expected)
+    maps = camkit.cams(model, "net.conv", batch, 1, methods=["gradcam"], **RAW, **args)
+    torch.testing.assert_close(maps["gradcam"], GradCAM(model, "net.conv")(batch, 1, **RAW, **args))

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import over_rows, require_autograd
+from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.engine import over_rows, require_autograd, run_model
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch, autocast, positive_int
 from camkit.core.layers import explained_module, hooked, this_thread
@@ -215,10 +216,17 @@ class AttentionMethod:
         return [name for name, _ in self.blocks]
 
     def __call__(
-        self, x: Tensor, target: Target = None, *, upsample: bool = True, normalize: bool = True
+        self,
+        x: Tensor,
+        target: Target = None,
+        *,
+        upsample: bool = True,
+        normalize: bool = True,
+        additional_forward_args: Any = None,
     ) -> Tensor:
         batch, single = as_batch(x, self.model)
-        maps, several = self.maps(batch, target, Finishing(True, upsample, normalize))
+        with extra_args(additional_forward_args, batch.shape[0]):
+            maps, several = self.maps(batch, target, Finishing(True, upsample, normalize))
         return drop_axes(maps, single, several)
 
     def maps(
@@ -281,7 +289,7 @@ class AttentionRollout(AttentionMethod):
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,
         ):
-            output = self.model(batch)
+            output = run_model(self.model, batch, rows)
             scores, several = scorer(output, rows)  # checks the target, gives K
         attentions = [_last(store, name) for store, name in zip(stores, self.layers, strict=True)]
         rolled = rollout(attentions, self.head_fusion, self.discard_ratio)
@@ -366,7 +374,7 @@ class LeGrad(AttentionMethod):
         ):
             # the input requires grad so that the attentions are in a graph even when no
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
-            output = self.model(batch.detach().requires_grad_(True))
+            output = run_model(self.model, batch.detach().requires_grad_(True), rows)
             scorer = scorer.pinned(output)
             classes = scorer.classes[rows.to(scorer.classes.device)].to(batch.device)
             scorer(output, rows)  # checks the class range

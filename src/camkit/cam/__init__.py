@@ -5,6 +5,7 @@ Factorization (concepts, not a map method)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,7 @@ from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, La
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
 from camkit.cam.refine import RefineCAM
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
+from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
@@ -42,6 +44,7 @@ def cams(
     upsample: bool = True,
     normalize: bool = True,
     fuse: bool = True,
+    additional_forward_args: Any = None,
 ) -> dict[str, Tensor | dict[str, Tensor]]:
     """Several CAM methods on the same input: ``{method name: map}``.
 
@@ -64,10 +67,11 @@ def cams(
     batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
-    for name, explainer in explainers.items():
-        if name not in shared:
-            results[name] = explainer.maps(batch, target, finishing)
+    with extra_args(additional_forward_args, batch.shape[0]):
+        results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
+        for name, explainer in explainers.items():
+            if name not in shared:
+                results[name] = explainer.maps(batch, target, finishing)
     return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
 
 

@@ -11,12 +11,13 @@ targets per sample, so methods broadcast over the target axis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from camkit.core.engine import Capture, over_rows, require_autograd
+from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec
@@ -95,14 +96,20 @@ class BaseCAM:
         upsample: bool = True,
         normalize: bool = True,
         fuse: bool = True,
+        additional_forward_args: Any = None,
     ) -> Tensor | dict[str, Tensor]:
         """Map ``x`` for ``target`` (see :mod:`camkit.core.targets`); float32 on x's device.
 
         ``relu``, ``upsample`` (to x's size) and ``normalize`` (min-max per map to [0, 1]) can
         be switched off for the raw map; ``fuse=False`` returns ``{layer: map}``.
+        ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``
+        (per-sample tensors follow their samples, see
+        :func:`~camkit.core.engine.additional_forward_args`).
         """
         batch, single = as_batch(x, self.model)
-        maps, several = self.maps(batch, target, Finishing(relu, upsample, normalize, fuse))
+        finishing = Finishing(relu, upsample, normalize, fuse)
+        with extra_args(additional_forward_args, batch.shape[0]):
+            maps, several = self.maps(batch, target, finishing)
         return drop_axes(maps, single, several)
 
     def maps(

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import layer_gradients, over_rows, require_autograd
+from camkit.core.engine import layer_gradients, over_rows, require_autograd, run_model
 from camkit.core.finish import drop_axes, minmax
 from camkit.core.inputs import as_batch, autocast, positive_int
 from camkit.core.layers import capture_outputs, explained_module
@@ -149,7 +149,7 @@ class FullGrad:
             autocast(part.device, self.dtype),
             capture_outputs(self.model, tapped, start_graph=False) as taps,
         ):
-            output = self.model(leaf.clone())
+            output = run_model(self.model, leaf.clone(), rows)
             scores, several = scorer(output, rows)
         if not scores.requires_grad:
             raise GradientError("the target score does not depend on the input")

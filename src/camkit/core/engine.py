@@ -8,7 +8,9 @@ layers, so nothing before them is recorded), scores the target with a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -23,7 +25,54 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.targets import OutputSelector, RowScorer
-from camkit.errors import GradientError, LayerOutputError, ZeroGradientWarning, warn
+from camkit.errors import (
+    ArgumentError,
+    GradientError,
+    LayerOutputError,
+    ZeroGradientWarning,
+    warn,
+)
+
+_EXTRA_ARGS: ContextVar[tuple[tuple, int] | None] = ContextVar("camkit_extra_args", default=None)
+
+
+@contextmanager
+def additional_forward_args(args: Any, batch: int) -> Iterator[None]:
+    """Call the model as ``model(x, *args)`` during the code inside (captum's name; the first
+    argument is the one explained). A tensor whose first axis has the batch's size ``batch`` is
+    per sample: every forward camkit runs gets the rows of the samples it holds (noisy copies,
+    path points, masked images); anything else is passed as it is. Per thread (a context
+    variable), so concurrent calls do not mix their arguments."""
+    if args is None:
+        yield
+        return
+    token = _EXTRA_ARGS.set((args if isinstance(args, tuple) else (args,), batch))
+    try:
+        yield
+    finally:
+        _EXTRA_ARGS.reset(token)
+
+
+def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> Any:
+    """``model(inputs)``, with the call's additional forward arguments for the samples
+    ``rows`` (the sample index of each row of ``inputs``; None: the inputs are the batch)."""
+    extra = _EXTRA_ARGS.get()
+    if extra is None:
+        return model(inputs)
+    args, batch = extra
+    if rows is None and inputs.shape[0] == batch:
+        rows = torch.arange(batch)
+    picked = []
+    for arg in args:
+        if isinstance(arg, Tensor) and arg.ndim and arg.shape[0] == batch:
+            if rows is None:
+                raise ArgumentError(
+                    f"a forward of {inputs.shape[0]} rows cannot be matched to the per-sample "
+                    f"additional_forward_args of a batch of {batch}"
+                )
+            arg = arg[rows.to(arg.device)]
+        picked.append(arg)
+    return model(inputs, *picked)
 
 
 def require_autograd(method: str) -> None:
@@ -102,6 +151,7 @@ class Capture:
         start_graph: bool,
         dtype: torch.dtype | None = None,
         memory: MemoryFormat | None = None,
+        rows: Tensor | None = None,
     ) -> tuple[Any, dict[str, list[Tensor]]]:
         """One forward pass with the layers tapped: ``(model output, {layer: outputs})``.
 
@@ -118,7 +168,8 @@ class Capture:
                 autocast(batch.device, dtype),
                 capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
             ):
-                return self.model(batch.contiguous(memory_format=memory_format)), taps
+                inputs = batch.contiguous(memory_format=memory_format)
+                return run_model(self.model, inputs, rows), taps
 
         return (memory or MemoryFormat(batch)).run(attempt)
 
@@ -137,7 +188,7 @@ class Capture:
         ``rows`` are the samples' indices in the scorer's batch. The target is scored even when
         no gradient is needed, so it is checked and its ``K`` is known for every method.
         """
-        output, taps = self.forward(batch, start_graph=gradients, dtype=dtype)
+        output, taps = self.forward(batch, start_graph=gradients, dtype=dtype, rows=rows)
         acts = single_call(taps)
         with torch.set_grad_enabled(gradients):
             scores, several = scorer(output, rows)

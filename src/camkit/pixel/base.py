@@ -13,12 +13,13 @@ SmoothGrad and guided Integrated Gradients come for free.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from camkit.core.engine import layer_gradients, require_autograd
+from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.engine import layer_gradients, require_autograd, run_model
 from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import MemoryFormat, as_batch, autocast, positive_int
 from camkit.core.layers import explained_module
@@ -81,10 +82,14 @@ class PixelAttribution:
         self.dtype = dtype
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
 
-    def __call__(self, x: Tensor, target: Target = None) -> Tensor:
-        """Attribution for ``target`` shaped like ``x`` (``(B, K, C, H, W)`` for K targets)."""
+    def __call__(
+        self, x: Tensor, target: Target = None, *, additional_forward_args: Any = None
+    ) -> Tensor:
+        """Attribution for ``target`` shaped like ``x`` (``(B, K, C, H, W)`` for K targets).
+        ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``."""
         batch, single = as_batch(x, self.model)
-        attr, several = self.attribute(batch, target)
+        with extra_args(additional_forward_args, batch.shape[0]):
+            attr, several = self.attribute(batch, target)
         return drop_axes(checked(attr.float()), single, several)
 
     def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
@@ -102,12 +107,12 @@ class PixelAttribution:
         attr = attr.detach().float()
         return to_heatmap(attr, "abs-max", percentile=HEATMAP_PERCENTILE), attr
 
-    def forward(self, inputs: Tensor) -> object:
-        """The model's forward pass, under the ReLU rule when there is one."""
+    def forward(self, inputs: Tensor, rows: Tensor | None = None) -> object:
+        """The model's forward pass of the samples ``rows``, under the ReLU rule if any."""
         if self.rule is None:
-            return self.model(inputs)
+            return run_model(self.model, inputs, rows)
         with rectifier_rule(self.rule) as log:
-            output = self.model(inputs)
+            output = run_model(self.model, inputs, rows)
         log.warn_if_incomplete(type(self).__name__, self.model)
         return output
 
@@ -125,7 +130,7 @@ class PixelAttribution:
 
         def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
             with torch.enable_grad(), autocast(inputs.device, self.dtype):
-                output = self.forward(leaf.clone(memory_format=memory_format))
+                output = self.forward(leaf.clone(memory_format=memory_format), rows)
                 return scorer(output, rows)
 
         scores, several = memory.run(scores_in)
@@ -158,7 +163,7 @@ class PixelAttribution:
         scorer = resolve(target, size, batch.device, self.output)
         if scorer.top1 and make_inputs is not None:
             with torch.no_grad(), autocast(batch.device, self.dtype):
-                scorer = scorer.pinned(self.model(batch))
+                scorer = scorer.pinned(run_model(self.model, batch))
         memory = MemoryFormat(batch)
         rows_total = copies * size
         step = self.batch_size or rows_total

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.inputs import generator as random_generator
@@ -206,18 +207,26 @@ class IntegratedGradients(PixelAttribution):
         self.baseline = baseline
 
     def __call__(
-        self, x: Tensor, target: Target = None, *, return_error: bool = False
+        self,
+        x: Tensor,
+        target: Target = None,
+        *,
+        return_error: bool = False,
+        additional_forward_args: Any = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
         batch, single = as_batch(x, self.model)
-        attr, delta, several = self.integrate(batch, target)
+        with extra_args(additional_forward_args, batch.shape[0]):
+            attr, delta, several = self.integrate(batch, target)
         error = (attr.flatten(2).sum(dim=2) - delta).abs()
         attr = drop_axes(checked(attr.float()), single, several)
         return (attr, drop_axes(error, single, several)) if return_error else attr
 
-    def completeness(self, x: Tensor, target: Target = None) -> dict[str, Tensor]:
+    def completeness(
+        self, x: Tensor, target: Target = None, *, additional_forward_args: Any = None
+    ) -> dict[str, Tensor]:
         """How well the attribution meets the completeness axiom ``sum(attr) = f(x) - f(x')``.
 
         ``{"delta": f(x) - f(x'), "abs": |sum(attr) - delta|, "relative": abs / |delta|,
@@ -228,7 +237,8 @@ class IntegratedGradients(PixelAttribution):
         ``steps`` next to captum's rules.
         """
         batch, single = as_batch(x, self.model)
-        attr, delta, several = self.integrate(batch, target)
+        with extra_args(additional_forward_args, batch.shape[0]):
+            attr, delta, several = self.integrate(batch, target)
         error = (attr.flatten(2).sum(dim=2) - delta).abs()
         scale = delta.abs().mean()
         report = {
