@@ -4,7 +4,7 @@
 
 No weights are downloaded, so the models have random weights: the point is the API (pass
 ``pretrained=True`` to timm where you have the weights for meaningful maps). For each model,
-:func:`camkit.layouts.default_token_layer` picks the layer and
+:func:`camkit.core.architecture.default_token_layer` picks the layer and
 :func:`camkit.layouts.infer_layout` says how its output is read as a grid: a ViT's
 ``(B, 197, 192)`` tokens lose their class token and become ``(B, 192, 14, 14)``; a Swin block's
 ``(B, 7, 7, 768)`` is channels-last.
@@ -17,7 +17,8 @@ import torch
 
 from camkit import GradCAM, record
 from camkit.attention import AttentionRollout, LeGrad
-from camkit.core.layouts import default_token_layer, infer_layout
+from camkit.core.architecture import default_token_layer
+from camkit.core.layouts import infer_layout
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from camkit import cli
 from camkit import io as camkit_io
-from camkit.cli import common, demo, explain
+from camkit.cli import common, demo, pipeline
 from camkit.core.progress import progress_bar
 from camkit.registry import METHODS
 
@@ -342,7 +342,7 @@ def test_find_images_rejects_an_empty_folder(tmp_path):
 
 def test_unique_stems():
     paths = [Path("a/cat.jpg"), Path("b/cat.png"), Path("cat.jpg"), Path("dog.jpg")]
-    assert explain.unique_stems(paths) == ["cat", "cat-2", "cat-3", "dog"]
+    assert pipeline.unique_stems(paths) == ["cat", "cat-2", "cat-3", "dog"]
 
 
 def test_read_image_makes_upright_rgb(tmp_path):

@@ -17,6 +17,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader
 
 from camkit import io as cio
+from camkit.dataset import ImageFiles, collate
 from camkit.errors import ArgumentError
 from camkit.models import Preprocess
 
@@ -279,7 +280,7 @@ def paths_append(paths: list[Path], path: Path) -> Path:
 
 def test_image_files_item_and_error_item(tmp_path: Path) -> None:
     paths = mixed_folder(tmp_path)
-    dataset = cio.ImageFiles(paths, PREPROCESS)
+    dataset = ImageFiles(paths, PREPROCESS)
     assert len(dataset) == 8
     item = dataset[6]
     assert item["index"] == 6 and item["path"] == str(paths[6]) and item["error"] is None
@@ -288,7 +289,7 @@ def test_image_files_item_and_error_item(tmp_path: Path) -> None:
     broken = dataset[3]
     assert broken["input"] is None and broken["image"] is None
     assert broken["error"] == "not an image file that Pillow can decode"
-    assert cio.ImageFiles(paths, PREPROCESS, keep_original=False)[0]["image"] is None
+    assert ImageFiles(paths, PREPROCESS, keep_original=False)[0]["image"] is None
 
 
 def test_image_files_reports_preprocess_failures(tmp_path: Path) -> None:
@@ -297,18 +298,18 @@ def test_image_files_reports_preprocess_failures(tmp_path: Path) -> None:
     def failing(image):
         raise ValueError("too small")
 
-    assert cio.ImageFiles([tmp_path / "a.png"], failing)[0]["error"] == (
+    assert ImageFiles([tmp_path / "a.png"], failing)[0]["error"] == (
         "preprocessing failed: too small"
     )
-    assert "(3, h, w) tensor" in cio.ImageFiles([tmp_path / "a.png"], np.asarray)[0]["error"]
+    assert "(3, h, w) tensor" in ImageFiles([tmp_path / "a.png"], np.asarray)[0]["error"]
     with pytest.raises(ArgumentError, match="callable"):
-        cio.ImageFiles([tmp_path / "a.png"], "squash")
+        ImageFiles([tmp_path / "a.png"], "squash")
 
 
 def test_dataloader_with_two_workers_over_mixed_files(tmp_path: Path) -> None:
     paths = mixed_folder(tmp_path)
     loader = DataLoader(
-        cio.ImageFiles(paths, PREPROCESS), batch_size=3, num_workers=2, collate_fn=cio.collate
+        ImageFiles(paths, PREPROCESS), batch_size=3, num_workers=2, collate_fn=collate
     )
     batches = list(loader)
     assert [len(batch) for batch in batches] == [3, 3, 2]
@@ -330,7 +331,7 @@ def test_dataloader_with_two_workers_over_mixed_files(tmp_path: Path) -> None:
 
 def test_collate_all_failed_and_mismatched_shapes() -> None:
     failed = {"index": 0, "path": "x.png", "input": None, "image": None, "error": "no such file"}
-    batch = cio.collate([failed])
+    batch = collate([failed])
     assert batch.inputs is None and batch.indices == [] and len(batch) == 1
     good = [
         {"index": i, "path": f"{i}.png", "input": torch.zeros(3, 8, 8 + i), "image": None}
@@ -338,4 +339,4 @@ def test_collate_all_failed_and_mismatched_shapes() -> None:
         for i in range(2)
     ]
     with pytest.raises(ValueError, match="differ in shape"):
-        cio.collate(good)
+        collate(good)

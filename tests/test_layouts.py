@@ -14,15 +14,8 @@ from conftest import TinyNet, assert_untouched, model_state
 from torch import Tensor, nn
 
 import camkit
-from camkit.core.layouts import (
-    Layout,
-    LayoutError,
-    default_token_layer,
-    fits_input,
-    infer_layout,
-    prefix_tokens,
-    resolve_reshape,
-)
+from camkit.core.architecture import default_token_layer, prefix_tokens
+from camkit.core.layouts import Layout, LayoutError, fits_input, infer_layout, resolve_reshape
 
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")

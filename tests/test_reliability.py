@@ -27,7 +27,7 @@ from torch import Tensor, nn
 import camkit
 from camkit import cli, models
 from camkit import io as camkit_io
-from camkit.cli import common, explain
+from camkit.cli import common, pipeline
 from camkit.errors import CamkitError
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -970,7 +970,7 @@ def test_decoding_limit_is_checked_before_allocating(tmp_path) -> None:
 def test_output_names_stay_inside_the_output_folder(tmp_path, stem: str) -> None:
     """Outputs are named ``<stem>_<method>_<class>`` from the file's own name, which holds no
     separator: whatever the input path, ``out / name`` is a child of ``out``."""
-    (stem_,) = explain.unique_stems([Path(stem + ".png")])
+    (stem_,) = pipeline.unique_stems([Path(stem + ".png")])
     out = tmp_path / "out"
     target = (out / f"{stem_}_gradcam_1.png").resolve()
     assert target.parent == out.resolve()

@@ -10,7 +10,8 @@ import numpy as np
 
 from camkit import io, models, viz
 from camkit.cli.common import EXIT_OK, check_out_dir, load_model, pick_device, pick_layer
-from camkit.cli.explain import Job, explain
+from camkit.cli.explain import explain
+from camkit.cli.pipeline import Job
 
 DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam")
 

@@ -1,25 +1,15 @@
-"""``camkit explain``: overlays (and raw maps) for image files, and a manifest."""
+"""``camkit explain``: the command line, the run across ranks (resume, merge), the summary; the
+work of one rank is :mod:`camkit.cli.pipeline`."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import inspect
 import os
 import sys
-import time
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import torch
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
-
-from camkit import io, models, registry, report, viz
+from camkit import models, registry, report
 from camkit.cli.common import (
     EXIT_OK,
     EXIT_UNREADABLE_IMAGES,
@@ -39,19 +29,15 @@ from camkit.cli.common import (
 from camkit.cli.manifest import (
     MANIFEST,
     PARTS,
-    append,
     check_resumable,
     consolidate,
     header,
     merge,
-    part_path,
     read,
     sha256,
 )
+from camkit.cli.pipeline import Job, default_workers, explain_files
 from camkit.cli.ranks import Ranks
-from camkit.core.layers import first_output
-from camkit.core.progress import progress_bar
-from camkit.core.targets import select_output
 from camkit.errors import LayerOutputError
 
 FAMILY_TITLES = {
@@ -59,263 +45,6 @@ FAMILY_TITLES = {
     "perturbation-cam": "perturbation (slow: one forward pass per channel of the layer)",
     "pixel": "pixel attributions (the overlay shows max |attribution| over RGB)",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """What to explain and how to write it, checked and resolved from the command line."""
-
-    methods: tuple[str, ...]
-    layer: str
-    classes: tuple[int, ...] | None  # None: each image's top-1 class
-    out: Path
-    device: torch.device
-    images_per_batch: int = 8
-    batch_size: int = 32  # rows per forward pass inside the methods that loop
-    alpha: float = 0.5
-    colormap: str = "jet"
-    save_raw: bool = False
-    workers: int = 0
-    quiet: bool = False
-    report: bool = False
-
-    def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
-        """What changes the outputs: a resumed run must have the same."""
-        return {
-            "methods": list(self.methods),
-            "layer": self.layer,
-            "model": loaded.name,
-            "weights_sha256": weights_sha256,
-            "target": None if self.classes is None else list(self.classes),
-            "input_size": list(loaded.input_size),
-            "alpha": self.alpha,
-            "colormap": self.colormap,
-            "save_raw": self.save_raw,
-        }
-
-
-def default_workers() -> int:
-    """DataLoader workers: one core is left to the model, at most 4 decode."""
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
-
-
-def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
-    methods that run their own passes (a gradient CAM that shares the plain pass explains the
-    batch in one forward, whose output is also the prediction); methods that draw random
-    numbers get seed 0, so reruns agree."""
-    entry = registry.get(method)
-    options: dict[str, Any] = {}
-    if not entry.shares_pass:
-        options["batch_size"] = job.batch_size
-    if "seed" in inspect.signature(entry.cls).parameters:
-        options["seed"] = 0
-    return entry.build(model, job.layer, **options)
-
-
-def unique_stems(paths: Sequence[Path]) -> list[str]:
-    """File stems, with ``-2``, ``-3``... added where two inputs share a stem."""
-    stems: list[str] = []
-    used: set[str] = set()
-    for path in paths:
-        stem, count = path.stem, 1
-        while stem in used:
-            count += 1
-            stem = f"{path.stem}-{count}"
-        used.add(stem)
-        stems.append(stem)
-    return stems
-
-
-def top5(probabilities: Tensor, labels: Sequence[str]) -> list[dict]:
-    """``[{index, label, probability}]`` of the 5 most probable classes of one image."""
-    return [
-        {"index": index, "label": label, "probability": probability}
-        for index, label, probability in models.top_classes(probabilities, labels, 5)
-    ]
-
-
-@dataclasses.dataclass
-class Explained:
-    """One batch's records, and the files still being written for them."""
-
-    records: list[dict]
-    writes: list[Future]
-    images: int
-
-
-class BatchExplainer:
-    """The methods of a run on one rank: batches in, files and records out.
-
-    One forward serves the prediction and the first CAM: a gradient or perturbation CAM starts
-    with a clean forward of the batch, whose output gives the top-5 (otherwise one plain forward
-    in inference mode does). Overlays are written by a small thread pool while the next batch
-    runs.
-    """
-
-    def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
-        self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
-        self.model = loaded.model.to(job.device)
-        self.explainers = {m: build_explainer(m, self.model, job) for m in job.methods}
-        # a method whose first forward is the clean batch: its output is also the prediction
-        clean = [m for m in job.methods if self._clean_first(registry.get(m))]
-        self.order = clean[:1] + [m for m in job.methods if m not in clean[:1]]
-
-    @staticmethod
-    def _clean_first(method: registry.Method) -> bool:
-        return method.shares_pass or method.family == "perturbation-cam"
-
-    def batch(self, batch: io.ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
-        """Explain the readable images of one batch (``batch.indices`` index ``paths``);
-        unreadable ones become error records."""
-        started = time.perf_counter()
-        records = [
-            {"image": str(paths[index]), "error": reason, "rank": self.rank}
-            for index, _, reason in batch.failures
-        ]
-        writes: list[Future] = []
-        if batch.inputs is None:
-            return Explained(records, writes, len(batch))
-        inputs = batch.inputs.to(self.job.device, non_blocking=True)
-        results, probabilities = self.run_methods(inputs)
-        if self.job.classes is None:
-            classes = probabilities.argmax(dim=-1, keepdim=True).tolist()
-        else:
-            classes = [list(self.job.classes)] * len(inputs)
-        seconds = (time.perf_counter() - started) / len(inputs)
-        for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
-            image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
-            for method in self.job.methods:
-                heat, raw = results[method]
-                for column, target in enumerate(classes[row]):
-                    name = f"{stems[index]}_{method}_{target}"
-                    record = self.record(paths[index], name, method, target, probabilities[row])
-                    record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
-                    first = method == self.job.methods[0] and column == 0
-                    files = (record, image, heat[row, column], raw[row, column], first)
-                    writes.append(self.writer.submit(self.write, *files))
-                    records.append(record)
-        return Explained(records, writes, len(batch))
-
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
-        """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
-        target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
-        results, logits = {}, None
-        for method in self.order:
-            explainer = self.explainers[method]
-            if logits is None and self._clean_first(registry.get(method)):
-                with first_output(self.model) as kept:
-                    heat, raw = explainer.heatmaps(inputs, target)
-                logits = select_output(kept[0])
-            else:
-                heat, raw = explainer.heatmaps(inputs, target)
-            results[method] = (heat.cpu(), raw.cpu())
-        if logits is None:
-            with torch.inference_mode():
-                logits = select_output(self.model(inputs))
-        return results, logits.float().softmax(dim=-1).cpu()
-
-    def write(
-        self, record: dict, image: np.ndarray, heat: Tensor, raw: Tensor, first: bool
-    ) -> None:
-        """The overlay (and raw map) of one record; with the report, its thumbnails (the
-        photo's with its ``first`` record)."""
-        overlay = viz.overlay(image, heat, self.job.alpha, self.job.colormap)
-        io.save_png(self.job.out / record["output"], overlay)
-        if self.job.save_raw:
-            io.save_npy(self.job.out / record["raw"], raw.numpy())
-        if self.job.report:
-            original = image if first else None
-            report.save_thumbnails(self.job.out, record, original=original, overlay=overlay)
-
-    def record(
-        self, path: Path, name: str, method: str, target: int, probabilities: Tensor
-    ) -> dict:
-        record = {"image": str(path), "output": f"{name}.png"}
-        if self.job.save_raw:
-            record["raw"] = f"{name}.npy"
-        return record | {
-            "method": method,
-            "layer": self.job.layer if registry.get(method).needs_layer else None,
-            "target": target,
-            "label": self.loaded.labels[target],
-            "probability": probabilities[target].item(),
-            "top5": top5(probabilities, self.loaded.labels),
-            "model": self.loaded.name,
-            "rank": self.rank,
-        }
-
-
-def explain_files(
-    loaded: models.LoadedModel,
-    paths: list[Path],
-    indices: list[int],
-    job: Job,
-    ranks: Ranks,
-    head: dict,
-) -> None:
-    """Explain the images ``indices`` of ``paths`` on this rank, keeping its part of the
-    manifest up to date after every batch whose files are written.
-
-    Images are resized to the model's input size without cropping, so each map covers the whole
-    photo; :func:`camkit.viz.overlay` stretches it back onto the photo at its own size.
-    """
-    job.out.mkdir(parents=True, exist_ok=True)
-    stems = unique_stems(paths)
-    squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
-    loader = DataLoader(
-        io.ImageFiles([paths[index] for index in indices], squash),
-        batch_size=job.images_per_batch,
-        num_workers=job.workers,
-        collate_fn=io.collate,
-        pin_memory=job.device.type == "cuda",
-        worker_init_fn=_one_thread,
-    )
-    part = part_path(job.out, ranks.rank)
-    append(part, [head | {"rank": ranks.rank}])
-    done: set[str] = set()
-    started = time.perf_counter()
-    label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
-    with (
-        ThreadPoolExecutor(max_workers=2) as writer,
-        progress_bar(len(indices), label, "image", enabled=not job.quiet) as progress,
-    ):
-        explainer = BatchExplainer(loaded, job, ranks.rank, writer)
-        pending: list[Explained] = []
-        for batch in loader:  # indices of this rank's list -> indices of all paths
-            batch.indices = [indices[index] for index in batch.indices]
-            batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
-            for _, path, reason in batch.failures:
-                progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
-            pending.append(explainer.batch(batch, paths, stems))
-            if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, done, ranks.rank, progress, started)
-        pending.append(Explained([], [], 0))  # also records a rank with nothing to do
-        while pending:
-            _record(pending.pop(0), part, done, ranks.rank, progress, started)
-
-
-def _one_thread(worker: int) -> None:
-    torch.set_num_threads(1)  # decoding workers leave the cores to the model
-
-
-def _record(
-    batch: Explained, part: Path, done: set[str], rank: int, progress: tqdm, started: float
-) -> None:
-    """Wait for a batch's files, then append its records (and the throughput so far) to this
-    rank's part of the manifest."""
-    for write in batch.writes:
-        write.result()
-    done.update(record["image"] for record in batch.records)
-    seconds = time.perf_counter() - started
-    throughput = {
-        "rank": rank,
-        "images": len(done),
-        "seconds": seconds,
-        "images_per_second": len(done) / seconds if seconds else None,
-    }
-    append(part, [{"record": record} for record in batch.records] + [{"throughput": throughput}])
-    progress.update(batch.images)
 
 
 def run_explain(args: argparse.Namespace) -> int:

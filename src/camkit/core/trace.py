@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from camkit.core.architecture import default_token_layer
 from camkit.core.inputs import as_size
 from camkit.core.layers import hooked
-from camkit.core.layouts import default_token_layer
 from camkit.errors import LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -115,7 +115,7 @@ def layer_shapes(
 def default_layer(model: nn.Module, input_size: int | tuple[int, int] = (224, 224)) -> str:
     """The dotted name of the layer to explain by default.
 
-    A transformer (ViT, DeiT, Swin: :func:`~camkit.core.layouts.default_token_layer`) gets the
+    A transformer (ViT, DeiT, Swin: :func:`~camkit.core.architecture.default_token_layer`) gets the
     first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
     ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
     a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: run

@@ -1,0 +1,155 @@
+"""What a model's architecture says about its layers' layouts: prefix tokens, patch size and
+grid, channel counts, and the layer to explain in a transformer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+# attributes that hold tokens prepended to the patch tokens (timm, torchvision, HuggingFace);
+# ``mask_token`` is deliberately absent: it replaces patch tokens, it is not prepended
+_PREFIX_ATTRIBUTES = (
+    "cls_token",
+    "class_token",
+    "dist_token",
+    "distillation_token",
+    "reg_token",
+    "register_tokens",
+)
+_CHANNELS_FIRST_MODULES = (
+    nn.modules.conv._ConvNd,
+    nn.modules.batchnorm._BatchNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+# last name component of the first normalisation in a transformer block, per family:
+# timm ViT/DeiT/Eva/Swin and torchvision Swin ``norm1``, torchvision ViT ``ln_1``, HuggingFace
+# ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
+_BLOCK_NORM_NAMES = ("norm1", "ln_1", "layernorm_before", "layer_norm1")
+
+
+def _pair(value: object) -> tuple[int, int] | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, value
+    if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    return None
+
+
+# ----------------------------------------------------------------------------- model facts
+
+
+def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
+    """``(count, source)`` of the tokens a transformer prepends to its patch tokens, or None.
+
+    timm's ``num_prefix_tokens``; else the first module holding ``cls_token`` / ``class_token``
+    (torchvision) / ``dist_token`` / ``distillation_token`` / ``reg_token`` / ``register_tokens``
+    parameters, each counting its token axis (``(1, n, C)``: ``n``).
+    """
+    if model is None:
+        return None
+    for name, module in model.named_modules():
+        count = getattr(module, "num_prefix_tokens", None)
+        if isinstance(count, int) and not isinstance(count, bool):
+            where = f"{name}.num_prefix_tokens" if name else "num_prefix_tokens"
+            return count, where
+    for name, module in model.named_modules():
+        found = []
+        for attr in _PREFIX_ATTRIBUTES:
+            token = getattr(module, attr, None)
+            if isinstance(token, Tensor) and token.ndim >= 2:
+                found.append((attr, token.shape[-2] if token.ndim == 3 else 1))
+        if found:
+            where = ", ".join(f"{attr} x{n}" for attr, n in found)
+            return sum(n for _, n in found), f"{name or 'model'}: {where}"
+    return None
+
+
+def patch_size(model: nn.Module | None) -> tuple[int, int] | None:
+    """The patch size ``(ph, pw)``: timm ``patch_embed.patch_size``, torchvision ``patch_size``,
+    HuggingFace ``config.patch_size`` (or any submodule's ``patch_size``), else None."""
+    if model is None:
+        return None
+    config = getattr(model, "config", None)
+    for module in (getattr(model, "patch_embed", None), model, config):
+        found = _pair(getattr(module, "patch_size", None)) if module is not None else None
+        if found:
+            return found
+    for module in model.modules():
+        found = _pair(getattr(module, "patch_size", None))
+        if found:
+            return found
+    return None
+
+
+def patch_grid(model: nn.Module | None, size: tuple[int, int]) -> tuple[int, int] | None:
+    """The patch grid for an input ``(H, W)``: timm's ``patch_embed.dynamic_feat_size`` (which
+    knows about dynamic padding), else ``(H // ph, W // pw)``; None without a patch size."""
+    embed = getattr(model, "patch_embed", None)
+    feat_size = getattr(embed, "dynamic_feat_size", None)
+    if callable(feat_size):
+        try:
+            grid = _pair(tuple(feat_size(size)))
+        except Exception:  # noqa: BLE001 -- an unexpected signature: use the plain rule
+            grid = None
+        if grid:
+            return grid
+    patch = patch_size(model)
+    if patch is None:
+        return None
+    return size[0] // patch[0], size[1] // patch[1]
+
+
+def channel_counts(model: nn.Module | None) -> tuple[set[int], set[int]]:
+    """``(channels-first counts, channels-last counts)`` of the model's modules.
+
+    Channels-first: convolutions (in/out), batch/group/instance norms, and normalisations whose
+    class name ends in ``2d`` (timm ``LayerNorm2d``). Channels-last: ``nn.LayerNorm`` over the
+    last axis and ``nn.Linear`` (in/out features).
+    """
+    first: set[int] = set()
+    last: set[int] = set()
+    for module in model.modules() if model is not None else ():
+        if isinstance(module, nn.modules.conv._ConvNd):
+            first.update((module.in_channels, module.out_channels))
+        elif isinstance(
+            module, nn.modules.batchnorm._BatchNorm | nn.modules.instancenorm._InstanceNorm
+        ):
+            first.add(module.num_features)
+        elif isinstance(module, nn.GroupNorm):
+            first.add(module.num_channels)
+        elif isinstance(module, nn.LayerNorm) and module.normalized_shape:
+            target = first if type(module).__name__.lower().endswith("2d") else last
+            target.add(module.normalized_shape[-1])
+        elif isinstance(module, nn.Linear):
+            last.update((module.in_features, module.out_features))
+    return first, last
+
+
+def has_last_axis_norm(model: nn.Module | None) -> bool:
+    return model is not None and any(
+        isinstance(m, nn.LayerNorm) and not type(m).__name__.lower().endswith("2d")
+        for m in model.modules()
+    )
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+def default_token_layer(model: nn.Module) -> str | None:
+    """The layer to explain in a transformer: the first normalisation of its last block.
+
+    Per family: timm ViT / DeiT / DINOv2 ``blocks.{-1}.norm1``; timm Swin
+    ``layers.{-1}.blocks.{-1}.norm1``; torchvision ``vit_b_16``
+    ``encoder.layers.encoder_layer_{-1}.ln_1``; torchvision ``swin_t`` ``features.7.{-1}.norm1``;
+    HuggingFace ViT ``...layer.{-1}.layernorm_before``; CLIP ``...layers.{-1}.layer_norm1``. Its
+    output feeds the last attention, so every patch token reaches the score (the layer
+    pytorch-grad-cam recommends). None for a model without such blocks (CNNs, ConvNeXt: use the
+    last spatial map).
+    """
+    found = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.LayerNorm) and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES:
+            found = name
+    return found

@@ -1,0 +1,115 @@
+"""Image files as a ``torch.utils.data.Dataset``: decoded in DataLoader workers, never raising
+for a bad file (the pipeline reports it and carries on)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from camkit.errors import ArgumentError
+from camkit.io import MAX_PIXELS, READ_ERRORS, describe, read_failure, read_image
+
+
+class ImageFiles(Dataset):
+    """Image files as a ``torch.utils.data.Dataset`` that decodes in the DataLoader's workers.
+
+    ``dataset[i]`` -> ``{"index": i, "path": str, "input": Tensor (3, h, w) | None,
+    "image": Tensor (H, W, 3) uint8 | None, "error": str | None}``: ``input`` is
+    ``preprocess(rgb)`` (e.g. ``dataclasses.replace(camkit.models.load(...).preprocess,
+    crop_mode="squash")``, so every image gives the same ``(3, h, w)``), ``image`` the upright
+    original (:func:`read_image`) for overlays at the original size, kept only when
+    ``keep_original``. An unreadable file never raises: ``input`` and ``image`` are ``None``
+    and ``error`` says why. Use :func:`collate` as the DataLoader's ``collate_fn``.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        preprocess: Callable[[np.ndarray], Tensor],
+        *,
+        keep_original: bool = True,
+        max_pixels: int | None = MAX_PIXELS,
+    ) -> None:
+        if not callable(preprocess):
+            raise ArgumentError(f"expected preprocess to be callable, got {describe(preprocess)}")
+        self.paths = [os.fspath(path) for path in paths]
+        self.preprocess = preprocess
+        self.keep_original = keep_original
+        self.max_pixels = max_pixels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        path = self.paths[index]
+        item: dict[str, Any] = {"index": index, "path": path, "input": None, "image": None}
+        try:
+            rgb = read_image(path, max_pixels=self.max_pixels)
+        except (*READ_ERRORS, MemoryError) as error:
+            return item | {"error": read_failure(error)}
+        try:
+            model_input = self.preprocess(rgb)
+        except (ValueError, TypeError, RuntimeError) as error:
+            return item | {"error": f"preprocessing failed: {error}"}
+        if not isinstance(model_input, Tensor) or model_input.ndim != 3:
+            return item | {
+                "error": f"preprocess must return a (3, h, w) tensor, got {describe(model_input)}"
+            }
+        image = torch.from_numpy(rgb) if self.keep_original else None
+        return item | {"input": model_input, "image": image, "error": None}
+
+
+@dataclasses.dataclass
+class ImageBatch:
+    """What :func:`collate` makes of a list of :class:`ImageFiles` items.
+
+    ``inputs``: ``(n, 3, h, w)`` model inputs of the ``n`` readable images, ``None`` when none
+    was; ``indices``, ``paths``, ``images`` (``(H_i, W_i, 3)`` uint8 tensors of their own sizes,
+    or ``None`` without ``keep_original``) line up with its rows. ``failures``:
+    ``(index, path, reason)`` of each unreadable file, in dataset order.
+    """
+
+    inputs: Tensor | None
+    indices: list[int]
+    paths: list[str]
+    images: list[Tensor | None]
+    failures: list[tuple[int, str, str]]
+
+    def __len__(self) -> int:
+        return len(self.indices) + len(self.failures)
+
+    def pin_memory(self) -> ImageBatch:
+        """Called by ``DataLoader(pin_memory=True)``: pins ``inputs`` only."""
+        inputs = None if self.inputs is None else self.inputs.pin_memory()
+        return dataclasses.replace(self, inputs=inputs)
+
+
+def collate(items: Sequence[dict[str, Any]]) -> ImageBatch:
+    """``DataLoader`` ``collate_fn`` for :class:`ImageFiles`: stack the readable images' inputs,
+    keep the originals as a list (their sizes differ), and set the unreadable ones aside.
+
+    Raises ``ValueError`` when the readable inputs differ in shape (a preprocess that does not
+    resize every image to one size).
+    """
+    good = [item for item in items if item["error"] is None]
+    failures = [(item["index"], item["path"], item["error"]) for item in items if item["error"]]
+    shapes = {tuple(item["input"].shape) for item in good}
+    if len(shapes) > 1:
+        raise ArgumentError(
+            f"preprocessed images differ in shape ({sorted(shapes)}); use a preprocess that "
+            "resizes every image to one size (e.g. crop_mode='squash' or 'center')"
+        )
+    return ImageBatch(
+        inputs=torch.stack([item["input"] for item in good]) if good else None,
+        indices=[item["index"] for item in good],
+        paths=[item["path"] for item in good],
+        images=[item["image"] for item in good],
+        failures=failures,
+    )
