@@ -1,4 +1,5 @@
-"""The ``camkit`` command: ``explain`` images, list a model's ``layers``, run the ``demo``.
+"""The ``camkit`` command: ``explain`` images, ``evaluate`` the maps' faithfulness, list a model's
+``layers``, run the ``demo``.
 
 The subcommands parse arguments, find and batch image files, name and write the outputs and the
 manifest, and choose exit codes; every map, overlay and model comes from the library.
@@ -17,12 +18,12 @@ from collections.abc import Sequence
 import torch
 
 import camkit
-from camkit.cli import demo, explain, layers
+from camkit.cli import demo, evaluate, explain, layers
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``camkit`` parser with its three subcommands."""
+    """The ``camkit`` parser with its subcommands."""
     parser = argparse.ArgumentParser(
         prog="camkit",
         description="Show where a PyTorch vision model looks: class activation maps and "
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     explain.add_parser(commands)
+    evaluate.add_parser(commands)
     layers.add_parser(commands)
     demo.add_parser(commands)
     return parser
