@@ -99,3 +99,20 @@ def test_bootstrap_interval_excludes_nan_and_is_reproducible():
     low, high = first["ci95"]
     assert low < 0.5 < high and high - low < 0.5
     assert evaluate.bootstrap([float("nan")])["mean"] is None
+
+
+@pytest.mark.slow
+def test_evaluate_into_an_explained_folder_puts_the_metrics_on_the_report(photos, tmp_path):
+    folder, _ = photos
+    out = tmp_path / "audit"
+    image = str(folder / "chelsea.png")
+    common = ["--out", str(out), "--quiet", "--device", "cpu", "--workers", "0"]
+    assert cli.main(["explain", image, "--method", "gradcam", "--report", *common]) == 0
+    assert cli.main(["evaluate", image, "--metrics", "deletion", "--steps", "3", *common]) == 0
+    (row,) = evaluate.read_rows(out)
+    records = json.loads((out / "manifest.json").read_text())["records"]
+    assert evaluate.overlay_metrics(records, [row]) == {
+        records[0]["output"]: {"deletion": float(row["deletion"])}
+    }
+    page = (out / "index.html").read_text()
+    assert '"deletion"' in page  # the page's data carries the metric (a sort key and a caption)

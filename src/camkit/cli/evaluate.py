@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from camkit import io, metrics, models
+from camkit import io, metrics, models, report
 from camkit.cli.common import (
     EXIT_OK,
     EXIT_UNREADABLE_IMAGES,
@@ -34,6 +34,7 @@ from camkit.cli.common import (
     pick_layer,
     positive_int,
 )
+from camkit.cli.manifest import MANIFEST, read
 from camkit.cli.pipeline import Job, build_explainer, default_workers
 from camkit.core.progress import progress_bar
 from camkit.core.targets import select_output
@@ -51,6 +52,8 @@ COLUMNS = {
     "energy": [("energy_pointing_game", True)],
 }
 NEEDS_MASKS = ("pointing", "energy")
+ROW_FIELDS = ["image", "method", "target", "label", "probability"]
+RESULTS = "metrics.csv"
 METRICS = (*COLUMNS, "sanity")
 
 
@@ -150,6 +153,32 @@ def score_batch(
         if "energy" in settings.metrics:
             values["energy_pointing_game"] = metrics.energy_pointing_game(maps, masks)
     return {k: v.float().cpu() for k, v in values.items()}, {k: v.cpu() for k, v in curves.items()}
+
+
+def read_rows(out: Path) -> list[dict]:
+    """The rows of ``OUT/metrics.csv`` (none when there is no such file)."""
+    path = out / RESULTS
+    if not path.is_file():
+        return []
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def overlay_metrics(records: Sequence[dict], rows: Sequence[dict]) -> dict[str, dict]:
+    """``{overlay output: {metric: value}}``: each ``camkit explain`` manifest record matched to
+    the ``metrics.csv`` row of its image, method and target, for :func:`camkit.report.write_report`.
+    """
+    by_key = {(row["image"], row["method"], str(row["target"])): row for row in rows}
+    found = {}
+    for record in records:
+        row = by_key.get((record.get("image"), record.get("method"), str(record.get("target"))))
+        if row is not None and record.get("output"):
+            found[record["output"]] = {
+                name: float(value)
+                for name, value in row.items()
+                if name not in ROW_FIELDS and value not in ("", None)
+            }
+    return found
 
 
 def bootstrap(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> dict:
@@ -289,10 +318,8 @@ def write_results(
         if name in COLUMNS and (name not in NEEDS_MASKS or args.masks)
         for column, _ in COLUMNS[name]
     ]
-    with open(out / "metrics.csv", "w", newline="") as file:
-        writer = csv.DictWriter(
-            file, ["image", "method", "target", "label", "probability", *columns]
-        )
+    with open(out / RESULTS, "w", newline="") as file:
+        writer = csv.DictWriter(file, [*ROW_FIELDS, *columns])
         writer.writeheader()
         writer.writerows(rows)
     summary = {
@@ -328,7 +355,14 @@ def write_results(
     for method, cascade in result.get("sanity", {}).items():
         steps = ", ".join(f"{entry['layer']} {entry['spearman']:.2f}" for entry in cascade)
         print(f"sanity ({method}, Spearman to the original, cascading from the top): {steps}")
-    print(f"wrote metrics.csv, metrics.json{''.join(', ' + f for f in figures)} to {out}")
+    print(f"wrote {RESULTS}, metrics.json{''.join(', ' + f for f in figures)} to {out}")
+    if (out / MANIFEST).is_file():  # `camkit explain` wrote here: its page gets the metrics
+        explained = read(out / MANIFEST)
+        records = explained["records"]
+        colormap = (explained.get("settings") or {}).get("colormap", "jet")
+        metrics_of = overlay_metrics(records, rows)
+        page = report.write_report(out, records, metrics=metrics_of, colormap=colormap)
+        print(f"added the metrics of {len(metrics_of)} overlay(s) to {page}")
     if failed:
         print(f"camkit: {len(failed)} image(s) could not be read: {', '.join(failed)}",
               file=sys.stderr)  # fmt: skip

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import models, registry, report
+from camkit.cli import evaluate
 from camkit.cli.common import (
     EXIT_OK,
     EXIT_UNREADABLE_IMAGES,
@@ -119,7 +120,9 @@ def explain(
     order = [str(path) for path in paths]
     manifest = merge(out, head | {"explained": len(todo)}, order, ranks.world)
     if job.report:
-        report.write_report(out, manifest["records"], colormap=job.colormap)
+        records = manifest["records"]
+        metrics = evaluate.overlay_metrics(records, evaluate.read_rows(out))  # when evaluated
+        report.write_report(out, records, metrics=metrics, colormap=job.colormap)
     return manifest
 
 
