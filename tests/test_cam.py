@@ -338,7 +338,7 @@ def test_cams_matches_each_single_method(tiny):
     # not on TinyNet's one conv: CAM (TinyNet's classifier does not follow a global pooling),
     # RefineCAM (two layers or more), Smooth Grad-CAM++ (cams() does not seed its noise) and
     # FullGrad (no layer: not a CAM for cams()); see test_methods_extra.py
-    unfit = ("cam", "refinecam", "smoothgradcam++", "fullgrad")
+    unfit = ("cam", "refinecam", "smoothgradcam++", "fullgrad", "sess")
     names = [n for n in camkit.registry.names("gradient-cam") if n not in unfit]
     names += ["scorecam", "ablationcam"]
     together = camkit.cams(tiny, "conv", batch, target=[1, 0], methods=names)

@@ -200,7 +200,7 @@ def sanity(
     for method in methods:
         factory: Callable = lambda net, m=method: build_explainer(m, net, job)  # noqa: E731
         results[method] = metrics.randomization_test(
-            factory, loaded.model, inputs, target, order="cascade"
+            factory, loaded.model, inputs, target, order="cascade", seed=0
         )
     return results
 
