@@ -1,22 +1,493 @@
-"""PLACEHOLDER: being written by a helper; replace this whole file."""
+"""Is the map faithful to the model? Scores that perturb the image where the map points.
 
-def deletion(*args, **kwargs):
-    raise NotImplementedError
+* :func:`deletion` / :func:`insertion` -- Petsiuk et al., "RISE", BMVC 2018: pixels removed from
+  (or inserted onto) a baseline in the map's order; the area under the target's probability
+  curve. Deletion: lower is better; insertion: higher is better.
+* :func:`average_drop` / :func:`increase_in_confidence` -- Chattopadhay et al., "Grad-CAM++",
+  WACV 2018: the image multiplied by the map against the image itself.
+* :func:`road` -- Rong et al., "A Consistent and Efficient Evaluation Strategy for Attribution
+  Methods" (ROAD), ICML 2022: the removed pixels are filled in by noisy linear imputation.
+
+Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
+``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
+methods accept (``None``: each image's top-1 class, an int, a list or tensor of one class per
+image, a callable or target object). A class target is scored by its softmax probability; a
+callable's scores are used as they are (e.g. :class:`camkit.targets.SoftmaxTarget`). Every model
+call runs under ``torch.inference_mode()`` on the input's device, in chunks of ``batch_size``
+rows; the results do not depend on ``batch_size``. Conventions: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.transforms.functional import gaussian_blur
+
+from camkit.core.engine import run_model
+from camkit.core.inputs import MemoryFormat, as_batch, finite_number, positive_int, seed_value
+from camkit.core.progress import progress_bar
+from camkit.core.targets import Target, resolve, select_output
+from camkit.errors import ArgumentError, InputError, TargetError
+
+BLUR_KERNEL = 11
+"""Side of the Gaussian kernel of the ``"blur"`` baseline (RISE's evaluation code: 11)."""
+BLUR_SIGMA = 5.0
+"""Standard deviation of the ``"blur"`` baseline's kernel, in pixels (RISE's: 5)."""
+BASELINES = ("blur", "zero", "mean")
+ROAD_NOISE = 0.01
+"""Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""
+ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+# ROAD's neighbour weights: 1/6 for the 4 direct neighbours, 1/12 for the 4 diagonal ones
+_ROAD_NEIGHBOURS = [
+    ((1, 1), 1 / 12),
+    ((0, 1), 1 / 6),
+    ((-1, 1), 1 / 12),
+    ((1, -1), 1 / 12),
+    ((0, -1), 1 / 6),
+    ((-1, -1), 1 / 12),
+    ((1, 0), 1 / 6),
+    ((-1, 0), 1 / 6),
+]
 
 
-def insertion(*args, **kwargs):
-    raise NotImplementedError
+# ----------------------------------------------------------------------------- shared steps
 
 
-def average_drop(*args, **kwargs):
-    raise NotImplementedError
+def _images(x: object, model: nn.Module) -> tuple[Tensor, bool]:
+    """``(batch (B, C, H, W), was_single)``: the metrics perturb 2-D images only."""
+    batch, single = as_batch(x, model)
+    if batch.ndim != 4:
+        raise InputError(
+            f"the metrics take images (B, C, H, W) or one image (C, H, W), got a batch of "
+            f"volumes {tuple(batch.shape)}"
+        )
+    return batch, single
 
 
-def increase_in_confidence(*args, **kwargs):
-    raise NotImplementedError
+def _maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
+    """The maps as ``(B, H, W)`` float on the input's device: the input's size, or a smaller
+    map upsampled bilinearly (``align_corners=False``, as camkit's methods)."""
+    if not isinstance(maps, Tensor):
+        raise InputError(f"expected the maps as a tensor (B, H, W), got {type(maps).__name__}")
+    b, _, height, width = batch.shape
+    if maps.ndim == 2 and single:
+        maps = maps.unsqueeze(0)
+    if maps.ndim == 4 and maps.shape[1] == 1:
+        maps = maps.squeeze(1)
+    if maps.ndim != 3 or maps.shape[0] != b:
+        raise InputError(
+            f"expected one map per image, shape ({b}, H, W), got {tuple(maps.shape)} for "
+            f"{b} image(s); pass one target per image (a (B, K, H, W) result holds K maps each)"
+        )
+    h, w = maps.shape[1:]
+    if h > height or w > width or 0 in (h, w):
+        raise InputError(
+            f"the maps are {h}x{w} but the images are {height}x{width}: expected maps of the "
+            "input's size, or smaller ones (upsampled bilinearly)"
+        )
+    maps = maps.detach().to(device=batch.device, dtype=torch.float32)
+    if not torch.isfinite(maps).all():
+        raise InputError("the maps contain NaN or infinite values")
+    if (h, w) != (height, width):
+        maps = F.interpolate(
+            maps[:, None], (height, width), mode="bilinear", align_corners=False
+        ).squeeze(1)
+    return maps
 
 
-def road(*args, **kwargs):
-    raise NotImplementedError
+class _Scorer:
+    """Scores images for the resolved target: a class's softmax probability, or a callable's
+    scores; one score per image (rows ``rows`` of the batch). Forwards in ``batch_size`` rows."""
+
+    def __init__(self, model: nn.Module, batch: Tensor, target: Target, batch_size: int):
+        self.model = model
+        self.batch_size = batch_size
+        self.memory = MemoryFormat(batch)
+        scorer = resolve(target, batch.shape[0], batch.device)
+        clean, pinned = [], []
+        with torch.inference_mode():  # the clean images, in chunks too; top-1 classes pinned
+            for start in range(0, batch.shape[0], batch_size):
+                rows = torch.arange(start, min(start + batch_size, batch.shape[0]))
+                rows = rows.to(batch.device)
+                output = self._forward(batch[rows], rows)
+                self.rows_scorer = scorer.pinned(output)
+                if scorer.top1:  # classes of this chunk only: its rows count from 0
+                    pinned.append(self.rows_scorer.classes)
+                    rows = rows - start
+                clean.append(self._score(output, rows))
+        if scorer.top1:
+            self.rows_scorer = replace(scorer, classes=torch.cat(pinned))
+        self.clean = torch.cat(clean)
+
+    def _forward(self, inputs: Tensor, rows: Tensor) -> Any:
+        def attempt(memory_format: torch.memory_format) -> Any:
+            return run_model(self.model, inputs.contiguous(memory_format=memory_format), rows)
+
+        return self.memory.run(attempt)
+
+    def _score(self, output: Any, rows: Tensor) -> Tensor:
+        scorer = self.rows_scorer
+        if scorer.function is not None:
+            scores, several = scorer(output, rows)
+        else:
+            classes, several = scorer.classes_of(output, rows)
+            logits = select_output(output, scorer.selector).float()
+            scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
+        if several or scores.shape[1] != 1:
+            raise TargetError(
+                f"metrics score one target per image, got {scores.shape[1]} per image; "
+                "pass an int, one class per image or a callable returning (B,) scores"
+            )
+        return scores[:, 0].float()
+
+    def scores(
+        self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
+    ) -> Tensor:
+        """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
+        with ``rows`` the image each row belongs to."""
+        parts = []
+        with torch.inference_mode():
+            for start in range(0, count, self.batch_size):
+                indices = torch.arange(start, min(start + self.batch_size, count))
+                images, rows = build(indices)
+                parts.append(self._score(self._forward(images, rows), rows))
+                if bar is not None:
+                    bar.update(len(indices))
+        return torch.cat(parts)
 
 
+def _single(result: Tensor, single: bool) -> Tensor:
+    return result[0] if single else result
+
+
+# ----------------------------------------------------------------------------- deletion / insertion
+
+
+def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
+    """The image that removed pixels take, ``(B, C, H, W)``: ``"blur"`` (Gaussian blur, kernel
+    ``BLUR_KERNEL`` x ``BLUR_KERNEL``, sigma ``BLUR_SIGMA``, reflected borders), ``"zero"``
+    (zeros: the dataset's mean colour for a normalised input), ``"mean"`` (each image's
+    per-channel mean) or a tensor broadcastable to the batch."""
+    if isinstance(baseline, Tensor):
+        try:
+            return torch.broadcast_to(baseline.to(x), x.shape)
+        except RuntimeError:
+            raise InputError(
+                f"a baseline tensor must broadcast to the input {tuple(x.shape)}, got "
+                f"{tuple(baseline.shape)}"
+            ) from None
+    if baseline == "blur":
+        return gaussian_blur(x, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
+    if baseline == "zero":
+        return torch.zeros_like(x)
+    if baseline == "mean":
+        return x.mean(dim=(2, 3), keepdim=True).expand_as(x)
+    raise ArgumentError(f"baseline must be one of {BASELINES} or a tensor, got {baseline!r}")
+
+
+def _ranks(maps: Tensor, descending: bool) -> Tensor:
+    """Each pixel's rank ``(B, H*W)`` in the map's order; ties keep the row-major order (a
+    stable sort), so equal values are taken top-left first."""
+    order = torch.argsort(maps.flatten(1), dim=1, descending=descending, stable=True)
+    return torch.argsort(order, dim=1)
+
+
+def _curve(
+    model: nn.Module,
+    x: Tensor,
+    maps: object,
+    target: Target,
+    *,
+    steps: int,
+    baseline: str | Tensor,
+    batch_size: int,
+    return_curves: bool,
+    insert: bool,
+    progress: bool,
+) -> Tensor | tuple[Tensor, Tensor]:
+    steps = positive_int("steps", steps)
+    batch_size = positive_int("batch_size", batch_size)
+    batch, single = _images(x, model)
+    maps = _maps_like(maps, batch, single)
+    with torch.inference_mode():
+        base = make_baseline(batch, baseline)
+    scorer = _Scorer(model, batch, target, batch_size)
+    b, channels, height, width = batch.shape
+    pixels = height * width
+    ranks = _ranks(maps, descending=True)
+    # point k of the curve: the first (k * pixels) // steps pixels of the order removed/inserted
+    counts = torch.arange(steps + 1, device=batch.device) * pixels // steps
+    # rows to score: every (image, point) but the clean image (already scored)
+    points = torch.arange(steps) if insert else torch.arange(1, steps + 1)
+    flat_x, flat_base = batch.flatten(2), base.flatten(2)
+
+    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
+        indices = indices.to(batch.device)
+        rows = indices // steps
+        chosen = ranks[rows] < counts[points.to(batch.device)[indices % steps]][:, None]
+        take_image = chosen if insert else ~chosen
+        images = torch.where(take_image[:, None], flat_x[rows], flat_base[rows])
+        return images.view(-1, channels, height, width), rows
+
+    name = "insertion" if insert else "deletion"
+    with progress_bar(b * steps, name, "image", enabled=progress) as bar:
+        scores = scorer.scores(b * steps, build, bar).view(b, steps)
+    clean = scorer.clean[:, None]
+    curves = torch.cat([scores, clean] if insert else [clean, scores], dim=1)
+    auc = torch.trapezoid(curves, dx=1.0 / steps, dim=1)
+    if return_curves:
+        return _single(auc, single), _single(curves, single)
+    return _single(auc, single)
+
+
+def deletion(
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: Target = None,
+    *,
+    steps: int = 50,
+    baseline: str | Tensor = "blur",
+    batch_size: int = 64,
+    return_curves: bool = False,
+    progress: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Deletion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
+
+    The pixels are taken in the map's decreasing order (ties: row-major order) and replaced by
+    the ``baseline`` in ``steps`` equal chunks; the curve is the target's probability at the
+    ``steps + 1`` points (the clean image first, the whole baseline last) and the AUC is its
+    trapezoid over ``x = k / steps`` in [0, 1]. **Lower is better.** ``return_curves=True``
+    gives ``(auc (B,), curves (B, steps + 1))``.
+    """
+    return _curve(
+        model,
+        x,
+        maps,
+        target,
+        steps=steps,
+        baseline=baseline,
+        batch_size=batch_size,
+        return_curves=return_curves,
+        insert=False,
+        progress=progress,
+    )
+
+
+def insertion(
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: Target = None,
+    *,
+    steps: int = 50,
+    baseline: str | Tensor = "blur",
+    batch_size: int = 64,
+    return_curves: bool = False,
+    progress: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Insertion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
+
+    The image's pixels are put back onto the ``baseline`` in the map's decreasing order, in
+    ``steps`` equal chunks; the curve goes from the whole baseline to the clean image (``steps
+    + 1`` points) and the AUC is its trapezoid over ``x = k / steps``. **Higher is better.**
+    """
+    return _curve(
+        model,
+        x,
+        maps,
+        target,
+        steps=steps,
+        baseline=baseline,
+        batch_size=batch_size,
+        return_curves=return_curves,
+        insert=True,
+        progress=progress,
+    )
+
+
+# ----------------------------------------------------------------------------- Grad-CAM++ scores
+
+
+def _masked_confidence(
+    model: nn.Module, x: Tensor, maps: Tensor, target: Target, batch_size: int
+) -> tuple[Tensor, Tensor, bool]:
+    """``(Y, O, single)``: the target's probability on the images and on the images times
+    their maps (the maps must be in [0, 1])."""
+    batch_size = positive_int("batch_size", batch_size)
+    batch, single = _images(x, model)
+    maps = _maps_like(maps, batch, single)
+    if maps.min() < -1e-6 or maps.max() > 1 + 1e-6:
+        raise InputError(
+            f"the maps multiply the image, so they must be in [0, 1] (camkit's methods give "
+            f"such maps); got values in [{maps.min().item():.3g}, {maps.max().item():.3g}]"
+        )
+    scorer = _Scorer(model, batch, target, batch_size)
+    masked = batch * maps[:, None]
+
+    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
+        indices = indices.to(batch.device)
+        return masked[indices], indices
+
+    return scorer.clean, scorer.scores(batch.shape[0], build), single
+
+
+def average_drop(
+    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+) -> Tensor:
+    """Average Drop (Chattopadhay et al., Grad-CAM++, WACV 2018): ``max(0, Y - O) / Y`` per
+    image, ``(B,)`` in [0, 1] (the paper's "%" is this times 100; torchcam's convention).
+    ``Y``: the target's probability on the image, ``O``: on the image times the map. **Lower is
+    better**; the paper's score is the batch mean."""
+    clean, masked, single = _masked_confidence(model, x, maps, target, batch_size)
+    drop = (clean - masked).clamp_min(0) / clean.clamp_min(torch.finfo(clean.dtype).tiny)
+    return _single(drop, single)
+
+
+def increase_in_confidence(
+    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+) -> Tensor:
+    """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
+    image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
+    better.**"""
+    clean, masked, single = _masked_confidence(model, x, maps, target, batch_size)
+    return _single((masked > clean).float(), single)
+
+
+# ----------------------------------------------------------------------------- ROAD
+
+
+def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
+    """ROAD's linear system for one image: each unknown pixel equals the weighted mean of its
+    8 neighbours (weights 1/6 direct, 1/12 diagonal, renormalised at the borders).
+    ``known (H, W)`` bool, ``image (C, H, W)`` -> ``(A (M, M) csc, b (M, C), unknown (M,))``."""
+    from scipy.sparse import coo_matrix
+
+    height, width = known.shape
+    flat_known = known.reshape(-1)
+    flat_image = image.reshape(image.shape[0], -1).astype(np.float64)
+    unknown = np.flatnonzero(~flat_known)
+    count = unknown.size
+    variable = np.zeros(flat_known.size, dtype=np.int64)
+    variable[unknown] = np.arange(count)
+    row, col = unknown // width, unknown % width
+    rhs = np.zeros((count, image.shape[0]))
+    weight_sum = np.zeros(count)
+    entries_i, entries_j, entries_w = [], [], []
+    for (dy, dx), weight in _ROAD_NEIGHBOURS:
+        r, c = row + dy, col + dx
+        inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+        ids = np.flatnonzero(inside)
+        neighbour = r[inside] * width + c[inside]
+        weight_sum[ids] += weight
+        has_value = flat_known[neighbour]
+        rhs[ids[has_value]] -= weight * flat_image[:, neighbour[has_value]].T
+        entries_i.append(ids[~has_value])
+        entries_j.append(variable[neighbour[~has_value]])
+        entries_w.append(np.full(int((~has_value).sum()), weight))
+    diagonal = np.arange(count)
+    entries_i.append(diagonal)
+    entries_j.append(diagonal)
+    entries_w.append(-weight_sum)
+    matrix = coo_matrix(
+        (np.concatenate(entries_w), (np.concatenate(entries_i), np.concatenate(entries_j))),
+        shape=(count, count),
+    ).tocsc()
+    return matrix, rhs, unknown
+
+
+def _impute(
+    image: Tensor, known: Tensor, noise: float, generator: torch.Generator | None
+) -> Tensor:
+    """Noisy linear imputation (ROAD): the unknown pixels of ``image (C, H, W)`` solved from
+    their neighbours (a sparse direct solve, SciPy on the CPU), plus Gaussian noise of
+    standard deviation ``noise`` drawn on the CPU as ``randn(C, M)``."""
+    from scipy.sparse.linalg import spsolve
+
+    channels = image.shape[0]
+    matrix, rhs, unknown = _imputation_system(
+        known.cpu().numpy(), image.detach().float().cpu().numpy()
+    )
+    flat = image.reshape(channels, -1).clone()
+    if unknown.size == 0:
+        return image.clone()
+    solved = torch.as_tensor(spsolve(matrix, rhs), dtype=torch.float32).reshape(-1, channels)
+    filled = solved.t() + noise * torch.randn(solved.t().shape, generator=generator)
+    flat[:, torch.as_tensor(unknown, device=image.device)] = filled.to(image)
+    return flat.view_as(image)
+
+
+def road_removed(pixels: int, percentile: float) -> int:
+    """How many of ``pixels`` ROAD removes at ``percentile``: ``pixels - ceil((1 - p/100)
+    (pixels - 1))``, the count pytorch-grad-cam's percentile threshold removes from a map
+    without ties (so the two agree)."""
+    kept = math.ceil((100 - percentile) * (pixels - 1) / 100 - 1e-9)
+    return pixels - kept
+
+
+def road(
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: Target = None,
+    *,
+    percentiles: Sequence[float] = ROAD_PERCENTILES,
+    order: str = "morf",
+    noise: float = ROAD_NOISE,
+    seed: int | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> Tensor:
+    """ROAD (Rong et al., ICML 2022): ``(B, C, H, W), (B, h, w) -> (B, len(percentiles))``.
+
+    For each percentile ``p`` (the share of pixels removed, in (0, 100)) the ``p`` % most
+    (``order="morf"``) or least (``"lerf"``) relevant pixels (stable ranking, ties row-major)
+    are replaced by noisy linear imputation: each is the weighted mean of its 8 neighbours (a
+    sparse linear system), plus Gaussian noise of standard deviation ``noise``. Returns the
+    target's probability on each imputed image. MoRF: **lower is better**; LeRF: **higher is
+    better**. The noise comes from a CPU generator seeded with ``seed`` (None: torch's global
+    generator), drawn percentile by percentile, image by image, as pytorch-grad-cam does, so
+    ``torch.manual_seed(s)`` before its ``ROADMostRelevantFirst(100 - p)`` calls reproduces
+    camkit's ``seed=s``.
+    """
+    if order not in ("morf", "lerf"):
+        raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")
+    noise = finite_number("noise", noise, minimum=0.0)
+    seed = seed_value(seed, optional=True)
+    batch_size = positive_int("batch_size", batch_size)
+    if isinstance(percentiles, str | bytes) or not isinstance(percentiles, Sequence):
+        raise ArgumentError(f"percentiles must be a sequence of numbers, got {percentiles!r}")
+    if not percentiles:
+        raise ArgumentError("percentiles is empty")
+    percentiles = [finite_number("each percentile", p) for p in percentiles]
+    if any(not 0 < p < 100 for p in percentiles):
+        raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
+    batch, single = _images(x, model)
+    maps = _maps_like(maps, batch, single)
+    scorer = _Scorer(model, batch, target, batch_size)
+    b, _, height, width = batch.shape
+    pixels = height * width
+    ranks = _ranks(maps, descending=order == "morf").view(b, height, width)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    imputed = []
+    with progress_bar(len(percentiles) * b, "ROAD", "image", enabled=progress) as bar:
+        for percentile in percentiles:
+            removed = road_removed(pixels, percentile)
+            for i in range(b):
+                imputed.append(_impute(batch[i], ranks[i] >= removed, noise, generator))
+                bar.update(1)
+    stacked = torch.stack(imputed)  # (P * B, C, H, W), percentile major
+
+    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
+        indices = indices.to(batch.device)
+        return stacked[indices], indices % b
+
+    scores = scorer.scores(len(percentiles) * b, build).view(len(percentiles), b).t()
+    return _single(scores.contiguous(), single)
