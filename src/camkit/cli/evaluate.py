@@ -277,25 +277,28 @@ def run_evaluate(args: argparse.Namespace) -> int:
                     ]
                 ).to(device)
             collected.first_batch = collected.first_batch or (inputs, target)
+            scored = {}
             for method in methods:
                 try:
                     heat, _ = explainers[method].heatmaps(inputs, target)
-                    values, method_curves = score_batch(
+                    scored[method], method_curves = score_batch(
                         model, inputs, heat[:, 0].to(device), target, masks, settings
                     )
                 except CamkitError as error:
                     raise UsageError(f"--method {method}: {error}") from None
                 for kind, curve in method_curves.items():
                     collected.curves[method].setdefault(kind, []).append(curve)
-                for row, index in enumerate(batch.indices):
+            for row, index in enumerate(batch.indices):  # rows: image by image, then method
+                image = {
+                    "image": str(paths[index]),
+                    "target": target[row],
+                    "label": loaded.labels[target[row]],
+                    "probability": round(float(probabilities[row, target[row]]), 6),
+                }
+                for method, values in scored.items():
                     collected.rows.append(
-                        {
-                            "image": str(paths[index]),
-                            "method": method,
-                            "target": target[row],
-                            "label": loaded.labels[target[row]],
-                            "probability": round(float(probabilities[row, target[row]]), 6),
-                        }
+                        image
+                        | {"method": method}
                         | {name: float(value[row]) for name, value in values.items()}
                     )
             progress.update(len(batch))

@@ -160,6 +160,18 @@ class RowScorer:
             return self.pinned(output).classes, several
         return self.classes[rows.to(self.classes.device)], several
 
+    def probabilities(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+        """As calling the scorer, but a class target scores its softmax probability (as the
+        metrics and the perturbation methods that compare images need); a callable target
+        keeps its own scores. Float32, detached."""
+        if self.function is not None:
+            scores, several = self(output, rows)
+        else:
+            classes, several = self.classes_of(output, rows)
+            logits = select_output(output, self.selector).float()
+            scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
+        return scores.detach().float(), several
+
     def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         scores, several = self._scores(output, rows)
         if not torch.isfinite(scores.detach()).all():

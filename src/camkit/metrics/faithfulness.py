@@ -33,7 +33,7 @@ from torchvision.transforms.functional import gaussian_blur
 from camkit.core.engine import run_model
 from camkit.core.inputs import MemoryFormat, as_batch, finite_number, positive_int, seed_value
 from camkit.core.progress import progress_bar
-from camkit.core.targets import Target, resolve, select_output
+from camkit.core.targets import Target, resolve
 from camkit.errors import ArgumentError, InputError, TargetError
 
 BLUR_KERNEL = 11
@@ -133,13 +133,7 @@ class _Scorer:
         return self.memory.run(attempt)
 
     def _score(self, output: Any, rows: Tensor) -> Tensor:
-        scorer = self.rows_scorer
-        if scorer.function is not None:
-            scores, several = scorer(output, rows)
-        else:
-            classes, several = scorer.classes_of(output, rows)
-            logits = select_output(output, scorer.selector).float()
-            scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
+        scores, several = self.rows_scorer.probabilities(output, rows)
         if several or scores.shape[1] != 1:
             raise TargetError(
                 f"metrics score one target per image, got {scores.shape[1]} per image; "

@@ -17,6 +17,7 @@ import copy
 import io
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 
 from camkit.core.layers import explained_module, find_layers
 from camkit.core.targets import Target, resolve, select_output
-from camkit.errors import ArgumentError, EmptyMapWarning, InputError, warn
+from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
 from camkit.io import write_atomic
 from camkit.pixel.heatmap import to_heatmap
 
@@ -288,6 +289,8 @@ def randomization_test(
         ``{"layer": name, "spearman": ..., "spearman_abs": ..., "ssim": ..., "hog": ...}``
         (the similarities asked for, batch means as floats), and the maps if asked.
         For maps that are non-negative (every CAM), ``spearman_abs`` equals ``spearman``.
+        A blank map of a randomised network is a finding, not a fault: it gives no warning
+        and counts as similarity 0 (a blank *original* map warns).
     """
     if order not in ORDERS:
         raise ArgumentError(f"order must be one of {ORDERS}, got {order!r}")
@@ -341,7 +344,10 @@ def randomization_test(
             {k: v.detach().clone() for k, v in module.state_dict().items()} if independent else {}
         )
         randomize(name, module, torch.Generator().manual_seed(seed + index))
-        randomised = _maps(explainer_factory(network), batch, target)
+        with warnings.catch_warnings():  # a randomised network's blank map is a finding here
+            warnings.simplefilter("ignore", EmptyMapWarning)
+            warnings.simplefilter("ignore", ZeroGradientWarning)
+            randomised = _maps(explainer_factory(network), batch, target)
         if independent:  # parameters and buffers back (an init= may reset running statistics)
             module.load_state_dict(kept)
         values = _similarities(names_asked, original, randomised)
