@@ -1,7 +1,8 @@
 """camkit against pytorch-grad-cam, torchcam, captum and the floor, timed in one run.
 
     python benchmarks/run.py [--device cpu|cuda|all] [--repeats 5] [--quick]
-                             [--cases gradcam,multiclass,cams,scorecam,smoothgrad]
+                             [--cases gradcam,multiclass,cams,scorecam,smoothgrad,
+                                     sscam,iscam,reciprocam]
                              [--threads N] [--out benchmarks/RESULTS.md]
     python benchmarks/run.py --agreement   # top_k agreement of Score-/Ablation-CAM (not timed)
 
@@ -33,7 +34,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 
-CASES = ("gradcam", "multiclass", "cams", "scorecam", "smoothgrad")
+CASES = (
+    "gradcam",
+    "multiclass",
+    "cams",
+    "scorecam",
+    "smoothgrad",
+    "sscam",
+    "iscam",
+    "reciprocam",
+)
 GRADIENT_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam")
 
 
@@ -194,7 +204,7 @@ def torchcam_cam(method: str, model: nn.Module, layer: str, x: Tensor, targets: 
     from torchcam import methods
 
     with getattr(methods, method)(model, layer, input_shape=tuple(x.shape[1:]), **kw) as cam:
-        grad = method != "ScoreCAM"
+        grad = method not in ("ScoreCAM", "SSCAM", "ISCAM")
         with torch.set_grad_enabled(grad):
             scores = model(x)
         maps = cam(class_idx=targets.tolist(), scores=scores)[0]
@@ -381,12 +391,82 @@ def case_smoothgrad(device: torch.device) -> Case:
     return Case("smoothgrad", title, "camkit SmoothGrad", model, impls, rules, notes)
 
 
+def case_score_variant(device: torch.device, method: str) -> Case:
+    """SS-CAM or IS-CAM, camkit against torchcam 0.5 (the formulas camkit follows)."""
+    import camkit
+
+    model, x = resnet("resnet18", device), images(1, device)
+    x = F.interpolate(x, size=(112, 112), mode="bilinear", align_corners=False)
+    targets = classes((1,), device)
+    samples = 4
+    notes = [
+        f"112x112 image (layer4 4x4), {samples} samples per channel, masked images in batches of 32"
+    ]
+    if method == "SSCAM":
+        ours = camkit.SSCAM(model, "layer4", samples=samples, seed=0, batch_size=32)
+        notes.append(
+            "std 2.0 (torchcam's default); camkit seed=0 and torch.manual_seed(0) before "
+            "torchcam draw the same noise on the CPU"
+        )
+
+        def theirs() -> object:
+            torch.manual_seed(0)
+            return torchcam_cam(
+                "SSCAM", model, "layer4", x, targets, batch_size=32, num_samples=samples
+            )
+    else:
+        ours = camkit.ISCAM(model, "layer4", samples=samples, batch_size=32)
+
+        def theirs() -> object:
+            return torchcam_cam(
+                "ISCAM", model, "layer4", x, targets, batch_size=32, num_samples=samples
+            )
+
+    subject = f"camkit {method}"
+    impls = [Impl(subject, lambda: ours(x, targets))]
+    impls += peer(f"torchcam {method}", lambda: theirs, notes)
+    rules = [Rule(f"torchcam {method}", 1.0, less_memory=True)]
+    label = {"SSCAM": "SS-CAM", "ISCAM": "IS-CAM"}[method]
+    title = f"{label}, ResNet-18 layer4, 1 image 112x112"
+    return Case(method.lower(), title, subject, model, impls, rules, notes)
+
+
+def case_reciprocam(device: torch.device) -> Case:
+    import camkit
+
+    model, x = resnet("resnet18", device), images(1, device)
+    targets = classes((1,), device)
+    notes = [
+        "Recipro-CAM: 49 suffix forwards (layer4 is 7x7); the Score-CAMs forward the masked "
+        "images in batches of 32; the maps are different methods' (correlation for reference)"
+    ]
+    recipro = camkit.ReciproCAM(model, "layer4", batch_size=32)
+    impls = [
+        Impl("camkit ReciproCAM", lambda: recipro(x, targets)),
+        Impl(
+            "camkit ScoreCAM",
+            lambda: camkit.ScoreCAM(model, "layer4", batch_size=32)(x, targets),
+        ),
+    ]
+    impls += peer(
+        "pytorch-grad-cam ScoreCAM",
+        lambda: quiet(lambda: pgc_cam("ScoreCAM", model, model.layer4, x, targets, batch_size=32)),
+        notes,
+    )
+    rules = [Rule("camkit ScoreCAM", 0.25), Rule("pytorch-grad-cam ScoreCAM", 0.1)]
+    title = "Recipro-CAM vs Score-CAM, ResNet-18 layer4, 1 image"
+    return Case("reciprocam", title, "camkit ReciproCAM", model, impls, rules, notes)
+
+
 BUILDERS: dict[str, Callable[[torch.device], Case]] = {
     "gradcam": case_gradcam,
     "multiclass": case_multiclass,
     "cams": case_cams,
     "scorecam": case_scorecam,
     "smoothgrad": case_smoothgrad,
+    "sscam": lambda device: case_score_variant(device, "SSCAM"),
+    "iscam": lambda device: case_score_variant(device, "ISCAM"),
+    "reciprocam": case_reciprocam,
 }
 
 

@@ -56,7 +56,13 @@ def test_the_registry_knows_each_method_from_its_class():
     assert gradcam.cls is camkit.GradCAM and gradcam.shares_pass and gradcam.needs_layer
     assert scorecam.family == "perturbation-cam" and not scorecam.shares_pass
     assert guided.family == "pixel" and not guided.needs_layer
-    assert registry.names("perturbation-cam") == ["scorecam", "ablationcam"]
+    assert registry.names("perturbation-cam") == [
+        "scorecam",
+        "ablationcam",
+        "sscam",
+        "iscam",
+        "reciprocam",
+    ]
     with pytest.raises(UnknownMethodError, match="did you mean layercam"):
         registry.get("layercan")
 

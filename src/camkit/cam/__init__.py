@@ -1,5 +1,5 @@
 """Class activation maps: the gradient CAMs, the perturbation CAMs, and :func:`cams` for several
-methods in one call; also CAM (the classifier's weights), FullGrad, RefineCAM and Deep Feature
+methods in one call; also CAM (the classifier's weights), FullGrad, RefineCAM, SESS and Deep Feature
 Factorization (concepts, not a map method)."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from camkit.cam.fullgrad import FullGrad
 from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
 from camkit.cam.refine import RefineCAM
+from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM
+from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.engine import over_rows, require_autograd
@@ -123,6 +125,10 @@ __all__ = [
     "PerturbationCAM",
     "RandomCAM",
     "RefineCAM",
+    "SESS",
+    "ISCAM",
+    "SSCAM",
+    "ReciproCAM",
     "ScoreCAM",
     "ShapleyCAM",
     "SmoothGradCAMPlusPlus",

@@ -3,8 +3,9 @@
 Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
 of the layer's output; both then read the target score. That is one forward per channel, so:
 
-* the forwards run in chunks of ``batch_size`` (masks are built chunk by chunk: memory is
-  bounded by ``batch_size``, and results do not depend on it);
+* the forwards run in chunks of ``batch_size`` (masks are built chunk by chunk, normalised in
+  place, and written into one reused buffer of ``batch_size`` masked images: memory is bounded
+  by ``batch_size``, and results do not depend on it);
 * identical perturbations run once: in Score-CAM every constant channel (e.g. all zero after a
   ReLU) gives the same all-zero mask, and channels whose min-max normalised maps are equal give
   the same mask; in Ablation-CAM zeroing an all-zero channel changes nothing, so its weight is
@@ -19,21 +20,29 @@ of the layer's output; both then read the target score. That is one forward per 
 
 A method is three steps: the perturbations (masks or ablations) and their scores
 (:meth:`PerturbationCAM.perturbed_scores`), then the channel weights from those scores
-(:meth:`PerturbationCAM.score_weights`); a variant overrides one step. The finishing (ReLU,
+(:meth:`PerturbationCAM.score_weights`); a variant overrides one step (Score-CAM's variants in
+:mod:`camkit.cam.score_variants` only change the masks: :meth:`ScoreCAM.perturb`, with
+``draws`` masked inputs per mask whose scores are averaged). Forwards that replace the layer's
+output (Ablation-CAM, Recipro-CAM) share :meth:`PerturbationCAM.edited_scores`. Every forward
+goes through :func:`camkit.core.engine.run_model`, so ``additional_forward_args`` reach the
+perturbed passes too (the rows of the samples each pass holds). The finishing (ReLU,
 upsampling, normalisation, fusing layers, ``(B, K)`` targets, ``dtype``) is the one of every
 CAM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import ctypes
+import sys
+from collections.abc import Callable, Iterator
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, Reshape
-from camkit.core.engine import layer_gradients, require_autograd
+from camkit.core.engine import layer_gradients, require_autograd, run_model
 from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, autocast, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
@@ -46,6 +55,36 @@ from camkit.registry import register
 def _chunks(items: Tensor, size: int) -> Iterator[Tensor]:
     for start in range(0, items.shape[0], size):
         yield items[start : start + size]
+
+
+TRIM_BYTES = 8 * 2**20  # perturbed batches from this size on free the heap before forwarding
+
+
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (another C library, another OS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the OS before a perturbed forward on the CPU.
+
+    glibc keeps the memory that the previous chunk's forward freed (tensors under its dynamic
+    mmap threshold come from the heap and leave holes); the next forward then adds its own
+    peak on top. Measured on ResNet-18 layer4, batch 32 (benchmarks/MEMORY_SCORECAM.md): the
+    peak RSS of Score-CAM drops from about 300 MB to the tensors' own 214 MB, at no
+    measurable cost in time. Smaller batches (under ``TRIM_BYTES``, e.g. 32 images of
+    112x112) skip it: there the re-faulted pages cost more time (about 10 %) than the memory
+    is worth. Only frees memory nothing uses.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class Runs:
@@ -76,8 +115,11 @@ class Runs:
         return self.memory.run(lambda memory_format: self._score(inputs, rows, memory_format))
 
     def _score(self, inputs: Tensor, rows: Tensor, memory_format: torch.memory_format) -> Tensor:
+        if inputs.device.type == "cpu" and inputs.numel() * inputs.element_size() >= TRIM_BYTES:
+            _trim_heap()
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
-            output = self.model(inputs.contiguous(memory_format=memory_format))
+            inputs = inputs.contiguous(memory_format=memory_format)
+            output = run_model(self.model, inputs, rows)  # with additional_forward_args
             scores, _ = self.scorer(output, rows)  # checks that there is one row per input
         return scores.float()
 
@@ -161,10 +203,58 @@ class PerturbationCAM(BaseCAM):
                     f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
                 )
             kept = self.kept(grid, None if grad is None else self.as_grid(grad, reader))
-            perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
-            weights = self.score_weights(perturbed, run, kept)
-            maps[name] = torch.einsum("bck,bchw->bkhw", weights, grid)
+            maps[name] = self.perturbed_map(run, name, module, raw, grid, kept)
         return maps, several
+
+    def perturbed_map(
+        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
+        :meth:`score_weights` from :meth:`perturbed_scores` (a method whose map is not a
+        weighted sum of channels overrides this)."""
+        perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
+        weights = self.score_weights(perturbed, run, kept)
+        return torch.einsum("bck,bchw->bkhw", weights, grid)
+
+    def edited_scores(
+        self,
+        run: Runs,
+        module: nn.Module,
+        raw: Tensor,
+        sample: int,
+        n: int,
+        edit: Callable[[Tensor], Tensor],
+        suffix: list[bool],
+    ) -> Tensor:
+        """``(n, K)`` scores of sample ``sample`` with the layer's output ``(n, C, ...)`` of n
+        copies replaced by ``edit(output)``.
+
+        The layer's prefix runs once: a hook replaces the output of a one-image forward by
+        ``edit`` of ``n`` copies of its captured output ``raw[sample]``. A model whose later
+        layers combine tensors from before the layer in a way that does not broadcast over that
+        batch is detected (an error, or an output of the wrong batch size) and ``suffix[0]`` is
+        set False: then (and from then on) full forwards of ``n`` repeated inputs run, the hook
+        editing their output."""
+        rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
+        image = run.batch[sample : sample + 1]
+        if suffix[0]:
+            copies = raw[sample].expand(n, *raw.shape[1:])
+
+            def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+                return edit(copies)
+
+            try:
+                with hooked(lambda: [module.register_forward_hook(this_thread(replace))]):
+                    return run.score(image, rows)
+            except (RuntimeError, TargetError):
+                suffix[0] = False
+
+        def edited(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+            return edit(output)
+
+        inputs = image.expand(n, *image.shape[1:]).contiguous(memory_format=run.memory.preferred)
+        with hooked(lambda: [module.register_forward_hook(this_thread(edited))]):
+            return run.score(inputs, rows)
 
     def check_reader(self, name: str, reader: object) -> None:
         """Refuse a layer reading the method cannot perturb (see ``reshape_refused``)."""
@@ -205,28 +295,59 @@ class ScoreCAM(PerturbationCAM):
     (softmax over those, the rest weigh 0; agreement in docs/performance.md).
     """
 
+    label = "Score-CAM"  # in the progress bar
+    draws = 1  # masked inputs per mask (their scores are averaged): variants draw several
+    shares_masks = True  # whether channels with equal masks share their forwards
+
+    def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
+        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place);
+        Score-CAM uses them as they are. ``random``: the call's generator (see
+        :meth:`generator`), drawn in row order."""
+        return masks
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """A seeded generator for :meth:`perturb`, or None (Score-CAM draws nothing)."""
+        return None
+
     def perturbed_scores(
         self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
+        """Mean over the ``draws`` of the scores of the masked inputs, per evaluated channel."""
         batch, channels = grid.shape[:2]
-        # masks are equal when the normalised maps are (constant maps all normalise to zeros):
-        # one key per (sample, channel) is the sample index and the normalised map
-        keys = minmax(grid).flatten(-2)
-        sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
-        keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
         rows = kept.flatten().nonzero().squeeze(1)  # b * C + c
-        unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
-        first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
-        first.scatter_reduce_(0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin")
-        jobs = rows[first]
-        scores = []
-        with self._progress(f"Score-CAM {name}", jobs.shape[0]) as bar:
-            for part in _chunks(jobs, self.batch_size):
-                samples = part // channels
-                masked = self._masked(run, grid, samples, part % channels)
-                scores.append(run.score(masked, samples))
+        if self.shares_masks:
+            # masks are equal when the normalised maps are (constant maps all normalise to
+            # zeros): one key per (sample, channel) is the sample index and the normalised map
+            keys = minmax(grid).flatten(-2)
+            sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
+            keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
+            unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
+            del keys
+            first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
+            first.scatter_reduce_(
+                0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin"
+            )
+            jobs = rows[first]
+        else:
+            jobs, inverse = rows, torch.arange(rows.shape[0], device=grid.device)
+        count = jobs.shape[0]
+        # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
+        sums = run.scores.new_zeros((count, run.scores.shape[1]))
+        buffer = _MaskedBuffer(run, min(self.batch_size, count * self.draws))
+        random = self.generator(run.batch.device)
+        with self._progress(f"{self.label} {name}", count * self.draws) as bar:
+            # draw by draw (a variant's random draws come in this order), jobs inside
+            for part in _chunks(
+                torch.arange(count * self.draws, device=grid.device), self.batch_size
+            ):
+                draw, job = part // count, part % count
+                samples, chans = jobs[job] // channels, jobs[job] % channels
+                masks = self.perturb(_masks(grid, samples, chans, run.batch), draw, random)
+                masked = buffer.masked(masks, samples)
+                del masks  # not alive during the forward
+                sums.index_add_(0, job, run.score(masked, samples))
                 bar.update(part.shape[0])
-        per_row = torch.cat(scores)[inverse]  # (R, K)
+        per_row = (sums / self.draws)[inverse]  # (R, K)
         table = per_row.new_zeros((batch * channels, per_row.shape[1]))
         return table.index_copy_(0, rows, per_row).unflatten(0, (batch, channels))
 
@@ -234,23 +355,46 @@ class ScoreCAM(PerturbationCAM):
         """``softmax_c`` of the masked scores over the evaluated channels."""
         return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
 
-    @staticmethod
-    def _masked(run: Runs, grid: Tensor, samples: Tensor, channels: Tensor) -> Tensor:
-        """``x[samples[i]] * H`` with ``H = minmax(upsample(A[samples[i], channels[i]]))``:
-        ``(n, C_in, H, W)`` in the runs' memory format (only these n masks exist at once)."""
-        batch = run.batch
-        masks = F.interpolate(
-            grid[samples, channels].unsqueeze(1),
-            size=tuple(batch.shape[-2:]),
-            mode="bilinear",
-            align_corners=False,
-        )
+
+def _masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
+    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` in [0, 1] at the
+    size of ``like``, normalised in place (no temporary of the masks' size)."""
+    masks = F.interpolate(
+        grid[samples, channels].unsqueeze(1),
+        size=tuple(like.shape[-2:]),
+        mode="bilinear",
+        align_corners=False,
+    )
+    low = masks.amin(dim=(-2, -1), keepdim=True)
+    high = masks.amax(dim=(-2, -1), keepdim=True)
+    span = high - low
+    flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())  # as core.finish.minmax
+    return masks.sub_(low).div_(span.masked_fill_(flat, 1)).masked_fill_(flat, 0)
+
+
+class _MaskedBuffer:
+    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
+    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
+
+    def __init__(self, run: Runs, rows: int):
+        self.run = run
+        self.rows = rows
+        self.buffer = self._allocate()
+
+    def _allocate(self) -> Tensor:
+        batch = self.run.batch
+        self.format = self.run.memory.preferred
+        shape = (self.rows, *batch.shape[1:])
+        return torch.empty(shape, dtype=batch.dtype, device=batch.device, memory_format=self.format)
+
+    def masked(self, masks: Tensor, samples: Tensor) -> Tensor:
+        """``x[samples[i]] * masks[i]`` in the buffer (overwritten by the next chunk)."""
+        batch = self.run.batch
+        if self.format != self.run.memory.preferred:  # the model refused channels_last
+            self.buffer = self._allocate()
         images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
-        shape = (samples.shape[0], *batch.shape[1:])
-        out = torch.empty(
-            shape, dtype=batch.dtype, device=batch.device, memory_format=run.memory.preferred
-        )
-        return torch.mul(images, minmax(masks), out=out)
+        out = self.buffer[: samples.shape[0]]
+        return torch.mul(images, masks.to(batch.dtype), out=out)
 
 
 @register("ablationcam", "Desai & Ramaswamy, WACV 2020")
@@ -293,19 +437,15 @@ class AblationCAM(PerturbationCAM):
         kept = kept & (raw.flatten(2) != 0).any(dim=-1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
-        reuse_prefix = True
+        suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
             for sample in range(batch):
                 for part in _chunks(kept[sample].nonzero().squeeze(1), self.batch_size):
-                    if reuse_prefix:
-                        try:
-                            scores = self._ablated_suffix(run, module, raw, sample, part)
-                        except (RuntimeError, TargetError):
-                            reuse_prefix = False
-                    if not reuse_prefix:
-                        scores = self._ablated_forward(run, module, sample, part)
-                    ablated[sample, part] = scores
-                    bar.update(part.shape[0])
+                    n, ablate = part.shape[0], partial(self._ablate, channels=part)
+                    ablated[sample, part] = self.edited_scores(
+                        run, module, raw, sample, n, ablate, suffix
+                    )
+                    bar.update(n)
         return ablated
 
     def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
@@ -319,32 +459,3 @@ class AblationCAM(PerturbationCAM):
         act = act.clone()
         act[torch.arange(act.shape[0], device=act.device), channels] = 0
         return act
-
-    def _ablated_suffix(
-        self, run: Runs, module: nn.Module, raw: Tensor, sample: int, channels: Tensor
-    ) -> Tensor:
-        """Scores with the layer's output replaced by ablated copies of its captured output."""
-        copies = raw[sample].expand(channels.shape[0], *raw.shape[1:])
-
-        def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
-            return self._ablate(copies, channels)
-
-        rows = torch.full_like(channels, sample)
-        with hooked(lambda: [module.register_forward_hook(this_thread(replace))]):
-            return run.score(run.batch[sample : sample + 1], rows)
-
-    def _ablated_forward(
-        self, run: Runs, module: nn.Module, sample: int, channels: Tensor
-    ) -> Tensor:
-        """Scores of full forwards of repeated inputs, channel ``channels[i]`` zeroed in row i."""
-
-        def zero(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
-            return self._ablate(output, channels)
-
-        rows = torch.full_like(channels, sample)
-        image = run.batch[sample : sample + 1]
-        inputs = image.expand(channels.shape[0], *image.shape[1:]).contiguous(
-            memory_format=run.memory.preferred
-        )
-        with hooked(lambda: [module.register_forward_hook(this_thread(zero))]):
-            return run.score(inputs, rows)
