@@ -20,7 +20,7 @@ from skimage import data
 
 from camkit import GradCAM, GuidedBackprop
 from camkit.metrics import randomization_test
-from camkit.metrics.sanity import plot_randomization
+from camkit.metrics.plots import plot_randomization
 from camkit.models import load
 
 SIMILARITY = ("spearman", "ssim", "hog")

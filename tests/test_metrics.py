@@ -16,8 +16,9 @@ from torch import nn
 
 from camkit import metrics
 from camkit.errors import ArgumentError, InputError, TargetError
-from camkit.metrics.faithfulness import make_baseline, road_removed
+from camkit.metrics.faithfulness import make_baseline
 from camkit.metrics.plots import plot_curves
+from camkit.metrics.road import road_removed
 from camkit.targets import SoftmaxTarget
 
 SIDE = 32
@@ -402,7 +403,7 @@ def test_road_matches_pytorch_grad_cam(setup, order):
 
 
 def test_road_imputes_the_weighted_mean_of_the_neighbours():
-    from camkit.metrics.faithfulness import _impute
+    from camkit.metrics.road import _impute
 
     image = torch.arange(25.0).view(1, 5, 5) ** 1.5
     known = torch.ones(5, 5, dtype=torch.bool)

@@ -14,11 +14,11 @@ from torch import nn
 import camkit
 from camkit.errors import ArgumentError, EmptyMapWarning, LayerNotFoundError
 from camkit.metrics import randomization_test
+from camkit.metrics.plots import plot_randomization
 from camkit.metrics.sanity import (
     average_ranks,
     default_blocks,
     hog_similarity,
-    plot_randomization,
     spearman,
     ssim,
 )

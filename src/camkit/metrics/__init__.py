@@ -6,9 +6,9 @@ from camkit.metrics.faithfulness import (
     deletion,
     increase_in_confidence,
     insertion,
-    road,
 )
 from camkit.metrics.localisation import energy_pointing_game, pointing_game
+from camkit.metrics.road import road
 from camkit.metrics.sanity import randomization_test
 
 __all__ = [

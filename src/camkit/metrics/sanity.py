@@ -14,13 +14,9 @@ parameters, buffers and modes stay bit-identical, even when the explainer raises
 from __future__ import annotations
 
 import copy
-import io
-import math
-import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,11 +25,7 @@ from torch import Tensor, nn
 from camkit.core.layers import explained_module, find_layers
 from camkit.core.targets import Target, resolve, select_output
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
-from camkit.io import write_atomic
 from camkit.pixel.heatmap import to_heatmap
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 Order = Literal["cascade", "independent"]
 SIMILARITIES = ("spearman", "spearman_abs", "ssim", "hog")
@@ -282,7 +274,7 @@ def randomization_test(
         per_sample: report a list of ``B`` values per similarity instead of their mean.
         return_maps: also return ``{"original": maps, layer: maps, ...}``, the ``(B, H, W)``
             maps in [0, 1] (on the CPU) that SSIM and HOG compare, for
-            :func:`plot_randomization`.
+            :func:`camkit.metrics.plots.plot_randomization`.
 
     Returns:
         One dict per randomised block, in order, top first:
@@ -359,102 +351,6 @@ def randomization_test(
     return (results, maps) if return_maps else results
 
 
-# ----------------------------------------------------------------------------- the figure
-
-
-def plot_randomization(
-    results: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
-    maps_by_layer: Mapping[str, Tensor] | Mapping[str, Mapping[str, Tensor]],
-    path: str | os.PathLike[str] | None = None,
-    *,
-    sample: int = 0,
-    image: object = None,
-    similarity: str | Sequence[str] | None = None,
-) -> Figure:
-    """A row of maps (original, then each randomised block) with the similarities under each,
-    and the similarity against the depth of randomisation -> a ``matplotlib.figure.Figure``
-    (no pyplot: no global state changes). Saved as PNG to ``path`` when given.
-
-    ``results``/``maps_by_layer``: those of one :func:`randomization_test` call
-    (``return_maps=True``), or dicts ``{method name: ...}`` of several: one row per method,
-    one curve each. The numbers under the maps and on the curves are those of ``results``
-    (batch means, or sample ``sample``'s values with ``per_sample=True``). ``sample``: which
-    image of the batch to show; ``image``: that photo (``(H, W, 3)``) drawn first in each row.
-    ``similarity``: the similarities drawn (default: all reported).
-    """
-    from matplotlib.figure import Figure
-
-    from camkit.io import to_rgb_uint8
-
-    if isinstance(results, Mapping):
-        runs = dict(results)
-        all_maps = dict(maps_by_layer)
-    else:
-        runs, all_maps = {"": list(results)}, {"": maps_by_layer}
-    if set(runs) != set(all_maps):
-        raise ArgumentError(
-            f"results and maps name different methods: {list(runs)} vs {list(all_maps)}"
-        )
-    first = next(iter(runs.values()))
-    if not first:
-        raise ArgumentError("results is empty: nothing to plot")
-    reported = [k for k in first[0] if k != "layer"]
-    shown = reported if similarity is None else _check_similarity(similarity, with_abs=False)
-    if missing := [k for k in shown if k not in reported]:
-        raise ArgumentError(f"similarity {missing[0]!r} is not in the results ({reported})")
-    short = {"spearman": "ρ", "spearman_abs": "|ρ|", "ssim": "SSIM", "hog": "HOG"}
-
-    def value(row: Mapping[str, Any], key: str) -> float:
-        v = row[key]
-        return float(v[sample]) if isinstance(v, list) else float(v)
-
-    columns = len(first) + 1 + (image is not None)
-    figure = Figure(figsize=(1.7 * columns, 1.9 * len(runs) + 3.0), layout="constrained")
-    grid = figure.add_gridspec(len(runs) + 1, columns, height_ratios=[1.0] * len(runs) + [1.5])
-    for row_index, (method, rows) in enumerate(runs.items()):
-        maps = all_maps[method]
-        column = 0
-        if image is not None:
-            ax = figure.add_subplot(grid[row_index, 0])
-            ax.imshow(to_rgb_uint8(image))
-            ax.set_axis_off()
-            ax.set_title(method, fontsize=9)
-            column = 1
-        panels = [("original", None)] + [(row["layer"], row) for row in rows]
-        for offset, (name, row) in enumerate(panels):
-            if name not in maps:
-                raise ArgumentError(f"no map for {name!r} in maps_by_layer ({list(maps)})")
-            ax = figure.add_subplot(grid[row_index, column + offset])
-            ax.imshow(maps[name][sample].numpy(), cmap="jet", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(name, fontsize=8)
-            if offset == 0 and image is None and method:
-                ax.set_ylabel(method, fontsize=9)
-            if row is not None:
-                text = "\n".join(f"{short[k]} {value(row, k):.2f}" for k in shown)
-                ax.set_xlabel(text, fontsize=7)
-    curve = figure.add_subplot(grid[len(runs), :])
-    styles = ("-", "--", ":", "-.")
-    for colour, (method, rows) in enumerate(runs.items()):
-        for key, style in zip(shown, styles, strict=False):
-            ys = [1.0] + [value(row, key) for row in rows]
-            label = f"{method} {short[key]}".strip()
-            curve.plot(range(len(ys)), ys, f"C{colour}", linestyle=style, marker="o", label=label)
-    labels = ["original"] + [row["layer"] for row in first]
-    curve.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
-    curve.set_ylabel("similarity to the original map")
-    curve.set_xlabel("randomised block, top first (cascade: every block up to it)")
-    curve.axhline(0, color="grey", linewidth=0.5)
-    curve.set_ylim(min(-0.2, curve.get_ylim()[0]), 1.05)
-    curve.legend(fontsize=7, ncol=max(1, math.ceil(len(runs) * len(shown) / 4)))
-    if path is not None:
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=110)
-        write_atomic(Path(path), buffer.getvalue())
-    return figure
-
-
 __all__ = [
     "DISPLAY_PERCENTILE",
     "ORDERS",
@@ -462,7 +358,6 @@ __all__ = [
     "average_ranks",
     "default_blocks",
     "hog_similarity",
-    "plot_randomization",
     "randomization_test",
     "randomize_normal",
     "spearman",

@@ -1,0 +1,169 @@
+"""ROAD, RemOve And Debias: Rong et al., "A Consistent and Efficient Evaluation Strategy for
+Attribution Methods", ICML 2022. The removed pixels are filled in by noisy linear imputation,
+so the model cannot read the removal's shape; MoRF (most relevant first) and LeRF orders.
+Inputs, targets and conventions as the other faithfulness metrics
+(:mod:`camkit.metrics.faithfulness`, docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from camkit.core.inputs import finite_number, positive_int, seed_value
+from camkit.core.progress import progress_bar
+from camkit.core.targets import Target
+from camkit.errors import ArgumentError
+from camkit.metrics.faithfulness import _images, _maps_like, _ranks, _Scorer, _single
+
+ROAD_NOISE = 0.01
+"""Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""
+ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
+# ROAD's neighbour weights: 1/6 for the 4 direct neighbours, 1/12 for the 4 diagonal ones
+_ROAD_NEIGHBOURS = [
+    ((1, 1), 1 / 12),
+    ((0, 1), 1 / 6),
+    ((-1, 1), 1 / 12),
+    ((1, -1), 1 / 12),
+    ((0, -1), 1 / 6),
+    ((-1, -1), 1 / 12),
+    ((1, 0), 1 / 6),
+    ((-1, 0), 1 / 6),
+]
+
+
+# ----------------------------------------------------------------------------- ROAD
+
+
+def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
+    """ROAD's linear system for one image: each unknown pixel equals the weighted mean of its
+    8 neighbours (weights 1/6 direct, 1/12 diagonal, renormalised at the borders).
+    ``known (H, W)`` bool, ``image (C, H, W)`` -> ``(A (M, M) csc, b (M, C), unknown (M,))``."""
+    from scipy.sparse import coo_matrix
+
+    height, width = known.shape
+    flat_known = known.reshape(-1)
+    flat_image = image.reshape(image.shape[0], -1).astype(np.float64)
+    unknown = np.flatnonzero(~flat_known)
+    count = unknown.size
+    variable = np.zeros(flat_known.size, dtype=np.int64)
+    variable[unknown] = np.arange(count)
+    row, col = unknown // width, unknown % width
+    rhs = np.zeros((count, image.shape[0]))
+    weight_sum = np.zeros(count)
+    entries_i, entries_j, entries_w = [], [], []
+    for (dy, dx), weight in _ROAD_NEIGHBOURS:
+        r, c = row + dy, col + dx
+        inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
+        ids = np.flatnonzero(inside)
+        neighbour = r[inside] * width + c[inside]
+        weight_sum[ids] += weight
+        has_value = flat_known[neighbour]
+        rhs[ids[has_value]] -= weight * flat_image[:, neighbour[has_value]].T
+        entries_i.append(ids[~has_value])
+        entries_j.append(variable[neighbour[~has_value]])
+        entries_w.append(np.full(int((~has_value).sum()), weight))
+    diagonal = np.arange(count)
+    entries_i.append(diagonal)
+    entries_j.append(diagonal)
+    entries_w.append(-weight_sum)
+    matrix = coo_matrix(
+        (np.concatenate(entries_w), (np.concatenate(entries_i), np.concatenate(entries_j))),
+        shape=(count, count),
+    ).tocsc()
+    return matrix, rhs, unknown
+
+
+def _impute(
+    image: Tensor, known: Tensor, noise: float, generator: torch.Generator | None
+) -> Tensor:
+    """Noisy linear imputation (ROAD): the unknown pixels of ``image (C, H, W)`` solved from
+    their neighbours (a sparse direct solve, SciPy on the CPU), plus Gaussian noise of
+    standard deviation ``noise`` drawn on the CPU as ``randn(C, M)``."""
+    from scipy.sparse.linalg import spsolve
+
+    channels = image.shape[0]
+    matrix, rhs, unknown = _imputation_system(
+        known.cpu().numpy(), image.detach().float().cpu().numpy()
+    )
+    flat = image.reshape(channels, -1).clone()
+    if unknown.size == 0:
+        return image.clone()
+    solved = torch.as_tensor(spsolve(matrix, rhs), dtype=torch.float32).reshape(-1, channels)
+    filled = solved.t() + noise * torch.randn(solved.t().shape, generator=generator)
+    flat[:, torch.as_tensor(unknown, device=image.device)] = filled.to(image)
+    return flat.view_as(image)
+
+
+def road_removed(pixels: int, percentile: float) -> int:
+    """How many of ``pixels`` ROAD removes at ``percentile``: ``pixels - ceil((1 - p/100)
+    (pixels - 1))``, the count pytorch-grad-cam's percentile threshold removes from a map
+    without ties (so the two agree)."""
+    kept = math.ceil((100 - percentile) * (pixels - 1) / 100 - 1e-9)
+    return pixels - kept
+
+
+def road(
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: Target = None,
+    *,
+    percentiles: Sequence[float] = ROAD_PERCENTILES,
+    order: str = "morf",
+    noise: float = ROAD_NOISE,
+    seed: int | None = None,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> Tensor:
+    """ROAD (Rong et al., ICML 2022): ``(B, C, H, W), (B, h, w) -> (B, len(percentiles))``.
+
+    For each percentile ``p`` (the share of pixels removed, in (0, 100)) the ``p`` % most
+    (``order="morf"``) or least (``"lerf"``) relevant pixels (stable ranking, ties row-major)
+    are replaced by noisy linear imputation: each is the weighted mean of its 8 neighbours (a
+    sparse linear system), plus Gaussian noise of standard deviation ``noise``. Returns the
+    target's probability on each imputed image. MoRF: **lower is better**; LeRF: **higher is
+    better**. The noise comes from a CPU generator seeded with ``seed`` (None: torch's global
+    generator), drawn percentile by percentile, image by image, as pytorch-grad-cam does, so
+    ``torch.manual_seed(s)`` before its ``ROADMostRelevantFirst(100 - p)`` calls reproduces
+    camkit's ``seed=s``.
+    """
+    if order not in ("morf", "lerf"):
+        raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")
+    noise = finite_number("noise", noise, minimum=0.0)
+    seed = seed_value(seed, optional=True)
+    batch_size = positive_int("batch_size", batch_size)
+    if isinstance(percentiles, str | bytes) or not isinstance(percentiles, Sequence):
+        raise ArgumentError(f"percentiles must be a sequence of numbers, got {percentiles!r}")
+    if not percentiles:
+        raise ArgumentError("percentiles is empty")
+    percentiles = [finite_number("each percentile", p) for p in percentiles]
+    if any(not 0 < p < 100 for p in percentiles):
+        raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
+    batch, single = _images(x, model)
+    maps = _maps_like(maps, batch, single)
+    scorer = _Scorer(model, batch, target, batch_size)
+    b, _, height, width = batch.shape
+    pixels = height * width
+    ranks = _ranks(maps, descending=order == "morf").view(b, height, width)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    imputed = []
+    with progress_bar(len(percentiles) * b, "ROAD", "image", enabled=progress) as bar:
+        for percentile in percentiles:
+            removed = road_removed(pixels, percentile)
+            for i in range(b):
+                imputed.append(_impute(batch[i], ranks[i] >= removed, noise, generator))
+                bar.update(1)
+    stacked = torch.stack(imputed)  # (P * B, C, H, W), percentile major
+
+    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
+        indices = indices.to(batch.device)
+        return stacked[indices], indices % b
+
+    scores = scorer.scores(len(percentiles) * b, build).view(len(percentiles), b).t()
+    return _single(scores.contiguous(), single)
