@@ -126,25 +126,25 @@ def score_batch(
     """``{column: (B,)}`` for the chosen metrics, and the deletion/insertion curves."""
     values: dict[str, Tensor] = {}
     curves: dict[str, Tensor] = {}
-    common = {"batch_size": settings.batch_size}
+    rows = {"batch_size": settings.batch_size}
     for kind in ("deletion", "insertion"):
         if kind in settings.metrics:
             metric = getattr(metrics, kind)
             auc, curve = metric(
                 model, inputs, maps, target, steps=settings.steps, baseline=settings.baseline,
-                return_curves=True, **common,
+                return_curves=True, **rows,
             )  # fmt: skip
             values[kind], curves[kind] = auc, curve
     if "drop" in settings.metrics:
-        values["average_drop"] = metrics.average_drop(model, inputs, maps, target)
+        values["average_drop"] = metrics.average_drop(model, inputs, maps, target, **rows)
     if "increase" in settings.metrics:
         values["increase_in_confidence"] = metrics.increase_in_confidence(
-            model, inputs, maps, target
+            model, inputs, maps, target, **rows
         )
-    if "road" in settings.metrics:
+    if "road" in settings.metrics:  # the mean over the percentiles; seeded noise: reruns agree
         for order in ("morf", "lerf"):
-            score = metrics.road(model, inputs, maps, target, order=order)
-            values[f"road_{order}"] = score.mean(dim=-1) if score.ndim == 2 else score
+            score = metrics.road(model, inputs, maps, target, order=order, seed=0, **rows)
+            values[f"road_{order}"] = score.mean(dim=-1)
     if masks is not None:
         if "pointing" in settings.metrics:
             values["pointing_game"] = metrics.pointing_game(
