@@ -122,3 +122,17 @@ def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weigh
         outputs = [row.get("output") for row in rows]
         assert len(outputs) == len(set(outputs)) == (1 if "broken" in image else 2), image
     assert not list(out.glob("manifest.rank*.jsonl")) and not list(out.glob("*.tmp"))
+
+
+def test_a_batch_cut_short_by_a_kill_counts_for_none_of_its_images(tmp_path):
+    part = tmp_path / "manifest.rank0.jsonl"
+    records = [{"image": f"{name}.png", "method": m} for name in "ab" for m in ("gc", "lc")]
+    manifest.append(part, [{"settings": {}, "rank": 0}])
+    manifest.append(part, [{"record": r} for r in records[:2]] + [{"throughput": {"images": 1}}])
+    # the next batch: image b's first record written, its second and the throughput not (yet)
+    manifest.append(part, [{"record": records[2]}])
+    read = manifest.read(part)
+    assert read["records"] == records[:2] and read["throughput"] == {"images": 1}
+    with open(part, "a") as file:  # a line the kill cut in half
+        file.write('{"record": {"ima')
+    assert manifest.read(part)["records"] == records[:2]

@@ -69,7 +69,9 @@ def append(path: Path, lines: list[dict]) -> None:
 
 def read(path: Path) -> dict | None:
     """A manifest (``.json``) or a part (``.jsonl``: its header, records and last throughput);
-    None when absent. A manifest of camkit 0.1 (a bare list of records) has no settings to
+    None when absent. A part's records count only when their batch's throughput line follows
+    them: a kill during a batch's append leaves none of that batch (not one method of an image
+    without the other). A manifest of camkit 0.1 (a bare list of records) has no settings to
     compare, so it cannot be resumed from."""
     if not path.is_file():
         return None
@@ -77,14 +79,17 @@ def read(path: Path) -> dict | None:
         loaded = json.loads(path.read_text("utf-8"))
         return loaded if isinstance(loaded, dict) else {"settings": None, "records": loaded}
     part: dict = {"records": []}
+    batch: list[dict] = []  # a batch's records count once its closing throughput line is there
     for text in path.read_text("utf-8").splitlines():
         try:
             line = json.loads(text)
         except json.JSONDecodeError:  # the line a kill cut short: its batch is not recorded
             break
         if "record" in line:
-            part["records"].append(line["record"])
+            batch.append(line["record"])
         else:
+            part["records"] += batch
+            batch = []
             part.update(line)
     return part
 
