@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.perturbation import PerturbationCAM, Runs, ScoreCAM, _chunks
-from camkit.core.inputs import finite_number, generator, positive_int, seed_value
+from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import OutputSelector, select_output
 from camkit.errors import ArgumentError, LayerOutputError
@@ -70,8 +70,7 @@ class SSCAM(ScoreCAM):
         self.seed = seed_value(seed, optional=True)
 
     def generator(self, device: torch.device) -> torch.Generator:
-        seed = int(torch.randint(2**62, ())) if self.seed is None else self.seed
-        return generator(device).manual_seed(seed)
+        return generator(device).manual_seed(call_seed(self.seed))
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
         """``H + std * z`` with one ``(H, W)`` standard normal draw ``z`` per row, in row order

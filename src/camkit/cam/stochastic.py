@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.core.engine import over_rows
-from camkit.core.inputs import finite_number, generator, positive_int, seed_value
+from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
 from camkit.core.layers import LayerSpec, single_call
 from camkit.core.targets import RowScorer
 from camkit.registry import register
@@ -75,8 +75,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         first, _ = over_rows(batch, self.batch_size, clean)
         if scorer.top1:  # explain the clean prediction in every noisy copy
             scorer = replace(scorer, classes=first["classes"])
-        seed = int(torch.randint(2**62, ())) if self.seed is None else self.seed
-        noise = _Noise(batch.shape, generator(batch.device).manual_seed(seed))
+        noise = _Noise(batch.shape, generator(batch.device).manual_seed(call_seed(self.seed)))
         total = self.samples * size
         step = self.batch_size or total
         moments: dict[str, Tensor] = {}  # per layer: sums of g, g^2, g^3, (3, B, K, C, h, w)

@@ -103,6 +103,12 @@ def seed_value(seed: object, *, optional: bool = False) -> int | None:
     return seed
 
 
+def call_seed(seed: int | None) -> int:
+    """``seed``, or for None a new one drawn from torch's global generator (so that
+    ``torch.manual_seed`` makes an unseeded call reproducible)."""
+    return int(torch.randint(2**62, ())) if seed is None else seed
+
+
 def generator(device: torch.device) -> torch.Generator:
     """A random generator on ``device`` where the backend has one, else on the CPU (draw with
     ``device=generator.device``, then move)."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from camkit.core.inputs import call_seed
 from camkit.core.layers import explained_module, find_layers
 from camkit.core.targets import Target, resolve, select_output
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
@@ -301,8 +302,7 @@ def randomization_test(
     if not names or not all(isinstance(name, str) for name in names):
         raise ArgumentError(f"layers must be a non-empty list of module names, got {layers!r}")
     find_layers(model, names)  # unknown names raise with the closest names
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+    seed = call_seed(seed)
     try:
         network = copy.deepcopy(model)
     except Exception as err:  # any failure to copy: the test cannot run without touching it

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import checked, drop_axes
-from camkit.core.inputs import as_batch, positive_int
+from camkit.core.inputs import as_batch, call_seed, positive_int
 from camkit.core.inputs import generator as random_generator
 from camkit.core.targets import Target
 from camkit.errors import ArgumentError
@@ -160,10 +160,7 @@ class SmoothGrad(PixelAttribution):
     def _seeds(self, size: int, copies: int) -> list[int]:
         """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
         sample b's seeds are the same whatever the batch size."""
-        seed = self.seed
-        if seed is None:
-            seed = int(torch.randint(2**62, ()))
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(call_seed(self.seed))
         table = torch.randint(2**62, (size, copies), generator=generator)
         return table.t().flatten().tolist()
 
