@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchvision.transforms.functional import gaussian_blur
 
 from camkit import registry
 from camkit.cam.base import BaseCAM
@@ -294,17 +295,12 @@ def _column(function: Callable[[Any], Tensor], k: int) -> Callable[[Any], Tensor
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
-    """``(B, K, H, W)`` blurred by a ``size x size`` Gaussian (OpenCV's ``GaussianBlur`` with
-    its default reflected borders); maps smaller than the kernel's reach are left as they are."""
-    pad = size // 2
-    if min(maps.shape[-2:]) <= pad:
+    """``(B, K, H, W)`` blurred by a ``size x size`` Gaussian (torchvision's ``gaussian_blur``:
+    reflected borders, as OpenCV's ``GaussianBlur`` in the authors' code); maps smaller than
+    the kernel's reach are left as they are."""
+    if min(maps.shape[-2:]) <= size // 2:
         return maps
-    axis = torch.arange(size, device=maps.device, dtype=maps.dtype) - pad
-    kernel = torch.exp(-(axis**2) / (2 * sigma**2))
-    kernel = kernel / kernel.sum()
-    flat = F.pad(maps.flatten(0, 1)[:, None], (pad, pad, pad, pad), mode="reflect")
-    flat = F.conv2d(flat, kernel.view(1, 1, 1, -1))
-    flat = F.conv2d(flat, kernel.view(1, 1, -1, 1))
+    flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])
     return flat[:, 0].unflatten(0, maps.shape[:2])
 
 
