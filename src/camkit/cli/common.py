@@ -55,6 +55,16 @@ def find_images(paths: Sequence[str]) -> list[Path]:
     return found
 
 
+def exit_status(unreadable: Sequence[str]) -> int:
+    """``EXIT_OK``, or ``EXIT_UNREADABLE_IMAGES`` after naming on stderr the images that could
+    not be read (the others were done)."""
+    if not unreadable:
+        return EXIT_OK
+    count = len(unreadable)
+    print(f"camkit: {count} image(s) could not be read: {', '.join(unreadable)}", file=sys.stderr)
+    return EXIT_UNREADABLE_IMAGES
+
+
 def parse_methods(spec: str) -> list[str]:
     """``"gradcam,layercam"`` -> ``["gradcam", "layercam"]``; unknown names are usage errors."""
     methods = list(dict.fromkeys(name.strip().lower() for name in spec.split(",")))

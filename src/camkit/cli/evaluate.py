@@ -20,12 +20,11 @@ from torch.utils.data import DataLoader
 
 from camkit import io, metrics, models, report
 from camkit.cli.common import (
-    EXIT_OK,
-    EXIT_UNREADABLE_IMAGES,
     IMAGE_SUFFIXES,
     UsageError,
     add_model_arguments,
     check_out_dir,
+    exit_status,
     find_images,
     load_model,
     parse_methods,
@@ -366,11 +365,7 @@ def write_results(
         metrics_of = overlay_metrics(records, rows)
         page = report.write_report(out, records, metrics=metrics_of, colormap=colormap)
         print(f"added the metrics of {len(metrics_of)} overlay(s) to {page}")
-    if failed:
-        print(f"camkit: {len(failed)} image(s) could not be read: {', '.join(failed)}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_UNREADABLE_IMAGES
-    return EXIT_OK
+    return exit_status(failed)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

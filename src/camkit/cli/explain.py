@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,11 +12,11 @@ from camkit import models, registry, report
 from camkit.cli import evaluate
 from camkit.cli.common import (
     EXIT_OK,
-    EXIT_UNREADABLE_IMAGES,
     UsageError,
     add_model_arguments,
     check_colormap,
     check_out_dir,
+    exit_status,
     find_images,
     load_model,
     parse_methods,
@@ -141,13 +140,7 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
         for rank in throughput["ranks"]:
             speed = rank["images_per_second"] or 0.0
             print(f"  rank {rank['rank']}: {rank['images']} image(s), {speed:.1f} images/s")
-    if failed:
-        print(
-            f"camkit: {len(failed)} image(s) could not be read: {', '.join(failed)}",
-            file=sys.stderr,
-        )
-        return EXIT_UNREADABLE_IMAGES
-    return EXIT_OK
+    return exit_status(failed)
 
 
 def epilog() -> str:
