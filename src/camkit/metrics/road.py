@@ -91,11 +91,11 @@ def _impute(
     matrix, rhs, unknown = _imputation_system(
         known.cpu().numpy(), image.detach().float().cpu().numpy()
     )
-    flat = image.reshape(channels, -1).clone()
     if unknown.size == 0:
         return image.clone()
-    solved = torch.as_tensor(spsolve(matrix, rhs), dtype=torch.float32).reshape(-1, channels)
-    filled = solved.t() + noise * torch.randn(solved.t().shape, generator=generator)
+    solved = torch.as_tensor(spsolve(matrix, rhs), dtype=torch.float32).reshape(-1, channels).t()
+    filled = solved + noise * torch.randn(solved.shape, generator=generator)
+    flat = image.reshape(channels, -1).clone()
     flat[:, torch.as_tensor(unknown, device=image.device)] = filled.to(image)
     return flat.view_as(image)
 
