@@ -226,7 +226,7 @@ class DeepFeatureFactorization:
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         classifier: nn.Module | str | None = "auto",
         reshape: Reshape | str | None = "auto",

@@ -36,18 +36,19 @@ import ctypes
 import sys
 from collections.abc import Callable, Iterator
 from functools import cache, partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, Reshape
+from camkit.cam.base import BaseCAM
 from camkit.core.engine import layer_gradients, require_autograd, run_model
 from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, autocast, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.progress import progress_bar
-from camkit.core.targets import OutputSelector, RowScorer
+from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
 from camkit.registry import register
 
@@ -128,8 +129,8 @@ class PerturbationCAM(BaseCAM):
     """Base of the CAMs whose channel weights come from perturbed forward passes.
 
     Args (besides those of :class:`~camkit.cam.base.BaseCAM`):
-        batch_size: perturbed rows per forward pass (the memory knob); results do not depend
-            on it.
+        batch_size: rows per forward pass, here perturbed inputs (the memory knob; default
+            32); results do not depend on it.
         top_channels: evaluate only the ``top_channels`` channels of largest
             ``|sum_ij g_cij A_cij|`` per sample (others weigh 0; see the module docstring for
             the measured agreement); ``None`` evaluates every channel (exact).
@@ -140,22 +141,18 @@ class PerturbationCAM(BaseCAM):
 
     family = "perturbation-cam"
     needs_gradients = False
+    default_batch_size = 32
 
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
-        batch_size: int = 32,
         top_channels: int | None = None,
         progress: bool = False,
-        output: OutputSelector = None,
-        reshape: Reshape | None = None,
-        dtype: torch.dtype | None = None,
+        **options: Any,
     ):
-        super().__init__(
-            model, layer, output=output, reshape=reshape, dtype=dtype, batch_size=batch_size
-        )
+        super().__init__(model, layer, **options)
         self.top_channels = positive_int("top_channels", top_channels, optional=True)
         self.progress = progress
 
@@ -333,13 +330,12 @@ class ScoreCAM(PerturbationCAM):
         count = jobs.shape[0]
         # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
         sums = run.scores.new_zeros((count, run.scores.shape[1]))
-        buffer = _MaskedBuffer(run, min(self.batch_size, count * self.draws))
+        step = self.rows_per_pass(count * self.draws)
+        buffer = _MaskedBuffer(run, step)
         random = self.generator(run.batch.device)
         with self._progress(f"{self.label} {name}", count * self.draws) as bar:
             # draw by draw (a variant's random draws come in this order), jobs inside
-            for part in _chunks(
-                torch.arange(count * self.draws, device=grid.device), self.batch_size
-            ):
+            for part in _chunks(torch.arange(count * self.draws, device=grid.device), step):
                 draw, job = part // count, part % count
                 samples, chans = jobs[job] // channels, jobs[job] % channels
                 masks = self.perturb(_masks(grid, samples, chans, run.batch), draw, random)
@@ -440,7 +436,9 @@ class AblationCAM(PerturbationCAM):
         suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
             for sample in range(batch):
-                for part in _chunks(kept[sample].nonzero().squeeze(1), self.batch_size):
+                for part in _chunks(
+                    kept[sample].nonzero().squeeze(1), self.rows_per_pass(channels)
+                ):
                     n, ablate = part.shape[0], partial(self._ablate, channels=part)
                     ablated[sample, part] = self.edited_scores(
                         run, module, raw, sample, n, ablate, suffix

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from camkit.cam.gradient import GradCAM
 from camkit.core.engine import over_rows, run_model
 from camkit.core.inputs import autocast, finite_number, positive_int
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer, Target
+from camkit.core.targets import RowScorer, TargetSpec
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
 
@@ -101,7 +101,7 @@ class SESS(BaseCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         base: type[BaseCAM] | str = GradCAM,
         scales: Sequence[int] | None = None,
@@ -135,10 +135,12 @@ class SESS(BaseCAM):
             raise ArgumentError(f"smooth must be True or False, got {smooth!r}")
         self.smooth = smooth
         self.base = base(model, layer, **options)
-        self.needs_gradients = self.base.needs_gradients
-        self.layouts = self.base.layouts
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
 
-    def __call__(self, x: Tensor, target: Target = None, **options: Any):
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
+
+    def __call__(self, x: Tensor, target: TargetSpec = None, **options: Any):
         if options.get("additional_forward_args") is not None:
             raise ArgumentError(
                 "SESS does not take additional_forward_args: its patches are new inputs that "
@@ -256,10 +258,7 @@ class SESS(BaseCAM):
     def _patch_maps(self, patches: Tensor, scorer: RowScorer, sample: Tensor, k: int) -> Tensor:
         """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
         their samples ``sample``."""
-        if scorer.function is not None:
-            target: Target = _column(scorer.function, k)
-        else:
-            target = scorer.classes[sample.to(scorer.classes.device), k]
+        target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
@@ -282,16 +281,6 @@ def _pair(name: str, value: object) -> tuple[int, int]:
         raise ArgumentError(f"{name} must be a positive int or (h, w), got {value!r}")
     size = positive_int(name, value)
     return (size, size)
-
-
-def _column(function: Callable[[Any], Tensor], k: int) -> Callable[[Any], Tensor]:
-    """A callable target reduced to its ``k``-th score, ``(n,)``."""
-
-    def score(output: Any) -> Tensor:
-        scores = function(output)
-        return scores.reshape(scores.shape[0], -1)[:, k]
-
-    return score
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:

@@ -30,7 +30,7 @@ from torchvision.transforms.functional import gaussian_blur
 from camkit.core.engine import run_model
 from camkit.core.inputs import MemoryFormat, as_batch, positive_int
 from camkit.core.progress import progress_bar
-from camkit.core.targets import Target, resolve
+from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, InputError, TargetError
 
 BLUR_KERNEL = 11
@@ -89,7 +89,7 @@ class _Scorer:
     """Scores images for the resolved target: a class's softmax probability, or a callable's
     scores; one score per image (rows ``rows`` of the batch). Forwards in ``batch_size`` rows."""
 
-    def __init__(self, model: nn.Module, batch: Tensor, target: Target, batch_size: int):
+    def __init__(self, model: nn.Module, batch: Tensor, target: TargetSpec, batch_size: int):
         self.model = model
         self.batch_size = batch_size
         self.memory = MemoryFormat(batch)
@@ -180,7 +180,7 @@ def _curve(
     model: nn.Module,
     x: Tensor,
     maps: object,
-    target: Target,
+    target: TargetSpec,
     *,
     steps: int,
     baseline: str | Tensor,
@@ -228,7 +228,7 @@ def deletion(
     model: nn.Module,
     x: Tensor,
     maps: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     steps: int = 50,
     baseline: str | Tensor = "blur",
@@ -262,7 +262,7 @@ def insertion(
     model: nn.Module,
     x: Tensor,
     maps: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     steps: int = 50,
     baseline: str | Tensor = "blur",
@@ -294,7 +294,7 @@ def insertion(
 
 
 def _masked_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target, batch_size: int
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec, batch_size: int
 ) -> tuple[Tensor, Tensor, bool]:
     """``(Y, O, single)``: the target's probability on the images and on the images times
     their maps (the maps must be in [0, 1])."""
@@ -317,7 +317,7 @@ def _masked_confidence(
 
 
 def average_drop(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
 ) -> Tensor:
     """Average Drop (Chattopadhay et al., Grad-CAM++, WACV 2018): ``max(0, Y - O) / Y`` per
     image, ``(B,)`` in [0, 1] (the paper's "%" is this times 100; torchcam's convention).
@@ -329,7 +329,7 @@ def average_drop(
 
 
 def increase_in_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
 ) -> Tensor:
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
