@@ -9,17 +9,16 @@ only the part of the network after the layer (the suffix forward Ablation-CAM us
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.perturbation import PerturbationCAM, Runs, ScoreCAM, _chunks
+from camkit.cam.perturbation import PerturbationCAM, ScoreCAM, _chunks
+from camkit.core.copies import CopyScorer
 from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import select_output
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.registry import register
 
@@ -179,7 +178,7 @@ class ReciproCAM(PerturbationCAM):
         return F.conv2d(masks, gaussian, padding=1)  # the kernel centred at each position
 
     def perturbed_map(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         batch, _, h, w = grid.shape
         if raw.ndim != 4:
@@ -187,12 +186,15 @@ class ReciproCAM(PerturbationCAM):
                 f"ReciproCAM needs a (B, C, h, w) layer output, {name!r} gives {tuple(raw.shape)}"
             )
         if run.scorer.has_classes:  # class targets: their softmax probability
-            selector = run.scorer.selector
-            probability = replace(
+            run = CopyScorer(
+                run.model,
+                run.batch,
                 run.scorer,
-                selector=lambda out: select_output(out, selector).float().softmax(dim=-1),
+                dtype=run.dtype,
+                probabilities=True,
+                scores=run.scores,
+                memory=run.memory,
             )
-            run = Runs(run.model, run.batch, probability, run.scores, run.memory, run.dtype)
         maps = []
         suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Recipro-CAM {name}", batch * h * w) as bar:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from camkit.core.copies import chunks, pin_top1
 from camkit.core.engine import layer_gradients, run_model
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
@@ -146,16 +147,14 @@ class PixelAttribution(Explainer):
         self.check_autograd()
         size = batch.shape[0]
         scorer = resolve(target, size, batch.device, self.output)
-        if scorer.top1 and make_inputs is not None:
-            with torch.no_grad(), autocast(batch.device, self.dtype):
-                scorer = scorer.pinned(run_model(self.model, batch))
+        if make_inputs is not None:  # copies that differ from the clean batch
+            scorer = pin_top1(
+                self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size
+            )
         memory = MemoryFormat(batch)
-        rows_total = copies * size
-        step = self.batch_size or rows_total
         several = False
-        for start in range(0, rows_total, step):
-            span = range(start, min(start + step, rows_total))
-            rows = torch.arange(span.start, span.stop, device=batch.device)
+        for rows in chunks(copies * size, self.batch_size, batch.device):
+            span = range(int(rows[0]), int(rows[-1]) + 1)
             inputs = batch[rows % size] if make_inputs is None else make_inputs(rows, span)
             grads, scores, several = self.input_gradients(inputs, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
