@@ -1,30 +1,20 @@
 """Attention maps for vision transformers: Attention Rollout and LeGrad.
 
-Both read the post-softmax attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks
-(timm ``Attention`` modules, torchvision ``EncoderBlock.self_attention``), drop the prefix keys
-(class, distillation, register tokens) and lay the patch keys out on the patch grid
-(:func:`camkit.core.layouts.infer_layout`).
-
-Capture, per family, for the duration of one call only (restored in ``finally``):
-
-* timm: the attention's ``fused_attn`` flag is switched off so that the probabilities exist as a
-  tensor (the output of its ``attn_drop``, identity in eval mode), then switched back;
-* torchvision: ``nn.MultiheadAttention`` is asked for per-head weights (``need_weights=True,
-  average_attn_weights=False``) and its output is recomputed from them, so that gradients reach
-  the probabilities (the same replay as torchcam 0.5.0); what the block receives is unchanged.
+Both read the post-softmax attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks,
+captured by the engine's reversible edit (:func:`camkit.core.attention.captured_attention`),
+drop the prefix keys (class, distillation, register tokens) and lay the patch keys out on the
+patch grid (:func:`camkit.core.layouts.infer_layout`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from camkit.core.attention import attention_blocks, captured_attention
 from camkit.core.engine import over_rows, run_model
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing
@@ -34,33 +24,6 @@ from camkit.core.layouts import infer_layout
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
-
-
-def _is_timm_attention(module: nn.Module) -> bool:
-    return all(hasattr(module, a) for a in ("qkv", "attn_drop", "fused_attn", "num_heads"))
-
-
-def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
-    """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
-    ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first)."""
-    found = []
-    for name, module in model.named_modules():
-        attn = getattr(module, "attn", None)
-        if isinstance(attn, nn.Module) and _is_timm_attention(attn):
-            found.append((name, module, attn))
-            continue
-        attn = getattr(module, "self_attention", None)
-        if isinstance(attn, nn.MultiheadAttention):
-            if not attn.batch_first or not attn._qkv_same_embed_dim:
-                raise AttentionError(f"{name}.self_attention must be batch-first self-attention")
-            found.append((name, module, attn))
-    if not found:
-        raise AttentionError(
-            f"{type(model).__name__} has no supported attention blocks (timm Attention with "
-            "qkv/attn_drop, or torchvision blocks with an nn.MultiheadAttention self_attention)"
-        )
-    return found
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
@@ -75,71 +38,6 @@ def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple
             f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
         )
     return [(name, by_name[name]) for name in layers]
-
-
-def _mha_pre(module: nn.MultiheadAttention, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    args = list(args)
-    if len(args) > 4:
-        args[4] = True
-    else:
-        kwargs["need_weights"] = True
-    if len(args) > 6:
-        args[6] = False
-    else:
-        kwargs["average_attn_weights"] = False
-    return tuple(args), kwargs
-
-
-def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any):
-    """Recompute the attention output from the per-head probabilities (so gradients reach
-    them) and return ``(output, None)`` as the block asked (torchvision passes need_weights=False
-    and ignores the weights)."""
-    weights = out[1]
-    value = args[2] if len(args) > 2 else kwargs["value"]
-    batch, length, dim = value.shape
-    heads = module.num_heads
-    bias = None if module.in_proj_bias is None else module.in_proj_bias[2 * dim :]
-    v = F.linear(value, module.in_proj_weight[2 * dim :], bias)
-    v = v.reshape(batch, length, heads, dim // heads).transpose(1, 2)
-    mixed = (weights @ v).transpose(1, 2).reshape(batch, weights.shape[-2], dim)
-    store.append(weights)
-    return module.out_proj(mixed), None
-
-
-@contextmanager
-def captured_attention(
-    attentions: Sequence[nn.Module],
-) -> Iterator[list[list[Tensor]]]:
-    """Collect each attention module's probabilities ``(B, heads, N, N)`` during the forward
-    passes inside; every flag and hook is restored/removed on exit."""
-    stores: list[list[Tensor]] = [[] for _ in attentions]
-    handles = []
-    fused = []
-    try:
-        for store, attn in zip(stores, attentions, strict=True):
-            if isinstance(attn, nn.MultiheadAttention):
-                handles.append(
-                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
-                )
-                handles.append(
-                    attn.register_forward_hook(
-                        this_thread(partial(_mha_post, store)), with_kwargs=True
-                    )
-                )
-            else:
-                fused.append((attn, attn.fused_attn))
-                attn.fused_attn = False
-                handles.append(
-                    attn.attn_drop.register_forward_hook(
-                        this_thread(lambda module, args, out, store=store: store.append(out))
-                    )
-                )
-        yield stores
-    finally:
-        for handle in handles:
-            handle.remove()
-        for attn, flag in fused:
-            attn.fused_attn = flag
 
 
 def _patch_layout(model: nn.Module, tokens: int, size: tuple[int, int]):
