@@ -2,7 +2,8 @@
 
 ``GradCAM(model, "features.28")(img, target=281)`` gives an ``(H, W)`` heatmap in [0, 1].
 
-Layout: :mod:`camkit.core` (the engine: layers and hooks, targets, the tapped forward, finishing),
+Every method is a :class:`~camkit.core.explainer.Explainer`. Layout: :mod:`camkit.core` (the
+engine: the Explainer base, layers and hooks, targets, the tapped forward, copies, finishing),
 :mod:`camkit.registry` (which methods exist), :mod:`camkit.cam` and :mod:`camkit.pixel` (the
 methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
@@ -10,34 +11,9 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 
 from camkit import errors, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
-from camkit.cam import (
-    CAM,
-    FEM,
-    ISCAM,
-    KPCACAM,
-    SESS,
-    SSCAM,
-    AblationCAM,
-    BaseCAM,
-    DeepFeatureFactorization,
-    EigenCAM,
-    EigenGradCAM,
-    FinerCAM,
-    FullGrad,
-    GradCAM,
-    GradCAMElementWise,
-    GradCAMPlusPlus,
-    HiResCAM,
-    LayerCAM,
-    RandomCAM,
-    ReciproCAM,
-    RefineCAM,
-    ScoreCAM,
-    ShapleyCAM,
-    SmoothGradCAMPlusPlus,
-    XGradCAM,
-    cams,
-)
+from camkit.cam import *  # noqa: F403  (every CAM class, cams)
+from camkit.cam import __all__ as _cam_names
+from camkit.core.explainer import Explainer
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
@@ -51,50 +27,29 @@ from camkit.pixel import (
     to_heatmap,
 )
 from camkit.registry import METHODS
+from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "CAM",
-    "FEM",
-    "KPCACAM",
+    *_cam_names,
     "METHODS",
-    "AblationCAM",
     "AttentionRollout",
-    "BaseCAM",
     "CamkitError",
+    "ClassTarget",
     "Deconvnet",
-    "DeepFeatureFactorization",
-    "EigenCAM",
-    "EigenGradCAM",
-    "FinerCAM",
-    "FullGrad",
-    "GradCAM",
-    "GradCAMElementWise",
-    "GradCAMPlusPlus",
+    "Explainer",
     "GuidedBackprop",
     "GuidedGradCAM",
-    "HiResCAM",
     "IntegratedGradients",
-    "LayerCAM",
-    "LeGrad",
     "LayerNotFoundError",
     "LayerOutputError",
-    "RandomCAM",
-    "ISCAM",
-    "SSCAM",
-    "ReciproCAM",
-    "RefineCAM",
-    "SESS",
+    "LeGrad",
     "Saliency",
-    "ScoreCAM",
-    "ShapleyCAM",
     "SmoothGrad",
-    "SmoothGradCAMPlusPlus",
+    "Target",
     "TargetError",
-    "XGradCAM",
-    "cams",
     "errors",
     "feature_grid",
     "find_layer",

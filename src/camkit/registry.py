@@ -34,31 +34,19 @@ class Method:
 
     @property
     def capabilities(self) -> Any:
-        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`)."""
+        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`): ``family``
+        (``"gradient-cam"``, ``"perturbation-cam"``, ``"pixel"`` or ``"attention"``),
+        ``needs_layer``, ``needs_gradients``, ``seeded`` (takes ``seed=``) and ``target_free``
+        (the same map for every target); each is also an attribute of the entry."""
         return self.cls.capabilities()
 
-    @property
-    def family(self) -> str:
-        """``"gradient-cam"``, ``"perturbation-cam"``, ``"pixel"`` or ``"attention"``."""
-        return self.cls.family
-
-    @property
-    def needs_layer(self) -> bool:
-        return self.cls.needs_layer
-
-    @property
-    def needs_gradients(self) -> bool:
-        return self.cls.needs_gradients
-
-    @property
-    def seeded(self) -> bool:
-        """Whether it takes ``seed=`` (its results depend on random draws)."""
-        return self.cls.seeded
-
-    @property
-    def target_free(self) -> bool:
-        """Whether its map is the same for every target."""
-        return self.cls.target_free
+    def __getattr__(self, flag: str) -> Any:
+        if flag.startswith("_") or flag == "cls":
+            raise AttributeError(flag)
+        try:
+            return getattr(self.capabilities, flag)
+        except AttributeError:
+            raise AttributeError(f"a registered method has no {flag!r}") from None
 
     @property
     def shares_pass(self) -> bool:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from camkit.cam.perturbation import PerturbationCAM, ScoreCAM, _chunks
 from camkit.core.copies import CopyScorer
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
+from camkit.core.inputs import call_seed, finite_number, generator, positive_int
 from camkit.core.layers import LayerSpec
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.registry import register
@@ -62,13 +62,11 @@ class SSCAM(ScoreCAM):
         *,
         samples: int = 35,
         std: float = 2.0,
-        seed: int | None = None,
         **options: Any,
     ):
         super().__init__(model, layer, **options)
         self.samples = self.draws = positive_int("samples", samples)
         self.std = finite_number("std", std, minimum=0.0)
-        self.seed = seed_value(seed, optional=True)
 
     def generator(self, device: torch.device) -> torch.Generator:
         return generator(device).manual_seed(call_seed(self.seed))

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.core.engine import over_rows
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
+from camkit.core.inputs import call_seed, finite_number, generator, positive_int
 from camkit.core.layers import LayerSpec, single_call
 from camkit.core.targets import RowScorer
 from camkit.registry import register
@@ -51,13 +51,11 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         *,
         samples: int = 4,
         std: float = 0.3,
-        seed: int | None = None,
         **options: Any,
     ):
         super().__init__(model, layer, **options)
         self.samples = positive_int("samples", samples)
         self.std = finite_number("std", std, minimum=0.0)
-        self.seed = seed_value(seed, optional=True)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         size = batch.shape[0]
@@ -150,8 +148,7 @@ class RandomCAM(BaseCAM):
     def __init__(
         self, model: nn.Module, layer: LayerSpec | None = None, *, seed: int = 0, **options: Any
     ):
-        super().__init__(model, layer, **options)
-        self.seed = seed_value(seed)
+        super().__init__(model, layer, seed=seed, **options)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         random = generator(batch.device).manual_seed(self.seed)

@@ -4,7 +4,6 @@ and this rank's part of the manifest."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import sys
 import time
@@ -75,7 +74,7 @@ def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
     options: dict[str, Any] = {}
     if not entry.shares_pass:
         options["batch_size"] = job.batch_size
-    if "seed" in inspect.signature(entry.cls).parameters:
+    if entry.seeded:
         options["seed"] = 0
     return entry.build(model, job.layer, **options)
 

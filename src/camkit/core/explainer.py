@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import drop_axes
-from camkit.core.inputs import as_batch, positive_int
+from camkit.core.inputs import as_batch, positive_int, seed_value
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import check_reshape
 from camkit.core.targets import OutputSelector, TargetSpec
@@ -66,6 +66,9 @@ class Explainer:
         batch_size: rows per forward pass (samples, noisy copies, path points, perturbed
             inputs: whatever the method forwards); None runs all at once, the class's
             ``default_batch_size`` applies when not given. Results do not depend on it.
+        seed: for the methods that draw at random (``seeded``): the call's draws depend only
+            on it (None draws a seed from torch's global generator at each call); the others
+            refuse it.
 
     ``with Method(model, layer) as cam:`` works as in pytorch-grad-cam (hooks only live during
     a call, so leaving the block has nothing to undo).
@@ -89,6 +92,7 @@ class Explainer:
         reshape: Reshape | str | None = "auto",
         dtype: torch.dtype | None = None,
         batch_size: int | None | type[Ellipsis] = ...,
+        seed: int | None = None,
     ):
         if not isinstance(model, nn.Module):
             raise ArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -98,6 +102,9 @@ class Explainer:
         if batch_size is ...:
             batch_size = self.default_batch_size
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        if seed is not None and not self.seeded:
+            raise ArgumentError(f"{type(self).__name__} draws nothing at random: it takes no seed")
+        self.seed = seed_value(seed, optional=True)
         self.reshape = reshape
         self.layouts: dict[str, Reshape | None] = {}  # how each layer was read at the last call
         if self.needs_layer:

@@ -155,19 +155,29 @@ def _ranks(maps: Tensor, descending: bool) -> Tensor:
     return torch.argsort(order, dim=1)
 
 
-def _curve(
+def curve(
     model: nn.Module,
     x: Tensor,
     maps: object,
-    target: TargetSpec,
+    target: TargetSpec = None,
     *,
-    steps: int,
-    baseline: str | Tensor,
-    batch_size: int,
-    return_curves: bool,
     insert: bool,
-    progress: bool,
+    steps: int = 50,
+    baseline: str | Tensor = "blur",
+    batch_size: int = 64,
+    return_curves: bool = False,
+    progress: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
+    """The deletion (``insert=False``) or insertion (``insert=True``) curve's AUC (Petsiuk et
+    al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``; ``return_curves=True`` gives
+    ``(auc (B,), curves (B, steps + 1))``.
+
+    Deletion replaces the pixels, in the map's decreasing order (ties: row-major order), by the
+    ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts the image's
+    pixels back onto the baseline in the same order. The curve is the target's probability
+    (a callable target's own score) at the ``steps + 1`` points, the AUC its trapezoid over
+    ``x = k / steps`` in [0, 1]. ``batch_size``: rows per forward pass.
+    """
     steps = positive_int("steps", steps)
     batch_size = positive_int("batch_size", batch_size)
     batch, single = _images(x, model)
@@ -204,69 +214,26 @@ def _curve(
 
 
 def deletion(
-    model: nn.Module,
-    x: Tensor,
-    maps: Tensor,
-    target: TargetSpec = None,
-    *,
-    steps: int = 50,
-    baseline: str | Tensor = "blur",
-    batch_size: int = 64,
-    return_curves: bool = False,
-    progress: bool = False,
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Deletion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
 
-    The pixels are taken in the map's decreasing order (ties: row-major order) and replaced by
-    the ``baseline`` in ``steps`` equal chunks; the curve is the target's probability at the
-    ``steps + 1`` points (the clean image first, the whole baseline last) and the AUC is its
-    trapezoid over ``x = k / steps`` in [0, 1]. **Lower is better.** ``return_curves=True``
-    gives ``(auc (B,), curves (B, steps + 1))``.
+    The map's most important pixels go first; the curve runs from the clean image to the whole
+    baseline. **Lower is better.** Options (``steps=50``, ``baseline="blur"``,
+    ``batch_size=64``, ``return_curves``, ``progress``) as :func:`curve`.
     """
-    return _curve(
-        model,
-        x,
-        maps,
-        target,
-        steps=steps,
-        baseline=baseline,
-        batch_size=batch_size,
-        return_curves=return_curves,
-        insert=False,
-        progress=progress,
-    )
+    return curve(model, x, maps, target, insert=False, **options)
 
 
 def insertion(
-    model: nn.Module,
-    x: Tensor,
-    maps: Tensor,
-    target: TargetSpec = None,
-    *,
-    steps: int = 50,
-    baseline: str | Tensor = "blur",
-    batch_size: int = 64,
-    return_curves: bool = False,
-    progress: bool = False,
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Insertion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
 
-    The image's pixels are put back onto the ``baseline`` in the map's decreasing order, in
-    ``steps`` equal chunks; the curve goes from the whole baseline to the clean image (``steps
-    + 1`` points) and the AUC is its trapezoid over ``x = k / steps``. **Higher is better.**
+    The map's most important pixels are put back first onto the baseline; the curve runs from
+    the whole baseline to the clean image. **Higher is better.** Options as :func:`curve`.
     """
-    return _curve(
-        model,
-        x,
-        maps,
-        target,
-        steps=steps,
-        baseline=baseline,
-        batch_size=batch_size,
-        return_curves=return_curves,
-        insert=True,
-        progress=progress,
-    )
+    return curve(model, x, maps, target, insert=True, **options)
 
 
 # ----------------------------------------------------------------------------- Grad-CAM++ scores

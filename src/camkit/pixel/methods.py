@@ -103,7 +103,6 @@ class SmoothGrad(PixelAttribution):
         *,
         noise_level: float = 0.15,
         samples: int = 25,
-        seed: int | None = None,
         kind: Literal["mean", "square", "var"] = "mean",
         **options: Any,
     ):
@@ -114,11 +113,8 @@ class SmoothGrad(PixelAttribution):
             raise ArgumentError(f"noise_level must be a finite number >= 0, got {noise_level}")
         if kind not in SMOOTHGRAD_KINDS:
             raise ArgumentError(f"unknown SmoothGrad kind {kind!r}; choose from {SMOOTHGRAD_KINDS}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ArgumentError(f"seed must be an int or None, got {type(seed).__name__}")
         self.noise_level = float(noise_level)
         self.samples = positive_int("samples", samples)
-        self.seed = seed
         self.kind = kind
 
     def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
