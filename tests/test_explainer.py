@@ -1,0 +1,211 @@
+"""The one Explainer base: the template, the default layer, targets as data, the copy scorer,
+layer fusion, seeds and the wrappers (numbers by hand on tiny models where they matter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import camkit
+from camkit import metrics
+from camkit.core.copies import CopyScorer, pin_top1
+from camkit.core.finish import Finishing
+from camkit.core.targets import resolve
+from camkit.core.trace import default_layer
+from camkit.errors import ArgumentError, InputError, TargetError
+from camkit.targets import ClassTarget, SoftmaxTarget
+
+
+def small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 5),
+    ).eval()
+
+
+@pytest.fixture
+def model() -> nn.Module:
+    return small_cnn()
+
+
+@pytest.fixture
+def x() -> torch.Tensor:
+    return torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def test_every_registered_method_is_an_explainer():
+    for name, entry in camkit.METHODS.items():
+        assert issubclass(entry.cls, camkit.Explainer), name
+        assert entry.family in ("gradient-cam", "perturbation-cam", "pixel", "attention"), name
+
+
+def test_no_layer_picks_the_default_layer_and_names_it(model, x):
+    cam = camkit.GradCAM(model)
+    assert cam.layers == []  # resolved at the first call, from the input's size
+    maps = cam(x, target=1)
+    assert cam.layers == [default_layer(model, (8, 8))] == ["3"]  # the last spatial map
+    torch.testing.assert_close(maps, camkit.GradCAM(model, cam.layers[0])(x, target=1))
+    assert camkit.GradCAM(model, "auto")(x, target=1).shape == (3, 8, 8)
+
+
+def test_a_layer_for_a_method_that_reads_none_is_refused(model):
+    with pytest.raises(ArgumentError, match="reads no layer"):
+        camkit.Saliency(model, "2")
+    with pytest.raises(ArgumentError, match="must be a torch.nn.Module"):
+        camkit.GradCAM("resnet18", "layer4")
+
+
+def test_class_target_objects_are_the_class_indices_everywhere(model, x):
+    for method in (camkit.GradCAM(model, "2"), camkit.ScoreCAM(model, "2"), camkit.CAM(model, "2")):
+        torch.testing.assert_close(method(x, target=ClassTarget(1)), method(x, target=1))
+    # metrics score a class target by its softmax probability, whichever way it is written
+    maps = camkit.GradCAM(model, "2")(x, target=3)
+    options = {"steps": 4, "baseline": "zero"}
+    torch.testing.assert_close(
+        metrics.deletion(model, x, maps, ClassTarget(3), **options),
+        metrics.deletion(model, x, maps, 3, **options),
+    )
+    # SoftmaxTarget explains the probability: the same as the callable that computes it
+    probability = camkit.GradCAM(model, "2")(x, target=SoftmaxTarget(3), relu=False)
+    by_hand = camkit.GradCAM(model, "2")(x, target=lambda o: o.softmax(1)[:, 3], relu=False)
+    torch.testing.assert_close(probability, by_hand)
+
+
+def test_per_sample_callables_as_pytorch_grad_cam_writes_them(model, x):
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    cam = camkit.GradCAM(model, "2")
+    expected = cam(x, target=[1, 4, 2])
+    torch.testing.assert_close(
+        cam(x, target=[ClassifierOutputTarget(c) for c in (1, 4, 2)]), expected
+    )
+    torch.testing.assert_close(cam(x, target=[ClassTarget(c) for c in (1, 4, 2)]), expected)
+    torch.testing.assert_close(
+        cam(x, target=[lambda row, c=c: row[c] for c in (1, 4, 2)]), expected
+    )
+    with pytest.raises(TargetError, match="one per sample: expected 3, got 2"):
+        cam(x, target=[ClassifierOutputTarget(1)] * 2)
+
+
+def test_a_callable_that_indexes_one_row_gets_a_clear_error(model, x):
+    with pytest.raises(TargetError, match="WHOLE output") as info:
+        camkit.GradCAM(model, "2")(x[:1], target=lambda o: o[281])
+    assert "lambda out: out[:, 281]" in str(info.value)
+
+
+@pytest.mark.parametrize("target", [[0, True], True, [[1, False]]])
+def test_booleans_are_not_classes(model, x, target):
+    with pytest.raises(TargetError, match="boolean|got bool"):
+        camkit.GradCAM(model, "2")(x[:2], target=target)
+
+
+def test_seed_only_for_the_methods_that_draw(model, x):
+    assert camkit.METHODS["smoothgrad"].seeded and not camkit.METHODS["gradcam"].seeded
+    with pytest.raises(ArgumentError, match="takes no seed"):
+        camkit.GradCAM(model, "2", seed=1)
+    a = camkit.SmoothGrad(model, samples=3, seed=5)(x, 1)
+    torch.testing.assert_close(a, camkit.SmoothGrad(model, samples=3, seed=5, batch_size=2)(x, 1))
+
+
+def test_with_block_as_in_pytorch_grad_cam(model, x):
+    with camkit.GradCAM(model, "2") as cam:
+        maps = cam(x, target=0)
+    assert maps.shape == (3, 8, 8)
+
+
+def test_fusion_modes_computed_by_hand():
+    a = torch.tensor([[[[0.0, 0.25], [0.5, 1.0]]]])
+    b = torch.tensor([[[[1.0, 0.5], [0.0, 0.0]]]])
+    raw = {"a": a, "b": b}
+    keep = {"relu": False, "upsample": False, "normalize": False}
+    torch.testing.assert_close(Finishing(**keep, fuse="mean")(raw, (2, 2)), (a + b) / 2)
+    torch.testing.assert_close(Finishing(**keep, fuse="max")(raw, (2, 2)), torch.maximum(a, b))
+    tanh = torch.maximum(torch.tanh(2 * a), torch.tanh(2 * b))
+    torch.testing.assert_close(Finishing(**keep, fuse="tanh")(raw, (2, 2)), tanh)
+    with pytest.raises(ArgumentError, match="fuse must be"):
+        Finishing(fuse="median")
+
+
+def test_layercam_tanh_fusion_matches_torchcam(model, x):
+    from torchcam.methods import LayerCAM as TorchcamLayerCAM
+
+    layers = ["0", "2"]
+    ours = camkit.LayerCAM(model, layers)(x, target=2, fuse="tanh")
+    with TorchcamLayerCAM(model, target_layer=layers, input_shape=(3, 8, 8)) as extractor:
+        scores = model(x)
+        cams = extractor([2] * 3, scores)
+    fused = TorchcamLayerCAM.fuse_cams(cams, (8, 8))
+    low = fused.flatten(1).amin(1).view(-1, 1, 1)
+    high = fused.flatten(1).amax(1).view(-1, 1, 1)
+    torch.testing.assert_close(ours, (fused - low) / (high - low), atol=1e-5, rtol=1e-4)
+
+
+def test_the_copy_scorer_pins_the_clean_top1_and_ignores_batch_size(model, x):
+    scorer = resolve(None, 3, x.device)
+    clean = model(x).argmax(1)
+    pinned = pin_top1(model, x, scorer, batch_size=2)
+    assert pinned.classes[:, 0].tolist() == clean.tolist()
+    copies = torch.zeros(6, 3, 8, 8)  # copies of samples 0, 1, 2, 0, 1, 2: all black images
+    samples = torch.tensor([0, 1, 2, 0, 1, 2])
+    whole = CopyScorer.clean(model, x, scorer)
+    chunked = CopyScorer.clean(model, x, scorer, batch_size=1)
+    one = whole.over(6, lambda i: (copies[i], samples[i]))
+    torch.testing.assert_close(one, chunked.over(6, lambda i: (copies[i], samples[i])))
+    black = model(copies[:1])[0]
+    torch.testing.assert_close(one[:, 0], black[clean[samples]])  # the clean class, not black's
+    torch.testing.assert_close(whole.scores[:, 0], model(x).gather(1, clean[:, None])[:, 0])
+
+
+class Shifted(nn.Module):
+    """``net(image + shift)``, with the shift per sample as a second input or fixed."""
+
+    def __init__(self, net: nn.Module, shift: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.net, self.shift = net, shift
+
+    def forward(self, image: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+        shift = self.shift if shift is None else shift
+        return self.net(image + shift.view(-1, 1, 1, 1))
+
+
+def test_fullgrad_takes_additional_forward_args(x):
+    net, shift = small_cnn(), torch.tensor([0.0, 1.0, -2.0])
+    got = camkit.FullGrad(Shifted(net))(x, 1, additional_forward_args=shift, normalize=False)
+    for i in range(3):  # each sample with its own shift, as a model of its own
+        alone = camkit.FullGrad(Shifted(net, shift[i : i + 1]))(x[i], 1, normalize=False)
+        torch.testing.assert_close(got[i], alone, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(got[1], camkit.FullGrad(net)(x[1], 1, normalize=False))
+
+
+def test_wrappers_keep_their_class_flags_and_share_one_capture(model, x):
+    refine = camkit.RefineCAM(model, ["0", "2"], base=camkit.EigenCAM)
+    assert refine.needs_gradients is camkit.METHODS["refinecam"].needs_gradients is True
+    assert refine.capture is refine.base.capture
+    with torch.inference_mode():  # the wrapped method needs no gradients, so neither does it
+        assert refine(x, 0).shape == (3, 8, 8)
+    finer = camkit.FinerCAM(model, "2")
+    assert finer.capture is finer.base.capture
+
+
+def test_perturbation_and_guided_methods_read_tokens_by_default():
+    import timm
+
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2, num_classes=5
+    ).eval()
+    image = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for method in (camkit.ScoreCAM, camkit.GuidedGradCAM, camkit.GradCAM):
+        out = method(vit, "blocks.1.norm1")(image, 1)
+        assert out.shape[-2:] == (32, 32) and torch.isfinite(out).all()
+
+
+def test_the_blur_baseline_refuses_images_smaller_than_its_kernel(model):
+    with pytest.raises(InputError, match="at least 6 px per side, got 5x5"):
+        metrics.deletion(model, torch.rand(1, 3, 5, 5), torch.rand(1, 5, 5), 0)
