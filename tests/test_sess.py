@@ -208,8 +208,30 @@ def test_argument_errors(small, images):
         SESS(small, "block2", base="gradcan")
     with pytest.raises(ArgumentError, match="smaller than the 16x16 window"):
         SESS(small, "block2", scales=[12], window=16)(images, 0)
-    with pytest.raises(ArgumentError, match="additional_forward_args"):
-        SESS(small, "block2", scales=[16], window=16)(images, 0, additional_forward_args=1)
+
+
+class Scaled(nn.Module):
+    """``net(x) * scale``, the scale per sample as a second input or fixed."""
+
+    def __init__(self, net: nn.Module, scale: Tensor | None = None):
+        super().__init__()
+        self.net, self.scale = net, scale
+
+    def forward(self, x: Tensor, scale: Tensor | None = None) -> Tensor:
+        scale = self.scale if scale is None else scale
+        return self.net(x) * scale.view(-1, 1)
+
+
+def test_per_sample_forward_arguments_follow_the_patches(small, images):
+    scale = torch.tensor([1.0, 3.0, 0.2])
+    options = {"scales": [16, 24], "window": 12, "stride": 6}
+    got = SESS(Scaled(small), "net.block2", **options)(images, 1, additional_forward_args=scale)
+    for i in range(3):  # each sample alone, its scale fixed in the model
+        alone = SESS(Scaled(small, scale[i : i + 1]), "net.block2", **options)(images[i], 1)
+        torch.testing.assert_close(got[i], alone, atol=1e-5, rtol=1e-4)
+    # the scale changes the softmax probabilities that weigh the patches
+    plain = SESS(small, "block2", **options)(images, 1)
+    assert not torch.allclose(got[1], plain[1], atol=1e-3)
 
 
 def test_base_by_registry_name_and_registry_entry(small, images):

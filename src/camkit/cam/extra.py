@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.cam.gradient import EigenCAM, GradCAM
+from camkit.core.attention import unfused_attention
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
@@ -179,7 +180,13 @@ class ShapleyCAM(BaseCAM):
         self, part: Tensor, scorer: RowScorer, rows: Tensor
     ) -> tuple[dict[str, Tensor], bool]:
         names = self.capture.names
-        output, taps = self.capture.forward(part, start_graph=True, dtype=self.dtype)
+        with unfused_attention(self.model):  # fused attention kernels have no double backward
+            return self._second_order(part, scorer, rows, names)
+
+    def _second_order(
+        self, part: Tensor, scorer: RowScorer, rows: Tensor, names: list[str]
+    ) -> tuple[dict[str, Tensor], bool]:
+        output, taps = self.capture.forward(part, start_graph=True, dtype=self.dtype, rows=rows)
         acts = single_call(taps)
         with torch.enable_grad():
             scores, several = scorer(output, rows)
@@ -292,7 +299,7 @@ class FinerCAM(BaseCAM):
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             local = resolve(self.objective(scorer, rows), part.shape[0], part.device)
             acts, grads, scores, several = self.capture.run(
-                part, local, torch.arange(part.shape[0]), gradients=True, dtype=self.dtype
+                part, local, rows, gradients=True, dtype=self.dtype
             )
             return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM
 from camkit.cam.gradient import GradCAMPlusPlus
-from camkit.core.finish import minmax
+from camkit.core.finish import RESAMPLING, minmax
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError
@@ -24,7 +24,8 @@ class RefineCAM(BaseCAM):
 
     "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
     method (Grad-CAM++ by default) maps every layer, each map ``M_l`` is rectified and min-max
-    normalised, resized bilinearly to the largest layer resolution and the maps are multiplied,
+    normalised, resized (bilinear, trilinear for volumes) to the largest layer resolution and
+    the maps are multiplied,
     ``M = prod_l minmax(ReLU(M_l))``: a position stays only if every layer agrees. The product
     is then finished as every CAM (upsampled to the input, min-max normalised).
     ``(C, H, W) -> (H, W)``, batches and ``(B, K)`` targets as the base method.
@@ -57,12 +58,13 @@ class RefineCAM(BaseCAM):
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         maps, several = self.base.raw_maps(batch, scorer)
-        size = tuple(max(m.shape[d] for m in maps.values()) for d in (-2, -1))
+        dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes
+        size = tuple(max(m.shape[d] for m in maps.values()) for d in range(-dims, 0))
         refined = None
         for cam in maps.values():
-            cam = minmax(cam.float().relu())
-            if cam.shape[-2:] != size:
-                cam = F.interpolate(cam, size=size, mode="bilinear", align_corners=False)
+            cam = minmax(cam.float().relu(), dims)
+            if cam.shape[-dims:] != size:
+                cam = F.interpolate(cam, size=size, mode=RESAMPLING[dims], align_corners=False)
             refined = cam if refined is None else refined * cam
         return {"refined": refined}, several
 

@@ -16,9 +16,10 @@ from camkit import registry
 from camkit.cam.base import BaseCAM
 from camkit.cam.gradient import GradCAM
 from camkit.core.copies import CopyScorer, pin_top1
+from camkit.core.engine import following
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer, TargetSpec
+from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
 
@@ -94,8 +95,7 @@ class SESS(BaseCAM):
             the authors' code does by default (``smooth=True`` there); not part of the
             fusion the paper describes, so off by default.
 
-    ``additional_forward_args`` are refused: the patches are new inputs the extra arguments
-    cannot follow.
+    Per-sample ``additional_forward_args`` follow the patches of their sample.
     """
 
     def __init__(
@@ -139,14 +139,6 @@ class SESS(BaseCAM):
 
     def check_autograd(self) -> None:
         self.base.check_autograd()
-
-    def __call__(self, x: Tensor, target: TargetSpec = None, **options: Any):
-        if options.get("additional_forward_args") is not None:
-            raise ArgumentError(
-                "SESS does not take additional_forward_args: its patches are new inputs that "
-                "per-sample arguments cannot follow"
-            )
-        return super().__call__(x, target, **options)
 
     # ------------------------------------------------------------------ the steps
 
@@ -259,7 +251,8 @@ class SESS(BaseCAM):
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
-            maps, _ = self.base.maps(patches, target)
+            with following(sample):  # the patches carry their samples' forward arguments
+                maps, _ = self.base.maps(patches, target)
         return maps[:, 0]  # the default finishing fuses several layers into one map
 
     def __repr__(self) -> str:

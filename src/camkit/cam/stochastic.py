@@ -62,7 +62,9 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         input_size = tuple(batch.shape[2:])
 
         def clean(part: Tensor, rows: Tensor) -> tuple[dict[str, Any], bool]:
-            output, taps = self.capture.forward(part, start_graph=False, dtype=self.dtype)
+            output, taps = self.capture.forward(
+                part, start_graph=False, dtype=self.dtype, rows=rows
+            )
             acts = {
                 name: act.unsqueeze(1)
                 for name, act in zip(self.capture.names, single_call(taps), strict=True)

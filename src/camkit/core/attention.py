@@ -34,10 +34,17 @@ def _is_timm_attention(module: nn.Module) -> bool:
 def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
     """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
     ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first)."""
+    (``nn.MultiheadAttention``, batch-first). Windowed attention (Swin) is refused: its
+    probabilities cover one window each, not the image's tokens."""
     found = []
     for name, module in model.named_modules():
         attn = getattr(module, "attn", None)
+        if isinstance(attn, nn.Module) and hasattr(attn, "window_size"):
+            raise AttentionError(
+                f"{name}.attn is windowed attention ({type(attn).__name__}): its probabilities "
+                "cover one window, not the image; the attention methods need global "
+                "self-attention (ViT, DeiT); use a CAM for this model"
+            )
         if isinstance(attn, nn.Module) and _is_timm_attention(attn):
             found.append((name, module, attn))
             continue
@@ -95,6 +102,17 @@ def switched(module: nn.Module, attribute: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
+def unfused_attention(model: nn.Module) -> Iterator[None]:
+    """Inside, every timm attention of ``model`` computes its probabilities explicitly
+    (``fused_attn`` off): for what a fused kernel cannot do, e.g. a double backward."""
+    with ExitStack() as edits:
+        for module in model.modules():
+            if isinstance(getattr(module, "fused_attn", None), bool):
+                edits.enter_context(switched(module, "fused_attn", False))
+        yield
+
+
+@contextmanager
 def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Tensor]]]:
     """Collect each attention module's probabilities ``(B, heads, N, N)`` during the forward
     passes inside; every flag and hook is restored/removed on exit."""
@@ -123,4 +141,4 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
         yield stores
 
 
-__all__ = ["attention_blocks", "captured_attention", "switched"]
+__all__ = ["attention_blocks", "captured_attention", "switched", "unfused_attention"]

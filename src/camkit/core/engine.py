@@ -54,6 +54,34 @@ def additional_forward_args(args: Any, batch: int) -> Iterator[None]:
         _EXTRA_ARGS.reset(token)
 
 
+@contextmanager
+def following(samples: Tensor) -> Iterator[None]:
+    """Inside, calls explain a new batch whose row ``i`` comes from sample ``samples[i]`` of
+    the current call (patches, crops): the per-sample additional forward arguments are those
+    samples' rows; others pass as they are."""
+    extra = _EXTRA_ARGS.get()
+    if extra is None:
+        yield
+        return
+    args, batch = extra
+    picked = tuple(
+        arg[samples.to(arg.device)]
+        if isinstance(arg, Tensor) and arg.ndim and arg.shape[0] == batch
+        else arg
+        for arg in args
+    )
+    token = _EXTRA_ARGS.set((picked, samples.shape[0]))
+    try:
+        yield
+    finally:
+        _EXTRA_ARGS.reset(token)
+
+
+def _per_sample(arg: object, batch: int) -> bool:
+    """Whether an additional forward argument holds one row per sample of the batch."""
+    return isinstance(arg, Tensor) and arg.ndim > 0 and arg.shape[0] == batch
+
+
 def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> Any:
     """``model(inputs)``, with the call's additional forward arguments for the samples
     ``rows`` (the sample index of each row of ``inputs``; None: the inputs are the batch)."""
@@ -65,7 +93,7 @@ def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> A
         rows = torch.arange(batch)
     picked = []
     for arg in args:
-        if isinstance(arg, Tensor) and arg.ndim and arg.shape[0] == batch:
+        if _per_sample(arg, batch):
             if rows is None:
                 raise ArgumentError(
                     f"a forward of {inputs.shape[0]} rows cannot be matched to the per-sample "

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from camkit.errors import ArgumentError, EmptyMapWarning, NonFiniteWarning, warn
 
-_RESAMPLING = {2: "bilinear", 3: "trilinear"}
+RESAMPLING = {2: "bilinear", 3: "trilinear"}
 
 
 def checked(maps: Tensor) -> Tensor:
@@ -87,7 +87,7 @@ class Finishing:
             if self.relu:
                 cam = cam.relu()
             if self.upsample:
-                cam = F.interpolate(cam, size=size, mode=_RESAMPLING[dims], align_corners=False)
+                cam = F.interpolate(cam, size=size, mode=RESAMPLING[dims], align_corners=False)
             if self.normalize:
                 cam = minmax(cam, dims)
             finished[name] = checked(cam)
