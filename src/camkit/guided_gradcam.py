@@ -34,7 +34,7 @@ class GuidedGradCAM(PixelAttribution):
     default_rule = "guided"
 
     def __init__(self, model: nn.Module, layer: LayerSpec | None = None, **options: Any):
-        super().__init__(model, layer, **options)
+        super().__init__(model, layer=layer, **options)
         common = {"output": self.output, "dtype": self.dtype, "batch_size": self.batch_size}
         self.gradcam = GradCAM(model, layer, reshape=self.reshape, **common)
         self.gradcam.capture = self.capture  # one capture: the default layer resolves once

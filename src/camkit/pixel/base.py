@@ -23,7 +23,6 @@ from camkit.core.engine import layer_gradients, run_model
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
 from camkit.core.inputs import MemoryFormat, autocast
-from camkit.core.layers import LayerSpec
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError
 from camkit.pixel.heatmap import to_heatmap
@@ -63,15 +62,8 @@ class PixelAttribution(Explainer):
     family: ClassVar[str] = "pixel"
     default_rule: ClassVar[Rule | None] = None
 
-    def __init__(
-        self,
-        model: nn.Module,
-        layer: LayerSpec | None = None,
-        *,
-        rule: Rule | None = None,
-        **options: Any,
-    ):
-        super().__init__(model, layer, **options)
+    def __init__(self, model: nn.Module, *, rule: Rule | None = None, **options: Any):
+        super().__init__(model, **options)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
 
     def explain(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
