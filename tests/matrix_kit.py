@@ -93,7 +93,8 @@ class Kind:
     name: str
     build: Callable[[], nn.Module]
     shape: tuple[int, ...]  # one sample
-    layer: str  # a layer named explicitly (not the default layer's name)
+    layer: str  # a layer named explicitly (not the default layer)
+    default: str  # the default layer, known by hand (the names of the unwrapped model)
     blocks: list[str] | None = None  # attention blocks, for the attention methods
     extra: Callable[[int], tuple] | None = None  # additional_forward_args for B samples
     _cache: dict = field(default_factory=dict, repr=False)
@@ -144,17 +145,38 @@ def _side_input(batch: int) -> tuple[Tensor]:
 KINDS = {
     kind.name: kind
     for kind in (
-        Kind("cnn", TinyCNN, (3, 32, 32), "features.5"),
-        Kind("vit", _vit, (3, 32, 32), "blocks.0.norm1", blocks=["blocks.1"]),
-        Kind("swin", _swin, (3, 32, 32), "layers.0.blocks.0.norm1"),
+        Kind("cnn", TinyCNN, (3, 32, 32), "features.5", "features"),
+        Kind("vit", _vit, (3, 32, 32), "blocks.0.norm1", "blocks.1.norm1", blocks=["blocks.1"]),
+        Kind(
+            "swin",
+            _swin,
+            (3, 32, 32),
+            "layers.0.blocks.0.norm1",
+            "layers.1.blocks.0.norm1",
+            blocks=["layers.1.blocks.0"],
+        ),
         Kind(
             "volume",
             lambda: TinyCNN(nn.Conv3d, nn.BatchNorm3d),
             (3, 6, 12, 12),
             "features.5",
+            "features",
         ),
-        Kind("two-input", TwoInputNet, (3, 32, 32), "net.features.5", extra=_side_input),
-        Kind("dataparallel", lambda: nn.DataParallel(TinyCNN()), (3, 32, 32), "features.5"),
+        Kind(
+            "two-input",
+            TwoInputNet,
+            (3, 32, 32),
+            "net.features.5",
+            "net.features",
+            extra=_side_input,
+        ),
+        Kind(
+            "dataparallel",
+            lambda: nn.DataParallel(TinyCNN()),
+            (3, 32, 32),
+            "features.5",
+            "features",
+        ),
     )
 }
 
