@@ -58,31 +58,22 @@ class TwoInputNet(nn.Module):
         return self.net(x) + self.side(extra)
 
 
-def _vit() -> nn.Module:
-    return timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        img_size=32,
-        patch_size=8,
-        depth=2,
-        embed_dim=24,
-        num_heads=2,
-        num_classes=CLASSES,
+def _timm(name: str, **config: Any) -> Callable[[], nn.Module]:
+    """A timm architecture at 32x32 with random weights and 10 classes (nothing downloaded)."""
+    return lambda: timm.create_model(
+        name, pretrained=False, img_size=32, num_classes=CLASSES, **config
     )
 
 
-def _swin() -> nn.Module:
-    return timm.create_model(
-        "swin_tiny_patch4_window7_224",
-        pretrained=False,
-        img_size=32,
-        patch_size=4,
-        window_size=4,
-        embed_dim=12,
-        depths=(1, 1),
-        num_heads=(1, 2),
-        num_classes=CLASSES,
-    )
+_vit = _timm("vit_tiny_patch16_224", patch_size=8, depth=2, embed_dim=24, num_heads=2)
+_swin = _timm(
+    "swin_tiny_patch4_window7_224",
+    patch_size=4,
+    window_size=4,
+    embed_dim=12,
+    depths=(1, 1),
+    num_heads=(1, 2),
+)
 
 
 @dataclass
