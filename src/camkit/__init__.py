@@ -38,6 +38,7 @@ from camkit.cam import (
     XGradCAM,
     cams,
 )
+from camkit.core.inputs import InputLayout
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
@@ -76,6 +77,7 @@ __all__ = [
     "GuidedBackprop",
     "GuidedGradCAM",
     "HiResCAM",
+    "InputLayout",
     "IntegratedGradients",
     "LayerCAM",
     "LeGrad",

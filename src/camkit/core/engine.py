@@ -20,6 +20,7 @@ from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import (
     LayerSpec,
     capture_outputs,
+    check_batch_axes,
     explained_module,
     find_layers,
     single_call,
@@ -169,7 +170,9 @@ class Capture:
                 capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
-                return run_model(self.model, inputs, rows), taps
+                output = run_model(self.model, inputs, rows)
+            check_batch_axes(taps, batch.shape[0])
+            return output, taps
 
         return (memory or MemoryFormat(batch)).run(attempt)
 
