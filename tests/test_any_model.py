@@ -107,3 +107,133 @@ def test_a_frame_wise_model_is_explained_by_pixel_methods_and_refused_by_cams() 
 def test_input_layout_rejects_a_wrong_declaration() -> None:
     with pytest.raises(ValueError, match="B, C, T"):
         camkit.InputLayout(_FrameWise(), "BTHW")
+
+
+# ----------------------------------------------------------------------------- layer discovery
+
+
+def _one_channel_cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1),
+        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 2),
+    )  # fmt: skip
+
+
+def test_discovery_shapes_its_input_after_the_first_convolution() -> None:
+    model = _one_channel_cnn().eval()
+    assert camkit.models.default_layer(model, 16) == "3"
+    rows = camkit.models.layer_shapes(model, (16, 12))
+    assert rows[0] == ("0", "Conv2d", (1, 4, 16, 12)) and rows[2] == ("2", "Conv2d", (1, 6, 8, 6))
+    double = _one_channel_cnn().double().eval()
+    example = torch.rand(3, 1, 10, 10, dtype=torch.float64)
+    assert camkit.models.layer_shapes(double, example=example)[3] == ("3", "ReLU", (3, 6, 5, 5))
+    with pytest.raises(InputError, match=r"cannot run on the traced input \(2, 3, 8, 8\)"):
+        camkit.models.default_layer(model, example=torch.rand(1, 3, 8, 8))
+
+
+class _Embedding(nn.Module):
+    """A learned map added to every image: the same output whatever the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(1, 4, 4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table.expand(x.shape[0], -1, -1, -1)
+
+
+class _WithMetadata(nn.Module):
+    """An image and a metadata vector; a position embedding after the last convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.position = _Embedding()
+        self.meta = nn.Linear(5, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, image: torch.Tensor, metadata: torch.Tensor) -> torch.Tensor:
+        maps = self.conv(image) + self.position(image)
+        return self.head(maps.mean(dim=(2, 3)) + self.meta(metadata))
+
+
+def test_discovery_skips_layers_that_do_not_depend_on_the_input_and_says_why() -> None:
+    model = _WithMetadata().eval()
+    example = (torch.rand(1, 3, 4, 4), torch.rand(1, 5))
+    assert camkit.models.default_layer(model, example=example) == "conv"
+    skipped = camkit.models.skipped_layers(model, example=example)
+    assert skipped["position"].endswith("does not depend on the input")
+    assert "model's output" in skipped["head"]
+    keywords = {"image": torch.rand(1, 3, 4, 4), "metadata": torch.rand(1, 5)}
+    assert camkit.models.default_layer(model, example=keywords) == "conv"
+
+
+def test_discovery_skips_rows_that_are_not_the_batch() -> None:
+    skipped = camkit.models.skipped_layers(_Detector().eval(), 8)
+    assert skipped["roi"].startswith("its first axis has 8 rows for a batch of 2 inputs")
+    assert camkit.models.default_layer(_Detector().eval(), 8) == "pool"
+
+
+class _TinyUNet3d(nn.Module):
+    """A monai-style 3-D segmentation net: 1 channel in, 2 classes per voxel out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU())
+        self.down = nn.Conv3d(4, 8, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose3d(8, 4, 2, stride=2)
+        self.out = nn.Conv3d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = self.enc(x)
+        return self.out(self.up(self.down(skip)) + skip)
+
+
+def test_a_3d_segmentation_net_defaults_to_its_last_feature_volume() -> None:
+    model = _TinyUNet3d().eval()
+    assert camkit.models.default_layer(model, (4, 8, 8)) == "up"
+    assert "model's output" in camkit.models.skipped_layers(model, (4, 8, 8))["out"]
+    with pytest.raises(ValueError, match="3-D convolution: input_size must be an int or 3 ints"):
+        camkit.models.default_layer(model, (8, 8))
+
+
+def test_torchvision_video_and_detection_defaults() -> None:
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+    from torchvision.models.video import r3d_18
+
+    assert camkit.models.default_layer(r3d_18().eval(), (8, 32, 32)) == "layer4"
+    detector = fasterrcnn_mobilenet_v3_large_fpn(
+        weights=None, weights_backbone=None, min_size=64, max_size=64
+    ).eval()
+    skipped = camkit.models.skipped_layers(detector, 64)
+    assert "not the batch axis" in skipped["roi_heads.box_roi_pool"]
+    assert "shared by pyramid levels" in skipped["rpn.head.conv"]
+    assert camkit.models.default_layer(detector, 64) == "backbone.fpn.layer_blocks.0"
+    with pytest.raises(LayerOutputError, match=r"box_roi_pool' gives \d+ rows .* batch of 1"):
+        camkit.GradCAM(detector, "roi_heads.box_roi_pool")(
+            torch.rand(1, 3, 64, 64), target=lambda out: out[0]["boxes"].sum()[None]
+        )
+
+
+def test_huggingface_convnext_and_detr_defaults() -> None:
+    transformers = pytest.importorskip("transformers")
+    convnext = transformers.ConvNextForImageClassification(
+        transformers.ConvNextConfig(hidden_sizes=[8, 8, 8, 8], depths=[1, 1, 1, 1], num_labels=3)
+    ).eval()
+    example = {"pixel_values": torch.rand(1, 3, 64, 64)}
+    assert camkit.models.default_layer(convnext, example=example) == "convnext.encoder.stages.3"
+    assert "not a tensor" in camkit.models.skipped_layers(convnext, 64)["convnext"]
+    backbone = transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 8, 8, 8], depths=[1, 1, 1, 1], out_features=["stage4"]
+    )
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, backbone=None,
+        backbone_config=backbone, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+        decoder_ffn_dim=16, num_queries=5, num_labels=3,
+    )  # fmt: skip
+    detr = transformers.DetrForObjectDetection(config).eval()
+    with pytest.warns(UserWarning, match="token sequences"):
+        assert camkit.models.default_layer(detr, example=example) == "model.input_projection"
+    skipped = camkit.models.skipped_layers(detr, example=example)
+    assert skipped["model.position_embedding"].endswith("does not depend on the input")
