@@ -237,3 +237,109 @@ def test_huggingface_convnext_and_detr_defaults() -> None:
         assert camkit.models.default_layer(detr, example=example) == "model.input_projection"
     skipped = camkit.models.skipped_layers(detr, example=example)
     assert skipped["model.position_embedding"].endswith("does not depend on the input")
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def _classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(4, 3),
+    ).eval()  # fmt: skip
+
+
+def test_a_list_of_target_objects_is_one_per_sample_or_the_target_axis() -> None:
+    from camkit.targets import ClassTarget, SoftmaxTarget
+
+    model, x = _classifier(), torch.rand(2, 3, 6, 6)
+    for method in (camkit.GradCAM, camkit.ScoreCAM):
+        cam = method(model, "0")
+        torch.testing.assert_close(cam(x, [ClassTarget(2), ClassTarget(0)]), cam(x, [2, 0]))
+        several = [[ClassTarget(0), ClassTarget(1)], [ClassTarget(2), ClassTarget(0)]]
+        torch.testing.assert_close(cam(x, several), cam(x, [[0, 1], [2, 0]]))
+    grads = camkit.Saliency(model)(x, [SoftmaxTarget(1), ClassTarget(0)])
+    leaf = x.clone().requires_grad_(True)
+    out = model(leaf)
+    (out.softmax(dim=1)[0, 1] + out[1, 0]).backward()
+    torch.testing.assert_close(grads, leaf.grad)
+    with pytest.raises(camkit.TargetError, match=r"one per sample \(2\).*got 3 item"):
+        camkit.GradCAM(model, "0")(x, [ClassTarget(0)] * 3)
+    with pytest.raises(camkit.TargetError, match="only callables"):
+        camkit.GradCAM(model, "0")(x, [ClassTarget(0), 1])
+
+
+class _ListOutput(nn.Module):
+    """A detector-like output (a list of dicts) that no class target can read."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> list:
+        return [{"features": row} for row in self.body(x)]
+
+
+def test_target_free_methods_never_read_the_output() -> None:
+    model = _classifier()
+    x = torch.rand(2, 3, 6, 6)
+    wrapped = _ListOutput(model).eval()
+    for method in (camkit.EigenCAM, camkit.FEM):
+        torch.testing.assert_close(method(wrapped, "body.0")(x), method(model, "0")(x))
+    with pytest.raises(camkit.CamkitError, match="not a tensor"):
+        camkit.GradCAM(wrapped, "body.0")(x)
+
+
+def test_segmentation_masks_are_resized_to_the_logits_and_may_be_volumes() -> None:
+    from camkit.targets import SegmentationTarget
+
+    logits = torch.arange(2 * 2 * 2 * 2, dtype=torch.float32).reshape(2, 2, 2, 2)
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[:4, 4:] = True  # the top-right quarter of the input: logit (0, 1)
+    torch.testing.assert_close(SegmentationTarget(1, mask)(logits), torch.tensor([5.0, 13.0]))
+    volume = torch.arange(1 * 2 * 2 * 2 * 2, dtype=torch.float32).reshape(1, 2, 2, 2, 2)
+    cube = torch.zeros(4, 4, 4, dtype=torch.bool)
+    cube[2:, :2, :2] = True  # the second slice's first voxel
+    torch.testing.assert_close(SegmentationTarget(1, cube)(volume), torch.tensor([12.0]))
+    tiny = torch.zeros(8, 8, dtype=torch.bool)
+    tiny[0, 0] = True  # off every pixel centre of the 2x2 grid
+    with pytest.raises(camkit.TargetError, match="survive the resizing"):
+        SegmentationTarget(0, tiny)(logits)
+
+
+def test_embedding_target_finds_pooler_output_and_honours_output() -> None:
+    from camkit.targets import EmbeddingTarget
+
+    pooled, other = torch.tensor([[3.0, 4.0]]), torch.tensor([[1.0, 0.0]])
+    hf_like = {"last_hidden_state": torch.zeros(1, 4, 2), "pooler_output": pooled}
+    torch.testing.assert_close(
+        EmbeddingTarget(torch.tensor([1.0, 0.0]))(hf_like), torch.tensor([0.6])
+    )
+    picked = EmbeddingTarget(torch.tensor([0.0, 1.0]), output="other")
+    torch.testing.assert_close(picked({"pooler_output": pooled, "other": other}), torch.zeros(1))
+    with pytest.raises(camkit.TargetError, match="output='missing'"):
+        EmbeddingTarget(torch.ones(2), output="missing")(hf_like)
+
+
+def test_box_targets_on_detr_and_yolo_outputs_and_lost_detections() -> None:
+    from camkit.targets import BoxTarget
+
+    # DETR: 2 queries, 2 classes + "no object"; image 100x100
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]]])
+    pred_boxes = torch.tensor([[[0.25, 0.25, 0.5, 0.5], [0.75, 0.75, 0.5, 0.5]]])
+    detr = {"logits": logits, "pred_boxes": pred_boxes}
+    expected = logits[0, 0].softmax(0)[0]  # query 0 covers (0, 0, 50, 50) with class 0
+    target = BoxTarget(0, [0, 0, 50, 50], image_size=(100, 100))
+    torch.testing.assert_close(target(detr), expected[None])
+    with pytest.raises(camkit.TargetError, match="image_size"):
+        BoxTarget(0, [0, 0, 50, 50])(detr)
+    # YOLO: rows (cx, cy, w, h, scores of 2 classes) in pixels
+    yolo = torch.tensor([[[25.0, 25.0, 50.0, 50.0, 0.1, 0.7], [75.0, 75.0, 50, 50, 0.9, 0.2]]])
+    torch.testing.assert_close(BoxTarget(1, [0, 0, 50, 50])(yolo), torch.tensor([0.7]))
+    both = BoxTarget([1, 0], [[0, 0, 50, 50], [50, 50, 100, 100]])(yolo)
+    torch.testing.assert_close(both, torch.tensor([[0.7, 0.9]]))
+    far = [60, 0, 100, 40]
+    with pytest.raises(camkit.TargetError, match="no detection of label 1"):
+        BoxTarget(1, far)(yolo)
+    torch.testing.assert_close(BoxTarget(1, far, lost="zero")(yolo), torch.zeros(1))

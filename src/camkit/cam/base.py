@@ -52,6 +52,7 @@ class BaseCAM:
     family: ClassVar[str] = "gradient-cam"
     needs_layer: ClassVar[bool] = True
     needs_gradients: ClassVar[bool] = True
+    needs_target: ClassVar[bool] = True  # False: the map does not depend on the target
     reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
 
     def __init__(
@@ -121,7 +122,10 @@ class BaseCAM:
         finishing = finishing or Finishing()
         if self.needs_gradients:
             require_autograd(type(self).__name__)
-        scorer = resolve(target, batch.shape[0], batch.device, self.capture.output)
+        if target is None and not self.needs_target:  # never read the output (a detector's)
+            scorer = RowScorer(free=True)
+        else:
+            scorer = resolve(target, batch.shape[0], batch.device, self.capture.output)
         raw, several = self.raw_maps(batch, scorer)
         return finishing(raw, tuple(batch.shape[2:])), several
 

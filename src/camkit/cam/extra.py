@@ -80,6 +80,7 @@ class KPCACAM(BaseCAM):
     """
 
     needs_gradients = False
+    needs_target = False
 
     def __init__(
         self,
@@ -145,6 +146,7 @@ class FEM(BaseCAM):
     """
 
     needs_gradients = False
+    needs_target = False
 
     def __init__(self, model: nn.Module, layer: LayerSpec, *, k: float = 2.0, **options: Any):
         super().__init__(model, layer, **options)

@@ -92,6 +92,7 @@ class EigenCAM(BaseCAM):
     """
 
     needs_gradients = False
+    needs_target = False
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         grid = act.shape[3:]

@@ -8,7 +8,9 @@ Accepted targets, for a batch of ``B`` images:
 * a list of ``B`` lists of ``K`` ints or a ``(B, K)`` tensor -- ``K`` classes per sample,
   answered from one forward pass;
 * a callable ``f(output) -> (B,)`` or ``(B, K)`` scores -- any other objective; it receives the
-  model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``.
+  model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``;
+* a list of ``B`` callables (one target object per sample) or ``B`` lists of ``K`` callables
+  (``K`` per sample, the target axis): sample ``i``'s rows are scored by its own callables.
 
 Class scores are the selected logits (before softmax), as in the Grad-CAM paper.
 
@@ -134,11 +136,12 @@ class RowScorer:
     classes: Tensor | None = None
     function: Callable[[Any], Tensor] | None = None
     several: bool = False
+    free: bool = False  # a target-free method (Eigen-CAM): (n, 1) zeros, the output untouched
 
     @property
     def top1(self) -> bool:
         """Whether the classes are each row's own top-1 (not fixed yet)."""
-        return self.classes is None and self.function is None
+        return self.classes is None and self.function is None and not self.free
 
     def pinned(self, output: Any) -> RowScorer:
         """The same target with top-1 classes fixed from a clean pass over the ``B`` samples,
@@ -184,6 +187,10 @@ class RowScorer:
 
     def _scores(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         n = rows.shape[0]
+        if self.free:
+            return torch.zeros(n, 1), False
+        if isinstance(self.function, PerSample):
+            return self.function.scores(output, rows), self.several
         if self.function is not None:
             return self._called(output, n)
         logits = _logits(output, self.selector)
@@ -222,5 +229,68 @@ def resolve(
         return RowScorer(selector)
     if callable(target) and not isinstance(target, Tensor):
         return RowScorer(selector, function=target)
+    per_sample = PerSample.of(target, batch)
+    if per_sample is not None:
+        return RowScorer(selector, function=per_sample, several=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
     return RowScorer(selector, classes=classes, several=several)
+
+
+class PerSample:
+    """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
+
+    Each callable gets the whole output, as a callable target does; row ``i`` of its ``(n,)``
+    scores is kept for the rows of its sample only, so copies of several samples in one forward
+    (perturbation methods) are each scored by their own sample's targets.
+    """
+
+    def __init__(self, targets: list[list[Callable[[Any], Tensor]]], several: bool):
+        self.targets = targets
+        self.several = several
+
+    @classmethod
+    def of(cls, target: object, batch: int) -> PerSample | None:
+        """The per-sample targets in ``target`` (None when it holds no callable); checked."""
+        if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
+            return None
+        items = [
+            list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
+        ]
+        several = all(isinstance(item, list) for item in items)
+        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
+        if not any(callable(t) and not isinstance(t, Tensor) for t in flat):
+            return None
+        if not all(callable(t) and not isinstance(t, Tensor) for t in flat) or (
+            any(isinstance(item, list) for item in items) and not several
+        ):
+            raise TargetError(
+                "a list of target objects must hold only callables: B of them (one per sample) "
+                "or B lists of K (K per sample), not mixed with classes"
+            )
+        rows = [item if several else [item] for item in items]
+        if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
+            raise TargetError(
+                f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
+                f"each (the same K), got {len(rows)} item(s) with "
+                f"{sorted({len(row) for row in rows})} target(s) each for a batch of {batch}"
+            )
+        return cls(rows, several)
+
+    def scores(self, output: Any, rows: Tensor) -> Tensor:
+        """``(n, K)`` scores: row ``i`` by the targets of sample ``rows[i]``."""
+        n = rows.shape[0]
+        columns: list[list[Tensor | None]] = [[None] * n for _ in self.targets[0]]
+        samples = rows.tolist()
+        for sample in sorted(set(samples)):
+            picked = [i for i, s in enumerate(samples) if s == sample]
+            for k, target in enumerate(self.targets[sample]):
+                values = target(output)
+                if not isinstance(values, Tensor) or values.ndim != 1 or values.shape[0] != n:
+                    got = tuple(values.shape) if isinstance(values, Tensor) else type(values)
+                    raise TargetError(
+                        f"target {target!r} of sample {sample} must return ({n},) scores for "
+                        f"the {n} rows of the output, got {got}"
+                    )
+                for i in picked:
+                    columns[k][i] = values[i]
+        return torch.stack([torch.stack(column) for column in columns], dim=1)
