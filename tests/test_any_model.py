@@ -343,3 +343,52 @@ def test_box_targets_on_detr_and_yolo_outputs_and_lost_detections() -> None:
     with pytest.raises(camkit.TargetError, match="no detection of label 1"):
         BoxTarget(1, far)(yolo)
     torch.testing.assert_close(BoxTarget(1, far, lost="zero")(yolo), torch.zeros(1))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _hf_vit(kind: str) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{kind}Config")(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+        image_size=16, patch_size=8, num_labels=3,
+    )  # fmt: skip
+    return getattr(transformers, f"{kind}ForImageClassification")(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["ViT", "DeiT", "Dinov2"])
+def test_attention_methods_read_huggingface_blocks(kind: str) -> None:
+    import copy
+
+    from camkit.attention import rollout
+
+    model = _hf_vit(kind)
+    x = torch.rand(2, 3, 16, 16)
+    kernel = model.config._attn_implementation
+    maps = camkit.AttentionRollout(model)(x, upsample=False, normalize=False)
+    legrad = camkit.LeGrad(model)(x, target=2, upsample=False, normalize=False)
+    assert model.config._attn_implementation == kernel  # the kernel is set back
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"
+    leaf = x.clone().requires_grad_(True)
+    out = eager(pixel_values=leaf, output_attentions=True, output_hidden_states=True)
+    prefix = 2 if kind == "DeiT" else 1  # DeiT: class and distillation tokens
+    expected = rollout(out.attentions)[:, 0, prefix:].reshape(2, 2, 2)  # class row, 2x2 grid
+    torch.testing.assert_close(maps, expected)
+    # LeGrad by hand: per block, the block's tokens through the head, the class-2 logit's
+    # gradient on the probabilities, relu, mean over heads and queries; blocks averaged
+    base = getattr(eager, eager.base_model_prefix)
+    relevances = []
+    for attention, tokens in zip(out.attentions, out.hidden_states[1:], strict=True):
+        if kind == "Dinov2":  # its classifier reads the class and the mean patch token
+            normed = base.layernorm(tokens)
+            pooled = torch.cat([normed[:, 0], normed[:, 1:].mean(1)], 1)
+        else:  # the mean token through the final norm (LeGrad's authors' projection)
+            pooled = base.layernorm(tokens.mean(1))
+        (grad,) = torch.autograd.grad(
+            eager.classifier(pooled)[:, 2].sum(), attention, retain_graph=True
+        )
+        relevances.append(grad.relu().mean(dim=(1, 2)))
+    torch.testing.assert_close(legrad, torch.stack(relevances).mean(0)[:, prefix:].reshape(2, 2, 2))

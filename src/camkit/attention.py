@@ -9,6 +9,8 @@ Capture, per family, for the duration of one call only (restored in ``finally``)
 
 * timm: the attention's ``fused_attn`` flag is switched off so that the probabilities exist as a
   tensor (the output of its ``attn_drop``, identity in eval mode), then switched back;
+* HuggingFace ViT / DeiT / DINOv2: the config's attention kernel is set to ``"eager"``, whose
+  attention returns its probabilities (SDPA returns None), then set back;
 * torchvision: ``nn.MultiheadAttention`` is asked for per-head weights (``need_weights=True,
   average_attn_weights=False``) and its output is recomputed from them, so that gradients reach
   the probabilities (the same replay as torchcam 0.5.0); what the block receives is unchanged.
@@ -40,14 +42,27 @@ def _is_timm_attention(module: nn.Module) -> bool:
     return all(hasattr(module, a) for a in ("qkv", "attn_drop", "fused_attn", "num_heads"))
 
 
+def _is_hf_attention(module: nn.Module) -> bool:
+    """A HuggingFace attention (ViT, DeiT, DINOv2): ``q/k/v/o_proj`` and a config naming the
+    attention kernel; it returns ``(output, probabilities)`` with the eager kernel."""
+    config = getattr(module, "config", None)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return hasattr(config, "_attn_implementation") and all(hasattr(module, a) for a in projections)
+
+
 def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
     """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
     ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first)."""
+    (``nn.MultiheadAttention``, batch-first), HuggingFace ViT / DeiT / DINOv2 layers with an
+    ``attention`` child."""
     found = []
     for name, module in model.named_modules():
         attn = getattr(module, "attn", None)
         if isinstance(attn, nn.Module) and _is_timm_attention(attn):
+            found.append((name, module, attn))
+            continue
+        attn = getattr(module, "attention", None)
+        if isinstance(attn, nn.Module) and _is_hf_attention(attn):
             found.append((name, module, attn))
             continue
         attn = getattr(module, "self_attention", None)
@@ -58,7 +73,8 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
     if not found:
         raise AttentionError(
             f"{type(model).__name__} has no supported attention blocks (timm Attention with "
-            "qkv/attn_drop, or torchvision blocks with an nn.MultiheadAttention self_attention)"
+            "qkv/attn_drop, torchvision blocks with an nn.MultiheadAttention self_attention, or "
+            "HuggingFace ViT / DeiT / DINOv2 layers)"
         )
     return found
 
@@ -115,9 +131,19 @@ def captured_attention(
     stores: list[list[Tensor]] = [[] for _ in attentions]
     handles = []
     fused = []
+    kernels: list[tuple[Any, str]] = []  # HuggingFace configs and their attention kernel
     try:
         for store, attn in zip(stores, attentions, strict=True):
-            if isinstance(attn, nn.MultiheadAttention):
+            if _is_hf_attention(attn):
+                if all(config is not attn.config for config, _ in kernels):
+                    kernels.append((attn.config, attn.config._attn_implementation))
+                    attn.config._attn_implementation = "eager"  # SDPA returns no probabilities
+                handles.append(
+                    attn.register_forward_hook(
+                        this_thread(lambda module, args, out, store=store: store.append(out[1]))
+                    )
+                )
+            elif isinstance(attn, nn.MultiheadAttention):
                 handles.append(
                     attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
                 )
@@ -140,6 +166,8 @@ def captured_attention(
             handle.remove()
         for attn, flag in fused:
             attn.fused_attn = flag
+        for config, kernel in reversed(kernels):
+            config._attn_implementation = kernel
 
 
 def _patch_layout(model: nn.Module, tokens: int, size: tuple[int, int]):
@@ -308,10 +336,20 @@ def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """Block tokens ``(B, N, C)`` -> class logits ``(B, classes)``: the mean token through the
     model's final norm and head, as in the LeGrad authors' code and torchcam 0.5.0.
 
-    timm: ``head(fc_norm(norm(mean)))``; torchvision: ``heads(encoder.ln(mean))``.
+    timm: ``head(fc_norm(norm(mean)))``; torchvision: ``heads(encoder.ln(mean))``; HuggingFace
+    ViT / DeiT: ``classifier(layernorm(mean))``; DINOv2, whose classifier reads the class token
+    and the mean patch token side by side: ``classifier([norm(t)_0, mean_i>0 norm(t)_i])``.
     """
     if all(hasattr(model, a) for a in ("norm", "fc_norm", "head")):
         return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
+    base = getattr(model, getattr(model, "base_model_prefix", "") or "_", None)
+    norm, head = getattr(base, "layernorm", None), getattr(model, "classifier", None)
+    if isinstance(norm, nn.LayerNorm) and isinstance(head, nn.Linear):
+        width = norm.normalized_shape[-1]
+        if head.in_features == width:
+            return lambda tokens: head(norm(tokens.mean(1)))
+        if head.in_features == 2 * width:
+            return lambda tokens: head(_class_and_patches(norm(tokens)))
     encoder = getattr(model, "encoder", None)
     if isinstance(getattr(encoder, "ln", None), nn.Module) and hasattr(model, "heads"):
         return lambda tokens: model.heads(encoder.ln(tokens.mean(1)))
@@ -319,6 +357,10 @@ def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
         f"no default score projection for {type(model).__name__}: pass score_projection= a "
         "function (B, N, C) tokens -> (B, classes) logits"
     )
+
+
+def _class_and_patches(tokens: Tensor) -> Tensor:
+    return torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=1)
 
 
 @register("legrad", "Bousselham et al., 2024")
