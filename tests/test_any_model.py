@@ -392,3 +392,51 @@ def test_attention_methods_read_huggingface_blocks(kind: str) -> None:
         )
         relevances.append(grad.relu().mean(dim=(1, 2)))
     torch.testing.assert_close(legrad, torch.stack(relevances).mean(0)[:, prefix:].reshape(2, 2, 2))
+
+
+# ----------------------------------------------------------------------------- keyword inputs
+
+
+class _TextAndImage(nn.Module):
+    """CLIP-like: the first positional argument is not the image."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.words = nn.Embedding(5, 4)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, input_ids: torch.Tensor, pixel_values: torch.Tensor, scale: float = 1.0):
+        image = self.conv(pixel_values).mean(dim=(2, 3))
+        return {"logits_per_image": scale * image @ self.words(input_ids).T}
+
+
+def test_keyword_inputs_and_keyword_additional_forward_args() -> None:
+    model = _TextAndImage().eval()
+    x, ids = torch.rand(2, 3, 6, 6), torch.tensor([1, 3])
+    wrapped = camkit.KeywordInput(model, "pixel_values")
+    extra = {"input_ids": ids, "scale": 2.0}
+    grads = camkit.Saliency(wrapped, output="logits_per_image")(
+        x, target=1, additional_forward_args=extra
+    )
+    leaf = x.clone().requires_grad_(True)
+    model(ids, pixel_values=leaf, scale=2.0)["logits_per_image"][:, 1].sum().backward()
+    torch.testing.assert_close(grads, leaf.grad)
+    cam = camkit.GradCAM(wrapped, "conv", output="logits_per_image")
+    maps = cam(x, target=[0, 1], additional_forward_args=extra, relu=False, normalize=False)
+    # by hand: d logit_k / d conv = 2 * words(ids)[k] / 36 at every position
+    with torch.no_grad():
+        act, words = model.conv(x), model.words(ids)
+    weights = 2 * words[[0, 1]] / 36  # (B, C): sample b explains text b
+    torch.testing.assert_close(maps, (weights[:, :, None, None] * act).sum(1))
+    with pytest.raises(ValueError, match="name of a keyword argument"):
+        camkit.KeywordInput(model, "pixel values")
+
+
+def test_metrics_are_reachable_after_import_camkit() -> None:
+    import subprocess
+    import sys
+
+    code = "import camkit; print(camkit.metrics.deletion.__name__)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "deletion"

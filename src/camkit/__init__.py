@@ -8,7 +8,7 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
 """
 
-from camkit import errors, models, registry, targets, viz
+from camkit import errors, metrics, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import (
     CAM,
@@ -38,7 +38,7 @@ from camkit.cam import (
     XGradCAM,
     cams,
 )
-from camkit.core.inputs import InputLayout
+from camkit.core.inputs import InputLayout, KeywordInput
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
@@ -79,6 +79,7 @@ __all__ = [
     "HiResCAM",
     "InputLayout",
     "IntegratedGradients",
+    "KeywordInput",
     "LayerCAM",
     "LeGrad",
     "LayerNotFoundError",
@@ -100,6 +101,7 @@ __all__ = [
     "errors",
     "feature_grid",
     "find_layer",
+    "metrics",
     "models",
     "overlay",
     "plot",

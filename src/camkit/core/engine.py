@@ -39,15 +39,16 @@ _EXTRA_ARGS: ContextVar[tuple[tuple, int] | None] = ContextVar("camkit_extra_arg
 
 @contextmanager
 def additional_forward_args(args: Any, batch: int) -> Iterator[None]:
-    """Call the model as ``model(x, *args)`` during the code inside (captum's name; the first
-    argument is the one explained). A tensor whose first axis has the batch's size ``batch`` is
-    per sample: every forward camkit runs gets the rows of the samples it holds (noisy copies,
-    path points, masked images); anything else is passed as it is. Per thread (a context
+    """Call the model as ``model(x, *args)`` (a dict: ``model(x, **args)``, keyword inputs)
+    during the code inside (captum's name; the first argument is the one explained). A tensor
+    whose first axis has the batch's size ``batch`` is per sample: every forward camkit runs
+    gets the rows of the samples it holds (noisy copies, path points, masked images); anything
+    else is passed as it is. Per thread (a context
     variable), so concurrent calls do not mix their arguments."""
     if args is None:
         yield
         return
-    token = _EXTRA_ARGS.set((args if isinstance(args, tuple) else (args,), batch))
+    token = _EXTRA_ARGS.set((args if isinstance(args, tuple | dict) else (args,), batch))
     try:
         yield
     finally:
@@ -63,8 +64,8 @@ def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> A
     args, batch = extra
     if rows is None and inputs.shape[0] == batch:
         rows = torch.arange(batch)
-    picked = []
-    for arg in args:
+
+    def pick(arg: Any) -> Any:
         if isinstance(arg, Tensor) and arg.ndim and arg.shape[0] == batch:
             if rows is None:
                 raise ArgumentError(
@@ -72,8 +73,11 @@ def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> A
                     f"additional_forward_args of a batch of {batch}"
                 )
             arg = arg[rows.to(arg.device)]
-        picked.append(arg)
-    return model(inputs, *picked)
+        return arg
+
+    if isinstance(args, dict):
+        return model(inputs, **{key: pick(arg) for key, arg in args.items()})
+    return model(inputs, *map(pick, args))
 
 
 def require_autograd(method: str) -> None:

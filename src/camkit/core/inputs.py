@@ -85,6 +85,8 @@ def check_clip_layout(x: Tensor, model: nn.Module) -> None:
     the model's input channel count and axis 1 does not, the input is such a clip: it must be
     declared with :class:`InputLayout`. A model with no 3-D layer cannot take ``(B, C, D, H, W)``.
     """
+    while isinstance(model, KeywordInput):
+        model = model.module
     if isinstance(model, InputLayout):
         return
     shape = tuple(x.shape)
@@ -134,6 +136,32 @@ class InputLayout(nn.Module):
         if x.ndim != 5:
             raise InputError(f"InputLayout takes (B, C, T, H, W) clips, got {tuple(x.shape)}")
         return self.module(x.permute(self.permutation), *args, **kwargs)
+
+
+class KeywordInput(nn.Module):
+    """A model whose explained input is a keyword argument: ``KeywordInput(model,
+    "pixel_values")`` is called as ``wrapped(x, *args, **kwargs)`` and calls
+    ``model(*args, pixel_values=x, **kwargs)`` (HuggingFace models; CLIP's first positional
+    argument is ``input_ids``). The other inputs come through the methods'
+    ``additional_forward_args``, by keyword as a dict (per-sample tensors follow their samples):
+    a model taking a dict of inputs is explained for the key named here. Layer names are those
+    of ``model``.
+    """
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module, key: str):
+        super().__init__()
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
+        self.module = model
+        self.key = key
+
+    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
+        """``model(*args, **{key: x}, **kwargs)``."""
+        if self.key in kwargs:
+            raise ArgumentError(f"{self.key!r} is the explained input; do not pass it again")
+        return self.module(*args, **{self.key: x}, **kwargs)
 
 
 def positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
