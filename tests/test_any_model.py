@@ -440,3 +440,12 @@ def test_metrics_are_reachable_after_import_camkit() -> None:
     code = "import camkit; print(camkit.metrics.deletion.__name__)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "deletion"
+
+
+def test_only_the_target_free_methods_skip_the_target() -> None:
+    free = {
+        name
+        for name, method in camkit.METHODS.items()
+        if not getattr(method.cls, "needs_target", True)
+    }
+    assert free == {"eigencam", "kpcacam", "fem"}

@@ -43,6 +43,7 @@ class EigenGradCAM(EigenCAM):
     """
 
     needs_gradients = True
+    needs_target = True
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         return super().layer_map(grad * act, None)
