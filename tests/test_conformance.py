@@ -188,8 +188,7 @@ FIXED_FUSION = (
 
 # defect -> the cells (methods, kinds, checks) it fails today, or a list of such rules; delete
 # an entry when a change fixes it (its cells then XPASS, which fails the run)
-KNOWN_DEFECTS: dict[str, Any] = {
-}
+KNOWN_DEFECTS: dict[str, Any] = {}
 
 
 def _matches(rule: tuple[Any, Any, Any], cell: tuple[str, str, str]) -> bool:

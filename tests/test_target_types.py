@@ -97,8 +97,8 @@ def test_segmentation_target_sums_inside_the_mask():
 
 
 def test_segmentation_target_errors():
-    with pytest.raises(TargetError, match=r"mask has shape \(3, 3\).*\(2, 2\)"):
-        SegmentationTarget(0, torch.ones(3, 3, dtype=torch.bool))(DENSE)
+    with pytest.raises(TargetError, match=r"mask has shape \(3, 2, 2\).*\(2, 2\)"):
+        SegmentationTarget(0, torch.ones(3, 2, 2, dtype=torch.bool))(DENSE)
     with pytest.raises(TargetError, match="category 3 is out of range.*3 categories"):
         SegmentationTarget(3)(DENSE)
     with pytest.raises(TargetError, match=r"\(B, K, H, W\).*shape \(2, 3\)"):

@@ -9,11 +9,12 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
 """
 
-from camkit import errors, models, registry, targets, viz
+from camkit import errors, metrics, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import *  # noqa: F403  (every CAM class, cams)
 from camkit.cam import __all__ as _cam_names
 from camkit.core.explainer import Explainer
+from camkit.core.inputs import InputLayout, KeywordInput
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
@@ -42,7 +43,9 @@ __all__ = [
     "Explainer",
     "GuidedBackprop",
     "GuidedGradCAM",
+    "InputLayout",
     "IntegratedGradients",
+    "KeywordInput",
     "LayerNotFoundError",
     "LayerOutputError",
     "LeGrad",
@@ -53,6 +56,7 @@ __all__ = [
     "errors",
     "feature_grid",
     "find_layer",
+    "metrics",
     "models",
     "overlay",
     "plot",

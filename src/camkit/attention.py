@@ -185,10 +185,20 @@ def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """Block tokens ``(B, N, C)`` -> class logits ``(B, classes)``: the mean token through the
     model's final norm and head, as in the LeGrad authors' code and torchcam 0.5.0.
 
-    timm: ``head(fc_norm(norm(mean)))``; torchvision: ``heads(encoder.ln(mean))``.
+    timm: ``head(fc_norm(norm(mean)))``; torchvision: ``heads(encoder.ln(mean))``; HuggingFace
+    ViT / DeiT: ``classifier(layernorm(mean))``; DINOv2, whose classifier reads the class token
+    and the mean patch token side by side: ``classifier([norm(t)_0, mean_i>0 norm(t)_i])``.
     """
     if all(hasattr(model, a) for a in ("norm", "fc_norm", "head")):
         return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
+    base = getattr(model, getattr(model, "base_model_prefix", "") or "_", None)
+    norm, head = getattr(base, "layernorm", None), getattr(model, "classifier", None)
+    if isinstance(norm, nn.LayerNorm) and isinstance(head, nn.Linear):
+        width = norm.normalized_shape[-1]
+        if head.in_features == width:
+            return lambda tokens: head(norm(tokens.mean(1)))
+        if head.in_features == 2 * width:
+            return lambda tokens: head(_class_and_patches(norm(tokens)))
     encoder = getattr(model, "encoder", None)
     if isinstance(getattr(encoder, "ln", None), nn.Module) and hasattr(model, "heads"):
         return lambda tokens: model.heads(encoder.ln(tokens.mean(1)))
@@ -196,6 +206,10 @@ def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
         f"no default score projection for {type(model).__name__}: pass score_projection= a "
         "function (B, N, C) tokens -> (B, classes) logits"
     )
+
+
+def _class_and_patches(tokens: Tensor) -> Tensor:
+    return torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], dim=1)
 
 
 @register("legrad", "Bousselham et al., 2024")

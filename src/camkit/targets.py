@@ -19,14 +19,14 @@ says what it expected.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchvision.ops import box_iou
+from torchvision.ops import box_convert, box_iou
 
-from camkit.core.targets import Target, resolve, select_output
+from camkit.core.targets import OutputSelector, Target, resolve, select_output
 from camkit.errors import OutputError, TargetError
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
@@ -97,32 +97,31 @@ class SoftmaxTarget(ClassTarget):
 
 def _dense_logits(output: Any) -> Tensor:
     picked = output
+    expected = "(B, K, H, W) or (B, K, D, H, W) logits or a dict with 'out' (torchvision)"
     if isinstance(output, Mapping):
         key = "out" if "out" in output else "logits" if "logits" in output else None
         if key is None:
             raise TargetError(
-                f"SegmentationTarget needs (B, K, H, W) logits or a dict with 'out' (torchvision) "
-                f"or 'logits', got {_describe(output)}"
+                f"SegmentationTarget needs {expected} or 'logits', got {_describe(output)}"
             )
         picked = output[key]
     elif not isinstance(output, Tensor) and isinstance(getattr(output, "logits", None), Tensor):
         picked = output.logits  # HuggingFace segmentation outputs
-    if not isinstance(picked, Tensor) or picked.ndim != 4:
-        raise TargetError(
-            f"SegmentationTarget needs (B, K, H, W) logits or a dict with 'out', got "
-            f"{_describe(picked)}"
-        )
+    if not isinstance(picked, Tensor) or picked.ndim not in (4, 5):
+        raise TargetError(f"SegmentationTarget needs {expected}, got {_describe(picked)}")
     return picked
 
 
 class SegmentationTarget(Target):
     """Sum of category ``category``'s logits inside a boolean pixel mask: ``(B, K, H, W) ->
-    (B,)`` (Vinogradova et al., "Towards interpretable semantic segmentation via gradient-
-    weighted class activation mapping", AAAI 2020).
+    (B,)``, volumes ``(B, K, D, H, W)`` likewise (Vinogradova et al., "Towards interpretable
+    semantic segmentation via gradient-weighted class activation mapping", AAAI 2020).
 
-    ``mask``: ``(H, W)`` for every sample or ``(B, H, W)``, bool (or 0/1) on the output's pixel
-    grid; None means the whole image. Outputs: a ``(B, K, H, W)`` tensor, a torchvision dict
-    ``{"out": ...}`` or an object/dict with ``logits``.
+    ``mask``: ``(H, W)`` for every sample or ``(B, H, W)`` (volumes: ``(D, H, W)`` or ``(B, D,
+    H, W)``), bool (or 0/1); None means the whole image. A mask of another size than the
+    logits (drawn on the input, while the model gives logits at a lower resolution) is
+    resized to the logits' grid by nearest neighbour (pixel centres, ``nearest-exact``).
+    Outputs: a tensor, a torchvision dict ``{"out": ...}`` or an object/dict with ``logits``.
     """
 
     def __init__(self, category: int, mask: Tensor | None = None):
@@ -134,8 +133,11 @@ class SegmentationTarget(Target):
                 if mask.is_complex() or not torch.all((mask == 0) | (mask == 1)):
                     raise TargetError("mask must be boolean (or hold only 0 and 1)")
                 mask = mask.bool()
-            if mask.ndim not in (2, 3):
-                raise TargetError(f"mask must be (H, W) or (B, H, W), got {tuple(mask.shape)}")
+            if mask.ndim not in (2, 3, 4):
+                raise TargetError(
+                    f"mask must be (H, W), (B, H, W), (D, H, W) or (B, D, H, W), "
+                    f"got {tuple(mask.shape)}"
+                )
             if not mask.any():
                 raise TargetError("the mask selects no pixel: the score would be 0, the map blank")
         self.category = category
@@ -143,41 +145,90 @@ class SegmentationTarget(Target):
 
     def __call__(self, output: Any) -> Tensor:
         logits = _dense_logits(output)
-        batch, classes, height, width = logits.shape
+        batch, classes, *grid = logits.shape
         if not 0 <= self.category < classes:
             raise TargetError(
                 f"category {self.category} is out of range: the output has {classes} "
                 f"categories (0..{classes - 1})"
             )
         plane = logits[:, self.category]
+        axes = tuple(range(1, plane.ndim))
         if self.mask is None:
-            return plane.sum(dim=(1, 2))
-        mask = self.mask.to(plane.device)
-        if mask.shape[-2:] != (height, width) or (mask.ndim == 3 and mask.shape[0] != batch):
+            return plane.sum(dim=axes)
+        mask = self._fitted(self.mask.to(plane.device), batch, tuple(grid))
+        return (plane * mask).sum(dim=axes)
+
+    @staticmethod
+    def _fitted(mask: Tensor, batch: int, grid: tuple[int, ...]) -> Tensor:
+        """The mask ``(B or 1, *grid)``, resized to the logits' grid (nearest) where needed."""
+        per_sample = mask.ndim == len(grid) + 1
+        if mask.ndim not in (len(grid), len(grid) + 1) or (per_sample and mask.shape[0] != batch):
+            dims = ", ".join(map(str, grid))
             raise TargetError(
-                f"the mask has shape {tuple(mask.shape)} but the output's pixel grid is "
-                f"({height}, {width}) for a batch of {batch}: give (H, W) or (B, H, W) = "
-                f"({batch}, {height}, {width})"
+                f"the mask has shape {tuple(mask.shape)} but the output's grid is ({dims}) for "
+                f"a batch of {batch}: give ({dims}) or ({batch}, {dims}) (any size: it is "
+                "resized to the logits' grid)"
             )
-        if mask.ndim == 3 and not mask.flatten(1).any(dim=1).all():
-            raise TargetError("the mask selects no pixel for some samples: their maps would be 0")
-        return (plane * mask).sum(dim=(1, 2))
+        mask = mask if per_sample else mask[None]
+        if tuple(mask.shape[1:]) != grid:
+            resized = F.interpolate(mask[:, None].float(), size=grid, mode="nearest-exact")
+            mask = resized[:, 0] > 0.5
+        if not mask.flatten(1).any(dim=1).all():
+            raise TargetError(
+                "the mask selects no pixel of the logits' grid for some samples (too small to "
+                "survive the resizing, or empty): their maps would be 0"
+            )
+        return mask
 
 
-def _detections(output: Any) -> list[Mapping[str, Tensor]]:
-    expected = (
-        "a detector's list of B dicts with 'boxes' (N, 4), 'labels' (N,) and 'scores' (N,) "
-        "(torchvision Faster R-CNN / RetinaNet / FCOS / SSD in eval mode)"
-    )
+_DETECTIONS = (
+    "a torchvision detector's list of B dicts with 'boxes' (N, 4), 'labels' (N,) and 'scores' "
+    "(N,) (Faster R-CNN / RetinaNet / FCOS / SSD in eval mode), a DETR-style output with "
+    "'logits' (B, Q, C + 1) and 'pred_boxes' (B, Q, 4), or a YOLO-style (B, N, 4 + C) tensor"
+)
+
+
+def _field(output: Any, key: str) -> object:
+    return output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
+
+
+def _candidates(output: Any, image_size: tuple[int, int] | None) -> list[tuple[Tensor, ...]]:
+    """Each sample's detections as ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
+    (N,))``: torchvision's lists of dicts as they are; DETR queries (Carion et al., ECCV 2020)
+    with their most probable class other than "no object" (the last logit) and its softmax
+    probability, boxes ``(cx, cy, w, h)`` relative to the image; YOLO rows ``(cx, cy, w, h,
+    class scores...)`` in pixels with their best class and its score."""
+    logits, pred_boxes = _field(output, "logits"), _field(output, "pred_boxes")
+    if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
+        if image_size is None:
+            raise TargetError(
+                "BoxTarget on a DETR-style output needs image_size=(H, W): its pred_boxes are "
+                "relative to the image"
+            )
+        if logits.ndim != 3 or pred_boxes.shape != (*logits.shape[:2], 4):
+            raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
+        height, width = image_size
+        scale = pred_boxes.new_tensor([width, height, width, height])
+        boxes = box_convert(pred_boxes * scale, "cxcywh", "xyxy")
+        scores, labels = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
+        return list(zip(boxes, labels, scores, strict=True))
+    if isinstance(output, Tensor):
+        if output.ndim != 3 or output.shape[2] < 5:
+            raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
+        boxes = box_convert(output[..., :4], "cxcywh", "xyxy")
+        scores, labels = output[..., 4:].max(dim=-1)
+        return list(zip(boxes, labels, scores, strict=True))
     if not isinstance(output, list | tuple) or not output:
-        raise TargetError(f"BoxTarget needs {expected}, got {_describe(output)}")
-    for i, found in enumerate(output):
-        if not isinstance(found, Mapping) or not {"boxes", "labels", "scores"} <= set(found):
-            raise TargetError(f"BoxTarget needs {expected}; item {i} is {_describe(found)}")
-        boxes = found["boxes"]
+        raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
+    found = []
+    for i, sample in enumerate(output):
+        if not isinstance(sample, Mapping) or not {"boxes", "labels", "scores"} <= set(sample):
+            raise TargetError(f"BoxTarget needs {_DETECTIONS}; item {i} is {_describe(sample)}")
+        boxes = sample["boxes"]
         if not isinstance(boxes, Tensor) or boxes.ndim != 2 or boxes.shape[1] != 4:
             raise TargetError(f"detection {i}: 'boxes' must be (N, 4), got {_describe(boxes)}")
-    return list(output)
+        found.append((boxes, sample["labels"], sample["scores"]))
+    return found
 
 
 class BoxTarget(Target):
@@ -187,7 +238,14 @@ class BoxTarget(Target):
     IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
     (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` sums the IoU and the score; camkit keeps the
     score alone, the model's confidence, so the map explains the detection's class score).
-    When no detection matches, :class:`TargetError` names the best IoU found.
+    Outputs: torchvision detectors' lists of dicts; DETR-style ``logits`` / ``pred_boxes`` (a
+    query's label is its most probable class, its score that probability; pass ``image_size``);
+    YOLO-style ``(B, N, 4 + C)`` rows ``(cx, cy, w, h, class scores)`` in pixels.
+
+    ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
+    naming the best IoU found; ``"zero"`` scores 0 -- the rule for perturbation methods
+    (Score-CAM, Ablation-CAM, RISE-style masks, the deletion metric), whose masked copies may
+    lose the detection: a lost detection has no confidence left.
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
     in the input's pixels; the same boxes are looked for in every sample of the batch.
@@ -198,6 +256,9 @@ class BoxTarget(Target):
         labels: int | Sequence[int] | Tensor,
         boxes: Sequence[float] | Sequence[Sequence[float]] | Tensor,
         iou_threshold: float = 0.5,
+        *,
+        lost: Literal["raise", "zero"] = "raise",
+        image_size: tuple[int, int] | None = None,
     ):
         self.several = not (
             isinstance(labels, int) or (isinstance(labels, Tensor) and labels.ndim == 0)
@@ -216,14 +277,17 @@ class BoxTarget(Target):
             raise TargetError("each box must have x2 > x1 and y2 > y1")
         if not 0 < iou_threshold <= 1:
             raise TargetError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
+        if lost not in ("raise", "zero"):
+            raise TargetError(f'lost must be "raise" or "zero", got {lost!r}')
         self.labels = label_tensor.long()
         self.boxes = box_tensor
         self.iou_threshold = float(iou_threshold)
+        self.lost = lost
+        self.image_size = image_size
 
     def __call__(self, output: Any) -> Tensor:
         rows = []
-        for sample, found in enumerate(_detections(output)):
-            boxes, labels, scores = found["boxes"], found["labels"], found["scores"]
+        for sample, (boxes, labels, scores) in enumerate(_candidates(output, self.image_size)):
             wanted = self.boxes.to(boxes.device, boxes.dtype)
             ious = (
                 box_iou(wanted, boxes.detach()) if len(boxes) else boxes.new_zeros(len(wanted), 0)
@@ -234,6 +298,9 @@ class BoxTarget(Target):
             for m in range(len(wanted)):
                 best = int(ious[m].argmax()) if ious.shape[1] else -1
                 iou = float(ious[m, best]) if best >= 0 else -1.0
+                if iou < self.iou_threshold and self.lost == "zero":
+                    picked.append(scores.sum() * 0)  # lost: 0, still part of the graph
+                    continue
                 if iou < self.iou_threshold:
                     raise TargetError(
                         f"sample {sample}: no detection of label {int(self.labels[m])} overlaps "
@@ -247,35 +314,51 @@ class BoxTarget(Target):
         return result if self.several else result[:, 0]
 
 
+_EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")
+
+
 class EmbeddingTarget(Target):
     """Cosine similarity to a reference embedding: ``(B, D) -> (B,)``.
 
-    ``reference``: ``(D,)`` for every sample or ``(B, D)``; the output is a ``(B, D)`` tensor (or
-    ``(B, D, 1, 1)`` pooled maps, flattened), a dict/object with ``logits``/``image_embeds``,
-    or a tuple starting with it. Re-identification and CLIP-style image towers.
+    ``reference``: ``(D,)`` for every sample or ``(B, D)``. The embedding is ``output=`` of the
+    model's output when given (a key, attribute, index or callable, as the methods' ``output=``);
+    else a ``(B, D)`` tensor (or ``(B, D, 1, 1)`` pooled maps, flattened), the first of
+    ``image_embeds`` (CLIP), ``pooler_output`` (HuggingFace ViT / ConvNeXt / DINOv2 models),
+    ``embeddings`` found on a dict or object, else its ``logits`` or first element.
+    Re-identification and CLIP-style image towers.
     """
 
-    def __init__(self, reference: Tensor):
+    def __init__(self, reference: Tensor, output: OutputSelector = None):
         reference = torch.as_tensor(reference)
         if not reference.is_floating_point() or reference.ndim not in (1, 2):
             raise TargetError("reference must be a float (D,) or (B, D) embedding")
         if not torch.isfinite(reference).all() or (reference.norm(dim=-1) == 0).any():
             raise TargetError("reference must be finite and non-zero (cosine needs a direction)")
         self.reference = reference
+        self.output = output
+
+    def _embedding(self, output: Any) -> Tensor:
+        if self.output is not None:
+            try:
+                return select_output(output, self.output)
+            except OutputError as err:
+                raise TargetError(f"EmbeddingTarget(output={self.output!r}): {err}") from None
+        if isinstance(output, Tensor):
+            return output
+        for key in _EMBEDDING_KEYS:
+            found = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
+            if isinstance(found, Tensor):
+                return found
+        try:
+            return select_output(output)
+        except OutputError:
+            raise TargetError(
+                f"EmbeddingTarget needs (B, D) embeddings, got {_describe(output)}; pass "
+                "output= the key or a callable that picks them"
+            ) from None
 
     def __call__(self, output: Any) -> Tensor:
-        embedding = output
-        if isinstance(output, Mapping) and "image_embeds" in output:
-            embedding = output["image_embeds"]
-        elif not isinstance(output, Tensor) and hasattr(output, "image_embeds"):
-            embedding = output.image_embeds
-        elif not isinstance(output, Tensor):
-            try:
-                embedding = select_output(output)
-            except OutputError:
-                raise TargetError(
-                    f"EmbeddingTarget needs (B, D) embeddings, got {_describe(output)}"
-                ) from None
+        embedding = self._embedding(output)
         if embedding.ndim == 4 and embedding.shape[2:] == (1, 1):
             embedding = embedding.flatten(1)
         reference = self.reference.to(embedding.device, embedding.dtype)

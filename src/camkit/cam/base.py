@@ -78,7 +78,10 @@ class BaseCAM(Explainer):
         finishing = finishing or Finishing()
         self.check_autograd()
         self.capture.resolve(batch)
-        scorer = resolve(target, batch.shape[0], batch.device, self.output)
+        if target is None and self.target_free:  # never read the output (a detector's)
+            scorer = RowScorer(free=True)
+        else:
+            scorer = resolve(target, batch.shape[0], batch.device, self.output)
         raw, several = self.raw_maps(batch, scorer)
         return finishing(raw, tuple(batch.shape[2:])), several
 

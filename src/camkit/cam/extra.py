@@ -44,6 +44,7 @@ class EigenGradCAM(EigenCAM):
     """
 
     needs_gradients = True
+    target_free = False
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         return super().layer_map(grad * act, None)
@@ -81,6 +82,7 @@ class KPCACAM(BaseCAM):
     """
 
     needs_gradients = False
+    target_free = True
 
     def __init__(
         self,
@@ -146,6 +148,7 @@ class FEM(BaseCAM):
     """
 
     needs_gradients = False
+    target_free = True
 
     def __init__(
         self, model: nn.Module, layer: LayerSpec | None = None, *, k: float = 2.0, **options: Any

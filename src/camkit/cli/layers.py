@@ -5,33 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from camkit import models
 from camkit.cli.common import EXIT_OK, UsageError, add_model_arguments, load_model, positive_int
+from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import CamkitError
 
 
 def run_layers(args: argparse.Namespace) -> int:
-    """``camkit layers``: every module call with its output shape; ``*`` marks the default layer."""
+    """``camkit layers``: every module call with its output shape; ``*`` marks the default layer,
+    and a layer that cannot be explained says why."""
     loaded = load_model(args.model, args.weights)
     size = loaded.input_size if args.input_size is None else (args.input_size, args.input_size)
     try:
-        rows = models.layer_shapes(loaded.model, size)
-    except RuntimeError as error:
+        calls, _ = trace(loaded.model, size)
+    except CamkitError as error:
         raise UsageError(
             f"--input-size {size[0]}x{size[1]} does not fit the model: {error}"
         ) from None
     try:
-        default = models.default_layer(loaded.model, size)
+        default = last_spatial_map(calls, loaded.model, size)
     except CamkitError as error:
         default = None
         print(f"camkit: no default CAM layer: {error}", file=sys.stderr)
-    name_width = max(len("layer"), *(len(name) for name, _, _ in rows))
-    type_width = max(len("type"), *(len(kind) for _, kind, _ in rows))
-    print(f"{loaded.name}, input {size[0]}x{size[1]}: {len(rows)} layer calls")
+    calls.sort(key=lambda call: call.started)
+    name_width = max(len("layer"), *(len(call.name) for call in calls))
+    type_width = max(len("type"), *(len(call.type_name) for call in calls))
+    print(f"{loaded.name}, input {size[0]}x{size[1]}: {len(calls)} layer calls")
     print(f"  {'layer':<{name_width}}  {'type':<{type_width}}  output shape")
-    for name, kind, shape in rows:
-        mark = "*" if name == default else " "
-        print(f"{mark} {name:<{name_width}}  {kind:<{type_width}}  {tuple(shape)}")
+    for call in calls:
+        mark = "*" if call.name == default else " "
+        note = f"  (not explainable: {call.skip})" if call.skip else ""
+        print(
+            f"{mark} {call.name:<{name_width}}  {call.type_name:<{type_width}}  {call.shape}{note}"
+        )
     if default is not None:
         print(f"* default CAM layer (used when --layer is not given): {default}")
     return EXIT_OK

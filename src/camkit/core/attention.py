@@ -8,6 +8,8 @@ every other capture (:func:`~camkit.core.layers.hooked`: removed in ``finally``)
 
 * timm: the attention's ``fused_attn`` flag is switched off so that the probabilities exist as a
   tensor (the output of its ``attn_drop``, identity in eval mode), then switched back;
+* HuggingFace ViT / DeiT / DINOv2: the config's attention kernel is set to ``"eager"``, whose
+  attention returns its probabilities (SDPA returns None), then set back;
 * torchvision: ``nn.MultiheadAttention`` is asked for per-head weights (``need_weights=True,
   average_attn_weights=False``) and its output is recomputed from them, so that gradients reach
   the probabilities (the same replay as torchcam 0.5.0); what the block receives is unchanged.
@@ -31,10 +33,19 @@ def _is_timm_attention(module: nn.Module) -> bool:
     return all(hasattr(module, a) for a in ("qkv", "attn_drop", "fused_attn", "num_heads"))
 
 
+def _is_hf_attention(module: nn.Module) -> bool:
+    """A HuggingFace attention (ViT, DeiT, DINOv2): ``q/k/v/o_proj`` and a config naming the
+    attention kernel; it returns ``(output, probabilities)`` with the eager kernel."""
+    config = getattr(module, "config", None)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return hasattr(config, "_attn_implementation") and all(hasattr(module, a) for a in projections)
+
+
 def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
     """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
     ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first). Windowed attention (Swin) is refused: its
+    (``nn.MultiheadAttention``, batch-first), HuggingFace ViT / DeiT / DINOv2 layers with an
+    ``attention`` child. Windowed attention (Swin) is refused: its
     probabilities cover one window each, not the image's tokens."""
     found = []
     for name, module in model.named_modules():
@@ -48,6 +59,10 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
         if isinstance(attn, nn.Module) and _is_timm_attention(attn):
             found.append((name, module, attn))
             continue
+        attn = getattr(module, "attention", None)
+        if isinstance(attn, nn.Module) and _is_hf_attention(attn):
+            found.append((name, module, attn))
+            continue
         attn = getattr(module, "self_attention", None)
         if isinstance(attn, nn.MultiheadAttention):
             if not attn.batch_first or not attn._qkv_same_embed_dim:
@@ -56,7 +71,8 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
     if not found:
         raise AttentionError(
             f"{type(model).__name__} has no supported attention blocks (timm Attention with "
-            "qkv/attn_drop, or torchvision blocks with an nn.MultiheadAttention self_attention)"
+            "qkv/attn_drop, torchvision blocks with an nn.MultiheadAttention self_attention, or "
+            "HuggingFace ViT / DeiT / DINOv2 layers)"
         )
     return found
 
@@ -91,7 +107,7 @@ def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: d
 
 
 @contextmanager
-def switched(module: nn.Module, attribute: str, value: Any) -> Iterator[None]:
+def switched(module: Any, attribute: str, value: Any) -> Iterator[None]:
     """Set ``module.attribute`` to ``value`` inside the block, restore it on exit."""
     before = getattr(module, attribute)
     setattr(module, attribute, value)
@@ -121,7 +137,10 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
     def handles() -> list:
         registered = []
         for store, attn in zip(stores, attentions, strict=True):
-            if isinstance(attn, nn.MultiheadAttention):
+            if _is_hf_attention(attn):
+                keep = this_thread(lambda module, args, out, store=store: store.append(out[1]))
+                registered.append(attn.register_forward_hook(keep))
+            elif isinstance(attn, nn.MultiheadAttention):
                 pre = attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
                 post = partial(_mha_post, store)
                 registered += [
@@ -134,8 +153,11 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
         return registered
 
     with ExitStack() as edits:
+        configs = {id(a.config): a.config for a in attentions if _is_hf_attention(a)}
+        for config in configs.values():  # SDPA returns no probabilities
+            edits.enter_context(switched(config, "_attn_implementation", "eager"))
         for attn in attentions:
-            if not isinstance(attn, nn.MultiheadAttention):
+            if not isinstance(attn, nn.MultiheadAttention) and not _is_hf_attention(attn):
                 edits.enter_context(switched(attn, "fused_attn", False))
         edits.enter_context(hooked(handles))
         yield stores

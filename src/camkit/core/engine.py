@@ -20,6 +20,7 @@ from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import (
     LayerSpec,
     capture_outputs,
+    check_batch_axes,
     explained_module,
     find_layers,
     single_call,
@@ -39,15 +40,16 @@ _EXTRA_ARGS: ContextVar[tuple[tuple, int] | None] = ContextVar("camkit_extra_arg
 
 @contextmanager
 def additional_forward_args(args: Any, batch: int) -> Iterator[None]:
-    """Call the model as ``model(x, *args)`` during the code inside (captum's name; the first
-    argument is the one explained). A tensor whose first axis has the batch's size ``batch`` is
-    per sample: every forward camkit runs gets the rows of the samples it holds (noisy copies,
-    path points, masked images); anything else is passed as it is. Per thread (a context
+    """Call the model as ``model(x, *args)`` (a dict: ``model(x, **args)``, keyword inputs)
+    during the code inside (captum's name; the first argument is the one explained). A tensor
+    whose first axis has the batch's size ``batch`` is per sample: every forward camkit runs
+    gets the rows of the samples it holds (noisy copies, path points, masked images); anything
+    else is passed as it is. Per thread (a context
     variable), so concurrent calls do not mix their arguments."""
     if args is None:
         yield
         return
-    token = _EXTRA_ARGS.set((args if isinstance(args, tuple) else (args,), batch))
+    token = _EXTRA_ARGS.set((args if isinstance(args, tuple | dict) else (args,), batch))
     try:
         yield
     finally:
@@ -64,12 +66,14 @@ def following(samples: Tensor) -> Iterator[None]:
         yield
         return
     args, batch = extra
-    picked = tuple(
-        arg[samples.to(arg.device)]
-        if isinstance(arg, Tensor) and arg.ndim and arg.shape[0] == batch
-        else arg
-        for arg in args
-    )
+
+    def pick(arg: Any) -> Any:
+        return arg[samples.to(arg.device)] if _per_sample(arg, batch) else arg
+
+    if isinstance(args, dict):
+        picked = {key: pick(arg) for key, arg in args.items()}
+    else:
+        picked = tuple(map(pick, args))
     token = _EXTRA_ARGS.set((picked, samples.shape[0]))
     try:
         yield
@@ -91,8 +95,8 @@ def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> A
     args, batch = extra
     if rows is None and inputs.shape[0] == batch:
         rows = torch.arange(batch)
-    picked = []
-    for arg in args:
+
+    def pick(arg: Any) -> Any:
         if _per_sample(arg, batch):
             if rows is None:
                 raise ArgumentError(
@@ -100,8 +104,11 @@ def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> A
                     f"additional_forward_args of a batch of {batch}"
                 )
             arg = arg[rows.to(arg.device)]
-        picked.append(arg)
-    return model(inputs, *picked)
+        return arg
+
+    if isinstance(args, dict):
+        return model(inputs, **{key: pick(arg) for key, arg in args.items()})
+    return model(inputs, *map(pick, args))
 
 
 def require_autograd(method: str) -> None:
@@ -174,11 +181,13 @@ class Capture:
         return [name for name, _ in self.layers]
 
     def resolve(self, batch: Tensor) -> None:
-        """Without a layer given: the model's default layer for inputs like ``batch``
-        (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
+        """Without a layer given: the model's default layer traced with ``batch`` (and the
+        call's positional additional forward arguments; :func:`~camkit.core.trace.default_layer`),
+        found once, at the first call."""
         if not self.layers:
-            name = default_layer(self.model, tuple(batch.shape[2:]))
-            self.layers = find_layers(self.model, name)
+            extra = _EXTRA_ARGS.get()
+            example = batch if extra is None or isinstance(extra[0], dict) else (batch, *extra[0])
+            self.layers = find_layers(self.model, default_layer(self.model, example=example))
 
     def forward(
         self,
@@ -205,7 +214,9 @@ class Capture:
                 capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
-                return run_model(self.model, inputs, rows), taps
+                output = run_model(self.model, inputs, rows)
+            check_batch_axes(taps, batch.shape[0])
+            return output, taps
 
         return (memory or MemoryFormat(batch)).run(attempt)
 

@@ -145,9 +145,9 @@ class Explainer:
         as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
         family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs)."""
         batch, single = as_batch(x, self.model)
-        if self.needs_layer:
-            self.capture.resolve(batch)
         with extra_args(additional_forward_args, batch.shape[0]):
+            if self.needs_layer:
+                self.capture.resolve(batch)
             result, several = self.explain(batch, target, **options)
         return self.shaped(result, single, several)
 

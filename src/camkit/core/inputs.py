@@ -35,11 +35,8 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
             f"expected an image (3, H, W), a batch (B, 3, H, W) or volumes (B, C, D, H, W), "
             f"got shape {tuple(x.shape)}"
         )
-    if x.ndim == 5 and not any(isinstance(m, VOLUME_LAYERS) for m in model.modules()):
-        raise InputError(
-            f"a 5-D input {tuple(x.shape)} is a batch of volumes (B, C, D, H, W), but the model "
-            "has no 3-D layer (Conv3d, pooling or batch norm 3d); pass images as (B, C, H, W)"
-        )
+    if x.ndim == 5:
+        check_clip_layout(x, model)
     if not x.is_floating_point():
         raise InputError(
             f"expected a floating-point image tensor, got {x.dtype}; "
@@ -71,6 +68,100 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
     if x.is_inference() and not torch.is_inference_mode_enabled():
         x = x.clone()  # made under torch.inference_mode(): a normal copy autograd can use
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
+
+
+def input_channels(model: nn.Module) -> int | None:
+    """The input channels of the model's first convolution (in registration order), or None."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    return None if conv is None else conv.in_channels
+
+
+def check_clip_layout(x: Tensor, model: nn.Module) -> None:
+    """Refuse a 5-D input camkit would misread.
+
+    camkit reads a 5-D input as ``(B, C, D, H, W)`` (volumes; clips as ``(B, C, T, H, W)``, the
+    layout of ``Conv3d`` and torchvision's video models). A clip in ``(B, T, C, H, W)`` (VideoMAE,
+    frame-wise models) read that way would take the colour channels for time. When axis 2 has
+    the model's input channel count and axis 1 does not, the input is such a clip: it must be
+    declared with :class:`InputLayout`. A model with no 3-D layer cannot take ``(B, C, D, H, W)``.
+    """
+    while isinstance(model, KeywordInput):
+        model = model.module
+    if isinstance(model, InputLayout):
+        return
+    shape = tuple(x.shape)
+    channels = input_channels(model)
+    if channels is not None and shape[2] == channels != shape[1]:
+        raise InputError(
+            f"the 5-D input {shape} has the model's {channels} input channels on axis 2, so it "
+            "looks like clips (B, T, C, H, W); camkit reads 5-D inputs as (B, C, T, H, W) and "
+            "would take the channels for time. Declare the layout the model takes: "
+            'camkit.InputLayout(model, "BTCHW") is called with x.transpose(1, 2)'
+        )
+    if not any(isinstance(m, VOLUME_LAYERS) for m in model.modules()):
+        raise InputError(
+            f"a 5-D input {shape} is a batch of volumes (B, C, D, H, W), but the model has no "
+            "3-D layer (Conv3d, pooling or batch norm 3d); pass images as (B, C, H, W), or, "
+            'for a frame-wise video model, declare its layout: camkit.InputLayout(model, "BTCHW")'
+        )
+
+
+class InputLayout(nn.Module):
+    """A model that takes 5-D clips in another layout, declared: ``InputLayout(model, "BTCHW")``
+    is called with ``(B, C, T, H, W)`` (camkit's reading of a 5-D input) and calls ``model``
+    with the axes in the declared order (``"BTCHW"``: VideoMAE, frame-wise models).
+
+    Layer names are those of ``model`` (``"blocks.3"``; ``"module.blocks.3"`` works too). CAMs
+    map ``(B, C, T, H, W) -> (B, T, H, W)``; pixel methods attribute the ``(B, C, T, H, W)``
+    input. A frame-wise model folds the frames into its batch, so its layers have ``B * T`` rows:
+    CAMs refuse them by name (no per-clip map can be read there); pixel methods work.
+    """
+
+    wraps_model = True
+    CANONICAL = "BCTHW"
+
+    def __init__(self, model: nn.Module, layout: str):
+        super().__init__()
+        order = layout.upper().replace("D", "T") if isinstance(layout, str) else None
+        if order is None or sorted(order) != sorted(self.CANONICAL):
+            raise ArgumentError(
+                f'layout must order the letters B, C, T (or D), H, W, e.g. "BTCHW", got {layout!r}'
+            )
+        self.module = model
+        self.layout = order
+        self.permutation = [self.CANONICAL.index(axis) for axis in order]
+
+    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
+        """``(B, C, T, H, W)`` -> the model's output on ``x`` permuted to the declared layout."""
+        if x.ndim != 5:
+            raise InputError(f"InputLayout takes (B, C, T, H, W) clips, got {tuple(x.shape)}")
+        return self.module(x.permute(self.permutation), *args, **kwargs)
+
+
+class KeywordInput(nn.Module):
+    """A model whose explained input is a keyword argument: ``KeywordInput(model,
+    "pixel_values")`` is called as ``wrapped(x, *args, **kwargs)`` and calls
+    ``model(*args, pixel_values=x, **kwargs)`` (HuggingFace models; CLIP's first positional
+    argument is ``input_ids``). The other inputs come through the methods'
+    ``additional_forward_args``, by keyword as a dict (per-sample tensors follow their samples):
+    a model taking a dict of inputs is explained for the key named here. Layer names are those
+    of ``model``.
+    """
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module, key: str):
+        super().__init__()
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
+        self.module = model
+        self.key = key
+
+    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
+        """``model(*args, **{key: x}, **kwargs)``."""
+        if self.key in kwargs:
+            raise ArgumentError(f"{self.key!r} is the explained input; do not pass it again")
+        return self.module(*args, **{self.key: x}, **kwargs)
 
 
 def positive_int(name: str, value: object, *, optional: bool = False) -> int | None:

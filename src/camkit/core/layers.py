@@ -55,6 +55,8 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
     wrapped = next((p for p in _WRAPPER_PREFIXES if layer.startswith(p)), None)
     if layer not in modules and wrapped:  # a name of the wrapped model: "module.layer4"
         layer = layer.removeprefix(wrapped)
+    if layer not in modules and getattr(model, "wraps_model", False):  # camkit.InputLayout
+        layer = f"module.{layer}" if f"module.{layer}" in modules else layer
     if layer in modules:
         return layer, modules[layer]
     close = difflib.get_close_matches(layer, [name for name in modules if name], n=5, cutoff=0.5)
@@ -155,6 +157,32 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
             "pick a layer that the model's forward actually calls"
         )
     return [calls[-1] for calls in taps.values()]
+
+
+def check_batch_axis(name: str, output: Tensor, batch: int) -> None:
+    """Raise :class:`LayerOutputError` unless layer ``name``'s output has the input's ``batch``
+    rows on its first axis.
+
+    A layer inside a detection head (RoI pooling: one row per proposal), a frame-wise video model
+    (``(B * T, C, h, w)``) or a position embedding (one row for every image) has another leading
+    axis; reading it as the batch would give one map per proposal or frame, silently wrong.
+    """
+    rows = output.shape[0] if output.ndim else None
+    if rows != batch:
+        raise LayerOutputError(
+            f"layer {name!r} gives {rows} rows on its first axis for an input batch of {batch}: "
+            "its leading axis is not the input's batch (proposals of a detection head, frames "
+            "folded into the batch, a position embedding shared by every image), so no map per "
+            "input can be read from it; choose a layer whose output is (B, ...) for B inputs "
+            "(see camkit.models.layer_shapes(model, example=x) or `camkit layers`)"
+        )
+
+
+def check_batch_axes(taps: dict[str, list[Tensor]], batch: int) -> None:
+    """:func:`check_batch_axis` on the last call of every tapped layer that ran."""
+    for name, calls in taps.items():
+        if calls:
+            check_batch_axis(name, calls[-1], batch)
 
 
 @contextmanager

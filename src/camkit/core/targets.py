@@ -12,8 +12,11 @@ Accepted targets, for a batch of ``B`` images:
 * a :class:`Target` object (:mod:`camkit.targets`): class targets (``ClassTarget(3)``,
   ``SoftmaxTarget(3)``) are read as data, so ``ClassTarget(3)`` behaves exactly as ``3``
   everywhere; other kinds are callables as above;
-* a list of ``B`` callables, one per sample (pytorch-grad-cam's form): callable ``i`` gets
-  sample ``i``'s row of the output (``output[i]``) and returns a scalar (or ``(K,)``).
+* a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K`` (``K``
+  per sample, the target axis): sample ``i``'s rows are scored by its own. A camkit
+  :class:`Target` gets the whole output, as above; any other callable (pytorch-grad-cam's
+  ``ClassifierOutputTarget(281)``, ``lambda row: row[281]``) gets sample ``i``'s own output
+  (``output[i]``) and returns a scalar, as in pytorch-grad-cam.
 
 Class scores are the selected logits (before softmax), as in the Grad-CAM paper.
 
@@ -177,12 +180,12 @@ class RowScorer:
     function: Callable[[Any], Tensor] | None = None
     several: bool = False
     probability: bool = False
-    per_sample: tuple[Callable[[Any], Tensor], ...] | None = None
+    free: bool = False  # a target-free method (Eigen-CAM): (n, 1) zeros, the output untouched
 
     @property
     def has_classes(self) -> bool:
         """Whether the target is class indices (fixed or each row's top-1), not a callable."""
-        return self.function is None and self.per_sample is None
+        return self.function is None and not self.free
 
     @property
     def top1(self) -> bool:
@@ -217,10 +220,9 @@ class RowScorer:
             return self.classes[rows.to(self.classes.device), k]
         if self.top1:
             raise TargetError("pin the top-1 classes on a clean pass before splitting them")
-        samples = rows.tolist()
 
         def column(output: Any) -> Tensor:
-            scores, _ = self._called(output, samples)
+            scores, _ = self._scores(output, rows)
             return scores[:, k]
 
         return column
@@ -249,8 +251,13 @@ class RowScorer:
 
     def _scores(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         n = rows.shape[0]
-        if not self.has_classes:
-            return self._called(output, rows.tolist())
+        if self.free:
+            return torch.zeros(n, 1), False
+        if isinstance(self.function, PerSample):
+            with _user_code("a per-sample target"):
+                return self.function.scores(output, rows), self.several
+        if self.function is not None:
+            return self._called(output, n)
         logits = _logits(output, self.selector)
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
@@ -267,15 +274,9 @@ class RowScorer:
             logits = logits.softmax(dim=1)
         return logits.gather(1, classes.to(logits.device)), self.several
 
-    def _called(self, output: Any, samples: list[int]) -> tuple[Tensor, bool]:
-        n = len(samples)
+    def _called(self, output: Any, n: int) -> tuple[Tensor, bool]:
         with _user_code("a callable target"):
-            if self.per_sample is None:
-                scores = self.function(output)
-            else:
-                scores = torch.stack(
-                    [self.per_sample[s](_row(output, i)) for i, s in enumerate(samples)]
-                )
+            scores = self.function(output)
         if not isinstance(scores, Tensor) or scores.ndim not in (1, 2) or scores.shape[0] != n:
             got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
             raise TargetError(
@@ -319,6 +320,18 @@ def _has_bool(target: object) -> bool:
     return False
 
 
+def _class_targets(target: object) -> tuple[list, bool] | None:
+    """``(classes, probability)`` of a list of class target objects with int classes, one per
+    sample (``[ClassTarget(3), ClassTarget(5)]`` is ``[3, 5]``), else None."""
+    if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
+        return None
+    if not all(isinstance(item, Target) and isinstance(item.classes(), int) for item in target):
+        return None
+    if len({item.probability for item in target}) != 1:
+        return None
+    return [item.classes() for item in target], target[0].probability
+
+
 def resolve(
     target: TargetSpec, batch: int, device: torch.device, selector: OutputSelector = None
 ) -> RowScorer:
@@ -334,21 +347,84 @@ def resolve(
         return RowScorer(selector, classes=classes, several=several, probability=target.probability)
     if callable(target) and not isinstance(target, Tensor):
         return RowScorer(selector, function=target)
-    if (
-        isinstance(target, Sequence)
-        and target
-        and not isinstance(target, str)
-        and all(callable(item) and not isinstance(item, Tensor) for item in target)
-    ):
-        if len(target) != batch:
-            raise TargetError(
-                f"a list of callables is one per sample: expected {batch}, got {len(target)}; "
-                "one callable for every sample is target=f (it gets the whole output)"
-            )
-        classes = [item.classes() if isinstance(item, Target) else None for item in target]
-        if all(isinstance(c, int) for c in classes) and len({t.probability for t in target}) == 1:
-            scorer = resolve(classes, batch, device, selector)  # ClassTarget per sample
-            return replace(scorer, probability=target[0].probability)
-        return RowScorer(selector, per_sample=tuple(target))
+    classes = _class_targets(target)
+    if classes is not None:  # ClassTarget(c) per sample: the classes themselves
+        scorer = resolve(classes[0], batch, device, selector)
+        return replace(scorer, probability=classes[1])
+    per_sample = PerSample.of(target, batch)
+    if per_sample is not None:
+        return RowScorer(selector, function=per_sample, several=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
     return RowScorer(selector, classes=classes, several=several)
+
+
+class PerSample:
+    """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
+
+    A camkit :class:`Target` gets the whole output and its ``(n,)`` scores are kept for the
+    rows of its sample only; any other callable (pytorch-grad-cam's targets) gets each of its
+    sample's rows of the output (``output[i]``) and returns one score. Copies of several
+    samples in one forward (perturbation methods) are each scored by their own sample's.
+    """
+
+    def __init__(self, targets: list[list[Callable[[Any], Tensor]]], several: bool):
+        self.targets = targets
+        self.several = several
+
+    @classmethod
+    def of(cls, target: object, batch: int) -> PerSample | None:
+        """The per-sample targets in ``target`` (None when it holds no callable); checked."""
+        if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
+            return None
+        items = [
+            list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
+        ]
+        several = all(isinstance(item, list) for item in items)
+        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
+        if not any(callable(t) and not isinstance(t, Tensor) for t in flat):
+            return None
+        if not all(callable(t) and not isinstance(t, Tensor) for t in flat) or (
+            any(isinstance(item, list) for item in items) and not several
+        ):
+            raise TargetError(
+                "a list of target objects must hold only callables: B of them (one per sample) "
+                "or B lists of K (K per sample), not mixed with classes"
+            )
+        rows = [item if several else [item] for item in items]
+        if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
+            raise TargetError(
+                f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
+                f"each (the same K), got {len(rows)} item(s) with "
+                f"{sorted({len(row) for row in rows})} target(s) each for a batch of {batch}"
+            )
+        return cls(rows, several)
+
+    def scores(self, output: Any, rows: Tensor) -> Tensor:
+        """``(n, K)`` scores: row ``i`` by the targets of sample ``rows[i]``."""
+        n = rows.shape[0]
+        columns: list[list[Tensor | None]] = [[None] * n for _ in self.targets[0]]
+        samples = rows.tolist()
+        for sample in sorted(set(samples)):
+            picked = [i for i, s in enumerate(samples) if s == sample]
+            for k, target in enumerate(self.targets[sample]):
+                if isinstance(target, Target):  # camkit's targets score the whole output
+                    values = target(output)
+                    if not isinstance(values, Tensor) or values.shape != (n,):
+                        got = tuple(values.shape) if isinstance(values, Tensor) else type(values)
+                        raise TargetError(
+                            f"target {target!r} of sample {sample} must return ({n},) scores "
+                            f"for the {n} rows of the output, got {got}"
+                        )
+                    for i in picked:
+                        columns[k][i] = values[i]
+                    continue
+                for i in picked:  # pytorch-grad-cam's form: the sample's own output
+                    value = target(_row(output, i))
+                    if not isinstance(value, Tensor) or value.numel() != 1:
+                        got = tuple(value.shape) if isinstance(value, Tensor) else type(value)
+                        raise TargetError(
+                            f"target {target!r} of sample {sample} gets that sample's output "
+                            f"(output[i]) and must return one score, got {got}"
+                        )
+                    columns[k][i] = value.reshape(())
+        return torch.stack([torch.stack(column) for column in columns], dim=1)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from camkit.core.architecture import default_token_layer
-from camkit.core.inputs import as_size
 from camkit.core.layers import hooked
-from camkit.errors import LayerOutputError
+from camkit.errors import ArgumentError, CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
+_TWINS = 2  # the trace runs two different inputs, to see which layers follow them
 
 
 @dataclass
@@ -25,6 +27,7 @@ class _Call:
     started: int
     finished: int
     passes_through: bool
+    skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
 
 
 def _first_tensor(value: object) -> Tensor | None:
@@ -40,18 +43,110 @@ def _first_tensor(value: object) -> Tensor | None:
     return None
 
 
-def trace(model: nn.Module, input_size: int | tuple[int, int]) -> tuple[list[_Call], object]:
-    """Run one zero image through ``model`` (eval mode, no grad): every module call, the output.
+Example = Tensor | tuple | list | Mapping
 
-    The model's train/eval flags are restored and every hook removed, even on error.
-    """
+
+def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -> Tensor:
+    """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
+    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (224x224)."""
     reference = next(model.parameters(), None)
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
     dtype = reference.dtype if reference.is_floating_point() else torch.float32
-    dummy = torch.zeros(1, 3, *as_size(input_size), device=reference.device, dtype=dtype)
+    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    dims = len(conv.kernel_size) if conv is not None else 2
+    channels = conv.in_channels if conv is not None else 3
+    if input_size is None:
+        input_size = 224
+    size = (input_size,) * dims if isinstance(input_size, int) else tuple(input_size)
+    if len(size) != dims or not all(isinstance(n, int) and n > 0 for n in size):
+        raise ArgumentError(
+            f"{type(model).__name__} starts with a {dims}-D convolution: input_size must be "
+            f"an int or {dims} ints, got {input_size!r}; or pass example= an input it takes"
+        )
+    generator = torch.Generator().manual_seed(0)
+    noise = torch.randn(1, channels, *size, generator=generator, dtype=dtype)
+    return noise.to(reference.device)
+
+
+def _twins(example: Example) -> tuple[Example, bool]:
+    """The example's first sample and a noisy copy as a batch of two (every tensor whose first
+    axis is the example's batch; only floating-point ones get noise), and whether they differ."""
+    first = _first_tensor(example)
+    if first is None or first.ndim == 0:
+        raise ArgumentError(
+            f"example must be a tensor, or a tuple / dict holding one, with a batch axis first; "
+            f"got {type(example).__name__}"
+        )
+    batch = first.shape[0]
+    generator = torch.Generator().manual_seed(1)
+    perturbed = False
+
+    def twin(value: object) -> object:
+        nonlocal perturbed
+        if isinstance(value, Mapping):
+            return {key: twin(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(twin(item) for item in value)
+        if not isinstance(value, Tensor) or value.ndim == 0 or value.shape[0] != batch:
+            return value
+        one = value[:1]
+        other = one
+        if one.is_floating_point() and one.numel():
+            scale = float(one.float().std()) if one.numel() > 1 else 0.0
+            noise = torch.randn(one.shape, generator=generator).to(one)
+            other = one + noise * (scale if scale > 0 else 1.0)
+            perturbed = True
+        return torch.cat([one, other])
+
+    return twin(example), perturbed
+
+
+def call_model(model: nn.Module, example: Example) -> object:
+    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
+    if isinstance(example, Mapping):
+        return model(**example)
+    if isinstance(example, (list, tuple)):
+        return model(*example)
+    return model(example)
+
+
+def _describe(example: Example) -> str:
+    if isinstance(example, Tensor):
+        return f"{tuple(example.shape)} {example.dtype}"
+    if isinstance(example, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in example.items()) + "}"
+    if isinstance(example, (list, tuple)):
+        return "(" + ", ".join(_describe(v) for v in example) + ")"
+    return type(example).__name__
+
+
+def trace(
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = None,
+    *,
+    example: Example | None = None,
+) -> tuple[list[_Call], object]:
+    """Run the model (eval mode, no grad) on two inputs: every module call, and the output.
+
+    The two inputs are ``example``'s first sample and a noisy copy of it (``example``: an input
+    as the model takes it, batch axis first: a tensor of any shape and dtype, a tuple of
+    positional inputs or a dict of keyword inputs); without one, random noise of
+    ``input_size`` with the channels of the model's first convolution. Each call records why it
+    cannot be a layer to explain (``skip``): an output that is not a tensor, a first axis that
+    is not the batch's, an output the same for both inputs (it does not depend on the input:
+    a position embedding), the model's own output, or a module called at several shapes (a head
+    shared by pyramid levels). Shapes are given for the example's batch (one sample by default).
+    The model's train/eval flags are restored and every hook removed, even on error.
+    """
+    if example is None:
+        example = _default_example(model, input_size)
+    given = _first_tensor(example)
+    batch_rows = given.shape[0] if given is not None and given.ndim else 1
+    twins, perturbed = _twins(example)
 
     calls: list[_Call] = []
+    kept: list[tuple[_Call, weakref.ref | None]] = []
     open_calls: dict[str, list[int]] = {}
     counter = iter(range(1 << 62))
 
@@ -64,16 +159,19 @@ def trace(model: nn.Module, input_size: int | tuple[int, int]) -> tuple[list[_Ca
     def after(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, output: object) -> None:
             tensor = _first_tensor(output)
-            calls.append(
-                _Call(
-                    name=name,
-                    type_name=type(module).__name__,
-                    shape=tuple(tensor.shape) if tensor is not None else (),
-                    started=open_calls[name].pop(),
-                    finished=next(counter),
-                    passes_through=isinstance(module, _PASS_THROUGH_MODULES),
-                )
+            call = _Call(
+                name=name,
+                type_name=type(module).__name__,
+                shape=tuple(tensor.shape) if tensor is not None else (),
+                started=open_calls[name].pop(),
+                finished=next(counter),
+                passes_through=isinstance(module, _PASS_THROUGH_MODULES),
+                skip=_skip_reason(output, perturbed),
             )
+            if call.skip is None and call.shape[0] == _TWINS:
+                call.shape = (batch_rows, *call.shape[1:])
+            calls.append(call)
+            kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
 
         return hook
 
@@ -92,68 +190,162 @@ def trace(model: nn.Module, input_size: int | tuple[int, int]) -> tuple[list[_Ca
     try:
         with hooked(register), torch.no_grad():
             model.eval()  # a train-mode forward would update batch-norm statistics
-            output = model(dummy)
+            try:
+                output = call_model(model, twins)
+            except (RuntimeError, TypeError, AttributeError, IndexError, ValueError) as error:
+                if isinstance(error, CamkitError):
+                    raise
+                raise InputError(
+                    f"{type(model).__name__} cannot run on the traced input {_describe(twins)} "
+                    f"({type(error).__name__}: {error}); pass example= an input it takes: a "
+                    "tensor, a tuple of positional inputs or a dict of keyword inputs, batch first"
+                ) from None
     finally:
         for module, training in training_flags.items():
             module.train(training)
+    _skip_model_output(kept, output)
+    _skip_shared_heads(calls)
     return calls, output
 
 
+def _skip_reason(output: object, perturbed: bool) -> str | None:
+    if not isinstance(output, Tensor):
+        return f"returns {type(output).__name__}, not a tensor"
+    if output.ndim == 0 or output.shape[0] != _TWINS:
+        rows = output.shape[0] if output.ndim else "no"
+        return (
+            f"its first axis has {rows} rows for a batch of {_TWINS} inputs: it is not the "
+            "batch axis (proposals, frames folded into the batch, or a shared embedding)"
+        )
+    if perturbed and torch.equal(output[0], output[1]):
+        return "its output is the same for two different inputs: it does not depend on the input"
+    return None
+
+
+def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: object) -> None:
+    final = _first_tensor(output)
+    for call, ref in kept:
+        if call.skip is None and ref is not None and final is not None and ref() is final:
+            call.skip = "its output is the model's output (the logits), not a feature map"
+
+
+def _skip_shared_heads(calls: list[_Call]) -> None:
+    shapes: dict[str, set[tuple[int, ...]]] = {}
+    for call in calls:
+        shapes.setdefault(call.name, set()).add(call.shape)
+    for call in calls:
+        if call.skip is None and len(shapes[call.name]) > 1:
+            call.skip = (
+                f"it is called at {len(shapes[call.name])} different shapes (a head shared by "
+                "pyramid levels): its last call sees one of them only"
+            )
+
+
 def layer_shapes(
-    model: nn.Module, input_size: int | tuple[int, int] = (224, 224)
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = (224, 224),
+    *,
+    example: Example | None = None,
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``(name, type name, output shape)`` for every module call, in the order the calls start.
 
-    Runs one ``(1, 3, H, W)`` zero image (eval mode, no grad; the model's modes are restored).
-    A module called twice appears twice. For a non-tensor output (tuple, dict) the shape is that
-    of its first tensor, or ``()`` when it holds none. The model itself is not listed.
+    Traces ``example`` (an input as the model takes it: any shape, dtype, a tuple or a dict; see
+    :func:`trace`) or random noise of ``input_size`` (eval mode, no grad; the model's modes are
+    restored). A module called twice appears twice. For a non-tensor output (tuple, dict) the
+    shape is that of its first tensor, or ``()`` when it holds none. The model itself is not
+    listed. :func:`skipped_layers` says which layers cannot be explained, and why.
     """
-    calls = sorted(trace(model, input_size)[0], key=lambda call: call.started)
+    calls = sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
     return [(call.name, call.type_name, call.shape) for call in calls]
 
 
-def default_layer(model: nn.Module, input_size: int | tuple[int, int] = (224, 224)) -> str:
+def skipped_layers(
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = (224, 224),
+    *,
+    example: Example | None = None,
+) -> dict[str, str]:
+    """``{layer name: why it cannot be explained}`` for the layers :func:`default_layer` never
+    picks and whose maps camkit refuses or would not mean anything: non-tensor outputs, a first
+    axis that is not the batch (detection proposals, frames), outputs that do not depend on the
+    input (position embeddings), the model's own output, heads shared by pyramid levels."""
+    calls = trace(model, input_size, example=example)[0]
+    return {call.name: call.skip for call in calls if call.skip is not None}
+
+
+def default_layer(
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = (224, 224),
+    *,
+    example: Example | None = None,
+) -> str:
     """The dotted name of the layer to explain by default.
 
     A transformer (ViT, DeiT, Swin: :func:`~camkit.core.architecture.default_token_layer`) gets the
     first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
     ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
-    a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: run
-    one zero image and, among the modules whose output is a 4-D ``(N, C, H, W)`` tensor with
-    ``H * W > 1``, take the one that *finishes* last. Global pooling (1x1) and the classifier
-    are thereby excluded; when a container and its last child return the same map the container
+    a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: trace
+    ``example`` (or noise of ``input_size`` shaped for the model's first convolution, see
+    :func:`trace`) and, among the modules whose output is a tensor with as many axes as the
+    input, more than one spatial position, a first axis that follows the batch and values that
+    depend on the input, take the one that *finishes* last. Global pooling (1x1), the classifier,
+    detection heads (proposal rows), position embeddings and the model's own output are
+    thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
-    Pass-through modules (``nn.Identity``, dropout) are skipped. 4-D outputs are assumed to be
+    Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
     embedding).
     """
-    return last_spatial_map(trace(model, input_size)[0], model, input_size)
+    calls, _ = trace(model, input_size, example=example)
+    return last_spatial_map(calls, model, input_size, example=example)
+
+
+def _input_dims(model: nn.Module, input_size: object, example: Example | None) -> int:
+    """The axes of the explained input (the first tensor of the example)."""
+    if example is None:
+        example = _default_example(model, input_size)
+    first = _first_tensor(example)
+    return first.ndim if first is not None else 4
 
 
 def last_spatial_map(
-    calls: list[_Call], model: nn.Module, input_size: int | tuple[int, int]
+    calls: list[_Call],
+    model: nn.Module,
+    input_size: int | Sequence[int] | None,
+    *,
+    example: Example | None = None,
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     token_layer = default_token_layer(model)
-    if token_layer is not None:
+    usable = {call.name for call in calls if call.skip is None}
+    if token_layer is not None and token_layer in usable:
         return token_layer
+    dims = _input_dims(model, input_size, example)
     candidates = [
         call
         for call in calls
-        if len(call.shape) == 4 and call.shape[2] * call.shape[3] > 1 and not call.passes_through
+        if call.skip is None
+        and len(call.shape) == dims
+        and math.prod(call.shape[2:]) > 1
+        and not call.passes_through
     ]
     if not candidates:
+        what = "4-D (N, C, H, W)" if dims == 4 else f"{dims}-D (N, C, ...)"
         raise LayerOutputError(
-            f"no layer of {type(model).__name__} returns a 4-D (N, C, H, W) map larger than 1x1 "
-            f"for a {as_size(input_size)} input; name a layer yourself "
-            "(see camkit.models.layer_shapes or `camkit layers`)"
+            f"no layer of {type(model).__name__} returns a {what} map larger than 1x1 for its "
+            "batch of inputs (layers whose first axis is not the batch, or whose output does not "
+            "depend on the input, do not count); name a layer yourself "
+            "(see camkit.models.layer_shapes and skipped_layers, or `camkit layers`)"
         )
     chosen = max(candidates, key=lambda call: call.finished)
     token_layers = [
         call
         for call in calls
-        if call.finished > chosen.finished and len(call.shape) == 3 and call.shape[1] > 1
+        if call.finished > chosen.finished
+        and call.skip is None
+        and len(call.shape) == 3
+        and call.shape[1] > 1
     ]
     if token_layers:
         warnings.warn(

@@ -5,7 +5,7 @@ package, nothing downloaded); ``load("torchvision:resnet50", weights="r50.pth")`
 ``load("timm:convnext_tiny", weights=...)`` build any architecture offline.
 """
 
-from camkit.core.trace import default_layer, layer_shapes
+from camkit.core.trace import default_layer, layer_shapes, skipped_layers
 from camkit.errors import (
     CheckpointError,
     CheckpointMismatchError,
@@ -36,5 +36,6 @@ __all__ = [
     "preprocess",
     "read_checkpoint",
     "read_state_dict",
+    "skipped_layers",
     "top_classes",
 ]
