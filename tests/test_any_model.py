@@ -264,7 +264,7 @@ def test_a_list_of_target_objects_is_one_per_sample_or_the_target_axis() -> None
     out = model(leaf)
     (out.softmax(dim=1)[0, 1] + out[1, 0]).backward()
     torch.testing.assert_close(grads, leaf.grad)
-    with pytest.raises(camkit.TargetError, match=r"one per sample \(2\).*got 3 item"):
+    with pytest.raises(camkit.TargetError, match=r"one target per sample \(2,\).*got shape \(3,\)"):
         camkit.GradCAM(model, "0")(x, [ClassTarget(0)] * 3)
     with pytest.raises(camkit.TargetError, match="only callables"):
         camkit.GradCAM(model, "0")(x, [ClassTarget(0), 1])
@@ -444,4 +444,5 @@ def test_metrics_are_reachable_after_import_camkit() -> None:
 
 def test_only_the_target_free_methods_skip_the_target() -> None:
     free = {name for name, method in camkit.METHODS.items() if method.target_free}
-    assert free == {"eigencam", "kpcacam", "fem"}
+    # the class-agnostic maps: Eigen-CAM's kin, the random baseline, attention rollout
+    assert free == {"eigencam", "kpcacam", "fem", "random", "rollout"}

@@ -57,7 +57,7 @@ def test_no_layer_picks_the_default_layer_and_names_it(model, x):
 
 def test_a_layer_for_a_method_that_reads_none_is_refused(model):
     with pytest.raises(ArgumentError, match="reads no layer"):
-        camkit.Saliency(model, "2")
+        camkit.Saliency(model, layer="2")
     with pytest.raises(ArgumentError, match="must be a torch.nn.Module"):
         camkit.GradCAM("resnet18", "layer4")
 
@@ -90,7 +90,7 @@ def test_per_sample_callables_as_pytorch_grad_cam_writes_them(model, x):
     torch.testing.assert_close(
         cam(x, target=[lambda row, c=c: row[c] for c in (1, 4, 2)]), expected
     )
-    with pytest.raises(TargetError, match="one per sample: expected 3, got 2"):
+    with pytest.raises(TargetError, match="one per sample \\(3\\)"):
         cam(x, target=[ClassifierOutputTarget(1)] * 2)
 
 

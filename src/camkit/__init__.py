@@ -9,7 +9,7 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
 """
 
-from camkit import errors, metrics, models, registry, targets, viz
+from camkit import errors, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import *  # noqa: F403  (every CAM class, cams)
 from camkit.cam import __all__ as _cam_names
@@ -32,6 +32,8 @@ from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot
 
 __version__ = "0.2.0"
+
+from camkit import metrics  # noqa: E402  (imported last: it imports the methods)
 
 __all__ = [
     *_cam_names,
