@@ -103,10 +103,13 @@ class Kind:
             if isinstance(module, nn.BatchNorm2d | nn.BatchNorm3d):
                 module.running_mean.uniform_(-0.1, 0.1)
                 module.running_var.uniform_(0.5, 1.5)
-        head = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        # every layer into the classes (the two-input model's image and side heads)
+        heads = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        heads = [m for m in heads if m.out_features == CLASSES]
         with torch.no_grad():  # positive class weights and logits: no class has a blank map
-            head.weight.abs_()
-            head.bias.fill_(1.0)
+            for head in heads:
+                head.weight.abs_()
+                head.bias.fill_(1.0)
         return model
 
     def input(self, batch: int = 2) -> Tensor:

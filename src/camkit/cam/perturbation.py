@@ -186,7 +186,11 @@ class PerturbationCAM(BaseCAM):
             return run.score(inputs, rows)
 
     def check_reader(self, name: str, reader: object) -> None:
-        """Refuse a layer reading the method cannot perturb (see ``reshape_refused``)."""
+        """Refuse a layer read as tokens or channels-last by a method that perturbs the layer's
+        own output and cannot undo the reading (``reshape_refused``)."""
+        kind = getattr(reader, "kind", None)
+        if self.reshape_refused and reader is not None and kind not in ("grid", "volume"):
+            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
         """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
@@ -353,10 +357,6 @@ class AblationCAM(PerturbationCAM):
         "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
         "undo reshape=; use ScoreCAM or a gradient CAM for token models"
     )
-
-    def check_reader(self, name: str, reader: object) -> None:
-        if reader is not None and getattr(reader, "kind", None) != "grid":
-            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor

@@ -159,10 +159,6 @@ class ReciproCAM(PerturbationCAM):
             raise ArgumentError(f"kernel must be one of {self.kernels}, got {kernel!r}")
         self.kernel = kernel
 
-    def check_reader(self, name: str, reader: object) -> None:
-        if reader is not None and getattr(reader, "kind", None) != "grid":
-            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
-
     def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
         """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
         (``i * w + j``)."""

@@ -24,6 +24,7 @@ from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
 
 _COMMON = ("output", "reshape", "dtype", "batch_size")
+POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
 _STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
 
 
@@ -67,7 +68,8 @@ class SESS(BaseCAM):
        the best score among all the image's patches (the channel-wise weight); each weighted
        map is placed in a zero canvas of its scale, and the canvas resized (bilinear) to the
        input; the *spatial weighted average* at each pixel is the mean of the canvas values
-       there that are above 0 (0 where none is): the authors' ``mean_pool`` with ``theta=0``,
+       there that are above 0 (above ``1e-6``: float32 noise of a map in [0, 1] does not
+       count; 0 where none is): the authors' ``mean_pool`` with ``theta=0``,
        over all patches of all scales at once. The fused map is then finished as every CAM
        (min-max normalised to [0, 1]; ``relu``/``normalize`` apply to it, ``upsample`` is a
        no-op: it is at the input size already). A callable target's scores should be
@@ -239,7 +241,7 @@ class SESS(BaseCAM):
                     canvas = F.interpolate(
                         canvas[:, None], size=out_size, mode="bilinear", align_corners=False
                     )[:, 0]
-                positive = canvas > 0
+                positive = canvas > POSITIVE  # float noise of a [0, 1] map is not a vote
                 total[:, k].index_add_(0, sample, torch.where(positive, canvas, 0.0))
                 count[:, k].index_add_(0, sample, positive.float())
         return torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
