@@ -22,7 +22,7 @@ from torch import nn
 from camkit import cli
 from camkit import io as camkit_io
 from camkit.cli import common, demo, pipeline
-from camkit.core.progress import progress_bar
+from camkit.core.progress import LOG_INTERVAL, LogProgress, progress, progress_bar
 from camkit.registry import METHODS
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
@@ -373,9 +373,36 @@ def test_atomic_writes_leave_only_the_file(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text()) == [{"a": 1}]
 
 
-def test_progress_is_silent_off_a_terminal(capsys):
-    with progress_bar(4, "explain", "image") as bar:  # pytest's stderr is not a terminal
+def test_progress_is_silent_when_quiet_or_a_library_bar_off_a_terminal(capsys):
+    with progress_bar(4, "ROAD", "image") as bar:  # pytest's stderr is not a terminal
         bar.update(4)
-    with progress_bar(4, "explain", "image", enabled=False) as bar:
+    with progress(4, "explain", "image", enabled=False) as bar:  # --quiet
         bar.update(4)
     assert capsys.readouterr().err == ""
+
+
+def test_progress_in_a_log_is_a_line_at_a_steady_interval(capsys):
+    """Off a terminal, explain/evaluate print done/total, rate and time left every ``interval``
+    seconds (a fake clock: 2 images in 4 s is 0.5 image/s, 6 left take 12 s), and a last line."""
+    now = [0.0]
+    with progress(8, "explain", "image") as shown:  # pytest's stderr is not a terminal
+        assert isinstance(shown, LogProgress) and shown.interval == LOG_INTERVAL
+    capsys.readouterr()
+    with LogProgress(8, "explain", "image", interval=10, clock=lambda: now[0]) as shown:
+        now[0] = 4.0
+        shown.update(2)  # 4 s after the start: no line yet
+        now[0] = 10.0
+        shown.update(2)
+        now[0] = 15.0
+        shown.update(1)  # 5 s after the last line: none
+        shown.write("camkit: cannot read x.jpg")
+        now[0] = 20.0
+        shown.update(1)  # 10 s after the last line: 6 in 20 s, 2 left at 0.3/s
+        now[0] = 22.0
+        shown.update(2)  # the last line comes with the end
+    assert capsys.readouterr().err.splitlines() == [
+        "explain: 4/8 images (50%), 0.4 images/s, 10 s left",
+        "camkit: cannot read x.jpg",
+        "explain: 6/8 images (75%), 0.3 images/s, 7 s left",
+        "explain: 8/8 images (100%), 0.364 images/s, 0 s left",
+    ]
