@@ -13,7 +13,7 @@ from PIL import Image
 from skimage import data
 
 from camkit import cli
-from camkit.cli import common
+from camkit.cli import common, explain, manifest
 from camkit.registry import METHODS
 
 SHARED = (
@@ -104,3 +104,30 @@ def test_an_attention_method_on_a_cnn_is_a_one_line_usage_error(
     assert err[-1].startswith(f"camkit {command}: error: --method rollout: ResNet has no ")
     assert "Traceback" not in "\n".join(err)
     assert not out.exists()  # refused before any work
+
+
+def test_random_weights_warning_speaks_of_the_flag(resnet18, capsys):
+    common.load_model("torchvision:resnet18", None)
+    err = capsys.readouterr().err
+    assert "--weights PATH" in err and "weights='" not in err and "weights=None" not in err
+
+
+def test_resume_with_other_settings_says_what_to_do():
+    with pytest.raises(common.UsageError) as error:
+        manifest.check_resumable({"settings": {"methods": ["gradcam"]}}, {"methods": ["eigencam"]})
+    message = str(error.value)
+    assert "methods: was ['gradcam'], now ['eigencam']" in message
+    assert "run again with its settings" in message and "a new --out" in message
+
+
+def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
+    """42 readable images with 2 methods each and 1 unreadable: 84 overlays of 42 images, 42
+    explained, 1 that could not be read (not 43 explained)."""
+    records = [{"image": f"{i}.jpg", "output": f"{i}_{m}.png"} for i in range(42) for m in "ab"]
+    records.append({"image": "broken.jpg", "error": "not an image"})
+    throughput = {"images_per_second": 2.0, "ranks": [{}]}
+    run = {"records": records, "explained": 42, "unreadable": 1, "throughput": throughput}
+    assert explain.summarize(run, tmp_path, 43) == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("wrote 84 overlay(s) of 42 image(s) to ")
+    assert line.endswith("this run explained 42 image(s) at 2.0 images/s; 1 could not be read")
