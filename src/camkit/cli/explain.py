@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from camkit import models, report
+from camkit import io, models, report
 from camkit.cli import evaluate
 from camkit.cli.common import (
     EXIT_OK,
@@ -24,6 +24,7 @@ from camkit.cli.common import (
     parse_target,
     pick_device,
     pick_layer,
+    positive_int,
     unit_float,
 )
 from camkit.cli.manifest import (
@@ -64,6 +65,8 @@ def run_explain(args: argparse.Namespace) -> int:
             alpha=args.alpha,
             colormap=args.colormap,
             save_raw=args.save_raw,
+            format=args.format,
+            max_size=args.max_size,
             workers=default_workers() if args.workers is None else args.workers,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
@@ -145,7 +148,7 @@ def epilog() -> str:
     return f"""{methods_help()}
 
 outputs in --out:
-  <stem>_<method>_<class>.png   overlay at the image's original size
+  <stem>_<method>_<class>.jpg   overlay at the image's original size (--format, --max-size)
   <stem>_<method>_<class>.npy   with --save-raw: the method's map at the model's input size
   manifest.json                 versions, arguments, settings, throughput, and one record per
                                 overlay (image, output, method, layer, target, label,
@@ -177,6 +180,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--colormap",
         default="jet",
         help="OpenCV (jet, turbo, inferno...) or matplotlib colormap name (default jet)",
+    )
+    explain.add_argument(
+        "--format",
+        choices=tuple(io.IMAGE_FORMATS),
+        default="jpg",
+        help="overlay file format (default %(default)s: quality 90, several times cheaper to "
+        "write than png; png is lossless, webp the smallest)",
+    )
+    explain.add_argument(
+        "--max-size",
+        type=positive_int,
+        metavar="PIXELS",
+        help="overlays' longer side at most PIXELS, aspect kept (default: the photo's own size)",
     )
     explain.add_argument(
         "--save-raw", action="store_true", help="also save each map as a float32 .npy file"
