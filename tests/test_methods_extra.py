@@ -21,11 +21,12 @@ from torch import Tensor, nn
 import camkit
 from camkit import registry
 from camkit.cam.classifier import CAM, find_classifier
-from camkit.cam.dff import DeepFeatureFactorization, concept_image, nmf
+from camkit.cam.dff import DeepFeatureFactorization, nmf
 from camkit.cam.extra import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
 from camkit.cam.fullgrad import FullGrad, bias_layers, effective_bias
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.errors import ArgumentError, ClassifierNotFoundError, LayerOutputError, TargetError
+from camkit.viz import concept_image
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
 A0 = X[0]
@@ -680,7 +681,8 @@ def test_shares_pass_is_false_exactly_for_the_methods_with_their_own_passes():
 
 
 def test_plot_concepts_draws_the_concept_map_with_its_legend():
-    from camkit.cam.dff import Concepts, plot_concepts
+    from camkit.cam.dff import Concepts
+    from camkit.viz import plot_concepts
 
     maps = torch.tensor([[[0.8, 0.1]], [[0.2, 0.6]]])
     scores = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]])

@@ -222,8 +222,11 @@ def test_base_by_registry_name_and_registry_entry(small, images):
     explainer = entry.build(small, "block2", scales=[16], window=8)
     assert explainer(images, 0).shape == (3, 16, 16)
     assert "SESS(base=GradCAM" in repr(explainer)
-    # a perturbation base: no gradients needed
-    assert not SESS(small, "block2", base=camkit.ScoreCAM).needs_gradients
+    # a perturbation base: no gradients needed, and the class's flags are not rewritten
+    wrapper = SESS(small, "block2", base=camkit.ScoreCAM, scales=[16], window=16)
+    assert wrapper.needs_gradients == entry.needs_gradients
+    with torch.inference_mode():
+        assert wrapper(images, 0).shape == (3, 16, 16)
     # the defaults: 224 windows without overlap, six scales 64 apart from the window up
     default = SESS(small, "block2")
     assert default.window == default.stride == (224, 224)

@@ -1,66 +1,29 @@
 """Attention maps for vision transformers: Attention Rollout and LeGrad.
 
-Both read the post-softmax attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks
-(timm ``Attention`` modules, torchvision ``EncoderBlock.self_attention``), drop the prefix keys
-(class, distillation, register tokens) and lay the patch keys out on the patch grid
-(:func:`camkit.core.layouts.infer_layout`).
-
-Capture, per family, for the duration of one call only (restored in ``finally``):
-
-* timm: the attention's ``fused_attn`` flag is switched off so that the probabilities exist as a
-  tensor (the output of its ``attn_drop``, identity in eval mode), then switched back;
-* torchvision: ``nn.MultiheadAttention`` is asked for per-head weights (``need_weights=True,
-  average_attn_weights=False``) and its output is recomputed from them, so that gradients reach
-  the probabilities (the same replay as torchcam 0.5.0); what the block receives is unchanged.
+Both read the post-softmax attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks,
+captured by the engine's reversible edit (:func:`camkit.core.attention.captured_attention`),
+drop the prefix keys (class, distillation, register tokens) and lay the patch keys out on the
+patch grid (:func:`camkit.core.layouts.infer_layout`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from functools import partial
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import additional_forward_args as extra_args
-from camkit.core.engine import over_rows, require_autograd, run_model
-from camkit.core.finish import Finishing, drop_axes
-from camkit.core.inputs import as_batch, autocast, positive_int
-from camkit.core.layers import explained_module, hooked, this_thread
+from camkit.core.attention import attention_blocks, captured_attention
+from camkit.core.engine import over_rows, run_model
+from camkit.core.explainer import Explainer
+from camkit.core.finish import Finishing
+from camkit.core.inputs import autocast
+from camkit.core.layers import hooked, this_thread
 from camkit.core.layouts import infer_layout
-from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
+from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
-
-
-def _is_timm_attention(module: nn.Module) -> bool:
-    return all(hasattr(module, a) for a in ("qkv", "attn_drop", "fused_attn", "num_heads"))
-
-
-def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
-    """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
-    ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first)."""
-    found = []
-    for name, module in model.named_modules():
-        attn = getattr(module, "attn", None)
-        if isinstance(attn, nn.Module) and _is_timm_attention(attn):
-            found.append((name, module, attn))
-            continue
-        attn = getattr(module, "self_attention", None)
-        if isinstance(attn, nn.MultiheadAttention):
-            if not attn.batch_first or not attn._qkv_same_embed_dim:
-                raise AttentionError(f"{name}.self_attention must be batch-first self-attention")
-            found.append((name, module, attn))
-    if not found:
-        raise AttentionError(
-            f"{type(model).__name__} has no supported attention blocks (timm Attention with "
-            "qkv/attn_drop, or torchvision blocks with an nn.MultiheadAttention self_attention)"
-        )
-    return found
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
@@ -75,71 +38,6 @@ def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple
             f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
         )
     return [(name, by_name[name]) for name in layers]
-
-
-def _mha_pre(module: nn.MultiheadAttention, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    args = list(args)
-    if len(args) > 4:
-        args[4] = True
-    else:
-        kwargs["need_weights"] = True
-    if len(args) > 6:
-        args[6] = False
-    else:
-        kwargs["average_attn_weights"] = False
-    return tuple(args), kwargs
-
-
-def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any):
-    """Recompute the attention output from the per-head probabilities (so gradients reach
-    them) and return ``(output, None)`` as the block asked (torchvision passes need_weights=False
-    and ignores the weights)."""
-    weights = out[1]
-    value = args[2] if len(args) > 2 else kwargs["value"]
-    batch, length, dim = value.shape
-    heads = module.num_heads
-    bias = None if module.in_proj_bias is None else module.in_proj_bias[2 * dim :]
-    v = F.linear(value, module.in_proj_weight[2 * dim :], bias)
-    v = v.reshape(batch, length, heads, dim // heads).transpose(1, 2)
-    mixed = (weights @ v).transpose(1, 2).reshape(batch, weights.shape[-2], dim)
-    store.append(weights)
-    return module.out_proj(mixed), None
-
-
-@contextmanager
-def captured_attention(
-    attentions: Sequence[nn.Module],
-) -> Iterator[list[list[Tensor]]]:
-    """Collect each attention module's probabilities ``(B, heads, N, N)`` during the forward
-    passes inside; every flag and hook is restored/removed on exit."""
-    stores: list[list[Tensor]] = [[] for _ in attentions]
-    handles = []
-    fused = []
-    try:
-        for store, attn in zip(stores, attentions, strict=True):
-            if isinstance(attn, nn.MultiheadAttention):
-                handles.append(
-                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
-                )
-                handles.append(
-                    attn.register_forward_hook(
-                        this_thread(partial(_mha_post, store)), with_kwargs=True
-                    )
-                )
-            else:
-                fused.append((attn, attn.fused_attn))
-                attn.fused_attn = False
-                handles.append(
-                    attn.attn_drop.register_forward_hook(
-                        this_thread(lambda module, args, out, store=store: store.append(out))
-                    )
-                )
-        yield stores
-    finally:
-        for handle in handles:
-            handle.remove()
-        for attn, flag in fused:
-            attn.fused_attn = flag
 
 
 def _patch_layout(model: nn.Module, tokens: int, size: tuple[int, int]):
@@ -182,59 +80,36 @@ def rollout(
     return result
 
 
-class AttentionMethod:
+class AttentionMethod(Explainer):
     """Base of the attention maps: the blocks read, the per-chunk passes, finishing.
 
-    ``Method(model)(x, target)``: ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, or
-    ``(B, K, H, W)`` for K targets per sample, like every CAM. ``layers``: block names (default
-    all blocks); ``output``, ``dtype`` and ``batch_size`` (samples per forward) as for every
-    method.
+    ``Method(model, layer=None)(x, target)``: ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H,
+    W)``, or ``(B, K, H, W)`` for K targets per sample, like every CAM. ``layer``: the attention
+    blocks read (names; default all); ``output``, ``dtype`` and ``batch_size`` (samples per
+    forward) as for every method. Call options: ``upsample``, ``normalize``.
     """
 
-    name: str
     family = "attention"
-    needs_layer = False
     needs_gradients = False
 
-    def __init__(
-        self,
-        model: nn.Module,
-        layers: Sequence[str] | None = None,
-        *,
-        output: OutputSelector = None,
-        dtype: torch.dtype | None = None,
-        batch_size: int | None = None,
-    ):
-        self.model = explained_module(model)
-        self.blocks = _select_blocks(self.model, layers)
-        self.output = output
-        self.dtype = dtype
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+    def __init__(self, model: nn.Module, layer: Sequence[str] | None = None, **options: Any):
+        super().__init__(model, **options)
+        self.blocks = _select_blocks(self.model, [layer] if isinstance(layer, str) else layer)
 
     @property
     def layers(self) -> list[str]:
         return [name for name, _ in self.blocks]
 
-    def __call__(
-        self,
-        x: Tensor,
-        target: Target = None,
-        *,
-        upsample: bool = True,
-        normalize: bool = True,
-        additional_forward_args: Any = None,
-    ) -> Tensor:
-        batch, single = as_batch(x, self.model)
-        with extra_args(additional_forward_args, batch.shape[0]):
-            maps, several = self.maps(batch, target, Finishing(True, upsample, normalize))
-        return drop_axes(maps, single, several)
+    def explain(
+        self, batch: Tensor, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
+    ) -> tuple[Tensor, bool]:
+        return self.maps(batch, target, Finishing(True, upsample, normalize))
 
     def maps(
-        self, batch: Tensor, target: Target = None, finishing: Finishing | None = None
+        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
     ) -> tuple[Tensor, bool]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)``, and whether K targets were asked."""
-        if self.needs_gradients:
-            require_autograd(type(self).__name__)
+        self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
         raw, several = over_rows(
             batch, self.batch_size, lambda part, rows: self.relevance(part, scorer, rows)
@@ -243,7 +118,7 @@ class AttentionMethod:
         grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
         return (finishing or Finishing())({"attention": grids}, size), several
 
-    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the same)`` for display."""
         maps, _ = self.maps(batch, target)
         return maps, maps
@@ -269,16 +144,18 @@ class AttentionRollout(AttentionMethod):
     axis). Models without a class token use the mean over all query rows.
     """
 
+    target_free = True
+
     def __init__(
         self,
         model: nn.Module,
-        layers: Sequence[str] | None = None,
+        layer: Sequence[str] | None = None,
         *,
         head_fusion: Literal["mean", "max", "min"] = "mean",
         discard_ratio: float = 0.0,
         **options: Any,
     ):
-        super().__init__(model, layers, **options)
+        super().__init__(model, layer, **options)
         rollout([torch.ones(1, 1, 2, 2)], head_fusion, discard_ratio)  # validates the options
         self.head_fusion = head_fusion
         self.discard_ratio = discard_ratio
@@ -340,18 +217,18 @@ class LeGrad(AttentionMethod):
     def __init__(
         self,
         model: nn.Module,
-        layers: Sequence[str] | None = None,
+        layer: Sequence[str] | None = None,
         *,
         score_projection: Callable[[Tensor], Tensor] | None = None,
         **options: Any,
     ):
-        super().__init__(model, layers, **options)
+        super().__init__(model, layer, **options)
         self.score_projection = score_projection or default_projection(model)
         modules = dict(model.named_modules())
         self._block_modules = [modules[name] for name in self.layers]
 
     def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
-        if scorer.function is not None:
+        if not scorer.has_classes:
             raise TargetError(
                 "LeGrad explains classes (its per-block scores are class logits): target must "
                 "be None, an int, B ints or (B, K) classes"
@@ -376,8 +253,8 @@ class LeGrad(AttentionMethod):
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
             output = run_model(self.model, batch.detach().requires_grad_(True), rows)
             scorer = scorer.pinned(output)
-            classes = scorer.classes[rows.to(scorer.classes.device)].to(batch.device)
-            scorer(output, rows)  # checks the class range
+            classes, several = scorer.classes_of(output, rows)  # checks the class range
+            classes = classes.to(batch.device)
             relevances = []
             last = len(self.layers) * classes.shape[1] - 1
             for i, (name, store, tokens) in enumerate(
@@ -396,7 +273,7 @@ class LeGrad(AttentionMethod):
                     (grad,) = torch.autograd.grad(selected, attention, retain_graph=retain)
                     per_target.append(grad.float().relu().mean(dim=(1, 2)))
                 relevances.append(torch.stack(per_target, dim=1))  # (B, K, N)
-        return torch.stack(relevances).mean(0), scorer.several
+        return torch.stack(relevances).mean(0), several
 
 
 __all__ = [

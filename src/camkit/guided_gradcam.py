@@ -6,10 +6,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from camkit.cam.base import Reshape
 from camkit.cam.gradient import GradCAM
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import Target
+from camkit.core.targets import TargetSpec
 from camkit.pixel.base import PixelAttribution
 from camkit.pixel.methods import GuidedBackprop
 from camkit.registry import register
@@ -26,26 +25,23 @@ class GuidedGradCAM(PixelAttribution):
     passes: Grad-CAM needs the plain ReLU gradients.
 
     Args:
-        layer: Grad-CAM's layer(s), as for :class:`camkit.GradCAM`.
-        reshape: turns the layer's output into ``(B, C, h, w)`` (token models).
+        layer, reshape: Grad-CAM's layer(s) and their reading, as for :class:`camkit.GradCAM`
+            (default: the model's default layer, ``reshape="auto"``).
         output, dtype, batch_size: as for every method.
     """
 
     needs_layer = True
     default_rule = "guided"
 
-    def __init__(
-        self, model: nn.Module, layer: LayerSpec, *, reshape: Reshape | None = None, **options: Any
-    ):
-        super().__init__(model, **options)
+    def __init__(self, model: nn.Module, layer: LayerSpec | None = None, **options: Any):
+        super().__init__(model, layer, **options)
         common = {"output": self.output, "dtype": self.dtype, "batch_size": self.batch_size}
-        self.gradcam = GradCAM(model, layer, reshape=reshape, **common)
+        self.gradcam = GradCAM(model, layer, reshape=self.reshape, **common)
+        self.gradcam.capture = self.capture  # one capture: the default layer resolves once
+        self.gradcam.layouts = self.layouts
         self.guided = GuidedBackprop(model, **common)
 
-    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
         guided, several = self.guided.attribute(batch, target)
         cam, _ = self.gradcam.maps(batch, target)
         return guided * cam.unsqueeze(2).to(guided.dtype), several
-
-    def __repr__(self) -> str:
-        return f"GuidedGradCAM(layers={self.gradcam.capture.names})"

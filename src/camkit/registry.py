@@ -33,8 +33,13 @@ class Method:
     reference: str
 
     @property
+    def capabilities(self) -> Any:
+        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`)."""
+        return self.cls.capabilities()
+
+    @property
     def family(self) -> str:
-        """``"gradient-cam"``, ``"perturbation-cam"`` or ``"pixel"``."""
+        """``"gradient-cam"``, ``"perturbation-cam"``, ``"pixel"`` or ``"attention"``."""
         return self.cls.family
 
     @property
@@ -44,6 +49,16 @@ class Method:
     @property
     def needs_gradients(self) -> bool:
         return self.cls.needs_gradients
+
+    @property
+    def seeded(self) -> bool:
+        """Whether it takes ``seed=`` (its results depend on random draws)."""
+        return self.cls.seeded
+
+    @property
+    def target_free(self) -> bool:
+        """Whether its map is the same for every target."""
+        return self.cls.target_free
 
     @property
     def shares_pass(self) -> bool:
@@ -57,9 +72,9 @@ class Method:
         )
 
     def build(self, model: nn.Module, layer: Any = None, **options: Any) -> Callable:
-        """The explainer: ``cls(model, layer, **options)``, or ``cls(model, **options)`` for
-        methods without a layer."""
-        if self.needs_layer:
+        """The explainer ``cls(model, layer, **options)`` (``layer`` None: the model's default
+        layer, or all attention blocks; methods without a layer are built without it)."""
+        if self.needs_layer or (layer is not None and self.family == "attention"):
             return self.cls(model, layer, **options)
         return self.cls(model, **options)
 

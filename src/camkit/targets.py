@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_iou
 
-from camkit.core.targets import resolve, select_output
+from camkit.core.targets import Target, resolve, select_output
 from camkit.errors import OutputError, TargetError
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
@@ -41,17 +41,6 @@ def _describe(output: object) -> str:
         items = type(output[0]).__name__ if output else "items"
         return f"a {type(output).__name__} of {len(output)} {items}"
     return type(output).__name__
-
-
-class _Target:
-    """Base of the target objects: ``target(output) -> (B,)`` or ``(B, K)`` scores."""
-
-    def __call__(self, output: Any) -> Tensor:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({fields})"
 
 
 def _logits(output: Any, who: str) -> Tensor:
@@ -70,7 +59,7 @@ def _logits(output: Any, who: str) -> Tensor:
     return logits
 
 
-class ClassTarget(_Target):
+class ClassTarget(Target):
     """The logit of a class: ``logits (B, N) -> (B,)``, or ``(B, K)`` for K classes per sample.
 
     ``idx``: an int (every sample), ``B`` ints or a ``(B,)`` tensor (one per sample), or ``B``
@@ -80,6 +69,10 @@ class ClassTarget(_Target):
 
     def __init__(self, idx: ClassSpec):
         self.idx = idx
+
+    def classes(self) -> ClassSpec:
+        """The class indices: methods and metrics read them as data (exactly as ``idx``)."""
+        return self.idx
 
     def _scores(self, logits: Tensor) -> Tensor:
         scorer = resolve(self.idx, logits.shape[0], logits.device)
@@ -94,6 +87,8 @@ class SoftmaxTarget(ClassTarget):
     """The softmax probability of a class: ``logits (B, N) -> softmax(logits)[idx]`` ``(B,)``
     (or ``(B, K)``). Unlike the logit, it also falls when other classes rise (the paper's
     discussion of why Grad-CAM uses the logit, Selvaraju et al. 2017, sec. 3)."""
+
+    probability = True
 
     def __call__(self, output: Any) -> Tensor:
         logits = _logits(output, type(self).__name__)
@@ -120,7 +115,7 @@ def _dense_logits(output: Any) -> Tensor:
     return picked
 
 
-class SegmentationTarget(_Target):
+class SegmentationTarget(Target):
     """Sum of category ``category``'s logits inside a boolean pixel mask: ``(B, K, H, W) ->
     (B,)`` (Vinogradova et al., "Towards interpretable semantic segmentation via gradient-
     weighted class activation mapping", AAAI 2020).
@@ -185,7 +180,7 @@ def _detections(output: Any) -> list[Mapping[str, Tensor]]:
     return list(output)
 
 
-class BoxTarget(_Target):
+class BoxTarget(Target):
     """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes.
 
     For each given box and label, among the sample's detections with that label and
@@ -252,7 +247,7 @@ class BoxTarget(_Target):
         return result if self.several else result[:, 0]
 
 
-class EmbeddingTarget(_Target):
+class EmbeddingTarget(Target):
     """Cosine similarity to a reference embedding: ``(B, D) -> (B,)``.
 
     ``reference``: ``(D,)`` for every sample or ``(B, D)``; the output is a ``(B, D)`` tensor (or
@@ -303,5 +298,6 @@ __all__ = [
     "EmbeddingTarget",
     "SegmentationTarget",
     "SoftmaxTarget",
+    "Target",
     "TargetError",
 ]

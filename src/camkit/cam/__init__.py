@@ -27,15 +27,15 @@ from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import OutputSelector, Target, resolve
+from camkit.core.targets import OutputSelector, TargetSpec, resolve
 from camkit.errors import UnknownMethodError
 
 
 def cams(
     model: nn.Module,
-    layer: LayerSpec,
+    layer: LayerSpec | None,
     x: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     methods: Sequence[str] = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam"),
     *,
     output: OutputSelector = None,
@@ -45,7 +45,7 @@ def cams(
     relu: bool = True,
     upsample: bool = True,
     normalize: bool = True,
-    fuse: bool = True,
+    fuse: bool | str = True,
     additional_forward_args: Any = None,
 ) -> dict[str, Tensor | dict[str, Tensor]]:
     """Several CAM methods on the same input: ``{method name: map}``.
@@ -53,7 +53,8 @@ def cams(
     The gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``: Grad-CAM,
     Grad-CAM++, ...) share ONE forward and ONE backward pass; other CAMs of the registry (the
     perturbation CAMs, and those with passes of their own such as Shapley-CAM) run their own.
-    Each entry equals what the method's class returns for the same arguments.
+    Each entry equals what the method's class returns for the same arguments; ``layer=None``
+    is the model's default layer.
     """
     entries = [registry.get(name) for name in dict.fromkeys(methods)]
     not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
@@ -80,16 +81,19 @@ def cams(
 def _shared_pass(
     explainers: dict[str, BaseCAM],
     batch: Tensor,
-    target: Target,
+    target: TargetSpec,
     finishing: Finishing,
     batch_size: int | None,
 ) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
     """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
     first = next(iter(explainers.values()))
+    first.capture.resolve(batch)
+    for explainer in explainers.values():
+        explainer.capture = first.capture  # one tapped pass for all
     gradients = any(explainer.needs_gradients for explainer in explainers.values())
     if gradients:
         require_autograd("cams")
-    scorer = resolve(target, batch.shape[0], batch.device, first.capture.output)
+    scorer = resolve(target, batch.shape[0], batch.device, first.output)
 
     def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
         acts, grads, scores, several = first.capture.run(

@@ -2,7 +2,8 @@
 
 A gradient CAM implements :meth:`BaseCAM.channel_weights` (or :meth:`BaseCAM.layer_map` for maps
 that are not a weighted sum of channels); the engine (:mod:`camkit.core`) does the tapped
-forward, the target scores, the batched gradients and the finishing.
+forward, the target scores, the batched gradients and the finishing; the call template is the
+one of every method (:class:`~camkit.core.explainer.Explainer`).
 
 Shapes inside: activations ``(B, 1, C, h, w)`` and gradients ``(B, K, C, h, w)`` for ``K``
 targets per sample, so methods broadcast over the target axis.
@@ -10,69 +11,50 @@ targets per sample, so methods broadcast over the target axis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from camkit.core.engine import Capture, over_rows, require_autograd
-from camkit.core.engine import additional_forward_args as extra_args
-from camkit.core.finish import Finishing, drop_axes
-from camkit.core.inputs import as_batch, positive_int
-from camkit.core.layers import LayerSpec
-from camkit.core.layouts import check_reshape, resolve_reshape
-from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
-from camkit.errors import ArgumentError, LayerOutputError
-
-Reshape = Callable[[Tensor], Tensor]
+from camkit.core.engine import over_rows
+from camkit.core.explainer import Explainer, Reshape
+from camkit.core.finish import Finishing
+from camkit.core.layouts import resolve_reshape
+from camkit.core.targets import RowScorer, TargetSpec, resolve
+from camkit.errors import LayerOutputError
 
 
-class BaseCAM:
+class BaseCAM(Explainer):
     """Base class of the class-activation-map methods.
 
     ``Method(model, layer)(x, target)`` maps an image ``(C, H, W) -> (H, W)``, a batch
     ``(B, C, H, W) -> (B, H, W)``, or ``K`` targets per sample ``-> (B, K, H, W)``.
+    Constructor arguments are those of :class:`~camkit.core.explainer.Explainer` (``layer=None``
+    picks the model's default layer; ``reshape="auto"`` reads ViT tokens and channels-last
+    outputs; the reading of the last call is in ``cam.layouts``; ``batch_size``: samples per
+    forward pass).
 
-    Args:
-        model: any ``nn.Module``; it is never modified (no mode switch, no lasting hooks).
-        layer: dotted name as in ``model.named_modules()``, a submodule, or a list of either.
-        output: picks the logits from a tuple/dict/object output (key, index or callable).
-        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid: ``"auto"`` (default)
-            reads ViT tokens (prefix tokens dropped) and channels-last outputs (Swin,
-            ConvNeXt) by :func:`camkit.core.layouts.infer_layout` and raises rather than guess;
-            the reading of the last call is in ``cam.layouts``; a callable overrides it; None
-            uses the output as it is.
-        dtype: run the forward under ``torch.autocast`` in this dtype; maps stay float32.
-        batch_size: rows per forward pass: the input batch is cut in chunks of this many
-            samples (None: all at once). Results do not depend on it.
+    Call options: ``relu``, ``upsample`` (to x's size) and ``normalize`` (min-max per map to
+    [0, 1]) can be switched off for the raw map; ``fuse`` says how the maps of several layers
+    become one: ``"mean"`` (``True``, pytorch-grad-cam's mean of the finished maps), ``"max"``
+    (torchcam's element-wise maximum), ``"tanh"`` (torchcam's LayerCAM fusion: each layer's map
+    scaled by ``tanh(2 M)`` (Jiang et al., TIP 2021) before the maximum), or
+    ``False`` for ``{layer: map}``.
     """
 
-    name: ClassVar[str]
     family: ClassVar[str] = "gradient-cam"
     needs_layer: ClassVar[bool] = True
-    needs_gradients: ClassVar[bool] = True
-    reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
 
-    def __init__(
+    def explain(
         self,
-        model: nn.Module,
-        layer: LayerSpec,
+        batch: Tensor,
+        target: TargetSpec,
         *,
-        output: OutputSelector = None,
-        reshape: Reshape | str | None = "auto",
-        dtype: torch.dtype | None = None,
-        batch_size: int | None = None,
-    ):
-        check_reshape(reshape)
-        if callable(reshape) and self.reshape_refused:
-            raise ArgumentError(self.reshape_refused)
-        self.capture = Capture(model, layer, output)
-        self.model = self.capture.model  # the eager, unwrapped module
-        self.reshape = reshape
-        self.layouts: dict[str, Reshape | None] = {}  # how each layer was read at the last call
-        self.dtype = dtype
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        relu: bool = True,
+        upsample: bool = True,
+        normalize: bool = True,
+        fuse: bool | str = True,
+    ) -> tuple[Tensor | dict[str, Tensor], bool]:
+        return self.maps(batch, target, Finishing(relu, upsample, normalize, fuse))
 
     # ------------------------------------------------------------------ what a method says
 
@@ -87,45 +69,20 @@ class BaseCAM:
 
     # ------------------------------------------------------------------ the pipeline
 
-    def __call__(
-        self,
-        x: Tensor,
-        target: Target = None,
-        *,
-        relu: bool = True,
-        upsample: bool = True,
-        normalize: bool = True,
-        fuse: bool = True,
-        additional_forward_args: Any = None,
-    ) -> Tensor | dict[str, Tensor]:
-        """Map ``x`` for ``target`` (see :mod:`camkit.core.targets`); float32 on x's device.
-
-        ``relu``, ``upsample`` (to x's size) and ``normalize`` (min-max per map to [0, 1]) can
-        be switched off for the raw map; ``fuse=False`` returns ``{layer: map}``.
-        ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``
-        (per-sample tensors follow their samples, see
-        :func:`~camkit.core.engine.additional_forward_args`).
-        """
-        batch, single = as_batch(x, self.model)
-        finishing = Finishing(relu, upsample, normalize, fuse)
-        with extra_args(additional_forward_args, batch.shape[0]):
-            maps, several = self.maps(batch, target, finishing)
-        return drop_axes(maps, single, several)
-
     def maps(
-        self, batch: Tensor, target: Target = None, finishing: Finishing | None = None
+        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``), with the
         target axis always kept, and whether ``K`` targets per sample were asked. ``finishing``
         defaults to ReLU, upsampling, normalisation and fusing."""
         finishing = finishing or Finishing()
-        if self.needs_gradients:
-            require_autograd(type(self).__name__)
-        scorer = resolve(target, batch.shape[0], batch.device, self.capture.output)
+        self.check_autograd()
+        self.capture.resolve(batch)
+        scorer = resolve(target, batch.shape[0], batch.device, self.output)
         raw, several = self.raw_maps(batch, scorer)
         return finishing(raw, tuple(batch.shape[2:])), several
 
-    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
         finished map."""
         maps, _ = self.maps(batch, target)

@@ -108,13 +108,18 @@ class CAM(BaseCAM):
     needs_gradients = False
 
     def __init__(
-        self, model: nn.Module, layer: LayerSpec, *, fc: str | nn.Module | None = None, **options
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        fc: str | nn.Module | None = None,
+        **options,
     ):
         super().__init__(model, layer, **options)
         self.fc_name, self.fc_weight = find_classifier(self.model, fc)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        if scorer.function is not None:
+        if not scorer.has_classes:
             raise TargetError(
                 "CAM weighs channels with the classifier's row of a class: pass class indices "
                 "as target (a callable objective needs a gradient method such as GradCAM)"

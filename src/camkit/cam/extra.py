@@ -84,7 +84,7 @@ class KPCACAM(BaseCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         kernel: Literal["linear", "poly", "rbf", "sigmoid", "cosine"] = "sigmoid",
         gamma: float | None = None,
@@ -146,7 +146,9 @@ class FEM(BaseCAM):
 
     needs_gradients = False
 
-    def __init__(self, model: nn.Module, layer: LayerSpec, *, k: float = 2.0, **options: Any):
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, k: float = 2.0, **options: Any
+    ):
         super().__init__(model, layer, **options)
         self.k = finite_number("k", k)
 
@@ -234,7 +236,7 @@ class FinerCAM(BaseCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         base: type[BaseCAM] = GradCAM,
         gamma: float = 0.6,
@@ -248,6 +250,7 @@ class FinerCAM(BaseCAM):
         if weighting not in ("mean", "softmax"):
             raise ArgumentError(f"weighting must be 'mean' or 'softmax', got {weighting!r}")
         self.base = base(model, layer, **options)
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
         self.gamma = finite_number("gamma", gamma, minimum=0.0)
         self.references = positive_int("references", references)
         self.weighting = weighting
@@ -257,7 +260,7 @@ class FinerCAM(BaseCAM):
         ``(n, K)``."""
 
         def contrast(output: Any) -> Tensor:
-            logits = select_output(output, self.capture.output)
+            logits = select_output(output, self.output)
             classes, several = scorer.classes_of(output, rows)
             classes = classes.to(logits.device)
             count = min(self.references, logits.shape[1] - 1)
@@ -281,7 +284,7 @@ class FinerCAM(BaseCAM):
         return contrast
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        if scorer.function is not None:
+        if not scorer.has_classes:
             raise TargetError(
                 "Finer-CAM compares class logits: pass class indices as target, not a callable"
             )

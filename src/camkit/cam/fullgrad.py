@@ -16,17 +16,18 @@ authors' code and pytorch-grad-cam's ``FullGrad``.
 from __future__ import annotations
 
 import warnings
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import layer_gradients, over_rows, require_autograd, run_model
-from camkit.core.finish import drop_axes, minmax
-from camkit.core.inputs import as_batch, autocast, positive_int
-from camkit.core.layers import capture_outputs, explained_module
-from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
+from camkit.core.engine import layer_gradients, over_rows, run_model
+from camkit.core.explainer import Explainer
+from camkit.core.finish import minmax
+from camkit.core.inputs import autocast
+from camkit.core.layers import capture_outputs
+from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError
 from camkit.registry import register
 
@@ -78,7 +79,7 @@ def _psi(t: Tensor) -> Tensor:
 
 
 @register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
-class FullGrad:
+class FullGrad(Explainer):
     """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019); see the module docstring.
 
     ``FullGrad(model)(x, target)``: an image ``(C, H, W) -> (H, W)``, a batch
@@ -87,53 +88,38 @@ class FullGrad:
     bias contributes (their channel maps are summed at the layer's resolution, then upsampled
     once: bilinear upsampling is linear, so this equals upsampling every channel).
 
-    Args:
-        model: any ``nn.Module``; it is never modified.
-        output: picks the logits from a tuple/dict/object output (key, index or callable).
-        dtype: run the forward under ``torch.autocast`` in this dtype; maps stay float32.
-        batch_size: samples per forward pass (None: all at once); results do not depend on it.
+    Constructor arguments are those of every method
+    (:class:`~camkit.core.explainer.Explainer`; no layer); ``batch_size``: samples per forward
+    pass. Call option: ``normalize``.
     """
 
-    name: ClassVar[str]
     family: ClassVar[str] = "gradient-cam"
-    needs_layer: ClassVar[bool] = False
-    needs_gradients: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        output: OutputSelector = None,
-        dtype: torch.dtype | None = None,
-        batch_size: int | None = None,
-    ):
-        self.model = explained_module(model)
-        self.output = output
-        self.dtype = dtype
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
-        self.layers = bias_layers(self.model)
-        if not self.layers:
+    def __init__(self, model: nn.Module, **options: Any):
+        super().__init__(model, **options)
+        self.bias_layers = bias_layers(self.model)
+        if not self.bias_layers:
             warnings.warn(
                 "the model has no conv or batch-norm bias: FullGrad reduces to |grad * input|",
                 UserWarning,
                 stacklevel=2,
             )
 
-    def __call__(self, x: Tensor, target: Target = None, *, normalize: bool = True) -> Tensor:
-        """FullGrad map of ``x`` for ``target``; float32 on ``x``'s device."""
-        batch, single = as_batch(x, self.model)
+    def explain(
+        self, batch: Tensor, target: TargetSpec, *, normalize: bool = True
+    ) -> tuple[Tensor, bool]:
         maps, several = self.maps(batch, target)
-        return drop_axes(minmax(maps) if normalize else maps, single, several)
+        return (minmax(maps) if normalize else maps), several
 
-    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the unnormalised saliency (B, K, H, W))``."""
         maps, _ = self.maps(batch, target)
         return minmax(maps), maps
 
-    def maps(self, batch: Tensor, target: Target = None) -> tuple[Tensor, bool]:
+    def maps(self, batch: Tensor, target: TargetSpec = None) -> tuple[Tensor, bool]:
         """``(B, C, H, W) ->`` the summed ``(B, K, H, W)`` saliency before the final
         normalisation, and whether ``K`` targets per sample were asked."""
-        require_autograd(type(self).__name__)
+        self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
         return self.raw_maps(batch, scorer)
 
@@ -143,7 +129,7 @@ class FullGrad:
 
     def _pass(self, part: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
         leaf = part.detach().requires_grad_(True)
-        tapped = [(name, module) for name, module, _ in self.layers]
+        tapped = [(name, module) for name, module, _ in self.bias_layers]
         with (
             torch.enable_grad(),
             autocast(part.device, self.dtype),
@@ -155,7 +141,7 @@ class FullGrad:
             raise GradientError("the target score does not depend on the input")
         calls = [
             (bias, out)
-            for (name, _, bias) in self.layers
+            for (name, _, bias) in self.bias_layers
             for out in taps[name]
             if isinstance(out, Tensor) and out.requires_grad
         ]
@@ -176,7 +162,7 @@ class FullGrad:
         return total.float(), several
 
     def __repr__(self) -> str:
-        return f"FullGrad(bias_layers={len(self.layers)})"
+        return f"FullGrad(bias_layers={len(self.bias_layers)})"
 
 
 __all__ = ["FullGrad", "bias_layers", "effective_bias"]

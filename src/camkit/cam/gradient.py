@@ -92,6 +92,7 @@ class EigenCAM(BaseCAM):
     """
 
     needs_gradients = False
+    target_free = True
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         grid = act.shape[3:]

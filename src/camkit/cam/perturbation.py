@@ -32,22 +32,22 @@ CAM.
 
 from __future__ import annotations
 
-import ctypes
-import sys
 from collections.abc import Callable, Iterator
-from functools import cache, partial
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, Reshape
-from camkit.core.engine import layer_gradients, require_autograd, run_model
+from camkit.cam.base import BaseCAM
+from camkit.core.copies import CopyScorer
+from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
-from camkit.core.inputs import MemoryFormat, autocast, positive_int
+from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.progress import progress_bar
-from camkit.core.targets import OutputSelector, RowScorer
+from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
 from camkit.registry import register
 
@@ -57,79 +57,12 @@ def _chunks(items: Tensor, size: int) -> Iterator[Tensor]:
         yield items[start : start + size]
 
 
-TRIM_BYTES = 8 * 2**20  # perturbed batches from this size on free the heap before forwarding
-
-
-@cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None (another C library, another OS)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the OS before a perturbed forward on the CPU.
-
-    glibc keeps the memory that the previous chunk's forward freed (tensors under its dynamic
-    mmap threshold come from the heap and leave holes); the next forward then adds its own
-    peak on top. Measured on ResNet-18 layer4, batch 32 (benchmarks/MEMORY_SCORECAM.md): the
-    peak RSS of Score-CAM drops from about 300 MB to the tensors' own 214 MB, at no
-    measurable cost in time. Smaller batches (under ``TRIM_BYTES``, e.g. 32 images of
-    112x112) skip it: there the re-faulted pages cost more time (about 10 %) than the memory
-    is worth. Only frees memory nothing uses.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-class Runs:
-    """The clean pass's target scores ``(B, K)`` and the scorer of later (perturbed) passes."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Tensor,
-        scorer: RowScorer,
-        scores: Tensor,
-        memory: MemoryFormat,
-        dtype: torch.dtype | None,
-    ):
-        self.model, self.batch, self.scorer, self.memory, self.dtype = (
-            model,
-            batch,
-            scorer,
-            memory,
-            dtype,
-        )
-        self.scores = scores.detach().float()
-
-    def score(self, inputs: Tensor, rows: Tensor) -> Tensor:
-        """Forward ``inputs`` (``n`` rows, whatever the hooks do) and score row ``i`` for the
-        targets of sample ``rows[i]``: ``(n, K)`` float32. Callable targets must score each row
-        of the output on its own: they are called on batches of perturbed copies."""
-        return self.memory.run(lambda memory_format: self._score(inputs, rows, memory_format))
-
-    def _score(self, inputs: Tensor, rows: Tensor, memory_format: torch.memory_format) -> Tensor:
-        if inputs.device.type == "cpu" and inputs.numel() * inputs.element_size() >= TRIM_BYTES:
-            _trim_heap()
-        with torch.inference_mode(), autocast(inputs.device, self.dtype):
-            inputs = inputs.contiguous(memory_format=memory_format)
-            output = run_model(self.model, inputs, rows)  # with additional_forward_args
-            scores, _ = self.scorer(output, rows)  # checks that there is one row per input
-        return scores.float()
-
-
 class PerturbationCAM(BaseCAM):
     """Base of the CAMs whose channel weights come from perturbed forward passes.
 
     Args (besides those of :class:`~camkit.cam.base.BaseCAM`):
-        batch_size: perturbed rows per forward pass (the memory knob); results do not depend
-            on it.
+        batch_size: rows per forward pass, here perturbed inputs (the memory knob; default
+            32); results do not depend on it.
         top_channels: evaluate only the ``top_channels`` channels of largest
             ``|sum_ij g_cij A_cij|`` per sample (others weigh 0; see the module docstring for
             the measured agreement); ``None`` evaluates every channel (exact).
@@ -140,33 +73,29 @@ class PerturbationCAM(BaseCAM):
 
     family = "perturbation-cam"
     needs_gradients = False
+    default_batch_size = 32
 
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
-        batch_size: int = 32,
         top_channels: int | None = None,
         progress: bool = False,
-        output: OutputSelector = None,
-        reshape: Reshape | None = None,
-        dtype: torch.dtype | None = None,
+        **options: Any,
     ):
-        super().__init__(
-            model, layer, output=output, reshape=reshape, dtype=dtype, batch_size=batch_size
-        )
+        super().__init__(model, layer, **options)
         self.top_channels = positive_int("top_channels", top_channels, optional=True)
         self.progress = progress
 
     def perturbed_scores(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         """``(B, C, K)`` target scores of the perturbed passes of one layer, from its raw
         output, its ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
         raise NotImplementedError
 
-    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
         """``(B, C, K)`` channel weights from the perturbed scores."""
         raise NotImplementedError
 
@@ -182,7 +111,7 @@ class PerturbationCAM(BaseCAM):
         scorer = scorer.pinned(output)
         with torch.set_grad_enabled(ranked):
             scores, several = scorer(output, torch.arange(batch.shape[0]))
-        run = Runs(self.model, batch, scorer, scores, memory, self.dtype)
+        run = CopyScorer(self.model, batch, scorer, dtype=self.dtype, scores=scores, memory=memory)
         grads: list[Tensor | None] = [None] * len(acts)
         if ranked:
             grads = list(layer_gradients(scores, acts, self.capture.names))
@@ -207,7 +136,7 @@ class PerturbationCAM(BaseCAM):
         return maps, several
 
     def perturbed_map(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
         :meth:`score_weights` from :meth:`perturbed_scores` (a method whose map is not a
@@ -218,7 +147,7 @@ class PerturbationCAM(BaseCAM):
 
     def edited_scores(
         self,
-        run: Runs,
+        run: CopyScorer,
         module: nn.Module,
         raw: Tensor,
         sample: int,
@@ -310,7 +239,7 @@ class ScoreCAM(PerturbationCAM):
         return None
 
     def perturbed_scores(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         """Mean over the ``draws`` of the scores of the masked inputs, per evaluated channel."""
         batch, channels = grid.shape[:2]
@@ -333,13 +262,12 @@ class ScoreCAM(PerturbationCAM):
         count = jobs.shape[0]
         # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
         sums = run.scores.new_zeros((count, run.scores.shape[1]))
-        buffer = _MaskedBuffer(run, min(self.batch_size, count * self.draws))
+        step = self.rows_per_pass(count * self.draws)
+        buffer = _MaskedBuffer(run, step)
         random = self.generator(run.batch.device)
         with self._progress(f"{self.label} {name}", count * self.draws) as bar:
             # draw by draw (a variant's random draws come in this order), jobs inside
-            for part in _chunks(
-                torch.arange(count * self.draws, device=grid.device), self.batch_size
-            ):
+            for part in _chunks(torch.arange(count * self.draws, device=grid.device), step):
                 draw, job = part // count, part % count
                 samples, chans = jobs[job] // channels, jobs[job] % channels
                 masks = self.perturb(_masks(grid, samples, chans, run.batch), draw, random)
@@ -351,7 +279,7 @@ class ScoreCAM(PerturbationCAM):
         table = per_row.new_zeros((batch * channels, per_row.shape[1]))
         return table.index_copy_(0, rows, per_row).unflatten(0, (batch, channels))
 
-    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
         """``softmax_c`` of the masked scores over the evaluated channels."""
         return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
 
@@ -376,7 +304,7 @@ class _MaskedBuffer:
     """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
     once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
 
-    def __init__(self, run: Runs, rows: int):
+    def __init__(self, run: CopyScorer, rows: int):
         self.run = run
         self.rows = rows
         self.buffer = self._allocate()
@@ -431,7 +359,7 @@ class AblationCAM(PerturbationCAM):
             raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def perturbed_scores(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         batch, channels = grid.shape[:2]
         kept = kept & (raw.flatten(2) != 0).any(dim=-1)
@@ -440,7 +368,9 @@ class AblationCAM(PerturbationCAM):
         suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
             for sample in range(batch):
-                for part in _chunks(kept[sample].nonzero().squeeze(1), self.batch_size):
+                for part in _chunks(
+                    kept[sample].nonzero().squeeze(1), self.rows_per_pass(channels)
+                ):
                     n, ablate = part.shape[0], partial(self._ablate, channels=part)
                     ablated[sample, part] = self.edited_scores(
                         run, module, raw, sample, n, ablate, suffix
@@ -448,7 +378,7 @@ class AblationCAM(PerturbationCAM):
                     bar.update(n)
         return ablated
 
-    def score_weights(self, scores: Tensor, run: Runs, kept: Tensor) -> Tensor:
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
         """``(y - y_c) / y``, or ``y - y_c`` where ``y`` is exactly 0."""
         clean = run.scores[:, None, :]
         return (clean - scores) / torch.where(clean == 0, torch.ones_like(clean), clean)

@@ -37,21 +37,23 @@ class RefineCAM(BaseCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         base: type[BaseCAM] = GradCAMPlusPlus,
         **options: Any,
     ):
-        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
-        if len(self.capture.names) < 2:
+        if not (isinstance(base, type) and issubclass(base, BaseCAM)):
+            raise ArgumentError(f"base must be a CAM class such as GradCAMPlusPlus, got {base!r}")
+        if layer is None or isinstance(layer, str | nn.Module) or len(layer) < 2:
             raise ArgumentError(
                 "RefineCAM multiplies the maps of several layers: give at least two"
             )
-        if not (isinstance(base, type) and issubclass(base, BaseCAM)):
-            raise ArgumentError(f"base must be a CAM class such as GradCAMPlusPlus, got {base!r}")
+        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
         self.base = base(model, layer, **options)
-        self.needs_gradients = self.base.needs_gradients
-        self.layouts = self.base.layouts
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         maps, several = self.base.raw_maps(batch, scorer)

@@ -9,17 +9,16 @@ only the part of the network after the layer (the suffix forward Ablation-CAM us
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.perturbation import PerturbationCAM, Runs, ScoreCAM, _chunks
+from camkit.cam.perturbation import PerturbationCAM, ScoreCAM, _chunks
+from camkit.core.copies import CopyScorer
 from camkit.core.inputs import call_seed, finite_number, generator, positive_int, seed_value
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import OutputSelector, select_output
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.registry import register
 
@@ -51,13 +50,15 @@ class SSCAM(ScoreCAM):
     sample.
     """
 
+    seeded = True
+
     label = "SS-CAM"
     shares_masks = False
 
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         samples: int = 35,
         std: float = 2.0,
@@ -99,7 +100,9 @@ class ISCAM(ScoreCAM):
 
     label = "IS-CAM"
 
-    def __init__(self, model: nn.Module, layer: LayerSpec, *, samples: int = 10, **options: Any):
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, samples: int = 10, **options: Any
+    ):
         super().__init__(model, layer, **options)
         self.samples = self.draws = positive_int("samples", samples)
 
@@ -148,17 +151,12 @@ class ReciproCAM(PerturbationCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         kernel: str = "gaussian",
-        batch_size: int = 32,
-        progress: bool = False,
-        output: OutputSelector = None,
-        dtype: torch.dtype | None = None,
+        **options: Any,
     ):
-        super().__init__(
-            model, layer, batch_size=batch_size, progress=progress, output=output, dtype=dtype
-        )
+        super().__init__(model, layer, **options)
         if kernel not in self.kernels:
             raise ArgumentError(f"kernel must be one of {self.kernels}, got {kernel!r}")
         self.kernel = kernel
@@ -180,26 +178,29 @@ class ReciproCAM(PerturbationCAM):
         return F.conv2d(masks, gaussian, padding=1)  # the kernel centred at each position
 
     def perturbed_map(
-        self, run: Runs, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         batch, _, h, w = grid.shape
         if raw.ndim != 4:
             raise LayerOutputError(
                 f"ReciproCAM needs a (B, C, h, w) layer output, {name!r} gives {tuple(raw.shape)}"
             )
-        if run.scorer.function is None:  # class targets: their softmax probability
-            selector = run.scorer.selector
-            probability = replace(
+        if run.scorer.has_classes:  # class targets: their softmax probability
+            run = CopyScorer(
+                run.model,
+                run.batch,
                 run.scorer,
-                selector=lambda out: select_output(out, selector).float().softmax(dim=-1),
+                dtype=run.dtype,
+                probabilities=True,
+                scores=run.scores,
+                memory=run.memory,
             )
-            run = Runs(run.model, run.batch, probability, run.scores, run.memory, run.dtype)
         maps = []
         suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Recipro-CAM {name}", batch * h * w) as bar:
             for sample in range(batch):
                 scores = []
-                for part in _chunks(torch.arange(h * w), self.batch_size):
+                for part in _chunks(torch.arange(h * w), self.rows_per_pass(h * w)):
                     masks = self.masks(part, (h, w), raw.device).to(raw.dtype)
 
                     def masked(act: Tensor, masks: Tensor = masks) -> Tensor:

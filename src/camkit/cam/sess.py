@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +15,10 @@ from torchvision.transforms.functional import gaussian_blur
 from camkit import registry
 from camkit.cam.base import BaseCAM
 from camkit.cam.gradient import GradCAM
-from camkit.core.engine import over_rows, run_model
-from camkit.core.inputs import autocast, finite_number, positive_int
+from camkit.core.copies import CopyScorer, pin_top1
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer, Target
+from camkit.core.targets import RowScorer, TargetSpec
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
 
@@ -101,7 +101,7 @@ class SESS(BaseCAM):
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         base: type[BaseCAM] | str = GradCAM,
         scales: Sequence[int] | None = None,
@@ -135,10 +135,12 @@ class SESS(BaseCAM):
             raise ArgumentError(f"smooth must be True or False, got {smooth!r}")
         self.smooth = smooth
         self.base = base(model, layer, **options)
-        self.needs_gradients = self.base.needs_gradients
-        self.layouts = self.base.layouts
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
 
-    def __call__(self, x: Tensor, target: Target = None, **options: Any):
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
+
+    def __call__(self, x: Tensor, target: TargetSpec = None, **options: Any):
         if options.get("additional_forward_args") is not None:
             raise ArgumentError(
                 "SESS does not take additional_forward_args: its patches are new inputs that "
@@ -151,9 +153,8 @@ class SESS(BaseCAM):
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         if batch.ndim != 4:
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
-        if scorer.top1:  # the whole image's prediction, for every patch
-            with torch.no_grad(), autocast(batch.device, self.dtype):
-                scorer = scorer.pinned(run_model(self.model, batch))
+        # the whole image's prediction, for every patch
+        scorer = pin_top1(self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size)
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
         scores, several = self._scores(batch, scorer, grid)  # (B, P, K)
         best = scores.amax(dim=1, keepdim=True)
@@ -187,24 +188,22 @@ class SESS(BaseCAM):
     def _scores(self, batch: Tensor, scorer: RowScorer, grid: list[_Scale]) -> tuple[Tensor, bool]:
         """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
         the callable's score), all scales in order, and whether K targets were asked."""
-        size, parts, several = batch.shape[0], [], False
-
-        def score(part: Tensor, rows: Tensor) -> tuple[Tensor, bool]:
-            with torch.no_grad(), autocast(batch.device, self.dtype):
-                output = run_model(self.model, part)
-            return scorer.probabilities(output, rows)
-
+        size, parts = batch.shape[0], []
+        copies = CopyScorer(
+            self.model,
+            batch,
+            scorer,
+            dtype=self.dtype,
+            batch_size=self.batch_size,
+            probabilities=True,
+        )
         for scale in grid:
-            patches = self._patches(batch, scale)
-            count = patches.shape[1]
+            patches = self._patches(batch, scale).flatten(0, 1)  # (B * P_s, C, h, w)
+            count = patches.shape[0] // size
             samples = torch.arange(size, device=batch.device).repeat_interleave(count)
-            scores, several = over_rows(
-                patches.flatten(0, 1),
-                self.batch_size,
-                lambda part, i, samples=samples: score(part, samples[i]),
-            )
+            scores = copies.over(patches.shape[0], lambda i, p=patches, s=samples: (p[i], s[i]))
             parts.append(scores.unflatten(0, (size, count)))
-        return torch.cat(parts, dim=1), several
+        return torch.cat(parts, dim=1), copies.several
 
     def _kept(self, scores: Tensor) -> Tensor:
         """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
@@ -256,10 +255,7 @@ class SESS(BaseCAM):
     def _patch_maps(self, patches: Tensor, scorer: RowScorer, sample: Tensor, k: int) -> Tensor:
         """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
         their samples ``sample``."""
-        if scorer.function is not None:
-            target: Target = _column(scorer.function, k)
-        else:
-            target = scorer.classes[sample.to(scorer.classes.device), k]
+        target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
@@ -282,16 +278,6 @@ def _pair(name: str, value: object) -> tuple[int, int]:
         raise ArgumentError(f"{name} must be a positive int or (h, w), got {value!r}")
     size = positive_int(name, value)
     return (size, size)
-
-
-def _column(function: Callable[[Any], Tensor], k: int) -> Callable[[Any], Tensor]:
-    """A callable target reduced to its ``k``-th score, ``(n,)``."""
-
-    def score(output: Any) -> Tensor:
-        scores = function(output)
-        return scores.reshape(scores.shape[0], -1)[:, k]
-
-    return score
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:

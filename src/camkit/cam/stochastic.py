@@ -42,10 +42,12 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         batch_size: at most this many rows (clean or noisy) per forward pass.
     """
 
+    seeded = True
+
     def __init__(
         self,
         model: nn.Module,
-        layer: LayerSpec,
+        layer: LayerSpec | None = None,
         *,
         samples: int = 4,
         std: float = 0.3,
@@ -67,7 +69,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
                 name: act.unsqueeze(1)
                 for name, act in zip(self.capture.names, single_call(taps), strict=True)
             }
-            if scorer.function is not None:
+            if not scorer.has_classes:
                 return {"acts": acts}, False
             classes, several = scorer.classes_of(output, rows)
             return {"acts": acts, "classes": classes}, several
@@ -141,9 +143,13 @@ class RandomCAM(BaseCAM):
     gradient is computed.
     """
 
+    seeded = True
     needs_gradients = False
+    target_free = True
 
-    def __init__(self, model: nn.Module, layer: LayerSpec, *, seed: int = 0, **options: Any):
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, seed: int = 0, **options: Any
+    ):
         super().__init__(model, layer, **options)
         self.seed = seed_value(seed)
 

@@ -25,6 +25,7 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.targets import OutputSelector, RowScorer
+from camkit.core.trace import default_layer
 from camkit.errors import (
     ArgumentError,
     GradientError,
@@ -135,14 +136,21 @@ def _targets_second(grad: Tensor | None, k: int) -> Tensor | None:
 class Capture:
     """One forward pass with the target layers tapped, and the gradients a method needs."""
 
-    def __init__(self, model: nn.Module, layer: LayerSpec, output: OutputSelector = None):
+    def __init__(self, model: nn.Module, layer: LayerSpec | None, output: OutputSelector = None):
         self.model = explained_module(model)
-        self.layers = find_layers(self.model, layer)
+        self.layers = [] if layer is None else find_layers(self.model, layer)
         self.output = output
 
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self.layers]
+
+    def resolve(self, batch: Tensor) -> None:
+        """Without a layer given: the model's default layer for inputs like ``batch``
+        (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
+        if not self.layers:
+            name = default_layer(self.model, tuple(batch.shape[2:]))
+            self.layers = find_layers(self.model, name)
 
     def forward(
         self,

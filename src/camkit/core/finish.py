@@ -51,17 +51,31 @@ def minmax(maps: Tensor, dims: int = 2) -> Tensor:
     return torch.where(flat, torch.zeros_like(maps), (maps - low) / span.masked_fill(flat, 1))
 
 
+FUSIONS = ("mean", "max", "tanh")
+
+
 @dataclass(frozen=True)
 class Finishing:
     """How raw ``(B, K, *spatial)`` maps are finished: ``relu``, ``upsample`` (bilinear, or
     trilinear for volumes, ``align_corners=False``) to the input size, min-max ``normalize``
     per map to [0, 1], and ``fuse`` several layers into one map (the mean of their finished
-    maps, normalised again) or keep them apart as ``{layer: map}``."""
+    maps, normalised again) or keep them apart as ``{layer: map}``.
+
+    ``fuse``: ``True`` or ``"mean"`` (the mean of the finished maps, as pytorch-grad-cam),
+    ``"max"`` (their element-wise maximum, as torchcam), ``"tanh"`` (torchcam's LayerCAM
+    fusion: each finished map ``M`` scaled by ``tanh(2 M)`` before the maximum, Jiang et al.,
+    TIP 2021, eq. 9; gamma = 2 as torchcam), or ``False`` (one map per layer)."""
 
     relu: bool = True
     upsample: bool = True
     normalize: bool = True
-    fuse: bool = True
+    fuse: bool | str = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fuse, bool) and self.fuse not in FUSIONS:
+            raise ArgumentError(
+                f"fuse must be True, False or one of {', '.join(FUSIONS)}; got {self.fuse!r}"
+            )
 
     def __call__(
         self, maps: dict[str, Tensor], size: tuple[int, ...]
@@ -86,7 +100,10 @@ class Finishing:
                 "layers of different resolutions can only be fused with upsample=True; "
                 "pass fuse=False to get one map per layer"
             )
-        fused = torch.stack(list(finished.values())).mean(0)
+        stacked = torch.stack(list(finished.values()))
+        if self.fuse == "tanh":
+            stacked = torch.tanh(2 * stacked)
+        fused = stacked.mean(0) if self.fuse in (True, "mean") else stacked.amax(0)
         return minmax(fused, dims) if self.normalize else fused
 
 

@@ -19,7 +19,6 @@ rows; the results do not depend on ``batch_size``. Conventions: docs/metrics.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
-from camkit.core.engine import run_model
-from camkit.core.inputs import MemoryFormat, as_batch, positive_int
+from camkit.core.copies import CopyScorer
+from camkit.core.inputs import as_batch, positive_int
 from camkit.core.progress import progress_bar
-from camkit.core.targets import Target, resolve
+from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, InputError, TargetError
 
 BLUR_KERNEL = 11
@@ -86,58 +85,32 @@ def _maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
 
 
 class _Scorer:
-    """Scores images for the resolved target: a class's softmax probability, or a callable's
-    scores; one score per image (rows ``rows`` of the batch). Forwards in ``batch_size`` rows."""
+    """Scores images for the resolved target (one per image): a class's softmax probability,
+    or a callable's scores; the clean images' scores in ``clean``. Forwards in ``batch_size``
+    rows (:class:`~camkit.core.copies.CopyScorer`, the copy loop every family shares)."""
 
-    def __init__(self, model: nn.Module, batch: Tensor, target: Target, batch_size: int):
-        self.model = model
-        self.batch_size = batch_size
-        self.memory = MemoryFormat(batch)
+    def __init__(self, model: nn.Module, batch: Tensor, target: TargetSpec, batch_size: int):
         scorer = resolve(target, batch.shape[0], batch.device)
-        clean, pinned = [], []
-        with torch.inference_mode():  # the clean images, in chunks too; top-1 classes pinned
-            for start in range(0, batch.shape[0], batch_size):
-                rows = torch.arange(start, min(start + batch_size, batch.shape[0]))
-                rows = rows.to(batch.device)
-                output = self._forward(batch[rows], rows)
-                self.rows_scorer = scorer.pinned(output)
-                if scorer.top1:  # classes of this chunk only: its rows count from 0
-                    pinned.append(self.rows_scorer.classes)
-                    rows = rows - start
-                clean.append(self._score(output, rows))
-        if scorer.top1:
-            self.rows_scorer = replace(scorer, classes=torch.cat(pinned))
-        self.clean = torch.cat(clean)
+        self.copies = CopyScorer.clean(
+            model, batch, scorer, batch_size=batch_size, probabilities=True
+        )
+        self.clean = self._single_target(self.copies.scores)
 
-    def _forward(self, inputs: Tensor, rows: Tensor) -> Any:
-        def attempt(memory_format: torch.memory_format) -> Any:
-            return run_model(self.model, inputs.contiguous(memory_format=memory_format), rows)
-
-        return self.memory.run(attempt)
-
-    def _score(self, output: Any, rows: Tensor) -> Tensor:
-        scores, several = self.rows_scorer.probabilities(output, rows)
-        if several or scores.shape[1] != 1:
+    @staticmethod
+    def _single_target(scores: Tensor) -> Tensor:
+        if scores.shape[1] != 1:
             raise TargetError(
                 f"metrics score one target per image, got {scores.shape[1]} per image; "
                 "pass an int, one class per image or a callable returning (B,) scores"
             )
-        return scores[:, 0].float()
+        return scores[:, 0]
 
     def scores(
         self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
     ) -> Tensor:
         """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
         with ``rows`` the image each row belongs to."""
-        parts = []
-        with torch.inference_mode():
-            for start in range(0, count, self.batch_size):
-                indices = torch.arange(start, min(start + self.batch_size, count))
-                images, rows = build(indices)
-                parts.append(self._score(self._forward(images, rows), rows))
-                if bar is not None:
-                    bar.update(len(indices))
-        return torch.cat(parts)
+        return self._single_target(self.copies.over(count, build, bar))
 
 
 def _single(result: Tensor, single: bool) -> Tensor:
@@ -161,6 +134,12 @@ def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
                 f"{tuple(baseline.shape)}"
             ) from None
     if baseline == "blur":
+        if min(x.shape[-2:]) <= BLUR_KERNEL // 2:
+            raise InputError(
+                f"the blur baseline ({BLUR_KERNEL}x{BLUR_KERNEL} kernel, reflected borders) "
+                f"needs images of at least {BLUR_KERNEL // 2 + 1} px per side, got "
+                f"{x.shape[-2]}x{x.shape[-1]}; pass baseline='zero' or 'mean'"
+            )
         return gaussian_blur(x, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
     if baseline == "zero":
         return torch.zeros_like(x)
@@ -180,7 +159,7 @@ def _curve(
     model: nn.Module,
     x: Tensor,
     maps: object,
-    target: Target,
+    target: TargetSpec,
     *,
     steps: int,
     baseline: str | Tensor,
@@ -228,7 +207,7 @@ def deletion(
     model: nn.Module,
     x: Tensor,
     maps: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     steps: int = 50,
     baseline: str | Tensor = "blur",
@@ -262,7 +241,7 @@ def insertion(
     model: nn.Module,
     x: Tensor,
     maps: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     steps: int = 50,
     baseline: str | Tensor = "blur",
@@ -294,7 +273,7 @@ def insertion(
 
 
 def _masked_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target, batch_size: int
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec, batch_size: int
 ) -> tuple[Tensor, Tensor, bool]:
     """``(Y, O, single)``: the target's probability on the images and on the images times
     their maps (the maps must be in [0, 1])."""
@@ -317,7 +296,7 @@ def _masked_confidence(
 
 
 def average_drop(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
 ) -> Tensor:
     """Average Drop (Chattopadhay et al., Grad-CAM++, WACV 2018): ``max(0, Y - O) / Y`` per
     image, ``(B,)`` in [0, 1] (the paper's "%" is this times 100; torchcam's convention).
@@ -329,7 +308,7 @@ def average_drop(
 
 
 def increase_in_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: Target = None, *, batch_size: int = 64
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
 ) -> Tensor:
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is

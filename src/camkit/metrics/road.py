@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from camkit.core.inputs import finite_number, positive_int, seed_value
 from camkit.core.progress import progress_bar
-from camkit.core.targets import Target
+from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 from camkit.metrics.faithfulness import _images, _maps_like, _ranks, _Scorer, _single
 
@@ -112,7 +112,7 @@ def road(
     model: nn.Module,
     x: Tensor,
     maps: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     percentiles: Sequence[float] = ROAD_PERCENTILES,
     order: str = "morf",

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from camkit.core.inputs import call_seed
 from camkit.core.layers import explained_module, find_layers
-from camkit.core.targets import Target, resolve, select_output
+from camkit.core.targets import TargetSpec, resolve, select_output
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 
@@ -227,7 +227,7 @@ def _check_similarity(similarity: str | Sequence[str], *, with_abs: bool = True)
     return list(dict.fromkeys(asked))
 
 
-def _maps(explainer: Any, x: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+def _maps(explainer: Any, x: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
     """``(signed (B, H, W), unit (B, H, W) in [0, 1])`` of one explainer on ``x (B, C, H, W)``.
 
     A ``(B, H, W)`` map (a CAM) is used as is, and as its own [0, 1] map when it lies in
@@ -258,7 +258,7 @@ def randomization_test(
     explainer_factory: Callable[[nn.Module], Any],
     model: nn.Module,
     x: Tensor,
-    target: Target = None,
+    target: TargetSpec = None,
     *,
     order: Order = "cascade",
     similarity: str | Sequence[str] = ("spearman", "ssim", "hog"),

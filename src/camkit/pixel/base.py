@@ -18,12 +18,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from camkit.core.engine import additional_forward_args as extra_args
-from camkit.core.engine import layer_gradients, require_autograd, run_model
-from camkit.core.finish import checked, drop_axes
-from camkit.core.inputs import MemoryFormat, as_batch, autocast, positive_int
-from camkit.core.layers import explained_module
-from camkit.core.targets import OutputSelector, RowScorer, Target, resolve
+from camkit.core.copies import chunks, pin_top1
+from camkit.core.engine import layer_gradients, run_model
+from camkit.core.explainer import Explainer
+from camkit.core.finish import checked
+from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.layers import LayerSpec
+from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError
 from camkit.pixel.heatmap import to_heatmap
 from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
@@ -44,59 +45,44 @@ class PerSample:
         self.total.index_add_(0, sample, values)
 
 
-class PixelAttribution:
+class PixelAttribution(Explainer):
     """Base of the pixel methods: checks the input, runs forwards, takes input gradients.
 
     A method implements :meth:`attribute` ``(B, C, H, W) -> (B, K, C, H, W)``.
 
-    Args:
-        model: any ``nn.Module``; it is never modified (no mode switch, no lasting hooks).
+    Args (besides those of :class:`~camkit.core.explainer.Explainer`; pixel methods read no
+    layer, except Guided Grad-CAM's Grad-CAM):
         rule: ``"guided"`` or ``"deconvnet"`` backpropagates every ReLU by that rule, ``None``
             keeps the method's own (the plain gradient, except for the named shortcuts
             :class:`~camkit.pixel.methods.GuidedBackprop` and
             :class:`~camkit.pixel.methods.Deconvnet`).
-        output: picks the logits from a tuple/dict/object output (key, index or callable).
-        dtype: run the forwards under ``torch.autocast`` in this dtype; results stay float32.
         batch_size: rows per forward pass (copies of the inputs are cut in chunks of this
             many); None runs them all at once. Results do not depend on it.
     """
 
-    name: ClassVar[str]
     family: ClassVar[str] = "pixel"
-    needs_layer: ClassVar[bool] = False
-    needs_gradients: ClassVar[bool] = True
     default_rule: ClassVar[Rule | None] = None
 
     def __init__(
         self,
         model: nn.Module,
+        layer: LayerSpec | None = None,
         *,
         rule: Rule | None = None,
-        output: OutputSelector = None,
-        dtype: torch.dtype | None = None,
-        batch_size: int | None = None,
+        **options: Any,
     ):
-        self.model = explained_module(model)
+        super().__init__(model, layer, **options)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
-        self.output = output
-        self.dtype = dtype
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
 
-    def __call__(
-        self, x: Tensor, target: Target = None, *, additional_forward_args: Any = None
-    ) -> Tensor:
-        """Attribution for ``target`` shaped like ``x`` (``(B, K, C, H, W)`` for K targets).
-        ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``."""
-        batch, single = as_batch(x, self.model)
-        with extra_args(additional_forward_args, batch.shape[0]):
-            attr, several = self.attribute(batch, target)
-        return drop_axes(checked(attr.float()), single, several)
+    def explain(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
+        attr, several = self.attribute(batch, target)
+        return checked(attr.float()), several
 
-    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
         """``(B, C, H, W) -> ((B, K, C, H, W), several)``."""
         raise NotImplementedError
 
-    def heatmaps(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor]:
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display.
 
         The heat is ``max_c |attribution|`` divided by its 99th percentile and clipped at 1:
@@ -145,7 +131,7 @@ class PixelAttribution:
     def over_copies(
         self,
         batch: Tensor,
-        target: Target,
+        target: TargetSpec,
         copies: int,
         make_inputs: Callable[[Tensor, range], Tensor] | None,
         accumulate: Callable[[Tensor, Tensor, Tensor], None],
@@ -158,19 +144,17 @@ class PixelAttribution:
         their results. A top-1 target is fixed on the clean batch when the copies differ from
         it, so every copy explains the same class. Returns ``several``.
         """
-        require_autograd(type(self).__name__)
+        self.check_autograd()
         size = batch.shape[0]
         scorer = resolve(target, size, batch.device, self.output)
-        if scorer.top1 and make_inputs is not None:
-            with torch.no_grad(), autocast(batch.device, self.dtype):
-                scorer = scorer.pinned(run_model(self.model, batch))
+        if make_inputs is not None:  # copies that differ from the clean batch
+            scorer = pin_top1(
+                self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size
+            )
         memory = MemoryFormat(batch)
-        rows_total = copies * size
-        step = self.batch_size or rows_total
         several = False
-        for start in range(0, rows_total, step):
-            span = range(start, min(start + step, rows_total))
-            rows = torch.arange(span.start, span.stop, device=batch.device)
+        for rows in chunks(copies * size, self.batch_size, batch.device):
+            span = range(int(rows[0]), int(rows[-1]) + 1)
             inputs = batch[rows % size] if make_inputs is None else make_inputs(rows, span)
             grads, scores, several = self.input_gradients(inputs, scorer, rows % size, memory)
             accumulate(rows, grads, scores)

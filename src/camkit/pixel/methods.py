@@ -19,7 +19,7 @@ from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import checked, drop_axes
 from camkit.core.inputs import as_batch, call_seed, positive_int
 from camkit.core.inputs import generator as random_generator
-from camkit.core.targets import Target
+from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 from camkit.pixel.base import PerSample, PixelAttribution
 from camkit.registry import register
@@ -37,7 +37,7 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
         grads = PerSample(batch.shape[0])
 
         def keep(rows: Tensor, values: Tensor, scores: Tensor) -> None:
@@ -95,6 +95,8 @@ class SmoothGrad(PixelAttribution):
             (:class:`~camkit.pixel.base.PixelAttribution`); ``batch_size`` counts noisy copies.
     """
 
+    seeded = True
+
     def __init__(
         self,
         model: nn.Module,
@@ -119,7 +121,7 @@ class SmoothGrad(PixelAttribution):
         self.seed = seed
         self.kind = kind
 
-    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
         size = batch.shape[0]
         copies = self.samples if self.noise_level > 0 else 1
         flat = batch.flatten(1)
@@ -203,26 +205,20 @@ class IntegratedGradients(PixelAttribution):
         self.steps = positive_int("steps", steps)
         self.baseline = baseline
 
-    def __call__(
-        self,
-        x: Tensor,
-        target: Target = None,
-        *,
-        return_error: bool = False,
-        additional_forward_args: Any = None,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def explain(
+        self, batch: Tensor, target: TargetSpec, *, return_error: bool = False
+    ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        batch, single = as_batch(x, self.model)
-        with extra_args(additional_forward_args, batch.shape[0]):
-            attr, delta, several = self.integrate(batch, target)
-        error = (attr.flatten(2).sum(dim=2) - delta).abs()
-        attr = drop_axes(checked(attr.float()), single, several)
-        return (attr, drop_axes(error, single, several)) if return_error else attr
+        attr, delta, several = self.integrate(batch, target)
+        attr = checked(attr.float())
+        if not return_error:
+            return attr, several
+        return (attr, (attr.flatten(2).sum(dim=2) - delta).abs()), several
 
     def completeness(
-        self, x: Tensor, target: Target = None, *, additional_forward_args: Any = None
+        self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
     ) -> dict[str, Tensor]:
         """How well the attribution meets the completeness axiom ``sum(attr) = f(x) - f(x')``.
 
@@ -246,11 +242,11 @@ class IntegratedGradients(PixelAttribution):
         }
         return {key: drop_axes(value, single, several) for key, value in report.items()}
 
-    def attribute(self, batch: Tensor, target: Target) -> tuple[Tensor, bool]:
+    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
         attr, _, several = self.integrate(batch, target)
         return attr, several
 
-    def integrate(self, batch: Tensor, target: Target) -> tuple[Tensor, Tensor, bool]:
+    def integrate(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor, bool]:
         """``(attr (B, K, C, H, W), f(x) - f(x') (B, K), several)``."""
         size = batch.shape[0]
         baseline = self.baseline_for(batch)

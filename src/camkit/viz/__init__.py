@@ -19,7 +19,13 @@ from camkit.io import FLOAT_TOLERANCE, as_numpy, describe, to_rgb_uint8
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
+from camkit.viz.concepts import concept_colors, concept_image, plot_concepts  # noqa: E402
+
 __all__ = [
+    "concept_colors",
+    "concept_image",
+    "plot_concepts",
     "OPENCV_COLORMAPS",
     "feature_grid",
     "overlay",

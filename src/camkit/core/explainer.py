@@ -1,0 +1,184 @@
+"""The one base of every camkit method: :class:`Explainer`.
+
+Every family (gradient and perturbation CAMs, pixel methods, attention methods, FullGrad and the
+wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=``,
+``batch_size=`` (rows per forward pass, one meaning everywhere), ``reshape=`` and the layer
+(for methods that read one; ``None`` picks the model's default layer at the first call), and
+the ``__call__`` template::
+
+    check the input -> additional_forward_args for the call -> explain(batch, target) ->
+    drop the axes the caller did not ask for
+
+A family implements :meth:`Explainer.explain`; a method inside a family overrides the family's
+steps, never the template. What the registry, the CLI and the conformance tests know of a
+method comes from its typed class flags (:class:`Capabilities`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.engine import Capture, require_autograd
+from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.finish import drop_axes
+from camkit.core.inputs import as_batch, positive_int
+from camkit.core.layers import LayerSpec, explained_module
+from camkit.core.layouts import check_reshape
+from camkit.core.targets import OutputSelector, TargetSpec
+from camkit.errors import ArgumentError
+
+Reshape = Callable[[Tensor], Tensor]
+FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method is and needs, read from its class (never rewritten per instance)."""
+
+    family: str
+    needs_layer: bool
+    needs_gradients: bool
+    seeded: bool
+    target_free: bool
+
+
+class Explainer:
+    """Base of every method: ``Method(model, layer)(x, target)``.
+
+    Args:
+        model: any ``nn.Module`` (DataParallel / DDP / compiled models are unwrapped); it is
+            never modified: no mode switch, no lasting hooks, no ``.grad``.
+        layer: for the methods that read a layer (``needs_layer``): a dotted name as in
+            ``model.named_modules()``, a submodule, or a list of either; ``None`` (or
+            ``"auto"``) picks the model's default layer (:func:`camkit.core.trace.default_layer`,
+            the one ``camkit layers`` marks) at the first call; ``self.layers`` names it.
+            Methods without a layer refuse one.
+        output: picks the logits from a tuple/dict/object output (key, index or callable).
+        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid: ``"auto"`` (default:
+            ViT tokens, channels-last outputs, raising rather than guessing), a callable, or
+            None (the output as it is). Only for methods that read a layer.
+        dtype: run the forwards under ``torch.autocast`` in this dtype; results stay float32.
+        batch_size: rows per forward pass (samples, noisy copies, path points, perturbed
+            inputs: whatever the method forwards); None runs all at once, the class's
+            ``default_batch_size`` applies when not given. Results do not depend on it.
+
+    ``with Method(model, layer) as cam:`` works as in pytorch-grad-cam (hooks only live during
+    a call, so leaving the block has nothing to undo).
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    needs_layer: ClassVar[bool] = False
+    needs_gradients: ClassVar[bool] = True
+    seeded: ClassVar[bool] = False  # takes seed= (its results depend on random draws)
+    target_free: ClassVar[bool] = False  # the map does not depend on the target
+    default_batch_size: ClassVar[int | None] = None
+    reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        output: OutputSelector = None,
+        reshape: Reshape | str | None = "auto",
+        dtype: torch.dtype | None = None,
+        batch_size: int | None | type[Ellipsis] = ...,
+    ):
+        if not isinstance(model, nn.Module):
+            raise ArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = explained_module(model)
+        self.output = output
+        self.dtype = dtype
+        if batch_size is ...:
+            batch_size = self.default_batch_size
+        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        self.reshape = reshape
+        self.layouts: dict[str, Reshape | None] = {}  # how each layer was read at the last call
+        if self.needs_layer:
+            check_reshape(reshape)
+            if callable(reshape) and self.reshape_refused:
+                raise ArgumentError(self.reshape_refused)
+            self.capture = Capture(self.model, None if layer == "auto" else layer, output)
+        elif layer is not None:
+            raise ArgumentError(
+                f"{type(self).__name__} reads no layer (it explains the input/the whole model); "
+                f"got layer={layer!r}"
+            )
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        """The class's typed flags, as the registry reports them."""
+        return Capabilities(
+            cls.family, cls.needs_layer, cls.needs_gradients, cls.seeded, cls.target_free
+        )
+
+    @property
+    def layers(self) -> list[str]:
+        """The layers the method reads (the default one once resolved); [] for none."""
+        return self.capture.names if self.needs_layer else []
+
+    # ------------------------------------------------------------------ the template
+
+    def __call__(
+        self,
+        x: Tensor,
+        target: TargetSpec = None,
+        *,
+        additional_forward_args: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
+        :mod:`camkit.core.targets`). ``additional_forward_args``: more inputs of a model called
+        as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
+        family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs)."""
+        batch, single = as_batch(x, self.model)
+        if self.needs_layer:
+            self.capture.resolve(batch)
+        with extra_args(additional_forward_args, batch.shape[0]):
+            result, several = self.explain(batch, target, **options)
+        return self.shaped(result, single, several)
+
+    def explain(self, batch: Tensor, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
+        """The family's work: ``(result with batch and target axes, several targets?)``."""
+        raise NotImplementedError
+
+    def shaped(self, result: Any, single: bool, several: bool) -> Any:
+        """Drop the batch axis of a single sample and the target axis of a single target
+        (of each part of a tuple result)."""
+        if isinstance(result, tuple):
+            return tuple(drop_axes(part, single, several) for part in result)
+        return drop_axes(result, single, several)
+
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], the raw result)`` for display."""
+        raise NotImplementedError
+
+    def rows_per_pass(self, total: int) -> int:
+        """How many of ``total`` rows one forward pass takes (``batch_size``, or all)."""
+        return min(self.batch_size or total, max(total, 1))
+
+    def check_autograd(self) -> None:
+        """Refuse ``torch.inference_mode()`` for a method that needs gradients."""
+        if self.needs_gradients:
+            require_autograd(type(self).__name__)
+
+    # ------------------------------------------------------------------ conveniences
+
+    def __enter__(self) -> Explainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        layers = f"layers={self.layers}" if self.needs_layer else ""
+        return f"{type(self).__name__}({layers})"
+
+
+__all__ = ["FAMILIES", "Capabilities", "Explainer", "Reshape"]
