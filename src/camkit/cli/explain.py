@@ -186,7 +186,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         choices=tuple(io.IMAGE_FORMATS),
         default="jpg",
         help="overlay file format (default %(default)s: quality 90, several times cheaper to "
-        "write than png; png is lossless, webp the smallest)",
+        "write than png; png: lossless; webp: the smallest files, the slowest to write)",
     )
     explain.add_argument(
         "--max-size",
