@@ -22,7 +22,7 @@ from torch import nn
 from camkit import cli
 from camkit import io as camkit_io
 from camkit.cli import common, demo, pipeline
-from camkit.core.progress import progress_bar
+from camkit.core.progress import LOG_INTERVAL, LogProgress, progress, progress_bar
 from camkit.registry import METHODS
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
@@ -98,7 +98,7 @@ def test_explain_default_model_with_a_corrupt_file(photos, tmp_path):
         assert sum(probabilities) <= 1 + 1e-6
     assert chelsea["target"] in CAT_CLASSES
     assert chelsea["label"] == chelsea["top5"][0]["label"] and "cat" in chelsea["label"]
-    assert chelsea["output"] == f"chelsea_gradcam_{chelsea['target']}.png"
+    assert chelsea["output"] == f"chelsea_gradcam_{chelsea['target']}.jpg"  # the default format
     assert no_temporary_files(out)
 
 
@@ -122,6 +122,10 @@ def test_explain_a_folder_with_class_list_and_several_methods(photos, resnet18_w
         "1",
         "--colormap",
         "viridis",
+        "--format",
+        "png",
+        "--max-size",
+        "200",
         "--out",
         out,
         cwd=tmp_path,
@@ -138,6 +142,9 @@ def test_explain_a_folder_with_class_list_and_several_methods(photos, resnet18_w
     }
     assert {record["output"] for record in records} == expected
     assert {path.name for path in out.glob("*.png")} == expected
+    for record in records:  # 451x300 and 600x400 photos, longer side capped at 200
+        with Image.open(out / record["output"]) as overlay:
+            assert overlay.size == (200, 133) and overlay.format == "PNG"
     assert all(record["layer"] == "layer4" for record in records)
     assert {(record["target"], record["label"]) for record in records} == {
         (281, "tabby"),
@@ -175,9 +182,24 @@ def test_demo_writes_overlays_and_a_summary(tmp_path):
         ):
             assert overlay.size == photo.size
     assert next(r for r in records if "chelsea" in r["image"])["target"] in CAT_CLASSES
-    with Image.open(out / "summary.png") as summary:
-        assert summary.width > 1000 and summary.height > 800
+    with Image.open(out / "summary.png") as summary:  # 6 rows, a colour bar at the right
+        assert summary.width > 1000 and summary.height > 900
     assert str(Path("demo", "summary.png")) in run.stdout
+    # the astronaut explained for the class --target picked, one overlay per method
+    targeted = json.loads((out / "target" / "manifest.json").read_text())["records"]
+    assert [(r["method"], r["target"], r["label"]) for r in targeted] == [
+        (method, 812, "space shuttle") for method in demo.DEMO_METHODS
+    ]
+    # the report shows both runs, and the last line says where to look
+    page = (out / "index.html").read_text()
+    assert "target/astronaut_gradcam_812" in page and "chelsea_gradcam_" in page
+    assert (
+        run.stdout.strip().splitlines()[-1].startswith(f"look at:   {Path('demo', 'index.html')}")
+    )
+
+
+def test_demo_percentages_keep_small_probabilities_visible():
+    assert [demo.percent(p) for p in (0.77, 0.01, 0.00045, 0.0)] == ["77%", "1%", "0.045%", "0%"]
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -196,7 +218,7 @@ def test_target_by_label_through_main(photos, resnet18_weights, tmp_path, capsys
     assert status == 0, capsys.readouterr().err
     (record,) = json.loads((out / "manifest.json").read_text())["records"]
     assert (record["target"], record["label"], record["layer"]) == (285, "Egyptian cat", None)
-    assert (out / "chelsea_saliency_285.png").is_file()
+    assert (out / "chelsea_saliency_285.jpg").is_file()
 
 
 @pytest.mark.parametrize(
@@ -373,9 +395,36 @@ def test_atomic_writes_leave_only_the_file(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text()) == [{"a": 1}]
 
 
-def test_progress_is_silent_off_a_terminal(capsys):
-    with progress_bar(4, "explain", "image") as bar:  # pytest's stderr is not a terminal
+def test_progress_is_silent_when_quiet_or_a_library_bar_off_a_terminal(capsys):
+    with progress_bar(4, "ROAD", "image") as bar:  # pytest's stderr is not a terminal
         bar.update(4)
-    with progress_bar(4, "explain", "image", enabled=False) as bar:
+    with progress(4, "explain", "image", enabled=False) as bar:  # --quiet
         bar.update(4)
     assert capsys.readouterr().err == ""
+
+
+def test_progress_in_a_log_is_a_line_at_a_steady_interval(capsys):
+    """Off a terminal, explain/evaluate print done/total, rate and time left every ``interval``
+    seconds (a fake clock: 2 images in 4 s is 0.5 image/s, 6 left take 12 s), and a last line."""
+    now = [0.0]
+    with progress(8, "explain", "image") as shown:  # pytest's stderr is not a terminal
+        assert isinstance(shown, LogProgress) and shown.interval == LOG_INTERVAL
+    capsys.readouterr()
+    with LogProgress(8, "explain", "image", interval=10, clock=lambda: now[0]) as shown:
+        now[0] = 4.0
+        shown.update(2)  # 4 s after the start: no line yet
+        now[0] = 10.0
+        shown.update(2)
+        now[0] = 15.0
+        shown.update(1)  # 5 s after the last line: none
+        shown.write("camkit: cannot read x.jpg")
+        now[0] = 20.0
+        shown.update(1)  # 10 s after the last line: 6 in 20 s, 2 left at 0.3/s
+        now[0] = 22.0
+        shown.update(2)  # the last line comes with the end
+    assert capsys.readouterr().err.splitlines() == [
+        "explain: 4/8 images (50%), 0.4 images/s, 10 s left",
+        "camkit: cannot read x.jpg",
+        "explain: 6/8 images (75%), 0.3 images/s, 7 s left",
+        "explain: 8/8 images (100%), 0.364 images/s, 0 s left",
+    ]

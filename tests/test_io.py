@@ -340,3 +340,21 @@ def test_collate_all_failed_and_mismatched_shapes() -> None:
     ]
     with pytest.raises(ValueError, match="differ in shape"):
         collate(good)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "kind"), [(".png", "PNG"), (".jpeg", "JPEG"), (".webp", "WEBP")]
+)
+def test_save_image_writes_the_format_its_suffix_names(tmp_path: Path, suffix: str, kind: str):
+    """PNG is exact; JPEG and WebP at quality 90 stay within a few levels on a smooth image."""
+    ramp = np.linspace(0, 255, 64 * 48 * 3).reshape(48, 64, 3).round().astype(np.uint8)
+    path = cio.save_image(tmp_path / f"overlay{suffix}", ramp, 90)
+    with Image.open(path) as written:
+        assert written.format == kind and written.size == (64, 48)
+        pixels = np.asarray(written.convert("RGB")).astype(int)
+    error = np.abs(pixels - ramp).max()
+    assert error == 0 if kind == "PNG" else 0 < error <= 12
+    with pytest.raises(ArgumentError, match=r"\.png, \.jpg, \.webp or \.jpeg, got"):
+        cio.save_image(tmp_path / "overlay.gif", ramp)
+    with pytest.raises(ArgumentError, match="quality in 1..100"):
+        cio.save_image(tmp_path / "overlay.webp", ramp, 0)

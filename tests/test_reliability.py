@@ -945,8 +945,8 @@ def test_cli_refuses_a_100k_png_header_and_writes_the_rest(tmp_path, capsys) -> 
     assert status == common.EXIT_UNREADABLE_IMAGES
     written = sorted(p.name for p in out.iterdir())
     assert written == [
-        "-rf ._gradcam_285.png",
-        "chat à la fenêtre_gradcam_285.png",
+        "-rf ._gradcam_285.jpg",
+        "chat à la fenêtre_gradcam_285.jpg",
         "manifest.json",
     ]
     for path in out.rglob("*"):

@@ -426,3 +426,28 @@ def test_efficientnet_lite0_cascade_stays_finite():
     assert all(finite) and len(finite) == 13
     assert [r["layer"] for r in results][:4] == ["classifier", "bn2", "conv_head", "blocks.6"]
     assert np.isfinite([r["spearman"] for r in results]).all()
+
+
+def test_map_similarities_are_public_and_check_their_inputs():
+    """``camkit.metrics`` exports the sanity check's similarities; numbers by hand: a monotone
+    transform keeps every rank (Spearman 1), reversing the order gives -1, a map equals itself
+    (SSIM 1, HOG correlation 1)."""
+    from camkit import metrics
+
+    assert (metrics.spearman, metrics.ssim, metrics.hog_similarity) == (
+        spearman,
+        ssim,
+        hog_similarity,
+    )
+    maps = torch.rand(2, 24, 24)
+    checkpoint_b = torch.stack([maps[0] ** 3, 1 - maps[1]])
+    torch.testing.assert_close(
+        metrics.spearman(maps, checkpoint_b), torch.tensor([1.0, -1.0], dtype=torch.float64)
+    )
+    ones = torch.ones(2, dtype=torch.float64)
+    torch.testing.assert_close(metrics.ssim(maps, maps), ones)
+    torch.testing.assert_close(metrics.hog_similarity(maps, maps), ones)
+    with pytest.raises(ArgumentError, match=r"same shape .* got \(2, 24, 24\) and \(2, 24, 23\)"):
+        metrics.spearman(maps, maps[..., :23])
+    with pytest.raises(ArgumentError, match=r"\(B, H, W\)"):
+        metrics.ssim(maps[0], maps[0])

@@ -37,8 +37,11 @@ __all__ = [
     "read_image",
     "save_jpeg",
     "save_json",
+    "IMAGE_FORMATS",
+    "save_image",
     "save_npy",
     "save_png",
+    "save_webp",
     "thumbnail",
     "to_rgb_float",
     "to_rgb_uint8",
@@ -359,6 +362,38 @@ def save_jpeg(
     params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
     data = _encode((".jpg", ".jpeg"), target, image, params)
     return write_atomic(target, data, durable=durable)
+
+
+def save_webp(
+    path: str | os.PathLike[str], image: object, quality: int = 90, *, durable: bool = True
+) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.webp`` file atomically
+    (``durable``: see :func:`write_atomic`); ``quality`` 1..100 (lossy WebP)."""
+    if not 1 <= quality <= 100:
+        raise ArgumentError(f"expected a WebP quality in 1..100, got {quality}")
+    target = Path(path)
+    params = [cv2.IMWRITE_WEBP_QUALITY, int(quality)]
+    return write_atomic(target, _encode((".webp",), target, image, params), durable=durable)
+
+
+# the formats :func:`save_image` writes: file suffix -> writer
+IMAGE_FORMATS = {"png": save_png, "jpg": save_jpeg, "webp": save_webp}
+
+
+def save_image(
+    path: str | os.PathLike[str], image: object, quality: int = 90, *, durable: bool = True
+) -> Path:
+    """Write an image atomically in the format its suffix names: ``.png`` (lossless),
+    ``.jpg``/``.jpeg`` or ``.webp`` (lossy, ``quality`` 1..100)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    suffix = "jpg" if suffix == "jpeg" else suffix
+    if suffix not in IMAGE_FORMATS:
+        raise ArgumentError(
+            f"expected a path ending in .{', .'.join(IMAGE_FORMATS)} or .jpeg, got {str(path)!r}"
+        )
+    if suffix == "png":
+        return save_png(path, image, durable=durable)
+    return IMAGE_FORMATS[suffix](path, image, quality, durable=durable)
 
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:

@@ -7,6 +7,7 @@ import argparse
 import difflib
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,16 @@ EXIT_UNREADABLE_IMAGES = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+
+BATCH_SIZE = 32  # rows per forward pass, in every command and method that loops
+
+# the method families, as --help titles them
+FAMILY_TITLES = {
+    "gradient-cam": "CAM family (one forward and backward pass)",
+    "perturbation-cam": "perturbation (slow: one forward pass per channel of the layer)",
+    "pixel": "pixel attributions (the overlay shows max |attribution| over RGB)",
+    "attention": "attention maps (vision transformers: read the attention itself)",
+}
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 
@@ -148,7 +159,13 @@ def load_model(name: str, weights: str | None) -> models.LoadedModel:
         except (CamkitError, FileNotFoundError) as error:
             raise UsageError(f"--model {name}: {error}") from None
     for warning in caught:
-        print(f"camkit: warning: {warning.message}", file=sys.stderr)
+        message = str(warning.message)
+        if issubclass(warning.category, models.RandomWeightsWarning):  # in the CLI's words
+            message = (
+                f"--model {name} has no weights: it is randomly initialised, so its predictions "
+                "and maps are meaningless; pass --weights PATH (.pt, .pth or .safetensors)"
+            )
+        print(f"camkit: warning: {message}", file=sys.stderr)
     return loaded
 
 
@@ -194,6 +211,7 @@ def unit_float(text: str) -> float:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--weights``."""
     parser.add_argument(
         "--model",
         default=models.DEFAULT_MODEL,
@@ -207,3 +225,85 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="state dict for --model (.pt/.pth via torch.load(weights_only=True), or "
         ".safetensors); without it a torchvision/timm model has random weights",
     )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """The options ``explain`` and ``evaluate`` share: same names, same defaults, same meaning.
+    ``what`` names, in the help, what the command does with each image."""
+    parser.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE_OR_DIR",
+        help="image files, or directories whose image files (jpg, jpeg, png, bmp, tif, tiff, "
+        f"webp; not in subdirectories) are all {what}",
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--layer",
+        metavar="NAME",
+        help="layer the CAM methods read (dotted name, see 'camkit layers'); default: the "
+        "model's default layer, the one 'camkit layers' marks",
+    )
+    parser.add_argument(
+        "--method",
+        "--methods",
+        dest="method",
+        default="gradcam",
+        metavar="NAME[,NAME...]",
+        help="method, or several comma-separated (default %(default)s); see the list below",
+    )
+    parser.add_argument(
+        "--target",
+        default="top1",
+        help="top1 (default: each image's predicted class), class indices INT[,INT...] "
+        "(one map per class), or a class name (e.g. 'tiger cat'; a unique part is enough)",
+    )
+    parser.add_argument(
+        "--out", default="camkit-out", metavar="DIR", help="output folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--images-per-batch",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="images decoded and explained together (default %(default)s)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=BATCH_SIZE,
+        metavar="N",
+        help="rows per forward pass wherever camkit runs many copies of an image (Score-CAM, "
+        "Ablation-CAM, SmoothGrad, IG, the metrics; default %(default)s): the memory knob, "
+        "results do not depend on it",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto (default): cuda when available, else cpu",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (a bar on a terminal, a line every few seconds in a log)",
+    )
+
+
+def methods_help() -> str:
+    """Every registered method by family (the registry's families, none left out), for a
+    command's ``--help``."""
+    families = dict.fromkeys([*FAMILY_TITLES, *(m.family for m in registry.METHODS.values())])
+    lines = ["methods:"]
+    for family in families:
+        if registry.names(family):
+            lines.append(f"  {FAMILY_TITLES.get(family, family)}:")
+            wrapped = textwrap.wrap(", ".join(registry.names(family)), 92, break_on_hyphens=False)
+            lines.extend(f"    {line}" for line in wrapped)
+    return "\n".join(lines)

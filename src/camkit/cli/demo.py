@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
 import numpy as np
 
-from camkit import io, models, viz
-from camkit.cli.common import EXIT_OK, check_out_dir, load_model, pick_device, pick_layer
+from camkit import io, models, report, viz
+from camkit.cli.common import (
+    EXIT_OK,
+    check_out_dir,
+    load_model,
+    match_label,
+    pick_device,
+    pick_layer,
+)
 from camkit.cli.explain import explain
+from camkit.cli.manifest import MANIFEST
 from camkit.cli.pipeline import Job
 
 DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam")
+# the model's top-1 for the astronaut is a bobsled; --target explains a class of our choice
+TARGET_PHOTO, TARGET_CLASS, TARGET_DIR = "astronaut", "space shuttle", "target"
+LEGEND = (
+    "Each row: a photo and the maps of the class named on the left (the model's top-1 with its "
+    "probability; the last row: a class chosen with --target). Red: where the evidence for "
+    "that class is; blue: none."
+)
 
 
 def demo_photos() -> dict[str, np.ndarray]:
@@ -30,7 +46,8 @@ def demo_photos() -> dict[str, np.ndarray]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``camkit demo``: the whole pipeline on scikit-image's sample photos, and a summary grid."""
+    """``camkit demo``: the whole pipeline on scikit-image's sample photos: overlays, the
+    browsable report, a summary grid, and the astronaut explained for a class of our choice."""
     started = time.perf_counter()
     out = Path(args.out)
     check_out_dir(out)
@@ -47,21 +64,46 @@ def run_demo(args: argparse.Namespace) -> int:
         device=device,
     )
     records = explain(loaded, paths, job, argv=args.argv)["records"]
+    # the same photo explained for another class: what `--target` does
+    astronaut = next(path for path in paths if path.stem == TARGET_PHOTO)
+    chosen = match_label(TARGET_CLASS, loaded.labels)
+    targeted = dataclasses.replace(job, classes=(chosen,), out=out / TARGET_DIR)
+    argv = [str(astronaut), "--target", TARGET_CLASS, "--out", str(targeted.out)]
+    extra = explain(loaded, [astronaut], targeted, argv=argv)["records"]
+    extra = [record | {"output": f"{TARGET_DIR}/{record['output']}"} for record in extra]
+    page = report.write_report(out, records + extra, title="camkit demo", colormap=job.colormap)
+
     rows = []
     for path in paths:
         mine = [record for record in records if record["image"] == str(path)]
         best = mine[0]["top5"][0]
-        title = f"{path.stem}\n{best['label']} ({best['probability']:.0%})"
-        print(f"{path.stem:<12} top-1: {best['label']} ({best['probability']:.0%})")
-        overlays = [io.read_image(out / record["output"]) for record in mine]
-        rows.append((title, [io.read_image(path), *overlays]))
-    summary = io.save_png(out / "summary.png", viz.picture_grid(rows, ["photo", *DEMO_METHODS]))
+        title = f"{path.stem}\n{best['label']} ({percent(best['probability'])})"
+        print(f"{path.stem:<12} top-1: {best['label']} ({percent(best['probability'])})")
+        rows.append((title, [io.read_image(path), *(read(out, r) for r in mine)]))
+    first = extra[0]
+    title = f"{TARGET_PHOTO}, --target\n{first['label']} ({percent(first['probability'])})"
+    print(f"{TARGET_PHOTO:<12} --target {TARGET_CLASS!r} ({percent(first['probability'])})")
+    rows.append((title, [io.read_image(astronaut), *(read(out, r) for r in extra)]))
+    grid = viz.picture_grid(rows, ["photo", *DEMO_METHODS], colormap=job.colormap, legend=LEGEND)
+    summary = io.save_png(out / "summary.png", grid)
     print(f"inputs:    {inputs}/")
-    print(f"overlays:  {out}/<photo>_<method>_<class>.png ({len(records)} files)")
-    print(f"manifest:  {out / 'manifest.json'}")
+    print(f"overlays:  {out}/<photo>_<method>_<class>.{job.format} ({len(records)} files)")
+    print(f"--target:  {targeted.out}/ ({TARGET_PHOTO} as {first['label']!r})")
+    print(f"manifest:  {out / MANIFEST}")
     print(f"summary:   {summary}")
     print(f"done in {time.perf_counter() - started:.1f} s on {device}")
+    print(f"look at:   {page} (open it in a browser: every overlay, by photo, method and class)")
     return EXIT_OK
+
+
+def percent(probability: float) -> str:
+    """``0.77`` -> ``77%``; a small one keeps two significant digits: ``0.00045`` -> ``0.045%``."""
+    return f"{probability:.0%}" if probability >= 0.01 else f"{probability * 100:.2g}%"
+
+
+def read(out: Path, record: dict) -> np.ndarray:
+    """The overlay of a manifest record."""
+    return io.read_image(out / record["output"])
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -70,7 +112,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "demo",
         help="run the whole pipeline on scikit-image's sample photos",
         description="Explain five sample photos with "
-        f"{', '.join(DEMO_METHODS)} and draw a summary grid.",
+        f"{', '.join(DEMO_METHODS)}, write the browsable report (OUT/index.html) and a summary "
+        f"grid (OUT/summary.png), and explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
+        "(--target).",
     )
     demo.add_argument(
         "--out", default="camkit-demo", metavar="DIR", help="output folder (default camkit-demo)"

@@ -22,11 +22,12 @@ from camkit import io, metrics, models, report
 from camkit.cli.common import (
     IMAGE_SUFFIXES,
     UsageError,
-    add_model_arguments,
+    add_run_arguments,
     check_out_dir,
     exit_status,
     find_images,
     load_model,
+    methods_help,
     parse_methods,
     parse_target,
     pick_device,
@@ -34,8 +35,8 @@ from camkit.cli.common import (
     positive_int,
 )
 from camkit.cli.manifest import MANIFEST, read
-from camkit.cli.pipeline import Job, build_explainer, default_workers
-from camkit.core.progress import progress_bar
+from camkit.cli.pipeline import Job, build_explainer, build_explainers, default_workers
+from camkit.core.progress import progress
 from camkit.core.targets import select_output
 from camkit.dataset import ImageFiles, collate
 from camkit.errors import CamkitError
@@ -224,7 +225,7 @@ def summary_table(summary: dict[str, dict[str, dict]], columns: list[str]) -> st
 def run_evaluate(args: argparse.Namespace) -> int:
     """``camkit evaluate``: every method's maps of every readable image, scored."""
     paths = find_images(args.images)
-    methods = parse_methods(args.methods)
+    methods = parse_methods(args.method)
     wanted = parse_metrics(args.metrics)
     mask_files = find_masks(args.masks, paths, wanted)
     out = Path(args.out)
@@ -241,7 +242,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         args.tolerance,
     )  # fmt: skip
     model = loaded.model.to(device)
-    explainers = {method: build_explainer(method, model, job) for method in methods}
+    explainers = build_explainers(model, job)
     squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
     loader = DataLoader(
         ImageFiles(paths, squash, keep_original=False),
@@ -250,13 +251,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         collate_fn=collate,
     )
     collected = Collected(curves={method: {} for method in methods})
-    with progress_bar(len(paths), "evaluate", "image", enabled=not args.quiet) as progress:
+    with progress(len(paths), "evaluate", "image", enabled=not args.quiet) as shown:
         for batch in loader:
             for _, path, reason in batch.failures:
-                progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
+                shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
                 collected.failed.append(path)
             if batch.inputs is None:
-                progress.update(len(batch))
+                shown.update(len(batch))
                 continue
             inputs = batch.inputs.to(device)
             with torch.inference_mode():
@@ -300,7 +301,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                         | {"method": method}
                         | {name: float(value[row]) for name, value in values.items()}
                     )
-            progress.update(len(batch))
+            shown.update(len(batch))
     return write_results(args, collected, loaded, job, wanted)
 
 
@@ -374,39 +375,45 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "evaluate",
         help="score how faithful each method's maps are (deletion, insertion, ROAD, ...)",
         description="Score each method's maps of each image with camkit.metrics: one row per "
-        "image and method in metrics.csv, means with 95%% bootstrap intervals in metrics.json.",
+        "image and method in metrics.csv, means with 95% bootstrap intervals in metrics.json.",
         epilog="metrics: deletion, insertion (Petsiuk et al. 2018), drop, increase "
         "(Chattopadhay et al. 2018), road (Rong et al. 2022), pointing, energy (need --masks: "
         "Zhang et al. 2016, Wang et al. 2020), sanity (cascading model randomisation, Adebayo "
-        "et al. 2018, on the first batch of images).\nexit status: 0 ok, 1 some images "
-        "unreadable (the others scored), 2 usage error",
+        "et al. 2018, on the first batch of images).\n\n"
+        f"{methods_help()}\n\n"
+        "exit status: 0 ok, 1 some images unreadable (the others scored), 2 usage error",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    evaluate.add_argument("images", nargs="+", metavar="IMAGE_OR_DIR")
-    add_model_arguments(evaluate)
-    evaluate.add_argument("--layer", help="layer of the CAM methods (default: automatic)")
-    evaluate.add_argument("--methods", default="gradcam", help="comma-separated (default gradcam)")
+    add_run_arguments(evaluate, what="scored")
     evaluate.add_argument(
         "--metrics",
         default="deletion,insertion,drop,increase",
-        help=f"comma-separated from {', '.join(METRICS)} (default deletion,insertion,drop,"
-        "increase)",
+        help=f"comma-separated from {', '.join(METRICS)} (default %(default)s)",
     )
     evaluate.add_argument(
-        "--target", default="top1", help="top1 (default), a class index or a class name"
+        "--masks",
+        metavar="DIR",
+        help="object masks for pointing/energy: DIR/<image stem>.<image suffix>, nonzero pixels "
+        "are the object",
     )
-    evaluate.add_argument("--masks", metavar="DIR", help="object masks: DIR/<image stem>.png")
-    evaluate.add_argument("--out", default="camkit-metrics", help="output folder")
-    evaluate.add_argument("--steps", type=positive_int, default=50, help="deletion/insertion")
     evaluate.add_argument(
-        "--baseline", choices=("blur", "zero", "mean"), default="blur", help="deletion/insertion"
+        "--steps",
+        type=positive_int,
+        default=50,
+        metavar="N",
+        help="deletion/insertion: pixels removed or added in N steps (default %(default)s)",
     )
-    evaluate.add_argument("--tolerance", type=int, default=15, help="pointing game, pixels")
     evaluate.add_argument(
-        "--batch-size", type=positive_int, default=64, help="rows per forward pass"
+        "--baseline",
+        choices=("blur", "zero", "mean"),
+        default="blur",
+        help="deletion/insertion: what replaces a removed pixel (default %(default)s)",
     )
-    evaluate.add_argument("--images-per-batch", type=positive_int, default=8)
-    evaluate.add_argument("--workers", type=int, help="image decoding processes")
-    evaluate.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    evaluate.add_argument("--quiet", action="store_true", help="no progress bar")
+    evaluate.add_argument(
+        "--tolerance",
+        type=int,
+        default=15,
+        metavar="PIXELS",
+        help="pointing game: a hit within this many pixels of the object (default %(default)s)",
+    )
     evaluate.set_defaults(run=run_evaluate)

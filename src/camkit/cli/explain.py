@@ -8,17 +8,18 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from camkit import models, registry, report
+from camkit import io, models, report
 from camkit.cli import evaluate
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
-    add_model_arguments,
+    add_run_arguments,
     check_colormap,
     check_out_dir,
     exit_status,
     find_images,
     load_model,
+    methods_help,
     parse_methods,
     parse_target,
     pick_device,
@@ -36,15 +37,9 @@ from camkit.cli.manifest import (
     read,
     sha256,
 )
-from camkit.cli.pipeline import Job, default_workers, explain_files
+from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
 from camkit.errors import LayerOutputError
-
-FAMILY_TITLES = {
-    "gradient-cam": "CAM family (one forward and backward pass)",
-    "perturbation-cam": "perturbation (slow: one forward pass per channel of the layer)",
-    "pixel": "pixel attributions (the overlay shows max |attribution| over RGB)",
-}
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -70,10 +65,13 @@ def run_explain(args: argparse.Namespace) -> int:
             alpha=args.alpha,
             colormap=args.colormap,
             save_raw=args.save_raw,
+            format=args.format,
+            max_size=args.max_size,
             workers=default_workers() if args.workers is None else args.workers,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
         )
+        build_explainers(loaded.model, job)  # a method that cannot explain this model: exit 2
         manifest = explain(
             loaded, paths, job, ranks, resume=args.resume, weights=args.weights, argv=args.argv
         )
@@ -117,7 +115,7 @@ def explain(
     if ranks.rank != 0:
         return None
     order = [str(path) for path in paths]
-    manifest = merge(out, head | {"explained": len(todo)}, order, ranks.world)
+    manifest = merge(out, head, order, ranks.world, todo=len(todo))
     if job.report:
         records = manifest["records"]
         metrics = evaluate.overlay_metrics(records, evaluate.read_rows(out))  # when evaluated
@@ -131,10 +129,12 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
     failed = [record["image"] for record in records if "error" in record]
     throughput = manifest["throughput"]
     speed = throughput["images_per_second"]
+    unreadable = manifest["unreadable"]
     print(
         f"wrote {len(records) - len(failed)} overlay(s) of {total - len(failed)} image(s) to "
         f"{out} (manifest: {out / MANIFEST}); this run explained {manifest['explained']} image(s)"
         + (f" at {speed:.1f} images/s" if speed else "")
+        + (f"; {unreadable} could not be read" if unreadable else "")
     )
     if len(throughput["ranks"]) > 1:
         for rank in throughput["ranks"]:
@@ -145,16 +145,10 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
 
 def epilog() -> str:
     """The methods of the registry, by family, and the outputs."""
-    families = "\n".join(
-        f"  {title}:\n    {', '.join(registry.names(family))}"
-        for family, title in FAMILY_TITLES.items()
-        if registry.names(family)
-    )
-    return f"""methods:
-{families}
+    return f"""{methods_help()}
 
 outputs in --out:
-  <stem>_<method>_<class>.png   overlay at the image's original size
+  <stem>_<method>_<class>.jpg   overlay at the image's original size (--format, --max-size)
   <stem>_<method>_<class>.npy   with --save-raw: the method's map at the model's input size
   manifest.json                 versions, arguments, settings, throughput, and one record per
                                 overlay (image, output, method, layer, target, label,
@@ -178,52 +172,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         epilog=epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain.add_argument(
-        "images",
-        nargs="+",
-        metavar="IMAGE_OR_DIR",
-        help="image files, or directories whose image files (jpg, jpeg, png, bmp, tif, tiff, "
-        "webp; not in subdirectories) are all explained",
-    )
-    add_model_arguments(explain)
-    explain.add_argument(
-        "--layer", help="layer to explain (dotted name, see 'camkit layers'); default: automatic"
-    )
-    explain.add_argument(
-        "--method",
-        default="gradcam",
-        help="method, or several comma-separated (default gradcam); see the list below",
-    )
-    explain.add_argument(
-        "--target",
-        default="top1",
-        help="top1 (default: each image's predicted class), class indices INT[,INT...] "
-        "(one overlay per class), or a class name (e.g. 'tiger cat'; a unique part is enough)",
-    )
-    explain.add_argument(
-        "--out", default="camkit-out", metavar="DIR", help="output folder (default camkit-out)"
-    )
-    explain.add_argument(
-        "--images-per-batch",
-        type=positive_int,
-        default=8,
-        metavar="N",
-        help="images decoded and explained together (default 8)",
-    )
-    explain.add_argument(
-        "--batch-size",
-        type=positive_int,
-        default=32,
-        metavar="N",
-        help="rows per forward pass inside the methods that loop (Score-CAM, Ablation-CAM, "
-        "SmoothGrad, IG; default 32): the memory knob, results do not depend on it",
-    )
-    explain.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto (default): cuda when available, else cpu",
-    )
+    add_run_arguments(explain, what="explained")
     explain.add_argument(
         "--alpha", type=unit_float, default=0.5, help="heatmap opacity in [0, 1] (default 0.5)"
     )
@@ -233,20 +182,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="OpenCV (jet, turbo, inferno...) or matplotlib colormap name (default jet)",
     )
     explain.add_argument(
-        "--save-raw", action="store_true", help="also save each map as a float32 .npy file"
+        "--format",
+        choices=tuple(io.IMAGE_FORMATS),
+        default="jpg",
+        help="overlay file format (default %(default)s: quality 90, several times cheaper to "
+        "write than png; png: lossless; webp: the smallest files, the slowest to write)",
     )
     explain.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+        "--max-size",
+        type=positive_int,
+        metavar="PIXELS",
+        help="overlays' longer side at most PIXELS, aspect kept (default: the photo's own size)",
+    )
+    explain.add_argument(
+        "--save-raw", action="store_true", help="also save each map as a float32 .npy file"
     )
     explain.add_argument(
         "--resume",
         action="store_true",
         help="skip the images a killed or finished run with the same settings already did",
     )
-    explain.add_argument("--quiet", action="store_true", help="no progress bar")
     explain.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,

@@ -133,7 +133,10 @@ def check_resumable(previous: dict, settings: dict) -> None:
             f"{key}: was {previous['settings'].get(key)!r}, now {settings[key]!r}"
             for key in changed
         )
-        raise UsageError(f"--resume: the run in --out was made with other settings ({details})")
+        raise UsageError(
+            f"--resume: the run in --out was made with other settings ({details}); to resume "
+            "it, run again with its settings, or give a new --out to start a new run"
+        )
 
 
 def header(settings: dict, model: str, device: str, arguments: list[str]) -> dict:
@@ -150,9 +153,10 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
     }
 
 
-def merge(out: Path, head: dict, order: list[str], world: int) -> dict:
+def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
     """Rank 0, after the barrier: the parts of every rank (and what a resumed run had) as one
-    ``manifest.json`` ordered like the inputs; the parts are removed."""
+    ``manifest.json`` ordered like the inputs; the parts are removed. Of the ``todo`` images
+    this run had to do, it counts those ``explained`` and those ``unreadable`` apart."""
     previous = read(out / MANIFEST)
     parts = [read(part_path(out, rank)) for rank in range(world)]
     records = {}
@@ -164,7 +168,12 @@ def merge(out: Path, head: dict, order: list[str], world: int) -> dict:
     ranks = [part["throughput"] for part in parts if part is not None]
     seconds = max((rank["seconds"] for rank in ranks), default=0.0)
     images = sum(rank["images"] for rank in ranks)
+    unreadable = len(
+        {r["image"] for part in parts if part for r in part["records"] if "error" in r}
+    )
     manifest = head | {
+        "explained": todo - unreadable,
+        "unreadable": unreadable,
         "finished": now(),
         "throughput": {
             "images": images,

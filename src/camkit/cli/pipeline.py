@@ -19,12 +19,16 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from camkit import io, models, registry, report, viz
+from camkit.cli.common import BATCH_SIZE, UsageError
 from camkit.cli.manifest import append, part_path
 from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
-from camkit.core.progress import progress_bar
+from camkit.core.progress import LogProgress, progress
 from camkit.core.targets import select_output
 from camkit.dataset import ImageBatch, ImageFiles, collate
+from camkit.errors import CamkitError
+
+OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +41,12 @@ class Job:
     out: Path
     device: torch.device
     images_per_batch: int = 8
-    batch_size: int = 32  # rows per forward pass inside the methods that loop
+    batch_size: int = BATCH_SIZE  # rows per forward pass inside the methods that loop
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
+    format: str = "jpg"  # the overlays' file format: jpg, png or webp
+    max_size: int | None = None  # the overlays' longer side at most (None: the photo's size)
     workers: int = 0
     quiet: bool = False
     report: bool = False
@@ -57,6 +63,8 @@ class Job:
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
+            "format": self.format,
+            "max_size": self.max_size,
         }
 
 
@@ -77,6 +85,19 @@ def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
     if entry.seeded:
         options["seed"] = 0
     return entry.build(model, job.layer, **options)
+
+
+def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
+    """``{method: explainer}`` of ``job.methods`` on ``model``; a method that cannot explain this
+    model (rollout on a CNN, a layer it cannot read) is a usage error, caught before any image
+    is read."""
+    explainers = {}
+    for method in job.methods:
+        try:
+            explainers[method] = build_explainer(method, model, job)
+        except CamkitError as error:
+            raise UsageError(f"--method {method}: {error}") from None
+    return explainers
 
 
 def unique_stems(paths: Sequence[Path]) -> list[str]:
@@ -122,7 +143,7 @@ class BatchExplainer:
     def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
         self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
         self.model = loaded.model.to(job.device)
-        self.explainers = {m: build_explainer(m, self.model, job) for m in job.methods}
+        self.explainers = build_explainers(self.model, job)
         # a method whose first forward is the clean batch: its output is also the prediction
         clean = [m for m in job.methods if self._clean_first(registry.get(m))]
         self.order = clean[:1] + [m for m in job.methods if m not in clean[:1]]
@@ -186,8 +207,10 @@ class BatchExplainer:
     ) -> None:
         """The overlay (and raw map) of one record; with the report, its thumbnails (the
         photo's with its ``first`` record)."""
+        if self.job.max_size is not None:  # colour and encode only the pixels that are kept
+            image = io.thumbnail(image, self.job.max_size)
         overlay = viz.overlay(image, heat, self.job.alpha, self.job.colormap)
-        io.save_png(self.job.out / record["output"], overlay)
+        io.save_image(self.job.out / record["output"], overlay, OVERLAY_QUALITY)
         if self.job.save_raw:
             io.save_npy(self.job.out / record["raw"], raw.numpy())
         if self.job.report:
@@ -197,7 +220,7 @@ class BatchExplainer:
     def record(
         self, path: Path, name: str, method: str, target: int, probabilities: Tensor
     ) -> dict:
-        record = {"image": str(path), "output": f"{name}.png"}
+        record = {"image": str(path), "output": f"{name}.{self.job.format}"}
         if self.job.save_raw:
             record["raw"] = f"{name}.npy"
         return record | {
@@ -244,7 +267,7 @@ def explain_files(
     label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
     with (
         ThreadPoolExecutor(max_workers=2) as writer,
-        progress_bar(len(indices), label, "image", enabled=not job.quiet) as progress,
+        progress(len(indices), label, "image", enabled=not job.quiet) as shown,
     ):
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []
@@ -252,13 +275,13 @@ def explain_files(
             batch.indices = [indices[index] for index in batch.indices]
             batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
             for _, path, reason in batch.failures:
-                progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
+                shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, done, ranks.rank, progress, started)
+                _record(pending.pop(0), part, done, ranks.rank, shown, started)
         pending.append(Explained([], [], 0))  # also records a rank with nothing to do
         while pending:
-            _record(pending.pop(0), part, done, ranks.rank, progress, started)
+            _record(pending.pop(0), part, done, ranks.rank, shown, started)
 
 
 def _one_thread(worker: int) -> None:
@@ -266,7 +289,12 @@ def _one_thread(worker: int) -> None:
 
 
 def _record(
-    batch: Explained, part: Path, done: set[str], rank: int, progress: tqdm, started: float
+    batch: Explained,
+    part: Path,
+    done: set[str],
+    rank: int,
+    shown: tqdm | LogProgress,
+    started: float,
 ) -> None:
     """Wait for a batch's files, then append its records (and the throughput so far) to this
     rank's part of the manifest."""
@@ -281,4 +309,4 @@ def _record(
         "images_per_second": len(done) / seconds if seconds else None,
     }
     append(part, [{"record": record} for record in batch.records] + [{"throughput": throughput}])
-    progress.update(batch.images)
+    shown.update(batch.images)

@@ -1,11 +1,98 @@
-"""Progress bars: tqdm on stderr, drawn only on a terminal (logs stay clean)."""
+"""Progress: a tqdm bar on a terminal; in a log (stderr not a terminal), one line at a steady
+interval, as training loops print, so a long run redirected to a file still says how far it is."""
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
 from tqdm.auto import tqdm
+
+LOG_INTERVAL = 10.0  # seconds between two progress lines in a log
 
 
 def progress_bar(total: int, description: str, unit: str, *, enabled: bool = True) -> tqdm:
     """A tqdm bar of ``total`` ``unit`` s; silent when ``enabled`` is False or stderr is not a
     terminal. Use it as a context manager and call ``update(n)``."""
     return tqdm(total=total, desc=description, unit=unit, disable=None if enabled else True)
+
+
+class LogProgress:
+    """Progress as lines for a log: ``explain: 12/43 images (28%), 1.3 images/s, 24 s left``,
+    at most one per ``interval`` seconds, and a last one when done. The same calls as a tqdm
+    bar (``update``, ``write``, ``close``, a context manager)."""
+
+    def __init__(
+        self,
+        total: int,
+        description: str,
+        unit: str,
+        *,
+        interval: float = LOG_INTERVAL,
+        file: IO[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total, self.description, self.unit = total, description, unit
+        self.interval, self.file, self.clock = interval, file, clock
+        self.done = self.shown = 0
+        self.started = self.last = clock()
+        self.closed = False
+
+    def line(self) -> str:
+        """The progress so far, in one line."""
+        seconds = self.clock() - self.started
+        share = f" ({self.done / self.total:.0%})" if self.total else ""
+        text = f"{self.description}: {self.done}/{self.total} {self.unit}s{share}"
+        if self.done and seconds > 0:
+            rate = self.done / seconds
+            left = max(self.total - self.done, 0) / rate
+            text += f", {rate:.3g} {self.unit}s/s, {_duration(left)} left"
+        return text
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more done; a line when ``interval`` seconds passed since the last one."""
+        self.done += n
+        if self.clock() - self.last >= self.interval:
+            self._print(self.line())
+
+    def write(self, message: str, file: IO[str] | None = None) -> None:
+        """A message of its own (as ``tqdm.write``)."""
+        print(message, file=file or self.file or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """The last line, unless nothing was to do or it is already shown."""
+        if not self.closed and self.total and self.shown != self.done:
+            self._print(self.line())
+        self.closed = True
+
+    def _print(self, text: str) -> None:
+        self.last, self.shown = self.clock(), self.done
+        print(text, file=self.file or sys.stderr, flush=True)
+
+    def __enter__(self) -> LogProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def progress(
+    total: int, description: str, unit: str, *, enabled: bool = True
+) -> tqdm | LogProgress:
+    """The command's progress: a tqdm bar on a terminal, :class:`LogProgress` lines in a log,
+    nothing when ``enabled`` is False (``--quiet``)."""
+    if enabled and not sys.stderr.isatty():
+        return LogProgress(total, description, unit)
+    return progress_bar(total, description, unit, enabled=enabled)

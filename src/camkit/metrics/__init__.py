@@ -1,5 +1,6 @@
 """Is the map right? Faithfulness (deletion/insertion, Average Drop, Increase in Confidence,
-ROAD), localisation (pointing games) and the model-randomisation sanity check."""
+ROAD), localisation (pointing games), the model-randomisation sanity check, and the map
+similarities it uses (Spearman, SSIM, HOG), to compare e.g. the maps of two checkpoints."""
 
 from camkit.metrics.faithfulness import (
     average_drop,
@@ -9,15 +10,18 @@ from camkit.metrics.faithfulness import (
 )
 from camkit.metrics.localisation import energy_pointing_game, pointing_game
 from camkit.metrics.road import road
-from camkit.metrics.sanity import randomization_test
+from camkit.metrics.sanity import hog_similarity, randomization_test, spearman, ssim
 
 __all__ = [
     "average_drop",
     "deletion",
     "energy_pointing_game",
+    "hog_similarity",
     "increase_in_confidence",
     "insertion",
     "pointing_game",
     "randomization_test",
     "road",
+    "spearman",
+    "ssim",
 ]

@@ -139,9 +139,26 @@ def average_ranks(values: Tensor) -> Tensor:
     return ranks
 
 
+def _check_pair(a: Tensor, b: Tensor, what: str, dims: int | None = None) -> None:
+    """Two batches of maps to compare: tensors of one shape ``(B, ...)`` (``dims`` axes)."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        raise ArgumentError(f"{what} compares two tensors, got {type(a).__name__} and "
+                            f"{type(b).__name__}")  # fmt: skip
+    if a.shape != b.shape or a.ndim < 2 or (dims is not None and a.ndim != dims):
+        shape = "(B, H, W)" if dims == 3 else "(B, ...)"
+        raise ArgumentError(
+            f"{what} compares two batches of maps of the same shape {shape}, got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
+        )
+
+
 def spearman(a: Tensor, b: Tensor) -> Tensor:
     """Spearman rank correlation of two batches of maps ``(B, ...) -> (B,)`` (average ranks
-    for ties; a constant map: see :func:`_correlation`)."""
+    for ties; a constant map: see :func:`_correlation`), in float64.
+
+    Compares e.g. the maps of two checkpoints: ``spearman(maps_a, maps_b)``; the sanity check
+    of Adebayo et al. (NeurIPS 2018) uses it on the signed and the absolute maps."""
+    _check_pair(a, b, "spearman")
     return _correlation(average_ranks(a.flatten(1)), average_ranks(b.flatten(1)))
 
 
@@ -157,6 +174,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
     ``skimage.metrics.structural_similarity(data_range=1)`` (7x7 window, at least 7x7 maps)."""
     from skimage.metrics import structural_similarity
 
+    _check_pair(a, b, "ssim", dims=3)
     if min(a.shape[-2:]) < 7:
         raise ArgumentError(f"ssim needs maps of at least 7x7 pixels, got {tuple(a.shape[-2:])}")
     return _per_sample(a, b, lambda x, y: structural_similarity(x, y, data_range=1.0))
@@ -168,6 +186,7 @@ def hog_similarity(a: Tensor, b: Tensor) -> Tensor:
     (B,)``, as Adebayo et al.; maps of at least 24x24 pixels."""
     from skimage.feature import hog
 
+    _check_pair(a, b, "hog_similarity", dims=3)
     if min(a.shape[-2:]) < 24:
         raise ArgumentError(f"hog needs maps of at least 24x24 pixels, got {tuple(a.shape[-2:])}")
 

@@ -336,17 +336,28 @@ def plot(
 
 
 def picture_grid(
-    rows: Sequence[tuple[str, Sequence[np.ndarray]]], columns: Sequence[str]
+    rows: Sequence[tuple[str, Sequence[np.ndarray]]],
+    columns: Sequence[str],
+    *,
+    colormap: str | None = None,
+    legend: str | None = None,
 ) -> np.ndarray:
     """Pictures in a titled grid, one row per ``(title, [picture, ...])`` -> ``HxWx3`` uint8 RGB.
 
     ``columns`` names the columns; every row has one picture per column (e.g. a photo and
-    its overlays, as in ``camkit demo``'s summary).
+    its overlays, as in ``camkit demo``'s summary). ``colormap``: a colour bar of the overlays'
+    colormap (the very colours :func:`overlay` uses, map value 0 to 1) at the right;
+    ``legend``: a line of text under the grid.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(2.4 * len(columns), 1.8 * len(rows)), layout="constrained")
+    width = 2.4 * len(columns) + (0.9 if colormap else 0.0)
+    figure = Figure(
+        figsize=(width, 1.8 * len(rows) + (0.4 if legend else 0.0)), layout="constrained"
+    )
     axes = figure.subplots(len(rows), len(columns), squeeze=False)
     for row_axes, (title, pictures) in zip(axes, rows, strict=True):
         for column, (ax, picture) in enumerate(zip(row_axes, pictures, strict=True)):
@@ -357,6 +368,13 @@ def picture_grid(
                 ax.set_ylabel(title, fontsize=9)
     for ax, name in zip(axes[0], columns, strict=True):
         ax.set_title(name, fontsize=10)
+    if colormap is not None:
+        ramp = ListedColormap(_colormap_lut(colormap) / 255.0, name=colormap)
+        bar = figure.colorbar(ScalarMappable(cmap=ramp), ax=axes, shrink=0.6, aspect=30)
+        bar.set_ticks([0.0, 0.5, 1.0], labels=["0 (none)", "0.5", "1 (most)"])
+        bar.set_label("map value: evidence for the class", fontsize=9)
+    if legend is not None:
+        figure.supxlabel(legend, fontsize=9)
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[:, :, :3]
