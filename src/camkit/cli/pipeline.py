@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from camkit import io, models, registry, report, viz
+from camkit.cli import mapstore
 from camkit.cli.manifest import append, part_path
 from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
@@ -42,6 +43,7 @@ class Job:
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
+    save_maps: bool = False  # every raw map in one maps.npz (camkit.cli.mapstore)
     workers: int = 0
     quiet: bool = False
     report: bool = False
@@ -58,7 +60,7 @@ class Job:
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
-        }
+        } | ({"save_maps": True} if self.save_maps else {})
 
 
 def default_workers() -> int:
@@ -109,6 +111,7 @@ class Explained:
     records: list[dict]
     writes: list[Future]
     images: int
+    maps: list[np.ndarray | None] = dataclasses.field(default_factory=list)  # --save-maps
 
 
 class BatchExplainer:
@@ -141,8 +144,9 @@ class BatchExplainer:
             for index, _, reason in batch.failures
         ]
         writes: list[Future] = []
+        maps: list[np.ndarray | None] = [None] * len(records)
         if batch.inputs is None:
-            return Explained(records, writes, len(batch))
+            return Explained(records, writes, len(batch), maps)
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
@@ -162,7 +166,8 @@ class BatchExplainer:
                     files = (record, image, heat[row, column], raw[row, column], first)
                     writes.append(self.writer.submit(self.write, *files))
                     records.append(record)
-        return Explained(records, writes, len(batch))
+                    maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
+        return Explained(records, writes, len(batch), maps)
 
     def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
         """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
@@ -240,6 +245,7 @@ def explain_files(
     )
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
+    maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
     done: set[str] = set()
     started = time.perf_counter()
     label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
@@ -256,10 +262,10 @@ def explain_files(
                 progress.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, done, ranks.rank, progress, started)
+                _record(pending.pop(0), part, maps, done, ranks.rank, progress, started)
         pending.append(Explained([], [], 0))  # also records a rank with nothing to do
         while pending:
-            _record(pending.pop(0), part, done, ranks.rank, progress, started)
+            _record(pending.pop(0), part, maps, done, ranks.rank, progress, started)
 
 
 def _one_thread(worker: int) -> None:
@@ -267,12 +273,23 @@ def _one_thread(worker: int) -> None:
 
 
 def _record(
-    batch: Explained, part: Path, done: set[str], rank: int, progress: tqdm, started: float
+    batch: Explained,
+    part: Path,
+    maps: mapstore.MapPart | None,
+    done: set[str],
+    rank: int,
+    progress: tqdm,
+    started: float,
 ) -> None:
-    """Wait for a batch's files, then append its records (and the throughput so far) to this
-    rank's part of the manifest."""
+    """Wait for a batch's files, then append its maps (with ``--save-maps``) to this rank's
+    map part, and its records (and the throughput so far) to its part of the manifest."""
     for write in batch.writes:
         write.result()
+    if maps is not None:
+        kept = [(r, m) for r, m in zip(batch.records, batch.maps, strict=True) if m is not None]
+        rows = maps.append([m for _, m in kept])
+        for (record, _), row in zip(kept, rows, strict=True):
+            record["map_part"] = row
     done.update(record["image"] for record in batch.records)
     seconds = time.perf_counter() - started
     throughput = {
