@@ -117,6 +117,7 @@ def run_strategies(args: argparse.Namespace) -> int:
     options = {
         "n_neighbors": args.neighbors,
         "max_clusters": args.max_clusters,
+        "diffusion": args.diffusion,
         "n_clusters": args.clusters,
         "clustering": args.clustering,
         "embedding": None if args.embedding == "none" else args.embedding,
@@ -208,7 +209,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--normalize", choices=("l1", "max"), default="l1", help="per map (default l1)")
     parser.add_argument("--positive", choices=("clip", "abs"), default="clip",
                         help="negative values: clip to 0 (default) or take |value|")  # fmt: skip
-    parser.add_argument("--neighbors", type=positive_int, default=10, help="k of the kNN graph (default 10)")
+    parser.add_argument("--neighbors", type=positive_int, help="k of the kNN graph (default max(10, sqrt(maps)))")
+    parser.add_argument("--diffusion", type=float, default=32.0, help="random-walk steps of the eigengap (default 32; 1: plain)")
     parser.add_argument("--max-clusters", type=positive_int, default=10, help="largest k the eigengap considers (default 10)")
     parser.add_argument("--clusters", type=positive_int, help="number of clusters (default: the eigengap's)")
     parser.add_argument("--clustering", choices=("kmeans", "agglomerative", "dbscan", "hdbscan"), default="kmeans")
