@@ -60,11 +60,18 @@ def make_photos(count: int, tagged_share: float, rng: np.random.Generator):
 
 def small_cnn() -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 2),
-    )  # fmt: skip
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 2),
+    )
 
 
 def train(model: nn.Module, images: torch.Tensor, labels: np.ndarray, seconds: float) -> None:
@@ -93,7 +100,9 @@ def figure(photos, maps, found, tagged, path: str) -> None:
         row[0].imshow(prototype_picture(cluster.prototype, 128))
         row[0].set_title(f"cluster {cluster.id}: {cluster.size} photos", fontsize=8)
         share = tagged[cluster.members].mean()
-        row[0].set_ylabel(f"suspiciousness\n{cluster.suspiciousness:.2f}\n{share:.0%} tagged", fontsize=8)
+        row[0].set_ylabel(
+            f"suspiciousness\n{cluster.suspiciousness:.2f}\n{share:.0%} tagged", fontsize=8
+        )
         for ax, member in zip(row[1:], cluster.typical[: columns - 1], strict=False):
             picture = (photos[member].permute(1, 2, 0).numpy() * 255).astype(np.uint8)
             ax.imshow(camkit.viz.overlay(picture, maps[member].numpy(), alpha=0.45))

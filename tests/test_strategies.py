@@ -124,9 +124,15 @@ def test_cluster_summaries():
     confidences = np.where(truth == 0, 0.9, 0.6)
     predictions = np.where(truth == 0, 5, np.arange(len(truth)) % 2 + 5)
     found = analyze_class(
-        pool_maps(maps, 16), class_id=5, confidences=confidences, predictions=predictions,
-        truth=np.full(len(truth), 5), n_show=3, embedding="spectral", n_neighbors=5,
-    )  # fmt: skip
+        pool_maps(maps, 16),
+        class_id=5,
+        confidences=confidences,
+        predictions=predictions,
+        truth=np.full(len(truth), 5),
+        n_show=3,
+        embedding="spectral",
+        n_neighbors=5,
+    )
     big, small = found.clusters
     assert big.confidence == pytest.approx(0.9) and small.confidence == pytest.approx(0.6)
     assert big.accuracy == 1.0

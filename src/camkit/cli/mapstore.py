@@ -92,7 +92,6 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
     for position, record in enumerate(rows):
         record.pop("map_part", None)
         record["map"] = position
-    del previous, parts
     for path in out.glob(PARTS):
         path.unlink()
 

@@ -16,8 +16,7 @@ from camkit.cli import evaluate
 from camkit.cli.common import EXIT_OK, UsageError, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
-from camkit.strategies import ClassStrategies, MapSet, find_strategies, load_maps
-from camkit.strategies import plots
+from camkit.strategies import ClassStrategies, MapSet, find_strategies, load_maps, plots
 from camkit.strategies.core import StrategyWarning
 
 STRATEGIES = "strategies.json"
@@ -61,9 +60,15 @@ def pictures_of(run: Path, records: dict[int, dict], rows: np.ndarray, maps: Map
 
 
 def write_group(
-    out: Path, run: Path, found: ClassStrategies, method: str, label: str, maps: MapSet,
-    records: dict[int, dict], colormap: str,
-) -> dict:  # fmt: skip
+    out: Path,
+    run: Path,
+    found: ClassStrategies,
+    method: str,
+    label: str,
+    maps: MapSet,
+    records: dict[int, dict],
+    colormap: str,
+) -> dict:
     """The files of one (method, class) and its entry of ``strategies.json``."""
     stem = f"{method}_{found.class_id}"
     title = f"{method} · {label} ({found.class_id})"
@@ -81,7 +86,9 @@ def write_group(
     for cluster, summary in zip(found.clusters, entry["clusters"], strict=True):
         name = f"{stem}_{cluster.id}"
         summary["prototype"] = f"prototype_{name}.png"
-        io.save_png(out / summary["prototype"], plots.prototype_picture(cluster.prototype, 128, colormap))
+        io.save_png(
+            out / summary["prototype"], plots.prototype_picture(cluster.prototype, 128, colormap)
+        )
         for kind in ("typical", "atypical"):
             summary[f"{kind}_montage"] = f"{kind}_{name}.png"
             rows = getattr(cluster, kind)
@@ -108,7 +115,9 @@ def run_strategies(args: argparse.Namespace) -> int:
         try:
             wanted = [int(c) for c in args.classes.split(",")]
         except ValueError:
-            raise UsageError(f"--classes: expected class indices INT[,INT...], got {args.classes!r}") from None
+            raise UsageError(
+                f"--classes: expected class indices INT[,INT...], got {args.classes!r}"
+            ) from None
     methods = sorted(set(maps.method.tolist()))
     if args.method:
         if args.method not in methods:
@@ -149,29 +158,42 @@ def run_strategies(args: argparse.Namespace) -> int:
         for class_id, result in found.classes.items():
             _to_rows(result, rows)
             label = classes.get(str(class_id), str(class_id))
-            groups.append(write_group(out, run, result, method, label, maps, records, args.colormap))
+            groups.append(
+                write_group(out, run, result, method, label, maps, records, args.colormap)
+            )
             if not args.quiet:
-                print(f"{method} · {label} ({class_id}): {len(result.indices)} maps, "
-                      f"eigengap suggests {result.suggested_k}, {result.k} cluster(s); most "
-                      f"suspicious: cluster {result.by_suspiciousness()[0].id} "
-                      f"({result.by_suspiciousness()[0].suspiciousness:.3f})")  # fmt: skip
-        skipped += [{"method": method, "class": c, "reason": why} for c, why in found.skipped.items()]
+                print(
+                    f"{method} · {label} ({class_id}): {len(result.indices)} maps, "
+                    f"eigengap suggests {result.suggested_k}, {result.k} cluster(s); most "
+                    f"suspicious: cluster {result.by_suspiciousness()[0].id} "
+                    f"({result.by_suspiciousness()[0].suspiciousness:.3f})"
+                )
+        skipped += [
+            {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
+        ]
     data = {
         "run": str(run),
-        "parameters": options | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
+        "parameters": options
+        | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
         "images": maps.image.tolist(),
         "groups": groups,
         "skipped": skipped,
     }
     io.save_json(out / STRATEGIES, data)
-    print(f"wrote {len(groups)} class strategies to {out / STRATEGIES}"
-          + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else ""))  # fmt: skip
+    print(
+        f"wrote {len(groups)} class strategies to {out / STRATEGIES}"
+        + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else "")
+    )
     if args.report and manifest["records"]:
         rows = evaluate.overlay_metrics(manifest["records"], evaluate.read_rows(run))
         report.write_report(
-            run, manifest["records"], metrics=rows, colormap=args.colormap,
-            strategies=data, strategies_dir=out,
-        )  # fmt: skip
+            run,
+            manifest["records"],
+            metrics=rows,
+            colormap=args.colormap,
+            strategies=data,
+            strategies_dir=out,
+        )
         print(f"report with the strategies view: {run / 'index.html'}")
     return EXIT_OK
 
@@ -200,28 +222,77 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--save-maps --out run && camkit strategies run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="output folder of 'camkit explain --save-maps'")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="output folder of 'camkit explain --save-maps'"
+    )
     parser.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/strategies)")
     parser.add_argument("--method", help="only this method's maps (default: each method)")
-    parser.add_argument("--classes", metavar="INT[,INT...]", help="only these classes (default: all)")
+    parser.add_argument(
+        "--classes", metavar="INT[,INT...]", help="only these classes (default: all)"
+    )
     parser.add_argument("--truth", metavar="CSV", help="true labels, lines 'image,class index'")
-    parser.add_argument("--grid", type=positive_int, default=32, help="pooled map side (default 32)")
-    parser.add_argument("--normalize", choices=("l1", "max"), default="l1", help="per map (default l1)")
-    parser.add_argument("--positive", choices=("clip", "abs"), default="clip",
-                        help="negative values: clip to 0 (default) or take |value|")  # fmt: skip
-    parser.add_argument("--neighbors", type=positive_int, help="k of the kNN graph (default max(10, sqrt(maps)))")
-    parser.add_argument("--diffusion", type=float, default=32.0, help="random-walk steps of the eigengap (default 32; 1: plain)")
-    parser.add_argument("--max-clusters", type=positive_int, default=10, help="largest k the eigengap considers (default 10)")
-    parser.add_argument("--clusters", type=positive_int, help="number of clusters (default: the eigengap's)")
-    parser.add_argument("--clustering", choices=("kmeans", "agglomerative", "dbscan", "hdbscan"), default="kmeans")
-    parser.add_argument("--embedding", choices=("tsne", "umap", "spectral", "none"), default="tsne",
-                        help="2-D layout for display (default tsne; umap needs umap-learn)")  # fmt: skip
-    parser.add_argument("--embedding-limit", type=positive_int, default=3000, metavar="N",
-                        help="t-SNE/UMAP on a seeded subset of N maps above N (default 3000)")  # fmt: skip
-    parser.add_argument("--show", type=positive_int, default=8, metavar="N", help="typical/atypical members shown (default 8)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of k-means, t-SNE, ARPACK (default 0)")
+    parser.add_argument(
+        "--grid", type=positive_int, default=32, help="pooled map side (default 32)"
+    )
+    parser.add_argument(
+        "--normalize", choices=("l1", "max"), default="l1", help="per map (default l1)"
+    )
+    parser.add_argument(
+        "--positive",
+        choices=("clip", "abs"),
+        default="clip",
+        help="negative values: clip to 0 (default) or take |value|",
+    )
+    parser.add_argument(
+        "--neighbors", type=positive_int, help="k of the kNN graph (default max(10, sqrt(maps)))"
+    )
+    parser.add_argument(
+        "--diffusion",
+        type=float,
+        default=32.0,
+        help="random-walk steps of the eigengap (default 32; 1: plain)",
+    )
+    parser.add_argument(
+        "--max-clusters",
+        type=positive_int,
+        default=10,
+        help="largest k the eigengap considers (default 10)",
+    )
+    parser.add_argument(
+        "--clusters", type=positive_int, help="number of clusters (default: the eigengap's)"
+    )
+    parser.add_argument(
+        "--clustering", choices=("kmeans", "agglomerative", "dbscan", "hdbscan"), default="kmeans"
+    )
+    parser.add_argument(
+        "--embedding",
+        choices=("tsne", "umap", "spectral", "none"),
+        default="tsne",
+        help="2-D layout for display (default tsne; umap needs umap-learn)",
+    )
+    parser.add_argument(
+        "--embedding-limit",
+        type=positive_int,
+        default=3000,
+        metavar="N",
+        help="t-SNE/UMAP on a seeded subset of N maps above N (default 3000)",
+    )
+    parser.add_argument(
+        "--show",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="typical/atypical members shown (default 8)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of k-means, t-SNE, ARPACK (default 0)"
+    )
     parser.add_argument("--colormap", default="jet", help="of the prototypes (default jet)")
-    parser.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                        help="add the strategies view to RUN_DIR/index.html (default on)")  # fmt: skip
+    parser.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="add the strategies view to RUN_DIR/index.html (default on)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-class lines")
     parser.set_defaults(run=run_strategies)

@@ -269,8 +269,7 @@ def _cluster(
         model = cluster.HDBSCAN(**({"min_cluster_size": 5, "copy": True} | options))
     else:
         raise ArgumentError(
-            "clustering must be 'kmeans', 'agglomerative', 'dbscan' or 'hdbscan', "
-            f"got {method!r}"
+            f"clustering must be 'kmeans', 'agglomerative', 'dbscan' or 'hdbscan', got {method!r}"
         )
     try:
         return np.asarray(model.fit_predict(points), dtype=np.int64)
@@ -299,9 +298,11 @@ def _embed_2d(
         from sklearn.manifold import TSNE
 
         model = TSNE(
-            n_components=2, perplexity=min(30.0, (len(keep) - 1) / 3), init="pca",
+            n_components=2,
+            perplexity=min(30.0, (len(keep) - 1) / 3),
+            init="pca",
             random_state=seed,
-        )  # fmt: skip
+        )
     elif method == "umap":
         try:
             import umap
@@ -309,9 +310,7 @@ def _embed_2d(
             raise ArgumentError("embedding='umap' needs the umap-learn package") from None
         model = umap.UMAP(n_components=2, random_state=seed, n_neighbors=min(15, len(keep) - 1))
     else:
-        raise ArgumentError(
-            f"embedding must be 'tsne', 'umap', 'spectral' or None, got {method!r}"
-        )
+        raise ArgumentError(f"embedding must be 'tsne', 'umap', 'spectral' or None, got {method!r}")
     return np.asarray(model.fit_transform(data), dtype=np.float32), keep
 
 
@@ -433,9 +432,10 @@ def analyze_class(
     }
     if np.ptp(points, axis=0).max() == 0:
         warnings.warn(
-            f"class {class_id}: all {n} maps are the same; one strategy", StrategyWarning,
+            f"class {class_id}: all {n} maps are the same; one strategy",
+            StrategyWarning,
             stacklevel=2,
-        )  # fmt: skip
+        )
         eigenvalues, spectral, suggested = np.zeros(1), np.ones((n, 1)), 1
         labels = np.zeros(n, dtype=np.int64)
     else:

@@ -5,8 +5,9 @@ ReLU, global average pooling, a linear layer): class 0 ("horse") is decided by r
 blue. :func:`planted_images` draws class-0 images of two kinds, a small red tag in the
 bottom-right corner and nothing else (the shortcut, as the copyright tag of Lapuschkin et al.
 2019), or a red object near the centre (the honest strategy): the model reads red wherever it
-is, so Grad-CAM of class 0 lights the corner on the first kind and the centre on the second. The truth of each image is returned, so the clustering can be scored (adjusted
-Rand index) and the eigengap checked (2 strategies).
+is, so Grad-CAM of class 0 lights the corner on the first kind and the centre on the second.
+The truth of each image is returned, so the clustering can be scored (adjusted Rand index) and
+the eigengap checked (2 strategies).
 """
 
 from __future__ import annotations
