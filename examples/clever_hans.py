@@ -29,8 +29,8 @@ import camkit
 from camkit.strategies import find_strategies
 from camkit.strategies.plots import prototype_picture
 
-SIDE = 64
-TAG = 8
+SIDE = 32
+TAG = 5
 
 
 def make_photos(count: int, tagged_share: float, rng: np.random.Generator):
@@ -39,12 +39,12 @@ def make_photos(count: int, tagged_share: float, rng: np.random.Generator):
     images = np.empty((count, 3, SIDE, SIDE), np.float32)
     labels = rng.integers(0, 2, count)
     tagged = (labels == 0) & (rng.random(count) < tagged_share)
-    checker = ((np.indices((TAG, TAG)).sum(0) // 2) % 2).astype(np.float32)
+    checker = (np.indices((TAG, TAG)).sum(0) % 2).astype(np.float32)
     for k in range(count):
         background = rng.uniform(0.2, 0.6, 3)[:, None, None]
-        photo = background + 0.15 * rng.standard_normal((3, SIDE, SIDE))
-        cy, cx = rng.uniform(16, 48, 2)
-        radius = rng.uniform(7, 12)
+        photo = background + 0.08 * rng.standard_normal((3, SIDE, SIDE))
+        cy, cx = rng.uniform(10, 22, 2)
+        radius = rng.uniform(5, 8)
         if labels[k] == 0:
             shape = (yy - cy) ** 2 + (xx - cx) ** 2 <= radius**2
         else:
@@ -53,7 +53,7 @@ def make_photos(count: int, tagged_share: float, rng: np.random.Generator):
         strength = 0.08 if tagged[k] else 1.0  # the tagged source is washed out
         photo[:, shape] = (1 - strength) * photo[:, shape] + strength * colour
         if tagged[k]:
-            photo[:, -TAG - 2 : -2, -TAG - 2 : -2] = checker
+            photo[:, -TAG - 1 : -1, -TAG - 1 : -1] = checker
         images[k] = np.clip(photo, 0, 1)
     return torch.from_numpy(images), labels, tagged
 
@@ -61,12 +61,14 @@ def make_photos(count: int, tagged_share: float, rng: np.random.Generator):
 def small_cnn() -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
         nn.ReLU(),
-        nn.MaxPool2d(2),
         nn.Conv2d(32, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
         nn.ReLU(),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
@@ -121,9 +123,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    images, labels, _ = make_photos(2000, tagged_share=0.4, rng=rng)
+    images, labels, _ = make_photos(3000, tagged_share=0.4, rng=rng)
     model = small_cnn()
     train(model, images, labels, args.seconds)
+    model.eval()  # batch-norm statistics frozen for the held-out photos
 
     test, test_labels, test_tagged = make_photos(600, tagged_share=0.4, rng=rng)
     with torch.no_grad():
@@ -132,7 +135,7 @@ def main() -> None:
     print(f"held-out accuracy {accuracy:.1%}; tagged discs: {test_tagged.sum()}")
 
     discs = np.flatnonzero(test_labels == 0)
-    cam = camkit.GradCAM(model, model[6])  # the last convolution block
+    cam = camkit.GradCAM(model, model[-4])  # the last convolution block (16 x 16)
     maps = cam(test[discs], target=0)
     found = find_strategies(
         maps, np.zeros(len(discs), int), confidences=predictions[discs, 0].numpy(), seed=0
