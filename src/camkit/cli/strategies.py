@@ -162,11 +162,15 @@ def run_strategies(args: argparse.Namespace) -> int:
                 write_group(out, run, result, method, label, maps, records, args.colormap)
             )
             if not args.quiet:
+                ranked = result.by_suspiciousness()
+                flagged = (
+                    f"most suspicious: cluster {ranked[0].id} ({ranked[0].suspiciousness:.3f})"
+                    if ranked
+                    else "every map is noise"
+                )
                 print(
-                    f"{method} · {label} ({class_id}): {len(result.indices)} maps, "
-                    f"eigengap suggests {result.suggested_k}, {result.k} cluster(s); most "
-                    f"suspicious: cluster {result.by_suspiciousness()[0].id} "
-                    f"({result.by_suspiciousness()[0].suspiciousness:.3f})"
+                    f"{method} · {label} ({class_id}): {len(result.indices)} maps, eigengap "
+                    f"suggests {result.suggested_k}, {result.k} cluster(s); {flagged}"
                 )
         skipped += [
             {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
