@@ -106,6 +106,14 @@ def test_blob_groups_found_by_eigengap(groups):
     assert np.all(eigenvalues[: len(groups)] < 1e-6)  # one zero per separate group
 
 
+def test_asked_number_of_clusters_beyond_max_clusters():
+    maps, truth = blobs([20, 20, 20, 20])
+    found = analyze_class(pool_maps(maps, 16), n_clusters=4, max_clusters=2, embedding=None)
+    assert found.suggested_k <= 2 and found.k == 4 and same_partition(found.labels, truth)
+    with pytest.raises(ArgumentError, match="n_clusters"):
+        analyze_class(pool_maps(maps, 16), n_clusters=80)
+
+
 def test_one_group_suggests_one():
     maps, _ = blobs([40])
     found = analyze_class(pool_maps(maps, 16), embedding=None)

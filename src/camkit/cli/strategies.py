@@ -253,8 +253,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--diffusion",
         type=float,
-        default=32.0,
-        help="random-walk steps of the eigengap (default 32; 1: plain)",
+        help="random-walk steps of the eigengap (default: automatic, at least 32; 1: plain)",
     )
     parser.add_argument(
         "--max-clusters",

@@ -10,8 +10,10 @@ tutorial on spectral clustering", Statistics and Computing 17 (2007), section 8.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import mmap
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -26,7 +28,9 @@ Clustering = Literal["kmeans", "agglomerative", "dbscan", "hdbscan"]
 Embedding = Literal["tsne", "umap", "spectral"]
 
 DIFFUSION = 32
-"""Random-walk steps of the eigengap (:func:`eigengap`)."""
+"""The fewest random-walk steps of the automatic eigengap (:func:`eigengap`)."""
+WORKING_MB = 128
+"""Memory (MB) of the blocks of pairwise distances scikit-learn computes at a time."""
 DENSE_LIMIT = 1500
 """Up to this many samples the Laplacian's spectrum is computed densely (exact, fast)."""
 
@@ -45,7 +49,7 @@ def pool_maps(
     normalize: Literal["l1", "max"] = "l1",
     positive: Literal["clip", "abs"] = "clip",
     rows: np.ndarray | None = None,
-    chunk: int = 1024,
+    chunk: int = 256,
 ) -> np.ndarray:
     """Maps ``(N, H, W)`` (or ``(N, C, H, W)``, summed over channels) -> ``(N, gh, gw)`` float32:
     average-pooled to the ``grid`` (SpRAy's downscaling), made non-negative (``positive``:
@@ -71,7 +75,9 @@ def pool_maps(
     pooled = []
     for start in range(0, count, chunk):
         part = maps[start : start + chunk] if rows is None else maps[rows[start : start + chunk]]
-        part = torch.as_tensor(np.asarray(part) if isinstance(part, np.ndarray) else part).float()
+        if isinstance(part, np.ndarray):  # a copy: a memory-mapped file is read-only
+            part = torch.from_numpy(np.array(part, dtype=np.float32))
+        part = part.float()
         if part.ndim == 4:
             part = part.sum(dim=1)
         bad = ~torch.isfinite(part).flatten(1).all(dim=1)
@@ -83,7 +89,19 @@ def pool_maps(
         scale = part.flatten(1).sum(1) if normalize == "l1" else part.flatten(1).amax(1)
         part = part / torch.where(scale > 0, scale, 1.0)[:, None, None]
         pooled.append(part.numpy())
+        _release(maps)
     return np.concatenate(pooled)
+
+
+def _release(maps: object) -> None:
+    """Drop the pages of a memory-mapped file read so far from this process's memory (they
+    stay in the page cache): pooling a map file larger than memory keeps a constant footprint."""
+    while isinstance(maps, np.ndarray) and getattr(maps, "_mmap", None) is None:
+        maps = maps.base
+    handle = getattr(maps, "_mmap", None)
+    if handle is not None and hasattr(mmap, "MADV_DONTNEED"):
+        with contextlib.suppress(OSError, ValueError):
+            handle.madvise(mmap.MADV_DONTNEED)
 
 
 # ----------------------------------------------------------------------------- results
@@ -182,7 +200,7 @@ class Strategies:
 def eigengap(
     eigenvalues: Sequence[float] | np.ndarray,
     max_clusters: int | None = None,
-    diffusion: float = DIFFUSION,
+    diffusion: float | None = None,
 ) -> int:
     """The number of clusters the spectrum suggests, from the smallest eigenvalues (ascending)
     of the normalised Laplacian: the ``k`` with the largest gap ``mu_(k-1)^t - mu_k^t`` where
@@ -191,15 +209,22 @@ def eigengap(
     eigengap ``lambda_k - lambda_(k-1)`` (von Luxburg 2007, section 8.3); more steps let a
     walk spread inside a strategy whose maps vary continuously (their small eigenvalues fade,
     ``mu^t -> 0``) while it stays inside separate strategies (``mu = 1``), so the gap after
-    the separate ones stands out. ``k`` separate groups give ``k`` zero eigenvalues."""
+    the separate ones stands out. ``k`` separate groups give ``k`` zero eigenvalues.
+
+    ``diffusion=None`` (default): ``max(32, ln(1000) / lambda_m)`` steps with ``lambda_m`` the
+    largest eigenvalue considered, so that the slowest mode kept fades to about 1/1000 however
+    large the class (a larger graph has smaller eigenvalues)."""
     values = np.asarray(eigenvalues, dtype=np.float64)
     if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
         raise ArgumentError(f"expected finite eigenvalues (m,), got {values!r:.100}")
-    if not diffusion > 0:
+    if diffusion is not None and not diffusion > 0:
         raise ArgumentError(f"diffusion must be a positive number of steps, got {diffusion!r}")
     limit = values.size - 1 if max_clusters is None else min(max_clusters, values.size - 1)
     if limit < 1:
         return 1
+    if diffusion is None:
+        top = float(np.clip(values[limit], 1e-12, 1.0))
+        diffusion = max(DIFFUSION, math.log(1000.0) / top)
     walk = np.clip(1.0 - values[: limit + 1], 0.0, 1.0) ** diffusion
     return int(np.argmax(-np.diff(walk))) + 1
 
@@ -213,9 +238,11 @@ def default_neighbors(n: int) -> int:
 def _knn_graph(points: np.ndarray, n_neighbors: int) -> Any:
     """The symmetric binary k-nearest-neighbour graph (sparse CSR): i ~ j when either is among
     the other's ``n_neighbors`` nearest (Euclidean) pooled maps."""
+    from sklearn import config_context
     from sklearn.neighbors import kneighbors_graph
 
-    graph = kneighbors_graph(points, n_neighbors, mode="connectivity", include_self=False)
+    with config_context(working_memory=WORKING_MB):  # distance blocks of at most this size
+        graph = kneighbors_graph(points, n_neighbors, mode="connectivity", include_self=False)
     return graph.maximum(graph.T).tocsr()
 
 
@@ -369,7 +396,7 @@ def analyze_class(
     n_neighbors: int | None = None,
     max_clusters: int = 10,
     n_clusters: int | None = None,
-    diffusion: float = DIFFUSION,
+    diffusion: float | None = None,
     clustering: Clustering = "kmeans",
     clustering_options: dict[str, Any] | None = None,
     embedding: Embedding | None = "tsne",
@@ -439,10 +466,11 @@ def analyze_class(
         eigenvalues, spectral, suggested = np.zeros(1), np.ones((n, 1)), 1
         labels = np.zeros(n, dtype=np.int64)
     else:
-        count = min(max_clusters + 1, n - 1)
+        count = min(max(max_clusters, n_clusters or 0) + 1, n - 1)
         try:
-            eigenvalues, vectors = _spectrum(_knn_graph(points, n_neighbors), count, seed)
-        except (ValueError, np.linalg.LinAlgError) as error:  # ARPACK not converging...
+            graph = _knn_graph(points.astype(np.float32), n_neighbors)
+            eigenvalues, vectors = _spectrum(graph, count, seed)
+        except (ValueError, RuntimeError, np.linalg.LinAlgError) as error:  # ARPACK...
             raise CamkitError(f"class {class_id}: the spectral embedding failed: {error}") from None
         suggested = eigengap(eigenvalues, max_clusters, diffusion)
         k = n_clusters or suggested
