@@ -180,7 +180,7 @@ def main() -> None:
         f"`python benchmarks/strategies.py` on {platform.machine()}, {os.cpu_count()} CPU "
         f"core(s) shared with other work, torch {torch.__version__}, camkit "
         f"{camkit.__version__}. Defaults: 32x32 pooling, `n_neighbors = max(10, sqrt(n))`, "
-        "eigengap with 32 diffusion steps, k-means.",
+        "eigengap with the automatic diffusion time (at least 32 steps), k-means.",
         "",
         "## Planted model (known answer: 2 strategies, tag vs object)",
         "",
