@@ -17,6 +17,7 @@ import torchvision
 from PIL import Image
 
 from camkit.cli import manifest
+from camkit.strategies import load_maps
 
 MODEL = ["--model", "torchvision:resnet18"]
 
@@ -61,7 +62,7 @@ def records_by_image(manifest: dict) -> dict[str, list[dict]]:
 
 @pytest.mark.slow
 def test_two_torchrun_ranks_equal_one_process(tmp_path, images, weights):
-    common = [images, *MODEL, "--weights", weights, "--save-raw", "--workers", "0"]
+    common = [images, *MODEL, "--weights", weights, "--save-raw", "--save-maps", "--workers", "0"]
     single = explain(*common, "--out", tmp_path / "one")
     assert single.returncode == 1, single.stderr  # the broken file
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -88,13 +89,22 @@ def test_two_torchrun_ranks_equal_one_process(tmp_path, images, weights):
         np.testing.assert_allclose(map_one, map_two, atol=1e-4)
     for key in ("camkit", "torch", "torchvision", "timm", "arguments", "weights_sha256"):
         assert two[key], key
+    # --save-maps: one maps.npz per run, rows in the manifest's order, the same from both
+    assert not list((tmp_path / "two").glob("maps.rank*"))
+    maps_one, maps_two = load_maps(tmp_path / "one"), load_maps(tmp_path / "two")
+    rows = [r for r in two["records"] if "map" in r]
+    assert [r["map"] for r in rows] == list(range(40)) and len(maps_two) == 40
+    assert maps_two.image.tolist() == [r["image"] for r in rows]
+    np.testing.assert_allclose(maps_one.maps, maps_two.maps, atol=2e-3)
+    raw = np.load(tmp_path / "two" / rows[7]["raw"])
+    np.testing.assert_allclose(maps_two.maps[7], raw.squeeze(), atol=1e-3)
 
 
 @pytest.mark.slow
 def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weights):
     out = tmp_path / "out"
     common = [images, *MODEL, "--weights", weights, "--out", out, "--workers", "0"]
-    common += ["--images-per-batch", "2", "--method", "gradcam,layercam", "--quiet"]
+    common += ["--images-per-batch", "2", "--method", "gradcam,layercam", "--quiet", "--save-maps"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "camkit", "explain", *map(str, common)]
     process = subprocess.Popen(command, env=environment, stderr=subprocess.DEVNULL)
@@ -124,6 +134,13 @@ def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weigh
         outputs = [row.get("output") for row in rows]
         assert len(outputs) == len(set(outputs)) == (1 if "broken" in image else 2), image
     assert not list(out.glob("manifest.rank*.jsonl")) and not list(out.glob("*.tmp"))
+    # every overlay's map in maps.npz, once, at the row its record names
+    saved = load_maps(out)
+    rows = [r for r in merged["records"] if "output" in r]
+    assert sorted(r["map"] for r in rows) == list(range(80)) and len(saved) == 80
+    for r in rows:
+        assert (saved.image[r["map"]], saved.method[r["map"]]) == (r["image"], r["method"])
+    assert not list(out.glob("maps.rank*"))
 
 
 def test_a_batch_cut_short_by_a_kill_counts_for_none_of_its_images(tmp_path):

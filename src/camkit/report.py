@@ -325,6 +325,43 @@ def _make_thumbnails(
     return scales
 
 
+def _strategies_data(
+    out: Path, images: Sequence[Mapping[str, Any]], found: Mapping[str, Any], folder: Path
+) -> dict[str, Any]:
+    """``strategies.json`` for the page: map rows -> page image indices, files -> URLs."""
+    page = {image["path"]: index for index, image in enumerate(images)}
+    rows = [page.get(str(image), -1) for image in found.get("images", [])]
+    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
+
+    def url(name: str | None) -> str | None:
+        return None if name is None else _url(f"{prefix}/{name}" if prefix != "." else name)
+
+    groups = []
+    for group in found.get("groups", []):
+        clusters = [
+            {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
+            | {
+                "score": cluster.get("suspiciousness"),
+                "prototype": url(cluster.get("prototype")),
+                "typical": [rows[r] for r in cluster.get("typical", [])],
+                "atypical": [rows[r] for r in cluster.get("atypical", [])],
+                "members": [rows[r] for r in cluster.get("members", [])],
+            }
+            for cluster in group.get("clusters", [])
+        ]
+        groups.append(
+            {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
+            | {
+                "suggested": group.get("suggested_k"),
+                "eigenvalues": group.get("eigenvalues", []),
+                "eigengap": url(group.get("eigengap_plot")),
+                "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
+                "clusters": clusters,
+            }
+        )
+    return {"groups": groups, "skipped": list(found.get("skipped", []))}
+
+
 def _asset(name: str) -> str:
     """A file of the page (``camkit/data/report.{html,css,js}``) as text."""
     return resources.files("camkit").joinpath("data", name).read_text("utf-8")
@@ -347,6 +384,8 @@ def write_report(
     colormap: str = "jet",
     thumb_side: int = THUMB_SIDE,
     workers: int | None = None,
+    strategies: Mapping[str, Any] | None = None,
+    strategies_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write ``OUT/index.html``, a static page to browse the explained images -> its path.
 
@@ -363,6 +402,10 @@ def write_report(
     here when missing or older than their source (``workers`` threads, default up to 4); the
     pipeline can write them earlier with :func:`save_thumbnails`. The page is written
     atomically; rerunning updates it.
+
+    ``strategies``: the content of ``strategies.json`` written by ``camkit strategies`` (files
+    named relative to ``strategies_dir``): the page then has a strategies view per method and
+    class (clusters side by side, the embedding, links from members to their cards).
     """
     import camkit
 
@@ -393,6 +436,9 @@ def write_report(
         "methods": methods,
         "metricNames": metric_names,
         "images": images,
+        "strategies": None
+        if strategies is None
+        else _strategies_data(out, images, strategies, Path(strategies_dir or out)),
     }
     parts = {
         "TITLE": html.escape(title),

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import io, models, report
-from camkit.cli import evaluate
+from camkit.cli import evaluate, mapstore
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
@@ -67,6 +67,7 @@ def run_explain(args: argparse.Namespace) -> int:
             save_raw=args.save_raw,
             format=args.format,
             max_size=args.max_size,
+            save_maps=args.save_maps,
             workers=default_workers() if args.workers is None else args.workers,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
@@ -99,7 +100,7 @@ def explain(
         if resume:
             consolidate(out)
         else:  # a new run: what an earlier one left is not part of it
-            for stale in [out / MANIFEST, *out.glob(PARTS)]:
+            for stale in [out / MANIFEST, *out.glob(PARTS), *mapstore.stale(out)]:
                 stale.unlink(missing_ok=True)
     ranks.barrier()
     previous = read(out / MANIFEST) if resume else None
@@ -150,6 +151,8 @@ def epilog() -> str:
 outputs in --out:
   <stem>_<method>_<class>.jpg   overlay at the image's original size (--format, --max-size)
   <stem>_<method>_<class>.npy   with --save-raw: the method's map at the model's input size
+  maps.npz                      with --save-maps: every raw map (float16) and its index, one
+                                file for the run (see docs/cli.md; read by 'camkit strategies')
   manifest.json                 versions, arguments, settings, throughput, and one record per
                                 overlay (image, output, method, layer, target, label,
                                 probability, top5, rank, seconds) and per unreadable image
@@ -196,6 +199,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     explain.add_argument(
         "--save-raw", action="store_true", help="also save each map as a float32 .npy file"
+    )
+    explain.add_argument(
+        "--save-maps",
+        action="store_true",
+        help="also keep every raw map of the run in one float16 OUT/maps.npz with its index "
+        "(for 'camkit strategies')",
     )
     explain.add_argument(
         "--resume",

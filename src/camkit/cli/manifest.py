@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from camkit import io
+from camkit.cli import mapstore
 from camkit.cli.common import UsageError
 
 MANIFEST = "manifest.json"
@@ -115,6 +116,8 @@ def consolidate(out: Path) -> None:
     gathered = gather(out)
     if gathered is None:
         return
+    if (gathered.get("settings") or {}).get("save_maps"):
+        mapstore.fold(out, gathered["records"], gathered)
     io.save_json(out / MANIFEST, gathered)
     for path in out.glob(PARTS):
         path.unlink()
@@ -183,6 +186,8 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
         },
         "records": rows,
     }
+    if head["settings"].get("save_maps"):
+        mapstore.fold(out, rows, head)
     io.save_json(out / MANIFEST, manifest)
     for rank in range(world):
         part_path(out, rank).unlink(missing_ok=True)

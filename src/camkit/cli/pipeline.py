@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from camkit import io, models, registry, report, viz
+from camkit.cli import mapstore
 from camkit.cli.common import BATCH_SIZE, UsageError
 from camkit.cli.manifest import append, part_path
 from camkit.cli.ranks import Ranks
@@ -47,6 +48,7 @@ class Job:
     save_raw: bool = False
     format: str = "jpg"  # the overlays' file format: jpg, png or webp
     max_size: int | None = None  # the overlays' longer side at most (None: the photo's size)
+    save_maps: bool = False  # every raw map in one maps.npz (camkit.cli.mapstore)
     workers: int = 0
     quiet: bool = False
     report: bool = False
@@ -65,7 +67,7 @@ class Job:
             "save_raw": self.save_raw,
             "format": self.format,
             "max_size": self.max_size,
-        }
+        } | ({"save_maps": True} if self.save_maps else {})
 
 
 def default_workers() -> int:
@@ -129,6 +131,7 @@ class Explained:
     records: list[dict]
     writes: list[Future]
     images: int
+    maps: list[np.ndarray | None] = dataclasses.field(default_factory=list)  # --save-maps
 
 
 class BatchExplainer:
@@ -161,8 +164,9 @@ class BatchExplainer:
             for index, _, reason in batch.failures
         ]
         writes: list[Future] = []
+        maps: list[np.ndarray | None] = [None] * len(records)
         if batch.inputs is None:
-            return Explained(records, writes, len(batch))
+            return Explained(records, writes, len(batch), maps)
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
@@ -182,7 +186,8 @@ class BatchExplainer:
                     files = (record, image, heat[row, column], raw[row, column], first)
                     writes.append(self.writer.submit(self.write, *files))
                     records.append(record)
-        return Explained(records, writes, len(batch))
+                    maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
+        return Explained(records, writes, len(batch), maps)
 
     def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
         """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
@@ -262,6 +267,7 @@ def explain_files(
     )
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
+    maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
     done: set[str] = set()
     started = time.perf_counter()
     label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
@@ -278,10 +284,10 @@ def explain_files(
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, done, ranks.rank, shown, started)
+                _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
         pending.append(Explained([], [], 0))  # also records a rank with nothing to do
         while pending:
-            _record(pending.pop(0), part, done, ranks.rank, shown, started)
+            _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
 
 
 def _one_thread(worker: int) -> None:
@@ -291,15 +297,21 @@ def _one_thread(worker: int) -> None:
 def _record(
     batch: Explained,
     part: Path,
+    maps: mapstore.MapPart | None,
     done: set[str],
     rank: int,
     shown: tqdm | LogProgress,
     started: float,
 ) -> None:
-    """Wait for a batch's files, then append its records (and the throughput so far) to this
-    rank's part of the manifest."""
+    """Wait for a batch's files, then append its maps (with ``--save-maps``) to this rank's
+    map part, and its records (and the throughput so far) to its part of the manifest."""
     for write in batch.writes:
         write.result()
+    if maps is not None:
+        kept = [(r, m) for r, m in zip(batch.records, batch.maps, strict=True) if m is not None]
+        rows = maps.append([m for _, m in kept])
+        for (record, _), row in zip(kept, rows, strict=True):
+            record["map_part"] = row
     done.update(record["image"] for record in batch.records)
     seconds = time.perf_counter() - started
     throughput = {

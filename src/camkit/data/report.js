@@ -226,8 +226,112 @@ document.addEventListener("keydown", (event) => {
   }
 });
 
+// ----------------------------------------------------------------------------- strategies
+const STRATEGIES = DATA.strategies;
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+
+function showView(name) {
+  for (const id of ["gallery", "more", "gallery-controls"]) $(id).hidden = name !== "gallery";
+  $("strategies").hidden = name !== "strategies";
+  $("view-gallery").classList.toggle("on", name === "gallery");
+  $("view-strategies").classList.toggle("on", name === "strategies");
+}
+
+function memberThumb(i, method) {
+  const image = IMAGES[i];
+  if (!image) return null;
+  const o = image.overlays.find((o) => o.method === method);
+  return o ? o.thumb : image.thumb;
+}
+
+function member(i, method) {
+  const image = IMAGES[i];
+  const src = memberThumb(i, method);
+  const name = image ? image.name : "?";
+  return src ? el("img", { src, alt: name, title: name, loading: "lazy", "data-index": i,
+    onclick: () => openDetail(i) }) : el("span", { class: "ph" }, name);
+}
+
+function scatter(group) {
+  const ns = document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg"); // no URL literal
+  const width = 380, height = 300, pad = 10;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "scatter");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  const xs = group.points.map((p) => p[0]), ys = group.points.map((p) => p[1]);
+  const [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  const sx = (x) => pad + (width - 2 * pad) * (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5);
+  const sy = (y) => pad + (height - 2 * pad) * (y1 > y0 ? (y1 - y) / (y1 - y0) : 0.5);
+  for (const [x, y, c, i] of group.points) {
+    const dot = document.createElementNS(ns, "circle");
+    dot.setAttribute("cx", sx(x).toFixed(1));
+    dot.setAttribute("cy", sy(y).toFixed(1));
+    dot.setAttribute("r", group.points.length > 2000 ? 2 : 4);
+    dot.setAttribute("fill", c < 0 ? "#999" : PALETTE[c % PALETTE.length]);
+    dot.dataset.index = i;
+    dot.dataset.cluster = c;
+    dot.addEventListener("mouseenter", (event) => {
+      const image = IMAGES[i];
+      const src = memberThumb(i, group.method);
+      $("hover").replaceChildren(src ? el("img", { src, alt: "" }) : "",
+        el("div", {}, (image ? image.name : "?") + (c < 0 ? " · noise" : ` · cluster ${c}`)));
+      $("hover").style.left = event.clientX + 14 + "px";
+      $("hover").style.top = event.clientY + 14 + "px";
+      $("hover").hidden = false;
+    });
+    dot.addEventListener("mouseleave", () => { $("hover").hidden = true; });
+    dot.addEventListener("click", () => openDetail(i));
+    svg.append(dot);
+  }
+  return svg;
+}
+
+function renderStrategy() {
+  const group = STRATEGIES.groups[+$("strategy-group").value];
+  const order = $("strategy-order").value;
+  const clusters = [...group.clusters].sort((a, b) => order === "score"
+    ? b.score - a.score || a.id - b.id : b.size - a.size || a.id - b.id);
+  const top = Math.max(...group.clusters.map((c) => c.score));
+  const body = el("div", {},
+    el("p", { class: "pred" }, `${group.samples} maps of ${group.label} (${group.class}) by ${group.method} · `,
+      el("b", {}, `eigengap suggests ${group.suggested}`), ` · ${group.k} cluster(s) · suspiciousness: `,
+      "distance to the rest of the class × concentration (docs/strategies.md)"),
+    el("div", { class: "strategy-top" },
+      group.eigengap ? el("img", { src: group.eigengap, alt: "eigenvalue spectrum" }) : null,
+      group.points.length ? scatter(group) : null),
+    el("div", { class: "clusters" }, clusters.map((c) => el("div", {
+      class: "cluster" + (group.clusters.length > 1 && c.score === top && top > 0 ? " flagged" : ""), "data-cluster": c.id },
+      el("h3", {}, el("span", { style: `color:${PALETTE[c.id % PALETTE.length]}` }, "● "), `cluster ${c.id}`),
+      c.prototype ? el("img", { class: "proto", src: c.prototype, alt: `prototype of cluster ${c.id}` }) : null,
+      el("span", { class: "facts" }, `${c.size} maps · confidence ${pct(c.confidence)} · accuracy ${c.accuracy === null ? "unknown" : pct(c.accuracy)} · suspiciousness ${num(c.score)}`),
+      el("h4", {}, "typical members"), el("div", { class: "members typical" }, c.typical.map((i) => member(i, group.method))),
+      el("h4", {}, "atypical members"), el("div", { class: "members atypical" }, c.atypical.map((i) => member(i, group.method)))))));
+  $("strategy-body").replaceChildren(body);
+}
+
+function setupStrategies() {
+  if (!STRATEGIES || !STRATEGIES.groups.length) return;
+  $("views").hidden = false;
+  $("view-gallery").addEventListener("click", () => showView("gallery"));
+  $("view-strategies").addEventListener("click", () => showView("strategies"));
+  const groups = el("select", { id: "strategy-group" }, STRATEGIES.groups.map((g, k) =>
+    el("option", { value: k }, `${g.label} (${g.class}) · ${g.method} · ${g.samples} maps, ${g.k} cluster(s)`)));
+  const order = el("select", { id: "strategy-order" }, el("option", { value: "size" }, "largest first"),
+    el("option", { value: "score" }, "most suspicious first"));
+  groups.addEventListener("change", renderStrategy);
+  order.addEventListener("change", renderStrategy);
+  const skipped = STRATEGIES.skipped.length ? el("span", { class: "pred" },
+    `${STRATEGIES.skipped.length} class(es) skipped: too few maps`) : null;
+  $("strategies").append(el("div", { class: "controls" }, el("label", {}, "Class ", groups),
+    el("label", {}, "Clusters ", order), skipped), el("div", { id: "strategy-body" }));
+  renderStrategy();
+}
+
 setupControls();
+setupStrategies();
 refresh();
 const match = /^#image=(\d+)$/.exec(location.hash);
 if (match) openDetail(+match[1]);
+if (location.hash === "#strategies" && STRATEGIES) showView("strategies");
 document.body.dataset.ready = "1";

@@ -1,0 +1,79 @@
+"""Pictures of the strategies of a class: prototypes, montages of members, the eigenvalue
+spectrum with its gap, the 2-D embedding coloured by cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+from matplotlib.figure import Figure
+
+from camkit import viz
+from camkit.strategies.core import ClassStrategies
+
+
+def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:
+    """A cluster's mean map ``(gh, gw)`` -> ``side x side`` RGB uint8, scaled to its own
+    maximum, blocky (nearest) so the grid cells stay visible."""
+    peak = float(prototype.max())
+    unit = prototype / peak if peak > 0 else np.zeros_like(prototype)
+    unit = cv2.resize(unit.astype(np.float32), (side, side), interpolation=cv2.INTER_NEAREST)
+    return viz.overlay(np.zeros((side, side, 3), np.uint8), unit, alpha=1.0, colormap=colormap)
+
+
+def montage(pictures: Sequence[np.ndarray], columns: int = 8, side: int = 96) -> np.ndarray:
+    """RGB uint8 pictures side by side (``columns`` a row, each fitted in ``side x side`` on a
+    white tile) -> one RGB uint8 picture."""
+    if not pictures:
+        return np.full((side, side, 3), 255, np.uint8)
+    rows = -(-len(pictures) // columns)
+    sheet = np.full((rows * (side + 2), min(columns, len(pictures)) * (side + 2), 3), 255, np.uint8)
+    for k, picture in enumerate(pictures):
+        h, w = picture.shape[:2]
+        scale = side / max(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        small = cv2.resize(picture, size, interpolation=cv2.INTER_AREA)
+        top, left = (k // columns) * (side + 2) + 1, (k % columns) * (side + 2) + 1
+        sheet[top : top + size[1], left : left + size[0]] = small
+    return sheet
+
+
+def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
+    """The smallest eigenvalues of the normalised Laplacian, the suggested ``k`` marked."""
+    figure = Figure(figsize=(4.2, 3.0), layout="constrained")
+    ax = figure.subplots()
+    values = found.eigenvalues
+    ax.plot(np.arange(1, len(values) + 1), values, "o-", color="#2457c5")
+    k = found.suggested_k
+    if k < len(values):
+        ax.axvspan(k + 0.1, k + 0.9, color="#f4a261", alpha=0.35, label=f"largest gap: k = {k}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("eigenvalue index")
+    ax.set_ylabel("eigenvalue of the normalised Laplacian")
+    ax.set_title(title or "eigengap", fontsize=10)
+    return figure
+
+
+def embedding_figure(found: ClassStrategies, title: str | None = None) -> Figure:
+    """The 2-D embedding, one colour per cluster (noise grey)."""
+    figure = Figure(figsize=(4.2, 3.6), layout="constrained")
+    ax = figure.subplots()
+    if found.embedding is not None:
+        position = {int(index): k for k, index in enumerate(found.indices)}
+        labels = found.labels[[position[int(i)] for i in found.embedding_index]]
+        for cluster in sorted(set(labels.tolist())):
+            points = found.embedding[labels == cluster]
+            name = "noise" if cluster < 0 else f"cluster {cluster}"
+            color = "#999999" if cluster < 0 else f"C{cluster % 10}"
+            ax.scatter(points[:, 0], points[:, 1], s=8, color=color, label=name)
+        ax.legend(fontsize=7, markerscale=1.5)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or "2-D embedding", fontsize=10)
+    return figure
+
+
+def save_figure(figure: Figure, path: str) -> None:
+    """A matplotlib figure as a PNG file."""
+    figure.savefig(path, dpi=110)
