@@ -4,7 +4,7 @@ Run from the repository root (needs Chromium and the serve extra)::
 
     PYTHONPATH=src python docs/make_serve_screenshot.py [docs/serve.png]
 
-The cat photo, Grad-CAM for its top class and for "tiger cat" side by side, and the depth strip.
+The cat photo, Grad-CAM for its top class and for "tabby" side by side, and the depth strip.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(out: Path) -> None:
             browser.js(WAIT_IDLE)
             browser.js(
                 """(() => { const e = document.getElementById('class2');
-                e.value = 'tiger cat (282)'; e.dispatchEvent(new Event('change')); })()"""
+                e.value = 'tabby (281)'; e.dispatchEvent(new Event('change')); })()"""
             )
             browser.js(WAIT_IDLE)
             browser.js("document.getElementById('depth-button').click()")

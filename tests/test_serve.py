@@ -157,6 +157,17 @@ def test_stages_pick_the_end_of_each_resolution_and_the_default() -> None:
     ]
     assert stages(layers, "e") == ["b", "d", "e"]
     assert stages(layers, "f", count=2) == ["d", "f"]
+    nested = [  # the shallowest layers at each resolution: stage outputs, not layers in blocks
+        ("stem", "Conv2d", (1, 4, 16, 16)),
+        ("blocks.0", "Sequential", (1, 4, 16, 16)),
+        ("blocks.1.0.conv", "Conv2d", (1, 8, 16, 16)),
+        ("blocks.1.0.dw", "Conv2d", (1, 8, 8, 8)),
+        ("blocks.1", "Sequential", (1, 8, 8, 8)),
+        ("head.bn", "BatchNorm2d", (1, 8, 8, 8)),
+        ("pool.inner.avg", "AvgPool2d", (1, 8, 4, 4)),
+    ]
+    assert stages(nested, "stem") == ["stem", "head.bn", "pool.inner.avg"]
+    assert stages(nested, "blocks.1.0.dw", count=2) == ["blocks.1.0.dw", "pool.inner.avg"]
     tokens = [(f"blocks.{k}", "Block", (1, 197, 64)) for k in range(12)]
     assert stages(tokens, "blocks.11", count=4) == ["blocks.0", "blocks.4", "blocks.7", "blocks.11"]
 

@@ -74,33 +74,39 @@ def is_transformer(model: nn.Module) -> bool:
 
 
 def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
-    """The layers ``camkit layers`` lists whose output a CAM can read: ``(B, C, h, w)`` maps and
-    ``(B, N, C)`` tokens, as ``(name, type, shape)``."""
+    """The layers ``camkit layers`` lists whose output a CAM can read: ``(B, C, h, w)`` maps
+    with more than one position and ``(B, N, C)`` tokens, as ``(name, type, shape)``."""
     return [
         (name, kind, tuple(shape))
         for name, kind, shape in models.layer_shapes(model, size)
-        if len(shape) in (3, 4)
+        if len(shape) == 3 or (len(shape) == 4 and shape[-1] * shape[-2] > 1)
     ]
 
 
 def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
-    """The depth strip's layers: the last layer at each spatial resolution (the end of each
-    stage of a CNN), the default layer for its own resolution; for token models, ``count``
-    evenly spaced layers ending at the default."""
+    """The depth strip's layers, at most ``count``, deepest last.
+
+    CNNs: for each spatial resolution, the last of the shallowest layers at that resolution
+    (``layer1``..``layer4`` of a ResNet, ``blocks.N`` of an EfficientNet, ``features.N`` of a
+    VGG): the end of each stage; the default layer stands for its own resolution. Token models:
+    ``count`` evenly spaced layers ending at the default."""
     maps = [(name, shape) for name, _, shape in layers if len(shape) == 4]
     if not maps:
         names = [name for name, _, _ in layers]
         end = names.index(default) + 1 if default in names else len(names)
         picks = np.linspace(0, end - 1, min(count, end)).round().astype(int)
         return [names[i] for i in dict.fromkeys(picks.tolist())]
-    last: dict[tuple, str] = {}
+    last: dict[tuple, tuple[int, str]] = {}  # resolution -> (depth, name)
     for name, shape in maps:
-        last[tuple(shape[-2:])] = name
+        resolution, depth = tuple(shape[-2:]), name.count(".")
+        if resolution not in last or depth <= last[resolution][0]:
+            last[resolution] = (depth, name)
+    last = {resolution: name for resolution, (_, name) in last.items()}
     default_shape = next((tuple(s[-2:]) for n, s in maps if n == default), None)
     if default_shape is not None:
         last[default_shape] = default
-    chosen = list(last.values())
-    chosen.sort(key=[name for name, _ in maps].index)
+    order = [name for name, _ in maps]
+    chosen = sorted(last.values(), key=order.index)
     return chosen[-count:]
 
 

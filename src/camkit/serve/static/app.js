@@ -274,6 +274,7 @@ async function start() {
     $("method").append(element("optgroup", { label: family }, methods.map((m) =>
       element("option", { value: m.name, text: m.name + (m.slow ? " (slow)" : ""), title: m.reference }))));
   }
+  if (info.methods.some((m) => m.name === "gradcam")) $("method").value = "gradcam";
   $("layer").append(...info.layers.map((layer) => element("option", {
     value: layer.name,
     text: `${layer.name === info.default_layer ? "★ " : ""}${layer.name} ${JSON.stringify(layer.shape.slice(1))}`,
