@@ -12,7 +12,8 @@ the token check, the batcher, the model thread, the overlay and its PNG). Cases:
    same 400 requests one at a time;
 3. the depth strip (Grad-CAM at the 5 stages, one pass) vs one Grad-CAM call;
 4. a gallery page of 50 images out of 10,000 once predictions exist (JSON), sorted by
-   confidence, and the page's 50 thumbnails made from the photos.
+   confidence, and the page's 50 thumbnails: made during prediction (as the background pass
+   does), and not made yet.
 
 Medians of ``--repeats`` interleaved rounds. Not a test: a missed target is written, not raised.
 """
@@ -43,9 +44,9 @@ TOKEN = "bench"
 
 def make(entries: list[Entry], photos: dict) -> tuple[Explorer, object]:
     loaded = models.load(models.DEFAULT_MODEL)
+    for entry in entries:  # decoded once (shared arrays), as a warm server has them
+        entry.pixels = photos[entry.name.split("#")[0]]
     explorer = Explorer({"a": loaded}, entries)
-    for index, entry in enumerate(entries):  # decoded once, as a warm server has them
-        explorer.photos.put(index, photos[entry.name.split("#")[0]])
     return explorer, create_app(explorer, token=TOKEN)
 
 
@@ -159,6 +160,7 @@ def main() -> None:
     run(together())
     gathered = time.perf_counter() - started
     batches = explorer.engine_calls - calls
+    print(f"400 maps: one at a time {alone:.1f} s, 16 clients {gathered:.1f} s ({batches} calls)")
     rows.append(
         (
             f"400 maps from 16 concurrent clients ({batches} engine calls)",
@@ -198,6 +200,18 @@ def main() -> None:
 
     page = median_time(gallery_page, args.repeats)
     thumbs = median_time(thumbnails, args.repeats)
+    big.predict(list(range(500)), "a")  # what the background prediction pass leaves
+
+    def thumbnails_made() -> None:
+        start = 50 * (next(offsets) % 10)
+
+        async def all_thumbs() -> None:
+            paths = [f"/api/thumb/{i}" for i in range(start, start + 50)]
+            await asyncio.gather(*(fetch(big_client, path) for path in paths))
+
+        run(all_thumbs())
+
+    made = median_time(thumbnails_made, args.repeats)
     rows.append(
         (
             "gallery page of 50 of 10,000 images, sorted by confidence (JSON)",
@@ -210,11 +224,21 @@ def main() -> None:
     )
     rows.append(
         (
-            "the page's 50 thumbnails, made from decoded photos",
+            "the page's 50 thumbnails, made while predicting (background pass)",
+            made,
+            "target 300 ms",
+            made / 0.3,
+            "<= 1x",
+            made <= 0.3,
+        )
+    )
+    rows.append(
+        (
+            "the page's 50 thumbnails, none made yet (decoded photos)",
             thumbs,
             "target 300 ms",
             thumbs / 0.3,
-            "",
+            "<= 1x",
             thumbs <= 0.3,
         )
     )

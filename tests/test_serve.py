@@ -372,6 +372,46 @@ def test_a_run_folder_reuses_its_predictions_and_serves_its_maps(tmp_path: Path)
         assert np.array_equal(png(served), photo(7))
 
 
+def test_the_strategies_of_a_run_link_into_the_image_view(tmp_path: Path) -> None:
+    from camkit.serve.gallery import read_run, read_strategies
+
+    run = write_run(tmp_path)
+    photos = tmp_path / "photos"
+    extra = [str(photos / "tabby" / "tabby0.png"), str(photos / "loose0.png")]
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["records"].append({"image": extra[0], "top5": manifest["records"][0]["top5"]})
+    cio.save_json(run / "manifest.json", manifest)
+    (run / "strategies").mkdir()
+    cio.save_png(run / "strategies" / "prototype_gradcam_1_0.png", photo(3, 8, 8))
+    cluster = {"id": 0, "size": 2, "members": [0, 1], "typical": [1, 0], "atypical": [7]}
+    cluster |= {"confidence": 0.6, "accuracy": None, "suspiciousness": 0.25}
+    cluster |= {"prototype": "prototype_gradcam_1_0.png"}
+    group = {"method": "gradcam", "class": 1, "label": "espresso", "samples": 2}
+    group |= {"suggested_k": 1, "clusters": [cluster], "eigengap_plot": "eigengap_gradcam_1.png"}
+    skipped = [{"method": "gradcam", "class": 2, "reason": "1 map"}]
+    data = {"images": extra, "groups": [group], "skipped": skipped}
+    cio.save_json(run / "strategies" / "strategies.json", data)
+    entries, header, predictions = read_run(run)
+    strategies = read_strategies(run, entries)
+    explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
+    app = create_app(explorer, token=None, run_root=run, strategies=strategies)
+    with TestClient(app) as client:
+        assert client.get("/api/info").json()["strategies"] is True
+        view = client.get("/api/strategies").json()
+        first = view["groups"][0]["clusters"][0]
+        # rows of the map file -> gallery ids: row 1 is loose0.png (id 0), row 0 tabby0 (id 1)
+        assert first["typical"] == [0, 1] and first["atypical"] == []  # row 7: no such row
+        assert first["prototype"] == "strategies/prototype_gradcam_1_0.png"
+        assert view["groups"][0]["eigengap_plot"] == "strategies/eigengap_gradcam_1.png"
+        assert view["skipped"] == skipped
+        assert client.get(f"/api/run/{first['prototype']}").status_code == 200
+    assert read_strategies(tmp_path, entries) is None
+    explorer = Explorer({"a": loaded()}, entries)
+    with TestClient(create_app(explorer, token=None, run_root=run)) as client:
+        reply = client.get("/api/strategies")
+        assert reply.status_code == 404 and "camkit strategies" in reply.json()["error"]
+
+
 # ----------------------------------------------------------------------------- security
 
 

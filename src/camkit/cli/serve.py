@@ -40,7 +40,7 @@ def build(args: argparse.Namespace):
         raise UsageError(missing)
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
-    from camkit.serve.gallery import read_run, scan
+    from camkit.serve.gallery import read_run, read_strategies, scan
 
     token = security.new_token() if args.token is None else args.token
     try:
@@ -53,10 +53,11 @@ def build(args: argparse.Namespace):
     for path in paths:
         if not path.exists():
             raise UsageError(f"no such file or directory: {path}")
-    run_root, header, predictions = None, None, {}
+    run_root, header, predictions, strategies = None, None, {}, None
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         run_root = paths[0].resolve()
         entries, header, predictions = read_run(run_root)
+        strategies = read_strategies(run_root, entries)
         if header.get("model") != args.model or header.get("weights_sha256") != sha(args.weights):
             predictions = {}  # made by another model: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
@@ -76,6 +77,7 @@ def build(args: argparse.Namespace):
         token=token or None,
         run_root=run_root,
         run_header=header,
+        strategies=strategies,
         hosts=security.allowed_hosts(args.host),
         background=True,
     )

@@ -15,6 +15,7 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/depth``             the depth strip: the method at every stage from one pass
 ``GET /api/curve``             the deletion/insertion curves of a map
 ``POST /api/upload``           an image file as the body -> its id
+``GET /api/strategies``        the run's clusters per class (``camkit strategies``), as ids
 ``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
 =============================  ============================================================
 """
@@ -106,13 +107,15 @@ def create_app(
     token: str | None,
     run_root: Path | None = None,
     run_header: dict | None = None,
+    strategies: dict | None = None,
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
-    served; ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
+    served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
+    ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery."""
     batcher = MapBatcher(explorer, window=window)
     checkpoints = list(explorer.checkpoints)
@@ -170,6 +173,7 @@ def create_app(
                 "truths": truths,
                 "colormaps": list(COLORMAPS),
                 "run": run_header,
+                "strategies": strategies is not None,
             }
         )
 
@@ -306,6 +310,11 @@ def create_app(
         name = safe_name(request.query_params.get("name") or "upload") or "upload"
         return JSONResponse({"id": explorer.add_upload(f"upload: {name}", pixels)})
 
+    async def strategies_view(request: Request) -> Response:
+        if strategies is None:
+            return error("this run has no strategies: run 'camkit strategies RUN_DIR'", 404)
+        return JSONResponse(strategies)
+
     async def run_file(request: Request) -> Response:
         if run_root is None:
             return error("not found", 404)
@@ -359,6 +368,7 @@ def create_app(
         Route("/api/depth", depth),
         Route("/api/curve", curve),
         Route("/api/upload", upload, methods=["POST"]),
+        Route("/api/strategies", strategies_view),
         Route("/api/run/{path:path}", run_file),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)] if hosts else []

@@ -222,14 +222,16 @@ class Explorer:
         return batch if reference is None else batch.to(dtype=reference.dtype)
 
     def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
-        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint; an
-        unreadable image gets an empty prediction and its reason in ``errors``."""
+        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (and
+        their thumbnails); an unreadable image gets an empty prediction and its entry the
+        reason."""
         known = self.predictions[checkpoint]
         todo = [i for i in dict.fromkeys(images) if i not in known]
         readable = []
         for image in todo:
             try:
                 self.model_input(image)
+                self.thumbnail(image)  # made while the photo is decoded: the gallery is fast
                 readable.append(image)
             except InputError:  # the reason is in the entry's error
                 known[image] = []

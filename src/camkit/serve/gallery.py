@@ -7,6 +7,7 @@ ask for images that are in the list.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -150,3 +151,46 @@ def select(
 
         chosen.sort(key=key)
     return chosen
+
+
+STRATEGIES = Path("strategies") / "strategies.json"
+"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
+
+
+def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
+    """The run's ``strategies/strategies.json`` (the clusters of each class's maps, SpRAy) with
+    its members as gallery ids and its pictures as paths under the run folder; None without one.
+
+    The file lists, per (method, class), the clusters with their members as rows of the run's
+    map file; its ``images`` gives each row's image, which is found among the gallery's."""
+    path = run / STRATEGIES
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text("utf-8"))
+    position = {os.path.normpath(str(e.path)): i for i, e in enumerate(entries) if e.path}
+    images = [os.path.normpath(str(image)) for image in data.get("images", [])]
+
+    def ids(rows: Sequence[int]) -> list[int]:
+        found = (position.get(images[row]) for row in rows if 0 <= row < len(images))
+        return [index for index in found if index is not None]
+
+    def picture(name: str | None) -> str | None:
+        return f"{STRATEGIES.parent.as_posix()}/{name}" if name else None
+
+    groups = []
+    for group in data.get("groups", []):
+        clusters = [
+            {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
+            | {
+                "suspiciousness": cluster.get("suspiciousness"),
+                "prototype": picture(cluster.get("prototype")),
+                "typical": ids(cluster.get("typical", [])),
+                "atypical": ids(cluster.get("atypical", [])),
+            }
+            for cluster in group.get("clusters", [])
+        ]
+        groups.append(
+            {key: group.get(key) for key in ("method", "class", "label", "samples", "suggested_k")}
+            | {"eigengap_plot": picture(group.get("eigengap_plot")), "clusters": clusters}
+        )
+    return {"groups": groups, "skipped": data.get("skipped", [])}

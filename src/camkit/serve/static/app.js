@@ -121,7 +121,7 @@ function mapParams(extra = {}) {
   };
 }
 
-async function openImage(id) {
+async function openImage(id, wanted = {}) {
   state.image = id;
   const info = await getJSON(`image/${id}`, { k: 5 });
   state.imageInfo = info;
@@ -144,7 +144,8 @@ async function openImage(id) {
       text: `run: ${map.method} · ${map.layer || "no layer"} · ${map.label}` });
     runMaps.append(link, element("br"));
   }
-  $("class").value = classText(info.top[0].index);
+  $("class").value = classText(wanted.class ?? info.top[0].index);
+  if (wanted.method && state.info.methods.some((m) => m.name === wanted.method)) $("method").value = wanted.method;
   $("class2").value = "";
   $("depth").replaceChildren();
   $("curves").replaceChildren();
@@ -237,14 +238,48 @@ async function curves() {
 // ------------------------------------------------------------------ set-up
 
 async function route() {
-  const match = /^#image=(\d+)$/.exec(location.hash);
-  $("gallery-view").hidden = !!match;
+  const match = /^#image=(\d+)(?:&class=(\d+))?(?:&method=([\w+-]+))?$/.exec(location.hash);
+  const strategies = location.hash === "#strategies";
+  $("gallery-view").hidden = !!match || strategies;
   $("image-view").hidden = !match;
+  $("strategies-view").hidden = !strategies;
   for (const url of state.urls.splice(0)) URL.revokeObjectURL(url);
   try {
-    if (match) await openImage(+match[1]);
+    if (match) await openImage(+match[1], { class: match[2] && +match[2], method: match[3] });
+    else if (strategies) await loadStrategies();
     else await loadGallery();
   } catch (error) { showError(error.message); }
+}
+
+// ------------------------------------------------------------------ strategies
+
+function figureNumber(value, digits = 2) {
+  return value === null || value === undefined ? "–" : (+value).toFixed(digits);
+}
+
+async function loadStrategies() {
+  const data = await getJSON("strategies");
+  const groups = data.groups.map((group) => {
+    const clusters = [...group.clusters].sort((a, b) => (b.suspiciousness ?? 0) - (a.suspiciousness ?? 0));
+    const link = (id) => element("a", { href: `#image=${id}&class=${group.class}&method=${group.method}` }, [
+      element("img", { src: api(`thumb/${id}`), loading: "lazy", alt: `image ${id}` }),
+    ]);
+    return element("section", { class: "group" }, [
+      element("h3", { text: `${group.label} (${group.class}) · ${group.method} · ${group.samples} maps · ${clusters.length} clusters` }),
+      element("div", { class: "clusters" }, clusters.map((cluster, rank) => element("div", {
+        class: "cluster" + (rank === 0 && clusters.length > 1 ? " suspicious" : ""),
+      }, [
+        cluster.prototype ? element("img", { class: "prototype", src: api(`run/${encodeURI(cluster.prototype)}`), alt: "prototype" }) : "",
+        element("div", { text: `cluster ${cluster.id}: ${cluster.size} images` }),
+        element("div", { text: `confidence ${figureNumber(cluster.confidence)}, accuracy ${figureNumber(cluster.accuracy)}` }),
+        element("div", { text: `suspiciousness ${figureNumber(cluster.suspiciousness, 3)}` }),
+        element("div", { class: "members", title: "typical members" }, cluster.typical.map(link)),
+        element("div", { class: "members", title: "atypical members" }, cluster.atypical.map(link)),
+      ]))),
+    ]);
+  });
+  const skipped = data.skipped.length ? [element("p", { class: "note", text: `${data.skipped.length} class(es) skipped: too few maps` })] : [];
+  $("strategies").replaceChildren(...groups, ...skipped);
 }
 
 async function upload(file) {
@@ -282,6 +317,7 @@ async function start() {
   $("layer").value = info.default_layer;
   $("colormap").append(...info.colormaps.map((c) => element("option", { value: c, text: c })));
   $("compare-box").hidden = info.checkpoints.length < 2;
+  $("strategies-link").hidden = !info.strategies;
 
   for (const id of ["f-order", "f-truth", "f-wrong", "f-predicted"]) {
     $(id).addEventListener("change", () => { state.offset = 0; loadGallery().catch((e) => showError(e.message)); });
