@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import os
 import platform
 import statistics
 import time
@@ -40,6 +41,17 @@ from camkit.serve.explorer import Explorer
 from camkit.serve.gallery import Entry
 
 TOKEN = "bench"
+NOTES = """Notes:
+
+- Absolute times depend on the machine's load (its load average at the end of the run is in
+  the first line); the ratios compare runs interleaved under the same load.
+- The depth strip misses its target: its backward pass must reach the first stage (112x112 in
+  EfficientNet-Lite0), while one Grad-CAM at `bn2` back-propagates through the head only; one
+  pass for 5 layers still costs less than two separate Grad-CAM calls at the deepest and the
+  shallowest stage would.
+- Thumbnails are made when an image is predicted (the background pass over the gallery does it
+  for every image), so a page of thumbnails is served from memory; a page viewed before that
+  pass reached it makes its thumbnails from the decoded photos."""
 
 
 def make(entries: list[Entry], photos: dict) -> tuple[Explorer, object]:
@@ -252,7 +264,8 @@ def main() -> None:
         "",
         f"`python benchmarks/serve.py` on {datetime.date.today()}, "
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-        f"{args.threads} threads, median of {args.repeats} interleaved rounds; "
+        f"{args.threads} threads, load average {os.getloadavg()[0]:.1f}, "
+        f"median of {args.repeats} interleaved rounds; "
         "EfficientNet-Lite0 at 224x224 on scikit-image's photos; requests through httpx's ASGI "
         "transport in the same process.",
         "",
@@ -264,7 +277,7 @@ def main() -> None:
             f"| {case} | {seconds * 1000:.0f} ms | {other} | {ratio:.2f} | {target} | "
             f"{('yes' if met else 'no') if target else ''} |"
         )
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n\n" + NOTES + "\n"
     Path(args.out).write_text(text)
     print(text)
 
