@@ -507,6 +507,10 @@ def test_uploads_are_limited_and_a_bad_one_does_not_stop_the_server(served, monk
     model = explorer.checkpoints["a"].model
     expected = camkit.GradCAM(model, "act2")(explorer.preprocess(photo(5)), target=2).numpy()
     assert np.abs(raw - expected).max() < 1e-5
+    monkeypatch.setattr(security, "MAX_UPLOADS", 2)
+    assert client.post("/api/upload", content=good).status_code == 200
+    full = client.post("/api/upload", content=good)
+    assert full.status_code == 429 and "already holds 2 uploads" in full.json()["error"]
 
 
 def test_host_header_is_checked_on_loopback(tmp_path: Path) -> None:

@@ -292,7 +292,13 @@ def create_app(
         key = MapKey(checkpoint, method, next(iter(maps)), image, target)
         return JSONResponse(await batcher.run(explorer.curves, key))
 
+    uploads = [0]
+
     async def upload(request: Request) -> Response:
+        if uploads[0] >= security.MAX_UPLOADS:
+            raise security.UploadError(
+                f"this server already holds {security.MAX_UPLOADS} uploads; restart it", 429
+            )
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > security.MAX_UPLOAD_BYTES:
             raise security.UploadError(
@@ -308,6 +314,7 @@ def create_app(
                 )
         pixels = await asyncio.to_thread(security.read_upload, bytes(body))
         name = safe_name(request.query_params.get("name") or "upload") or "upload"
+        uploads[0] += 1
         return JSONResponse({"id": explorer.add_upload(f"upload: {name}", pixels)})
 
     async def strategies_view(request: Request) -> Response:

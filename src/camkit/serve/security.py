@@ -6,8 +6,9 @@ listen on, the files it may serve (only under the given roots) and the uploads i
   is compared in constant time. Serving on a non-loopback address without one is refused.
 * **Paths**: a relative path is served only when it resolves, symlinks followed, to a file
   under its root: ``..``, absolute paths, NUL bytes and symlinks that lead out are "not found".
-* **Uploads**: at most :data:`MAX_UPLOAD_BYTES`, decoded by :func:`camkit.io.read_image` with a
-  pixel limit checked from the header before any pixel is decoded.
+* **Uploads**: at most :data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES` each, decoded
+  by :func:`camkit.io.read_image` with a pixel limit checked from the header before any pixel
+  is decoded.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest upload accepted (bytes); a larger body is refused before it is read to the end."""
 MAX_UPLOAD_PIXELS = 40_000_000
 """Largest uploaded image (pixels, from its header; refused before decoding)."""
+MAX_UPLOADS = 200
+"""Uploads kept in memory by one server; more are refused (restart it to start afresh)."""
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
