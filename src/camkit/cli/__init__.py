@@ -1,5 +1,6 @@
 """The ``camkit`` command: ``explain`` images, ``evaluate`` the maps' faithfulness, list a model's
-``layers``, find the model's ``strategies`` across a run, run the ``demo``.
+``layers``, find the model's ``strategies`` across a run, run the ``demo``, ``serve`` the
+live explorer.
 
 The subcommands parse arguments, find and batch image files, name and write the outputs and the
 manifest, and choose exit codes; every map, overlay and model comes from the library.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 import camkit
-from camkit.cli import demo, evaluate, explain, layers, strategies
+from camkit.cli import demo, evaluate, explain, layers, serve, strategies
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     strategies.add_parser(commands)
     layers.add_parser(commands)
     demo.add_parser(commands)
+    serve.add_parser(commands)
     return parser
 
 

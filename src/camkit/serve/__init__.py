@@ -1,0 +1,33 @@
+"""``camkit serve``: an interactive explorer of a model's maps, live in the browser.
+
+A gallery of images with their predictions (filters by predicted and true class, misclassified
+only, low confidence first), and for each image the maps of any class, method, layer and
+checkpoint computed on demand: the depth strip (one method at every stage from one pass), two
+classes or two checkpoints side by side, deletion/insertion curves, downloads.
+
+* :mod:`camkit.serve.app`: the ASGI app (Starlette) and its routes;
+* :mod:`camkit.serve.batcher`: concurrent map requests -> one engine call per group;
+* :mod:`camkit.serve.explorer`: what is computed, through camkit's public API;
+* :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest);
+* :mod:`camkit.serve.security`: the token, path roots and upload limits, in one place;
+* ``static/``: the page (plain HTML, CSS and JavaScript; nothing fetched from the internet).
+
+The web stack is an optional extra: ``pip install 'camkit[serve]'``.
+"""
+
+from __future__ import annotations
+
+MISSING_STACK = (
+    "camkit serve needs the web stack, which is an optional extra: "
+    "pip install 'camkit[serve]' (starlette and uvicorn)"
+)
+
+
+def web_stack_missing() -> str | None:
+    """None when starlette and uvicorn import; else the message saying how to install them."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        return MISSING_STACK
+    return None

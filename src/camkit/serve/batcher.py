@@ -1,0 +1,103 @@
+"""Map requests that arrive together become one engine call.
+
+Every request for a map waits on a small queue; the model thread takes what has gathered
+(waiting ``window`` seconds after the first request, and meanwhile whatever arrives while it is
+busy), groups it by checkpoint, method and layers, and answers each group with ONE call of the
+method: the group's images as one batch, each image's classes as ``K`` targets, the layers from
+one pass (:meth:`~camkit.serve.explorer.Explorer.compute`). Maps are cached (bounded LRU), so a
+map asked twice is computed once. One thread runs every model call: hooks of two calls on the
+same model never overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from camkit.serve.explorer import Explorer, MapKey
+
+T = TypeVar("T")
+Group = tuple[str, str, tuple[str, ...]]
+
+
+class MapBatcher:
+    """Gathers map requests for ``window`` seconds and answers them in grouped engine calls."""
+
+    def __init__(self, explorer: Explorer, window: float = 0.005, max_pairs: int = 64) -> None:
+        self.explorer = explorer
+        self.window = window
+        self.max_pairs = max_pairs
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="camkit-model")
+        self.pending: list[tuple[Group, tuple[int, int], asyncio.Future]] = []
+        self.wakeup: asyncio.Event | None = None
+        self.worker: asyncio.Task | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a model call on the model thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.thread, functools.partial(function, *args, **kwargs))
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.worker is None or self.worker.done() or self.loop is not loop:
+            self.loop, self.wakeup = loop, asyncio.Event()
+            self.worker = loop.create_task(self._loop())
+
+    async def maps(
+        self, checkpoint: str, method: str, layers: tuple[str, ...], image: int, target: int
+    ) -> dict[str | None, np.ndarray]:
+        """The maps of one (image, class) at each of ``layers`` (``{None: map}`` for methods
+        without a layer), from the cache or the next grouped engine call."""
+        keys = self.keys(checkpoint, method, layers, image, target)
+        found = {key.layer: self.explorer.maps.get_item(key) for key in keys}
+        if all(value is not None for value in found.values()):
+            return found
+        self._start()
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append(((checkpoint, method, layers), (image, target), future))
+        self.wakeup.set()
+        await future
+        return {key.layer: self.explorer.maps.get_item(key) for key in keys}
+
+    def keys(
+        self, checkpoint: str, method: str, layers: tuple[str, ...], image: int, target: int
+    ) -> list[MapKey]:
+        from camkit import registry
+
+        names = layers if registry.get(method).needs_layer else (None,)
+        return [MapKey(checkpoint, method, layer, image, target) for layer in names]
+
+    async def _loop(self) -> None:
+        while True:
+            await self.wakeup.wait()
+            await asyncio.sleep(self.window)  # let the requests sent together arrive
+            self.wakeup.clear()
+            taken, self.pending = self.pending, []
+            groups: dict[Group, list[tuple[tuple[int, int], asyncio.Future]]] = {}
+            for group, pair, future in taken:
+                groups.setdefault(group, []).append((pair, future))
+            for (checkpoint, method, layers), requests in groups.items():
+                for start in range(0, len(requests), self.max_pairs):
+                    chunk = requests[start : start + self.max_pairs]
+                    pairs = [pair for pair, _ in chunk]
+                    try:
+                        await self.run(self.explorer.compute, checkpoint, method, layers, pairs)
+                    except Exception as error:  # each waiting request answers with it
+                        for _, future in chunk:
+                            if not future.done():
+                                future.set_exception(error)
+                        continue
+                    for _, future in chunk:
+                        if not future.done():
+                            future.set_result(None)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+        self.thread.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,365 @@
+"""What the explorer computes, through camkit's public API only: predictions, the methods and
+layers that fit a model, maps for many (image, class) pairs of one method in one engine call,
+the depth strip (one method at several layers from one pass), deletion/insertion curves.
+
+Every call here runs on the one model thread of :class:`~camkit.serve.batcher.MapBatcher`
+(hooks of two calls on the same model must never overlap); none changes the model: camkit's
+methods leave no hooks, ``.grad`` or mode behind, also after an error.
+"""
+
+from __future__ import annotations
+
+import io as _io
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import camkit
+from camkit import io, metrics, models, registry, viz
+from camkit.errors import ArgumentError, CamkitError, InputError, TargetError
+from camkit.serve.gallery import Entry, Prediction
+
+SLOW_FAMILIES = ("perturbation-cam",)
+SLOW_METHODS = frozenset({"sess", "smoothgrad", "ig", "smoothgradcam++", "shapleycam", "kpcacam"})
+ATTENTION_FAMILY = "attention"
+
+
+class LRU(OrderedDict):
+    """A bounded least-recently-used cache (thread-safe)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def get_item(self, key: Hashable) -> object | None:
+        with self.lock:
+            if key not in self:
+                return None
+            self.move_to_end(key)
+            return self[key]
+
+    def put(self, key: Hashable, value: object) -> None:
+        with self.lock:
+            self[key] = value
+            self.move_to_end(key)
+            while len(self) > self.size:
+                self.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class MapKey:
+    """One map: checkpoint, method, layer (None for layer-free methods), image, class."""
+
+    checkpoint: str
+    method: str
+    layer: str | None
+    image: int
+    target: int
+
+
+def is_transformer(model: nn.Module) -> bool:
+    """Whether the model has attention blocks (``nn.MultiheadAttention`` or timm's/HF's
+    ``...Attention`` modules): the attention methods only fit those."""
+    return any(
+        isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("Attention")
+        for module in model.modules()
+    )
+
+
+def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
+    """The layers ``camkit layers`` lists whose output a CAM can read: ``(B, C, h, w)`` maps
+    with more than one position and ``(B, N, C)`` tokens, as ``(name, type, shape)``."""
+    return [
+        (name, kind, tuple(shape))
+        for name, kind, shape in models.layer_shapes(model, size)
+        if len(shape) == 3 or (len(shape) == 4 and shape[-1] * shape[-2] > 1)
+    ]
+
+
+def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
+    """The depth strip's layers, at most ``count``, deepest last.
+
+    CNNs: for each spatial resolution, the last of the shallowest layers at that resolution
+    (``layer1``..``layer4`` of a ResNet, ``blocks.N`` of an EfficientNet, ``features.N`` of a
+    VGG): the end of each stage; the default layer stands for its own resolution. Token models:
+    ``count`` evenly spaced layers ending at the default."""
+    maps = [(name, shape) for name, _, shape in layers if len(shape) == 4]
+    if not maps:
+        names = [name for name, _, _ in layers]
+        end = names.index(default) + 1 if default in names else len(names)
+        picks = np.linspace(0, end - 1, min(count, end)).round().astype(int)
+        return [names[i] for i in dict.fromkeys(picks.tolist())]
+    last: dict[tuple, tuple[int, str]] = {}  # resolution -> (depth, name)
+    for name, shape in maps:
+        resolution, depth = tuple(shape[-2:]), name.count(".")
+        if resolution not in last or depth <= last[resolution][0]:
+            last[resolution] = (depth, name)
+    last = {resolution: name for resolution, (_, name) in last.items()}
+    default_shape = next((tuple(s[-2:]) for n, s in maps if n == default), None)
+    if default_shape is not None:
+        last[default_shape] = default
+    order = [name for name, _ in maps]
+    chosen = sorted(last.values(), key=order.index)
+    return chosen[-count:]
+
+
+def method_fits(name: str, model: nn.Module) -> str | None:
+    """Why a method does not fit the model (None when it does): the registry's family flags,
+    then a try of what the method needs from the model."""
+    method = registry.get(name)
+    if method.family == ATTENTION_FAMILY and not is_transformer(model):
+        return "an attention method: only for vision transformers"
+    if name == "cam":
+        try:
+            camkit.cam.find_classifier(model)
+        except CamkitError as error:
+            return str(error)
+    return None
+
+
+class Explorer:
+    """One or two checkpoints of one model, the images, and the caches of what was computed."""
+
+    def __init__(
+        self,
+        checkpoints: dict[str, models.LoadedModel],
+        entries: list[Entry],
+        *,
+        predictions: dict[int, Prediction] | None = None,
+        device: torch.device | str = "cpu",
+        cache_maps: int = 2048,
+    ) -> None:
+        if not checkpoints:
+            raise ArgumentError("expected at least one model")
+        self.checkpoints = checkpoints
+        self.device = torch.device(device)
+        first = next(iter(checkpoints.values()))
+        self.labels = first.labels
+        self.size = first.input_size
+        self.preprocess = first.preprocess
+        self.default_layer = first.default_layer
+        self.entries = entries
+        self.entries_lock = threading.Lock()
+        self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
+        self.predictions[next(iter(checkpoints))].update(predictions or {})
+        self.layers = spatial_layers(first.model, self.size)
+        self.stages = stages(self.layers, self.default_layer)
+        self.unavailable = {
+            name: reason
+            for name in registry.METHODS
+            if (reason := method_fits(name, first.model)) is not None
+        }
+        self.methods = [name for name in registry.METHODS if name not in self.unavailable]
+        self.maps = LRU(cache_maps)
+        self.inputs = LRU(256)
+        self.photos = LRU(256)
+        self.thumbs = LRU(4096)
+        self.explainers = LRU(32)
+        self.engine_calls = 0
+
+    # ------------------------------------------------------------------ images
+
+    def entry(self, image: int) -> Entry:
+        if not 0 <= image < len(self.entries):
+            raise KeyError(image)
+        return self.entries[image]
+
+    def add_upload(self, name: str, pixels: np.ndarray) -> int:
+        """Add an uploaded image; its id."""
+        with self.entries_lock:
+            self.entries.append(Entry(name, None, None, pixels))
+            return len(self.entries) - 1
+
+    def photo(self, image: int) -> np.ndarray:
+        """The image as read (``HxWx3`` uint8); camkit's reading with its limits."""
+        cached = self.photos.get_item(image)
+        if cached is None:
+            entry = self.entry(image)
+            if entry.pixels is not None:
+                cached = entry.pixels
+            else:
+                try:
+                    cached = io.read_image(entry.path)
+                except io.READ_ERRORS as error:
+                    entry.error = io.read_failure(error)
+                    raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
+            self.photos.put(image, cached)
+        return cached
+
+    def model_view(self, image: int) -> np.ndarray:
+        """The part of the photo the model sees (resized and cropped as the model's input)."""
+        return self.preprocess.resize_crop(self.photo(image))
+
+    def model_input(self, image: int) -> Tensor:
+        cached = self.inputs.get_item(image)
+        if cached is None:
+            cached = self.preprocess(self.photo(image))
+            self.inputs.put(image, cached)
+        return cached
+
+    def thumbnail(self, image: int, side: int = 160) -> bytes:
+        """A JPEG thumbnail of the photo (cached)."""
+        cached = self.thumbs.get_item(image)
+        if cached is None:
+            small = io.thumbnail(self.photo(image), side)
+            cached = encode(small, ".jpg")
+            self.thumbs.put(image, cached)
+        return cached
+
+    # ------------------------------------------------------------------ predictions
+
+    def _batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
+        model = self.checkpoints[checkpoint].model
+        reference = next(model.parameters(), None)
+        batch = torch.stack([self.model_input(i) for i in images]).to(self.device)
+        return batch if reference is None else batch.to(dtype=reference.dtype)
+
+    def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
+        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (and
+        their thumbnails); an unreadable image gets an empty prediction and its entry the
+        reason."""
+        known = self.predictions[checkpoint]
+        todo = [i for i in dict.fromkeys(images) if i not in known]
+        readable = []
+        for image in todo:
+            try:
+                self.model_input(image)
+                self.thumbnail(image)  # made while the photo is decoded: the gallery is fast
+                readable.append(image)
+            except InputError:  # the reason is in the entry's error
+                known[image] = []
+        if not readable:
+            return
+        model = self.checkpoints[checkpoint].model
+        with torch.no_grad():
+            logits = model(self._batch(readable, checkpoint))
+        probabilities = logits.float().softmax(dim=-1).cpu()
+        for image, row in zip(readable, probabilities, strict=True):
+            known[image] = models.top_classes(row, self.labels, k)
+
+    def probabilities(self, image: int, checkpoint: str) -> Tensor:
+        """All class probabilities of one image ``(num_classes,)``."""
+        model = self.checkpoints[checkpoint].model
+        with torch.no_grad():
+            logits = model(self._batch([image], checkpoint))
+        return logits.float().softmax(dim=-1)[0].cpu()
+
+    # ------------------------------------------------------------------ maps
+
+    def check_target(self, target: int) -> int:
+        if not 0 <= target < len(self.labels):
+            raise TargetError(
+                f"class {target} is out of range: this model has {len(self.labels)} classes, "
+                f"0..{len(self.labels) - 1}"
+            )
+        return target
+
+    def check_method(self, method: str) -> str:
+        registry.get(method)  # unknown names: UnknownMethodError with the close ones
+        if method in self.unavailable:
+            raise ArgumentError(f"{method} does not fit this model: {self.unavailable[method]}")
+        return method
+
+    def check_layer(self, layer: str) -> str:
+        names = [name for name, _, _ in self.layers]
+        if layer not in names:
+            camkit.find_layer(self.checkpoints[next(iter(self.checkpoints))].model, layer)
+            raise ArgumentError(
+                f"layer {layer!r} has no (B, C, h, w) map or (B, N, C) tokens to explain; "
+                "choose a layer that 'camkit layers' lists with such a shape"
+            )
+        return layer
+
+    def _explainer(self, checkpoint: str, method: str, layers: tuple[str, ...]) -> object:
+        key = (checkpoint, method, layers)
+        explainer = self.explainers.get_item(key)
+        if explainer is None:
+            entry = registry.get(method)
+            layer = (list(layers) if len(layers) > 1 else layers[0]) if entry.needs_layer else None
+            explainer = entry.build(self.checkpoints[checkpoint].model, layer)
+            self.explainers.put(key, explainer)
+        return explainer
+
+    def compute(
+        self,
+        checkpoint: str,
+        method: str,
+        layers: tuple[str, ...],
+        pairs: Sequence[tuple[int, int]],
+    ) -> None:
+        """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
+        ONE call of the method: the images as one batch, each with its classes as ``K``
+        targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
+        dropped), all layers from one pass (``fuse=False``). The maps go to the cache."""
+        needs_layer = registry.get(method).needs_layer
+        layers = layers if needs_layer else (None,)
+        wanted: dict[int, list[int]] = {}
+        for image, target in pairs:
+            classes = wanted.setdefault(image, [])
+            if target not in classes:
+                classes.append(target)
+        images = list(wanted)
+        width = max(len(classes) for classes in wanted.values())
+        targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
+        explainer = self._explainer(checkpoint, method, layers)
+        batch = self._batch(images, checkpoint)
+        options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
+        self.engine_calls += 1
+        result = explainer(batch, target=targets.to(self.device), **options)
+        by_layer = result if isinstance(result, dict) else {layers[0]: result}
+        for layer, maps in by_layer.items():
+            maps = as_heatmaps(maps, len(images), width)
+            for row, image in enumerate(images):
+                for column, target in enumerate(wanted[image]):
+                    key = MapKey(checkpoint, method, layer, image, target)
+                    self.maps.put(key, maps[row, column])
+
+    def curves(self, key: MapKey, steps: int = 20) -> dict[str, dict]:
+        """Deletion and insertion curves (Petsiuk et al., RISE, BMVC 2018) of a cached map."""
+        heat = self.maps.get_item(key)
+        if heat is None:
+            raise ArgumentError("compute the map first")
+        model = self.checkpoints[key.checkpoint].model
+        x = self._batch([key.image], key.checkpoint)
+        maps = torch.from_numpy(heat)[None].to(self.device)
+        answer = {}
+        for name, curve in (("deletion", metrics.deletion), ("insertion", metrics.insertion)):
+            auc, points = curve(model, x, maps, [key.target], steps=steps, return_curves=True)
+            answer[name] = {"auc": float(auc[0]), "curve": points[0].cpu().tolist()}
+        return answer
+
+
+def as_heatmaps(maps: Tensor, images: int, targets: int) -> np.ndarray:
+    """A method's maps as ``(B, K, H, W)`` float32 numbers for display: CAM maps as they are;
+    a pixel attribution ``(B, K, C, H, W)`` through :func:`camkit.to_heatmap` (``abs-max``)."""
+    maps = maps.detach().float()
+    if maps.ndim == 5:
+        maps = camkit.to_heatmap(maps)
+    return maps.reshape(images, targets, *maps.shape[-2:]).cpu().numpy()
+
+
+def encode(rgb: np.ndarray, suffix: str = ".png") -> bytes:
+    """An RGB image as PNG or JPEG bytes."""
+    ok, data = cv2.imencode(suffix, np.ascontiguousarray(rgb[..., ::-1]))
+    if not ok:
+        raise ArgumentError(f"could not encode a {rgb.shape} image as {suffix}")
+    return data.tobytes()
+
+
+def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:
+    """The map over the model's view of the photo, as PNG bytes (:func:`camkit.viz.overlay`;
+    a signed map is shown on its absolute values)."""
+    return encode(viz.overlay(photo, np.abs(heat), alpha=alpha, colormap=colormap))
+
+
+def npy_bytes(heat: np.ndarray) -> bytes:
+    buffer = _io.BytesIO()
+    np.save(buffer, heat.astype(np.float32))
+    return buffer.getvalue()

@@ -1,0 +1,196 @@
+"""The images the explorer shows: found in folders (ImageFolder layout gives true labels) or in
+a ``camkit explain`` run's manifest, plus uploads; filtered, sorted and paged.
+
+Images are known by their index (an ``id``), never by a path from the web: the browser can only
+ask for images that are in the list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from camkit.cli import manifest as run_manifest
+from camkit.cli.common import IMAGE_SUFFIXES
+
+Prediction = list[tuple[int, str, float]]
+"""Top classes of one image: ``(class index, label, probability)``, most probable first."""
+
+
+@dataclass
+class Entry:
+    """One image of the gallery."""
+
+    name: str
+    path: Path | None = None  # None for an upload (its pixels are in ``pixels``)
+    truth: str | None = None  # the true class from the folder layout, when there is one
+    pixels: np.ndarray | None = None
+    run_maps: list[dict] = field(default_factory=list)  # a run's records of this image
+    error: str | None = None  # why the file could not be read
+
+
+def _is_image(entry: os.DirEntry) -> bool:
+    return (
+        not entry.name.startswith(".")
+        and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES
+        and entry.is_file()
+    )
+
+
+def scan(paths: Sequence[Path]) -> tuple[list[Entry], list[Path]]:
+    """The images of files and folders, and the roots they lie under.
+
+    A folder's own images have no true class; the images in its subfolders (one level, as
+    torchvision's ``ImageFolder``: ``root/<class>/<image>``) have the subfolder's name as theirs.
+    Links that lead out of a folder are skipped.
+    """
+    entries: list[Entry] = []
+    roots: list[Path] = []
+    for path in paths:
+        if path.is_file():
+            entries.append(Entry(path.name, path))
+            roots.append(path.parent.resolve())
+            continue
+        root = path.resolve()
+        roots.append(root)
+        with os.scandir(root) as listing:
+            found = sorted(listing, key=lambda e: e.name)
+        for item in found:
+            if _is_image(item) and Path(item.path).resolve().is_relative_to(root):
+                entries.append(Entry(item.name, Path(item.path)))
+        for sub in found:
+            if sub.name.startswith(".") or not sub.is_dir():
+                continue
+            if not Path(sub.path).resolve().is_relative_to(root):
+                continue
+            with os.scandir(sub.path) as listing:
+                inside = sorted((e for e in listing if _is_image(e)), key=lambda e: e.name)
+            for item in inside:
+                if Path(item.path).resolve().is_relative_to(root):
+                    entries.append(Entry(f"{sub.name}/{item.name}", Path(item.path), sub.name))
+    return entries, roots
+
+
+def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
+    """A ``camkit explain`` folder: its images (in the manifest's order), the manifest's header
+    and the predictions it recorded (``top5``), by entry index."""
+    loaded = run_manifest.gather(run)
+    if loaded is None:
+        raise FileNotFoundError(f"no {run_manifest.MANIFEST} in {run}")
+    entries: list[Entry] = []
+    predictions: dict[int, Prediction] = {}
+    position: dict[str, int] = {}
+    for record in loaded["records"]:
+        image = record["image"]
+        if image not in position:
+            position[image] = len(entries)
+            entries.append(Entry(Path(image).name, Path(image)))
+        index = position[image]
+        if record.get("top5"):
+            predictions[index] = [
+                (int(row["index"]), str(row["label"]), float(row["probability"]))
+                for row in record["top5"]
+            ]
+        if record.get("output"):
+            entries[index].run_maps.append(
+                {
+                    key: record.get(key)
+                    for key in ("output", "raw", "method", "layer", "target", "label")
+                }
+            )
+    header = {key: value for key, value in loaded.items() if key != "records"}
+    return entries, header, predictions
+
+
+def _wrong(entry: Entry, prediction: Prediction | None) -> bool:
+    """Whether the top-1 class differs from the folder's true class (by name, or by index when
+    the folder is named by a number)."""
+    if entry.truth is None or not prediction:
+        return False
+    index, label, _ = prediction[0]
+    truth = entry.truth.strip().lower()
+    return not (truth == label.lower() or (truth.isdigit() and int(truth) == index))
+
+
+def select(
+    entries: Sequence[Entry],
+    predictions: dict[int, Prediction],
+    *,
+    predicted: str | None = None,
+    truth: str | None = None,
+    wrong: bool = False,
+    order: str = "name",
+) -> list[int]:
+    """Entry indices that pass the filters, in the asked order.
+
+    ``predicted``: top-1 label; ``truth``: folder class; ``wrong``: misclassified only;
+    ``order``: ``"name"`` (as found), ``"confidence"`` (low confidence first; images without
+    a prediction yet or unreadable come last) or ``"-confidence"``.
+    """
+    chosen = []
+    for index, entry in enumerate(entries):
+        prediction = predictions.get(index)
+        if predicted is not None and (not prediction or prediction[0][1] != predicted):
+            continue
+        if truth is not None and entry.truth != truth:
+            continue
+        if wrong and not _wrong(entry, prediction):
+            continue
+        chosen.append(index)
+    if order in ("confidence", "-confidence"):
+        sign = 1.0 if order == "confidence" else -1.0
+
+        def key(index: int) -> tuple[bool, float]:
+            prediction = predictions.get(index)
+            return (not prediction, sign * prediction[0][2] if prediction else 0.0)
+
+        chosen.sort(key=key)
+    return chosen
+
+
+STRATEGIES = Path("strategies") / "strategies.json"
+"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
+
+
+def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
+    """The run's ``strategies/strategies.json`` (the clusters of each class's maps, SpRAy) with
+    its members as gallery ids and its pictures as paths under the run folder; None without one.
+
+    The file lists, per (method, class), the clusters with their members as rows of the run's
+    map file; its ``images`` gives each row's image, which is found among the gallery's."""
+    path = run / STRATEGIES
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text("utf-8"))
+    position = {os.path.normpath(str(e.path)): i for i, e in enumerate(entries) if e.path}
+    images = [os.path.normpath(str(image)) for image in data.get("images", [])]
+
+    def ids(rows: Sequence[int]) -> list[int]:
+        found = (position.get(images[row]) for row in rows if 0 <= row < len(images))
+        return [index for index in found if index is not None]
+
+    def picture(name: str | None) -> str | None:
+        return f"{STRATEGIES.parent.as_posix()}/{name}" if name else None
+
+    groups = []
+    for group in data.get("groups", []):
+        clusters = [
+            {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
+            | {
+                "suspiciousness": cluster.get("suspiciousness"),
+                "prototype": picture(cluster.get("prototype")),
+                "typical": ids(cluster.get("typical", [])),
+                "atypical": ids(cluster.get("atypical", [])),
+            }
+            for cluster in group.get("clusters", [])
+        ]
+        groups.append(
+            {key: group.get(key) for key in ("method", "class", "label", "samples", "suggested_k")}
+            | {"eigengap_plot": picture(group.get("eigengap_plot")), "clusters": clusters}
+        )
+    return {"groups": groups, "skipped": data.get("skipped", [])}

@@ -1,0 +1,118 @@
+"""Every check that keeps ``camkit serve`` safe, in one place: the API token, the hosts it may
+listen on, the files it may serve (only under the given roots) and the uploads it accepts.
+
+* **Token**: a random token (``secrets.token_urlsafe``) printed in the start-up URL, as Jupyter
+  does; every ``/api/`` request carries it (``?token=`` or the ``X-Camkit-Token`` header) and it
+  is compared in constant time. Serving on a non-loopback address without one is refused.
+* **Paths**: a relative path is served only when it resolves, symlinks followed, to a file
+  under its root: ``..``, absolute paths, NUL bytes and symlinks that lead out are "not found".
+* **Uploads**: at most :data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES` each, decoded
+  by :func:`camkit.io.read_image` with a pixel limit checked from the header before any pixel
+  is decoded.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io as _io
+import ipaddress
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from camkit import io
+from camkit.errors import CamkitError
+
+TOKEN_HEADER = "X-Camkit-Token"
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+"""Largest upload accepted (bytes); a larger body is refused before it is read to the end."""
+MAX_UPLOAD_PIXELS = 40_000_000
+"""Largest uploaded image (pixels, from its header; refused before decoding)."""
+MAX_UPLOADS = 200
+"""Uploads kept in memory by one server; more are refused (restart it to start afresh)."""
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class SecurityError(CamkitError):
+    """A setting that would expose the explorer (a public address without a token)."""
+
+
+class UploadError(CamkitError):
+    """An upload that is refused: ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def new_token() -> str:
+    """A fresh random token (32 URL-safe characters)."""
+    return secrets.token_urlsafe(24)
+
+
+def token_matches(expected: str | None, given: str | None) -> bool:
+    """Whether a request's token is the server's (constant-time); no token set: always."""
+    if not expected:
+        return True
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host.strip("[]") in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen on a non-loopback address without a token."""
+    if not token and not is_loopback(host):
+        raise SecurityError(
+            f"refusing to serve on {host} without a token: anyone who can reach it could use "
+            "the model and read the images; keep the token or bind 127.0.0.1"
+        )
+
+
+def allowed_hosts(host: str) -> list[str]:
+    """``Host`` headers accepted: the loopback names when bound to loopback (which defeats DNS
+    rebinding), any otherwise (the token protects it)."""
+    if is_loopback(host):
+        return ["localhost", "127.0.0.1", "[::1]", "::1"]
+    return ["*"]
+
+
+def resolve_under(root: Path, relative: str) -> Path | None:
+    """The file ``root / relative`` if it is a file under ``root`` after resolving symlinks and
+    ``..``; None otherwise (absolute paths, NUL bytes, traversal, links that lead out)."""
+    if not relative or "\0" in relative or "\\" in relative:
+        return None
+    candidate = Path(relative)
+    if candidate.is_absolute() or ".." in candidate.parts:
+        return None
+    base = root.resolve()
+    try:
+        resolved = (base / candidate).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if not resolved.is_relative_to(base) or not resolved.is_file():
+        return None
+    return resolved
+
+
+def read_upload(data: bytes, *, max_bytes: int = MAX_UPLOAD_BYTES) -> np.ndarray:
+    """An uploaded file's bytes -> ``HxWx3`` uint8 RGB, through camkit's image reading and its
+    limits; :class:`UploadError` (413 too large, 400 unreadable) otherwise."""
+    if len(data) > max_bytes:
+        raise UploadError(f"the upload is {len(data):,} bytes, more than {max_bytes:,}", 413)
+    if not data:
+        raise UploadError("the upload is empty: send the image file's bytes as the body")
+    try:
+        return io.read_image(_io.BytesIO(data), max_pixels=MAX_UPLOAD_PIXELS)
+    except io.ImageTooLargeError as error:
+        raise UploadError(str(error), 413) from None
+    except io.READ_ERRORS as error:
+        raise UploadError(f"not a readable image: {io.read_failure(error)}") from None
