@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
-from camkit.core.targets import OutputSelector, Target, resolve, select_output
+from camkit.core.outputs import OutputSelector, select_output
+from camkit.core.targets import Target, resolve
 from camkit.errors import OutputError, TargetError
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor

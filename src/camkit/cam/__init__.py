@@ -27,7 +27,8 @@ from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import OutputSelector, TargetSpec, resolve
+from camkit.core.outputs import OutputSelector
+from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import UnknownMethodError
 
 

@@ -26,7 +26,8 @@ from camkit.core.attention import unfused_attention
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
-from camkit.core.targets import RowScorer, resolve, select_output
+from camkit.core.outputs import select_output
+from camkit.core.targets import RowScorer, resolve
 from camkit.errors import ArgumentError, LayerOutputError, TargetError
 from camkit.registry import register
 

@@ -25,7 +25,8 @@ from camkit.core.layers import (
     find_layers,
     single_call,
 )
-from camkit.core.targets import OutputSelector, RowScorer
+from camkit.core.outputs import OutputSelector
+from camkit.core.targets import RowScorer
 from camkit.core.trace import default_layer
 from camkit.errors import (
     ArgumentError,

@@ -29,7 +29,8 @@ from camkit.core.finish import drop_axes
 from camkit.core.inputs import as_batch, positive_int, seed_value
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import check_reshape
-from camkit.core.targets import OutputSelector, TargetSpec
+from camkit.core.outputs import OutputSelector
+from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 
 Reshape = Callable[[Tensor], Tensor]

@@ -27,7 +27,7 @@ belongs to sample ``rows[i]`` (top-1 classes are pinned on the clean pass first)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,9 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from camkit.errors import NonFiniteWarning, OutputError, TargetError, warn
-
-OutputSelector = str | int | Callable[[Any], Tensor] | None
+from camkit.core.outputs import OutputSelector, class_logits, sample_output, select_output
+from camkit.errors import NonFiniteWarning, TargetError, warn
 
 
 class Target:
@@ -71,61 +70,6 @@ class Target:
 TargetSpec = (
     int | Sequence[int] | Sequence[Sequence[int]] | Tensor | Callable[[Any], Tensor] | Target | None
 )
-
-
-def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
-    """Pick the logits from a model's output.
-
-    ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
-    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, and a
-    tuple or list gives its first element.
-    """
-    if callable(selector):
-        picked = selector(output)
-    elif isinstance(selector, str):
-        if isinstance(output, Mapping) and selector in output:
-            picked = output[selector]
-        elif hasattr(output, selector):
-            picked = getattr(output, selector)
-        else:
-            keys = list(output) if isinstance(output, Mapping) else None
-            raise OutputError(
-                f"the model's output ({type(output).__name__}) has no {selector!r}"
-                + (f"; its keys are {keys}" if keys is not None else "")
-            )
-    elif isinstance(selector, int):
-        try:
-            picked = output[selector]
-        except (IndexError, TypeError, KeyError):
-            raise OutputError(
-                f"output={selector} does not index the model's output ({type(output).__name__})"
-            ) from None
-    elif isinstance(output, Tensor):
-        picked = output
-    elif isinstance(output, Mapping) and "logits" in output:
-        picked = output["logits"]
-    elif hasattr(output, "logits"):
-        picked = output.logits
-    elif isinstance(output, tuple | list) and output:
-        picked = output[0]
-    else:
-        raise OutputError(
-            f"cannot find the logits in the model's output ({type(output).__name__}); "
-            "pass output= a key, an index or a callable that picks them, or a callable target"
-        )
-    if not isinstance(picked, Tensor):
-        raise OutputError(f"the selected model output is {type(picked).__name__}, not a tensor")
-    return picked
-
-
-def _logits(output: Any, selector: OutputSelector) -> Tensor:
-    logits = select_output(output, selector)
-    if logits.ndim != 2:
-        raise TargetError(
-            f"class targets need (B, num_classes) logits, but the model gives shape "
-            f"{tuple(logits.shape)}; pass a callable target that returns (B,) scores"
-        )
-    return logits
 
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
@@ -197,7 +141,7 @@ class RowScorer:
         so that perturbed copies keep explaining the clean prediction."""
         if not self.top1:
             return self
-        classes = _logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
+        classes = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
         return replace(self, classes=classes)
 
     def classes_of(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
@@ -258,7 +202,7 @@ class RowScorer:
                 return self.function.scores(output, rows), self.several
         if self.function is not None:
             return self._called(output, n)
-        logits = _logits(output, self.selector)
+        logits = class_logits(output, self.selector)
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
         if self.classes is None:
@@ -300,16 +244,6 @@ def _user_code(what: str) -> Iterator[None]:
             "(B,) scores, e.g. lambda out: out[:, 281]; for a class pass target=281 (or "
             "ClassTarget(281)); one callable per sample goes in a list of B callables"
         ) from err
-
-
-def _row(output: Any, i: int) -> Any:
-    """Sample ``i`` of a batched output: a tensor's row or a list's (detections) item."""
-    if isinstance(output, Tensor | list | tuple):
-        return output[i]
-    raise TargetError(
-        f"a list of per-sample callables needs a tensor or list output, got "
-        f"{type(output).__name__}; pass one callable on the whole output instead"
-    )
 
 
 def _has_bool(target: object) -> bool:
@@ -419,7 +353,7 @@ class PerSample:
                         columns[k][i] = values[i]
                     continue
                 for i in picked:  # pytorch-grad-cam's form: the sample's own output
-                    value = target(_row(output, i))
+                    value = target(sample_output(output, i))
                     if not isinstance(value, Tensor) or value.numel() != 1:
                         got = tuple(value.shape) if isinstance(value, Tensor) else type(value)
                         raise TargetError(

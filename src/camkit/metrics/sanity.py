@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from camkit.core.inputs import call_seed
 from camkit.core.layers import explained_module, find_layers
-from camkit.core.targets import TargetSpec, resolve, select_output
+from camkit.core.outputs import select_output
+from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 

@@ -1,0 +1,81 @@
+"""Reading a model's output: the logits among a tuple/dict/object output, one sample's part."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from camkit.errors import OutputError, TargetError
+
+OutputSelector = str | int | Callable[[Any], Tensor] | None
+
+
+def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
+    """Pick the logits from a model's output.
+
+    ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
+    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, and a
+    tuple or list gives its first element.
+    """
+    if callable(selector):
+        picked = selector(output)
+    elif isinstance(selector, str):
+        if isinstance(output, Mapping) and selector in output:
+            picked = output[selector]
+        elif hasattr(output, selector):
+            picked = getattr(output, selector)
+        else:
+            keys = list(output) if isinstance(output, Mapping) else None
+            raise OutputError(
+                f"the model's output ({type(output).__name__}) has no {selector!r}"
+                + (f"; its keys are {keys}" if keys is not None else "")
+            )
+    elif isinstance(selector, int):
+        try:
+            picked = output[selector]
+        except (IndexError, TypeError, KeyError):
+            raise OutputError(
+                f"output={selector} does not index the model's output ({type(output).__name__})"
+            ) from None
+    elif isinstance(output, Tensor):
+        picked = output
+    elif isinstance(output, Mapping) and "logits" in output:
+        picked = output["logits"]
+    elif hasattr(output, "logits"):
+        picked = output.logits
+    elif isinstance(output, tuple | list) and output:
+        picked = output[0]
+    else:
+        raise OutputError(
+            f"cannot find the logits in the model's output ({type(output).__name__}); "
+            "pass output= a key, an index or a callable that picks them, or a callable target"
+        )
+    if not isinstance(picked, Tensor):
+        raise OutputError(f"the selected model output is {type(picked).__name__}, not a tensor")
+    return picked
+
+
+def class_logits(output: Any, selector: OutputSelector) -> Tensor:
+    """The ``(B, num_classes)`` logits class targets score, or a clear TargetError."""
+    logits = select_output(output, selector)
+    if logits.ndim != 2:
+        raise TargetError(
+            f"class targets need (B, num_classes) logits, but the model gives shape "
+            f"{tuple(logits.shape)}; pass a callable target that returns (B,) scores"
+        )
+    return logits
+
+
+def sample_output(output: Any, i: int) -> Any:
+    """Sample ``i`` of a batched output: a tensor's row or a list's (detections) item."""
+    if isinstance(output, Tensor | list | tuple):
+        return output[i]
+    raise TargetError(
+        f"a list of per-sample callables needs a tensor or list output, got "
+        f"{type(output).__name__}; pass one callable on the whole output instead"
+    )
+
+
+__all__ = ["OutputSelector", "class_logits", "sample_output", "select_output"]
