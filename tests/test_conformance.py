@@ -126,10 +126,6 @@ RECIPRO_FLAT = (
     "1e-4 of their value over the positions, so its min-max normalised map is float32 noise "
     "(0.8 from a float64 run) that changes with batch_size; camkit should call such a map flat"
 )
-BOX_LOST = (
-    "BoxTarget raises TargetError when a perturbed copy loses the detection (and names the "
-    "copy as 'sample i'), instead of scoring it 0"
-)
 
 # defect -> the cells (methods, kinds, checks) it fails today, or a list of such rules; delete
 # an entry when a change fixes it (its cells then XPASS, which fails the run)
@@ -599,7 +595,6 @@ def _box_image() -> Tensor:
 RAW = {"relu": False, "upsample": False, "normalize": False}
 
 
-@pytest.mark.xfail(strict=True, reason=BOX_LOST)
 def test_box_target_a_perturbed_copy_that_loses_the_detection_scores_zero() -> None:
     """Clean score ``y = (0.5 + 1) / 2 = 0.75``. Ablation-CAM: zeroing channel 0 loses the
     detection (score 0, ``w_0 = 1``), zeroing channel 1 leaves ``0.25`` (``w_1 = 2/3``): the map
@@ -610,10 +605,10 @@ def test_box_target_a_perturbed_copy_that_loses_the_detection_scores_zero() -> N
     target = camkit.targets.BoxTarget(1, _TinyDetector.BOX)
     left = torch.zeros(4, 4, dtype=torch.bool)
     left[:, :2] = True
-    ablation = camkit.AblationCAM(detector, "relu")(image, target, **RAW)
+    ablation = camkit.AblationCAM(detector, "relu")(image, target, **RAW)[0]  # one image
     _close(ablation, torch.where(left, 5 / 3, 2 / 3))
     w = torch.tensor([0.5, 0.0]).softmax(0)
-    score = camkit.ScoreCAM(detector, "relu")(image, target, **RAW)
+    score = camkit.ScoreCAM(detector, "relu")(image, target, **RAW)[0]
     _close(score, torch.where(left, w[0] + w[1], w[1]))
 
 

@@ -244,9 +244,9 @@ class BoxTarget(Target):
     YOLO-style ``(B, N, 4 + C)`` rows ``(cx, cy, w, h, class scores)`` in pixels.
 
     ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
-    naming the best IoU found; ``"zero"`` scores 0 -- the rule for perturbation methods
-    (Score-CAM, Ablation-CAM, RISE-style masks, the deletion metric), whose masked copies may
-    lose the detection: a lost detection has no confidence left.
+    naming the sample and the best IoU found; ``"zero"`` scores 0. Perturbed copies (Score-CAM,
+    Ablation-CAM, the deletion metric) are always scored with ``"zero"`` (:meth:`for_copies`):
+    a lost detection has no confidence left.
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
     in the input's pixels; the same boxes are looked for in every sample of the batch.
@@ -285,6 +285,13 @@ class BoxTarget(Target):
         self.iou_threshold = float(iou_threshold)
         self.lost = lost
         self.image_size = image_size
+
+    def for_copies(self) -> BoxTarget:
+        """In perturbed copies a lost detection scores 0 (it has no confidence left), as in
+        pytorch-grad-cam; on the explained images themselves it stays an error."""
+        copy = BoxTarget.__new__(BoxTarget)
+        copy.__dict__.update(self.__dict__, lost="zero")
+        return copy
 
     def __call__(self, output: Any) -> Tensor:
         rows = []

@@ -29,6 +29,7 @@ from camkit.core.engine import run_model
 from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.targets import RowScorer
 
+PIN = ("dtype", "batch_size")  # the options of pin_top1
 TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwarding
 
 
@@ -109,7 +110,8 @@ class CopyScorer:
         scores: Tensor | None = None,
         memory: MemoryFormat | None = None,
     ):
-        self.model, self.batch, self.scorer = model, batch, scorer
+        self.model, self.batch = model, batch
+        self.scorer = scorer.for_copies()  # e.g. a lost detection scores 0 in a copy
         self.dtype, self.batch_size, self.probabilities = dtype, batch_size, probabilities
         self.memory = memory or MemoryFormat(batch)
         self.scores = None if scores is None else scores.detach().float()
@@ -121,12 +123,11 @@ class CopyScorer:
     ) -> CopyScorer:
         """A scorer whose top-1 classes are pinned and whose ``scores`` are the clean batch's,
         from one clean pass in chunks."""
-        copies = cls(model, batch, scorer, **options)
-        copies.scorer = pin_top1(
-            model, batch, scorer, dtype=copies.dtype, batch_size=copies.batch_size
-        )
-        copies.scores = copies.over(batch.shape[0], lambda rows: (batch[rows], rows))
-        return copies
+        pinned = pin_top1(model, batch, scorer, **{k: v for k, v in options.items() if k in PIN})
+        clean = cls(model, batch, pinned, **options)
+        clean.scorer = pinned  # the clean images themselves: a lost detection is an error
+        scores = clean.over(batch.shape[0], lambda rows: (batch[rows], rows))
+        return cls(model, batch, pinned, scores=scores, memory=clean.memory, **options)
 
     def score(self, inputs: Tensor, samples: Tensor) -> Tensor:
         """``(n, K)`` float32 scores of ``inputs`` whose row ``i`` is a copy of sample

@@ -59,6 +59,11 @@ class Target:
         """The class indices this target scores, or None for a target that is not a class."""
         return None
 
+    def for_copies(self) -> Target:
+        """The target as perturbed copies of a sample are scored (masked, ablated, noisy
+        inputs): the same by default; a detection target scores a lost detection 0 there."""
+        return self
+
     def __call__(self, output: Any) -> Tensor:
         raise NotImplementedError
 
@@ -170,6 +175,14 @@ class RowScorer:
             return scores[:, k]
 
         return column
+
+    def for_copies(self) -> RowScorer:
+        """The scorer of perturbed copies: each target object's :meth:`Target.for_copies`."""
+        if isinstance(self.function, Target):
+            return replace(self, function=self.function.for_copies())
+        if isinstance(self.function, PerSample):
+            return replace(self, function=self.function.for_copies())
+        return self
 
     def probabilities(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
         """As calling the scorer, but a class target scores its softmax probability (as the
@@ -332,6 +345,13 @@ class PerSample:
                 f"{sorted({len(row) for row in rows})} target(s) each for a batch of {batch}"
             )
         return cls(rows, several)
+
+    def for_copies(self) -> PerSample:
+        """The same with each target object's :meth:`Target.for_copies`."""
+        targets = [
+            [t.for_copies() if isinstance(t, Target) else t for t in row] for row in self.targets
+        ]
+        return PerSample(targets, self.several)
 
     def scores(self, output: Any, rows: Tensor) -> Tensor:
         """``(n, K)`` scores: row ``i`` by the targets of sample ``rows[i]``."""
