@@ -209,3 +209,20 @@ def test_perturbation_and_guided_methods_read_tokens_by_default():
 def test_the_blur_baseline_refuses_images_smaller_than_its_kernel(model):
     with pytest.raises(InputError, match="at least 6 px per side, got 5x5"):
         metrics.deletion(model, torch.rand(1, 3, 5, 5), torch.rand(1, 5, 5), 0)
+
+
+def test_metrics_take_additional_forward_args(x):
+    net, shift = small_cnn(), torch.tensor([0.0, 1.0, -2.0])
+    maps = torch.rand(3, 8, 8, generator=torch.Generator().manual_seed(2))
+    two = Shifted(net)
+    options = {"steps": 4, "baseline": "zero", "batch_size": 5}  # chunks across the images
+    checks = [
+        (metrics.deletion, options),
+        (metrics.insertion, options),
+        (metrics.average_drop, {"batch_size": 2}),
+        (metrics.road, {"seed": 0, "percentiles": (20, 50)}),
+    ]
+    for metric, kw in checks:
+        got = metric(two, x, maps, 1, additional_forward_args=shift, **kw)
+        alone = [metric(Shifted(net, shift[i : i + 1]), x[i], maps[i], 1, **kw) for i in range(3)]
+        torch.testing.assert_close(got, torch.stack(alone), atol=1e-5, rtol=1e-4)

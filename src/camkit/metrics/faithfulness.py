@@ -11,9 +11,11 @@ Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), 
 ``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
 methods accept (``None``: each image's top-1 class, an int, a list or tensor of one class per
 image, a callable or target object). A class target is scored by its softmax probability; a
-callable's scores are used as they are (e.g. :class:`camkit.targets.SoftmaxTarget`). Every model
+callable's scores are used as they are; ``ClassTarget(c)`` is ``c``. Every model
 call runs under ``torch.inference_mode()`` on the input's device, in chunks of ``batch_size``
-rows; the results do not depend on ``batch_size``. Conventions: docs/metrics.md.
+rows; the results do not depend on ``batch_size``. ``additional_forward_args`` (keyword) are
+the model's other inputs, as for every method: per-sample tensors follow their image's rows.
+Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
+from camkit.core import engine
 from camkit.core.copies import CopyScorer
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.progress import progress_bar
@@ -89,11 +92,20 @@ class _Scorer:
     or a callable's scores; the clean images' scores in ``clean``. Forwards in ``batch_size``
     rows (:class:`~camkit.core.copies.CopyScorer`, the copy loop every family shares)."""
 
-    def __init__(self, model: nn.Module, batch: Tensor, target: TargetSpec, batch_size: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: Tensor,
+        target: TargetSpec,
+        batch_size: int,
+        additional_forward_args: Any = None,
+    ):
+        self.extra = (additional_forward_args, batch.shape[0])
         scorer = resolve(target, batch.shape[0], batch.device)
-        self.copies = CopyScorer.clean(
-            model, batch, scorer, batch_size=batch_size, probabilities=True
-        )
+        with engine.additional_forward_args(*self.extra):
+            self.copies = CopyScorer.clean(
+                model, batch, scorer, batch_size=batch_size, probabilities=True
+            )
         self.clean = self._single_target(self.copies.scores)
 
     @staticmethod
@@ -110,7 +122,8 @@ class _Scorer:
     ) -> Tensor:
         """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
         with ``rows`` the image each row belongs to."""
-        return self._single_target(self.copies.over(count, build, bar))
+        with engine.additional_forward_args(*self.extra):  # rows follow their images
+            return self._single_target(self.copies.over(count, build, bar))
 
 
 def _single(result: Tensor, single: bool) -> Tensor:
@@ -167,6 +180,7 @@ def curve(
     batch_size: int = 64,
     return_curves: bool = False,
     progress: bool = False,
+    additional_forward_args: Any = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The deletion (``insert=False``) or insertion (``insert=True``) curve's AUC (Petsiuk et
     al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``; ``return_curves=True`` gives
@@ -176,7 +190,9 @@ def curve(
     ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts the image's
     pixels back onto the baseline in the same order. The curve is the target's probability
     (a callable target's own score) at the ``steps + 1`` points, the AUC its trapezoid over
-    ``x = k / steps`` in [0, 1]. ``batch_size``: rows per forward pass.
+    ``x = k / steps`` in [0, 1]. ``batch_size``: rows per forward pass;
+    ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``, per-sample
+    tensors following their image's rows (as for every method).
     """
     steps = positive_int("steps", steps)
     batch_size = positive_int("batch_size", batch_size)
@@ -184,7 +200,7 @@ def curve(
     maps = _maps_like(maps, batch, single)
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = _Scorer(model, batch, target, batch_size)
+    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
     b, channels, height, width = batch.shape
     pixels = height * width
     ranks = _ranks(maps, descending=True)
@@ -240,7 +256,12 @@ def insertion(
 
 
 def _masked_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec, batch_size: int
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: TargetSpec,
+    batch_size: int,
+    additional_forward_args: Any = None,
 ) -> tuple[Tensor, Tensor, bool]:
     """``(Y, O, single)``: the target's probability on the images and on the images times
     their maps (the maps must be in [0, 1])."""
@@ -252,7 +273,7 @@ def _masked_confidence(
             f"the maps multiply the image, so they must be in [0, 1] (camkit's methods give "
             f"such maps); got values in [{maps.min().item():.3g}, {maps.max().item():.3g}]"
         )
-    scorer = _Scorer(model, batch, target, batch_size)
+    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
     masked = batch * maps[:, None]
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
@@ -263,22 +284,38 @@ def _masked_confidence(
 
 
 def average_drop(
-    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: TargetSpec = None,
+    *,
+    batch_size: int = 64,
+    additional_forward_args: Any = None,
 ) -> Tensor:
     """Average Drop (Chattopadhay et al., Grad-CAM++, WACV 2018): ``max(0, Y - O) / Y`` per
     image, ``(B,)`` in [0, 1] (the paper's "%" is this times 100; torchcam's convention).
     ``Y``: the target's probability on the image, ``O``: on the image times the map. **Lower is
     better**; the paper's score is the batch mean."""
-    clean, masked, single = _masked_confidence(model, x, maps, target, batch_size)
+    clean, masked, single = _masked_confidence(
+        model, x, maps, target, batch_size, additional_forward_args
+    )
     drop = (clean - masked).clamp_min(0) / clean.clamp_min(torch.finfo(clean.dtype).tiny)
     return _single(drop, single)
 
 
 def increase_in_confidence(
-    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, *, batch_size: int = 64
+    model: nn.Module,
+    x: Tensor,
+    maps: Tensor,
+    target: TargetSpec = None,
+    *,
+    batch_size: int = 64,
+    additional_forward_args: Any = None,
 ) -> Tensor:
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
     better.**"""
-    clean, masked, single = _masked_confidence(model, x, maps, target, batch_size)
+    clean, masked, single = _masked_confidence(
+        model, x, maps, target, batch_size, additional_forward_args
+    )
     return _single((masked > clean).float(), single)

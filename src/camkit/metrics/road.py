@@ -120,6 +120,7 @@ def road(
     seed: int | None = None,
     batch_size: int = 64,
     progress: bool = False,
+    additional_forward_args: Any = None,
 ) -> Tensor:
     """ROAD (Rong et al., ICML 2022): ``(B, C, H, W), (B, h, w) -> (B, len(percentiles))``.
 
@@ -147,7 +148,7 @@ def road(
         raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
     batch, single = _images(x, model)
     maps = _maps_like(maps, batch, single)
-    scorer = _Scorer(model, batch, target, batch_size)
+    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
     b, _, height, width = batch.shape
     pixels = height * width
     ranks = _ranks(maps, descending=order == "morf").view(b, height, width)
