@@ -226,3 +226,33 @@ def test_metrics_take_additional_forward_args(x):
         got = metric(two, x, maps, 1, additional_forward_args=shift, **kw)
         alone = [metric(Shifted(net, shift[i : i + 1]), x[i], maps[i], 1, **kw) for i in range(3)]
         torch.testing.assert_close(got, torch.stack(alone), atol=1e-5, rtol=1e-4)
+
+
+class VoxelSum(nn.Module):
+    """Logits ``(sum of the voxels, 0)``: class 0's probability is ``sigmoid(sum)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool3d(1)  # a 3-D model: the mean times the voxel count
+
+    def forward(self, volume: torch.Tensor) -> torch.Tensor:
+        total = self.pool(volume).flatten(1).sum(1) * volume[0, 0].numel()
+        return torch.stack([total, torch.zeros_like(total)], dim=1)
+
+
+def test_deletion_and_average_drop_on_volumes_by_hand():
+    volume = torch.ones(1, 1, 2, 2, 2)  # one (C, D, H, W) volume of eight voxels of 1
+    ranks = torch.arange(8.0).view(1, 2, 2, 2)
+    sig = torch.sigmoid
+    # deletion, 2 steps, zero baseline: the sums 8, 4, 0 along the curve
+    expected = 0.5 * (sig(torch.tensor(8.0)) / 2 + sig(torch.tensor(4.0)) + 0.5 / 2)
+    got = metrics.deletion(VoxelSum(), volume, ranks, 0, steps=2, baseline="zero")
+    torch.testing.assert_close(got, expected.view(1))
+    # average drop: the volume times a map of 0.5 sums to 4
+    drop = metrics.average_drop(VoxelSum(), volume, torch.full((1, 2, 2, 2), 0.5), 0)
+    eight, four = sig(torch.tensor([8.0])), sig(torch.tensor([4.0]))
+    torch.testing.assert_close(drop, (eight - four) / eight)
+    with pytest.raises(InputError, match="blur baseline blurs 2-D images"):
+        metrics.deletion(VoxelSum(), volume, ranks, 0)
+    with pytest.raises(InputError, match="takes images"):
+        metrics.road(VoxelSum(), volume, ranks, 0)

@@ -296,7 +296,7 @@ def test_clear_errors(setup):
         metrics.road(model, x, m, 0, percentiles=(0, 50))
     with pytest.raises(InputError, match=r"\[0, 1\]"):
         metrics.average_drop(model, x, m * 3, 0)
-    with pytest.raises(InputError, match="volumes"):
+    with pytest.raises(InputError, match=r"one map per volume, shape \(B, D, H, W\)"):
         metrics.deletion(nn.Conv3d(3, 1, 1), torch.rand(1, 3, 4, 8, 8), torch.rand(1, 8, 8), 0)
     with pytest.raises(InputError, match="masks of the maps' shape"):
         metrics.pointing_game(m, torch.ones(4, 8, 8))

@@ -17,7 +17,15 @@ from torch.nn.modules.dropout import _DropoutNd
 from camkit.errors import ArgumentError, InputError
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
-VOLUME_LAYERS = (nn.Conv3d, nn.ConvTranspose3d, nn.BatchNorm3d, nn.MaxPool3d, nn.AvgPool3d)
+VOLUME_LAYERS = (
+    nn.Conv3d,
+    nn.ConvTranspose3d,
+    nn.BatchNorm3d,
+    nn.MaxPool3d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool3d,
+)
 Result = TypeVar("Result")
 
 

@@ -20,6 +20,7 @@ Conventions: docs/metrics.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from torchvision.transforms.functional import gaussian_blur
 
 from camkit.core import engine
 from camkit.core.copies import CopyScorer
+from camkit.core.finish import RESAMPLING
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.progress import progress_bar
 from camkit.core.targets import TargetSpec, resolve
@@ -45,45 +47,51 @@ BASELINES = ("blur", "zero", "mean")
 # ----------------------------------------------------------------------------- shared steps
 
 
-def _images(x: object, model: nn.Module) -> tuple[Tensor, bool]:
-    """``(batch (B, C, H, W), was_single)``: the metrics perturb 2-D images only."""
+def _images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tensor, bool]:
+    """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False`` for the
+    metrics that perturb 2-D images only."""
     batch, single = as_batch(x, model)
-    if batch.ndim != 4:
+    if batch.ndim != 4 and not volumes:
         raise InputError(
-            f"the metrics take images (B, C, H, W) or one image (C, H, W), got a batch of "
+            f"this metric takes images (B, C, H, W) or one image (C, H, W), got a batch of "
             f"volumes {tuple(batch.shape)}"
         )
     return batch, single
 
 
 def _maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
-    """The maps as ``(B, H, W)`` float on the input's device: the input's size, or a smaller
-    map upsampled bilinearly (``align_corners=False``, as camkit's methods)."""
+    """The maps as ``(B, *spatial)`` float on the input's device: the input's size, or a
+    smaller map upsampled (bilinear, trilinear for volumes; ``align_corners=False``, as
+    camkit's methods)."""
     if not isinstance(maps, Tensor):
         raise InputError(f"expected the maps as a tensor (B, H, W), got {type(maps).__name__}")
-    b, _, height, width = batch.shape
-    if maps.ndim == 2 and single:
+    b, spatial = batch.shape[0], tuple(batch.shape[2:])
+    dims = len(spatial)
+    if maps.ndim == dims and single:
         maps = maps.unsqueeze(0)
-    if maps.ndim == 4 and maps.shape[1] == 1:
+    if maps.ndim == dims + 2 and maps.shape[1] == 1:
         maps = maps.squeeze(1)
-    if maps.ndim != 3 or maps.shape[0] != b:
+    if maps.ndim != dims + 1 or maps.shape[0] != b:
+        shape = ", ".join(("B", *("D", "H", "W")[-dims:]))
+        what = "image" if dims == 2 else "volume"
         raise InputError(
-            f"expected one map per image, shape ({b}, H, W), got {tuple(maps.shape)} for "
-            f"{b} image(s); pass one target per image (a (B, K, H, W) result holds K maps each)"
+            f"expected one map per {what}, shape ({shape}) with B = {b}, got "
+            f"{tuple(maps.shape)}; pass one target per {what} (a (B, K, ...) result holds K "
+            "maps each)"
         )
-    h, w = maps.shape[1:]
-    if h > height or w > width or 0 in (h, w):
+    size = tuple(maps.shape[1:])
+    if any(m > n for m, n in zip(size, spatial, strict=True)) or 0 in size:
         raise InputError(
-            f"the maps are {h}x{w} but the images are {height}x{width}: expected maps of the "
-            "input's size, or smaller ones (upsampled bilinearly)"
+            f"the maps are {'x'.join(map(str, size))} but the inputs are "
+            f"{'x'.join(map(str, spatial))}: expected maps of the input's size, or smaller ones "
+            "(upsampled)"
         )
     maps = maps.detach().to(device=batch.device, dtype=torch.float32)
     if not torch.isfinite(maps).all():
         raise InputError("the maps contain NaN or infinite values")
-    if (h, w) != (height, width):
-        maps = F.interpolate(
-            maps[:, None], (height, width), mode="bilinear", align_corners=False
-        ).squeeze(1)
+    if size != spatial:
+        mode = RESAMPLING[dims]
+        maps = F.interpolate(maps[:, None], spatial, mode=mode, align_corners=False).squeeze(1)
     return maps
 
 
@@ -147,6 +155,11 @@ def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
                 f"{tuple(baseline.shape)}"
             ) from None
     if baseline == "blur":
+        if x.ndim != 4:
+            raise InputError(
+                "the blur baseline blurs 2-D images; for volumes pass baseline='zero', 'mean' "
+                "or a tensor"
+            )
         if min(x.shape[-2:]) <= BLUR_KERNEL // 2:
             raise InputError(
                 f"the blur baseline ({BLUR_KERNEL}x{BLUR_KERNEL} kernel, reflected borders) "
@@ -157,7 +170,7 @@ def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
     if baseline == "zero":
         return torch.zeros_like(x)
     if baseline == "mean":
-        return x.mean(dim=(2, 3), keepdim=True).expand_as(x)
+        return x.mean(dim=tuple(range(2, x.ndim)), keepdim=True).expand_as(x)
     raise ArgumentError(f"baseline must be one of {BASELINES} or a tensor, got {baseline!r}")
 
 
@@ -201,8 +214,8 @@ def curve(
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
     scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
-    b, channels, height, width = batch.shape
-    pixels = height * width
+    b, channels, *spatial = batch.shape
+    pixels = math.prod(spatial)
     ranks = _ranks(maps, descending=True)
     # point k of the curve: the first (k * pixels) // steps pixels of the order removed/inserted
     counts = torch.arange(steps + 1, device=batch.device) * pixels // steps
@@ -216,7 +229,7 @@ def curve(
         chosen = ranks[rows] < counts[points.to(batch.device)[indices % steps]][:, None]
         take_image = chosen if insert else ~chosen
         images = torch.where(take_image[:, None], flat_x[rows], flat_base[rows])
-        return images.view(-1, channels, height, width), rows
+        return images.view(-1, channels, *spatial), rows
 
     name = "insertion" if insert else "deletion"
     with progress_bar(b * steps, name, "image", enabled=progress) as bar:

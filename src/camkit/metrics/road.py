@@ -146,7 +146,7 @@ def road(
     percentiles = [finite_number("each percentile", p) for p in percentiles]
     if any(not 0 < p < 100 for p in percentiles):
         raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
-    batch, single = _images(x, model)
+    batch, single = _images(x, model, volumes=False)
     maps = _maps_like(maps, batch, single)
     scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
     b, _, height, width = batch.shape
