@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import io, models, report
-from camkit.cli import evaluate, mapstore
+from camkit.cli import mapstore, results
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
@@ -119,7 +119,7 @@ def explain(
     manifest = merge(out, head, order, ranks.world, todo=len(todo))
     if job.report:
         records = manifest["records"]
-        metrics = evaluate.overlay_metrics(records, evaluate.read_rows(out))  # when evaluated
+        metrics = results.overlay_metrics(records, results.read_rows(out))  # when evaluated
         report.write_report(out, records, metrics=metrics, colormap=job.colormap)
     return manifest
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from camkit import io, report
-from camkit.cli import evaluate
+from camkit.cli import results
 from camkit.cli.common import EXIT_OK, UsageError, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
@@ -189,7 +189,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else "")
     )
     if args.report and manifest["records"]:
-        rows = evaluate.overlay_metrics(manifest["records"], evaluate.read_rows(run))
+        rows = results.overlay_metrics(manifest["records"], results.read_rows(run))
         report.write_report(
             run,
             manifest["records"],
