@@ -15,14 +15,9 @@ from torch.utils.data import DataLoader
 from camkit.cli.common import (
     UsageError,
     add_run_arguments,
-    check_out_dir,
-    find_images,
-    load_model,
+    check_run_inputs,
+    load_run_model,
     methods_help,
-    parse_methods,
-    parse_target,
-    pick_device,
-    pick_layer,
     positive_int,
 )
 from camkit.cli.pipeline import Job, build_explainers, default_workers
@@ -36,18 +31,13 @@ from camkit.errors import CamkitError
 
 def run_evaluate(args: argparse.Namespace) -> int:
     """``camkit evaluate``: every method's maps of every readable image, scored."""
-    paths = find_images(args.images)
-    methods = parse_methods(args.method)
-    wanted = parse_metrics(args.metrics)
-    mask_files = find_masks(args.masks, paths, wanted)
-    out = Path(args.out)
-    check_out_dir(out)
-    device = pick_device(args.device)
-    loaded = load_model(args.model, args.weights)
-    classes = parse_target(args.target, loaded.labels)
-    if classes is not None and len(classes) > 1:
-        raise UsageError("--target: evaluate scores one class per image (or top1)")
-    layer = pick_layer(loaded, args.layer, methods)
+
+    def metrics_and_masks(paths: list[Path], methods: list[str]) -> tuple:
+        wanted = parse_metrics(args.metrics)
+        return wanted, find_masks(args.masks, paths, wanted)
+
+    paths, methods, out, device, (wanted, mask_files) = check_run_inputs(args, metrics_and_masks)
+    loaded, classes, layer = load_run_model(args, methods, one_class=True)
     job = Job(tuple(methods), layer, None, out, device, batch_size=args.batch_size, quiet=True)
     settings = Settings(
         tuple(n for n in wanted if n != "sanity"), args.steps, args.baseline, args.batch_size,

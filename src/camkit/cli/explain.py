@@ -15,15 +15,10 @@ from camkit.cli.common import (
     UsageError,
     add_run_arguments,
     check_colormap,
-    check_out_dir,
+    check_run_inputs,
     exit_status,
-    find_images,
-    load_model,
+    load_run_model,
     methods_help,
-    parse_methods,
-    parse_target,
-    pick_device,
-    pick_layer,
     positive_int,
     unit_float,
 )
@@ -45,18 +40,14 @@ from camkit.errors import LayerOutputError
 def run_explain(args: argparse.Namespace) -> int:
     """``camkit explain``: check everything, then explain this rank's share of the images."""
     ranks = Ranks.from_env()
-    paths = find_images(args.images)
-    methods = parse_methods(args.method)
-    check_colormap(args.colormap)
-    out = Path(args.out)
-    check_out_dir(out)
-    device = pick_device(args.device, ranks.local_rank)
+    paths, methods, out, device, _ = check_run_inputs(
+        args, lambda paths, methods: check_colormap(args.colormap), local_rank=ranks.local_rank
+    )
     with ranks.group(device):
-        loaded = load_model(args.model, args.weights)
-        classes = parse_target(args.target, loaded.labels)
+        loaded, classes, layer = load_run_model(args, methods)
         job = Job(
             methods=tuple(methods),
-            layer=pick_layer(loaded, args.layer, methods),
+            layer=layer,
             classes=None if classes is None else tuple(classes),
             out=out,
             device=device,

@@ -13,6 +13,7 @@ from camkit import io
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
+    add_device_argument,
     add_model_arguments,
     load_model,
     pick_device,
@@ -133,5 +134,5 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="the API token (default: a random one, printed in the URL); '' turns it off, "
         "which is refused on any address but loopback",
     )
-    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    add_device_argument(serve)
     serve.set_defaults(run=run_serve)
