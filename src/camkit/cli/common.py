@@ -343,6 +343,28 @@ def load_run_model(
     return loaded, classes, pick_layer(loaded, args.layer, methods)
 
 
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``, run by ``run(args)`` -> its parser, for its options.
+    ``summary``: its line in ``camkit --help``; with an ``epilog``, the description and the
+    epilog are shown as written (line breaks kept), else the description is wrapped."""
+    parser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter,
+    )
+    parser.set_defaults(run=run)
+    return parser
+
+
 def methods_help() -> str:
     """Every registered method by family (the registry's families, none left out), for a
     command's ``--help``."""

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from camkit.cli.common import (
     UsageError,
+    add_command,
     add_run_arguments,
     check_run_inputs,
     load_run_model,
@@ -27,6 +28,12 @@ from camkit.core.progress import progress
 from camkit.core.targets import select_output
 from camkit.dataset import ImageFiles, collate
 from camkit.errors import CamkitError
+
+SUMMARY = "score how faithful each method's maps are (deletion, insertion, ROAD, ...)"
+DESCRIPTION = (
+    "Score each method's maps of each image with camkit.metrics: one row per "
+    "image and method in metrics.csv, means with 95% bootstrap intervals in metrics.json."
+)
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
@@ -107,21 +114,21 @@ def run_evaluate(args: argparse.Namespace) -> int:
     return write_results(args, collected, loaded, job, wanted)
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    """The ``evaluate`` subcommand."""
-    evaluate = commands.add_parser(
-        "evaluate",
-        help="score how faithful each method's maps are (deletion, insertion, ROAD, ...)",
-        description="Score each method's maps of each image with camkit.metrics: one row per "
-        "image and method in metrics.csv, means with 95% bootstrap intervals in metrics.json.",
-        epilog="metrics: deletion, insertion (Petsiuk et al. 2018), drop, increase "
+def epilog() -> str:
+    """The metrics, the methods of the registry by family, the exit status."""
+    return (
+        "metrics: deletion, insertion (Petsiuk et al. 2018), drop, increase "
         "(Chattopadhay et al. 2018), road (Rong et al. 2022), pointing, energy (need --masks: "
         "Zhang et al. 2016, Wang et al. 2020), sanity (cascading model randomisation, Adebayo "
         "et al. 2018, on the first batch of images).\n\n"
         f"{methods_help()}\n\n"
-        "exit status: 0 ok, 1 some images unreadable (the others scored), 2 usage error",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "exit status: 0 ok, 1 some images unreadable (the others scored), 2 usage error"
     )
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """The ``evaluate`` subcommand."""
+    evaluate = add_command(commands, "evaluate", run_evaluate, SUMMARY, DESCRIPTION, epilog())
     add_run_arguments(evaluate, what="scored")
     evaluate.add_argument(
         "--metrics",
@@ -154,4 +161,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="PIXELS",
         help="pointing game: a hit within this many pixels of the object (default %(default)s)",
     )
-    evaluate.set_defaults(run=run_evaluate)

@@ -13,6 +13,7 @@ from camkit.cli import mapstore, results
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
+    add_command,
     add_run_arguments,
     check_colormap,
     check_run_inputs,
@@ -35,6 +36,9 @@ from camkit.cli.manifest import (
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
 from camkit.errors import LayerOutputError
+
+SUMMARY = "write heatmap overlays for images"
+DESCRIPTION = "Explain the model's prediction for each image with a heatmap overlay."
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -159,13 +163,7 @@ examples:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``explain`` subcommand."""
-    explain = commands.add_parser(
-        "explain",
-        help="write heatmap overlays for images",
-        description="Explain the model's prediction for each image with a heatmap overlay.",
-        epilog=epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    explain = add_command(commands, "explain", run_explain, SUMMARY, DESCRIPTION, epilog())
     add_run_arguments(explain, what="explained")
     explain.add_argument(
         "--alpha", type=unit_float, default=0.5, help="heatmap opacity in [0, 1] (default 0.5)"
@@ -208,4 +206,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="write OUT/index.html, a page to browse the overlays (default: on when a "
         "directory is explained)",
     )
-    explain.set_defaults(run=run_explain)
