@@ -14,7 +14,7 @@ from PIL import Image
 from skimage import data
 
 from camkit import cli
-from camkit.cli import evaluate
+from camkit.cli import results, scoring
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +92,14 @@ def test_evaluate_usage_errors(photos, tmp_path, capsys, arguments, message):
 
 
 def test_bootstrap_interval_excludes_nan_and_is_reproducible():
-    constant = evaluate.bootstrap([0.25, 0.25, float("nan"), 0.25])
+    constant = results.bootstrap([0.25, 0.25, float("nan"), 0.25])
     assert constant == {"mean": 0.25, "ci95": [0.25, 0.25], "n": 3}
     values = list(np.linspace(0, 1, 20))
-    first, again = evaluate.bootstrap(values), evaluate.bootstrap(values)
+    first, again = results.bootstrap(values), results.bootstrap(values)
     assert first == again
     low, high = first["ci95"]
     assert low < 0.5 < high and high - low < 0.5
-    assert evaluate.bootstrap([float("nan")])["mean"] is None
+    assert results.bootstrap([float("nan")])["mean"] is None
 
 
 @pytest.mark.slow
@@ -110,9 +110,9 @@ def test_evaluate_into_an_explained_folder_puts_the_metrics_on_the_report(photos
     common = ["--out", str(out), "--quiet", "--device", "cpu", "--workers", "0"]
     assert cli.main(["explain", image, "--method", "gradcam", "--report", *common]) == 0
     assert cli.main(["evaluate", image, "--metrics", "deletion", "--steps", "3", *common]) == 0
-    (row,) = evaluate.read_rows(out)
+    (row,) = results.read_rows(out)
     records = json.loads((out / "manifest.json").read_text())["records"]
-    assert evaluate.overlay_metrics(records, [row]) == {
+    assert results.overlay_metrics(records, [row]) == {
         records[0]["output"]: {"deletion": float(row["deletion"])}
     }
     page = (out / "index.html").read_text()
@@ -130,12 +130,12 @@ def test_score_batch_gives_every_column_per_image():
     x, maps = torch.randn(2, 3, 16, 16), torch.rand(2, 16, 16)
     masks = torch.zeros(2, 16, 16, dtype=torch.bool)
     masks[0, 4:8, 4:8] = True  # image 1 has no object: NaN for the pointing metrics
-    settings = evaluate.Settings(tuple(evaluate.COLUMNS), 4, "blur", 3, 2)
-    values, curves = evaluate.score_batch(model, x, maps, [1, 3], masks, settings)
-    columns = [column for name in evaluate.COLUMNS for column, _ in evaluate.COLUMNS[name]]
+    settings = scoring.Settings(tuple(scoring.COLUMNS), 4, "blur", 3, 2)
+    values, curves = scoring.score_batch(model, x, maps, [1, 3], masks, settings)
+    columns = [column for name in scoring.COLUMNS for column, _ in scoring.COLUMNS[name]]
     assert sorted(values) == sorted(columns)
     assert all(value.shape == (2,) for value in values.values())
     assert values["pointing_game"][1].isnan() and values["energy_pointing_game"][1].isnan()
     assert curves["deletion"].shape == curves["insertion"].shape == (2, 5)
-    again, _ = evaluate.score_batch(model, x, maps, [1, 3], masks, settings)
+    again, _ = scoring.score_batch(model, x, maps, [1, 3], masks, settings)
     torch.testing.assert_close(again["road_morf"], values["road_morf"])  # seeded: reruns agree

@@ -9,8 +9,9 @@ import os
 import sys
 import textwrap
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -227,6 +228,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``, read by :func:`pick_device`."""
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto (default): cuda when available, else cpu",
+    )
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     """The options ``explain`` and ``evaluate`` share: same names, same defaults, same meaning.
     ``what`` names, in the help, what the command does with each image."""
@@ -277,12 +288,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         "Ablation-CAM, SmoothGrad, IG, the metrics; default %(default)s): the memory knob, "
         "results do not depend on it",
     )
-    parser.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto (default): cuda when available, else cpu",
-    )
+    add_device_argument(parser)
     parser.add_argument(
         "--workers",
         type=int,
@@ -294,6 +300,69 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         action="store_true",
         help="no progress (a bar on a terminal, a line every few seconds in a log)",
     )
+
+
+class RunInputs(NamedTuple):
+    """The images, methods, output folder and device of a run, checked; ``checked``: what the
+    command's own check returned."""
+
+    paths: list[Path]
+    methods: list[str]
+    out: Path
+    device: torch.device
+    checked: Any
+
+
+def check_run_inputs(
+    args: argparse.Namespace,
+    own_check: Callable[[list[Path], list[str]], Any] | None = None,
+    *,
+    local_rank: int = 0,
+) -> RunInputs:
+    """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
+    the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
+    written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
+    paths = find_images(args.images)
+    methods = parse_methods(args.method)
+    checked = None if own_check is None else own_check(paths, methods)
+    out = Path(args.out)
+    check_out_dir(out)
+    return RunInputs(paths, methods, out, pick_device(args.device, local_rank), checked)
+
+
+def load_run_model(
+    args: argparse.Namespace, methods: Sequence[str], *, one_class: bool = False
+) -> tuple[models.LoadedModel, list[int] | None, str]:
+    """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
+    class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
+    the classes and the layer."""
+    loaded = load_model(args.model, args.weights)
+    classes = parse_target(args.target, loaded.labels)
+    if one_class and classes is not None and len(classes) > 1:
+        raise UsageError(f"--target: {args.command} scores one class per image (or top1)")
+    return loaded, classes, pick_layer(loaded, args.layer, methods)
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    summary: str,
+    description: str,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``, run by ``run(args)`` -> its parser, for its options.
+    ``summary``: its line in ``camkit --help``; with an ``epilog``, the description and the
+    epilog are shown as written (line breaks kept), else the description is wrapped."""
+    parser = commands.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter,
+    )
+    parser.set_defaults(run=run)
+    return parser
 
 
 def methods_help() -> str:

@@ -12,6 +12,7 @@ import numpy as np
 from camkit import io, models, report, viz
 from camkit.cli.common import (
     EXIT_OK,
+    add_command,
     check_out_dir,
     load_model,
     match_label,
@@ -29,6 +30,14 @@ LEGEND = (
     "Each row: a photo and the maps of the class named on the left (the model's top-1 with its "
     "probability; the last row: a class chosen with --target). Red: where the evidence for "
     "that class is; blue: none."
+)
+
+SUMMARY = "run the whole pipeline on scikit-image's sample photos"
+DESCRIPTION = (
+    "Explain five sample photos with "
+    f"{', '.join(DEMO_METHODS)}, write the browsable report (OUT/index.html) and a summary "
+    f"grid (OUT/summary.png), and explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
+    "(--target)."
 )
 
 
@@ -108,15 +117,7 @@ def read(out: Path, record: dict) -> np.ndarray:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``demo`` subcommand."""
-    demo = commands.add_parser(
-        "demo",
-        help="run the whole pipeline on scikit-image's sample photos",
-        description="Explain five sample photos with "
-        f"{', '.join(DEMO_METHODS)}, write the browsable report (OUT/index.html) and a summary "
-        f"grid (OUT/summary.png), and explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
-        "(--target).",
-    )
+    demo = add_command(commands, "demo", run_demo, SUMMARY, DESCRIPTION)
     demo.add_argument(
         "--out", default="camkit-demo", metavar="DIR", help="output folder (default camkit-demo)"
     )
-    demo.set_defaults(run=run_demo)

@@ -9,21 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import io, models, report
-from camkit.cli import evaluate, mapstore
+from camkit.cli import mapstore, results
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
+    add_command,
     add_run_arguments,
     check_colormap,
-    check_out_dir,
+    check_run_inputs,
     exit_status,
-    find_images,
-    load_model,
+    load_run_model,
     methods_help,
-    parse_methods,
-    parse_target,
-    pick_device,
-    pick_layer,
     positive_int,
     unit_float,
 )
@@ -41,22 +37,21 @@ from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_
 from camkit.cli.ranks import Ranks
 from camkit.errors import LayerOutputError
 
+SUMMARY = "write heatmap overlays for images"
+DESCRIPTION = "Explain the model's prediction for each image with a heatmap overlay."
+
 
 def run_explain(args: argparse.Namespace) -> int:
     """``camkit explain``: check everything, then explain this rank's share of the images."""
     ranks = Ranks.from_env()
-    paths = find_images(args.images)
-    methods = parse_methods(args.method)
-    check_colormap(args.colormap)
-    out = Path(args.out)
-    check_out_dir(out)
-    device = pick_device(args.device, ranks.local_rank)
+    paths, methods, out, device, _ = check_run_inputs(
+        args, lambda paths, methods: check_colormap(args.colormap), local_rank=ranks.local_rank
+    )
     with ranks.group(device):
-        loaded = load_model(args.model, args.weights)
-        classes = parse_target(args.target, loaded.labels)
+        loaded, classes, layer = load_run_model(args, methods)
         job = Job(
             methods=tuple(methods),
-            layer=pick_layer(loaded, args.layer, methods),
+            layer=layer,
             classes=None if classes is None else tuple(classes),
             out=out,
             device=device,
@@ -119,7 +114,7 @@ def explain(
     manifest = merge(out, head, order, ranks.world, todo=len(todo))
     if job.report:
         records = manifest["records"]
-        metrics = evaluate.overlay_metrics(records, evaluate.read_rows(out))  # when evaluated
+        metrics = results.overlay_metrics(records, results.read_rows(out))  # when evaluated
         report.write_report(out, records, metrics=metrics, colormap=job.colormap)
     return manifest
 
@@ -168,13 +163,7 @@ examples:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``explain`` subcommand."""
-    explain = commands.add_parser(
-        "explain",
-        help="write heatmap overlays for images",
-        description="Explain the model's prediction for each image with a heatmap overlay.",
-        epilog=epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    explain = add_command(commands, "explain", run_explain, SUMMARY, DESCRIPTION, epilog())
     add_run_arguments(explain, what="explained")
     explain.add_argument(
         "--alpha", type=unit_float, default=0.5, help="heatmap opacity in [0, 1] (default 0.5)"
@@ -217,4 +206,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="write OUT/index.html, a page to browse the overlays (default: on when a "
         "directory is explained)",
     )
-    explain.set_defaults(run=run_explain)

@@ -5,9 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from camkit.cli.common import EXIT_OK, UsageError, add_model_arguments, load_model, positive_int
+from camkit.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_command,
+    add_model_arguments,
+    load_model,
+    positive_int,
+)
 from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import CamkitError
+
+SUMMARY = "list a model's layers and output shapes"
+DESCRIPTION = (
+    "List every layer call with its type and output shape; '*' marks the layer CAMs use by default."
+)
 
 
 def run_layers(args: argparse.Namespace) -> int:
@@ -44,12 +56,7 @@ def run_layers(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``layers`` subcommand."""
-    layers = commands.add_parser(
-        "layers",
-        help="list a model's layers and output shapes",
-        description="List every layer call with its type and output shape; '*' marks the "
-        "layer CAMs use by default.",
-    )
+    layers = add_command(commands, "layers", run_layers, SUMMARY, DESCRIPTION)
     add_model_arguments(layers)
     layers.add_argument(
         "--input-size",
@@ -57,4 +64,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="square input side (default: the model's input size)",
     )
-    layers.set_defaults(run=run_layers)

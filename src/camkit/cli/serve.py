@@ -13,11 +13,20 @@ from camkit import io
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
+    add_command,
+    add_device_argument,
     add_model_arguments,
     load_model,
     pick_device,
 )
 from camkit.cli.manifest import MANIFEST
+
+SUMMARY = "explore a model's maps live in the browser"
+DESCRIPTION = (
+    "Serve an interactive explorer: a gallery with predictions, and maps of any "
+    "class, method, layer and checkpoint computed on demand. Needs the optional web stack: "
+    "pip install 'camkit[serve]'."
+)
 
 
 def demo_folder() -> Path:
@@ -104,13 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``serve`` subcommand."""
-    serve = commands.add_parser(
-        "serve",
-        help="explore a model's maps live in the browser",
-        description="Serve an interactive explorer: a gallery with predictions, and maps of any "
-        "class, method, layer and checkpoint computed on demand. Needs the optional web stack: "
-        "pip install 'camkit[serve]'.",
-    )
+    serve = add_command(commands, "serve", run_serve, SUMMARY, DESCRIPTION)
     serve.add_argument(
         "paths",
         nargs="*",
@@ -133,5 +136,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="the API token (default: a random one, printed in the URL); '' turns it off, "
         "which is refused on any address but loopback",
     )
-    serve.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    serve.set_defaults(run=run_serve)
+    add_device_argument(serve)

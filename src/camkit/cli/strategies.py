@@ -12,14 +12,26 @@ from pathlib import Path
 import numpy as np
 
 from camkit import io, report
-from camkit.cli import evaluate
-from camkit.cli.common import EXIT_OK, UsageError, positive_int
+from camkit.cli import results
+from camkit.cli.common import EXIT_OK, UsageError, add_command, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
 from camkit.strategies import ClassStrategies, MapSet, find_strategies, load_maps, plots
 from camkit.strategies.core import StrategyWarning
 
 STRATEGIES = "strategies.json"
+SUMMARY = "cluster a run's maps per class to find the model's strategies (SpRAy)"
+DESCRIPTION = (
+    "Spectral relevance analysis of a 'camkit explain --save-maps' run: per "
+    "method and class, the maps' nearest-neighbour graph, its eigengap, clusters, their "
+    "prototypes and a suspiciousness score (see docs/strategies.md)."
+)
+EPILOG = (
+    "outputs in --out (default RUN_DIR/strategies): strategies.json, "
+    "prototype_*.png, typical_*.png, atypical_*.png, eigengap_*.png, embedding_*.png; the "
+    "run's index.html gets a strategies view.\n\nexample:\n  camkit explain photos/ "
+    "--save-maps --out run && camkit strategies run"
+)
 
 
 def read_truth(path: str, maps: MapSet) -> np.ndarray:
@@ -189,7 +201,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else "")
     )
     if args.report and manifest["records"]:
-        rows = evaluate.overlay_metrics(manifest["records"], evaluate.read_rows(run))
+        rows = results.overlay_metrics(manifest["records"], results.read_rows(run))
         report.write_report(
             run,
             manifest["records"],
@@ -214,18 +226,7 @@ def _to_rows(found: ClassStrategies, rows: np.ndarray) -> None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``strategies`` subcommand."""
-    parser = commands.add_parser(
-        "strategies",
-        help="cluster a run's maps per class to find the model's strategies (SpRAy)",
-        description="Spectral relevance analysis of a 'camkit explain --save-maps' run: per "
-        "method and class, the maps' nearest-neighbour graph, its eigengap, clusters, their "
-        "prototypes and a suspiciousness score (see docs/strategies.md).",
-        epilog="outputs in --out (default RUN_DIR/strategies): strategies.json, "
-        "prototype_*.png, typical_*.png, atypical_*.png, eigengap_*.png, embedding_*.png; the "
-        "run's index.html gets a strategies view.\n\nexample:\n  camkit explain photos/ "
-        "--save-maps --out run && camkit strategies run",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "strategies", run_strategies, SUMMARY, DESCRIPTION, EPILOG)
     parser.add_argument(
         "run_dir", metavar="RUN_DIR", help="output folder of 'camkit explain --save-maps'"
     )
@@ -298,4 +299,3 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="add the strategies view to RUN_DIR/index.html (default on)",
     )
     parser.add_argument("--quiet", action="store_true", help="no per-class lines")
-    parser.set_defaults(run=run_strategies)

@@ -5,7 +5,9 @@ only, low confidence first), and for each image the maps of any class, method, l
 checkpoint computed on demand: the depth strip (one method at every stage from one pass), two
 classes or two checkpoints side by side, deletion/insertion curves, downloads.
 
-* :mod:`camkit.serve.app`: the ASGI app (Starlette) and its routes;
+* :mod:`camkit.serve.app`: the ASGI app (Starlette): the token check, start and stop;
+* :mod:`camkit.serve.routes`: its routes, by concern (the page, the gallery and images, maps,
+  uploads, the run's files); :mod:`camkit.serve.http`: checked query parameters, JSON errors;
 * :mod:`camkit.serve.batcher`: concurrent map requests -> one engine call per group;
 * :mod:`camkit.serve.explorer`: what is computed, through camkit's public API;
 * :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest);

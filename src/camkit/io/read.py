@@ -1,0 +1,123 @@
+"""Reading image files: the size checked from the header before any pixel is decoded, then
+every kind of file (gray, palette, RGBA/LA, 16-bit, CMYK JPEG, EXIF-rotated) as ``HxWx3`` uint8
+RGB."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from camkit.errors import ArgumentError, CamkitError
+from camkit.io.convert import to_rgb_uint8
+
+MAX_PIXELS = 89_478_485
+"""Default pixel limit of :func:`read_image` (Pillow's own warning threshold, about 89.5 MP: a
+``9459x9459`` image, ~256 MB as RGB). Larger images are refused before decoding."""
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+class ImageTooLargeError(CamkitError):
+    """An image whose header declares more pixels than allowed; refused before decoding."""
+
+
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    Image.DecompressionBombError,
+)
+"""What :func:`read_image` raises for a file it cannot turn into an image (never a bug)."""
+
+
+def read_failure(error: BaseException) -> str:
+    """One line saying why a file could not be read (for logs and the manifest)."""
+    if isinstance(error, UnidentifiedImageError):
+        return "not an image file that Pillow can decode"
+    if isinstance(error, Image.DecompressionBombError):
+        return f"possibly a decompression bomb, refused before decoding: {error}"
+    if isinstance(error, FileNotFoundError):
+        return "no such file"
+    if isinstance(error, OSError) and "truncated" in str(error).lower():
+        return f"the file is truncated or corrupt ({error})"
+    if isinstance(error, MemoryError):
+        return "not enough memory to decode the image"
+    return str(error) or type(error).__name__
+
+
+def _check_size(image: Image.Image, max_pixels: int | None) -> None:
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise ArgumentError(f"the image header declares an empty size {width}x{height}")
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"the image is {width}x{height} ({width * height:,} pixels), more than the limit of "
+            f"{max_pixels:,} pixels; refused before decoding (raise max_pixels to read it)"
+        )
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """The image rotated/flipped as its EXIF orientation says (unchanged without one)."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except (ValueError, TypeError, KeyError, SyntaxError, OSError) as error:
+        warnings.warn(
+            f"ignoring an unreadable EXIF orientation ({error}); the image is used as stored",
+            stacklevel=3,
+        )
+        return image
+
+
+def _pil_to_rgb(image: Image.Image) -> np.ndarray:
+    """A loaded PIL image of any mode -> ``HxWx3`` uint8 RGB."""
+    mode = image.mode
+    if mode in _SIXTEEN_BIT_MODES:  # 16-bit gray (PNG, TIFF): 0..65535 -> 0..255
+        values = np.asarray(image).astype(np.int64)
+        return to_rgb_uint8(np.clip(values, 0, 65535).astype(np.uint16))
+    if mode == "F":
+        values = np.asarray(image)
+        if not np.isfinite(values).all() or values.min() < 0.0 or values.max() > 1.0:
+            raise ArgumentError(
+                "a floating-point image must hold values in [0, 1]; convert it to 8 or 16 bits"
+            )
+        return to_rgb_uint8(values)
+    if mode == "RGB":
+        return np.asarray(image).copy()
+    # L, LA, 1, P, PA, RGBA, RGBX, CMYK, YCbCr...: Pillow's conversion; alpha is dropped as in
+    # torchvision's ImageFolder loader, so the model sees what it was trained on
+    return np.asarray(image.convert("RGB")).copy()
+
+
+def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = MAX_PIXELS) -> np.ndarray:
+    """An image file -> ``HxWx3`` uint8 RGB, upright (EXIF orientation applied), first frame.
+
+    * gray, palette and 1-bit images are expanded to RGB; RGBA/LA/PA drop their alpha channel
+      (not composited, as torchvision's loader does);
+    * 16-bit gray (``I;16`` PNG/TIFF) is divided by 257 and rounded; 16-bit RGB(A) PNG is
+      reduced to 8 bits by Pillow, which keeps the high byte (``v >> 8``, at most one level
+      below ``round(v / 257)``);
+    * CMYK JPEG (Adobe, inverted or not) is converted by Pillow's CMYK -> RGB formula (embedded
+      ICC profiles are not applied);
+    * EXIF orientations 2-8 are undone, so the array is as the photo is meant to be seen.
+
+    The size is checked from the header before decoding: more than ``max_pixels`` pixels
+    (``None``: no limit of camkit's own) raises :class:`ImageTooLargeError`; Pillow's
+    ``Image.MAX_IMAGE_PIXELS`` bomb check also applies. Errors are those in :data:`READ_ERRORS`;
+    :func:`read_failure` makes a one-line reason of them.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+        try:
+            opened = Image.open(path)
+        except Image.DecompressionBombError as error:  # Pillow's check on the header's size
+            raise ImageTooLargeError(
+                f"{error}; refused before decoding (Pillow's Image.MAX_IMAGE_PIXELS)"
+            ) from None
+        with opened as image:
+            _check_size(image, max_pixels)
+            image.load()
+            return _pil_to_rgb(_upright(image))

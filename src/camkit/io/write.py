@@ -1,0 +1,114 @@
+"""Writing files atomically (a hidden temporary file renamed over the target): images in PNG,
+JPEG or WebP, ``.npy`` arrays, JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from camkit.errors import ArgumentError
+from camkit.io.convert import to_rgb_uint8
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
+    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
+
+    Readers never see a half-written file, and a killed writer leaves none behind.
+    ``durable``: ``fsync`` before the rename, so the file survives a power cut too (leave it
+    off for files that are cheap to remake, such as thumbnails: an fsync costs milliseconds).
+    """
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    descriptor = os.open(temporary, flags, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _encode(suffixes: tuple[str, ...], path: Path, image: object, params: list[int]) -> bytes:
+    if path.suffix.lower() not in suffixes:
+        raise ArgumentError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
+    rgb = to_rgb_uint8(image)
+    ok, encoded = cv2.imencode(suffixes[0], np.ascontiguousarray(rgb[:, :, ::-1]), params)
+    if not ok:
+        raise OSError(f"OpenCV could not encode a {suffixes[0]} image of shape {rgb.shape}")
+    return encoded.tobytes()
+
+
+def save_png(path: str | os.PathLike[str], rgb_uint8: object, *, durable: bool = True) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically
+    (``durable``: see :func:`write_atomic`)."""
+    target = Path(path)
+    return write_atomic(target, _encode((".png",), target, rgb_uint8, []), durable=durable)
+
+
+def save_jpeg(
+    path: str | os.PathLike[str], image: object, quality: int = 85, *, durable: bool = True
+) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.jpg`` file atomically
+    (``durable``: see :func:`write_atomic`)."""
+    if not 1 <= quality <= 100:
+        raise ArgumentError(f"expected a JPEG quality in 1..100, got {quality}")
+    target = Path(path)
+    params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
+    data = _encode((".jpg", ".jpeg"), target, image, params)
+    return write_atomic(target, data, durable=durable)
+
+
+def save_webp(
+    path: str | os.PathLike[str], image: object, quality: int = 90, *, durable: bool = True
+) -> Path:
+    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.webp`` file atomically
+    (``durable``: see :func:`write_atomic`); ``quality`` 1..100 (lossy WebP)."""
+    if not 1 <= quality <= 100:
+        raise ArgumentError(f"expected a WebP quality in 1..100, got {quality}")
+    target = Path(path)
+    params = [cv2.IMWRITE_WEBP_QUALITY, int(quality)]
+    return write_atomic(target, _encode((".webp",), target, image, params), durable=durable)
+
+
+# the formats :func:`save_image` writes: file suffix -> writer
+IMAGE_FORMATS = {"png": save_png, "jpg": save_jpeg, "webp": save_webp}
+
+
+def save_image(
+    path: str | os.PathLike[str], image: object, quality: int = 90, *, durable: bool = True
+) -> Path:
+    """Write an image atomically in the format its suffix names: ``.png`` (lossless),
+    ``.jpg``/``.jpeg`` or ``.webp`` (lossy, ``quality`` 1..100)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    suffix = "jpg" if suffix == "jpeg" else suffix
+    if suffix not in IMAGE_FORMATS:
+        raise ArgumentError(
+            f"expected a path ending in .{', .'.join(IMAGE_FORMATS)} or .jpeg, got {str(path)!r}"
+        )
+    if suffix == "png":
+        return save_png(path, image, durable=durable)
+    return IMAGE_FORMATS[suffix](path, image, quality, durable=durable)
+
+
+def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:
+    """``np.save`` written atomically."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return write_atomic(path, buffer.getvalue())
+
+
+def save_json(path: str | os.PathLike[str], value: object) -> Path:
+    """Indented JSON written atomically."""
+    return write_atomic(path, (json.dumps(value, indent=2) + "\n").encode("utf-8"))

@@ -1,0 +1,53 @@
+"""What every route of :mod:`camkit.serve.app` shares: checked query parameters, JSON errors,
+names safe to send back."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from camkit.errors import ArgumentError
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class Query:
+    """Checked query parameters: a missing or malformed one is a 400 with its name."""
+
+    def __init__(self, request: Request) -> None:
+        self.params = request.query_params
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        value = self.params.get(name)
+        return default if value in (None, "") else value
+
+    def integer(self, name: str, default: int | None = None) -> int:
+        value = self.params.get(name)
+        if value in (None, ""):
+            if default is None:
+                raise ArgumentError(f"missing query parameter {name!r} (an integer)")
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise ArgumentError(
+                f"query parameter {name!r} must be an integer, got {value!r}"
+            ) from None
+
+    def number(self, name: str, default: float) -> float:
+        value = self.params.get(name)
+        try:
+            return default if value in (None, "") else float(value)
+        except ValueError:
+            raise ArgumentError(
+                f"query parameter {name!r} must be a number, got {value!r}"
+            ) from None
+
+
+def safe_name(name: str) -> str:
+    """A name safe in a header and a page: letters, digits and ``._- `` only."""
+    return "".join(c if c.isalnum() or c in "._- " else "_" for c in name)[:120]

@@ -1,0 +1,108 @@
+"""The gallery and one image: ``/api/gallery``, ``/api/thumb``, ``/api/photo``, ``/api/image``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from camkit.serve.gallery import select
+from camkit.serve.http import Query
+from camkit.serve.routes.state import ServerState
+
+PAGE_LIMIT = 200
+
+
+def encode_png(rgb: np.ndarray) -> bytes:
+    from camkit.serve.explorer import encode
+
+    return encode(rgb, ".png")
+
+
+def routes(state: ServerState) -> list[Route]:
+    """The gallery's pages, thumbnails, the model's view of a photo and an image's classes."""
+    explorer, batcher = state.explorer, state.batcher
+
+    def item(index: int, checkpoint: str) -> dict:
+        entry = explorer.entries[index]
+        prediction = explorer.predictions[checkpoint].get(index)
+        return {
+            "id": index,
+            "name": entry.name,
+            "truth": entry.truth,
+            "error": entry.error,
+            "top": [
+                {"index": c, "label": label, "probability": p} for c, label, p in prediction or []
+            ],
+        }
+
+    async def gallery(request: Request) -> Response:
+        query = Query(request)
+        checkpoint = state.checkpoint_of(query)
+        offset = max(0, query.integer("offset", 0))
+        limit = min(PAGE_LIMIT, max(1, query.integer("limit", 50)))
+        chosen = select(
+            explorer.entries,
+            explorer.predictions[checkpoint],
+            predicted=query.text("predicted"),
+            truth=query.text("truth"),
+            wrong=query.text("wrong") in ("1", "true"),
+            order=query.text("order", "name"),
+        )
+        shown = chosen[offset : offset + limit]
+        missing = [i for i in shown if i not in explorer.predictions[checkpoint]]
+        if missing:
+            await batcher.run(explorer.predict, missing, checkpoint)
+        return JSONResponse(
+            {
+                "total": len(chosen),
+                "images": len(explorer.entries),
+                "predicted": len(explorer.predictions[checkpoint]),
+                "offset": offset,
+                "items": [item(index, checkpoint) for index in shown],
+            }
+        )
+
+    async def thumb(request: Request) -> Response:
+        image = state.image_of(request.path_params["id"])
+        data = await asyncio.to_thread(explorer.thumbnail, image)
+        return Response(data, media_type="image/jpeg")
+
+    async def photo(request: Request) -> Response:
+        image = state.image_of(request.path_params["id"])
+        view = await asyncio.to_thread(explorer.model_view, image)
+        return Response(await asyncio.to_thread(encode_png, view), media_type="image/png")
+
+    async def image_info(request: Request) -> Response:
+        query = Query(request)
+        checkpoint = state.checkpoint_of(query)
+        image = state.image_of(request.path_params["id"])
+        k = min(20, max(1, query.integer("k", 5)))
+        probabilities = await batcher.run(explorer.probabilities, image, checkpoint)
+        top = probabilities.topk(min(k, probabilities.numel()))
+        entry = explorer.entries[image]
+        photo = await asyncio.to_thread(explorer.photo, image)
+        return JSONResponse(
+            {
+                "id": image,
+                "name": entry.name,
+                "truth": entry.truth,
+                "size": [int(photo.shape[1]), int(photo.shape[0])],
+                "top": [
+                    {"index": c, "label": explorer.labels[c], "probability": p}
+                    for c, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+                ],
+                "probabilities": [round(p, 6) for p in probabilities.tolist()],
+                "run_maps": entry.run_maps if state.run_root is not None else [],
+            }
+        )
+
+    return [
+        Route("/api/gallery", gallery),
+        Route("/api/thumb/{id}", thumb),
+        Route("/api/photo/{id}", photo),
+        Route("/api/image/{id}", image_info),
+    ]

@@ -1,0 +1,71 @@
+"""The page, its static files, and ``/api/info``: what the page is told at start."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from camkit import registry
+from camkit.serve.explorer import SLOW_FAMILIES, SLOW_METHODS
+from camkit.serve.http import NO_STORE, error
+from camkit.serve.routes.state import ServerState
+
+STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
+COLORMAPS = ("jet", "turbo", "inferno", "viridis", "magma", "gray")
+
+
+def _static(name: str) -> bytes:
+    return resources.files("camkit.serve").joinpath("static", name).read_bytes()
+
+
+def routes(state: ServerState) -> list[Route]:
+    """``/``, ``/static/{name}`` and ``/api/info``."""
+    explorer, checkpoints = state.explorer, state.checkpoints
+
+    async def page(request: Request) -> Response:
+        return Response(_static("index.html"), media_type="text/html", headers=NO_STORE)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in STATIC:
+            return error("not found", 404)
+        return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
+
+    async def info(request: Request) -> Response:
+        first = explorer.checkpoints[checkpoints[0]]
+        methods = [
+            {
+                "name": name,
+                "family": registry.get(name).family,
+                "needs_layer": registry.get(name).needs_layer,
+                "reference": registry.get(name).reference,
+                "slow": registry.get(name).family in SLOW_FAMILIES or name in SLOW_METHODS,
+            }
+            for name in explorer.methods
+        ]
+        truths = sorted({e.truth for e in explorer.entries if e.truth is not None})
+        return JSONResponse(
+            {
+                "model": first.name,
+                "checkpoints": checkpoints,
+                "labels": explorer.labels,
+                "methods": methods,
+                "unavailable": explorer.unavailable,
+                "layers": [
+                    {"name": name, "type": kind, "shape": list(shape)}
+                    for name, kind, shape in explorer.layers
+                ],
+                "default_layer": explorer.default_layer,
+                "stages": explorer.stages,
+                "images": len(explorer.entries),
+                "truths": truths,
+                "colormaps": list(COLORMAPS),
+                "run": state.run_header,
+                "strategies": state.strategies is not None,
+            }
+        )
+
+    return [Route("/", page), Route("/static/{name}", static), Route("/api/info", info)]

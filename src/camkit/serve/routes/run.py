@@ -1,0 +1,34 @@
+"""The ``camkit explain`` run the explorer shows: ``/api/strategies`` (its clusters) and
+``/api/run/{path}`` (its files, only under its folder)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from camkit.serve import security
+from camkit.serve.http import error
+from camkit.serve.routes.state import ServerState
+
+
+def routes(state: ServerState) -> list[Route]:
+    """The run's strategies and files; 404 when the app shows no run."""
+
+    async def strategies_view(request: Request) -> Response:
+        if state.strategies is None:
+            return error("this run has no strategies: run 'camkit strategies RUN_DIR'", 404)
+        return JSONResponse(state.strategies)
+
+    async def run_file(request: Request) -> Response:
+        if state.run_root is None:
+            return error("not found", 404)
+        found = security.resolve_under(state.run_root, request.path_params["path"])
+        if found is None:
+            return error("not found", 404)
+        return FileResponse(found)
+
+    return [
+        Route("/api/strategies", strategies_view),
+        Route("/api/run/{path:path}", run_file),
+    ]
