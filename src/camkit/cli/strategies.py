@@ -16,8 +16,14 @@ from camkit.cli import evaluate
 from camkit.cli.common import EXIT_OK, UsageError, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
-from camkit.strategies import ClassStrategies, MapSet, find_strategies, load_maps, plots
-from camkit.strategies.core import StrategyWarning
+from camkit.strategies import (
+    ClassStrategies,
+    MapSet,
+    StrategyWarning,
+    find_strategies,
+    load_maps,
+    plots,
+)
 
 STRATEGIES = "strategies.json"
 
