@@ -18,7 +18,8 @@ from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from camkit import io, metrics, models, report
+from camkit import io, metrics, models
+from camkit.cli import report
 from camkit.cli.common import (
     IMAGE_SUFFIXES,
     UsageError,
@@ -34,11 +35,11 @@ from camkit.cli.common import (
     pick_layer,
     positive_int,
 )
+from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.manifest import MANIFEST, read
 from camkit.cli.pipeline import Job, build_explainer, build_explainers, default_workers
 from camkit.core.progress import progress
 from camkit.core.targets import select_output
-from camkit.dataset import ImageFiles, collate
 from camkit.errors import CamkitError
 
 # metric name on the command line -> its columns in metrics.csv (name, higher is better)
@@ -166,7 +167,8 @@ def read_rows(out: Path) -> list[dict]:
 
 def overlay_metrics(records: Sequence[dict], rows: Sequence[dict]) -> dict[str, dict]:
     """``{overlay output: {metric: value}}``: each ``camkit explain`` manifest record matched to
-    the ``metrics.csv`` row of its image, method and target, for :func:`camkit.report.write_report`.
+    the ``metrics.csv`` row of its image, method and target, for
+    :func:`camkit.cli.report.write_report`.
     """
     by_key = {(row["image"], row["method"], str(row["target"])): row for row in rows}
     found = {}

@@ -8,8 +8,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from camkit import io, models, report
-from camkit.cli import evaluate, mapstore
+from camkit import io, models
+from camkit.cli import evaluate, mapstore, report
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,

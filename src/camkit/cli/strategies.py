@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from camkit import io, report
-from camkit.cli import evaluate
+from camkit import io
+from camkit.cli import evaluate, report
 from camkit.cli.common import EXIT_OK, UsageError, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
