@@ -22,7 +22,8 @@ from skimage import data
 
 import camkit
 from camkit import io as cio
-from camkit import models, report
+from camkit import models
+from camkit.cli import report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_report import Browser  # noqa: E402  (the DevTools-pipe driver of the browser test)

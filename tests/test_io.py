@@ -17,7 +17,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader
 
 from camkit import io as cio
-from camkit.dataset import ImageFiles, collate
+from camkit.cli.dataset import ImageFiles, collate
 from camkit.errors import ArgumentError
 from camkit.models import Preprocess
 

@@ -1,4 +1,4 @@
-"""camkit.report: the static HTML page, checked as data and in a real (headless) Chromium."""
+"""camkit.cli.report: the static HTML page, checked as data and in a real (headless) Chromium."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import pytest
 from PIL import Image
 
 from camkit import io as cio
-from camkit import report, viz
+from camkit import viz
+from camkit.cli import report
 
 LABELS = ["tabby cat", "espresso", "rocket", 'evil </script><script>window.pwned=1</script> "&']
 NASTY_NAME = "a #b c?d&e'f\"<img src=x onerror=window.pwned=2>.png"

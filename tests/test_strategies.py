@@ -13,6 +13,7 @@ import torch
 
 from camkit.errors import ArgumentError, InputError
 from camkit.strategies import (
+    StrategyWarning,
     analyze_class,
     eigengap,
     find_strategies,
@@ -20,7 +21,6 @@ from camkit.strategies import (
     pool_maps,
     suspiciousness,
 )
-from camkit.strategies.core import StrategyWarning
 from camkit.strategies.mapfile import write_maps
 
 CENTRES = [(4, 4), (4, 27), (27, 4), (27, 27), (16, 16)]
@@ -192,7 +192,7 @@ def test_sparse_solver_agrees_with_dense(monkeypatch):
     maps, truth = blobs([30, 25, 20])
     pooled = pool_maps(maps, 16)
     dense = analyze_class(pooled, embedding=None)
-    monkeypatch.setattr("camkit.strategies.core.DENSE_LIMIT", 10)
+    monkeypatch.setattr("camkit.strategies.spectrum.DENSE_LIMIT", 10)
     sparse = analyze_class(pooled, embedding=None)
     np.testing.assert_allclose(sparse.eigenvalues, dense.eigenvalues, atol=1e-6)
     assert sparse.k == 3 and same_partition(sparse.labels, truth)

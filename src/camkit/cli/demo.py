@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from camkit import io, models, report, viz
+from camkit import io, models, viz
+from camkit.cli import report
 from camkit.cli.common import (
     EXIT_OK,
     add_command,

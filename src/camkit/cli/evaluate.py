@@ -21,12 +21,12 @@ from camkit.cli.common import (
     methods_help,
     positive_int,
 )
+from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import Job, build_explainers, default_workers
 from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
 from camkit.core.progress import progress
 from camkit.core.targets import select_output
-from camkit.dataset import ImageFiles, collate
 from camkit.errors import CamkitError
 
 SUMMARY = "score how faithful each method's maps are (deletion, insertion, ROAD, ...)"

@@ -8,8 +8,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from camkit import io, models, report
-from camkit.cli import mapstore, results
+from camkit import io, models
+from camkit.cli import mapstore, report, results
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,

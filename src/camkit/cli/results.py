@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from camkit import io, models, report
+from camkit import io, models
+from camkit.cli import report
 from camkit.cli.common import exit_status
 from camkit.cli.manifest import MANIFEST, read
 from camkit.cli.pipeline import Job
@@ -47,7 +48,8 @@ def read_rows(out: Path) -> list[dict]:
 
 def overlay_metrics(records: Sequence[dict], rows: Sequence[dict]) -> dict[str, dict]:
     """``{overlay output: {metric: value}}``: each ``camkit explain`` manifest record matched to
-    the ``metrics.csv`` row of its image, method and target, for :func:`camkit.report.write_report`.
+    the ``metrics.csv`` row of its image, method and target, for
+    :func:`camkit.cli.report.write_report`.
     """
     by_key = {(row["image"], row["method"], str(row["target"])): row for row in rows}
     found = {}

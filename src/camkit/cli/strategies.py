@@ -11,13 +11,19 @@ from pathlib import Path
 
 import numpy as np
 
-from camkit import io, report
-from camkit.cli import results
+from camkit import io
+from camkit.cli import report, results
 from camkit.cli.common import EXIT_OK, UsageError, add_command, positive_int
 from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
-from camkit.strategies import ClassStrategies, MapSet, find_strategies, load_maps, plots
-from camkit.strategies.core import StrategyWarning
+from camkit.strategies import (
+    ClassStrategies,
+    MapSet,
+    StrategyWarning,
+    find_strategies,
+    load_maps,
+    plots,
+)
 
 STRATEGIES = "strategies.json"
 SUMMARY = "cluster a run's maps per class to find the model's strategies (SpRAy)"

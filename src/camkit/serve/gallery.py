@@ -17,6 +17,7 @@ import numpy as np
 
 from camkit.cli import manifest as run_manifest
 from camkit.cli.common import IMAGE_SUFFIXES
+from camkit.cli.report_strategies import cluster_view
 
 Prediction = list[tuple[int, str, float]]
 """Top classes of one image: ``(class index, label, probability)``, most probable first."""
@@ -179,16 +180,7 @@ def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
 
     groups = []
     for group in data.get("groups", []):
-        clusters = [
-            {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
-            | {
-                "suspiciousness": cluster.get("suspiciousness"),
-                "prototype": picture(cluster.get("prototype")),
-                "typical": ids(cluster.get("typical", [])),
-                "atypical": ids(cluster.get("atypical", [])),
-            }
-            for cluster in group.get("clusters", [])
-        ]
+        clusters = [cluster_view(cluster, ids, picture) for cluster in group.get("clusters", [])]
         groups.append(
             {key: group.get(key) for key in ("method", "class", "label", "samples", "suggested_k")}
             | {"eigengap_plot": picture(group.get("eigengap_plot")), "clusters": clusters}

@@ -10,23 +10,21 @@ on a watermark, a border or a tag is a model reading a shortcut ("Clever Hans").
 Numbers in, numbers out: ``(N, H, W)`` maps (any camkit method; pixel attributions summed over
 channels) and their classes go in; :class:`ClassStrategies` dataclasses (eigenvalues, the
 suggested number of clusters, the clusters with their prototypes, members and scores) come
-out. Figures are in :mod:`camkit.strategies.plots`, the saved maps of a run
-(``camkit explain --save-maps``) in :mod:`camkit.strategies.mapfile`.
+out. The steps: :mod:`~camkit.strategies.pooling` (maps -> small grids),
+:mod:`~camkit.strategies.spectrum` (the graph, its Laplacian's spectrum, the eigengap),
+:mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout),
+:mod:`~camkit.strategies.analysis` (per class and over a dataset),
+:mod:`~camkit.strategies.results` (the dataclasses). Figures are in
+:mod:`camkit.strategies.plots`, the saved maps of a run (``camkit explain --save-maps``) in
+:mod:`camkit.strategies.mapfile`.
 """
 
-from camkit.strategies.core import (
-    ClassStrategies,
-    Cluster,
-    Strategies,
-    StrategyWarning,
-    analyze_class,
-    default_neighbors,
-    eigengap,
-    find_strategies,
-    pool_maps,
-    suspiciousness,
-)
+from camkit.strategies.analysis import StrategyWarning, analyze_class, find_strategies
+from camkit.strategies.clustering import suspiciousness
 from camkit.strategies.mapfile import MapSet, load_maps
+from camkit.strategies.pooling import pool_maps
+from camkit.strategies.results import ClassStrategies, Cluster, Strategies
+from camkit.strategies.spectrum import default_neighbors, eigengap
 
 __all__ = [
     "ClassStrategies",

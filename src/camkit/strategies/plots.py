@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from camkit import viz
-from camkit.strategies.core import ClassStrategies
+from camkit.strategies.results import ClassStrategies
 
 
 def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:

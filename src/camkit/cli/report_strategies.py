@@ -1,0 +1,68 @@
+"""The strategies view's data: ``strategies.json`` (written by ``camkit strategies``) read for a
+page. :func:`cluster_view` turns one cluster into what a page shows, for the static report and
+the explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the
+report's whole view (map rows -> the page's image indices, files -> URLs)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from camkit.cli.report_files import url_path
+
+
+def cluster_view(
+    cluster: Mapping[str, Any],
+    members: Callable[[Sequence[int]], list[int]],
+    picture: Callable[[str | None], str | None],
+    *,
+    score: str = "suspiciousness",
+    lists: Sequence[str] = ("typical", "atypical"),
+) -> dict[str, Any]:
+    """One cluster of ``strategies.json`` for a page: its ``id``, ``size``, ``confidence``,
+    ``accuracy`` and suspiciousness (named ``score``), its prototype picture through
+    ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
+    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's)."""
+    return (
+        {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
+        | {score: cluster.get("suspiciousness"), "prototype": picture(cluster.get("prototype"))}
+        | {name: members(cluster.get(name, [])) for name in lists}
+    )
+
+
+def strategies_data(
+    out: Path, images: Sequence[Mapping[str, Any]], found: Mapping[str, Any], folder: Path
+) -> dict[str, Any]:
+    """``strategies.json`` for the report's page: map rows -> page image indices (-1: not on
+    the page), files (relative to ``folder``) -> URLs relative to ``out``."""
+    page = {image["path"]: index for index, image in enumerate(images)}
+    rows = [page.get(str(image), -1) for image in found.get("images", [])]
+    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
+
+    def url(name: str | None) -> str | None:
+        return None if name is None else url_path(f"{prefix}/{name}" if prefix != "." else name)
+
+    def indices(members: Sequence[int]) -> list[int]:
+        return [rows[r] for r in members]
+
+    groups = []
+    for group in found.get("groups", []):
+        clusters = [
+            cluster_view(
+                cluster, indices, url, score="score", lists=("typical", "atypical", "members")
+            )
+            for cluster in group.get("clusters", [])
+        ]
+        groups.append(
+            {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
+            | {
+                "suggested": group.get("suggested_k"),
+                "eigenvalues": group.get("eigenvalues", []),
+                "eigengap": url(group.get("eigengap_plot")),
+                "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
+                "clusters": clusters,
+            }
+        )
+    return {"groups": groups, "skipped": list(found.get("skipped", []))}

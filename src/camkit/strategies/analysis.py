@@ -1,0 +1,219 @@
+"""SpRAy on arrays, class by class: :func:`analyze_class` (one class's pooled maps -> its
+strategies) and :func:`find_strategies` (every class of a dataset's maps). The steps live in
+:mod:`~camkit.strategies.pooling` (maps -> small grids), :mod:`~camkit.strategies.spectrum`
+(the nearest-neighbour graph, its Laplacian's spectrum, the eigengap) and
+:mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout).
+
+Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really learn",
+Nature Communications 10, 1096 (2019), section "Spectral relevance analysis"; the row
+normalisation before k-means is Ng, Jordan and Weiss, "On spectral clustering: analysis and an
+algorithm", NIPS 2001.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from camkit.errors import ArgumentError, CamkitError, InputError
+from camkit.strategies.clustering import (
+    Clustering,
+    Embedding,
+    by_size,
+    cluster_labels,
+    embed_2d,
+    summarise,
+)
+from camkit.strategies.pooling import pool_maps
+from camkit.strategies.results import ClassStrategies, Strategies
+from camkit.strategies.spectrum import default_neighbors, eigengap, knn_graph, laplacian_spectrum
+
+
+class StrategyWarning(UserWarning):
+    """A class whose strategies are degenerate (every map the same: one strategy)."""
+
+
+def _optional(values: Any, n: int, name: str, dtype: type) -> np.ndarray | None:
+    if values is None:
+        return None
+    array = np.asarray(values.cpu() if isinstance(values, torch.Tensor) else values, dtype=dtype)
+    if array.shape != (n,):
+        raise ArgumentError(f"{name} must have one value per map ({n},), got {array.shape}")
+    return array
+
+
+def analyze_class(
+    pooled: np.ndarray,
+    *,
+    indices: Sequence[int] | np.ndarray | None = None,
+    class_id: int | None = None,
+    confidences: Sequence[float] | np.ndarray | None = None,
+    predictions: Sequence[int] | np.ndarray | None = None,
+    truth: Sequence[int] | np.ndarray | None = None,
+    n_neighbors: int | None = None,
+    max_clusters: int = 10,
+    n_clusters: int | None = None,
+    diffusion: float | None = None,
+    clustering: Clustering = "kmeans",
+    clustering_options: dict[str, Any] | None = None,
+    embedding: Embedding | None = "tsne",
+    embedding_limit: int = 3000,
+    n_show: int = 8,
+    seed: int = 0,
+) -> ClassStrategies:
+    """SpRAy on the pooled maps ``(n, gh, gw)`` of one class (from :func:`pool_maps`).
+
+    ``indices`` name the samples in the results (default ``0..n-1``); ``confidences``,
+    ``predictions`` and ``truth`` (true labels, -1 where unknown) are per sample and give each
+    cluster's mean confidence and accuracy. The graph joins each map to its ``n_neighbors``
+    nearest; the ``max_clusters + 1`` smallest eigenvalues of its normalised Laplacian are kept
+    and the eigengap suggests the number of clusters, used unless ``n_clusters`` is given.
+    ``clustering`` runs on the row-normalised spectral embedding (``kmeans`` and
+    ``agglomerative`` take the number of clusters; ``dbscan``/``hdbscan`` find their own and
+    mark noise -1; ``clustering_options`` go to the scikit-learn class). ``embedding``: the
+    2-D layout for display (``tsne``, ``umap`` with umap-learn installed, ``spectral``, or
+    None), on a seeded subset of ``embedding_limit`` samples above it. The same ``seed`` gives
+    the same result.
+
+    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples
+    (11 with the default). When every map is the same the class has one strategy (with a
+    :class:`StrategyWarning`).
+    """
+    pooled = np.asarray(pooled, dtype=np.float32)
+    if pooled.ndim != 3 or not np.isfinite(pooled).all():
+        raise InputError(f"expected finite pooled maps (n, gh, gw), got shape {pooled.shape}")
+    n = len(pooled)
+    n_neighbors = default_neighbors(n) if n_neighbors is None else n_neighbors
+    for name, value in (("n_neighbors", n_neighbors), ("max_clusters", max_clusters)):
+        if not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    if n_clusters is not None and (not isinstance(n_clusters, int) or not 1 <= n_clusters < n):
+        raise ArgumentError(f"n_clusters must be an int in [1, {n - 1}], got {n_clusters!r}")
+    if n < _fewest(n, n_neighbors):
+        raise ArgumentError(
+            f"class {class_id if class_id is not None else ''} has {n} map(s); the "
+            f"nearest-neighbour graph needs at least {_fewest(n, n_neighbors)} "
+            f"(n_neighbors={n_neighbors} + 1)"
+        )
+    indices = np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64)
+    if indices.shape != (n,):
+        raise ArgumentError(f"indices must have one value per map ({n},), got {indices.shape}")
+    confidences = _optional(confidences, n, "confidences", np.float64)
+    predictions = _optional(predictions, n, "predictions", np.int64)
+    truth = _optional(truth, n, "truth", np.int64)
+    points = pooled.reshape(n, -1).astype(np.float64)
+    parameters = {
+        "n_neighbors": n_neighbors,
+        "max_clusters": max_clusters,
+        "n_clusters": n_clusters,
+        "diffusion": diffusion,
+        "clustering": clustering,
+        "clustering_options": dict(clustering_options or {}),
+        "embedding": embedding,
+        "embedding_limit": embedding_limit,
+        "seed": seed,
+        "grid": list(pooled.shape[1:]),
+    }
+    if np.ptp(points, axis=0).max() == 0:
+        warnings.warn(
+            f"class {class_id}: all {n} maps are the same; one strategy",
+            StrategyWarning,
+            stacklevel=2,
+        )
+        eigenvalues, spectral, suggested = np.zeros(1), np.ones((n, 1)), 1
+        labels = np.zeros(n, dtype=np.int64)
+    else:
+        count = min(max(max_clusters, n_clusters or 0) + 1, n - 1)
+        try:
+            graph = knn_graph(points.astype(np.float32), n_neighbors)
+            eigenvalues, vectors = laplacian_spectrum(graph, count, seed)
+        except (ValueError, RuntimeError, np.linalg.LinAlgError) as error:  # ARPACK...
+            raise CamkitError(f"class {class_id}: the spectral embedding failed: {error}") from None
+        suggested = eigengap(eigenvalues, max_clusters, diffusion)
+        k = n_clusters or suggested
+        spectral = vectors[:, : max(k, 2)]
+        norms = np.linalg.norm(spectral[:, :k], axis=1, keepdims=True)
+        clustered = spectral[:, :k] / np.where(norms > 0, norms, 1.0)
+        labels = cluster_labels(clustered, k, clustering, seed, dict(clustering_options or {}))
+    labels = by_size(labels)
+    clusters = summarise(
+        pooled,
+        labels,
+        indices,
+        confidences=confidences,
+        predictions=predictions,
+        truth=truth,
+        n_show=n_show,
+    )
+    coordinates, shown = embed_2d(pooled, spectral, embedding, seed, embedding_limit)
+    return ClassStrategies(
+        class_id=class_id,
+        indices=indices,
+        eigenvalues=np.asarray(eigenvalues, dtype=np.float64),
+        suggested_k=suggested,
+        labels=labels,
+        spectral=np.asarray(spectral, dtype=np.float32),
+        embedding=coordinates,
+        embedding_index=None if shown is None else indices[shown],
+        clusters=clusters,
+        parameters=parameters,
+    )
+
+
+def _fewest(n: int, n_neighbors: int | None) -> int:
+    """The fewest maps the graph needs."""
+    return max(3, (default_neighbors(n) if n_neighbors is None else n_neighbors) + 1)
+
+
+def find_strategies(
+    maps: np.ndarray | torch.Tensor,
+    classes: Sequence[int] | np.ndarray | torch.Tensor,
+    *,
+    confidences: Sequence[float] | np.ndarray | None = None,
+    predictions: Sequence[int] | np.ndarray | None = None,
+    truth: Sequence[int] | np.ndarray | None = None,
+    grid: int | tuple[int, int] = 32,
+    normalize: Literal["l1", "max"] = "l1",
+    positive: Literal["clip", "abs"] = "clip",
+    only: Sequence[int] | None = None,
+    rows: np.ndarray | None = None,
+    **options: Any,
+) -> Strategies:
+    """SpRAy per class: ``maps (N, H, W)`` (or ``(N, C, H, W)``), the class of each map
+    (usually the explained target) -> :class:`Strategies`.
+
+    The maps are pooled once (:func:`pool_maps` with ``grid``, ``normalize``, ``positive``);
+    each class (or the classes ``only``) is analysed by :func:`analyze_class` with
+    ``options``. Classes with too few maps for the graph are skipped, with the reason in
+    ``Strategies.skipped``; ``predictions`` and ``truth`` (-1: unknown) give the accuracy.
+    ``rows``: analyse only these maps (the other arguments then have one value per row);
+    results index the rows.
+    """
+    pooled = pool_maps(maps, grid, normalize=normalize, positive=positive, rows=rows)
+    n = len(pooled)
+    classes = _optional(classes, n, "classes", np.int64)
+    confidences = _optional(confidences, n, "confidences", np.float64)
+    predictions = _optional(predictions, n, "predictions", np.int64)
+    truth = _optional(truth, n, "truth", np.int64)
+    wanted = sorted(set(classes.tolist())) if only is None else list(only)
+    found, skipped = {}, {}
+    for class_id in wanted:
+        members = np.flatnonzero(classes == class_id)
+        per_sample = {"confidences": confidences, "predictions": predictions, "truth": truth}
+        try:
+            found[class_id] = analyze_class(
+                pooled[members],
+                indices=members,
+                class_id=class_id,
+                **{k: None if v is None else v[members] for k, v in per_sample.items()},
+                **options,
+            )
+        except ArgumentError as error:
+            if len(members) >= _fewest(len(members), options.get("n_neighbors")):
+                raise
+            skipped[class_id] = str(error)
+    return Strategies(found, skipped, pooled)

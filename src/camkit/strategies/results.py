@@ -1,0 +1,96 @@
+"""The results of SpRAy as dataclasses: :class:`Cluster` (one strategy of a class),
+:class:`ClassStrategies` (the strategies of one class), :class:`Strategies` (every class)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Cluster:
+    """One strategy of a class: positions are indices into the arrays given to
+    :func:`find_strategies` (or to :func:`analyze_class`'s ``indices``)."""
+
+    id: int
+    members: np.ndarray  # (size,) sample indices, the most typical first
+    prototype: np.ndarray  # (gh, gw) mean pooled map
+    confidence: float | None  # mean prediction confidence
+    accuracy: float | None  # share of members whose prediction is their true label
+    typical: np.ndarray  # the members closest to the prototype
+    atypical: np.ndarray  # the members farthest from it, the farthest first
+    suspiciousness: float
+    distance: float  # total variation distance of the prototype to the rest of the class
+    concentration: float  # 1 - effective area of the prototype / grid area
+
+    @property
+    def size(self) -> int:
+        return int(len(self.members))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "size": self.size,
+            "members": self.members.tolist(),
+            "typical": self.typical.tolist(),
+            "atypical": self.atypical.tolist(),
+            "confidence": self.confidence,
+            "accuracy": self.accuracy,
+            "suspiciousness": self.suspiciousness,
+            "distance": self.distance,
+            "concentration": self.concentration,
+        }
+
+
+@dataclasses.dataclass
+class ClassStrategies:
+    """The strategies of one class: the Laplacian's smallest eigenvalues, the number of
+    clusters they suggest, the clusters (largest first), the embeddings."""
+
+    class_id: int | None
+    indices: np.ndarray  # (n,) sample indices of the class
+    eigenvalues: np.ndarray  # smallest eigenvalues of the normalised Laplacian, ascending
+    suggested_k: int  # by the eigengap
+    labels: np.ndarray  # (n,) cluster id per sample, -1 for DBSCAN/HDBSCAN noise
+    spectral: np.ndarray  # (n, d) row-normalised spectral embedding that was clustered
+    embedding: np.ndarray | None  # (m, 2) t-SNE/UMAP/spectral coordinates for display
+    embedding_index: np.ndarray | None  # (m,) which samples ``embedding`` holds
+    clusters: list[Cluster]
+    parameters: dict[str, Any]
+
+    @property
+    def k(self) -> int:
+        return len(self.clusters)
+
+    @property
+    def noise(self) -> np.ndarray:
+        return self.indices[self.labels < 0]
+
+    def by_suspiciousness(self) -> list[Cluster]:
+        """The clusters, the most suspicious first."""
+        return sorted(self.clusters, key=lambda c: (-c.suspiciousness, c.id))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (prototypes and embeddings left out: they are arrays)."""
+        return {
+            "class": self.class_id,
+            "samples": int(len(self.indices)),
+            "eigenvalues": [float(v) for v in self.eigenvalues],
+            "suggested_k": self.suggested_k,
+            "k": self.k,
+            "noise": self.noise.tolist(),
+            "clusters": [cluster.to_dict() for cluster in self.clusters],
+            "parameters": self.parameters,
+        }
+
+
+@dataclasses.dataclass
+class Strategies:
+    """:func:`find_strategies` over every class: the analysed classes and, for the others,
+    why they were skipped (too few samples)."""
+
+    classes: dict[int, ClassStrategies]
+    skipped: dict[int, str]
+    pooled: np.ndarray  # (N, gh, gw)
