@@ -1,4 +1,5 @@
-"""Models as they come: keyword inputs, clips in (B, T, C, H, W), layer discovery, target lists.
+"""Models as they come: keyword inputs, clips in (B, T, C, H, W), layer discovery, target lists,
+several inputs at once.
 
 Small random-weight models stand in for a CLIP-like tower, a VideoMAE-style clip model and a
 1-channel CNN; nothing is downloaded.
@@ -66,3 +67,20 @@ two = torch.rand(2, 1, 64, 64)
 one_each = camkit.GradCAM(gray, layer)(two, target=[ClassTarget(1), SoftmaxTarget(3)])
 k_each = camkit.GradCAM(gray, layer)(two, target=[[ClassTarget(0), ClassTarget(1)]] * 2)
 print("target lists:", tuple(one_each.shape), tuple(k_each.shape))  # (2, 64, 64) (2, 2, 64, 64)
+
+
+# 5. several inputs at once (captum's tuples): an image and its metadata vector
+class ImageAndMetadata(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8 + 4, 5)
+
+    def forward(self, image: torch.Tensor, metadata: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.conv(image).relu().mean(dim=(2, 3)), metadata], 1))
+
+
+both = ImageAndMetadata().eval()
+image, metadata = torch.rand(2, 3, 32, 32), torch.rand(2, 4)
+pixels, fields = camkit.IntegratedGradients(both)((image, metadata), target=1)
+print("tuple of inputs:", tuple(pixels.shape), tuple(fields.shape))  # (2, 3, 32, 32) (2, 4)

@@ -500,6 +500,32 @@ def test_fullgrad_takes_additional_forward_args() -> None:
     _close(maps, camkit.FullGrad(_BakedIn(model, extra))(x, 3))
 
 
+@pytest.mark.parametrize("method", sorted(camkit.METHODS))
+def test_a_tuple_of_inputs(method: str) -> None:
+    """Methods with ``several_inputs`` attribute ``(image, side)`` of the two-input model, one
+    attribution per input: the image's equals its attribution with the side input passed as
+    ``additional_forward_args`` (the model is additive in it), the side input's is exact (the
+    side head is linear: its gradient is the target's weight row, IG's is ``side * row``). The
+    other methods refuse the tuple and say where the other inputs go."""
+    spec = KINDS["two-input"]
+    model, x = spec.model(), spec.input()
+    (side,) = spec.extra(2)
+    entry = camkit.METHODS[method]
+    if not entry.several_inputs:
+        other = KINDS["vit" if entry.family == "attention" else "cnn"]
+        with pytest.raises(InputError, match="additional_forward_args"):
+            _build(method, other, other.model())((x, side), 3)
+        return
+    explainer = _build(method, spec, model)
+    image, side_attr = explainer((x, side), 3)
+    _close(image, _call(explainer, spec, x, 3))
+    row = model.side.weight[3].detach().expand_as(side)
+    _close(side_attr, side * row if method == "ig" else row)
+    one_image, one_side = explainer((x[0], side[0]), 3)  # one sample: no batch axis anywhere
+    _close(one_image, image[0])
+    _close(one_side, side_attr[0])
+
+
 def test_refinecam_instance_flags_agree_with_the_registry() -> None:
     """A wrapper CAM does not rewrite its class's metadata per instance: the registry and the
     instance agree on whether it needs gradients."""

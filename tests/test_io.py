@@ -223,6 +223,19 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]  # no temporary left
 
 
+def test_leftover_temporaries_are_those_write_atomic_writes(tmp_path, monkeypatch) -> None:
+    """A writer killed by signal 9 between writing and renaming leaves its temporary file; the
+    finder lists exactly such files (in subfolders too), never the user's own dotfiles."""
+    monkeypatch.setattr(os, "replace", lambda source, destination: None)  # killed: no rename
+    cio.save_json(tmp_path / "a.json", [1])
+    (tmp_path / "thumbs").mkdir()
+    cio.save_png(tmp_path / "thumbs" / "b.png", RGB)
+    (tmp_path / ".notes.tmp").write_text("mine")
+    (tmp_path / ".x.0123.tmp").write_text("mine")
+    found = sorted(p.relative_to(tmp_path).parts[0] for p in cio.leftover_temporaries(tmp_path))
+    assert len(found) == 2 and found[1] == "thumbs" and found[0].startswith(".a.json.")
+
+
 def test_save_npy_json_and_jpeg(tmp_path: Path) -> None:
     array = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert np.array_equal(np.load(cio.save_npy(tmp_path / "a.npy", array)), array)

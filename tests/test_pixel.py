@@ -318,6 +318,19 @@ def test_to_heatmap_reductions_by_hand():
     assert to_heatmap(torch.zeros(2, 2, 3, 4, 5)).shape == (2, 2, 4, 5)
 
 
+def test_to_heatmap_of_volumes_reduces_the_channels_and_scales_each_volume():
+    attr = torch.zeros(2, 3, 2, 1, 2)  # (B, C, D, H, W)
+    attr[0, 1, 0, 0, 1] = -4.0  # sample 0: the largest value lies in slice 0 ...
+    attr[0, 2, 1, 0, 0] = 2.0  # ... a smaller one in slice 1, another channel
+    attr[1, 0, 1, 0, 1] = 0.5
+    heat = to_heatmap(attr, volume=True)
+    assert heat.shape == (2, 2, 1, 2)
+    assert torch.equal(heat[0], torch.tensor([[[0.0, 1.0]], [[0.5, 0.0]]]))
+    assert torch.equal(heat[1], torch.tensor([[[0.0, 0.0]], [[0.0, 1.0]]]))
+    with pytest.raises(ValueError, match=r"\(C, D, H, W\) or \(B, C, D, H, W\)"):
+        to_heatmap(torch.zeros(3, 4, 4), volume=True)
+
+
 def test_to_heatmap_percentile_clips():
     attr = torch.arange(101.0).view(1, 1, 101)  # |values| 0..100, median 50
     heat = to_heatmap(attr, percentile=50)

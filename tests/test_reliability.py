@@ -257,6 +257,28 @@ def test_rectified_gradients_match_float64_on_the_real_model(lite0: dict, name: 
         assert rel_err(result[i], reference[i]) <= 1e-5
 
 
+def test_saliency_is_as_exact_as_a_plain_float32_backward_and_captum(lite0: dict) -> None:
+    """On the real model and three photos (the astronaut among them), camkit's Saliency is a
+    plain float32 backward of the contiguous input, and captum's Saliency, to float32 accuracy:
+    whatever gap all three have to float64 is the float32 forward's (see the test below)."""
+    from skimage import data
+
+    model, x, target = lite0["model"], lite0["x"], lite0["target"]
+    astronaut = models.load("efficientnet_lite0").preprocess(data.astronaut())
+    x, target = torch.cat([x, astronaut[None]]), [*target, 560]
+    leaf = x.clone().requires_grad_(True)
+    (plain,) = torch.autograd.grad(model(leaf)[torch.arange(3), torch.tensor(target)].sum(), leaf)
+    ours = camkit.Saliency(model)(x, target)
+    for i in range(3):
+        assert rel_err(ours[i], plain[i].double()) <= 1e-5, i
+    captum_attr = pytest.importorskip("captum.attr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # captum: "did not require gradients"
+        theirs = captum_attr.Saliency(model).attribute(x.clone(), target=target, abs=False)
+    for i in range(3):
+        assert rel_err(ours[i], theirs[i].double()) <= 1e-5, i
+
+
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 def test_the_float64_gap_of_plain_gradients_is_kink_flips_not_the_layout(
     lite0: dict, memory_format: torch.memory_format

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from camkit.cam.gradient import GradCAM
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import TargetSpec
-from camkit.pixel.base import PixelAttribution
+from camkit.pixel.base import Inputs, PixelAttribution
 from camkit.pixel.methods import GuidedBackprop
 from camkit.registry import register
 
@@ -31,6 +31,7 @@ class GuidedGradCAM(PixelAttribution):
     """
 
     needs_layer = True
+    several_inputs = False  # Grad-CAM explains one input
     default_rule = "guided"
 
     def __init__(self, model: nn.Module, layer: LayerSpec | None = None, **options: Any):
@@ -41,7 +42,7 @@ class GuidedGradCAM(PixelAttribution):
         self.gradcam.layouts = self.layouts
         self.guided = GuidedBackprop(model, **common)
 
-    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        guided, several = self.guided.attribute(batch, target)
-        cam, _ = self.gradcam.maps(batch, target)
-        return guided * cam.unsqueeze(2).to(guided.dtype), several
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        (guided,), several = self.guided.attribute(inputs, target)
+        cam, _ = self.gradcam.maps(inputs[0], target)
+        return (guided * cam.unsqueeze(2).to(guided.dtype),), several

@@ -92,6 +92,8 @@ def explain(
     out = job.out
     if ranks.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+        for temporary in io.leftover_temporaries(out):  # half-written files of a killed run
+            temporary.unlink(missing_ok=True)
         if resume:
             consolidate(out)
         else:  # a new run: what an earlier one left is not part of it

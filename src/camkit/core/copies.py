@@ -69,21 +69,24 @@ def chunks(count: int, batch_size: int | None, device: torch.device) -> Iterator
 
 def pin_top1(
     model: nn.Module,
-    batch: Tensor,
+    batch: Tensor | tuple[Tensor, ...],
     scorer: RowScorer,
     *,
     dtype: torch.dtype | None = None,
     batch_size: int | None = None,
 ) -> RowScorer:
-    """``scorer`` with top-1 classes fixed on a clean pass over the ``B`` samples (in chunks of
-    ``batch_size``), so that copies keep explaining the clean prediction; other targets as
-    they are."""
+    """``scorer`` with top-1 classes fixed on a clean pass over the ``B`` samples (a batch, or a
+    tuple of explained inputs; in chunks of ``batch_size``), so that copies keep explaining
+    the clean prediction; other targets as they are."""
     if not scorer.top1:
         return scorer
+    inputs = batch if isinstance(batch, tuple) else (batch,)
+    first = inputs[0]
     classes = []
-    with torch.inference_mode(), autocast(batch.device, dtype):
-        for rows in chunks(batch.shape[0], batch_size, batch.device):
-            classes.append(scorer.pinned(run_model(model, batch[rows], rows)).classes)
+    with torch.inference_mode(), autocast(first.device, dtype):
+        for rows in chunks(first.shape[0], batch_size, first.device):
+            chunk = tuple(t[rows] for t in inputs)
+            classes.append(scorer.pinned(run_model(model, chunk, rows)).classes)
     return replace(scorer, classes=torch.cat(classes).clone())
 
 

@@ -87,29 +87,33 @@ def _per_sample(arg: object, batch: int) -> bool:
     return isinstance(arg, Tensor) and arg.ndim > 0 and arg.shape[0] == batch
 
 
-def run_model(model: nn.Module, inputs: Tensor, rows: Tensor | None = None) -> Any:
-    """``model(inputs)``, with the call's additional forward arguments for the samples
-    ``rows`` (the sample index of each row of ``inputs``; None: the inputs are the batch)."""
+def run_model(
+    model: nn.Module, inputs: Tensor | tuple[Tensor, ...], rows: Tensor | None = None
+) -> Any:
+    """``model(inputs)`` (a tuple of explained inputs: ``model(*inputs)``), with the call's
+    additional forward arguments for the samples ``rows`` (the sample index of each row of
+    ``inputs``; None: the inputs are the batch)."""
+    explained = inputs if isinstance(inputs, tuple) else (inputs,)
     extra = _EXTRA_ARGS.get()
     if extra is None:
-        return model(inputs)
+        return model(*explained)
     args, batch = extra
-    if rows is None and inputs.shape[0] == batch:
+    if rows is None and explained[0].shape[0] == batch:
         rows = torch.arange(batch)
 
     def pick(arg: Any) -> Any:
         if _per_sample(arg, batch):
             if rows is None:
                 raise ArgumentError(
-                    f"a forward of {inputs.shape[0]} rows cannot be matched to the per-sample "
-                    f"additional_forward_args of a batch of {batch}"
+                    f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
+                    f"per-sample additional_forward_args of a batch of {batch}"
                 )
             arg = arg[rows.to(arg.device)]
         return arg
 
     if isinstance(args, dict):
-        return model(inputs, **{key: pick(arg) for key, arg in args.items()})
-    return model(inputs, *map(pick, args))
+        return model(*explained, **{key: pick(arg) for key, arg in args.items()})
+    return model(*explained, *map(pick, args))
 
 
 def require_autograd(method: str) -> None:

@@ -26,12 +26,12 @@ from torch import Tensor, nn
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import drop_axes
-from camkit.core.inputs import as_batch, positive_int, seed_value
+from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import check_reshape
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import TargetSpec
-from camkit.errors import ArgumentError
+from camkit.errors import ArgumentError, InputError
 
 Reshape = Callable[[Tensor], Tensor]
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
@@ -46,6 +46,7 @@ class Capabilities:
     needs_gradients: bool
     seeded: bool
     target_free: bool
+    several_inputs: bool
 
 
 class Explainer:
@@ -81,6 +82,7 @@ class Explainer:
     needs_gradients: ClassVar[bool] = True
     seeded: ClassVar[bool] = False  # takes seed= (its results depend on random draws)
     target_free: ClassVar[bool] = False  # the map does not depend on the target
+    several_inputs: ClassVar[bool] = False  # attributes a tuple of inputs, one result each
     default_batch_size: ClassVar[int | None] = None
     reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
 
@@ -123,7 +125,12 @@ class Explainer:
     def capabilities(cls) -> Capabilities:
         """The class's typed flags, as the registry reports them."""
         return Capabilities(
-            cls.family, cls.needs_layer, cls.needs_gradients, cls.seeded, cls.target_free
+            cls.family,
+            cls.needs_layer,
+            cls.needs_gradients,
+            cls.seeded,
+            cls.target_free,
+            cls.several_inputs,
         )
 
     @property
@@ -144,13 +151,31 @@ class Explainer:
         """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
         :mod:`camkit.core.targets`). ``additional_forward_args``: more inputs of a model called
         as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
-        family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs)."""
-        batch, single = as_batch(x, self.model)
-        with extra_args(additional_forward_args, batch.shape[0]):
+        family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs).
+
+        Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
+        *others)`` for a model called as ``model(image, *others)`` and return one attribution
+        per input, as captum does with tuples."""
+        batch, single = self.checked_input(x)
+        size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
+        with extra_args(additional_forward_args, size):
             if self.needs_layer:
                 self.capture.resolve(batch)
             result, several = self.explain(batch, target, **options)
         return self.shaped(result, single, several)
+
+    def checked_input(self, x: object) -> tuple[Tensor | tuple[Tensor, ...], bool]:
+        """``(batch, was_single)`` for a tensor, ``(tuple of inputs, was_single)`` for a tuple
+        (methods with ``several_inputs`` only)."""
+        if not isinstance(x, tuple | list):
+            return as_batch(x, self.model)
+        if not self.several_inputs:
+            raise InputError(
+                f"{type(self).__name__} explains one input tensor, got a {type(x).__name__} of "
+                f"{len(x)}; pass the model's other inputs as additional_forward_args (the pixel "
+                "methods attribute a tuple of inputs)"
+            )
+        return as_inputs(x, self.model)
 
     def explain(self, batch: Tensor, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
         """The family's work: ``(result with batch and target axes, several targets?)``."""
@@ -160,7 +185,7 @@ class Explainer:
         """Drop the batch axis of a single sample and the target axis of a single target
         (of each part of a tuple result)."""
         if isinstance(result, tuple):
-            return tuple(drop_axes(part, single, several) for part in result)
+            return tuple(self.shaped(part, single, several) for part in result)
         return drop_axes(result, single, several)
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:

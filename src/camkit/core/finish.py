@@ -17,9 +17,10 @@ from camkit.errors import ArgumentError, EmptyMapWarning, NonFiniteWarning, warn
 RESAMPLING = {2: "bilinear", 3: "trilinear"}
 
 
-def checked(maps: Tensor) -> Tensor:
-    """``(B, K, ...)`` maps with non-finite entries set to 0, warning about those and about
-    maps that are zero everywhere: never a NaN map, never a silently empty one."""
+def checked(maps: Tensor, *, warn_empty: bool = True) -> Tensor:
+    """``(B, K, ...)`` maps with non-finite entries set to 0, warning about those and (unless
+    ``warn_empty`` is False) about maps that are zero everywhere: never a NaN map, never a
+    silently empty one."""
     finite = torch.isfinite(maps)
     if not finite.all():
         warn(
@@ -29,8 +30,8 @@ def checked(maps: Tensor) -> Tensor:
             NonFiniteWarning,
         )
         maps = torch.where(finite, maps, torch.zeros_like(maps))
-    empty = (maps.flatten(2) == 0).all(dim=2)
-    if empty.any():
+    empty = (maps.reshape(*maps.shape[:2], -1) == 0).all(dim=2)
+    if warn_empty and empty.any():
         warn(
             f"{int(empty.sum())} of {empty.numel()} map(s) are empty (all zero): the target "
             "score's gradient is zero there, or the layer's activations are constant or all cut "

@@ -78,6 +78,48 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
 
 
+def as_inputs(x: tuple | list, model: nn.Module) -> tuple[tuple[Tensor, ...], bool]:
+    """Validate a tuple of explained inputs ``(image, *others)`` (captum's tuples: the model is
+    called as ``model(image, *others)``); return ``(inputs with a batch axis, was_single)``.
+
+    The first is an image, a batch or volumes as for :func:`as_batch`, and decides: for one
+    image ``(C, H, W)`` every other input is one sample without the batch axis, else each has
+    the batch's size on axis 0. Every input is a floating-point tensor (gradients are taken
+    with respect to each) on the image's device.
+    """
+    if len(x) == 0 or not all(isinstance(t, Tensor) for t in x):
+        kinds = ", ".join(type(t).__name__ for t in x) or "nothing"
+        raise InputError(
+            f"a tuple of inputs must hold tensors (image first), got ({kinds}); inputs that are "
+            "not explained go in additional_forward_args"
+        )
+    first, single = as_batch(x[0], model)
+    size = first.shape[0]
+    inputs = [first]
+    for i, t in enumerate(x[1:], start=1):
+        if not t.is_floating_point():
+            raise InputError(
+                f"input {i} is {t.dtype}: only floating-point inputs have gradients; pass it in "
+                "additional_forward_args to use it without attributing to it"
+            )
+        if t.device != first.device:
+            raise InputError(f"input {i} is on {t.device} but the image is on {first.device}")
+        if not torch.isfinite(t).all():
+            raise InputError(f"input {i} contains NaN or infinite values")
+        t = t.detach()
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            t = t.clone()
+        if single:
+            t = t.unsqueeze(0)
+        elif t.ndim == 0 or t.shape[0] != size:
+            raise InputError(
+                f"input {i} has shape {tuple(t.shape)}: every input needs the batch's {size} "
+                "samples on axis 0 (as the image batch has)"
+            )
+        inputs.append(t)
+    return tuple(inputs), single
+
+
 def input_channels(model: nn.Module) -> int | None:
     """The input channels of the model's first convolution (in registration order), or None."""
     conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)

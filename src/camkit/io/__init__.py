@@ -33,6 +33,7 @@ from camkit.io.read import (
 )
 from camkit.io.write import (
     IMAGE_FORMATS,
+    leftover_temporaries,
     save_image,
     save_jpeg,
     save_json,
@@ -46,6 +47,7 @@ __all__ = [
     "MAX_PIXELS",
     "READ_ERRORS",
     "ImageTooLargeError",
+    "leftover_temporaries",
     "read_failure",
     "read_image",
     "save_jpeg",

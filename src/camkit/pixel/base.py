@@ -2,7 +2,10 @@
 
 A pixel method maps an image ``(C, H, W) -> (C, H, W)``, a batch ``(B, C, H, W) -> (B, C, H, W)``
 and ``K`` targets per sample (a ``(B, K)`` target) ``-> (B, K, C, H, W)``: signed float32
-attributions on the input's device, with no autograd history.
+attributions on the input's device, with no autograd history. A tuple of inputs ``(image,
+*others)`` (a model called as ``model(image, *others)``, e.g. an image and its metadata vector)
+gives a tuple of attributions, one shaped like each input (as captum's tuples): the methods work
+on tuples of inputs throughout, a single tensor being a tuple of one.
 
 Gradients come from ``torch.autograd.grad`` on a detached copy of the input, so the user's tensor
 and the parameters' ``.grad`` are never touched, and the methods work inside ``torch.no_grad()``.
@@ -24,30 +27,41 @@ from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
 from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.targets import RowScorer, TargetSpec, resolve
-from camkit.errors import GradientError
+from camkit.errors import GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
 
 HEATMAP_PERCENTILE = 99.0
 
 
+Inputs = tuple[Tensor, ...]
+
+
+def rows_of(inputs: Inputs, rows: Tensor) -> Inputs:
+    """The rows ``rows`` of every input."""
+    return tuple(t[rows] for t in inputs)
+
+
 class PerSample:
-    """Per-sample totals of values computed on rows ``r`` that belong to sample ``r % B``."""
+    """Per-sample totals of values computed on rows ``r`` that belong to sample ``r % B``; one
+    total per value given to :meth:`add` (``totals``)."""
 
     def __init__(self, samples: int):
         self.samples = samples
-        self.total: Tensor | None = None
+        self.totals: Inputs = ()
 
-    def add(self, sample: Tensor, values: Tensor) -> None:
-        if self.total is None:
-            self.total = values.new_zeros((self.samples, *values.shape[1:]))
-        self.total.index_add_(0, sample, values)
+    def add(self, sample: Tensor, *values: Tensor) -> None:
+        if not self.totals:
+            self.totals = tuple(v.new_zeros((self.samples, *v.shape[1:])) for v in values)
+        for total, value in zip(self.totals, values, strict=True):
+            total.index_add_(0, sample, value)
 
 
 class PixelAttribution(Explainer):
     """Base of the pixel methods: checks the input, runs forwards, takes input gradients.
 
-    A method implements :meth:`attribute` ``(B, C, H, W) -> (B, K, C, H, W)``.
+    A method implements :meth:`attribute` ``(B, C, H, W) -> (B, K, C, H, W)``, on a tuple of
+    inputs (one tensor: a tuple of one).
 
     Args (besides those of :class:`~camkit.core.explainer.Explainer`; pixel methods read no
     layer, except Guided Grad-CAM's Grad-CAM):
@@ -60,18 +74,20 @@ class PixelAttribution(Explainer):
     """
 
     family: ClassVar[str] = "pixel"
+    several_inputs: ClassVar[bool] = True
     default_rule: ClassVar[Rule | None] = None
 
     def __init__(self, model: nn.Module, *, rule: Rule | None = None, **options: Any):
         super().__init__(model, **options)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
 
-    def explain(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        attr, several = self.attribute(batch, target)
-        return checked(attr.float()), several
+    def explain(self, batch: Tensor | Inputs, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
+        attrs, several = self.attribute(as_inputs(batch), target)
+        return as_given(batch, finished(attrs)), several
 
-    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) -> ((B, K, C, H, W), several)``."""
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        """``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one ``(B, K, C, H, W)``
+        (``(B, K, ...)``) per input, and ``several``."""
         raise NotImplementedError
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
@@ -81,11 +97,11 @@ class PixelAttribution(Explainer):
         gradients are spiky, and without the clipping a handful of pixels would take the whole
         colour range (Smilkov et al. 2017).
         """
-        attr, _ = self.attribute(batch, target)
+        (attr,), _ = self.attribute((batch,), target)
         attr = attr.detach().float()
         return to_heatmap(attr, "abs-max", percentile=HEATMAP_PERCENTILE), attr
 
-    def forward(self, inputs: Tensor, rows: Tensor | None = None) -> object:
+    def forward(self, inputs: Inputs, rows: Tensor | None = None) -> object:
         """The model's forward pass of the samples ``rows``, under the ReLU rule if any."""
         if self.rule is None:
             return run_model(self.model, inputs, rows)
@@ -95,20 +111,23 @@ class PixelAttribution(Explainer):
         return output
 
     def input_gradients(
-        self, inputs: Tensor, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
-    ) -> tuple[Tensor, Tensor, bool]:
-        """One forward, one batched backward: ``(grads (n, K, C, H, W), scores (n, K), several)``.
+        self, inputs: Inputs, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
+    ) -> tuple[Inputs, Tensor, bool]:
+        """One forward, one batched backward: ``(grads (n, K, *input) per input, scores (n, K),
+        several)``.
 
-        The gradient is taken with respect to a detached alias of ``inputs`` (the caller's tensor
-        is never set to require grad); ``K`` targets are one batched vector-Jacobian product.
-        The model gets a copy in ``memory``'s format (channels_last on the CPU), so
-        in-place operations on its input stay inside camkit.
+        The gradients are taken with respect to detached aliases of ``inputs`` (the caller's
+        tensors are never set to require grad); ``K`` targets are one batched vector-Jacobian
+        product. The model gets copies, the image in ``memory``'s format (channels_last on the
+        CPU), so in-place operations on its inputs stay inside camkit. An input the score does
+        not depend on gets zeros, with a warning.
         """
-        leaf = inputs.detach().requires_grad_(True)
+        leaves = tuple(t.detach().requires_grad_(True) for t in inputs)
 
         def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
-            with torch.enable_grad(), autocast(inputs.device, self.dtype):
-                output = self.forward(leaf.clone(memory_format=memory_format), rows)
+            with torch.enable_grad(), autocast(leaves[0].device, self.dtype):
+                copies = (leaves[0].clone(memory_format=memory_format),)
+                output = self.forward(copies + tuple(t.clone() for t in leaves[1:]), rows)
                 return scorer(output, rows)
 
         scores, several = memory.run(scores_in)
@@ -117,38 +136,50 @@ class PixelAttribution(Explainer):
                 "the target score does not depend on the input: the model's output is "
                 "detached from it (a torch.no_grad() or .detach() inside the model?)"
             )
-        (grads,) = layer_gradients(scores, [leaf], ["input"])
+        names = ["input"] if len(leaves) == 1 else [f"input {i}" for i in range(len(leaves))]
+        grads = layer_gradients(scores, list(leaves), names, allow_unused=len(leaves) > 1)
+        unused = [name for name, grad in zip(names, grads, strict=True) if grad is None]
+        if unused:
+            warn(
+                f"the target score does not depend on {unused}: their attribution is zero",
+                ZeroGradientWarning,
+            )
+        grads = tuple(
+            t.new_zeros((*scores.shape, *t.shape[1:])) if grad is None else grad
+            for grad, t in zip(grads, leaves, strict=True)
+        )
         return grads, scores.detach().float(), several
 
     def over_copies(
         self,
-        batch: Tensor,
+        inputs: Inputs,
         target: TargetSpec,
         copies: int,
-        make_inputs: Callable[[Tensor, range], Tensor] | None,
-        accumulate: Callable[[Tensor, Tensor, Tensor], None],
+        make_inputs: Callable[[Tensor, range], Inputs] | None,
+        accumulate: Callable[[Tensor, Inputs, Tensor], None],
     ) -> bool:
         """Gradients of ``copies`` copies of every sample, ``batch_size`` rows at a time.
 
         Row ``r`` (of ``copies * B``) is copy ``r // B`` of sample ``r % B``.
-        ``make_inputs(rows, span)`` builds one chunk's rows (given as a tensor and as a
-        ``range``; None: the samples themselves); ``accumulate(rows, grads, scores)`` consumes
-        their results. A top-1 target is fixed on the clean batch when the copies differ from
-        it, so every copy explains the same class. Returns ``several``.
+        ``make_inputs(rows, span)`` builds one chunk's rows of every input (given as a tensor
+        and as a ``range``; None: the samples themselves); ``accumulate(rows, grads, scores)``
+        consumes their results. A top-1 target is fixed on the clean batch when the copies
+        differ from it, so every copy explains the same class. Returns ``several``.
         """
         self.check_autograd()
-        size = batch.shape[0]
-        scorer = resolve(target, size, batch.device, self.output)
+        first = inputs[0]
+        size = first.shape[0]
+        scorer = resolve(target, size, first.device, self.output)
         if make_inputs is not None:  # copies that differ from the clean batch
             scorer = pin_top1(
-                self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size
+                self.model, inputs, scorer, dtype=self.dtype, batch_size=self.batch_size
             )
-        memory = MemoryFormat(batch)
+        memory = MemoryFormat(first)
         several = False
-        for rows in chunks(copies * size, self.batch_size, batch.device):
+        for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
-            inputs = batch[rows % size] if make_inputs is None else make_inputs(rows, span)
-            grads, scores, several = self.input_gradients(inputs, scorer, rows % size, memory)
+            chunk = rows_of(inputs, rows % size) if make_inputs is None else make_inputs(rows, span)
+            grads, scores, several = self.input_gradients(chunk, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
         return several
 
@@ -157,4 +188,31 @@ class PixelAttribution(Explainer):
         return f"{type(self).__name__}({rule})"
 
 
-__all__ = ["HEATMAP_PERCENTILE", "RULES", "PerSample", "PixelAttribution"]
+def as_inputs(batch: Tensor | Inputs) -> Inputs:
+    """A batch as a tuple of one input; a tuple of inputs as it is."""
+    return batch if isinstance(batch, tuple) else (batch,)
+
+
+def finished(attrs: Inputs) -> Inputs:
+    """float32 attributions, checked (:func:`~camkit.core.finish.checked`); an all-zero one
+    warns for the image only (another input's zeros were warned about as unused, or are its
+    true attribution)."""
+    return tuple(checked(attr.float(), warn_empty=i == 0) for i, attr in enumerate(attrs))
+
+
+def as_given(batch: Tensor | Inputs, results: Inputs) -> Tensor | Inputs:
+    """One result per input, as a tuple when the inputs came as a tuple, else the only one."""
+    return results if isinstance(batch, tuple) else results[0]
+
+
+__all__ = [
+    "HEATMAP_PERCENTILE",
+    "RULES",
+    "Inputs",
+    "PerSample",
+    "PixelAttribution",
+    "as_given",
+    "as_inputs",
+    "finished",
+    "rows_of",
+]

@@ -17,10 +17,13 @@ def to_heatmap(
     reduce: Literal["abs-max", "sum", "norm"] = "abs-max",
     *,
     percentile: float = 100.0,
+    volume: bool = False,
 ) -> Tensor:
     """Reduce an attribution over its channel axis (-3) to a map for display.
 
     ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K, C, H, W) -> (B, K, H, W)``.
+    ``volume=True``: volumes and clips, channels on axis -4: ``(..., C, D, H, W) -> (..., D, H,
+    W)``, each volume scaled as one map.
 
     * ``"abs-max"``: ``max_c |attr|`` (Simonyan et al.), in [0, 1];
     * ``"norm"``: the L2 norm over channels, in [0, 1];
@@ -31,25 +34,28 @@ def to_heatmap(
     by that percentile of the absolute values instead and clips above it -- gradients are
     spiky, and Smilkov et al. clip at the 99th percentile for display.
     """
-    if not isinstance(attr, Tensor) or attr.ndim < 3:
+    spatial = 3 if volume else 2
+    if not isinstance(attr, Tensor) or attr.ndim < spatial + 1:
         got = tuple(attr.shape) if isinstance(attr, Tensor) else type(attr).__name__
-        raise ArgumentError(f"expected an attribution (C, H, W) or (B, C, H, W), got {got}")
+        expected = "(C, D, H, W) or (B, C, D, H, W)" if volume else "(C, H, W) or (B, C, H, W)"
+        raise ArgumentError(f"expected an attribution {expected}, got {got}")
     if reduce not in HEATMAP_REDUCTIONS:
         raise ArgumentError(f"unknown reduction {reduce!r}; choose from {HEATMAP_REDUCTIONS}")
     if not 0 < percentile <= 100:
         raise ArgumentError(f"percentile must be in (0, 100], got {percentile}")
     attr = attr.detach().float()
+    channels = -spatial - 1
     if reduce == "abs-max":
-        heat = attr.abs().amax(dim=-3)
+        heat = attr.abs().amax(dim=channels)
     elif reduce == "norm":
-        heat = torch.linalg.vector_norm(attr, dim=-3)
+        heat = torch.linalg.vector_norm(attr, dim=channels)
     else:
-        heat = attr.sum(dim=-3)
-    magnitude = heat.abs().flatten(-2)
+        heat = attr.sum(dim=channels)
+    magnitude = heat.abs().flatten(-spatial)
     if percentile == 100:
         scale = magnitude.amax(dim=-1)
     else:
         scale = magnitude.quantile(percentile / 100, dim=-1)
-    scale = scale[..., None, None]
+    scale = scale.view(*scale.shape, *[1] * spatial)
     scaled = heat / torch.where(scale > 0, scale, torch.ones_like(scale))
     return scaled.clamp(-1, 1)

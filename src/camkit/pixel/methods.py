@@ -16,15 +16,22 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.engine import additional_forward_args as extra_args
-from camkit.core.finish import checked, drop_axes
-from camkit.core.inputs import as_batch, call_seed, positive_int
+from camkit.core.finish import drop_axes
+from camkit.core.inputs import call_seed, positive_int
 from camkit.core.inputs import generator as random_generator
 from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
-from camkit.pixel.base import PerSample, PixelAttribution
+from camkit.pixel.base import (
+    Inputs,
+    PerSample,
+    PixelAttribution,
+    as_given,
+    as_inputs,
+    finished,
+)
 from camkit.registry import register
 
-Baseline = Tensor | float | Callable[[Tensor], Tensor] | None
+Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")
 
 
@@ -37,14 +44,14 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        grads = PerSample(batch.shape[0])
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        grads = PerSample(inputs[0].shape[0])
 
-        def keep(rows: Tensor, values: Tensor, scores: Tensor) -> None:
-            grads.add(rows, values)
+        def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
+            grads.add(rows, *values)
 
-        several = self.over_copies(batch, target, 1, None, keep)
-        return grads.total, several
+        several = self.over_copies(inputs, target, 1, None, keep)
+        return grads.totals, several
 
 
 @register("guided", "Springenberg et al., ICLR-W 2015")
@@ -117,43 +124,47 @@ class SmoothGrad(PixelAttribution):
         self.samples = positive_int("samples", samples)
         self.kind = kind
 
-    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        size = batch.shape[0]
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
-        flat = batch.flatten(1)
-        sigma = self.noise_level * (flat.amax(dim=1) - flat.amin(dim=1))
+        flat = [t.reshape(size, -1) for t in inputs]
+        sigmas = [self.noise_level * (f.amax(dim=1) - f.amin(dim=1)) for f in flat]
         seeds = self._seeds(size, copies)
-        generator = random_generator(batch.device)
+        generator = random_generator(inputs[0].device)
         sums, squares = PerSample(size), PerSample(size)
 
-        def noisy(rows: Tensor, span: range) -> Tensor:
+        def noise(seed: int) -> Inputs:
+            """One copy's noise for every input, drawn in order from the copy's seed."""
+            generator.manual_seed(seed)
+            device = generator.device
+            return tuple(
+                torch.randn(t.shape[1:], generator=generator, device=device, dtype=t.dtype)
+                for t in inputs
+            )
+
+        def noisy(rows: Tensor, span: range) -> Inputs:
             sample = rows % size
-            noise = torch.stack(
-                [
-                    torch.randn(
-                        batch.shape[1:],
-                        generator=generator.manual_seed(seed),
-                        device=generator.device,
-                        dtype=batch.dtype,
-                    )
-                    for seed in seeds[span.start : span.stop]
-                ]
-            ).to(batch.device)
-            return batch[sample] + sigma[sample].view(-1, *[1] * (batch.ndim - 1)) * noise
+            copies = map(noise, seeds[span.start : span.stop])
+            draws = [torch.stack(parts) for parts in zip(*copies, strict=True)]
+            return tuple(
+                t[sample] + sigma[sample].view(-1, *[1] * (t.ndim - 1)) * draw.to(t.device)
+                for t, sigma, draw in zip(inputs, sigmas, draws, strict=True)
+            )
 
-        def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
-            sums.add(rows % size, grads)
+        def accumulate(rows: Tensor, grads: Inputs, scores: Tensor) -> None:
+            sums.add(rows % size, *grads)
             if self.kind != "mean":
-                squares.add(rows % size, grads.square())
+                squares.add(rows % size, *(grad.square() for grad in grads))
 
-        several = self.over_copies(batch, target, copies, noisy, accumulate)
-        mean = sums.total / copies
+        several = self.over_copies(inputs, target, copies, noisy, accumulate)
+        means = tuple(total / copies for total in sums.totals)
         if self.kind == "mean":
-            return mean, several
-        square = squares.total / copies
+            return means, several
+        mean_squares = tuple(total / copies for total in squares.totals)
         if self.kind == "square":
-            return square, several
-        return (square - mean.square()).clamp(min=0), several
+            return mean_squares, several
+        pairs = zip(mean_squares, means, strict=True)
+        return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs), several
 
     def _seeds(self, size: int, copies: int) -> list[int]:
         """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
@@ -207,11 +218,11 @@ class IntegratedGradients(PixelAttribution):
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        attr, delta, several = self.integrate(batch, target)
-        attr = checked(attr.float())
+        attrs, delta, several = self.integrate(as_inputs(batch), target)
+        attrs = finished(attrs)
         if not return_error:
-            return attr, several
-        return (attr, (attr.flatten(2).sum(dim=2) - delta).abs()), several
+            return as_given(batch, attrs), several
+        return (as_given(batch, attrs), (total(attrs) - delta).abs()), several
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
@@ -225,10 +236,11 @@ class IntegratedGradients(PixelAttribution):
         the scale at which the error can be judged. docs/reliability.md has the convergence in
         ``steps`` next to captum's rules.
         """
-        batch, single = as_batch(x, self.model)
-        with extra_args(additional_forward_args, batch.shape[0]):
-            attr, delta, several = self.integrate(batch, target)
-        error = (attr.flatten(2).sum(dim=2) - delta).abs()
+        batch, single = self.checked_input(x)
+        inputs = as_inputs(batch)
+        with extra_args(additional_forward_args, inputs[0].shape[0]):
+            attrs, delta, several = self.integrate(inputs, target)
+        error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
             "delta": delta,
@@ -238,62 +250,96 @@ class IntegratedGradients(PixelAttribution):
         }
         return {key: drop_axes(value, single, several) for key, value in report.items()}
 
-    def attribute(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, bool]:
-        attr, _, several = self.integrate(batch, target)
-        return attr, several
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        attrs, _, several = self.integrate(inputs, target)
+        return attrs, several
 
-    def integrate(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor, bool]:
-        """``(attr (B, K, C, H, W), f(x) - f(x') (B, K), several)``."""
-        size = batch.shape[0]
-        baseline = self.baseline_for(batch)
-        alphas = torch.linspace(0, 1, self.steps + 1, dtype=batch.dtype, device=batch.device)
+    def integrate(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, Tensor, bool]:
+        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K), several)``."""
+        size = inputs[0].shape[0]
+        baselines = self.baselines_for(inputs)
+        first = inputs[0]
+        alphas = torch.linspace(0, 1, self.steps + 1, dtype=first.dtype, device=first.device)
         weights = torch.full_like(alphas, 1 / self.steps)
         weights[[0, -1]] /= 2
         gradient, start, end = PerSample(size), PerSample(size), PerSample(size)
 
-        def path(rows: Tensor, span: range) -> Tensor:
-            sample, alpha = rows % size, alphas[rows // size].view(-1, *[1] * (batch.ndim - 1))
-            return torch.lerp(baseline[sample], batch[sample], alpha)
+        def path(rows: Tensor, span: range) -> Inputs:
+            sample, alpha = rows % size, alphas[rows // size]
+            return tuple(
+                torch.lerp(b[sample], t[sample], alpha.to(t.dtype).view(-1, *[1] * (t.ndim - 1)))
+                for t, b in zip(inputs, baselines, strict=True)
+            )
 
-        def accumulate(rows: Tensor, grads: Tensor, scores: Tensor) -> None:
+        def accumulate(rows: Tensor, grads: Inputs, scores: Tensor) -> None:
             sample, step = rows % size, rows // size
-            gradient.add(sample, grads * weights[step].view(-1, *[1] * (grads.ndim - 1)))
+            weight = weights[step]
+            gradient.add(
+                sample, *(g * weight.to(g.dtype).view(-1, *[1] * (g.ndim - 1)) for g in grads)
+            )
             start.add(sample, scores * (step == 0).unsqueeze(1))
             end.add(sample, scores * (step == self.steps).unsqueeze(1))
 
-        several = self.over_copies(batch, target, self.steps + 1, path, accumulate)
-        attr = (batch - baseline).unsqueeze(1) * gradient.total
-        return attr, end.total - start.total, several
+        several = self.over_copies(inputs, target, self.steps + 1, path, accumulate)
+        parts = zip(inputs, baselines, gradient.totals, strict=True)
+        attrs = tuple((t - b).unsqueeze(1) * grad for t, b, grad in parts)
+        return attrs, end.totals[0] - start.totals[0], several
 
-    def baseline_for(self, batch: Tensor) -> Tensor:
-        """The baseline as a finite ``(B, C, H, W)`` tensor (a broadcast view)."""
-        baseline = self.baseline
-        if baseline is None:
-            return torch.zeros_like(batch)
-        if callable(baseline):
-            baseline = baseline(batch)
-        if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):
+    def baselines_for(self, inputs: Inputs) -> Inputs:
+        """One finite baseline per input, shaped like it (broadcast views).
+
+        A callable gets the batch (the tuple of inputs when there are several); a tuple gives
+        one baseline per input; None and numbers apply to every input."""
+        given = self.baseline
+        if callable(given):
+            given = given(inputs[0] if len(inputs) == 1 else inputs)
+        if isinstance(given, tuple | list):
+            if len(given) != len(inputs):
+                raise ArgumentError(
+                    f"baseline is a tuple of {len(given)}, expected one baseline per input "
+                    f"({len(inputs)})"
+                )
+            return tuple(baseline_like(b, t) for b, t in zip(given, inputs, strict=True))
+        if isinstance(given, Tensor) and len(inputs) > 1:
             raise ArgumentError(
-                "baseline must be None, a number, a tensor or a callable returning a tensor, "
-                f"got {type(baseline).__name__}"
+                f"with a tuple of {len(inputs)} inputs, give a tuple of baselines, one per input "
+                "(None or a number applies to every input)"
             )
-        baseline = torch.as_tensor(baseline, dtype=batch.dtype, device=batch.device).detach()
-        try:
-            fits = torch.broadcast_shapes(baseline.shape, batch.shape) == batch.shape
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ArgumentError(
-                f"the baseline has shape {tuple(baseline.shape)}, expected one sample's shape "
-                f"{tuple(batch.shape[1:])} or the batch's {tuple(batch.shape)} "
-                "(or a shape that broadcasts to it)"
-            )
-        if not torch.isfinite(baseline).all():
-            raise ArgumentError("the baseline contains NaN or infinite values")
-        return baseline.expand_as(batch)
+        return tuple(baseline_like(given, t) for t in inputs)
 
     def __repr__(self) -> str:
         return (
             f"IntegratedGradients(steps={self.steps}, batch_size={self.batch_size}, "
             f"rule={self.rule!r})"
         )
+
+
+def total(attrs: Inputs) -> Tensor:
+    """The sum of every input's attribution per sample and target: ``(B, K)``."""
+    return sum(attr.reshape(*attr.shape[:2], -1).sum(dim=2) for attr in attrs)
+
+
+def baseline_like(baseline: object, batch: Tensor) -> Tensor:
+    """``baseline`` (None: zeros, a number or a tensor) as a finite tensor shaped like ``batch``
+    (a broadcast view)."""
+    if baseline is None:
+        return torch.zeros_like(batch)
+    if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):
+        raise ArgumentError(
+            "baseline must be None, a number, a tensor or a callable returning a tensor, "
+            f"got {type(baseline).__name__}"
+        )
+    baseline = torch.as_tensor(baseline, dtype=batch.dtype, device=batch.device).detach()
+    try:
+        fits = torch.broadcast_shapes(baseline.shape, batch.shape) == batch.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ArgumentError(
+            f"the baseline has shape {tuple(baseline.shape)}, expected one sample's shape "
+            f"{tuple(batch.shape[1:])} or the batch's {tuple(batch.shape)} "
+            "(or a shape that broadcasts to it)"
+        )
+    if not torch.isfinite(baseline).all():
+        raise ArgumentError("the baseline contains NaN or infinite values")
+    return baseline.expand_as(batch)
