@@ -33,6 +33,7 @@ from camkit.io.read import (
 )
 from camkit.io.write import (
     IMAGE_FORMATS,
+    encode_image,
     leftover_temporaries,
     save_image,
     save_jpeg,
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_PIXELS",
     "READ_ERRORS",
     "ImageTooLargeError",
+    "encode_image",
     "leftover_temporaries",
     "read_failure",
     "read_image",

@@ -49,22 +49,37 @@ def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = T
     return target
 
 
-def _encode(suffixes: tuple[str, ...], path: Path, image: object, params: list[int]) -> bytes:
-    if path.suffix.lower() not in suffixes:
-        raise ArgumentError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
+def encode_image(image: object, format: str = "png", quality: int = 90) -> bytes:
+    """An image (anything :func:`to_rgb_uint8` takes) as ``"png"`` (lossless), ``"jpg"`` or
+    ``"webp"`` (lossy, ``quality`` 1..100) file bytes, encoded by OpenCV."""
+    params = {"png": [], "jpg": [cv2.IMWRITE_JPEG_QUALITY], "webp": [cv2.IMWRITE_WEBP_QUALITY]}
+    if format not in params:
+        raise ArgumentError(f"expected an image format among {sorted(params)}, got {format!r}")
+    if format != "png":
+        if not 1 <= quality <= 100:
+            name = "JPEG" if format == "jpg" else "WebP"
+            raise ArgumentError(f"expected a {name} quality in 1..100, got {quality}")
+        params[format].append(int(quality))
     rgb = to_rgb_uint8(image)
     bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)  # 25x faster than copying rgb[:, :, ::-1]
-    ok, encoded = cv2.imencode(suffixes[0], bgr, params)
+    ok, encoded = cv2.imencode(f".{format}", bgr, params[format])
     if not ok:
-        raise OSError(f"OpenCV could not encode a {suffixes[0]} image of shape {rgb.shape}")
+        raise OSError(f"OpenCV could not encode a {format} image of shape {rgb.shape}")
     return encoded.tobytes()
+
+
+def _checked_suffix(path: str | os.PathLike[str], suffixes: tuple[str, ...]) -> Path:
+    target = Path(path)
+    if target.suffix.lower() not in suffixes:
+        raise ArgumentError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
+    return target
 
 
 def save_png(path: str | os.PathLike[str], rgb_uint8: object, *, durable: bool = True) -> Path:
     """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically
     (``durable``: see :func:`write_atomic`)."""
-    target = Path(path)
-    return write_atomic(target, _encode((".png",), target, rgb_uint8, []), durable=durable)
+    target = _checked_suffix(path, (".png",))
+    return write_atomic(target, encode_image(rgb_uint8, "png"), durable=durable)
 
 
 def save_jpeg(
@@ -72,11 +87,8 @@ def save_jpeg(
 ) -> Path:
     """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.jpg`` file atomically
     (``durable``: see :func:`write_atomic`)."""
-    if not 1 <= quality <= 100:
-        raise ArgumentError(f"expected a JPEG quality in 1..100, got {quality}")
-    target = Path(path)
-    params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
-    data = _encode((".jpg", ".jpeg"), target, image, params)
+    data = encode_image(image, "jpg", quality)
+    target = _checked_suffix(path, (".jpg", ".jpeg"))
     return write_atomic(target, data, durable=durable)
 
 
@@ -85,11 +97,9 @@ def save_webp(
 ) -> Path:
     """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.webp`` file atomically
     (``durable``: see :func:`write_atomic`); ``quality`` 1..100 (lossy WebP)."""
-    if not 1 <= quality <= 100:
-        raise ArgumentError(f"expected a WebP quality in 1..100, got {quality}")
-    target = Path(path)
-    params = [cv2.IMWRITE_WEBP_QUALITY, int(quality)]
-    return write_atomic(target, _encode((".webp",), target, image, params), durable=durable)
+    data = encode_image(image, "webp", quality)
+    target = _checked_suffix(path, (".webp",))
+    return write_atomic(target, data, durable=durable)
 
 
 # the formats :func:`save_image` writes: file suffix -> writer

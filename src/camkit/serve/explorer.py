@@ -15,7 +15,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -209,7 +208,7 @@ class Explorer:
         cached = self.thumbs.get_item(image)
         if cached is None:
             small = io.thumbnail(self.photo(image), side)
-            cached = encode(small, ".jpg")
+            cached = io.encode_image(small, "jpg")
             self.thumbs.put(image, cached)
         return cached
 
@@ -345,18 +344,10 @@ def as_heatmaps(maps: Tensor, images: int, targets: int) -> np.ndarray:
     return maps.reshape(images, targets, *maps.shape[-2:]).cpu().numpy()
 
 
-def encode(rgb: np.ndarray, suffix: str = ".png") -> bytes:
-    """An RGB image as PNG or JPEG bytes."""
-    ok, data = cv2.imencode(suffix, np.ascontiguousarray(rgb[..., ::-1]))
-    if not ok:
-        raise ArgumentError(f"could not encode a {rgb.shape} image as {suffix}")
-    return data.tobytes()
-
-
 def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:
     """The map over the model's view of the photo, as PNG bytes (:func:`camkit.viz.overlay`;
     a signed map is shown on its absolute values)."""
-    return encode(viz.overlay(photo, np.abs(heat), alpha=alpha, colormap=colormap))
+    return io.encode_image(viz.overlay(photo, np.abs(heat), alpha=alpha, colormap=colormap))
 
 
 def npy_bytes(heat: np.ndarray) -> bytes:

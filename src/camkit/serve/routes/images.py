@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from camkit import io
 from camkit.serve.gallery import select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
 
 PAGE_LIMIT = 200
-
-
-def encode_png(rgb: np.ndarray) -> bytes:
-    from camkit.serve.explorer import encode
-
-    return encode(rgb, ".png")
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -74,7 +68,7 @@ def routes(state: ServerState) -> list[Route]:
     async def photo(request: Request) -> Response:
         image = state.image_of(request.path_params["id"])
         view = await asyncio.to_thread(explorer.model_view, image)
-        return Response(await asyncio.to_thread(encode_png, view), media_type="image/png")
+        return Response(await asyncio.to_thread(io.encode_image, view), media_type="image/png")
 
     async def image_info(request: Request) -> Response:
         query = Query(request)
