@@ -3,7 +3,8 @@
 Every model is tiny, seeded and in eval mode, so that every registered method runs on every kind
 in milliseconds: a torchvision-style CNN, a timm ViT (prefix token + patch tokens), a timm Swin
 (channels-last block outputs), a ``Conv3d`` volume network, a two-input network that needs
-``additional_forward_args`` and an ``nn.DataParallel`` wrapper.
+``additional_forward_args``, an ``nn.DataParallel`` wrapper, a 1-channel CNN and a model that
+takes its image as a keyword (HuggingFace style, through ``camkit.KeywordInput``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
+import camkit
+
 CLASSES = 10
 
 
@@ -27,11 +30,16 @@ class TinyCNN(nn.Module):
     stride 2, 8 channels on an 8x8 grid for a 32x32 input, global average pooling and a linear
     head."""
 
-    def __init__(self, conv: type[nn.Module] = nn.Conv2d, norm: type[nn.Module] = nn.BatchNorm2d):
+    def __init__(
+        self,
+        conv: type[nn.Module] = nn.Conv2d,
+        norm: type[nn.Module] = nn.BatchNorm2d,
+        channels: int = 3,
+    ):
         super().__init__()
         pool = nn.AdaptiveAvgPool2d(1) if conv is nn.Conv2d else nn.AdaptiveAvgPool3d(1)
         self.features = nn.Sequential(
-            conv(3, 6, 3, stride=2, padding=1),
+            conv(channels, 6, 3, stride=2, padding=1),
             norm(6),
             nn.ReLU(inplace=True),
             conv(6, 8, 3, stride=2, padding=1),
@@ -56,6 +64,17 @@ class TwoInputNet(nn.Module):
 
     def forward(self, x: Tensor, extra: Tensor) -> Tensor:
         return self.net(x) + self.side(extra)
+
+
+class KeywordNet(nn.Module):
+    """HuggingFace style: called as ``model(pixel_values=x)``, never positionally."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = TinyCNN()
+
+    def forward(self, *, pixel_values: Tensor) -> Tensor:
+        return self.net(pixel_values)
 
 
 def _timm(name: str, **config: Any) -> Callable[[], nn.Module]:
@@ -163,6 +182,14 @@ KINDS = {
             "net.features.5",
             "net.features",
             extra=_side_input,
+        ),
+        Kind("gray", lambda: TinyCNN(channels=1), (1, 32, 32), "features.5", "features"),
+        Kind(
+            "keyword",
+            lambda: camkit.KeywordInput(KeywordNet(), "pixel_values"),
+            (3, 32, 32),
+            "net.features.5",
+            "net.features",
         ),
         Kind(
             "dataparallel",
