@@ -87,7 +87,7 @@ class SmoothGrad(PixelAttribution):
 
     Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
     ``samples`` copies ``x + N(0, sigma^2)`` with ``sigma = noise_level * (max(x) - min(x))`` of
-    that sample. ``kind`` = ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients,
+    that sample (of each input of a tuple, for its own range). ``kind`` = ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients,
     SmoothGrad^2) or ``"var"`` (population variance of the gradients, VarGrad).
     ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
 
@@ -195,7 +195,9 @@ class IntegratedGradients(PixelAttribution):
         steps: intervals of the path (``steps + 1`` gradient evaluations per sample).
         baseline: ``x'``: None (zeros), a number, a tensor shaped like one sample ``(C, H, W)``
             or like the batch ``(B, C, H, W)`` (or broadcastable to it), or a callable
-            ``f(batch) -> baseline``. It must be finite.
+            ``f(batch) -> baseline``. It must be finite. For a tuple of inputs: a tuple of
+            baselines, one per input (None or a number applies to every input; a callable
+            gets the tuple).
         rule, output, dtype, batch_size: as for every pixel method
             (:class:`~camkit.pixel.base.PixelAttribution`); ``batch_size`` counts path points.
     """
