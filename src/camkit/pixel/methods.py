@@ -87,8 +87,9 @@ class SmoothGrad(PixelAttribution):
 
     Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
     ``samples`` copies ``x + N(0, sigma^2)`` with ``sigma = noise_level * (max(x) - min(x))`` of
-    that sample (of each input of a tuple, for its own range). ``kind`` = ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients,
-    SmoothGrad^2) or ``"var"`` (population variance of the gradients, VarGrad).
+    that sample (of each input of a tuple, for its own range). ``kind`` = ``"mean"``
+    (SmoothGrad), ``"square"`` (mean of squared gradients, SmoothGrad^2) or ``"var"``
+    (population variance of the gradients, VarGrad).
     ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
 
     Args:
