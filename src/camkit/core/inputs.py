@@ -72,10 +72,16 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
             UserWarning,
             stacklevel=3,
         )
-    x = x.detach()  # camkit never differentiates through (or into) the caller's graph
-    if x.is_inference() and not torch.is_inference_mode_enabled():
-        x = x.clone()  # made under torch.inference_mode(): a normal copy autograd can use
+    x = detached(x)
     return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
+
+
+def detached(x: Tensor) -> Tensor:
+    """``x`` without autograd history (camkit never differentiates through, or into, the
+    caller's graph); a tensor made under ``torch.inference_mode()`` as a normal copy autograd
+    can use."""
+    x = x.detach()
+    return x.clone() if x.is_inference() and not torch.is_inference_mode_enabled() else x
 
 
 def as_inputs(x: tuple | list, model: nn.Module) -> tuple[tuple[Tensor, ...], bool]:
@@ -106,9 +112,7 @@ def as_inputs(x: tuple | list, model: nn.Module) -> tuple[tuple[Tensor, ...], bo
             raise InputError(f"input {i} is on {t.device} but the image is on {first.device}")
         if not torch.isfinite(t).all():
             raise InputError(f"input {i} contains NaN or infinite values")
-        t = t.detach()
-        if t.is_inference() and not torch.is_inference_mode_enabled():
-            t = t.clone()
+        t = detached(t)
         if single:
             t = t.unsqueeze(0)
         elif t.ndim == 0 or t.shape[0] != size:
