@@ -82,7 +82,7 @@ class PixelAttribution(Explainer):
         self.rule = check_rule(rule) if rule is not None else self.default_rule
 
     def explain(self, batch: Tensor | Inputs, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
-        attrs, several = self.attribute(as_inputs(batch), target)
+        attrs, several = self.attribute(as_tuple(batch), target)
         return as_given(batch, finished(attrs)), several
 
     def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
@@ -188,7 +188,7 @@ class PixelAttribution(Explainer):
         return f"{type(self).__name__}({rule})"
 
 
-def as_inputs(batch: Tensor | Inputs) -> Inputs:
+def as_tuple(batch: Tensor | Inputs) -> Inputs:
     """A batch as a tuple of one input; a tuple of inputs as it is."""
     return batch if isinstance(batch, tuple) else (batch,)
 
@@ -212,7 +212,7 @@ __all__ = [
     "PerSample",
     "PixelAttribution",
     "as_given",
-    "as_inputs",
+    "as_tuple",
     "finished",
     "rows_of",
 ]

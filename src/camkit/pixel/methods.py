@@ -26,7 +26,7 @@ from camkit.pixel.base import (
     PerSample,
     PixelAttribution,
     as_given,
-    as_inputs,
+    as_tuple,
     finished,
 )
 from camkit.registry import register
@@ -221,7 +221,7 @@ class IntegratedGradients(PixelAttribution):
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        attrs, delta, several = self.integrate(as_inputs(batch), target)
+        attrs, delta, several = self.integrate(as_tuple(batch), target)
         attrs = finished(attrs)
         if not return_error:
             return as_given(batch, attrs), several
@@ -240,7 +240,7 @@ class IntegratedGradients(PixelAttribution):
         ``steps`` next to captum's rules.
         """
         batch, single = self.checked_input(x)
-        inputs = as_inputs(batch)
+        inputs = as_tuple(batch)
         with extra_args(additional_forward_args, inputs[0].shape[0]):
             attrs, delta, several = self.integrate(inputs, target)
         error = (total(attrs) - delta).abs()
