@@ -44,6 +44,21 @@ def tiny():
     return TinyNet()
 
 
+def small_cnn() -> nn.Module:
+    """Two 3x3 conv/ReLU layers (layer ``"2"`` is the second conv), global pooling, 5 classes;
+    seeded, in eval mode."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 5),
+    ).eval()
+
+
 def model_state(model: nn.Module) -> dict:
     """Everything camkit promises not to change."""
     return {

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from conftest import small_cnn
 from PIL import Image
 from skimage import data
-from torch import nn
 
 from camkit import cli
 from camkit import io as camkit_io
@@ -298,17 +298,7 @@ def test_version_and_help(capsys):
     [n for n, m in METHODS.items() if m.family != "attention" and n not in ("refinecam", "sess")],
 )
 def test_every_method_gives_one_heatmap_per_class(method):
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(4, 6, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(6, 5),
-    ).eval()
-    explainer = METHODS[method].build(model, "2")
+    explainer = METHODS[method].build(small_cnn(), "2")
     batch = torch.rand(2, 3, 12, 12)
     heat, raw = explainer.heatmaps(batch, [[1, 3], [4, 0]])
     assert heat.shape == (2, 2, 12, 12) and heat.device.type == "cpu"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import small_cnn
 from torch import nn
 
 import camkit
@@ -15,19 +16,6 @@ from camkit.core.targets import resolve
 from camkit.core.trace import default_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.targets import ClassTarget, SoftmaxTarget
-
-
-def small_cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1),
-        nn.ReLU(),
-        nn.Conv2d(4, 6, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(6, 5),
-    ).eval()
 
 
 @pytest.fixture
