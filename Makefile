@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# zennit-crp 0.6.0 pins an older zennit but works with 0.5.1: installed without its pins
+	$(PY) -m pip install --quiet --no-deps "zennit-crp==0.6.0"
 	touch $(STAMP)
 
 install: $(STAMP)
