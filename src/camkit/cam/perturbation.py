@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from camkit.cam.base import BaseCAM
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import minmax
+from camkit.core.finish import flat, minmax
 from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.progress import progress_bar
@@ -298,10 +298,9 @@ def _masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Ten
         align_corners=False,
     )
     low = masks.amin(dim=(-2, -1), keepdim=True)
-    high = masks.amax(dim=(-2, -1), keepdim=True)
-    span = high - low
-    flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())  # as core.finish.minmax
-    return masks.sub_(low).div_(span.masked_fill_(flat, 1)).masked_fill_(flat, 0)
+    span = masks.amax(dim=(-2, -1), keepdim=True).sub_(low)
+    is_flat = flat(masks)  # the flat-map policy of core.finish.minmax
+    return masks.sub_(low).div_(span.masked_fill_(is_flat, 1)).masked_fill_(is_flat, 0)
 
 
 class _MaskedBuffer:

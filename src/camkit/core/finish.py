@@ -17,10 +17,32 @@ from camkit.errors import ArgumentError, EmptyMapWarning, NonFiniteWarning, warn
 RESAMPLING = {2: "bilinear", 3: "trilinear"}
 
 
+#: The flat-map policy (:func:`flat`): a map whose values span less than this fraction of their
+#: magnitude is flat. Min-max normalisation divides the values' rounding error by their spread:
+#: float32 values carry about 1e-7 of their magnitude per operation, 1e-6 to 1e-5 after a
+#: network's depth, so below a spread of 1e-3 the normalised entries are uncertain at the 1e-3
+#: to 1e-2 level and change with the batch's composition (other kernels): a pattern of noise,
+#: not a map. Recipro-CAM's probabilities on a near-uniform random classifier vary by 1e-4 to
+#: 6e-4 of their value; the least varied real maps of the conformance matrix by 5e-3.
+FLAT_SPREAD = 1e-3
+
+
+def flat(maps: Tensor, dims: int = 2) -> Tensor:
+    """Which maps are flat: ``(B, K, *spatial) -> (B, K, 1, ...)`` booleans, True where the
+    map's spread (max - min over its last ``dims`` dims) is at most :data:`FLAT_SPREAD` of its
+    largest magnitude (a constant map, an all-zero map, or float noise around a value). The one
+    test every method applies before normalising: flat maps become zeros, and :func:`checked`
+    reports them with one :class:`~camkit.errors.EmptyMapWarning`."""
+    axes = tuple(range(-dims, 0))
+    low = maps.amin(dim=axes, keepdim=True)
+    high = maps.amax(dim=axes, keepdim=True)
+    return (high - low) <= FLAT_SPREAD * torch.maximum(low.abs(), high.abs())
+
+
 def checked(maps: Tensor, *, warn_empty: bool = True) -> Tensor:
     """``(B, K, ...)`` maps with non-finite entries set to 0, warning about those and (unless
-    ``warn_empty`` is False) about maps that are zero everywhere: never a NaN map, never a
-    silently empty one."""
+    ``warn_empty`` is False) about maps that are zero everywhere (empty, or flat and zeroed by
+    :func:`minmax`): never a NaN map, never a silently empty one, never stretched noise."""
     finite = torch.isfinite(maps)
     if not finite.all():
         warn(
@@ -34,22 +56,22 @@ def checked(maps: Tensor, *, warn_empty: bool = True) -> Tensor:
     if warn_empty and empty.any():
         warn(
             f"{int(empty.sum())} of {empty.numel()} map(s) are empty (all zero): the target "
-            "score's gradient is zero there, or the layer's activations are constant or all cut "
-            "by the ReLU; try another layer or target",
+            "score's gradient is zero there, the layer's activations are constant or all cut "
+            f"by the ReLU, or the map was flat (its values vary by less than {FLAT_SPREAD:g} of "
+            "their size: float noise, not a map); try another layer or target",
             EmptyMapWarning,
         )
     return maps
 
 
 def minmax(maps: Tensor, dims: int = 2) -> Tensor:
-    """Min-max normalise each map over its last ``dims`` dims to [0, 1]; a constant map gives
-    zeros."""
+    """Min-max normalise each map over its last ``dims`` dims to [0, 1]; a :func:`flat` map
+    (constant, or varying within float noise) gives zeros."""
     axes = tuple(range(-dims, 0))
     low = maps.amin(dim=axes, keepdim=True)
-    high = maps.amax(dim=axes, keepdim=True)
-    span = high - low
-    flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())
-    return torch.where(flat, torch.zeros_like(maps), (maps - low) / span.masked_fill(flat, 1))
+    span = maps.amax(dim=axes, keepdim=True) - low
+    is_flat = flat(maps, dims)
+    return torch.where(is_flat, torch.zeros_like(maps), (maps - low) / span.masked_fill(is_flat, 1))
 
 
 FUSIONS = ("mean", "max", "tanh")
