@@ -192,6 +192,16 @@ class Explainer:
         """``(heat (B, K, H, W) in [0, 1], the raw result)`` for display."""
         raise NotImplementedError
 
+    def display_heat(self, result: Tensor) -> Tensor:
+        """How this method's result is shown: a call's result with its target axis kept
+        (``(B, K, ...)``) -> heat ``(B, K, H, W)`` (volumes ``(B, K, D, H, W)``) in [0, 1].
+
+        The one display policy of a method: :meth:`heatmaps`, the CLI, the report and the
+        explorer all colour what it returns, so one map has one colour scale everywhere. Maps
+        (the CAMs, the attention methods) are shown as they are; the pixel methods override it
+        (``max_c |attribution|`` over its 99th percentile)."""
+        return result.detach().float()
+
     def rows_per_pass(self, total: int) -> int:
         """How many of ``total`` rows one forward pass takes (``batch_size``, or all)."""
         return min(self.batch_size or total, max(total, 1))

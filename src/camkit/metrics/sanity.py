@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from camkit.core.explainer import Explainer
 from camkit.core.inputs import call_seed
 from camkit.core.layers import explained_module, find_layers
 from camkit.core.outputs import select_output
@@ -231,9 +232,11 @@ def _check_similarity(similarity: str | Sequence[str], *, with_abs: bool = True)
 def _maps(explainer: Any, x: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
     """``(signed (B, H, W), unit (B, H, W) in [0, 1])`` of one explainer on ``x (B, C, H, W)``.
 
-    A ``(B, H, W)`` map (a CAM) is used as is, and as its own [0, 1] map when it lies in
-    [0, 1]; an attribution shaped like ``x`` (a pixel method) is summed over its channels. The
-    [0, 1] map of anything else is ``|map|`` divided by its 99th percentile, clipped at 1."""
+    A ``(B, H, W)`` map (a CAM) is used as is; an attribution shaped like ``x`` (a pixel
+    method) is summed over its channels. The [0, 1] map of a camkit method is the one it is
+    shown with (:meth:`~camkit.core.explainer.Explainer.display_heat`); of another callable,
+    the map itself when it lies in [0, 1], else ``|map|`` divided by its 99th percentile,
+    clipped at 1."""
     result = explainer(x, target=target)
     if not isinstance(result, Tensor):
         raise ArgumentError(f"the explainer returned {type(result).__name__}, not a tensor")
@@ -248,7 +251,9 @@ def _maps(explainer: Any, x: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor
             f"sample for a batch {tuple(x.shape)}, got {tuple(result.shape)} "
             "(one target per sample)"
         )
-    if signed.min() >= 0 and signed.max() <= 1:
+    if isinstance(explainer, Explainer):
+        unit = explainer.display_heat(result.unsqueeze(1)).squeeze(1)
+    elif signed.min() >= 0 and signed.max() <= 1:
         unit = signed
     else:
         unit = to_heatmap(signed.unsqueeze(1), "sum", percentile=DISPLAY_PERCENTILE).abs()

@@ -91,15 +91,17 @@ class PixelAttribution(Explainer):
         raise NotImplementedError
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display.
-
-        The heat is ``max_c |attribution|`` divided by its 99th percentile and clipped at 1:
-        gradients are spiky, and without the clipping a handful of pixels would take the whole
-        colour range (Smilkov et al. 2017).
-        """
+        """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display
+        (:meth:`display_heat`)."""
         (attr,), _ = self.attribute((batch,), target)
         attr = attr.detach().float()
-        return to_heatmap(attr, "abs-max", percentile=HEATMAP_PERCENTILE), attr
+        return self.display_heat(attr), attr
+
+    def display_heat(self, result: Tensor) -> Tensor:
+        """``(B, K, C, H, W)`` attribution -> heat ``(B, K, H, W)``: ``max_c |attribution|``
+        divided by its 99th percentile and clipped at 1: gradients are spiky, and without the
+        clipping a handful of pixels would take the whole colour range (Smilkov et al. 2017)."""
+        return to_heatmap(result.detach().float(), "abs-max", percentile=HEATMAP_PERCENTILE)
 
     def forward(self, inputs: Inputs, rows: Tensor | None = None) -> object:
         """The model's forward pass of the samples ``rows``, under the ReLU rule if any."""

@@ -314,7 +314,7 @@ class Explorer:
         result = explainer(batch, target=targets.to(self.device), **options)
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
-            maps = as_heatmaps(maps, len(images), width)
+            maps = as_heatmaps(explainer.display_heat(maps), len(images), width)
             for row, image in enumerate(images):
                 for column, target in enumerate(wanted[image]):
                     key = MapKey(checkpoint, method, layer, image, target)
@@ -335,13 +335,10 @@ class Explorer:
         return answer
 
 
-def as_heatmaps(maps: Tensor, images: int, targets: int) -> np.ndarray:
-    """A method's maps as ``(B, K, H, W)`` float32 numbers for display: CAM maps as they are;
-    a pixel attribution ``(B, K, C, H, W)`` through :func:`camkit.to_heatmap` (``abs-max``)."""
-    maps = maps.detach().float()
-    if maps.ndim == 5:
-        maps = camkit.to_heatmap(maps)
-    return maps.reshape(images, targets, *maps.shape[-2:]).cpu().numpy()
+def as_heatmaps(heat: Tensor, images: int, targets: int) -> np.ndarray:
+    """The displayed heat of a method (``explainer.display_heat``, the one display policy) as
+    ``(B, K, H, W)`` float32 numbers."""
+    return heat.reshape(images, targets, *heat.shape[-2:]).cpu().numpy()
 
 
 def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:
