@@ -4,6 +4,7 @@ loading the model."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -149,8 +150,10 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def load_model(name: str, weights: str | None) -> models.LoadedModel:
-    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines."""
+def load_model(name: str, weights: str | None, crop: str | None = None) -> models.LoadedModel:
+    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
+    ``crop`` (``--crop``) replaces the model's own crop (None keeps it: the model's evaluation
+    transform), the one preprocessing every front end then uses."""
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file")
     with warnings.catch_warnings(record=True) as caught:
@@ -167,6 +170,8 @@ def load_model(name: str, weights: str | None) -> models.LoadedModel:
                 "and maps are meaningless; pass --weights PATH (.pt, .pth or .safetensors)"
             )
         print(f"camkit: warning: {message}", file=sys.stderr)
+    if crop is not None:
+        loaded.preprocess = dataclasses.replace(loaded.preprocess, crop_mode=crop)
     return loaded
 
 
@@ -228,6 +233,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_crop_argument(parser: argparse.ArgumentParser) -> None:
+    """``--crop``: how a photo becomes the model's input, the same in every command."""
+    parser.add_argument(
+        "--crop",
+        choices=models.CROPS,
+        help="how a photo becomes the model's input: center (crop the centre, the usual "
+        "evaluation transform), squash (resize, changing the aspect ratio) or pad (the whole "
+        "photo, letterboxed); default: the model's own transform (center for the packaged "
+        "model). Full-size overlays show the part the model did not see dimmed",
+    )
+
+
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """``--device``, read by :func:`pick_device`."""
     parser.add_argument(
@@ -249,6 +266,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         f"webp; not in subdirectories) are all {what}",
     )
     add_model_arguments(parser)
+    add_crop_argument(parser)
     parser.add_argument(
         "--layer",
         metavar="NAME",
@@ -336,7 +354,7 @@ def load_run_model(
     """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
     class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
     the classes and the layer."""
-    loaded = load_model(args.model, args.weights)
+    loaded = load_model(args.model, args.weights, args.crop)
     classes = parse_target(args.target, loaded.labels)
     if one_class and classes is not None and len(classes) > 1:
         raise UsageError(f"--target: {args.command} scores one class per image (or top1)")

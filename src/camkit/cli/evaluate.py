@@ -5,7 +5,6 @@ intervals), the plots, and a summary table on stdout."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -52,9 +51,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
-    squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
     loader = DataLoader(
-        ImageFiles(paths, squash, keep_original=False),
+        ImageFiles(paths, loaded.preprocess, keep_original=False),
         batch_size=args.images_per_batch,
         num_workers=default_workers() if args.workers is None else args.workers,
         collate_fn=collate,
@@ -79,7 +77,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 size = tuple(inputs.shape[-2:])
                 masks = torch.stack(
                     [
-                        read_mask(mask_files[i], size)
+                        read_mask(mask_files[i], loaded.preprocess)
                         if i in mask_files
                         else torch.zeros(size, dtype=torch.bool)  # no mask: NaN, never a hit
                         for i in batch.indices

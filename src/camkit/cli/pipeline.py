@@ -64,6 +64,7 @@ class Job:
             "weights_sha256": weights_sha256,
             "target": None if self.classes is None else list(self.classes),
             "input_size": list(loaded.input_size),
+            "crop": loaded.preprocess.crop_mode,
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
@@ -216,7 +217,8 @@ class BatchExplainer:
         photo's with its ``first`` record)."""
         if self.job.max_size is not None:  # colour and encode only the pixels that are kept
             image = io.thumbnail(image, self.job.max_size)
-        overlay = viz.overlay(image, heat, self.job.alpha, self.job.colormap)
+        region = self.loaded.preprocess.photo_region(*image.shape[:2])
+        overlay = viz.overlay_on_photo(image, heat, region, self.job.alpha, self.job.colormap)
         io.save_image(self.job.out / record["output"], overlay, OVERLAY_QUALITY)
         if self.job.save_raw:
             io.save_npy(self.job.out / record["raw"], raw.numpy())
@@ -253,14 +255,15 @@ def explain_files(
     """Explain the images ``indices`` of ``paths`` on this rank, keeping its part of the
     manifest up to date after every batch whose files are written.
 
-    Images are resized to the model's input size without cropping, so each map covers the whole
-    photo; :func:`camkit.viz.overlay` stretches it back onto the photo at its own size.
+    Images become the model's input through ``loaded.preprocess`` (``--crop``: the model's
+    own transform unless asked otherwise), and each overlay is drawn on the full photo where
+    the input lies on it (:func:`camkit.viz.overlay_on_photo`; what a centre crop cut is shown
+    dimmed).
     """
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
-    squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
     loader = DataLoader(
-        ImageFiles([paths[index] for index in indices], squash),
+        ImageFiles([paths[index] for index in indices], loaded.preprocess),
         batch_size=job.images_per_batch,
         num_workers=job.workers,
         collate_fn=collate,

@@ -8,9 +8,9 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 from camkit import io, metrics, models
 from camkit.cli.common import IMAGE_SUFFIXES, UsageError
@@ -69,12 +69,14 @@ def find_masks(folder: str | None, paths: Sequence[Path], wanted: Sequence[str])
     return {i: by_stem[path.stem] for i, path in enumerate(paths) if path.stem in by_stem}
 
 
-def read_mask(path: Path, size: tuple[int, int]) -> Tensor:
-    """A mask file as ``(H, W)`` bool at the model's input size (squashed like the image):
-    nonzero pixels are the object."""
-    mask = torch.from_numpy(io.read_image(path)).amax(dim=-1) > 0
-    resized = F.interpolate(mask[None, None].float(), size=size, mode="nearest")
-    return resized[0, 0] > 0.5
+def read_mask(path: Path, preprocess: models.Preprocess) -> Tensor:
+    """A mask file as ``(H, W)`` bool at the model's input size, through the same resize and
+    crop (or padding, with background) as its image (nearest): nonzero pixels are the
+    object."""
+    mask = (io.read_image(path).max(axis=-1) > 0).astype(np.uint8) * 255
+    nearest = dataclasses.replace(preprocess, interpolation="nearest")
+    placed = nearest.resize_crop(np.repeat(mask[..., None], 3, axis=-1), fill=(0.0, 0.0, 0.0))
+    return torch.from_numpy(placed[..., 0] > 127)
 
 
 def score_batch(

@@ -14,6 +14,7 @@ from camkit.cli.common import (
     EXIT_OK,
     UsageError,
     add_command,
+    add_crop_argument,
     add_device_argument,
     add_model_arguments,
     load_model,
@@ -63,21 +64,26 @@ def build(args: argparse.Namespace):
         if not path.exists():
             raise UsageError(f"no such file or directory: {path}")
     run_root, header, predictions, strategies = None, None, {}, None
+    crop = args.crop
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         run_root = paths[0].resolve()
         entries, header, predictions = read_run(run_root)
         strategies = read_strategies(run_root, entries)
-        if header.get("model") != args.model or header.get("weights_sha256") != sha(args.weights):
-            predictions = {}  # made by another model: predict again
+        # the run's own preprocessing unless --crop says otherwise (runs before --crop squashed)
+        run_crop = (header.get("settings") or {}).get("crop", "squash")
+        crop = crop or run_crop
+        made_by = (header.get("model"), header.get("weights_sha256"), run_crop)
+        if made_by != (args.model, sha(args.weights), crop):
+            predictions = {}  # made by another model or preprocessing: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
     else:
         entries, _ = scan(paths)
     if not entries:
         raise UsageError(f"no images found in {', '.join(map(str, paths))}")
     device = pick_device(args.device)
-    checkpoints = {"a": load_model(args.model, args.weights)}
+    checkpoints = {"a": load_model(args.model, args.weights, crop)}
     if args.compare_weights:
-        checkpoints["b"] = load_model(args.model, args.compare_weights)
+        checkpoints["b"] = load_model(args.model, args.compare_weights, crop)
     for loaded in checkpoints.values():
         loaded.model.to(device)
     explorer = Explorer(checkpoints, entries, predictions=predictions, device=device)
@@ -123,6 +129,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--demo", action="store_true", help="scikit-image's sample photos")
     add_model_arguments(serve)
+    add_crop_argument(serve)
     serve.add_argument(
         "--compare-weights",
         metavar="PATH",

@@ -16,9 +16,10 @@ from camkit.models.builders import DEFAULT_MODEL
 from camkit.models.checkpoints import read_checkpoint, read_state_dict
 from camkit.models.labels import imagenet_labels
 from camkit.models.load import LoadedModel, RandomWeightsWarning, load, top_classes
-from camkit.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, preprocess
+from camkit.models.preprocess import CROPS, IMAGENET_MEAN, IMAGENET_STD, Preprocess, preprocess
 
 __all__ = [
+    "CROPS",
     "DEFAULT_MODEL",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

@@ -17,6 +17,10 @@ from camkit.io import to_rgb_float, to_rgb_uint8
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # torchvision InterpolationMode values
+#: How a photo becomes the model's input size, the one choice of every front end (``--crop``):
+#: ``center`` (the model's own evaluation transform), ``squash`` (resized to the input size, the
+#: aspect ratio changes), ``pad`` (the whole photo, letterboxed with the mean colour).
+CROPS = ("center", "squash", "pad")
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,10 @@ class Preprocess:
     ``crop_mode="center"``: resize (keeping the aspect ratio, antialiased) so the image covers
     ``floor(size / crop_pct)`` on both sides, i.e. the shorter side for a square ``size``, then
     center-crop ``size``. ``crop_mode="squash"``: resize straight to ``size`` (no crop; the
-    aspect ratio changes, ``crop_pct`` is ignored). Then
+    aspect ratio changes, ``crop_pct`` is ignored). ``crop_mode="pad"``: resize (keeping the
+    aspect ratio) so the whole image fits ``size``, centred on the mean colour (0 once
+    normalised; ``crop_pct`` is ignored). :meth:`photo_region` says where the input lies on
+    the photo, so a map can be drawn on the full photo. Then
     ``(x - mean) / std`` with ``x`` in [0, 1]. Accepts what :func:`camkit.viz.to_rgb_uint8` accepts.
     ``size`` may be given as an int for a square input.
     """
@@ -36,7 +43,7 @@ class Preprocess:
     std: tuple[float, float, float] = IMAGENET_STD
     crop_pct: float = 0.875
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
-    crop_mode: Literal["center", "squash"] = "center"
+    crop_mode: Literal["center", "squash", "pad"] = "center"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", as_size(self.size))
@@ -54,32 +61,70 @@ class Preprocess:
             raise ArgumentError(
                 f"expected interpolation in {INTERPOLATIONS}, got {self.interpolation!r}"
             )
-        if self.crop_mode not in ("center", "squash"):
-            raise ArgumentError(f"expected crop_mode 'center' or 'squash', got {self.crop_mode!r}")
+        if self.crop_mode not in CROPS:
+            raise ArgumentError(f"expected crop_mode in {CROPS}, got {self.crop_mode!r}")
 
-    def _resize_crop_float(self, image: object) -> Tensor:
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size a ``height x width`` photo is resized to before the crop or the padding."""
+        if self.crop_mode == "squash":
+            return self.size
+        if self.crop_mode == "pad":
+            scale = min(self.size[0] / height, self.size[1] / width)
+            return (
+                min(self.size[0], max(1, round(height * scale))),
+                min(self.size[1], max(1, round(width * scale))),
+            )
+        cover_h, cover_w = (math.floor(side / self.crop_pct) for side in self.size)
+        if cover_h / height >= cover_w / width:  # height binds: torchvision's shorter-side rule
+            return cover_h, max(cover_w, int(cover_h * width / height))
+        return max(cover_h, int(cover_w * height / width)), cover_w
+
+    def photo_region(self, height: int, width: int) -> tuple[float, float, float, float]:
+        """Where the model's input lies on a ``height x width`` photo: ``(top, left, bottom,
+        right)`` in the photo's pixels. The whole photo for ``squash``; the crop window for
+        ``center`` (inside the photo: the model did not see the rest); beyond the photo for
+        ``pad`` (the letterbox)."""
+        new_h, new_w = self.resized_size(height, width)
+        size_h, size_w = self.size
+        # torchvision's center_crop (and pad, with a negative offset): int(round(excess / 2))
+        if self.crop_mode == "pad":  # the offsets of _resize_crop_float's canvas, negated
+            top, left = -((size_h - new_h) // 2), -((size_w - new_w) // 2)
+        else:
+            top, left = int(round((new_h - size_h) / 2)), int(round((new_w - size_w) / 2))
+        scale_h, scale_w = height / new_h, width / new_w
+        return (
+            top * scale_h,
+            left * scale_w,
+            (top + size_h) * scale_h,
+            (left + size_w) * scale_w,
+        )
+
+    def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
 
         pixels = torch.from_numpy(to_rgb_float(image)).permute(2, 0, 1)
-        height, width = pixels.shape[1:]
-        cover_h, cover_w = (math.floor(side / self.crop_pct) for side in self.size)
-        if self.crop_mode == "squash":
-            new_size = list(self.size)
-        elif cover_h / height >= cover_w / width:  # height binds: torchvision's shorter-side rule
-            new_size = [cover_h, max(cover_w, int(cover_h * width / height))]
-        else:
-            new_size = [max(cover_h, int(cover_w * height / width)), cover_w]
+        new_size = list(self.resized_size(*pixels.shape[1:]))
         mode = InterpolationMode(self.interpolation)
-        resized = TF.resize(pixels, new_size, interpolation=mode, antialias=True)
-        return TF.center_crop(resized.clamp_(0.0, 1.0), list(self.size))  # bicubic overshoots
+        resized = TF.resize(pixels, new_size, interpolation=mode, antialias=True).clamp_(0, 1)
+        if self.crop_mode != "pad":
+            return TF.center_crop(resized, list(self.size))  # clamped: bicubic overshoots
+        fill = self.mean if fill is None else fill
+        canvas = torch.tensor(fill, dtype=resized.dtype).view(3, 1, 1).repeat(1, *self.size)
+        top = (self.size[0] - new_size[0]) // 2
+        left = (self.size[1] - new_size[1]) // 2
+        canvas[:, top : top + new_size[0], left : left + new_size[1]] = resized
+        return canvas
 
-    def resize_crop(self, image: object) -> np.ndarray:
-        """The image as the model sees it (resized and cropped, not normalised): ``HxWx3`` uint8.
+    def resize_crop(
+        self, image: object, *, fill: tuple[float, float, float] | None = None
+    ) -> np.ndarray:
+        """The image as the model sees it (resized and cropped or padded, not normalised):
+        ``HxWx3`` uint8; ``fill`` is the padding's colour in [0, 1] (default: the mean).
 
         Use it as the background of overlays so a heatmap lines up with the pixels it is about.
         """
-        pixels = self._resize_crop_float(image)
+        pixels = self._resize_crop_float(image, fill)
         return to_rgb_uint8(pixels)
 
     def __call__(self, image: object) -> Tensor:

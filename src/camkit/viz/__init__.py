@@ -29,6 +29,7 @@ __all__ = [
     "OPENCV_COLORMAPS",
     "feature_grid",
     "overlay",
+    "overlay_on_photo",
     "picture_grid",
     "plot",
 ]
@@ -135,6 +136,45 @@ def overlay(
     rgb = to_rgb_uint8(image)
     colored = _colorize(_heatmap_2d(heatmap), rgb.shape[:2], colormap)
     return cv2.addWeighted(rgb, 1.0 - alpha, colored, alpha, 0.0)
+
+
+def overlay_on_photo(
+    photo: object,
+    heatmap: np.ndarray | torch.Tensor,
+    region: tuple[float, float, float, float],
+    alpha: float = 0.5,
+    colormap: str = "jet",
+) -> np.ndarray:
+    """A map of the model's input drawn on the full photo -> ``HxWx3`` uint8 RGB.
+
+    ``region`` is where the model's input lies on the photo, ``(top, left, bottom, right)`` in
+    its pixels (:meth:`camkit.models.Preprocess.photo_region`): the map is resampled onto that
+    window (bilinear, pixel centres aligned as in :func:`overlay`), and the part of the photo
+    the model did not see (outside a centre crop) is shown dimmed, without heat. A region that
+    is the whole photo gives exactly :func:`overlay`."""
+    rgb = to_rgb_uint8(photo)
+    height, width = rgb.shape[:2]
+    if tuple(region) == (0.0, 0.0, float(height), float(width)):
+        return overlay(rgb, heatmap, alpha, colormap)
+    alpha = _validate_alpha(alpha)
+    heat = _heatmap_2d(heatmap)
+    top, left, bottom, right = region
+    scale_y, scale_x = (bottom - top) / heat.shape[0], (right - left) / heat.shape[1]
+    warp = np.array(
+        [[scale_x, 0, left + 0.5 * scale_x - 0.5], [0, scale_y, top + 0.5 * scale_y - 0.5]]
+    )
+    placed = cv2.warpAffine(
+        heat, warp, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+    )
+    lut = _colormap_lut(colormap).reshape(256, 1, 3)
+    levels = cv2.convertScaleAbs(placed, alpha=255.0)
+    colored = cv2.LUT(cv2.merge([levels] * 3), lut)
+    blended = cv2.addWeighted(rgb, 1.0 - alpha, colored, alpha, 0.0)
+    rows = (np.arange(height) + 0.5)[:, None]
+    columns = (np.arange(width) + 0.5)[None, :]
+    seen = (rows >= top) & (rows < bottom) & (columns >= left) & (columns < right)
+    dimmed = (rgb // 2).astype(np.uint8)  # what the model did not see: half brightness
+    return np.where(seen[..., None], blended, dimmed)
 
 
 def _slice(volume: object, depth: int, spatial: int) -> object:

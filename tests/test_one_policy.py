@@ -1,0 +1,92 @@
+"""One photo, four front ends: the library, ``camkit explain``, its report and the explorer's
+API give the same top-1, probability and map (on the same colour scale), for a CAM and a pixel
+method, with the model's own preprocessing (a centre crop) and with ``--crop squash``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from io import BytesIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from skimage import data
+
+import camkit
+from camkit import io, models
+from camkit.cli import build_parser, main
+
+pytest.importorskip("starlette", reason="the explorer's web stack: pip install 'camkit[serve]'")
+pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev extra)")
+from starlette.testclient import TestClient  # noqa: E402
+
+from camkit.cli.serve import build  # noqa: E402
+from camkit.serve import security  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TOKEN = "one-policy-token"
+METHODS = ("gradcam", "saliency")
+
+
+def library(photo: np.ndarray, crop: str | None) -> tuple[int, float, dict[str, np.ndarray]]:
+    """Top-1, its probability and each method's displayed heat, straight from the library."""
+    loaded = models.load("efficientnet_lite0")
+    if crop is not None:
+        loaded.preprocess = dataclasses.replace(loaded.preprocess, crop_mode=crop)
+    x = loaded.preprocess(photo)[None]
+    with torch.no_grad():
+        probabilities = loaded.model(x).softmax(-1)[0]
+    top1 = int(probabilities.argmax())
+    heat = {}
+    for method in METHODS:
+        explainer = camkit.METHODS[method].build(loaded.model, None)
+        heat[method] = explainer.heatmaps(x, top1)[0][0, 0].numpy()
+    return top1, float(probabilities[top1]), heat
+
+
+@pytest.mark.parametrize("crop", [None, "squash"])
+def test_one_photo_gives_one_answer_everywhere(tmp_path: Path, crop: str | None) -> None:
+    photo = data.chelsea()  # 300 x 451: the centre crop and the squash differ
+    path = tmp_path / "chelsea.png"
+    io.save_png(path, photo)
+    top1, probability, heat = library(photo, crop)
+
+    out = tmp_path / "run"
+    crop_args = [] if crop is None else ["--crop", crop]
+    argv = ["explain", str(path), "--method", ",".join(METHODS), "--save-raw", "--report"]
+    assert main([*argv, "--out", str(out), "--quiet", *crop_args]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["crop"] == (crop or "center")
+    for record in manifest["records"]:
+        assert record["target"] == top1
+        assert record["probability"] == pytest.approx(probability, abs=1e-5)
+        raw = torch.from_numpy(np.load(out / record["raw"]))
+        explainer = camkit.METHODS[record["method"]].build(torch.nn.Identity(), None)
+        shown = explainer.display_heat(raw[None, None])[0, 0].numpy()
+        np.testing.assert_allclose(shown, heat[record["method"]], atol=1e-4)
+
+    page = (out / "index.html").read_text()
+    found = re.search(
+        r'<script type="application/json" id="camkit-data">(.*?)</script>', page, re.S
+    )
+    shown_probabilities = [float(p) for p in re.findall(r'"p":([0-9.e-]+)', found.group(1))]
+    assert any(abs(p - probability) <= 1e-5 for p in shown_probabilities)
+
+    args = build_parser().parse_args(["serve", str(out), "--token", TOKEN, *crop_args])
+    app, _, _ = build(args)
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        client.headers[security.TOKEN_HEADER] = TOKEN
+        response = client.get("/api/image/0", params={"k": 1})
+        assert response.status_code == 200, response.text
+        info = response.json()
+        assert info["top"][0]["index"] == top1
+        assert info["top"][0]["probability"] == pytest.approx(probability, abs=1e-5)
+        for method in METHODS:
+            params = {"image": 0, "class": top1, "method": method, "format": "npy"}
+            response = client.get("/api/map", params=params)
+            assert response.status_code == 200, response.text
+            shown = np.load(BytesIO(response.content))
+            np.testing.assert_allclose(shown, heat[method], atol=1e-4)
