@@ -228,7 +228,7 @@ def test_target_by_label_through_main(photos, resnet18_weights, tmp_path, capsys
         (["--target", "1000"], "--target class 1000 is out of range"),
         (["--target", "cat"], "--target 'cat' matches"),
         (["--target", "tigre cat"], "close: 'tiger cat' (282)"),
-        (["--layer", "layer5"], "--layer: the model has no layer named 'layer5'"),
+        (["--layer", "layer5"], "--layer layer5: no such layer"),
         (["--model", "torchvision:resnt18"], "did you mean 'torchvision:resnet18'"),
         (["--weights", "missing.pth"], "--weights missing.pth: no such file"),
         (["--colormap", "rainbowz"], "--colormap: unknown colormap 'rainbowz'"),

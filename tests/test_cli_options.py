@@ -5,6 +5,7 @@ and a method that cannot explain the model refused before any work (exit 2, one 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +13,8 @@ import torchvision
 from PIL import Image
 from skimage import data
 
-from camkit import cli
-from camkit.cli import common, explain, manifest
+from camkit import cli, io
+from camkit.cli import common, explain, main, manifest
 from camkit.registry import METHODS
 
 SHARED = (
@@ -131,3 +132,27 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith("wrote 84 overlay(s) of 42 image(s) to ")
     assert line.endswith("this run explained 42 image(s) at 2.0 images/s; 1 could not be read")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("layer", "reason"),
+    [
+        ("global_pool", "is not a spatial map"),
+        ("classifier", "the model's output"),
+        ("layer4", "no such layer"),
+    ],
+)
+def test_a_layer_no_cam_can_read_is_a_usage_error_before_any_work(
+    tmp_path: Path, capsys, layer: str, reason: str
+) -> None:
+    """Refused with exit 2 and the reason, the default named, nothing written (not even the
+    manifest's part); suggestions name only layers a CAM can read."""
+    photo = tmp_path / "cat.png"
+    io.save_png(photo, data.chelsea())
+    out = tmp_path / "out"
+    assert main(["explain", str(photo), "--layer", layer, "--out", str(out), "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert reason in error and "the default is bn2" in error and "Traceback" not in error
+    assert "classifier?" not in error
+    assert not out.exists()

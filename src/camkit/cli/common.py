@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from camkit import models, registry, viz
-from camkit.core.layers import find_layer
-from camkit.errors import CamkitError, LayerNotFoundError
+from camkit.errors import CamkitError
 
 EXIT_OK = 0
 EXIT_UNREADABLE_IMAGES = 1
@@ -182,10 +181,18 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
         if any(registry.get(method).needs_layer for method in methods):
             print(f"layer: {layer} (auto)", file=sys.stderr)
         return layer
-    try:
-        find_layer(loaded.model, layer)
-    except LayerNotFoundError as error:
-        raise UsageError(f"--layer: {error}") from None
+    if not any(registry.get(method).needs_layer for method in methods):
+        return layer
+    readable = models.map_layers(loaded.model, loaded.input_size)
+    why = readable.get(layer, "no such layer")
+    if why is not None:  # refused before any work: the layers that would do instead
+        names = [name for name, reason in readable.items() if reason is None]
+        close = difflib.get_close_matches(layer, names, n=3, cutoff=0.4)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise UsageError(
+            f"--layer {layer}: {why}; {hint}the default is {loaded.default_layer} "
+            "('camkit layers' lists the layers a CAM can read)"
+        )
     return layer
 
 

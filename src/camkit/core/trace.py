@@ -273,6 +273,34 @@ def skipped_layers(
     return {call.name: call.skip for call in calls if call.skip is not None}
 
 
+def map_layers(
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = (224, 224),
+    *,
+    example: Example | None = None,
+) -> dict[str, str | None]:
+    """``{layer name: None if a CAM can read it, else why not}`` for every called layer, in the
+    order the calls start: the one answer the CLI's ``--layer`` check, the explorer's layer
+    menu and ``camkit layers`` give. Readable: not skipped (:func:`skipped_layers`) and a
+    ``(B, C, h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N,
+    C)`` tokens."""
+    calls = sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
+    answer: dict[str, str | None] = {}
+    for call in calls:
+        shape = tuple(call.shape)
+        if call.skip is not None:
+            why = call.skip
+        elif len(shape) == 3 or len(shape) == 5 or (len(shape) == 4 and shape[-1] * shape[-2] > 1):
+            why = None
+        else:
+            why = (
+                f"its output {shape} is not a spatial map: a CAM reads (B, C, h, w) maps of more "
+                "than one position, (B, C, d, h, w) volumes or (B, N, C) tokens"
+            )
+        answer.setdefault(call.name, why)
+    return answer
+
+
 def default_layer(
     model: nn.Module,
     input_size: int | Sequence[int] | None = (224, 224),

@@ -73,12 +73,13 @@ def is_transformer(model: nn.Module) -> bool:
 
 
 def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
-    """The layers ``camkit layers`` lists whose output a CAM can read: ``(B, C, h, w)`` maps
-    with more than one position and ``(B, N, C)`` tokens, as ``(name, type, shape)``."""
+    """The layers a CAM can read (:func:`camkit.models.map_layers`, the CLI's ``--layer``
+    check), as ``(name, type, shape)``."""
+    readable = models.map_layers(model, size)
     return [
         (name, kind, tuple(shape))
         for name, kind, shape in models.layer_shapes(model, size)
-        if len(shape) == 3 or (len(shape) == 4 and shape[-1] * shape[-2] > 1)
+        if readable.get(name, "") is None
     ]
 
 
