@@ -131,3 +131,75 @@ def test_integrated_gradients_is_captums_trapezoid_with_weights_summing_to_one(r
     )
     got = camkit.IntegratedGradients(model, steps=steps)(x, target=target)
     torch.testing.assert_close(got, reference * (steps + 1) / steps, atol=1e-6, rtol=1e-4)
+
+
+SMOOTHINGS = [
+    ("GradCAM", {"eigen_smooth": True}),
+    ("GradCAM", {"aug_smooth": True}),
+    ("GradCAM", {"aug_smooth": True, "eigen_smooth": True}),
+    ("HiResCAM", {"eigen_smooth": True}),
+    ("LayerCAM", {"eigen_smooth": True}),
+    ("GradCAMElementWise", {"eigen_smooth": True}),
+    ("SegEigenCAM", {}),
+]
+
+
+def _same_map(ours: Tensor, theirs: Tensor, options: dict) -> None:
+    """Equal maps; with ``aug_smooth`` pytorch-grad-cam returns the mean of the six normalised
+    maps as it is and camkit normalises it again: equal after min-max, correlation 1."""
+    if options.get("aug_smooth"):
+        theirs = camkit.core.finish.minmax(theirs)
+    for one, other in zip(ours, theirs, strict=True):
+        assert _correlation(one, other) > 0.99
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "options"), SMOOTHINGS)
+def test_smoothing_options_equal_pytorch_grad_cam_on_the_pretrained_model(
+    pretrained, name, options
+):
+    model, x = pretrained
+    with getattr(pgc, name)(model=model, target_layers=[model.bn2]) as reference:
+        targets = [ClassifierOutputTarget(t) for t in TARGETS]
+        expected = torch.from_numpy(reference(input_tensor=x, targets=targets, **options))
+    _same_map(getattr(camkit, name)(model, "bn2")(x, target=TARGETS, **options), expected, options)
+
+
+@pytest.mark.parametrize(("name", "options"), SMOOTHINGS[:2] + SMOOTHINGS[-1:])
+def test_smoothing_options_equal_pytorch_grad_cam_on_a_resnet(resnet, name, options):
+    model, x = resnet
+    with getattr(pgc, name)(model=model, target_layers=[model.layer3]) as reference:
+        targets = [ClassifierOutputTarget(t) for t in (3, 7)]
+        expected = torch.from_numpy(reference(input_tensor=x, targets=targets, **options))
+    got = getattr(camkit, name)(model, "layer3")(x, target=[3, 7], **options)
+    _same_map(got, expected, options)
+
+
+def test_eigen_smooth_is_get_2d_projection_with_the_sign_of_the_plain_map(resnet):
+    """pytorch-grad-cam keeps the sign LAPACK returns (numpy's and torch's SVD disagree on it
+    for the same matrix); camkit's component is the same up to that sign, which it fixes to
+    agree with the plain map ``sum_c w_c A_c`` (so aug_smooth with eigen_smooth is compared on
+    the pretrained model, where the peer's signs happen to agree)."""
+    from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
+
+    from camkit.cam.smoothing import principal_component
+
+    model, x = resnet
+    weighted = []
+    for batch in (x, x.flip(-1)):
+        taken = []
+        hook = model.layer3.register_forward_hook(lambda m, i, o, kept=taken: kept.append(o))
+        try:
+            output = model(batch)
+        finally:
+            hook.remove()
+        (grads,) = torch.autograd.grad(output[0, 3] + output[1, 7], taken)
+        weighted.append((grads.mean(dim=(-2, -1), keepdim=True) * taken[0]).detach())
+    for w in weighted:
+        ours = principal_component(w[:, None])[:, 0]
+        theirs = torch.from_numpy(get_2d_projection(w.numpy()))
+        plain = w.sum(dim=1)
+        for one, other, summed in zip(ours, theirs, plain, strict=True):
+            assert abs(_correlation(one, other)) > 0.999
+            assert _correlation(one, summed) > 0

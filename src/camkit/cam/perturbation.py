@@ -143,6 +143,8 @@ class PerturbationCAM(BaseCAM):
         weighted sum of channels overrides this)."""
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
+        if self.eigen_smooth:
+            return self.combine(weights.transpose(1, 2)[..., None, None] * grid.unsqueeze(1))
         return torch.einsum("bck,bchw->bkhw", weights, grid)
 
     def edited_scores(
