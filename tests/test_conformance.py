@@ -95,8 +95,9 @@ REFUSALS: dict[tuple[Any, Any, Any], tuple[type[Exception], str]] = {
         AttentionError,
         "is windowed attention",
     ),
-    # methods that edit the layer's own output cannot undo a token / channels-last reading
-    (_names("ablationcam", "reciprocam"), frozenset({"vit", "swin"}), ALL): (
+    # Recipro-CAM masks the layer's own spatial axes: it cannot undo a token / channels-last
+    # reading (Ablation-CAM ablates channels in the layer's own layout)
+    (_names("reciprocam"), frozenset({"vit", "swin"}), ALL): (
         LayerOutputError,
         "cannot undo reshape=",
     ),

@@ -144,6 +144,43 @@ def test_ablationcam_by_hand(tiny, cls, scale):
     torch.testing.assert_close(cam, scale * X[0])
 
 
+class TokenNet(nn.Module):
+    """TinyNet with tokens: x (B, 1, 2, 2) -> layer ``tokens`` (B, 1 + 4, 2): a class token
+    (1, 1) then the patch tokens (x_ij, 2 x_ij) in row-major order -> linear(10 -> 1) with
+    weight 1 on the class token and TinyNet's class-1 row on the patches (1 for A_0, 2 for
+    A_1)."""
+
+    num_prefix_tokens = 1
+    patch_size = 1
+
+    def __init__(self):
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.ones(1, 1, 2))
+        self.tokens = nn.Identity()
+        self.fc = nn.Linear(10, 1, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.tensor([[1.0, 1.0] + [1.0, 2.0] * 4]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        patches = x.flatten(2).transpose(1, 2) * torch.tensor([1.0, 2.0])
+        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), patches], dim=1)
+        return self.fc(self.tokens(tokens).flatten(1))
+
+
+def test_ablationcam_ablates_token_channels_in_every_token_by_hand():
+    # y = 2 (class token) + 10 + 40 = 52; channel 0 zeroed in every token: 52 - 1 - 10 = 41,
+    # channel 1: 52 - 1 - 40 = 11, so w = (11/52, 41/52) and the map is (11 + 82)/52 x (the
+    # class token left alone would give w = (10/52, 40/52), 90/52 x)
+    model = TokenNet().eval()
+    before = model_state(model)
+    cam = AblationCAM(model, "tokens")
+    torch.testing.assert_close(cam(X, target=0, **RAW), 93 / 52 * X[0])
+    assert cam.layouts["tokens"].kind == "tokens"
+    assert_untouched(model, before)
+    with pytest.raises(ArgumentError, match="cannot undo a reshape= function"):
+        AblationCAM(model, "tokens", reshape=lambda t: t)
+
+
 def test_top_channels_keeps_the_channel_of_largest_gradient_times_activation(tiny):
     # class 1: sum g*A = 10 for A_0 and 40 for A_1, so top_channels=1 keeps A_1 alone
     torch.testing.assert_close(ScoreCAM(tiny, "conv", top_channels=1)(X, 1, **RAW), 2 * X[0])

@@ -203,3 +203,39 @@ def test_eigen_smooth_is_get_2d_projection_with_the_sign_of_the_plain_map(resnet
         for one, other, summed in zip(ours, theirs, plain, strict=True):
             assert abs(_correlation(one, other)) > 0.999
             assert _correlation(one, summed) > 0
+
+
+def test_ablation_cam_on_vit_tokens_equals_pytorch_grad_cams_ablation_layer_vit():
+    """pytorch-grad-cam's ``AblationLayerVit`` ablates channel ``c`` (the last axis) in every
+    token; it sets ``min - 1e7`` where the layer's minimum is not 0 (a LayerNorm's output),
+    camkit zeroes as the paper (and as the peer does after a ReLU): with the peer's layer
+    zeroing too, the maps are equal."""
+    import timm
+    from pytorch_grad_cam.ablation_layer import AblationLayerVit
+
+    class ZeroingAblationLayerVit(AblationLayerVit):
+        def __call__(self, x: Tensor) -> Tensor:
+            output = self.activations.transpose(1, -1)
+            for i in range(output.size(0)):
+                output[i, self.indices[i], :] = 0
+            return output.transpose(-1, 1)
+
+    def tokens_to_grid(t: Tensor) -> Tensor:
+        return t[:, 1:].unflatten(1, (4, 4)).permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+        embed_dim=24, num_heads=2, num_classes=10,
+    ).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    for layer in ("blocks.1.norm1", "blocks.0"):
+        peer = pgc.AblationCAM(
+            vit, [vit.get_submodule(layer)], tokens_to_grid, ZeroingAblationLayerVit()
+        )
+        with torch.no_grad():
+            expected = torch.from_numpy(peer(x, [ClassifierOutputTarget(t) for t in (3, 7)]))
+        got = camkit.AblationCAM(vit, layer)(x, [3, 7])
+        for one, other in zip(got, expected, strict=True):
+            assert _correlation(one, other) > 0.99
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

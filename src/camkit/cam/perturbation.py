@@ -46,6 +46,7 @@ from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
+from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
 from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
@@ -74,6 +75,7 @@ class PerturbationCAM(BaseCAM):
     family = "perturbation-cam"
     needs_gradients = False
     default_batch_size = 32
+    perturbed_layouts: tuple[str, ...] = ("grid", "volume")  # what check_reader lets through
 
     def __init__(
         self,
@@ -188,10 +190,10 @@ class PerturbationCAM(BaseCAM):
             return run.score(inputs, rows)
 
     def check_reader(self, name: str, reader: object) -> None:
-        """Refuse a layer read as tokens or channels-last by a method that perturbs the layer's
-        own output and cannot undo the reading (``reshape_refused``)."""
+        """Refuse a layer read in a layout the method cannot perturb in the layer's own output
+        (``reshape_refused``; the layouts it can are ``perturbed_layouts``)."""
         kind = getattr(reader, "kind", None)
-        if self.reshape_refused and reader is not None and kind not in ("grid", "volume"):
+        if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
             raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
@@ -352,18 +354,28 @@ class AblationCAM(PerturbationCAM):
     tensors from before the layer in a way that does not broadcast over that batch (a
     ``torch.cat`` skip connection, a reshape by the input's batch size) is detected (an error
     or an output of the wrong batch size) and the layer falls back to full forward passes of
-    repeated inputs. Layers must run once per forward and ``reshape`` is not supported.
+    repeated inputs. Layers must run once per forward.
+
+    Token and channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in the layer's
+    own layout, as pytorch-grad-cam's ``AblationLayerVit``: channel ``c`` is the last axis of
+    the output, zeroed in every token (the class token too), and the map is read through the
+    same layout as every CAM's. A ``reshape=`` function cannot be undone and is refused.
     """
 
     reshape_refused = (
-        "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
-        "undo reshape=; use ScoreCAM or a gradient CAM for token models"
+        "AblationCAM zeroes channels of the layer's own output and cannot undo a reshape= "
+        'function; leave reshape="auto" (tokens and channels-last outputs are ablated in '
+        "their own layout) or use ScoreCAM or a gradient CAM"
     )
+    perturbed_layouts = ("grid", "volume", "tokens", "channels_last")
 
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         batch, channels = grid.shape[:2]
+        reader = self.layouts[name]
+        axis = reader.channel_axis if isinstance(reader, Layout) else 1
+        raw = raw.movedim(axis, 1)  # (B, C, ...): channels first, a view
         kept = kept & (raw.flatten(2) != 0).any(dim=-1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
@@ -373,9 +385,9 @@ class AblationCAM(PerturbationCAM):
                 for part in _chunks(
                     kept[sample].nonzero().squeeze(1), self.rows_per_pass(channels)
                 ):
-                    n, ablate = part.shape[0], partial(self._ablate, channels=part)
+                    n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
                     ablated[sample, part] = self.edited_scores(
-                        run, module, raw, sample, n, ablate, suffix
+                        run, module, raw.movedim(1, axis), sample, n, ablate, suffix
                     )
                     bar.update(n)
         return ablated
@@ -386,8 +398,9 @@ class AblationCAM(PerturbationCAM):
         return (clean - scores) / torch.where(clean == 0, torch.ones_like(clean), clean)
 
     @staticmethod
-    def _ablate(act: Tensor, channels: Tensor) -> Tensor:
-        """Row ``i`` of ``act (n, C, ...)`` with channel ``channels[i]`` zeroed (a new tensor)."""
+    def _ablate(act: Tensor, channels: Tensor, axis: int = 1) -> Tensor:
+        """Row ``i`` of the layer output ``act`` with channel ``channels[i]`` (on ``axis``)
+        zeroed, a new tensor."""
         act = act.clone()
-        act[torch.arange(act.shape[0], device=act.device), channels] = 0
+        act.movedim(axis, 1)[torch.arange(act.shape[0], device=act.device), channels] = 0
         return act
