@@ -239,3 +239,16 @@ def test_ablation_cam_on_vit_tokens_equals_pytorch_grad_cams_ablation_layer_vit(
         for one, other in zip(got, expected, strict=True):
             assert _correlation(one, other) > 0.99
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("ours", "reference"), [("GradCAM", "GradCAM"), ("EigenCAM", "EigenCAM")])
+def test_pytorch_grad_cams_refinecam_is_the_product_of_the_finished_maps(resnet, ours, reference):
+    """docs/design.md: the peer multiplies the maps upsampled to the input; camkit's spelling of
+    it is the product of the per-layer maps of ``fuse=False``, min-max normalised."""
+    model, x = resnet
+    layers = [model.layer2, model.layer4]
+    peer = pgc.RefineCAM(model, layers, base_method=getattr(pgc, reference))
+    expected = torch.from_numpy(peer(x, [ClassifierOutputTarget(t) for t in (3, 7)]))
+    maps = getattr(camkit, ours)(model, ["layer2", "layer4"])(x, [3, 7], fuse=False)
+    product = torch.stack(list(maps.values())).prod(0)
+    torch.testing.assert_close(camkit.core.finish.minmax(product), expected, atol=1e-4, rtol=0)
