@@ -101,7 +101,8 @@ REFUSALS: dict[tuple[Any, Any, Any], tuple[type[Exception], str]] = {
         LayerOutputError,
         "cannot undo reshape=",
     ),
-    (frozenset(_by_family("perturbation-cam")), frozenset({"volume"}), ALL): (
+    # Recipro-CAM's 3x3 position masks are 2-D (Score-CAM's family and Ablation-CAM take volumes)
+    (_names("reciprocam"), frozenset({"volume"}), ALL): (
         LayerOutputError,
         r"needs a 2-D layer map .* use a gradient CAM for volumes",
     ),

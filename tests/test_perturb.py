@@ -215,6 +215,55 @@ def test_ablationcam_matches_direct_loop(x, skip, batch_size):
     assert reused == (skip in (None, "add") or batch_size == 1)
 
 
+class VolumeNet(nn.Module):
+    """x (B, 1, 6, 8, 8) -> Conv3d -> relu -> Conv3d ("feat", 5 channels, stride 2) -> relu ->
+    pool -> fc(3)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv3d(1, 4, 3, padding=1)
+        self.feat = nn.Conv3d(4, 5, 3, stride=2, padding=1)
+        self.fc = nn.Linear(5, 3)
+        self.eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.feat(self.stem(x).relu()).relu().mean(dim=(-3, -2, -1)))
+
+
+def test_scorecam_and_ablationcam_on_volumes_match_direct_loops():
+    """Score-CAM with trilinear masks normalised over the volume, Ablation-CAM zeroing each
+    channel of the (B, C, d, h, w) output: raw (B, d, h, w) maps by the papers' loops."""
+    model = VolumeNet()
+    x = torch.randn(2, 1, 6, 8, 8, generator=torch.Generator().manual_seed(3))
+    classes = [0, 2]
+    with torch.no_grad():
+        acts = model.feat(model.stem(x).relu())
+    scores, drops = [], []
+    for image, act, cls in zip(x, acts, classes, strict=True):
+        y = score(model, image[None], cls)
+        for c, channel in enumerate(act):
+            up = F.interpolate(channel[None, None], size=x.shape[-3:], mode="trilinear")
+            scores.append(score(model, image[None] * normalised(up[0, 0]), cls))
+
+            def zero(module, inputs, output, c=c):
+                output = output.clone()
+                output[:, c] = 0
+                return output
+
+            handle = model.feat.register_forward_hook(zero)
+            drops.append((y - score(model, image[None], cls)) / y)
+            handle.remove()
+    weights = torch.tensor(scores).view(2, 5).softmax(dim=1)[..., None, None, None]
+    torch.testing.assert_close(
+        ScoreCAM(model, "feat")(x, classes, **RAW), (weights * acts).sum(1), rtol=1e-4, atol=1e-5
+    )
+    weights = torch.tensor(drops).view(2, 5)[..., None, None, None]
+    torch.testing.assert_close(
+        AblationCAM(model, "feat")(x, classes, **RAW), (weights * acts).sum(1), rtol=1e-4, atol=1e-5
+    )
+
+
 @pytest.mark.parametrize("skip", [None, "view"])
 def test_perturbed_images_are_channels_last_on_cpu_unless_the_model_refuses(x, skip):
     model = ConvNet(skip)

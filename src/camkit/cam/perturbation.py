@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from camkit.cam.base import BaseCAM
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import minmax
+from camkit.core.finish import RESAMPLING, minmax
 from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.layouts import Layout
@@ -76,6 +76,7 @@ class PerturbationCAM(BaseCAM):
     needs_gradients = False
     default_batch_size = 32
     perturbed_layouts: tuple[str, ...] = ("grid", "volume")  # what check_reader lets through
+    takes_volumes = True  # layer maps (B, C, d, h, w) of a volume model
 
     def __init__(
         self,
@@ -128,7 +129,7 @@ class PerturbationCAM(BaseCAM):
             reader = self.grid_reader(name, raw.unsqueeze(1), tuple(batch.shape[2:]))
             self.check_reader(name, reader)
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
-            if grid.ndim != 4:
+            if grid.ndim != 4 and not self.takes_volumes:
                 raise LayerOutputError(
                     f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
                     f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
@@ -146,8 +147,10 @@ class PerturbationCAM(BaseCAM):
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
         if self.eigen_smooth:
-            return self.combine(weights.transpose(1, 2)[..., None, None] * grid.unsqueeze(1))
-        return torch.einsum("bck,bchw->bkhw", weights, grid)
+            weights = weights.transpose(1, 2)  # (B, K, C)
+            weights = weights.view(*weights.shape, *[1] * (grid.ndim - 2))
+            return self.combine(weights * grid.unsqueeze(1))
+        return torch.einsum("bck,bc...->bk...", weights, grid)
 
     def edited_scores(
         self,
@@ -202,7 +205,7 @@ class PerturbationCAM(BaseCAM):
         score change when channel ``c`` is removed, from one backward pass."""
         if self.top_channels is None or self.top_channels >= grid.shape[1]:
             return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
-        importance = (grad * grid.unsqueeze(1)).sum(dim=(-2, -1)).abs().sum(dim=1)
+        importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
         top = importance.topk(self.top_channels, dim=1).indices
         return torch.zeros_like(importance, dtype=torch.bool).scatter_(1, top, True)
 
@@ -230,6 +233,9 @@ class ScoreCAM(PerturbationCAM):
 
     ``top_channels=k`` evaluates only the ``k`` channels of largest ``|sum_ij g_cij A_cij|``
     (softmax over those, the rest weigh 0; agreement in docs/performance.md).
+
+    Volumes ``(B, C, D, H, W)``: the same steps with the layer's ``(d, h, w)`` maps upsampled
+    trilinearly and normalised over the volume (pytorch-grad-cam's Score-CAM is 2-D only).
     """
 
     label = "Score-CAM"  # in the progress bar
@@ -255,7 +261,7 @@ class ScoreCAM(PerturbationCAM):
         if self.shares_masks:
             # masks are equal when the normalised maps are (constant maps all normalise to
             # zeros): one key per (sample, channel) is the sample index and the normalised map
-            keys = minmax(grid).flatten(-2)
+            keys = minmax(grid, grid.ndim - 2).flatten(2)
             sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
             keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
             unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
@@ -293,16 +299,19 @@ class ScoreCAM(PerturbationCAM):
 
 
 def _masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
-    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` in [0, 1] at the
-    size of ``like``, normalised in place (no temporary of the masks' size)."""
+    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` (volumes ``(n, 1,
+    D, H, W)``, trilinear) in [0, 1] at the size of ``like``, normalised in place (no temporary
+    of the masks' size)."""
+    dims = grid.ndim - 2
     masks = F.interpolate(
         grid[samples, channels].unsqueeze(1),
-        size=tuple(like.shape[-2:]),
-        mode="bilinear",
+        size=tuple(like.shape[-dims:]),
+        mode=RESAMPLING[dims],
         align_corners=False,
     )
-    low = masks.amin(dim=(-2, -1), keepdim=True)
-    high = masks.amax(dim=(-2, -1), keepdim=True)
+    axes = tuple(range(-dims, 0))
+    low = masks.amin(dim=axes, keepdim=True)
+    high = masks.amax(dim=axes, keepdim=True)
     span = high - low
     flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())  # as core.finish.minmax
     return masks.sub_(low).div_(span.masked_fill_(flat, 1)).masked_fill_(flat, 0)
