@@ -37,13 +37,13 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM
+from camkit.cam.masks import MaskedBuffer, score_masks
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import RESAMPLING, minmax
+from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.layouts import Layout
@@ -277,14 +277,14 @@ class ScoreCAM(PerturbationCAM):
         # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
         sums = run.scores.new_zeros((count, run.scores.shape[1]))
         step = self.rows_per_pass(count * self.draws)
-        buffer = _MaskedBuffer(run, step)
+        buffer = MaskedBuffer(run, step)
         random = self.generator(run.batch.device)
         with self._progress(f"{self.label} {name}", count * self.draws) as bar:
             # draw by draw (a variant's random draws come in this order), jobs inside
             for part in _chunks(torch.arange(count * self.draws, device=grid.device), step):
                 draw, job = part // count, part % count
                 samples, chans = jobs[job] // channels, jobs[job] % channels
-                masks = self.perturb(_masks(grid, samples, chans, run.batch), draw, random)
+                masks = self.perturb(score_masks(grid, samples, chans, run.batch), draw, random)
                 masked = buffer.masked(masks, samples)
                 del masks  # not alive during the forward
                 sums.index_add_(0, job, run.score(masked, samples))
@@ -296,50 +296,6 @@ class ScoreCAM(PerturbationCAM):
     def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
         """``softmax_c`` of the masked scores over the evaluated channels."""
         return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
-
-
-def _masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
-    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` (volumes ``(n, 1,
-    D, H, W)``, trilinear) in [0, 1] at the size of ``like``, normalised in place (no temporary
-    of the masks' size)."""
-    dims = grid.ndim - 2
-    masks = F.interpolate(
-        grid[samples, channels].unsqueeze(1),
-        size=tuple(like.shape[-dims:]),
-        mode=RESAMPLING[dims],
-        align_corners=False,
-    )
-    axes = tuple(range(-dims, 0))
-    low = masks.amin(dim=axes, keepdim=True)
-    high = masks.amax(dim=axes, keepdim=True)
-    span = high - low
-    flat = span <= 1e-6 * torch.maximum(low.abs(), high.abs())  # as core.finish.minmax
-    return masks.sub_(low).div_(span.masked_fill_(flat, 1)).masked_fill_(flat, 0)
-
-
-class _MaskedBuffer:
-    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
-    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
-
-    def __init__(self, run: CopyScorer, rows: int):
-        self.run = run
-        self.rows = rows
-        self.buffer = self._allocate()
-
-    def _allocate(self) -> Tensor:
-        batch = self.run.batch
-        self.format = self.run.memory.preferred
-        shape = (self.rows, *batch.shape[1:])
-        return torch.empty(shape, dtype=batch.dtype, device=batch.device, memory_format=self.format)
-
-    def masked(self, masks: Tensor, samples: Tensor) -> Tensor:
-        """``x[samples[i]] * masks[i]`` in the buffer (overwritten by the next chunk)."""
-        batch = self.run.batch
-        if self.format != self.run.memory.preferred:  # the model refused channels_last
-            self.buffer = self._allocate()
-        images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
-        out = self.buffer[: samples.shape[0]]
-        return torch.mul(images, masks.to(batch.dtype), out=out)
 
 
 @register("ablationcam", "Desai & Ramaswamy, WACV 2020")
