@@ -252,3 +252,11 @@ def test_pytorch_grad_cams_refinecam_is_the_product_of_the_finished_maps(resnet,
     maps = getattr(camkit, ours)(model, ["layer2", "layer4"])(x, [3, 7], fuse=False)
     product = torch.stack(list(maps.values())).prod(0)
     torch.testing.assert_close(camkit.core.finish.minmax(product), expected, atol=1e-4, rtol=0)
+
+
+def test_fullgrad_aug_smooth_equals_pytorch_grad_cam(resnet):
+    model, x = resnet
+    with pgc.FullGrad(model, []) as peer:
+        targets = [ClassifierOutputTarget(t) for t in (3, 7)]
+        expected = torch.from_numpy(peer(x, targets, aug_smooth=True))
+    _same_map(camkit.FullGrad(model)(x, [3, 7], aug_smooth=True), expected, {"aug_smooth": True})
