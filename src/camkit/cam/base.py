@@ -83,7 +83,7 @@ class BaseCAM(Explainer):
             options = [o for o in self.call_options() if o != "eigen_smooth"]
             raise ArgumentError(
                 f"{type(self).__name__} takes no eigen_smooth: {self.eigen_refused}; its call "
-                f"options are {', '.join(options)}"
+                f"options are: {', '.join(options)}"
             )
         twin = copy.copy(self)
         twin.eigen_smooth = True
