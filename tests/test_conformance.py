@@ -95,12 +95,14 @@ REFUSALS: dict[tuple[Any, Any, Any], tuple[type[Exception], str]] = {
         AttentionError,
         "is windowed attention",
     ),
-    # methods that edit the layer's own output cannot undo a token / channels-last reading
-    (_names("ablationcam", "reciprocam"), frozenset({"vit", "swin"}), ALL): (
+    # Recipro-CAM masks the layer's own spatial axes: it cannot undo a token / channels-last
+    # reading (Ablation-CAM ablates channels in the layer's own layout)
+    (_names("reciprocam"), frozenset({"vit", "swin"}), ALL): (
         LayerOutputError,
         "cannot undo reshape=",
     ),
-    (frozenset(_by_family("perturbation-cam")), frozenset({"volume"}), ALL): (
+    # Recipro-CAM's 3x3 position masks are 2-D (Score-CAM's family and Ablation-CAM take volumes)
+    (_names("reciprocam"), frozenset({"volume"}), ALL): (
         LayerOutputError,
         r"needs a 2-D layer map .* use a gradient CAM for volumes",
     ),

@@ -68,7 +68,7 @@ class Counter:
         self.handle.remove()
 
 
-def features(model: ConvNet, x: Tensor) -> Tensor:
+def features(model: nn.Module, x: Tensor) -> Tensor:
     with torch.no_grad():
         return model.feat(model.stem(x).relu())
 
@@ -85,22 +85,25 @@ def normalised(mask: Tensor) -> Tensor:
     )
 
 
-def direct_scorecam(model: ConvNet, x: Tensor, classes: list[int]) -> Tensor:
-    """Score-CAM by the paper, one channel at a time: raw maps (B, h, w)."""
+def direct_scorecam(model: nn.Module, x: Tensor, classes: list[int]) -> Tensor:
+    """Score-CAM by the paper, one channel at a time: raw maps (B, h, w), or (B, d, h, w) with
+    trilinear masks for volumes."""
     maps = []
     for image, cls in zip(x, classes, strict=True):
         act = features(model, image[None])[0]
+        dims = act.ndim - 1
         scores = []
         for channel in act:
-            up = F.interpolate(channel[None, None], size=x.shape[-2:], mode="bilinear")
+            mode = "bilinear" if dims == 2 else "trilinear"
+            up = F.interpolate(channel[None, None], size=x.shape[-dims:], mode=mode)
             scores.append(score(model, image[None] * normalised(up[0, 0]), cls))
         weights = torch.tensor(scores).softmax(0)
-        maps.append((weights[:, None, None] * act).sum(0))
+        maps.append((weights.view(-1, *[1] * dims) * act).sum(0))
     return torch.stack(maps)
 
 
-def direct_ablation(model: ConvNet, x: Tensor, classes: list[int]) -> Tensor:
-    """Ablation-CAM by the paper, one channel at a time: raw maps (B, h, w)."""
+def direct_ablation(model: nn.Module, x: Tensor, classes: list[int]) -> Tensor:
+    """Ablation-CAM by the paper, one channel at a time: raw maps (B, h, w) or (B, d, h, w)."""
     maps = []
     for image, cls in zip(x, classes, strict=True):
         act = features(model, image[None])[0]
@@ -116,7 +119,7 @@ def direct_ablation(model: ConvNet, x: Tensor, classes: list[int]) -> Tensor:
             handle = model.feat.register_forward_hook(zero)
             weights.append((y - score(model, image[None], cls)) / y)
             handle.remove()
-        maps.append((torch.tensor(weights)[:, None, None] * act).sum(0))
+        maps.append((torch.tensor(weights).view(-1, *[1] * (act.ndim - 1)) * act).sum(0))
     return torch.stack(maps)
 
 
@@ -142,6 +145,43 @@ def test_ablationcam_by_hand(tiny, cls, scale):
     # class 0: y = 7, zeroing A_0 gives 2, A_1 gives 5: w = (5/7, 2/7) -> 9/7 x
     cam = AblationCAM(tiny, "conv")(X, target=cls, **RAW)
     torch.testing.assert_close(cam, scale * X[0])
+
+
+class TokenNet(nn.Module):
+    """TinyNet with tokens: x (B, 1, 2, 2) -> layer ``tokens`` (B, 1 + 4, 2): a class token
+    (1, 1) then the patch tokens (x_ij, 2 x_ij) in row-major order -> linear(10 -> 1) with
+    weight 1 on the class token and TinyNet's class-1 row on the patches (1 for A_0, 2 for
+    A_1)."""
+
+    num_prefix_tokens = 1
+    patch_size = 1
+
+    def __init__(self):
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.ones(1, 1, 2))
+        self.tokens = nn.Identity()
+        self.fc = nn.Linear(10, 1, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.tensor([[1.0, 1.0] + [1.0, 2.0] * 4]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        patches = x.flatten(2).transpose(1, 2) * torch.tensor([1.0, 2.0])
+        tokens = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), patches], dim=1)
+        return self.fc(self.tokens(tokens).flatten(1))
+
+
+def test_ablationcam_ablates_token_channels_in_every_token_by_hand():
+    # y = 2 (class token) + 10 + 40 = 52; channel 0 zeroed in every token: 52 - 1 - 10 = 41,
+    # channel 1: 52 - 1 - 40 = 11, so w = (11/52, 41/52) and the map is (11 + 82)/52 x (the
+    # class token left alone would give w = (10/52, 40/52), 90/52 x)
+    model = TokenNet().eval()
+    before = model_state(model)
+    cam = AblationCAM(model, "tokens")
+    torch.testing.assert_close(cam(X, target=0, **RAW), 93 / 52 * X[0])
+    assert cam.layouts["tokens"].kind == "tokens"
+    assert_untouched(model, before)
+    with pytest.raises(ArgumentError, match="cannot undo a reshape= function"):
+        AblationCAM(model, "tokens", reshape=lambda t: t)
 
 
 def test_top_channels_keeps_the_channel_of_largest_gradient_times_activation(tiny):
@@ -176,6 +216,34 @@ def test_ablationcam_matches_direct_loop(x, skip, batch_size):
     clean = 2 if skip == "view" else 1
     reused = all(rows == 1 for rows in counter.calls[clean:])
     assert reused == (skip in (None, "add") or batch_size == 1)
+
+
+class VolumeNet(nn.Module):
+    """x (B, 1, 6, 8, 8) -> Conv3d -> relu -> Conv3d ("feat", 5 channels, stride 2) -> relu ->
+    pool -> fc(3)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv3d(1, 4, 3, padding=1)
+        self.feat = nn.Conv3d(4, 5, 3, stride=2, padding=1)
+        self.fc = nn.Linear(5, 3)
+        self.eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.feat(self.stem(x).relu()).relu().mean(dim=(-3, -2, -1)))
+
+
+def test_scorecam_and_ablationcam_on_volumes_match_direct_loops():
+    """Score-CAM with trilinear masks normalised over the volume, Ablation-CAM zeroing each
+    channel of the (B, C, d, h, w) output: raw (B, d, h, w) maps by the papers' loops."""
+    model = VolumeNet()
+    x = torch.randn(2, 1, 6, 8, 8, generator=torch.Generator().manual_seed(3))
+    classes = [0, 2]
+    for method, direct in ((ScoreCAM, direct_scorecam), (AblationCAM, direct_ablation)):
+        cam = method(model, "feat")(x, classes, **RAW)
+        assert cam.shape == (2, 3, 4, 4)
+        torch.testing.assert_close(cam, direct(model, x, classes), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("skip", [None, "view"])

@@ -131,3 +131,132 @@ def test_integrated_gradients_is_captums_trapezoid_with_weights_summing_to_one(r
     )
     got = camkit.IntegratedGradients(model, steps=steps)(x, target=target)
     torch.testing.assert_close(got, reference * (steps + 1) / steps, atol=1e-6, rtol=1e-4)
+
+
+SMOOTHINGS = [
+    ("GradCAM", {"eigen_smooth": True}),
+    ("GradCAM", {"aug_smooth": True}),
+    ("GradCAM", {"aug_smooth": True, "eigen_smooth": True}),
+    ("HiResCAM", {"eigen_smooth": True}),
+    ("LayerCAM", {"eigen_smooth": True}),
+    ("GradCAMElementWise", {"eigen_smooth": True}),
+    ("SegEigenCAM", {}),
+]
+
+
+def _same_map(ours: Tensor, theirs: Tensor, options: dict) -> None:
+    """Equal maps; with ``aug_smooth`` pytorch-grad-cam returns the mean of the six normalised
+    maps as it is and camkit normalises it again: equal after min-max, correlation 1."""
+    if options.get("aug_smooth"):
+        theirs = camkit.core.finish.minmax(theirs)
+    for one, other in zip(ours, theirs, strict=True):
+        assert _correlation(one, other) > 0.99
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "options"), SMOOTHINGS)
+def test_smoothing_options_equal_pytorch_grad_cam_on_the_pretrained_model(
+    pretrained, name, options
+):
+    model, x = pretrained
+    with getattr(pgc, name)(model=model, target_layers=[model.bn2]) as reference:
+        targets = [ClassifierOutputTarget(t) for t in TARGETS]
+        expected = torch.from_numpy(reference(input_tensor=x, targets=targets, **options))
+    _same_map(getattr(camkit, name)(model, "bn2")(x, target=TARGETS, **options), expected, options)
+
+
+@pytest.mark.parametrize(("name", "options"), SMOOTHINGS[:2] + SMOOTHINGS[-1:])
+def test_smoothing_options_equal_pytorch_grad_cam_on_a_resnet(resnet, name, options):
+    model, x = resnet
+    with getattr(pgc, name)(model=model, target_layers=[model.layer3]) as reference:
+        targets = [ClassifierOutputTarget(t) for t in (3, 7)]
+        expected = torch.from_numpy(reference(input_tensor=x, targets=targets, **options))
+    got = getattr(camkit, name)(model, "layer3")(x, target=[3, 7], **options)
+    _same_map(got, expected, options)
+
+
+def test_eigen_smooth_is_get_2d_projection_with_the_sign_of_the_plain_map(resnet):
+    """pytorch-grad-cam keeps the sign LAPACK returns (numpy's and torch's SVD disagree on it
+    for the same matrix); camkit's component is the same up to that sign, which it fixes to
+    agree with the plain map ``sum_c w_c A_c`` (so aug_smooth with eigen_smooth is compared on
+    the pretrained model, where the peer's signs happen to agree)."""
+    from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
+
+    from camkit.cam.smoothing import principal_component
+
+    model, x = resnet
+    weighted = []
+    for batch in (x, x.flip(-1)):
+        taken = []
+        hook = model.layer3.register_forward_hook(lambda m, i, o, kept=taken: kept.append(o))
+        try:
+            output = model(batch)
+        finally:
+            hook.remove()
+        (grads,) = torch.autograd.grad(output[0, 3] + output[1, 7], taken)
+        weighted.append((grads.mean(dim=(-2, -1), keepdim=True) * taken[0]).detach())
+    for w in weighted:
+        ours = principal_component(w[:, None])[:, 0]
+        theirs = torch.from_numpy(get_2d_projection(w.numpy()))
+        plain = w.sum(dim=1)
+        for one, other, summed in zip(ours, theirs, plain, strict=True):
+            assert abs(_correlation(one, other)) > 0.999
+            assert _correlation(one, summed) > 0
+
+
+def test_ablation_cam_on_vit_tokens_equals_pytorch_grad_cams_ablation_layer_vit():
+    """pytorch-grad-cam's ``AblationLayerVit`` ablates channel ``c`` (the last axis) in every
+    token; it sets ``min - 1e7`` where the layer's minimum is not 0 (a LayerNorm's output),
+    camkit zeroes as the paper (and as the peer does after a ReLU): with the peer's layer
+    zeroing too, the maps are equal."""
+    import timm
+    from pytorch_grad_cam.ablation_layer import AblationLayerVit
+
+    class ZeroingAblationLayerVit(AblationLayerVit):
+        def __call__(self, x: Tensor) -> Tensor:
+            output = self.activations.transpose(1, -1)
+            for i in range(output.size(0)):
+                output[i, self.indices[i], :] = 0
+            return output.transpose(-1, 1)
+
+    def tokens_to_grid(t: Tensor) -> Tensor:
+        return t[:, 1:].unflatten(1, (4, 4)).permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+        embed_dim=24, num_heads=2, num_classes=10,
+    ).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    for layer in ("blocks.1.norm1", "blocks.0"):
+        peer = pgc.AblationCAM(
+            vit, [vit.get_submodule(layer)], tokens_to_grid, ZeroingAblationLayerVit()
+        )
+        with torch.no_grad():
+            expected = torch.from_numpy(peer(x, [ClassifierOutputTarget(t) for t in (3, 7)]))
+        got = camkit.AblationCAM(vit, layer)(x, [3, 7])
+        for one, other in zip(got, expected, strict=True):
+            assert _correlation(one, other) > 0.99
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("ours", "reference"), [("GradCAM", "GradCAM"), ("EigenCAM", "EigenCAM")])
+def test_pytorch_grad_cams_refinecam_is_the_product_of_the_finished_maps(resnet, ours, reference):
+    """docs/design.md: the peer multiplies the maps upsampled to the input; camkit's spelling of
+    it is the product of the per-layer maps of ``fuse=False``, min-max normalised."""
+    model, x = resnet
+    layers = [model.layer2, model.layer4]
+    peer = pgc.RefineCAM(model, layers, base_method=getattr(pgc, reference))
+    expected = torch.from_numpy(peer(x, [ClassifierOutputTarget(t) for t in (3, 7)]))
+    maps = getattr(camkit, ours)(model, ["layer2", "layer4"])(x, [3, 7], fuse=False)
+    product = torch.stack(list(maps.values())).prod(0)
+    torch.testing.assert_close(camkit.core.finish.minmax(product), expected, atol=1e-4, rtol=0)
+
+
+def test_fullgrad_aug_smooth_equals_pytorch_grad_cam(resnet):
+    model, x = resnet
+    with pgc.FullGrad(model, []) as peer:
+        targets = [ClassifierOutputTarget(t) for t in (3, 7)]
+        expected = torch.from_numpy(peer(x, targets, aug_smooth=True))
+    _same_map(camkit.FullGrad(model)(x, [3, 7], aug_smooth=True), expected, {"aug_smooth": True})

@@ -14,7 +14,15 @@ from camkit import registry
 from camkit.cam.base import BaseCAM, Reshape
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization
-from camkit.cam.extra import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
+from camkit.cam.extra import (
+    FEM,
+    KPCACAM,
+    EigenGradCAM,
+    FinerCAM,
+    GradCAMElementWise,
+    SegEigenCAM,
+    ShapleyCAM,
+)
 from camkit.cam.fullgrad import FullGrad
 from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
@@ -135,6 +143,7 @@ __all__ = [
     "SSCAM",
     "ReciproCAM",
     "ScoreCAM",
+    "SegEigenCAM",
     "ShapleyCAM",
     "SmoothGradCAMPlusPlus",
     "XGradCAM",

@@ -11,16 +11,19 @@ targets per sample, so methods broadcast over the target axis.
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 from torch import Tensor
 
+from camkit.cam.smoothing import augmented, principal_component
+from camkit.core.copies import pin_top1
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.layouts import resolve_reshape
 from camkit.core.targets import RowScorer, TargetSpec, resolve
-from camkit.errors import LayerOutputError
+from camkit.errors import ArgumentError, LayerOutputError
 
 
 class BaseCAM(Explainer):
@@ -39,10 +42,21 @@ class BaseCAM(Explainer):
     (torchcam's element-wise maximum), ``"tanh"`` (torchcam's LayerCAM fusion: each layer's map
     scaled by ``tanh(2 M)`` (Jiang et al., TIP 2021) before the maximum), or
     ``False`` for ``{layer: map}``.
+
+    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation (see
+    :func:`camkit.cam.smoothing.augmented`): the maps of the image and of its mirror image, each
+    with its intensities scaled by 0.9, 1 and 1.1, aligned back and averaged (the top-1 target
+    is the clean image's). ``eigen_smooth=True``: each layer's map is the first principal
+    component of the weighted activations ``w_c A_c`` instead of their sum over channels
+    (pytorch-grad-cam's ``get_2d_projection``; see :func:`~camkit.cam.smoothing.principal_component`
+    for the sign); a method whose map already is such a component (Eigen-CAM and its kin) is
+    unchanged, one whose map is no weighted sum of channels (Recipro-CAM) refuses it.
     """
 
     family: ClassVar[str] = "gradient-cam"
     needs_layer: ClassVar[bool] = True
+    eigen_smooth: bool = False  # True on the copy that :meth:`smoothed` returns
+    eigen_refused: ClassVar[str | None] = None  # why a method takes no eigen_smooth, if so
 
     def explain(
         self,
@@ -53,8 +67,27 @@ class BaseCAM(Explainer):
         upsample: bool = True,
         normalize: bool = True,
         fuse: bool | str = True,
+        aug_smooth: bool = False,
+        eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
-        return self.maps(batch, target, Finishing(relu, upsample, normalize, fuse))
+        finishing = Finishing(relu, upsample, normalize, fuse)
+        method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
+        if _flag("aug_smooth", aug_smooth):
+            return augmented(method.maps, batch, method.pinned(batch, target), finishing)
+        return method.maps(batch, target, finishing)
+
+    def smoothed(self) -> BaseCAM:
+        """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
+        instance itself is never changed, so concurrent calls do not interfere)."""
+        if self.eigen_refused:
+            options = [o for o in self.call_options() if o != "eigen_smooth"]
+            raise ArgumentError(
+                f"{type(self).__name__} takes no eigen_smooth: {self.eigen_refused}; its call "
+                f"options are: {', '.join(options)}"
+            )
+        twin = copy.copy(self)
+        twin.eigen_smooth = True
+        return twin
 
     # ------------------------------------------------------------------ what a method says
 
@@ -62,10 +95,20 @@ class BaseCAM(Explainer):
         """Weights broadcastable to ``act (B, K, C, h, w)``: ``(B, K, C, 1, 1)`` or element-wise."""
         raise NotImplementedError
 
+    def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c`` whose
+        sum over channels is the map (volumes likewise, ``d, h, w``)."""
+        return self.channel_weights(act, grad) * act
+
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted sum over channels
-        (volumes likewise, ``d, h, w``)."""
-        return (self.channel_weights(act, grad) * act).sum(dim=2)
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted activations
+        combined over channels (:meth:`combine`)."""
+        return self.combine(self.weighted_activations(act, grad))
+
+    def combine(self, weighted: Tensor) -> Tensor:
+        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum over channels, or with
+        ``eigen_smooth`` their first principal component."""
+        return principal_component(weighted) if self.eigen_smooth else weighted.sum(dim=2)
 
     # ------------------------------------------------------------------ the pipeline
 
@@ -76,14 +119,24 @@ class BaseCAM(Explainer):
         target axis always kept, and whether ``K`` targets per sample were asked. ``finishing``
         defaults to ReLU, upsampling, normalisation and fusing."""
         finishing = finishing or Finishing()
+        raw, several = self.raw_maps(batch, self.scorer(batch, target))
+        return finishing(raw, tuple(batch.shape[2:])), several
+
+    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer) -> RowScorer:
+        """The call's target resolved for ``batch`` (a resolved one as it is)."""
         self.check_autograd()
         self.capture.resolve(batch)
+        if isinstance(target, RowScorer):
+            return target
         if target is None and self.target_free:  # never read the output (a detector's)
-            scorer = RowScorer(free=True)
-        else:
-            scorer = resolve(target, batch.shape[0], batch.device, self.output)
-        raw, several = self.raw_maps(batch, scorer)
-        return finishing(raw, tuple(batch.shape[2:])), several
+            return RowScorer(free=True)
+        return resolve(target, batch.shape[0], batch.device, self.output)
+
+    def pinned(self, batch: Tensor, target: TargetSpec) -> RowScorer:
+        """The call's target with the top-1 classes fixed on ``batch`` (one clean pass), so that
+        augmented copies explain the clean prediction."""
+        scorer = self.scorer(batch, target)
+        return pin_top1(self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size)
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
@@ -145,6 +198,12 @@ class BaseCAM(Explainer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.capture.names})"
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def spatial(t: Tensor) -> tuple[int, ...]:

@@ -142,7 +142,7 @@ class CAM(BaseCAM):
                     )
                 rows_weight = weight[classes.to(weight.device)]  # (n, K, C)
                 rows_weight = rows_weight.view(*rows_weight.shape, *[1] * (act.ndim - 3))
-                maps[name] = (rows_weight * act).sum(dim=2)
+                maps[name] = self.combine(rows_weight * act)
             return maps, several
 
         return over_rows(batch, self.batch_size, one_pass)

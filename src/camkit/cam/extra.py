@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.cam.gradient import EigenCAM, GradCAM
+from camkit.cam.smoothing import principal_component
 from camkit.core.attention import unfused_attention
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
@@ -41,7 +42,8 @@ class EigenGradCAM(EigenCAM):
     Eigen-CAM of Muhammad & Yeasin (IJCNN 2020) applied to the element-wise product of gradients
     and activations, as in pytorch-grad-cam's ``EigenGradCAM``: the ``(hw, C)`` matrix of
     ``g * A`` is centred per channel and projected on its first right singular vector, whose
-    sign is fixed to correlate positively with ``sum_c g_c A_c``. One map per target.
+    sign is fixed to correlate positively with ``sum_c g_c A_c``. One map per target; a
+    principal component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
     """
 
     needs_gradients = True
@@ -60,8 +62,34 @@ class GradCAMElementWise(BaseCAM):
     2020). ``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``.
     """
 
+    def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        return (grad * act).relu()
+
+
+@register("segeigencam", "Chung & Ying, Appl. Sci. 2025")
+class SegEigenCAM(BaseCAM):
+    """Seg-Eigen-CAM: the first principal component of ``|g| * A``, its sign set by its peak.
+
+    Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic
+    Segmentation Models", Applied Sciences 15(13), 7562, 2025 (pytorch-grad-cam's
+    ``SegEigenCAM``). Gradient weighting (eq. 10): the element-wise ``|g_c| * A_c``; the
+    ``(hw, C)`` matrix of it is centred per channel and projected on its first right singular
+    vector (eq. 11-12); sign correction (eq. 13): the projection is negated where
+    ``|min| > |max|``, so the stronger extreme is positive. One map per target; a principal
+    component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
+    ``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``.
+    """
+
+    def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        return grad.abs() * act
+
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        return (grad * act).relu().sum(dim=2)
+        projection = principal_component(self.weighted_activations(act, grad))
+        values = projection.flatten(2)
+        below = values.amin(dim=-1).abs() > values.amax(dim=-1).abs()  # (B, K)
+        return torch.where(
+            below.view(*below.shape, *[1] * (projection.ndim - 2)), -projection, projection
+        )
 
 
 @register("kpcacam", "Karmani et al., IEEE MMSP 2024")
@@ -76,7 +104,8 @@ class KPCACAM(BaseCAM):
     correlate positively with the channel-mean activation, as :class:`~camkit.EigenCAM`.
     Kernels as scikit-learn's: ``sigmoid`` ``tanh(gamma <x, y> + coef0)`` (default), ``rbf``
     ``exp(-gamma |x - y|^2)``, ``poly`` ``(gamma <x, y> + coef0)^degree``, ``linear``, ``cosine``;
-    ``gamma=None`` is ``1 / C``. No gradients; the same map for every target.
+    ``gamma=None`` is ``1 / C``. No gradients; the same map for every target; a (kernel)
+    principal component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
 
     Args (besides those of :class:`~camkit.cam.base.BaseCAM`): ``kernel``, ``gamma``,
     ``degree``, ``coef0`` as above.
@@ -145,7 +174,8 @@ class FEM(BaseCAM):
     IPTA 2020 (pytorch-grad-cam's ``FEM``). With the per-channel mean ``mu_c`` and population
     standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c +
     k sigma_c]`` (the k-sigma rule, ``k=2``), map ``= sum_c w_c A_c``. No gradients; the same
-    map for every target.
+    map for every target. ``eigen_smooth`` projects ``w_c A_c`` as for every weighted sum
+    (pytorch-grad-cam's ``FEM`` ignores the option).
     """
 
     needs_gradients = False
@@ -294,6 +324,11 @@ class FinerCAM(BaseCAM):
 
         return contrast
 
+    def smoothed(self) -> FinerCAM:
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
+
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         if not scorer.has_classes:
             raise TargetError(
@@ -320,5 +355,6 @@ __all__ = [
     "EigenGradCAM",
     "FinerCAM",
     "GradCAMElementWise",
+    "SegEigenCAM",
     "ShapleyCAM",
 ]

@@ -22,9 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from camkit.cam.smoothing import augmented
+from camkit.core.copies import pin_top1
 from camkit.core.engine import layer_gradients, over_rows, run_model
 from camkit.core.explainer import Explainer
-from camkit.core.finish import minmax
+from camkit.core.finish import Finishing, minmax
 from camkit.core.inputs import autocast
 from camkit.core.layers import capture_outputs
 from camkit.core.targets import RowScorer, TargetSpec, resolve
@@ -90,7 +92,10 @@ class FullGrad(Explainer):
 
     Constructor arguments are those of every method
     (:class:`~camkit.core.explainer.Explainer`; no layer); ``batch_size``: samples per forward
-    pass. Call option: ``normalize``.
+    pass. Call options: ``normalize``; ``aug_smooth`` (pytorch-grad-cam's test-time
+    augmentation, :func:`camkit.cam.smoothing.augmented`: the maps of the image and its mirror at
+    intensities 0.9, 1 and 1.1, each normalised, mirrored back and averaged). ``eigen_smooth``
+    is not taken: FullGrad's map is a sum of per-layer saliencies, not of channels ``w_c A_c``.
     """
 
     family: ClassVar[str] = "gradient-cam"
@@ -106,22 +111,36 @@ class FullGrad(Explainer):
             )
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, normalize: bool = True
+        self, batch: Tensor, target: TargetSpec, *, normalize: bool = True, aug_smooth: bool = False
     ) -> tuple[Tensor, bool]:
+        if aug_smooth:
+            scorer = resolve(target, batch.shape[0], batch.device, self.output)
+            scorer = pin_top1(
+                self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size
+            )
+            return augmented(self.finished, batch, scorer, Finishing(normalize=normalize))
+        return self.finished(batch, target, Finishing(normalize=normalize))
+
+    def finished(
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing
+    ) -> tuple[Tensor, bool]:
+        """The maps, min-max normalised where ``finishing.normalize`` (its other steps do not
+        apply: the map is at the input's size, and non-negative)."""
         maps, several = self.maps(batch, target)
-        return (minmax(maps) if normalize else maps), several
+        return (minmax(maps) if finishing.normalize else maps), several
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the unnormalised saliency (B, K, H, W))``."""
         maps, _ = self.maps(batch, target)
         return minmax(maps), maps
 
-    def maps(self, batch: Tensor, target: TargetSpec = None) -> tuple[Tensor, bool]:
+    def maps(self, batch: Tensor, target: TargetSpec | RowScorer = None) -> tuple[Tensor, bool]:
         """``(B, C, H, W) ->`` the summed ``(B, K, H, W)`` saliency before the final
         normalisation, and whether ``K`` targets per sample were asked."""
         self.check_autograd()
-        scorer = resolve(target, batch.shape[0], batch.device, self.output)
-        return self.raw_maps(batch, scorer)
+        if not isinstance(target, RowScorer):
+            target = resolve(target, batch.shape[0], batch.device, self.output)
+        return self.raw_maps(batch, target)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[Tensor, bool]:
         """The summed saliency ``(B, K, H, W)``, chunk by chunk of ``batch_size`` samples."""

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from camkit.cam.base import BaseCAM, spatial
+from camkit.cam.smoothing import principal_component
 from camkit.registry import register
 
 
@@ -88,18 +89,12 @@ class EigenCAM(BaseCAM):
     The ``(hw, C)`` activation matrix is centred per channel (as pytorch-grad-cam does) and
     projected on its first right singular vector. The sign of a singular vector is arbitrary,
     so it is fixed to correlate positively with the channel-mean activation: maps do not flip.
-    The map is the same for every target (repeated along the target axis).
+    The map is the same for every target (repeated along the target axis); it is a principal
+    component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
     """
 
     needs_gradients = False
     target_free = True
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        grid = act.shape[3:]
-        positions = act.flatten(3).transpose(-1, -2)  # (..., hw, C)
-        centred = positions - positions.mean(dim=-2, keepdim=True)
-        _, _, vh = torch.linalg.svd(centred, full_matrices=False)
-        projection = (centred @ vh[..., 0, :, None]).squeeze(-1)  # (..., hw)
-        agreement = (projection * positions.mean(dim=-1)).sum(dim=-1, keepdim=True)
-        projection = torch.where(agreement < 0, -projection, projection)
-        return projection.unflatten(-1, grid)
+        return principal_component(act)

@@ -37,15 +37,16 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM
+from camkit.cam.masks import MaskedBuffer, score_masks
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import flat, minmax
+from camkit.core.finish import minmax
 from camkit.core.inputs import MemoryFormat, positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
+from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
 from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
@@ -74,6 +75,8 @@ class PerturbationCAM(BaseCAM):
     family = "perturbation-cam"
     needs_gradients = False
     default_batch_size = 32
+    perturbed_layouts: tuple[str, ...] = ("grid", "volume")  # what check_reader lets through
+    takes_volumes = True  # layer maps (B, C, d, h, w) of a volume model
 
     def __init__(
         self,
@@ -126,7 +129,7 @@ class PerturbationCAM(BaseCAM):
             reader = self.grid_reader(name, raw.unsqueeze(1), tuple(batch.shape[2:]))
             self.check_reader(name, reader)
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
-            if grid.ndim != 4:
+            if grid.ndim != 4 and not self.takes_volumes:
                 raise LayerOutputError(
                     f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
                     f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
@@ -143,7 +146,11 @@ class PerturbationCAM(BaseCAM):
         weighted sum of channels overrides this)."""
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
-        return torch.einsum("bck,bchw->bkhw", weights, grid)
+        if self.eigen_smooth:
+            weights = weights.transpose(1, 2)  # (B, K, C)
+            weights = weights.view(*weights.shape, *[1] * (grid.ndim - 2))
+            return self.combine(weights * grid.unsqueeze(1))
+        return torch.einsum("bck,bc...->bk...", weights, grid)
 
     def edited_scores(
         self,
@@ -186,10 +193,10 @@ class PerturbationCAM(BaseCAM):
             return run.score(inputs, rows)
 
     def check_reader(self, name: str, reader: object) -> None:
-        """Refuse a layer read as tokens or channels-last by a method that perturbs the layer's
-        own output and cannot undo the reading (``reshape_refused``)."""
+        """Refuse a layer read in a layout the method cannot perturb in the layer's own output
+        (``reshape_refused``; the layouts it can are ``perturbed_layouts``)."""
         kind = getattr(reader, "kind", None)
-        if self.reshape_refused and reader is not None and kind not in ("grid", "volume"):
+        if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
             raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
@@ -198,7 +205,7 @@ class PerturbationCAM(BaseCAM):
         score change when channel ``c`` is removed, from one backward pass."""
         if self.top_channels is None or self.top_channels >= grid.shape[1]:
             return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
-        importance = (grad * grid.unsqueeze(1)).sum(dim=(-2, -1)).abs().sum(dim=1)
+        importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
         top = importance.topk(self.top_channels, dim=1).indices
         return torch.zeros_like(importance, dtype=torch.bool).scatter_(1, top, True)
 
@@ -226,6 +233,9 @@ class ScoreCAM(PerturbationCAM):
 
     ``top_channels=k`` evaluates only the ``k`` channels of largest ``|sum_ij g_cij A_cij|``
     (softmax over those, the rest weigh 0; agreement in docs/performance.md).
+
+    Volumes ``(B, C, D, H, W)``: the same steps with the layer's ``(d, h, w)`` maps upsampled
+    trilinearly and normalised over the volume (pytorch-grad-cam's Score-CAM is 2-D only).
     """
 
     label = "Score-CAM"  # in the progress bar
@@ -251,7 +261,7 @@ class ScoreCAM(PerturbationCAM):
         if self.shares_masks:
             # masks are equal when the normalised maps are (constant maps all normalise to
             # zeros): one key per (sample, channel) is the sample index and the normalised map
-            keys = minmax(grid).flatten(-2)
+            keys = minmax(grid, grid.ndim - 2).flatten(2)
             sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
             keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
             unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
@@ -267,14 +277,14 @@ class ScoreCAM(PerturbationCAM):
         # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
         sums = run.scores.new_zeros((count, run.scores.shape[1]))
         step = self.rows_per_pass(count * self.draws)
-        buffer = _MaskedBuffer(run, step)
+        buffer = MaskedBuffer(run, step)
         random = self.generator(run.batch.device)
         with self._progress(f"{self.label} {name}", count * self.draws) as bar:
             # draw by draw (a variant's random draws come in this order), jobs inside
             for part in _chunks(torch.arange(count * self.draws, device=grid.device), step):
                 draw, job = part // count, part % count
                 samples, chans = jobs[job] // channels, jobs[job] % channels
-                masks = self.perturb(_masks(grid, samples, chans, run.batch), draw, random)
+                masks = self.perturb(score_masks(grid, samples, chans, run.batch), draw, random)
                 masked = buffer.masked(masks, samples)
                 del masks  # not alive during the forward
                 sums.index_add_(0, job, run.score(masked, samples))
@@ -286,46 +296,6 @@ class ScoreCAM(PerturbationCAM):
     def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
         """``softmax_c`` of the masked scores over the evaluated channels."""
         return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
-
-
-def _masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
-    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` in [0, 1] at the
-    size of ``like``, normalised in place (no temporary of the masks' size)."""
-    masks = F.interpolate(
-        grid[samples, channels].unsqueeze(1),
-        size=tuple(like.shape[-2:]),
-        mode="bilinear",
-        align_corners=False,
-    )
-    low = masks.amin(dim=(-2, -1), keepdim=True)
-    span = masks.amax(dim=(-2, -1), keepdim=True).sub_(low)
-    is_flat = flat(masks)  # the flat-map policy of core.finish.minmax
-    return masks.sub_(low).div_(span.masked_fill_(is_flat, 1)).masked_fill_(is_flat, 0)
-
-
-class _MaskedBuffer:
-    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
-    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
-
-    def __init__(self, run: CopyScorer, rows: int):
-        self.run = run
-        self.rows = rows
-        self.buffer = self._allocate()
-
-    def _allocate(self) -> Tensor:
-        batch = self.run.batch
-        self.format = self.run.memory.preferred
-        shape = (self.rows, *batch.shape[1:])
-        return torch.empty(shape, dtype=batch.dtype, device=batch.device, memory_format=self.format)
-
-    def masked(self, masks: Tensor, samples: Tensor) -> Tensor:
-        """``x[samples[i]] * masks[i]`` in the buffer (overwritten by the next chunk)."""
-        batch = self.run.batch
-        if self.format != self.run.memory.preferred:  # the model refused channels_last
-            self.buffer = self._allocate()
-        images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
-        out = self.buffer[: samples.shape[0]]
-        return torch.mul(images, masks.to(batch.dtype), out=out)
 
 
 @register("ablationcam", "Desai & Ramaswamy, WACV 2020")
@@ -349,18 +319,28 @@ class AblationCAM(PerturbationCAM):
     tensors from before the layer in a way that does not broadcast over that batch (a
     ``torch.cat`` skip connection, a reshape by the input's batch size) is detected (an error
     or an output of the wrong batch size) and the layer falls back to full forward passes of
-    repeated inputs. Layers must run once per forward and ``reshape`` is not supported.
+    repeated inputs. Layers must run once per forward.
+
+    Token and channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in the layer's
+    own layout, as pytorch-grad-cam's ``AblationLayerVit``: channel ``c`` is the last axis of
+    the output, zeroed in every token (the class token too), and the map is read through the
+    same layout as every CAM's. A ``reshape=`` function cannot be undone and is refused.
     """
 
     reshape_refused = (
-        "AblationCAM zeroes channels of the layer's own output (dim 1) and cannot "
-        "undo reshape=; use ScoreCAM or a gradient CAM for token models"
+        "AblationCAM zeroes channels of the layer's own output and cannot undo a reshape= "
+        'function; leave reshape="auto" (tokens and channels-last outputs are ablated in '
+        "their own layout) or use ScoreCAM or a gradient CAM"
     )
+    perturbed_layouts = ("grid", "volume", "tokens", "channels_last")
 
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         batch, channels = grid.shape[:2]
+        reader = self.layouts[name]
+        axis = reader.channel_axis if isinstance(reader, Layout) else 1
+        raw = raw.movedim(axis, 1)  # (B, C, ...): channels first, a view
         kept = kept & (raw.flatten(2) != 0).any(dim=-1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
@@ -370,9 +350,9 @@ class AblationCAM(PerturbationCAM):
                 for part in _chunks(
                     kept[sample].nonzero().squeeze(1), self.rows_per_pass(channels)
                 ):
-                    n, ablate = part.shape[0], partial(self._ablate, channels=part)
+                    n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
                     ablated[sample, part] = self.edited_scores(
-                        run, module, raw, sample, n, ablate, suffix
+                        run, module, raw.movedim(1, axis), sample, n, ablate, suffix
                     )
                     bar.update(n)
         return ablated
@@ -383,8 +363,9 @@ class AblationCAM(PerturbationCAM):
         return (clean - scores) / torch.where(clean == 0, torch.ones_like(clean), clean)
 
     @staticmethod
-    def _ablate(act: Tensor, channels: Tensor) -> Tensor:
-        """Row ``i`` of ``act (n, C, ...)`` with channel ``channels[i]`` zeroed (a new tensor)."""
+    def _ablate(act: Tensor, channels: Tensor, axis: int = 1) -> Tensor:
+        """Row ``i`` of the layer output ``act`` with channel ``channels[i]`` (on ``axis``)
+        zeroed, a new tensor."""
         act = act.clone()
-        act[torch.arange(act.shape[0], device=act.device), channels] = 0
+        act.movedim(axis, 1)[torch.arange(act.shape[0], device=act.device), channels] = 0
         return act

@@ -56,6 +56,12 @@ class RefineCAM(BaseCAM):
     def check_autograd(self) -> None:
         self.base.check_autograd()
 
+    def smoothed(self) -> BaseCAM:
+        """``eigen_smooth`` reaches the wrapped method."""
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
+
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         maps, several = self.base.raw_maps(batch, scorer)
         dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes

@@ -145,6 +145,8 @@ class ReciproCAM(PerturbationCAM):
         "use ScoreCAM or a gradient CAM for token models"
     )
     kernels = ("gaussian", "point")
+    takes_volumes = False
+    eigen_refused = "its map is a probability per position, not a weighted sum of channels"
 
     def __init__(
         self,

@@ -142,6 +142,12 @@ class SESS(BaseCAM):
     def check_autograd(self) -> None:
         self.base.check_autograd()
 
+    def smoothed(self) -> BaseCAM:
+        """``eigen_smooth`` reaches the wrapped method."""
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
+
     # ------------------------------------------------------------------ the steps
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:

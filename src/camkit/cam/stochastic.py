@@ -104,7 +104,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
             safe = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
             alpha = torch.where(denominator != 0, d2 / safe, torch.zeros_like(d2))
             weights = (alpha * d1.relu()).sum(dim=spatial(d1), keepdim=True)
-            maps[name] = (weights * act).sum(dim=2)
+            maps[name] = self.combine(weights * act)
         return maps, several
 
 
@@ -169,7 +169,7 @@ class RandomCAM(BaseCAM):
                     drawn[name] = (uniform * 2 - 1).to(act.device)
                 weights = drawn[name][rows.to(act.device)]
                 weights = weights.view(*weights.shape, *[1] * (act.ndim - 3))
-                maps[name] = (weights * act).sum(dim=2)
+                maps[name] = self.combine(weights * act)
             return maps, several
 
         return over_rows(batch, self.batch_size, one_pass)

@@ -16,6 +16,7 @@ method comes from its typed class flags (:class:`Capabilities`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -156,6 +157,7 @@ class Explainer:
         Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
         *others)`` for a model called as ``model(image, *others)`` and return one attribution
         per input, as captum does with tuples."""
+        self.check_options(options)
         batch, single = self.checked_input(x)
         size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
         with extra_args(additional_forward_args, size):
@@ -163,6 +165,24 @@ class Explainer:
                 self.capture.resolve(batch)
             result, several = self.explain(batch, target, **options)
         return self.shaped(result, single, several)
+
+    @classmethod
+    def call_options(cls) -> tuple[str, ...]:
+        """The options a call takes besides ``additional_forward_args``: the keyword-only
+        parameters of the family's :meth:`explain`."""
+        parameters = inspect.signature(cls.explain).parameters.values()
+        return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse call options the method does not take, naming those it takes."""
+        unknown = [name for name in options if name not in self.call_options()]
+        if unknown:
+            takes = ", ".join(self.call_options()) or "none"
+            raise ArgumentError(
+                f"{type(self).__name__} takes no call option {', '.join(unknown)}; its call "
+                f"options are: {takes} (constructor options such as batch_size= go to "
+                f"{type(self).__name__}(...))"
+            )
 
     def checked_input(self, x: object) -> tuple[Tensor | tuple[Tensor, ...], bool]:
         """``(batch, was_single)`` for a tensor, ``(tuple of inputs, was_single)`` for a tuple

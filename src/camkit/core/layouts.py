@@ -68,6 +68,12 @@ class Layout:
     reason: str = field(default="", compare=False)
 
     @property
+    def channel_axis(self) -> int:
+        """The axis of the layer output that holds the channels: 1, or -1 for tokens and
+        channels-last outputs."""
+        return -1 if self.kind in ("tokens", "channels_last") else 1
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """The layer output's shape without the batch axis."""
         if self.kind == "tokens":
