@@ -230,14 +230,17 @@ def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: obj
 
 
 def _skip_shared_heads(calls: list[_Call]) -> None:
+    counts: dict[str, int] = {}
     shapes: dict[str, set[tuple[int, ...]]] = {}
     for call in calls:
+        counts[call.name] = counts.get(call.name, 0) + 1
         shapes.setdefault(call.name, set()).add(call.shape)
     for call in calls:
-        if call.skip is None and len(shapes[call.name]) > 1:
+        if call.skip is None and counts[call.name] > 1:
             call.skip = (
-                f"it is called at {len(shapes[call.name])} different shapes (a head shared by "
-                "pyramid levels): its last call sees one of them only"
+                f"it runs {counts[call.name]} times in one forward pass (at "
+                f"{len(shapes[call.name])} shape(s): a head shared by pyramid levels, or a "
+                "module reused in a block); camkit refuses a layer with several calls"
             )
 
 

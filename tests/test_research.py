@@ -1,0 +1,175 @@
+"""Issue 25: research models camkit must never get silently wrong (shared layers, train mode,
+tokens after the patches, sigmoid detectors, Grad-CAM++ on token layers, defaults, refusals).
+Each case on a small model with random or known weights, against a hand-written reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_untouched, model_state
+from torch import nn
+
+import camkit
+from camkit import GradCAM, LayerCAM, Saliency
+from camkit.errors import LayerOutputError
+
+RAW = {"relu": False, "upsample": False, "normalize": False}
+
+
+class _SharedHead(nn.Module):
+    """One 1x1 conv head applied to two pyramid levels (RetinaNet's shared heads)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.down = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.head = nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        p1 = self.stem(x)
+        p2 = self.down(p1)
+        return self.head(p1).mean(dim=(2, 3)) + self.head(p2).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "layercam", "scorecam", "ablationcam", "eigencam"])
+def test_a_layer_called_twice_is_refused_by_every_cam_with_its_calls(method):
+    model = _SharedHead().eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    before = model_state(model)
+    with pytest.raises(LayerOutputError, match="runs 2 times") as err:
+        camkit.registry.get(method).build(model, "head")(x, 0)
+    text = str(err.value)
+    assert "call 0: (1, 3, 8, 8)" in text and "call 1: (1, 3, 4, 4)" in text
+    assert "Choose a layer that runs once" in text and "camkit.record" in text
+    assert_untouched(model, before)
+
+
+def test_the_default_layer_is_never_a_shared_one():
+    model = _SharedHead().eval()
+    skipped = camkit.models.skipped_layers(model, (8, 8))
+    assert "runs 2 times" in skipped["head"]
+    assert camkit.models.default_layer(model, (8, 8)) == "down"
+
+
+class _BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).relu().mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "scorecam", "smoothgrad", "ig", "saliency"])
+def test_train_mode_buffers_are_restored_bitwise_after_every_call(method):
+    model = _BatchNormNet().train()
+    before = model_state(model)
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num" in k}
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    entry = camkit.registry.get(method)
+    explainer = entry.build(model, "bn")
+    with pytest.warns(UserWarning, match="restores the running statistics"):
+        explainer(x, 0)
+    for key, value in stats.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert model.training and model.bn.training
+    assert_untouched(model, before)
+
+
+def test_train_mode_gradcam_is_the_train_mode_models_gradcam():
+    """The map explains the model as it is (batch statistics), and its statistics stay put."""
+    model = _BatchNormNet().train()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    mean = model.bn.running_mean.clone()
+    with pytest.warns(UserWarning):
+        maps = GradCAM(model, "bn")(x, 1, **RAW)
+    assert torch.equal(model.bn.running_mean, mean)
+    probe = _BatchNormNet().train()
+    probe.load_state_dict(model.state_dict())
+    act = probe.bn(probe.conv(x)).detach().requires_grad_(True)
+    score = probe.fc(act.relu().mean(dim=(2, 3)))[:, 1].sum()
+    (grad,) = torch.autograd.grad(score, act)
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1).detach()
+    torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_train_mode_buffers_are_restored_when_the_call_raises():
+    model = _BatchNormNet().train()
+    mean = model.bn.running_mean.clone()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning), pytest.raises(camkit.errors.TargetError):
+        LayerCAM(model, "bn")(x, 7)
+    assert torch.equal(model.bn.running_mean, mean)
+    with pytest.warns(UserWarning):
+        Saliency(model)(x, 0)
+    assert torch.equal(model.bn.running_mean, mean)
+
+
+# ----------------------------------------------------------------- tokens after the patches
+
+
+def _yolos() -> nn.Module:
+    transformers = pytest.importorskip("transformers", reason="transformers builds YOLOS")
+    torch.manual_seed(0)
+    config = transformers.YolosConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=[32, 48],
+        patch_size=8,
+        num_detection_tokens=5,
+        num_labels=3,
+    )
+    return transformers.YolosForObjectDetection(config).eval()
+
+
+def test_yolos_detection_tokens_after_the_patches_are_dropped_not_laid_on_the_grid():
+    model = _yolos()
+    x = torch.randn(1, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    layer = "vit.encoder.layer.1.layernorm_before"
+    before = model_state(model)
+    cam = GradCAM(model)
+    maps = cam(x, lambda out: out.logits[:, 2, 1], **RAW)
+    assert cam.layers == [layer]
+    layout = cam.layouts[layer]
+    assert (layout.prefix, layout.grid, layout.suffix) == (1, (4, 6), 5)
+    assert "5 token(s) after the patches dropped" in str(layout)
+    with camkit.record(model, layer) as rec:
+        model(x).logits[:, 2, 1].sum().backward()
+    tokens, grads = rec.activations[layer], rec.gradients[layer]  # (1, 1 + 24 + 5, 32)
+    model.zero_grad(set_to_none=True)
+    act = tokens[:, 1:25].unflatten(1, (4, 6)).movedim(-1, 1)
+    grad = grads[:, 1:25].unflatten(1, (4, 6)).movedim(-1, 1)
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
+    torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-4)
+    assert_untouched(model, before)
+
+
+def test_a_token_count_the_model_does_not_explain_is_refused_not_guessed():
+    class ClsOnly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
+            self.patch_size = 4
+
+    # 1 class token + 16 patches + 3 unknown tokens: the old rule guessed prefix = 20 - 16
+    with pytest.raises(camkit.errors.LayoutError, match="never guesses") as err:
+        camkit.core.layouts.infer_layout((1, 20, 8), ClsOnly(), 16)
+    assert "1 before the patches" in str(err.value) and "reshape=" in str(err.value)
+    # the patch embedding's own output (every token a patch) is read as it is
+    assert camkit.core.layouts.infer_layout((1, 16, 8), ClsOnly(), 16).prefix == 0
+
+
+def test_a_model_without_prefix_tokens_gets_no_prefix_reading():
+    """Swin v2 stage 2 at 64 px / LeViT: 16 tokens; no '12 prefix tokens' reading."""
+    stage = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    layout = camkit.core.layouts.infer_layout((1, 16, 8), stage, 64)
+    assert (layout.prefix, layout.suffix, layout.grid) == (0, 0, (4, 4))
+    with pytest.raises(camkit.errors.LayoutError, match="several ways") as err:
+        camkit.core.layouts.infer_layout((1, 16, 8), None, 64)
+    assert "12 prefix token(s)" in str(err.value)  # geometry alone: every reading listed
