@@ -173,3 +173,126 @@ def test_a_model_without_prefix_tokens_gets_no_prefix_reading():
     with pytest.raises(camkit.errors.LayoutError, match="several ways") as err:
         camkit.core.layouts.infer_layout((1, 16, 8), None, 64)
     assert "12 prefix token(s)" in str(err.value)  # geometry alone: every reading listed
+
+
+# ----------------------------------------------------------------- how a detection is scored
+
+
+def _detr_output(kind: str, logits: torch.Tensor, boxes: torch.Tensor):
+    transformers = pytest.importorskip("transformers", reason="the HuggingFace output classes")
+    module = {"ConditionalDetr": "conditional_detr", "Detr": "detr"}[kind]
+    models = getattr(transformers.models, module)
+    output = getattr(getattr(models, f"modeling_{module}"), f"{kind}ObjectDetectionOutput")
+    return output(logits=logits, pred_boxes=boxes)
+
+
+BOXES = torch.tensor([[[0.25, 0.25, 0.5, 0.5], [0.75, 0.75, 0.5, 0.5]]])
+
+
+def test_conditional_detr_is_scored_with_a_sigmoid_and_every_class_can_be_matched():
+    from camkit.targets import BoxTarget
+
+    # 2 queries, num_labels = 3, no "no object" class: query 0 -> class 2 at logit 0 (p = 0.5)
+    logits = torch.tensor([[[-3.0, -2.0, 0.0], [1.0, -1.0, -4.0]]])
+    output = _detr_output("ConditionalDetr", logits, BOXES)
+    target = BoxTarget(2, [0, 0, 50, 50], image_size=(100, 100))
+    torch.testing.assert_close(target(output), torch.tensor([0.5]))
+    assert target.used.startswith("sigmoid (ConditionalDetrObjectDetectionOutput")
+    second = BoxTarget(0, [50, 50, 100, 100], image_size=(100, 100))(output)
+    torch.testing.assert_close(second, torch.tensor([1.0]).sigmoid())
+    # DETR: softmax over C + 1 with the last "no object" dropped (the same numbers, other head)
+    detr = BoxTarget(0, [50, 50, 100, 100], image_size=(100, 100))
+    torch.testing.assert_close(
+        detr(_detr_output("Detr", logits, BOXES)), logits[0, 1].softmax(0)[:1]
+    )
+    assert detr.used.startswith("softmax (DetrObjectDetectionOutput")
+    # declared: a plain dict from a focal-loss head
+    declared = BoxTarget(2, [0, 0, 50, 50], image_size=(100, 100), scoring="sigmoid")
+    plain = {"logits": logits, "pred_boxes": BOXES}
+    torch.testing.assert_close(declared(plain), torch.tensor([0.5]))
+    assert declared.used.startswith("sigmoid (declared")
+    with pytest.raises(camkit.errors.TargetError, match="scoring must be one of"):
+        BoxTarget(2, [0, 0, 50, 50], scoring="focal")
+
+
+class _SigmoidDetector(nn.Module):
+    """A conv, global pooling, 2 queries x 3 classes, fixed boxes: a Conditional DETR head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 6)
+
+    def forward(self, x):
+        logits = self.head(self.conv(x).relu().mean(dim=(2, 3))).view(-1, 2, 3)
+        return _detr_output("ConditionalDetr", logits, BOXES.expand(x.shape[0], 2, 4))
+
+
+def test_gradcam_on_a_sigmoid_detector_explains_the_sigmoid_score():
+    from camkit.targets import BoxTarget
+
+    model = _SigmoidDetector().eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    logits = model(x).logits[0, 0]
+    label = int(logits.argmax())
+    target = BoxTarget(label, [0, 0, 4, 4], image_size=(8, 8))
+    maps = GradCAM(model, "conv")(x, target, **RAW)
+    act = model.conv(x).detach().requires_grad_(True)
+    score = model.head(act.relu().mean(dim=(2, 3))).view(-1, 2, 3)[0, 0, label].sigmoid()
+    (grad,) = torch.autograd.grad(score, act)
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1).detach()
+    torch.testing.assert_close(maps, expected, atol=1e-7, rtol=1e-5)
+
+
+def test_ultralytics_columns_are_read_from_its_eval_output_and_hinted_for_a_tensor():
+    from camkit.targets import BoxTarget
+
+    # (B, 4 + C, N): 2 anchors, 2 classes; anchor 1 is (75, 75, 50, 50) with class 0 at 0.9
+    y = torch.tensor(
+        [[[25.0, 75.0], [25.0, 75.0], [50.0, 50.0], [50.0, 50.0], [0.1, 0.9], [0.7, 0.2]]]
+    )
+    feats = [torch.zeros(1, 6, 2, 2)]
+    target = BoxTarget(0, [50, 50, 100, 100])
+    torch.testing.assert_close(target((y, feats)), torch.tensor([0.9]))
+    assert "(B, 4 + C, N) columns" in target.used
+    torch.testing.assert_close(
+        BoxTarget(0, [50, 50, 100, 100], layout="columns")(y), torch.tensor([0.9])
+    )
+    with pytest.raises(camkit.errors.TargetError, match="layout='columns'"):
+        BoxTarget(0, [50, 50, 100, 100])(y)  # rows: 6 "detections" of 2 values
+    # YOLOv5 rows (cx, cy, w, h, objectness, classes): objectness x class score
+    v5 = torch.tensor([[[75.0, 75.0, 50.0, 50.0, 0.5, 0.9, 0.2]]])
+    v5_target = BoxTarget(0, [50, 50, 100, 100], scoring="objectness")
+    torch.testing.assert_close(v5_target(v5), torch.tensor([0.45]))
+
+
+def test_integrated_gradients_losing_the_detection_suggests_lost_zero():
+    from camkit.targets import BoxTarget
+
+    model = _SigmoidDetector().eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    label = int(model(x).logits[0, 0].argmax())
+    box = [0, 0, 4, 4]
+
+    def moving(x):  # the box follows the image's mean: lost near the zero baseline
+        out = model(x)
+        shift = (x.mean(dim=(1, 2, 3)) < 0.05).float()[:, None, None] * 0.5
+        return _detr_output("ConditionalDetr", out.logits, out.pred_boxes + shift)
+
+    class Moving(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return moving(x)
+
+    image = x.abs() + 0.5
+    with pytest.raises(camkit.errors.TargetError, match="lost='zero'") as err:
+        camkit.IntegratedGradients(Moving())(image, BoxTarget(label, box, image_size=(8, 8)))
+    assert "Integrated Gradients" in str(err.value)
+    attr = camkit.IntegratedGradients(Moving())(
+        image, BoxTarget(label, box, image_size=(8, 8), lost="zero")
+    )
+    assert torch.isfinite(attr).all() and attr.abs().sum() > 0

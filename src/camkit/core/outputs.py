@@ -78,4 +78,16 @@ def sample_output(output: Any, i: int) -> Any:
     )
 
 
-__all__ = ["OutputSelector", "class_logits", "sample_output", "select_output"]
+def describe(output: object) -> str:
+    """A short description of a model output for error messages."""
+    if isinstance(output, Tensor):
+        return f"a tensor of shape {tuple(output.shape)}"
+    if isinstance(output, Mapping):
+        return f"a {type(output).__name__} with keys {list(output)}"
+    if isinstance(output, list | tuple):
+        items = type(output[0]).__name__ if output else "items"
+        return f"a {type(output).__name__} of {len(output)} {items}"
+    return type(output).__name__
+
+
+__all__ = ["OutputSelector", "class_logits", "describe", "sample_output", "select_output"]
