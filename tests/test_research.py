@@ -4,6 +4,9 @@ Each case on a small model with random or known weights, against a hand-written 
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 from conftest import assert_untouched, model_state
@@ -296,3 +299,63 @@ def test_integrated_gradients_losing_the_detection_suggests_lost_zero():
         image, BoxTarget(label, box, image_size=(8, 8), lost="zero")
     )
     assert torch.isfinite(attr).all() and attr.abs().sum() > 0
+
+
+# ----------------------------------------------------------------- Grad-CAM++ on token layers
+
+
+def _gradcam_pp_reference(act: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Chattopadhay et al. 2018, eq. 19 in float64: the map ``sum_c w_c A_c`` ``(B, h, w)``."""
+    act, grad = act.double(), grad.double()
+    total = act.sum(dim=(2, 3), keepdim=True)
+    denominator = 2 * grad**2 + total * grad**3
+    alpha = torch.where(denominator != 0, grad**2 / denominator, 0.0)
+    weights = (alpha * grad.relu()).sum(dim=(2, 3), keepdim=True)
+    return (weights * act).sum(dim=1)
+
+
+def test_gradcam_plus_plus_on_vit_tokens_is_the_papers_formula_in_float64():
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=5,
+    ).eval()
+    double = copy.deepcopy(model).double()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)).double()
+    layer = "blocks.1.norm1"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", camkit.errors.IllConditionedWarning)  # well-conditioned
+        maps = camkit.GradCAMPlusPlus(double, layer)(x, [1, 3], **RAW)
+    with camkit.record(double, layer) as rec:
+        out = double(x)
+        (out[0, 1] + out[1, 3]).backward()
+    double.zero_grad(set_to_none=True)
+    act = rec.activations[layer][:, 1:].unflatten(1, (4, 4)).movedim(-1, 1)
+    grad = rec.gradients[layer][:, 1:].unflatten(1, (4, 4)).movedim(-1, 1)
+    expected = _gradcam_pp_reference(act, grad)
+    # float64 throughout; the result is returned in float32 (its rounding: ~6e-8 relative)
+    torch.testing.assert_close(maps.double(), expected, atol=1e-6 * expected.abs().max(), rtol=0)
+
+
+def test_gradcam_plus_plus_warns_where_its_alphas_are_ill_conditioned():
+    """``sum(A) = -2.0001`` and ``g = 1`` at one position: the denominator ``2 + sum(A)`` is
+    ``-1e-4``, its condition number ``4e4``. The float32 inputs are evaluated in float64."""
+    cam = camkit.GradCAMPlusPlus(nn.Conv2d(1, 1, 1), "")
+    act = torch.tensor([[-1.0, -0.5], [-0.3, -0.2001]]).view(1, 1, 1, 2, 2)
+    grad = torch.tensor([[1.0, 0.5], [-0.25, 0.125]]).view(1, 1, 1, 2, 2)
+    with pytest.warns(camkit.errors.IllConditionedWarning, match="condition number 4"):
+        weights = cam.channel_weights(act, grad)
+    total = act.double().sum()
+    g = grad.double().flatten()
+    alpha = g**2 / (2 * g**2 + total * g**3)
+    torch.testing.assert_close(weights.double().flatten(), (alpha * g.relu()).sum()[None])
+    # a well-conditioned layer (a CNN's non-negative activations) does not warn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", camkit.errors.IllConditionedWarning)
+        cam.channel_weights(act.abs(), grad)
