@@ -359,3 +359,60 @@ def test_gradcam_plus_plus_warns_where_its_alphas_are_ill_conditioned():
     with warnings.catch_warnings():
         warnings.simplefilter("error", camkit.errors.IllConditionedWarning)
         cam.channel_weights(act.abs(), grad)
+
+
+# ----------------------------------------------------------------- defaults
+
+
+@pytest.mark.parametrize("builder", ["deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"])
+def test_segmentation_default_is_the_backbones_last_stage_whatever_the_weights(builder):
+    from torchvision.models import segmentation
+
+    torch.manual_seed(0)
+    model = getattr(segmentation, builder)(weights=None, weights_backbone=None, num_classes=3)
+    model.eval()
+    assert camkit.models.default_layer(model, 64) == "backbone.16"
+    with torch.no_grad():  # other head weights: the same default
+        for parameter in model.classifier.parameters():
+            parameter.zero_()
+    assert camkit.models.default_layer(model, 64) == "backbone.16"
+
+
+def test_a_monai_3d_unet_gets_a_default_layer_without_example():
+    monai = pytest.importorskip("monai", reason="MONAI is a test extra")
+    torch.manual_seed(0)
+    unet = monai.networks.nets.UNet(
+        spatial_dims=3, in_channels=1, out_channels=2, channels=(4, 8, 16), strides=(2, 2)
+    ).eval()
+    x = torch.randn(1, 1, 16, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert camkit.models.default_layer(unet) == camkit.models.default_layer(unet, example=x)
+
+
+def test_the_default_layer_is_traced_with_the_calls_keyword_arguments():
+    """HuggingFace ViT at another size needs interpolate_pos_encoding=True: the trace that
+    finds the default layer gets it too (it failed and suggested example=)."""
+    transformers = pytest.importorskip("transformers", reason="transformers builds the ViT")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+        num_labels=3,
+    )
+    model = transformers.ViTForImageClassification(config).eval()
+    x = torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(0))
+    extra = {"interpolate_pos_encoding": True}
+    cam = GradCAM(model)
+    maps = cam(x, 1, additional_forward_args=extra, **RAW)
+    layer = cam.layers[0]
+    assert layer.endswith("1.layernorm_before") and cam.layouts[layer].grid == (6, 6)
+    with camkit.record(model, layer) as rec:
+        model(x, **extra).logits[:, 1].sum().backward()
+    model.zero_grad(set_to_none=True)
+    act = rec.activations[layer][:, 1:].unflatten(1, (6, 6)).movedim(-1, 1)
+    grad = rec.gradients[layer][:, 1:].unflatten(1, (6, 6)).movedim(-1, 1)
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
+    torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-4)

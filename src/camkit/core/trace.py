@@ -30,9 +30,20 @@ class _Call:
     skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """A forward's positional and keyword inputs: ``model(*args, **kwargs)`` (the explained
+    batch first, with a call's keyword ``additional_forward_args``)."""
+
+    args: tuple
+    kwargs: dict
+
+
 def _first_tensor(value: object) -> Tensor | None:
     if isinstance(value, Tensor):
         return value
+    if isinstance(value, Inputs):
+        value = (*value.args, *value.kwargs.values())
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -43,12 +54,13 @@ def _first_tensor(value: object) -> Tensor | None:
     return None
 
 
-Example = Tensor | tuple | list | Mapping
+Example = Tensor | tuple | list | Mapping | Inputs
 
 
 def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (224x224)."""
+    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (None: 224x224 for
+    images, 64x64x64 for volumes: a 3-D network's strides divide it, and it stays small)."""
     reference = next(model.parameters(), None)
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
@@ -57,7 +69,7 @@ def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -
     dims = len(conv.kernel_size) if conv is not None else 2
     channels = conv.in_channels if conv is not None else 3
     if input_size is None:
-        input_size = 224
+        input_size = 224 if dims < 3 else 64
     size = (input_size,) * dims if isinstance(input_size, int) else tuple(input_size)
     if len(size) != dims or not all(isinstance(n, int) and n > 0 for n in size):
         raise ArgumentError(
@@ -84,6 +96,8 @@ def _twins(example: Example) -> tuple[Example, bool]:
 
     def twin(value: object) -> object:
         nonlocal perturbed
+        if isinstance(value, Inputs):
+            return Inputs(twin(value.args), twin(value.kwargs))
         if isinstance(value, Mapping):
             return {key: twin(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
@@ -103,7 +117,10 @@ def _twins(example: Example) -> tuple[Example, bool]:
 
 
 def call_model(model: nn.Module, example: Example) -> object:
-    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
+    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict,
+    ``model(*x.args, **x.kwargs)`` for :class:`Inputs`."""
+    if isinstance(example, Inputs):
+        return model(*example.args, **example.kwargs)
     if isinstance(example, Mapping):
         return model(**example)
     if isinstance(example, (list, tuple)):
@@ -112,6 +129,8 @@ def call_model(model: nn.Module, example: Example) -> object:
 
 
 def _describe(example: Example) -> str:
+    if isinstance(example, Inputs):
+        return f"{_describe(example.args)} with keywords {_describe(example.kwargs)}"
     if isinstance(example, Tensor):
         return f"{tuple(example.shape)} {example.dtype}"
     if isinstance(example, Mapping):
@@ -246,7 +265,7 @@ def _skip_shared_heads(calls: list[_Call]) -> None:
 
 def layer_shapes(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -264,7 +283,7 @@ def layer_shapes(
 
 def skipped_layers(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> dict[str, str]:
@@ -278,7 +297,7 @@ def skipped_layers(
 
 def default_layer(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> str:
@@ -295,6 +314,9 @@ def default_layer(
     detection heads (proposal rows), position embeddings and the model's own output are
     thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
+    A segmentation model made of a ``backbone`` and a ``classifier`` head (torchvision
+    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage: the head's layers compute the logits,
+    and which of them finishes last must not depend on the weights.
     Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
@@ -310,6 +332,14 @@ def _input_dims(model: nn.Module, input_size: object, example: Example | None) -
         example = _default_example(model, input_size)
     first = _first_tensor(example)
     return first.ndim if first is not None else 4
+
+
+def _backbone_of_a_head(model: nn.Module) -> str | None:
+    """``"backbone."`` for a model made of a ``backbone`` and a ``classifier`` head that turns
+    its features into dense logits (torchvision DeepLabV3, LR-ASPP, FCN), else None: the
+    default layer is then the backbone's last stage, whatever the head's layers compute."""
+    has = dict(model.named_children())
+    return "backbone." if "backbone" in has and "classifier" in has else None
 
 
 def last_spatial_map(
@@ -341,7 +371,9 @@ def last_spatial_map(
             "depend on the input, do not count); name a layer yourself "
             "(see camkit.models.layer_shapes and skipped_layers, or `camkit layers`)"
         )
-    chosen = max(candidates, key=lambda call: call.finished)
+    stem = _backbone_of_a_head(model)
+    inside = [call for call in candidates if call.name.startswith(stem)] if stem else []
+    chosen = max(inside or candidates, key=lambda call: call.finished)
     token_layers = [
         call
         for call in calls
