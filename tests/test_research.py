@@ -416,3 +416,37 @@ def test_the_default_layer_is_traced_with_the_calls_keyword_arguments():
     grad = rec.gradients[layer][:, 1:].unflatten(1, (6, 6)).movedim(-1, 1)
     expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
     torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_ultralytics_yolov8_defaults_before_its_head_and_its_boxes_are_read_as_columns(
+    monkeypatch, tmp_path
+):
+    """Built from its yaml (random weights): the default is never the DFL box decoder
+    ``model.22.dfl.conv`` (box sides x anchors), and a box target reads ``(B, 4 + C, N)``."""
+    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    tasks = pytest.importorskip("ultralytics.nn.tasks", reason="ultralytics is a test extra")
+    from torchvision.ops import box_convert
+
+    from camkit.targets import BoxTarget
+
+    torch.manual_seed(0)
+    model = tasks.DetectionModel("yolov8n.yaml", nc=3, verbose=False).eval()
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    assert camkit.models.default_layer(model, example=x) == "model.21"
+    with torch.no_grad():
+        y = model(x)[0]  # (1, 4 + 3, 84)
+    anchor = int(y[0, 4:].amax(0).argmax())
+    label = int(y[0, 4:, anchor].argmax())
+    box = box_convert(y[0, :4, anchor][None], "cxcywh", "xyxy")[0].tolist()
+    target = BoxTarget(label, box)
+    cam = GradCAM(model)
+    maps = cam(x, target, **RAW)
+    assert cam.layers == ["model.21"] and "(B, 4 + C, N) columns" in target.used
+    with camkit.record(model, "model.21") as rec:
+        model(x)[0][0, 4 + label, anchor].backward()
+    model.zero_grad(set_to_none=True)
+    act, grad = rec.activations["model.21"], rec.gradients["model.21"]
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
+    assert expected.abs().max() > 0
+    torch.testing.assert_close(maps, expected, atol=1e-5 * expected.abs().max(), rtol=1e-4)

@@ -65,15 +65,18 @@ def _detr_scoring(output: Any, scoring: str) -> tuple[str, str]:
 
 
 def _ultralytics(output: Any) -> bool:
-    """ultralytics' eval output ``(y (B, 4 + C, N), [feature maps (B, no, h, w)])``."""
+    """ultralytics' eval output: ``(y (B, 4 + C, N), [feature maps (B, no, h, w)])`` (8.0 to
+    8.3) or ``(y, {"boxes", "scores", "feats"})`` (8.4)."""
+    if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], Tensor)):
+        return False
+    rest = output[1]
+    if isinstance(rest, Mapping):
+        return output[0].ndim == 3 and {"boxes", "scores", "feats"} <= set(rest)
     return (
-        isinstance(output, tuple)
-        and len(output) == 2
-        and isinstance(output[0], Tensor)
-        and output[0].ndim == 3
-        and isinstance(output[1], list | tuple)
-        and bool(output[1])
-        and all(isinstance(t, Tensor) and t.ndim == 4 for t in output[1])
+        output[0].ndim == 3
+        and isinstance(rest, list | tuple)
+        and bool(rest)
+        and all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
     )
 
 

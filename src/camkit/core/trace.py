@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from camkit.core.architecture import default_token_layer
 from camkit.core.layers import hooked
+from camkit.core.layouts import fits_input
 from camkit.errors import ArgumentError, CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -309,14 +310,17 @@ def default_layer(
     a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: trace
     ``example`` (or noise of ``input_size`` shaped for the model's first convolution, see
     :func:`trace`) and, among the modules whose output is a tensor with as many axes as the
-    input, more than one spatial position, a first axis that follows the batch and values that
-    depend on the input, take the one that *finishes* last. Global pooling (1x1), the classifier,
+    input, more than one spatial position, spatial axes that are the input's divided by a common
+    stride (channels first or last: a box decoder's ``(B, 1, 4, anchors)``, ultralytics' DFL, is
+    not a map), a first axis that follows the batch and values that depend on the input, take
+    the one that *finishes* last. Global pooling (1x1), the classifier,
     detection heads (proposal rows), position embeddings and the model's own output are
     thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
     A segmentation model made of a ``backbone`` and a ``classifier`` head (torchvision
-    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage: the head's layers compute the logits,
-    and which of them finishes last must not depend on the weights.
+    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage, an ultralytics detector the last
+    layer before its ``Detect`` head: the head's layers compute logits or box sides, and which of
+    them finishes last must not depend on the weights.
     Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
@@ -326,20 +330,34 @@ def default_layer(
     return last_spatial_map(calls, model, input_size, example=example)
 
 
-def _input_dims(model: nn.Module, input_size: object, example: Example | None) -> int:
-    """The axes of the explained input (the first tensor of the example)."""
+def _input_shape(model: nn.Module, input_size: object, example: Example | None) -> tuple:
+    """The shape of the explained input (the first tensor of the example)."""
     if example is None:
         example = _default_example(model, input_size)
     first = _first_tensor(example)
-    return first.ndim if first is not None else 4
+    return tuple(first.shape) if first is not None else (1, 3, 224, 224)
 
 
-def _backbone_of_a_head(model: nn.Module) -> str | None:
-    """``"backbone."`` for a model made of a ``backbone`` and a ``classifier`` head that turns
-    its features into dense logits (torchvision DeepLabV3, LR-ASPP, FCN), else None: the
-    default layer is then the backbone's last stage, whatever the head's layers compute."""
-    has = dict(model.named_children())
-    return "backbone." if "backbone" in has and "classifier" in has else None
+def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
+    """Whether an output's spatial axes, channels first or last, are the input's divided by a
+    common stride (a box decoder's ``(B, 1, 4, anchors)`` is not a map of the image)."""
+    return fits_input(shape[2:], size) or fits_input(shape[1:-1], size)
+
+
+def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
+    """Which layers may be the default of a model whose head is known by its structure, else
+    None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
+    the backbone's layers; ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
+    ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
+    on the weights and the head's layers compute logits or box sides, not features."""
+    children = dict(model.named_children())
+    if "backbone" in children and "classifier" in children:
+        return lambda name: name.startswith("backbone.")
+    sequence = children.get("model")
+    if isinstance(sequence, nn.Sequential) and len(sequence) > 1 and hasattr(sequence[-1], "dfl"):
+        head = f"model.{len(sequence) - 1}"
+        return lambda name: name != head and not name.startswith(head + ".")
+    return None
 
 
 def last_spatial_map(
@@ -354,7 +372,8 @@ def last_spatial_map(
     usable = {call.name for call in calls if call.skip is None}
     if token_layer is not None and token_layer in usable:
         return token_layer
-    dims = _input_dims(model, input_size, example)
+    shape = _input_shape(model, input_size, example)
+    dims = len(shape)
     candidates = [
         call
         for call in calls
@@ -362,23 +381,26 @@ def last_spatial_map(
         and len(call.shape) == dims
         and math.prod(call.shape[2:]) > 1
         and not call.passes_through
+        and (dims < 4 or _spatial(call.shape, shape[2:]))
     ]
     if not candidates:
         what = "4-D (N, C, H, W)" if dims == 4 else f"{dims}-D (N, C, ...)"
         raise LayerOutputError(
-            f"no layer of {type(model).__name__} returns a {what} map larger than 1x1 for its "
-            "batch of inputs (layers whose first axis is not the batch, or whose output does not "
-            "depend on the input, do not count); name a layer yourself "
+            f"no layer of {type(model).__name__} returns a {what} map larger than 1x1 whose "
+            "spatial axes are the input's divided by a stride, for its batch of inputs (layers "
+            "whose first axis is not the batch, or whose output does not depend on the input, "
+            "do not count); name a layer yourself "
             "(see camkit.models.layer_shapes and skipped_layers, or `camkit layers`)"
         )
-    stem = _backbone_of_a_head(model)
-    inside = [call for call in candidates if call.name.startswith(stem)] if stem else []
+    allowed = _before_the_head(model) or (lambda name: True)
+    inside = [call for call in candidates if allowed(call.name)]
     chosen = max(inside or candidates, key=lambda call: call.finished)
     token_layers = [
         call
         for call in calls
         if call.finished > chosen.finished
         and call.skip is None
+        and allowed(call.name)
         and len(call.shape) == 3
         and call.shape[1] > 1
     ]
