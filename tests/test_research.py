@@ -450,3 +450,62 @@ def test_ultralytics_yolov8_defaults_before_its_head_and_its_boxes_are_read_as_c
     expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
     assert expected.abs().max() > 0
     torch.testing.assert_close(maps, expected, atol=1e-5 * expected.abs().max(), rtol=1e-4)
+
+
+# ----------------------------------------------------------------- refusals that say what to do
+
+
+def test_a_detector_without_a_box_target_is_told_to_use_one():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    detection = torchvision.models.detection
+    model = detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
+    x = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(0))
+    for target in (None, 1):
+        with pytest.raises(camkit.errors.TargetError, match="the model is a detector") as err:
+            GradCAM(model)(x, target)
+        assert "BoxTarget(label, [x1, y1, x2, y2])" in str(err.value)
+    detr = _detr_output("Detr", torch.zeros(1, 2, 3), BOXES)
+    with pytest.raises(camkit.errors.TargetError, match="DETR-style detections"):
+        camkit.core.outputs.class_logits(detr, None)
+
+
+def test_clip_texts_split_from_their_images_by_batch_size_say_so():
+    transformers = pytest.importorskip("transformers", reason="transformers builds CLIP")
+    torch.manual_seed(0)
+    text = transformers.CLIPTextConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        vocab_size=100,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+    )
+    config = transformers.CLIPConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=16
+    )
+    model = camkit.KeywordInput(transformers.CLIPModel(config).eval(), "pixel_values")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    texts = {"input_ids": torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(0))}
+    chunked = GradCAM(model, output="logits_per_image", batch_size=1)
+    with pytest.raises(camkit.errors.TargetError, match="split with their images") as err:
+        chunked(x, [0, 1], additional_forward_args=texts)
+    assert "batch_size=None" in str(err.value)
+    cam = GradCAM(model, output="logits_per_image")
+    maps = cam(x, [0, 1], additional_forward_args=texts)
+    layer = cam.layers[0]
+    assert layer.endswith("layers.1.layer_norm1") and cam.layouts[layer].prefix == 1
+    assert maps.shape == (2, 32, 32) and torch.isfinite(maps).all()
