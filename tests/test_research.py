@@ -509,3 +509,16 @@ def test_clip_texts_split_from_their_images_by_batch_size_say_so():
     layer = cam.layers[0]
     assert layer.endswith("layers.1.layer_norm1") and cam.layouts[layer].prefix == 1
     assert maps.shape == (2, 32, 32) and torch.isfinite(maps).all()
+
+
+def test_a_hybrid_vits_layout_names_its_real_stride_not_the_patch_size():
+    """timm's ResNet-stem hybrid: 8x8 patches on a stride-4 stem's map, so 64 px -> 2x2."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_r_s16_p8_224", img_size=64, num_classes=3).eval()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    cam = GradCAM(model)
+    cam(x, 1)
+    layout = cam.layouts[cam.layers[0]]
+    assert layout.grid == (2, 2) and layout.prefix == 1
+    assert "stride 32" in str(layout) and "patch (8, 8)" not in str(layout)

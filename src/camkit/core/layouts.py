@@ -40,7 +40,6 @@ from camkit.core.architecture import (
     channel_counts,
     has_last_axis_norm,
     patch_grid,
-    patch_size,
     prefix_tokens,
     suffix_tokens,
 )
@@ -219,7 +218,9 @@ def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     if grid is not None and count in (front + grid[0] * grid[1] + back, grid[0] * grid[1]):
         every = count == grid[0] * grid[1]
         ends = (0, 0) if every else (front, back)
-        reason = f"grid {dims} input / patch {patch_size(model) or grid}; "
+        sh, sw = size[0] // grid[0], size[1] // grid[1]
+        stride = str(sh) if sh == sw else f"{sh}x{sw}"
+        reason = f"grid {dims} input / stride {stride} (the patch embedding's); "
         reason += "every token is a patch" if every else f"non-patch tokens: {told}"
         return Layout("tokens", grid, channels, ends[0], reason, ends[1])
     candidates = [
