@@ -186,7 +186,10 @@ def test_box_target_picks_the_best_matching_detection():
     second = BoxTarget([1, 2], [[0, 0, 10, 10], [21, 21, 31, 31]])([DETECTIONS[0]])
     torch.testing.assert_close(second, torch.tensor([[0.9, 0.4]]))
     both = BoxTarget(1, [20, 20, 30, 30], iou_threshold=0.3)
-    with pytest.raises(TargetError, match="sample 0: no detection of label 1.*best IoU.*0.00"):
+    with pytest.raises(
+        TargetError,
+        match=r"row 0 of the 2 scored \(sample 0 .*no detection of label 1.*best IoU.*0.00",
+    ):
         both(DETECTIONS)  # sample 0's label-1 boxes do not overlap [20, 20, 30, 30]
     torch.testing.assert_close(both([DETECTIONS[1]]), torch.tensor([0.3]))
 

@@ -89,6 +89,11 @@ class ZeroGradientWarning(UserWarning):
     """A layer whose gradient is zero for the target: its gradient-weighted map is blank."""
 
 
+class IllConditionedWarning(UserWarning):
+    """A formula evaluated where it is ill-conditioned (Grad-CAM++'s alphas whose denominator
+    nearly cancels): small changes of the activations or gradients change the map a lot."""
+
+
 def warn(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` pointing at the caller's line: the first frame outside camkit."""
     frame, level = sys._getframe(1), 2  # stacklevel 2 is the frame that called warn()

@@ -10,8 +10,8 @@ says what it expected.
 * :class:`SegmentationTarget`: the sum of a category's logits inside a pixel mask (the
   semantic-segmentation Grad-CAM of Vinogradova et al., AAAI 2020; pytorch-grad-cam's
   ``SemanticSegmentationTarget``);
-* :class:`BoxTarget`: a detector's score for the detection that best matches a given box and
-  label (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` without its IoU term);
+* :class:`BoxTarget` (:mod:`camkit.boxes`): a detector's score for the detection that best
+  matches a given box and label, scored as the detector's own post-processing does;
 * :class:`EmbeddingTarget`: cosine similarity to a reference embedding (the "similarity to
   concept" target used for re-identification and CLIP-style towers).
 """
@@ -19,29 +19,18 @@ says what it expected.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchvision.ops import box_convert, box_iou
 
-from camkit.core.outputs import OutputSelector, select_output
+from camkit.boxes import BoxTarget
+from camkit.core.outputs import OutputSelector, describe, select_output
 from camkit.core.targets import Target, resolve
 from camkit.errors import OutputError, TargetError
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
-
-
-def _describe(output: object) -> str:
-    if isinstance(output, Tensor):
-        return f"a tensor of shape {tuple(output.shape)}"
-    if isinstance(output, Mapping):
-        return f"a {type(output).__name__} with keys {list(output)}"
-    if isinstance(output, list | tuple):
-        items = type(output[0]).__name__ if output else "items"
-        return f"a {type(output).__name__} of {len(output)} {items}"
-    return type(output).__name__
 
 
 def _logits(output: Any, who: str) -> Tensor:
@@ -50,7 +39,7 @@ def _logits(output: Any, who: str) -> Tensor:
     except OutputError as err:
         raise TargetError(
             f"{who} needs (B, num_classes) logits (a tensor, a dict or object with 'logits', or a "
-            f"tuple starting with them), got {_describe(output)}: {err}"
+            f"tuple starting with them), got {describe(output)}: {err}"
         ) from None
     if logits.ndim != 2:
         raise TargetError(
@@ -103,13 +92,13 @@ def _dense_logits(output: Any) -> Tensor:
         key = "out" if "out" in output else "logits" if "logits" in output else None
         if key is None:
             raise TargetError(
-                f"SegmentationTarget needs {expected} or 'logits', got {_describe(output)}"
+                f"SegmentationTarget needs {expected} or 'logits', got {describe(output)}"
             )
         picked = output[key]
     elif not isinstance(output, Tensor) and isinstance(getattr(output, "logits", None), Tensor):
         picked = output.logits  # HuggingFace segmentation outputs
     if not isinstance(picked, Tensor) or picked.ndim not in (4, 5):
-        raise TargetError(f"SegmentationTarget needs {expected}, got {_describe(picked)}")
+        raise TargetError(f"SegmentationTarget needs {expected}, got {describe(picked)}")
     return picked
 
 
@@ -182,146 +171,6 @@ class SegmentationTarget(Target):
         return mask
 
 
-_DETECTIONS = (
-    "a torchvision detector's list of B dicts with 'boxes' (N, 4), 'labels' (N,) and 'scores' "
-    "(N,) (Faster R-CNN / RetinaNet / FCOS / SSD in eval mode), a DETR-style output with "
-    "'logits' (B, Q, C + 1) and 'pred_boxes' (B, Q, 4), or a YOLO-style (B, N, 4 + C) tensor"
-)
-
-
-def _field(output: Any, key: str) -> object:
-    return output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
-
-
-def _candidates(output: Any, image_size: tuple[int, int] | None) -> list[tuple[Tensor, ...]]:
-    """Each sample's detections as ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
-    (N,))``: torchvision's lists of dicts as they are; DETR queries (Carion et al., ECCV 2020)
-    with their most probable class other than "no object" (the last logit) and its softmax
-    probability, boxes ``(cx, cy, w, h)`` relative to the image; YOLO rows ``(cx, cy, w, h,
-    class scores...)`` in pixels with their best class and its score."""
-    logits, pred_boxes = _field(output, "logits"), _field(output, "pred_boxes")
-    if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
-        if image_size is None:
-            raise TargetError(
-                "BoxTarget on a DETR-style output needs image_size=(H, W): its pred_boxes are "
-                "relative to the image"
-            )
-        if logits.ndim != 3 or pred_boxes.shape != (*logits.shape[:2], 4):
-            raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
-        height, width = image_size
-        scale = pred_boxes.new_tensor([width, height, width, height])
-        boxes = box_convert(pred_boxes * scale, "cxcywh", "xyxy")
-        scores, labels = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
-        return list(zip(boxes, labels, scores, strict=True))
-    if isinstance(output, Tensor):
-        if output.ndim != 3 or output.shape[2] < 5:
-            raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
-        boxes = box_convert(output[..., :4], "cxcywh", "xyxy")
-        scores, labels = output[..., 4:].max(dim=-1)
-        return list(zip(boxes, labels, scores, strict=True))
-    if not isinstance(output, list | tuple) or not output:
-        raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {_describe(output)}")
-    found = []
-    for i, sample in enumerate(output):
-        if not isinstance(sample, Mapping) or not {"boxes", "labels", "scores"} <= set(sample):
-            raise TargetError(f"BoxTarget needs {_DETECTIONS}; item {i} is {_describe(sample)}")
-        boxes = sample["boxes"]
-        if not isinstance(boxes, Tensor) or boxes.ndim != 2 or boxes.shape[1] != 4:
-            raise TargetError(f"detection {i}: 'boxes' must be (N, 4), got {_describe(boxes)}")
-        found.append((boxes, sample["labels"], sample["scores"]))
-    return found
-
-
-class BoxTarget(Target):
-    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes.
-
-    For each given box and label, among the sample's detections with that label and
-    IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
-    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` sums the IoU and the score; camkit keeps the
-    score alone, the model's confidence, so the map explains the detection's class score).
-    Outputs: torchvision detectors' lists of dicts; DETR-style ``logits`` / ``pred_boxes`` (a
-    query's label is its most probable class, its score that probability; pass ``image_size``);
-    YOLO-style ``(B, N, 4 + C)`` rows ``(cx, cy, w, h, class scores)`` in pixels.
-
-    ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
-    naming the sample and the best IoU found; ``"zero"`` scores 0. Perturbed copies (Score-CAM,
-    Ablation-CAM, the deletion metric) are always scored with ``"zero"`` (:meth:`for_copies`):
-    a lost detection has no confidence left.
-
-    ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
-    in the input's pixels; the same boxes are looked for in every sample of the batch.
-    """
-
-    def __init__(
-        self,
-        labels: int | Sequence[int] | Tensor,
-        boxes: Sequence[float] | Sequence[Sequence[float]] | Tensor,
-        iou_threshold: float = 0.5,
-        *,
-        lost: Literal["raise", "zero"] = "raise",
-        image_size: tuple[int, int] | None = None,
-    ):
-        self.several = not (
-            isinstance(labels, int) or (isinstance(labels, Tensor) and labels.ndim == 0)
-        )
-        label_tensor = torch.as_tensor(labels).reshape(-1)
-        box_tensor = torch.as_tensor(boxes, dtype=torch.float32)
-        box_tensor = box_tensor.reshape(1, 4) if box_tensor.shape == (4,) else box_tensor
-        if label_tensor.is_floating_point() or label_tensor.numel() == 0:
-            raise TargetError("labels must be an int or a non-empty sequence of ints")
-        if box_tensor.ndim != 2 or box_tensor.shape != (label_tensor.numel(), 4):
-            raise TargetError(
-                f"boxes must be (M, 4) (x1, y1, x2, y2) for M = {label_tensor.numel()} labels, "
-                f"got shape {tuple(box_tensor.shape)}"
-            )
-        if not (box_tensor[:, 2:] > box_tensor[:, :2]).all():
-            raise TargetError("each box must have x2 > x1 and y2 > y1")
-        if not 0 < iou_threshold <= 1:
-            raise TargetError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
-        if lost not in ("raise", "zero"):
-            raise TargetError(f'lost must be "raise" or "zero", got {lost!r}')
-        self.labels = label_tensor.long()
-        self.boxes = box_tensor
-        self.iou_threshold = float(iou_threshold)
-        self.lost = lost
-        self.image_size = image_size
-
-    def for_copies(self) -> BoxTarget:
-        """In perturbed copies a lost detection scores 0 (it has no confidence left), as in
-        pytorch-grad-cam; on the explained images themselves it stays an error."""
-        copy = BoxTarget.__new__(BoxTarget)
-        copy.__dict__.update(self.__dict__, lost="zero")
-        return copy
-
-    def __call__(self, output: Any) -> Tensor:
-        rows = []
-        for sample, (boxes, labels, scores) in enumerate(_candidates(output, self.image_size)):
-            wanted = self.boxes.to(boxes.device, boxes.dtype)
-            ious = (
-                box_iou(wanted, boxes.detach()) if len(boxes) else boxes.new_zeros(len(wanted), 0)
-            )
-            same = labels.to(self.labels.device)[None, :] == self.labels[:, None]
-            ious = ious.where(same.to(ious.device), ious.new_tensor(-1.0))
-            picked = []
-            for m in range(len(wanted)):
-                best = int(ious[m].argmax()) if ious.shape[1] else -1
-                iou = float(ious[m, best]) if best >= 0 else -1.0
-                if iou < self.iou_threshold and self.lost == "zero":
-                    picked.append(scores.sum() * 0)  # lost: 0, still part of the graph
-                    continue
-                if iou < self.iou_threshold:
-                    raise TargetError(
-                        f"sample {sample}: no detection of label {int(self.labels[m])} overlaps "
-                        f"box {self.boxes[m].tolist()} with IoU >= {self.iou_threshold} "
-                        f"(best IoU among the {int(same[m].sum())} detections of that label: "
-                        f"{max(iou, 0.0):.2f}; {len(boxes)} detections in all)"
-                    )
-                picked.append(scores[best])
-            rows.append(torch.stack(picked))
-        result = torch.stack(rows)
-        return result if self.several else result[:, 0]
-
-
 _EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")
 
 
@@ -361,7 +210,7 @@ class EmbeddingTarget(Target):
             return select_output(output)
         except OutputError:
             raise TargetError(
-                f"EmbeddingTarget needs (B, D) embeddings, got {_describe(output)}; pass "
+                f"EmbeddingTarget needs (B, D) embeddings, got {describe(output)}; pass "
                 "output= the key or a callable that picks them"
             ) from None
 

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.cam.smoothing import principal_component
+from camkit.errors import IllConditionedWarning, warn
 from camkit.registry import register
 
 
@@ -32,16 +33,44 @@ class GradCAMPlusPlus(BaseCAM):
 
     Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
     Networks", WACV 2018, eq. 19 with the exponential score of the authors' code, where the
-    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, and ``alpha = 0``
-    where the denominator is 0 (then ``g = 0`` too). As in the paper and pytorch-grad-cam, the
-    alphas are not rescaled afterwards (the authors' TF script also divides them by their sum).
+    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``. As in the paper and
+    pytorch-grad-cam, the alphas are not rescaled afterwards (the authors' TF script also divides
+    them by their sum).
+
+    The formula exactly, in float64 (float32 on devices without it): the only stabiliser is
+    ``alpha = 0`` where the denominator is exactly 0, i.e. where ``g = 0`` (pytorch-grad-cam
+    adds ``1e-6`` to every denominator instead). On layers whose activations sum to values of
+    either sign (LayerNorm outputs of ViT / Swin blocks) the denominator can nearly cancel
+    (``sum(A) g`` close to ``-2``): then the alpha changes a lot with tiny changes of ``A`` or
+    ``g``, and an :class:`~camkit.errors.IllConditionedWarning` says so (condition number of the
+    denominator, ``(2 g^2 + |sum(A) g^3|) / |2 g^2 + sum(A) g^3|``, above
+    :attr:`ill_conditioned`, at a position whose positive gradient counts).
     """
 
+    #: condition number of an alpha's denominator above which the map is called ill-conditioned
+    ill_conditioned: float = 1e3
+
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
-        grad_2 = grad.square()
-        denominator = 2 * grad_2 + act.sum(dim=spatial(act), keepdim=True) * grad_2 * grad
-        alpha = grad_2 / torch.where(denominator != 0, denominator, torch.ones_like(denominator))
-        return (alpha * grad.relu()).sum(dim=spatial(grad), keepdim=True)
+        exact = torch.float32 if grad.device.type == "mps" else torch.float64
+        g, a = grad.to(exact), act.to(exact)
+        g2 = g.square()
+        cubic = a.sum(dim=spatial(a), keepdim=True) * g2 * g
+        denominator = 2 * g2 + cubic
+        alpha = g2 / torch.where(denominator != 0, denominator, torch.ones_like(denominator))
+        condition = (2 * g2 + cubic.abs()) / denominator.abs()
+        counted = (g > 0) & (denominator != 0)
+        worst = float(condition[counted].max()) if counted.any() else 0.0
+        if worst > self.ill_conditioned:
+            warn(
+                f"Grad-CAM++'s alphas are ill-conditioned at this layer: a denominator "
+                f"2 g^2 + sum(A) g^3 nearly cancels (condition number {worst:.3g}), so tiny "
+                "changes of the activations or gradients change the map a lot. This happens "
+                "where activations sum to values of either sign (LayerNorm outputs of "
+                "transformer blocks); Grad-CAM or LayerCAM are stable there",
+                IllConditionedWarning,
+            )
+        weights = (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True)
+        return weights.to(grad.dtype)
 
 
 @register("xgradcam", "Fu et al., BMVC 2020")

@@ -7,5 +7,6 @@
 * :mod:`~camkit.core.targets`: the one target resolver (:func:`~camkit.core.targets.resolve`);
 * :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;
 * :mod:`~camkit.core.finish`: ReLU, upsampling, normalisation, fusing, dropping axes;
-* :mod:`~camkit.core.progress`: tqdm progress bars.
+* :mod:`~camkit.core.progress`: tqdm progress bars;
+* :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model.
 """

@@ -16,7 +16,13 @@ _PREFIX_ATTRIBUTES = (
     "distillation_token",
     "reg_token",
     "register_tokens",
+    "class_embedding",  # HuggingFace CLIP: one (C,) vector
 )
+# attributes that hold tokens appended after the patch tokens: HuggingFace YOLOS
+# ``detection_tokens``, the YOLOS authors' ``det_token`` (Fang et al., NeurIPS 2021)
+_SUFFIX_ATTRIBUTES = ("detection_tokens", "det_token")
+# config fields that count tokens appended after the patches
+_SUFFIX_CONFIG = ("num_detection_tokens",)
 _CHANNELS_FIRST_MODULES = (
     nn.modules.conv._ConvNd,
     nn.modules.batchnorm._BatchNorm,
@@ -45,7 +51,8 @@ def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
 
     timm's ``num_prefix_tokens``; else the first module holding ``cls_token`` / ``class_token``
     (torchvision) / ``dist_token`` / ``distillation_token`` / ``reg_token`` / ``register_tokens``
-    parameters, each counting its token axis (``(1, n, C)``: ``n``).
+    / ``class_embedding`` (HuggingFace CLIP) parameters, each counting its token axis
+    (``(1, n, C)``: ``n``).
     """
     if model is None:
         return None
@@ -54,11 +61,37 @@ def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
         if isinstance(count, int) and not isinstance(count, bool):
             where = f"{name}.num_prefix_tokens" if name else "num_prefix_tokens"
             return count, where
+    return _token_attributes(model, _PREFIX_ATTRIBUTES)
+
+
+def suffix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
+    """``(count, source)`` of the tokens a transformer appends after its patch tokens, or None.
+
+    HuggingFace YOLOS ``detection_tokens`` / the YOLOS authors' ``det_token`` parameters
+    (``(1, n, C)``: ``n``), else a ``config.num_detection_tokens`` on the model or a submodule.
+    """
+    if model is None:
+        return None
+    found = _token_attributes(model, _SUFFIX_ATTRIBUTES)
+    if found is not None:
+        return found
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        for field in _SUFFIX_CONFIG:
+            count = getattr(config, field, None)
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                return count, f"{name + '.' if name else ''}config.{field}"
+    return None
+
+
+def _token_attributes(model: nn.Module, attributes: Sequence[str]) -> tuple[int, str] | None:
+    """The tokens held by the first module with any of ``attributes``: ``(1, n, C)`` counts
+    ``n``, ``(1, C)`` and ``(C,)`` one."""
     for name, module in model.named_modules():
         found = []
-        for attr in _PREFIX_ATTRIBUTES:
+        for attr in attributes:
             token = getattr(module, attr, None)
-            if isinstance(token, Tensor) and token.ndim >= 2:
+            if isinstance(token, Tensor) and token.ndim >= 1:
                 found.append((attr, token.shape[-2] if token.ndim == 3 else 1))
         if found:
             where = ", ".join(f"{attr} x{n}" for attr, n in found)

@@ -27,7 +27,7 @@ from camkit.core.layers import (
 )
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import RowScorer
-from camkit.core.trace import default_layer
+from camkit.core.trace import Example, Inputs, default_layer
 from camkit.errors import (
     ArgumentError,
     GradientError,
@@ -186,12 +186,16 @@ class Capture:
         return [name for name, _ in self.layers]
 
     def resolve(self, batch: Tensor) -> None:
-        """Without a layer given: the model's default layer traced with ``batch`` (and the
-        call's positional additional forward arguments; :func:`~camkit.core.trace.default_layer`),
-        found once, at the first call."""
+        """Without a layer given: the model's default layer traced with ``batch`` and the
+        call's own additional forward arguments, positional or keyword
+        (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
         if not self.layers:
             extra = _EXTRA_ARGS.get()
-            example = batch if extra is None or isinstance(extra[0], dict) else (batch, *extra[0])
+            example: Example = batch
+            if extra is not None and isinstance(extra[0], dict):
+                example = Inputs((batch,), dict(extra[0]))
+            elif extra is not None:
+                example = (batch, *extra[0])
             self.layers = find_layers(self.model, default_layer(self.model, example=example))
 
     def forward(

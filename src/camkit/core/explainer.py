@@ -31,6 +31,7 @@ from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import check_reshape
 from camkit.core.outputs import OutputSelector
+from camkit.core.state import buffers_kept
 from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError, InputError
 
@@ -55,7 +56,8 @@ class Explainer:
 
     Args:
         model: any ``nn.Module`` (DataParallel / DDP / compiled models are unwrapped); it is
-            never modified: no mode switch, no lasting hooks, no ``.grad``.
+            never modified: no mode switch, no lasting hooks, no ``.grad``; in train mode its
+            buffers (batch-norm running statistics) are restored after every call.
         layer: for the methods that read a layer (``needs_layer``): a dotted name as in
             ``model.named_modules()``, a submodule, or a list of either; ``None`` (or
             ``"auto"``) picks the model's default layer (:func:`camkit.core.trace.default_layer`,
@@ -160,7 +162,7 @@ class Explainer:
         self.check_options(options)
         batch, single = self.checked_input(x)
         size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
-        with extra_args(additional_forward_args, size):
+        with extra_args(additional_forward_args, size), buffers_kept(self.model):
             if self.needs_layer:
                 self.capture.resolve(batch)
             result, several = self.explain(batch, target, **options)

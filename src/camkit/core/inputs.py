@@ -68,7 +68,8 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
     if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
         warnings.warn(
             "the model is in training mode: dropout and batch-norm statistics make the maps "
-            "random and batch-dependent (and update running statistics); call model.eval() first",
+            "random and batch-dependent (camkit restores the running statistics and other "
+            "buffers after the call, the model is not changed); call model.eval() first",
             UserWarning,
             stacklevel=3,
         )

@@ -149,14 +149,34 @@ def capture_outputs(
 
 
 def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
-    """The last call's output of each tapped layer; a layer that never ran is an error."""
+    """The one call's output of each tapped layer.
+
+    A layer that never ran is an error, and so is a layer that ran several times in one
+    forward pass (a head shared by pyramid levels, a ``ReLU`` module reused in a block): a map
+    of one of its calls would leave the others out without a word, so every method refuses it
+    and the error lists the calls.
+    """
     missing = [name for name, calls in taps.items() if not calls]
     if missing:
         raise LayerOutputError(
             f"layer(s) {missing} did not run during the forward pass; "
             "pick a layer that the model's forward actually calls"
         )
-    return [calls[-1] for calls in taps.values()]
+    for name, calls in taps.items():
+        if len(calls) > 1:
+            listed = ", ".join(
+                f"call {i}: {tuple(out.shape) if isinstance(out, Tensor) else '?'}"
+                for i, out in enumerate(calls)
+            )
+            raise LayerOutputError(
+                f"layer {name!r} runs {len(calls)} times in one forward pass ({listed}); a map "
+                "of one call would silently leave the others out. Choose a layer that runs "
+                "once: the module that makes the input of the call you want (for a head shared "
+                "by pyramid levels, that level's feature map, e.g. an FPN output), or a module "
+                "inside a block rather than one the block reuses; camkit.record(model, layer) "
+                "keeps every call's output and gradient if you need them all"
+            )
+    return [calls[0] for calls in taps.values()]
 
 
 def check_batch_axis(name: str, output: Tensor, batch: int) -> None:

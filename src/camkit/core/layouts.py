@@ -6,10 +6,14 @@ other layouts, and pytorch-grad-cam / torchcam make the user write the conversio
 layer's output shape, the model's attributes and the input size:
 
 * ``"grid"`` ``(B, C, h, w)`` and ``"volume"`` ``(B, C, d, h, w)``: used as they are;
-* ``"tokens"`` ``(B, N, C)`` with ``N = prefix + h * w`` (ViT, DeiT, DINOv2 with registers,
-  HuggingFace hidden states): the prefix tokens (class, distillation, register) are dropped and
-  the patch tokens laid out row-major on the ``(h, w)`` patch grid, as the patch embedding
-  flattens them (Dosovitskiy et al., ICLR 2021);
+* ``"tokens"`` ``(B, N, C)`` with ``N = prefix + h * w + suffix`` (ViT, DeiT, DINOv2 with
+  registers, HuggingFace hidden states; YOLOS appends its detection tokens after the patches,
+  Fang et al., NeurIPS 2021): the tokens that are not patches (class, distillation, register,
+  detection) are dropped and the patch tokens laid out row-major on the ``(h, w)`` patch grid,
+  as the patch embedding flattens them (Dosovitskiy et al., ICLR 2021). How many tokens come
+  before and after the patches is read from the model (its token parameters, timm's
+  ``num_prefix_tokens``, its config), never inferred from the count: a count that does not
+  match is refused. Only without a model (geometry alone) are prefix counts tried;
 * ``"channels_last"`` ``(B, h, w, C)`` (Swin blocks, Liu et al., ICCV 2021; ConvNeXt blocks
   with a linear MLP, Liu et al., CVPR 2022; torchvision ``swin_t``): channels moved to axis 1.
 
@@ -36,8 +40,8 @@ from camkit.core.architecture import (
     channel_counts,
     has_last_axis_norm,
     patch_grid,
-    patch_size,
     prefix_tokens,
+    suffix_tokens,
 )
 from camkit.errors import ArgumentError, LayoutError
 
@@ -58,6 +62,7 @@ class Layout:
         grid: the spatial size ``(h, w)`` or ``(d, h, w)``.
         channels: ``C``.
         prefix: tokens before the patch tokens (class, distillation, registers), dropped.
+        suffix: tokens after the patch tokens (YOLOS detection tokens), dropped.
         reason: how the layout was decided (for ``str``; not part of equality).
     """
 
@@ -66,6 +71,7 @@ class Layout:
     channels: int
     prefix: int = 0
     reason: str = field(default="", compare=False)
+    suffix: int = 0
 
     @property
     def channel_axis(self) -> int:
@@ -77,7 +83,7 @@ class Layout:
     def shape(self) -> tuple[int, ...]:
         """The layer output's shape without the batch axis."""
         if self.kind == "tokens":
-            return (self.prefix + math.prod(self.grid), self.channels)
+            return (self.prefix + math.prod(self.grid) + self.suffix, self.channels)
         if self.kind == "channels_last":
             return (*self.grid, self.channels)
         return (self.channels, *self.grid)
@@ -91,7 +97,7 @@ class Layout:
                 f"expected a layer output of shape (B, {_dims(self.shape)}), got {got}"
             )
         if self.kind == "tokens":
-            patches = t[:, self.prefix :]
+            patches = t[:, self.prefix : self.prefix + math.prod(self.grid)]
             return patches.unflatten(1, self.grid).movedim(-1, 1)
         if self.kind == "channels_last":
             return t.movedim(-1, 1)
@@ -104,6 +110,8 @@ class Layout:
         out = f"(B, {self.channels}, {', '.join(map(str, self.grid))})"
         if self.kind == "tokens":
             what = f"tokens (B, {_dims(self.shape)}): {self.prefix} prefix token(s) dropped, "
+            if self.suffix:
+                what += f"{self.suffix} token(s) after the patches dropped, "
             what += f"{grid} patch grid -> {out}"
         elif self.kind == "channels_last":
             what = f"channels-last (B, {_dims(self.shape)}) -> {out}"
@@ -179,7 +187,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
 
 
 def _with_reason(layout: Layout, reason: str) -> Layout:
-    return Layout(layout.kind, layout.grid, layout.channels, layout.prefix, reason)
+    return Layout(layout.kind, layout.grid, layout.channels, layout.prefix, reason, layout.suffix)
 
 
 def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
@@ -197,49 +205,69 @@ def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
 
 
 def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[int, ...]) -> Layout:
-    """A ``(B, N, C)`` token sequence: prefix tokens and the patch grid."""
+    """A ``(B, N, C)`` token sequence: the tokens before and after the patches, and the grid."""
     _, count, channels = shape
     if len(size) != 2:
         raise LayoutError(
             f"a token sequence {shape} needs a 2-D input size to lay out its patches, got {size}; "
             "pass reshape= a function returning (B, C, d, h, w)"
         )
-    prefix = prefix_tokens(model)
+    if model is None:
+        return _geometric_tokens(shape, size)
+    prefix, suffix = prefix_tokens(model), suffix_tokens(model)
+    front, back = (prefix[0] if prefix else 0), (suffix[0] if suffix else 0)
+    declared = [f"{prefix[0]} before the patches ({prefix[1]})"] if prefix else []
+    declared += [f"{suffix[0]} after the patches ({suffix[1]})"] if suffix else []
+    told = "; ".join(declared) or "no prefix or other non-patch tokens"
     grid = patch_grid(model, size)
     dims = "x".join(map(str, size))
-    if grid is not None:
-        patches = grid[0] * grid[1]
-        if prefix is not None and count == prefix[0] + patches:
-            return Layout(
-                "tokens",
-                grid,
-                channels,
-                prefix[0],
-                f"prefix from {prefix[1]}; grid {dims} input / patch {patch_size(model) or grid}",
-            )
-        if 0 <= count - patches <= MAX_GUESSED_PREFIX:
-            return Layout(
-                "tokens",
-                grid,
-                channels,
-                count - patches,
-                f"grid {dims} input / patch size; prefix = {count} tokens - {patches} patches",
-            )
-    counts = [prefix[0]] if prefix is not None else range(min(count - 1, MAX_GUESSED_PREFIX) + 1)
-    candidates = []
-    for p in counts:
-        for gh, gw, stride in _grids(count - p, size):
-            reason = f"{dims} input / stride {stride}"
-            reason += f"; prefix from {prefix[1]}" if prefix is not None else ""
-            candidates.append(Layout("tokens", (gh, gw), channels, p, reason))
+    if grid is not None and count in (front + grid[0] * grid[1] + back, grid[0] * grid[1]):
+        every = count == grid[0] * grid[1]
+        ends = (0, 0) if every else (front, back)
+        sh, sw = size[0] // grid[0], size[1] // grid[1]
+        stride = str(sh) if sh == sw else f"{sh}x{sw}"
+        reason = f"grid {dims} input / stride {stride} (the patch embedding's); "
+        reason += "every token is a patch" if every else f"non-patch tokens: {told}"
+        return Layout("tokens", grid, channels, ends[0], reason, ends[1])
+    candidates = [
+        Layout("tokens", (gh, gw), channels, front, f"{dims} input / stride {stride}; {told}", back)
+        for gh, gw, stride in _grids(count - front - back, size)
+    ]
+    if len(candidates) == 1:
+        return candidates[0]
+    patches = f"; its patch grid {grid[0]}x{grid[1]} gives {grid[0] * grid[1]}" if grid else ""
+    if not candidates:
+        raise LayoutError(
+            f"cannot lay out the {count} tokens of {shape} for a {dims} input: the model "
+            f"declares {told}{patches}, and no patch grid fits the rest. camkit reads which "
+            "tokens are patches from the model and never guesses their positions from a count; "
+            "pass reshape= a function returning (B, C, h, w), e.g. "
+            "lambda t: t[:, first:last].unflatten(1, (h, w)).movedim(-1, 1)"
+        )
+    listed = "; ".join(str(c) for c in candidates)
+    raise LayoutError(
+        f"the {count} tokens of {shape} for a {dims} input can be read in several ways: "
+        f"{listed}; pass reshape= a function returning (B, C, h, w)"
+    )
+
+
+def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
+    """Without a model: every prefix count up to :data:`MAX_GUESSED_PREFIX` whose remainder is
+    a grid that fits the input exactly; one reading, or an error listing them."""
+    _, count, channels = shape
+    dims = "x".join(map(str, size))
+    candidates = [
+        Layout("tokens", (gh, gw), channels, p, f"{dims} input / stride {stride}; no model")
+        for p in range(min(count - 1, MAX_GUESSED_PREFIX) + 1)
+        for gh, gw, stride in _grids(count - p, size)
+    ]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        known = f" with {prefix[0]} prefix token(s) ({prefix[1]})" if prefix else ""
         raise LayoutError(
-            f"cannot lay out {count} tokens{known} on a patch grid for a {dims} input "
-            "(no patch size found on the model and no grid fits); pass reshape= a function "
-            "returning (B, C, h, w)"
+            f"cannot lay out {count} tokens on a patch grid for a {dims} input (no model to "
+            "read a patch size from and no grid fits); pass reshape= a function returning "
+            "(B, C, h, w)"
         )
     listed = "; ".join(str(c) for c in candidates)
     raise LayoutError(

@@ -57,8 +57,29 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     return picked
 
 
+def _detections(output: Any) -> str | None:
+    """What kind of detector output this is (torchvision, DETR-style), or None."""
+    first = output[0] if isinstance(output, list | tuple) and output else None
+    if isinstance(first, Mapping) and "boxes" in first:
+        return "a list of detections (dicts with 'boxes', as torchvision detectors give)"
+    boxes = output.get("pred_boxes") if isinstance(output, Mapping) else None
+    if isinstance(boxes if boxes is not None else getattr(output, "pred_boxes", None), Tensor):
+        return f"DETR-style detections ({type(output).__name__} with 'pred_boxes')"
+    return None
+
+
 def class_logits(output: Any, selector: OutputSelector) -> Tensor:
-    """The ``(B, num_classes)`` logits class targets score, or a clear TargetError."""
+    """The ``(B, num_classes)`` logits class targets score, or a clear TargetError (for a
+    detector: one that says it needs a box target)."""
+    detections = _detections(output) if selector is None else None
+    if detections is not None:
+        raise TargetError(
+            f"the model is a detector: it returns {detections}, so a class index (or no "
+            "target) does not say which detection to explain. Pass a box target, e.g. "
+            "camkit.targets.BoxTarget(label, [x1, y1, x2, y2]) for the detection of that label "
+            "overlapping that box in pixels (DETR-style outputs also need image_size=(H, W)), "
+            "such as target=BoxTarget(1, [40, 30, 200, 180])"
+        )
     logits = select_output(output, selector)
     if logits.ndim != 2:
         raise TargetError(
@@ -78,4 +99,16 @@ def sample_output(output: Any, i: int) -> Any:
     )
 
 
-__all__ = ["OutputSelector", "class_logits", "sample_output", "select_output"]
+def describe(output: object) -> str:
+    """A short description of a model output for error messages."""
+    if isinstance(output, Tensor):
+        return f"a tensor of shape {tuple(output.shape)}"
+    if isinstance(output, Mapping):
+        return f"a {type(output).__name__} with keys {list(output)}"
+    if isinstance(output, list | tuple):
+        items = type(output[0]).__name__ if output else "items"
+        return f"a {type(output).__name__} of {len(output)} {items}"
+    return type(output).__name__
+
+
+__all__ = ["OutputSelector", "class_logits", "describe", "sample_output", "select_output"]

@@ -223,9 +223,19 @@ class RowScorer:
         classes = self.classes[rows.to(self.classes.device)]
         bad = (classes < 0) | (classes >= logits.shape[1])
         if bad.any():
+            batch = self.classes.shape[0]
+            split = ""
+            if n < batch and logits.shape[1] == n:
+                split = (
+                    f". This forward holds {n} of the batch's {batch} samples and the model gave "
+                    f"{n} outputs: if they index another input's rows (CLIP's logits_per_image, "
+                    "one column per text), the per-sample additional_forward_args were split "
+                    f"with their images; pass batch_size=None (or at least {batch}) so every "
+                    "forward sees all of them"
+                )
             raise TargetError(
                 f"target class {classes[bad][0].item()} is out of range: the model has "
-                f"{logits.shape[1]} outputs, so classes must be in 0..{logits.shape[1] - 1}"
+                f"{logits.shape[1]} outputs, so classes must be in 0..{logits.shape[1] - 1}" + split
             )
         if self.probability:
             logits = logits.softmax(dim=1)

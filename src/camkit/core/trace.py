@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from camkit.core.architecture import default_token_layer
 from camkit.core.layers import hooked
+from camkit.core.layouts import fits_input
 from camkit.errors import ArgumentError, CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -30,9 +31,20 @@ class _Call:
     skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """A forward's positional and keyword inputs: ``model(*args, **kwargs)`` (the explained
+    batch first, with a call's keyword ``additional_forward_args``)."""
+
+    args: tuple
+    kwargs: dict
+
+
 def _first_tensor(value: object) -> Tensor | None:
     if isinstance(value, Tensor):
         return value
+    if isinstance(value, Inputs):
+        value = (*value.args, *value.kwargs.values())
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -43,12 +55,13 @@ def _first_tensor(value: object) -> Tensor | None:
     return None
 
 
-Example = Tensor | tuple | list | Mapping
+Example = Tensor | tuple | list | Mapping | Inputs
 
 
 def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (224x224)."""
+    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (None: 224x224 for
+    images, 64x64x64 for volumes: a 3-D network's strides divide it, and it stays small)."""
     reference = next(model.parameters(), None)
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
@@ -57,7 +70,7 @@ def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -
     dims = len(conv.kernel_size) if conv is not None else 2
     channels = conv.in_channels if conv is not None else 3
     if input_size is None:
-        input_size = 224
+        input_size = 224 if dims < 3 else 64
     size = (input_size,) * dims if isinstance(input_size, int) else tuple(input_size)
     if len(size) != dims or not all(isinstance(n, int) and n > 0 for n in size):
         raise ArgumentError(
@@ -84,6 +97,8 @@ def _twins(example: Example) -> tuple[Example, bool]:
 
     def twin(value: object) -> object:
         nonlocal perturbed
+        if isinstance(value, Inputs):
+            return Inputs(twin(value.args), twin(value.kwargs))
         if isinstance(value, Mapping):
             return {key: twin(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
@@ -103,7 +118,10 @@ def _twins(example: Example) -> tuple[Example, bool]:
 
 
 def call_model(model: nn.Module, example: Example) -> object:
-    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict."""
+    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict,
+    ``model(*x.args, **x.kwargs)`` for :class:`Inputs`."""
+    if isinstance(example, Inputs):
+        return model(*example.args, **example.kwargs)
     if isinstance(example, Mapping):
         return model(**example)
     if isinstance(example, (list, tuple)):
@@ -112,6 +130,8 @@ def call_model(model: nn.Module, example: Example) -> object:
 
 
 def _describe(example: Example) -> str:
+    if isinstance(example, Inputs):
+        return f"{_describe(example.args)} with keywords {_describe(example.kwargs)}"
     if isinstance(example, Tensor):
         return f"{tuple(example.shape)} {example.dtype}"
     if isinstance(example, Mapping):
@@ -230,20 +250,23 @@ def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: obj
 
 
 def _skip_shared_heads(calls: list[_Call]) -> None:
+    counts: dict[str, int] = {}
     shapes: dict[str, set[tuple[int, ...]]] = {}
     for call in calls:
+        counts[call.name] = counts.get(call.name, 0) + 1
         shapes.setdefault(call.name, set()).add(call.shape)
     for call in calls:
-        if call.skip is None and len(shapes[call.name]) > 1:
+        if call.skip is None and counts[call.name] > 1:
             call.skip = (
-                f"it is called at {len(shapes[call.name])} different shapes (a head shared by "
-                "pyramid levels): its last call sees one of them only"
+                f"it runs {counts[call.name]} times in one forward pass (at "
+                f"{len(shapes[call.name])} shape(s): a head shared by pyramid levels, or a "
+                "module reused in a block); camkit refuses a layer with several calls"
             )
 
 
 def layer_shapes(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -261,7 +284,7 @@ def layer_shapes(
 
 def skipped_layers(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> dict[str, str]:
@@ -303,7 +326,7 @@ def map_layers(
 
 def default_layer(
     model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
+    input_size: int | Sequence[int] | None = None,
     *,
     example: Example | None = None,
 ) -> str:
@@ -315,11 +338,17 @@ def default_layer(
     a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: trace
     ``example`` (or noise of ``input_size`` shaped for the model's first convolution, see
     :func:`trace`) and, among the modules whose output is a tensor with as many axes as the
-    input, more than one spatial position, a first axis that follows the batch and values that
-    depend on the input, take the one that *finishes* last. Global pooling (1x1), the classifier,
+    input, more than one spatial position, spatial axes that are the input's divided by a common
+    stride (channels first or last: a box decoder's ``(B, 1, 4, anchors)``, ultralytics' DFL, is
+    not a map), a first axis that follows the batch and values that depend on the input, take
+    the one that *finishes* last. Global pooling (1x1), the classifier,
     detection heads (proposal rows), position embeddings and the model's own output are
     thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
+    A segmentation model made of a ``backbone`` and a ``classifier`` head (torchvision
+    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage, an ultralytics detector the last
+    layer before its ``Detect`` head: the head's layers compute logits or box sides, and which of
+    them finishes last must not depend on the weights.
     Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
@@ -329,12 +358,34 @@ def default_layer(
     return last_spatial_map(calls, model, input_size, example=example)
 
 
-def _input_dims(model: nn.Module, input_size: object, example: Example | None) -> int:
-    """The axes of the explained input (the first tensor of the example)."""
+def _input_shape(model: nn.Module, input_size: object, example: Example | None) -> tuple:
+    """The shape of the explained input (the first tensor of the example)."""
     if example is None:
         example = _default_example(model, input_size)
     first = _first_tensor(example)
-    return first.ndim if first is not None else 4
+    return tuple(first.shape) if first is not None else (1, 3, 224, 224)
+
+
+def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
+    """Whether an output's spatial axes, channels first or last, are the input's divided by a
+    common stride (a box decoder's ``(B, 1, 4, anchors)`` is not a map of the image)."""
+    return fits_input(shape[2:], size) or fits_input(shape[1:-1], size)
+
+
+def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
+    """Which layers may be the default of a model whose head is known by its structure, else
+    None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
+    the backbone's layers; ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
+    ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
+    on the weights and the head's layers compute logits or box sides, not features."""
+    children = dict(model.named_children())
+    if "backbone" in children and "classifier" in children:
+        return lambda name: name.startswith("backbone.")
+    sequence = children.get("model")
+    if isinstance(sequence, nn.Sequential) and len(sequence) > 1 and hasattr(sequence[-1], "dfl"):
+        head = f"model.{len(sequence) - 1}"
+        return lambda name: name != head and not name.startswith(head + ".")
+    return None
 
 
 def last_spatial_map(
@@ -349,7 +400,8 @@ def last_spatial_map(
     usable = {call.name for call in calls if call.skip is None}
     if token_layer is not None and token_layer in usable:
         return token_layer
-    dims = _input_dims(model, input_size, example)
+    shape = _input_shape(model, input_size, example)
+    dims = len(shape)
     candidates = [
         call
         for call in calls
@@ -357,21 +409,26 @@ def last_spatial_map(
         and len(call.shape) == dims
         and math.prod(call.shape[2:]) > 1
         and not call.passes_through
+        and (dims < 4 or _spatial(call.shape, shape[2:]))
     ]
     if not candidates:
         what = "4-D (N, C, H, W)" if dims == 4 else f"{dims}-D (N, C, ...)"
         raise LayerOutputError(
-            f"no layer of {type(model).__name__} returns a {what} map larger than 1x1 for its "
-            "batch of inputs (layers whose first axis is not the batch, or whose output does not "
-            "depend on the input, do not count); name a layer yourself "
+            f"no layer of {type(model).__name__} returns a {what} map larger than 1x1 whose "
+            "spatial axes are the input's divided by a stride, for its batch of inputs (layers "
+            "whose first axis is not the batch, or whose output does not depend on the input, "
+            "do not count); name a layer yourself "
             "(see camkit.models.layer_shapes and skipped_layers, or `camkit layers`)"
         )
-    chosen = max(candidates, key=lambda call: call.finished)
+    allowed = _before_the_head(model) or (lambda name: True)
+    inside = [call for call in candidates if allowed(call.name)]
+    chosen = max(inside or candidates, key=lambda call: call.finished)
     token_layers = [
         call
         for call in calls
         if call.finished > chosen.finished
         and call.skip is None
+        and allowed(call.name)
         and len(call.shape) == 3
         and call.shape[1] > 1
     ]

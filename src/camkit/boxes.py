@@ -1,0 +1,299 @@
+"""Detection targets: a detector's score for a given box, scored the way the detector does.
+
+:class:`BoxTarget` finds, in each sample's detections, the one that best matches a given box and
+label and returns its score. Detectors score a detection in different ways, and the score a map
+explains must be the model's own (its post-processing's), so the scoring is read from the
+output's type or declared (``scoring=``), and :attr:`BoxTarget.used` says which one was used:
+
+* ``"softmax"``: DETR (Carion et al., ECCV 2020), YOLOS (Fang et al., NeurIPS 2021): a softmax
+  over ``C + 1`` logits whose last is "no object"; a query's label is its most probable real
+  class, its score that probability;
+* ``"sigmoid"``: Conditional DETR (Meng et al., ICCV 2021), Deformable DETR (Zhu et al., ICLR
+  2021), RT-DETR and other focal-loss heads: an independent sigmoid per class over
+  ``num_labels`` logits, no "no object" class;
+* ``"raw"``: YOLO-style tensors ``(cx, cy, w, h, class scores...)`` whose class scores are
+  already probabilities (ultralytics YOLOv8 applies the sigmoid inside its head);
+* ``"objectness"``: YOLOv5-style rows ``(cx, cy, w, h, objectness, class scores...)``: the score
+  is ``objectness x class score``, as its non-maximum suppression ranks them;
+* torchvision detectors' ``scores`` are used as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torchvision.ops import box_convert, box_iou
+
+from camkit.core.outputs import describe
+from camkit.core.targets import Target
+from camkit.errors import TargetError
+
+Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
+Layout = Literal["auto", "rows", "columns"]
+SCORINGS = ("auto", "softmax", "sigmoid", "raw", "objectness")
+LAYOUTS = ("auto", "rows", "columns")
+# HuggingFace output classes whose heads score with a sigmoid per class (focal loss)
+_SIGMOID_HEADS = ("ConditionalDetr", "DeformableDetr", "DabDetr", "RTDetr", "GroundingDino")
+
+_DETECTIONS = (
+    "a torchvision detector's list of B dicts with 'boxes' (N, 4), 'labels' (N,) and 'scores' "
+    "(N,) (Faster R-CNN / RetinaNet / FCOS / SSD in eval mode), a DETR-style output with "
+    "'logits' (B, Q, C) and 'pred_boxes' (B, Q, 4), a YOLO-style (B, N, 4 + C) tensor, or "
+    "ultralytics' (B, 4 + C, N) (with layout='columns', found by itself in its (y, feature "
+    "maps) eval output)"
+)
+
+
+def _field(output: Any, key: str) -> object:
+    return output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
+
+
+def _detr_scoring(output: Any, scoring: str) -> tuple[str, str]:
+    """``(scoring, why)`` for a DETR-style output."""
+    if scoring != "auto":
+        return scoring, "declared"
+    kind = type(output).__name__
+    if kind.startswith(_SIGMOID_HEADS):
+        return "sigmoid", f"{kind}: a sigmoid per class, no 'no object' class"
+    return "softmax", (
+        f"{kind}: DETR's softmax with a last 'no object' class (pass scoring='sigmoid' for a "
+        "focal-loss head such as Conditional or Deformable DETR)"
+    )
+
+
+def _ultralytics(output: Any) -> bool:
+    """ultralytics' eval output: ``(y (B, 4 + C, N), [feature maps (B, no, h, w)])`` (8.0 to
+    8.3) or ``(y, {"boxes", "scores", "feats"})`` (8.4)."""
+    if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], Tensor)):
+        return False
+    rest = output[1]
+    if isinstance(rest, Mapping):
+        return output[0].ndim == 3 and {"boxes", "scores", "feats"} <= set(rest)
+    return (
+        output[0].ndim == 3
+        and isinstance(rest, list | tuple)
+        and bool(rest)
+        and all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
+    )
+
+
+def detections(
+    output: Any, image_size: tuple[int, int] | None, scoring: str, layout: str
+) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
+    """Each sample's detections ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
+    (N,))``, and a sentence saying how they were read and scored."""
+    logits, pred_boxes = _field(output, "logits"), _field(output, "pred_boxes")
+    if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
+        return _detr(output, logits, pred_boxes, image_size, scoring)
+    if _ultralytics(output):
+        layout = "columns" if layout == "auto" else layout
+        return _yolo(output[0], scoring, layout, "ultralytics (y, feature maps) output")
+    if isinstance(output, Tensor):
+        return _yolo(output, scoring, "rows" if layout == "auto" else layout, "a tensor")
+    if not isinstance(output, list | tuple) or not output:
+        raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {describe(output)}")
+    if scoring not in ("auto", "raw"):
+        raise TargetError(
+            f"scoring={scoring!r} does not apply to a torchvision detector's 'scores' (already "
+            "its post-processed scores): use scoring='auto'"
+        )
+    found = []
+    for i, sample in enumerate(output):
+        if not isinstance(sample, Mapping) or not {"boxes", "labels", "scores"} <= set(sample):
+            raise TargetError(f"BoxTarget needs {_DETECTIONS}; item {i} is {describe(sample)}")
+        boxes = sample["boxes"]
+        if not isinstance(boxes, Tensor) or boxes.ndim != 2 or boxes.shape[1] != 4:
+            raise TargetError(f"detection {i}: 'boxes' must be (N, 4), got {describe(boxes)}")
+        found.append((boxes, sample["labels"], sample["scores"]))
+    return found, "torchvision detections: their 'scores' as they are"
+
+
+def _detr(
+    output: Any,
+    logits: Tensor,
+    pred_boxes: Tensor,
+    image_size: tuple[int, int] | None,
+    scoring: str,
+) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
+    if image_size is None:
+        raise TargetError(
+            "BoxTarget on a DETR-style output needs image_size=(H, W): its pred_boxes are "
+            "relative to the image"
+        )
+    if logits.ndim != 3 or pred_boxes.shape != (*logits.shape[:2], 4):
+        raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {describe(output)}")
+    scoring, why = _detr_scoring(output, scoring)
+    if scoring == "softmax":
+        scores, labels = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
+    elif scoring == "sigmoid":
+        scores, labels = logits.sigmoid().max(dim=-1)
+    else:
+        raise TargetError(
+            f"scoring={scoring!r} does not apply to DETR-style logits: use 'softmax' (DETR, "
+            "YOLOS), 'sigmoid' (Conditional / Deformable DETR) or 'auto'"
+        )
+    height, width = image_size
+    scale = pred_boxes.new_tensor([width, height, width, height])
+    boxes = box_convert(pred_boxes * scale, "cxcywh", "xyxy")
+    return list(zip(boxes, labels, scores, strict=True)), f"{scoring} ({why})"
+
+
+def _yolo(
+    output: Tensor, scoring: str, layout: str, what: str
+) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
+    if output.ndim != 3:
+        raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {describe(output)}")
+    rows = output.transpose(1, 2) if layout == "columns" else output
+    scoring = "raw" if scoring == "auto" else scoring
+    first = 5 if scoring == "objectness" else 4
+    if rows.shape[2] <= first:
+        raise TargetError(
+            f"BoxTarget read {what} {tuple(output.shape)} as {layout} of (cx, cy, w, h"
+            f"{', objectness' if first == 5 else ''}, class scores...) but its rows have "
+            f"{rows.shape[2]} values; {_LAYOUT_HINT}"
+        )
+    boxes = box_convert(rows[..., :4], "cxcywh", "xyxy")
+    if scoring == "objectness":
+        scores, labels = (rows[..., 5:] * rows[..., 4:5]).max(dim=-1)
+    elif scoring == "raw":
+        scores, labels = rows[..., 4:].max(dim=-1)
+    else:
+        raise TargetError(
+            f"scoring={scoring!r} does not apply to a YOLO-style tensor: use 'raw' (class "
+            "scores already probabilities, ultralytics), 'objectness' (YOLOv5 rows) or 'auto'"
+        )
+    shape = "(B, 4 + C, N) columns" if layout == "columns" else "(B, N, 4 + C) rows"
+    how = "objectness x class score" if scoring == "objectness" else "class scores as given"
+    return list(zip(boxes, labels, scores, strict=True)), f"{what} read as {shape}, {how}"
+
+
+_LAYOUT_HINT = (
+    "a YOLO tensor is read as (B, N, 4 + C) rows by default: pass layout='columns' for "
+    "ultralytics YOLOv8's (B, 4 + C, N), scoring='objectness' for YOLOv5's (B, N, 5 + C)"
+)
+
+
+class BoxTarget(Target):
+    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes.
+
+    For each given box and label, among the sample's detections with that label and
+    IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
+    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` sums the IoU and the score; camkit keeps the
+    score alone, the model's confidence, so the map explains the detection's class score).
+
+    ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
+    in the input's pixels; the same boxes are looked for in every sample of the batch.
+
+    ``scoring``: how a detection's score is computed (module docstring): ``"auto"`` (default)
+    reads it from the output's type (HuggingFace Conditional / Deformable DETR, RT-DETR:
+    ``"sigmoid"``; other DETR-style outputs: ``"softmax"`` with a "no object" class; YOLO
+    tensors: ``"raw"``), or declare ``"softmax"``, ``"sigmoid"``, ``"raw"``, ``"objectness"``.
+    After a call :attr:`used` says how the detections were read and scored.
+
+    ``layout``: for a YOLO-style tensor, ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"``
+    ``(B, 4 + C, N)`` (ultralytics YOLOv8); ``"auto"``: columns for ultralytics' eval output
+    ``(y, feature maps)``, rows for a plain tensor (never guessed from the sizes).
+
+    ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
+    naming the row and the best IoU found; ``"zero"`` scores 0. Perturbed copies (Score-CAM,
+    Ablation-CAM, the deletion metric) are always scored with ``"zero"`` (:meth:`for_copies`):
+    a lost detection has no confidence left. Integrated Gradients scores its path points with
+    the target itself: near the baseline the detection is lost, so pass ``lost="zero"``.
+    """
+
+    def __init__(
+        self,
+        labels: int | Sequence[int] | Tensor,
+        boxes: Sequence[float] | Sequence[Sequence[float]] | Tensor,
+        iou_threshold: float = 0.5,
+        *,
+        lost: Literal["raise", "zero"] = "raise",
+        image_size: tuple[int, int] | None = None,
+        scoring: Scoring = "auto",
+        layout: Layout = "auto",
+    ):
+        self.several = not (
+            isinstance(labels, int) or (isinstance(labels, Tensor) and labels.ndim == 0)
+        )
+        label_tensor = torch.as_tensor(labels).reshape(-1)
+        box_tensor = torch.as_tensor(boxes, dtype=torch.float32)
+        box_tensor = box_tensor.reshape(1, 4) if box_tensor.shape == (4,) else box_tensor
+        if label_tensor.is_floating_point() or label_tensor.numel() == 0:
+            raise TargetError("labels must be an int or a non-empty sequence of ints")
+        if box_tensor.ndim != 2 or box_tensor.shape != (label_tensor.numel(), 4):
+            raise TargetError(
+                f"boxes must be (M, 4) (x1, y1, x2, y2) for M = {label_tensor.numel()} labels, "
+                f"got shape {tuple(box_tensor.shape)}"
+            )
+        if not (box_tensor[:, 2:] > box_tensor[:, :2]).all():
+            raise TargetError("each box must have x2 > x1 and y2 > y1")
+        if not 0 < iou_threshold <= 1:
+            raise TargetError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
+        if lost not in ("raise", "zero"):
+            raise TargetError(f'lost must be "raise" or "zero", got {lost!r}')
+        if scoring not in SCORINGS:
+            raise TargetError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
+        if layout not in LAYOUTS:
+            raise TargetError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.labels = label_tensor.long()
+        self.boxes = box_tensor
+        self.iou_threshold = float(iou_threshold)
+        self.lost = lost
+        self.image_size = image_size
+        self.scoring = scoring
+        self.layout = layout
+        self.used: str | None = None  # how the last call read and scored the detections
+
+    def for_copies(self) -> BoxTarget:
+        """In perturbed copies a lost detection scores 0 (it has no confidence left), as in
+        pytorch-grad-cam; on the explained images themselves it stays an error."""
+        copy = BoxTarget.__new__(BoxTarget)
+        copy.__dict__.update(self.__dict__, lost="zero")
+        return copy
+
+    def __call__(self, output: Any) -> Tensor:
+        found, self.used = detections(output, self.image_size, self.scoring, self.layout)
+        rows = [self._row(row, len(found), *detected) for row, detected in enumerate(found)]
+        result = torch.stack(rows)
+        return result if self.several else result[:, 0]
+
+    def _row(self, row: int, total: int, boxes: Tensor, labels: Tensor, scores: Tensor) -> Tensor:
+        wanted = self.boxes.to(boxes.device, boxes.dtype)
+        ious = box_iou(wanted, boxes.detach()) if len(boxes) else boxes.new_zeros(len(wanted), 0)
+        same = labels.to(self.labels.device)[None, :] == self.labels[:, None]
+        ious = ious.where(same.to(ious.device), ious.new_tensor(-1.0))
+        picked = []
+        for m in range(len(wanted)):
+            best = int(ious[m].argmax()) if ious.shape[1] else -1
+            iou = float(ious[m, best]) if best >= 0 else -1.0
+            if iou >= self.iou_threshold:
+                picked.append(scores[best])
+            elif self.lost == "zero":
+                picked.append(scores.sum() * 0)  # lost: 0, still part of the graph
+            else:
+                where = f"row {row} of the {total} scored (sample {row} of the batch, or"
+                where = "the image (or" if total == 1 else where
+                hint = f"; {_LAYOUT_HINT}" if "tensor" in self.used or "ultra" in self.used else ""
+                raise TargetError(
+                    f"{where} a copy that the method scores): no detection of label "
+                    f"{int(self.labels[m])} overlaps box {self.boxes[m].tolist()} with IoU >= "
+                    f"{self.iou_threshold} (best IoU among the {int(same[m].sum())} detections "
+                    f"of that label: {max(iou, 0.0):.2f}; {len(boxes)} detections in all; read "
+                    f"as {self.used}). Methods that score copies of the image with the target "
+                    "itself (Integrated Gradients' path points, SmoothGrad's noise) lose "
+                    "detections near the baseline: pass BoxTarget(..., lost='zero') to score a "
+                    f"lost detection 0{hint}"
+                )
+        return torch.stack(picked)
+
+    def __repr__(self) -> str:
+        return (
+            f"BoxTarget(labels={self.labels.tolist()}, boxes={self.boxes.tolist()}, "
+            f"scoring={self.scoring!r}, layout={self.layout!r}, used={self.used!r})"
+        )
+
+
+__all__ = ["BoxTarget"]
