@@ -1,0 +1,29 @@
+"""Concepts: what the model sees where it looks.
+
+* :class:`ConceptAttribution` -- Concept Relevance Propagation (Achtibat et al., Nature Machine
+  Intelligence 5, 2023): channel relevances per sample, top-k concepts (in a region), their
+  conditional heatmaps in one batched backward, concepts given a concept of a later layer, the
+  attribution graph between two layers;
+* concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
+  direction), :class:`Concept` (the base of one's own);
+* the backward they use: :data:`GRADIENT` (gradient x activation, any model) or an LRP rule
+  context (:class:`Rules`).
+
+Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
+"""
+
+from camkit.concepts.concepts import Channels, Concept, Direction
+from camkit.concepts.conditional import ConceptAttribution, TopConcepts, region_weights
+from camkit.concepts.rules import GRADIENT, GradientRules, Rules
+
+__all__ = [
+    "GRADIENT",
+    "Channels",
+    "Concept",
+    "ConceptAttribution",
+    "Direction",
+    "GradientRules",
+    "Rules",
+    "TopConcepts",
+    "region_weights",
+]
