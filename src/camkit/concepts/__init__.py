@@ -14,7 +14,7 @@ Numbers in, numbers out: the CLI, the report and the explorer only call these fu
 
 from camkit.concepts.concepts import Channels, Concept, Direction
 from camkit.concepts.conditional import ConceptAttribution, TopConcepts, region_weights
-from camkit.concepts.rules import GRADIENT, GradientRules, Rules
+from camkit.concepts.rules import GRADIENT, GradientRules, Rules, ZennitRules
 
 __all__ = [
     "GRADIENT",
@@ -25,5 +25,6 @@ __all__ = [
     "GradientRules",
     "Rules",
     "TopConcepts",
+    "ZennitRules",
     "region_weights",
 ]

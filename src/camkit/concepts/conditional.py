@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.concepts.concepts import Concept, ConceptSpec, as_concept, as_concepts
-from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.concepts.rules import GRADIENT, Rules, check_rules, relevance, seed
 from camkit.core.engine import require_autograd, run_model
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
@@ -138,8 +138,8 @@ class ConceptAttribution:
         ``region``: see :meth:`top`); an image gives ``(C,)``. One backward pass."""
         batch, single = as_batch(x, self.model)
         with self._traced(batch, target, [self.layer]) as run:
-            relevance = self._channel_relevance(run, region)
-        return relevance[0] if single else relevance
+            per_channel = self._channel_relevance(run, region)
+        return per_channel[0] if single else per_channel
 
     def heatmaps(
         self,
@@ -195,13 +195,13 @@ class ConceptAttribution:
         k = positive_int("k", k)
         batch, single = as_batch(x, self.model)
         with self._traced(batch, target, [self.layer]) as run:
-            relevance = self._channel_relevance(run, region)
-            if k > relevance.shape[1]:
+            per_channel = self._channel_relevance(run, region)
+            if k > per_channel.shape[1]:
                 raise ArgumentError(
-                    f"k={k} but layer {self.layer!r} has {relevance.shape[1]} channels"
+                    f"k={k} but layer {self.layer!r} has {per_channel.shape[1]} channels"
                 )
-            values, channels = relevance.topk(k, dim=1)
-            share = values / (relevance.abs().sum(dim=1, keepdim=True) + 1e-10)
+            values, channels = per_channel.topk(k, dim=1)
+            share = values / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10)
             heat = None
             if heatmaps:
                 masks = [_channel_mask(channels[:, i]) for i in range(k)]
@@ -246,10 +246,10 @@ class ConceptAttribution:
                 chunk = masks[start : start + (self.batch_size or len(masks))]
                 grads = self._masked(run, self.layer, upper_grad, chunk)
                 lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
-                relevance = (run.acts[low] * lower_grad).detach()
-                parts.append(self._per_channel(run, low, relevance, dims=2))
-            relevance = torch.cat(parts).transpose(0, 1)
-        return relevance[0] if single else relevance
+                lower_relevance = relevance(self.rules, run.acts[low], lower_grad).detach()
+                parts.append(self._per_channel(run, low, lower_relevance, dims=2))
+            graph = torch.cat(parts).transpose(0, 1)
+        return graph[0] if single else graph
 
     # ------------------------------------------------------------------ the passes
 
@@ -288,7 +288,11 @@ class ConceptAttribution:
         if not run.scores.requires_grad:
             raise LayerOutputError(f"the target score does not depend on layer {layer!r}")
         (grad,) = torch.autograd.grad(
-            run.scores.sum(), run.acts[layer], retain_graph=True, allow_unused=True
+            run.scores,
+            run.acts[layer],
+            seed(self.rules, run.scores),
+            retain_graph=True,
+            allow_unused=True,
         )
         if grad is None:
             raise LayerOutputError(
@@ -330,11 +334,11 @@ class ConceptAttribution:
 
     def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
         act = run.acts[self.layer]
-        relevance = (act * self._start(run, self.layer)).detach()
+        layer_relevance = relevance(self.rules, act, self._start(run, self.layer)).detach()
         if region is None:
-            return self._per_channel(run, self.layer, relevance)
+            return self._per_channel(run, self.layer, layer_relevance)
         layout = run.layouts[self.layer]
-        grid = relevance if layout is None else layout.to_grid(relevance)
+        grid = layer_relevance if layout is None else layout.to_grid(layer_relevance)
         weights = region_weights(region, tuple(grid.shape[2:]), run.leaf).to(grid)
         return (grid * weights).flatten(2).sum(dim=-1)
 
@@ -357,7 +361,7 @@ class ConceptAttribution:
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
             input_grad = self._vjp(run.acts[self.layer], run.leaf, grads)
-            parts.append((run.leaf * input_grad).sum(dim=2).detach())
+            parts.append(relevance(self.rules, run.leaf, input_grad).sum(dim=2).detach())
         return torch.cat(parts).transpose(0, 1)
 
 
