@@ -125,6 +125,7 @@ class ReferenceCollector:
         self.rules = check_rules(rules)
         self.score, self.normalise, self.reshape = score, normalise, reshape
         self.found: dict[Mode, TopK] = {}
+        self.totals: dict[Mode, Tensor] = {}  # each channel's scores summed over the images
         self.seen = 0
 
     def update(self, images: Tensor, indices: Tensor | list[int]) -> None:
@@ -153,7 +154,9 @@ class ReferenceCollector:
             score, positions = channel_scores(values, self.score, self.normalise)
             if mode not in self.found:
                 self.found[mode] = TopK.empty(score.shape[1], self.top)
+                self.totals[mode] = torch.zeros(score.shape[1], dtype=torch.float64)
             self.found[mode].update(score, indices, positions, classes)
+            self.totals[mode] += score.detach().double().sum(dim=0).cpu()
         self.seen += batch.shape[0]
 
     def merge(self, other: ReferenceCollector) -> None:
@@ -163,8 +166,9 @@ class ReferenceCollector:
         for mode, found in other.found.items():
             if mode in self.found:
                 self.found[mode].merge(found)
+                self.totals[mode] += other.totals[mode]
             else:
-                self.found[mode] = found
+                self.found[mode], self.totals[mode] = found, other.totals[mode].clone()
         self.seen += other.seen
 
 
