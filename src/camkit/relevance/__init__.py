@@ -34,6 +34,7 @@ The numbers equal zennit 0.5.1's for its composites and canonizers (``tests/test
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
 from camkit.relevance.composites import COMPOSITES, Composite, composite
 from camkit.relevance.engine import Session, rules_applied
+from camkit.relevance.lrp import LRP, Relevance
 from camkit.relevance.rules import (
     AlphaBeta,
     Epsilon,
@@ -55,9 +56,11 @@ __all__ = [
     "Epsilon",
     "Flat",
     "Gamma",
+    "LRP",
     "MergeBatchNorm",
     "Norm",
     "Pass",
+    "Relevance",
     "Rule",
     "Session",
     "WSquare",
