@@ -54,6 +54,10 @@ class GradientError(CamkitError):
     """The target score does not depend on the input (a detached or no-grad model)."""
 
 
+class RelevanceError(CamkitError):
+    """An operation on LRP's relevance path that no rule covers, or a rule that cannot apply."""
+
+
 class UnknownMethodError(CamkitError):
     """A method name that is not in the registry."""
 
@@ -87,6 +91,10 @@ class NonFiniteWarning(UserWarning):
 
 class ZeroGradientWarning(UserWarning):
     """A layer whose gradient is zero for the target: its gradient-weighted map is blank."""
+
+
+class ConservationWarning(UserWarning):
+    """LRP lost (or created) more of the target score than its composite allows."""
 
 
 def warn(message: str, category: type[Warning]) -> None:
