@@ -203,3 +203,19 @@ def test_errors_say_what_to_do():
         ConceptAttribution(model, "2", rules="lrp")
     with pytest.raises(ArgumentError, match="concept"):
         concepts.heatmaps(x, "3")
+
+
+def test_lrp_rules_linearity():
+    from camkit.concepts import LRPRules
+    from camkit.relevance import rules_applied
+
+    model = small_cnn().double()
+    x = torch.rand(2, 3, 8, 8, dtype=torch.float64)
+    concepts = ConceptAttribution(model, "2", rules=LRPRules("epsilon-plus"))
+    heat = concepts.heatmaps(x, range(6), target=[0, 3])
+    leaf = x.clone().requires_grad_(True)
+    with rules_applied(model, "epsilon-plus"):
+        out = model(leaf)
+    (grad,) = torch.autograd.grad(out.gather(1, torch.tensor([[0], [3]])).sum(), leaf)
+    full = (x * grad).sum(1)
+    assert (heat.sum(1) - full).abs().max() <= 1e-5 * full.abs().max()

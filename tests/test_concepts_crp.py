@@ -1,8 +1,8 @@
 """Parity with zennit-crp 0.6.0 (Achtibat et al., Nature Machine Intelligence 2023) on
-torchvision VGG-16 with random weights: the same zennit composite as the rule context gives
-zennit-crp's conditional heatmaps and channel relevances (float64 within 1e-6 of the largest
-value, float32 within 1e-4), and its reference-sample selection (the same top images per
-channel) on a small image set."""
+torchvision VGG-16 with random weights: camkit's LRP rules with the composite zennit-crp uses
+(epsilon-plus-flat: zennit's ``EpsilonPlusFlat``) give zennit-crp's conditional heatmaps and
+channel relevances (float64 within 1e-6 of the largest value, float32 within 1e-4), and its
+reference-sample selection (the same top images per channel) on a small image set."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from crp.helper import load_maximization  # noqa: E402
 from crp.visualization import FeatureVisualization  # noqa: E402
 from torchvision.models import vgg16  # noqa: E402
 
-from camkit.concepts import ConceptAttribution, ZennitRules  # noqa: E402
+from camkit.concepts import ConceptAttribution, LRPRules  # noqa: E402
 from camkit.concepts.reference import ReferenceCollector  # noqa: E402
 
 LAYER = "features.21"
@@ -40,7 +40,7 @@ def test_heatmaps_and_relevances_equal_zennit_crp(vgg, dtype, tolerance):
     cls = int(model(x).argmax())
     channels = [0, 17, 100, 311]
     before = model_state(model)
-    concepts = ConceptAttribution(model, LAYER, rules=ZennitRules(composite))
+    concepts = ConceptAttribution(model, LAYER, rules=LRPRules("epsilon-plus-flat"))
     heat = concepts.heatmaps(x, channels, target=cls)[0]
     relevance = concepts.relevances(x, target=cls)[0]
     assert_untouched(model, before)
@@ -78,7 +78,7 @@ def test_reference_selection_equals_zennit_crp(vgg, tmp_path):
     visualization.ActMax.SAMPLE_SIZE = visualization.RelMax.SAMPLE_SIZE = 5
     visualization.run(composite, 0, len(images), batch_size=4)
 
-    collector = ReferenceCollector(model, LAYER, top=5, rules=ZennitRules(composite))
+    collector = ReferenceCollector(model, LAYER, top=5, rules=LRPRules("epsilon-plus-flat"))
     for start in range(0, len(images), 4):
         collector.update(images[start : start + 4], torch.arange(start, start + 4))
     for mode, path in (

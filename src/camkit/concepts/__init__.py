@@ -6,15 +6,15 @@
   attribution graph between two layers;
 * concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
   direction), :class:`Concept` (the base of one's own);
-* the backward they use: :data:`GRADIENT` (gradient x activation, any model) or an LRP rule
-  context (:class:`Rules`).
+* the backward they use (:class:`Rules`): :data:`GRADIENT` (gradient x activation, any model) or
+  :class:`LRPRules` (camkit's LRP composites: CRP proper).
 
 Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
 """
 
 from camkit.concepts.concepts import Channels, Concept, Direction
 from camkit.concepts.conditional import ConceptAttribution, TopConcepts, region_weights
-from camkit.concepts.rules import GRADIENT, GradientRules, Rules, ZennitRules
+from camkit.concepts.rules import GRADIENT, GradientRules, LRPRules, Rules
 
 __all__ = [
     "GRADIENT",
@@ -23,8 +23,8 @@ __all__ = [
     "ConceptAttribution",
     "Direction",
     "GradientRules",
+    "LRPRules",
     "Rules",
     "TopConcepts",
-    "ZennitRules",
     "region_weights",
 ]

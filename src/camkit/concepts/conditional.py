@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.concepts.concepts import Concept, ConceptSpec, as_concept, as_concepts
-from camkit.concepts.rules import GRADIENT, Rules, check_rules, relevance, seed
+from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.engine import require_autograd, run_model
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
@@ -246,7 +246,7 @@ class ConceptAttribution:
                 chunk = masks[start : start + (self.batch_size or len(masks))]
                 grads = self._masked(run, self.layer, upper_grad, chunk)
                 lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
-                lower_relevance = relevance(self.rules, run.acts[low], lower_grad).detach()
+                lower_relevance = (run.acts[low] * lower_grad).detach()
                 parts.append(self._per_channel(run, low, lower_relevance, dims=2))
             graph = torch.cat(parts).transpose(0, 1)
         return graph[0] if single else graph
@@ -255,15 +255,19 @@ class ConceptAttribution:
 
     @contextmanager
     def _traced(self, batch: Tensor, target: TargetSpec, layers: list[str]) -> Iterator[_Pass]:
-        """One forward with ``layers`` tapped, the input a leaf; backward passes run inside."""
+        """One forward with ``layers`` tapped, the input a leaf, under the rules; the target is
+        scored and the backward passes run after it (inside the ``with`` of the caller)."""
         require_autograd("concept relevance")
         size = batch.shape[0]
         scorer = resolve(target, size, batch.device, self.output)
         rows = torch.arange(size)
         modules = find_layers(self.model, layers)
         leaf = batch.detach().requires_grad_(True)
-        with self.rules.applied(self.model), torch.enable_grad():
-            with capture_outputs(self.model, modules, start_graph=False) as taps:
+        with torch.enable_grad():
+            with (
+                self.rules.applied(self.model),
+                capture_outputs(self.model, modules, start_graph=False) as taps,
+            ):
                 output = run_model(self.model, leaf.clone())
             check_batch_axes(taps, size)
             acts = dict(zip(layers, single_call(taps), strict=True))
@@ -288,11 +292,7 @@ class ConceptAttribution:
         if not run.scores.requires_grad:
             raise LayerOutputError(f"the target score does not depend on layer {layer!r}")
         (grad,) = torch.autograd.grad(
-            run.scores,
-            run.acts[layer],
-            seed(self.rules, run.scores),
-            retain_graph=True,
-            allow_unused=True,
+            run.scores.sum(), run.acts[layer], retain_graph=True, allow_unused=True
         )
         if grad is None:
             raise LayerOutputError(
@@ -334,7 +334,7 @@ class ConceptAttribution:
 
     def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
         act = run.acts[self.layer]
-        layer_relevance = relevance(self.rules, act, self._start(run, self.layer)).detach()
+        layer_relevance = (act * self._start(run, self.layer)).detach()
         if region is None:
             return self._per_channel(run, self.layer, layer_relevance)
         layout = run.layouts[self.layer]
@@ -361,7 +361,7 @@ class ConceptAttribution:
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
             input_grad = self._vjp(run.acts[self.layer], run.leaf, grads)
-            parts.append(relevance(self.rules, run.leaf, input_grad).sum(dim=2).detach())
+            parts.append((run.leaf * input_grad).sum(dim=2).detach())
         return torch.cat(parts).transpose(0, 1)
 
 

@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.concepts.rules import GRADIENT, Rules, check_rules, relevance, seed
+from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec, capture_outputs, find_layers, single_call
@@ -142,15 +142,16 @@ class ReferenceCollector:
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
         with self.rules.applied(self.capture.model):
             output, taps = self.capture.forward(batch, start_graph=True, rows=rows)
-            (act,) = single_call(taps)
+        (act,) = single_call(taps)
+        with torch.enable_grad():
             scores, _ = scorer(output, rows)
-            if not scores.requires_grad:
-                raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
-            (grad,) = torch.autograd.grad(scores, act, seed(self.rules, scores))
+        if not scores.requires_grad:
+            raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
+        (grad,) = torch.autograd.grad(scores.sum(), act)
         classes = scorer.pinned(output).classes[:, 0]
         act = channels_first(act.detach(), self.capture.model, batch, self.reshape)
         grad = channels_first(grad, self.capture.model, batch, self.reshape)
-        for mode, values in (("activation", act), ("relevance", relevance(self.rules, act, grad))):
+        for mode, values in (("activation", act), ("relevance", act * grad)):
             score, positions = channel_scores(values, self.score, self.normalise)
             if mode not in self.found:
                 self.found[mode] = TopK.empty(score.shape[1], self.top)
