@@ -23,9 +23,15 @@ import torch
 from torch import Tensor, nn
 
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
-from camkit.core.engine import Capture, require_autograd
+from camkit.core.engine import Capture, require_autograd, run_model
 from camkit.core.inputs import as_batch, positive_int
-from camkit.core.layers import LayerSpec, capture_outputs, find_layers, single_call
+from camkit.core.layers import (
+    LayerSpec,
+    capture_outputs,
+    explained_module,
+    find_layers,
+    single_call,
+)
 from camkit.core.layouts import infer_layout
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import resolve
@@ -211,12 +217,13 @@ def receptive_boxes(
     pixels that drive channel ``channels[i]`` at position ``positions[i]`` in image ``i``: where
     the gradient of that one activation with respect to the input is at least ``threshold`` of
     its largest value (the effective receptive field; the whole image where it is zero)."""
+    model = explained_module(model)
     found = find_layers(model, layer)
     batch, _ = as_batch(images, model)
     leaf = batch.detach().requires_grad_(True)
     with torch.enable_grad():
         with capture_outputs(model, found, start_graph=False) as taps:
-            model(leaf.clone())
+            run_model(model, leaf.clone())
         (act,) = single_call(taps)
         flat = channels_first(act, model, batch, reshape).flatten(2)
         rows = torch.arange(flat.shape[0])
