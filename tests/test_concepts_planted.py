@@ -112,3 +112,23 @@ def test_collector_memory_does_not_grow_and_collectors_merge():
     before = {mode: found.values.shape for mode, found in whole.found.items()}
     whole.update(images, torch.arange(10, 20))
     assert {mode: found.values.shape for mode, found in whole.found.items()} == before
+
+
+def test_the_tag_cluster_of_the_strategies_names_the_tag_channel():
+    from camkit import GradCAM
+    from camkit.strategies import find_strategies
+
+    model = planted_concepts()
+    images, tagged = planted_images(24, seed=1)
+    maps = GradCAM(model, "1")(images, target=0)
+    found = find_strategies(maps, [0] * len(images), grid=8, embedding=None, n_neighbors=5)
+    clusters = found.classes[0].clusters
+    assert len(clusters) == 2
+    concepts = ConceptAttribution(model, "1", batch_size=10)
+    for cluster in clusters:
+        members = torch.as_tensor(cluster.members)
+        dominant = concepts.dominant(images[members], k=1, target=0)
+        is_tag = bool(tagged[cluster.members].all())
+        assert is_tag or not tagged[cluster.members].any()  # the clusters are the strategies
+        assert int(dominant.channels[0]) == (TAG_CHANNEL if is_tag else 0)
+        assert float(dominant.share[0]) > 0.99

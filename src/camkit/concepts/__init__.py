@@ -17,10 +17,11 @@
 Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
 """
 
-from camkit.concepts.concepts import Channels, Concept, Direction
-from camkit.concepts.conditional import ConceptAttribution, TopConcepts, region_weights
+from camkit.concepts.concepts import Channels, Concept, Direction, TopConcepts
+from camkit.concepts.conditional import ConceptAttribution
 from camkit.concepts.featurevis import ChannelObjective, LogitObjective, NeuronObjective, visualize
 from camkit.concepts.reference import ReferenceCollector, TopK, receptive_boxes
+from camkit.concepts.regions import region_weights
 from camkit.concepts.rules import GRADIENT, GradientRules, LRPRules, Rules
 
 __all__ = [

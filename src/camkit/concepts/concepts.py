@@ -20,9 +20,11 @@ A new kind of concept subclasses :class:`Concept` and implements :meth:`Concept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from camkit.errors import ArgumentError
@@ -112,6 +114,39 @@ class Direction(Concept):
 
 
 ConceptSpec = int | Sequence[int] | Concept
+Mask = Callable[[Tensor], Tensor]  # a gradient (n, C, ...), channels on axis 1 -> same
+
+
+def sample_channels(channels: Tensor) -> Mask:
+    """Keep channel ``channels[b]`` of sample ``b``: ``(B, C, ...) -> (B, C, ...)``."""
+
+    def mask(grad: Tensor) -> Tensor:
+        keep = F.one_hot(channels.to(grad.device), grad.shape[1]).to(grad.dtype)
+        return grad * keep.view(*keep.shape, *([1] * (grad.ndim - 2)))
+
+    return mask
+
+
+@dataclass(frozen=True)
+class TopConcepts:
+    """The ``k`` most relevant channels of a layer per sample (:meth:`ConceptAttribution.top`).
+
+    Attributes:
+        layer: the layer's name.
+        channels: ``(B, k)`` channel indices, most relevant first.
+        relevance: ``(B, k)`` their relevance (inside the region, when one was given).
+        share: ``(B, k)`` relevance divided by the sum of the absolute relevances of all the
+            layer's channels (zennit-crp's ``abs_norm``).
+        heatmaps: ``(B, k, H, W)`` their conditional heatmaps, or None when not asked.
+        classes: ``(B,)`` the explained classes, None for a callable target.
+    """
+
+    layer: str
+    channels: Tensor
+    relevance: Tensor
+    share: Tensor
+    heatmaps: Tensor | None
+    classes: Tensor | None
 
 
 def as_concept(spec: object) -> Concept:
@@ -140,4 +175,14 @@ def as_concepts(specs: object) -> list[Concept]:
     )
 
 
-__all__ = ["Channels", "Concept", "ConceptSpec", "Direction", "as_concept", "as_concepts"]
+__all__ = [
+    "Channels",
+    "Concept",
+    "ConceptSpec",
+    "Direction",
+    "Mask",
+    "TopConcepts",
+    "as_concept",
+    "as_concepts",
+    "sample_channels",
+]

@@ -19,15 +19,22 @@ it) carry no conditional relevance.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.concepts.concepts import Concept, ConceptSpec, as_concept, as_concepts
+from camkit.concepts.concepts import (
+    ConceptSpec,
+    Mask,
+    TopConcepts,
+    as_concept,
+    as_concepts,
+    sample_channels,
+)
+from camkit.concepts.regions import region_weights, rows_of
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.engine import require_autograd, run_model
 from camkit.core.inputs import as_batch, positive_int
@@ -43,30 +50,6 @@ from camkit.core.layouts import Layout, check_reshape, infer_layout
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
-
-Mask = Callable[[Tensor], Tensor]  # (K, B, C, ...) gradient, channels on axis 2 -> same
-
-
-@dataclass(frozen=True)
-class TopConcepts:
-    """The ``k`` most relevant channels of a layer per sample (:meth:`ConceptAttribution.top`).
-
-    Attributes:
-        layer: the layer's name.
-        channels: ``(B, k)`` channel indices, most relevant first.
-        relevance: ``(B, k)`` their relevance (inside the region, when one was given).
-        share: ``(B, k)`` relevance divided by the sum of the absolute relevances of all the
-            layer's channels (zennit-crp's ``abs_norm``).
-        heatmaps: ``(B, k, H, W)`` their conditional heatmaps, or None when not asked.
-        classes: ``(B,)`` the explained classes, None for a callable target.
-    """
-
-    layer: str
-    channels: Tensor
-    relevance: Tensor
-    share: Tensor
-    heatmaps: Tensor | None
-    classes: Tensor | None
 
 
 @dataclass
@@ -164,12 +147,12 @@ class ConceptAttribution:
             channels = self._channels(run, self.layer)
             for concept in found:
                 concept.check(channels)
-            masks = [_concept_mask(concept) for concept in found]
+            masks = [concept.project for concept in found]
             upper_mask = None
             if given is not None:
                 upper_concept = as_concept(given[1])
                 upper_concept.check(self._channels(run, layers[0]))
-                upper_mask = _concept_mask(upper_concept)
+                upper_mask = upper_concept.project
             heat = self._conditional(
                 run, masks, upper=layers[0] if given else None, upper_mask=upper_mask
             )
@@ -204,7 +187,7 @@ class ConceptAttribution:
             share = values / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10)
             heat = None
             if heatmaps:
-                masks = [_channel_mask(channels[:, i]) for i in range(k)]
+                masks = [sample_channels(channels[:, i]) for i in range(k)]
                 heat = self._conditional(run, masks)
             classes = run.classes
         picked = TopConcepts(self.layer, channels, values, share, heat, classes)
@@ -218,6 +201,33 @@ class ConceptAttribution:
                 None if classes is None else classes[:1],
             )
         return picked
+
+    def dominant(
+        self, x: Tensor, k: int = 10, target: TargetSpec = None, region: Tensor | None = None
+    ) -> TopConcepts:
+        """The ``k`` channels that dominate a set of images (a strategy's cluster): each
+        image's channel relevances divided by their absolute sum (its shares), averaged over
+        the images -> ``channels (k,)``, mean ``relevance (k,)``, mean ``share (k,)``; no
+        heatmaps (ask :meth:`heatmaps` for the images you show). ``batch_size`` images per
+        pass."""
+        k = positive_int("k", k)
+        batch, _ = as_batch(x, self.model)
+        step = self.batch_size or batch.shape[0]
+        relevance, share = [], []
+        for start in range(0, batch.shape[0], step):
+            rows = slice(start, start + step)
+            part_target = rows_of(target, rows, batch.shape[0])
+            part_region = rows_of(region, rows, batch.shape[0])
+            with self._traced(batch[rows], part_target, [self.layer]) as run:
+                per_channel = self._channel_relevance(run, part_region)
+            relevance.append(per_channel)
+            share.append(per_channel / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10))
+        mean_share = torch.cat(share).mean(dim=0)
+        if k > mean_share.numel():
+            raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")
+        values, channels = mean_share.topk(k)
+        mean_relevance = torch.cat(relevance).mean(dim=0)[channels]
+        return TopConcepts(self.layer, channels, mean_relevance, values, None, None)
 
     def graph(
         self,
@@ -239,7 +249,7 @@ class ConceptAttribution:
             channels = self._channels(run, self.layer)
             for concept in found:
                 concept.check(channels)
-            masks = [_concept_mask(concept) for concept in found]
+            masks = [concept.project for concept in found]
             upper_grad = self._start(run, self.layer)
             parts = []
             for start in range(0, len(masks), self.batch_size or len(masks)):
@@ -374,38 +384,3 @@ def _channels_first(
     if layout is None or layout.kind not in ("tokens", "channels_last"):
         return t
     return t.movedim(dims, -1) if back else t.movedim(-1, dims)
-
-
-def _concept_mask(concept: Concept) -> Mask:
-    """The mask of one concept, the same for every sample: ``(B, C, ...) -> (B, C, ...)``."""
-    return concept.project
-
-
-def _channel_mask(channels: Tensor) -> Mask:
-    """Keep channel ``channels[b]`` of sample ``b``: ``(B, C, ...) -> (B, C, ...)``."""
-
-    def mask(grad: Tensor) -> Tensor:
-        keep = F.one_hot(channels.to(grad.device), grad.shape[1]).to(grad.dtype)
-        return grad * keep.view(*keep.shape, *([1] * (grad.ndim - 2)))
-
-    return mask
-
-
-def region_weights(region: object, grid: tuple[int, ...], like: Tensor) -> Tensor:
-    """``(B, 1, *grid)`` weights of a region mask given at the input's size (each cell weighs
-    the share of it inside the region) or at the layer grid's size."""
-    if not isinstance(region, Tensor):
-        raise ArgumentError(f"region must be a mask tensor (H, W) or (B, H, W), got {region!r}")
-    size, batch, dims = tuple(like.shape[2:]), like.shape[0], len(grid)
-    r = region.to(like.device, torch.float32)
-    if r.ndim == dims:
-        r = r.expand(batch, *r.shape)
-    if r.ndim != dims + 1 or r.shape[0] != batch or tuple(r.shape[1:]) not in (size, grid):
-        raise ArgumentError(
-            f"region has shape {tuple(region.shape)}; expected a mask of the input's size "
-            f"{size} or of the layer grid's {grid}, alone or with the batch's {batch} first"
-        )
-    if not torch.isfinite(r).all() or r.min() < 0 or r.max() > 1:
-        raise ArgumentError("region must hold weights in [0, 1] (a boolean mask)")
-    r = r.unsqueeze(1)
-    return r if tuple(r.shape[2:]) == grid else F.interpolate(r, size=grid, mode="area")
