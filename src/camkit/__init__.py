@@ -28,6 +28,7 @@ from camkit.pixel import (
     to_heatmap,
 )
 from camkit.registry import METHODS
+from camkit.relevance.lrp import LRP
 from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot
 
@@ -49,6 +50,7 @@ __all__ = [
     "IntegratedGradients",
     "KeywordInput",
     "LayerNotFoundError",
+    "LRP",
     "LayerOutputError",
     "LeGrad",
     "Saliency",

@@ -54,6 +54,10 @@ class GradientError(CamkitError):
     """The target score does not depend on the input (a detached or no-grad model)."""
 
 
+class RelevanceError(CamkitError):
+    """An operation on LRP's relevance path that no rule covers, or a rule that cannot apply."""
+
+
 class UnknownMethodError(CamkitError):
     """A method name that is not in the registry."""
 
@@ -92,6 +96,10 @@ class ZeroGradientWarning(UserWarning):
 class IllConditionedWarning(UserWarning):
     """A formula evaluated where it is ill-conditioned (Grad-CAM++'s alphas whose denominator
     nearly cancels): small changes of the activations or gradients change the map a lot."""
+
+
+class ConservationWarning(UserWarning):
+    """LRP lost (or created) more of the target score than its composite allows."""
 
 
 def warn(message: str, category: type[Warning]) -> None:

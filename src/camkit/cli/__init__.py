@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 import camkit
-from camkit.cli import demo, evaluate, explain, layers, serve, strategies
+from camkit.cli import concepts, demo, evaluate, explain, layers, serve, strategies
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 
 
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_parser(commands)
     evaluate.add_parser(commands)
     strategies.add_parser(commands)
+    concepts.add_parser(commands)
     layers.add_parser(commands)
     demo.add_parser(commands)
     serve.add_parser(commands)

@@ -1,0 +1,228 @@
+"""``camkit concepts IMAGES --layer L``: each channel's reference images over a set of images
+(the ones in which it is most active, and most relevant for the predicted class), with the
+receptive-field patch that drives it: ``concepts.json`` and PNG patches in ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from camkit import io
+from camkit.cli.common import (
+    EXIT_OK,
+    UsageError,
+    add_command,
+    add_device_argument,
+    add_model_arguments,
+    check_out_dir,
+    exit_status,
+    find_images,
+    load_model,
+    pick_device,
+    pick_layer,
+    positive_int,
+)
+from camkit.cli.dataset import ImageFiles, collate
+from camkit.cli.pipeline import default_workers
+from camkit.concepts.reference import MODES, ReferenceCollector, receptive_boxes
+from camkit.core.progress import progress
+from camkit.errors import CamkitError
+
+CONCEPTS = "concepts.json"
+DEFAULT_CHANNELS = 16
+SUMMARY = "find what a layer's channels respond to: reference images per channel"
+DESCRIPTION = (
+    "Concept Relevance Propagation's reference images (Achtibat et al., Nature Machine "
+    "Intelligence 2023): for each channel of --layer, the images in which it is most active and "
+    "those in which it is most relevant for the predicted class (gradient x activation), each "
+    "with the patch of its receptive field that drives it (see docs/concepts.md)."
+)
+EPILOG = (
+    "outputs in --out: concepts.json (per channel and ranking: image, score, predicted class, "
+    "patch box) and patches/LAYER/cCHANNEL_{activation,relevance}_RANK.png.\n\n"
+    "example:\n  camkit concepts photos/ --layer blocks.5 --top 8 --channels 0-15 --out run"
+)
+
+
+def parse_channels(spec: str, channels: int) -> list[int]:
+    """``0-15,40`` -> channel indices, each checked against the layer's ``channels``."""
+    picked: list[int] = []
+    try:
+        for part in spec.split(","):
+            first, _, last = part.strip().partition("-")
+            picked.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise UsageError(f"--channels {spec}: expected indices and ranges, e.g. 0-15,40") from None
+    bad = [c for c in picked if not 0 <= c < channels]
+    if bad or not picked:
+        raise UsageError(f"--channels {spec}: the layer has channels 0..{channels - 1}")
+    return list(dict.fromkeys(picked))
+
+
+def run_concepts(args: argparse.Namespace) -> int:
+    """Rank every channel of the layer over the images (streaming, memory independent of their
+    number), then write the reference patches of the chosen channels."""
+    paths = find_images(args.images)
+    out = Path(args.out)
+    check_out_dir(out)
+    device = pick_device(args.device)
+    loaded = load_model(args.model, args.weights)
+    layer = pick_layer(loaded, args.layer, [])
+    if args.layer is None:
+        print(f"layer: {layer} (auto)", file=sys.stderr)
+    model = loaded.model.to(device)
+    squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
+    files = ImageFiles(paths, squash, keep_original=False)
+    workers = default_workers() if args.workers is None else args.workers
+    loader = DataLoader(
+        files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
+    )
+    try:
+        collector = ReferenceCollector(model, layer, top=args.top)
+    except CamkitError as error:
+        raise UsageError(f"--layer {layer}: {error}") from None
+    unreadable: list[str] = []
+    with progress(len(paths), "concepts", "image", enabled=not args.quiet) as shown:
+        for batch in loader:
+            for _, path, reason in batch.failures:
+                shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
+                unreadable.append(path)
+            if batch.inputs is not None:
+                try:
+                    collector.update(batch.inputs.to(device), batch.indices)
+                except CamkitError as error:
+                    raise UsageError(f"--layer {layer}: {error}") from None
+            shown.update(len(batch))
+    if not collector.found:
+        return exit_status(unreadable)
+    relevance = collector.totals["relevance"]
+    if args.channels is None:
+        channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
+    else:
+        channels = parse_channels(args.channels, relevance.numel())
+    originals = ImageFiles(paths, squash)
+    summary = {
+        "model": loaded.name,
+        "layer": layer,
+        "top": args.top,
+        "images": collector.seen,
+        "rules": "gradient",
+        "score": "sum over positions, divided by the image's sum of absolute channel scores",
+        "channels": {
+            str(c): write_channel(collector, originals, model, layer, c, out, loaded.labels)
+            for c in channels
+        },
+    }
+    io.save_json(out / CONCEPTS, summary)
+    print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
+    return exit_status(unreadable) if unreadable else EXIT_OK
+
+
+def write_channel(
+    collector: ReferenceCollector,
+    originals: ImageFiles,
+    model: torch.nn.Module,
+    layer: str,
+    channel: int,
+    out: Path,
+    labels: list[str],
+) -> dict:
+    """One channel's reference patches, written as PNGs -> its entries for ``concepts.json``."""
+    entries: dict[str, list[dict]] = {}
+    folder = out / "patches" / layer
+    folder.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    for mode in MODES:
+        found = collector.found[mode]
+        kept = found.samples[channel] >= 0
+        samples = found.samples[channel][kept]
+        items = [originals[int(i)] for i in samples]
+        inputs = torch.stack([item["input"] for item in items]).to(device)
+        boxes = receptive_boxes(
+            model,
+            layer,
+            inputs,
+            torch.full_like(samples, channel),
+            found.positions[channel][kept],
+        ).tolist()
+        rows = []
+        for rank, (item, box) in enumerate(zip(items, boxes, strict=True)):
+            image = item["image"].numpy()
+            scale_y, scale_x = image.shape[0] / inputs.shape[2], image.shape[1] / inputs.shape[3]
+            top, left = int(box[0] * scale_y), int(box[1] * scale_x)
+            bottom = max(int(round(box[2] * scale_y)), top + 1)
+            right = max(int(round(box[3] * scale_x)), left + 1)
+            name = f"c{channel}_{mode}_{rank}.png"
+            io.save_png(folder / name, image[top:bottom, left:right])
+            cls = int(found.classes[channel, rank])
+            rows.append(
+                {
+                    "rank": rank,
+                    "image": item["path"],
+                    "score": float(found.values[channel, rank]),
+                    "class": cls,
+                    "label": labels[cls] if 0 <= cls < len(labels) else str(cls),
+                    "box": [top, left, bottom, right],
+                    "patch": str(Path("patches") / layer / name),
+                }
+            )
+        entries[mode] = rows
+    return entries
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """The ``concepts`` subcommand."""
+    parser = add_command(commands, "concepts", run_concepts, SUMMARY, DESCRIPTION, EPILOG)
+    parser.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE_OR_DIR",
+        help="image files, or directories whose image files (not in subdirectories) are ranked",
+    )
+    add_model_arguments(parser)
+    parser.add_argument(
+        "--layer",
+        metavar="NAME",
+        help="the layer whose channels are the concepts (see 'camkit layers'); default: the "
+        "model's default layer",
+    )
+    parser.add_argument(
+        "--top",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="reference images per channel and ranking (default %(default)s)",
+    )
+    parser.add_argument(
+        "--channels",
+        metavar="SPEC",
+        help="channels whose patches are written, e.g. 0-15,40 (default: the "
+        f"{DEFAULT_CHANNELS} most relevant over the images)",
+    )
+    parser.add_argument(
+        "--out", default="camkit-out", metavar="DIR", help="output folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--images-per-batch",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="images decoded and ranked together (default %(default)s)",
+    )
+    add_device_argument(parser)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (a bar on a terminal, a line every few seconds in a log)",
+    )

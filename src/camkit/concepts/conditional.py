@@ -1,0 +1,386 @@
+"""Conditional relevance: which channels of a layer carry a prediction, and where.
+
+Concept Relevance Propagation (Achtibat et al., "From attribution maps to human-understandable
+explanations through Concept Relevance Propagation", Nature Machine Intelligence 5, 2023): the
+relevance of concept ``c`` of layer ``l`` for the target ``y`` is ``R_c = sum_ij A_cij g_cij``
+(``g = dS_y/dA`` under the rule context, :mod:`camkit.concepts.rules`), and its conditional
+heatmap ``R(x | c) = sum_channels x * d/dx <A, P_c g>``: the backward from the target to the
+layer, the gradient masked by the concept (:mod:`camkit.concepts.concepts`), the backward on to
+the input. The backward is linear, so the heatmaps of all channels sum to the unconditional
+heatmap ``x * dS_y/dx`` (through the layer) and the channel relevances to the layer's total.
+
+One forward runs with the layers tapped (the graph starts at the input); ``K`` conditions are one
+batched vector-Jacobian product from the layer to the input (``is_grads_batched``; rule contexts
+that cannot be vmapped run them one after the other on the same graph), ``batch_size``
+conditions at a time. Like zennit-crp's ``exclude_parallel=True``, the conditional backward runs
+from the layer's output to the input only: paths that bypass the layer (a skip connection around
+it) carry no conditional relevance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from camkit.concepts.concepts import (
+    ConceptSpec,
+    Mask,
+    TopConcepts,
+    as_concept,
+    as_concepts,
+    sample_channels,
+)
+from camkit.concepts.regions import region_weights, rows_of
+from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.core.engine import require_autograd, run_model
+from camkit.core.inputs import as_batch, positive_int
+from camkit.core.layers import (
+    LayerSpec,
+    capture_outputs,
+    check_batch_axes,
+    explained_module,
+    find_layers,
+    single_call,
+)
+from camkit.core.layouts import Layout, check_reshape, infer_layout
+from camkit.core.outputs import OutputSelector
+from camkit.core.targets import TargetSpec, resolve
+from camkit.errors import ArgumentError, LayerOutputError
+
+
+@dataclass
+class _Pass:
+    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores."""
+
+    leaf: Tensor
+    acts: dict[str, Tensor]
+    layouts: dict[str, Layout | None]
+    scores: Tensor
+    classes: Tensor | None
+
+
+class ConceptAttribution:
+    """Concept Relevance Propagation on one layer of any model camkit explains.
+
+    ``ConceptAttribution(model, "features.28")`` then :meth:`relevances` (every channel's
+    relevance per sample), :meth:`heatmaps` (conditional heatmaps of given concepts),
+    :meth:`top` (the top-k concepts with their heatmaps), :meth:`graph` (relevances of a lower
+    layer's channels given concepts of this one). Inputs: an image ``(C, H, W)`` or a batch
+    ``(B, C, H, W)`` (one image gives results without the batch axis). ``target``: camkit's
+    targets, one per sample (None: the predicted class). The model is never modified and no
+    ``.grad`` is left anywhere.
+
+    Args:
+        model: the model (``eval()`` mode: samples must be independent).
+        layer: the layer whose channels are the concepts (dotted name or module).
+        rules: the backward rule context (default :data:`~camkit.concepts.rules.GRADIENT`:
+            gradient x activation, gradient x input).
+        output: which part of the model's output holds the logits (as for every method).
+        reshape: ``"auto"`` reads token ``(B, N, C)`` and channels-last outputs (channels on the
+            last axis; a ViT's prefix tokens count in channel relevances but have no place in
+            the image), None takes the output as ``(B, C, ...)``.
+        batch_size: conditions per backward pass (None: all at once).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec,
+        *,
+        rules: Rules = GRADIENT,
+        output: OutputSelector = None,
+        reshape: str | None = "auto",
+        batch_size: int | None = None,
+    ):
+        self.model = explained_module(model)
+        found = find_layers(self.model, layer)
+        if len(found) != 1:
+            raise ArgumentError(f"concepts live in one layer; got {[n for n, _ in found]}")
+        self.layer = found[0][0]
+        self.rules = check_rules(rules)
+        self.output = output
+        check_reshape(reshape)
+        if callable(reshape):
+            raise ArgumentError(
+                "concepts need reshape='auto' or None (the channel axis must be known to mask "
+                "it), not a function"
+            )
+        self.reshape = reshape
+        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+
+    # ------------------------------------------------------------------ public questions
+
+    def relevances(
+        self, x: Tensor, target: TargetSpec = None, region: Tensor | None = None
+    ) -> Tensor:
+        """``(B, C)``: each channel's relevance ``sum A * g`` for the target (inside
+        ``region``: see :meth:`top`); an image gives ``(C,)``. One backward pass."""
+        batch, single = as_batch(x, self.model)
+        with self._traced(batch, target, [self.layer]) as run:
+            per_channel = self._channel_relevance(run, region)
+        return per_channel[0] if single else per_channel
+
+    def heatmaps(
+        self,
+        x: Tensor,
+        concepts: ConceptSpec | Sequence[ConceptSpec] | range,
+        target: TargetSpec = None,
+        given: tuple[LayerSpec, ConceptSpec] | None = None,
+    ) -> Tensor:
+        """``(B, K, H, W)`` conditional heatmaps ``R(x | concept_k)`` (signed relevance summed
+        over the input's channels), the same ``K`` concepts for every sample; an image gives
+        ``(K, H, W)``. ``given=(higher_layer, concept)`` conditions on a concept of a later
+        layer too (the attribution graph's edges: ``R(x | concept_k, given)``)."""
+        batch, single = as_batch(x, self.model)
+        found = as_concepts(concepts)
+        layers = [self.layer]
+        if given is not None:
+            upper = find_layers(self.model, given[0])[0][0]
+            if upper == self.layer:
+                raise ArgumentError("given= must name another (later) layer than the concepts'")
+            layers.insert(0, upper)
+        with self._traced(batch, target, layers) as run:
+            channels = self._channels(run, self.layer)
+            for concept in found:
+                concept.check(channels)
+            masks = [concept.project for concept in found]
+            upper_mask = None
+            if given is not None:
+                upper_concept = as_concept(given[1])
+                upper_concept.check(self._channels(run, layers[0]))
+                upper_mask = upper_concept.project
+            heat = self._conditional(
+                run, masks, upper=layers[0] if given else None, upper_mask=upper_mask
+            )
+        return heat[0] if single else heat
+
+    def top(
+        self,
+        x: Tensor,
+        k: int = 10,
+        target: TargetSpec = None,
+        region: Tensor | None = None,
+        *,
+        heatmaps: bool = True,
+    ) -> TopConcepts:
+        """The ``k`` channels most relevant for the target, per sample, with their conditional
+        heatmaps (one forward, one backward to the layer, one batched backward for the ``k``).
+
+        ``region``: where to count relevance, a mask ``(H, W)`` or ``(B, H, W)`` at the input's
+        size (averaged over each layer cell: the share of the cell inside it) or at the layer
+        grid's size (used as it is): the channels that matter *there* (zennit-crp's
+        ``ChannelConcept.attribute(relevance, mask)``: the region is applied at the layer).
+        """
+        k = positive_int("k", k)
+        batch, single = as_batch(x, self.model)
+        with self._traced(batch, target, [self.layer]) as run:
+            per_channel = self._channel_relevance(run, region)
+            if k > per_channel.shape[1]:
+                raise ArgumentError(
+                    f"k={k} but layer {self.layer!r} has {per_channel.shape[1]} channels"
+                )
+            values, channels = per_channel.topk(k, dim=1)
+            share = values / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10)
+            heat = None
+            if heatmaps:
+                masks = [sample_channels(channels[:, i]) for i in range(k)]
+                heat = self._conditional(run, masks)
+            classes = run.classes
+        picked = TopConcepts(self.layer, channels, values, share, heat, classes)
+        if single:
+            picked = TopConcepts(
+                self.layer,
+                channels[0],
+                values[0],
+                share[0],
+                None if heat is None else heat[0],
+                None if classes is None else classes[:1],
+            )
+        return picked
+
+    def dominant(
+        self, x: Tensor, k: int = 10, target: TargetSpec = None, region: Tensor | None = None
+    ) -> TopConcepts:
+        """The ``k`` channels that dominate a set of images (a strategy's cluster): each
+        image's channel relevances divided by their absolute sum (its shares), averaged over
+        the images -> ``channels (k,)``, mean ``relevance (k,)``, mean ``share (k,)``; no
+        heatmaps (ask :meth:`heatmaps` for the images you show). ``batch_size`` images per
+        pass."""
+        k = positive_int("k", k)
+        batch, _ = as_batch(x, self.model)
+        step = self.batch_size or batch.shape[0]
+        relevance, share = [], []
+        for start in range(0, batch.shape[0], step):
+            rows = slice(start, start + step)
+            part_target = rows_of(target, rows, batch.shape[0])
+            part_region = rows_of(region, rows, batch.shape[0])
+            with self._traced(batch[rows], part_target, [self.layer]) as run:
+                per_channel = self._channel_relevance(run, part_region)
+            relevance.append(per_channel)
+            share.append(per_channel / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10))
+        mean_share = torch.cat(share).mean(dim=0)
+        if k > mean_share.numel():
+            raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")
+        values, channels = mean_share.topk(k)
+        mean_relevance = torch.cat(relevance).mean(dim=0)[channels]
+        return TopConcepts(self.layer, channels, mean_relevance, values, None, None)
+
+    def graph(
+        self,
+        x: Tensor,
+        concepts: ConceptSpec | Sequence[ConceptSpec] | range,
+        lower: LayerSpec,
+        target: TargetSpec = None,
+    ) -> Tensor:
+        """``(B, K, C_lower)``: the relevance of every channel of the earlier layer ``lower``
+        given each concept of this layer (the attribution graph of the paper: how the concepts
+        of ``lower`` compose concept ``k``); for each ``k`` the row sums to concept ``k``'s
+        relevance when the rules conserve it. An image gives ``(K, C_lower)``."""
+        batch, single = as_batch(x, self.model)
+        found = as_concepts(concepts)
+        low = find_layers(self.model, lower)[0][0]
+        if low == self.layer:
+            raise ArgumentError("lower must be another (earlier) layer than the concepts'")
+        with self._traced(batch, target, [self.layer, low]) as run:
+            channels = self._channels(run, self.layer)
+            for concept in found:
+                concept.check(channels)
+            masks = [concept.project for concept in found]
+            upper_grad = self._start(run, self.layer)
+            parts = []
+            for start in range(0, len(masks), self.batch_size or len(masks)):
+                chunk = masks[start : start + (self.batch_size or len(masks))]
+                grads = self._masked(run, self.layer, upper_grad, chunk)
+                lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
+                lower_relevance = (run.acts[low] * lower_grad).detach()
+                parts.append(self._per_channel(run, low, lower_relevance, dims=2))
+            graph = torch.cat(parts).transpose(0, 1)
+        return graph[0] if single else graph
+
+    # ------------------------------------------------------------------ the passes
+
+    @contextmanager
+    def _traced(self, batch: Tensor, target: TargetSpec, layers: list[str]) -> Iterator[_Pass]:
+        """One forward with ``layers`` tapped, the input a leaf, under the rules; the target is
+        scored and the backward passes run after it (inside the ``with`` of the caller)."""
+        require_autograd("concept relevance")
+        size = batch.shape[0]
+        scorer = resolve(target, size, batch.device, self.output)
+        rows = torch.arange(size)
+        modules = find_layers(self.model, layers)
+        leaf = batch.detach().requires_grad_(True)
+        with torch.enable_grad():
+            with (
+                self.rules.applied(self.model),
+                capture_outputs(self.model, modules, start_graph=False) as taps,
+            ):
+                output = run_model(self.model, leaf.clone())
+            check_batch_axes(taps, size)
+            acts = dict(zip(layers, single_call(taps), strict=True))
+            scores, several = scorer(output, rows)
+            if several:
+                raise ArgumentError(
+                    "concepts explain one target per sample; pass a class per sample (or None "
+                    "for the predicted class), and the concepts as the K axis"
+                )
+            classes = scorer.pinned(output).classes[:, 0] if scorer.has_classes else None
+            layouts = {name: self._layout(act, batch) for name, act in acts.items()}
+            yield _Pass(leaf, acts, layouts, scores[:, 0], classes)
+
+    def _layout(self, act: Tensor, batch: Tensor) -> Layout | None:
+        """How the layer's output is read (None: channels on axis 1, as it is)."""
+        if self.reshape is None or act.ndim == 2:  # a linear layer: neurons, no positions
+            return None
+        return infer_layout(act.shape, self.model, tuple(batch.shape[2:]))
+
+    def _start(self, run: _Pass, layer: str) -> Tensor:
+        """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``."""
+        if not run.scores.requires_grad:
+            raise LayerOutputError(f"the target score does not depend on layer {layer!r}")
+        (grad,) = torch.autograd.grad(
+            run.scores.sum(), run.acts[layer], retain_graph=True, allow_unused=True
+        )
+        if grad is None:
+            raise LayerOutputError(
+                f"the target score does not depend on layer {layer!r}: its output does not "
+                "reach the model's output"
+            )
+        return grad
+
+    def _vjp(self, outputs: Tensor, inputs: Tensor, grads: Tensor) -> Tensor:
+        """``(K, *outputs.shape) -> (K, *inputs.shape)``: K vector-Jacobian products on the
+        retained graph, batched when the rules allow it."""
+        if self.rules.batched and grads.shape[0] > 1:
+            (out,) = torch.autograd.grad(
+                outputs, inputs, grads, is_grads_batched=True, retain_graph=True, allow_unused=True
+            )
+        else:
+            parts = [
+                torch.autograd.grad(outputs, inputs, g, retain_graph=True, allow_unused=True)[0]
+                for g in grads
+            ]
+            out = None if parts[0] is None else torch.stack(parts)
+        if out is None:
+            raise LayerOutputError("the layer's output does not depend on the explained tensor")
+        return out
+
+    def _channels(self, run: _Pass, layer: str) -> int:
+        return _channels_first(run, layer, run.acts[layer]).shape[1]
+
+    def _masked(self, run: _Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
+        """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""
+        first = _channels_first(run, layer, grad)
+        stacked = torch.stack([mask(first) for mask in masks])
+        return _channels_first(run, layer, stacked, dims=2, back=True)
+
+    def _per_channel(self, run: _Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
+        """Sum a relevance ``(..., *A.shape[1:])`` with ``dims`` leading axes over positions."""
+        first = _channels_first(run, layer, relevance, dims)
+        return first.flatten(dims + 1).sum(dim=-1)
+
+    def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
+        act = run.acts[self.layer]
+        layer_relevance = (act * self._start(run, self.layer)).detach()
+        if region is None:
+            return self._per_channel(run, self.layer, layer_relevance)
+        layout = run.layouts[self.layer]
+        grid = layer_relevance if layout is None else layout.to_grid(layer_relevance)
+        weights = region_weights(region, tuple(grid.shape[2:]), run.leaf).to(grid)
+        return (grid * weights).flatten(2).sum(dim=-1)
+
+    def _conditional(
+        self,
+        run: _Pass,
+        masks: Sequence[Mask],
+        upper: str | None = None,
+        upper_mask: Mask | None = None,
+    ) -> Tensor:
+        """``(B, K, *input spatial)`` heatmaps, one per condition mask at ``self.layer`` (after
+        ``upper_mask`` at the layer ``upper``, when given)."""
+        if upper is None:
+            grad = self._start(run, self.layer)
+        else:
+            top = self._masked(run, upper, self._start(run, upper), [upper_mask])
+            grad = self._vjp(run.acts[upper], run.acts[self.layer], top)[0]
+        step = self.batch_size or len(masks)
+        parts = []
+        for start in range(0, len(masks), step):
+            grads = self._masked(run, self.layer, grad, masks[start : start + step])
+            input_grad = self._vjp(run.acts[self.layer], run.leaf, grads)
+            parts.append((run.leaf * input_grad).sum(dim=2).detach())
+        return torch.cat(parts).transpose(0, 1)
+
+
+def _channels_first(
+    run: _Pass, layer: str, t: Tensor, dims: int = 1, *, back: bool = False
+) -> Tensor:
+    """``t`` (``dims`` leading axes, then the layer's output axes) with the channel axis moved
+    to position ``dims`` (``back``: moved back where the layer has it)."""
+    layout = run.layouts[layer]
+    if layout is None or layout.kind not in ("tokens", "channels_last"):
+        return t
+    return t.movedim(dims, -1) if back else t.movedim(-1, dims)

@@ -1,0 +1,228 @@
+"""Feature visualisation: the image that maximises a channel, a neuron or a class logit.
+
+Olah, Mordvintsev & Schubert, "Feature Visualization", Distill 2017 (and its code, lucid /
+torch-lucent): the image is parameterised in a decorrelated space -- a Fourier spectrum scaled
+by ``1 / frequency`` (so gradient steps are whitened) mapped through the square root of the
+colour correlation of ImageNet and a sigmoid -- and optimised under transformation robustness
+(padding, jitter, random scale, random rotation, jitter again, then back to the model's input
+size, so that a ViT gets its own size; the article's pixel amounts are for a 224-pixel image and
+are scaled to the image's side), with Adam. A diversity term (the negative pairwise
+cosine similarity of the batch's Gram matrices at a layer) makes a batch show different facets.
+Every random draw comes from one seeded generator: the same seed gives the same image.
+
+Only the image is differentiated (``torch.autograd.grad`` on it): the model's parameters get no
+``.grad``, and its mode, modules and hooks are left as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.core.engine import require_autograd, run_model
+from camkit.core.inputs import as_size, positive_int, seed_value
+from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
+from camkit.core.layouts import infer_layout
+from camkit.core.outputs import OutputSelector, class_logits
+from camkit.core.progress import progress_bar
+from camkit.errors import ArgumentError
+
+# the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
+COLOR_CORRELATION = torch.tensor([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]])
+SCALES = tuple(1 + (i - 5) / 50 for i in range(11))  # lucid's standard_transforms
+ANGLES = tuple(range(-10, 11)) + (0,) * 5
+
+
+@dataclass(frozen=True)
+class ChannelObjective:
+    """Maximise the mean activation of channel ``channel`` of ``layer`` (over positions)."""
+
+    layer: str
+    channel: int
+
+    def score(self, act: Tensor, logits: Tensor) -> Tensor:
+        return act[:, self.channel].flatten(1).mean(dim=1)
+
+
+@dataclass(frozen=True)
+class NeuronObjective:
+    """Maximise channel ``channel`` of ``layer`` at one position (``position``: the flat index
+    among the layer's positions, e.g. a token; None: the centre one)."""
+
+    layer: str
+    channel: int
+    position: int | None = None
+
+    def score(self, act: Tensor, logits: Tensor) -> Tensor:
+        flat = act[:, self.channel].flatten(1)
+        return flat[:, flat.shape[1] // 2 if self.position is None else self.position]
+
+
+@dataclass(frozen=True)
+class LogitObjective:
+    """Maximise the logit of class ``cls`` (before softmax)."""
+
+    cls: int
+    layer: None = None
+
+    def score(self, act: Tensor | None, logits: Tensor) -> Tensor:
+        return logits[:, self.cls]
+
+
+Objective = ChannelObjective | NeuronObjective | LogitObjective
+
+
+def fourier_image(spectrum: Tensor, size: tuple[int, int]) -> Tensor:
+    """``(B, 3, h, w // 2 + 1)`` complex spectrum -> ``(B, 3, h, w)`` image in [0, 1]: each
+    frequency scaled by ``1 / max(f, 1 / max(h, w))`` (lucid's ``fft_image``, decay power 1),
+    the inverse FFT divided by 4, decorrelated colours, a sigmoid."""
+    h, w = size
+    fy = torch.fft.fftfreq(h, device=spectrum.device)[:, None]
+    fx = torch.fft.rfftfreq(w, device=spectrum.device)[None, :]
+    scale = 1.0 / torch.sqrt(fx**2 + fy**2).clamp_min(1.0 / max(h, w))
+    image = torch.fft.irfft2(spectrum * scale, s=(h, w), norm="ortho") / 4
+    colours = COLOR_CORRELATION.to(image) / COLOR_CORRELATION.norm(dim=0).max()
+    return torch.sigmoid(torch.einsum("bchw,dc->bdhw", image, colours))
+
+
+def robust(image: Tensor, size: tuple[int, int], generator: torch.Generator) -> Tensor:
+    """lucid's standard transformations, drawn from ``generator``: pad 12 (grey), jitter 8,
+    random scale, random rotation, jitter 4 (pixel amounts for a 224-pixel side, scaled to the
+    image's side), then resized to ``size``."""
+    side = max(size) / 224
+    pad, first, last = round(12 * side), max(round(8 * side), 1), max(round(4 * side), 1)
+    image = F.pad(image, (pad, pad, pad, pad), value=0.5)
+    image = _jitter(image, first, generator)
+    scale = SCALES[_draw(len(SCALES), generator)]
+    angle = math.radians(ANGLES[_draw(len(ANGLES), generator)])
+    cos, sin = math.cos(angle) / scale, math.sin(angle) / scale
+    theta = image.new_tensor([[cos, -sin, 0.0], [sin, cos, 0.0]]).expand(image.shape[0], 2, 3)
+    grid = F.affine_grid(theta, list(image.shape), align_corners=False)
+    image = F.grid_sample(image, grid, padding_mode="border", align_corners=False)
+    image = _jitter(image, last, generator)
+    return F.interpolate(image, size=size, mode="bilinear", align_corners=False)
+
+
+def _draw(n: int, generator: torch.Generator) -> int:
+    return int(torch.randint(n, (1,), generator=generator))
+
+
+def _jitter(image: Tensor, shift: int, generator: torch.Generator) -> Tensor:
+    """A random crop that removes up to ``shift - 1`` pixels on each axis."""
+    dy, dx = _draw(shift, generator), _draw(shift, generator)
+    h, w = image.shape[-2:]
+    return image[..., dy : h - shift + dy + 1, dx : w - shift + dx + 1]
+
+
+def diversity(act: Tensor) -> Tensor:
+    """lucid's diversity objective: minus the mean over the batch of the summed cosine
+    similarities of each image's Gram matrix with the others' (channels first)."""
+    flat = act.flatten(2)
+    grams = F.normalize((flat @ flat.transpose(1, 2)).flatten(1), dim=1)
+    similar = grams @ grams.T
+    return -(similar.sum() - similar.diagonal().sum()) / act.shape[0]
+
+
+def visualize(
+    model: nn.Module,
+    objective: Objective,
+    *,
+    size: int | tuple[int, int] = 224,
+    batch: int = 1,
+    steps: int = 256,
+    lr: float = 0.05,
+    seed: int = 0,
+    diversity_weight: float = 0.0,
+    diversity_layer: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    transforms: bool = True,
+    output: OutputSelector = None,
+    progress: bool = False,
+) -> Tensor:
+    """``(batch, 3, H, W)`` images in [0, 1] that maximise ``objective``
+    (:class:`ChannelObjective`, :class:`NeuronObjective`, :class:`LogitObjective`), optimised
+    for ``steps`` Adam steps of rate ``lr`` from a seeded random spectrum.
+
+    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``);
+    ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
+    objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
+    ``progress``: a progress bar on a terminal.
+    """
+    require_autograd("feature visualisation")
+    model = explained_module(model)
+    size = as_size(size)
+    batch, steps = positive_int("batch", batch), positive_int("steps", steps)
+    seed = seed_value(seed)
+    if not isinstance(objective, ChannelObjective | NeuronObjective | LogitObjective):
+        raise ArgumentError(
+            "objective must be a ChannelObjective, NeuronObjective or LogitObjective, got "
+            f"{type(objective).__name__}"
+        )
+    layers = [name for name in (objective.layer, diversity_layer) if name is not None]
+    if diversity_weight and batch > 1 and not layers:
+        raise ArgumentError("the diversity term needs diversity_layer= for a LogitObjective")
+    found = find_layers(model, list(dict.fromkeys(layers))) if layers else []
+    param = next(model.parameters())
+    generator = torch.Generator().manual_seed(seed)
+    shape = (batch, 3, size[0], size[1] // 2 + 1)
+    spectrum = torch.complex(
+        torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+    )
+    spectrum = (0.01 * spectrum).to(param.device).requires_grad_(True)
+    normalise = _normalisation(mean, std, param)
+    optimiser = torch.optim.Adam([spectrum], lr=lr)
+    with progress_bar(steps, "feature visualisation", "step", enabled=progress) as shown:
+        for _ in range(steps):
+            with torch.enable_grad():
+                image = fourier_image(spectrum, size)
+                seen = robust(image, size, generator) if transforms else image
+                with capture_outputs(model, found, start_graph=False) as taps:
+                    out = run_model(model, normalise(seen).to(param.dtype))
+                acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
+                acts = {n: _channels_first(a, model, size) for n, a in acts.items()}
+                logits = class_logits(out, output) if isinstance(objective, LogitObjective) else out
+                loss = -objective.score(acts.get(objective.layer), logits).sum()
+                if diversity_weight and batch > 1:
+                    loss = loss - diversity_weight * diversity(
+                        acts[diversity_layer or objective.layer]
+                    )
+                (grad,) = torch.autograd.grad(loss, spectrum)
+            spectrum.grad = grad
+            optimiser.step()
+            spectrum.grad = None
+            shown.update(1)
+    with torch.no_grad():
+        return fourier_image(spectrum, size).detach()
+
+
+def _normalisation(mean: Sequence[float] | None, std: Sequence[float] | None, like: Tensor):
+    if mean is None and std is None:
+        return lambda image: image
+    m = torch.tensor(mean if mean is not None else (0.0, 0.0, 0.0), device=like.device)
+    s = torch.tensor(std if std is not None else (1.0, 1.0, 1.0), device=like.device)
+    return lambda image: (image - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
+
+
+def _channels_first(act: Tensor, model: nn.Module, size: tuple[int, int]) -> Tensor:
+    """A layer output with its channels on axis 1 (tokens and channels-last moved)."""
+    if act.ndim == 2:
+        return act
+    layout = infer_layout(act.shape, model, size)
+    return act.movedim(-1, 1) if layout.kind in ("tokens", "channels_last") else act
+
+
+__all__ = [
+    "ChannelObjective",
+    "LogitObjective",
+    "NeuronObjective",
+    "diversity",
+    "fourier_image",
+    "robust",
+    "visualize",
+]

@@ -1,0 +1,264 @@
+"""Reference images: for every channel of a layer, the dataset images in which it is most
+active and those in which it is most relevant for the predicted class, each with the patch of
+its receptive field that drives it.
+
+Activation and relevance maximisation of Concept Relevance Propagation (Achtibat et al., Nature
+Machine Intelligence 5, 2023, Sec. "Relevance maximization"), as zennit-crp 0.6.0 ranks them
+(``ChannelConcept.reference_sampling``, ``Maximization``): a channel's score in an image is the
+sum over its positions (``score="sum"``) or its largest position (``"max"``) of the activation
+``A`` or the relevance ``A * g`` (``g``: the rule context's gradient of the predicted class),
+divided by the sum over all channels of the absolute scores of that image (``normalise=True``,
+zennit-crp's ``abs_norm``); the position that drives it is the argmax over its positions. A
+streaming top-k per channel keeps ``top`` entries per channel, so memory does not grow with the
+dataset; two collectors (ranks, resumed parts) merge exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.core.engine import Capture, require_autograd, run_model
+from camkit.core.inputs import as_batch, positive_int
+from camkit.core.layers import (
+    LayerSpec,
+    capture_outputs,
+    explained_module,
+    find_layers,
+    single_call,
+)
+from camkit.core.layouts import infer_layout
+from camkit.core.outputs import OutputSelector
+from camkit.core.targets import resolve
+from camkit.errors import ArgumentError, LayerOutputError
+
+Mode = Literal["activation", "relevance"]
+MODES: tuple[Mode, ...] = ("activation", "relevance")
+RF_THRESHOLD = 0.01  # share of the largest input gradient that still counts as receptive field
+
+
+@dataclass
+class TopK:
+    """The ``top`` largest scores per channel seen so far, largest first, each ``(C, top)``:
+    ``values``, ``samples`` (dataset indices; -1 where fewer images were seen), ``positions``
+    (flat index of the driving position among the layer's positions, channels first: the
+    ``h * w`` grid, or a ViT's token index) and ``classes`` (the predicted class of the image)."""
+
+    values: Tensor
+    samples: Tensor
+    positions: Tensor
+    classes: Tensor
+
+    @classmethod
+    def empty(cls, channels: int, top: int) -> TopK:
+        """Nothing seen yet for ``channels`` channels."""
+        return cls(
+            torch.full((channels, top), -torch.inf, dtype=torch.float64),
+            torch.full((channels, top), -1, dtype=torch.long),
+            torch.zeros((channels, top), dtype=torch.long),
+            torch.full((channels, top), -1, dtype=torch.long),
+        )
+
+    def update(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
+        """Fold in the scores ``values (n, C)`` of dataset samples ``samples (n,)`` (predicted
+        ``classes (n,)``) driven by ``positions (n, C)``."""
+        channels = values.shape[1]
+        self._keep(
+            values.detach().double().cpu().T,
+            samples.cpu().long().expand(channels, -1),
+            positions.cpu().long().T,
+            classes.cpu().long().expand(channels, -1),
+        )
+
+    def merge(self, other: TopK) -> None:
+        """Fold in another collector's entries (another rank's, a resumed part's)."""
+        self._keep(other.values, other.samples, other.positions, other.classes)
+
+    def _keep(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
+        top = self.values.shape[1]
+        values = torch.cat([self.values, values], dim=1)
+        # the stable sort keeps the entry seen first among equal scores
+        order = values.argsort(dim=1, descending=True, stable=True)[:, :top]
+        self.values = values.gather(1, order)
+        self.samples = torch.cat([self.samples, samples], dim=1).gather(1, order)
+        self.positions = torch.cat([self.positions, positions], dim=1).gather(1, order)
+        self.classes = torch.cat([self.classes, classes], dim=1).gather(1, order)
+
+
+class ReferenceCollector:
+    """Streaming activation and relevance maximisation over a dataset, for one layer.
+
+    ``collector.update(images, indices)`` for each batch (one forward and one backward from the
+    predicted class to the layer, nothing before the layer recorded), then ``collector.found``:
+    ``{"activation": TopK, "relevance": TopK}``. Memory is ``O(channels * top)``.
+
+    Args:
+        model, layer: the model and the layer whose channels are ranked.
+        top: images kept per channel.
+        rules: the rule context of the relevance (default: gradient x activation).
+        score: ``"sum"`` over the channel's positions or its ``"max"`` position.
+        normalise: divide by the image's sum of absolute channel scores (zennit-crp's
+            ``abs_norm``, its default).
+        output, reshape: as for :class:`~camkit.concepts.ConceptAttribution`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec,
+        *,
+        top: int = 8,
+        rules: Rules = GRADIENT,
+        score: Literal["sum", "max"] = "sum",
+        normalise: bool = True,
+        output: OutputSelector = None,
+        reshape: str | None = "auto",
+    ):
+        self.capture = Capture(model, layer, output)
+        if len(self.capture.layers) != 1:
+            raise ArgumentError(f"reference images are per layer; got {self.capture.names}")
+        if score not in ("sum", "max"):
+            raise ArgumentError(f'score must be "sum" or "max", got {score!r}')
+        if reshape not in ("auto", None):
+            raise ArgumentError(f'reshape must be "auto" or None here, got {reshape!r}')
+        self.layer = self.capture.names[0]
+        self.top = positive_int("top", top)
+        self.rules = check_rules(rules)
+        self.score, self.normalise, self.reshape = score, normalise, reshape
+        self.found: dict[Mode, TopK] = {}
+        self.totals: dict[Mode, Tensor] = {}  # each channel's scores summed over the images
+        self.seen = 0
+
+    def update(self, images: Tensor, indices: Tensor | list[int]) -> None:
+        """Rank the channels on a batch ``(n, C, H, W)`` of dataset samples ``indices (n,)``."""
+        require_autograd("reference images")
+        batch, _ = as_batch(images, self.capture.model)
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        if indices.shape != (batch.shape[0],):
+            raise ArgumentError(
+                f"expected {batch.shape[0]} dataset indices for {batch.shape[0]} images, "
+                f"got {tuple(indices.shape)}"
+            )
+        rows = torch.arange(batch.shape[0])
+        scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
+        with self.rules.applied(self.capture.model):
+            output, taps = self.capture.forward(batch, start_graph=True, rows=rows)
+        (act,) = single_call(taps)
+        with torch.enable_grad():
+            scores, _ = scorer(output, rows)
+        if not scores.requires_grad:
+            raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
+        (grad,) = torch.autograd.grad(scores.sum(), act)
+        classes = scorer.pinned(output).classes[:, 0]
+        act = channels_first(act.detach(), self.capture.model, batch, self.reshape)
+        grad = channels_first(grad, self.capture.model, batch, self.reshape)
+        for mode, values in (("activation", act), ("relevance", act * grad)):
+            score, positions = channel_scores(values, self.score, self.normalise)
+            if mode not in self.found:
+                self.found[mode] = TopK.empty(score.shape[1], self.top)
+                self.totals[mode] = torch.zeros(score.shape[1], dtype=torch.float64)
+            self.found[mode].update(score, indices, positions, classes)
+            self.totals[mode] += score.detach().double().sum(dim=0).cpu()
+        self.seen += batch.shape[0]
+
+    def merge(self, other: ReferenceCollector) -> None:
+        """Fold in another collector of the same layer (another rank's, a resumed part's)."""
+        if other.layer != self.layer or other.top != self.top:
+            raise ArgumentError("only collectors of the same layer and top merge")
+        for mode, found in other.found.items():
+            if mode in self.found:
+                self.found[mode].merge(found)
+                self.totals[mode] += other.totals[mode]
+            else:
+                self.found[mode], self.totals[mode] = found, other.totals[mode].clone()
+        self.seen += other.seen
+
+
+def channels_first(t: Tensor, model: nn.Module, batch: Tensor, reshape: str | None) -> Tensor:
+    """A layer output ``(n, ...)`` as ``(n, C, positions...)``: tokens and channels-last
+    outputs have their channels moved to axis 1 (prefix tokens kept)."""
+    if reshape is None or t.ndim == 2:
+        return t
+    layout = infer_layout(t.shape, model, tuple(batch.shape[2:]))
+    return t.movedim(-1, 1) if layout.kind in ("tokens", "channels_last") else t
+
+
+def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor, Tensor]:
+    """``(n, C, ...) -> (scores (n, C), driving positions (n, C))`` as zennit-crp's
+    ``ChannelConcept.reference_sampling``: the argmax position, the sum (or max) over positions,
+    divided by the sum of absolute scores over channels when ``normalise``."""
+    flat = values.flatten(2) if values.ndim > 2 else values.unsqueeze(-1)
+    positions = flat.argmax(dim=-1)
+    if score == "sum":
+        scores = flat.sum(dim=-1)
+    else:
+        scores = flat.gather(-1, positions.unsqueeze(-1)).squeeze(-1)
+    if normalise:
+        scores = scores / (scores.abs().sum(dim=1, keepdim=True) + 1e-10)
+    return scores, positions
+
+
+def receptive_boxes(
+    model: nn.Module,
+    layer: LayerSpec,
+    images: Tensor,
+    channels: Tensor,
+    positions: Tensor,
+    *,
+    reshape: str | None = "auto",
+    threshold: float = RF_THRESHOLD,
+) -> Tensor:
+    """``(n, 4)`` boxes ``(top, left, bottom, right)`` (bottom and right exclusive) of the input
+    pixels that drive channel ``channels[i]`` at position ``positions[i]`` in image ``i``: where
+    the gradient of that one activation with respect to the input is at least ``threshold`` of
+    its largest value (the effective receptive field; the whole image where it is zero)."""
+    model = explained_module(model)
+    found = find_layers(model, layer)
+    batch, _ = as_batch(images, model)
+    leaf = batch.detach().requires_grad_(True)
+    with torch.enable_grad():
+        with capture_outputs(model, found, start_graph=False) as taps:
+            run_model(model, leaf.clone())
+        (act,) = single_call(taps)
+        flat = channels_first(act, model, batch, reshape).flatten(2)
+        rows = torch.arange(flat.shape[0])
+        picked = flat[rows, channels.to(flat.device), positions.to(flat.device)]
+        (grad,) = torch.autograd.grad(picked.sum(), leaf)
+    strength = grad.abs().sum(dim=1)
+    peak = strength.flatten(1).amax(dim=1).view(-1, 1, 1)
+    inside = ((strength >= threshold * peak) & (peak > 0)) | (peak == 0)
+    top, bottom = _span(inside.any(dim=2)).unbind(1)
+    left, right = _span(inside.any(dim=1)).unbind(1)
+    return torch.stack([top, left, bottom, right], dim=1)
+
+
+def _span(hits: Tensor) -> Tensor:
+    """``(n, L)`` booleans -> ``(n, 2)`` first index and last index + 1 of the true ones."""
+    index = torch.arange(hits.shape[1], device=hits.device)
+    first = torch.where(hits, index, hits.shape[1]).amin(dim=1)
+    last = torch.where(hits, index, -1).amax(dim=1) + 1
+    return torch.stack([first, last], dim=1)
+
+
+def collect(
+    collector: ReferenceCollector, data: Iterable[tuple[Tensor, Tensor]]
+) -> dict[Mode, TopK]:
+    """Run ``collector`` over ``(images, indices)`` batches and return what it found."""
+    for images, indices in data:
+        collector.update(images, indices)
+    return collector.found
+
+
+__all__ = [
+    "MODES",
+    "ReferenceCollector",
+    "TopK",
+    "channel_scores",
+    "collect",
+    "receptive_boxes",
+]

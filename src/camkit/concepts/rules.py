@@ -1,0 +1,103 @@
+"""Which backward the concepts use: plain gradients, or LRP's modified gradient.
+
+A rule context is the backward under which conditional relevance is computed. The forward run
+inside ``rules.applied(model)`` records the rule's backward in the autograd graph (the scoring
+and the backward passes run after the block), so that ordinary autograd computes the rule's
+gradient: ``t * dS/dt`` is the relevance of any tensor ``t`` on the path (the input, a layer's
+output) and the backward is linear in the incoming gradient: the conditions of Concept Relevance
+Propagation are masks on that gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
+
+* :data:`GRADIENT` (:class:`GradientRules`): the plain gradient, so the relevance of a layer is
+  gradient x activation and the heatmap gradient x input (Shrikumar et al., "Not Just a Black
+  Box", 2016); it works on every model camkit explains, ViT tokens included, without changing
+  anything in it.
+
+* :class:`LRPRules`: camkit's Layer-wise Relevance Propagation (:mod:`camkit.relevance`, Bach
+  et al., PLOS ONE 2015) with a named composite (``"epsilon-plus-flat"``, the CRP paper's) or a
+  composite of one's own: Concept Relevance Propagation proper, equal to zennit-crp's with the
+  same composite.
+
+A rule context of one's own implements :class:`Rules`: ``applied(model)`` a context manager that
+leaves the model exactly as it found it, ``batched`` whether its backward can be vmapped (several
+conditions in one ``is_grads_batched`` call; otherwise they run one after the other on the same
+graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+from camkit.errors import ArgumentError
+from camkit.relevance import composite as relevance_composite
+from camkit.relevance import rules_applied
+
+
+@runtime_checkable
+class Rules(Protocol):
+    """A backward rule context for conditional relevance (see the module docstring)."""
+
+    name: str
+    batched: bool
+
+    def applied(self, model: nn.Module) -> AbstractContextManager[object]:
+        """The context inside which autograd computes the rule's gradient for ``model``."""
+        ...
+
+
+class GradientRules:
+    """The plain gradient: relevance = gradient x activation (x input for the heatmap)."""
+
+    name = "gradient"
+    batched = True
+
+    @contextmanager
+    def applied(self, model: nn.Module) -> Iterator[None]:
+        yield
+
+    def __repr__(self) -> str:
+        return "GradientRules()"
+
+
+GRADIENT = GradientRules()
+
+
+class LRPRules:
+    """camkit's LRP rules (:func:`camkit.relevance.rules_applied`): under them ``A * dS/dA`` is
+    the LRP relevance of ``A``, and the backward can be vmapped."""
+
+    name = "lrp"
+    batched = True
+
+    def __init__(self, composite: object = "epsilon-plus-flat"):
+        self.composite = relevance_composite(composite)
+
+    @contextmanager
+    def applied(self, model: nn.Module) -> Iterator[None]:
+        with rules_applied(model, self.composite):
+            yield
+
+    def __repr__(self) -> str:
+        return f"LRPRules({self.composite!r})"
+
+
+def check_rules(rules: object) -> Rules:
+    """``rules`` if it is a rule context, else :class:`~camkit.errors.ArgumentError`."""
+    if not isinstance(rules, Rules):
+        raise ArgumentError(
+            "rules must be a rule context with applied(model) and batched (e.g. "
+            f"camkit.concepts.GRADIENT or camkit.concepts.LRPRules()), got {type(rules).__name__}"
+        )
+    return rules
+
+
+__all__ = [
+    "GRADIENT",
+    "GradientRules",
+    "LRPRules",
+    "Rules",
+    "check_rules",
+]

@@ -1,0 +1,71 @@
+"""Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015; Montavon et al., "Layer-Wise
+Relevance Propagation: An Overview", 2019): rules, composites, canonizers and :class:`LRP`.
+
+The interface other code builds on (concept relevance, class-artifact compensation)::
+
+    with camkit.relevance.rules_applied(model, "epsilon-plus-flat") as session:
+        out = model(x.requires_grad_())          # the forward runs inside the block
+    score = out[:, 281].sum()
+    (grad,) = torch.autograd.grad(score, x)      # the backward may run after it
+    relevance = x * grad                         # the input relevance
+
+Under the block, ordinary autograd computes LRP's *modified gradient*: for every tensor ``A``
+of the forward, ``A * dS/dA`` is the relevance of ``A`` (``record=[names]`` keeps layer
+outputs in ``session.recorded``). The backward is linear in the incoming gradient, so scaling or
+masking the gradient at a layer (per channel: a concept) and continuing the backward gives the
+relevance of that part only, conditional relevances add up, and ``K`` targets are one batched
+backward (``is_grads_batched=True``).
+
+* :mod:`~camkit.relevance.rules`: Epsilon, ZPlus, AlphaBeta, Gamma, Flat, WSquare, ZBox, Pass,
+  Norm, each with its formula and paper;
+* :mod:`~camkit.relevance.composites`: which layer gets which rule (the named composites of the
+  papers, or a user's list of ``(module type or name pattern, rule)``);
+* :mod:`~camkit.relevance.canonizers`: BatchNorm merged into the adjacent layer, as hooks that
+  live only inside the block;
+* :mod:`~camkit.relevance.engine`: the block, and the table of rules for functional operations
+  (an operation on the relevance path without a rule raises a
+  :class:`~camkit.errors.RelevanceError` naming it);
+* :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
+  layer relevances and the conservation report.
+
+The numbers equal zennit 0.5.1's for its composites and canonizers (``tests/test_relevance*.py``).
+"""
+
+from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.composites import COMPOSITES, Composite, composite
+from camkit.relevance.engine import Session, rules_applied
+from camkit.relevance.lrp import LRP, Relevance
+from camkit.relevance.rules import (
+    AlphaBeta,
+    Epsilon,
+    Flat,
+    Gamma,
+    Norm,
+    Pass,
+    Rule,
+    WSquare,
+    ZBox,
+    ZPlus,
+)
+
+__all__ = [
+    "COMPOSITES",
+    "AlphaBeta",
+    "Canonizer",
+    "Composite",
+    "Epsilon",
+    "Flat",
+    "Gamma",
+    "LRP",
+    "MergeBatchNorm",
+    "Norm",
+    "Pass",
+    "Relevance",
+    "Rule",
+    "Session",
+    "WSquare",
+    "ZBox",
+    "ZPlus",
+    "composite",
+    "rules_applied",
+]

@@ -1,0 +1,92 @@
+"""Canonizers: a model put into the form the LRP rules assume, as reversible edits.
+
+:class:`MergeBatchNorm` merges every eval-mode BatchNorm into the adjacent ``nn.Linear`` /
+``nn.Conv`` layer, in either order (``conv -> bn``, as zennit's ``SequentialMergeBatchNorm``, and
+``bn -> conv``), so that the layer's rule sees one affine map ``W' x + b'``
+(Montavon et al. 2019, sec. 10.3; Hui & Binder, "BatchNorm Decomposition for Deep Neural Network
+Interpretation", 2019). The edit is made of hooks that live only inside
+:func:`camkit.relevance.rules_applied` (removed in ``finally``), not of parameter writes: the
+model's parameters and buffers are never written, so they are bitwise what they were after any
+call or fault, and another thread using the model meanwhile sees the plain model.
+
+Adjacency is read from the data flow of the forward being explained, not from the order in
+which modules were assigned: a BatchNorm is merged with a layer only when its input *is* that
+layer's output (or its output is the layer's input). The merged layer's output is the model's
+own forward value; only the rule's backward sees the merged parameters.
+
+Residual additions and concatenations need no canonizer here: ``+``, ``torch.add`` and
+``torch.cat`` get their rule where they are called (:mod:`camkit.relevance.engine`), which is
+what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.relevance.rules import Affine
+
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class Canonizer:
+    """A reversible model edit for LRP: :meth:`apply` registers what it needs during a
+    :func:`~camkit.relevance.rules_applied` block and returns the handles the block removes."""
+
+    def apply(self, model: nn.Module, session: Any) -> list:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _scale_shift(bn: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The eval-mode BatchNorm as ``scale * x + shift`` per channel."""
+    var, mean = bn.running_var.detach().to(like), bn.running_mean.detach().to(like)
+    weight = torch.ones_like(var) if bn.weight is None else bn.weight.detach().to(like)
+    bias = torch.zeros_like(var) if bn.bias is None else bn.bias.detach().to(like)
+    scale = weight / (var + bn.eps) ** 0.5
+    return scale, bias - mean * scale
+
+
+def mergeable(bn: nn.Module) -> bool:
+    """An eval-mode BatchNorm with running statistics (a training one normalises by the batch)."""
+    return not bn.training and bn.running_var is not None and bn.running_mean is not None
+
+
+def merged_after(layer: Affine, bn: nn.Module) -> Affine:
+    """``bn(layer(x))`` as one affine map: ``W' = scale W`` (per output), ``b' = scale b +
+    shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``)."""
+    scale, shift = _scale_shift(bn, layer.weight)
+    per_out = (-1,) + (1,) * (layer.weight.dim() - 1)
+    bias = shift if layer.bias is None else layer.bias.flatten() * scale + shift
+    shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
+    return Affine(layer.op, layer.weight * scale.view(per_out), bias.view(shape))
+
+
+def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
+    """``layer(bn(x))`` as one affine map: ``W' = W scale`` (per input channel), ``b' =
+    layer(shift) `` (a map over the output positions: with zero padding the shift does not
+    reach the border outputs fully, and the map says so exactly)."""
+    scale, shift = _scale_shift(bn, layer.weight)
+    per_in = (1, -1) + (1,) * (layer.weight.dim() - 2)
+    channel = (1, -1) + (1,) * (x.dim() - 2)
+    constant = shift.view(channel).expand((1, *x.shape[1:]))
+    bias = layer(constant, layer.weight, layer.bias)
+    return Affine(layer.op, layer.weight * scale.view(per_in), bias)
+
+
+class MergeBatchNorm(Canonizer):
+    """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
+    module docstring. BatchNorms in training mode are left as they are (their gradient)."""
+
+    def apply(self, model: nn.Module, session: Any) -> list:
+        norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]
+        for bn in norms:
+            session.batch_norms.add(bn)
+        return [bn.register_forward_hook(session.guard(session.batch_norm_hook)) for bn in norms]
+
+
+__all__ = ["BATCH_NORMS", "Canonizer", "MergeBatchNorm", "merged_after", "merged_before"]

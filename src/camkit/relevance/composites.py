@@ -1,0 +1,153 @@
+"""Composites: which LRP rule each layer gets, as data.
+
+A :class:`Composite` is a list of ``(match, rule)`` pairs, the first match winning; ``match`` is
+a module type (or a tuple of types) or a layer-name pattern (``fnmatch``: ``"features.*"``,
+``"classifier"``). ``first`` does the same for the first layer only (the first module, in
+``named_modules()`` order, that one of its entries matches: zennit's
+``SpecialFirstLayerMapComposite``). Activations, sums, average pooling and the other operations
+of the forward get their rule from the function table of :mod:`camkit.relevance.engine`
+(activations: :class:`~camkit.relevance.rules.Pass`, sums and average pooling:
+:class:`~camkit.relevance.rules.Norm` with the composite's ``stabilizer``), whether they are
+modules or functional calls.
+
+The named composites are zennit 0.5.1's, by the names researchers use in papers (Kohlbrenner et
+al., "Towards Best Practice in Explaining Neural Network Decisions with LRP", IJCNN 2020;
+Montavon et al. 2019):
+
+============================  =============  ============  ===========
+name                          first layer    convolutions  dense layers
+============================  =============  ============  ===========
+``epsilon-plus``              (as the rest)  ZPlus         Epsilon
+``epsilon-plus-flat``         Flat           ZPlus         Epsilon
+``epsilon-gamma-box``         ZBox (conv)    Gamma(0.25)   Epsilon
+``epsilon-alpha2-beta1``      (as the rest)  AlphaBeta     Epsilon
+``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
+============================  =============  ============  ===========
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from camkit.errors import ArgumentError
+from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
+
+Match = type | tuple | str
+CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+DENSE = (nn.Linear,)
+CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def _matches(match: Match, name: str, module: nn.Module) -> bool:
+    if isinstance(match, str):
+        return fnmatch.fnmatchcase(name, match)
+    return isinstance(module, match)
+
+
+@dataclass
+class Composite:
+    """Rules by module type or layer-name pattern (first match wins), a special first layer,
+    the stabiliser of the function table's Norm rule, and the canonizers to apply.
+
+    ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
+    """
+
+    rules: Sequence[tuple[Match, Rule]]
+    first: Sequence[tuple[Match, Rule]] = ()
+    stabilizer: float = 1e-6
+    canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for entry in (*self.rules, *self.first):
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Rule)):
+                raise ArgumentError(
+                    f"a composite entry is (module type or name pattern, rule), got {entry!r}"
+                )
+            match = entry[0]
+            types = match if isinstance(match, tuple) else (match,)
+            if not isinstance(match, str) and not all(isinstance(t, type) for t in types):
+                raise ArgumentError(
+                    f"a composite entry matches a module type, a tuple of types or a name "
+                    f"pattern, got {match!r}"
+                )
+
+    def assign(self, model: nn.Module) -> dict[str, tuple[nn.Module, Rule]]:
+        """``{layer name: (module, rule)}`` for every module a rule matches."""
+        assigned: dict[str, tuple[nn.Module, Rule]] = {}
+        first_done = not self.first
+        for name, module in model.named_modules():
+            rule = None
+            if not first_done:
+                rule = next((r for m, r in self.first if _matches(m, name, module)), None)
+                first_done = rule is not None
+            if rule is None:
+                rule = next((r for m, r in self.rules if _matches(m, name, module)), None)
+            if rule is not None:
+                if isinstance(module, CONV_TRANSPOSE):
+                    raise ArgumentError(
+                        f"layer {name!r} is a transposed convolution: camkit's LRP rules cover "
+                        "nn.Linear and nn.Conv1d/2d/3d"
+                    )
+                assigned[name] = (module, rule)
+        return assigned
+
+
+def _named(
+    name: str,
+    epsilon: float = 1e-6,
+    stabilizer: float = 1e-6,
+    gamma: float = 0.25,
+    low: Any = None,
+    high: Any = None,
+) -> Composite:
+    dense = (DENSE, Epsilon(epsilon))
+    zplus, alphabeta = ZPlus(stabilizer), AlphaBeta(2.0, 1.0, stabilizer)
+    flat = [(CONV + DENSE, Flat(stabilizer))]
+    table = {
+        "epsilon-plus": ([(CONV, zplus), dense], []),
+        "epsilon-plus-flat": ([(CONV, zplus), dense], flat),
+        "epsilon-gamma-box": (
+            [(CONV, Gamma(gamma, stabilizer)), dense],
+            [(CONV, ZBox(low, high, stabilizer))],
+        ),
+        "epsilon-alpha2-beta1": ([(CONV, alphabeta), dense], []),
+        "epsilon-alpha2-beta1-flat": ([(CONV, alphabeta), dense], flat),
+    }
+    rules, first = table[name]
+    return Composite(rules, first, stabilizer, name=name)
+
+
+COMPOSITES: tuple[str, ...] = (
+    "epsilon-plus",
+    "epsilon-plus-flat",
+    "epsilon-gamma-box",
+    "epsilon-alpha2-beta1",
+    "epsilon-alpha2-beta1-flat",
+)
+
+
+def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
+    """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
+    ``high``: zennit's parameters), a :class:`Composite`, or a list of ``(match, rule)``."""
+    if isinstance(spec, Composite):
+        return spec
+    if isinstance(spec, str):
+        if spec not in COMPOSITES:
+            raise ArgumentError(f"unknown composite {spec!r}; choose from {list(COMPOSITES)}")
+        return _named(spec, **options)
+    if isinstance(spec, list | tuple):
+        return Composite(list(spec), **options)
+    raise ArgumentError(
+        f"composite must be a name ({list(COMPOSITES)}), a Composite or a list of "
+        f"(module type or name pattern, rule), got {type(spec).__name__}"
+    )
+
+
+__all__ = ["COMPOSITES", "Composite", "composite"]

@@ -1,0 +1,266 @@
+"""The LRP engine: under :func:`rules_applied`, ordinary autograd computes LRP's modified gradient.
+
+Modules that a composite gives a rule (``nn.Linear``, ``nn.Conv``, or any module a user's
+composite names) get it through forward hooks; every other operation of the forward is seen by a
+:class:`torch.overrides.TorchFunctionMode`, functional calls included (``F.relu``, ``x + y``,
+``torch.cat``, ``F.adaptive_avg_pool2d``, ``flatten``), and gets its rule from one table:
+
+* activations (``relu``, ``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
+  ``leaky_relu``, ``elu``, ``hardswish``, ...; in-place forms too): :class:`~.rules.Pass`;
+* additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
+  average pooling: :class:`~.rules.Norm` with the composite's stabiliser;
+* structural operations (views, reshapes, ``flatten``, ``cat``, ``stack``, indexing, padding,
+  max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
+  un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
+  must move (zennit does the same for these);
+* anything else on the relevance path (``matmul`` of two activations, ``softmax``, ``mul`` of
+  two activations, ``layer_norm``, a functional convolution outside a ruled module, ...):
+  :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it,
+  instead of letting relevance through unchecked.
+
+A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from camkit.core.layers import explained_module, find_layers, hooked, this_thread
+from camkit.errors import RelevanceError
+from camkit.relevance.canonizers import merged_after, merged_before
+from camkit.relevance.composites import Composite, Match, composite
+from camkit.relevance.rules import Affine, Norm, Pass, Rule
+
+_T, _N = torch.Tensor, torch._C._nn
+PASS, NORM, SUMS, SCALE, GRADIENT = "pass", "norm", "sums", "scale", "gradient"
+
+
+def _table() -> dict[Any, str]:
+    table: dict[Any, str] = {}
+
+    def add(kind: str, *funcs: Any) -> None:
+        table.update({f: kind for f in funcs if f is not None})
+
+    def named(owner: Any, *names: str) -> list:
+        return [getattr(owner, n, None) for n in names]
+
+    acts = ("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "silu", "gelu", "elu", "elu_")
+    acts += ("leaky_relu", "leaky_relu_", "hardswish", "hardsigmoid", "mish", "softplus", "selu")
+    acts += ("celu", "sigmoid", "tanh", "threshold", "threshold_", "sigmoid_", "tanh_")
+    add(PASS, *named(F, *acts), *named(torch, *acts), *named(_T, *acts), *named(_N, *acts))
+    sums = ("add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__sub__")
+    sums += ("__rsub__", "__isub__", "subtract")
+    add(SUMS, *named(torch, *sums), *named(_T, *sums))
+    pools = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
+    pools += ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")
+    add(NORM, *named(torch, "sum", "mean"), *named(_T, "sum", "mean"))
+    add(NORM, *named(F, *pools), *named(torch, *pools), *named(_N, *pools))
+    scale = ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__")
+    scale += ("__itruediv__", "multiply", "divide", "true_divide")
+    add(SCALE, *named(torch, *scale), *named(_T, *scale))
+    shape = ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "contiguous")
+    shape += ("clone", "squeeze", "unsqueeze", "expand", "expand_as", "repeat", "cat", "concat")
+    shape += ("concatenate", "stack", "split", "chunk", "unbind", "narrow", "select", "movedim")
+    shape += ("index_select", "to", "float", "double", "half", "bfloat16", "type_as", "roll")
+    shape += ("__getitem__", "neg", "__neg__", "view_as", "reshape_as", "flip", "pad", "tile")
+    shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
+    shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
+    shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
+    shape += ("permute_copy", "swapaxes", "moveaxis")
+    add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
+    add(GRADIENT, *named(_N, *shape))
+    return table
+
+
+_TABLE = _table()
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def on_path(t: object) -> bool:
+    """Whether ``t`` is a tensor on the relevance path (requires grad, not a parameter)."""
+    return isinstance(t, Tensor) and t.requires_grad and not isinstance(t, nn.Parameter)
+
+
+def _operands(args: tuple, kwargs: dict) -> list[Tensor]:
+    found = []
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, list | tuple):
+            found.extend(a for a in arg if on_path(a))
+        elif on_path(arg):
+            found.append(arg)
+    return found
+
+
+def _call_site() -> str:
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith((_HERE, _TORCH)):
+            return f"{frame.filename}:{frame.lineno} ({frame.line})"
+    return "unknown"
+
+
+def _name(func: Any) -> str:
+    owner = getattr(func, "__objclass__", None) or getattr(func, "__module__", None) or "torch"
+    owner = getattr(owner, "__name__", owner)
+    return f"{owner}.{getattr(func, '__name__', func)}"
+
+
+class Session:
+    """One :func:`rules_applied` block: the rules of the modules, what the canonizers track, and
+    the recorded layer outputs (``recorded[name]``: every call's output, in order)."""
+
+    def __init__(self, model: nn.Module, comp: Composite, record: Sequence[str]):
+        self.model, self.composite = model, comp
+        self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
+        self.norm = Norm(comp.stabilizer)
+        self.bypass = 0
+        self.batch_norms: set[nn.Module] = set()
+        self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
+        self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.record = list(record)
+        self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
+
+    @staticmethod
+    def guard(hook: Any) -> Any:
+        return this_thread(hook)
+
+    def register(self) -> list:
+        handles = []
+        for module, rule in self.rules.values():
+            handles.append(module.register_forward_pre_hook(self.guard(self._enter)))
+            handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
+        for canonizer in self.composite.canonizers:
+            handles.extend(canonizer.apply(self.model, self))
+        for name, module in find_layers(self.model, self.record) if self.record else ():
+            handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
+        return handles
+
+    def _enter(self, module: nn.Module, args: tuple) -> tuple | None:
+        self.bypass += 1
+        if getattr(module, "inplace", False) and args and on_path(args[0]):
+            return (args[0].clone(), *args[1:])  # the rule needs the input; copied back after
+        return None
+
+    def _rule_hook(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple, o: object) -> object:
+            self.bypass -= 1
+            x = args[0] if args else None
+            if not (on_path(x) and isinstance(o, Tensor)):
+                return None
+            self.bypass += 1
+            try:
+                if not rule.parametric:
+                    return rule.output(None, x, o)
+                layer, source = Affine.of(module), x
+                before = self.normalized.get(id(x))
+                if before is not None and before[0] is x and before[1] == x._version:
+                    layer = merged_before(before[2], layer, before[3])
+                    source = before[3]
+                y = rule.output(layer, source, o)
+                self.produced[id(y)] = (y, y._version, layer, rule, source)
+                return y
+            finally:
+                self.bypass -= 1
+
+        return hook
+
+    def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
+        x = args[0] if args else None
+        if not (on_path(x) and isinstance(out, Tensor)):
+            return None
+        after = self.produced.get(id(x))
+        if after is not None and after[0] is x and after[1] == x._version:
+            _, _, layer, rule, source = after
+            self.bypass += 1
+            try:
+                return rule.output(merged_after(layer, bn), source, out)
+            finally:
+                self.bypass -= 1
+        self.normalized[id(out)] = (out, out._version, bn, x)
+        return None
+
+    def _record_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple, out: object) -> object:
+            if not isinstance(out, Tensor):
+                raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
+            self.recorded[name].append(out)
+            return out.clone()  # in-place operations downstream leave the recorded tensor alone
+
+        return hook
+
+
+class _RelevanceMode(TorchFunctionMode):
+    def __init__(self, session: Session):
+        super().__init__()
+        self.session = session
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = _TABLE.get(func)
+        if self.session.bypass or kind == GRADIENT:
+            return func(*args, **kwargs)
+        operands = _operands(args, kwargs)
+        if not operands:
+            return func(*args, **kwargs)
+        if kind == SCALE and len(operands) == 1:
+            return func(*args, **kwargs)  # a constant scale: relevance moves as the gradient
+        if kind == SUMS and len(operands) == 1:
+            return func(*args, **kwargs)  # a constant added (a bias): it absorbs its share
+        if kind in (PASS, NORM, SUMS):
+            return self._apply(func, kind, args, kwargs)
+        out = func(*args, **kwargs)
+        outs = out if isinstance(out, list | tuple) else (out,)
+        if any(isinstance(o, Tensor) and o.requires_grad for o in outs):
+            raise RelevanceError(
+                f"{_name(func)} on the relevance path has no LRP rule (called at "
+                f"{_call_site()}); camkit's rules cover linear and convolutional modules, "
+                "activations, sums, pooling and reshaping: give the module a rule in the "
+                "composite, or rewrite the operation with supported ones"
+            )
+        return out
+
+    def _apply(self, func: Any, kind: str, args: tuple, kwargs: dict) -> Tensor:
+        x = args[0]
+        first = x.clone() if isinstance(x, Tensor) else x  # in-place forms act on the copy
+        o = func(first, *args[1:], **kwargs)
+        if not isinstance(o, Tensor):
+            return o
+        y = Pass().output(None, x, o) if kind == PASS else self.session.norm.output(None, x, o)
+        if o is first and isinstance(x, Tensor):  # an in-place operation: write back
+            return x.copy_(y)
+        return y
+
+
+@contextmanager
+def rules_applied(
+    model: nn.Module,
+    composite_spec: str | Composite | Sequence[tuple[Match, Rule]] = "epsilon-plus-flat",
+    *,
+    record: Sequence[str] = (),
+) -> Iterator[Session]:
+    """Run the forward inside with LRP's rules in the autograd graph (see the package docs).
+
+    After ``y = model(x)`` inside the block (``x`` requiring grad), ``x * grad_x`` of the target
+    score is the input relevance and ``A * grad_A`` the relevance of any intermediate tensor
+    ``A``; the backward may run after the block. ``record``: layer names whose outputs are kept
+    in ``session.recorded`` (their downstream gets a copy). Hooks are removed on exit, also
+    when the forward raises; the model's parameters and buffers are never written.
+    """
+    comp = composite(composite_spec)
+    module = explained_module(model)
+    session = Session(module, comp, record)
+    with hooked(session.register), _RelevanceMode(session):
+        yield session
+
+
+__all__ = ["Session", "on_path", "rules_applied"]

@@ -1,0 +1,177 @@
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat")(x, target)``.
+
+The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
+(:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
+targets per sample. :meth:`LRP.relevance` also returns the relevance of chosen layers and the
+conservation report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.copies import chunks
+from camkit.core.engine import additional_forward_args, layer_gradients, run_model
+from camkit.core.finish import checked
+from camkit.core.inputs import autocast
+from camkit.core.layers import find_layers
+from camkit.core.targets import TargetSpec, resolve
+from camkit.errors import ArgumentError, ConservationWarning, GradientError, RelevanceError, warn
+from camkit.pixel.base import Inputs, PixelAttribution
+from camkit.registry import register
+from camkit.relevance.composites import Composite, Match
+from camkit.relevance.composites import composite as as_composite
+from camkit.relevance.engine import rules_applied
+from camkit.relevance.rules import Rule
+
+# module types whose operations (layer norm, attention's softmax and matmul) have no rule yet
+_TRANSFORMER_PARTS = (nn.LayerNorm, nn.MultiheadAttention, nn.GroupNorm)
+
+
+@dataclass
+class Relevance:
+    """What one :meth:`LRP.relevance` call found, float32, the target axis ``K`` kept.
+
+    ``input``: ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A *
+    dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target scores; ``conservation``:
+    ``{"input" or layer name: (B, K)}`` the share of each score that reached it (1 when
+    relevance is conserved; biases and the stabiliser absorb some, the ``Flat``/``ZBox``/
+    ``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by sample)."""
+
+    input: Tensor
+    layers: dict[str, Tensor]
+    scores: Tensor
+    conservation: dict[str, Tensor]
+
+
+def _share(relevance: Tensor, scores: Tensor) -> Tensor:
+    total = relevance.flatten(2).sum(-1)
+    return torch.where(scores != 0, total / torch.where(scores != 0, scores, 1), torch.nan)
+
+
+@register("lrp", "Bach et al., PLOS ONE 2015")
+class LRP(PixelAttribution):
+    """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
+    input pixels by the composite's rules, ``(C, H, W) -> (C, H, W)`` signed relevance (batches
+    and ``K`` targets likewise).
+
+    Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
+    Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
+    An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
+    merged; residual sums get the Norm rule where they are written).
+
+    Args:
+        composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
+            :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
+            rule)``.
+        layers: layer names whose relevance :meth:`relevance` returns with the input's.
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when the input relevance
+            of a sample differs from its score by more than this fraction of it; None: never.
+        output, dtype, batch_size: as for every method.
+    """
+
+    several_inputs = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        composite: str | Composite | Sequence[tuple[Match, Rule]] = "epsilon-plus-flat",
+        layers: Sequence[str] = (),
+        tolerance: float | None = None,
+        **options: Any,
+    ):
+        if "rule" in options:
+            raise ArgumentError("LRP takes a composite of LRP rules, not a ReLU rule= option")
+        super().__init__(model, **options)
+        self.composite = as_composite(composite)
+        if isinstance(layers, str):
+            layers = [layers]
+        self.record = [name for name, _ in find_layers(self.model, list(layers))] if layers else []
+        if tolerance is not None and not tolerance >= 0:
+            raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
+        self.tolerance = tolerance
+
+    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+        result, several = self._propagate(inputs[0], target, record=[])
+        return (result.input,), several
+
+    def relevance(self, x: Tensor, target: TargetSpec = None, **call: Any) -> Relevance:
+        """The input's and the recorded layers' relevance, scores and conservation of a batch
+        ``x (B, C, H, W)`` (``call``: ``additional_forward_args``)."""
+        batch, _ = self.checked_input(x)
+        with additional_forward_args(call.get("additional_forward_args"), batch.shape[0]):
+            return self._propagate(batch, target, record=self.record)[0]
+
+    def _propagate(
+        self, x: Tensor, target: TargetSpec, record: list[str]
+    ) -> tuple[Relevance, bool]:
+        self.check_autograd()
+        _refuse_transformers(self.model)
+        scorer = resolve(target, x.shape[0], x.device, self.output)
+        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        several = False
+        for rows in chunks(x.shape[0], self.batch_size, x.device):
+            leaf = x[rows].detach().clone().requires_grad_(True)
+            with torch.enable_grad(), autocast(x.device, self.dtype):
+                with rules_applied(self.model, self.composite, record=record) as session:
+                    output = run_model(self.model, leaf.clone(), rows)
+                scores, several = scorer(output, rows)
+            if not scores.requires_grad:
+                raise GradientError("the target score does not depend on the input")
+            acts = [session.recorded[name][-1] for name in record]
+            grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
+            maps = [
+                (a.detach()[:, None] * g).float()
+                if g is not None
+                else a.new_zeros((*scores.shape, *a.shape[1:]))
+                for a, g in zip([leaf, *acts], grads, strict=True)
+            ]
+            parts.append((maps[0], maps[1:], scores.detach().float()))
+        scores = torch.cat([p[2] for p in parts])
+        relevance = checked(torch.cat([p[0] for p in parts]))
+        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
+        shares = {"input": _share(relevance, scores)}
+        shares.update({name: _share(r, scores) for name, r in layers.items()})
+        self._check_conservation(shares["input"])
+        return Relevance(relevance, layers, scores, shares), several
+
+    def _check_conservation(self, share: Tensor) -> None:
+        if self.tolerance is None:
+            return
+        off = (share - 1).abs() > self.tolerance
+        if off.any():
+            worst = float(share[off].flatten()[0])
+            warn(
+                f"LRP ({self.composite.name}): the input relevance is {worst:.3g} of the target "
+                f"score for {int(off.sum())} sample-target pair(s), beyond the tolerance "
+                f"{self.tolerance} (biases and the stabiliser absorb relevance; Flat, ZBox, "
+                "WSquare and AlphaBeta do not conserve per sample)",
+                ConservationWarning,
+            )
+
+    def __repr__(self) -> str:
+        return f"LRP(composite={self.composite.name!r})"
+
+
+def _refuse_transformers(model: nn.Module) -> None:
+    """Refuse up front the layers whose operations have no LRP rule yet."""
+    found = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, _TRANSFORMER_PARTS) or type(m).__name__.endswith("Attention")
+    ]
+    if found:
+        raise RelevanceError(
+            f"LRP has no rule yet for layer norms and attention (AttnLRP), which this model "
+            f"uses: {found[:3]}{' ...' if len(found) > 3 else ''}; explain a CNN, or use a "
+            "gradient method for transformers"
+        )
+
+
+__all__ = ["LRP", "Relevance"]

@@ -1,0 +1,318 @@
+"""LRP rules as small objects, each with its formula and paper.
+
+Notation: a layer ``z_k = sum_j x_j w_jk + b_k`` with output ``o = z``, input ``x``, incoming
+relevance ``R_k``; ``x+ = max(x, 0)``, ``x- = min(x, 0)``, likewise ``w+``, ``w-``, ``b+``,
+``b-``; ``stab(z) = z + eps * (sign(z) + [z == 0])`` (zennit's stabiliser: a zero is pushed to
+``+eps``). Each rule gives the relevance ``R_j`` of the layer's input. The numbers follow zennit
+0.5.1 (``zennit.rules``), the reference implementation of these papers.
+
+The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradients*: what flows
+backward is ``g = R / A`` for every tensor ``A`` (so ``R_A = A * dS/dA`` everywhere). A rule turns
+its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value is ``o``
+bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
+incoming ``g = R / o``. The backward is linear in the incoming gradient (every coefficient is
+detached), so masking ``g`` at a layer (concept relevance) gives the relevance of the masked part.
+
+Rules whose input relevance does not vanish where the input is zero (:class:`Flat`,
+:class:`WSquare`, :class:`ZBox`: the first layer's rules) reach the input through ``x / x``: an
+input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and gets none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.errors import ArgumentError
+
+Op = Callable[[Tensor, Tensor], Tensor]
+
+
+def stabilize(z: Tensor, eps: float) -> Tensor:
+    """``z + eps * sign(z)``, zeros pushed to ``+eps`` (zennit's ``stabilize``)."""
+    return z + ((z == 0).to(z) + z.sign()) * eps
+
+
+def safe_divide(a: Tensor, b: Tensor) -> Tensor:
+    """``a / b`` where ``b != 0``, else 0."""
+    nonzero = b != 0
+    return torch.where(nonzero, a, 0) / torch.where(nonzero, b, 1)
+
+
+def modified_output(o: Tensor, t: Tensor) -> Tensor:
+    """``o`` in the forward (bitwise), the gradient of ``t`` in the backward."""
+    return o.detach() + (t - t.detach())
+
+
+def unit_path(x: Tensor) -> Tensor:
+    """A tensor of value 1 (0 where ``x == 0``) whose gradient with respect to ``x`` is ``1/x``:
+    how a rule whose relevance ``R_j`` is not proportional to ``x_j`` reaches ``g = R / x``."""
+    return x * safe_divide(torch.ones_like(x), x).detach()
+
+
+@dataclass(frozen=True)
+class Affine:
+    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
+    parameters detached: what the parametric rules modify."""
+
+    op: Op
+    weight: Tensor
+    bias: Tensor | None
+
+    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        out = self.op(x, weight)
+        return out if bias is None else out + bias
+
+    @staticmethod
+    def of(module: nn.Module) -> Affine:
+        """The affine map of an ``nn.Linear`` or ``nn.Conv1d/2d/3d``."""
+        weight = module.weight.detach()
+        bias = None if module.bias is None else module.bias.detach()
+        if isinstance(module, nn.Linear):
+            return Affine(lambda x, w: F.linear(x, w), weight, bias)
+        if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+            shape = (-1,) + (1,) * (weight.dim() - 2)
+            return Affine(
+                lambda x, w: module._conv_forward(x, w, None),
+                weight,
+                None if bias is None else bias.view(shape),
+            )
+        raise ArgumentError(
+            f"a parametric LRP rule needs nn.Linear or nn.Conv1d/2d/3d, got {type(module).__name__}"
+        )
+
+
+def _pos(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clamp(min=0)
+
+
+def _neg(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.clamp(max=0)
+
+
+class Rule:
+    """An LRP rule: :meth:`output` maps a layer's output ``o`` (input ``x``) to ``y``, equal to
+    ``o`` in the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module
+    docstring)."""
+
+    parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class Epsilon(Rule):
+    """LRP-epsilon: ``R_j = sum_k x_j w_jk / stab(z_k) R_k``, ``z = w x + b``.
+
+    Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
+    Relevance Propagation", PLOS ONE 2015; ``epsilon=0`` is LRP-0 (gradient x input on a ReLU
+    network). ``zero_bias`` drops ``b`` from ``z`` (zennit's ``zero_params=["bias"]``).
+    """
+
+    def __init__(self, epsilon: float = 1e-6, *, zero_bias: bool = False):
+        self.epsilon = float(epsilon)
+        self.zero_bias = zero_bias
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
+        return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
+
+
+class ZPlus(Rule):
+    """LRP-z+ (alpha=1, beta=0): ``R_j = sum_k (x+_j w+_jk + x-_j w-_jk) / stab(z+_k) R_k``
+    with ``z+ = w+ x+ + w- x- + b+``.
+
+    Bach et al., PLOS ONE 2015; Montavon et al., "Explaining nonlinear classification decisions
+    with deep Taylor decomposition", Pattern Recognition 2017 (zennit's form, which also
+    accepts negative inputs).
+    """
+
+    def __init__(self, stabilizer: float = 1e-6):
+        self.stabilizer = float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        w, b = layer.weight, layer.bias
+        z = layer(x.clamp(min=0), w.clamp(min=0), _pos(b)) + layer(x.clamp(max=0), _neg(w), None)
+        return modified_output(o, z * (o / stabilize(z.detach(), self.stabilizer)).detach())
+
+
+class AlphaBeta(Rule):
+    """LRP-alpha-beta: ``R_j = sum_k (alpha (x w)+_jk / stab(z+_k) - beta (x w)-_jk /
+    stab(z-_k)) R_k``, ``alpha - beta = 1``; ``(x w)+ = x+ w+ + x- w-`` (with ``b+`` in
+    ``z+``), ``(x w)- = x+ w- + x- w+`` (with ``b-`` in ``z-``).
+
+    Bach et al., PLOS ONE 2015.
+    """
+
+    def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6):
+        if alpha < 0 or beta < 0 or alpha - beta != 1:
+            raise ArgumentError(
+                f"AlphaBeta needs alpha, beta >= 0 and alpha - beta = 1, got {alpha}, {beta}"
+            )
+        self.alpha, self.beta, self.stabilizer = float(alpha), float(beta), float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        w, b = layer.weight, layer.bias
+        xp, xn, wp, wn = x.clamp(min=0), x.clamp(max=0), w.clamp(min=0), w.clamp(max=0)
+        zp = layer(xp, wp, _pos(b)) + layer(xn, wn, None)
+        zn = layer(xp, wn, _neg(b)) + layer(xn, wp, None)
+        t = self.alpha * zp * (o / stabilize(zp.detach(), self.stabilizer)).detach()
+        t = t - self.beta * zn * (o / stabilize(zn.detach(), self.stabilizer)).detach()
+        return modified_output(o, t)
+
+
+class Gamma(Rule):
+    """LRP-gamma: ``R_j = sum_k x_j (w_jk + gamma w+_jk) / stab(z_k) R_k`` where ``o_k > 0``
+    (``z_k`` the sum of ``x+ (w + gamma w+)``, ``x- (w + gamma w-)``, ``b + gamma b+``), and the
+    same with ``w-``/``w+`` swapped where ``o_k < 0``.
+
+    Montavon et al., "Layer-Wise Relevance Propagation: An Overview", 2019; the generalised form
+    for signed inputs of Andéol et al., "Learning Domain Invariant Representations by Joint
+    Wasserstein Distance Minimization", 2021 (zennit's ``Gamma``).
+    """
+
+    def __init__(self, gamma: float = 0.25, stabilizer: float = 1e-6):
+        self.gamma, self.stabilizer = float(gamma), float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        w, b, g = layer.weight, layer.bias, self.gamma
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
+        up, down = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
+        bup = None if b is None else b + g * b.clamp(min=0)
+        bdown = None if b is None else b + g * b.clamp(max=0)
+        zp = layer(xp, up, bup) + layer(xn, down, None)
+        zn = layer(xp, down, bdown) + layer(xn, up, None)
+        od = o.detach()
+        t = zp * (od * (od > 0) / stabilize(zp.detach(), self.stabilizer))
+        t = t + zn * (od * (od < 0) / stabilize(zn.detach(), self.stabilizer))
+        return modified_output(o, t)
+
+
+class Flat(Rule):
+    """LRP-flat: ``R_j = sum_k 1 / stab(sum_i 1) R_k`` (every weight 1, no bias): relevance spread
+    uniformly over the receptive field.
+
+    Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really
+    learn", Nature Communications 2019. For the first layer.
+    """
+
+    def __init__(self, stabilizer: float = 1e-6):
+        self.stabilizer = float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        ones = torch.ones_like(layer.weight)
+        z = layer(torch.ones_like(x), ones, None).detach()
+        t = layer(unit_path(x), ones, None) * (o / stabilize(z, self.stabilizer)).detach()
+        return modified_output(o, t)
+
+
+class WSquare(Rule):
+    """LRP-w^2: ``R_j = sum_k w_jk^2 / stab(sum_i w_ik^2 + b_k^2) R_k``.
+
+    Montavon et al., "Explaining nonlinear classification decisions with deep Taylor
+    decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
+    """
+
+    def __init__(self, stabilizer: float = 1e-6):
+        self.stabilizer = float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        w2, b = layer.weight**2, layer.bias
+        z = layer(torch.ones_like(x), w2, None if b is None else b**2).detach()
+        t = layer(unit_path(x), w2, None) * (o / stabilize(z, self.stabilizer)).detach()
+        return modified_output(o, t)
+
+
+class ZBox(Rule):
+    """LRP-z^B for inputs bounded by ``low <= x <= high``:
+    ``R_j = sum_k (x_j w_jk - l_j w+_jk - h_j w-_jk) / stab(z_k) R_k``,
+    ``z_k = sum_j (x_j w_jk - l_j w+_jk - h_j w-_jk) + b_k - b+_k - b-_k``.
+
+    Montavon et al., Pattern Recognition 2017. For the first layer. ``low``/``high``: numbers
+    or tensors broadcast to the input; None takes each sample's own minimum / maximum.
+    """
+
+    def __init__(
+        self,
+        low: float | Tensor | None = None,
+        high: float | Tensor | None = None,
+        stabilizer: float = 1e-6,
+    ):
+        self.low, self.high, self.stabilizer = low, high, float(stabilizer)
+
+    def _bound(self, value: float | Tensor | None, x: Tensor, extreme: Callable) -> Tensor:
+        if value is None:
+            dims = tuple(range(1, x.dim()))
+            return extreme(x.detach(), dim=dims, keepdim=True).expand_as(x)
+        return torch.as_tensor(value).to(x).expand_as(x)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        w, b = layer.weight, layer.bias
+        low, high = self._bound(self.low, x, torch.amin), self._bound(self.high, x, torch.amax)
+        unit = unit_path(x)
+        t = layer(x, w, b) - layer(low * unit, w.clamp(min=0), _pos(b))
+        t = t - layer(high * unit, w.clamp(max=0), _neg(b))
+        z = (
+            layer(x, w, b)
+            - layer(low, w.clamp(min=0), _pos(b))
+            - layer(high, w.clamp(max=0), _neg(b))
+        )
+        return modified_output(o, t * (o / stabilize(z.detach(), self.stabilizer)).detach())
+
+
+class Pass(Rule):
+    """Pass: ``R_x = R_o`` for an element-wise layer (activations: ReLU, SiLU, GELU, ...): the
+    relevance goes through unchanged. zennit's ``Pass``; Montavon et al. 2019 (activations are
+    not given relevance of their own)."""
+
+    parametric = False
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        if x.shape != o.shape:
+            raise ArgumentError(
+                f"the Pass rule needs an element-wise layer, got {tuple(x.shape)} -> {tuple(o.shape)}"
+            )
+        return modified_output(o, x * safe_divide(o.detach(), x.detach()))
+
+
+class Norm(Rule):
+    """Norm: ``R_j = x_j (dz_k / dx_j) / stab(z_k) R_k`` for a parameter-free linear operation
+    ``z`` (sums, residual additions, average pooling): relevance shared in proportion to each
+    input's contribution. zennit's ``Norm`` (LRP-epsilon with ``epsilon`` as a stabiliser only,
+    Bach et al. 2015)."""
+
+    parametric = False
+
+    def __init__(self, stabilizer: float = 1e-6):
+        self.stabilizer = float(stabilizer)
+
+    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        """``o`` must carry the operation's own graph to its inputs (``x`` is not used)."""
+        od = o.detach()
+        return modified_output(o, o * (od / stabilize(od, self.stabilizer)))
+
+
+__all__ = [
+    "Affine",
+    "AlphaBeta",
+    "Epsilon",
+    "Flat",
+    "Gamma",
+    "Norm",
+    "Pass",
+    "Rule",
+    "WSquare",
+    "ZBox",
+    "ZPlus",
+    "modified_output",
+    "safe_divide",
+    "stabilize",
+]

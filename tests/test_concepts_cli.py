@@ -1,0 +1,74 @@
+"""``camkit concepts``: reference images per channel of the packaged model over scikit-image
+photos (concepts.json, PNG patches inside their photo, progress in the log), usage errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from skimage import data
+
+from camkit import cli
+from camkit.cli.common import EXIT_UNREADABLE_IMAGES, EXIT_USAGE
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("photos")
+    for name in ("chelsea", "coffee", "astronaut"):
+        Image.fromarray(getattr(data, name)()).save(folder / f"{name}.png")
+    (folder / "broken.png").write_text("not an image")
+    return folder
+
+
+def test_concepts_writes_reference_patches(photos, tmp_path, capsys):
+    out = tmp_path / "run"
+    status = cli.main(
+        [
+            "concepts",
+            str(photos),
+            "--layer",
+            "blocks.2",
+            "--top",
+            "2",
+            "--channels",
+            "3,0-1",
+            "--out",
+            str(out),
+            "--workers",
+            "0",
+        ]  # fmt: skip
+    )
+    assert status == EXIT_UNREADABLE_IMAGES  # the broken file; the others are done
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "concepts: 4/4 images" in err
+    summary = json.loads((out / "concepts.json").read_text())
+    assert summary["layer"] == "blocks.2" and summary["images"] == 3
+    assert list(summary["channels"]) == ["3", "0", "1"]
+    sizes = {p.name: Image.open(p).size for p in photos.glob("*.png") if p.stem != "broken"}
+    for entries in summary["channels"].values():
+        for mode in ("activation", "relevance"):
+            rows = entries[mode]
+            assert [row["rank"] for row in rows] == [0, 1]
+            assert rows[0]["score"] >= rows[1]["score"]
+            for row in rows:
+                width, height = sizes[Path(row["image"]).name]
+                top, left, bottom, right = row["box"]
+                assert 0 <= top < bottom <= height and 0 <= left < right <= width
+                patch = Image.open(out / row["patch"])
+                assert patch.size == (right - left, bottom - top)
+    # a middle layer's receptive field is a part of the photo, not all of it
+    boxes = [row["box"] for e in summary["channels"].values() for row in e["activation"]]
+    assert any(bottom - top < 300 for top, _, bottom, _ in boxes)
+
+
+def test_concepts_usage_errors(photos, tmp_path, capsys):
+    common = [str(photos / "chelsea.png"), "--out", str(tmp_path / "x"), "--workers", "0"]
+    assert cli.main(["concepts", *common, "--layer", "blocks.99"]) == EXIT_USAGE
+    assert "did you mean" in capsys.readouterr().err
+    assert cli.main(["concepts", *common, "--layer", "blocks.2", "--channels", "40"]) == EXIT_USAGE
+    assert "channels 0..39" in capsys.readouterr().err
+    assert cli.main(["concepts", *common, "--layer", "blocks.2", "--channels", "a"]) == EXIT_USAGE
+    assert not (tmp_path / "x" / "concepts.json").exists()
