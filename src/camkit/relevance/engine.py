@@ -82,6 +82,8 @@ def _table() -> dict[Any, str]:
 
 
 _TABLE = _table()
+_BN_FORWARD = nn.BatchNorm2d.forward
+_PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -127,8 +129,12 @@ class Session:
         self.batch_norms: set[nn.Module] = set()
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.substituted = 0
         self.record = list(record)
         self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
+        self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
+        self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
 
     @staticmethod
     def guard(hook: Any) -> Any:
@@ -161,7 +167,7 @@ class Session:
             try:
                 if not rule.parametric:
                     return rule.output(None, x, o)
-                layer, source = Affine.of(module), x
+                layer, source = self._affine(module), x
                 before = self.normalized.get(id(x))
                 if before is not None and before[0] is x and before[1] == x._version:
                     layer = merged_before(before[2], layer, before[3])
@@ -174,6 +180,42 @@ class Session:
 
         return hook
 
+    def _affine(self, module: nn.Module) -> Affine:
+        """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
+        first) is run with its weight swapped for the rule's inside the function mode."""
+        if type(module).forward in _PLAIN_FORWARDS:
+            return Affine.of(module)
+        plain = Affine.of(module)
+        weight = module.weight
+
+        def op(x: Tensor, w: Tensor) -> Tensor:
+            swap = {id(weight): (weight, w)}
+            if module.bias is not None:
+                swap[id(module.bias)] = (module.bias, None)
+            self.substitute, self.substituted = swap, 0
+            try:
+                out = module.forward(x)
+            finally:
+                self.substitute = {}
+            if not self.substituted:
+                raise RelevanceError(
+                    f"{type(module).__name__} computes the weight it applies in its forward: "
+                    "camkit's rules modify the module's own weight and cannot reach it"
+                )
+            return out
+
+        return Affine(op, plain.weight, plain.bias)
+
+    def swapped(self, values: Any) -> Any:
+        """``values`` with the module's parameters replaced by the rule's (see :meth:`_affine`)."""
+        if isinstance(values, list | tuple):
+            return type(values)(self.swapped(v) for v in values)
+        entry = self.substitute.get(id(values))
+        if entry is not None and entry[0] is values:
+            self.substituted += 1
+            return entry[1]
+        return values
+
     def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         x = args[0] if args else None
         if not (on_path(x) and isinstance(out, Tensor)):
@@ -181,20 +223,33 @@ class Session:
         after = self.produced.get(id(x))
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
+            self.merged.add(id(x))
             self.bypass += 1
             try:
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
-        self.normalized[id(out)] = (out, out._version, bn, x)
+        if type(bn).forward is _BN_FORWARD:  # not a BatchNorm with an activation inside (timm)
+            self.normalized[id(out)] = (out, out._version, bn, x)
         return None
+
+    def merged_away(self, name: str) -> bool:
+        """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
+        relevance is then the BatchNorm's)."""
+        copy = self.passed_on.get(name)
+        return copy is not None and id(copy) in self.merged
 
     def _record_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, out: object) -> object:
             if not isinstance(out, Tensor):
                 raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
             self.recorded[name].append(out)
-            return out.clone()  # in-place operations downstream leave the recorded tensor alone
+            copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
+            produced = self.produced.get(id(out))
+            if produced is not None and produced[0] is out:  # the copy may be merged in turn
+                self.produced[id(copy)] = (copy, copy._version, *produced[2:])
+            self.passed_on[name] = copy
+            return copy
 
         return hook
 
@@ -206,6 +261,9 @@ class _RelevanceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.session.substitute:
+            args = self.session.swapped(args)
+            kwargs = {key: self.session.swapped(value) for key, value in kwargs.items()}
         kind = _TABLE.get(func)
         if self.session.bypass or kind == GRADIENT:
             return func(*args, **kwargs)

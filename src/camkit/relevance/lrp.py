@@ -124,6 +124,12 @@ class LRP(PixelAttribution):
                 scores, several = scorer(output, rows)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
+            merged = [name for name in record if session.merged_away(name)]
+            if merged:
+                raise ArgumentError(
+                    f"layer(s) {merged} are merged with the BatchNorm that follows them (the "
+                    "canonizer): their relevance is at the BatchNorm's output; record that layer"
+                )
             acts = [session.recorded[name][-1] for name in record]
             grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
             maps = [
