@@ -39,9 +39,11 @@ from camkit.errors import RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
+from camkit.relevance.transformers import bilinear, handlers
 
 _T, _N = torch.Tensor, torch._C._nn
 PASS, NORM, SUMS, SCALE, GRADIENT = "pass", "norm", "sums", "scale", "gradient"
+BILINEAR = "bilinear"
 
 
 def _table() -> dict[Any, str]:
@@ -75,9 +77,12 @@ def _table() -> dict[Any, str]:
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += ("permute_copy", "swapaxes", "moveaxis")
+    shape += ("permute_copy", "swapaxes", "moveaxis", "softmax")  # softmax: AttnLRP's rule
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
+    add(GRADIENT, *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
+    products = ("matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm")
+    add(BILINEAR, *named(torch, *products), *named(_T, *products))
     return table
 
 
@@ -125,6 +130,7 @@ class Session:
         self.model, self.composite = model, comp
         self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
         self.norm = Norm(comp.stabilizer)
+        self.handlers = handlers(comp.stabilizer)
         self.bypass = 0
         self.batch_norms: set[nn.Module] = set()
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
@@ -270,12 +276,17 @@ class _RelevanceMode(TorchFunctionMode):
         operands = _operands(args, kwargs)
         if not operands:
             return func(*args, **kwargs)
-        if kind == SCALE and len(operands) == 1:
-            return func(*args, **kwargs)  # a constant scale: relevance moves as the gradient
-        if kind == SUMS and len(operands) == 1:
-            return func(*args, **kwargs)  # a constant added (a bias): it absorbs its share
-        if kind in (PASS, NORM, SUMS):
+        if kind in (SCALE, SUMS, BILINEAR) and len(operands) == 1:
+            # a constant scale or matrix moves relevance as the gradient; a constant added (a
+            # bias) absorbs its share
+            return func(*args, **kwargs)
+        if kind == SCALE:  # the product of two activations (a gate): AttnLRP's uniform rule
+            kind = BILINEAR
+        if kind in (PASS, NORM, SUMS, BILINEAR):
             return self._apply(func, kind, args, kwargs)
+        handler = self.session.handlers.get(func)
+        if handler is not None:
+            return handler(*args, **kwargs)
         out = func(*args, **kwargs)
         outs = out if isinstance(out, list | tuple) else (out,)
         if any(isinstance(o, Tensor) and o.requires_grad for o in outs):
@@ -293,7 +304,12 @@ class _RelevanceMode(TorchFunctionMode):
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
             return o
-        y = Pass().output(None, x, o) if kind == PASS else self.session.norm.output(None, x, o)
+        if kind == PASS:
+            y = Pass().output(None, x, o)
+        elif kind == BILINEAR:
+            y = bilinear(o, self.session.norm.stabilizer)
+        else:
+            y = self.session.norm.output(None, x, o)
         if o is first and isinstance(x, Tensor):  # an in-place operation: write back
             return x.copy_(y)
         return y
