@@ -70,7 +70,8 @@ HAND = {
     "flat": (Flat(), [0.25, 0.25]),
     # w^2 = [1, 4], b^2 = 0.25: R = [1, 4] / 5.25 * 0.5
     "wsquare": (WSquare(), [1 / 5.25 * 0.5, 4 / 5.25 * 0.5]),
-    # l = -1, h = 3: x w - l w+ - h w- = [2 + 1, -2 + 6], z = 7 + b - b+ - b- = 7: R = [3, 4] / 7 * 0.5
+    # l = -1, h = 3: x w - l w+ - h w- = [2 + 1, -2 + 6], z = 7 + b - b+ - b- = 7:
+    # R = [3, 4] / 7 * 0.5
     "zbox": (ZBox(-1.0, 3.0), [3 / 7 * 0.5, 4 / 7 * 0.5]),
 }
 
@@ -225,13 +226,13 @@ class _Softmaxed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc(x.flatten(1))
-        return torch.softmax(h, dim=1) @ h.T
+        return torch.exp(h) @ h.T
 
 
 def test_an_operation_without_a_rule_raises_with_its_name_and_line() -> None:
     model = _Softmaxed()
     state = model_state(model)
-    with pytest.raises(RelevanceError, match=r"softmax .*test_relevance.py:\d+"):
+    with pytest.raises(RelevanceError, match=r"exp on .*test_relevance.py:\d+"):
         _relevance(model, torch.rand(2, 4), Composite([(nn.Linear, Epsilon())], canonizers=[]))
     assert_untouched(model, state)
 
@@ -353,8 +354,9 @@ def test_bad_composites_are_refused_clearly() -> None:
         LRP(model, composite="epsilon-plsu")
     with pytest.raises(ArgumentError, match="module type or name pattern"):
         LRP(model, composite=[(nn.Conv2d, "gamma")])
-    with pytest.raises(RelevanceError, match="layer norms and attention"):
-        LRP(KINDS["vit"].model())(KINDS["vit"].input(), 1)
+    grouped = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.LazyLinear(3))
+    with pytest.raises(RelevanceError, match="group_norm on the relevance path has no LRP rule"):
+        LRP(grouped)(torch.rand(1, 3, 8, 8), 1)
 
 
 def test_name_patterns_pick_layers() -> None:
@@ -364,3 +366,27 @@ def test_name_patterns_pick_layers() -> None:
     by_name = Composite([("0", Flat()), ((nn.Conv2d, nn.Linear), ZPlus())], canonizers=[])
     first = Composite([((nn.Conv2d, nn.Linear), ZPlus())], first=[(nn.Conv2d, Flat())])
     torch.testing.assert_close(_relevance(model, x, by_name), _relevance(model, x, first))
+
+
+def test_a_convolution_with_its_own_forward_gets_its_rule() -> None:
+    """timm's ``Conv2dSame`` pads in its forward (EfficientNet-Lite0's stem): the rule runs
+    through that forward, equal to the rule on the padding and a plain convolution."""
+    from timm.layers import Conv2dSame
+
+    torch.manual_seed(8)
+    same = Conv2dSame(3, 4, 3, stride=2).double()
+    plain = nn.Conv2d(3, 4, 3, stride=2).double()
+    plain.load_state_dict(same.state_dict())
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float64)
+    spec = Composite([(nn.Conv2d, Gamma(0.25))], canonizers=[])
+    expected = _relevance(nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), plain, nn.Flatten()), x, spec)
+    got = _relevance(nn.Sequential(same, nn.Flatten()), x, spec)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-13)
+
+
+def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
+    spec = KINDS["cnn"]
+    with pytest.raises(ArgumentError, match="merged with the BatchNorm"):
+        LRP(spec.model(), layers=["features.3"]).relevance(spec.input(), 1)
+    found = LRP(spec.model(), layers=["features.4"]).relevance(spec.input(), 1)
+    assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)

@@ -21,16 +21,13 @@ from camkit.core.finish import checked
 from camkit.core.inputs import autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
-from camkit.errors import ArgumentError, ConservationWarning, GradientError, RelevanceError, warn
+from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
 from camkit.pixel.base import Inputs, PixelAttribution
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
-
-# module types whose operations (layer norm, attention's softmax and matmul) have no rule yet
-_TRANSFORMER_PARTS = (nn.LayerNorm, nn.MultiheadAttention, nn.GroupNorm)
 
 
 @dataclass
@@ -112,7 +109,6 @@ class LRP(PixelAttribution):
         self, x: Tensor, target: TargetSpec, record: list[str]
     ) -> tuple[Relevance, bool]:
         self.check_autograd()
-        _refuse_transformers(self.model)
         scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         several = False
@@ -124,6 +120,12 @@ class LRP(PixelAttribution):
                 scores, several = scorer(output, rows)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
+            merged = [name for name in record if session.merged_away(name)]
+            if merged:
+                raise ArgumentError(
+                    f"layer(s) {merged} are merged with the BatchNorm that follows them (the "
+                    "canonizer): their relevance is at the BatchNorm's output; record that layer"
+                )
             acts = [session.recorded[name][-1] for name in record]
             grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
             maps = [
@@ -157,21 +159,6 @@ class LRP(PixelAttribution):
 
     def __repr__(self) -> str:
         return f"LRP(composite={self.composite.name!r})"
-
-
-def _refuse_transformers(model: nn.Module) -> None:
-    """Refuse up front the layers whose operations have no LRP rule yet."""
-    found = [
-        f"{name} ({type(m).__name__})"
-        for name, m in model.named_modules()
-        if isinstance(m, _TRANSFORMER_PARTS) or type(m).__name__.endswith("Attention")
-    ]
-    if found:
-        raise RelevanceError(
-            f"LRP has no rule yet for layer norms and attention (AttnLRP), which this model "
-            f"uses: {found[:3]}{' ...' if len(found) > 3 else ''}; explain a CNN, or use a "
-            "gradient method for transformers"
-        )
 
 
 __all__ = ["LRP", "Relevance"]
