@@ -16,7 +16,7 @@ import torch
 import torchvision
 from PIL import Image
 
-from camkit.cli import manifest
+from camkit.runs import manifest
 from camkit.strategies import load_maps
 
 MODEL = ["--model", "torchvision:resnet18"]

@@ -19,6 +19,7 @@ import torch
 from camkit import models, registry, viz
 from camkit.core.layers import find_layer
 from camkit.errors import CamkitError, LayerNotFoundError
+from camkit.io import IMAGE_SUFFIXES
 
 EXIT_OK = 0
 EXIT_UNREADABLE_IMAGES = 1
@@ -35,9 +36,6 @@ FAMILY_TITLES = {
     "pixel": "pixel attributions (the overlay shows max |attribution| over RGB)",
     "attention": "attention maps (vision transformers: read the attention itself)",
 }
-
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
-
 
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""

@@ -21,15 +21,16 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from camkit import io, models, registry, viz
-from camkit.cli import mapstore, report
+from camkit.cli import report
 from camkit.cli.common import BATCH_SIZE, UsageError
 from camkit.cli.dataset import ImageBatch, ImageFiles, collate
-from camkit.cli.manifest import append, part_path
 from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
 from camkit.core.targets import select_output
 from camkit.errors import CamkitError
+from camkit.runs import maps as mapstore
+from camkit.runs.manifest import append, part_path
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
 

@@ -17,6 +17,9 @@ MAX_PIXELS = 89_478_485
 """Default pixel limit of :func:`read_image` (Pillow's own warning threshold, about 89.5 MP: a
 ``9459x9459`` image, ~256 MB as RGB). Larger images are refused before decoding."""
 
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+"""The file name endings that folders are searched for (the CLI and the explorer)."""
+
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 

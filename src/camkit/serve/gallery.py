@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from camkit.cli import manifest as run_manifest
-from camkit.cli.common import IMAGE_SUFFIXES
-from camkit.cli.report_strategies import cluster_view
+from camkit.io import IMAGE_SUFFIXES
+from camkit.runs import manifest as run_manifest
+from camkit.runs.strategies import STRATEGIES, cluster_view
 
 Prediction = list[tuple[int, str, float]]
 """Top classes of one image: ``(class index, label, probability)``, most probable first."""
@@ -152,10 +152,6 @@ def select(
 
         chosen.sort(key=key)
     return chosen
-
-
-STRATEGIES = Path("strategies") / "strategies.json"
-"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
 
 
 def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:

@@ -1,7 +1,8 @@
-"""The strategies view's data: ``strategies.json`` (written by ``camkit strategies``) read for a
-page. :func:`cluster_view` turns one cluster into what a page shows, for the static report and
-the explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the
-report's whole view (map rows -> the page's image indices, files -> URLs)."""
+"""The strategies results of a run folder: ``strategies/strategies.json`` (written by ``camkit
+strategies``) read for a page. :func:`cluster_view` turns one cluster into what a page shows, for
+the static report and the explorer (:func:`camkit.serve.gallery.read_strategies`);
+:func:`strategies_data` is the report's whole view (map rows -> the page's image indices, files
+-> URLs)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from camkit.cli.report_files import url_path
+STRATEGIES = Path("strategies") / "strategies.json"
+"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
+
+
+def url_path(path: str) -> str:
+    """A relative POSIX path -> a URL path ('#', '?', '%', spaces... escaped)."""
+    return quote(path, safe="/")
 
 
 def cluster_view(

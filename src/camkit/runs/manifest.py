@@ -1,4 +1,5 @@
-"""The manifest of a ``camkit explain`` run: what reproduces it, one row per output, resume.
+"""The manifest of a run folder (``camkit explain``): what reproduces it, one row per output,
+the parts a killed run leaves, merging them.
 
 Each rank appends to its own part, ``manifest.rank<R>.jsonl`` (one JSON line per record, and
 one with the throughput so far), after every batch whose files are on disk, and flushes it to
@@ -20,8 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from camkit import io
-from camkit.cli import mapstore
-from camkit.cli.common import UsageError
+from camkit.runs import maps
 
 MANIFEST = "manifest.json"
 VERSIONED = ("camkit", "torch", "torchvision", "timm")
@@ -117,29 +117,10 @@ def consolidate(out: Path) -> None:
     if gathered is None:
         return
     if (gathered.get("settings") or {}).get("save_maps"):
-        mapstore.fold(out, gathered["records"], gathered)
+        maps.fold(out, gathered["records"], gathered)
     io.save_json(out / MANIFEST, gathered)
     for path in out.glob(PARTS):
         path.unlink()
-
-
-def check_resumable(previous: dict, settings: dict) -> None:
-    """Refuse to resume a run made with other settings, naming them."""
-    if previous.get("settings") is None:
-        raise UsageError(
-            "--resume: the manifest in --out records no settings (an older camkit); "
-            "start a new run in another folder"
-        )
-    changed = [key for key in settings if previous["settings"].get(key) != settings[key]]
-    if changed:
-        details = "; ".join(
-            f"{key}: was {previous['settings'].get(key)!r}, now {settings[key]!r}"
-            for key in changed
-        )
-        raise UsageError(
-            f"--resume: the run in --out was made with other settings ({details}); to resume "
-            "it, run again with its settings, or give a new --out to start a new run"
-        )
 
 
 def header(settings: dict, model: str, device: str, arguments: list[str]) -> dict:
@@ -187,7 +168,7 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
         "records": rows,
     }
     if head["settings"].get("save_maps"):
-        mapstore.fold(out, rows, head)
+        maps.fold(out, rows, head)
     io.save_json(out / MANIFEST, manifest)
     for rank in range(world):
         part_path(out, rank).unlink(missing_ok=True)
