@@ -48,7 +48,7 @@ def build(args: argparse.Namespace):
     missing = web_stack_missing()
     if missing:
         raise UsageError(missing)
-    from camkit.serve.launch import check_paths, prepare
+    from camkit.serve.launch import check_paths, checkpoint_names, prepare
 
     paths = [demo_folder()] if args.demo else [Path(p) for p in args.paths]
     try:
@@ -67,6 +67,9 @@ def build(args: argparse.Namespace):
             device=device,
             host=args.host,
             token=args.token,
+            names=checkpoint_names(
+                args.model, [args.weights, args.compare_weights][: len(checkpoints)]
+            ),
         )
     except CamkitError as error:
         raise UsageError(str(error)) from None

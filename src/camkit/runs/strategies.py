@@ -32,11 +32,17 @@ def cluster_view(
     """One cluster of ``strategies.json`` for a page: its ``id``, ``size``, ``confidence``,
     ``accuracy`` and suspiciousness (named ``score``), its prototype picture through
     ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
-    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's)."""
+    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's).
+    ``atypical`` leaves out the ``typical`` members: a small cluster's two lists overlap, and
+    the page would show the same images as both."""
+    found = {name: members(cluster.get(name, [])) for name in lists}
+    if "typical" in found and "atypical" in found:
+        typical = set(found["typical"])
+        found["atypical"] = [member for member in found["atypical"] if member not in typical]
     return (
         {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
         | {score: cluster.get("suspiciousness"), "prototype": picture(cluster.get("prototype"))}
-        | {name: members(cluster.get(name, [])) for name in lists}
+        | found
     )
 
 

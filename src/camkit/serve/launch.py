@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def checkpoint_names(model: str, weights: Sequence[str | None]) -> dict[str, str]:
+    """The page's name of each checkpoint (keys ``a``, ``b``...): its file's name, or its path
+    when two files share a name; ``MODEL (its own weights)`` for none."""
+    files = [None if w is None else Path(w) for w in weights]
+    names = [f.name if f is not None else f"{model} (its own weights)" for f in files]
+    if len(set(names)) < len(names):
+        names = [str(f) if f is not None else n for f, n in zip(files, names, strict=True)]
+    return {chr(ord("a") + k): name for k, name in enumerate(names)}
+
+
 def url_of(host: str, port: int, token: str | None) -> str:
     """The URL a browser opens (the token in its query when there is one)."""
     shown = f"[{host}]" if ":" in host else host
@@ -116,9 +126,11 @@ def prepare(
     device: torch.device,
     host: str,
     token: str | None,
+    names: dict[str, str] | None = None,
 ) -> Prepared:
     """Check the address and token, read the gallery and build the app (everything but
-    listening). Bad input raises a camkit error before anything listens."""
+    listening); ``names``: each checkpoint's name on the page (:func:`checkpoint_names`). Bad
+    input raises a camkit error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
@@ -139,6 +151,7 @@ def prepare(
         strategies=gallery.strategies,
         hosts=security.allowed_hosts(host),
         background=True,
+        names=names,
     )
     return Prepared(app, token, len(gallery.entries))
 

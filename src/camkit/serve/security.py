@@ -46,6 +46,20 @@ class UploadError(CamkitError):
         self.status = status
 
 
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Frame-Options": "SAMEORIGIN",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+"""Sent with every response: only this server's own scripts, styles and images; no framing by
+another site (a notebook shows the page from the same origin); the token never leaks in a
+``Referer``."""
+
+
 def new_token() -> str:
     """A fresh random token (32 URL-safe characters)."""
     return secrets.token_urlsafe(24)
