@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from camkit import registry
 
-MAX_JOBS = 256  # the oldest finished jobs are forgotten beyond this
+MAX_JOBS = 256  # jobs remembered; the oldest finished ones are forgotten first
 
 
 class Cancelled(Exception):
@@ -63,12 +63,19 @@ class Jobs:
             job = self.jobs.get(job_id)
             if job is None or job.finished:
                 job = self.jobs[job_id] = Job(job_id, expected)
-            while len(self.jobs) > MAX_JOBS:
-                oldest = next(iter(self.jobs))
-                if not self.jobs[oldest].finished:
-                    break
-                del self.jobs[oldest]
+            elif job.expected is None:  # cancelled before it started
+                job.expected = expected
+            self._forget()
             return job
+
+    def _forget(self) -> None:
+        """Beyond ``MAX_JOBS``: the oldest finished jobs first, then the oldest of any."""
+        extra = len(self.jobs) - MAX_JOBS
+        if extra > 0:
+            finished = [key for key, job in self.jobs.items() if job.finished]
+            others = [key for key in self.jobs if key not in set(finished)]
+            for key in (finished + others)[:extra]:
+                del self.jobs[key]
 
     def get(self, job_id: str) -> Job | None:
         with self.lock:
@@ -80,6 +87,7 @@ class Jobs:
         with self.lock:
             job = self.jobs.setdefault(job_id, Job(job_id))
             job.cancelled = True
+            self._forget()
             return job
 
 
