@@ -37,6 +37,7 @@ FAMILY_TITLES = {
     "attention": "attention maps (vision transformers: read the attention itself)",
 }
 
+
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""
 
