@@ -25,17 +25,23 @@ pytest.importorskip("starlette", reason="camkit serve's web stack: pip install '
 pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev extra)")
 from starlette.testclient import TestClient  # noqa: E402
 
+from camkit import io as cio  # noqa: E402
 from camkit.serve import launch, security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
+from camkit.serve.explorer import Explorer  # noqa: E402
+from camkit.serve.gallery import scan  # noqa: E402
 from camkit.serve.progress import Jobs, copies_per_image  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
 from tests.test_serve import (  # noqa: E402
+    LABELS,
+    SIZE,
     TOKEN,
     SmallNet,
     explorer_for,
     loaded,
     model_input,
     npy,
+    photo,
     photo_folder,
 )
 
@@ -351,3 +357,180 @@ def test_small_clusters_do_not_show_the_same_images_twice() -> None:
     assert view["typical"] == [12, 10, 11] and view["atypical"] == []
     bigger = cluster | {"typical": [0, 1], "atypical": [3, 1]}
     assert cluster_view(bigger, list, lambda name: name)["atypical"] == [3]
+
+
+# ----------------------------------------------------------------------------- the browser
+
+from tests.test_report import Browser, needs_browser  # noqa: E402
+from tests.test_serve import change, settle  # noqa: E402
+
+READY = """new Promise((done) => { (function poll() {
+  if (document.body.dataset.ready === '1') done(); else setTimeout(poll, 20); })(); })"""
+
+
+def shown(browser: Browser, selector: str) -> bool:
+    return browser.js(
+        f"getComputedStyle(document.querySelector({json.dumps(selector)})).display !== 'none'"
+    )
+
+
+def texts(browser: Browser, selector: str) -> list[str]:
+    return browser.js(
+        f"[...document.querySelectorAll({json.dumps(selector)})].map((e) => e.textContent)"
+    )
+
+
+def wait(browser: Browser, milliseconds: int = 100) -> None:
+    browser.js(f"new Promise((done) => setTimeout(done, {milliseconds}))")
+    settle(browser)
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_page_shows_each_checkpoint_its_own_way(tmp_path: Path) -> None:
+    explorer = explorer_for(photo_folder(tmp_path), a=loaded(0), b=loaded(1))
+    names = {"a": "epoch_10.pt", "b": "epoch_20.pt"}
+    image = next(  # an image whose top-1 differs between the checkpoints, if there is one
+        (
+            i
+            for i in range(1, 8)
+            if softmax(explorer, "a", i).argmax() != softmax(explorer, "b", i).argmax()
+        ),
+        4,
+    )
+    with running(create_app(explorer, token=TOKEN, names=names)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}")
+            browser.js(READY)
+            settle(browser)
+            assert "epoch_10.pt and epoch_20.pt" in browser.js(
+                "document.getElementById('model').textContent"
+            )
+            assert shown(browser, "#f-checkpoint-box") and shown(browser, "#f-changed-box")
+            assert shown(browser, "#f-truth-box")  # the folder has class subfolders
+            browser.js(f"document.querySelector('.card[data-id=\"{image}\"]').click()")
+            wait(browser)
+            assert shown(browser, "#compare-box")
+            assert texts(browser, "#tops h4") == ["top-5 of epoch_10.pt", "top-5 of epoch_20.pt"]
+            first, second = softmax(explorer, "a", image), softmax(explorer, "b", image)
+            b_top = [f"{LABELS[i]} ({i})" for i in second.topk(4).indices.tolist()]
+            assert texts(browser, "table[data-checkpoint='b'] td:first-child") == b_top
+            top = int(first.argmax())
+            browser.js("document.getElementById('compare').click()")
+            wait(browser, 200)
+            captions = texts(browser, "#maps figcaption")
+            assert len(captions) == 3  # a, b and their difference
+            a_caption, b_caption, difference = captions
+            assert f"{100 * float(first[top]):.1f}%" in a_caption and "epoch_10.pt" in a_caption
+            assert f"{100 * float(second[top]):.1f}%" in b_caption and "epoch_20.pt" in b_caption
+            b_best = int(second.argmax())
+            assert f"top-1 {LABELS[b_best]} {100 * float(second[b_best]):.1f}%" in b_caption
+            assert "epoch_10.pt − epoch_20.pt" in difference
+            loaded_images = browser.js(
+                "[...document.querySelectorAll('#maps img')].map((i) => i.naturalWidth)"
+            )
+            assert loaded_images == [SIZE, SIZE, SIZE]
+            assert browser.js("document.getElementById('message').hidden") is True
+            # the gallery: filtered by where the checkpoints disagree
+            browser.js("location.hash = ''")
+            wait(browser)
+            browser.js("document.getElementById('f-changed').click()")
+            wait(browser, 200)
+            cards = browser.js(
+                "[...document.querySelectorAll('#gallery .card')].map((c) => +c.dataset.id)"
+            )
+            changed = [
+                i
+                for i in range(1, 8)
+                if softmax(explorer, "a", i).argmax() != softmax(explorer, "b", i).argmax()
+            ]
+            assert cards == changed
+        finally:
+            browser.close()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_page_hides_what_does_not_apply_and_labels_what_it_shows(tmp_path: Path) -> None:
+    folder = tmp_path / "flat"
+    folder.mkdir()
+    for k in range(3):
+        cio.save_png(folder / f"shot{k}.png", photo(200 + k))
+    explorer = Explorer({"a": loaded()}, scan([folder])[0])
+    with running(create_app(explorer, token=TOKEN)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#image=1")
+            browser.js(READY)
+            settle(browser)
+            for hidden in ("#f-truth-box", "#compare-box", "#f-checkpoint-box", "#f-changed-box"):
+                assert not shown(browser, hidden), hidden
+            top = int(softmax(explorer, "a", 1).argmax())
+            download = browser.js("document.getElementById('download-png').download")
+            assert download == f"shot1_gradcam_{top}.png"
+            browser.js("document.getElementById('depth-button').click()")
+            wait(browser)
+            captions = texts(browser, "#depth figcaption")
+            assert captions == [
+                f"act1 · {LABELS[top]} ({top}) · gradcam",
+                f"act2 (default) · {LABELS[top]} ({top}) · gradcam",
+            ]
+            browser.js("document.getElementById('curve-button').click()")
+            wait(browser)
+            assert texts(browser, "#curves .xtick") == ["0", "0.25", "0.5", "0.75", "1"]
+            assert texts(browser, "#curves .ytick") == ["0", "0.25", "0.5", "0.75", "1"]
+            assert "probability of the class" in texts(browser, "#curves .ylabel")[0]
+            assert "deleted / inserted" in texts(browser, "#curves .xlabel")[0]
+            assert texts(browser, "#curves .title")[0].startswith(f"{LABELS[top]} ({top})")
+            other = (top + 1) % 4
+            change(browser, "class", f"{LABELS[other]} ({other})")
+            assert browser.js("document.querySelectorAll('#depth figure, #curves svg').length") == 0
+            change(browser, "alpha", "0.8")  # the display alone: the strip would stay
+            assert browser.js("document.getElementById('message').hidden") is True
+        finally:
+            browser.close()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) -> None:
+    model = loaded()
+    model.model = GatedNet()
+    explorer = explorer_for(photo_folder(tmp_path), a=model)
+    with running(create_app(explorer, token=TOKEN)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#image=2")
+            browser.js(READY)
+            settle(browser)
+            assert not shown(browser, "#progress")
+            menu = texts(browser, "#method option")
+            assert any(text.startswith("scorecam (") for text in menu), menu  # with its time
+            model.model.armed = True
+            browser.js(
+                """(() => { const e = document.getElementById('method');
+                e.value = 'scorecam'; e.dispatchEvent(new Event('change')); })()"""
+            )
+            assert model.model.reached.wait(60)
+            browser.js(
+                """new Promise((done) => { (function poll() {
+                if (!document.getElementById('progress').hidden) done();
+                else setTimeout(poll, 20); })(); })"""
+            )
+            text = browser.js("document.getElementById('progress-text').textContent")
+            assert text.startswith("scorecam: 1 of ~9 copies scored"), text
+            (job,) = browser.js("[...window.camkitState.jobs]")
+            browser.js("document.getElementById('cancel').click()")
+            for _ in range(600):  # until the server has the cancel (not a timing: a condition)
+                if fetch(f"{base}/api/progress?job={job}&token={TOKEN}")[1]["cancelled"]:
+                    break
+                threading.Event().wait(0.05)
+            model.model.release.set()
+            settle(browser)
+            message = browser.js("document.getElementById('message').textContent")
+            assert "cancelled" in message
+            assert not shown(browser, "#progress")
+        finally:
+            model.model.release.set()
+            browser.close()
