@@ -148,14 +148,17 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def load_model(name: str, weights: str | None) -> models.LoadedModel:
-    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines."""
+def load_model(name: str, weights: str | None, labels: str | None = None) -> models.LoadedModel:
+    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
+    ``labels``: ``--labels FILE``."""
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file")
+    if labels is not None and not Path(labels).is_file():
+        raise UsageError(f"--labels {labels}: no such file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", models.RandomWeightsWarning)
         try:
-            loaded = models.load(name, weights=weights)
+            loaded = models.load(name, weights=weights, labels=labels)
         except (CamkitError, FileNotFoundError) as error:
             raise UsageError(f"--model {name}: {error}") from None
     for warning in caught:
@@ -224,6 +227,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="state dict for --model (.pt/.pth via torch.load(weights_only=True), or "
         ".safetensors); without it a torchvision/timm model has random weights",
+    )
+    parser.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="class names: one per line, or a JSON list or {index: name}; default: the names "
+        "the checkpoint carries ('labels'/'classes', HuggingFace id2label), else ImageNet's "
+        "for 1000 classes, else 'class N'",
     )
 
 
@@ -335,7 +345,7 @@ def load_run_model(
     """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
     class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
     the classes and the layer."""
-    loaded = load_model(args.model, args.weights)
+    loaded = load_model(args.model, args.weights, args.labels)
     classes = parse_target(args.target, loaded.labels)
     if one_class and classes is not None and len(classes) > 1:
         raise UsageError(f"--target: {args.command} scores one class per image (or top1)")

@@ -25,7 +25,7 @@ DESCRIPTION = (
 def run_layers(args: argparse.Namespace) -> int:
     """``camkit layers``: every module call with its output shape; ``*`` marks the default layer,
     and a layer that cannot be explained says why."""
-    loaded = load_model(args.model, args.weights)
+    loaded = load_model(args.model, args.weights, args.labels)
     size = loaded.input_size if args.input_size is None else (args.input_size, args.input_size)
     try:
         calls, _ = trace(loaded.model, size)

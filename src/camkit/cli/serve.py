@@ -54,9 +54,9 @@ def build(args: argparse.Namespace):
     try:
         check_paths(paths)
         device = pick_device(args.device)
-        checkpoints = {"a": load_model(args.model, args.weights)}
+        checkpoints = {"a": load_model(args.model, args.weights, args.labels)}
         if args.compare_weights:
-            checkpoints["b"] = load_model(args.model, args.compare_weights)
+            checkpoints["b"] = load_model(args.model, args.compare_weights, args.labels)
         for loaded in checkpoints.values():
             loaded.model.to(device)
         return prepare(
