@@ -21,8 +21,9 @@ from skimage import data
 
 from camkit import cli
 from camkit import io as camkit_io
-from camkit.cli import common, demo, pipeline
+from camkit.cli import common, demo, files, pipeline
 from camkit.core.progress import LOG_INTERVAL, LogProgress, progress, progress_bar
+from camkit.errors import ArgumentError
 from camkit.registry import METHODS
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
@@ -360,14 +361,14 @@ def test_find_images_in_a_folder_is_sorted_and_not_recursive(tmp_path):
     for name in ("b.PNG", "a.jpg", ".hidden.jpg", "c.txt", "sub/d.jpg"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).touch()
-    listed = common.find_images([str(tmp_path), str(tmp_path / "c.txt")])
-    assert [path.name for path in listed] == ["a.jpg", "b.PNG", "c.txt"]
+    found = files.find_images([str(tmp_path), str(tmp_path / "c.txt")])
+    assert [path.name for path in found.paths] == ["a.jpg", "b.PNG", "c.txt"]
 
 
 def test_find_images_rejects_an_empty_folder(tmp_path):
     (tmp_path / "notes.txt").touch()
-    with pytest.raises(common.UsageError, match=f"no image files .* in directory {tmp_path}"):
-        common.find_images([str(tmp_path)])
+    with pytest.raises(ArgumentError, match=f"no image files .* in directory {tmp_path}"):
+        files.find_images([str(tmp_path)])
 
 
 def test_unique_stems():

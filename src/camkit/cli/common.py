@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from camkit import models, registry, viz
+from camkit import io, models, registry, viz
+from camkit.cli.files import find_images
 from camkit.core.layers import find_layer
 from camkit.errors import CamkitError, LayerNotFoundError
-from camkit.io import IMAGE_SUFFIXES
 
 EXIT_OK = 0
 EXIT_UNREADABLE_IMAGES = 1
@@ -40,30 +40,6 @@ FAMILY_TITLES = {
 
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""
-
-
-def find_images(paths: Sequence[str]) -> list[Path]:
-    """Files as given, and each directory's image files (not recursive, sorted, no dot-files)."""
-    found: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():
-            inside = sorted(
-                entry
-                for entry in path.iterdir()
-                if entry.is_file()
-                and entry.suffix.lower() in IMAGE_SUFFIXES
-                and not entry.name.startswith(".")
-            )
-            if not inside:
-                suffixes = ", ".join(sorted(s.lstrip(".") for s in IMAGE_SUFFIXES))
-                raise UsageError(f"no image files ({suffixes}) in directory {given}")
-            found.extend(inside)
-        elif path.exists():
-            found.append(path)
-        else:
-            raise UsageError(f"no such file or directory: {given}")
-    return found
 
 
 def exit_status(unreadable: Sequence[str]) -> int:
@@ -206,6 +182,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def pixel_limit(text: str) -> int:
+    """``--max-pixels``: a count of pixels, 0 for no limit."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
+    return value
+
+
 def unit_float(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -299,6 +283,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     )
     add_device_argument(parser)
     parser.add_argument(
+        "--max-pixels",
+        type=pixel_limit,
+        default=io.MAX_PIXELS,
+        metavar="N",
+        help=f"refuse images of more pixels, before decoding (default {io.MAX_PIXELS:,}, "
+        "Pillow's; 0: no limit)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         metavar="N",
@@ -331,7 +323,13 @@ def check_run_inputs(
     """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
     the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
     written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
-    paths = find_images(args.images)
+    try:
+        found = find_images(args.images)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
+    if local_rank == 0:
+        found.report()
+    paths = found.paths
     methods = parse_methods(args.method)
     checked = None if own_check is None else own_check(paths, methods)
     out = Path(args.out)

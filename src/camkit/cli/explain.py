@@ -56,6 +56,7 @@ def run_explain(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             save_maps=args.save_maps,
             workers=default_workers() if args.workers is None else args.workers,
+            max_pixels=args.max_pixels or None,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
         )
@@ -136,12 +137,13 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
     """Say what was written and how fast; exit 1 naming the images that could not be read."""
     records = manifest["records"]
     failed = [record["image"] for record in records if "error" in record]
-    throughput = manifest["throughput"]
+    this_run = manifest["runs"][-1]
+    throughput = this_run["throughput"]
     speed = throughput["images_per_second"]
-    unreadable = manifest["unreadable"]
+    unreadable = this_run["unreadable"]
     print(
         f"wrote {len(records) - len(failed)} overlay(s) of {total - len(failed)} image(s) to "
-        f"{out} (manifest: {out / MANIFEST}); this run explained {manifest['explained']} image(s)"
+        f"{out} (manifest: {out / MANIFEST}); this run explained {this_run['explained']} image(s)"
         + (f" at {speed:.1f} images/s" if speed else "")
         + (f"; {unreadable} could not be read" if unreadable else "")
     )

@@ -54,6 +54,7 @@ class Job:
     save_maps: bool = False  # every raw map in one maps.npz (camkit.cli.mapstore)
     workers: int = 0
     quiet: bool = False
+    max_pixels: int | None = io.MAX_PIXELS  # larger images are refused before decoding
     report: bool = False
 
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
@@ -261,7 +262,7 @@ def explain_files(
     stems = unique_stems(paths)
     squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
     loader = DataLoader(
-        ImageFiles([paths[index] for index in indices], squash),
+        ImageFiles([paths[index] for index in indices], squash, max_pixels=job.max_pixels),
         batch_size=job.images_per_batch,
         num_workers=job.workers,
         collate_fn=collate,

@@ -139,8 +139,13 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
 
 def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
     """Rank 0, after the barrier: the parts of every rank (and what a resumed run had) as one
-    ``manifest.json`` ordered like the inputs; the parts are removed. Of the ``todo`` images
-    this run had to do, it counts those ``explained`` and those ``unreadable`` apart."""
+    ``manifest.json`` ordered like the inputs; the parts are removed.
+
+    ``explained`` and ``unreadable`` count the images of the whole manifest (every run), so a
+    resumed run never says 0 unreadable while it holds error records; ``runs`` keeps each run's
+    own start, end, throughput and counts (a resumed run appends to the earlier ones), and
+    ``started``/``throughput`` are the first run's start and the sums over the runs. ``todo``:
+    the images this run had to do."""
     previous = read(out / MANIFEST)
     parts = [read(part_path(out, rank)) for rank in range(world)]
     records = {}
@@ -152,19 +157,26 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
     ranks = [part["throughput"] for part in parts if part is not None]
     seconds = max((rank["seconds"] for rank in ranks), default=0.0)
     images = sum(rank["images"] for rank in ranks)
-    unreadable = len(
-        {r["image"] for part in parts if part for r in part["records"] if "error" in r}
-    )
-    manifest = head | {
-        "explained": todo - unreadable,
-        "unreadable": unreadable,
+    failed_now = {r["image"] for part in parts if part for r in part["records"] if "error" in r}
+    this_run = {
+        "started": head["started"],
         "finished": now(),
-        "throughput": {
-            "images": images,
-            "seconds": seconds,
-            "images_per_second": images / seconds if seconds else None,
-            "ranks": ranks,
-        },
+        "todo": todo,
+        "explained": todo - len(failed_now),
+        "unreadable": len(failed_now),
+        "throughput": _throughput(images, seconds) | {"ranks": ranks},
+    }
+    runs = [*earlier_runs(previous), this_run]
+    explained = {r["image"] for r in rows if "error" not in r}
+    total_images = sum(run["throughput"]["images"] for run in runs)
+    total_seconds = sum(run["throughput"]["seconds"] for run in runs)
+    manifest = head | {
+        "started": runs[0]["started"],
+        "explained": len(explained),
+        "unreadable": len({r["image"] for r in rows if "error" in r} - explained),
+        "finished": this_run["finished"],
+        "throughput": _throughput(total_images, total_seconds) | {"ranks": ranks},
+        "runs": runs,
         "records": rows,
     }
     if head["settings"].get("save_maps"):
@@ -173,3 +185,22 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
     for rank in range(world):
         part_path(out, rank).unlink(missing_ok=True)
     return manifest
+
+
+def _throughput(images: int, seconds: float) -> dict:
+    return {
+        "images": images,
+        "seconds": seconds,
+        "images_per_second": images / seconds if seconds else None,
+    }
+
+
+def earlier_runs(previous: dict | None) -> list[dict]:
+    """The runs an earlier manifest records (one made before ``runs`` existed: its own
+    start, end, counts and throughput as one run)."""
+    if not previous or previous.get("throughput") is None:
+        return []
+    if "runs" in previous:
+        return list(previous["runs"])
+    keep = ("started", "finished", "explained", "unreadable", "throughput")
+    return [{key: previous.get(key) for key in keep}]

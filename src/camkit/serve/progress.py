@@ -18,9 +18,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from torch import Tensor, nn
+from torch import nn
 
 from camkit import registry
+from camkit.core.progress import counting_rows
 
 MAX_JOBS = 256  # jobs remembered; the oldest finished ones are forgotten first
 
@@ -94,21 +95,20 @@ class Jobs:
 @contextlib.contextmanager
 def watching(model: nn.Module, job: Job) -> Iterator[None]:
     """Count the rows ``model`` scores into ``job`` and stop at its next forward pass once the
-    job is cancelled (the pre-hook is removed on exit, also after an error)."""
+    job is cancelled (:func:`camkit.core.progress.counting_rows`: the pre-hook is removed on
+    exit, also after an error)."""
 
-    def count(module: nn.Module, args: tuple) -> None:
+    def seen(rows: int) -> None:
         if job.cancelled:
             raise Cancelled("cancelled: the server stopped computing this map")
-        first = args[0] if args and isinstance(args[0], Tensor) else None
-        job.done += int(first.shape[0]) if first is not None and first.ndim > 0 else 1
+        job.done += rows
 
     if job.cancelled:
         raise Cancelled("cancelled: the server stopped computing this map")
-    handle = model.register_forward_pre_hook(count)
     try:
-        yield
+        with counting_rows(model, seen):
+            yield
     finally:
-        handle.remove()
         job.finished = True
 
 
