@@ -60,15 +60,17 @@ def create_app(
     background: bool = False,
     window: float = 0.005,
     names: dict[str, str] | None = None,
+    frame_ancestors: str = "'self'",
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
     served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
-    checkpoint's name on the page (default: its key). Every response carries the security
-    headers (:data:`~camkit.serve.security.HEADERS`); every request is logged
-    (:mod:`camkit.serve.logs`)."""
+    checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
+    in a frame (:func:`~camkit.serve.security.headers`). Every response carries the security
+    headers; every request is logged (:mod:`camkit.serve.logs`)."""
+    sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run_root, run_header, strategies, names)
 
@@ -95,7 +97,7 @@ def create_app(
     async def guarded(request: Request, call_next: Any) -> Response:
         started = time.perf_counter()
         response = await answer(request, call_next)
-        response.headers.update(security.HEADERS)
+        response.headers.update(sent)
         request_line(
             request.method, request.url.path, response.status_code, time.perf_counter() - started
         )
