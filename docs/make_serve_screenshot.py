@@ -29,7 +29,7 @@ WAIT_IDLE = """new Promise((done) => { const t0 = Date.now(); (function poll() {
 
 def main(out: Path) -> None:
     args = build_parser().parse_args(["serve", "--demo", "--device", "cpu", "--token", "demo"])
-    app, _, _ = build(args)
+    app = build(args).app
     names = [entry.name for entry in app.state.explorer.entries]
     cat = names.index("chelsea.png")
     with running(app) as base, tempfile.TemporaryDirectory() as profile:

@@ -21,8 +21,9 @@ from skimage import data
 
 from camkit import cli
 from camkit import io as camkit_io
-from camkit.cli import common, demo, pipeline
+from camkit.cli import common, demo, files, pipeline
 from camkit.core.progress import LOG_INTERVAL, LogProgress, progress, progress_bar
+from camkit.errors import ArgumentError
 from camkit.registry import METHODS
 
 CAT_CLASSES = range(281, 286)  # tabby, tiger cat, Persian, Siamese, Egyptian cat
@@ -264,10 +265,27 @@ def test_layers_marks_the_default_layer(resnet18_weights, capsys):
     assert cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("torchvision:resnet18, input 224x224: ")
-    marked = [line for line in lines if line.startswith("* ")]
+    assert lines[1] == "* default CAM layer (used when --layer is not given): layer4"  # first
+    marked = [line for line in lines[2:] if line.startswith("* ")]
+    assert marked == [marked[0]]
     assert marked[0].split() == ["*", "layer4", "Sequential", "(1,", "512,", "7,", "7)"]
-    assert marked[-1].endswith(": layer4")
     assert any(line.split()[:2] == ["fc", "Linear"] for line in lines)
+
+
+def test_layers_match_and_explainable_narrow_the_list(resnet18_weights, capsys):
+    argv = ["layers", "--model", "torchvision:resnet18", "--weights", str(resnet18_weights)]
+    assert cli.main([*argv, "--match", "LAYER4.?"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("layer calls, 2 shown") and lines[1].endswith(": layer4")
+    assert [line[2:].split()[0] for line in lines[3:]] == ["layer4.0", "layer4.1"]
+    assert cli.main([*argv, "--match", "downsample", "--explainable"]) == 0
+    names = [line[2:].split()[0] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert names and all("downsample" in name for name in names)
+    assert cli.main([*argv, "--explainable"]) == 0
+    out = capsys.readouterr().out
+    assert "not explainable" not in out and " fc " not in out
+    assert cli.main([*argv, "--match", "nothing-like-this"]) == 0
+    assert "no layer matches 'nothing-like-this'" in capsys.readouterr().err
 
 
 def test_layers_at_another_input_size(resnet18_weights, capsys):
@@ -343,14 +361,14 @@ def test_find_images_in_a_folder_is_sorted_and_not_recursive(tmp_path):
     for name in ("b.PNG", "a.jpg", ".hidden.jpg", "c.txt", "sub/d.jpg"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).touch()
-    listed = common.find_images([str(tmp_path), str(tmp_path / "c.txt")])
-    assert [path.name for path in listed] == ["a.jpg", "b.PNG", "c.txt"]
+    found = files.find_images([str(tmp_path), str(tmp_path / "c.txt")])
+    assert [path.name for path in found.paths] == ["a.jpg", "b.PNG", "c.txt"]
 
 
 def test_find_images_rejects_an_empty_folder(tmp_path):
     (tmp_path / "notes.txt").touch()
-    with pytest.raises(common.UsageError, match=f"no image files .* in directory {tmp_path}"):
-        common.find_images([str(tmp_path)])
+    with pytest.raises(ArgumentError, match=f"no image files .* in directory {tmp_path}"):
+        files.find_images([str(tmp_path)])
 
 
 def test_unique_stems():

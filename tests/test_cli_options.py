@@ -14,7 +14,7 @@ from PIL import Image
 from skimage import data
 
 from camkit import cli, io
-from camkit.cli import common, explain, main, manifest
+from camkit.cli import common, explain, main
 from camkit.registry import METHODS
 
 SHARED = (
@@ -115,7 +115,7 @@ def test_random_weights_warning_speaks_of_the_flag(resnet18, capsys):
 
 def test_resume_with_other_settings_says_what_to_do():
     with pytest.raises(common.UsageError) as error:
-        manifest.check_resumable({"settings": {"methods": ["gradcam"]}}, {"methods": ["eigencam"]})
+        explain.check_resumable({"settings": {"methods": ["gradcam"]}}, {"methods": ["eigencam"]})
     message = str(error.value)
     assert "methods: was ['gradcam'], now ['eigencam']" in message
     assert "run again with its settings" in message and "a new --out" in message

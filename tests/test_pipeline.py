@@ -16,7 +16,7 @@ import torch
 import torchvision
 from PIL import Image
 
-from camkit.cli import manifest
+from camkit.runs import manifest
 from camkit.strategies import load_maps
 
 MODEL = ["--model", "torchvision:resnet18"]
@@ -126,8 +126,14 @@ def test_a_killed_run_resumes_to_one_consistent_manifest(tmp_path, images, weigh
     assert resumed.returncode == 1, resumed.stderr
     merged = json.loads((out / "manifest.json").read_text())
     broken_left = not any("broken" in image for image in done_before)
-    assert merged["unreadable"] == int(broken_left)  # counted apart from the explained
-    assert merged["explained"] == 41 - len(done_before) - int(broken_left)
+    assert merged["unreadable"] == 1 and merged["explained"] == 40  # the whole manifest
+    first, last = merged["runs"]  # each run's own counts and times, the killed one's too
+    assert last["unreadable"] == int(broken_left)  # counted apart from the explained
+    assert last["explained"] == 41 - len(done_before) - int(broken_left)
+    assert merged["started"] == first["started"] <= last["started"]
+    assert first["throughput"]["images"] == len(done_before)
+    images = first["throughput"]["images"] + last["throughput"]["images"]
+    assert merged["throughput"]["images"] == images == 41
     by_image = records_by_image(merged)
     assert len(by_image) == 41
     for image, rows in by_image.items():

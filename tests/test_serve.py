@@ -546,9 +546,9 @@ def test_cli_builds_the_demo_with_the_default_model() -> None:
     from camkit.cli.serve import build
 
     args = build_parser().parse_args(["serve", "--demo", "--device", "cpu"])
-    app, url, count = build(args)
-    assert count == 5 and url.startswith("http://127.0.0.1:8000/?token=")
-    token = url.split("token=")[1]
+    prepared = build(args)
+    app, token = prepared.app, prepared.token
+    assert prepared.count == 5 and len(token) == 32
     with TestClient(app, base_url="http://127.0.0.1:8000") as client:
         info = client.get("/api/info", params={"token": token}).json()
         assert info["default_layer"] == "bn2" and len(info["stages"]) == 5

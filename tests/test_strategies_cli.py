@@ -15,7 +15,9 @@ from test_report import ALL_IMAGES_LOADED, Browser, needs_browser, page_data
 import camkit
 from camkit import io as cio
 from camkit import viz
-from camkit.cli import main, manifest, mapstore
+from camkit.cli import main
+from camkit.runs import manifest
+from camkit.runs import maps as mapstore
 from camkit.strategies import find_strategies, load_maps
 from camkit.strategies.planted import planted_images, planted_model
 

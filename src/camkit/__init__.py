@@ -9,6 +9,8 @@ methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
 :mod:`camkit.errors`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from camkit import errors, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import *  # noqa: F403  (every CAM class, cams)
@@ -32,9 +34,25 @@ from camkit.relevance.lrp import LRP
 from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot
 
+if TYPE_CHECKING:
+    import torch
+
+    from camkit.serve.notebook import Exploration
+
 __version__ = "0.2.0"
 
 from camkit import metrics  # noqa: E402  (imported last: it imports the methods)
+
+
+def explore(
+    model: "torch.nn.Module | models.LoadedModel | str", images_or_run: object, **options: Any
+) -> "Exploration":
+    """:func:`camkit.serve.notebook.explore`: the live explorer inside a notebook (needs the
+    ``serve`` extra; imported on first use, so ``import camkit`` stays light)."""
+    from camkit.serve.notebook import explore as start
+
+    return start(model, images_or_run, **options)
+
 
 __all__ = [
     *_cam_names,
@@ -58,6 +76,7 @@ __all__ = [
     "Target",
     "TargetError",
     "errors",
+    "explore",
     "feature_grid",
     "find_layer",
     "metrics",

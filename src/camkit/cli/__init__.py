@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 import torch
 
@@ -48,13 +50,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one readable line on stderr, ``camkit: warning: ZeroGradientWarning: ...``
+    (not Python's ``file:line: Category: message`` and the source line)."""
+    text = " ".join(str(message).split())
+    print(f"camkit: warning: {category.__name__}: {text}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``camkit`` command; return its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line_warning
+            return args.run(args)
     except UsageError as error:
         print(f"camkit {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE

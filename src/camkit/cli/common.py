@@ -17,7 +17,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from camkit import models, registry, viz
+from camkit import io, models, registry, viz
+from camkit.cli.files import find_images
 from camkit.errors import CamkitError
 
 EXIT_OK = 0
@@ -36,35 +37,9 @@ FAMILY_TITLES = {
     "attention": "attention maps (vision transformers: read the attention itself)",
 }
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
-
 
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""
-
-
-def find_images(paths: Sequence[str]) -> list[Path]:
-    """Files as given, and each directory's image files (not recursive, sorted, no dot-files)."""
-    found: list[Path] = []
-    for given in paths:
-        path = Path(given)
-        if path.is_dir():
-            inside = sorted(
-                entry
-                for entry in path.iterdir()
-                if entry.is_file()
-                and entry.suffix.lower() in IMAGE_SUFFIXES
-                and not entry.name.startswith(".")
-            )
-            if not inside:
-                suffixes = ", ".join(sorted(s.lstrip(".") for s in IMAGE_SUFFIXES))
-                raise UsageError(f"no image files ({suffixes}) in directory {given}")
-            found.extend(inside)
-        elif path.exists():
-            found.append(path)
-        else:
-            raise UsageError(f"no such file or directory: {given}")
-    return found
 
 
 def exit_status(unreadable: Sequence[str]) -> int:
@@ -149,16 +124,20 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def load_model(name: str, weights: str | None, crop: str | None = None) -> models.LoadedModel:
+def load_model(
+    name: str, weights: str | None, labels: str | None = None, *, crop: str | None = None
+) -> models.LoadedModel:
     """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
-    ``crop`` (``--crop``) replaces the model's own crop (None keeps it: the model's evaluation
-    transform), the one preprocessing every front end then uses."""
+    ``labels``: ``--labels FILE``; ``crop`` (``--crop``) replaces the model's own crop (None
+    keeps it: the model's evaluation transform), the one preprocessing every front end uses."""
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file")
+    if labels is not None and not Path(labels).is_file():
+        raise UsageError(f"--labels {labels}: no such file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", models.RandomWeightsWarning)
         try:
-            loaded = models.load(name, weights=weights)
+            loaded = models.load(name, weights=weights, labels=labels)
         except (CamkitError, FileNotFoundError) as error:
             raise UsageError(f"--model {name}: {error}") from None
     for warning in caught:
@@ -216,6 +195,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def pixel_limit(text: str) -> int:
+    """``--max-pixels``: a count of pixels, 0 for no limit."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
+    return value
+
+
 def unit_float(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -237,6 +224,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="state dict for --model (.pt/.pth via torch.load(weights_only=True), or "
         ".safetensors); without it a torchvision/timm model has random weights",
+    )
+    parser.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="class names: one per line, or a JSON list or {index: name}; default: the names "
+        "the checkpoint carries ('labels'/'classes', HuggingFace id2label), else ImageNet's "
+        "for 1000 classes, else 'class N'",
     )
 
 
@@ -315,6 +309,14 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     )
     add_device_argument(parser)
     parser.add_argument(
+        "--max-pixels",
+        type=pixel_limit,
+        default=io.MAX_PIXELS,
+        metavar="N",
+        help=f"refuse images of more pixels, before decoding (default {io.MAX_PIXELS:,}, "
+        "Pillow's; 0: no limit)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         metavar="N",
@@ -347,7 +349,13 @@ def check_run_inputs(
     """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
     the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
     written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
-    paths = find_images(args.images)
+    try:
+        found = find_images(args.images)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
+    if local_rank == 0:
+        found.report()
+    paths = found.paths
     methods = parse_methods(args.method)
     checked = None if own_check is None else own_check(paths, methods)
     out = Path(args.out)
@@ -361,7 +369,7 @@ def load_run_model(
     """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
     class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
     the classes and the layer."""
-    loaded = load_model(args.model, args.weights, args.crop)
+    loaded = load_model(args.model, args.weights, args.labels, crop=args.crop)
     classes = parse_target(args.target, loaded.labels)
     if one_class and classes is not None and len(classes) > 1:
         raise UsageError(f"--target: {args.command} scores one class per image (or top1)")

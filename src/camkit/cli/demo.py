@@ -21,8 +21,8 @@ from camkit.cli.common import (
     pick_layer,
 )
 from camkit.cli.explain import explain
-from camkit.cli.manifest import MANIFEST
 from camkit.cli.pipeline import Job
+from camkit.runs.manifest import MANIFEST
 
 DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam")
 # the model's top-1 for the astronaut is a bobsled; --target explains a class of our choice

@@ -24,7 +24,7 @@ from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import Job, build_explainers, default_workers
 from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
-from camkit.core.progress import progress
+from camkit.core.progress import counting_rows, progress
 from camkit.core.targets import select_output
 from camkit.errors import CamkitError
 
@@ -52,19 +52,28 @@ def run_evaluate(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
     loader = DataLoader(
-        ImageFiles(paths, loaded.preprocess, keep_original=False),
+        ImageFiles(
+            paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels or None
+        ),
         batch_size=args.images_per_batch,
         num_workers=default_workers() if args.workers is None else args.workers,
         collate_fn=collate,
     )
     collected = Collected(curves={method: {} for method in methods})
-    with progress(len(paths), "evaluate", "image", enabled=not args.quiet) as shown:
+    copies = [0]
+
+    def scored_copies(rows: int) -> None:  # the work inside a batch: each forward pass
+        copies[0] += rows
+        shown.set_postfix_str(f"{copies[0]} copies scored", refresh=True)
+
+    shown = progress(len(paths) * len(methods), "evaluate", "map", enabled=not args.quiet)
+    with shown, counting_rows(model, scored_copies):
         for batch in loader:
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
                 collected.failed.append(path)
+            shown.update(len(batch.failures) * len(methods))
             if batch.inputs is None:
-                shown.update(len(batch))
                 continue
             inputs = batch.inputs.to(device)
             with torch.inference_mode():
@@ -95,6 +104,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                     raise UsageError(f"--method {method}: {error}") from None
                 for kind, curve in method_curves.items():
                     collected.curves[method].setdefault(kind, []).append(curve)
+                shown.update(len(inputs))
             for row, index in enumerate(batch.indices):  # rows: image by image, then method
                 image = {
                     "image": str(paths[index]),
@@ -108,7 +118,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
                         | {"method": method}
                         | {name: float(value[row]) for name, value in values.items()}
                     )
-            shown.update(len(batch))
     return write_results(args, collected, loaded, job, wanted)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import io, models
-from camkit.cli import mapstore, report, results
+from camkit.cli import report, results
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
@@ -23,19 +23,11 @@ from camkit.cli.common import (
     positive_int,
     unit_float,
 )
-from camkit.cli.manifest import (
-    MANIFEST,
-    PARTS,
-    check_resumable,
-    consolidate,
-    header,
-    merge,
-    read,
-    sha256,
-)
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
 from camkit.errors import LayerOutputError
+from camkit.runs import maps as mapstore
+from camkit.runs.manifest import MANIFEST, PARTS, consolidate, header, merge, read, sha256
 
 SUMMARY = "write heatmap overlays for images"
 DESCRIPTION = "Explain the model's prediction for each image with a heatmap overlay."
@@ -64,6 +56,7 @@ def run_explain(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             save_maps=args.save_maps,
             workers=default_workers() if args.workers is None else args.workers,
+            max_pixels=args.max_pixels or None,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
         )
@@ -72,6 +65,25 @@ def run_explain(args: argparse.Namespace) -> int:
             loaded, paths, job, ranks, resume=args.resume, weights=args.weights, argv=args.argv
         )
     return EXIT_OK if manifest is None else summarize(manifest, out, len(paths))
+
+
+def check_resumable(previous: dict, settings: dict) -> None:
+    """Refuse to resume a run made with other settings, naming them."""
+    if previous.get("settings") is None:
+        raise UsageError(
+            "--resume: the manifest in --out records no settings (an older camkit); "
+            "start a new run in another folder"
+        )
+    changed = [key for key in settings if previous["settings"].get(key) != settings[key]]
+    if changed:
+        details = "; ".join(
+            f"{key}: was {previous['settings'].get(key)!r}, now {settings[key]!r}"
+            for key in changed
+        )
+        raise UsageError(
+            f"--resume: the run in --out was made with other settings ({details}); to resume "
+            "it, run again with its settings, or give a new --out to start a new run"
+        )
 
 
 def explain(
@@ -125,12 +137,13 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
     """Say what was written and how fast; exit 1 naming the images that could not be read."""
     records = manifest["records"]
     failed = [record["image"] for record in records if "error" in record]
-    throughput = manifest["throughput"]
+    this_run = manifest["runs"][-1]
+    throughput = this_run["throughput"]
     speed = throughput["images_per_second"]
-    unreadable = manifest["unreadable"]
+    unreadable = this_run["unreadable"]
     print(
         f"wrote {len(records) - len(failed)} overlay(s) of {total - len(failed)} image(s) to "
-        f"{out} (manifest: {out / MANIFEST}); this run explained {manifest['explained']} image(s)"
+        f"{out} (manifest: {out / MANIFEST}); this run explained {this_run['explained']} image(s)"
         + (f" at {speed:.1f} images/s" if speed else "")
         + (f"; {unreadable} could not be read" if unreadable else "")
     )

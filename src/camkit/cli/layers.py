@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 
 from camkit.cli.common import (
@@ -18,14 +19,15 @@ from camkit.errors import CamkitError
 
 SUMMARY = "list a model's layers and output shapes"
 DESCRIPTION = (
-    "List every layer call with its type and output shape; '*' marks the layer CAMs use by default."
+    "List every layer call with its type and output shape; the default CAM layer first, and "
+    "'*' marks it in the list. --match and --explainable narrow the list."
 )
 
 
 def run_layers(args: argparse.Namespace) -> int:
     """``camkit layers``: every module call with its output shape; ``*`` marks the default layer,
     and a layer that cannot be explained says why."""
-    loaded = load_model(args.model, args.weights)
+    loaded = load_model(args.model, args.weights, args.labels)
     size = loaded.input_size if args.input_size is None else (args.input_size, args.input_size)
     try:
         calls, _ = trace(loaded.model, size)
@@ -39,9 +41,20 @@ def run_layers(args: argparse.Namespace) -> int:
         default = None
         print(f"camkit: no default CAM layer: {error}", file=sys.stderr)
     calls.sort(key=lambda call: call.started)
+    total = len(calls)
+    if args.match is not None:
+        calls = [call for call in calls if matches(call.name, args.match)]
+    if args.explainable:
+        calls = [call for call in calls if not call.skip]
+    print(f"{loaded.name}, input {size[0]}x{size[1]}: {total} layer calls", end="")
+    print(f", {len(calls)} shown" if len(calls) != total else "")
+    if default is not None:
+        print(f"* default CAM layer (used when --layer is not given): {default}")
+    if not calls:
+        print(f"camkit: no layer matches {args.match!r}", file=sys.stderr)
+        return EXIT_OK
     name_width = max(len("layer"), *(len(call.name) for call in calls))
     type_width = max(len("type"), *(len(call.type_name) for call in calls))
-    print(f"{loaded.name}, input {size[0]}x{size[1]}: {len(calls)} layer calls")
     print(f"  {'layer':<{name_width}}  {'type':<{type_width}}  output shape")
     for call in calls:
         mark = "*" if call.name == default else " "
@@ -49,9 +62,16 @@ def run_layers(args: argparse.Namespace) -> int:
         print(
             f"{mark} {call.name:<{name_width}}  {call.type_name:<{type_width}}  {call.shape}{note}"
         )
-    if default is not None:
-        print(f"* default CAM layer (used when --layer is not given): {default}")
     return EXIT_OK
+
+
+def matches(name: str, pattern: str) -> bool:
+    """``--match``: a glob (``layer4.*``) when the pattern has ``*?[``, else a part of the name;
+    case-insensitive."""
+    name, pattern = name.lower(), pattern.lower()
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern in name
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -63,4 +83,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         type=positive_int,
         metavar="N",
         help="square input side (default: the model's input size)",
+    )
+    layers.add_argument(
+        "--match",
+        metavar="TEXT",
+        help="only layers whose name contains TEXT, or matches it as a glob ('layer4.*')",
+    )
+    layers.add_argument(
+        "--explainable",
+        action="store_true",
+        help="only layers a CAM can explain (not those marked 'not explainable')",
     )

@@ -21,15 +21,16 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from camkit import io, models, registry, viz
-from camkit.cli import mapstore, report
+from camkit.cli import report
 from camkit.cli.common import BATCH_SIZE, UsageError
 from camkit.cli.dataset import ImageBatch, ImageFiles, collate
-from camkit.cli.manifest import append, part_path
 from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
 from camkit.core.targets import select_output
 from camkit.errors import CamkitError
+from camkit.runs import maps as mapstore
+from camkit.runs.manifest import append, part_path
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
 
@@ -53,6 +54,7 @@ class Job:
     save_maps: bool = False  # every raw map in one maps.npz (camkit.cli.mapstore)
     workers: int = 0
     quiet: bool = False
+    max_pixels: int | None = io.MAX_PIXELS  # larger images are refused before decoding
     report: bool = False
 
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
@@ -263,7 +265,9 @@ def explain_files(
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
     loader = DataLoader(
-        ImageFiles([paths[index] for index in indices], loaded.preprocess),
+        ImageFiles(
+            [paths[index] for index in indices], loaded.preprocess, max_pixels=job.max_pixels
+        ),
         batch_size=job.images_per_batch,
         num_workers=job.workers,
         collate_fn=collate,

@@ -44,8 +44,8 @@ from camkit.cli.report_files import (
     save_thumbnails,
     url_path,
 )
-from camkit.cli.report_strategies import strategies_data
 from camkit.errors import ArgumentError
+from camkit.runs.strategies import strategies_data
 
 __all__ = [
     "THUMB_SIDE",

@@ -10,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
 from camkit import io as cio
 from camkit import viz
 from camkit.errors import ArgumentError
+from camkit.runs.strategies import url_path
 
 THUMB_SIDE = 256
 """Longer side of the thumbnails, in pixels."""
@@ -86,11 +86,6 @@ def _fresh(target: Path, source: Path) -> bool:
         return made >= source.stat().st_mtime
     except FileNotFoundError:
         return True
-
-
-def url_path(path: str) -> str:
-    """A relative POSIX path -> a URL path ('#', '?', '%', spaces... escaped)."""
-    return quote(path, safe="/")
 
 
 def image_url(image: str, out: Path) -> str:

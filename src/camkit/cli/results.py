@@ -18,9 +18,9 @@ from torch import Tensor
 from camkit import io, models
 from camkit.cli import report
 from camkit.cli.common import exit_status
-from camkit.cli.manifest import MANIFEST, read
 from camkit.cli.pipeline import Job
 from camkit.cli.scoring import COLUMNS, NEEDS_MASKS, sanity
+from camkit.runs.manifest import MANIFEST, read
 
 ROW_FIELDS = ["image", "method", "target", "label", "probability"]
 RESULTS = "metrics.csv"

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from camkit import io, metrics, models
-from camkit.cli.common import IMAGE_SUFFIXES, UsageError
+from camkit.cli.common import UsageError
 from camkit.cli.pipeline import Job, build_explainer
+from camkit.io import IMAGE_SUFFIXES
 
 # metric name on the command line -> its columns in metrics.csv (name, higher is better)
 COLUMNS = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from camkit.cli.common import (
     load_model,
     pick_device,
 )
-from camkit.cli.manifest import MANIFEST
+from camkit.errors import CamkitError
 
 SUMMARY = "explore a model's maps live in the browser"
 DESCRIPTION = (
@@ -42,78 +41,52 @@ def demo_folder() -> Path:
 
 
 def build(args: argparse.Namespace):
-    """The app and its URL from the parsed arguments (everything but listening)."""
-    from camkit.serve import security, web_stack_missing
+    """The prepared app (:class:`camkit.serve.launch.Prepared`) from the parsed arguments:
+    everything but listening. ``camkit.serve`` is imported here, lazily: it is the one place the
+    CLI reaches into the explorer (the CLI imports no other module of it)."""
+    from camkit.serve import web_stack_missing
 
     missing = web_stack_missing()
     if missing:
         raise UsageError(missing)
-    from camkit.serve.app import create_app
-    from camkit.serve.explorer import Explorer
-    from camkit.serve.gallery import read_run, read_strategies, scan
+    from camkit.serve.launch import check_paths, checkpoint_names, prepare, run_crop
 
-    token = security.new_token() if args.token is None else args.token
-    try:
-        security.check_bind(args.host, token)
-    except security.SecurityError as error:
-        raise UsageError(str(error)) from None
     paths = [demo_folder()] if args.demo else [Path(p) for p in args.paths]
-    if not paths:
-        raise UsageError("give images, folders or a camkit explain run folder, or --demo")
-    for path in paths:
-        if not path.exists():
-            raise UsageError(f"no such file or directory: {path}")
-    run_root, header, predictions, strategies = None, None, {}, None
-    crop = args.crop
-    if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
-        run_root = paths[0].resolve()
-        entries, header, predictions = read_run(run_root)
-        strategies = read_strategies(run_root, entries)
-        # the run's own preprocessing unless --crop says otherwise (runs before --crop squashed)
-        run_crop = (header.get("settings") or {}).get("crop", "squash")
-        crop = crop or run_crop
-        made_by = (header.get("model"), header.get("weights_sha256"), run_crop)
-        if made_by != (args.model, sha(args.weights), crop):
-            predictions = {}  # made by another model or preprocessing: predict again
-        header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
-    else:
-        entries, _ = scan(paths)
-    if not entries:
-        raise UsageError(f"no images found in {', '.join(map(str, paths))}")
-    device = pick_device(args.device)
-    checkpoints = {"a": load_model(args.model, args.weights, crop)}
-    if args.compare_weights:
-        checkpoints["b"] = load_model(args.model, args.compare_weights, crop)
-    for loaded in checkpoints.values():
-        loaded.model.to(device)
-    explorer = Explorer(checkpoints, entries, predictions=predictions, device=device)
-    app = create_app(
-        explorer,
-        token=token or None,
-        run_root=run_root,
-        run_header=header,
-        strategies=strategies,
-        hosts=security.allowed_hosts(args.host),
-        background=True,
-    )
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{host}:{args.port}/" + (f"?token={token}" if token else "")
-    return app, url, len(entries)
-
-
-def sha(weights: str | None) -> str | None:
-    from camkit.cli.manifest import sha256
-
-    return sha256(weights)
+    try:
+        check_paths(paths)
+        device = pick_device(args.device)
+        crop = args.crop or run_crop(paths)  # a run folder's own preprocessing by default
+        checkpoints = {"a": load_model(args.model, args.weights, args.labels, crop=crop)}
+        if args.compare_weights:
+            checkpoints["b"] = load_model(args.model, args.compare_weights, args.labels, crop=crop)
+        for loaded in checkpoints.values():
+            loaded.model.to(device)
+        return prepare(
+            paths,
+            checkpoints,
+            model=args.model,
+            weights=args.weights,
+            device=device,
+            host=args.host,
+            token=args.token,
+            names=checkpoint_names(
+                args.model, [args.weights, args.compare_weights][: len(checkpoints)]
+            ),
+        )
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """``camkit serve``: build the app, print its URL and serve until interrupted."""
-    app, url, count = build(args)
-    import uvicorn
+    """``camkit serve``: build the app, bind the address (a busy port: exit status 2 before any
+    URL), print the URL and serve until interrupted."""
+    prepared = build(args)
+    from camkit.serve.launch import listen
 
-    print(f"camkit serve: {count} images; open {url}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        listen(prepared, args.host, args.port)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
     return EXIT_OK
 
 

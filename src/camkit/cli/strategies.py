@@ -14,8 +14,8 @@ import numpy as np
 from camkit import io
 from camkit.cli import report, results
 from camkit.cli.common import EXIT_OK, UsageError, add_command, positive_int
-from camkit.cli.manifest import MANIFEST, read
 from camkit.errors import CamkitError
+from camkit.runs.manifest import MANIFEST, read
 from camkit.strategies import (
     ClassStrategies,
     MapSet,

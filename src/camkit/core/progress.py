@@ -3,11 +3,13 @@ interval, as training loops print, so a long run redirected to a file still says
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 LOG_INTERVAL = 10.0  # seconds between two progress lines in a log
@@ -37,6 +39,7 @@ class LogProgress:
         self.total, self.description, self.unit = total, description, unit
         self.interval, self.file, self.clock = interval, file, clock
         self.done = self.shown = 0
+        self.note = self.note_shown = ""
         self.started = self.last = clock()
         self.closed = False
 
@@ -49,7 +52,14 @@ class LogProgress:
             rate = self.done / seconds
             left = max(self.total - self.done, 0) / rate
             text += f", {rate:.3g} {self.unit}s/s, {_duration(left)} left"
-        return text
+        return text + (f" [{self.note}]" if self.note else "")
+
+    def set_postfix_str(self, note: str = "", refresh: bool = True) -> None:
+        """A note on the work inside a step (as tqdm's): shown with the next line, and a line
+        when ``interval`` seconds passed since the last one (``refresh``)."""
+        self.note = note
+        if refresh and self.clock() - self.last >= self.interval:
+            self._print(self.line())
 
     def update(self, n: int = 1) -> None:
         """``n`` more done; a line when ``interval`` seconds passed since the last one."""
@@ -63,12 +73,17 @@ class LogProgress:
 
     def close(self) -> None:
         """The last line, unless nothing was to do or it is already shown."""
-        if not self.closed and self.total and self.shown != self.done:
+        if (
+            not self.closed
+            and self.total
+            and (self.shown, self.note_shown) != (self.done, self.note)
+        ):
             self._print(self.line())
         self.closed = True
 
     def _print(self, text: str) -> None:
         self.last, self.shown = self.clock(), self.done
+        self.note_shown = self.note
         print(text, file=self.file or sys.stderr, flush=True)
 
     def __enter__(self) -> LogProgress:
@@ -96,3 +111,21 @@ def progress(
     if enabled and not sys.stderr.isatty():
         return LogProgress(total, description, unit)
     return progress_bar(total, description, unit, enabled=enabled)
+
+
+@contextlib.contextmanager
+def counting_rows(model: nn.Module, seen: Callable[[int], None]) -> Iterator[None]:
+    """Call ``seen(rows)`` before each forward pass of ``model`` with the rows of its first
+    input (the copies scored: Score-CAM's masked images, a metric's perturbed steps...).
+    ``seen`` may raise to stop the work at that pass. The pre-hook only reads the batch size and
+    is removed on exit, also after an error."""
+
+    def count(module: nn.Module, args: tuple) -> None:
+        first = args[0] if args and isinstance(args[0], Tensor) else None
+        seen(int(first.shape[0]) if first is not None and first.ndim > 0 else 1)
+
+    handle = model.register_forward_pre_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -25,6 +25,7 @@ from camkit.io.convert import (
     to_rgb_uint8,
 )
 from camkit.io.read import (
+    IMAGE_SUFFIXES,
     MAX_PIXELS,
     READ_ERRORS,
     ImageTooLargeError,
@@ -45,6 +46,7 @@ from camkit.io.write import (
 )
 
 __all__ = [
+    "IMAGE_SUFFIXES",
     "MAX_PIXELS",
     "READ_ERRORS",
     "ImageTooLargeError",

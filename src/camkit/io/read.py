@@ -17,6 +17,10 @@ MAX_PIXELS = 89_478_485
 """Default pixel limit of :func:`read_image` (Pillow's own warning threshold, about 89.5 MP: a
 ``9459x9459`` image, ~256 MB as RGB). Larger images are refused before decoding."""
 
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
+"""The file name endings that folders are searched for (the CLI and the explorer; a GIF is read
+as its first frame)."""
+
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
@@ -56,7 +60,8 @@ def _check_size(image: Image.Image, max_pixels: int | None) -> None:
     if max_pixels is not None and width * height > max_pixels:
         raise ImageTooLargeError(
             f"the image is {width}x{height} ({width * height:,} pixels), more than the limit of "
-            f"{max_pixels:,} pixels; refused before decoding (raise max_pixels to read it)"
+            f"{max_pixels:,} pixels; refused before decoding (raise max_pixels, or --max-pixels "
+            "on the command line, to read it)"
         )
 
 

@@ -13,8 +13,8 @@ from camkit.errors import (
     UnsafeCheckpointError,
 )
 from camkit.models.builders import DEFAULT_MODEL
-from camkit.models.checkpoints import read_checkpoint, read_state_dict
-from camkit.models.labels import imagenet_labels
+from camkit.models.checkpoints import read_checkpoint, read_checkpoint_labels, read_state_dict
+from camkit.models.labels import imagenet_labels, read_labels
 from camkit.models.load import LoadedModel, RandomWeightsWarning, load, top_classes
 from camkit.models.preprocess import CROPS, IMAGENET_MEAN, IMAGENET_STD, Preprocess, preprocess
 
@@ -37,6 +37,8 @@ __all__ = [
     "load",
     "preprocess",
     "read_checkpoint",
+    "read_checkpoint_labels",
+    "read_labels",
     "read_state_dict",
     "skipped_layers",
     "top_classes",

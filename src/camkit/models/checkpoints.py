@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Iterable, Mapping
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.errors import CheckpointError, CheckpointMismatchError, UnsafeCheckpointError
+from camkit.models.labels import checkpoint_labels
 
 CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors"}
 _NESTED_STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
@@ -78,7 +80,31 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], st
     """:func:`read_state_dict`, and the architecture the file names, if any: the string under
     ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
     entry of a safetensors file's metadata."""
-    path = Path(path)
+    state, arch, _ = read_checkpoint_labels(path)
+    return state, arch
+
+
+def read_checkpoint_labels(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, Tensor], str | None, list[str] | None]:
+    """:func:`read_checkpoint`, and the class names the checkpoint carries, if any
+    (:data:`camkit.models.labels.LABEL_KEYS` in the file, or ``id2label`` in a HuggingFace
+    ``config.json`` beside it)."""
+    state, arch, extras = _read(Path(path))
+    labels = checkpoint_labels(extras, str(path))
+    config = Path(path).with_name("config.json")
+    if labels is None and config.is_file():
+        try:
+            loaded = json.loads(config.read_text("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            loaded = None
+        if isinstance(loaded, Mapping) and "id2label" in loaded:
+            labels = checkpoint_labels({"id2label": loaded["id2label"]}, str(config))
+    return state, arch, labels
+
+
+def _read(path: Path) -> tuple[dict[str, Tensor], str | None, Mapping[str, object]]:
+    """The state dict, the named architecture and the file's other entries (or metadata)."""
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
     if _is_safetensors(path):
@@ -87,8 +113,12 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], st
 
         try:
             with safe_open(path, framework="pt") as handle:
-                arch = (handle.metadata() or {}).get("arch")
-            return _unwrap_state_dict(load_file(path, device="cpu"), path), arch
+                metadata = handle.metadata() or {}
+            return (
+                _unwrap_state_dict(load_file(path, device="cpu"), path),
+                metadata.get("arch"),
+                metadata,
+            )
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
     try:
@@ -108,8 +138,9 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], st
         ) from None
     except (RuntimeError, EOFError, OSError) as error:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({error})") from None
-    arch = loaded.get("arch") if isinstance(loaded, Mapping) else None
-    return _unwrap_state_dict(loaded, path), arch if isinstance(arch, str) else None
+    extras = loaded if isinstance(loaded, Mapping) else {}
+    arch = extras.get("arch")
+    return _unwrap_state_dict(loaded, path), arch if isinstance(arch, str) else None, extras
 
 
 def _optional_key(name: str) -> bool:

@@ -35,11 +35,10 @@ from camkit.models.checkpoints import (
     CHECKPOINT_SUFFIXES,
     check_fits,
     classifier_classes,
-    read_checkpoint,
-    read_state_dict,
+    read_checkpoint_labels,
     strip_shared_prefix,
 )
-from camkit.models.labels import labels_for
+from camkit.models.labels import fit_labels, labels_for, read_labels
 from camkit.models.preprocess import Preprocess
 
 _SOURCES = ("torchvision:", "timm:")
@@ -111,6 +110,7 @@ def load(
     weights: str | os.PathLike[str] | None = None,
     *,
     num_classes: int | None = None,
+    labels: str | os.PathLike[str] | Sequence[str] | None = None,
 ) -> LoadedModel:
     """Build a model offline, load its weights and return it in eval mode with its preprocessing.
 
@@ -122,9 +122,12 @@ def load(
     a :class:`RandomWeightsWarning` is issued. The preprocessing is that of the architecture's
     published weights (torchvision's preset / timm's pretrained config). ``num_classes``:
     defaults to the checkpoint's classifier size (the architecture's default without a
-    checkpoint). ``labels`` are the ImageNet names for 1000 classes, ``"class <i>"`` for other
-    class counts, and empty when the output is not ``(batch, classes)`` logits (detection,
-    segmentation).
+    checkpoint). ``labels``: the class names, a list or a labels file
+    (:func:`~camkit.models.labels.read_labels`: one name per line, or a JSON list/mapping);
+    without it, the names the checkpoint carries (a ``"labels"``/``"classes"`` entry, a
+    HuggingFace ``id2label``, see :func:`~camkit.models.checkpoints.read_checkpoint_labels`),
+    else the ImageNet names for 1000 classes, ``"class <i>"`` for other class counts, and
+    empty when the output is not ``(batch, classes)`` logits (detection, segmentation).
 
     A checkpoint path alone works when the file names its architecture: a ``torch.save``d dict
     ``{"arch": "timm:<arch>" or "torchvision:<arch>", "state_dict": ...}`` (a bare ``"<arch>"``
@@ -133,11 +136,11 @@ def load(
     is refused as unsafe (loading it would run code from the file).
     """
     spec = os.fspath(name)
-    state = None
+    state, own_labels = None, None
     if spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec):
         if weights is not None:
             raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
-        state, arch = read_checkpoint(spec)
+        state, arch, own_labels = read_checkpoint_labels(spec)
         if arch is None:
             raise CheckpointError(
                 f"{spec} holds a state dict ({len(state)} tensors) but does not name its "
@@ -150,7 +153,7 @@ def load(
     else:
         architecture = spec
         if weights is not None:
-            state = read_state_dict(weights)
+            state, _, own_labels = read_checkpoint_labels(weights)
     build = _resolve(architecture)
     if spec == DEFAULT_MODEL and weights is None and num_classes not in (None, 1000):
         raise ArgumentError(
@@ -181,7 +184,23 @@ def load(
         name=spec,
         model=model,
         preprocess=transform,
-        labels=labels_for(classes),
+        labels=_labels(classes, labels, own_labels, weights),
         default_layer=last_spatial_map(calls, model, transform.size),
         input_size=transform.size,
     )
+
+
+def _labels(
+    classes: int,
+    given: str | os.PathLike[str] | Sequence[str] | None,
+    own: list[str] | None,
+    weights: object,
+) -> list[str]:
+    """The class names: those given, else the checkpoint's own, else the defaults."""
+    if given is not None:
+        names = given if isinstance(given, Sequence) and not isinstance(given, str) else None
+        source = "labels" if names is not None else f"labels file {os.fspath(given)}"
+        return fit_labels(read_labels(given) if names is None else names, classes, source)
+    if own is not None:
+        return fit_labels(own, classes, f"the checkpoint {os.fspath(weights)}")
+    return labels_for(classes)

@@ -44,6 +44,8 @@ from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import error
+from camkit.serve.logs import LOG, request_line
+from camkit.serve.progress import Cancelled
 from camkit.serve.routes import ServerState, all_routes
 
 
@@ -57,16 +59,22 @@ def create_app(
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
+    names: dict[str, str] | None = None,
+    frame_ancestors: str = "'self'",
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
     served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
-    image in the background, so filters and sorting cover the whole gallery."""
+    image in the background, so filters and sorting cover the whole gallery; ``names``: each
+    checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
+    in a frame (:func:`~camkit.serve.security.headers`). Every response carries the security
+    headers; every request is logged (:mod:`camkit.serve.logs`)."""
+    sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
-    state = ServerState(explorer, batcher, run_root, run_header, strategies)
+    state = ServerState(explorer, batcher, run_root, run_header, strategies, names)
 
-    async def guarded(request: Request, call_next: Any) -> Response:
+    async def answer(request: Request, call_next: Any) -> Response:
         if request.url.path.startswith("/api/"):
             given = request.query_params.get("token") or request.headers.get(security.TOKEN_HEADER)
             if not security.token_matches(token, given):
@@ -80,8 +88,20 @@ def create_app(
             return error(str(refused), refused.status)
         except CamkitError as refused:
             return error(str(refused), 422)
+        except Cancelled as stopped:
+            return error(str(stopped), 409)
         except Exception as failed:  # noqa: BLE001 -- a computation that fails never stops the server
+            LOG.exception("%s %s failed", request.method, request.url.path)
             return error(f"{type(failed).__name__}: {failed}", 500)
+
+    async def guarded(request: Request, call_next: Any) -> Response:
+        started = time.perf_counter()
+        response = await answer(request, call_next)
+        response.headers.update(sent)
+        request_line(
+            request.method, request.url.path, response.status_code, time.perf_counter() - started
+        )
+        return response
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io as _io
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -163,6 +164,7 @@ class Explorer:
         self.thumbs = LRU(4096)
         self.explainers = LRU(32)
         self.engine_calls = 0
+        self.row_seconds: float | None = None  # one forward row, measured by predict
 
     # ------------------------------------------------------------------ images
 
@@ -238,18 +240,25 @@ class Explorer:
         if not readable:
             return
         model = self.checkpoints[checkpoint].model
+        batch = self._batch(readable, checkpoint)
+        started = time.perf_counter()
         with torch.no_grad():
-            logits = model(self._batch(readable, checkpoint))
+            logits = model(batch)
+        self.row_seconds = (time.perf_counter() - started) / len(readable)
         probabilities = logits.float().softmax(dim=-1).cpu()
         for image, row in zip(readable, probabilities, strict=True):
             known[image] = models.top_classes(row, self.labels, k)
 
     def probabilities(self, image: int, checkpoint: str) -> Tensor:
         """All class probabilities of one image ``(num_classes,)``."""
+        return self.probabilities_of([image], checkpoint)[0]
+
+    def probabilities_of(self, images: Sequence[int], checkpoint: str) -> Tensor:
+        """All class probabilities of readable images, one forward pass ``(B, num_classes)``."""
         model = self.checkpoints[checkpoint].model
         with torch.no_grad():
-            logits = model(self._batch([image], checkpoint))
-        return logits.float().softmax(dim=-1)[0].cpu()
+            logits = model(self._batch(images, checkpoint))
+        return logits.float().softmax(dim=-1).cpu()
 
     # ------------------------------------------------------------------ maps
 
@@ -277,7 +286,7 @@ class Explorer:
             )
         return layer
 
-    def _explainer(self, checkpoint: str, method: str, layers: tuple[str, ...]) -> object:
+    def explainer(self, checkpoint: str, method: str, layers: tuple[str, ...]) -> object:
         key = (checkpoint, method, layers)
         explainer = self.explainers.get_item(key)
         if explainer is None:
@@ -308,7 +317,7 @@ class Explorer:
         images = list(wanted)
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
-        explainer = self._explainer(checkpoint, method, layers)
+        explainer = self.explainer(checkpoint, method, layers)
         batch = self._batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from camkit.cli import manifest as run_manifest
-from camkit.cli.common import IMAGE_SUFFIXES
-from camkit.cli.report_strategies import cluster_view
+from camkit.errors import ArgumentError
+from camkit.io import IMAGE_SUFFIXES
+from camkit.runs import manifest as run_manifest
+from camkit.runs.strategies import STRATEGIES, cluster_view
 
 Prediction = list[tuple[int, str, float]]
 """Top classes of one image: ``(class index, label, probability)``, most probable first."""
@@ -118,6 +119,9 @@ def _wrong(entry: Entry, prediction: Prediction | None) -> bool:
     return not (truth == label.lower() or (truth.isdigit() and int(truth) == index))
 
 
+ORDERS = ("name", "confidence", "-confidence", "ranking")
+
+
 def select(
     entries: Sequence[Entry],
     predictions: dict[int, Prediction],
@@ -126,13 +130,19 @@ def select(
     truth: str | None = None,
     wrong: bool = False,
     order: str = "name",
+    only: Collection[int] | None = None,
+    ranking: Mapping[int, float] | None = None,
 ) -> list[int]:
     """Entry indices that pass the filters, in the asked order.
 
     ``predicted``: top-1 label; ``truth``: folder class; ``wrong``: misclassified only;
-    ``order``: ``"name"`` (as found), ``"confidence"`` (low confidence first; images without
-    a prediction yet or unreadable come last) or ``"-confidence"``.
+    ``only``: these indices only; ``order``: ``"name"`` (as found), ``"confidence"`` (low
+    confidence first; images without a prediction yet or unreadable come last),
+    ``"-confidence"``, or ``"ranking"`` (highest ``ranking`` value first, images without one
+    last).
     """
+    if order not in ORDERS:
+        raise ArgumentError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
     chosen = []
     for index, entry in enumerate(entries):
         prediction = predictions.get(index)
@@ -141,6 +151,8 @@ def select(
         if truth is not None and entry.truth != truth:
             continue
         if wrong and not _wrong(entry, prediction):
+            continue
+        if only is not None and index not in only:
             continue
         chosen.append(index)
     if order in ("confidence", "-confidence"):
@@ -151,11 +163,10 @@ def select(
             return (not prediction, sign * prediction[0][2] if prediction else 0.0)
 
         chosen.sort(key=key)
+    elif order == "ranking":
+        ranks = ranking or {}
+        chosen.sort(key=lambda index: (index not in ranks, -ranks.get(index, 0.0)))
     return chosen
-
-
-STRATEGIES = Path("strategies") / "strategies.json"
-"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
 
 
 def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:

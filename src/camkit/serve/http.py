@@ -3,6 +3,8 @@ names safe to send back."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -16,10 +18,28 @@ def error(message: str, status: int) -> JSONResponse:
 
 
 class Query:
-    """Checked query parameters: a missing or malformed one is a 400 with its name."""
+    """Checked query parameters: a missing, malformed or unknown one is an
+    :class:`~camkit.errors.ArgumentError` (422) with its name. ``allowed``: the names the route
+    takes (the token is always allowed); None: any."""
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: Request, allowed: Collection[str] | None = None) -> None:
         self.params = request.query_params
+        if allowed is not None:
+            unknown = sorted(set(self.params) - set(allowed) - {"token"})
+            if unknown:
+                raise ArgumentError(
+                    f"unknown query parameter(s) {', '.join(map(repr, unknown))}; "
+                    f"{request.url.path} takes {', '.join(sorted(allowed))}"
+                )
+
+    def choice(self, name: str, options: Sequence[str], default: str) -> str:
+        """A parameter that must be one of ``options``."""
+        value = self.text(name, default)
+        if value not in options:
+            raise ArgumentError(
+                f"query parameter {name!r} must be one of {', '.join(options)}, got {value!r}"
+            )
+        return value
 
     def text(self, name: str, default: str | None = None) -> str | None:
         value = self.params.get(name)

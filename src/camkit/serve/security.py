@@ -46,6 +46,32 @@ class UploadError(CamkitError):
         self.status = status
 
 
+NOTEBOOK_FRAMES = (
+    "http://localhost:* http://127.0.0.1:* http://[::1]:* https://localhost:* "
+    "https://127.0.0.1:* vscode-webview:"
+)
+"""Who may frame the page of :func:`camkit.explore`: a notebook served from this machine
+(Jupyter, JupyterLab, VS Code), nothing else."""
+
+
+def headers(frame_ancestors: str = "'self'") -> dict[str, str]:
+    """Sent with every response: only this server's own scripts, styles and images; framed by
+    ``frame_ancestors`` only (default: no other site; ``X-Frame-Options`` too, for old
+    browsers); the token never leaks in a ``Referer``."""
+    found = {
+        "Content-Security-Policy": (
+            "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; "
+            "script-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+            f"frame-ancestors {frame_ancestors}"
+        ),
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+    if frame_ancestors == "'self'":
+        found["X-Frame-Options"] = "SAMEORIGIN"
+    return found
+
+
 def new_token() -> str:
     """A fresh random token (32 URL-safe characters)."""
     return secrets.token_urlsafe(24)

@@ -29,6 +29,12 @@ class Cluster:
     def size(self) -> int:
         return int(len(self.members))
 
+    def _repr_png_(self) -> bytes:
+        """A notebook shows the prototype (:mod:`camkit.strategies.display`)."""
+        from camkit.strategies.display import prototype_png  # pictures only when shown
+
+        return prototype_png(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -68,6 +74,12 @@ class ClassStrategies:
     def noise(self) -> np.ndarray:
         return self.indices[self.labels < 0]
 
+    def _repr_html_(self) -> str:
+        """A notebook shows the clusters as a table with their prototypes."""
+        from camkit.strategies.display import table
+
+        return table([self])
+
     def by_suspiciousness(self) -> list[Cluster]:
         """The clusters, the most suspicious first."""
         return sorted(self.clusters, key=lambda c: (-c.suspiciousness, c.id))
@@ -94,3 +106,9 @@ class Strategies:
     classes: dict[int, ClassStrategies]
     skipped: dict[int, str]
     pooled: np.ndarray  # (N, gh, gw)
+
+    def _repr_html_(self) -> str:
+        """A notebook shows every class's clusters as a table with their prototypes."""
+        from camkit.strategies.display import table
+
+        return table(self.classes.values(), self.skipped)

@@ -3,53 +3,74 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from camkit import io
-from camkit.serve.gallery import select
+from camkit.serve.gallery import ORDERS, select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
 
 PAGE_LIMIT = 200
+GALLERY = ("offset", "limit", "predicted", "truth", "wrong", "order", "checkpoint", "changed")
+DISAGREEMENT = {"confidence-moved": "confidence_moved", "map-moved": "map_moved"}
+"""Gallery orders that compare two checkpoints (most moved first) -> the measure they sort by."""
+USER_ORDERS = tuple(order for order in ORDERS if order != "ranking")
 
 
 def routes(state: ServerState) -> list[Route]:
     """The gallery's pages, thumbnails, the model's view of a photo and an image's classes."""
     explorer, batcher = state.explorer, state.batcher
 
+    def top(index: int, checkpoint: str) -> list[dict]:
+        prediction = explorer.predictions[checkpoint].get(index)
+        return [{"index": c, "label": label, "probability": p} for c, label, p in prediction or []]
+
     def item(index: int, checkpoint: str) -> dict:
         entry = explorer.entries[index]
-        prediction = explorer.predictions[checkpoint].get(index)
-        return {
-            "id": index,
-            "name": entry.name,
-            "truth": entry.truth,
-            "error": entry.error,
-            "top": [
-                {"index": c, "label": label, "probability": p} for c, label, p in prediction or []
-            ],
-        }
+        found = {"id": index, "name": entry.name, "truth": entry.truth, "error": entry.error}
+        found["top"] = top(index, checkpoint)
+        if state.comparison is not None:
+            found["tops"] = {c: top(index, c)[:1] for c in state.checkpoints}
+            moved = state.comparison.found.get(index)
+            found["disagreement"] = None if moved is None else dataclasses.asdict(moved)
+        return found
 
     async def gallery(request: Request) -> Response:
-        query = Query(request)
+        query = Query(request, GALLERY)
         checkpoint = state.checkpoint_of(query)
         offset = max(0, query.integer("offset", 0))
         limit = min(PAGE_LIMIT, max(1, query.integer("limit", 50)))
+        order = query.choice("order", (*USER_ORDERS, *DISAGREEMENT), "name")
+        changed = query.text("changed") in ("1", "true")
+        only, ranking = None, None
+        if changed or order in DISAGREEMENT:
+            comparison = state.need_comparison(f"order={order}" if not changed else "changed=1")
+            found = await batcher.run(comparison.measure, range(len(explorer.entries)))
+            if changed:
+                only = {index for index, moved in found.items() if moved.changed}
+            if order in DISAGREEMENT:
+                field = DISAGREEMENT[order]
+                ranking = {index: getattr(moved, field) for index, moved in found.items()}
+                order = "ranking"
         chosen = select(
             explorer.entries,
             explorer.predictions[checkpoint],
             predicted=query.text("predicted"),
             truth=query.text("truth"),
             wrong=query.text("wrong") in ("1", "true"),
-            order=query.text("order", "name"),
+            order=order,
+            only=only,
+            ranking=ranking,
         )
         shown = chosen[offset : offset + limit]
-        missing = [i for i in shown if i not in explorer.predictions[checkpoint]]
-        if missing:
-            await batcher.run(explorer.predict, missing, checkpoint)
+        for each in state.checkpoints if state.comparison is not None else [checkpoint]:
+            missing = [i for i in shown if i not in explorer.predictions[each]]
+            if missing:
+                await batcher.run(explorer.predict, missing, each)
         return JSONResponse(
             {
                 "total": len(chosen),
@@ -61,17 +82,19 @@ def routes(state: ServerState) -> list[Route]:
         )
 
     async def thumb(request: Request) -> Response:
+        Query(request, ())
         image = state.image_of(request.path_params["id"])
         data = await asyncio.to_thread(explorer.thumbnail, image)
         return Response(data, media_type="image/jpeg")
 
     async def photo(request: Request) -> Response:
+        Query(request, ())
         image = state.image_of(request.path_params["id"])
         view = await asyncio.to_thread(explorer.model_view, image)
         return Response(await asyncio.to_thread(io.encode_image, view), media_type="image/png")
 
     async def image_info(request: Request) -> Response:
-        query = Query(request)
+        query = Query(request, ("checkpoint", "k"))
         checkpoint = state.checkpoint_of(query)
         image = state.image_of(request.path_params["id"])
         k = min(20, max(1, query.integer("k", 5)))
@@ -85,6 +108,7 @@ def routes(state: ServerState) -> list[Route]:
                 "name": entry.name,
                 "truth": entry.truth,
                 "size": [int(photo.shape[1]), int(photo.shape[0])],
+                "checkpoint": checkpoint,
                 "top": [
                     {"index": c, "label": explorer.labels[c], "probability": p}
                     for c, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)

@@ -1,43 +1,94 @@
-"""The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/depth``, ``/api/curve``."""
+"""The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
+``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``."""
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from camkit import registry
 from camkit.errors import ArgumentError
+from camkit.serve.compare import difference, difference_for_display
 from camkit.serve.explorer import MapKey, npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
+from camkit.serve.progress import copies_per_image, watching
 from camkit.serve.routes.state import ServerState
+
+MAP = ("image", "class", "method", "layer", "checkpoint", "job")
+SHOWN = ("alpha", "colormap", "format")
+DIFFERENCE_COLORMAP = "bwr"  # red: the first checkpoint looks more; blue: the second
 
 
 def routes(state: ServerState) -> list[Route]:
-    """One map, the depth strip, the deletion/insertion curves; all through the batcher."""
+    """One map, the difference of two checkpoints' maps, the depth strip, the curves, and the
+    progress and cancelling of a long map; all through the batcher."""
     explorer, batcher = state.explorer, state.batcher
 
+    async def heat_of(query: Query) -> tuple[np.ndarray, tuple]:
+        request = state.map_request(query)
+        checkpoint, method, layers, image, target = request
+        job_id = query.text("job")
+        if job_id is not None:
+            key = batcher.keys(checkpoint, method, layers, image, target)[0]
+            if explorer.maps.get_item(key) is None:
+                await batcher.run(watched, job_id, request)
+        maps = await batcher.maps(checkpoint, method, layers, image, target)
+        return next(iter(maps.values())), request
+
+    def watched(job_id: str, request: tuple) -> None:
+        """On the model thread: the map alone, counted and cancellable (``job``)."""
+        checkpoint, method, layers, image, target = request
+        explainer = explorer.explainer(checkpoint, method, layers)
+        shape = dict((n, s) for n, _, s in explorer.layers).get(layers[0])
+        job = state.jobs.start(job_id, copies_per_image(method, explainer, shape))
+        with watching(explorer.checkpoints[checkpoint].model, job):
+            explorer.compute(checkpoint, method, layers, [(image, target)])
+
+    def download(data: bytes, image: int, what: str, suffix: str) -> Response:
+        stem = explorer.entries[image].name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+        name = safe_name(f"{stem}_{what}{suffix}")
+        return Response(
+            data,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
     async def map_image(request: Request) -> Response:
-        query = Query(request)
-        checkpoint, method, layers, image, target = state.map_request(query)
-        heat = next(iter((await batcher.maps(checkpoint, method, layers, image, target)).values()))
-        if query.text("format", "png") == "npy":
-            name = f"{explorer.entries[image].name.rsplit('/', 1)[-1]}_{method}_{target}.npy"
-            return Response(
-                npy_bytes(heat),
-                media_type="application/octet-stream",
-                headers={"Content-Disposition": f'attachment; filename="{safe_name(name)}"'},
-            )
-        alpha = query.number("alpha", 0.5)
-        colormap = query.text("colormap", "jet")
+        query = Query(request, MAP + SHOWN)
+        shown = query.choice("format", ("png", "npy"), "png")
+        alpha, colormap = query.number("alpha", 0.5), query.text("colormap", "jet")
+        heat, (_, method, _, image, target) = await heat_of(query)
+        if shown == "npy":
+            return download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
         view = await asyncio.to_thread(explorer.model_view, image)
         data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
         return Response(data, media_type="image/png")
 
+    async def difference_image(request: Request) -> Response:
+        query = Query(request, ("image", "class", "method", "layer", "alpha", "format"))
+        state.need_comparison("the difference view")
+        shown = query.choice("format", ("png", "npy"), "png")
+        alpha = query.number("alpha", 0.5)
+        first, second = state.checkpoints[:2]
+        _, method, layers, image, target = state.map_request(query)
+        heats = [
+            next(iter((await batcher.maps(c, method, layers, image, target)).values()))
+            for c in (first, second)
+        ]
+        diff = difference(*heats)
+        if shown == "npy":
+            return download(npy_bytes(diff), image, f"{method}_{target}_difference", ".npy")
+        view = await asyncio.to_thread(explorer.model_view, image)
+        shown_heat = difference_for_display(diff)
+        data = await asyncio.to_thread(overlay_png, view, shown_heat, alpha, DIFFERENCE_COLORMAP)
+        return Response(data, media_type="image/png")
+
     async def depth(request: Request) -> Response:
-        query = Query(request)
+        query = Query(request, MAP + SHOWN)  # the page sends its display settings with each
         checkpoint, method, _, image, target = state.map_request(query)
         if not registry.get(method).needs_layer:
             raise ArgumentError(f"{method} has no layer: the depth strip is for layer methods")
@@ -46,14 +97,29 @@ def routes(state: ServerState) -> list[Route]:
         return JSONResponse({"layers": list(stages)})
 
     async def curve(request: Request) -> Response:
-        query = Query(request)
+        query = Query(request, MAP + SHOWN)  # the page sends its display settings with each
         checkpoint, method, layers, image, target = state.map_request(query)
         maps = await batcher.maps(checkpoint, method, layers, image, target)
         key = MapKey(checkpoint, method, next(iter(maps)), image, target)
         return JSONResponse(await batcher.run(explorer.curves, key))
 
+    async def progress(request: Request) -> Response:
+        job = state.jobs.get(Query(request, ("job",)).text("job") or "")
+        if job is None:
+            return JSONResponse({"job": None, "done": 0, "expected": None, "finished": False})
+        return JSONResponse(job.as_dict())
+
+    async def cancel(request: Request) -> Response:
+        job_id = Query(request, ("job",)).text("job")
+        if not job_id:
+            raise ArgumentError("missing query parameter 'job' (the id the map was asked with)")
+        return JSONResponse(state.jobs.cancel(job_id).as_dict())
+
     return [
         Route("/api/map", map_image),
+        Route("/api/difference", difference_image),
         Route("/api/depth", depth),
         Route("/api/curve", curve),
+        Route("/api/progress", progress),
+        Route("/api/cancel", cancel, methods=["POST"]),
     ]

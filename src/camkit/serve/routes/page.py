@@ -10,7 +10,8 @@ from starlette.routing import Route
 
 from camkit import registry
 from camkit.serve.explorer import SLOW_FAMILIES, SLOW_METHODS
-from camkit.serve.http import NO_STORE, error
+from camkit.serve.http import NO_STORE, Query, error
+from camkit.serve.progress import estimate_seconds
 from camkit.serve.routes.state import ServerState
 
 STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
@@ -35,7 +36,14 @@ def routes(state: ServerState) -> list[Route]:
         return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
 
     async def info(request: Request) -> Response:
+        Query(request, ())
         first = explorer.checkpoints[checkpoints[0]]
+        shape = dict((n, s) for n, _, s in explorer.layers).get(explorer.default_layer)
+        rows = explorer.row_seconds
+
+        def seconds(name: str) -> float | None:
+            return None if rows is None else round(estimate_seconds(name, shape, rows), 3)
+
         methods = [
             {
                 "name": name,
@@ -43,6 +51,7 @@ def routes(state: ServerState) -> list[Route]:
                 "needs_layer": registry.get(name).needs_layer,
                 "reference": registry.get(name).reference,
                 "slow": registry.get(name).family in SLOW_FAMILIES or name in SLOW_METHODS,
+                "seconds": seconds(name),
             }
             for name in explorer.methods
         ]
@@ -51,6 +60,7 @@ def routes(state: ServerState) -> list[Route]:
             {
                 "model": first.name,
                 "checkpoints": checkpoints,
+                "names": state.names,
                 "labels": explorer.labels,
                 "methods": methods,
                 "unavailable": explorer.unavailable,

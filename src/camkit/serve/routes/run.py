@@ -8,7 +8,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from camkit.serve import security
-from camkit.serve.http import error
+from camkit.serve.http import Query, error
 from camkit.serve.routes.state import ServerState
 
 
@@ -16,6 +16,7 @@ def routes(state: ServerState) -> list[Route]:
     """The run's strategies and files; 404 when the app shows no run."""
 
     async def strategies_view(request: Request) -> Response:
+        Query(request, ())
         if state.strategies is None:
             return error("this run has no strategies: run 'camkit strategies RUN_DIR'", 404)
         return JSONResponse(state.strategies)

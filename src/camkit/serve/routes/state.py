@@ -9,25 +9,42 @@ from typing import Any
 
 from camkit.errors import ArgumentError
 from camkit.serve.batcher import MapBatcher
+from camkit.serve.compare import Comparison
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import Query
+from camkit.serve.progress import Jobs
 
 
 @dataclasses.dataclass
 class ServerState:
     """One app's explorer and batcher; ``run_root``, ``run_header`` and ``strategies``: the
-    ``camkit explain`` run it shows (None: none); ``uploads``: how many it holds."""
+    ``camkit explain`` run it shows (None: none); ``names``: each checkpoint's name for the
+    page (its file); ``uploads``: how many it holds; ``comparison``: with two checkpoints."""
 
     explorer: Explorer
     batcher: MapBatcher
     run_root: Path | None = None
     run_header: dict | None = None
     strategies: dict | None = None
+    names: dict[str, str] | None = None
     uploads: int = 0
     checkpoints: list[str] = dataclasses.field(init=False)
+    comparison: Comparison | None = dataclasses.field(init=False)
+    jobs: Jobs = dataclasses.field(default_factory=Jobs)
 
     def __post_init__(self) -> None:
         self.checkpoints = list(self.explorer.checkpoints)
+        self.names = {key: (self.names or {}).get(key, key) for key in self.checkpoints}
+        self.comparison = Comparison(self.explorer) if len(self.checkpoints) > 1 else None
+
+    def need_comparison(self, what: str) -> Comparison:
+        """The comparison of the two checkpoints, or a clear error on a one-checkpoint server."""
+        if self.comparison is None:
+            raise ArgumentError(
+                f"{what} compares two checkpoints; this server has one (start camkit serve "
+                "with --compare-weights PATH)"
+            )
+        return self.comparison
 
     def checkpoint_of(self, query: Query) -> str:
         name = query.text("checkpoint", self.checkpoints[0])

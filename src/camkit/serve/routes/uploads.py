@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from camkit.serve import security
-from camkit.serve.http import safe_name
+from camkit.serve.http import Query, safe_name
 from camkit.serve.routes.state import ServerState
 
 
@@ -18,6 +18,7 @@ def routes(state: ServerState) -> list[Route]:
     """The upload route: at most ``MAX_UPLOADS`` per server, ``MAX_UPLOAD_BYTES`` each."""
 
     async def upload(request: Request) -> Response:
+        Query(request, ("name",))
         if state.uploads >= security.MAX_UPLOADS:
             raise security.UploadError(
                 f"this server already holds {security.MAX_UPLOADS} uploads; restart it", 429

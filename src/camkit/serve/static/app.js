@@ -5,7 +5,7 @@
 const TOKEN = new URLSearchParams(location.search).get("token") || "";
 const PAGE = 50;
 const $ = (id) => document.getElementById(id);
-const state = { info: null, offset: 0, image: null, urls: [] };
+const state = { info: null, offset: 0, image: null, urls: [], jobs: new Set(), shown: null };
 window.camkitState = state;
 
 function api(path, params = {}) {
@@ -68,6 +68,10 @@ function classOf(text) {
 }
 
 function classText(index) { return `${state.info.labels[index]} (${index})`; }
+function nameOf(checkpoint) { return state.info.names[checkpoint] || checkpoint; }
+function comparing() { return state.info.checkpoints.length > 1; }
+function stem(name) { return name.split("/").pop().replace(/\.[^.]*$/, ""); }
+function seconds(s) { return s < 1 ? "<1 s" : s < 90 ? `~${Math.round(s)} s` : `~${Math.round(s / 60)} min`; }
 function parseClassText(text) {
   const match = /\((\d+)\)\s*$/.exec(text || "");
   return match ? +match[1] : classOf(text);
@@ -81,6 +85,10 @@ async function loadGallery() {
   if (predicted) params.predicted = state.info.labels[parseClassText(predicted)] ?? predicted;
   if ($("f-truth").value) params.truth = $("f-truth").value;
   if ($("f-wrong").checked) params.wrong = 1;
+  if (comparing()) {
+    params.checkpoint = $("f-checkpoint").value;
+    if ($("f-changed").checked) params.changed = 1;
+  }
   const page = await getJSON("gallery", params);
   const gallery = $("gallery");
   gallery.replaceChildren();
@@ -90,11 +98,19 @@ async function loadGallery() {
       item.error ? element("div", { class: "unreadable", text: "unreadable" })
         : element("img", { src: api(`thumb/${item.id}`), loading: "lazy", alt: item.name }),
       element("div", { class: "name", text: item.name, title: item.name }),
-      element("div", {
-        class: "pred",
-        text: item.error ? `unreadable: ${item.error}` : top ? `${top.label} ${percent(top.probability)}` : "",
-      }),
+      item.tops && !item.error
+        ? element("div", { class: "pred" }, Object.entries(item.tops).map(([c, [t]]) => element("span", {
+          class: "other", text: t ? `${nameOf(c)}: ${t.label} ${percent(t.probability)}` : `${nameOf(c)}: …`,
+        })))
+        : element("div", {
+          class: "pred",
+          text: item.error ? `unreadable: ${item.error}` : top ? `${top.label} ${percent(top.probability)}` : "",
+        }),
     ]);
+    if (item.disagreement) {
+      const d = item.disagreement;
+      card.title = `confidence moved ${percent(d.confidence_moved)}, map moved ${d.map_moved.toFixed(2)} (1 − Spearman)`;
+    }
     if (item.truth && top && item.truth.toLowerCase() !== top.label.toLowerCase()) card.classList.add("wrong");
     card.addEventListener("click", () => { location.hash = `image=${item.id}`; });
     gallery.append(card);
@@ -123,19 +139,28 @@ function mapParams(extra = {}) {
 
 async function openImage(id, wanted = {}) {
   state.image = id;
-  const info = await getJSON(`image/${id}`, { k: 5 });
+  state.imageInfos = {};
+  for (const checkpoint of state.info.checkpoints) {
+    state.imageInfos[checkpoint] = await getJSON(`image/${id}`, { k: 5, checkpoint });
+  }
+  const info = state.imageInfos[state.info.checkpoints[0]];
   state.imageInfo = info;
   $("image-name").textContent = info.name + (info.truth ? ` (true class: ${info.truth})` : "");
   $("photo").src = await getImage(`photo/${id}`);
-  const table = $("top");
-  table.replaceChildren();
-  for (const row of info.top) {
-    const tr = element("tr", { class: "pick", title: "explain this class" }, [
-      element("td", { text: `${row.label} (${row.index})` }),
-      element("td", { class: "p", text: percent(row.probability) }),
-    ]);
-    tr.addEventListener("click", () => { $("class").value = classText(row.index); updateMaps(); });
-    table.append(tr);
+  const tops = $("tops");
+  tops.replaceChildren();
+  for (const [checkpoint, each] of Object.entries(state.imageInfos)) {
+    const table = element("table", { class: "top", "data-checkpoint": checkpoint });
+    for (const row of each.top) {
+      const tr = element("tr", { class: "pick", title: "explain this class" }, [
+        element("td", { text: `${row.label} (${row.index})` }),
+        element("td", { class: "p", text: percent(row.probability) }),
+      ]);
+      tr.addEventListener("click", () => { $("class").value = classText(row.index); updateMaps(); });
+      table.append(tr);
+    }
+    if (comparing()) tops.append(element("h4", { text: `top-5 of ${nameOf(checkpoint)}` }));
+    tops.append(table);
   }
   const runMaps = $("run-maps");
   runMaps.replaceChildren();
@@ -147,14 +172,50 @@ async function openImage(id, wanted = {}) {
   $("class").value = classText(wanted.class ?? info.top[0].index);
   if (wanted.method && state.info.methods.some((m) => m.name === wanted.method)) $("method").value = wanted.method;
   $("class2").value = "";
-  $("depth").replaceChildren();
-  $("curves").replaceChildren();
+  state.shown = null;
+  await refreshMethods();
   await updateMaps();
 }
 
-function probabilityOf(index) {
-  const p = state.imageInfo.probabilities[index];
+// each checkpoint's own probability of a class, and its own top-1
+function probabilityOf(index, checkpoint) {
+  const p = state.imageInfos[checkpoint].probabilities[index];
   return p === undefined ? "" : ` ${percent(p)}`;
+}
+
+function topOf(checkpoint) {
+  const best = state.imageInfos[checkpoint].top[0];
+  return best ? `top-1 ${best.label} ${percent(best.probability)}` : "";
+}
+
+// a map image that may take long: progress from the server, and a cancel that stops the work
+async function longImage(path, params) {
+  const job = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
+  state.jobs.add(job);
+  const box = $("progress");
+  let timer = setTimeout(async function poll() {
+    try {
+      const p = await getJSON("progress", { job });
+      if (p.job && !p.finished) {
+        box.hidden = false;
+        $("progress-bar").value = p.expected ? Math.min(p.done / p.expected, 0.99) : 0;
+        $("progress-text").textContent = `${params.method}: ${p.done}${p.expected ? ` of ~${p.expected}` : ""} copies scored, ${p.seconds.toFixed(1)} s`;
+      }
+    } catch (error) { /* the map's own request reports errors */ }
+    if (timer !== null) timer = setTimeout(poll, 250);
+  }, 250);
+  try {
+    return await getImage(path, { ...params, job });
+  } finally {
+    clearTimeout(timer); timer = null;
+    state.jobs.delete(job);
+    if (!state.jobs.size) box.hidden = true;
+  }
+}
+
+async function cancelMaps() {
+  const jobs = [...state.jobs];
+  await Promise.all(jobs.map((job) => fetch(api("cancel", { job }), { method: "POST" })));
 }
 
 async function updateMaps() {
@@ -167,26 +228,57 @@ async function updateMaps() {
   if (state.cls === null) return;
   const method = state.info.methods.find((m) => m.name === $("method").value);
   $("layer").disabled = !method.needs_layer;
-  const panels = [[state.cls, state.info.checkpoints[0]]];
-  if (second !== null && second !== undefined) panels.push([second, state.info.checkpoints[0]]);
-  if ($("compare").checked) panels.push(...panels.map(([c]) => [c, state.info.checkpoints[1]]));
+  const [first, other] = state.info.checkpoints;
+  const both = comparing() && $("compare").checked;
+  // the depth strip and the curves belong to one class and method: cleared when those change
+  const shown = { cls: state.cls, method: method.name, layer: $("layer").value, both };
+  const before = state.shown || {};
+  if (before.cls !== shown.cls || before.method !== shown.method) $("depth").replaceChildren();
+  if (Object.keys(shown).some((key) => before[key] !== shown[key])) $("curves").replaceChildren();
+  state.shown = shown;
+  const panels = [[state.cls, first]];
+  if (second !== null && second !== undefined) panels.push([second, first]);
+  if (both) panels.push(...panels.map(([c]) => [c, other]));
   const figures = panels.map(([cls, checkpoint]) => {
-    const caption = `${classText(cls)}${probabilityOf(cls)} · ${method.name}` +
+    const caption = `${classText(cls)}${probabilityOf(cls, checkpoint)} · ${method.name}` +
       (method.needs_layer ? ` · ${$("layer").value}` : "") +
-      (state.info.checkpoints.length > 1 ? ` · checkpoint ${checkpoint}` : "");
-    return element("figure", {}, [element("img", { class: "map", alt: caption }), element("figcaption", { text: caption })]);
+      (comparing() ? ` · ${nameOf(checkpoint)} (${topOf(checkpoint)})` : "");
+    return element("figure", { "data-checkpoint": checkpoint }, [
+      element("img", { class: "map", alt: caption }), element("figcaption", { text: caption })]);
   });
-  $("maps").replaceChildren(...figures);
+  const differences = both ? panels.filter(([, c]) => c === first).map(([cls]) => element("figure", { class: "difference" }, [
+    element("img", { class: "difference", alt: "difference" }),
+    element("figcaption", { text: `difference for ${classText(cls)}: ${nameOf(first)} − ${nameOf(other)} ` +
+      "(red: only the first looks there, blue: only the second, white: same heat)" }),
+  ])) : [];
+  $("maps").replaceChildren(...figures, ...differences);
   const main = mapParams();
+  const name = `${stem(state.imageInfo.name)}_${main.method}_${main.class}`;
   $("download-png").href = api("map", main);
-  $("download-png").download = `map_${main.method}_${main.class}.png`;
+  $("download-png").download = `${name}.png`;
   $("download-npy").href = api("map", { ...main, format: "npy" });
-  $("download-npy").download = `map_${main.method}_${main.class}.npy`;
+  $("download-npy").download = `${name}.npy`;
   try {
-    await Promise.all(panels.map(async ([cls, checkpoint], i) => {
-      figures[i].querySelector("img").src = await getImage("map", mapParams({ class: cls, checkpoint }));
-    }));
+    await Promise.all([
+      ...panels.map(async ([cls, checkpoint], i) => {
+        figures[i].querySelector("img").src = await longImage("map", mapParams({ class: cls, checkpoint }));
+      }),
+      ...differences.map(async (figure, i) => {
+        const params = mapParams({ class: panels[i][0] });
+        delete params.colormap;
+        figure.querySelector("img").src = await getImage("difference", params);
+      }),
+    ]);
   } catch (error) { showError(error.message); }
+}
+
+// the methods menu with roughly how long each takes on this model (measured once it predicted)
+async function refreshMethods() {
+  try { state.info.methods = (await getJSON("info")).methods; } catch (error) { return; }
+  for (const m of state.info.methods) {
+    const option = $("method").querySelector(`option[value="${CSS.escape(m.name)}"]`);
+    if (option) option.textContent = m.name + (m.seconds !== null ? ` (${seconds(m.seconds)})` : m.slow ? " (slow)" : "");
+  }
 }
 
 async function depthStrip() {
@@ -197,33 +289,45 @@ async function depthStrip() {
     const reply = await getJSON("depth", mapParams());
     const figures = await Promise.all(reply.layers.map(async (layer) => element("figure", {}, [
       element("img", { src: await getImage("map", mapParams({ layer })), alt: layer }),
-      element("figcaption", { text: layer + (layer === state.info.default_layer ? " (default)" : "") }),
+      element("figcaption", { text: `${layer}${layer === state.info.default_layer ? " (default)" : ""} · ${classText(state.cls)} · ${$("method").value}` }),
     ])));
     strip.replaceChildren(...figures);
   } catch (error) { strip.replaceChildren(); showError(error.message); }
 }
 
-function plot(curves) {
-  const width = 320, height = 180, pad = 28;
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("width", width); svg.setAttribute("height", height);
-  const colours = { deletion: "#c0392b", insertion: "#2864c8" };
-  let y = 16;
-  for (const [name, { auc, curve }] of Object.entries(curves)) {
-    const points = curve.map((v, i) => `${pad + (i / (curve.length - 1)) * (width - 2 * pad)},${height - pad - v * (height - 2 * pad)}`);
-    const line = document.createElementNS(svg.namespaceURI, "polyline");
-    line.setAttribute("points", points.join(" "));
-    line.setAttribute("fill", "none"); line.setAttribute("stroke", colours[name]); line.setAttribute("stroke-width", "2");
-    const label = document.createElementNS(svg.namespaceURI, "text");
-    label.setAttribute("x", width - pad - 120); label.setAttribute("y", y); y += 16;
-    label.setAttribute("fill", colours[name]); label.setAttribute("font-size", "12");
-    label.textContent = `${name} AUC ${auc.toFixed(3)}`;
-    svg.append(line, label);
+function svgNode(tag, attributes, text) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// deletion/insertion curves: x the fraction of pixels deleted or inserted, y the probability of
+// the class, both with ticks
+function plot(curves, title) {
+  const width = 380, height = 240, left = 46, right = 12, top = 26, bottom = 40;
+  const X = (f) => left + f * (width - left - right), Y = (v) => height - bottom - v * (height - top - bottom);
+  const svg = svgNode("svg", { width, height, class: "curves" });
+  svg.append(svgNode("text", { x: left, y: 14, "font-size": 12, class: "title" }, title));
+  svg.append(svgNode("path", { d: `M${X(0)},${Y(1)} V${Y(0)} H${X(1)}`, stroke: "#66707c", fill: "none" }));
+  for (const t of [0, 0.25, 0.5, 0.75, 1]) {
+    svg.append(svgNode("line", { x1: X(t), x2: X(t), y1: Y(0), y2: Y(0) + 4, stroke: "#66707c" }));
+    svg.append(svgNode("text", { x: X(t), y: Y(0) + 15, "font-size": 10, "text-anchor": "middle", class: "xtick" }, String(t)));
+    svg.append(svgNode("line", { x1: X(0) - 4, x2: X(0), y1: Y(t), y2: Y(t), stroke: "#66707c" }));
+    svg.append(svgNode("text", { x: X(0) - 6, y: Y(t) + 3, "font-size": 10, "text-anchor": "end", class: "ytick" }, String(t)));
   }
-  const axis = document.createElementNS(svg.namespaceURI, "path");
-  axis.setAttribute("d", `M${pad},${pad} V${height - pad} H${width - pad}`);
-  axis.setAttribute("stroke", "#66707c"); axis.setAttribute("fill", "none");
-  svg.append(axis);
+  svg.append(svgNode("text", { x: (X(0) + X(1)) / 2, y: height - 6, "font-size": 11, "text-anchor": "middle", class: "xlabel" },
+    "fraction of pixels deleted / inserted (most important first)"));
+  svg.append(svgNode("text", { x: 12, y: (Y(0) + Y(1)) / 2, "font-size": 11, "text-anchor": "middle", class: "ylabel",
+    transform: `rotate(-90 12 ${(Y(0) + Y(1)) / 2})` }, "probability of the class"));
+  const colours = { deletion: "#c0392b", insertion: "#2864c8" };
+  let y = top + 12;
+  for (const [name, { auc, curve }] of Object.entries(curves)) {
+    const points = curve.map((v, i) => `${X(i / (curve.length - 1))},${Y(v)}`);
+    svg.append(svgNode("polyline", { points: points.join(" "), fill: "none", stroke: colours[name], "stroke-width": 2 }));
+    svg.append(svgNode("text", { x: X(1) - 130, y, fill: colours[name], "font-size": 12 }, `${name} AUC ${auc.toFixed(3)}`));
+    y += 16;
+  }
   return svg;
 }
 
@@ -231,7 +335,9 @@ async function curves() {
   showError("");
   $("curves").replaceChildren(element("span", { text: "scoring..." }));
   try {
-    $("curves").replaceChildren(plot(await getJSON("curve", mapParams())));
+    const title = `${classText(state.cls)} · ${$("method").value}` +
+      (comparing() ? ` · ${nameOf(state.info.checkpoints[0])}` : "");
+    $("curves").replaceChildren(plot(await getJSON("curve", mapParams()), title));
   } catch (error) { $("curves").replaceChildren(); showError(error.message); }
 }
 
@@ -273,8 +379,10 @@ async function loadStrategies() {
         element("div", { text: `cluster ${cluster.id}: ${cluster.size} images` }),
         element("div", { text: `confidence ${figureNumber(cluster.confidence)}, accuracy ${figureNumber(cluster.accuracy)}` }),
         element("div", { text: `suspiciousness ${figureNumber(cluster.suspiciousness, 3)}` }),
-        element("div", { class: "members", title: "typical members" }, cluster.typical.map(link)),
-        element("div", { class: "members", title: "atypical members" }, cluster.atypical.map(link)),
+        element("div", { class: "members typical", title: "typical members" }, [
+          element("span", { class: "row-label", text: "typical (closest to the cluster's centre)" }), ...cluster.typical.map(link)]),
+        cluster.atypical.length ? element("div", { class: "members atypical", title: "atypical members" }, [
+          element("span", { class: "row-label", text: "atypical (farthest from it)" }), ...cluster.atypical.map(link)]) : "",
       ]))),
     ]);
   });
@@ -297,7 +405,9 @@ async function start() {
     state.info = await getJSON("info");
   } catch (error) { showError(error.message); return; }
   const info = state.info;
-  $("model").textContent = `${info.model} · ${info.images} images` + (info.checkpoints.length > 1 ? " · two checkpoints" : "");
+  $("model").textContent = `${info.model} · ${info.images} images` +
+    (comparing() ? ` · checkpoints ${info.checkpoints.map(nameOf).join(" and ")}` : "");
+  for (const form of ["filters", "controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
   $("labels").replaceChildren(...info.labels.map((label, i) => element("option", { value: `${label} (${i})` })));
   if (info.truths.length) {
     $("f-truth-box").hidden = false;
@@ -316,10 +426,13 @@ async function start() {
   })));
   $("layer").value = info.default_layer;
   $("colormap").append(...info.colormaps.map((c) => element("option", { value: c, text: c })));
-  $("compare-box").hidden = info.checkpoints.length < 2;
+  $("compare-box").hidden = !comparing();
+  $("f-checkpoint-box").hidden = $("f-changed-box").hidden = !comparing();
+  for (const option of document.querySelectorAll(".compare-only")) option.hidden = !comparing();
+  $("f-checkpoint").append(...info.checkpoints.map((c) => element("option", { value: c, text: nameOf(c) })));
   $("strategies-link").hidden = !info.strategies;
 
-  for (const id of ["f-order", "f-truth", "f-wrong", "f-predicted"]) {
+  for (const id of ["f-order", "f-truth", "f-wrong", "f-predicted", "f-checkpoint", "f-changed"]) {
     $(id).addEventListener("change", () => { state.offset = 0; loadGallery().catch((e) => showError(e.message)); });
   }
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadGallery(); });
@@ -330,6 +443,7 @@ async function start() {
   $("back").addEventListener("click", () => { location.hash = ""; });
   $("depth-button").addEventListener("click", depthStrip);
   $("curve-button").addEventListener("click", curves);
+  $("cancel").addEventListener("click", cancelMaps);
   $("file").addEventListener("change", () => { if ($("file").files[0]) upload($("file").files[0]); });
   const drop = $("drop");
   drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });

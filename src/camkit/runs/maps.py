@@ -1,4 +1,5 @@
-"""``camkit explain --save-maps``: every raw map of the run in one ``maps.npz``.
+"""The maps file of a run folder (``camkit explain --save-maps``): every raw map in one
+``maps.npz``.
 
 Like the manifest, each rank appends its maps to its own part, ``maps.rank<R>.f16`` (raw
 float16 rows at the model's input size, flushed to the disk), before the records that name

@@ -1,4 +1,5 @@
-"""The manifest of a ``camkit explain`` run: what reproduces it, one row per output, resume.
+"""The manifest of a run folder (``camkit explain``): what reproduces it, one row per output,
+the parts a killed run leaves, merging them.
 
 Each rank appends to its own part, ``manifest.rank<R>.jsonl`` (one JSON line per record, and
 one with the throughput so far), after every batch whose files are on disk, and flushes it to
@@ -20,8 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from camkit import io
-from camkit.cli import mapstore
-from camkit.cli.common import UsageError
+from camkit.runs import maps
 
 MANIFEST = "manifest.json"
 VERSIONED = ("camkit", "torch", "torchvision", "timm")
@@ -117,29 +117,10 @@ def consolidate(out: Path) -> None:
     if gathered is None:
         return
     if (gathered.get("settings") or {}).get("save_maps"):
-        mapstore.fold(out, gathered["records"], gathered)
+        maps.fold(out, gathered["records"], gathered)
     io.save_json(out / MANIFEST, gathered)
     for path in out.glob(PARTS):
         path.unlink()
-
-
-def check_resumable(previous: dict, settings: dict) -> None:
-    """Refuse to resume a run made with other settings, naming them."""
-    if previous.get("settings") is None:
-        raise UsageError(
-            "--resume: the manifest in --out records no settings (an older camkit); "
-            "start a new run in another folder"
-        )
-    changed = [key for key in settings if previous["settings"].get(key) != settings[key]]
-    if changed:
-        details = "; ".join(
-            f"{key}: was {previous['settings'].get(key)!r}, now {settings[key]!r}"
-            for key in changed
-        )
-        raise UsageError(
-            f"--resume: the run in --out was made with other settings ({details}); to resume "
-            "it, run again with its settings, or give a new --out to start a new run"
-        )
 
 
 def header(settings: dict, model: str, device: str, arguments: list[str]) -> dict:
@@ -158,8 +139,13 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
 
 def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
     """Rank 0, after the barrier: the parts of every rank (and what a resumed run had) as one
-    ``manifest.json`` ordered like the inputs; the parts are removed. Of the ``todo`` images
-    this run had to do, it counts those ``explained`` and those ``unreadable`` apart."""
+    ``manifest.json`` ordered like the inputs; the parts are removed.
+
+    ``explained`` and ``unreadable`` count the images of the whole manifest (every run), so a
+    resumed run never says 0 unreadable while it holds error records; ``runs`` keeps each run's
+    own start, end, throughput and counts (a resumed run appends to the earlier ones), and
+    ``started``/``throughput`` are the first run's start and the sums over the runs. ``todo``:
+    the images this run had to do."""
     previous = read(out / MANIFEST)
     parts = [read(part_path(out, rank)) for rank in range(world)]
     records = {}
@@ -171,24 +157,50 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
     ranks = [part["throughput"] for part in parts if part is not None]
     seconds = max((rank["seconds"] for rank in ranks), default=0.0)
     images = sum(rank["images"] for rank in ranks)
-    unreadable = len(
-        {r["image"] for part in parts if part for r in part["records"] if "error" in r}
-    )
-    manifest = head | {
-        "explained": todo - unreadable,
-        "unreadable": unreadable,
+    failed_now = {r["image"] for part in parts if part for r in part["records"] if "error" in r}
+    this_run = {
+        "started": head["started"],
         "finished": now(),
-        "throughput": {
-            "images": images,
-            "seconds": seconds,
-            "images_per_second": images / seconds if seconds else None,
-            "ranks": ranks,
-        },
+        "todo": todo,
+        "explained": todo - len(failed_now),
+        "unreadable": len(failed_now),
+        "throughput": _throughput(images, seconds) | {"ranks": ranks},
+    }
+    runs = [*earlier_runs(previous), this_run]
+    explained = {r["image"] for r in rows if "error" not in r}
+    total_images = sum(run["throughput"]["images"] for run in runs)
+    total_seconds = sum(run["throughput"]["seconds"] for run in runs)
+    manifest = head | {
+        "started": runs[0]["started"],
+        "explained": len(explained),
+        "unreadable": len({r["image"] for r in rows if "error" in r} - explained),
+        "finished": this_run["finished"],
+        "throughput": _throughput(total_images, total_seconds) | {"ranks": ranks},
+        "runs": runs,
         "records": rows,
     }
     if head["settings"].get("save_maps"):
-        mapstore.fold(out, rows, head)
+        maps.fold(out, rows, head)
     io.save_json(out / MANIFEST, manifest)
     for rank in range(world):
         part_path(out, rank).unlink(missing_ok=True)
     return manifest
+
+
+def _throughput(images: int, seconds: float) -> dict:
+    return {
+        "images": images,
+        "seconds": seconds,
+        "images_per_second": images / seconds if seconds else None,
+    }
+
+
+def earlier_runs(previous: dict | None) -> list[dict]:
+    """The runs an earlier manifest records (one made before ``runs`` existed: its own
+    start, end, counts and throughput as one run)."""
+    if not previous or previous.get("throughput") is None:
+        return []
+    if "runs" in previous:
+        return list(previous["runs"])
+    keep = ("started", "finished", "explained", "unreadable", "throughput")
+    return [{key: previous.get(key) for key in keep}]

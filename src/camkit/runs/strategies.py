@@ -1,7 +1,8 @@
-"""The strategies view's data: ``strategies.json`` (written by ``camkit strategies``) read for a
-page. :func:`cluster_view` turns one cluster into what a page shows, for the static report and
-the explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the
-report's whole view (map rows -> the page's image indices, files -> URLs)."""
+"""The strategies results of a run folder: ``strategies/strategies.json`` (written by ``camkit
+strategies``) read for a page. :func:`cluster_view` turns one cluster into what a page shows, for
+the static report and the explorer (:func:`camkit.serve.gallery.read_strategies`);
+:func:`strategies_data` is the report's whole view (map rows -> the page's image indices, files
+-> URLs)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from camkit.cli.report_files import url_path
+STRATEGIES = Path("strategies") / "strategies.json"
+"""Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
+
+
+def url_path(path: str) -> str:
+    """A relative POSIX path -> a URL path ('#', '?', '%', spaces... escaped)."""
+    return quote(path, safe="/")
 
 
 def cluster_view(
@@ -24,11 +32,17 @@ def cluster_view(
     """One cluster of ``strategies.json`` for a page: its ``id``, ``size``, ``confidence``,
     ``accuracy`` and suspiciousness (named ``score``), its prototype picture through
     ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
-    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's)."""
+    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's).
+    ``atypical`` leaves out the ``typical`` members: a small cluster's two lists overlap, and
+    the page would show the same images as both."""
+    found = {name: members(cluster.get(name, [])) for name in lists}
+    if "typical" in found and "atypical" in found:
+        typical = set(found["typical"])
+        found["atypical"] = [member for member in found["atypical"] if member not in typical]
     return (
         {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
         | {score: cluster.get("suspiciousness"), "prototype": picture(cluster.get("prototype"))}
-        | {name: members(cluster.get(name, [])) for name in lists}
+        | found
     )
 
 

@@ -1,0 +1,104 @@
+"""Two checkpoints of one model compared image by image: whether the top-1 class changed, how
+far the probability of the first checkpoint's top-1 class moved, and how far its map moved.
+
+The map distance is ``1 - Spearman rank correlation`` (:func:`camkit.metrics.spearman`, as in
+the model-randomisation sanity check of Adebayo et al., NeurIPS 2018) between the two
+checkpoints' maps of the first checkpoint's top-1 class, with Grad-CAM (Selvaraju et al., ICCV
+2017) at the default layer: 0 for maps ranked alike, 1 for unrelated, 2 for reversed.
+
+Everything here runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from camkit import metrics, registry
+from camkit.errors import InputError
+from camkit.serve.explorer import Explorer, MapKey
+
+CHUNK = 16  # images per forward pass
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """How two checkpoints differ on one image (``first``: the first checkpoint's top-1)."""
+
+    first: int
+    second: int
+    changed: bool  # the top-1 classes differ
+    confidence_moved: float  # |p_first(c) - p_second(c)| for c = the first's top-1
+    map_moved: float  # 1 - Spearman(map_first, map_second) of class c
+
+
+def map_method(explorer: Explorer) -> str:
+    """The method whose maps are compared: Grad-CAM when it fits, else the first that does."""
+    return "gradcam" if "gradcam" in explorer.methods else explorer.methods[0]
+
+
+class Comparison:
+    """The disagreements of the explorer's first two checkpoints, measured on demand and kept."""
+
+    def __init__(self, explorer: Explorer) -> None:
+        self.explorer = explorer
+        self.first, self.second = list(explorer.checkpoints)[:2]
+        self.method = map_method(explorer)
+        self.found: dict[int, Disagreement] = {}
+
+    def measure(self, images: Sequence[int]) -> dict[int, Disagreement]:
+        """The disagreement on each of ``images`` (unreadable images are left out): one forward
+        pass per checkpoint and one map call per checkpoint for each chunk of images."""
+        todo = [i for i in dict.fromkeys(images) if i not in self.found]
+        for start in range(0, len(todo), CHUNK):
+            self._measure(todo[start : start + CHUNK])
+        return {image: self.found[image] for image in images if image in self.found}
+
+    def _measure(self, images: list[int]) -> None:
+        explorer, both = self.explorer, (self.first, self.second)
+        readable = []
+        for image in images:
+            try:
+                explorer.model_input(image)
+                readable.append(image)
+            except InputError:  # the entry holds the reason; the gallery shows it
+                continue
+        if not readable:
+            return
+        probabilities = {c: explorer.probabilities_of(readable, c) for c in both}
+        tops = probabilities[self.first].argmax(dim=-1).tolist()
+        pairs = list(zip(readable, tops, strict=True))
+        layer = explorer.default_layer if registry.get(self.method).needs_layer else None
+        heats = {}
+        for checkpoint in both:
+            explorer.compute(checkpoint, self.method, (explorer.default_layer,), pairs)
+            keys = [MapKey(checkpoint, self.method, layer, i, c) for i, c in pairs]
+            heats[checkpoint] = torch.from_numpy(
+                np.stack([explorer.maps.get_item(k) for k in keys])
+            )
+        moved = 1.0 - metrics.spearman(heats[self.first], heats[self.second])
+        for row, (image, top) in enumerate(pairs):
+            first, second = probabilities[self.first][row], probabilities[self.second][row]
+            other = int(second.argmax())
+            self.found[image] = Disagreement(
+                first=top,
+                second=other,
+                changed=other != top,
+                confidence_moved=abs(float(first[top] - second[top])),
+                map_moved=float(moved[row]),
+            )
+
+
+def difference(heat_first: np.ndarray, heat_second: np.ndarray) -> np.ndarray:
+    """The first checkpoint's displayed heat minus the second's, ``(H, W)`` in [-1, 1]."""
+    return heat_first.astype(np.float32) - heat_second.astype(np.float32)
+
+
+def difference_for_display(diff: np.ndarray) -> np.ndarray:
+    """A difference in [-1, 1] -> [0, 1] for a diverging colormap: 0.5 where the maps agree,
+    1 where only the first checkpoint looks, 0 where only the second does (linear, no
+    stretching)."""
+    return np.clip((diff + 1.0) / 2.0, 0.0, 1.0)

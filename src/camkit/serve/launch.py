@@ -1,0 +1,192 @@
+"""Starting the explorer: the gallery from paths, the app, binding the address, and listening.
+
+Used by ``camkit serve`` (which parses its arguments and loads the checkpoints, then calls
+:func:`prepare` and :func:`listen` through a lazy import: the CLI imports nothing else of this
+package) and by :func:`camkit.serve.notebook.explore`. The address is bound *before* the URL is
+printed, so a busy port or a refused address fails with one line (:class:`BindError`), no URL.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from camkit import models
+from camkit.errors import ArgumentError
+from camkit.runs import MANIFEST
+from camkit.runs.manifest import read as read_manifest
+from camkit.runs.manifest import sha256
+from camkit.serve import security
+from camkit.serve.gallery import Entry, Prediction, read_run, read_strategies, scan
+from camkit.serve.logs import configure
+
+
+class BindError(ArgumentError):
+    """The address cannot be listened on (a busy port, an address this machine does not have)."""
+
+
+@dataclass
+class Gallery:
+    """What a set of paths gives the explorer: the images, and a run folder's extras."""
+
+    entries: list[Entry]
+    run_root: Path | None = None
+    header: dict | None = None
+    predictions: dict[int, Prediction] | None = None
+    strategies: dict | None = None
+
+
+def check_paths(paths: list[Path]) -> None:
+    """Refuse no paths, or a path that does not exist (before any model is loaded)."""
+    if not paths:
+        raise ArgumentError("give images, folders or a camkit explain run folder, or --demo")
+    for path in paths:
+        if not path.exists():
+            raise ArgumentError(f"no such file or directory: {path}")
+
+
+def run_crop(paths: Sequence[Path]) -> str | None:
+    """The ``--crop`` a ``camkit explain`` run folder was made with (runs before ``--crop``
+    squashed), so that the explorer preprocesses its photos as the run did; None for images."""
+    if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
+        settings = (read_manifest(paths[0] / MANIFEST) or {}).get("settings") or {}
+        return settings.get("crop", "squash")
+    return None
+
+
+def open_gallery(
+    paths: list[Path], model: str | None, weights_sha: str | None, crop: str | None = None
+) -> Gallery:
+    """Images, folders, or one ``camkit explain`` run folder -> the gallery. A run made by
+    another model, other weights or another crop (``model``/``weights_sha``/``crop`` differ)
+    keeps its images and maps but not its predictions."""
+    check_paths(paths)
+    if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
+        root = paths[0].resolve()
+        entries, header, predictions = read_run(root)
+        strategies = read_strategies(root, entries)
+        made_by = (header.get("model"), header.get("weights_sha256"), run_crop(paths))
+        if made_by != (model, weights_sha, crop or run_crop(paths)):
+            predictions = {}  # made by another model or preprocessing: predict again
+        header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
+        gallery = Gallery(entries, root, header, predictions, strategies)
+    else:
+        gallery = Gallery(scan(paths)[0])
+    if not gallery.entries:
+        raise ArgumentError(f"no images found in {', '.join(map(str, paths))}")
+    return gallery
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`BindError`
+    with one line saying why."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as failed:
+        raise BindError(f"cannot listen on {host}: not an address ({failed.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as failed:
+        sock.close()
+        reason = failed.strerror or str(failed)
+        hint = "; pick another --port" if failed.errno == 98 else ""
+        raise BindError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def checkpoint_names(model: str, weights: Sequence[str | None]) -> dict[str, str]:
+    """The page's name of each checkpoint (keys ``a``, ``b``...): its file's name, or its path
+    when two files share a name; ``MODEL (its own weights)`` for none."""
+    files = [None if w is None else Path(w) for w in weights]
+    names = [f.name if f is not None else f"{model} (its own weights)" for f in files]
+    if len(set(names)) < len(names):
+        names = [str(f) if f is not None else n for f, n in zip(files, names, strict=True)]
+    return {chr(ord("a") + k): name for k, name in enumerate(names)}
+
+
+def url_of(host: str, port: int, token: str | None) -> str:
+    """The URL a browser opens (the token in its query when there is one)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+@dataclass
+class Prepared:
+    """An app ready to listen: the app, its token ('' or None: none) and its image count."""
+
+    app: Any
+    token: str | None
+    count: int
+
+
+def prepare(
+    paths: list[Path],
+    checkpoints: dict[str, models.LoadedModel],
+    *,
+    model: str,
+    weights: str | None,
+    device: torch.device,
+    host: str,
+    token: str | None,
+    names: dict[str, str] | None = None,
+) -> Prepared:
+    """Check the address and token, read the gallery and build the app (everything but
+    listening); ``names``: each checkpoint's name on the page (:func:`checkpoint_names`). Bad
+    input raises a camkit error before anything listens."""
+    from camkit.serve.app import create_app
+    from camkit.serve.explorer import Explorer
+
+    token = security.new_token() if token is None else token
+    try:
+        security.check_bind(host, token)
+    except security.SecurityError as refused:
+        raise ArgumentError(str(refused)) from None
+    crop = next(iter(checkpoints.values())).preprocess.crop_mode
+    gallery = open_gallery(paths, model, sha256(weights), crop)
+    explorer = Explorer(
+        checkpoints, gallery.entries, predictions=gallery.predictions, device=device
+    )
+    app = create_app(
+        explorer,
+        token=token or None,
+        run_root=gallery.run_root,
+        run_header=gallery.header,
+        strategies=gallery.strategies,
+        hosts=security.allowed_hosts(host),
+        background=True,
+        names=names,
+    )
+    return Prepared(app, token, len(gallery.entries))
+
+
+def listen(
+    prepared: Prepared,
+    host: str,
+    port: int,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> None:
+    """Bind ``host:port`` (:class:`BindError` when it cannot), then print the URL and serve
+    until interrupted, logging each request (:mod:`camkit.serve.logs`)."""
+    import uvicorn
+
+    sock = bind(host, port)
+    try:
+        configure()
+        config = uvicorn.Config(prepared.app, log_level="warning", access_log=False)
+        server = uvicorn.Server(config)
+        bound = sock.getsockname()[1]
+        say(f"camkit serve: {prepared.count} images; open {url_of(host, bound, prepared.token)}")
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

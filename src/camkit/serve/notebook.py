@@ -1,0 +1,196 @@
+"""The explorer inside a notebook: :func:`explore` starts the same app as ``camkit serve`` in a
+background thread, on loopback with a fresh token, and the object it returns shows the page
+inline (an ``<iframe>``, Captum Insights' way) until :meth:`Exploration.stop`."""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit import io, models
+from camkit.core.trace import default_layer, trace
+from camkit.errors import ArgumentError
+from camkit.models.labels import fit_labels, labels_for, read_labels
+from camkit.serve import security, web_stack_missing
+from camkit.serve.gallery import Entry
+from camkit.serve.launch import bind, open_gallery, url_of
+
+START_SECONDS = 30.0  # the server must listen within this
+
+
+class Exploration:
+    """A running explorer: ``url`` (with its token), shown inline by a notebook
+    (``_repr_html_``: an ``<iframe>`` of ``height`` pixels); :meth:`stop` ends it (also on
+    leaving a ``with`` block)."""
+
+    def __init__(self, server: Any, thread: threading.Thread, url: str, height: int) -> None:
+        self.server, self.thread, self.url, self.height = server, thread, url, height
+
+    @property
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def _repr_html_(self) -> str:
+        if not self.running:
+            return "<p>camkit explorer: stopped</p>"
+        src = html.escape(self.url, quote=True)
+        return (
+            f'<iframe src="{src}" width="100%" height="{self.height}" '
+            'style="border: 1px solid #d8dde3; border-radius: 6px" '
+            'title="camkit explorer"></iframe>'
+            f'<p><a href="{src}" target="_blank" rel="noopener">open the explorer in a tab</a> '
+            "(this machine only; <code>.stop()</code> ends it)</p>"
+        )
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"Exploration({state}, url={self.url!r})"
+
+    def stop(self) -> None:
+        """Stop the server and wait for its thread (the model is left as it was)."""
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> Exploration:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def as_loaded(
+    model: nn.Module | models.LoadedModel | str,
+    *,
+    labels: str | os.PathLike[str] | Sequence[str] | None,
+    input_size: int | tuple[int, int],
+    layer: str | None,
+) -> models.LoadedModel:
+    """What :func:`explore` is given as a model -> a :class:`~camkit.models.LoadedModel`: a
+    name or checkpoint through :func:`camkit.models.load`; a module with ImageNet's
+    normalisation at ``input_size``, its default layer and ``class <i>`` names unless given."""
+    if isinstance(model, models.LoadedModel):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return models.load(model, labels=labels)
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(
+            f"expected a torch.nn.Module, a camkit LoadedModel or a model name, got "
+            f"{type(model).__name__}"
+        )
+    preprocess = models.Preprocess(input_size)
+    _, output = trace(model, preprocess.size)
+    classes = output.shape[1] if isinstance(output, Tensor) and output.ndim == 2 else 0
+    if labels is None:
+        names = labels_for(classes)
+    elif isinstance(labels, (str, os.PathLike)):
+        names = fit_labels(read_labels(labels), classes, f"labels file {os.fspath(labels)}")
+    else:
+        names = fit_labels(labels, classes, "labels")
+    return models.LoadedModel(
+        name=type(model).__name__,
+        model=model,
+        preprocess=preprocess,
+        labels=names,
+        default_layer=layer or default_layer(model, preprocess.size),
+        input_size=preprocess.size,
+    )
+
+
+def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, dict, dict | None]:
+    """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
+    PIL images) -> entries, run folder, run header, predictions and strategies."""
+    if isinstance(images, (str, os.PathLike)):
+        images = [images]
+    if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
+        found = open_gallery([Path(i) for i in images], None, None)
+        return found.entries, found.run_root, found.header, {}, found.strategies
+    pictures = list(images) if isinstance(images, (list, tuple)) else [images]
+    if not pictures:
+        raise ArgumentError("expected images: paths, a folder, a run folder, or pictures")
+    entries = [
+        Entry(f"image {k}", None, None, io.to_rgb_uint8(picture))
+        for k, picture in enumerate(pictures)
+    ]
+    return entries, None, None, {}, None
+
+
+def explore(
+    model: nn.Module | models.LoadedModel | str,
+    images_or_run: object,
+    *,
+    labels: str | os.PathLike[str] | Sequence[str] | None = None,
+    compare: nn.Module | models.LoadedModel | None = None,
+    input_size: int | tuple[int, int] = 224,
+    layer: str | None = None,
+    port: int = 0,
+    height: int = 760,
+) -> Exploration:
+    """The explorer of ``camkit serve`` for ``model`` on ``images_or_run`` (image files, folders,
+    a ``camkit explain`` run folder, or pictures in memory), in a background thread on
+    127.0.0.1 with a fresh token; display the result in a notebook to see it inline.
+
+    ``model``: a module (ImageNet normalisation at ``input_size``; ``layer``: its CAM layer,
+    default: the one ``camkit layers`` marks), a :class:`~camkit.models.LoadedModel`, or a name
+    for :func:`camkit.models.load`; ``labels``: class names (a list or a labels file);
+    ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
+    free one. The model is used as it is: no mode switch, no lasting hook.
+
+    >>> view = camkit.explore(model, "photos/")   # doctest: +SKIP
+    >>> view                                      # the page, inline
+    >>> view.stop()
+    """
+    missing = web_stack_missing()
+    if missing:
+        raise ArgumentError(missing)
+    import uvicorn
+
+    from camkit.serve.app import create_app
+    from camkit.serve.explorer import Explorer
+
+    first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
+    checkpoints = {"a": first}
+    if compare is not None:
+        other = as_loaded(compare, labels=first.labels, input_size=first.input_size, layer=layer)
+        checkpoints["b"] = other
+    entries, run_root, header, predictions, strategies = gallery_of(images_or_run)
+    reference = next(first.model.parameters(), None)
+    device = reference.device if reference is not None else torch.device("cpu")
+    explorer = Explorer(checkpoints, entries, predictions=predictions, device=device)
+    token = security.new_token()
+    app = create_app(
+        explorer,
+        token=token,
+        run_root=run_root,
+        run_header=header,
+        strategies=strategies,
+        hosts=security.allowed_hosts("127.0.0.1"),
+        background=True,
+        frame_ancestors=security.NOTEBOOK_FRAMES,
+    )
+    sock = bind("127.0.0.1", port)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+
+    def serve() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True, name="camkit-explore")
+    thread.start()
+    deadline = time.monotonic() + START_SECONDS
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise ArgumentError("the explorer did not start (see the log above)")
+        time.sleep(0.02)
+    return Exploration(server, thread, url_of("127.0.0.1", sock.getsockname()[1], token), height)

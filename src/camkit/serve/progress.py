@@ -1,0 +1,151 @@
+"""Long maps on the page: progress, cancelling, and how long a method takes on this model.
+
+A map request may name a ``job`` (an id the page makes up). While the map is computed, a
+forward pre-hook on the checkpoint's model counts the copies it scores (the rows of each
+forward pass: Score-CAM's masked inputs, Integrated Gradients' path points...); ``/api/progress``
+reads the count and ``/api/cancel`` marks the job, after which the hook raises
+:class:`Cancelled` at the model's next forward pass: the engine stops there (camkit's methods
+remove their hooks in ``finally``) and the pre-hook is removed in ``finally`` too. The model is
+not changed: the hook only reads the input's batch size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from camkit import registry
+from camkit.core.progress import counting_rows
+
+MAX_JOBS = 256  # jobs remembered; the oldest finished ones are forgotten first
+
+
+class Cancelled(Exception):
+    """The page cancelled the map: the server stopped computing it."""
+
+
+@dataclass
+class Job:
+    """One map being computed: copies scored so far, the expected number, the start time."""
+
+    id: str
+    expected: int | None = None
+    done: int = 0
+    cancelled: bool = False
+    finished: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def as_dict(self) -> dict:
+        return {
+            "job": self.id,
+            "done": self.done,
+            "expected": self.expected,
+            "cancelled": self.cancelled,
+            "finished": self.finished,
+            "seconds": round(time.monotonic() - self.started, 2),
+        }
+
+
+class Jobs:
+    """The jobs of one server, by id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.lock = threading.Lock()
+
+    def start(self, job_id: str, expected: int | None) -> Job:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None or job.finished:
+                job = self.jobs[job_id] = Job(job_id, expected)
+            elif job.expected is None:  # cancelled before it started
+                job.expected = expected
+            self._forget()
+            return job
+
+    def _forget(self) -> None:
+        """Beyond ``MAX_JOBS``: the oldest finished jobs first, then the oldest of any."""
+        extra = len(self.jobs) - MAX_JOBS
+        if extra > 0:
+            finished = [key for key, job in self.jobs.items() if job.finished]
+            others = [key for key in self.jobs if key not in set(finished)]
+            for key in (finished + others)[:extra]:
+                del self.jobs[key]
+
+    def get(self, job_id: str) -> Job | None:
+        with self.lock:
+            return self.jobs.get(job_id)
+
+    def cancel(self, job_id: str) -> Job:
+        """Mark a job cancelled (one not started yet is created cancelled: a cancel that
+        overtakes its map request still stops it)."""
+        with self.lock:
+            job = self.jobs.setdefault(job_id, Job(job_id))
+            job.cancelled = True
+            self._forget()
+            return job
+
+
+@contextlib.contextmanager
+def watching(model: nn.Module, job: Job) -> Iterator[None]:
+    """Count the rows ``model`` scores into ``job`` and stop at its next forward pass once the
+    job is cancelled (:func:`camkit.core.progress.counting_rows`: the pre-hook is removed on
+    exit, also after an error)."""
+
+    def seen(rows: int) -> None:
+        if job.cancelled:
+            raise Cancelled("cancelled: the server stopped computing this map")
+        job.done += rows
+
+    if job.cancelled:
+        raise Cancelled("cancelled: the server stopped computing this map")
+    try:
+        with counting_rows(model, seen):
+            yield
+    finally:
+        job.finished = True
+
+
+def _option(method: str, explainer: object | None, name: str) -> int | None:
+    """An explainer's option, or the method's default for it when there is no explainer."""
+    if explainer is not None:
+        value = getattr(explainer, name, None)
+    else:
+        parameter = inspect.signature(registry.get(method).cls).parameters.get(name)
+        value = None if parameter is None else parameter.default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def copies_per_image(method: str, explainer: object | None, layer_shape: tuple | None) -> int:
+    """About how many copies of one image ``method`` scores (forward rows), for the progress
+    bar and the time estimate: a perturbation CAM one per channel of the layer (or per
+    position for Recipro-CAM), times its ``samples`` for SS-CAM/IS-CAM; a sampling method its
+    ``samples`` or ``steps``; a one-pass method 1 (each plus the clean pass). ``explainer``:
+    the built method (None: the method's defaults)."""
+    per_sample = 1
+    if registry.get(method).family == "perturbation-cam" and layer_shape is not None:
+        if method == "reciprocam":
+            per_sample = layer_shape[-1] * layer_shape[-2] if len(layer_shape) == 4 else 1
+        else:
+            channels = layer_shape[1] if len(layer_shape) == 4 else layer_shape[-1]
+            top = _option(method, explainer, "top_channels")
+            per_sample = min(channels, top) if top else channels
+    for name in ("samples", "steps"):
+        value = _option(method, explainer, name)
+        if value is not None:
+            return per_sample * value + 1
+    return per_sample + 1
+
+
+def estimate_seconds(method: str, layer_shape: tuple | None, row_seconds: float) -> float:
+    """Roughly how long one map of ``method`` takes: its copies times the measured seconds of
+    one forward row, times 3 when it also runs backward passes (a backward costs about two
+    forwards)."""
+    gradients = registry.get(method).family != "perturbation-cam" or method == "ablationcam"
+    return copies_per_image(method, None, layer_shape) * row_seconds * (3 if gradients else 1)
