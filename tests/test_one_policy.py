@@ -76,8 +76,8 @@ def test_one_photo_gives_one_answer_everywhere(tmp_path: Path, crop: str | None)
     assert any(abs(p - probability) <= 1e-5 for p in shown_probabilities)
 
     args = build_parser().parse_args(["serve", str(out), "--token", TOKEN, *crop_args])
-    app, _, _ = build(args)
-    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+    prepared = build(args)
+    with TestClient(prepared.app, base_url="http://127.0.0.1:8765") as client:
         client.headers[security.TOKEN_HEADER] = TOKEN
         response = client.get("/api/image/0", params={"k": 1})
         assert response.status_code == 200, response.text
