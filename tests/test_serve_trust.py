@@ -342,6 +342,7 @@ def test_the_front_ends_do_not_import_each_other() -> None:
                 "camkit.serve.launch.check_paths",
                 "camkit.serve.launch.checkpoint_names",
                 "camkit.serve.launch.prepare",
+                "camkit.serve.launch.run_crop",
                 "camkit.serve.launch.listen",
             }, serve
             assert not any(m.startswith("camkit.serve") for m in imported(path, True))
