@@ -339,7 +339,7 @@ def test_the_front_ends_do_not_import_each_other() -> None:
                 "camkit.serve",
                 "camkit.serve.web_stack_missing",
                 "camkit.serve.launch",
-                "camkit.serve.launch.check_paths",
+                "camkit.serve.launch.check_start",
                 "camkit.serve.launch.checkpoint_names",
                 "camkit.serve.launch.prepare",
                 "camkit.serve.launch.listen",

@@ -48,11 +48,11 @@ def build(args: argparse.Namespace):
     missing = web_stack_missing()
     if missing:
         raise UsageError(missing)
-    from camkit.serve.launch import check_paths, checkpoint_names, prepare
+    from camkit.serve.launch import check_start, checkpoint_names, prepare
 
     paths = [demo_folder()] if args.demo else [Path(p) for p in args.paths]
     try:
-        check_paths(paths)
+        token = check_start(paths, args.host, args.token)  # before any model is loaded
         device = pick_device(args.device)
         checkpoints = {"a": load_model(args.model, args.weights, args.labels)}
         if args.compare_weights:
@@ -66,7 +66,7 @@ def build(args: argparse.Namespace):
             weights=args.weights,
             device=device,
             host=args.host,
-            token=args.token,
+            token=token,
             names=checkpoint_names(
                 args.model, [args.weights, args.compare_weights][: len(checkpoints)]
             ),

@@ -50,6 +50,19 @@ def check_paths(paths: list[Path]) -> None:
             raise ArgumentError(f"no such file or directory: {path}")
 
 
+def check_start(paths: list[Path], host: str, token: str | None) -> str:
+    """What can be refused before any model is loaded: the paths, and listening on ``host``
+    without a token (:func:`~camkit.serve.security.check_bind`) -> the token (a new one for
+    None; '' for none)."""
+    check_paths(paths)
+    token = security.new_token() if token is None else token
+    try:
+        security.check_bind(host, token)
+    except security.SecurityError as refused:
+        raise ArgumentError(str(refused)) from None
+    return token
+
+
 def open_gallery(paths: list[Path], model: str | None, weights_sha: str | None) -> Gallery:
     """Images, folders, or one ``camkit explain`` run folder -> the gallery. A run made by
     another model or other weights (``model``/``weights_sha`` differ) keeps its images and maps
@@ -134,11 +147,7 @@ def prepare(
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
-    token = security.new_token() if token is None else token
-    try:
-        security.check_bind(host, token)
-    except security.SecurityError as refused:
-        raise ArgumentError(str(refused)) from None
+    token = check_start(paths, host, token)
     gallery = open_gallery(paths, model, sha256(weights))
     explorer = Explorer(
         checkpoints, gallery.entries, predictions=gallery.predictions, device=device
