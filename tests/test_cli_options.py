@@ -127,7 +127,10 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     records = [{"image": f"{i}.jpg", "output": f"{i}_{m}.png"} for i in range(42) for m in "ab"]
     records.append({"image": "broken.jpg", "error": "not an image"})
     throughput = {"images_per_second": 2.0, "ranks": [{}]}
-    run = {"records": records, "explained": 42, "unreadable": 1, "throughput": throughput}
+    this_run = {"explained": 42, "unreadable": 1, "throughput": throughput}
+    earlier = {"explained": 5, "unreadable": 0, "throughput": {"images_per_second": 9.0}}
+    run = {"records": records, "explained": 47, "unreadable": 1, "throughput": throughput}
+    run["runs"] = [earlier, this_run]  # a resumed run: the summary speaks of this run
     assert explain.summarize(run, tmp_path, 43) == 1
     line = capsys.readouterr().out.strip()
     assert line.startswith("wrote 84 overlay(s) of 42 image(s) to ")

@@ -24,20 +24,19 @@ NOTEBOOK = ROOT / "examples" / "explore.ipynb"
 
 
 @pytest.mark.slow
-def test_the_example_notebook_runs_headless_and_shows_the_explorer(tmp_path: Path) -> None:
+def test_the_example_notebook_runs_headless_and_shows_the_explorer(
+    tmp_path: Path, monkeypatch
+) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    environment = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), environment]))
-    try:
-        client = nbclient.NotebookClient(
-            notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
-        )
-        client.execute()
-    finally:
-        os.environ["PYTHONPATH"] = environment
+    inherited = os.environ.get("PYTHONPATH", "")  # the kernel imports this checkout's camkit
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "src"), inherited])))
+    client = nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
+    client.execute()
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     shown = code[1].outputs[0]["data"]
     assert shown["text/html"].startswith('<iframe src="http://127.0.0.1:')

@@ -339,10 +339,10 @@ def test_the_front_ends_do_not_import_each_other() -> None:
                 "camkit.serve",
                 "camkit.serve.web_stack_missing",
                 "camkit.serve.launch",
-                "camkit.serve.launch.check_paths",
+                "camkit.serve.launch.check_start",
+                "camkit.serve.launch.run_crop",
                 "camkit.serve.launch.checkpoint_names",
                 "camkit.serve.launch.prepare",
-                "camkit.serve.launch.run_crop",
                 "camkit.serve.launch.listen",
             }, serve
             assert not any(m.startswith("camkit.serve") for m in imported(path, True))
@@ -537,23 +537,43 @@ def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) ->
             browser.close()
 
 
-def test_the_cli_fails_on_a_busy_port_with_one_line_and_exit_2(
-    tmp_path: Path, monkeypatch, capsys
-) -> None:
-    from camkit.cli import main
-    from camkit.cli import serve as serve_command
+@needs_browser
+@pytest.mark.slow
+def test_the_strategies_rows_are_labelled_and_not_repeated(tmp_path: Path) -> None:
+    from camkit.serve.gallery import read_run, read_strategies
+    from tests.test_serve import write_run
 
-    explorer = explorer_for(photo_folder(tmp_path))
-    prepared = launch.Prepared(create_app(explorer, token=TOKEN), TOKEN, 8)
-    monkeypatch.setattr(serve_command, "build", lambda args: prepared)  # no model to load
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen(1)
-        port = busy.getsockname()[1]
-        assert main(["serve", str(tmp_path), "--port", str(port)]) == 2
-    err = capsys.readouterr().err
-    assert err.splitlines() == [
-        f"camkit serve: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
-        "pick another --port"
-    ]
-    assert TOKEN not in err
+    run = write_run(tmp_path)
+    photos = tmp_path / "photos"
+    images = [str(photos / "tabby" / f"tabby{k}.png") for k in range(3)]
+    manifest = json.loads((run / "manifest.json").read_text())
+    top5 = manifest["records"][0]["top5"]
+    manifest["records"] += [{"image": image, "top5": top5} for image in images]
+    cio.save_json(run / "manifest.json", manifest)
+    (run / "strategies").mkdir()
+    big = {"id": 0, "size": 3, "typical": [0, 1], "atypical": [2, 1], "suspiciousness": 0.5}
+    small = {"id": 1, "size": 1, "typical": [1], "atypical": [1], "suspiciousness": 0.1}
+    group = {"method": "gradcam", "class": 1, "label": "espresso", "samples": 4}
+    group |= {"suggested_k": 2, "clusters": [big, small]}
+    data = {"images": images, "groups": [group], "skipped": []}
+    cio.save_json(run / "strategies" / "strategies.json", data)
+    entries, header, predictions = read_run(run)
+    explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
+    app = create_app(explorer, token=TOKEN, run_root=run, strategies=read_strategies(run, entries))
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#strategies")
+            browser.js(READY)
+            settle(browser)
+            rows = browser.js(
+                """[...document.querySelectorAll('.cluster')].map((c) =>
+                [...c.querySelectorAll('.members')].map((m) => [
+                  m.querySelector('.row-label').textContent, m.querySelectorAll('a').length]))"""
+            )
+            typical = "typical (closest to the cluster's centre)"
+            atypical = "atypical (farthest from it)"
+            # the big cluster: 2 typical, and of its atypical only the one not already shown
+            assert rows == [[[typical, 2], [atypical, 1]], [[typical, 1]]]
+        finally:
+            browser.close()

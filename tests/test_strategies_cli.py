@@ -16,6 +16,8 @@ import camkit
 from camkit import io as cio
 from camkit import viz
 from camkit.cli import main
+from camkit.cli import strategies as strategies_command
+from camkit.cli.common import UsageError
 from camkit.runs import manifest
 from camkit.runs import maps as mapstore
 from camkit.strategies import find_strategies, load_maps
@@ -147,6 +149,17 @@ def test_strategies_command_writes_files(tmp_path, capsys):
     assert main(["strategies", str(tmp_path / "photos")]) == 2  # no maps.npz: a usage error
     assert "--save-maps" in capsys.readouterr().err
     assert main(["strategies", str(out), "--method", "saliency"]) == 2
+    names = tmp_path / "names.txt"
+    names.write_text("mare\nzebra\n")
+    assert main(["strategies", str(out), "--labels", str(names), "--out", str(tmp_path / "n")]) == 0
+    (named,) = json.loads((tmp_path / "n" / "strategies.json").read_text())["groups"]
+    assert named["label"] == "mare"  # class 0, by the file's names
+    names.write_text("[0, 1]")
+    assert main(["strategies", str(out), "--labels", str(names)]) == 2
+    assert "--labels: labels file" in capsys.readouterr().err
+    names.write_text("mare\nzebra\n")
+    with pytest.raises(UsageError, match="2 class names, but the maps include class 3"):
+        strategies_command.named_classes(str(names), [0, 3])
 
 
 @needs_browser

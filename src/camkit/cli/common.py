@@ -313,8 +313,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         type=pixel_limit,
         default=io.MAX_PIXELS,
         metavar="N",
-        help="refuse images of more pixels, before decoding (default %(default)s, Pillow's; "
-        "0: no limit)",
+        help="refuse images of more pixels, before decoding (default %(default)s, Pillow's "
+        "limit; 0: no limit)",
     )
     parser.add_argument(
         "--workers",

@@ -49,11 +49,11 @@ def build(args: argparse.Namespace):
     missing = web_stack_missing()
     if missing:
         raise UsageError(missing)
-    from camkit.serve.launch import check_paths, checkpoint_names, prepare, run_crop
+    from camkit.serve.launch import check_start, checkpoint_names, prepare, run_crop
 
     paths = [demo_folder()] if args.demo else [Path(p) for p in args.paths]
     try:
-        check_paths(paths)
+        token = check_start(paths, args.host, args.token)  # before any model is loaded
         device = pick_device(args.device)
         crop = args.crop or run_crop(paths)  # a run folder's own preprocessing by default
         checkpoints = {"a": load_model(args.model, args.weights, args.labels, crop=crop)}
@@ -68,7 +68,7 @@ def build(args: argparse.Namespace):
             weights=args.weights,
             device=device,
             host=args.host,
-            token=args.token,
+            token=token,
             names=checkpoint_names(
                 args.model, [args.weights, args.compare_weights][: len(checkpoints)]
             ),

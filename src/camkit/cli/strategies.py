@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from camkit import io
+from camkit import io, models
 from camkit.cli import report, results
 from camkit.cli.common import EXIT_OK, UsageError, add_command, positive_int
 from camkit.errors import CamkitError
@@ -38,6 +38,20 @@ EPILOG = (
     "run's index.html gets a strategies view.\n\nexample:\n  camkit explain photos/ "
     "--save-maps --out run && camkit strategies run"
 )
+
+
+def named_classes(path: str, targets: list[int]) -> dict[str, str]:
+    """``--labels FILE`` -> ``{class index: name}``, covering every class of the maps."""
+    try:
+        names = models.read_labels(path)
+    except CamkitError as error:
+        raise UsageError(f"--labels: {error}") from None
+    if targets and max(targets) >= len(names):
+        raise UsageError(
+            f"--labels {path}: {len(names)} class names, but the maps include class "
+            f"{max(targets)}; give one name per class, in index order"
+        )
+    return {str(index): name for index, name in enumerate(names)}
 
 
 def read_truth(path: str, maps: MapSet) -> np.ndarray:
@@ -128,6 +142,8 @@ def run_strategies(args: argparse.Namespace) -> int:
     records = {r["map"]: r for r in manifest["records"] if "map" in r}
     truth = read_truth(args.truth, maps) if args.truth else maps.truth
     classes = maps.metadata.get("classes", {})
+    if args.labels:
+        classes = named_classes(args.labels, maps.target.tolist())
     wanted = None
     if args.classes:
         try:
@@ -242,6 +258,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--classes", metavar="INT[,INT...]", help="only these classes (default: all)"
     )
     parser.add_argument("--truth", metavar="CSV", help="true labels, lines 'image,class index'")
+    parser.add_argument(
+        "--labels",
+        metavar="FILE",
+        help="class names (one per line, or a JSON list or {index: name}); default: those "
+        "the run recorded",
+    )
     parser.add_argument(
         "--grid", type=positive_int, default=32, help="pooled map side (default 32)"
     )

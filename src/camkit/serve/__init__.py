@@ -10,8 +10,15 @@ classes or two checkpoints side by side, deletion/insertion curves, downloads.
   uploads, the run's files); :mod:`camkit.serve.http`: checked query parameters, JSON errors;
 * :mod:`camkit.serve.batcher`: concurrent map requests -> one engine call per group;
 * :mod:`camkit.serve.explorer`: what is computed, through camkit's public API;
-* :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest);
-* :mod:`camkit.serve.security`: the token, path roots and upload limits, in one place;
+* :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest, read
+  through :mod:`camkit.runs`);
+* :mod:`camkit.serve.compare`: where two checkpoints disagree, and the difference of their maps;
+* :mod:`camkit.serve.progress`: a long map's progress and cancelling, methods' time estimates;
+* :mod:`camkit.serve.security`: the token, path roots, upload limits and response headers;
+* :mod:`camkit.serve.logs`: one log line per request, tracebacks on the server side only;
+* :mod:`camkit.serve.launch`: paths -> gallery -> app, binding before the URL is printed (the one
+  module ``camkit serve`` imports, lazily: this package imports no ``camkit.cli`` module);
+* :mod:`camkit.serve.notebook`: :func:`camkit.explore`, the explorer inline in a notebook;
 * ``static/``: the page (plain HTML, CSS and JavaScript; nothing fetched from the internet).
 
 The web stack is an optional extra: ``pip install 'camkit[serve]'``.

@@ -6,12 +6,16 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /``                      the page (``static/index.html``; no build step, nothing remote)
 ``GET /api/info``              model, labels, the methods that fit, layers, depth-strip stages
 ``GET /api/gallery``           a page of images with predictions: ``offset``, ``limit``,
-                               ``predicted``, ``truth``, ``wrong``, ``order``, ``checkpoint``
+                               ``predicted``, ``truth``, ``wrong``, ``order``, ``checkpoint``,
+                               ``changed`` (two checkpoints: where they disagree)
 ``GET /api/thumb/{id}``        a JPEG thumbnail
 ``GET /api/photo/{id}``        the model's view of the photo (resized and cropped), PNG
-``GET /api/image/{id}``        the image's top-k and every class's probability; a run's maps
+``GET /api/image/{id}``        a checkpoint's top-k and every class's probability; a run's maps
 ``GET /api/map``               one map: ``image``, ``class``, ``method``, ``layer``,
-                               ``checkpoint``, ``alpha``, ``colormap``, ``format=png|npy``
+                               ``checkpoint``, ``alpha``, ``colormap``, ``format=png|npy``,
+                               ``job`` (progress and cancel)
+``GET /api/difference``        checkpoint a's map minus b's (``format=png|npy``)
+``GET /api/progress``          a long map's copies scored (``job``); ``POST /api/cancel`` stops it
 ``GET /api/depth``             the depth strip: the method at every stage from one pass
 ``GET /api/curve``             the deletion/insertion curves of a map
 ``POST /api/upload``           an image file as the body -> its id
@@ -19,7 +23,8 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
 =============================  ============================================================
 
-The routes themselves are in :mod:`camkit.serve.routes`, by concern.
+The routes themselves are in :mod:`camkit.serve.routes`, by concern. An unknown query parameter
+or value is a 422.
 """
 
 from __future__ import annotations

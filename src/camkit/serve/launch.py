@@ -60,6 +60,19 @@ def run_crop(paths: Sequence[Path]) -> str | None:
     return None
 
 
+def check_start(paths: list[Path], host: str, token: str | None) -> str:
+    """What can be refused before any model is loaded: the paths, and listening on ``host``
+    without a token (:func:`~camkit.serve.security.check_bind`) -> the token (a new one for
+    None; '' for none)."""
+    check_paths(paths)
+    token = security.new_token() if token is None else token
+    try:
+        security.check_bind(host, token)
+    except security.SecurityError as refused:
+        raise ArgumentError(str(refused)) from None
+    return token
+
+
 def open_gallery(
     paths: list[Path], model: str | None, weights_sha: str | None, crop: str | None = None
 ) -> Gallery:
@@ -147,11 +160,7 @@ def prepare(
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
-    token = security.new_token() if token is None else token
-    try:
-        security.check_bind(host, token)
-    except security.SecurityError as refused:
-        raise ArgumentError(str(refused)) from None
+    token = check_start(paths, host, token)
     crop = next(iter(checkpoints.values())).preprocess.crop_mode
     gallery = open_gallery(paths, model, sha256(weights), crop)
     explorer = Explorer(

@@ -213,6 +213,13 @@ async function longImage(path, params) {
   }
 }
 
+// a slow method's map alone, with progress and cancel; the others batched with the rest
+function fetchMap(params) {
+  const method = state.info.methods.find((m) => m.name === params.method);
+  const slow = method && (method.slow || (method.seconds ?? 0) > 0.5);
+  return slow ? longImage("map", params) : getImage("map", params);
+}
+
 async function cancelMaps() {
   const jobs = [...state.jobs];
   await Promise.all(jobs.map((job) => fetch(api("cancel", { job }), { method: "POST" })));
@@ -261,7 +268,7 @@ async function updateMaps() {
   try {
     await Promise.all([
       ...panels.map(async ([cls, checkpoint], i) => {
-        figures[i].querySelector("img").src = await longImage("map", mapParams({ class: cls, checkpoint }));
+        figures[i].querySelector("img").src = await fetchMap(mapParams({ class: cls, checkpoint }));
       }),
       ...differences.map(async (figure, i) => {
         const params = mapParams({ class: panels[i][0] });
