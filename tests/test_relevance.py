@@ -390,3 +390,57 @@ def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
         LRP(spec.model(), layers=["features.3"]).relevance(spec.input(), 1)
     found = LRP(spec.model(), layers=["features.4"]).relevance(spec.input(), 1)
     assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+class _Chain(nn.Module):
+    """``bn_a -> conv -> bn_b`` (merged on both sides), and ``conv_x`` declared before ``bn_y``
+    but not feeding it (module order is not data flow)."""
+
+    def __init__(self, crossed: bool = False):
+        super().__init__()
+        torch.manual_seed(9)
+        self.bn_a, self.conv, self.bn_b = nn.BatchNorm2d(3), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv_x, self.bn_y = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+        self.crossed = crossed
+        for bn in (self.bn_a, self.bn_b, self.bn_y):
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.running_mean.uniform_(-0.5, 0.5)
+        self.double().eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn_b(self.conv(self.bn_a(x))))
+        if self.crossed:
+            h = F.relu(self.bn_y(h)) + self.conv_x(h)
+        return h.mean((2, 3))
+
+
+def test_batch_norms_on_both_sides_and_module_order_that_is_not_data_flow() -> None:
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    chain = _Chain()
+    a, b = chain.bn_a, chain.bn_b
+    scale_a = a.weight / (a.running_var + a.eps).sqrt()
+    scale_b = b.weight / (b.running_var + b.eps).sqrt()
+    folded = nn.Conv2d(3, 4, 1).double()
+    with torch.no_grad():  # the 1x1 convolution with both BatchNorms folded in, by hand
+        w = chain.conv.weight[:, :, 0, 0]
+        folded.weight.copy_((scale_b[:, None] * w * scale_a[None])[..., None, None])
+        inner = w @ (a.bias - a.running_mean * scale_a) + chain.conv.bias
+        folded.bias.copy_((inner - b.running_mean) * scale_b + b.bias)
+    by_hand = _Fn(lambda x: F.relu(folded(x)).mean((2, 3)))
+    by_hand.folded = folded  # a submodule, so that the composite gives it its rule
+    torch.testing.assert_close(chain(x), by_hand(x))
+    expected = _relevance(by_hand, x, Composite([(nn.Conv2d, ZPlus())], canonizers=[]))
+    torch.testing.assert_close(_relevance(chain, x, "epsilon-plus"), expected)
+    with pytest.raises(RelevanceError, match=r"\['conv_x'\] come before a BatchNorm"):
+        _relevance(_Chain(crossed=True), x, "epsilon-plus")
+    unmerged = Composite([(nn.Conv2d, ZPlus())], canonizers=[])
+    assert torch.isfinite(_relevance(_Chain(crossed=True), x, unmerged)).all()

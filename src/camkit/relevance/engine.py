@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from camkit.core.layers import explained_module, find_layers, hooked, this_thread
-from camkit.errors import RelevanceError
+from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
@@ -132,7 +132,6 @@ class Session:
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
         self.bypass = 0
-        self.batch_norms: set[nn.Module] = set()
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
         self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
@@ -141,6 +140,9 @@ class Session:
         self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
         self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
         self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
+        self.deferred: set[nn.Module] = set()  # layers a BatchNorm follows (MergeBatchNorm)
+        self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
+        self.names = {module: name for name, module in model.named_modules()}
 
     @staticmethod
     def guard(hook: Any) -> Any:
@@ -178,6 +180,11 @@ class Session:
                 if before is not None and before[0] is x and before[1] == x._version:
                     layer = merged_before(before[2], layer, before[3])
                     source = before[3]
+                if module in self.deferred and source is x:
+                    # the BatchNorm right after it merges the rule in: no terms computed twice
+                    self.produced[id(o)] = (o, o._version, layer, rule, source)
+                    self.pending[id(o)] = self.names[module]
+                    return None
                 y = rule.output(layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
@@ -230,6 +237,7 @@ class Session:
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
+            self.pending.pop(id(x), None)
             self.bypass += 1
             try:
                 return rule.output(merged_after(layer, bn), source, out)
@@ -250,6 +258,12 @@ class Session:
             if not isinstance(out, Tensor):
                 raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
             self.recorded[name].append(out)
+            pending = self.pending.pop(id(out), None)
+            if pending is not None:
+                raise ArgumentError(
+                    f"layer {name!r} is merged with the BatchNorm that follows it (the "
+                    "canonizer): its relevance is at the BatchNorm's output; record that layer"
+                )
             copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
             produced = self.produced.get(id(out))
             if produced is not None and produced[0] is out:  # the copy may be merged in turn
@@ -335,6 +349,12 @@ def rules_applied(
     session = Session(module, comp, record)
     with hooked(session.register), _RelevanceMode(session):
         yield session
+    if session.pending:
+        raise RelevanceError(
+            f"layer(s) {sorted(set(session.pending.values()))} come before a BatchNorm in the "
+            "model's modules but their output did not go into it: pass a composite with "
+            "canonizers=[] (no BatchNorm merging) for this model"
+        )
 
 
 __all__ = ["Session", "on_path", "rules_applied"]

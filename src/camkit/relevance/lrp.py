@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from camkit.core.copies import chunks
 from camkit.core.engine import additional_forward_args, layer_gradients, run_model
 from camkit.core.finish import checked
-from camkit.core.inputs import autocast
+from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
@@ -111,13 +111,17 @@ class LRP(PixelAttribution):
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
-        several = False
+        several, memory = False, MemoryFormat(x)
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
-            with torch.enable_grad(), autocast(x.device, self.dtype):
-                with rules_applied(self.model, self.composite, record=record) as session:
-                    output = run_model(self.model, leaf.clone(), rows)
-                scores, several = scorer(output, rows)
+
+            def scored(fmt: torch.memory_format, leaf: Tensor = leaf, rows: Tensor = rows):
+                with torch.enable_grad(), autocast(x.device, self.dtype):
+                    with rules_applied(self.model, self.composite, record=record) as session:
+                        output = run_model(self.model, leaf.clone(memory_format=fmt), rows)
+                    return session, *scorer(output, rows)
+
+            session, scores, several = memory.run(scored)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]
