@@ -13,10 +13,11 @@ composite names) get it through forward hooks; every other operation of the forw
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
-* anything else on the relevance path (``matmul`` of two activations, ``softmax``, ``mul`` of
-  two activations, ``layer_norm``, a functional convolution outside a ruled module, ...):
-  :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it,
-  instead of letting relevance through unchecked.
+* softmax, matmul and products of two activations, layer / RMS norm and fused attention:
+  AttnLRP's rules (:mod:`camkit.relevance.transformers`);
+* anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
+  a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
+  that called it, instead of letting relevance through unchecked.
 
 A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
 """

@@ -22,7 +22,8 @@ from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
-from camkit.pixel.base import Inputs, PixelAttribution
+from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
@@ -97,6 +98,14 @@ class LRP(PixelAttribution):
     def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
         result, several = self._propagate(inputs[0], target, record=[])
         return (result.input,), several
+
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
+        part of the relevance summed over the channels, divided by its 99th percentile and
+        clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
+        (relevance,), _ = self.attribute((batch,), target)
+        heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
+        return heat, relevance
 
     def relevance(self, x: Tensor, target: TargetSpec = None, **call: Any) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
