@@ -319,6 +319,9 @@ def test_lrp_method_targets_batches_and_layers() -> None:
     torch.testing.assert_close(lrp(x[0], 1), both[0, 0])
     found = lrp.relevance(x, [[1, 2]] * 3)
     assert set(found.layers) == {"3", "5"} and found.layers["3"].shape == (3, 2, 8, 4, 4)
+    heat = found.layer_map("3")  # a layer's relevance shown like a CAM
+    torch.testing.assert_close(heat, found.layers["3"].sum(2))
+    assert found.layer_map("3", (8, 8)).shape == (3, 2, 8, 8)
     # bias-free, z+ and epsilon: conserved up to the stabiliser, 1e-6 on sums of about 1e-2
     for share in found.conservation.values():
         torch.testing.assert_close(share, torch.ones(3, 2), rtol=0, atol=2e-3)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.core.copies import chunks
@@ -45,6 +46,24 @@ class Relevance:
     layers: dict[str, Tensor]
     scores: Tensor
     conservation: dict[str, Tensor]
+
+    def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
+        """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
+        summed over the channels (signed: it sums to the layer's share of the score), resized
+        bilinearly to ``size`` (e.g. the input's ``(H, W)``) when given."""
+        if name not in self.layers:
+            raise ArgumentError(f"no relevance recorded at {name!r}; recorded: {list(self.layers)}")
+        relevance = self.layers[name]
+        if relevance.dim() != 5:
+            raise ArgumentError(
+                f"layer {name!r} has relevance {tuple(relevance.shape[2:])}, not a (C, h, w) grid"
+            )
+        heat = relevance.sum(2)
+        if size is None:
+            return heat
+        flat = heat.flatten(0, 1)[:, None]
+        resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+        return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
 def _share(relevance: Tensor, scores: Tensor) -> Tensor:
