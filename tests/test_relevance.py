@@ -447,3 +447,18 @@ def test_batch_norms_on_both_sides_and_module_order_that_is_not_data_flow() -> N
         _relevance(_Chain(crossed=True), x, "epsilon-plus")
     unmerged = Composite([(nn.Conv2d, ZPlus())], canonizers=[])
     assert torch.isfinite(_relevance(_Chain(crossed=True), x, unmerged)).all()
+
+
+def test_targets_of_every_kind() -> None:
+    """A class target object, a callable on the output and a (B, K) tensor: the relevance of
+    what they score (LRP is linear in the output relevance, so a sum of two logits is the sum of
+    their relevances)."""
+    from camkit.targets import ClassTarget
+
+    spec = KINDS["cnn"]
+    model, x = spec.model(), spec.input()
+    lrp = LRP(model, composite="epsilon-plus")
+    one, two = lrp(x, 1), lrp(x, 2)
+    torch.testing.assert_close(lrp(x, ClassTarget(1)), one)
+    torch.testing.assert_close(lrp(x, lambda out: out[:, 1] + out[:, 2]), one + two)
+    torch.testing.assert_close(lrp(x, torch.tensor([[1, 2], [1, 2]])), torch.stack([one, two], 1))
