@@ -300,6 +300,7 @@ def test_canonizers_leave_the_model_bitwise_untouched_also_after_an_exception() 
     LRP(model, composite="epsilon-gamma-box")(x, 1)
     with tripwire(model), pytest.raises(Tripwire):
         LRP(model)(x, 1)
+    assert torch.is_grad_enabled()  # a ruled layer's own pass runs without grad: restored
     assert_untouched(model, state)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]) and value.dtype == before[key].dtype, key

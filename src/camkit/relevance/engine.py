@@ -135,6 +135,7 @@ class Session:
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.grad_modes: list[bool] = []
         self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
         self.substituted = 0
         self.record = list(record)
@@ -152,7 +153,7 @@ class Session:
     def register(self) -> list:
         handles = []
         for module, rule in self.rules.values():
-            handles.append(module.register_forward_pre_hook(self.guard(self._enter)))
+            handles.append(module.register_forward_pre_hook(self.guard(self._enter(rule))))
             handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
         for canonizer in self.composite.canonizers:
             handles.extend(canonizer.apply(self.model, self))
@@ -160,15 +161,23 @@ class Session:
             handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
         return handles
 
-    def _enter(self, module: nn.Module, args: tuple) -> tuple | None:
-        self.bypass += 1
-        if getattr(module, "inplace", False) and args and on_path(args[0]):
-            return (args[0].clone(), *args[1:])  # the rule needs the input; copied back after
-        return None
+    def _enter(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple) -> tuple | None:
+            self.bypass += 1
+            if rule.parametric:  # the rule recomputes the layer: its own pass needs no graph
+                self.grad_modes.append(torch.is_grad_enabled())
+                torch.set_grad_enabled(False)
+            elif getattr(module, "inplace", False) and args and on_path(args[0]):
+                return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
+            return None  # needs its input
+
+        return hook
 
     def _rule_hook(self, rule: Rule):
         def hook(module: nn.Module, args: tuple, o: object) -> object:
             self.bypass -= 1
+            if rule.parametric:
+                torch.set_grad_enabled(self.grad_modes.pop())
             x = args[0] if args else None
             if not (on_path(x) and isinstance(o, Tensor)):
                 return None
@@ -232,9 +241,9 @@ class Session:
 
     def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         x = args[0] if args else None
-        if not (on_path(x) and isinstance(out, Tensor)):
+        if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
-        after = self.produced.get(id(x))
+        after = self.produced.get(id(x))  # a deferred layer's output carries no graph
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
@@ -244,7 +253,7 @@ class Session:
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
-        if type(bn).forward is _BN_FORWARD:  # not a BatchNorm with an activation inside (timm)
+        if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
             self.normalized[id(out)] = (out, out._version, bn, x)
         return None
 
@@ -348,7 +357,9 @@ def rules_applied(
     comp = composite(composite_spec)
     module = explained_module(model)
     session = Session(module, comp, record)
-    with hooked(session.register), _RelevanceMode(session):
+    # the grad mode is restored also when a ruled layer's forward raises (see Session._enter)
+    grad_mode = torch.set_grad_enabled(torch.is_grad_enabled())
+    with grad_mode, hooked(session.register), _RelevanceMode(session):
         yield session
     if session.pending:
         raise RelevanceError(
