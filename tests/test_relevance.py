@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import Tensor, nn
 
@@ -463,3 +465,23 @@ def test_targets_of_every_kind() -> None:
     torch.testing.assert_close(lrp(x, ClassTarget(1)), one)
     torch.testing.assert_close(lrp(x, lambda out: out[:, 1] + out[:, 2]), one + two)
     torch.testing.assert_close(lrp(x, torch.tensor([[1, 2], [1, 2]])), torch.stack([one, two], 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), width=st.integers(1, 6), batch=st.integers(1, 3))
+def test_zplus_conserves_on_any_bias_free_relu_net(seed: int, width: int, batch: int) -> None:
+    """Any bias-free dense ReLU network with positive inputs: z+ in the hidden layers and
+    epsilon at the output hand the whole positive score to the input (Montavon et al. 2017:
+    z+ is conservative on positive activations)."""
+    generator = torch.Generator().manual_seed(seed)
+    layers = [nn.Linear(4, width, bias=False), nn.ReLU(), nn.Linear(width, 3, bias=False)]
+    model = nn.Sequential(*layers).double()
+    with torch.no_grad():
+        for layer in (layers[0], layers[2]):
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator))
+    x = torch.rand(batch, 4, dtype=torch.float64, generator=generator) + 0.1
+    spec = Composite([("0", ZPlus(1e-12)), ("2", Epsilon(1e-12))], stabilizer=1e-12)
+    relevance = _relevance(model, x, spec, target=0)
+    score = model(x)[:, 0].detach()
+    expected = torch.where(torch.relu(layers[0](x)).detach().sum(1) > 0, score, 0)
+    torch.testing.assert_close(relevance.sum(1), expected, rtol=1e-8, atol=1e-12)
