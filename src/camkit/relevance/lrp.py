@@ -180,12 +180,12 @@ class LRP(PixelAttribution):
             return
         off = (share - 1).abs() > self.tolerance
         if off.any():
-            worst = float(share[off].flatten()[0])
+            first = float(share[off].flatten()[0])
             warn(
-                f"LRP ({self.composite.name}): the input relevance is {worst:.3g} of the target "
-                f"score for {int(off.sum())} sample-target pair(s), beyond the tolerance "
-                f"{self.tolerance} (biases and the stabiliser absorb relevance; Flat, ZBox, "
-                "WSquare and AlphaBeta do not conserve per sample)",
+                f"LRP ({self.composite.name}): the input relevance is {first:.3g} of the target "
+                f"score (the first of {int(off.sum())} sample-target pair(s) beyond the tolerance "
+                f"{self.tolerance}); biases and the stabiliser absorb relevance, Flat, ZBox, "
+                "WSquare and AlphaBeta do not conserve per sample",
                 ConservationWarning,
             )
 
