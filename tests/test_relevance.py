@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import Tensor, nn
 
@@ -300,6 +302,7 @@ def test_canonizers_leave_the_model_bitwise_untouched_also_after_an_exception() 
     LRP(model, composite="epsilon-gamma-box")(x, 1)
     with tripwire(model), pytest.raises(Tripwire):
         LRP(model)(x, 1)
+    assert torch.is_grad_enabled()  # a ruled layer's own pass runs without grad: restored
     assert_untouched(model, state)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]) and value.dtype == before[key].dtype, key
@@ -319,6 +322,9 @@ def test_lrp_method_targets_batches_and_layers() -> None:
     torch.testing.assert_close(lrp(x[0], 1), both[0, 0])
     found = lrp.relevance(x, [[1, 2]] * 3)
     assert set(found.layers) == {"3", "5"} and found.layers["3"].shape == (3, 2, 8, 4, 4)
+    heat = found.layer_map("3")  # a layer's relevance shown like a CAM
+    torch.testing.assert_close(heat, found.layers["3"].sum(2))
+    assert found.layer_map("3", (8, 8)).shape == (3, 2, 8, 8)
     # bias-free, z+ and epsilon: conserved up to the stabiliser, 1e-6 on sums of about 1e-2
     for share in found.conservation.values():
         torch.testing.assert_close(share, torch.ones(3, 2), rtol=0, atol=2e-3)
@@ -390,3 +396,92 @@ def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
         LRP(spec.model(), layers=["features.3"]).relevance(spec.input(), 1)
     found = LRP(spec.model(), layers=["features.4"]).relevance(spec.input(), 1)
     assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+class _Chain(nn.Module):
+    """``bn_a -> conv -> bn_b`` (merged on both sides), and ``conv_x`` declared before ``bn_y``
+    but not feeding it (module order is not data flow)."""
+
+    def __init__(self, crossed: bool = False):
+        super().__init__()
+        torch.manual_seed(9)
+        self.bn_a, self.conv, self.bn_b = nn.BatchNorm2d(3), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv_x, self.bn_y = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+        self.crossed = crossed
+        for bn in (self.bn_a, self.bn_b, self.bn_y):
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.running_mean.uniform_(-0.5, 0.5)
+        self.double().eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn_b(self.conv(self.bn_a(x))))
+        if self.crossed:
+            h = F.relu(self.bn_y(h)) + self.conv_x(h)
+        return h.mean((2, 3))
+
+
+def test_batch_norms_on_both_sides_and_module_order_that_is_not_data_flow() -> None:
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    chain = _Chain()
+    a, b = chain.bn_a, chain.bn_b
+    scale_a = a.weight / (a.running_var + a.eps).sqrt()
+    scale_b = b.weight / (b.running_var + b.eps).sqrt()
+    folded = nn.Conv2d(3, 4, 1).double()
+    with torch.no_grad():  # the 1x1 convolution with both BatchNorms folded in, by hand
+        w = chain.conv.weight[:, :, 0, 0]
+        folded.weight.copy_((scale_b[:, None] * w * scale_a[None])[..., None, None])
+        inner = w @ (a.bias - a.running_mean * scale_a) + chain.conv.bias
+        folded.bias.copy_((inner - b.running_mean) * scale_b + b.bias)
+    by_hand = _Fn(lambda x: F.relu(folded(x)).mean((2, 3)))
+    by_hand.folded = folded  # a submodule, so that the composite gives it its rule
+    torch.testing.assert_close(chain(x), by_hand(x))
+    expected = _relevance(by_hand, x, Composite([(nn.Conv2d, ZPlus())], canonizers=[]))
+    torch.testing.assert_close(_relevance(chain, x, "epsilon-plus"), expected)
+    with pytest.raises(RelevanceError, match=r"\['conv_x'\] come before a BatchNorm"):
+        _relevance(_Chain(crossed=True), x, "epsilon-plus")
+    unmerged = Composite([(nn.Conv2d, ZPlus())], canonizers=[])
+    assert torch.isfinite(_relevance(_Chain(crossed=True), x, unmerged)).all()
+
+
+def test_targets_of_every_kind() -> None:
+    """A class target object, a callable on the output and a (B, K) tensor: the relevance of
+    what they score (LRP is linear in the output relevance, so a sum of two logits is the sum of
+    their relevances)."""
+    from camkit.targets import ClassTarget
+
+    spec = KINDS["cnn"]
+    model, x = spec.model(), spec.input()
+    lrp = LRP(model, composite="epsilon-plus")
+    one, two = lrp(x, 1), lrp(x, 2)
+    torch.testing.assert_close(lrp(x, ClassTarget(1)), one)
+    torch.testing.assert_close(lrp(x, lambda out: out[:, 1] + out[:, 2]), one + two)
+    torch.testing.assert_close(lrp(x, torch.tensor([[1, 2], [1, 2]])), torch.stack([one, two], 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), width=st.integers(1, 6), batch=st.integers(1, 3))
+def test_zplus_conserves_on_any_bias_free_relu_net(seed: int, width: int, batch: int) -> None:
+    """Any bias-free dense ReLU network with positive inputs: z+ in the hidden layers and
+    epsilon at the output hand the whole positive score to the input (Montavon et al. 2017:
+    z+ is conservative on positive activations)."""
+    generator = torch.Generator().manual_seed(seed)
+    layers = [nn.Linear(4, width, bias=False), nn.ReLU(), nn.Linear(width, 3, bias=False)]
+    model = nn.Sequential(*layers).double()
+    with torch.no_grad():
+        for layer in (layers[0], layers[2]):
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator))
+    x = torch.rand(batch, 4, dtype=torch.float64, generator=generator) + 0.1
+    spec = Composite([("0", ZPlus(1e-12)), ("2", Epsilon(1e-12))], stabilizer=1e-12)
+    relevance = _relevance(model, x, spec, target=0)
+    score = model(x)[:, 0].detach()
+    expected = torch.where(torch.relu(layers[0](x)).detach().sum(1) > 0, score, 0)
+    torch.testing.assert_close(relevance.sum(1), expected, rtol=1e-8, atol=1e-12)

@@ -13,10 +13,11 @@ composite names) get it through forward hooks; every other operation of the forw
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
-* anything else on the relevance path (``matmul`` of two activations, ``softmax``, ``mul`` of
-  two activations, ``layer_norm``, a functional convolution outside a ruled module, ...):
-  :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it,
-  instead of letting relevance through unchecked.
+* softmax, matmul and products of two activations, layer / RMS norm and fused attention:
+  AttnLRP's rules (:mod:`camkit.relevance.transformers`);
+* anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
+  a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
+  that called it, instead of letting relevance through unchecked.
 
 A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
 """
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from camkit.core.layers import explained_module, find_layers, hooked, this_thread
-from camkit.errors import RelevanceError
+from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
@@ -132,15 +133,18 @@ class Session:
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
         self.bypass = 0
-        self.batch_norms: set[nn.Module] = set()
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.grad_modes: list[bool] = []
         self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
         self.substituted = 0
         self.record = list(record)
         self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
         self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
         self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
+        self.deferred: set[nn.Module] = set()  # layers a BatchNorm follows (MergeBatchNorm)
+        self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
+        self.names = {module: name for name, module in model.named_modules()}
 
     @staticmethod
     def guard(hook: Any) -> Any:
@@ -149,7 +153,7 @@ class Session:
     def register(self) -> list:
         handles = []
         for module, rule in self.rules.values():
-            handles.append(module.register_forward_pre_hook(self.guard(self._enter)))
+            handles.append(module.register_forward_pre_hook(self.guard(self._enter(rule))))
             handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
         for canonizer in self.composite.canonizers:
             handles.extend(canonizer.apply(self.model, self))
@@ -157,15 +161,23 @@ class Session:
             handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
         return handles
 
-    def _enter(self, module: nn.Module, args: tuple) -> tuple | None:
-        self.bypass += 1
-        if getattr(module, "inplace", False) and args and on_path(args[0]):
-            return (args[0].clone(), *args[1:])  # the rule needs the input; copied back after
-        return None
+    def _enter(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple) -> tuple | None:
+            self.bypass += 1
+            if rule.parametric:  # the rule recomputes the layer: its own pass needs no graph
+                self.grad_modes.append(torch.is_grad_enabled())
+                torch.set_grad_enabled(False)
+            elif getattr(module, "inplace", False) and args and on_path(args[0]):
+                return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
+            return None  # needs its input
+
+        return hook
 
     def _rule_hook(self, rule: Rule):
         def hook(module: nn.Module, args: tuple, o: object) -> object:
             self.bypass -= 1
+            if rule.parametric:
+                torch.set_grad_enabled(self.grad_modes.pop())
             x = args[0] if args else None
             if not (on_path(x) and isinstance(o, Tensor)):
                 return None
@@ -178,6 +190,11 @@ class Session:
                 if before is not None and before[0] is x and before[1] == x._version:
                     layer = merged_before(before[2], layer, before[3])
                     source = before[3]
+                if module in self.deferred and source is x:
+                    # the BatchNorm right after it merges the rule in: no terms computed twice
+                    self.produced[id(o)] = (o, o._version, layer, rule, source)
+                    self.pending[id(o)] = self.names[module]
+                    return None
                 y = rule.output(layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
@@ -224,18 +241,19 @@ class Session:
 
     def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         x = args[0] if args else None
-        if not (on_path(x) and isinstance(out, Tensor)):
+        if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
-        after = self.produced.get(id(x))
+        after = self.produced.get(id(x))  # a deferred layer's output carries no graph
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
+            self.pending.pop(id(x), None)
             self.bypass += 1
             try:
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
-        if type(bn).forward is _BN_FORWARD:  # not a BatchNorm with an activation inside (timm)
+        if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
             self.normalized[id(out)] = (out, out._version, bn, x)
         return None
 
@@ -250,6 +268,12 @@ class Session:
             if not isinstance(out, Tensor):
                 raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
             self.recorded[name].append(out)
+            pending = self.pending.pop(id(out), None)
+            if pending is not None:
+                raise ArgumentError(
+                    f"layer {name!r} is merged with the BatchNorm that follows it (the "
+                    "canonizer): its relevance is at the BatchNorm's output; record that layer"
+                )
             copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
             produced = self.produced.get(id(out))
             if produced is not None and produced[0] is out:  # the copy may be merged in turn
@@ -333,8 +357,16 @@ def rules_applied(
     comp = composite(composite_spec)
     module = explained_module(model)
     session = Session(module, comp, record)
-    with hooked(session.register), _RelevanceMode(session):
+    # the grad mode is restored also when a ruled layer's forward raises (see Session._enter)
+    grad_mode = torch.set_grad_enabled(torch.is_grad_enabled())
+    with grad_mode, hooked(session.register), _RelevanceMode(session):
         yield session
+    if session.pending:
+        raise RelevanceError(
+            f"layer(s) {sorted(set(session.pending.values()))} come before a BatchNorm in the "
+            "model's modules but their output did not go into it: pass a composite with "
+            "canonizers=[] (no BatchNorm merging) for this model"
+        )
 
 
 __all__ = ["Session", "on_path", "rules_applied"]

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.core.copies import chunks
 from camkit.core.engine import additional_forward_args, layer_gradients, run_model
 from camkit.core.finish import checked
-from camkit.core.inputs import autocast
+from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
-from camkit.pixel.base import Inputs, PixelAttribution
+from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
@@ -44,6 +46,24 @@ class Relevance:
     layers: dict[str, Tensor]
     scores: Tensor
     conservation: dict[str, Tensor]
+
+    def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
+        """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
+        summed over the channels (signed: it sums to the layer's share of the score), resized
+        bilinearly to ``size`` (e.g. the input's ``(H, W)``) when given."""
+        if name not in self.layers:
+            raise ArgumentError(f"no relevance recorded at {name!r}; recorded: {list(self.layers)}")
+        relevance = self.layers[name]
+        if relevance.dim() != 5:
+            raise ArgumentError(
+                f"layer {name!r} has relevance {tuple(relevance.shape[2:])}, not a (C, h, w) grid"
+            )
+        heat = relevance.sum(2)
+        if size is None:
+            return heat
+        flat = heat.flatten(0, 1)[:, None]
+        resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+        return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
 def _share(relevance: Tensor, scores: Tensor) -> Tensor:
@@ -98,6 +118,14 @@ class LRP(PixelAttribution):
         result, several = self._propagate(inputs[0], target, record=[])
         return (result.input,), several
 
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
+        part of the relevance summed over the channels, divided by its 99th percentile and
+        clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
+        (relevance,), _ = self.attribute((batch,), target)
+        heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
+        return heat, relevance
+
     def relevance(self, x: Tensor, target: TargetSpec = None, **call: Any) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
         ``x (B, C, H, W)`` (``call``: ``additional_forward_args``)."""
@@ -111,13 +139,17 @@ class LRP(PixelAttribution):
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
-        several = False
+        several, memory = False, MemoryFormat(x)
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
-            with torch.enable_grad(), autocast(x.device, self.dtype):
-                with rules_applied(self.model, self.composite, record=record) as session:
-                    output = run_model(self.model, leaf.clone(), rows)
-                scores, several = scorer(output, rows)
+
+            def scored(fmt: torch.memory_format, leaf: Tensor = leaf, rows: Tensor = rows):
+                with torch.enable_grad(), autocast(x.device, self.dtype):
+                    with rules_applied(self.model, self.composite, record=record) as session:
+                        output = run_model(self.model, leaf.clone(memory_format=fmt), rows)
+                    return session, *scorer(output, rows)
+
+            session, scores, several = memory.run(scored)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]
@@ -148,12 +180,12 @@ class LRP(PixelAttribution):
             return
         off = (share - 1).abs() > self.tolerance
         if off.any():
-            worst = float(share[off].flatten()[0])
+            first = float(share[off].flatten()[0])
             warn(
-                f"LRP ({self.composite.name}): the input relevance is {worst:.3g} of the target "
-                f"score for {int(off.sum())} sample-target pair(s), beyond the tolerance "
-                f"{self.tolerance} (biases and the stabiliser absorb relevance; Flat, ZBox, "
-                "WSquare and AlphaBeta do not conserve per sample)",
+                f"LRP ({self.composite.name}): the input relevance is {first:.3g} of the target "
+                f"score (the first of {int(off.sum())} sample-target pair(s) beyond the tolerance "
+                f"{self.tolerance}); biases and the stabiliser absorb relevance, Flat, ZBox, "
+                "WSquare and AlphaBeta do not conserve per sample",
                 ConservationWarning,
             )
 
