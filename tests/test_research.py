@@ -611,3 +611,54 @@ def test_every_method_on_a_sigmoid_detection_head(method):
         assert torch.isfinite(maps).all() and maps.shape[0] == 2
         assert target.used.startswith("sigmoid")
     assert_untouched(model, before)
+
+
+# ----------------------------------------------------------------- the PyTorch batch-norm bug
+
+
+class _RefusesChannelsLast(nn.Module):
+    """A ``.view`` that only a contiguous input allows: camkit falls back to the contiguous
+    format, the path where PyTorch's batch-norm backward goes wrong."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        return self.model(x.view(b, c, h * w).view(b, c, h, w))
+
+
+def test_gradients_through_levits_batch_norms_match_finite_differences_on_the_contiguous_path():
+    """timm LeViT (batch norms before the tokens are flattened): on torch 2.14 a plain
+    contiguous backward is wrong (see docs/reliability.md); camkit's gradients on the
+    contiguous fallback path agree with central finite differences in float64."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    levit = timm.create_model("levit_128s", img_size=64, num_classes=5).eval()
+    with torch.no_grad():
+        for module in levit.modules():
+            if isinstance(module, nn.BatchNorm2d | nn.BatchNorm1d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+    model = _RefusesChannelsLast(levit).double()
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    before = model_state(model)
+    attr = Saliency(model)(x, 1)
+    assert_untouched(model, before)
+    # the pixels where torch's own contiguous and channels-last backward disagree most
+    plain, last = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    (wrong,) = torch.autograd.grad(model.model(plain)[0, 1], plain)
+    (right,) = torch.autograd.grad(
+        model.model(last.contiguous(memory_format=torch.channels_last))[0, 1], last
+    )
+    model.zero_grad(set_to_none=True)
+    pixels = (wrong - right).abs().flatten().topk(3).indices.tolist()
+    scale = right.abs().max()
+    with torch.no_grad():
+        for i in pixels:
+            step = torch.zeros(x.numel(), dtype=x.dtype)
+            step[i] = 1e-5
+            step = step.view_as(x)
+            fd = (model(x + step)[0, 1] - model(x - step)[0, 1]) / 2e-5
+            assert abs(float(attr.flatten()[i]) - float(fd)) < 1e-3 * float(scale), i
