@@ -317,10 +317,10 @@ def default_layer(
     detection heads (proposal rows), position embeddings and the model's own output are
     thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
-    A segmentation model made of a ``backbone`` and a ``classifier`` head (torchvision
-    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage, an ultralytics detector the last
-    layer before its ``Detect`` head: the head's layers compute logits or box sides, and which of
-    them finishes last must not depend on the weights.
+    A model made of a ``backbone`` or ``features`` and a ``classifier`` head (torchvision
+    DeepLabV3, LR-ASPP, FCN, SqueezeNet) gets its backbone's last stage, an ultralytics detector
+    the last layer before its ``Detect`` head: the head's layers compute logits or box sides, and
+    which of them finishes last must not depend on the weights.
     Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
@@ -347,12 +347,15 @@ def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
 def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
     """Which layers may be the default of a model whose head is known by its structure, else
     None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
-    the backbone's layers; ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
+    the backbone's layers; torchvision classifiers made of ``features`` + ``classifier`` (VGG,
+    MobileNet, SqueezeNet, whose classifier is a convolution making class maps): the features;
+    ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
     ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
     on the weights and the head's layers compute logits or box sides, not features."""
     children = dict(model.named_children())
-    if "backbone" in children and "classifier" in children:
-        return lambda name: name.startswith("backbone.")
+    for body in ("backbone", "features"):
+        if body in children and "classifier" in children:
+            return lambda name, body=body: name == body or name.startswith(body + ".")
     sequence = children.get("model")
     if isinstance(sequence, nn.Sequential) and len(sequence) > 1 and hasattr(sequence[-1], "dfl"):
         head = f"model.{len(sequence) - 1}"
