@@ -662,3 +662,22 @@ def test_gradients_through_levits_batch_norms_match_finite_differences_on_the_co
             step = step.view_as(x)
             fd = (model(x + step)[0, 1] - model(x - step)[0, 1]) / 2e-5
             assert abs(float(attr.flatten()[i]) - float(fd)) < 1e-3 * float(scale), i
+
+
+def test_retinanets_shared_classification_head_is_refused_with_its_five_calls():
+    """The head shared by the 5 pyramid levels: Grad-CAM used its last call (the 1x1 P7
+    level) without a word, while Score-CAM refused; now every method refuses, listing them."""
+    torchvision = pytest.importorskip("torchvision")
+    from camkit.targets import BoxTarget
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.retinanet_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=64
+    ).eval()
+    x = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(0))
+    layer = "head.classification_head.conv.0"
+    for method in (camkit.GradCAM, camkit.ScoreCAM):
+        with pytest.raises(LayerOutputError, match="runs 5 times") as err:
+            method(model, layer)(x, BoxTarget(1, [0, 0, 32, 32], lost="zero"))
+        assert "call 4:" in str(err.value) and "FPN output" in str(err.value)
+    assert "runs 5 times" in camkit.models.skipped_layers(model, example=x[None])[layer]
