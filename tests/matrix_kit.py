@@ -1,10 +1,13 @@
 """The model kinds, inputs and model checks of the conformance matrix (tests/test_conformance.py).
 
-Every model is tiny, seeded and in eval mode, so that every registered method runs on every kind
-in milliseconds: a torchvision-style CNN, a timm ViT (prefix token + patch tokens), a timm Swin
-(channels-last block outputs), a ``Conv3d`` volume network, a two-input network that needs
-``additional_forward_args``, an ``nn.DataParallel`` wrapper, a 1-channel CNN and a model that
-takes its image as a keyword (HuggingFace style, through ``camkit.KeywordInput``).
+Every model is tiny, seeded and in eval mode (but the train-mode kind), so that every registered
+method runs on every kind in milliseconds: a torchvision-style CNN, a timm ViT (prefix token +
+patch tokens), a timm Swin (channels-last block outputs), a ``Conv3d`` volume network, a
+two-input network that needs ``additional_forward_args``, an ``nn.DataParallel`` wrapper, a
+1-channel CNN, a model that takes its image as a keyword (HuggingFace style, through
+``camkit.KeywordInput``); and for issue 25: a token model whose detection tokens come after the
+patches (YOLOS), a model that calls one module twice per forward, and a model left in train
+mode whose forwards write buffers.
 """
 
 from __future__ import annotations
@@ -77,6 +80,92 @@ class KeywordNet(nn.Module):
         return self.net(pixel_values)
 
 
+class TokensAfterNet(nn.Module):
+    """YOLOS order: ``[class] + 16 patches + 2 detection tokens`` (the detection tokens sit
+    after the patches), two timm blocks, the classifier on the class token. The layout must
+    come from the model (``cls_token``, ``detection_tokens``), not from the token count."""
+
+    def __init__(self, dim: int = 24):
+        super().__init__()
+        self.patch_size = 8
+        self.patch_embed = nn.Conv2d(3, dim, 8, stride=8)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.detection_tokens = nn.Parameter(torch.randn(1, 2, dim) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + 16 + 2, dim) * 0.02)
+        self.blocks = nn.Sequential(*(timm.models.vision_transformer.Block(dim, 2) for _ in "ab"))
+        self.norm = nn.LayerNorm(dim)
+        self.fc_norm = nn.Identity()  # timm's names: LeGrad's score projection finds them
+        self.head = nn.Linear(dim, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        patches = self.patch_embed(x).flatten(2).transpose(1, 2)
+        batch = x.shape[0]
+        tokens = torch.cat(
+            [
+                self.cls_token.expand(batch, -1, -1),
+                patches,
+                self.detection_tokens.expand(batch, -1, -1),
+            ],
+            dim=1,
+        )
+        return self.head(self.norm(self.blocks(tokens + self.pos_embed))[:, 0])
+
+
+class SharedActNet(nn.Module):
+    """A ``ReLU`` module called twice in one forward (as torchvision's ResNet blocks reuse
+    ``relu``), then a TinyCNN-like last stage: every layered method refuses ``act`` (it runs
+    twice) and the default layer is never it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 3, stride=2, padding=1)
+        self.conv2 = nn.Conv2d(6, 6, 3, padding=1)
+        self.act = nn.ReLU()
+        self.features = nn.Sequential(
+            nn.Conv2d(6, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU()
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(8, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.act(self.conv2(self.act(self.conv1(x))))
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class RunningMean(nn.Module):
+    """Identity that, in train mode, updates a running mean of its input's channels (what a
+    batch norm does to its statistics) and counts its calls."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(channels))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(x.mean(dim=(0, 2, 3)), alpha=0.1)
+                self.calls.add_(1)
+        return x
+
+
+class TrainModeNet(TinyCNN):
+    """TinyCNN without batch norms, left in ``train()``, with a zero-rate dropout and a
+    :class:`RunningMean`: its output is the eval output (so every comparison holds, batch
+    statistics would make the maps batch-dependent), but each forward camkit runs writes its
+    buffers, which camkit must restore after every call."""
+
+    train_mode = True
+
+    def __init__(self):
+        super().__init__(norm=nn.Identity)
+        self.features.insert(3, RunningMean(6))
+        self.drop = nn.Dropout(0.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.drop(torch.flatten(self.avgpool(self.features(x)), 1)))
+
+
 def _timm(name: str, **config: Any) -> Callable[[], nn.Module]:
     """A timm architecture at 32x32 with random weights and 10 classes (nothing downloaded)."""
     return lambda: timm.create_model(
@@ -129,7 +218,7 @@ class Kind:
             for head in heads:
                 head.weight.abs_()
                 head.bias.fill_(1.0)
-        return model
+        return model.train() if getattr(model, "train_mode", False) else model
 
     def input(self, batch: int = 2) -> Tensor:
         generator = torch.Generator().manual_seed(1)
@@ -198,6 +287,16 @@ KINDS = {
             "features.5",
             "features",
         ),
+        Kind(
+            "tokens-after",
+            TokensAfterNet,
+            (3, 32, 32),
+            "blocks.0.norm1",
+            "blocks.1.norm1",
+            blocks=["blocks.1"],
+        ),
+        Kind("shared-layer", SharedActNet, (3, 32, 32), "features.2", "features"),
+        Kind("train-mode", TrainModeNet, (3, 32, 32), "features.6", "features"),
     )
 }
 
@@ -242,6 +341,7 @@ def model_state(model: nn.Module) -> dict[str, Any]:
         ],
         "instance attributes": [sorted(vars(m)) for m in modules],
         "params": [p.detach().clone() for p in model.parameters()],
+        "buffers": [b.detach().clone() for b in model.buffers()],
         "grad mode": torch.is_grad_enabled(),
     }
 
@@ -250,7 +350,7 @@ def assert_untouched(model: nn.Module, before: dict[str, Any]) -> None:
     """The model's state equals ``before`` (from :func:`model_state`), key by key."""
     after = model_state(model)
     for key, value in before.items():
-        if key == "params":
+        if key in ("params", "buffers"):
             assert all(torch.equal(a, b) for a, b in zip(value, after[key], strict=True)), key
         else:
             assert after[key] == value, f"{key} changed on the model"

@@ -39,7 +39,16 @@ from camkit.errors import (
 from camkit.targets import ClassTarget
 
 ALL = "*"
-CNNS = {"cnn", "volume", "two-input", "dataparallel", "gray", "keyword"}
+CNNS = {
+    "cnn",
+    "volume",
+    "two-input",
+    "dataparallel",
+    "gray",
+    "keyword",
+    "shared-layer",
+    "train-mode",
+}
 CHECKS = (
     "default-layer",
     "explicit-layer",
@@ -97,7 +106,7 @@ REFUSALS: dict[tuple[Any, Any, Any], tuple[type[Exception], str]] = {
     ),
     # Recipro-CAM masks the layer's own spatial axes: it cannot undo a token / channels-last
     # reading (Ablation-CAM ablates channels in the layer's own layout)
-    (_names("reciprocam"), frozenset({"vit", "swin"}), ALL): (
+    (_names("reciprocam"), frozenset({"vit", "swin", "tokens-after"}), ALL): (
         LayerOutputError,
         "cannot undo reshape=",
     ),
@@ -207,9 +216,14 @@ SEVERAL_LAYERS = _names("refinecam")  # methods that need at least two layers
 
 def _second_layer(kind: Kind) -> str:
     """A second layer for the methods that fuse several (RefineCAM)."""
-    return {"vit": "blocks.1.norm1", "swin": "layers.1.blocks.0.norm1"}.get(
-        kind.name, kind.layer.replace("features.5", "features.2")
-    )
+    second = {
+        "vit": "blocks.1.norm1",
+        "swin": "layers.1.blocks.0.norm1",
+        "tokens-after": "blocks.1.norm1",
+        "shared-layer": "conv2",
+        "train-mode": "features.2",
+    }
+    return second.get(kind.name, kind.layer.replace("features.5", "features.2"))
 
 
 # methods whose maps may be blank by design (they are not an error there)
@@ -224,7 +238,7 @@ BLANK_ALLOWED = {
 
 # random transformers: a token layer's Grad-CAM can be negative everywhere for a class (then
 # blank after the ReLU), a property of the weights, not of the method
-BLANK_KINDS = {"vit", "swin"}
+BLANK_KINDS = {"vit", "swin", "tokens-after"}
 
 
 def _call(explainer, kind: Kind, x: Tensor, target: Any = None, **options: Any) -> Tensor:

@@ -219,16 +219,17 @@ def test_conditional_detr_is_scored_with_a_sigmoid_and_every_class_can_be_matche
 
 
 class _SigmoidDetector(nn.Module):
-    """A conv, global pooling, 2 queries x 3 classes, fixed boxes: a Conditional DETR head."""
+    """Two convs, global pooling, 2 queries x 3 classes, fixed boxes: a Conditional DETR head."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
+        self.stem = nn.Conv2d(3, 3, 1)
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.head = nn.Linear(4, 6)
 
     def forward(self, x):
-        logits = self.head(self.conv(x).relu().mean(dim=(2, 3))).view(-1, 2, 3)
+        logits = self.head(self.conv(self.stem(x)).relu().mean(dim=(2, 3))).view(-1, 2, 3)
         return _detr_output("ConditionalDetr", logits, BOXES.expand(x.shape[0], 2, 4))
 
 
@@ -241,7 +242,7 @@ def test_gradcam_on_a_sigmoid_detector_explains_the_sigmoid_score():
     label = int(logits.argmax())
     target = BoxTarget(label, [0, 0, 4, 4], image_size=(8, 8))
     maps = GradCAM(model, "conv")(x, target, **RAW)
-    act = model.conv(x).detach().requires_grad_(True)
+    act = model.conv(model.stem(x)).detach().requires_grad_(True)
     score = model.head(act.relu().mean(dim=(2, 3))).view(-1, 2, 3)[0, 0, label].sigmoid()
     (grad,) = torch.autograd.grad(score, act)
     expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1).detach()
@@ -522,3 +523,161 @@ def test_a_hybrid_vits_layout_names_its_real_stride_not_the_patch_size():
     layout = cam.layouts[cam.layers[0]]
     assert layout.grid == (2, 2) and layout.prefix == 1
     assert "stride 32" in str(layout) and "patch (8, 8)" not in str(layout)
+
+
+# ----------------------------------------------------------------- the matrix's new kinds
+
+LAYERED = [name for name, entry in camkit.METHODS.items() if entry.needs_layer]
+
+
+@pytest.mark.parametrize("method", LAYERED)
+def test_every_layered_method_refuses_the_shared_kinds_shared_module(method):
+    from matrix_kit import KINDS
+
+    spec = KINDS["shared-layer"]
+    model, x = spec.model(), spec.input()
+    before = model_state(model)
+    layer = ["act", "features.2"] if method == "refinecam" else "act"
+    options = {"seed": 0} if camkit.METHODS[method].seeded else {}
+    with pytest.raises(LayerOutputError, match="runs 2 times in one forward pass"):
+        camkit.METHODS[method].build(model, layer, **options)(x, 1)
+    assert_untouched(model, before)
+
+
+def test_the_train_mode_kind_writes_its_buffers_on_a_plain_forward():
+    """What the matrix's "untouched" cells catch on the train-mode kind is real: a forward
+    writes its buffers, and camkit's calls put them back."""
+    from matrix_kit import KINDS
+
+    spec = KINDS["train-mode"]
+    model, x = spec.model(), spec.input()
+    assert model.training
+    with torch.no_grad():
+        model(x)
+    assert int(model.features[3].calls) == 1
+    before = model_state(model)
+    with pytest.warns(UserWarning, match="training mode"):
+        GradCAM(model)(x, 1)
+    assert_untouched(model, before)
+
+
+def test_the_tokens_after_kinds_gradcam_reads_the_patches_only():
+    from matrix_kit import KINDS
+
+    spec = KINDS["tokens-after"]
+    model, x = spec.model(), spec.input()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", camkit.errors.EmptyMapWarning)
+        maps = GradCAM(model, spec.layer)(x, 3, **RAW)
+    with camkit.record(model, spec.layer) as rec:
+        model(x)[:, 3].sum().backward()
+    model.zero_grad(set_to_none=True)
+    act = rec.activations[spec.layer][:, 1:17].unflatten(1, (4, 4)).movedim(-1, 1)
+    grad = rec.gradients[spec.layer][:, 1:17].unflatten(1, (4, 4)).movedim(-1, 1)
+    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
+    torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-4)
+
+
+# every method on a sigmoid detection head (Conditional DETR style) with a box target: a finite
+# map, the model untouched; these refuse with a clear camkit error instead
+SIGMOID_REFUSALS = {
+    "rollout": "has no supported attention blocks",
+    "legrad": "has no supported attention blocks",
+    "cam": "classifier",
+    "finercam": "Finer-CAM compares class logits",
+}
+
+
+@pytest.mark.parametrize("method", list(camkit.METHODS))
+def test_every_method_on_a_sigmoid_detection_head(method):
+    from camkit.targets import BoxTarget
+
+    model = _SigmoidDetector().eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    label = int(model(x).logits[:, 0].sum(0).argmax())
+    target = BoxTarget(label, [0, 0, 4, 4], image_size=(8, 8), lost="zero")
+    before = model_state(model)
+    entry = camkit.METHODS[method]
+    options = {"seed": 0} if entry.seeded else {}
+    layer = ["stem", "conv"] if method == "refinecam" else "conv"
+    if method in SIGMOID_REFUSALS:
+        with pytest.raises(camkit.errors.CamkitError, match=SIGMOID_REFUSALS[method]):
+            entry.build(model, layer if entry.needs_layer else None, **options)(x, target)
+    else:
+        explainer = entry.build(model, layer if entry.needs_layer else None, **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", camkit.errors.EmptyMapWarning)
+            maps = explainer(x, target)
+        assert torch.isfinite(maps).all() and maps.shape[0] == 2
+        assert target.used.startswith("sigmoid")
+    assert_untouched(model, before)
+
+
+# ----------------------------------------------------------------- the PyTorch batch-norm bug
+
+
+class _RefusesChannelsLast(nn.Module):
+    """A ``.view`` that only a contiguous input allows: camkit falls back to the contiguous
+    format, the path where PyTorch's batch-norm backward goes wrong."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        return self.model(x.view(b, c, h * w).view(b, c, h, w))
+
+
+def test_gradients_through_levits_batch_norms_match_finite_differences_on_the_contiguous_path():
+    """timm LeViT (batch norms before the tokens are flattened): on torch 2.14 a plain
+    contiguous backward is wrong (see docs/reliability.md); camkit's gradients on the
+    contiguous fallback path agree with central finite differences in float64."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    levit = timm.create_model("levit_128s", img_size=64, num_classes=5).eval()
+    with torch.no_grad():
+        for module in levit.modules():
+            if isinstance(module, nn.BatchNorm2d | nn.BatchNorm1d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+    model = _RefusesChannelsLast(levit).double()
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    before = model_state(model)
+    attr = Saliency(model)(x, 1)
+    assert_untouched(model, before)
+    # the pixels where torch's own contiguous and channels-last backward disagree most
+    plain, last = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    (wrong,) = torch.autograd.grad(model.model(plain)[0, 1], plain)
+    (right,) = torch.autograd.grad(
+        model.model(last.contiguous(memory_format=torch.channels_last))[0, 1], last
+    )
+    model.zero_grad(set_to_none=True)
+    pixels = (wrong - right).abs().flatten().topk(3).indices.tolist()
+    scale = right.abs().max()
+    with torch.no_grad():
+        for i in pixels:
+            step = torch.zeros(x.numel(), dtype=x.dtype)
+            step[i] = 1e-5
+            step = step.view_as(x)
+            fd = (model(x + step)[0, 1] - model(x - step)[0, 1]) / 2e-5
+            assert abs(float(attr.flatten()[i]) - float(fd)) < 1e-3 * float(scale), i
+
+
+def test_retinanets_shared_classification_head_is_refused_with_its_five_calls():
+    """The head shared by the 5 pyramid levels: Grad-CAM used its last call (the 1x1 P7
+    level) without a word, while Score-CAM refused; now every method refuses, listing them."""
+    torchvision = pytest.importorskip("torchvision")
+    from camkit.targets import BoxTarget
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.retinanet_resnet50_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=64
+    ).eval()
+    x = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(0))
+    layer = "head.classification_head.conv.0"
+    for method in (camkit.GradCAM, camkit.ScoreCAM):
+        with pytest.raises(LayerOutputError, match="runs 5 times") as err:
+            method(model, layer)(x, BoxTarget(1, [0, 0, 32, 32], lost="zero"))
+        assert "call 4:" in str(err.value) and "FPN output" in str(err.value)
+    assert "runs 5 times" in camkit.models.skipped_layers(model, example=x[None])[layer]

@@ -168,17 +168,39 @@ class AttentionRollout(AttentionMethod):
         ):
             output = run_model(self.model, batch, rows)
             scores, several = scorer(output, rows)  # checks the target, gives K
-        attentions = [_last(store, name) for store, name in zip(stores, self.layers, strict=True)]
+        attentions = [
+            _last(store, name, batch.shape[0])
+            for store, name in zip(stores, self.layers, strict=True)
+        ]
+        counts = {a.shape[-1] for a in attentions}
+        if len(counts) > 1:
+            raise AttentionError(
+                f"the blocks' attentions cover different token counts {sorted(counts)} (a "
+                "hierarchical transformer that merges tokens between stages): rollout multiplies "
+                "them and needs one count; pass layer= the blocks of one stage"
+            )
         rolled = rollout(attentions, self.head_fusion, self.discard_ratio)
         layout = _patch_layout(self.model, rolled.shape[-1], tuple(batch.shape[-2:]))
         keys = rolled[:, 0] if layout.prefix else rolled.mean(1)
         return keys[:, None].expand(-1, scores.shape[1], -1), several
 
 
-def _last(store: list[Tensor], name: str) -> Tensor:
+def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
+    """The block's last captured tensor; with ``batch``, an attention that must be image-wide:
+    ``(batch, heads, N, N)`` (windowed attention folds its windows into the first axis)."""
     if not store:
         raise AttentionError(f"the attention of block {name!r} did not run during the forward")
-    return store[-1]
+    found = store[-1]
+    if batch is not None and (
+        found.ndim != 4 or found.shape[0] != batch or found.shape[-1] != found.shape[-2]
+    ):
+        raise AttentionError(
+            f"the attention of block {name!r} has shape {tuple(found.shape)}, not (B, heads, N, "
+            f"N) for the {batch} image(s): windowed or local attention (Swin, MaxViT, MobileViT "
+            "fold windows or patches into the first axis) has no image-wide attention to roll "
+            "out; use a gradient CAM on the block's output instead, e.g. camkit.GradCAM(model)"
+        )
+    return found
 
 
 def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
@@ -274,7 +296,7 @@ class LeGrad(AttentionMethod):
             for i, (name, store, tokens) in enumerate(
                 zip(self.layers, stores, outputs, strict=True)
             ):
-                attention, block_out = _last(store, name), _last(tokens, name)
+                attention, block_out = _last(store, name, batch.shape[0]), _last(tokens, name)
                 scores = self.score_projection(block_out)
                 if scores.ndim != 2 or scores.shape[0] != batch.shape[0]:
                     raise AttentionError(

@@ -2,11 +2,12 @@
 
 * :mod:`~camkit.core.layers`: finding layers, hooks, always unhooking; :mod:`~camkit.core.record`
   keeps activations and gradients of the user's own passes; :mod:`~camkit.core.trace` lists a
-  model's layer calls and picks the default layer;
+  model's layer calls and picks the default layer (:mod:`~camkit.core.examples`: what it runs);
 * :mod:`~camkit.core.inputs`: checking images, sizes and counts; the input memory format;
 * :mod:`~camkit.core.targets`: the one target resolver (:func:`~camkit.core.targets.resolve`);
 * :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;
 * :mod:`~camkit.core.finish`: ReLU, upsampling, normalisation, fusing, dropping axes;
 * :mod:`~camkit.core.progress`: tqdm progress bars;
-* :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model.
+* :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model;
+* :mod:`~camkit.core.guards`: the guard against PyTorch's batch-norm backward bug.
 """

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from camkit.core.examples import Example, Inputs
 from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import (
     LayerSpec,
@@ -27,7 +28,7 @@ from camkit.core.layers import (
 )
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import RowScorer
-from camkit.core.trace import Example, Inputs, default_layer
+from camkit.core.trace import default_layer
 from camkit.errors import (
     ArgumentError,
     GradientError,

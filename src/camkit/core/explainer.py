@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import drop_axes
+from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import check_reshape
@@ -162,7 +163,11 @@ class Explainer:
         self.check_options(options)
         batch, single = self.checked_input(x)
         size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
-        with extra_args(additional_forward_args, size), buffers_kept(self.model):
+        with (
+            extra_args(additional_forward_args, size),
+            buffers_kept(self.model),
+            batchnorm_gradients_guarded(self.model),
+        ):
             if self.needs_layer:
                 self.capture.resolve(batch)
             result, several = self.explain(batch, target, **options)

@@ -5,16 +5,24 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from camkit.core.architecture import default_token_layer
+from camkit.core.examples import (
+    Example,
+    call_model,
+    default_example,
+    describe_example,
+    first_tensor,
+    twins,
+)
 from camkit.core.layers import hooked
 from camkit.core.layouts import fits_input
-from camkit.errors import ArgumentError, CamkitError, InputError, LayerOutputError
+from camkit.errors import CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
 _TWINS = 2  # the trace runs two different inputs, to see which layers follow them
@@ -29,116 +37,6 @@ class _Call:
     finished: int
     passes_through: bool
     skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """A forward's positional and keyword inputs: ``model(*args, **kwargs)`` (the explained
-    batch first, with a call's keyword ``additional_forward_args``)."""
-
-    args: tuple
-    kwargs: dict
-
-
-def _first_tensor(value: object) -> Tensor | None:
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, Inputs):
-        value = (*value.args, *value.kwargs.values())
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-Example = Tensor | tuple | list | Mapping | Inputs
-
-
-def _default_example(model: nn.Module, input_size: int | Sequence[int] | None) -> Tensor:
-    """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (None: 224x224 for
-    images, 64x64x64 for volumes: a 3-D network's strides divide it, and it stays small)."""
-    reference = next(model.parameters(), None)
-    if reference is None:
-        reference = next(model.buffers(), torch.zeros(()))
-    dtype = reference.dtype if reference.is_floating_point() else torch.float32
-    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
-    dims = len(conv.kernel_size) if conv is not None else 2
-    channels = conv.in_channels if conv is not None else 3
-    if input_size is None:
-        input_size = 224 if dims < 3 else 64
-    size = (input_size,) * dims if isinstance(input_size, int) else tuple(input_size)
-    if len(size) != dims or not all(isinstance(n, int) and n > 0 for n in size):
-        raise ArgumentError(
-            f"{type(model).__name__} starts with a {dims}-D convolution: input_size must be "
-            f"an int or {dims} ints, got {input_size!r}; or pass example= an input it takes"
-        )
-    generator = torch.Generator().manual_seed(0)
-    noise = torch.randn(1, channels, *size, generator=generator, dtype=dtype)
-    return noise.to(reference.device)
-
-
-def _twins(example: Example) -> tuple[Example, bool]:
-    """The example's first sample and a noisy copy as a batch of two (every tensor whose first
-    axis is the example's batch; only floating-point ones get noise), and whether they differ."""
-    first = _first_tensor(example)
-    if first is None or first.ndim == 0:
-        raise ArgumentError(
-            f"example must be a tensor, or a tuple / dict holding one, with a batch axis first; "
-            f"got {type(example).__name__}"
-        )
-    batch = first.shape[0]
-    generator = torch.Generator().manual_seed(1)
-    perturbed = False
-
-    def twin(value: object) -> object:
-        nonlocal perturbed
-        if isinstance(value, Inputs):
-            return Inputs(twin(value.args), twin(value.kwargs))
-        if isinstance(value, Mapping):
-            return {key: twin(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(twin(item) for item in value)
-        if not isinstance(value, Tensor) or value.ndim == 0 or value.shape[0] != batch:
-            return value
-        one = value[:1]
-        other = one
-        if one.is_floating_point() and one.numel():
-            scale = float(one.float().std()) if one.numel() > 1 else 0.0
-            noise = torch.randn(one.shape, generator=generator).to(one)
-            other = one + noise * (scale if scale > 0 else 1.0)
-            perturbed = True
-        return torch.cat([one, other])
-
-    return twin(example), perturbed
-
-
-def call_model(model: nn.Module, example: Example) -> object:
-    """``model(x)``, ``model(*x)`` for a tuple / list, ``model(**x)`` for a dict,
-    ``model(*x.args, **x.kwargs)`` for :class:`Inputs`."""
-    if isinstance(example, Inputs):
-        return model(*example.args, **example.kwargs)
-    if isinstance(example, Mapping):
-        return model(**example)
-    if isinstance(example, (list, tuple)):
-        return model(*example)
-    return model(example)
-
-
-def _describe(example: Example) -> str:
-    if isinstance(example, Inputs):
-        return f"{_describe(example.args)} with keywords {_describe(example.kwargs)}"
-    if isinstance(example, Tensor):
-        return f"{tuple(example.shape)} {example.dtype}"
-    if isinstance(example, Mapping):
-        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in example.items()) + "}"
-    if isinstance(example, (list, tuple)):
-        return "(" + ", ".join(_describe(v) for v in example) + ")"
-    return type(example).__name__
 
 
 def trace(
@@ -160,10 +58,10 @@ def trace(
     The model's train/eval flags are restored and every hook removed, even on error.
     """
     if example is None:
-        example = _default_example(model, input_size)
-    given = _first_tensor(example)
+        example = default_example(model, input_size)
+    given = first_tensor(example)
     batch_rows = given.shape[0] if given is not None and given.ndim else 1
-    twins, perturbed = _twins(example)
+    pair, perturbed = twins(example)
 
     calls: list[_Call] = []
     kept: list[tuple[_Call, weakref.ref | None]] = []
@@ -178,7 +76,7 @@ def trace(
 
     def after(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, output: object) -> None:
-            tensor = _first_tensor(output)
+            tensor = first_tensor(output)
             call = _Call(
                 name=name,
                 type_name=type(module).__name__,
@@ -211,12 +109,13 @@ def trace(
         with hooked(register), torch.no_grad():
             model.eval()  # a train-mode forward would update batch-norm statistics
             try:
-                output = call_model(model, twins)
+                output = call_model(model, pair)
             except (RuntimeError, TypeError, AttributeError, IndexError, ValueError) as error:
                 if isinstance(error, CamkitError):
                     raise
                 raise InputError(
-                    f"{type(model).__name__} cannot run on the traced input {_describe(twins)} "
+                    f"{type(model).__name__} cannot run on the traced input "
+                    f"{describe_example(pair)} "
                     f"({type(error).__name__}: {error}); pass example= an input it takes: a "
                     "tensor, a tuple of positional inputs or a dict of keyword inputs, batch first"
                 ) from None
@@ -243,7 +142,7 @@ def _skip_reason(output: object, perturbed: bool) -> str | None:
 
 
 def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: object) -> None:
-    final = _first_tensor(output)
+    final = first_tensor(output)
     for call, ref in kept:
         if call.skip is None and ref is not None and final is not None and ref() is final:
             call.skip = "its output is the model's output (the logits), not a feature map"
@@ -345,10 +244,10 @@ def default_layer(
     detection heads (proposal rows), position embeddings and the model's own output are
     thereby excluded; when a container and its last child return the same map the container
     finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
-    A segmentation model made of a ``backbone`` and a ``classifier`` head (torchvision
-    DeepLabV3, LR-ASPP, FCN) gets its backbone's last stage, an ultralytics detector the last
-    layer before its ``Detect`` head: the head's layers compute logits or box sides, and which of
-    them finishes last must not depend on the weights.
+    A model made of a ``backbone`` or ``features`` and a ``classifier`` head (torchvision
+    DeepLabV3, LR-ASPP, FCN, SqueezeNet) gets its backbone's last stage, an ultralytics detector
+    the last layer before its ``Detect`` head: the head's layers compute logits or box sides, and
+    which of them finishes last must not depend on the weights.
     Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
     channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
     map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
@@ -361,8 +260,8 @@ def default_layer(
 def _input_shape(model: nn.Module, input_size: object, example: Example | None) -> tuple:
     """The shape of the explained input (the first tensor of the example)."""
     if example is None:
-        example = _default_example(model, input_size)
-    first = _first_tensor(example)
+        example = default_example(model, input_size)
+    first = first_tensor(example)
     return tuple(first.shape) if first is not None else (1, 3, 224, 224)
 
 
@@ -375,12 +274,15 @@ def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
 def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
     """Which layers may be the default of a model whose head is known by its structure, else
     None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
-    the backbone's layers; ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
+    the backbone's layers; torchvision classifiers made of ``features`` + ``classifier`` (VGG,
+    MobileNet, SqueezeNet, whose classifier is a convolution making class maps): the features;
+    ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
     ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
     on the weights and the head's layers compute logits or box sides, not features."""
     children = dict(model.named_children())
-    if "backbone" in children and "classifier" in children:
-        return lambda name: name.startswith("backbone.")
+    for body in ("backbone", "features"):
+        if body in children and "classifier" in children:
+            return lambda name, body=body: name == body or name.startswith(body + ".")
     sequence = children.get("model")
     if isinstance(sequence, nn.Sequential) and len(sequence) > 1 and hasattr(sequence[-1], "dfl"):
         head = f"model.{len(sequence) - 1}"
