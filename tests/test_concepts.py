@@ -92,6 +92,23 @@ def test_linearity_resnet_stage():
     check_linearity(model, "layer3", torch.rand(1, 3, 32, 32, dtype=torch.float64), 256)
 
 
+def test_vit_regions_and_top_concepts():
+    # the class token lies outside every region: inside + outside = the patch tokens' share
+    kind = KINDS["vit"]
+    model = kind.model()
+    x = kind.input()
+    concepts = ConceptAttribution(model, "blocks.0")
+    region = torch.zeros(32, 32)
+    region[:16] = 1
+    inside = concepts.relevances(x, region=region)
+    outside = concepts.relevances(x, region=1 - region)
+    grid = torch.ones(4, 4)  # the 4x4 patch grid itself
+    torch.testing.assert_close(inside + outside, concepts.relevances(x, region=grid))
+    top = concepts.top(x, k=3, region=region)
+    torch.testing.assert_close(top.relevance, inside.topk(3, dim=1).values)
+    assert top.heatmaps.shape == (2, 3, 32, 32)
+
+
 def test_linearity_vit_tokens():
     # (B, 17, 24) tokens: channels on the last axis, the class token included in the masks
     kind = KINDS["vit"]
@@ -199,6 +216,10 @@ def test_errors_say_what_to_do():
         ConceptAttribution(model, "9")
     with pytest.raises(ArgumentError, match="direction has 3"):
         concepts.heatmaps(x, Direction([1.0, 0.0, 0.0]))
+    with pytest.raises(ArgumentError, match="real 1-D vector"):
+        Direction(torch.ones(2, 3))
+    with pytest.raises(ArgumentError, match="not be zero|not zero"):
+        Direction([0, 0, 0])
     with pytest.raises(CamkitError, match="rules must be"):
         ConceptAttribution(model, "2", rules="lrp")
     with pytest.raises(ArgumentError, match="concept"):
