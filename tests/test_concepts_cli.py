@@ -4,6 +4,9 @@ photos (concepts.json, PNG patches inside their photo, progress in the log), usa
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,67 @@ def test_concepts_usage_errors(photos, tmp_path, capsys):
     assert "channels 0..39" in capsys.readouterr().err
     assert cli.main(["concepts", *common, "--layer", "blocks.2", "--channels", "a"]) == EXIT_USAGE
     assert not (tmp_path / "x" / "concepts.json").exists()
+
+
+def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeypatch):
+    from camkit.concepts.reference import ReferenceCollector
+
+    common = ["concepts", str(photos), "--layer", "blocks.2", "--top", "2", "--channels", "0-1"]
+    common += ["--images-per-batch", "1", "--workers", "0", "--quiet"]
+    assert cli.main([*common, "--out", str(tmp_path / "whole")]) == EXIT_UNREADABLE_IMAGES
+    update = ReferenceCollector.update
+    calls = []
+
+    def stop_at_the_third_image(self, images, indices):
+        calls.append(indices)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        update(self, images, indices)
+
+    monkeypatch.setattr(ReferenceCollector, "update", stop_at_the_third_image)
+    out = tmp_path / "stopped"
+    assert cli.main([*common, "--out", str(out)]) == 130
+    monkeypatch.setattr(ReferenceCollector, "update", update)
+    assert not (out / "concepts.json").exists()
+    assert cli.main([*common, "--out", str(out), "--resume"]) == EXIT_UNREADABLE_IMAGES
+    whole = json.loads((tmp_path / "whole" / "concepts.json").read_text())
+    resumed = json.loads((out / "concepts.json").read_text())
+    assert resumed["images"] == whole["images"] == 3
+    for channel, entries in whole["channels"].items():
+        for mode, rows in entries.items():
+            again = resumed["channels"][channel][mode]
+            assert [r["image"] for r in rows] == [r["image"] for r in again]
+            assert [r["score"] for r in rows] == pytest.approx([r["score"] for r in again])
+    # another run's parts are not resumed
+    other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
+    assert cli.main(other) == EXIT_USAGE
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_equal_one_process(photos, tmp_path):
+    args = ["concepts", photos, "--layer", "blocks.2", "--top", "2", "--channels", "0-2"]
+    args += ["--workers", "0", "--images-per-batch", "1"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    for launcher, out in (
+        ([sys.executable, "-m", "camkit"], "one"),
+        ([*torchrun, "-m", "camkit"], "two"),
+    ):
+        done = subprocess.run(
+            [*launcher, *map(str, args), "--out", str(tmp_path / out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ | {"OMP_NUM_THREADS": "1"},
+        )
+        assert done.returncode == EXIT_UNREADABLE_IMAGES, done.stderr
+    one = json.loads((tmp_path / "one" / "concepts.json").read_text())
+    two = json.loads((tmp_path / "two" / "concepts.json").read_text())
+    assert one["images"] == two["images"] == 3
+    assert len(list((tmp_path / "two").glob("concepts.part-*.pt"))) == 2
+    for channel, entries in one["channels"].items():
+        for mode, rows in entries.items():
+            again = two["channels"][channel][mode]
+            assert [r["image"] for r in rows] == [r["image"] for r in again]
+            assert [r["score"] for r in rows] == pytest.approx(
+                [r["score"] for r in again], rel=1e-4
+            )

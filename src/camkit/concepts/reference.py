@@ -170,13 +170,38 @@ class ReferenceCollector:
         """Fold in another collector of the same layer (another rank's, a resumed part's)."""
         if other.layer != self.layer or other.top != self.top:
             raise ArgumentError("only collectors of the same layer and top merge")
-        for mode, found in other.found.items():
+        self._fold(other.found, other.totals, other.seen)
+
+    def state(self) -> dict[str, object]:
+        """What the collector found, as tensors and numbers (``torch.save`` it to resume, or to
+        merge another rank's part with :meth:`load_state`)."""
+        return {
+            "layer": self.layer,
+            "top": self.top,
+            "seen": self.seen,
+            "found": {mode: vars(found) for mode, found in self.found.items()},
+            "totals": dict(self.totals),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Fold in a :meth:`state` (a resumed part, another rank's), exactly as :meth:`merge`."""
+        if state.get("layer") != self.layer or state.get("top") != self.top:
+            raise ArgumentError(
+                f"a collector state of layer {state.get('layer')!r}, top {state.get('top')} "
+                f"cannot join one of layer {self.layer!r}, top {self.top}"
+            )
+        found = {mode: TopK(**fields) for mode, fields in state["found"].items()}
+        self._fold(found, state["totals"], int(state["seen"]))
+
+    def _fold(self, found: dict[Mode, TopK], totals: dict[Mode, Tensor], seen: int) -> None:
+        for mode, part in found.items():
             if mode in self.found:
-                self.found[mode].merge(found)
-                self.totals[mode] += other.totals[mode]
+                self.found[mode].merge(part)
+                self.totals[mode] += totals[mode]
             else:
-                self.found[mode], self.totals[mode] = found, other.totals[mode].clone()
-        self.seen += other.seen
+                self.found[mode] = TopK(**{k: v.clone() for k, v in vars(part).items()})
+                self.totals[mode] = totals[mode].clone()
+        self.seen += seen
 
 
 def channels_first(t: Tensor, model: nn.Module, batch: Tensor, reshape: str | None) -> Tensor:
