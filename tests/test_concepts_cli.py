@@ -4,9 +4,6 @@ photos (concepts.json, PNG patches inside their photo, progress in the log), usa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -109,33 +106,3 @@ def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeyp
     # another run's parts are not resumed
     other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
     assert cli.main(other) == EXIT_USAGE
-
-
-@pytest.mark.slow
-def test_two_torchrun_ranks_equal_one_process(photos, tmp_path):
-    args = ["concepts", photos, "--layer", "blocks.2", "--top", "2", "--channels", "0-2"]
-    args += ["--workers", "0", "--images-per-batch", "1"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    for launcher, out in (
-        ([sys.executable, "-m", "camkit"], "one"),
-        ([*torchrun, "-m", "camkit"], "two"),
-    ):
-        done = subprocess.run(
-            [*launcher, *map(str, args), "--out", str(tmp_path / out)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=os.environ | {"OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == EXIT_UNREADABLE_IMAGES, done.stderr
-    one = json.loads((tmp_path / "one" / "concepts.json").read_text())
-    two = json.loads((tmp_path / "two" / "concepts.json").read_text())
-    assert one["images"] == two["images"] == 3
-    assert len(list((tmp_path / "two").glob("concepts.part-*.pt"))) == 2
-    for channel, entries in one["channels"].items():
-        for mode, rows in entries.items():
-            again = two["channels"][channel][mode]
-            assert [r["image"] for r in rows] == [r["image"] for r in again]
-            assert [r["score"] for r in rows] == pytest.approx(
-                [r["score"] for r in again], rel=1e-4
-            )
