@@ -11,7 +11,7 @@ from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import nn
 
 from camkit.concepts import Channels, ConceptAttribution, Direction, GradientRules
-from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError
+from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError, LayerOutputError
 
 
 def unconditional(model: nn.Module, x: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def test_tiny_numbers_by_hand():
     assert top.channels.tolist() == [1, 0]
     torch.testing.assert_close(top.relevance, torch.tensor([40.0, 10.0], dtype=torch.float64))
     torch.testing.assert_close(top.share, torch.tensor([0.8, 0.2], dtype=torch.float64))
-    assert top.classes.tolist() == [1]
+    assert top.classes.tolist() == 1
 
 
 def test_direction_and_group_by_hand():
@@ -240,3 +240,14 @@ def test_lrp_rules_linearity():
     (grad,) = torch.autograd.grad(out.gather(1, torch.tensor([[0], [3]])).sum(), leaf)
     full = (x * grad).sum(1)
     assert (heat.sum(1) - full).abs().max() <= 1e-5 * full.abs().max()
+
+
+def test_conditions_in_the_wrong_order_say_so():
+    model = small_cnn()
+    x = torch.rand(1, 3, 8, 8)
+    with pytest.raises(LayerOutputError, match="runs before"):
+        ConceptAttribution(model, "2").heatmaps(x, 0, given=("0", 1))
+    with pytest.raises(LayerOutputError, match="runs before"):
+        ConceptAttribution(model, "0").graph(x, 0, lower="2")
+    top = ConceptAttribution(model, "2").top(x[0], k=2)
+    assert top.classes.shape == () and top.channels.shape == (2,)
