@@ -34,7 +34,6 @@ from camkit.errors import (
     EmptyMapWarning,
     InputError,
     LayerOutputError,
-    RelevanceError,
     TargetError,
 )
 from camkit.targets import ClassTarget
@@ -104,11 +103,6 @@ REFUSALS: dict[tuple[Any, Any, Any], tuple[type[Exception], str]] = {
     (frozenset(_by_family("perturbation-cam")), frozenset({"volume"}), ALL): (
         LayerOutputError,
         r"needs a 2-D layer map .* use a gradient CAM for volumes",
-    ),
-    # LRP has no rules for layer norms and attention yet (AttnLRP): refused before any pass
-    (_names("lrp"), frozenset({"vit", "swin"}), ALL): (
-        RelevanceError,
-        "no rule yet for layer norms and attention",
     ),
     (_names("sess"), frozenset({"volume"}), ALL): (InputError, r"SESS maps images \(B, C, H, W\)"),
     (_names("cam"), frozenset({"two-input"}), ALL): (

@@ -70,7 +70,8 @@ HAND = {
     "flat": (Flat(), [0.25, 0.25]),
     # w^2 = [1, 4], b^2 = 0.25: R = [1, 4] / 5.25 * 0.5
     "wsquare": (WSquare(), [1 / 5.25 * 0.5, 4 / 5.25 * 0.5]),
-    # l = -1, h = 3: x w - l w+ - h w- = [2 + 1, -2 + 6], z = 7 + b - b+ - b- = 7: R = [3, 4] / 7 * 0.5
+    # l = -1, h = 3: x w - l w+ - h w- = [2 + 1, -2 + 6], z = 7 + b - b+ - b- = 7:
+    # R = [3, 4] / 7 * 0.5
     "zbox": (ZBox(-1.0, 3.0), [3 / 7 * 0.5, 4 / 7 * 0.5]),
 }
 
@@ -225,13 +226,13 @@ class _Softmaxed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc(x.flatten(1))
-        return torch.softmax(h, dim=1) @ h.T
+        return torch.exp(h) @ h.T
 
 
 def test_an_operation_without_a_rule_raises_with_its_name_and_line() -> None:
     model = _Softmaxed()
     state = model_state(model)
-    with pytest.raises(RelevanceError, match=r"softmax .*test_relevance.py:\d+"):
+    with pytest.raises(RelevanceError, match=r"exp on .*test_relevance.py:\d+"):
         _relevance(model, torch.rand(2, 4), Composite([(nn.Linear, Epsilon())], canonizers=[]))
     assert_untouched(model, state)
 
@@ -299,6 +300,7 @@ def test_canonizers_leave_the_model_bitwise_untouched_also_after_an_exception() 
     LRP(model, composite="epsilon-gamma-box")(x, 1)
     with tripwire(model), pytest.raises(Tripwire):
         LRP(model)(x, 1)
+    assert torch.is_grad_enabled()  # a ruled layer's own pass runs without grad: restored
     assert_untouched(model, state)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]) and value.dtype == before[key].dtype, key
@@ -318,6 +320,9 @@ def test_lrp_method_targets_batches_and_layers() -> None:
     torch.testing.assert_close(lrp(x[0], 1), both[0, 0])
     found = lrp.relevance(x, [[1, 2]] * 3)
     assert set(found.layers) == {"3", "5"} and found.layers["3"].shape == (3, 2, 8, 4, 4)
+    heat = found.layer_map("3")  # a layer's relevance shown like a CAM
+    torch.testing.assert_close(heat, found.layers["3"].sum(2))
+    assert found.layer_map("3", (8, 8)).shape == (3, 2, 8, 8)
     # bias-free, z+ and epsilon: conserved up to the stabiliser, 1e-6 on sums of about 1e-2
     for share in found.conservation.values():
         torch.testing.assert_close(share, torch.ones(3, 2), rtol=0, atol=2e-3)
@@ -353,8 +358,9 @@ def test_bad_composites_are_refused_clearly() -> None:
         LRP(model, composite="epsilon-plsu")
     with pytest.raises(ArgumentError, match="module type or name pattern"):
         LRP(model, composite=[(nn.Conv2d, "gamma")])
-    with pytest.raises(RelevanceError, match="layer norms and attention"):
-        LRP(KINDS["vit"].model())(KINDS["vit"].input(), 1)
+    grouped = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.LazyLinear(3))
+    with pytest.raises(RelevanceError, match="group_norm on the relevance path has no LRP rule"):
+        LRP(grouped)(torch.rand(1, 3, 8, 8), 1)
 
 
 def test_name_patterns_pick_layers() -> None:
@@ -364,3 +370,96 @@ def test_name_patterns_pick_layers() -> None:
     by_name = Composite([("0", Flat()), ((nn.Conv2d, nn.Linear), ZPlus())], canonizers=[])
     first = Composite([((nn.Conv2d, nn.Linear), ZPlus())], first=[(nn.Conv2d, Flat())])
     torch.testing.assert_close(_relevance(model, x, by_name), _relevance(model, x, first))
+
+
+def test_a_convolution_with_its_own_forward_gets_its_rule() -> None:
+    """timm's ``Conv2dSame`` pads in its forward (EfficientNet-Lite0's stem): the rule runs
+    through that forward, equal to the rule on the padding and a plain convolution."""
+    from timm.layers import Conv2dSame
+
+    torch.manual_seed(8)
+    same = Conv2dSame(3, 4, 3, stride=2).double()
+    plain = nn.Conv2d(3, 4, 3, stride=2).double()
+    plain.load_state_dict(same.state_dict())
+    x = torch.randn(1, 3, 8, 8, dtype=torch.float64)
+    spec = Composite([(nn.Conv2d, Gamma(0.25))], canonizers=[])
+    expected = _relevance(nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), plain, nn.Flatten()), x, spec)
+    got = _relevance(nn.Sequential(same, nn.Flatten()), x, spec)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-13)
+
+
+def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
+    spec = KINDS["cnn"]
+    with pytest.raises(ArgumentError, match="merged with the BatchNorm"):
+        LRP(spec.model(), layers=["features.3"]).relevance(spec.input(), 1)
+    found = LRP(spec.model(), layers=["features.4"]).relevance(spec.input(), 1)
+    assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+class _Chain(nn.Module):
+    """``bn_a -> conv -> bn_b`` (merged on both sides), and ``conv_x`` declared before ``bn_y``
+    but not feeding it (module order is not data flow)."""
+
+    def __init__(self, crossed: bool = False):
+        super().__init__()
+        torch.manual_seed(9)
+        self.bn_a, self.conv, self.bn_b = nn.BatchNorm2d(3), nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv_x, self.bn_y = nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)
+        self.crossed = crossed
+        for bn in (self.bn_a, self.bn_b, self.bn_y):
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.running_mean.uniform_(-0.5, 0.5)
+        self.double().eval()
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.bn_b(self.conv(self.bn_a(x))))
+        if self.crossed:
+            h = F.relu(self.bn_y(h)) + self.conv_x(h)
+        return h.mean((2, 3))
+
+
+def test_batch_norms_on_both_sides_and_module_order_that_is_not_data_flow() -> None:
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    chain = _Chain()
+    a, b = chain.bn_a, chain.bn_b
+    scale_a = a.weight / (a.running_var + a.eps).sqrt()
+    scale_b = b.weight / (b.running_var + b.eps).sqrt()
+    folded = nn.Conv2d(3, 4, 1).double()
+    with torch.no_grad():  # the 1x1 convolution with both BatchNorms folded in, by hand
+        w = chain.conv.weight[:, :, 0, 0]
+        folded.weight.copy_((scale_b[:, None] * w * scale_a[None])[..., None, None])
+        inner = w @ (a.bias - a.running_mean * scale_a) + chain.conv.bias
+        folded.bias.copy_((inner - b.running_mean) * scale_b + b.bias)
+    by_hand = _Fn(lambda x: F.relu(folded(x)).mean((2, 3)))
+    by_hand.folded = folded  # a submodule, so that the composite gives it its rule
+    torch.testing.assert_close(chain(x), by_hand(x))
+    expected = _relevance(by_hand, x, Composite([(nn.Conv2d, ZPlus())], canonizers=[]))
+    torch.testing.assert_close(_relevance(chain, x, "epsilon-plus"), expected)
+    with pytest.raises(RelevanceError, match=r"\['conv_x'\] come before a BatchNorm"):
+        _relevance(_Chain(crossed=True), x, "epsilon-plus")
+    unmerged = Composite([(nn.Conv2d, ZPlus())], canonizers=[])
+    assert torch.isfinite(_relevance(_Chain(crossed=True), x, unmerged)).all()
+
+
+def test_targets_of_every_kind() -> None:
+    """A class target object, a callable on the output and a (B, K) tensor: the relevance of
+    what they score (LRP is linear in the output relevance, so a sum of two logits is the sum of
+    their relevances)."""
+    from camkit.targets import ClassTarget
+
+    spec = KINDS["cnn"]
+    model, x = spec.model(), spec.input()
+    lrp = LRP(model, composite="epsilon-plus")
+    one, two = lrp(x, 1), lrp(x, 2)
+    torch.testing.assert_close(lrp(x, ClassTarget(1)), one)
+    torch.testing.assert_close(lrp(x, lambda out: out[:, 1] + out[:, 2]), one + two)
+    torch.testing.assert_close(lrp(x, torch.tensor([[1, 2], [1, 2]])), torch.stack([one, two], 1))

@@ -25,10 +25,13 @@ backward (``is_grads_batched=True``).
 * :mod:`~camkit.relevance.engine`: the block, and the table of rules for functional operations
   (an operation on the relevance path without a rule raises a
   :class:`~camkit.errors.RelevanceError` naming it);
+* :mod:`~camkit.relevance.transformers`: AttnLRP's rules (softmax, matmul, layer norm, fused
+  attention; Achtibat et al., ICML 2024);
 * :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
   layer relevances and the conservation report.
 
-The numbers equal zennit 0.5.1's for its composites and canonizers (``tests/test_relevance*.py``).
+The numbers equal zennit 0.5.1's for its composites and canonizers
+(``tests/test_relevance_references.py``); docs/relevance.md says which composite to choose.
 """
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm

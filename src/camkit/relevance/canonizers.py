@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from camkit.relevance.rules import Affine
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 class Canonizer:
@@ -61,9 +62,10 @@ def merged_after(layer: Affine, bn: nn.Module) -> Affine:
     shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``)."""
     scale, shift = _scale_shift(bn, layer.weight)
     per_out = (-1,) + (1,) * (layer.weight.dim() - 1)
-    bias = shift if layer.bias is None else layer.bias.flatten() * scale + shift
     shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
-    return Affine(layer.op, layer.weight * scale.view(per_out), bias.view(shape))
+    scale_out, shift_out = scale.view(shape), shift.view(shape)
+    bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
+    return Affine(layer.op, layer.weight * scale.view(per_out), bias)
 
 
 def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
@@ -78,14 +80,24 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     return Affine(layer.op, layer.weight * scale.view(per_in), bias)
 
 
+def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:
+    """The linear / convolutional layers right before a mergeable BatchNorm in the module order
+    (zennit's adjacency; the data flow is checked at the call)."""
+    order = [m for m in model.modules() if isinstance(m, BATCH_NORMS) or not any(m.children())]
+    return {
+        before
+        for before, after in zip(order, order[1:], strict=False)
+        if isinstance(before, LINEAR) and isinstance(after, BATCH_NORMS) and mergeable(after)
+    }
+
+
 class MergeBatchNorm(Canonizer):
     """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
     module docstring. BatchNorms in training mode are left as they are (their gradient)."""
 
     def apply(self, model: nn.Module, session: Any) -> list:
         norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]
-        for bn in norms:
-            session.batch_norms.add(bn)
+        session.deferred.update(_followed_by_batch_norm(model))
         return [bn.register_forward_hook(session.guard(session.batch_norm_hook)) for bn in norms]
 
 

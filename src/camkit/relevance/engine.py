@@ -13,10 +13,11 @@ composite names) get it through forward hooks; every other operation of the forw
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
-* anything else on the relevance path (``matmul`` of two activations, ``softmax``, ``mul`` of
-  two activations, ``layer_norm``, a functional convolution outside a ruled module, ...):
-  :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it,
-  instead of letting relevance through unchecked.
+* softmax, matmul and products of two activations, layer / RMS norm and fused attention:
+  AttnLRP's rules (:mod:`camkit.relevance.transformers`);
+* anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
+  a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
+  that called it, instead of letting relevance through unchecked.
 
 A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
 """
@@ -35,13 +36,15 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from camkit.core.layers import explained_module, find_layers, hooked, this_thread
-from camkit.errors import RelevanceError
+from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
+from camkit.relevance.transformers import bilinear, handlers
 
 _T, _N = torch.Tensor, torch._C._nn
 PASS, NORM, SUMS, SCALE, GRADIENT = "pass", "norm", "sums", "scale", "gradient"
+BILINEAR = "bilinear"
 
 
 def _table() -> dict[Any, str]:
@@ -75,13 +78,18 @@ def _table() -> dict[Any, str]:
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += ("permute_copy", "swapaxes", "moveaxis")
+    shape += ("permute_copy", "swapaxes", "moveaxis", "softmax")  # softmax: AttnLRP's rule
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
+    add(GRADIENT, *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
+    products = ("matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm")
+    add(BILINEAR, *named(torch, *products), *named(_T, *products))
     return table
 
 
 _TABLE = _table()
+_BN_FORWARD = nn.BatchNorm2d.forward
+_PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -123,12 +131,20 @@ class Session:
         self.model, self.composite = model, comp
         self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
         self.norm = Norm(comp.stabilizer)
+        self.handlers = handlers(comp.stabilizer)
         self.bypass = 0
-        self.batch_norms: set[nn.Module] = set()
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.grad_modes: list[bool] = []
+        self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.substituted = 0
         self.record = list(record)
         self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
+        self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
+        self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
+        self.deferred: set[nn.Module] = set()  # layers a BatchNorm follows (MergeBatchNorm)
+        self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
+        self.names = {module: name for name, module in model.named_modules()}
 
     @staticmethod
     def guard(hook: Any) -> Any:
@@ -137,7 +153,7 @@ class Session:
     def register(self) -> list:
         handles = []
         for module, rule in self.rules.values():
-            handles.append(module.register_forward_pre_hook(self.guard(self._enter)))
+            handles.append(module.register_forward_pre_hook(self.guard(self._enter(rule))))
             handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
         for canonizer in self.composite.canonizers:
             handles.extend(canonizer.apply(self.model, self))
@@ -145,15 +161,23 @@ class Session:
             handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
         return handles
 
-    def _enter(self, module: nn.Module, args: tuple) -> tuple | None:
-        self.bypass += 1
-        if getattr(module, "inplace", False) and args and on_path(args[0]):
-            return (args[0].clone(), *args[1:])  # the rule needs the input; copied back after
-        return None
+    def _enter(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple) -> tuple | None:
+            self.bypass += 1
+            if rule.parametric:  # the rule recomputes the layer: its own pass needs no graph
+                self.grad_modes.append(torch.is_grad_enabled())
+                torch.set_grad_enabled(False)
+            elif getattr(module, "inplace", False) and args and on_path(args[0]):
+                return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
+            return None  # needs its input
+
+        return hook
 
     def _rule_hook(self, rule: Rule):
         def hook(module: nn.Module, args: tuple, o: object) -> object:
             self.bypass -= 1
+            if rule.parametric:
+                torch.set_grad_enabled(self.grad_modes.pop())
             x = args[0] if args else None
             if not (on_path(x) and isinstance(o, Tensor)):
                 return None
@@ -161,11 +185,16 @@ class Session:
             try:
                 if not rule.parametric:
                     return rule.output(None, x, o)
-                layer, source = Affine.of(module), x
+                layer, source = self._affine(module), x
                 before = self.normalized.get(id(x))
                 if before is not None and before[0] is x and before[1] == x._version:
                     layer = merged_before(before[2], layer, before[3])
                     source = before[3]
+                if module in self.deferred and source is x:
+                    # the BatchNorm right after it merges the rule in: no terms computed twice
+                    self.produced[id(o)] = (o, o._version, layer, rule, source)
+                    self.pending[id(o)] = self.names[module]
+                    return None
                 y = rule.output(layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
@@ -174,27 +203,83 @@ class Session:
 
         return hook
 
+    def _affine(self, module: nn.Module) -> Affine:
+        """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
+        first) is run with its weight swapped for the rule's inside the function mode."""
+        if type(module).forward in _PLAIN_FORWARDS:
+            return Affine.of(module)
+        plain = Affine.of(module)
+        weight = module.weight
+
+        def op(x: Tensor, w: Tensor) -> Tensor:
+            swap = {id(weight): (weight, w)}
+            if module.bias is not None:
+                swap[id(module.bias)] = (module.bias, None)
+            self.substitute, self.substituted = swap, 0
+            try:
+                out = module.forward(x)
+            finally:
+                self.substitute = {}
+            if not self.substituted:
+                raise RelevanceError(
+                    f"{type(module).__name__} computes the weight it applies in its forward: "
+                    "camkit's rules modify the module's own weight and cannot reach it"
+                )
+            return out
+
+        return Affine(op, plain.weight, plain.bias)
+
+    def swapped(self, values: Any) -> Any:
+        """``values`` with the module's parameters replaced by the rule's (see :meth:`_affine`)."""
+        if isinstance(values, list | tuple):
+            return type(values)(self.swapped(v) for v in values)
+        entry = self.substitute.get(id(values))
+        if entry is not None and entry[0] is values:
+            self.substituted += 1
+            return entry[1]
+        return values
+
     def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         x = args[0] if args else None
-        if not (on_path(x) and isinstance(out, Tensor)):
+        if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
-        after = self.produced.get(id(x))
+        after = self.produced.get(id(x))  # a deferred layer's output carries no graph
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
+            self.merged.add(id(x))
+            self.pending.pop(id(x), None)
             self.bypass += 1
             try:
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
-        self.normalized[id(out)] = (out, out._version, bn, x)
+        if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
+            self.normalized[id(out)] = (out, out._version, bn, x)
         return None
+
+    def merged_away(self, name: str) -> bool:
+        """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
+        relevance is then the BatchNorm's)."""
+        copy = self.passed_on.get(name)
+        return copy is not None and id(copy) in self.merged
 
     def _record_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, out: object) -> object:
             if not isinstance(out, Tensor):
                 raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
             self.recorded[name].append(out)
-            return out.clone()  # in-place operations downstream leave the recorded tensor alone
+            pending = self.pending.pop(id(out), None)
+            if pending is not None:
+                raise ArgumentError(
+                    f"layer {name!r} is merged with the BatchNorm that follows it (the "
+                    "canonizer): its relevance is at the BatchNorm's output; record that layer"
+                )
+            copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
+            produced = self.produced.get(id(out))
+            if produced is not None and produced[0] is out:  # the copy may be merged in turn
+                self.produced[id(copy)] = (copy, copy._version, *produced[2:])
+            self.passed_on[name] = copy
+            return copy
 
         return hook
 
@@ -206,18 +291,26 @@ class _RelevanceMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.session.substitute:
+            args = self.session.swapped(args)
+            kwargs = {key: self.session.swapped(value) for key, value in kwargs.items()}
         kind = _TABLE.get(func)
         if self.session.bypass or kind == GRADIENT:
             return func(*args, **kwargs)
         operands = _operands(args, kwargs)
         if not operands:
             return func(*args, **kwargs)
-        if kind == SCALE and len(operands) == 1:
-            return func(*args, **kwargs)  # a constant scale: relevance moves as the gradient
-        if kind == SUMS and len(operands) == 1:
-            return func(*args, **kwargs)  # a constant added (a bias): it absorbs its share
-        if kind in (PASS, NORM, SUMS):
+        if kind in (SCALE, SUMS, BILINEAR) and len(operands) == 1:
+            # a constant scale or matrix moves relevance as the gradient; a constant added (a
+            # bias) absorbs its share
+            return func(*args, **kwargs)
+        if kind == SCALE:  # the product of two activations (a gate): AttnLRP's uniform rule
+            kind = BILINEAR
+        if kind in (PASS, NORM, SUMS, BILINEAR):
             return self._apply(func, kind, args, kwargs)
+        handler = self.session.handlers.get(func)
+        if handler is not None:
+            return handler(*args, **kwargs)
         out = func(*args, **kwargs)
         outs = out if isinstance(out, list | tuple) else (out,)
         if any(isinstance(o, Tensor) and o.requires_grad for o in outs):
@@ -235,7 +328,12 @@ class _RelevanceMode(TorchFunctionMode):
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
             return o
-        y = Pass().output(None, x, o) if kind == PASS else self.session.norm.output(None, x, o)
+        if kind == PASS:
+            y = Pass().output(None, x, o)
+        elif kind == BILINEAR:
+            y = bilinear(o, self.session.norm.stabilizer)
+        else:
+            y = self.session.norm.output(None, x, o)
         if o is first and isinstance(x, Tensor):  # an in-place operation: write back
             return x.copy_(y)
         return y
@@ -259,8 +357,16 @@ def rules_applied(
     comp = composite(composite_spec)
     module = explained_module(model)
     session = Session(module, comp, record)
-    with hooked(session.register), _RelevanceMode(session):
+    # the grad mode is restored also when a ruled layer's forward raises (see Session._enter)
+    grad_mode = torch.set_grad_enabled(torch.is_grad_enabled())
+    with grad_mode, hooked(session.register), _RelevanceMode(session):
         yield session
+    if session.pending:
+        raise RelevanceError(
+            f"layer(s) {sorted(set(session.pending.values()))} come before a BatchNorm in the "
+            "model's modules but their output did not go into it: pass a composite with "
+            "canonizers=[] (no BatchNorm merging) for this model"
+        )
 
 
 __all__ = ["Session", "on_path", "rules_applied"]

@@ -13,24 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.core.copies import chunks
 from camkit.core.engine import additional_forward_args, layer_gradients, run_model
 from camkit.core.finish import checked
-from camkit.core.inputs import autocast
+from camkit.core.inputs import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
-from camkit.errors import ArgumentError, ConservationWarning, GradientError, RelevanceError, warn
-from camkit.pixel.base import Inputs, PixelAttribution
+from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
+from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
-
-# module types whose operations (layer norm, attention's softmax and matmul) have no rule yet
-_TRANSFORMER_PARTS = (nn.LayerNorm, nn.MultiheadAttention, nn.GroupNorm)
 
 
 @dataclass
@@ -47,6 +46,24 @@ class Relevance:
     layers: dict[str, Tensor]
     scores: Tensor
     conservation: dict[str, Tensor]
+
+    def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
+        """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
+        summed over the channels (signed: it sums to the layer's share of the score), resized
+        bilinearly to ``size`` (e.g. the input's ``(H, W)``) when given."""
+        if name not in self.layers:
+            raise ArgumentError(f"no relevance recorded at {name!r}; recorded: {list(self.layers)}")
+        relevance = self.layers[name]
+        if relevance.dim() != 5:
+            raise ArgumentError(
+                f"layer {name!r} has relevance {tuple(relevance.shape[2:])}, not a (C, h, w) grid"
+            )
+        heat = relevance.sum(2)
+        if size is None:
+            return heat
+        flat = heat.flatten(0, 1)[:, None]
+        resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+        return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
 def _share(relevance: Tensor, scores: Tensor) -> Tensor:
@@ -101,6 +118,14 @@ class LRP(PixelAttribution):
         result, several = self._propagate(inputs[0], target, record=[])
         return (result.input,), several
 
+    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
+        """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
+        part of the relevance summed over the channels, divided by its 99th percentile and
+        clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
+        (relevance,), _ = self.attribute((batch,), target)
+        heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
+        return heat, relevance
+
     def relevance(self, x: Tensor, target: TargetSpec = None, **call: Any) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
         ``x (B, C, H, W)`` (``call``: ``additional_forward_args``)."""
@@ -112,18 +137,27 @@ class LRP(PixelAttribution):
         self, x: Tensor, target: TargetSpec, record: list[str]
     ) -> tuple[Relevance, bool]:
         self.check_autograd()
-        _refuse_transformers(self.model)
         scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
-        several = False
+        several, memory = False, MemoryFormat(x)
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
-            with torch.enable_grad(), autocast(x.device, self.dtype):
-                with rules_applied(self.model, self.composite, record=record) as session:
-                    output = run_model(self.model, leaf.clone(), rows)
-                scores, several = scorer(output, rows)
+
+            def scored(fmt: torch.memory_format, leaf: Tensor = leaf, rows: Tensor = rows):
+                with torch.enable_grad(), autocast(x.device, self.dtype):
+                    with rules_applied(self.model, self.composite, record=record) as session:
+                        output = run_model(self.model, leaf.clone(memory_format=fmt), rows)
+                    return session, *scorer(output, rows)
+
+            session, scores, several = memory.run(scored)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
+            merged = [name for name in record if session.merged_away(name)]
+            if merged:
+                raise ArgumentError(
+                    f"layer(s) {merged} are merged with the BatchNorm that follows them (the "
+                    "canonizer): their relevance is at the BatchNorm's output; record that layer"
+                )
             acts = [session.recorded[name][-1] for name in record]
             grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
             maps = [
@@ -157,21 +191,6 @@ class LRP(PixelAttribution):
 
     def __repr__(self) -> str:
         return f"LRP(composite={self.composite.name!r})"
-
-
-def _refuse_transformers(model: nn.Module) -> None:
-    """Refuse up front the layers whose operations have no LRP rule yet."""
-    found = [
-        f"{name} ({type(m).__name__})"
-        for name, m in model.named_modules()
-        if isinstance(m, _TRANSFORMER_PARTS) or type(m).__name__.endswith("Attention")
-    ]
-    if found:
-        raise RelevanceError(
-            f"LRP has no rule yet for layer norms and attention (AttnLRP), which this model "
-            f"uses: {found[:3]}{' ...' if len(found) > 3 else ''}; explain a CNN, or use a "
-            "gradient method for transformers"
-        )
 
 
 __all__ = ["LRP", "Relevance"]

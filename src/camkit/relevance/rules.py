@@ -278,7 +278,8 @@ class Pass(Rule):
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         if x.shape != o.shape:
             raise ArgumentError(
-                f"the Pass rule needs an element-wise layer, got {tuple(x.shape)} -> {tuple(o.shape)}"
+                f"the Pass rule needs an element-wise layer, got {tuple(x.shape)} -> "
+                f"{tuple(o.shape)}"
             )
         return modified_output(o, x * safe_divide(o.detach(), x.detach()))
 
