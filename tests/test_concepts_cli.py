@@ -106,3 +106,13 @@ def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeyp
     # another run's parts are not resumed
     other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
     assert cli.main(other) == EXIT_USAGE
+
+
+def test_concepts_with_lrp_rules(photos, tmp_path):
+    out = tmp_path / "lrp"
+    args = ["concepts", str(photos / "chelsea.png"), "--layer", "blocks.2", "--top", "1"]
+    args += ["--channels", "0", "--rules", "lrp", "--out", str(out), "--workers", "0", "--quiet"]
+    assert cli.main(args) == 0
+    summary = json.loads((out / "concepts.json").read_text())
+    assert summary["rules"] == "lrp epsilon-plus-flat"
+    assert summary["channels"]["0"]["relevance"][0]["image"].endswith("chelsea.png")

@@ -34,8 +34,10 @@ from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import default_workers
 from camkit.cli.ranks import Ranks
 from camkit.concepts.reference import MODES, ReferenceCollector, receptive_boxes
+from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
+from camkit.relevance import COMPOSITES
 
 CONCEPTS = "concepts.json"
 PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
@@ -86,14 +88,16 @@ def run_concepts(args: argparse.Namespace) -> int:
         if args.layer is None and ranks.rank == 0:
             print(f"layer: {layer} (auto)", file=sys.stderr)
         model = loaded.model.to(device)
+        rules = GRADIENT if args.rules == "gradient" else LRPRules(args.composite)
         try:
-            collector = ReferenceCollector(model, layer, top=args.top)
+            collector = ReferenceCollector(model, layer, top=args.top, rules=rules)
         except CamkitError as error:
             raise UsageError(f"--layer {layer}: {error}") from None
         run = {
             "model": loaded.name,
             "layer": layer,
             "top": args.top,
+            "rules": "gradient" if args.rules == "gradient" else f"lrp {args.composite}",
             "images": list(map(str, paths)),
         }
         if ranks.rank == 0:
@@ -110,7 +114,7 @@ def run_concepts(args: argparse.Namespace) -> int:
         ranks.barrier()
         if ranks.rank != 0:
             return EXIT_OK
-        merged = ReferenceCollector(model, layer, top=args.top)
+        merged = ReferenceCollector(model, layer, top=args.top, rules=rules)
         for part in read_parts(out, run):
             merged.load_state(part["state"])
             unreadable.extend(path for path in part["unreadable"] if path not in unreadable)
@@ -128,7 +132,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             "top": args.top,
             "images": merged.seen,
             "unreadable": sorted(unreadable),
-            "rules": "gradient",
+            "rules": run["rules"],
             "score": "sum over positions, divided by the image's sum of absolute channel scores",
             "channels": {
                 str(c): write_channel(merged, originals, model, layer, c, out, loaded.labels)
@@ -172,7 +176,7 @@ def rank_images(
                 try:
                     collector.update(batch.inputs.to(device), batch.indices)
                 except CamkitError as error:
-                    raise UsageError(f"--layer {collector.layer}: {error}") from None
+                    raise UsageError(f"--layer {collector.layer} --rules: {error}") from None
                 done.extend(batch.indices)
             state = run | {"done": done, "unreadable": unreadable, "state": collector.state()}
             buffer = BytesIO()
@@ -281,6 +285,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--out", default="camkit-out", metavar="DIR", help="output folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rules",
+        choices=("gradient", "lrp"),
+        default="gradient",
+        help="how relevance is computed: gradient x activation (default; any model) or LRP "
+        "(Concept Relevance Propagation proper; see --composite)",
+    )
+    parser.add_argument(
+        "--composite",
+        choices=COMPOSITES,
+        default="epsilon-plus-flat",
+        help="the LRP composite with --rules lrp (default %(default)s)",
     )
     parser.add_argument(
         "--resume",

@@ -29,7 +29,7 @@ from camkit.core.inputs import as_size, positive_int, seed_value
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
 from camkit.core.outputs import OutputSelector, class_logits
-from camkit.core.progress import progress_bar
+from camkit.core.progress import progress as progress_of
 from camkit.errors import ArgumentError
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
@@ -152,7 +152,7 @@ def visualize(
     ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``);
     ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
     objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
-    ``progress``: a progress bar on a terminal.
+    ``progress``: a progress bar on a terminal, a line every few seconds in a log.
     """
     require_autograd("feature visualisation")
     model = explained_module(model)
@@ -177,7 +177,7 @@ def visualize(
     spectrum = (0.01 * spectrum).to(param.device).requires_grad_(True)
     normalise = _normalisation(mean, std, param)
     optimiser = torch.optim.Adam([spectrum], lr=lr)
-    with progress_bar(steps, "feature visualisation", "step", enabled=progress) as shown:
+    with progress_of(steps, "feature visualisation", "step", enabled=progress) as shown:
         for _ in range(steps):
             with torch.enable_grad():
                 image = fourier_image(spectrum, size)
