@@ -46,21 +46,29 @@ class ChannelObjective:
     channel: int
 
     def score(self, act: Tensor, logits: Tensor) -> Tensor:
-        return act[:, self.channel].flatten(1).mean(dim=1)
+        """``(B, C, ...)`` activations (channels first), the logits -> ``(B,)``."""
+        return _channel(act, self.channel, self.layer).flatten(1).mean(dim=1)
 
 
 @dataclass(frozen=True)
 class NeuronObjective:
     """Maximise channel ``channel`` of ``layer`` at one position (``position``: the flat index
-    among the layer's positions, e.g. a token; None: the centre one)."""
+    among the layer's positions, row-major, e.g. a token; None: the middle one)."""
 
     layer: str
     channel: int
     position: int | None = None
 
     def score(self, act: Tensor, logits: Tensor) -> Tensor:
-        flat = act[:, self.channel].flatten(1)
-        return flat[:, flat.shape[1] // 2 if self.position is None else self.position]
+        """``(B, C, ...)`` activations (channels first), the logits -> ``(B,)``."""
+        flat = _channel(act, self.channel, self.layer).flatten(1)
+        position = flat.shape[1] // 2 if self.position is None else self.position
+        if not 0 <= position < flat.shape[1]:
+            raise ArgumentError(
+                f"position {position} out of range: layer {self.layer!r} has {flat.shape[1]} "
+                "positions"
+            )
+        return flat[:, position]
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,21 @@ class LogitObjective:
     layer: None = None
 
     def score(self, act: Tensor | None, logits: Tensor) -> Tensor:
+        """The logits ``(B, classes)`` -> ``(B,)``."""
+        if not 0 <= self.cls < logits.shape[1]:
+            raise ArgumentError(f"class {self.cls} out of range: the model has {logits.shape[1]}")
         return logits[:, self.cls]
 
 
 Objective = ChannelObjective | NeuronObjective | LogitObjective
+
+
+def _channel(act: Tensor, channel: int, layer: str) -> Tensor:
+    if not 0 <= channel < act.shape[1]:
+        raise ArgumentError(
+            f"channel {channel} out of range: layer {layer!r} has {act.shape[1]} channels"
+        )
+    return act[:, channel]
 
 
 def fourier_image(spectrum: Tensor, size: tuple[int, int]) -> Tensor:
