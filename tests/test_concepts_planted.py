@@ -94,6 +94,13 @@ def test_streaming_top_k_equals_a_full_sort_and_merges():
     second.update(values[11:], samples[11:], positions[11:], classes[11:])
     first.merge(second)
     assert torch.equal(first.samples, streamed.samples)
+    # ties go to the lower dataset index, whatever order the parts are merged in
+    tied = TopK.empty(4, 3)
+    tied.update(torch.zeros(2, 4), torch.tensor([7, 9]), torch.zeros(2, 4).long(), classes[:2])
+    early = TopK.empty(4, 3)
+    early.update(torch.zeros(2, 4), torch.tensor([3, 8]), torch.zeros(2, 4).long(), classes[:2])
+    tied.merge(early)
+    assert tied.samples.tolist() == [[3, 7, 8]] * 4
 
 
 def test_collector_memory_does_not_grow_and_collectors_merge():

@@ -66,7 +66,7 @@ class TopK:
 
     def update(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
         """Fold in the scores ``values (n, C)`` of dataset samples ``samples (n,)`` (predicted
-        ``classes (n,)``) driven by ``positions (n, C)``."""
+        ``classes (n,)``) driven by ``positions (n, C)``; equal scores keep the lower index."""
         channels = values.shape[1]
         self._keep(
             values.detach().double().cpu().T,
@@ -82,10 +82,13 @@ class TopK:
     def _keep(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
         top = self.values.shape[1]
         values = torch.cat([self.values, values], dim=1)
-        # the stable sort keeps the entry seen first among equal scores
-        order = values.argsort(dim=1, descending=True, stable=True)[:, :top]
+        samples = torch.cat([self.samples, samples], dim=1)
+        # equal scores are ordered by dataset index, so merging in any order gives one result
+        by_sample = samples.argsort(dim=1, stable=True)
+        by_value = values.gather(1, by_sample).argsort(dim=1, descending=True, stable=True)
+        order = by_sample.gather(1, by_value)[:, :top]
         self.values = values.gather(1, order)
-        self.samples = torch.cat([self.samples, samples], dim=1).gather(1, order)
+        self.samples = samples.gather(1, order)
         self.positions = torch.cat([self.positions, positions], dim=1).gather(1, order)
         self.classes = torch.cat([self.classes, classes], dim=1).gather(1, order)
 
