@@ -11,7 +11,7 @@ from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import nn
 
 from camkit.concepts import Channels, ConceptAttribution, Direction, GradientRules
-from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError
+from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError, LayerOutputError
 
 
 def unconditional(model: nn.Module, x: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
@@ -40,7 +40,7 @@ def test_tiny_numbers_by_hand():
     assert top.channels.tolist() == [1, 0]
     torch.testing.assert_close(top.relevance, torch.tensor([40.0, 10.0], dtype=torch.float64))
     torch.testing.assert_close(top.share, torch.tensor([0.8, 0.2], dtype=torch.float64))
-    assert top.classes.tolist() == [1]
+    assert top.classes.tolist() == 1
 
 
 def test_direction_and_group_by_hand():
@@ -90,6 +90,23 @@ def test_linearity_resnet_stage():
     torch.manual_seed(0)
     model = resnet18(num_classes=10).eval().double()
     check_linearity(model, "layer3", torch.rand(1, 3, 32, 32, dtype=torch.float64), 256)
+
+
+def test_vit_regions_and_top_concepts():
+    # the class token lies outside every region: inside + outside = the patch tokens' share
+    kind = KINDS["vit"]
+    model = kind.model()
+    x = kind.input()
+    concepts = ConceptAttribution(model, "blocks.0")
+    region = torch.zeros(32, 32)
+    region[:16] = 1
+    inside = concepts.relevances(x, region=region)
+    outside = concepts.relevances(x, region=1 - region)
+    grid = torch.ones(4, 4)  # the 4x4 patch grid itself
+    torch.testing.assert_close(inside + outside, concepts.relevances(x, region=grid))
+    top = concepts.top(x, k=3, region=region)
+    torch.testing.assert_close(top.relevance, inside.topk(3, dim=1).values)
+    assert top.heatmaps.shape == (2, 3, 32, 32)
 
 
 def test_linearity_vit_tokens():
@@ -199,6 +216,10 @@ def test_errors_say_what_to_do():
         ConceptAttribution(model, "9")
     with pytest.raises(ArgumentError, match="direction has 3"):
         concepts.heatmaps(x, Direction([1.0, 0.0, 0.0]))
+    with pytest.raises(ArgumentError, match="real 1-D vector"):
+        Direction(torch.ones(2, 3))
+    with pytest.raises(ArgumentError, match="not be zero|not zero"):
+        Direction([0, 0, 0])
     with pytest.raises(CamkitError, match="rules must be"):
         ConceptAttribution(model, "2", rules="lrp")
     with pytest.raises(ArgumentError, match="concept"):
@@ -219,3 +240,14 @@ def test_lrp_rules_linearity():
     (grad,) = torch.autograd.grad(out.gather(1, torch.tensor([[0], [3]])).sum(), leaf)
     full = (x * grad).sum(1)
     assert (heat.sum(1) - full).abs().max() <= 1e-5 * full.abs().max()
+
+
+def test_conditions_in_the_wrong_order_say_so():
+    model = small_cnn()
+    x = torch.rand(1, 3, 8, 8)
+    with pytest.raises(LayerOutputError, match="runs before"):
+        ConceptAttribution(model, "2").heatmaps(x, 0, given=("0", 1))
+    with pytest.raises(LayerOutputError, match="runs before"):
+        ConceptAttribution(model, "0").graph(x, 0, lower="2")
+    top = ConceptAttribution(model, "2").top(x[0], k=2)
+    assert top.classes.shape == () and top.channels.shape == (2,)

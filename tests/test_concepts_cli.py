@@ -72,3 +72,47 @@ def test_concepts_usage_errors(photos, tmp_path, capsys):
     assert "channels 0..39" in capsys.readouterr().err
     assert cli.main(["concepts", *common, "--layer", "blocks.2", "--channels", "a"]) == EXIT_USAGE
     assert not (tmp_path / "x" / "concepts.json").exists()
+
+
+def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeypatch):
+    from camkit.concepts.reference import ReferenceCollector
+
+    common = ["concepts", str(photos), "--layer", "blocks.2", "--top", "2", "--channels", "0-1"]
+    common += ["--images-per-batch", "1", "--workers", "0", "--quiet"]
+    assert cli.main([*common, "--out", str(tmp_path / "whole")]) == EXIT_UNREADABLE_IMAGES
+    update = ReferenceCollector.update
+    calls = []
+
+    def stop_at_the_third_image(self, images, indices):
+        calls.append(indices)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        update(self, images, indices)
+
+    monkeypatch.setattr(ReferenceCollector, "update", stop_at_the_third_image)
+    out = tmp_path / "stopped"
+    assert cli.main([*common, "--out", str(out)]) == 130
+    monkeypatch.setattr(ReferenceCollector, "update", update)
+    assert not (out / "concepts.json").exists()
+    assert cli.main([*common, "--out", str(out), "--resume"]) == EXIT_UNREADABLE_IMAGES
+    whole = json.loads((tmp_path / "whole" / "concepts.json").read_text())
+    resumed = json.loads((out / "concepts.json").read_text())
+    assert resumed["images"] == whole["images"] == 3
+    for channel, entries in whole["channels"].items():
+        for mode, rows in entries.items():
+            again = resumed["channels"][channel][mode]
+            assert [r["image"] for r in rows] == [r["image"] for r in again]
+            assert [r["score"] for r in rows] == pytest.approx([r["score"] for r in again])
+    # another run's parts are not resumed
+    other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
+    assert cli.main(other) == EXIT_USAGE
+
+
+def test_concepts_with_lrp_rules(photos, tmp_path):
+    out = tmp_path / "lrp"
+    args = ["concepts", str(photos / "chelsea.png"), "--layer", "blocks.2", "--top", "1"]
+    args += ["--channels", "0", "--rules", "lrp", "--out", str(out), "--workers", "0", "--quiet"]
+    assert cli.main(args) == 0
+    summary = json.loads((out / "concepts.json").read_text())
+    assert summary["rules"] == "lrp epsilon-plus-flat"
+    assert summary["channels"]["0"]["relevance"][0]["image"].endswith("chelsea.png")

@@ -86,5 +86,9 @@ def test_feature_visualisation_errors():
     model = small_cnn()
     with pytest.raises(ArgumentError, match="objective"):
         visualize(model, "3", size=16, steps=1)
+    with pytest.raises(ArgumentError, match="channel 6 out of range"):
+        visualize(model, ChannelObjective("3", 6), size=16, steps=1)
+    with pytest.raises(ArgumentError, match="class 5 out of range"):
+        visualize(model, LogitObjective(5), size=16, steps=1)
     with pytest.raises(ArgumentError, match="diversity_layer"):
         visualize(model, LogitObjective(0), size=16, steps=1, batch=2, diversity_weight=1.0)

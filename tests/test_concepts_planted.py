@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from conftest import small_cnn
+from matrix_kit import assert_untouched, model_state
 from torch import nn
 
 from camkit.concepts import ConceptAttribution
@@ -93,10 +94,18 @@ def test_streaming_top_k_equals_a_full_sort_and_merges():
     second.update(values[11:], samples[11:], positions[11:], classes[11:])
     first.merge(second)
     assert torch.equal(first.samples, streamed.samples)
+    # ties go to the lower dataset index, whatever order the parts are merged in
+    tied = TopK.empty(4, 3)
+    tied.update(torch.zeros(2, 4), torch.tensor([7, 9]), torch.zeros(2, 4).long(), classes[:2])
+    early = TopK.empty(4, 3)
+    early.update(torch.zeros(2, 4), torch.tensor([3, 8]), torch.zeros(2, 4).long(), classes[:2])
+    tied.merge(early)
+    assert tied.samples.tolist() == [[3, 7, 8]] * 4
 
 
 def test_collector_memory_does_not_grow_and_collectors_merge():
     model = small_cnn()
+    before = model_state(model)
     torch.manual_seed(0)
     images = torch.rand(10, 3, 8, 8)
     whole = ReferenceCollector(model, "2", top=3)
@@ -109,9 +118,13 @@ def test_collector_memory_does_not_grow_and_collectors_merge():
     for mode in ("activation", "relevance"):
         assert torch.equal(parts[0].found[mode].samples, whole.found[mode].samples)
         assert whole.found[mode].values.shape == (6, 3)
-    before = {mode: found.values.shape for mode, found in whole.found.items()}
+    shapes = {mode: found.values.shape for mode, found in whole.found.items()}
     whole.update(images, torch.arange(10, 20))
-    assert {mode: found.values.shape for mode, found in whole.found.items()} == before
+    assert {mode: found.values.shape for mode, found in whole.found.items()} == shapes
+    found = whole.found["relevance"]
+    samples = found.samples[0] % 10  # images 10..19 are images 0..9 again
+    receptive_boxes(model, "2", images[samples], torch.zeros(3).long(), found.positions[0])
+    assert_untouched(model, before)
 
 
 def test_the_tag_cluster_of_the_strategies_names_the_tag_channel():

@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import uuid
+from collections.abc import Callable
+from io import BytesIO
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from camkit import io
 from camkit.cli.common import (
@@ -29,11 +32,15 @@ from camkit.cli.common import (
 )
 from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import default_workers
+from camkit.cli.ranks import Ranks
 from camkit.concepts.reference import MODES, ReferenceCollector, receptive_boxes
+from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
+from camkit.relevance import COMPOSITES
 
 CONCEPTS = "concepts.json"
+PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
 DEFAULT_CHANNELS = 16
 SUMMARY = "find what a layer's channels respond to: reference images per channel"
 DESCRIPTION = (
@@ -43,8 +50,10 @@ DESCRIPTION = (
     "with the patch of its receptive field that drives it (see docs/concepts.md)."
 )
 EPILOG = (
-    "outputs in --out: concepts.json (per channel and ranking: image, score, predicted class, "
-    "patch box) and patches/LAYER/cCHANNEL_{activation,relevance}_RANK.png.\n\n"
+    "torchrun --nproc_per_node=N -m camkit concepts ... shares the images among N processes; "
+    "rank 0 merges them.\n\noutputs in --out: concepts.json (per channel and ranking: image, "
+    "score, predicted class, patch box) and\n"
+    "patches/LAYER/cCHANNEL_{activation,relevance}_RANK.png.\n\n"
     "example:\n  camkit concepts photos/ --layer blocks.5 --top 8 --channels 0-15 --out run"
 )
 
@@ -65,62 +74,132 @@ def parse_channels(spec: str, channels: int) -> list[int]:
 
 
 def run_concepts(args: argparse.Namespace) -> int:
-    """Rank every channel of the layer over the images (streaming, memory independent of their
-    number), then write the reference patches of the chosen channels."""
+    """Rank every channel of the layer over the images (this rank's share of those not done
+    yet; streaming, memory independent of their number); rank 0 merges every part and writes
+    the reference patches of the chosen channels."""
+    ranks = Ranks.from_env()
     paths = find_images(args.images)
     out = Path(args.out)
     check_out_dir(out)
-    device = pick_device(args.device)
-    loaded = load_model(args.model, args.weights)
-    layer = pick_layer(loaded, args.layer, [])
-    if args.layer is None:
-        print(f"layer: {layer} (auto)", file=sys.stderr)
-    model = loaded.model.to(device)
-    squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
-    files = ImageFiles(paths, squash, keep_original=False)
+    device = pick_device(args.device, ranks.local_rank)
+    with ranks.group(device):
+        loaded = load_model(args.model, args.weights)
+        layer = pick_layer(loaded, args.layer, [])
+        if args.layer is None and ranks.rank == 0:
+            print(f"layer: {layer} (auto)", file=sys.stderr)
+        model = loaded.model.to(device)
+        rules = GRADIENT if args.rules == "gradient" else LRPRules(args.composite)
+        try:
+            collector = ReferenceCollector(model, layer, top=args.top, rules=rules)
+        except CamkitError as error:
+            raise UsageError(f"--layer {layer}: {error}") from None
+        run = {
+            "model": loaded.name,
+            "layer": layer,
+            "top": args.top,
+            "rules": "gradient" if args.rules == "gradient" else f"lrp {args.composite}",
+            "images": list(map(str, paths)),
+        }
+        if ranks.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            if not args.resume:  # a new run: what an earlier one left is not part of it
+                for stale in out.glob(PARTS):
+                    stale.unlink()
+        ranks.barrier()
+        earlier = read_parts(out, run) if args.resume else []
+        done = {index for part in earlier for index in part["done"]}
+        todo = [index for index in range(len(paths)) if index not in done]
+        squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
+        unreadable = rank_images(collector, squash, paths, ranks.shard(todo), args, out, run, ranks)
+        ranks.barrier()
+        if ranks.rank != 0:
+            return EXIT_OK
+        merged = ReferenceCollector(model, layer, top=args.top, rules=rules)
+        for part in read_parts(out, run):
+            merged.load_state(part["state"])
+            unreadable.extend(path for path in part["unreadable"] if path not in unreadable)
+        if not merged.found:
+            return exit_status(unreadable)
+        relevance = merged.totals["relevance"]
+        if args.channels is None:
+            channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
+        else:
+            channels = parse_channels(args.channels, relevance.numel())
+        originals = ImageFiles(paths, squash)
+        summary = {
+            "model": loaded.name,
+            "layer": layer,
+            "top": args.top,
+            "images": merged.seen,
+            "unreadable": sorted(unreadable),
+            "rules": run["rules"],
+            "score": "sum over positions, divided by the image's sum of absolute channel scores",
+            "channels": {
+                str(c): write_channel(merged, originals, model, layer, c, out, loaded.labels)
+                for c in channels
+            },
+        }
+        io.save_json(out / CONCEPTS, summary)
+    print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
+    return exit_status(sorted(unreadable))
+
+
+def rank_images(
+    collector: ReferenceCollector,
+    preprocess: Callable,
+    paths: list[Path],
+    indices: list[int],
+    args: argparse.Namespace,
+    out: Path,
+    run: dict,
+    ranks: Ranks,
+) -> list[str]:
+    """Rank the channels over the images ``indices`` (this rank's), saving the part after every
+    batch (a killed run resumes from there) -> the paths that could not be read."""
+    files = Subset(ImageFiles(paths, preprocess, keep_original=False), indices)
     workers = default_workers() if args.workers is None else args.workers
     loader = DataLoader(
         files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
     )
-    try:
-        collector = ReferenceCollector(model, layer, top=args.top)
-    except CamkitError as error:
-        raise UsageError(f"--layer {layer}: {error}") from None
+    part = out / f"concepts.part-{ranks.rank}-{uuid.uuid4().hex[:8]}.pt"
+    done: list[int] = []
     unreadable: list[str] = []
-    with progress(len(paths), "concepts", "image", enabled=not args.quiet) as shown:
+    device = next(collector.capture.model.parameters()).device
+    label = f"concepts [rank {ranks.rank}]" if ranks.distributed else "concepts"
+    with progress(len(indices), label, "image", enabled=not args.quiet) as shown:
         for batch in loader:
-            for _, path, reason in batch.failures:
+            for index, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
                 unreadable.append(path)
+                done.append(index)
             if batch.inputs is not None:
                 try:
                     collector.update(batch.inputs.to(device), batch.indices)
                 except CamkitError as error:
-                    raise UsageError(f"--layer {layer}: {error}") from None
+                    raise UsageError(f"--layer {collector.layer} --rules: {error}") from None
+                done.extend(batch.indices)
+            state = run | {"done": done, "unreadable": unreadable, "state": collector.state()}
+            buffer = BytesIO()
+            torch.save(state, buffer)
+            io.write_atomic(part, buffer.getvalue(), durable=False)
             shown.update(len(batch))
-    if not collector.found:
-        return exit_status(unreadable)
-    relevance = collector.totals["relevance"]
-    if args.channels is None:
-        channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
-    else:
-        channels = parse_channels(args.channels, relevance.numel())
-    originals = ImageFiles(paths, squash)
-    summary = {
-        "model": loaded.name,
-        "layer": layer,
-        "top": args.top,
-        "images": collector.seen,
-        "rules": "gradient",
-        "score": "sum over positions, divided by the image's sum of absolute channel scores",
-        "channels": {
-            str(c): write_channel(collector, originals, model, layer, c, out, loaded.labels)
-            for c in channels
-        },
-    }
-    io.save_json(out / CONCEPTS, summary)
-    print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
-    return exit_status(unreadable) if unreadable else EXIT_OK
+    return unreadable
+
+
+def read_parts(out: Path, run: dict) -> list[dict]:
+    """The saved parts of this run in ``out`` (``--resume``; rank 0's merge); a part of
+    another run (other images, model, layer or top) is a usage error."""
+    parts = []
+    for path in sorted(out.glob(PARTS)):
+        part = torch.load(path, weights_only=True)
+        differs = [key for key in run if part.get(key) != run[key]]
+        if differs:
+            raise UsageError(
+                f"--resume: {path.name} belongs to a run with other {', '.join(differs)}; "
+                "run without --resume to start over"
+            )
+        parts.append(part)
+    return parts
 
 
 def write_channel(
@@ -206,6 +285,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--out", default="camkit-out", metavar="DIR", help="output folder (default %(default)s)"
+    )
+    parser.add_argument(
+        "--rules",
+        choices=("gradient", "lrp"),
+        default="gradient",
+        help="how relevance is computed: gradient x activation (default; any model) or LRP "
+        "(Concept Relevance Propagation proper; see --composite)",
+    )
+    parser.add_argument(
+        "--composite",
+        choices=COMPOSITES,
+        default="epsilon-plus-flat",
+        help="the LRP composite with --rules lrp (default %(default)s)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a run that stopped: the images its saved parts hold are not ranked again",
     )
     parser.add_argument(
         "--images-per-batch",

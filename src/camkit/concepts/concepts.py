@@ -88,9 +88,10 @@ class Direction(Concept):
 
     def __init__(self, vector: Tensor | Sequence[float]):
         v = torch.as_tensor(vector)
-        if v.ndim != 1 or not v.is_floating_point() and v.dtype not in (torch.int64, torch.int32):
+        if v.ndim != 1 or v.dtype == torch.bool or v.is_complex():
             raise ArgumentError(
-                f"a Direction needs a 1-D vector over the layer's channels, got {tuple(v.shape)}"
+                "a Direction needs a real 1-D vector over the layer's channels, got "
+                f"{v.dtype} of shape {tuple(v.shape)}"
             )
         v = v.double() if v.dtype == torch.float64 else v.float()
         norm = torch.linalg.vector_norm(v)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.concepts.concepts import (
+    Concept,
     ConceptSpec,
     Mask,
     TopConcepts,
@@ -83,7 +84,8 @@ class ConceptAttribution:
         reshape: ``"auto"`` reads token ``(B, N, C)`` and channels-last outputs (channels on the
             last axis; a ViT's prefix tokens count in channel relevances but have no place in
             the image), None takes the output as ``(B, C, ...)``.
-        batch_size: conditions per backward pass (None: all at once).
+        batch_size: rows per pass: conditions per backward pass, images per pass in
+            :meth:`dominant` (None: all at once). Results do not depend on it.
     """
 
     def __init__(
@@ -144,15 +146,10 @@ class ConceptAttribution:
                 raise ArgumentError("given= must name another (later) layer than the concepts'")
             layers.insert(0, upper)
         with self._traced(batch, target, layers) as run:
-            channels = self._channels(run, self.layer)
-            for concept in found:
-                concept.check(channels)
-            masks = [concept.project for concept in found]
+            masks = self._masks(run, self.layer, found)
             upper_mask = None
             if given is not None:
-                upper_concept = as_concept(given[1])
-                upper_concept.check(self._channels(run, layers[0]))
-                upper_mask = upper_concept.project
+                (upper_mask,) = self._masks(run, layers[0], [as_concept(given[1])])
             heat = self._conditional(
                 run, masks, upper=layers[0] if given else None, upper_mask=upper_mask
             )
@@ -198,7 +195,7 @@ class ConceptAttribution:
                 values[0],
                 share[0],
                 None if heat is None else heat[0],
-                None if classes is None else classes[:1],
+                None if classes is None else classes[0],
             )
         return picked
 
@@ -246,10 +243,7 @@ class ConceptAttribution:
         if low == self.layer:
             raise ArgumentError("lower must be another (earlier) layer than the concepts'")
         with self._traced(batch, target, [self.layer, low]) as run:
-            channels = self._channels(run, self.layer)
-            for concept in found:
-                concept.check(channels)
-            masks = [concept.project for concept in found]
+            masks = self._masks(run, self.layer, found)
             upper_grad = self._start(run, self.layer)
             parts = []
             for start in range(0, len(masks), self.batch_size or len(masks)):
@@ -325,11 +319,19 @@ class ConceptAttribution:
             ]
             out = None if parts[0] is None else torch.stack(parts)
         if out is None:
-            raise LayerOutputError("the layer's output does not depend on the explained tensor")
+            raise LayerOutputError(
+                "a conditional backward found no path between two of its tensors: a layer "
+                "given as later (given=, or the concepts' layer for graph's lower=) runs before "
+                "the other one, or on another branch"
+            )
         return out
 
-    def _channels(self, run: _Pass, layer: str) -> int:
-        return _channels_first(run, layer, run.acts[layer]).shape[1]
+    def _masks(self, run: _Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
+        """The concepts' masks, each checked against the layer's channel count."""
+        channels = _channels_first(run, layer, run.acts[layer]).shape[1]
+        for concept in concepts:
+            concept.check(channels)
+        return [concept.project for concept in concepts]
 
     def _masked(self, run: _Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
         """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""

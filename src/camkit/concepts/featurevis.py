@@ -29,7 +29,7 @@ from camkit.core.inputs import as_size, positive_int, seed_value
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
 from camkit.core.outputs import OutputSelector, class_logits
-from camkit.core.progress import progress_bar
+from camkit.core.progress import progress as progress_of
 from camkit.errors import ArgumentError
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
@@ -46,21 +46,29 @@ class ChannelObjective:
     channel: int
 
     def score(self, act: Tensor, logits: Tensor) -> Tensor:
-        return act[:, self.channel].flatten(1).mean(dim=1)
+        """``(B, C, ...)`` activations (channels first), the logits -> ``(B,)``."""
+        return _channel(act, self.channel, self.layer).flatten(1).mean(dim=1)
 
 
 @dataclass(frozen=True)
 class NeuronObjective:
     """Maximise channel ``channel`` of ``layer`` at one position (``position``: the flat index
-    among the layer's positions, e.g. a token; None: the centre one)."""
+    among the layer's positions, row-major, e.g. a token; None: the middle one)."""
 
     layer: str
     channel: int
     position: int | None = None
 
     def score(self, act: Tensor, logits: Tensor) -> Tensor:
-        flat = act[:, self.channel].flatten(1)
-        return flat[:, flat.shape[1] // 2 if self.position is None else self.position]
+        """``(B, C, ...)`` activations (channels first), the logits -> ``(B,)``."""
+        flat = _channel(act, self.channel, self.layer).flatten(1)
+        position = flat.shape[1] // 2 if self.position is None else self.position
+        if not 0 <= position < flat.shape[1]:
+            raise ArgumentError(
+                f"position {position} out of range: layer {self.layer!r} has {flat.shape[1]} "
+                "positions"
+            )
+        return flat[:, position]
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,21 @@ class LogitObjective:
     layer: None = None
 
     def score(self, act: Tensor | None, logits: Tensor) -> Tensor:
+        """The logits ``(B, classes)`` -> ``(B,)``."""
+        if not 0 <= self.cls < logits.shape[1]:
+            raise ArgumentError(f"class {self.cls} out of range: the model has {logits.shape[1]}")
         return logits[:, self.cls]
 
 
 Objective = ChannelObjective | NeuronObjective | LogitObjective
+
+
+def _channel(act: Tensor, channel: int, layer: str) -> Tensor:
+    if not 0 <= channel < act.shape[1]:
+        raise ArgumentError(
+            f"channel {channel} out of range: layer {layer!r} has {act.shape[1]} channels"
+        )
+    return act[:, channel]
 
 
 def fourier_image(spectrum: Tensor, size: tuple[int, int]) -> Tensor:
@@ -152,7 +171,7 @@ def visualize(
     ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``);
     ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
     objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
-    ``progress``: a progress bar on a terminal.
+    ``progress``: a progress bar on a terminal, a line every few seconds in a log.
     """
     require_autograd("feature visualisation")
     model = explained_module(model)
@@ -177,7 +196,7 @@ def visualize(
     spectrum = (0.01 * spectrum).to(param.device).requires_grad_(True)
     normalise = _normalisation(mean, std, param)
     optimiser = torch.optim.Adam([spectrum], lr=lr)
-    with progress_bar(steps, "feature visualisation", "step", enabled=progress) as shown:
+    with progress_of(steps, "feature visualisation", "step", enabled=progress) as shown:
         for _ in range(steps):
             with torch.enable_grad():
                 image = fourier_image(spectrum, size)

@@ -66,7 +66,7 @@ class TopK:
 
     def update(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
         """Fold in the scores ``values (n, C)`` of dataset samples ``samples (n,)`` (predicted
-        ``classes (n,)``) driven by ``positions (n, C)``."""
+        ``classes (n,)``) driven by ``positions (n, C)``; equal scores keep the lower index."""
         channels = values.shape[1]
         self._keep(
             values.detach().double().cpu().T,
@@ -82,10 +82,13 @@ class TopK:
     def _keep(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
         top = self.values.shape[1]
         values = torch.cat([self.values, values], dim=1)
-        # the stable sort keeps the entry seen first among equal scores
-        order = values.argsort(dim=1, descending=True, stable=True)[:, :top]
+        samples = torch.cat([self.samples, samples], dim=1)
+        # equal scores are ordered by dataset index, so merging in any order gives one result
+        by_sample = samples.argsort(dim=1, stable=True)
+        by_value = values.gather(1, by_sample).argsort(dim=1, descending=True, stable=True)
+        order = by_sample.gather(1, by_value)[:, :top]
         self.values = values.gather(1, order)
-        self.samples = torch.cat([self.samples, samples], dim=1).gather(1, order)
+        self.samples = samples.gather(1, order)
         self.positions = torch.cat([self.positions, positions], dim=1).gather(1, order)
         self.classes = torch.cat([self.classes, classes], dim=1).gather(1, order)
 
@@ -170,13 +173,38 @@ class ReferenceCollector:
         """Fold in another collector of the same layer (another rank's, a resumed part's)."""
         if other.layer != self.layer or other.top != self.top:
             raise ArgumentError("only collectors of the same layer and top merge")
-        for mode, found in other.found.items():
+        self._fold(other.found, other.totals, other.seen)
+
+    def state(self) -> dict[str, object]:
+        """What the collector found, as tensors and numbers (``torch.save`` it to resume, or to
+        merge another rank's part with :meth:`load_state`)."""
+        return {
+            "layer": self.layer,
+            "top": self.top,
+            "seen": self.seen,
+            "found": {mode: vars(found) for mode, found in self.found.items()},
+            "totals": dict(self.totals),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Fold in a :meth:`state` (a resumed part, another rank's), exactly as :meth:`merge`."""
+        if state.get("layer") != self.layer or state.get("top") != self.top:
+            raise ArgumentError(
+                f"a collector state of layer {state.get('layer')!r}, top {state.get('top')} "
+                f"cannot join one of layer {self.layer!r}, top {self.top}"
+            )
+        found = {mode: TopK(**fields) for mode, fields in state["found"].items()}
+        self._fold(found, state["totals"], int(state["seen"]))
+
+    def _fold(self, found: dict[Mode, TopK], totals: dict[Mode, Tensor], seen: int) -> None:
+        for mode, part in found.items():
             if mode in self.found:
-                self.found[mode].merge(found)
-                self.totals[mode] += other.totals[mode]
+                self.found[mode].merge(part)
+                self.totals[mode] += totals[mode]
             else:
-                self.found[mode], self.totals[mode] = found, other.totals[mode].clone()
-        self.seen += other.seen
+                self.found[mode] = TopK(**{k: v.clone() for k, v in vars(part).items()})
+                self.totals[mode] = totals[mode].clone()
+        self.seen += seen
 
 
 def channels_first(t: Tensor, model: nn.Module, batch: Tensor, reshape: str | None) -> Tensor:
