@@ -78,3 +78,43 @@ def test_readme_methods_table_lists_every_registered_method_with_its_reference()
     for name, method in registry.METHODS.items():
         assert f"`{method.cls.__name__}`" in rows[name][0], name
         assert rows[name][1] == method.reference, name
+
+
+# ----------------------------------------------------------------------------- typed questions
+
+SRC = Path(camkit.__file__).parent
+
+
+def test_front_ends_ask_methods_typed_questions_not_names() -> None:
+    """The CLI and the explorer decide what a method can do by asking it (``fits``,
+    ``shares_one_pass``, ``clean_batch_first``, ``forward_rows``, ``needs_gradients``,
+    ``display_heat``), never by its family string or class name (the family only groups the
+    menus)."""
+    import re
+
+    for path in [*(SRC / "serve").rglob("*.py"), *(SRC / "cli").rglob("*.py")]:
+        text = path.read_text("utf-8")
+        assert not re.search(r"\.family\s*(==|!=|in\b)|family\s*(==|!=)\s*\"", text), path
+        assert not re.search(r"(method|name)\s*==\s*\"[a-z+-]+cam[a-z+]*\"", text), path
+        assert 'endswith("Attention")' not in text, path
+
+
+def test_each_method_answers_for_itself(tiny) -> None:
+    from torch import nn
+
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    assert "attention" in camkit.AttentionRollout.fits(cnn)
+    assert camkit.CAM.fits(cnn) is not None  # no linear classifier to read
+    assert camkit.GradCAM.fits(cnn) is None
+    assert camkit.GradCAM.shares_one_pass() and not camkit.ScoreCAM.shares_one_pass()
+    assert camkit.ScoreCAM.clean_batch_first() and not camkit.Saliency.clean_batch_first()
+    assert registry.get("gradcam").shares_pass and not registry.get("shapleycam").shares_pass
+    shape = (1, 8, 5, 6)
+    assert camkit.GradCAM(tiny, "conv").forward_rows(shape) == 1
+    assert camkit.ScoreCAM(tiny, "conv").forward_rows(shape) == 8
+    assert camkit.ScoreCAM(tiny, "conv", top_channels=3).forward_rows(shape) == 3
+    assert camkit.SSCAM(tiny, "conv", samples=4).forward_rows(shape) == 32
+    assert camkit.ReciproCAM(tiny, "conv").forward_rows(shape) == 30
+    assert camkit.IntegratedGradients(tiny, steps=16).forward_rows() == 17
+    assert camkit.SmoothGrad(tiny, samples=5).forward_rows() == 5
+    assert camkit.SmoothGrad(tiny, samples=5, noise_level=0).forward_rows() == 1

@@ -260,7 +260,7 @@ def test_a_long_map_reports_progress_and_cancel_stops_the_servers_work(tmp_path:
     explorer = explorer_for(photo_folder(tmp_path), a=model)
     before = model_state(model.model)
     # Score-CAM at act2 (8 channels): the clean pass and one masked copy per channel
-    assert copies_per_image("scorecam", None, (1, 8, 8, 8)) == 9
+    assert copies_per_image(camkit.ScoreCAM(model.model, "act2"), (1, 8, 8, 8)) == 9
     query = "image=2&class=1&method=scorecam&format=npy"
     with running(create_app(explorer, token=None)) as base:
         status, body = fetch(f"{base}/api/map?{query}&job=first")
@@ -312,7 +312,7 @@ def test_methods_say_roughly_how_long_they_take(tmp_path: Path) -> None:
     # copies x row seconds x 3 for a forward and a backward pass (act2: 8 channels)
     assert methods["gradcam"] == pytest.approx((1 + 1) * 0.01 * 3)
     assert methods["scorecam"] == pytest.approx((8 + 1) * 0.01)
-    assert methods["ig"] == pytest.approx((50 + 1) * 0.01 * 3)
+    assert methods["ig"] == pytest.approx((50 + 1 + 1) * 0.01 * 3)  # 51 path points + clean
 
 
 def test_the_front_ends_do_not_import_each_other() -> None:

@@ -19,7 +19,7 @@ from camkit.core.engine import over_rows, run_model
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing
 from camkit.core.inputs import autocast
-from camkit.core.layers import hooked, this_thread
+from camkit.core.layers import explained_module, hooked, this_thread
 from camkit.core.layouts import infer_layout
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
@@ -95,6 +95,20 @@ class AttentionMethod(Explainer):
     def __init__(self, model: nn.Module, layer: Sequence[str] | None = None, **options: Any):
         super().__init__(model, **options)
         self.blocks = _select_blocks(self.model, [layer] if isinstance(layer, str) else layer)
+
+    @classmethod
+    def takes_layer(cls) -> bool:
+        return True  # the attention blocks read (default: all)
+
+    @classmethod
+    def fits(cls, model: nn.Module) -> str | None:
+        try:
+            found = attention_blocks(explained_module(model))
+        except AttentionError as error:
+            found, why = [], str(error)
+        else:
+            why = "no attention blocks"
+        return None if found else f"an attention method: only for vision transformers ({why})"
 
     @property
     def layers(self) -> list[str]:

@@ -50,19 +50,14 @@ class Method:
 
     @property
     def shares_pass(self) -> bool:
-        """Whether :func:`camkit.cams` computes it from the one shared forward/backward pass: a
-        gradient CAM that does not run passes of its own (keeps :meth:`BaseCAM.raw_maps`)."""
-        from camkit.cam.base import BaseCAM  # here: camkit.cam imports the registry
-
-        return (
-            self.family == "gradient-cam"
-            and getattr(self.cls, "raw_maps", None) is BaseCAM.raw_maps
-        )
+        """Whether :func:`camkit.cams` computes it from the one shared forward/backward pass
+        (the class's own answer, :meth:`~camkit.core.explainer.Explainer.shares_one_pass`)."""
+        return self.cls.shares_one_pass()
 
     def build(self, model: nn.Module, layer: Any = None, **options: Any) -> Callable:
         """The explainer ``cls(model, layer, **options)`` (``layer`` None: the model's default
-        layer, or all attention blocks; methods without a layer are built without it)."""
-        if self.needs_layer or (layer is not None and self.family == "attention"):
+        layer, or all attention blocks; methods that take no layer are built without it)."""
+        if self.cls.takes_layer():
             return self.cls(model, layer, **options)
         return self.cls(model, **options)
 

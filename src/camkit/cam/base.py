@@ -89,6 +89,11 @@ class BaseCAM(Explainer):
         twin.eigen_smooth = True
         return twin
 
+    @classmethod
+    def shares_one_pass(cls) -> bool:
+        """A gradient CAM that only weighs the captured layer (keeps :meth:`raw_maps`)."""
+        return cls.raw_maps is BaseCAM.raw_maps
+
     # ------------------------------------------------------------------ what a method says
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:

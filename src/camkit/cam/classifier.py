@@ -13,7 +13,7 @@ from camkit.cam.base import BaseCAM
 from camkit.core.engine import over_rows
 from camkit.core.layers import LayerSpec, find_layer, single_call
 from camkit.core.targets import RowScorer
-from camkit.errors import ClassifierNotFoundError, LayerOutputError, TargetError
+from camkit.errors import CamkitError, ClassifierNotFoundError, LayerOutputError, TargetError
 from camkit.registry import register
 
 # Names of the classifier of common heads, tried in order (torchvision, timm, others).
@@ -106,6 +106,14 @@ class CAM(BaseCAM):
     """
 
     needs_gradients = False
+
+    @classmethod
+    def fits(cls, model: nn.Module) -> str | None:
+        try:
+            find_classifier(model)
+        except CamkitError as error:
+            return str(error)
+        return None
 
     def __init__(
         self,

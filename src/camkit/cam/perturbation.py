@@ -91,6 +91,17 @@ class PerturbationCAM(BaseCAM):
         self.top_channels = positive_int("top_channels", top_channels, optional=True)
         self.progress = progress
 
+    @classmethod
+    def clean_batch_first(cls) -> bool:
+        return True  # the clean pass pins the top-1 classes before any copy is scored
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One perturbed copy per evaluated channel of the layer (``top_channels`` at most)."""
+        if layer_shape is None or len(layer_shape) < 3:
+            return 1
+        channels = layer_shape[-1] if len(layer_shape) == 3 else layer_shape[1]  # tokens: last
+        return min(channels, self.top_channels) if self.top_channels else channels
+
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
@@ -235,6 +246,11 @@ class ScoreCAM(PerturbationCAM):
 
     label = "Score-CAM"  # in the progress bar
     draws = 1  # masked inputs per mask (their scores are averaged): variants draw several
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One masked copy per evaluated channel, ``draws`` times (SS-CAM, IS-CAM)."""
+        return super().forward_rows(layer_shape) * self.draws
+
     shares_masks = True  # whether channels with equal masks share their forwards
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:

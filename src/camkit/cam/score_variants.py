@@ -161,6 +161,12 @@ class ReciproCAM(PerturbationCAM):
             raise ArgumentError(f"kernel must be one of {self.kernels}, got {kernel!r}")
         self.kernel = kernel
 
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One copy per position of the layer's map."""
+        if layer_shape is None or len(layer_shape) != 4:
+            return 1
+        return layer_shape[-1] * layer_shape[-2]
+
     def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
         """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
         (``i * w + j``)."""

@@ -57,6 +57,10 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         self.samples = positive_int("samples", samples)
         self.std = finite_number("std", std, minimum=0.0)
 
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One noisy copy per sample."""
+        return self.samples
+
     def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
         size = batch.shape[0]
         input_size = tuple(batch.shape[2:])

@@ -158,7 +158,7 @@ class BatchExplainer:
 
     @staticmethod
     def _clean_first(method: registry.Method) -> bool:
-        return method.shares_pass or method.family == "perturbation-cam"
+        return method.cls.clean_batch_first()
 
     def batch(self, batch: ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
         """Explain the readable images of one batch (``batch.indices`` index ``paths``);

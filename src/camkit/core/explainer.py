@@ -137,6 +137,39 @@ class Explainer:
             cls.several_inputs,
         )
 
+    # ------------------------------------------------------------------ what a front end asks
+
+    @classmethod
+    def fits(cls, model: nn.Module) -> str | None:
+        """Why the method cannot explain ``model`` (None: it can). The attention methods need
+        attention blocks, CAM a classifier it can find; the rest fit any model."""
+        return None
+
+    @classmethod
+    def takes_layer(cls) -> bool:
+        """Whether its constructor takes a ``layer`` (the layered methods need one; the
+        attention methods take their blocks as an optional one)."""
+        return cls.needs_layer
+
+    @classmethod
+    def shares_one_pass(cls) -> bool:
+        """Whether :func:`camkit.cams` can compute it from the one shared forward/backward pass
+        (a gradient CAM that only weighs the captured layer)."""
+        return False
+
+    @classmethod
+    def clean_batch_first(cls) -> bool:
+        """Whether its first forward is the plain batch, so that the model's output there is
+        also the prediction (a front end then needs no forward of its own)."""
+        return cls.shares_one_pass()
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """About how many rows of forward passes one sample costs, the clean pass not counted
+        (progress bars and time estimates): 1 for a one-pass method; the copies it scores
+        otherwise (a perturbation CAM's channels or positions of a layer output of
+        ``layer_shape``, noisy samples, path points)."""
+        return 1
+
     @property
     def layers(self) -> list[str]:
         """The layers the method reads (the default one once resolved); [] for none."""

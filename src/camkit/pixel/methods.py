@@ -125,6 +125,10 @@ class SmoothGrad(PixelAttribution):
         self.samples = positive_int("samples", samples)
         self.kind = kind
 
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One noisy copy per sample (one plain copy without noise)."""
+        return self.samples if self.noise_level > 0 else 1
+
     def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
         size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
@@ -252,6 +256,10 @@ class IntegratedGradients(PixelAttribution):
             "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
         }
         return {key: drop_axes(value, single, several) for key, value in report.items()}
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One copy per point of the path (``steps + 1`` points)."""
+        return self.steps + 1
 
     def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
         attrs, _, several = self.integrate(inputs, target)

@@ -22,12 +22,8 @@ from torch import Tensor, nn
 
 import camkit
 from camkit import io, metrics, models, registry, viz
-from camkit.errors import ArgumentError, CamkitError, InputError, TargetError
+from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.serve.gallery import Entry, Prediction
-
-SLOW_FAMILIES = ("perturbation-cam",)
-SLOW_METHODS = frozenset({"sess", "smoothgrad", "ig", "smoothgradcam++", "shapleycam", "kpcacam"})
-ATTENTION_FAMILY = "attention"
 
 
 class LRU(OrderedDict):
@@ -62,15 +58,6 @@ class MapKey:
     layer: str | None
     image: int
     target: int
-
-
-def is_transformer(model: nn.Module) -> bool:
-    """Whether the model has attention blocks (``nn.MultiheadAttention`` or timm's/HF's
-    ``...Attention`` modules): the attention methods only fit those."""
-    return any(
-        isinstance(module, nn.MultiheadAttention) or type(module).__name__.endswith("Attention")
-        for module in model.modules()
-    )
 
 
 def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
@@ -112,17 +99,8 @@ def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 
 
 
 def method_fits(name: str, model: nn.Module) -> str | None:
-    """Why a method does not fit the model (None when it does): the registry's family flags,
-    then a try of what the method needs from the model."""
-    method = registry.get(name)
-    if method.family == ATTENTION_FAMILY and not is_transformer(model):
-        return "an attention method: only for vision transformers"
-    if name == "cam":
-        try:
-            camkit.cam.find_classifier(model)
-        except CamkitError as error:
-            return str(error)
-    return None
+    """Why a method does not fit the model (None when it does): the method's own answer."""
+    return registry.get(name).cls.fits(model)
 
 
 class Explorer:

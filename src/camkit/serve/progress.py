@@ -12,7 +12,6 @@ not changed: the hook only reads the input's batch size.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from camkit import registry
+from camkit.core.explainer import Explainer
 from camkit.core.progress import counting_rows
 
 MAX_JOBS = 256  # jobs remembered; the oldest finished ones are forgotten first
@@ -112,40 +111,16 @@ def watching(model: nn.Module, job: Job) -> Iterator[None]:
         job.finished = True
 
 
-def _option(method: str, explainer: object | None, name: str) -> int | None:
-    """An explainer's option, or the method's default for it when there is no explainer."""
-    if explainer is not None:
-        value = getattr(explainer, name, None)
-    else:
-        parameter = inspect.signature(registry.get(method).cls).parameters.get(name)
-        value = None if parameter is None else parameter.default
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+def copies_per_image(explainer: Explainer, layer_shape: tuple | None) -> int:
+    """About how many rows of forward passes one image costs ``explainer`` (the method's own
+    answer, :meth:`~camkit.core.explainer.Explainer.forward_rows`, plus the clean pass): for
+    the progress bar and the time estimate."""
+    return explainer.forward_rows(layer_shape) + 1
 
 
-def copies_per_image(method: str, explainer: object | None, layer_shape: tuple | None) -> int:
-    """About how many copies of one image ``method`` scores (forward rows), for the progress
-    bar and the time estimate: a perturbation CAM one per channel of the layer (or per
-    position for Recipro-CAM), times its ``samples`` for SS-CAM/IS-CAM; a sampling method its
-    ``samples`` or ``steps``; a one-pass method 1 (each plus the clean pass). ``explainer``:
-    the built method (None: the method's defaults)."""
-    per_sample = 1
-    if registry.get(method).family == "perturbation-cam" and layer_shape is not None:
-        if method == "reciprocam":
-            per_sample = layer_shape[-1] * layer_shape[-2] if len(layer_shape) == 4 else 1
-        else:
-            channels = layer_shape[1] if len(layer_shape) == 4 else layer_shape[-1]
-            top = _option(method, explainer, "top_channels")
-            per_sample = min(channels, top) if top else channels
-    for name in ("samples", "steps"):
-        value = _option(method, explainer, name)
-        if value is not None:
-            return per_sample * value + 1
-    return per_sample + 1
-
-
-def estimate_seconds(method: str, layer_shape: tuple | None, row_seconds: float) -> float:
-    """Roughly how long one map of ``method`` takes: its copies times the measured seconds of
+def estimate_seconds(explainer: Explainer, layer_shape: tuple | None, row_seconds: float) -> float:
+    """Roughly how long one map of ``explainer`` takes: its rows times the measured seconds of
     one forward row, times 3 when it also runs backward passes (a backward costs about two
     forwards)."""
-    gradients = registry.get(method).family != "perturbation-cam" or method == "ablationcam"
-    return copies_per_image(method, None, layer_shape) * row_seconds * (3 if gradients else 1)
+    backward = 3 if explainer.needs_gradients else 1
+    return copies_per_image(explainer, layer_shape) * row_seconds * backward

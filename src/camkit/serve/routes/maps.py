@@ -44,7 +44,7 @@ def routes(state: ServerState) -> list[Route]:
         checkpoint, method, layers, image, target = request
         explainer = explorer.explainer(checkpoint, method, layers)
         shape = dict((n, s) for n, _, s in explorer.layers).get(layers[0])
-        job = state.jobs.start(job_id, copies_per_image(method, explainer, shape))
+        job = state.jobs.start(job_id, copies_per_image(explainer, shape))
         with watching(explorer.checkpoints[checkpoint].model, job):
             explorer.compute(checkpoint, method, layers, [(image, target)])
 

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from camkit import registry
-from camkit.serve.explorer import SLOW_FAMILIES, SLOW_METHODS
+from camkit.errors import CamkitError
 from camkit.serve.http import NO_STORE, Query, error
 from camkit.serve.progress import estimate_seconds
 from camkit.serve.routes.state import ServerState
@@ -41,20 +41,30 @@ def routes(state: ServerState) -> list[Route]:
         shape = dict((n, s) for n, _, s in explorer.layers).get(explorer.default_layer)
         rows = explorer.row_seconds
 
-        def seconds(name: str) -> float | None:
-            return None if rows is None else round(estimate_seconds(name, shape, rows), 3)
+        def cost(name: str) -> tuple[bool, float | None]:
+            """Whether the method scores many copies of an image, and about how long a map
+            takes: the method's own answers (``forward_rows``, ``needs_gradients``)."""
+            try:
+                explainer = explorer.explainer(checkpoints[0], name, (explorer.default_layer,))
+            except CamkitError:  # needs more than the default layer (RefineCAM): no estimate
+                return False, None
+            seconds = None if rows is None else estimate_seconds(explainer, shape, rows)
+            return explainer.forward_rows(shape) > 1, None if seconds is None else round(seconds, 3)
 
-        methods = [
-            {
-                "name": name,
-                "family": registry.get(name).family,
-                "needs_layer": registry.get(name).needs_layer,
-                "reference": registry.get(name).reference,
-                "slow": registry.get(name).family in SLOW_FAMILIES or name in SLOW_METHODS,
-                "seconds": seconds(name),
-            }
-            for name in explorer.methods
-        ]
+        methods = []
+        for name in explorer.methods:
+            slow, seconds = cost(name)
+            entry = registry.get(name)
+            methods.append(
+                {
+                    "name": name,
+                    "family": entry.family,
+                    "needs_layer": entry.needs_layer,
+                    "reference": entry.reference,
+                    "slow": slow,
+                    "seconds": seconds,
+                }
+            )
         truths = sorted({e.truth for e in explorer.entries if e.truth is not None})
         return JSONResponse(
             {
