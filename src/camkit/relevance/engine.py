@@ -67,6 +67,7 @@ def _table() -> dict[Any, str]:
     pools += ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")
     add(NORM, *named(torch, "sum", "mean"), *named(_T, "sum", "mean"))
     add(NORM, *named(F, *pools), *named(torch, *pools), *named(_N, *pools))
+    add(NORM, F.interpolate, F.upsample)  # resampling: linear, no bias
     scale = ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__")
     scale += ("__itruediv__", "multiply", "divide", "true_divide")
     add(SCALE, *named(torch, *scale), *named(_T, *scale))
