@@ -95,19 +95,20 @@ class _Elementwise(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         a, b = x[:, :1], x[:, 1:]
         pooled = F.avg_pool1d(x[:, None], 2)[:, 0]
-        return torch.cat([F.silu(x), a + b, pooled], dim=1)
+        upsampled = F.interpolate(x[:, None], scale_factor=2, mode="linear")[:, 0]
+        return torch.cat([F.silu(x), a + b, pooled, upsampled.sum(1, keepdim=True)], dim=1)
 
 
 def test_pass_and_norm_by_hand() -> None:
     """Pass: ``R_x = R_o`` for an activation (silu(2) goes to x0 whole). Norm: a sum shares its
     score in proportion, ``[2, 1] / 3 * 3``; average pooling likewise,
-    ``[2 / 2, 1 / 2] / 1.5 * 1.5``."""
+    ``[2 / 2, 1 / 2] / 1.5 * 1.5``; linear upsampling (summed: 6) likewise, ``[4, 2]``."""
     model = _Elementwise()
     silu = _relevance(model, X, Composite([], canonizers=[]), target=0)
     torch.testing.assert_close(
         silu[0], torch.tensor([F.silu(X[0, 0]).item(), 0.0], dtype=torch.float64)
     )
-    for target, expected in ((2, X[0]), (3, X[0] / 2)):
+    for target, expected in ((2, X[0]), (3, X[0] / 2), (4, 2 * X[0])):
         shared = _relevance(model, X, Composite([], canonizers=[]), target=target)
         torch.testing.assert_close(shared[0], expected, rtol=1e-5, atol=0)
 

@@ -8,7 +8,8 @@ composite names) get it through forward hooks; every other operation of the forw
 * activations (``relu``, ``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
   ``leaky_relu``, ``elu``, ``hardswish``, ...; in-place forms too): :class:`~.rules.Pass`;
 * additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
-  average pooling: :class:`~.rules.Norm` with the composite's stabiliser;
+  average pooling, resampling (``F.interpolate``): :class:`~.rules.Norm` with the composite's
+  stabiliser;
 * structural operations (views, reshapes, ``flatten``, ``cat``, ``stack``, indexing, padding,
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
@@ -67,6 +68,7 @@ def _table() -> dict[Any, str]:
     pools += ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")
     add(NORM, *named(torch, "sum", "mean"), *named(_T, "sum", "mean"))
     add(NORM, *named(F, *pools), *named(torch, *pools), *named(_N, *pools))
+    add(NORM, F.interpolate, F.upsample)  # resampling: linear, no bias
     scale = ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__")
     scale += ("__itruediv__", "multiply", "divide", "true_divide")
     add(SCALE, *named(torch, *scale), *named(_T, *scale))
