@@ -246,6 +246,19 @@ def add_crop_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_composite_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--composite``: the LRP composite, one spelling in every command."""
+    from camkit.relevance import COMPOSITES
+
+    parser.add_argument(
+        "--composite",
+        choices=COMPOSITES,
+        default="epsilon-plus-flat",
+        help=f"the LRP composite {what} (default %(default)s; docs/relevance.md says which "
+        "to choose)",
+    )
+
+
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """``--device``, read by :func:`pick_device`."""
     parser.add_argument(
@@ -268,6 +281,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     )
     add_model_arguments(parser)
     add_crop_argument(parser)
+    add_composite_argument(parser, what="of --method lrp")
     parser.add_argument(
         "--layer",
         metavar="NAME",

@@ -44,7 +44,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     paths, methods, out, device, (wanted, mask_files) = check_run_inputs(args, metrics_and_masks)
     loaded, classes, layer = load_run_model(args, methods, one_class=True)
-    job = Job(tuple(methods), layer, None, out, device, batch_size=args.batch_size, quiet=True)
+    job = Job(
+        tuple(methods),
+        layer,
+        None,
+        out,
+        device,
+        batch_size=args.batch_size,
+        composite=args.composite,
+        quiet=True,
+    )
     settings = Settings(
         tuple(n for n in wanted if n != "sanity"), args.steps, args.baseline, args.batch_size,
         args.tolerance,

@@ -49,6 +49,7 @@ def run_explain(args: argparse.Namespace) -> int:
             device=device,
             images_per_batch=args.images_per_batch,
             batch_size=args.batch_size,
+            composite=args.composite,
             alpha=args.alpha,
             colormap=args.colormap,
             save_raw=args.save_raw,

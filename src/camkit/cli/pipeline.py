@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import sys
 import threading
@@ -46,6 +47,7 @@ class Job:
     device: torch.device
     images_per_batch: int = 8
     batch_size: int = BATCH_SIZE  # rows per forward pass inside the methods that loop
+    composite: str = "epsilon-plus-flat"  # the LRP composite (--composite)
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
@@ -67,6 +69,7 @@ class Job:
             "target": None if self.classes is None else list(self.classes),
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
+            "composite": self.composite if "lrp" in self.methods else None,
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
@@ -91,6 +94,8 @@ def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
         options["batch_size"] = job.batch_size
     if entry.seeded:
         options["seed"] = 0
+    if "composite" in inspect.signature(entry.cls).parameters:  # LRP
+        options["composite"] = job.composite
     return entry.build(model, job.layer, **options)
 
 
