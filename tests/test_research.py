@@ -704,3 +704,16 @@ def test_retinanets_shared_classification_head_is_refused_with_its_five_calls():
             method(model, layer)(x, BoxTarget(1, [0, 0, 32, 32], lost="zero"))
         assert "call 4:" in str(err.value) and "FPN output" in str(err.value)
     assert "runs 5 times" in camkit.models.skipped_layers(model, example=x[None])[layer]
+
+
+def test_cams_shared_pass_restores_train_mode_buffers_too():
+    model = _BatchNormNet().train()
+    before = model_state(model)
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num" in k}
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="training mode"):
+        maps = camkit.cams(model, "bn", x, 1, methods=["gradcam", "gradcam++", "scorecam"])
+    assert set(maps) == {"gradcam", "gradcam++", "scorecam"}
+    for key, value in stats.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert_untouched(model, before)
