@@ -717,3 +717,15 @@ def test_cams_shared_pass_restores_train_mode_buffers_too():
     for key, value in stats.items():
         assert torch.equal(model.state_dict()[key], value), key
     assert_untouched(model, before)
+
+
+def test_the_deletion_metric_restores_train_mode_buffers():
+    model = _BatchNormNet().train()
+    mean = model.bn.running_mean.clone()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    maps = torch.rand(2, 8, 8, generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match="training mode"):
+        scores = camkit.metrics.deletion(model, x, maps, target=1, steps=4)
+    assert torch.isfinite(torch.as_tensor(scores)).all()
+    assert torch.equal(model.bn.running_mean, mean)
+    assert int(model.bn.num_batches_tracked) == 0
