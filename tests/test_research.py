@@ -5,7 +5,12 @@ Each case on a small model with random or known weights, against a hand-written 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -419,38 +424,56 @@ def test_the_default_layer_is_traced_with_the_calls_keyword_arguments():
     torch.testing.assert_close(maps, expected, atol=1e-6, rtol=1e-4)
 
 
-def test_ultralytics_yolov8_defaults_before_its_head_and_its_boxes_are_read_as_columns(
-    monkeypatch, tmp_path
-):
+_YOLOV8 = """
+import torch
+from torchvision.ops import box_convert
+from ultralytics.nn.tasks import DetectionModel
+
+import camkit
+from camkit.targets import BoxTarget
+
+torch.manual_seed(0)
+model = DetectionModel("yolov8n.yaml", nc=3, verbose=False).eval()
+x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+assert camkit.models.default_layer(model, example=x) == "model.21"
+with torch.no_grad():
+    y = model(x)[0]  # (1, 4 + 3, 84)
+anchor = int(y[0, 4:].amax(0).argmax())
+label = int(y[0, 4:, anchor].argmax())
+box = box_convert(y[0, :4, anchor][None], "cxcywh", "xyxy")[0].tolist()
+target = BoxTarget(label, box)
+cam = camkit.GradCAM(model)
+maps = cam(x, target, relu=False, upsample=False, normalize=False)
+assert cam.layers == ["model.21"] and "(B, 4 + C, N) columns" in target.used, target.used
+with camkit.record(model, "model.21") as rec:
+    model(x)[0][0, 4 + label, anchor].backward()
+model.zero_grad(set_to_none=True)
+act, grad = rec.activations["model.21"], rec.gradients["model.21"]
+expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
+assert expected.abs().max() > 0
+torch.testing.assert_close(maps, expected, atol=1e-5 * expected.abs().max(), rtol=1e-4)
+print("ok")
+"""
+
+
+def test_ultralytics_yolov8_defaults_before_its_head_and_its_boxes_are_read_as_columns(tmp_path):
     """Built from its yaml (random weights): the default is never the DFL box decoder
-    ``model.22.dfl.conv`` (box sides x anchors), and a box target reads ``(B, 4 + C, N)``."""
-    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path))
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
-    tasks = pytest.importorskip("ultralytics.nn.tasks", reason="ultralytics is a test extra")
-    from torchvision.ops import box_convert
-
-    from camkit.targets import BoxTarget
-
-    torch.manual_seed(0)
-    model = tasks.DetectionModel("yolov8n.yaml", nc=3, verbose=False).eval()
-    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    assert camkit.models.default_layer(model, example=x) == "model.21"
-    with torch.no_grad():
-        y = model(x)[0]  # (1, 4 + 3, 84)
-    anchor = int(y[0, 4:].amax(0).argmax())
-    label = int(y[0, 4:, anchor].argmax())
-    box = box_convert(y[0, :4, anchor][None], "cxcywh", "xyxy")[0].tolist()
-    target = BoxTarget(label, box)
-    cam = GradCAM(model)
-    maps = cam(x, target, **RAW)
-    assert cam.layers == ["model.21"] and "(B, 4 + C, N) columns" in target.used
-    with camkit.record(model, "model.21") as rec:
-        model(x)[0][0, 4 + label, anchor].backward()
-    model.zero_grad(set_to_none=True)
-    act, grad = rec.activations["model.21"], rec.gradients["model.21"]
-    expected = (grad.mean(dim=(2, 3), keepdim=True) * act).sum(dim=1)
-    assert expected.abs().max() > 0
-    torch.testing.assert_close(maps, expected, atol=1e-5 * expected.abs().max(), rtol=1e-4)
+    ``model.22.dfl.conv`` (box sides x anchors), and a box target reads ``(B, 4 + C, N)``.
+    In a child process: importing ultralytics patches PIL and cv2 for the whole process."""
+    if importlib.util.find_spec("ultralytics") is None:
+        pytest.skip("ultralytics is a test extra")
+    source = str(Path(camkit.__file__).parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]),
+        "YOLO_CONFIG_DIR": str(tmp_path),
+        "YOLO_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", _YOLOV8], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 
 # ----------------------------------------------------------------- refusals that say what to do
@@ -681,3 +704,28 @@ def test_retinanets_shared_classification_head_is_refused_with_its_five_calls():
             method(model, layer)(x, BoxTarget(1, [0, 0, 32, 32], lost="zero"))
         assert "call 4:" in str(err.value) and "FPN output" in str(err.value)
     assert "runs 5 times" in camkit.models.skipped_layers(model, example=x[None])[layer]
+
+
+def test_cams_shared_pass_restores_train_mode_buffers_too():
+    model = _BatchNormNet().train()
+    before = model_state(model)
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num" in k}
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="training mode"):
+        maps = camkit.cams(model, "bn", x, 1, methods=["gradcam", "gradcam++", "scorecam"])
+    assert set(maps) == {"gradcam", "gradcam++", "scorecam"}
+    for key, value in stats.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert_untouched(model, before)
+
+
+def test_the_deletion_metric_restores_train_mode_buffers():
+    model = _BatchNormNet().train()
+    mean = model.bn.running_mean.clone()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    maps = torch.rand(2, 8, 8, generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match="training mode"):
+        scores = camkit.metrics.deletion(model, x, maps, target=1, steps=4)
+    assert torch.isfinite(torch.as_tensor(scores)).all()
+    assert torch.equal(model.bn.running_mean, mean)
+    assert int(model.bn.num_batches_tracked) == 0

@@ -33,9 +33,11 @@ from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
+from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
 from camkit.core.outputs import OutputSelector
+from camkit.core.state import buffers_kept
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import UnknownMethodError
 
@@ -79,7 +81,12 @@ def cams(
     batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    with extra_args(additional_forward_args, batch.shape[0]):
+    explained = next(iter(explainers.values())).model
+    with (
+        extra_args(additional_forward_args, batch.shape[0]),
+        buffers_kept(explained),
+        batchnorm_gradients_guarded(explained),
+    ):
         results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
         for name, explainer in explainers.items():
             if name not in shared:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from camkit.core.engine import run_model
 from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.state import buffers_kept
 from camkit.core.targets import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1
@@ -83,7 +84,7 @@ def pin_top1(
     inputs = batch if isinstance(batch, tuple) else (batch,)
     first = inputs[0]
     classes = []
-    with torch.inference_mode(), autocast(first.device, dtype):
+    with buffers_kept(model), torch.inference_mode(), autocast(first.device, dtype):
         for rows in chunks(first.shape[0], batch_size, first.device):
             chunk = tuple(t[rows] for t in inputs)
             classes.append(scorer.pinned(run_model(model, chunk, rows)).classes)
@@ -134,8 +135,12 @@ class CopyScorer:
 
     def score(self, inputs: Tensor, samples: Tensor) -> Tensor:
         """``(n, K)`` float32 scores of ``inputs`` whose row ``i`` is a copy of sample
-        ``samples[i]``."""
-        return self.memory.run(lambda memory_format: self._score(inputs, samples, memory_format))
+        ``samples[i]``. A train-mode model's buffers are restored after the forward (the
+        metrics call this outside any method)."""
+        with buffers_kept(self.model):
+            return self.memory.run(
+                lambda memory_format: self._score(inputs, samples, memory_format)
+            )
 
     def over(
         self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
