@@ -16,19 +16,16 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from camkit import io
+from camkit.cli.arguments import add_command, add_device_argument, add_model_arguments, positive_int
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
-    add_command,
-    add_device_argument,
-    add_model_arguments,
     check_out_dir,
     exit_status,
     find_images,
     load_model,
     pick_device,
     pick_layer,
-    positive_int,
 )
 from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import default_workers

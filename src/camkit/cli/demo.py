@@ -11,9 +11,9 @@ import numpy as np
 
 from camkit import io, models, viz
 from camkit.cli import report
+from camkit.cli.arguments import add_command
 from camkit.cli.common import (
     EXIT_OK,
-    add_command,
     check_out_dir,
     load_model,
     match_label,

@@ -11,15 +11,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from camkit.cli.common import (
-    UsageError,
-    add_command,
-    add_run_arguments,
-    check_run_inputs,
-    load_run_model,
-    methods_help,
-    positive_int,
-)
+from camkit.cli.arguments import add_command, add_run_arguments, methods_help, positive_int
+from camkit.cli.common import UsageError, check_run_inputs, load_run_model
 from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import Job, build_explainers, default_workers
 from camkit.cli.results import Collected, write_results

@@ -10,18 +10,20 @@ from pathlib import Path
 
 from camkit import io, models
 from camkit.cli import report, results
+from camkit.cli.arguments import (
+    add_command,
+    add_run_arguments,
+    methods_help,
+    positive_int,
+    unit_float,
+)
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
-    add_command,
-    add_run_arguments,
     check_colormap,
     check_run_inputs,
     exit_status,
     load_run_model,
-    methods_help,
-    positive_int,
-    unit_float,
 )
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks

@@ -6,14 +6,8 @@ import argparse
 import fnmatch
 import sys
 
-from camkit.cli.common import (
-    EXIT_OK,
-    UsageError,
-    add_command,
-    add_model_arguments,
-    load_model,
-    positive_int,
-)
+from camkit.cli.arguments import add_command, add_model_arguments, positive_int
+from camkit.cli.common import EXIT_OK, UsageError, load_model
 from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import CamkitError
 

@@ -9,16 +9,13 @@ import tempfile
 from pathlib import Path
 
 from camkit import io
-from camkit.cli.common import (
-    EXIT_OK,
-    UsageError,
+from camkit.cli.arguments import (
     add_command,
     add_crop_argument,
     add_device_argument,
     add_model_arguments,
-    load_model,
-    pick_device,
 )
+from camkit.cli.common import EXIT_OK, UsageError, load_model, pick_device
 from camkit.errors import CamkitError
 
 SUMMARY = "explore a model's maps live in the browser"

@@ -13,7 +13,8 @@ import numpy as np
 
 from camkit import io, models
 from camkit.cli import report, results
-from camkit.cli.common import EXIT_OK, UsageError, add_command, positive_int
+from camkit.cli.arguments import add_command, positive_int
+from camkit.cli.common import EXIT_OK, UsageError
 from camkit.errors import CamkitError
 from camkit.runs.manifest import MANIFEST, read
 from camkit.strategies import (

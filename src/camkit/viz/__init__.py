@@ -14,12 +14,22 @@ import numpy as np
 import torch
 
 from camkit.errors import ArgumentError
-from camkit.io import FLOAT_TOLERANCE, as_numpy, describe, to_rgb_uint8
+from camkit.io import FLOAT_TOLERANCE, describe, to_rgb_uint8
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+from camkit.viz.colour import (  # noqa: E402
+    DIVERGING_COLORMAP,
+    OPENCV_COLORMAPS,
+    checked_alpha,
+    colorize,
+    colormap_lut,
+    finite_values,
+    float_array,
+    heatmap_2d,
+)
 from camkit.viz.concepts import concept_colors, concept_image, plot_concepts  # noqa: E402
 
 __all__ = [
@@ -33,75 +43,6 @@ __all__ = [
     "picture_grid",
     "plot",
 ]
-
-OPENCV_COLORMAPS: dict[str, int] = {
-    name.removeprefix("COLORMAP_").lower(): getattr(cv2, name)
-    for name in dir(cv2)
-    if name.startswith("COLORMAP_")
-}
-"""OpenCV colormap names (lower case) -> ``cv2.COLORMAP_*`` codes."""
-
-_DIVERGING_COLORMAP = "bwr"
-
-
-def _float_array(value: object, what: str, dtype: type = np.float32) -> np.ndarray:
-    """A numpy array or torch tensor -> float numpy of ``dtype``; anything else: TypeError."""
-    if not isinstance(value, (np.ndarray, torch.Tensor)):
-        raise ArgumentError(
-            f"expected {what} as a numpy array or torch tensor, got {describe(value)}"
-        )
-    return as_numpy(value).astype(dtype)
-
-
-def _finite_values(array: np.ndarray, value: object, what: str) -> np.ndarray:
-    """``array`` when it holds values and all are finite; else a ValueError about ``what``."""
-    if array.size == 0:
-        raise ArgumentError(f"the {what} holds no values: {describe(value)}")
-    if not np.isfinite(array).all():
-        raise ArgumentError(f"the {what} holds NaN or infinite values")
-    return array
-
-
-def _heatmap_2d(heatmap: object) -> np.ndarray:
-    """2-D heatmap (leading size-1 axes allowed) -> float32 in [0, 1]; see :func:`overlay`."""
-    array = _float_array(heatmap, "a heatmap")
-    while array.ndim > 2 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim != 2:
-        raise ArgumentError(f"expected a 2-D heatmap (H, W), got {describe(heatmap)}")
-    _finite_values(array, heatmap, "heatmap")
-    low, high = float(array.min()), float(array.max())
-    if low >= -FLOAT_TOLERANCE and high <= 1 + FLOAT_TOLERANCE:
-        return np.clip(array, 0.0, 1.0)
-    if high == low:
-        return np.zeros_like(array)
-    return (array - low) / (high - low)
-
-
-def _colormap_lut(colormap: str) -> np.ndarray:
-    """Colormap name -> ``256x3`` uint8 RGB lookup table (OpenCV names first, then matplotlib)."""
-    if not isinstance(colormap, str):
-        raise ArgumentError(f"expected a colormap name (str), got {describe(colormap)}")
-    code = OPENCV_COLORMAPS.get(colormap.lower())
-    if code is not None:
-        ramp = np.arange(256, dtype=np.uint8).reshape(256, 1)
-        return cv2.applyColorMap(ramp, code)[:, 0, ::-1].copy()
-    import matplotlib
-
-    if colormap in matplotlib.colormaps:
-        rgba = matplotlib.colormaps[colormap](np.linspace(0.0, 1.0, 256))
-        return np.round(rgba[:, :3] * 255.0).astype(np.uint8)
-    examples = sorted(OPENCV_COLORMAPS)[:12] + ["gray", "RdBu", "coolwarm", "bwr"]
-    raise ArgumentError(
-        f"unknown colormap {colormap!r}; use an OpenCV name ({', '.join(examples[:12])}, ...) "
-        f"or a matplotlib colormap name (e.g. {', '.join(examples[12:])})"
-    )
-
-
-def _validate_alpha(alpha: float) -> float:
-    if not 0.0 <= alpha <= 1.0:
-        raise ArgumentError(f"expected alpha in [0, 1], got {alpha}")
-    return float(alpha)
 
 
 def overlay(
@@ -130,11 +71,11 @@ def overlay(
     For volumes, ``depth`` picks slice ``depth`` of a ``(D, H, W)`` heatmap (and of a ``(D, H,
     W)`` or ``(C, D, H, W)`` image).
     """
-    alpha = _validate_alpha(alpha)
+    alpha = checked_alpha(alpha)
     if depth is not None:
         heatmap, image = _slice(heatmap, depth, 3), _slice(image, depth, 3)
     rgb = to_rgb_uint8(image)
-    colored = _colorize(_heatmap_2d(heatmap), rgb.shape[:2], colormap)
+    colored = colorize(heatmap_2d(heatmap), rgb.shape[:2], colormap)
     return cv2.addWeighted(rgb, 1.0 - alpha, colored, alpha, 0.0)
 
 
@@ -156,8 +97,8 @@ def overlay_on_photo(
     height, width = rgb.shape[:2]
     if tuple(region) == (0.0, 0.0, float(height), float(width)):
         return overlay(rgb, heatmap, alpha, colormap)
-    alpha = _validate_alpha(alpha)
-    heat = _heatmap_2d(heatmap)
+    alpha = checked_alpha(alpha)
+    heat = heatmap_2d(heatmap)
     top, left, bottom, right = region
     scale_y, scale_x = (bottom - top) / heat.shape[0], (right - left) / heat.shape[1]
     warp = np.array(
@@ -166,9 +107,7 @@ def overlay_on_photo(
     placed = cv2.warpAffine(
         heat, warp, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
     )
-    lut = _colormap_lut(colormap).reshape(256, 1, 3)
-    levels = cv2.convertScaleAbs(placed, alpha=255.0)
-    colored = cv2.LUT(cv2.merge([levels] * 3), lut)
+    colored = colorize(placed, (height, width), colormap)
     blended = cv2.addWeighted(rgb, 1.0 - alpha, colored, alpha, 0.0)
     rows = (np.arange(height) + 0.5)[:, None]
     columns = (np.arange(width) + 0.5)[None, :]
@@ -188,17 +127,9 @@ def _slice(volume: object, depth: int, spatial: int) -> object:
     return volume[(slice(None),) * axis + (depth,)]
 
 
-def _colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.ndarray:
-    lut = _colormap_lut(colormap).reshape(256, 1, 3)
-    resized = cv2.resize(heat, (size_hw[1], size_hw[0]), interpolation=cv2.INTER_LINEAR)
-    # round(255 * v) for v in [0, 1] (bilinear keeps [0, 1]); 3x faster than numpy's
-    levels = cv2.convertScaleAbs(resized, alpha=255.0)
-    return cv2.LUT(cv2.merge([levels] * 3), lut)  # lut[levels], 2x faster than np.take
-
-
 def _grid_tiles(maps: object) -> np.ndarray:
     """Maps -> ``(N, h, w)`` or ``(N, h, w, 3)`` float64 tiles; see :func:`feature_grid`."""
-    array = _float_array(maps, "maps", np.float64)
+    array = float_array(maps, "maps", np.float64)
     if array.ndim == 4 and array.shape[0] == 1:
         array = array[0]
     elif array.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
@@ -210,7 +141,7 @@ def _grid_tiles(maps: object) -> np.ndarray:
             "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
             f"(H, W), got {describe(maps)}"
         )
-    return _finite_values(array, maps, "maps")
+    return finite_values(array, maps, "maps")
 
 
 def _min_max(array: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
@@ -285,7 +216,7 @@ def feature_grid(
 
 
 def _attribution_2d(attribution: object) -> np.ndarray:
-    array = _float_array(attribution, "a heatmap/attribution")
+    array = float_array(attribution, "a heatmap/attribution")
     while array.ndim > 3 and array.shape[0] == 1:
         array = array[0]
     if array.ndim == 3 and array.shape[0] in (1, 3):
@@ -295,7 +226,7 @@ def _attribution_2d(attribution: object) -> np.ndarray:
             f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
             f"got {describe(attribution)}"
         )
-    return _finite_values(array, attribution, "map")
+    return finite_values(array, attribution, "map")
 
 
 def plot(
@@ -322,7 +253,7 @@ def plot(
     The middle panel shows the map at its own resolution (nearest neighbour) stretched over the
     image; the overlay uses :func:`overlay` (bilinear). Each has a colorbar.
     """
-    alpha = _validate_alpha(alpha)
+    alpha = checked_alpha(alpha)
     if not 0.0 < clip_percentile <= 100.0:
         raise ArgumentError(f"expected clip_percentile in (0, 100], got {clip_percentile}")
     from matplotlib.colors import ListedColormap
@@ -336,12 +267,12 @@ def plot(
         if limit == 0.0:
             limit = float(np.abs(values).max()) or 1.0
         shown = np.clip(values, -limit, limit)
-        low, high, cmap_name = -limit, limit, _DIVERGING_COLORMAP
+        low, high, cmap_name = -limit, limit, DIVERGING_COLORMAP
         unit = (shown / limit + 1.0) / 2.0
         map_title = f"signed attribution (clipped at ±{limit:.3g})"
         bar_label = f"0-centred; ±{limit:.3g} = p{clip_percentile:g} of |values|"
     else:
-        unit = shown = _heatmap_2d(values)
+        unit = shown = heatmap_2d(values)
         low, high, cmap_name = 0.0, 1.0, colormap
         in_range = values.min() >= -FLOAT_TOLERANCE and values.max() <= 1 + FLOAT_TOLERANCE
         map_title = "heatmap" if in_range else "heatmap (min-max rescaled)"
@@ -350,7 +281,7 @@ def plot(
             if in_range
             else f"min-max rescaled from [{values.min():.3g}, {values.max():.3g}]"
         )
-    cmap = ListedColormap(_colormap_lut(cmap_name) / 255.0, name=cmap_name)
+    cmap = ListedColormap(colormap_lut(cmap_name) / 255.0, name=cmap_name)
     height, width = rgb.shape[:2]
 
     figure = Figure(figsize=(13.5, 4.5), layout="constrained")
@@ -410,7 +341,7 @@ def picture_grid(
     for ax, name in zip(axes[0], columns, strict=True):
         ax.set_title(name, fontsize=10)
     if colormap is not None:
-        ramp = ListedColormap(_colormap_lut(colormap) / 255.0, name=colormap)
+        ramp = ListedColormap(colormap_lut(colormap) / 255.0, name=colormap)
         bar = figure.colorbar(ScalarMappable(cmap=ramp), ax=axes, shrink=0.6, aspect=30)
         bar.set_ticks([0.0, 0.5, 1.0], labels=["0 (none)", "0.5", "1 (most)"])
         bar.set_label("map value: evidence for the class", fontsize=9)
