@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-import camkit
 from camkit import io, metrics, models, registry, viz
+from camkit.core.layers import find_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.serve.gallery import Entry, Prediction
 
@@ -257,7 +257,7 @@ class Explorer:
     def check_layer(self, layer: str) -> str:
         names = [name for name, _, _ in self.layers]
         if layer not in names:
-            camkit.find_layer(self.checkpoints[next(iter(self.checkpoints))].model, layer)
+            find_layer(self.checkpoints[next(iter(self.checkpoints))].model, layer)
             raise ArgumentError(
                 f"layer {layer!r} has no (B, C, h, w) map or (B, N, C) tokens to explain; "
                 "choose a layer that 'camkit layers' lists with such a shape"
