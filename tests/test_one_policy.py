@@ -90,3 +90,36 @@ def test_one_photo_gives_one_answer_everywhere(tmp_path: Path, crop: str | None)
             assert response.status_code == 200, response.text
             shown = np.load(BytesIO(response.content))
             np.testing.assert_allclose(shown, heat[method], atol=1e-4)
+
+
+def test_where_the_input_lies_on_the_photo_by_hand() -> None:
+    """A 300 x 400 photo, 224 input, crop ratio 0.875: the centre crop resizes to 256 x 341
+    (shorter side 256 = floor(224 / 0.875)) and cuts rows 16..240, columns 58..282 (torchvision
+    rounds the offsets), i.e. rows 18.75..281.25 and columns 68.0..330.8 of the photo; the pad
+    resizes to 168 x 224 and centres it, 28 rows of letterbox above."""
+    center = models.Preprocess(224, crop_mode="center")
+    assert center.resized_size(300, 400) == (256, 341)
+    top, left, bottom, right = center.photo_region(300, 400)
+    expected = (16 * 300 / 256, 58 * 400 / 341, 240 * 300 / 256, 282 * 400 / 341)
+    assert (top, left, bottom, right) == pytest.approx(expected, rel=1e-12)
+    assert center.box_on_photo((0, 0, 224, 224), 300, 400) == (18, 68, 281, 331)
+    assert models.Preprocess(224, crop_mode="squash").photo_region(300, 400) == (0, 0, 300, 400)
+    pad = models.Preprocess(224, crop_mode="pad")
+    assert pad.photo_region(300, 400) == pytest.approx((-50, 0, 350, 400), rel=1e-12)
+    assert pad.box_on_photo((28, 0, 196, 224), 300, 400) == (0, 0, 300, 400)
+    letterboxed = pad.resize_crop(np.full((300, 400, 3), 255, np.uint8), fill=(0.0, 0.0, 0.0))
+    rows = np.flatnonzero(letterboxed.max(axis=(1, 2)) > 0)
+    assert (rows.min(), rows.max()) == (28, 195)
+
+
+def test_a_map_on_the_full_photo_dims_what_the_model_did_not_see() -> None:
+    photo = np.full((300, 400, 3), 200, np.uint8)
+    heat = np.ones((7, 7), np.float32)
+    center = models.Preprocess(224, crop_mode="center")
+    drawn = camkit.viz.overlay_on_photo(photo, heat, center.photo_region(300, 400), alpha=0.5)
+    assert (drawn[:18] == 100).all() and (drawn[:, :68] == 100).all()  # cut: half brightness
+    assert (drawn[150, 200] != 100).any()  # seen: the heat's colour blended in
+    whole = models.Preprocess(224, crop_mode="squash").photo_region(300, 400)
+    np.testing.assert_array_equal(
+        camkit.viz.overlay_on_photo(photo, heat, whole), camkit.viz.overlay(photo, heat)
+    )

@@ -5,7 +5,6 @@ receptive-field patch that drives it: ``concepts.json`` and PNG patches in ``--o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import uuid
 from collections.abc import Callable
@@ -16,7 +15,13 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from camkit import io
-from camkit.cli.arguments import add_command, add_device_argument, add_model_arguments, positive_int
+from camkit.cli.arguments import (
+    add_command,
+    add_crop_argument,
+    add_device_argument,
+    add_model_arguments,
+    positive_int,
+)
 from camkit.cli.common import (
     EXIT_OK,
     UsageError,
@@ -86,7 +91,7 @@ def run_concepts(args: argparse.Namespace) -> int:
     check_out_dir(out)
     device = pick_device(args.device, ranks.local_rank)
     with ranks.group(device):
-        loaded = load_model(args.model, args.weights)
+        loaded = load_model(args.model, args.weights, args.labels, crop=args.crop)
         layer = pick_layer(loaded, args.layer, [])
         if args.layer is None and ranks.rank == 0:
             print(f"layer: {layer} (auto)", file=sys.stderr)
@@ -102,6 +107,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             "top": args.top,
             "rules": "gradient" if args.rules == "gradient" else f"lrp {args.composite}",
             "images": list(map(str, paths)),
+            "crop": loaded.preprocess.crop_mode,
         }
         if ranks.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
@@ -112,8 +118,9 @@ def run_concepts(args: argparse.Namespace) -> int:
         earlier = read_parts(out, run) if args.resume else []
         done = {index for part in earlier for index in part["done"]}
         todo = [index for index in range(len(paths)) if index not in done]
-        squash = dataclasses.replace(loaded.preprocess, crop_mode="squash")
-        unreadable = rank_images(collector, squash, paths, ranks.shard(todo), args, out, run, ranks)
+        unreadable = rank_images(
+            collector, loaded.preprocess, paths, ranks.shard(todo), args, out, run, ranks
+        )
         ranks.barrier()
         if ranks.rank != 0:
             return EXIT_OK
@@ -128,7 +135,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
         else:
             channels = parse_channels(args.channels, relevance.numel())
-        originals = ImageFiles(paths, squash)
+        originals = ImageFiles(paths, loaded.preprocess)
         summary = {
             "model": loaded.name,
             "layer": layer,
@@ -235,10 +242,7 @@ def write_channel(
         rows = []
         for rank, (item, box) in enumerate(zip(items, boxes, strict=True)):
             image = item["image"].numpy()
-            scale_y, scale_x = image.shape[0] / inputs.shape[2], image.shape[1] / inputs.shape[3]
-            top, left = int(box[0] * scale_y), int(box[1] * scale_x)
-            bottom = max(int(round(box[2] * scale_y)), top + 1)
-            right = max(int(round(box[3] * scale_x)), left + 1)
+            top, left, bottom, right = originals.preprocess.box_on_photo(box, *image.shape[:2])
             name = f"c{channel}_{mode}_{rank}.png"
             io.save_png(folder / name, image[top:bottom, left:right])
             cls = int(found.classes[channel, rank])
@@ -267,6 +271,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="image files, or directories whose image files (not in subdirectories) are ranked",
     )
     add_model_arguments(parser)
+    add_crop_argument(parser)
     parser.add_argument(
         "--layer",
         metavar="NAME",

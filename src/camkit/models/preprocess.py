@@ -99,6 +99,21 @@ class Preprocess:
             (left + size_w) * scale_w,
         )
 
+    def box_on_photo(
+        self, box: tuple[float, float, float, float], height: int, width: int
+    ) -> tuple[int, int, int, int]:
+        """A ``(top, left, bottom, right)`` box in the model input's pixels -> the same box in
+        a ``height x width`` photo's pixels (through :meth:`photo_region`), clipped to the
+        photo and at least one pixel wide."""
+        region_top, region_left, region_bottom, region_right = self.photo_region(height, width)
+        scale_y = (region_bottom - region_top) / self.size[0]
+        scale_x = (region_right - region_left) / self.size[1]
+        top = min(max(int(region_top + box[0] * scale_y), 0), height - 1)
+        left = min(max(int(region_left + box[1] * scale_x), 0), width - 1)
+        bottom = min(max(int(round(region_top + box[2] * scale_y)), top + 1), height)
+        right = min(max(int(round(region_left + box[3] * scale_x)), left + 1), width)
+        return top, left, bottom, right
+
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
