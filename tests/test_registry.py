@@ -118,3 +118,18 @@ def test_each_method_answers_for_itself(tiny) -> None:
     assert camkit.IntegratedGradients(tiny, steps=16).forward_rows() == 17
     assert camkit.SmoothGrad(tiny, samples=5).forward_rows() == 5
     assert camkit.SmoothGrad(tiny, samples=5, noise_level=0).forward_rows() == 1
+
+
+def test_a_methods_signature_shows_every_option_it_takes() -> None:
+    """``inspect.signature`` (``help()``, a notebook) shows the options a method passes on to
+    its bases, with the class's own defaults; options the method refuses are not shown."""
+    import inspect
+
+    score = inspect.signature(camkit.ScoreCAM).parameters
+    assert list(score)[:2] == ["model", "layer"]
+    assert {"top_channels", "batch_size", "output", "dtype", "reshape"} <= set(score)
+    assert score["batch_size"].default == 32 and "seed" not in score
+    smooth = inspect.signature(camkit.SmoothGrad).parameters
+    assert {"samples", "noise_level", "seed", "batch_size"} <= set(smooth)
+    assert "reshape" not in smooth and "layer" not in smooth
+    camkit.ScoreCAM(torch.nn.Sequential(torch.nn.Conv2d(3, 2, 1)), "0", **{"top_channels": 1})

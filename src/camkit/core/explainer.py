@@ -125,6 +125,10 @@ class Explainer:
                 f"got layer={layer!r}"
             )
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = merged_signature(cls)
+
     @classmethod
     def capabilities(cls) -> Capabilities:
         """The class's typed flags, as the registry reports them."""
@@ -282,6 +286,34 @@ class Explainer:
     def __repr__(self) -> str:
         layers = f"layers={self.layers}" if self.needs_layer else ""
         return f"{type(self).__name__}({layers})"
+
+
+def merged_signature(cls: type) -> inspect.Signature:
+    """The constructor's whole signature: a method's own parameters, then the keyword options
+    it passes on to its bases through ``**options`` (``batch_size``, ``output``, ``dtype``...),
+    so that ``inspect.signature(ScoreCAM)``, ``help()`` and a notebook show every option."""
+    positional: list[inspect.Parameter] = []
+    keywords: dict[str, inspect.Parameter] = {}
+    forwards = True
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or not forwards:
+            continue
+        parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
+        forwards = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        for parameter in parameters:
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+                if klass is next(k for k in cls.__mro__ if "__init__" in k.__dict__):
+                    positional.append(parameter)  # the most derived constructor's own
+            elif parameter.kind is parameter.KEYWORD_ONLY:
+                keywords.setdefault(parameter.name, parameter)
+    if not cls.seeded:  # refused by the methods that draw nothing
+        keywords.pop("seed", None)
+    if not cls.needs_layer:  # a layer's reading: only for the methods that read a layer
+        keywords.pop("reshape", None)
+    if "batch_size" in keywords:  # the sentinel ... stands for the class's default
+        keywords["batch_size"] = keywords["batch_size"].replace(default=cls.default_batch_size)
+    return inspect.Signature([*positional, *keywords.values()])
 
 
 __all__ = ["FAMILIES", "Capabilities", "Explainer", "Reshape"]
