@@ -5,8 +5,11 @@ its patch) read for a page, the explorer's concept views and the report's concep
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from camkit.runs.strategies import url_path
 
 CONCEPTS = Path("concepts.json")
 """Where ``camkit concepts ... --out RUN`` writes its results, inside the run folder."""
@@ -48,4 +51,34 @@ def channel_references(found: dict[str, Any] | None, layer: str, channel: int) -
     return found["channels"].get(channel)
 
 
-__all__ = ["CONCEPTS", "RANKINGS", "channel_references", "read_concepts"]
+def atlas_data(out: Path, found: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """:func:`read_concepts`'s results (``folder``: where ``concepts.json`` lies) for the
+    report's concept atlas in ``out``: per channel, in the file's order (the most relevant
+    over the images first), its reference patches of each ranking with their image's name,
+    predicted label and score, patch paths -> URLs relative to ``out``."""
+    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
+
+    def url(name: str) -> str:
+        return url_path(f"{prefix}/{name}" if prefix != "." else name)
+
+    channels = []
+    for channel, rows in found["channels"].items():
+        entry: dict[str, Any] = {"channel": channel}
+        for mode in RANKINGS:
+            entry[mode] = [
+                {
+                    "rank": row.get("rank"),
+                    "src": url(str(row["patch"])),
+                    "image": Path(str(row.get("image", ""))).name,
+                    "label": row.get("label"),
+                    "score": row.get("score"),
+                }
+                for row in rows[mode]
+                if row.get("patch")
+            ]
+        channels.append(entry)
+    keys = ("layer", "model", "rules", "images")
+    return {key: found.get(key) for key in keys} | {"channels": channels}
+
+
+__all__ = ["CONCEPTS", "RANKINGS", "atlas_data", "channel_references", "read_concepts"]
