@@ -311,7 +311,7 @@ function renderStrategy() {
       el("h4", {}, "atypical members"), el("div", { class: "members atypical" }, c.atypical.map((i) => member(i, group.method))),
       c.concepts ? [el("h4", {}, `dominant concepts (channels of ${c.concepts.layer})`),
         el("div", { class: "dominant" }, c.concepts.channels.map((d) => el("div", { "data-channel": d.channel },
-          `channel ${d.channel}: ${pct(d.share)} of the relevance`, atlasPatches(d.channel))))] : null))));
+          `channel ${d.channel}: ${pct(d.share)} of the relevance`, atlasPatches(d.channel, c.concepts.layer))))] : null))));
   $("strategy-body").replaceChildren(body);
 }
 
@@ -323,9 +323,9 @@ function patch(ref, mode) {
     title: `${ref.image} · ${ref.label} · score ${num(ref.score)}` });
 }
 
-// a channel's most relevant reference patches, when the atlas has the channel
-function atlasPatches(channel) {
-  const found = ATLAS && ATLAS.layer && ATLAS.channels.find((c) => c.channel === channel);
+// a channel's most relevant reference patches, when the atlas has the channel of that layer
+function atlasPatches(channel, layer) {
+  const found = ATLAS && ATLAS.layer === layer && ATLAS.channels.find((c) => c.channel === channel);
   return found ? el("div", { class: "patches" }, found.relevance.slice(0, 4).map((r) => patch(r, "relevance"))) : null;
 }
 
