@@ -152,7 +152,12 @@ def test_conditional_heatmaps_are_the_hand_ones_and_sum_to_the_unconditional(ser
 
 def test_signed_display_is_symmetric_and_a_click_picks_the_cell() -> None:
     heat = np.array([[-2.0, 0.0], [1.0, 2.0]])
-    assert np.allclose(signed_for_display(heat), [[0.0, 0.5], [0.75, 1.0]])
+    assert np.allclose(signed_for_display(heat, 100.0), [[0.0, 0.5], [0.75, 1.0]])
+    # the 50th percentile of |heat| = 1.5: -2 and 2 clipped to it
+    assert np.allclose(signed_for_display(heat, 50.0), [[0.0, 0.5], [5 / 6, 1.0]])
+    spiky = np.zeros((10, 10))
+    spiky[0, 0] = 4.0  # the 99.5th percentile of |heat| is 2.02: the spike is clipped to it
+    assert signed_for_display(spiky)[0, 0] == 1.0 and signed_for_display(spiky)[5, 5] == 0.5
     assert np.allclose(signed_for_display(np.zeros((2, 2))), 0.5)
     assert region_of((0.0, 0.0), None, (32, 32), (8, 8)).box == (0, 0, 4, 4)
     assert region_of((1.0, 1.0), None, (32, 32), (8, 8)).box == (28, 28, 32, 32)
@@ -193,8 +198,17 @@ def test_feature_visualisation_is_seeded_cached_and_says_it_was_computed(served)
     before = model_state(model)
     first = client.get("/api/feature", params={"layer": "stage2", "channel": 3})
     assert first.status_code == 200 and "seed 0" in first.headers["x-camkit-computed"]
+    assert "did not move" not in first.headers["x-camkit-computed"]
     pixels = png(first)
     assert pixels.shape == (32, 32, 3) and pixels.std() > 0
+
+    def channel_mean(picture: np.ndarray) -> float:
+        with torch.no_grad():
+            x = explorer.preprocess(picture)[None]
+            return float(model.stage2(model.act1(model.stem(x)))[0, 3].mean())
+
+    grey = np.full_like(pixels, 128)  # about where the optimisation starts
+    assert channel_mean(pixels) > channel_mean(grey) + 0.5
     model.calls = 0
     again = client.get("/api/feature", params={"layer": "stage2", "channel": 3})
     assert np.array_equal(png(again), pixels) and model.calls == 0  # cached
@@ -204,6 +218,18 @@ def test_feature_visualisation_is_seeded_cached_and_says_it_was_computed(served)
         png(client.get("/api/feature", params={"layer": "stage2", "channel": 3})), pixels
     )
     assert_untouched(model, before)
+
+
+def test_a_closed_channel_says_its_visualisation_did_not_move(tmp_path: Path) -> None:
+    closed = loaded()
+    with torch.no_grad():
+        closed.model.stage2.bias[0] = -100.0  # act2's channel 0 is zero on every image
+    explorer = explorer_for(photo_folder(tmp_path), a=closed)
+    with TestClient(create_app(explorer, token=None)) as client:
+        reply = client.get("/api/feature", params={"layer": "act2", "channel": 0})
+        assert reply.status_code == 200
+        assert "did not move from its grey start" in reply.headers["x-camkit-computed"]
+        assert png(reply).std() < 0.01 * 255
 
 
 def write_concepts(run: Path, images: list[str]) -> None:

@@ -38,8 +38,8 @@ from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance import COMPOSITES
+from camkit.runs.concepts import CONCEPTS
 
-CONCEPTS = "concepts.json"
 PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
 DEFAULT_CHANNELS = 16
 SUMMARY = "find what a layer's channels respond to: reference images per channel"

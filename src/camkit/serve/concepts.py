@@ -31,10 +31,13 @@ from camkit.runs.concepts import channel_references
 from camkit.serve.explorer import LRU, Explorer
 
 MAX_K = 20
-FEATURE_STEPS = 48
+FEATURE_STEPS = 64
+FEATURE_RATE = 0.1  # a short run: twice visualize's default step size
 FEATURE_SEED = 0
+UNMOVED = 0.01  # pixel std below which the image is still its grey start
 FEATURE_SIDE = 128  # the largest side a feature visualisation is optimised at
 CONCEPT_COLORMAP = "bwr"  # red: the concept speaks for the class there, blue: against it
+CLIP_PERCENTILE = 99.5  # the colour scale of a signed heatmap, as camkit.viz.plot's
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,18 @@ def region_of(
     return Region("box", (top, left, max(bottom, top + 1), max(right, left + 1)))
 
 
-def signed_for_display(heat: np.ndarray) -> np.ndarray:
-    """A signed heatmap -> [0, 1] for a diverging colormap: 0.5 where it is zero, 1 at its
-    largest absolute value if positive, 0 if negative (symmetric, no other stretching)."""
-    largest = float(np.abs(heat).max()) if heat.size else 0.0
-    if largest == 0.0 or not math.isfinite(largest):
+def signed_for_display(heat: np.ndarray, clip_percentile: float = CLIP_PERCENTILE) -> np.ndarray:
+    """A signed heatmap -> [0, 1] for a diverging colormap, as :func:`camkit.viz.plot` shows
+    signed attributions: ``(clip(v, -L, L) / L + 1) / 2`` with ``L`` the ``clip_percentile``
+    percentile of ``|v|`` (its largest value when that is 0): 0.5 where it is zero. Pixel
+    relevance is spiky; without the clipping a handful of pixels would take the whole range."""
+    magnitude = np.abs(heat)
+    limit = float(np.percentile(magnitude, clip_percentile)) if heat.size else 0.0
+    if limit == 0.0:
+        limit = float(magnitude.max()) if heat.size else 0.0
+    if limit == 0.0 or not math.isfinite(limit):
         return np.full(heat.shape, 0.5, dtype=np.float32)
-    return ((heat / largest + 1.0) / 2.0).astype(np.float32)
+    return ((np.clip(heat, -limit, limit) / limit + 1.0) / 2.0).astype(np.float32)
 
 
 def concept_png(photo: np.ndarray, heat: np.ndarray, alpha: float) -> bytes:
@@ -183,9 +191,11 @@ class ConceptViews:
             self.heatmaps.put(key, heat)
         return heat
 
-    def feature(self, checkpoint: str, layer: str, channel: int) -> np.ndarray:
+    def feature(self, checkpoint: str, layer: str, channel: int) -> tuple[np.ndarray, bool]:
         """``(H, W, 3)`` uint8: the image that maximises the channel's mean activation,
-        :data:`FEATURE_STEPS` steps from seed :data:`FEATURE_SEED` (cached)."""
+        :data:`FEATURE_STEPS` Adam steps of rate :data:`FEATURE_RATE` from seed
+        :data:`FEATURE_SEED` (cached), and whether it moved from its grey start (a channel
+        closed by a ReLU on that start has no gradient to climb)."""
         key = (checkpoint, layer, channel)
         found = self.features.get_item(key)
         if found is None:
@@ -196,11 +206,14 @@ class ConceptViews:
                 ChannelObjective(layer, channel),
                 size=side,
                 steps=FEATURE_STEPS,
+                lr=FEATURE_RATE,
                 seed=FEATURE_SEED,
                 mean=self.explorer.preprocess.mean,
                 std=self.explorer.preprocess.std,
             )
-            found = (image[0].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().cpu().numpy()
+            moved = float(image.std()) >= UNMOVED
+            pixels = (image[0].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().cpu().numpy()
+            found = (pixels, moved)
             self.features.put(key, found)
         return found
 

@@ -88,9 +88,14 @@ def routes(state: ServerState) -> list[Route]:
         checkpoint = state.checkpoint_of(query)
         layer = explorer.check_layer(query.text("layer", explorer.default_layer))
         channel = query.integer("channel")
-        pixels = await batcher.run(views.feature, checkpoint, layer, channel)
+        pixels, moved = await batcher.run(views.feature, checkpoint, layer, channel)
         data = await asyncio.to_thread(io.encode_image, pixels)
         computed = f"feature visualisation: {FEATURE_STEPS} steps, seed {FEATURE_SEED}"
+        if not moved:
+            computed += (
+                "; the image did not move from its grey start: the channel gives no gradient "
+                "there (closed by a ReLU?), try the layer before its activation"
+            )
         return Response(data, media_type="image/png", headers={"X-Camkit-Computed": computed})
 
     async def cluster_concepts(request: Request) -> Response:

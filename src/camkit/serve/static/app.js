@@ -430,7 +430,7 @@ async function conceptCard(concept, params) {
     element("div", { class: "caption", text: `share ${percent(concept.share)} · relevance ${concept.relevance.toPrecision(3)}` }),
     element("img", { class: "heat", src: await getImage("concept-map", heatParams),
       alt: `conditional heatmap of channel ${concept.channel}` }),
-    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue)` }),
+    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
     ...references(concept.references),
     element("button", { type: "button", class: "feature", text: "feature visualisation" }),
   ]);
