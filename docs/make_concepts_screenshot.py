@@ -5,8 +5,8 @@ Run from the repository root (needs Chromium and the serve extra)::
 
     PYTHONPATH=src python docs/make_concepts_screenshot.py [docs/serve_concepts.png]
 
-The cat photo, Grad-CAM for its top class, a box dragged over the cat's head: the four channels
-of the default layer that carry the class there, their shares, their conditional heatmaps, and
+The cat photo, Grad-CAM for its top class at ``blocks.5``, a box dragged over the cat's head:
+the four channels of that layer that carry the class there, their shares, their conditional heatmaps, and
 the feature visualisation of the first one (computed on demand).
 """
 
@@ -48,9 +48,14 @@ def main(out: Path) -> None:
     names = [entry.name for entry in app.state.explorer.entries]
     cat = names.index("chelsea.png")
     with running(app) as base, tempfile.TemporaryDirectory() as profile:
-        browser = Browser(Path(profile), width=1360, height=1080)
+        browser = Browser(Path(profile), width=1360, height=1200)
         try:
             browser.open(f"{base}/?token=demo#image={cat}")
+            browser.js(WAIT_IDLE)
+            browser.js(
+                """(() => { const e = document.getElementById('layer');
+                e.value = 'blocks.5'; e.dispatchEvent(new Event('change')); })()"""
+            )
             browser.js(WAIT_IDLE)
             browser.js("document.getElementById('concept-k').value = '4'")
             browser.js(DRAG)
@@ -58,7 +63,7 @@ def main(out: Path) -> None:
             browser.js(WAIT_IDLE)
             browser.js("document.querySelector('#concepts button.feature').click()")
             browser.js(FEATURE_SHOWN)
-            browser.js("document.getElementById('maps').scrollIntoView()")
+            browser.js("window.scrollTo(0, document.getElementById('maps').offsetTop - 64)")
             browser.js("new Promise((done) => setTimeout(done, 300))")
             shot = browser.screenshot(out.with_suffix(".tmp.png"))
         finally:
