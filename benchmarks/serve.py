@@ -52,6 +52,10 @@ NOTES = """Notes:
   EfficientNet-Lite0), while one Grad-CAM at `bn2` back-propagates through the head only; one
   pass for 5 layers still costs less than two separate Grad-CAM calls at the deepest and the
   shallowest stage would.
+- The concept view misses its target on a CPU: its 5 conditional heatmaps are 5 backward
+  passes to the input (``is_grads_batched`` batches them, but on a CPU they cost about as much
+  as 5 separate ones), while one Grad-CAM at `bn2` back-propagates through the head only; the
+  list of concepts alone (``heatmaps=False``) costs about one map request.
 - Thumbnails are made when an image is predicted (the background pass over the gallery does it
   for every image), so a page of thumbnails is served from memory; a page viewed before that
   pass reached it makes its thumbnails from the decoded photos."""

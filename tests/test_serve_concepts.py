@@ -417,3 +417,33 @@ def test_concept_views_in_headless_chromium(tmp_path: Path) -> None:
             assert problems == []
         finally:
             browser.close()
+
+
+def test_the_concept_view_on_the_packaged_model_is_the_librarys(tmp_path: Path) -> None:
+    from skimage import data
+
+    from camkit import models
+    from camkit.serve.gallery import Entry
+
+    loaded_model = models.load("efficientnet_lite0")
+    explorer = Explorer({"a": loaded_model}, [Entry("chelsea.png", None, None, data.chelsea())])
+    with TestClient(create_app(explorer, token=None)) as client:
+        reply = client.get(
+            "/api/concepts", params={"image": 0, "class": 282, "box": "0.25,0,0.75,0.5"}
+        )
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert answer["layer"] == loaded_model.default_layer and answer["size"] == [224, 224]
+        mask = torch.zeros(224, 224, dtype=torch.bool)
+        mask[0:112, 56:168] = True
+        x = loaded_model.preprocess(data.chelsea())[None]
+        attribution = ConceptAttribution(loaded_model.model, loaded_model.default_layer)
+        expected = attribution.top(x, k=5, target=282, region=mask)
+        assert [c["channel"] for c in answer["concepts"]] == expected.channels[0].tolist()
+        shares = torch.tensor([c["share"] for c in answer["concepts"]])
+        assert torch.allclose(shares, expected.share[0], atol=1e-5)
+        heat = client.app.state.views.heatmaps.get_item(
+            ("a", loaded_model.default_layer, 0, 282, answer["concepts"][0]["channel"])
+        )
+        reference = expected.heatmaps[0, 0].numpy()
+        assert np.allclose(heat, reference, atol=1e-5 * float(np.abs(reference).max()))

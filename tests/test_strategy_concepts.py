@@ -134,3 +134,47 @@ def test_runs_without_concepts_or_with_unknown_weights_skip_cluster_concepts(
         weights = tmp_path / "w.pt"
         weights.write_bytes(b"x")
         strategy_concepts.add_cluster_concepts(tmp_path / "c", settings, [], [], str(weights))
+
+
+def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag(
+    tmp_path: Path, monkeypatch
+) -> None:
+    pytest.importorskip("starlette", reason="camkit serve's web stack")
+    pytest.importorskip("httpx", reason="the ASGI test client")
+    from starlette.testclient import TestClient
+
+    from camkit.runs.concepts import read_concepts
+    from camkit.serve.app import create_app
+    from camkit.serve.explorer import Explorer
+    from camkit.serve.gallery import read_run, read_strategies
+
+    out, tagged = planted_run(tmp_path)
+    monkeypatch.setattr(strategy_concepts, "load_model", lambda name, weights: loaded_planted())
+    assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none", "--quiet"]) == 0
+    entries, _, predictions = read_run(out)
+    explorer = Explorer({"a": loaded_planted()}, entries, predictions=predictions)
+    app = create_app(
+        explorer,
+        token=None,
+        run_root=out,
+        strategies=read_strategies(out, entries),
+        concepts=read_concepts(out),
+    )
+    with TestClient(app) as client:
+        (group,) = client.get("/api/strategies").json()["groups"]
+        for cluster in group["clusters"]:
+            params = {"method": "gradcam", "class": 0, "cluster": cluster["id"], "k": 1}
+            found = client.get("/api/cluster-concepts", params=params).json()
+            assert found["layer"] == "1" and found["images"] == cluster["size"]
+            is_tag = all(tagged[i] for i in cluster["members"])  # ids = rows here
+            assert found["concepts"][0]["channel"] == (TAG_CHANNEL if is_tag else 0)
+        # a tagged image: a box over the tag names the tag channel, with all of the share
+        image = int(np.flatnonzero(tagged)[0])
+        box = {"box": f"{18 / SIDE},{18 / SIDE},{23 / SIDE},{23 / SIDE}"}
+        answer = client.get("/api/concepts", params={"image": image, "class": 0, "k": 3} | box)
+        first = answer.json()["concepts"][0]
+        assert first["channel"] == TAG_CHANNEL and first["share"] == pytest.approx(1.0, abs=1e-6)
+        assert first["references"]["relevance"][0]["patch"] == "patches/1/c2_relevance_0.png"
+        assert (
+            client.app.state.views.heatmaps.get_item(("a", "1", image, 0, TAG_CHANNEL)) is not None
+        )
