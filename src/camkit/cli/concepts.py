@@ -78,7 +78,13 @@ def run_concepts(args: argparse.Namespace) -> int:
     yet; streaming, memory independent of their number); rank 0 merges every part and writes
     the reference patches of the chosen channels."""
     ranks = Ranks.from_env()
-    paths = find_images(args.images)
+    try:
+        found = find_images(args.images)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
+    if ranks.rank == 0:
+        found.report()
+    paths = found.paths
     out = Path(args.out)
     check_out_dir(out)
     device = pick_device(args.device, ranks.local_rank)
