@@ -447,3 +447,48 @@ def test_the_concept_view_on_the_packaged_model_is_the_librarys(tmp_path: Path) 
         )
         reference = expected.heatmaps[0, 0].numpy()
         assert np.allclose(heat, reference, atol=1e-5 * float(np.abs(reference).max()))
+
+
+def test_explain_then_concepts_then_serve_on_the_packaged_model(tmp_path: Path) -> None:
+    """The CLI and the explorer together: ``camkit explain`` and ``camkit concepts`` into one
+    run folder, then the explorer on it shows each listed channel's reference patches."""
+    from skimage import data
+
+    from camkit import models
+    from camkit.cli import main
+    from camkit.serve.launch import open_gallery
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("chelsea", "coffee"):
+        cio.save_png(photos / f"{name}.png", getattr(data, name)())
+    run = tmp_path / "run"
+    assert main(["explain", str(photos), "--out", str(run), "--workers", "0", "--quiet"]) == 0
+    loaded_model = models.load("efficientnet_lite0")
+
+    def serve() -> TestClient:
+        gallery = open_gallery([run], loaded_model.name, None, loaded_model.preprocess.crop_mode)
+        explorer = Explorer({"a": loaded_model}, gallery.entries, predictions=gallery.predictions)
+        app = create_app(explorer, token=None, run_root=run, concepts=gallery.concepts)
+        return TestClient(app)
+
+    where = {"image": 0, "class": 282, "layer": "blocks.5", "k": 2}
+    with serve() as client:
+        before = client.get("/api/concepts", params=where).json()
+        assert before["references"] is False
+    channels = [c["channel"] for c in before["concepts"]]
+    spec = ",".join(map(str, channels))
+    status = main(
+        ["concepts", str(photos), "--layer", "blocks.5", "--top", "1", "--channels", spec]
+        + ["--out", str(run), "--workers", "0", "--quiet"]
+    )
+    assert status == 0
+    with serve() as client:
+        after = client.get("/api/concepts", params=where).json()
+        assert after["references"] is True
+        assert [c["channel"] for c in after["concepts"]] == channels
+        for concept in after["concepts"]:
+            (row,) = concept["references"]["relevance"]
+            assert Path(row["image"]).name in ("chelsea.png", "coffee.png")
+            assert client.get(f"/api/run/{row['patch']}").status_code == 200
+        assert client.get("/api/info").json()["concepts"] == "blocks.5"
