@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from test_concepts_planted import TAG_CHANNEL, planted_concepts, planted_images
-from test_report import page_data
+from test_report import Browser, needs_browser, page_data
 
 import camkit
 from camkit import io as cio
@@ -178,3 +178,32 @@ def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag
         assert (
             client.app.state.views.heatmaps.get_item(("a", "1", image, 0, TAG_CHANNEL)) is not None
         )
+
+
+@needs_browser
+def test_the_reports_clusters_name_their_channels_in_headless_chromium(
+    tmp_path: Path, monkeypatch
+) -> None:
+    out, _ = planted_run(tmp_path)
+    monkeypatch.setattr(strategy_concepts, "load_model", lambda name, weights: loaded_planted())
+    assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none", "--quiet"]) == 0
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open((out / "index.html").as_uri())
+        assert browser.js("document.body.dataset.ready") == "1"
+        browser.js("document.getElementById('view-strategies').click()")
+        firsts = browser.js(
+            "[...document.querySelectorAll('.cluster')].map((c) => "
+            "+c.querySelector('.dominant [data-channel]').dataset.channel)"
+        )
+        assert sorted(firsts) == [0, TAG_CHANNEL]
+        # the tag channel shows its atlas patch; channel 0 has none in the atlas
+        patches = browser.js(
+            "[...document.querySelectorAll('.dominant [data-channel]')].map((d) => "
+            "[+d.dataset.channel, d.querySelectorAll('img').length])"
+        )
+        assert all(count == (1 if channel == TAG_CHANNEL else 0) for channel, count in patches)
+        browser.js("document.getElementById('view-concepts').click()")
+        assert browser.js("document.querySelectorAll('.atlas-channel').length") == 1
+    finally:
+        browser.close()
