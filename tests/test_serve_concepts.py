@@ -26,7 +26,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from camkit.runs.concepts import read_concepts  # noqa: E402
 from camkit.serve import security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
-from camkit.serve.concepts import concept_png, region_of, signed_for_display  # noqa: E402
+from camkit.serve.concepts import concept_png, layer_grid, region_of, signed_for_display  # noqa: E402
 from camkit.serve.explorer import Explorer  # noqa: E402
 from camkit.serve.gallery import read_run, read_strategies  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
@@ -159,6 +159,8 @@ def test_signed_display_is_symmetric_and_a_click_picks_the_cell() -> None:
     spiky[0, 0] = 4.0  # the 99.5th percentile of |heat| is 2.02: the spike is clipped to it
     assert signed_for_display(spiky)[0, 0] == 1.0 and signed_for_display(spiky)[5, 5] == 0.5
     assert np.allclose(signed_for_display(np.zeros((2, 2))), 0.5)
+    assert layer_grid((1, 8, 8, 8)) == (8, 8) and layer_grid((1, 96, 14, 14)) == (14, 14)
+    assert layer_grid((1, 7, 7, 768)) == (7, 7) and layer_grid((1, 197, 768)) == (14, 14)
     assert region_of((0.0, 0.0), None, (32, 32), (8, 8)).box == (0, 0, 4, 4)
     assert region_of((1.0, 1.0), None, (32, 32), (8, 8)).box == (28, 28, 32, 32)
     assert region_of(None, (0.5, 0.5, 0.5, 0.5), (32, 32), (8, 8)).box == (16, 16, 17, 17)

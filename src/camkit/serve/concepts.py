@@ -61,11 +61,15 @@ class Region:
 
 
 def layer_grid(shape: Sequence[int]) -> tuple[int, int]:
-    """The ``(h, w)`` grid of a layer the explorer lists: a map ``(1, C, h, w)`` or tokens ``(1,
-    N, C)`` on a square grid (a class or register token left out)."""
+    """The ``(h, w)`` grid of a layer the explorer lists: a map ``(1, C, h, w)``, a
+    channels-last map ``(1, h, w, C)`` (a square grid before a different last axis, as Swin's
+    stages give) or tokens ``(1, N, C)`` on a square grid (a class or register token left
+    out)."""
     if len(shape) == 3:
         side = max(math.isqrt(int(shape[1])), 1)
         return side, side
+    if len(shape) == 4 and shape[1] == shape[2] != shape[3]:
+        return int(shape[1]), int(shape[2])
     return int(shape[-2]), int(shape[-1])
 
 
