@@ -494,3 +494,50 @@ def test_explain_then_concepts_then_serve_on_the_packaged_model(tmp_path: Path) 
             assert Path(row["image"]).name in ("chelsea.png", "coffee.png")
             assert client.get(f"/api/run/{row['patch']}").status_code == 200
         assert client.get("/api/info").json()["concepts"] == "blocks.5"
+
+
+def test_a_click_on_a_vit_counts_the_token_under_it(tmp_path: Path) -> None:
+    timm = pytest.importorskip("timm")
+    from camkit import models
+
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+        num_classes=4,
+    ).eval()  # fmt: skip
+    loaded_vit = models.LoadedModel(
+        name="vit",
+        model=vit,
+        preprocess=models.Preprocess(32, crop_mode="squash"),
+        labels=list("abcd"),
+        default_layer="blocks.1",
+        input_size=(32, 32),
+    )
+    explorer = explorer_for(photo_folder(tmp_path), a=loaded_vit)
+    before = model_state(vit)
+    with TestClient(create_app(explorer, token=None)) as client:
+        where = {"image": 2, "class": 1, "k": 4, "x": 0.6, "y": 0.3}  # the token of cell (1, 2)
+        answer = client.get("/api/concepts", params=where).json()
+        assert answer["region"] == {"kind": "cell", "box": [8, 16, 16, 24]}
+    x = model_input(explorer, 2)[None]
+    mask = torch.zeros(32, 32, dtype=torch.bool)
+    mask[8:16, 16:24] = True
+    expected = ConceptAttribution(vit, "blocks.1").top(x, k=4, target=1, region=mask)
+    assert [c["channel"] for c in answer["concepts"]] == expected.channels[0].tolist()
+    shares = torch.tensor([c["share"] for c in answer["concepts"]])
+    assert torch.allclose(shares, expected.share[0], atol=1e-5)
+    # the token's own relevance, by hand: sum over that token of A * dS/dA
+    tokens = {}
+    handle = vit.blocks[1].register_forward_hook(lambda m, i, o: tokens.setdefault("A", o))
+    try:
+        leaf = x.clone().requires_grad_(True)
+        score = vit(leaf)[0, 1]
+        (grad,) = torch.autograd.grad(score, tokens["A"])
+    finally:
+        handle.remove()
+    token = 1 + 1 * 4 + 2  # the class token first, then row-major 4 x 4 patches
+    by_hand = (tokens["A"][0, token] * grad[0, token]).detach()
+    values = torch.tensor([c["relevance"] for c in answer["concepts"]])
+    scale = float(by_hand.abs().max())
+    assert torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
+    assert_untouched(vit, before)
