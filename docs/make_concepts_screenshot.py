@@ -6,8 +6,8 @@ Run from the repository root (needs Chromium and the serve extra)::
     PYTHONPATH=src python docs/make_concepts_screenshot.py [docs/serve_concepts.png]
 
 The cat photo, Grad-CAM for its top class at ``blocks.5``, a box dragged over the cat's head:
-the four channels of that layer that carry the class there, their shares, their conditional heatmaps, and
-the feature visualisation of the first one (computed on demand).
+the four channels of that layer that carry the class there, their shares, their conditional
+heatmaps, and the feature visualisation of the first one (computed on demand).
 """
 
 from __future__ import annotations
