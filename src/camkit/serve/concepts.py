@@ -154,6 +154,7 @@ class ConceptViews:
         return found
 
     def grid(self, layer: str) -> tuple[int, int]:
+        """The ``(h, w)`` grid of a layer the explorer lists (:func:`layer_grid`)."""
         return layer_grid(dict((n, s) for n, _, s in self.explorer.layers)[layer])
 
     def top(
@@ -166,7 +167,7 @@ class ConceptViews:
         concepts = self.attribution(checkpoint, layer)
         x = self.explorer.batch([image], checkpoint)
         mask = region.mask(self.explorer.size)
-        found = concepts.top(x, k=k, target=torch.tensor([target]), region=mask)
+        found = concepts.top(x, k=k, target=torch.tensor([target], device=x.device), region=mask)
         rows = []
         for i, channel in enumerate(found.channels[0].tolist()):
             heat = found.heatmaps[0, i].float().cpu().numpy()
@@ -191,7 +192,9 @@ class ConceptViews:
             "references": self.references is not None and self.references["layer"] == layer,
         }
 
-    def heatmap(self, checkpoint: str, layer: str, image: int, target: int, channel: int):
+    def heatmap(
+        self, checkpoint: str, layer: str, image: int, target: int, channel: int
+    ) -> np.ndarray:
         """``(H, W)`` conditional heatmap of one channel (from :meth:`top`'s cache, else one
         conditional backward)."""
         key = (checkpoint, layer, image, target, channel)
@@ -199,7 +202,7 @@ class ConceptViews:
         if heat is None:
             x = self.explorer.batch([image], checkpoint)
             maps = self.attribution(checkpoint, layer).heatmaps(
-                x, [channel], torch.tensor([target])
+                x, [channel], torch.tensor([target], device=x.device)
             )
             heat = maps[0, 0].float().cpu().numpy()
             self.heatmaps.put(key, heat)
@@ -242,7 +245,7 @@ class ConceptViews:
             if not images:
                 raise ArgumentError("the cluster has no image in this gallery")
             x = self.explorer.batch(list(images), checkpoint)
-            target_rows = torch.full((len(images),), target)
+            target_rows = torch.full((len(images),), target, device=x.device)
             top = self.attribution(checkpoint, layer, images=True).dominant(
                 x, k=k, target=target_rows
             )
