@@ -40,8 +40,8 @@ from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance import COMPOSITES
+from camkit.runs.concepts import CONCEPTS
 
-CONCEPTS = "concepts.json"
 PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
 DEFAULT_CHANNELS = 16
 SUMMARY = "find what a layer's channels respond to: reference images per channel"
@@ -84,7 +84,7 @@ def run_concepts(args: argparse.Namespace) -> int:
         found = find_images(args.images)
     except CamkitError as error:
         raise UsageError(str(error)) from None
-    if ranks.local_rank == 0:
+    if ranks.rank == 0:
         found.report()
     paths = found.paths
     out = Path(args.out)

@@ -45,6 +45,7 @@ from camkit.cli.report_files import (
     url_path,
 )
 from camkit.errors import ArgumentError
+from camkit.runs.concepts import atlas_data, read_concepts
 from camkit.runs.strategies import strategies_data
 
 __all__ = [
@@ -215,7 +216,12 @@ def write_report(
 
     ``strategies``: the content of ``strategies.json`` written by ``camkit strategies`` (files
     named relative to ``strategies_dir``): the page then has a strategies view per method and
-    class (clusters side by side, the embedding, links from members to their cards).
+    class (clusters side by side, the embedding, links from members to their cards; each
+    cluster's dominant concepts when ``camkit strategies`` found them).
+
+    When ``OUT`` holds ``camkit concepts`` results (``concepts.json``), the page has a concept
+    atlas: per channel of their layer, its reference patches (most relevant, most active) with
+    their scores.
     """
     import camkit
 
@@ -225,6 +231,7 @@ def write_report(
     viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1)), colormap=colormap)
     workers = min(4, os.cpu_count() or 1) if workers is None else workers
     scales = make_thumbnails(out, grouped, colormap, thumb_side, workers)
+    concepts = read_concepts(out)
     images = _page_data(out, grouped, dict(metrics or {}), scales)
     methods = list(dict.fromkeys(o["method"] for image in images for o in image["overlays"]))
     metric_names = sorted(
@@ -249,6 +256,7 @@ def write_report(
         "strategies": None
         if strategies is None
         else strategies_data(out, images, strategies, Path(strategies_dir or out)),
+        "concepts": None if concepts is None else atlas_data(out, concepts, out),
     }
     parts = {
         "TITLE": html.escape(title),

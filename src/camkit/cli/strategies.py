@@ -15,6 +15,7 @@ from camkit import io, models
 from camkit.cli import report, results
 from camkit.cli.arguments import add_command, positive_int
 from camkit.cli.common import EXIT_OK, UsageError
+from camkit.cli.strategy_concepts import add_cluster_concepts
 from camkit.errors import CamkitError
 from camkit.runs.manifest import MANIFEST, read
 from camkit.strategies import (
@@ -210,6 +211,11 @@ def run_strategies(args: argparse.Namespace) -> int:
         skipped += [
             {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
         ]
+    done = add_cluster_concepts(
+        run, manifest.get("settings") or {}, groups, maps.image.tolist(), args.weights
+    )
+    if done is not None and not args.quiet:
+        print(done)
     data = {
         "run": str(run),
         "parameters": options
@@ -321,6 +327,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="seed of k-means, t-SNE, ARPACK (default 0)"
     )
     parser.add_argument("--colormap", default="jet", help="of the prototypes (default jet)")
+    parser.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="the weights the run was made with (--weights of camkit explain): needed for the "
+        "clusters' dominant concepts when the run has camkit concepts results",
+    )
     parser.add_argument(
         "--report",
         action=argparse.BooleanOptionalAction,

@@ -232,9 +232,11 @@ const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b
 
 function showView(name) {
   for (const id of ["gallery", "more", "gallery-controls"]) $(id).hidden = name !== "gallery";
-  $("strategies").hidden = name !== "strategies";
+  for (const view of ["strategies", "concepts"]) {
+    $(view).hidden = name !== view;
+    $(`view-${view}`).classList.toggle("on", name === view);
+  }
   $("view-gallery").classList.toggle("on", name === "gallery");
-  $("view-strategies").classList.toggle("on", name === "strategies");
 }
 
 function memberThumb(i, method) {
@@ -306,14 +308,50 @@ function renderStrategy() {
       c.prototype ? el("img", { class: "proto", src: c.prototype, alt: `prototype of cluster ${c.id}` }) : null,
       el("span", { class: "facts" }, `${c.size} maps · confidence ${pct(c.confidence)} · accuracy ${c.accuracy === null ? "unknown" : pct(c.accuracy)} · suspiciousness ${num(c.score)}`),
       el("h4", {}, "typical members"), el("div", { class: "members typical" }, c.typical.map((i) => member(i, group.method))),
-      el("h4", {}, "atypical members"), el("div", { class: "members atypical" }, c.atypical.map((i) => member(i, group.method)))))));
+      el("h4", {}, "atypical members"), el("div", { class: "members atypical" }, c.atypical.map((i) => member(i, group.method))),
+      c.concepts ? [el("h4", {}, `dominant concepts (channels of ${c.concepts.layer})`),
+        el("div", { class: "dominant" }, c.concepts.channels.map((d) => el("div", { "data-channel": d.channel },
+          `channel ${d.channel}: ${pct(d.share)} of the relevance`, atlasPatches(d.channel, c.concepts.layer))))] : null))));
   $("strategy-body").replaceChildren(body);
 }
 
+// ----------------------------------------------------------------------------- concept atlas
+const ATLAS = DATA.concepts;
+
+function patch(ref, mode) {
+  return el("img", { src: ref.src, alt: `${mode} reference ${ref.rank}`, loading: "lazy",
+    title: `${ref.image} · ${ref.label} · score ${num(ref.score)}` });
+}
+
+// a channel's most relevant reference patches, when the atlas has the channel of that layer
+function atlasPatches(channel, layer) {
+  const found = ATLAS && ATLAS.layer === layer && ATLAS.channels.find((c) => c.channel === channel);
+  return found ? el("div", { class: "patches" }, found.relevance.slice(0, 4).map((r) => patch(r, "relevance"))) : null;
+}
+
+function setupAtlas() {
+  if (!ATLAS) return;
+  $("views").hidden = false;
+  $("view-concepts").hidden = false;
+  $("view-concepts").addEventListener("click", () => showView("concepts"));
+  $("concepts").append(
+    el("p", { class: "pred" }, `Concept atlas of layer ${ATLAS.layer} (camkit concepts over ${ATLAS.images} images, `,
+      `relevance by ${ATLAS.rules}): for each channel, the patches of the images in which it is most relevant `,
+      "for the predicted class and those in which it is most active (Achtibat et al., 2023); scores are each ",
+      "image's share of its absolute channel relevance (or activation)."),
+    el("div", { class: "atlas" }, ATLAS.channels.map((c) => el("div", { class: "atlas-channel", "data-channel": c.channel },
+      el("h3", {}, `channel ${c.channel}`),
+      [["relevance", "most relevant"], ["activation", "most active"]].flatMap(([mode, title]) => [
+        el("h4", {}, `${title} · scores ${c[mode].map((r) => num(r.score)).join(", ")}`),
+        el("div", { class: `patches ${mode}` }, c[mode].map((r) => patch(r, mode)))]),
+    ))));
+}
+
 function setupStrategies() {
+  $("view-gallery").addEventListener("click", () => showView("gallery"));
   if (!STRATEGIES || !STRATEGIES.groups.length) return;
   $("views").hidden = false;
-  $("view-gallery").addEventListener("click", () => showView("gallery"));
+  $("view-strategies").hidden = false;
   $("view-strategies").addEventListener("click", () => showView("strategies"));
   const groups = el("select", { id: "strategy-group" }, STRATEGIES.groups.map((g, k) =>
     el("option", { value: k }, `${g.label} (${g.class}) · ${g.method} · ${g.samples} maps, ${g.k} cluster(s)`)));
@@ -330,8 +368,10 @@ function setupStrategies() {
 
 setupControls();
 setupStrategies();
+setupAtlas();
 refresh();
 const match = /^#image=(\d+)$/.exec(location.hash);
 if (match) openDetail(+match[1]);
 if (location.hash === "#strategies" && STRATEGIES) showView("strategies");
+if (location.hash === "#concepts" && ATLAS) showView("concepts");
 document.body.dataset.ready = "1";

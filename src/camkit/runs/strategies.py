@@ -34,7 +34,8 @@ def cluster_view(
     ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
     member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's).
     ``atypical`` leaves out the ``typical`` members: a small cluster's two lists overlap, and
-    the page would show the same images as both."""
+    the page would show the same images as both. ``concepts``: the cluster's dominant concepts
+    when ``camkit strategies`` found them (a run with ``camkit concepts`` results), else None."""
     found = {name: members(cluster.get(name, [])) for name in lists}
     if "typical" in found and "atypical" in found:
         typical = set(found["typical"])
@@ -42,6 +43,7 @@ def cluster_view(
     return (
         {key: cluster.get(key) for key in ("id", "size", "confidence", "accuracy")}
         | {score: cluster.get("suspiciousness"), "prototype": picture(cluster.get("prototype"))}
+        | {"concepts": cluster.get("concepts")}
         | found
     )
 

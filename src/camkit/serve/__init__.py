@@ -3,13 +3,17 @@
 A gallery of images with their predictions (filters by predicted and true class, misclassified
 only, low confidence first), and for each image the maps of any class, method, layer and
 checkpoint computed on demand: the depth strip (one method at every stage from one pass), two
-classes or two checkpoints side by side, deletion/insertion curves, downloads.
+classes or two checkpoints side by side, deletion/insertion curves, downloads, and what the
+model sees where the user clicks (the concepts there).
 
 * :mod:`camkit.serve.app`: the ASGI app (Starlette): the token check, start and stop;
 * :mod:`camkit.serve.routes`: its routes, by concern (the page, the gallery and images, maps,
   uploads, the run's files); :mod:`camkit.serve.http`: checked query parameters, JSON errors;
 * :mod:`camkit.serve.batcher`: concurrent map requests -> one engine call per group;
 * :mod:`camkit.serve.explorer`: what is computed, through camkit's public API;
+* :mod:`camkit.serve.concepts`: the concept views (the top concepts where the user clicks or
+  drags, their conditional heatmaps, reference patches and feature visualisations; the concepts
+  of a strategies cluster), through :mod:`camkit.concepts`;
 * :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest, read
   through :mod:`camkit.runs`);
 * :mod:`camkit.serve.compare`: where two checkpoints disagree, and the difference of their maps;

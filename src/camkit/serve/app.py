@@ -17,6 +17,12 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/difference``        checkpoint a's map minus b's (``format=png|npy``)
 ``GET /api/progress``          a long map's copies scored (``job``); ``POST /api/cancel`` stops it
 ``GET /api/depth``             the depth strip: the method at every stage from one pass
+``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
+                               ``class``: everywhere, in the cell under ``x``, ``y`` or in
+                               ``box``; ``k``; their shares and reference images
+``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG
+``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
+``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
 ``GET /api/curve``             the deletion/insertion curves of a map
 ``POST /api/upload``           an image file as the body -> its id
 ``GET /api/strategies``        the run's clusters per class (``camkit strategies``), as ids
@@ -61,6 +67,7 @@ def create_app(
     run_root: Path | None = None,
     run_header: dict | None = None,
     strategies: dict | None = None,
+    concepts: dict | None = None,
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
@@ -70,6 +77,8 @@ def create_app(
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
     served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
+    ``concepts``: the run's ``camkit concepts`` results
+    (:func:`camkit.runs.concepts.read_concepts`);
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
     checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
@@ -77,7 +86,7 @@ def create_app(
     headers; every request is logged (:mod:`camkit.serve.logs`)."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
-    state = ServerState(explorer, batcher, run_root, run_header, strategies, names)
+    state = ServerState(explorer, batcher, run_root, run_header, strategies, names, concepts)
 
     async def answer(request: Request, call_next: Any) -> Response:
         if request.url.path.startswith("/api/"):
@@ -129,6 +138,7 @@ def create_app(
     app = Starlette(routes=all_routes(state), middleware=middleware, lifespan=lifespan)
     app.state.explorer = explorer
     app.state.batcher = batcher
+    app.state.views = state.views
     return app
 
 

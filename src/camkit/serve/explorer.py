@@ -195,7 +195,8 @@ class Explorer:
 
     # ------------------------------------------------------------------ predictions
 
-    def _batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
+    def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
+        """The model inputs of ``images`` as one batch on the device, in the model's dtype."""
         model = self.checkpoints[checkpoint].model
         reference = next(model.parameters(), None)
         batch = torch.stack([self.model_input(i) for i in images]).to(self.device)
@@ -218,7 +219,7 @@ class Explorer:
         if not readable:
             return
         model = self.checkpoints[checkpoint].model
-        batch = self._batch(readable, checkpoint)
+        batch = self.batch(readable, checkpoint)
         started = time.perf_counter()
         with torch.no_grad():
             logits = model(batch)
@@ -235,7 +236,7 @@ class Explorer:
         """All class probabilities of readable images, one forward pass ``(B, num_classes)``."""
         model = self.checkpoints[checkpoint].model
         with torch.no_grad():
-            logits = model(self._batch(images, checkpoint))
+            logits = model(self.batch(images, checkpoint))
         return logits.float().softmax(dim=-1).cpu()
 
     # ------------------------------------------------------------------ maps
@@ -296,7 +297,7 @@ class Explorer:
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
         explainer = self.explainer(checkpoint, method, layers)
-        batch = self._batch(images, checkpoint)
+        batch = self.batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
         result = explainer(batch, target=targets.to(self.device), **options)
@@ -314,7 +315,7 @@ class Explorer:
         if heat is None:
             raise ArgumentError("compute the map first")
         model = self.checkpoints[key.checkpoint].model
-        x = self._batch([key.image], key.checkpoint)
+        x = self.batch([key.image], key.checkpoint)
         maps = torch.from_numpy(heat)[None].to(self.device)
         answer = {}
         for name, curve in (("deletion", metrics.deletion), ("insertion", metrics.insertion)):

@@ -191,7 +191,10 @@ def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
 
     groups = []
     for group in data.get("groups", []):
-        clusters = [cluster_view(cluster, ids, picture) for cluster in group.get("clusters", [])]
+        clusters = [
+            cluster_view(cluster, ids, picture, lists=("typical", "atypical", "members"))
+            for cluster in group.get("clusters", [])
+        ]
         groups.append(
             {key: group.get(key) for key in ("method", "class", "label", "samples", "suggested_k")}
             | {"eigengap_plot": picture(group.get("eigengap_plot")), "clusters": clusters}

@@ -20,6 +20,7 @@ import torch
 from camkit import models
 from camkit.errors import ArgumentError
 from camkit.runs import MANIFEST
+from camkit.runs.concepts import read_concepts
 from camkit.runs.manifest import read as read_manifest
 from camkit.runs.manifest import sha256
 from camkit.serve import security
@@ -40,6 +41,7 @@ class Gallery:
     header: dict | None = None
     predictions: dict[int, Prediction] | None = None
     strategies: dict | None = None
+    concepts: dict | None = None
 
 
 def check_paths(paths: list[Path]) -> None:
@@ -88,7 +90,7 @@ def open_gallery(
         if made_by != (model, weights_sha, crop or run_crop(paths)):
             predictions = {}  # made by another model or preprocessing: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
-        gallery = Gallery(entries, root, header, predictions, strategies)
+        gallery = Gallery(entries, root, header, predictions, strategies, read_concepts(root))
     else:
         gallery = Gallery(scan(paths)[0])
     if not gallery.entries:
@@ -172,6 +174,7 @@ def prepare(
         run_root=gallery.run_root,
         run_header=gallery.header,
         strategies=gallery.strategies,
+        concepts=gallery.concepts,
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,

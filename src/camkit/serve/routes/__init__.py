@@ -1,6 +1,7 @@
 """The routes of :mod:`camkit.serve.app`, by concern: the page and ``/api/info``
 (:mod:`~camkit.serve.routes.page`), the gallery and one image
-(:mod:`~camkit.serve.routes.images`), the maps (:mod:`~camkit.serve.routes.maps`), uploads
+(:mod:`~camkit.serve.routes.images`), the maps (:mod:`~camkit.serve.routes.maps`), the concept
+views (:mod:`~camkit.serve.routes.concepts`), uploads
 (:mod:`~camkit.serve.routes.uploads`) and the run's files (:mod:`~camkit.serve.routes.run`);
 what they share is :class:`~camkit.serve.routes.state.ServerState`."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from camkit.serve.routes import images, maps, page, run, uploads
+from camkit.serve.routes import concepts, images, maps, page, run, uploads
 from camkit.serve.routes.state import ServerState
 
 
@@ -18,6 +19,7 @@ def all_routes(state: ServerState) -> list[Route]:
         *page.routes(state),
         *images.routes(state),
         *maps.routes(state),
+        *concepts.routes(state),
         *uploads.routes(state),
         *run.routes(state),
     ]

@@ -85,6 +85,7 @@ def routes(state: ServerState) -> list[Route]:
                 "colormaps": list(COLORMAPS),
                 "run": state.run_header,
                 "strategies": state.strategies is not None,
+                "concepts": None if state.concepts is None else state.concepts["layer"],
             }
         )
 

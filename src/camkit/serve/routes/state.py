@@ -10,6 +10,7 @@ from typing import Any
 from camkit.errors import ArgumentError
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.compare import Comparison
+from camkit.serve.concepts import ConceptViews
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import Query
 from camkit.serve.progress import Jobs
@@ -19,7 +20,9 @@ from camkit.serve.progress import Jobs
 class ServerState:
     """One app's explorer and batcher; ``run_root``, ``run_header`` and ``strategies``: the
     ``camkit explain`` run it shows (None: none); ``names``: each checkpoint's name for the
-    page (its file); ``uploads``: how many it holds; ``comparison``: with two checkpoints."""
+    page (its file); ``concepts``: the run's ``camkit concepts`` results
+    (:func:`camkit.runs.concepts.read_concepts`); ``uploads``: how many it holds;
+    ``comparison``: with two checkpoints; ``views``: the concept views."""
 
     explorer: Explorer
     batcher: MapBatcher
@@ -27,15 +30,18 @@ class ServerState:
     run_header: dict | None = None
     strategies: dict | None = None
     names: dict[str, str] | None = None
+    concepts: dict | None = None
     uploads: int = 0
     checkpoints: list[str] = dataclasses.field(init=False)
     comparison: Comparison | None = dataclasses.field(init=False)
+    views: ConceptViews = dataclasses.field(init=False)
     jobs: Jobs = dataclasses.field(default_factory=Jobs)
 
     def __post_init__(self) -> None:
         self.checkpoints = list(self.explorer.checkpoints)
         self.names = {key: (self.names or {}).get(key, key) for key in self.checkpoints}
         self.comparison = Comparison(self.explorer) if len(self.checkpoints) > 1 else None
+        self.views = ConceptViews(self.explorer, self.concepts)
 
     def need_comparison(self, what: str) -> Comparison:
         """The comparison of the two checkpoints, or a clear error on a one-checkpoint server."""
@@ -69,3 +75,12 @@ class ServerState:
         image = self.image_of(query.integer("image"))
         target = explorer.check_target(query.integer("class"))
         return checkpoint, method, (layer,), image, target
+
+    def run_layer(self, method: str, images: list[int]) -> str:
+        """The layer the run explained ``images`` with ``method`` at (its manifest's records),
+        else the model's default layer."""
+        for image in images:
+            for record in self.explorer.entry(image).run_maps:
+                if record.get("method") == method and record.get("layer"):
+                    return str(record["layer"])
+        return self.explorer.default_layer

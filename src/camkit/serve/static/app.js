@@ -26,8 +26,9 @@ async function getJSON(path, params) {
   return body;
 }
 
-// an image from the API as an object URL (so that an error shows its message)
-async function getImage(path, params) {
+// an image from the API as an object URL (so that an error shows its message), with the
+// reply's headers
+async function fetchImage(path, params) {
   document.body.dataset.busy = String(+document.body.dataset.busy + 1);
   try {
     const reply = await fetch(api(path, params));
@@ -37,11 +38,13 @@ async function getImage(path, params) {
     }
     const url = URL.createObjectURL(await reply.blob());
     state.urls.push(url);
-    return url;
+    return { url, headers: reply.headers };
   } finally {
     document.body.dataset.busy = String(+document.body.dataset.busy - 1);
   }
 }
+
+async function getImage(path, params) { return (await fetchImage(path, params)).url; }
 
 function element(tag, attributes = {}, children = []) {
   const node = document.createElement(tag);
@@ -242,6 +245,7 @@ async function updateMaps() {
   const before = state.shown || {};
   if (before.cls !== shown.cls || before.method !== shown.method) $("depth").replaceChildren();
   if (Object.keys(shown).some((key) => before[key] !== shown[key])) $("curves").replaceChildren();
+  if (before.cls !== shown.cls || before.layer !== shown.layer) $("concepts").replaceChildren();
   state.shown = shown;
   const panels = [[state.cls, first]];
   if (second !== null && second !== undefined) panels.push([second, first]);
@@ -250,7 +254,7 @@ async function updateMaps() {
     const caption = `${classText(cls)}${probabilityOf(cls, checkpoint)} · ${method.name}` +
       (method.needs_layer ? ` · ${$("layer").value}` : "") +
       (comparing() ? ` · ${nameOf(checkpoint)} (${topOf(checkpoint)})` : "");
-    return element("figure", { "data-checkpoint": checkpoint }, [
+    return element("figure", { "data-checkpoint": checkpoint, "data-class": cls }, [
       element("img", { class: "map", alt: caption }), element("figcaption", { text: caption })]);
   });
   const differences = both ? panels.filter(([, c]) => c === first).map(([cls]) => element("figure", { class: "difference" }, [
@@ -348,6 +352,119 @@ async function curves() {
   } catch (error) { $("curves").replaceChildren(); showError(error.message); }
 }
 
+// ------------------------------------------------------------------ concepts
+
+// where on a map image the mouse is, as fractions of its width and height
+function pointOn(img, event) {
+  const r = img.getBoundingClientRect();
+  const clip = (v) => Math.min(Math.max(v, 0), 1);
+  return [clip((event.clientX - r.left) / r.width), clip((event.clientY - r.top) / r.height)];
+}
+
+// a rectangle over a map image, from fractions [x0, y0, x1, y1] of it
+function drawMark(img, [x0, y0, x1, y1]) {
+  for (const old of document.querySelectorAll("#maps .mark")) old.remove();
+  const mark = element("div", { class: "mark" });
+  const [left, right] = [Math.min(x0, x1), Math.max(x0, x1)], [top, bottom] = [Math.min(y0, y1), Math.max(y0, y1)];
+  Object.assign(mark.style, {
+    left: `${img.offsetLeft + left * img.clientWidth}px`, top: `${img.offsetTop + top * img.clientHeight}px`,
+    width: `${Math.max((right - left) * img.clientWidth, 2)}px`, height: `${Math.max((bottom - top) * img.clientHeight, 2)}px`,
+  });
+  img.closest("figure").append(mark);
+}
+
+// press on a map: a click asks for the concepts in the layer cell under it, a drag in the box
+function startRegion(event) {
+  const img = event.target;
+  if (!img.classList.contains("map") || event.button !== 0) return;
+  event.preventDefault();
+  const figure = img.closest("figure");
+  const start = pointOn(img, event);
+  const move = (e) => drawMark(img, [...start, ...pointOn(img, e)]);
+  const up = (e) => {
+    window.removeEventListener("mousemove", move);
+    window.removeEventListener("mouseup", up);
+    const end = pointOn(img, e);
+    const dragged = Math.abs(end[0] - start[0]) * img.clientWidth > 4 || Math.abs(end[1] - start[1]) * img.clientHeight > 4;
+    const where = dragged ? { box: [...start, ...end].map((v) => v.toFixed(4)).join(",") }
+      : { x: start[0].toFixed(4), y: start[1].toFixed(4) };
+    showConcepts(where, +figure.dataset.class, figure.dataset.checkpoint, img);
+  };
+  window.addEventListener("mousemove", move);
+  window.addEventListener("mouseup", up);
+}
+
+// reference patches of a channel from the run's camkit concepts results
+function references(found) {
+  if (!found) return [];
+  return [["relevance", "most relevant in the run"], ["activation", "most active in the run"]]
+    .filter(([mode]) => found[mode] && found[mode].length)
+    .map(([mode, title]) => element("div", { class: `refs ${mode}` }, [
+      element("span", { class: "row-label", text: title }),
+      ...found[mode].map((ref) => element("img", {
+        src: api(`run/${encodeURI(ref.patch)}`), alt: `${mode} reference ${ref.rank}`,
+        title: `${stem(ref.image)} · ${ref.label} · score ${(+ref.score).toFixed(3)}`,
+      })),
+    ]));
+}
+
+// a channel's feature visualisation, computed by the server on demand (seeded, cached)
+async function featureOf(card, params, channel) {
+  const button = card.querySelector("button.feature");
+  button.disabled = true;
+  button.textContent = "computing...";
+  try {
+    const wanted = { layer: params.layer, channel };
+    if (params.checkpoint) wanted.checkpoint = params.checkpoint;
+    const { url, headers } = await fetchImage("feature", wanted);
+    button.replaceWith(element("img", { class: "feature", src: url, alt: `feature visualisation of channel ${channel}` }),
+      element("div", { class: "caption", text: `computed: ${headers.get("X-Camkit-Computed") || "feature visualisation"}` }));
+  } catch (error) { button.disabled = false; button.textContent = "feature visualisation"; showError(error.message); }
+}
+
+async function conceptCard(concept, params) {
+  const heatParams = { image: params.image, class: params.class, layer: params.layer, channel: concept.channel, alpha: $("alpha").value };
+  if (params.checkpoint) heatParams.checkpoint = params.checkpoint;
+  const card = element("div", { class: "concept", "data-channel": concept.channel }, [
+    element("h4", { text: `channel ${concept.channel}` }),
+    element("div", { class: "caption", text: `share ${percent(concept.share)} · relevance ${concept.relevance.toPrecision(3)}` }),
+    element("img", { class: "heat", src: await getImage("concept-map", heatParams),
+      alt: `conditional heatmap of channel ${concept.channel}` }),
+    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
+    ...references(concept.references),
+    element("button", { type: "button", class: "feature", text: "feature visualisation" }),
+  ]);
+  card.querySelector("button.feature").addEventListener("click", () => featureOf(card, params, concept.channel));
+  return card;
+}
+
+async function showConcepts(where, cls, checkpoint, img) {
+  showError("");
+  const box = $("concepts");
+  const params = { image: state.image, class: cls, layer: $("layer").value, k: $("concept-k").value, ...where };
+  if (comparing()) params.checkpoint = checkpoint;
+  box.replaceChildren(element("span", { text: "finding the concepts..." }));
+  document.body.dataset.busy = String(+document.body.dataset.busy + 1);
+  try {
+    const answer = await getJSON("concepts", params);
+    const region = answer.region;
+    if (img && region.box) {
+      const [h, w] = answer.size, [top, left, bottom, right] = region.box;
+      drawMark(img, [left / w, top / h, right / w, bottom / h]);
+    } else for (const old of document.querySelectorAll("#maps .mark")) old.remove();
+    const cards = await Promise.all(answer.concepts.map((concept) => conceptCard(concept, params)));
+    const where = region.kind === "image" ? "in the whole image" : region.kind === "cell" ? "in the layer cell clicked" : "in the box";
+    const notes = [element("p", { class: "note", text: `the ${cards.length} channels of ${answer.layer} most relevant for ${classText(cls)} ${where}; share: of the absolute relevance of all its channels there` })];
+    if (!answer.references) {
+      notes.push(element("p", { class: "note", text: state.info.concepts
+        ? `reference images are for layer ${state.info.concepts}: choose it to see them`
+        : "no reference images: run camkit concepts on this run (camkit concepts IMAGES --layer L --out RUN)" }));
+    }
+    box.replaceChildren(...notes, ...cards);
+  } catch (error) { box.replaceChildren(); showError(error.message); }
+  finally { document.body.dataset.busy = String(+document.body.dataset.busy - 1); }
+}
+
 // ------------------------------------------------------------------ set-up
 
 async function route() {
@@ -390,11 +507,29 @@ async function loadStrategies() {
           element("span", { class: "row-label", text: "typical (closest to the cluster's centre)" }), ...cluster.typical.map(link)]),
         cluster.atypical.length ? element("div", { class: "members atypical", title: "atypical members" }, [
           element("span", { class: "row-label", text: "atypical (farthest from it)" }), ...cluster.atypical.map(link)]) : "",
+        clusterConceptsButton(group, cluster),
       ]))),
     ]);
   });
   const skipped = data.skipped.length ? [element("p", { class: "note", text: `${data.skipped.length} class(es) skipped: too few maps` })] : [];
   $("strategies").replaceChildren(...groups, ...skipped);
+}
+
+// the concepts that dominate a cluster, computed by the server when asked
+function clusterConceptsButton(group, cluster) {
+  const holder = element("div", { class: "cluster-concepts" }, [
+    element("button", { type: "button", text: "concepts of this cluster" })]);
+  holder.querySelector("button").addEventListener("click", async () => {
+    holder.replaceChildren(element("span", { text: "finding the concepts..." }));
+    try {
+      const found = await getJSON("cluster-concepts", { method: group.method, class: group.class, cluster: cluster.id });
+      holder.replaceChildren(
+        element("span", { class: "row-label", text: `channels of ${found.layer} that dominate its ${found.images} images (mean share)` }),
+        ...found.concepts.map((c) => element("div", { class: "dominant", "data-channel": c.channel }, [
+          element("div", { text: `channel ${c.channel}: ${percent(c.share)}` }), ...references(c.references)])));
+    } catch (error) { holder.replaceChildren(); showError(error.message); }
+  });
+  return holder;
 }
 
 async function upload(file) {
@@ -414,7 +549,7 @@ async function start() {
   const info = state.info;
   $("model").textContent = `${info.model} · ${info.images} images` +
     (comparing() ? ` · checkpoints ${info.checkpoints.map(nameOf).join(" and ")}` : "");
-  for (const form of ["filters", "controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
+  for (const form of ["filters", "controls", "concept-controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
   $("labels").replaceChildren(...info.labels.map((label, i) => element("option", { value: `${label} (${i})` })));
   if (info.truths.length) {
     $("f-truth-box").hidden = false;
@@ -449,6 +584,8 @@ async function start() {
   }
   $("back").addEventListener("click", () => { location.hash = ""; });
   $("depth-button").addEventListener("click", depthStrip);
+  $("maps").addEventListener("mousedown", startRegion);
+  $("concept-image").addEventListener("click", () => showConcepts({}, state.cls, state.info.checkpoints[0], null));
   $("curve-button").addEventListener("click", curves);
   $("cancel").addEventListener("click", cancelMaps);
   $("file").addEventListener("change", () => { if ($("file").files[0]) upload($("file").files[0]); });

@@ -1,0 +1,136 @@
+"""The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts`` (the top concepts of an
+image for a class, in the whole image, a clicked cell or a dragged box), ``/api/concept-map``
+(a concept's conditional heatmap, PNG), ``/api/feature`` (a channel's feature visualisation,
+PNG, computed on demand) and ``/api/cluster-concepts`` (the concepts that dominate a strategies
+cluster). Every computation runs on the batcher's model thread."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from camkit import io
+from camkit.errors import ArgumentError
+from camkit.serve.concepts import (
+    FEATURE_SEED,
+    FEATURE_STEPS,
+    MAX_K,
+    concept_png,
+    region_of,
+)
+from camkit.serve.http import Query
+from camkit.serve.routes.state import ServerState
+
+CONCEPTS = ("image", "class", "layer", "checkpoint", "k", "x", "y", "box")
+CONCEPT_MAP = ("image", "class", "layer", "checkpoint", "channel", "alpha")
+FEATURE = ("layer", "checkpoint", "channel")
+CLUSTER = ("method", "class", "cluster", "layer", "checkpoint", "k")
+
+
+def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
+    """Numbers given as separate parameters (``x``, ``y``) or one comma list (``box``); None
+    when none is given."""
+    texts = [query.text(name) for name in names]
+    if len(names) == 1 and texts[0] is not None:
+        texts = texts[0].split(",")
+        if len(texts) != 4:
+            raise ArgumentError(f"box must be x0,y0,x1,y1 (fractions in [0, 1]), got {texts}")
+    if all(text is None for text in texts):
+        return None
+    if any(text is None for text in texts):
+        raise ArgumentError(f"give {' and '.join(names)} together (fractions in [0, 1])")
+    try:
+        values = tuple(float(text) for text in texts)
+    except ValueError:
+        raise ArgumentError(f"{', '.join(names)} must be numbers, got {texts}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ArgumentError(f"{', '.join(names)} must be finite numbers, got {texts}")
+    return values
+
+
+def routes(state: ServerState) -> list[Route]:
+    """The concept routes; computations go through the batcher's model thread."""
+    explorer, batcher, views = state.explorer, state.batcher, state.views
+
+    def image_request(query: Query) -> tuple[str, str, int, int]:
+        checkpoint = state.checkpoint_of(query)
+        layer = explorer.check_layer(query.text("layer", explorer.default_layer))
+        image = state.image_of(query.integer("image"))
+        target = explorer.check_target(query.integer("class"))
+        return checkpoint, layer, image, target
+
+    async def concepts(request: Request) -> Response:
+        query = Query(request, CONCEPTS)
+        checkpoint, layer, image, target = image_request(query)
+        k = query.integer("k", 5)
+        region = region_of(
+            fractions(query, ("x", "y")), fractions(query, ("box",)), explorer.size,
+            views.grid(layer),
+        )  # fmt: skip
+        answer = await batcher.run(views.top, checkpoint, layer, image, target, region, k)
+        return JSONResponse(answer)
+
+    async def concept_map(request: Request) -> Response:
+        query = Query(request, CONCEPT_MAP)
+        checkpoint, layer, image, target = image_request(query)
+        channel, alpha = query.integer("channel"), query.number("alpha", 0.5)
+        heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel)
+        view = await asyncio.to_thread(explorer.model_view, image)
+        data = await asyncio.to_thread(concept_png, view, heat, alpha)
+        return Response(data, media_type="image/png")
+
+    async def feature(request: Request) -> Response:
+        query = Query(request, FEATURE)
+        checkpoint = state.checkpoint_of(query)
+        layer = explorer.check_layer(query.text("layer", explorer.default_layer))
+        channel = query.integer("channel")
+        pixels, moved = await batcher.run(views.feature, checkpoint, layer, channel)
+        data = await asyncio.to_thread(io.encode_image, pixels)
+        computed = f"feature visualisation: {FEATURE_STEPS} steps, seed {FEATURE_SEED}"
+        if not moved:
+            computed += (
+                "; the image did not move from its grey start: the channel gives no gradient "
+                "there (closed by a ReLU?), try the layer before its activation"
+            )
+        return Response(data, media_type="image/png", headers={"X-Camkit-Computed": computed})
+
+    async def cluster_concepts(request: Request) -> Response:
+        query = Query(request, CLUSTER)
+        if state.strategies is None:
+            raise ArgumentError("this run has no strategies: run 'camkit strategies RUN_DIR'")
+        checkpoint = state.checkpoint_of(query)
+        method, target = query.text("method"), query.integer("class")
+        cluster_id, k = query.integer("cluster"), query.integer("k", 5)
+        if not 1 <= k <= MAX_K:
+            raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+        group = next(
+            (
+                g
+                for g in state.strategies["groups"]
+                if g.get("method") == method and g.get("class") == target
+            ),
+            None,
+        )
+        if group is None:
+            raise ArgumentError(f"the run has no strategies for method {method!r}, class {target}")
+        cluster = next((c for c in group["clusters"] if c.get("id") == cluster_id), None)
+        if cluster is None:
+            ids = [c.get("id") for c in group["clusters"]]
+            raise ArgumentError(f"no cluster {cluster_id} for this class; its clusters are {ids}")
+        members = cluster.get("members") or cluster.get("typical", []) + cluster.get("atypical", [])
+        layer = explorer.check_layer(query.text("layer") or state.run_layer(method, members))
+        found = await batcher.run(views.dominant, checkpoint, layer, members, target, k)
+        return JSONResponse(
+            {"layer": layer, "class": target, "images": len(members), "concepts": found}
+        )
+
+    return [
+        Route("/api/concepts", concepts),
+        Route("/api/concept-map", concept_map),
+        Route("/api/feature", feature),
+        Route("/api/cluster-concepts", cluster_concepts),
+    ]
