@@ -30,13 +30,18 @@ SKIPPED = {"rollout", "legrad", "refinecam", "sscam", "iscam"}
 SLOWER = 1.1
 
 
-def child(method: str) -> None:
-    """Time ``method`` of the camkit on ``sys.path``; print seconds (median of 3 calls)."""
+def child(method: str, clock: str) -> None:
+    """Time ``method`` of the camkit on ``sys.path``; print seconds (median of 3 calls).
+    ``clock="cpu"``: the process's CPU time on one thread (what the work costs, whatever else
+    runs on the machine); ``"wall"``: wall-clock seconds with torch's default threads."""
     import torch
     import torchvision
 
     import camkit
 
+    if clock == "cpu":
+        torch.set_num_threads(1)
+    now = time.process_time if clock == "cpu" else time.perf_counter
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
     x = torch.rand(1, 3, 112, 112)
@@ -49,17 +54,17 @@ def child(method: str) -> None:
     explain(x, 3)
     times = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = now()
         explain(x, 3)
-        times.append(time.perf_counter() - start)
+        times.append(now() - start)
     print(statistics.median(times))
 
 
-def timed(method: str, source: Path) -> float | None:
+def timed(method: str, source: Path, clock: str = "wall") -> float | None:
     """Seconds of one call of ``method`` with camkit imported from ``source``; None if it fails
     (e.g. the method does not exist there)."""
     environment = {**os.environ, "PYTHONPATH": str(source)}
-    command = [sys.executable, __file__, "--child", method]
+    command = [sys.executable, __file__, "--child", method, "--clock", clock]
     done = subprocess.run(command, env=environment, capture_output=True, text=True, cwd=source)
     if done.returncode != 0:
         return None
@@ -72,10 +77,17 @@ def main() -> None:
     parser.add_argument("--methods", help="comma list (default: every method, see above)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (median)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "VERSIONS.md"))
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall-clock seconds (default), or CPU seconds on one thread: the measure to use "
+        "on a machine that other work shares",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.clock)
         return
     if not args.rev:
         parser.error("give the revision to compare with (a commit, a tag, a branch)")
@@ -88,21 +100,23 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
                         str(worktree), args.rev], check=True)  # fmt: skip
         try:
-            rows = compare(names, ROOT / "src", worktree / "src", args.rounds)
+            rows = compare(names, ROOT / "src", worktree / "src", args.rounds, args.clock)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(worktree)], check=True)  # fmt: skip
     write(rows, args)
 
 
-def compare(names: list[str], here: Path, there: Path, rounds: int) -> list[tuple]:
+def compare(
+    names: list[str], here: Path, there: Path, rounds: int, clock: str = "wall"
+) -> list[tuple]:
     """``(method, seconds here, seconds there)`` per method, medians of alternating rounds."""
     rows = []
     for method in names:
         mine, theirs = [], []
         for _ in range(rounds):
-            mine.append(timed(method, here))
-            theirs.append(timed(method, there))
+            mine.append(timed(method, here, clock))
+            theirs.append(timed(method, there, clock))
         median = [statistics.median(t) if None not in t else None for t in (mine, theirs)]
         rows.append((method, *median))
         print(method, *median, flush=True)
@@ -116,10 +130,11 @@ def write(rows: list[tuple], args: argparse.Namespace) -> None:
     lines = [
         "# camkit against an earlier revision, method by method",
         "",
-        f"`python benchmarks/versions.py {args.rev}` on "
+        f"`python benchmarks/versions.py {args.rev} --clock {args.clock}` on "
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f}; {args.rounds} alternating rounds (medians); "
-        "ResNet-18 (random weights), one 112x112 image, `layer4`.",
+        "ResNet-18 (random weights), one 112x112 image, `layer4`; "
+        + ("CPU seconds on one thread." if args.clock == "cpu" else "wall-clock seconds."),
         "",
         f"| method | this checkout (ms) | {args.rev} (ms) | ratio | slower |",
         "| --- | ---: | ---: | ---: | --- |",
