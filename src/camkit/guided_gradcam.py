@@ -38,8 +38,8 @@ class GuidedGradCAM(PixelAttribution):
         super().__init__(model, layer=layer, **options)
         common = {"output": self.output, "dtype": self.dtype, "batch_size": self.batch_size}
         self.gradcam = GradCAM(model, layer, reshape=self.reshape, **common)
-        self.gradcam.capture = self.capture  # one capture: the default layer resolves once
-        self.gradcam.layouts = self.layouts
+        # composed, not rewired: the template resolves the Grad-CAM's own capture and layouts
+        self.capture, self.layouts = self.gradcam.capture, self.gradcam.layouts
         self.guided = GuidedBackprop(model, **common)
 
     def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:

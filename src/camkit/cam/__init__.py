@@ -103,9 +103,7 @@ def _shared_pass(
 ) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
     """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
     first = next(iter(explainers.values()))
-    first.capture.resolve(batch)
-    for explainer in explainers.values():
-        explainer.capture = first.capture  # one tapped pass for all
+    first.capture.resolve(batch)  # one tapped pass for all: the first method's capture
     gradients = any(explainer.needs_gradients for explainer in explainers.values())
     if gradients:
         require_autograd("cams")
@@ -117,7 +115,7 @@ def _shared_pass(
         )
         targets, size = scores.shape[1], tuple(part.shape[2:])
         return {
-            name: explainer.maps_from(acts, grads, targets, size)
+            name: explainer.maps_from(acts, grads, targets, size, first.capture.names)
             for name, explainer in explainers.items()
         }, several
 

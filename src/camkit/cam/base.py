@@ -166,12 +166,16 @@ class BaseCAM(Explainer):
         grads: list[Tensor] | None,
         targets: int,
         input_size: tuple[int, ...],
+        names: list[str] | None = None,
     ) -> dict[str, Tensor]:
         """Apply :meth:`layer_map` to captured activations and gradients, layer by layer; a
-        map that does not depend on the target is repeated for the ``targets`` targets."""
+        map that does not depend on the target is repeated for the ``targets`` targets.
+        ``names``: the captured layers' names (default: this method's capture's; another
+        capture's when :func:`camkit.cams` shares its pass)."""
         grads = grads if grads is not None else [None] * len(acts)
         maps = {}
-        for name, act, grad in zip(self.capture.names, acts, grads, strict=True):
+        names = self.capture.names if names is None else names
+        for name, act, grad in zip(names, acts, grads, strict=True):
             reader = self.grid_reader(name, act, input_size)
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
