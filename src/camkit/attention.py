@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.attention import attention_blocks, captured_attention
-from camkit.core.engine import over_rows, run_model
+from camkit.core.call import Call
+from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing
 from camkit.core.inputs import autocast
@@ -101,18 +102,30 @@ class AttentionMethod(Explainer):
         return [name for name, _ in self.blocks]
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
+        self,
+        batch: Tensor,
+        target: TargetSpec,
+        call: Call,
+        *,
+        upsample: bool = True,
+        normalize: bool = True,
     ) -> tuple[Tensor, bool]:
-        return self.maps(batch, target, Finishing(True, upsample, normalize))
+        return self.maps(batch, target, Finishing(True, upsample, normalize), call)
 
     def maps(
-        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
+        self,
+        batch: Tensor,
+        target: TargetSpec = None,
+        finishing: Finishing | None = None,
+        call: Call | None = None,
     ) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)``, and whether K targets were asked."""
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)``, and whether K targets were asked
+        (``call``: the batch's own samples with no extra input by default)."""
         self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
+        call = call or Call(batch.shape[0])
         raw, several = over_rows(
-            batch, self.batch_size, lambda part, rows: self.relevance(part, scorer, rows)
+            batch, self.batch_size, lambda part, rows: self.relevance(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
         grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
@@ -123,7 +136,9 @@ class AttentionMethod(Explainer):
         maps, _ = self.maps(batch, target)
         return maps, maps
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         """``(B, K, N)`` relevance of the ``N`` keys for the targets, and ``several``."""
         raise NotImplementedError
 
@@ -160,13 +175,15 @@ class AttentionRollout(AttentionMethod):
         self.head_fusion = head_fusion
         self.discard_ratio = discard_ratio
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         with (
             torch.no_grad(),
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,
         ):
-            output = run_model(self.model, batch, rows)
+            output = call.forward(self.model, batch, rows)
             scores, several = scorer(output, rows)  # checks the target, gives K
         attentions = [
             _last(store, name, batch.shape[0])
@@ -263,7 +280,9 @@ class LeGrad(AttentionMethod):
         modules = dict(model.named_modules())
         self._block_modules = [modules[name] for name in self.layers]
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         if not scorer.has_classes:
             raise TargetError(
                 "LeGrad explains classes (its per-block scores are class logits): target must "
@@ -287,7 +306,7 @@ class LeGrad(AttentionMethod):
         ):
             # the input requires grad so that the attentions are in a graph even when no
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
-            output = run_model(self.model, batch.detach().requires_grad_(True), rows)
+            output = call.forward(self.model, batch.detach().requires_grad_(True), rows)
             scorer = scorer.pinned(output)
             classes, several = scorer.classes_of(output, rows)  # checks the class range
             classes = classes.to(batch.device)

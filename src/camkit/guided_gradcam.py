@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from camkit.cam.gradient import GradCAM
+from camkit.core.call import Call
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import TargetSpec
 from camkit.pixel.base import Inputs, PixelAttribution
@@ -42,7 +43,7 @@ class GuidedGradCAM(PixelAttribution):
         self.gradcam.layouts = self.layouts
         self.guided = GuidedBackprop(model, **common)
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        (guided,), several = self.guided.attribute(inputs, target)
-        cam, _ = self.gradcam.maps(inputs[0], target)
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        (guided,), several = self.guided.attribute(inputs, target, call)
+        cam, _ = self.gradcam.maps(inputs[0], target, call=call)
         return (guided * cam.unsqueeze(2).to(guided.dtype),), several

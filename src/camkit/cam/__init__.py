@@ -30,7 +30,7 @@ from camkit.cam.refine import RefineCAM
 from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM
 from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
-from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.call import Call
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
@@ -79,11 +79,11 @@ def cams(
     batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    with extra_args(additional_forward_args, batch.shape[0]):
-        results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
-        for name, explainer in explainers.items():
-            if name not in shared:
-                results[name] = explainer.maps(batch, target, finishing)
+    call = Call.of(batch.shape[0], additional_forward_args)
+    results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
+    for name, explainer in explainers.items():
+        if name not in shared:
+            results[name] = explainer.maps(batch, target, finishing, call)
     return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
 
 
@@ -92,11 +92,12 @@ def _shared_pass(
     batch: Tensor,
     target: TargetSpec,
     finishing: Finishing,
+    call: Call,
     batch_size: int | None,
 ) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
     """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
     first = next(iter(explainers.values()))
-    first.capture.resolve(batch)
+    first.capture.resolve(batch, call)
     for explainer in explainers.values():
         explainer.capture = first.capture  # one tapped pass for all
     gradients = any(explainer.needs_gradients for explainer in explainers.values())
@@ -106,7 +107,7 @@ def _shared_pass(
 
     def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
         acts, grads, scores, several = first.capture.run(
-            part, scorer, rows, gradients=gradients, dtype=first.dtype
+            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
         )
         targets, size = scores.shape[1], tuple(part.shape[2:])
         return {

@@ -17,6 +17,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from camkit.cam.smoothing import augmented, principal_component
+from camkit.core.call import Call
 from camkit.core.copies import pin_top1
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
@@ -62,6 +63,7 @@ class BaseCAM(Explainer):
         self,
         batch: Tensor,
         target: TargetSpec,
+        call: Call,
         *,
         relu: bool = True,
         upsample: bool = True,
@@ -73,8 +75,14 @@ class BaseCAM(Explainer):
         finishing = Finishing(relu, upsample, normalize, fuse)
         method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
         if _flag("aug_smooth", aug_smooth):
-            return augmented(method.maps, batch, method.pinned(batch, target), finishing)
-        return method.maps(batch, target, finishing)
+            pinned = method.pinned(batch, target, call)
+            return augmented(
+                lambda view, scorer, how: method.maps(view, scorer, how, call),
+                batch,
+                pinned,
+                finishing,
+            )
+        return method.maps(batch, target, finishing, call)
 
     def smoothed(self) -> BaseCAM:
         """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
@@ -113,30 +121,38 @@ class BaseCAM(Explainer):
     # ------------------------------------------------------------------ the pipeline
 
     def maps(
-        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
+        self,
+        batch: Tensor,
+        target: TargetSpec = None,
+        finishing: Finishing | None = None,
+        call: Call | None = None,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``), with the
         target axis always kept, and whether ``K`` targets per sample were asked. ``finishing``
-        defaults to ReLU, upsampling, normalisation and fusing."""
+        defaults to ReLU, upsampling, normalisation and fusing; ``call`` to the batch's own
+        samples with no extra input."""
         finishing = finishing or Finishing()
-        raw, several = self.raw_maps(batch, self.scorer(batch, target))
+        call = call or Call(batch.shape[0])
+        raw, several = self.raw_maps(batch, self.scorer(batch, target, call), call)
         return finishing(raw, tuple(batch.shape[2:])), several
 
-    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer) -> RowScorer:
+    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer, call: Call) -> RowScorer:
         """The call's target resolved for ``batch`` (a resolved one as it is)."""
         self.check_autograd()
-        self.capture.resolve(batch)
+        self.capture.resolve(batch, call)
         if isinstance(target, RowScorer):
             return target
         if target is None and self.target_free:  # never read the output (a detector's)
             return RowScorer(free=True)
         return resolve(target, batch.shape[0], batch.device, self.output)
 
-    def pinned(self, batch: Tensor, target: TargetSpec) -> RowScorer:
+    def pinned(self, batch: Tensor, target: TargetSpec, call: Call) -> RowScorer:
         """The call's target with the top-1 classes fixed on ``batch`` (one clean pass), so that
         augmented copies explain the clean prediction."""
-        scorer = self.scorer(batch, target)
-        return pin_top1(self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size)
+        scorer = self.scorer(batch, target, call)
+        return pin_top1(
+            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
+        )
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
@@ -144,12 +160,15 @@ class BaseCAM(Explainer):
         maps, _ = self.maps(batch, target)
         return maps, maps
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        """The unfinished maps ``{layer: (B, K, h, w)}``, and whether K targets were asked."""
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
+        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``, and
+        whether K targets were asked."""
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             acts, grads, scores, several = self.capture.run(
-                part, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
+                part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
             )
             return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
 

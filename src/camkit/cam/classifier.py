@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM
+from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.layers import LayerSpec, find_layer, single_call
 from camkit.core.targets import RowScorer
@@ -118,7 +119,9 @@ class CAM(BaseCAM):
         super().__init__(model, layer, **options)
         self.fc_name, self.fc_weight = find_classifier(self.model, fc)
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
         if not scorer.has_classes:
             raise TargetError(
                 "CAM weighs channels with the classifier's row of a class: pass class indices "
@@ -127,7 +130,9 @@ class CAM(BaseCAM):
         weight = self.fc_weight.to(device=batch.device, dtype=torch.float32)
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
-            output, taps = self.capture.forward(part, start_graph=False, dtype=self.dtype)
+            output, taps = self.capture.forward(
+                part, call, start_graph=False, dtype=self.dtype, rows=rows
+            )
             classes, several = scorer.classes_of(output, rows)  # (n, K)
             size = tuple(part.shape[2:])
             maps = {}

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import Reshape
 from camkit.cam.classifier import find_classifier
+from camkit.core.call import Call
 from camkit.core.engine import Capture
 from camkit.core.inputs import as_batch, positive_int, seed_value
 from camkit.core.layers import LayerSpec, find_layer, single_call
@@ -170,7 +171,7 @@ class DeepFeatureFactorization:
         """Factorise ``x``'s activations into ``components`` concepts (see :func:`nmf` for
         ``init``, ``max_iter``, ``tol``)."""
         batch, single = as_batch(x, self.model)
-        _, taps = self.capture.forward(batch, start_graph=False)
+        _, taps = self.capture.forward(batch, Call(batch.shape[0]), start_graph=False)
         (act,) = single_call(taps)
         act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)

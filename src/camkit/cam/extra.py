@@ -24,6 +24,7 @@ from camkit.cam.base import BaseCAM, spatial
 from camkit.cam.gradient import EigenCAM, GradCAM
 from camkit.cam.smoothing import principal_component
 from camkit.core.attention import unfused_attention
+from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
@@ -207,20 +208,26 @@ class ShapleyCAM(BaseCAM):
     ``(B, 1, C, h, w) -> (B, K, h, w)``.
     """
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        return over_rows(batch, self.batch_size, lambda part, rows: self._pass(part, scorer, rows))
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
+        return over_rows(
+            batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
+        )
 
     def _pass(
-        self, part: Tensor, scorer: RowScorer, rows: Tensor
+        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor
     ) -> tuple[dict[str, Tensor], bool]:
         names = self.capture.names
         with unfused_attention(self.model):  # fused attention kernels have no double backward
-            return self._second_order(part, scorer, rows, names)
+            return self._second_order(part, call, scorer, rows, names)
 
     def _second_order(
-        self, part: Tensor, scorer: RowScorer, rows: Tensor, names: list[str]
+        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor, names: list[str]
     ) -> tuple[dict[str, Tensor], bool]:
-        output, taps = self.capture.forward(part, start_graph=True, dtype=self.dtype, rows=rows)
+        output, taps = self.capture.forward(
+            part, call, start_graph=True, dtype=self.dtype, rows=rows
+        )
         acts = single_call(taps)
         with torch.enable_grad():
             scores, several = scorer(output, rows)
@@ -329,7 +336,9 @@ class FinerCAM(BaseCAM):
         twin.base = self.base.smoothed()
         return twin
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
         if not scorer.has_classes:
             raise TargetError(
                 "Finer-CAM compares class logits: pass class indices as target, not a callable"
@@ -338,7 +347,7 @@ class FinerCAM(BaseCAM):
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             local = resolve(self.objective(scorer, rows), part.shape[0], part.device)
             acts, grads, scores, several = self.capture.run(
-                part, local, rows, gradients=True, dtype=self.dtype
+                part, call, local, rows, gradients=True, dtype=self.dtype
             )
             return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
 

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM
 from camkit.cam.gradient import GradCAMPlusPlus
+from camkit.core.call import Call
 from camkit.core.finish import RESAMPLING, minmax
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import RowScorer
@@ -62,8 +63,10 @@ class RefineCAM(BaseCAM):
         twin.base = self.base.smoothed()
         return twin
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        maps, several = self.base.raw_maps(batch, scorer)
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
+        maps, several = self.base.raw_maps(batch, scorer, call)
         dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes
         size = tuple(max(m.shape[d] for m in maps.values()) for d in range(-dims, 0))
         refined = None

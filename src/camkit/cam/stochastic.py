@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
+from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.inputs import call_seed, finite_number, generator, positive_int
 from camkit.core.layers import LayerSpec, single_call
@@ -57,13 +58,15 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         self.samples = positive_int("samples", samples)
         self.std = finite_number("std", std, minimum=0.0)
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
         size = batch.shape[0]
         input_size = tuple(batch.shape[2:])
 
         def clean(part: Tensor, rows: Tensor) -> tuple[dict[str, Any], bool]:
             output, taps = self.capture.forward(
-                part, start_graph=False, dtype=self.dtype, rows=rows
+                part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
             acts = {
                 name: act.unsqueeze(1)
@@ -87,7 +90,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
             copy, rows = index // size, index % size
             inputs = batch[rows] + self.std * noise.rows(copy, rows).to(batch)
             _, grads, _, several = self.capture.run(
-                inputs, scorer, rows, gradients=True, dtype=self.dtype
+                inputs, call, scorer, rows, gradients=True, dtype=self.dtype
             )
             for name, grad in zip(self.capture.names, grads, strict=True):
                 grad = grad.float()
@@ -152,13 +155,15 @@ class RandomCAM(BaseCAM):
     ):
         super().__init__(model, layer, seed=seed, **options)
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(
+        self, batch: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[dict[str, Tensor], bool]:
         random = generator(batch.device).manual_seed(self.seed)
         drawn: dict[str, Tensor] = {}  # (B, K, C) per layer, drawn at the first chunk
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             acts, _, scores, several = self.capture.run(
-                part, scorer, rows, gradients=False, dtype=self.dtype
+                part, call, scorer, rows, gradients=False, dtype=self.dtype
             )
             maps = {}
             for name, act in zip(self.capture.names, acts, strict=True):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import require_autograd, run_model
+from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_size, positive_int, seed_value
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
@@ -202,7 +202,7 @@ def visualize(
                 image = fourier_image(spectrum, size)
                 seen = robust(image, size, generator) if transforms else image
                 with capture_outputs(model, found, start_graph=False) as taps:
-                    out = run_model(model, normalise(seen).to(param.dtype))
+                    out = model(normalise(seen).to(param.dtype))
                 acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
                 acts = {n: _channels_first(a, model, size) for n, a in acts.items()}
                 logits = class_logits(out, output) if isinstance(objective, LogitObjective) else out

@@ -6,7 +6,8 @@ wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=`
 (for methods that read one; ``None`` picks the model's default layer at the first call), and
 the ``__call__`` template::
 
-    check the input -> additional_forward_args for the call -> explain(batch, target) ->
+    check the input -> the call (:class:`~camkit.core.call.Call`: the samples and
+    additional_forward_args) -> explain(batch, target, call) ->
     drop the axes the caller did not ask for
 
 A family implements :meth:`Explainer.explain`; a method inside a family overrides the family's
@@ -24,8 +25,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
-from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import drop_axes
 from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
@@ -163,14 +164,11 @@ class Explainer:
         self.check_options(options)
         batch, single = self.checked_input(x)
         size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
-        with (
-            extra_args(additional_forward_args, size),
-            buffers_kept(self.model),
-            batchnorm_gradients_guarded(self.model),
-        ):
+        call = Call.of(size, additional_forward_args)
+        with buffers_kept(self.model), batchnorm_gradients_guarded(self.model):
             if self.needs_layer:
-                self.capture.resolve(batch)
-            result, several = self.explain(batch, target, **options)
+                self.capture.resolve(batch, call)
+            result, several = self.explain(batch, target, call, **options)
         return self.shaped(result, single, several)
 
     @classmethod
@@ -204,8 +202,11 @@ class Explainer:
             )
         return as_inputs(x, self.model)
 
-    def explain(self, batch: Tensor, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
-        """The family's work: ``(result with batch and target axes, several targets?)``."""
+    def explain(
+        self, batch: Tensor, target: TargetSpec, call: Call, **options: Any
+    ) -> tuple[Any, bool]:
+        """The family's work on ``call``'s samples ``batch``: ``(result with batch and target
+        axes, several targets?)``; every forward goes through ``call.forward``."""
         raise NotImplementedError
 
     def shaped(self, result: Any, single: bool, several: bool) -> Any:
@@ -228,10 +229,6 @@ class Explainer:
         (the CAMs, the attention methods) are shown as they are; the pixel methods override it
         (``max_c |attribution|`` over its 99th percentile)."""
         return result.detach().float()
-
-    def rows_per_pass(self, total: int) -> int:
-        """How many of ``total`` rows one forward pass takes (``batch_size``, or all)."""
-        return min(self.batch_size or total, max(total, 1))
 
     def check_autograd(self) -> None:
         """Refuse ``torch.inference_mode()`` for a method that needs gradients."""

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
-from camkit.core import engine
+from camkit.core.call import Call
 from camkit.core.copies import CopyScorer
 from camkit.core.finish import RESAMPLING
 from camkit.core.inputs import as_batch, positive_int
@@ -108,12 +108,11 @@ class _Scorer:
         batch_size: int,
         additional_forward_args: Any = None,
     ):
-        self.extra = (additional_forward_args, batch.shape[0])
+        call = Call.of(batch.shape[0], additional_forward_args)  # rows follow their images
         scorer = resolve(target, batch.shape[0], batch.device)
-        with engine.additional_forward_args(*self.extra):
-            self.copies = CopyScorer.clean(
-                model, batch, scorer, batch_size=batch_size, probabilities=True
-            )
+        self.copies = CopyScorer.clean(
+            model, batch, scorer, call, batch_size=batch_size, probabilities=True
+        )
         self.clean = self._single_target(self.copies.scores)
 
     @staticmethod
@@ -130,8 +129,7 @@ class _Scorer:
     ) -> Tensor:
         """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
         with ``rows`` the image each row belongs to."""
-        with engine.additional_forward_args(*self.extra):  # rows follow their images
-            return self._single_target(self.copies.over(count, build, bar))
+        return self._single_target(self.copies.over(count, build, bar))
 
 
 def _single(result: Tensor, single: bool) -> Tensor:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.call import Call
 from camkit.core.finish import drop_axes
 from camkit.core.inputs import call_seed, positive_int
 from camkit.core.inputs import generator as random_generator
@@ -44,13 +44,13 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         grads = PerSample(inputs[0].shape[0])
 
         def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
             grads.add(rows, *values)
 
-        several = self.over_copies(inputs, target, 1, None, keep)
+        several = self.over_copies(inputs, target, call, 1, None, keep)
         return grads.totals, several
 
 
@@ -125,7 +125,7 @@ class SmoothGrad(PixelAttribution):
         self.samples = positive_int("samples", samples)
         self.kind = kind
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
         flat = [t.reshape(size, -1) for t in inputs]
@@ -157,7 +157,7 @@ class SmoothGrad(PixelAttribution):
             if self.kind != "mean":
                 squares.add(rows % size, *(grad.square() for grad in grads))
 
-        several = self.over_copies(inputs, target, copies, noisy, accumulate)
+        several = self.over_copies(inputs, target, call, copies, noisy, accumulate)
         means = tuple(total / copies for total in sums.totals)
         if self.kind == "mean":
             return means, several
@@ -216,12 +216,12 @@ class IntegratedGradients(PixelAttribution):
         self.baseline = baseline
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, return_error: bool = False
+        self, batch: Tensor, target: TargetSpec, call: Call, *, return_error: bool = False
     ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        attrs, delta, several = self.integrate(as_tuple(batch), target)
+        attrs, delta, several = self.integrate(as_tuple(batch), target, call)
         attrs = finished(attrs)
         if not return_error:
             return as_given(batch, attrs), several
@@ -241,8 +241,8 @@ class IntegratedGradients(PixelAttribution):
         """
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
-        with extra_args(additional_forward_args, inputs[0].shape[0]):
-            attrs, delta, several = self.integrate(inputs, target)
+        call = Call.of(inputs[0].shape[0], additional_forward_args)
+        attrs, delta, several = self.integrate(inputs, target, call)
         error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
@@ -253,11 +253,13 @@ class IntegratedGradients(PixelAttribution):
         }
         return {key: drop_axes(value, single, several) for key, value in report.items()}
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        attrs, _, several = self.integrate(inputs, target)
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        attrs, _, several = self.integrate(inputs, target, call)
         return attrs, several
 
-    def integrate(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, Tensor, bool]:
+    def integrate(
+        self, inputs: Inputs, target: TargetSpec, call: Call
+    ) -> tuple[Inputs, Tensor, bool]:
         """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K), several)``."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
@@ -283,7 +285,7 @@ class IntegratedGradients(PixelAttribution):
             start.add(sample, scores * (step == 0).unsqueeze(1))
             end.add(sample, scores * (step == self.steps).unsqueeze(1))
 
-        several = self.over_copies(inputs, target, self.steps + 1, path, accumulate)
+        several = self.over_copies(inputs, target, call, self.steps + 1, path, accumulate)
         parts = zip(inputs, baselines, gradient.totals, strict=True)
         attrs = tuple((t - b).unsqueeze(1) * grad for t, b, grad in parts)
         return attrs, end.totals[0] - start.totals[0], several
