@@ -102,38 +102,27 @@ class AttentionMethod(Explainer):
         return [name for name, _ in self.blocks]
 
     def explain(
-        self,
-        batch: Tensor,
-        target: TargetSpec,
-        call: Call,
-        *,
-        upsample: bool = True,
-        normalize: bool = True,
+        self, call: Call, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
     ) -> tuple[Tensor, bool]:
-        return self.maps(batch, target, Finishing(True, upsample, normalize), call)
+        return self.maps(call.batch, target, Finishing(True, upsample, normalize), call)
 
     def maps(
-        self,
-        batch: Tensor,
-        target: TargetSpec = None,
-        finishing: Finishing | None = None,
-        call: Call | None = None,
+        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
     ) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)``, and whether K targets were asked
-        (``call``: the batch's own samples with no extra input by default)."""
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples ``batch`` of
+        ``call``, and whether K targets were asked."""
         self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
-        call = call or Call(batch.shape[0])
         raw, several = over_rows(
             batch, self.batch_size, lambda part, rows: self.relevance(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
         grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
-        return (finishing or Finishing())({"attention": grids}, size), several
+        return finishing({"attention": grids}, size), several
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the same)`` for display."""
-        maps, _ = self.maps(batch, target)
+        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
     def relevance(

@@ -8,6 +8,7 @@ from torch import nn
 
 from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
+from camkit.core.finish import Finishing
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import TargetSpec
 from camkit.pixel.base import Inputs, PixelAttribution
@@ -45,5 +46,5 @@ class GuidedGradCAM(PixelAttribution):
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         (guided,), several = self.guided.attribute(inputs, target, call)
-        cam, _ = self.gradcam.maps(inputs[0], target, call=call)
+        cam, _ = self.gradcam.maps(inputs[0], target, Finishing(), call)
         return (guided * cam.unsqueeze(2).to(guided.dtype),), several

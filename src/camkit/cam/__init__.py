@@ -79,7 +79,7 @@ def cams(
     batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    call = Call.of(batch.shape[0], additional_forward_args)
+    call = Call.of(batch, additional_forward_args)
     results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
     for name, explainer in explainers.items():
         if name not in shared:

@@ -12,9 +12,9 @@ targets per sample, so methods broadcast over the target axis.
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.cam.smoothing import augmented, principal_component
 from camkit.core.call import Call
@@ -22,6 +22,7 @@ from camkit.core.copies import pin_top1
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
+from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
@@ -61,9 +62,8 @@ class BaseCAM(Explainer):
 
     def explain(
         self,
-        batch: Tensor,
-        target: TargetSpec,
         call: Call,
+        target: TargetSpec,
         *,
         relu: bool = True,
         upsample: bool = True,
@@ -72,16 +72,11 @@ class BaseCAM(Explainer):
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
-        finishing = Finishing(relu, upsample, normalize, fuse)
+        finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
         if _flag("aug_smooth", aug_smooth):
             pinned = method.pinned(batch, target, call)
-            return augmented(
-                lambda view, scorer, how: method.maps(view, scorer, how, call),
-                batch,
-                pinned,
-                finishing,
-            )
+            return augmented(method.maps, batch, pinned, finishing, call)
         return method.maps(batch, target, finishing, call)
 
     def smoothed(self) -> BaseCAM:
@@ -121,18 +116,11 @@ class BaseCAM(Explainer):
     # ------------------------------------------------------------------ the pipeline
 
     def maps(
-        self,
-        batch: Tensor,
-        target: TargetSpec = None,
-        finishing: Finishing | None = None,
-        call: Call | None = None,
+        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``), with the
-        target axis always kept, and whether ``K`` targets per sample were asked. ``finishing``
-        defaults to ReLU, upsampling, normalisation and fusing; ``call`` to the batch's own
-        samples with no extra input."""
-        finishing = finishing or Finishing()
-        call = call or Call(batch.shape[0])
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
+        samples ``batch`` of ``call``, with the target axis always kept, and whether ``K``
+        targets per sample were asked."""
         raw, several = self.raw_maps(batch, self.scorer(batch, target, call), call)
         return finishing(raw, tuple(batch.shape[2:])), several
 
@@ -157,7 +145,7 @@ class BaseCAM(Explainer):
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
         finished map."""
-        maps, _ = self.maps(batch, target)
+        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
     def raw_maps(
@@ -217,6 +205,39 @@ class BaseCAM(Explainer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.capture.names})"
+
+
+class WrapperCAM(BaseCAM):
+    """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
+    ``_CAMWrapper``: :meth:`wrap` builds the wrapped method ``self.base`` from the same model,
+    layer and options; the wrapper shares its capture (the default layer resolves once) and
+    layouts, asks it whether gradients are needed, and passes ``eigen_smooth`` on to it."""
+
+    base: BaseCAM
+
+    @staticmethod
+    def own_options(options: dict[str, Any]) -> dict[str, Any]:
+        """The options of every method (``output``, ``reshape``, ``dtype``, ``batch_size``) in
+        ``options``: those the wrapper keeps for itself."""
+        return {
+            k: v for k, v in options.items() if k in ("output", "reshape", "dtype", "batch_size")
+        }
+
+    def wrap(
+        self, base: type[BaseCAM], model: nn.Module, layer: LayerSpec | None, options: dict
+    ) -> None:
+        """Build the wrapped method and share its capture and layouts."""
+        self.base = base(model, layer, **options)
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
+
+    def smoothed(self) -> WrapperCAM:
+        """``eigen_smooth`` reaches the wrapped method."""
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
 
 
 def _flag(name: str, value: object) -> bool:

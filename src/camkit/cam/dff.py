@@ -171,7 +171,7 @@ class DeepFeatureFactorization:
         """Factorise ``x``'s activations into ``components`` concepts (see :func:`nmf` for
         ``init``, ``max_iter``, ``tol``)."""
         batch, single = as_batch(x, self.model)
-        _, taps = self.capture.forward(batch, Call(batch.shape[0]), start_graph=False)
+        _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
         (act,) = single_call(taps)
         act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)

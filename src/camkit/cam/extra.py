@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, spatial
+from camkit.cam.base import BaseCAM, WrapperCAM, spatial
 from camkit.cam.gradient import EigenCAM, GradCAM
 from camkit.cam.smoothing import principal_component
 from camkit.core.attention import unfused_attention
@@ -260,7 +260,7 @@ class ShapleyCAM(BaseCAM):
 
 
 @register("finercam", "Zhang et al., CVPR 2025")
-class FinerCAM(BaseCAM):
+class FinerCAM(WrapperCAM):
     """Finer-CAM: the map of the target's score relative to the most similar classes.
 
     Zhang et al., "Finer-CAM: Spotting the Difference Reveals Finer Details for Visual
@@ -297,8 +297,7 @@ class FinerCAM(BaseCAM):
             raise ArgumentError(f"base must be a gradient CAM class such as GradCAM, got {base!r}")
         if weighting not in ("mean", "softmax"):
             raise ArgumentError(f"weighting must be 'mean' or 'softmax', got {weighting!r}")
-        self.base = base(model, layer, **options)
-        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+        self.wrap(base, model, layer, options)
         self.gamma = finite_number("gamma", gamma, minimum=0.0)
         self.references = positive_int("references", references)
         self.weighting = weighting
@@ -330,11 +329,6 @@ class FinerCAM(BaseCAM):
             return score if several else score[:, 0]
 
         return contrast
-
-    def smoothed(self) -> FinerCAM:
-        twin = super().smoothed()
-        twin.base = self.base.smoothed()
-        return twin
 
     def raw_maps(
         self, batch: Tensor, scorer: RowScorer, call: Call

@@ -112,26 +112,15 @@ class FullGrad(Explainer):
             )
 
     def explain(
-        self,
-        batch: Tensor,
-        target: TargetSpec,
-        call: Call,
-        *,
-        normalize: bool = True,
-        aug_smooth: bool = False,
+        self, call: Call, target: TargetSpec, *, normalize: bool = True, aug_smooth: bool = False
     ) -> tuple[Tensor, bool]:
-        finishing = Finishing(normalize=normalize)
+        finishing, batch = Finishing(normalize=normalize), call.batch
         if aug_smooth:
             scorer = resolve(target, batch.shape[0], batch.device, self.output)
             scorer = pin_top1(
                 self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
             )
-            return augmented(
-                lambda view, pinned, how: self.finished(view, pinned, how, call),
-                batch,
-                scorer,
-                finishing,
-            )
+            return augmented(self.finished, batch, scorer, finishing, call)
         return self.finished(batch, target, finishing, call)
 
     def finished(
@@ -156,7 +145,7 @@ class FullGrad(Explainer):
         self.check_autograd()
         if not isinstance(target, RowScorer):
             target = resolve(target, batch.shape[0], batch.device, self.output)
-        return self.raw_maps(batch, target, call or Call(batch.shape[0]))
+        return self.raw_maps(batch, target, call or Call(batch))
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> tuple[Tensor, bool]:
         """The summed saliency ``(B, K, H, W)``, chunk by chunk of ``batch_size`` samples."""

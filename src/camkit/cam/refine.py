@@ -7,7 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, WrapperCAM
 from camkit.cam.gradient import GradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.finish import RESAMPLING, minmax
@@ -16,11 +16,9 @@ from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError
 from camkit.registry import register
 
-_COMMON = ("output", "reshape", "dtype", "batch_size")
-
 
 @register("refinecam", '"How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0)')
-class RefineCAM(BaseCAM):
+class RefineCAM(WrapperCAM):
     """RefineCAM: the product of the normalised maps of several layers (torchcam's ``RefineCAM``).
 
     "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
@@ -50,18 +48,8 @@ class RefineCAM(BaseCAM):
             raise ArgumentError(
                 "RefineCAM multiplies the maps of several layers: give at least two"
             )
-        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
-        self.base = base(model, layer, **options)
-        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
-
-    def check_autograd(self) -> None:
-        self.base.check_autograd()
-
-    def smoothed(self) -> BaseCAM:
-        """``eigen_smooth`` reaches the wrapped method."""
-        twin = super().smoothed()
-        twin.base = self.base.smoothed()
-        return twin
+        super().__init__(model, layer, **self.own_options(options))
+        self.wrap(base, model, layer, options)
 
     def raw_maps(
         self, batch: Tensor, scorer: RowScorer, call: Call

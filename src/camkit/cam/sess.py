@@ -13,17 +13,17 @@ from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
 from camkit import registry
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, WrapperCAM
 from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
 from camkit.core.copies import CopyScorer, pin_top1
+from camkit.core.finish import Finishing
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
 from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
 
-_COMMON = ("output", "reshape", "dtype", "batch_size")
 POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
 _STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
 
@@ -43,7 +43,7 @@ def _starts(length: int, window: int, stride: int) -> list[int]:
 
 
 @register("sess", "Tursun et al., ECCV 2022")
-class SESS(BaseCAM):
+class SESS(WrapperCAM):
     """SESS: Saliency Enhancing with Scaling and Sliding.
 
     Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
@@ -113,7 +113,7 @@ class SESS(BaseCAM):
         smooth: bool = False,
         **options: Any,
     ):
-        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
+        super().__init__(model, layer, **self.own_options(options))
         if isinstance(base, str):
             base = registry.get(base).cls
         if not (isinstance(base, type) and issubclass(base, BaseCAM)) or base is SESS:
@@ -136,17 +136,7 @@ class SESS(BaseCAM):
         if not isinstance(smooth, bool):
             raise ArgumentError(f"smooth must be True or False, got {smooth!r}")
         self.smooth = smooth
-        self.base = base(model, layer, **options)
-        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
-
-    def check_autograd(self) -> None:
-        self.base.check_autograd()
-
-    def smoothed(self) -> BaseCAM:
-        """``eigen_smooth`` reaches the wrapped method."""
-        twin = super().smoothed()
-        twin.base = self.base.smoothed()
-        return twin
+        self.wrap(base, model, layer, options)
 
     # ------------------------------------------------------------------ the steps
 
@@ -269,7 +259,8 @@ class SESS(BaseCAM):
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
-            maps, _ = self.base.maps(patches, target, call=call.following(sample))
+            following = call.following(sample, patches)
+            maps, _ = self.base.maps(patches, target, Finishing(), following)
         return maps[:, 0]  # the default finishing fuses several layers into one map
 
     def __repr__(self) -> str:

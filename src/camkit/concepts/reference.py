@@ -151,9 +151,7 @@ class ReferenceCollector:
         rows = torch.arange(batch.shape[0])
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
         with self.rules.applied(self.capture.model):
-            output, taps = self.capture.forward(
-                batch, Call(batch.shape[0]), start_graph=True, rows=rows
-            )
+            output, taps = self.capture.forward(batch, Call(batch), start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
             scores, _ = scorer(output, rows)

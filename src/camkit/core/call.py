@@ -23,31 +23,37 @@ from camkit.core.examples import Example, Inputs, call_model
 from camkit.errors import ArgumentError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Call:
     """The samples of one call and the model's other inputs.
 
-    ``size``: the number of samples ``B``. ``args`` / ``kwargs``: captum's
+    ``batch``: the explained samples ``(B, ...)`` (a tuple of explained inputs for the
+    methods that attribute several). ``args`` / ``kwargs``: captum's
     ``additional_forward_args``, the model is called as ``model(x, *args, **kwargs)``; a
-    tensor whose first axis has ``size`` rows is per sample (every forward gets the rows of
-    the samples it holds), anything else is passed as it is.
+    tensor whose first axis has ``B`` rows is per sample (every forward gets the rows of the
+    samples it holds), anything else is passed as it is.
     """
 
-    size: int
+    batch: Tensor | tuple[Tensor, ...]
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, size: int, additional_forward_args: Any = None) -> Call:
-        """The call of ``size`` samples with ``additional_forward_args`` (None: none; a dict:
-        keyword inputs; a tuple: positional inputs; anything else: one positional input)."""
+    def of(cls, batch: Tensor | tuple[Tensor, ...], additional_forward_args: Any = None) -> Call:
+        """The call of ``batch`` with ``additional_forward_args`` (None: none; a dict: keyword
+        inputs; a tuple: positional inputs; anything else: one positional input)."""
         if additional_forward_args is None:
-            return cls(size)
+            return cls(batch)
         if isinstance(additional_forward_args, dict):
-            return cls(size, kwargs=dict(additional_forward_args))
+            return cls(batch, kwargs=dict(additional_forward_args))
         if isinstance(additional_forward_args, tuple):
-            return cls(size, args=additional_forward_args)
-        return cls(size, args=(additional_forward_args,))
+            return cls(batch, args=additional_forward_args)
+        return cls(batch, args=(additional_forward_args,))
+
+    @property
+    def size(self) -> int:
+        """The number of samples ``B``."""
+        return (self.batch[0] if isinstance(self.batch, tuple) else self.batch).shape[0]
 
     @property
     def has_extra(self) -> bool:
@@ -79,15 +85,15 @@ class Call:
         args = (*explained, *map(pick, self.args))
         return call_model(model, Inputs(args, {key: pick(a) for key, a in self.kwargs.items()}))
 
-    def following(self, samples: Tensor) -> Call:
-        """The call of a new batch whose row ``i`` comes from sample ``samples[i]`` of this one
-        (patches, crops): the per-sample extra inputs are those samples' rows."""
+    def following(self, samples: Tensor, batch: Tensor) -> Call:
+        """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]`` of this
+        one (patches, crops): the per-sample extra inputs are those samples' rows."""
 
         def pick(arg: Any) -> Any:
             return arg[samples.to(arg.device)] if self._per_sample(arg) else arg
 
         kwargs = {key: pick(arg) for key, arg in self.kwargs.items()}
-        return Call(samples.shape[0], tuple(map(pick, self.args)), kwargs)
+        return Call(batch, tuple(map(pick, self.args)), kwargs)
 
     def example(self, batch: Tensor) -> Example:
         """The call's inputs for tracing the model with ``batch``."""

@@ -7,7 +7,7 @@ wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=`
 the ``__call__`` template::
 
     check the input -> the call (:class:`~camkit.core.call.Call`: the samples and
-    additional_forward_args) -> explain(batch, target, call) ->
+    additional_forward_args) -> explain(call, target) ->
     drop the axes the caller did not ask for
 
 A family implements :meth:`Explainer.explain`; a method inside a family overrides the family's
@@ -163,12 +163,11 @@ class Explainer:
         per input, as captum does with tuples."""
         self.check_options(options)
         batch, single = self.checked_input(x)
-        size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
-        call = Call.of(size, additional_forward_args)
+        call = Call.of(batch, additional_forward_args)
         with buffers_kept(self.model), batchnorm_gradients_guarded(self.model):
             if self.needs_layer:
                 self.capture.resolve(batch, call)
-            result, several = self.explain(batch, target, call, **options)
+            result, several = self.explain(call, target, **options)
         return self.shaped(result, single, several)
 
     @classmethod
@@ -202,11 +201,9 @@ class Explainer:
             )
         return as_inputs(x, self.model)
 
-    def explain(
-        self, batch: Tensor, target: TargetSpec, call: Call, **options: Any
-    ) -> tuple[Any, bool]:
-        """The family's work on ``call``'s samples ``batch``: ``(result with batch and target
-        axes, several targets?)``; every forward goes through ``call.forward``."""
+    def explain(self, call: Call, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
+        """The family's work on ``call.batch``: ``(result with batch and target axes, several
+        targets?)``; every forward goes through ``call.forward``."""
         raise NotImplementedError
 
     def shaped(self, result: Any, single: bool, several: bool) -> Any:

@@ -108,7 +108,7 @@ class _Scorer:
         batch_size: int,
         additional_forward_args: Any = None,
     ):
-        call = Call.of(batch.shape[0], additional_forward_args)  # rows follow their images
+        call = Call.of(batch, additional_forward_args)  # rows follow their images
         scorer = resolve(target, batch.shape[0], batch.device)
         self.copies = CopyScorer.clean(
             model, batch, scorer, call, batch_size=batch_size, probabilities=True

@@ -82,11 +82,9 @@ class PixelAttribution(Explainer):
         super().__init__(model, **options)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
 
-    def explain(
-        self, batch: Tensor | Inputs, target: TargetSpec, call: Call
-    ) -> tuple[Tensor | Inputs, bool]:
-        attrs, several = self.attribute(as_tuple(batch), target, call)
-        return as_given(batch, finished(attrs)), several
+    def explain(self, call: Call, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
+        attrs, several = self.attribute(as_tuple(call.batch), target, call)
+        return as_given(call.batch, finished(attrs)), several
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         """``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one ``(B, K, C, H, W)``
@@ -96,7 +94,7 @@ class PixelAttribution(Explainer):
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display
         (:meth:`display_heat`)."""
-        (attr,), _ = self.attribute((batch,), target, Call(batch.shape[0]))
+        (attr,), _ = self.attribute((batch,), target, Call(batch))
         attr = attr.detach().float()
         return self.display_heat(attr), attr
 

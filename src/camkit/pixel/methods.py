@@ -216,11 +216,12 @@ class IntegratedGradients(PixelAttribution):
         self.baseline = baseline
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, call: Call, *, return_error: bool = False
+        self, call: Call, target: TargetSpec, *, return_error: bool = False
     ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
+        batch = call.batch
         attrs, delta, several = self.integrate(as_tuple(batch), target, call)
         attrs = finished(attrs)
         if not return_error:
@@ -241,7 +242,7 @@ class IntegratedGradients(PixelAttribution):
         """
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
-        call = Call.of(inputs[0].shape[0], additional_forward_args)
+        call = Call.of(inputs, additional_forward_args)
         attrs, delta, several = self.integrate(inputs, target, call)
         error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()

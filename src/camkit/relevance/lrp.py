@@ -122,7 +122,7 @@ class LRP(PixelAttribution):
         """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
         part of the relevance summed over the channels, divided by its 99th percentile and
         clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
-        (relevance,), _ = self.attribute((batch,), target, Call(batch.shape[0]))
+        (relevance,), _ = self.attribute((batch,), target, Call(batch))
         heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
         return heat, relevance
 
@@ -132,7 +132,7 @@ class LRP(PixelAttribution):
         """The input's and the recorded layers' relevance, scores and conservation of a batch
         ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
         batch, _ = self.checked_input(x)
-        call = Call.of(batch.shape[0], additional_forward_args)
+        call = Call.of(batch, additional_forward_args)
         return self._propagate(batch, target, call, record=self.record)[0]
 
     def _propagate(
