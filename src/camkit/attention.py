@@ -19,7 +19,7 @@ from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing
-from camkit.core.inputs import autocast
+from camkit.core.formats import autocast
 from camkit.core.layers import hooked, this_thread
 from camkit.core.layouts import infer_layout
 from camkit.core.targets import RowScorer, TargetSpec, resolve

@@ -14,17 +14,19 @@ from camkit import registry
 from camkit.cam.base import BaseCAM, Reshape
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization
-from camkit.cam.extra import (
-    FEM,
-    KPCACAM,
-    EigenGradCAM,
-    FinerCAM,
-    GradCAMElementWise,
-    SegEigenCAM,
-    ShapleyCAM,
-)
+from camkit.cam.eigen import KPCACAM, EigenGradCAM, SegEigenCAM
 from camkit.cam.fullgrad import FullGrad
-from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+from camkit.cam.gradient import (
+    FEM,
+    EigenCAM,
+    GradCAM,
+    GradCAMElementWise,
+    GradCAMPlusPlus,
+    HiResCAM,
+    LayerCAM,
+    XGradCAM,
+)
+from camkit.cam.objectives import FinerCAM, ShapleyCAM
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
 from camkit.cam.refine import RefineCAM
 from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM

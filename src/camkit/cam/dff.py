@@ -22,9 +22,10 @@ from camkit.cam.base import Reshape
 from camkit.cam.classifier import find_classifier
 from camkit.core.call import Call
 from camkit.core.engine import Capture
-from camkit.core.inputs import as_batch, positive_int, seed_value
+from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec, find_layer, single_call
 from camkit.core.layouts import check_reshape, resolve_reshape
+from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError, InputError, LayerOutputError
 
 

@@ -28,7 +28,7 @@ from camkit.core.copies import pin_top1
 from camkit.core.engine import layer_gradients, over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
-from camkit.core.inputs import autocast
+from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError

@@ -14,7 +14,7 @@ of the layer's output; both then read the target score. That is one forward per 
   ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
   its agreement with the exact map is measured in docs/performance.md;
 * on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
-  (:class:`camkit.core.inputs.MemoryFormat`: faster there; the caller's input is never
+  (:class:`camkit.core.formats.MemoryFormat`: faster there; the caller's input is never
   converted);
 * ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
 
@@ -45,7 +45,8 @@ from camkit.core.call import Call, chunk_size, chunks
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
-from camkit.core.inputs import MemoryFormat, positive_int
+from camkit.core.formats import MemoryFormat
+from camkit.core.inputs import positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar

@@ -18,8 +18,9 @@ from torch import Tensor, nn
 from camkit.cam.perturbation import PerturbationCAM, ScoreCAM
 from camkit.core.call import chunks
 from camkit.core.copies import CopyScorer
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
+from camkit.core.seeds import call_seed, generator
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.registry import register
 

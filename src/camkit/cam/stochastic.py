@@ -13,10 +13,11 @@ import torch
 from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
-from camkit.core.call import Call
+from camkit.core.call import Call, chunks
 from camkit.core.engine import over_rows
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
+from camkit.core.seeds import call_seed, generator
 from camkit.core.targets import RowScorer
 from camkit.registry import register
 
@@ -82,11 +83,9 @@ class SmoothGradCAMPlusPlus(BaseCAM):
             scorer = replace(scorer, classes=first["classes"])
         noise = _Noise(batch.shape, generator(batch.device).manual_seed(call_seed(self.seed)))
         total = self.samples * size
-        step = self.batch_size or total
         moments: dict[str, Tensor] = {}  # per layer: sums of g, g^2, g^3, (3, B, K, C, h, w)
         several = False
-        for start in range(0, total, step):
-            index = torch.arange(start, min(start + step, total))
+        for index in chunks(total, self.batch_size):
             copy, rows = index // size, index % size
             inputs = batch[rows] + self.std * noise.rows(copy, rows).to(batch)
             _, grads, _, several = self.capture.run(

@@ -25,11 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.core.engine import require_autograd
-from camkit.core.inputs import as_size, positive_int, seed_value
+from camkit.core.inputs import as_size, positive_int
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
 from camkit.core.outputs import OutputSelector, class_logits
 from camkit.core.progress import progress as progress_of
+from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)

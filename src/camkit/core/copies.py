@@ -9,7 +9,7 @@ blurred image, a path point); row ``i`` of a forward belongs to sample ``samples
   the clean prediction);
 * per-sample ``additional_forward_args`` follow the rows (:meth:`~camkit.core.call.Call.forward`);
 * forwards take ``batch_size`` rows at a time (:func:`chunks`), results do not depend on it;
-* on the CPU copies are forwarded ``channels_last`` (:class:`~camkit.core.inputs.MemoryFormat`)
+* on the CPU copies are forwarded ``channels_last`` (:class:`~camkit.core.formats.MemoryFormat`)
   and large chunks give the C heap's free pages back first (:func:`trim_heap`).
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.targets import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import (
     LayerSpec,
     capture_outputs,
@@ -127,7 +127,7 @@ class Capture:
 
         Runs under ``torch.no_grad()`` (see :func:`~camkit.core.layers.capture_outputs` for
         ``start_graph``); the model sees the batch in the memory format of
-        :class:`~camkit.core.inputs.MemoryFormat` (channels_last on the CPU: a copy, the
+        :class:`~camkit.core.formats.MemoryFormat` (channels_last on the CPU: a copy, the
         caller's tensor is not converted); pass ``memory`` to share what it learns with later
         forwards.
         """

@@ -18,7 +18,6 @@ method comes from its typed class flags (:class:`Capabilities`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,15 +28,15 @@ from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.finish import drop_axes
 from camkit.core.guards import batchnorm_gradients_guarded
-from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
+from camkit.core.inputs import as_batch, as_inputs, positive_int
 from camkit.core.layers import LayerSpec, explained_module
-from camkit.core.layouts import check_reshape
+from camkit.core.layouts import Reshape, check_reshape
 from camkit.core.outputs import OutputSelector
+from camkit.core.seeds import seed_value
 from camkit.core.state import buffers_kept
 from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError, InputError
 
-Reshape = Callable[[Tensor], Tensor]
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
 
 

@@ -26,7 +26,7 @@ from camkit.core.copies import pin_top1
 from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
@@ -43,7 +43,7 @@ def rows_of(inputs: Inputs, rows: Tensor) -> Inputs:
     return tuple(t[rows] for t in inputs)
 
 
-class PerSample:
+class SampleTotals:
     """Per-sample totals of values computed on rows ``r`` that belong to sample ``r % B``; one
     total per value given to :meth:`add` (``totals``)."""
 
@@ -214,7 +214,7 @@ __all__ = [
     "HEATMAP_PERCENTILE",
     "RULES",
     "Inputs",
-    "PerSample",
+    "SampleTotals",
     "PixelAttribution",
     "as_given",
     "as_tuple",

@@ -17,14 +17,15 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call
 from camkit.core.finish import drop_axes
-from camkit.core.inputs import call_seed, positive_int
-from camkit.core.inputs import generator as random_generator
+from camkit.core.inputs import positive_int
+from camkit.core.seeds import call_seed
+from camkit.core.seeds import generator as random_generator
 from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 from camkit.pixel.base import (
     Inputs,
-    PerSample,
     PixelAttribution,
+    SampleTotals,
     as_given,
     as_tuple,
     finished,
@@ -45,7 +46,7 @@ class Saliency(PixelAttribution):
     """
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        grads = PerSample(inputs[0].shape[0])
+        grads = SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
             grads.add(rows, *values)
@@ -132,7 +133,7 @@ class SmoothGrad(PixelAttribution):
         sigmas = [self.noise_level * (f.amax(dim=1) - f.amin(dim=1)) for f in flat]
         seeds = self._seeds(size, copies)
         generator = random_generator(inputs[0].device)
-        sums, squares = PerSample(size), PerSample(size)
+        sums, squares = SampleTotals(size), SampleTotals(size)
 
         def noise(seed: int) -> Inputs:
             """One copy's noise for every input, drawn in order from the copy's seed."""
@@ -268,7 +269,7 @@ class IntegratedGradients(PixelAttribution):
         alphas = torch.linspace(0, 1, self.steps + 1, dtype=first.dtype, device=first.device)
         weights = torch.full_like(alphas, 1 / self.steps)
         weights[[0, -1]] /= 2
-        gradient, start, end = PerSample(size), PerSample(size), PerSample(size)
+        gradient, start, end = SampleTotals(size), SampleTotals(size), SampleTotals(size)
 
         def path(rows: Tensor, span: range) -> Inputs:
             sample, alpha = rows % size, alphas[rows // size]

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
 from camkit.core.finish import checked
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
