@@ -27,6 +27,8 @@ from camkit.core.layouts import resolve_reshape
 from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
 
+RawMaps = tuple[dict[str, Tensor], bool]  # unfinished maps {layer: (B, K, h, w)}, several
+
 
 class BaseCAM(Explainer):
     """Base class of the class-activation-map methods.
@@ -148,9 +150,7 @@ class BaseCAM(Explainer):
         maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``, and
         whether K targets were asked."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.layers import LayerSpec, find_layer, single_call
@@ -119,9 +119,7 @@ class CAM(BaseCAM):
         super().__init__(model, layer, **options)
         self.fc_name, self.fc_weight = find_classifier(self.model, fc)
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if not scorer.has_classes:
             raise TargetError(
                 "CAM weighs channels with the classifier's row of a class: pass class indices "

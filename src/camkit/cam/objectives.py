@@ -14,7 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, WrapperCAM, spatial
+from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM, spatial
 from camkit.cam.gradient import GradCAM
 from camkit.core.attention import unfused_attention
 from camkit.core.call import Call
@@ -40,9 +40,7 @@ class ShapleyCAM(BaseCAM):
     ``(B, 1, C, h, w) -> (B, K, h, w)``.
     """
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         return over_rows(
             batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
         )
@@ -162,9 +160,7 @@ class FinerCAM(WrapperCAM):
 
         return contrast
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if not scorer.has_classes:
             raise TargetError(
                 "Finer-CAM compares class logits: pass class indices as target, not a callable"

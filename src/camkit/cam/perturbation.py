@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps
 from camkit.cam.masks import MaskedBuffer, score_masks
 from camkit.core.call import Call, chunk_size, chunks
 from camkit.core.copies import CopyScorer
@@ -99,9 +99,7 @@ class PerturbationCAM(BaseCAM):
         """``(B, C, K)`` channel weights from the perturbed scores."""
         raise NotImplementedError
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         ranked = self.top_channels is not None
         if ranked:
             require_autograd(type(self).__name__)

@@ -7,7 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, WrapperCAM
+from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.cam.gradient import GradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.finish import RESAMPLING, minmax
@@ -51,9 +51,7 @@ class RefineCAM(WrapperCAM):
         super().__init__(model, layer, **self.own_options(options))
         self.wrap(base, model, layer, options)
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         maps, several = self.base.raw_maps(batch, scorer, call)
         dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes
         size = tuple(max(m.shape[d] for m in maps.values()) for d in range(-dims, 0))

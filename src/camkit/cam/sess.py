@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
 from camkit import registry
-from camkit.cam.base import BaseCAM, WrapperCAM
+from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
 from camkit.core.copies import CopyScorer, pin_top1
@@ -140,9 +140,7 @@ class SESS(WrapperCAM):
 
     # ------------------------------------------------------------------ the steps
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if batch.ndim != 4:
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
         # the whole image's prediction, for every patch

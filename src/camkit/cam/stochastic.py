@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, spatial
+from camkit.cam.base import BaseCAM, RawMaps, spatial
 from camkit.core.call import Call, chunks
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
@@ -59,9 +59,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         self.samples = positive_int("samples", samples)
         self.std = finite_number("std", std, minimum=0.0)
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         size = batch.shape[0]
         input_size = tuple(batch.shape[2:])
 
@@ -154,9 +152,7 @@ class RandomCAM(BaseCAM):
     ):
         super().__init__(model, layer, seed=seed, **options)
 
-    def raw_maps(
-        self, batch: Tensor, scorer: RowScorer, call: Call
-    ) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         random = generator(batch.device).manual_seed(self.seed)
         drawn: dict[str, Tensor] = {}  # (B, K, C) per layer, drawn at the first chunk
 

@@ -14,16 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from camkit.core import layers
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.layers import (
-    LayerSpec,
-    capture_outputs,
-    check_batch_axes,
-    explained_module,
-    find_layers,
-    single_call,
-)
 from camkit.core.outputs import OutputSelector
 from camkit.core.targets import RowScorer
 from camkit.core.trace import default_layer
@@ -95,9 +88,11 @@ def _targets_second(grad: Tensor | None, k: int) -> Tensor | None:
 class Capture:
     """One forward pass with the target layers tapped, and the gradients a method needs."""
 
-    def __init__(self, model: nn.Module, layer: LayerSpec | None, output: OutputSelector = None):
-        self.model = explained_module(model)
-        self.layers = [] if layer is None else find_layers(self.model, layer)
+    def __init__(
+        self, model: nn.Module, layer: layers.LayerSpec | None, output: OutputSelector = None
+    ):
+        self.model = layers.explained_module(model)
+        self.layers = [] if layer is None else layers.find_layers(self.model, layer)
         self.output = output
 
     @property
@@ -110,7 +105,7 @@ class Capture:
         (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
         if not self.layers:
             example = call.example(batch)
-            self.layers = find_layers(self.model, default_layer(self.model, example=example))
+            self.layers = layers.find_layers(self.model, default_layer(self.model, example=example))
 
     def forward(
         self,
@@ -136,11 +131,11 @@ class Capture:
             with (
                 torch.no_grad(),
                 autocast(batch.device, dtype),
-                capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
+                layers.capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
                 output = call.forward(self.model, inputs, rows)
-            check_batch_axes(taps, batch.shape[0])
+            layers.check_batch_axes(taps, batch.shape[0])
             return output, taps
 
         return (memory or MemoryFormat(batch)).run(attempt)
@@ -162,7 +157,7 @@ class Capture:
         no gradient is needed, so it is checked and its ``K`` is known for every method.
         """
         output, taps = self.forward(batch, call, start_graph=gradients, dtype=dtype, rows=rows)
-        acts = single_call(taps)
+        acts = layers.single_call(taps)
         with torch.set_grad_enabled(gradients):
             scores, several = scorer(output, rows)
         grads = layer_gradients(scores, acts, self.names) if gradients else None
