@@ -13,10 +13,10 @@ from camkit import metrics
 from camkit.core.call import Call
 from camkit.core.copies import CopyScorer, pin_top1
 from camkit.core.finish import Finishing
-from camkit.core.targets import resolve
 from camkit.core.trace import default_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.targets import ClassTarget, SoftmaxTarget
+from camkit.targets.resolver import resolve
 
 
 @pytest.fixture

@@ -22,9 +22,10 @@ from camkit.core.finish import Finishing
 from camkit.core.formats import autocast
 from camkit.core.layers import hooked, this_thread
 from camkit.core.layouts import infer_layout
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:

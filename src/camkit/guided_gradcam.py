@@ -10,10 +10,10 @@ from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
 from camkit.core.finish import Finishing
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import TargetSpec
 from camkit.pixel.base import Inputs, PixelAttribution
 from camkit.pixel.methods import GuidedBackprop
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
 
 
 @register("guided-gradcam", "Selvaraju et al., ICCV 2017")

@@ -37,9 +37,10 @@ from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import UnknownMethodError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 
 def cams(

@@ -24,8 +24,9 @@ from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 RawMaps = tuple[dict[str, Tensor], bool]  # unfinished maps {layer: (B, K, h, w)}, several
 

@@ -13,9 +13,9 @@ from camkit.cam.base import BaseCAM, RawMaps
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.layers import LayerSpec, find_layer, single_call
-from camkit.core.targets import RowScorer
 from camkit.errors import ClassifierNotFoundError, LayerOutputError, TargetError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 # Names of the classifier of common heads, tried in order (torchvision, timm, others).
 CLASSIFIER_NAMES = ("fc", "classifier", "head", "head.fc", "last_linear", "heads.head", "linear")

@@ -30,9 +30,10 @@ from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
 from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 
 def effective_bias(module: nn.Module) -> Tensor | None:

@@ -21,10 +21,10 @@ from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
-from camkit.core.outputs import select_output
-from camkit.core.targets import RowScorer, resolve
 from camkit.errors import ArgumentError, LayerOutputError, TargetError
 from camkit.registry import register
+from camkit.targets.outputs import select_output
+from camkit.targets.resolver import RowScorer, resolve
 
 
 @register("shapleycam", "Cai, 2025")

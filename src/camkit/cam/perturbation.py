@@ -50,9 +50,9 @@ from camkit.core.inputs import positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
-from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 
 class PerturbationCAM(BaseCAM):

@@ -12,9 +12,9 @@ from camkit.cam.gradient import GradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.finish import RESAMPLING, minmax
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 
 @register("refinecam", '"How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0)')

@@ -20,9 +20,9 @@ from camkit.core.copies import CopyScorer, pin_top1
 from camkit.core.finish import Finishing
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
 _STEP = 64  # the authors' spacing of the default scales (224, 288, ...)

@@ -18,8 +18,8 @@ from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
 from camkit.core.seeds import call_seed, generator
-from camkit.core.targets import RowScorer
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 
 @register("smoothgradcam++", "Omeiza et al., 2019")

@@ -48,9 +48,10 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import Layout, check_reshape, infer_layout
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 
 @dataclass

@@ -28,10 +28,10 @@ from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_size, positive_int
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
-from camkit.core.outputs import OutputSelector, class_logits
 from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
+from camkit.targets.outputs import OutputSelector, class_logits
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
 COLOR_CORRELATION = torch.tensor([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]])

@@ -34,9 +34,9 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import infer_layout
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 Mode = Literal["activation", "relevance"]
 MODES: tuple[Mode, ...] = ("activation", "relevance")

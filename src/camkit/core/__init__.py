@@ -6,7 +6,7 @@
 * :mod:`~camkit.core.inputs`: checking images, sizes and counts; :mod:`~camkit.core.wrappers`:
   the model wrappers (``InputLayout``, ``KeywordInput``); :mod:`~camkit.core.seeds`: seeds;
   :mod:`~camkit.core.formats`: the input memory format and ``autocast``;
-* :mod:`~camkit.core.targets`: the one target resolver (:func:`~camkit.core.targets.resolve`);
+* the target resolver lives below core, in :mod:`camkit.targets` (core imports it);
 * :mod:`~camkit.core.call`: one call passed down explicitly (``Call``: the batch and the model's
   other inputs; every forward is ``call.forward``), and the one chunking policy (``chunks``);
 * :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;

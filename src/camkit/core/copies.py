@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.targets import RowScorer
+from camkit.targets.resolver import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1
 TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwarding

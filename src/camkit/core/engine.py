@@ -2,7 +2,7 @@
 
 :class:`Capture` runs the model once with the target layers tapped (autograd starts at the
 layers, so nothing before them is recorded), scores the target with a
-:class:`~camkit.core.targets.RowScorer`, and :func:`layer_gradients` takes the gradients of
+:class:`~camkit.targets.resolver.RowScorer`, and :func:`layer_gradients` takes the gradients of
 ``K`` targets per sample in one batched backward pass.
 """
 
@@ -17,8 +17,6 @@ from torch import Tensor, nn
 from camkit.core import layers
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import RowScorer
 from camkit.core.trace import default_layer
 from camkit.errors import (
     GradientError,
@@ -26,6 +24,8 @@ from camkit.errors import (
     ZeroGradientWarning,
     warn,
 )
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import RowScorer
 
 
 def require_autograd(method: str) -> None:

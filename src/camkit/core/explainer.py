@@ -31,11 +31,11 @@ from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch, as_inputs, positive_int
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import Reshape, check_reshape
-from camkit.core.outputs import OutputSelector
 from camkit.core.seeds import seed_value
 from camkit.core.state import buffers_kept
-from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError, InputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
 
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
 
@@ -153,7 +153,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
-        :mod:`camkit.core.targets`). ``additional_forward_args``: more inputs of a model called
+        :mod:`camkit.targets`). ``additional_forward_args``: more inputs of a model called
         as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
         family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs).
 

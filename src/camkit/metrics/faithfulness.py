@@ -34,8 +34,9 @@ from camkit.core.copies import CopyScorer
 from camkit.core.finish import RESAMPLING
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.progress import progress_bar
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, InputError, TargetError
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import resolve
 
 BLUR_KERNEL = 11
 """Side of the Gaussian kernel of the ``"blur"`` baseline (RISE's evaluation code: 11)."""

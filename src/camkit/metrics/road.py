@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.progress import progress_bar
 from camkit.core.seeds import seed_value
-from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 from camkit.metrics.faithfulness import (
     ImageScorer,
@@ -27,6 +26,7 @@ from camkit.metrics.faithfulness import (
     pixel_ranks,
     unbatched,
 )
+from camkit.targets.base import TargetSpec
 
 ROAD_NOISE = 0.01
 """Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""

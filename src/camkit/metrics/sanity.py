@@ -24,11 +24,12 @@ from torch import Tensor, nn
 
 from camkit.core.explainer import Explainer
 from camkit.core.layers import explained_module, find_layers
-from camkit.core.outputs import select_output
 from camkit.core.seeds import call_seed
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import select_output
+from camkit.targets.resolver import resolve
 
 Order = Literal["cascade", "independent"]
 SIMILARITIES = ("spearman", "spearman_abs", "ssim", "hog")

@@ -27,10 +27,11 @@ from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 HEATMAP_PERCENTILE = 99.0
 

@@ -20,7 +20,6 @@ from camkit.core.finish import drop_axes
 from camkit.core.inputs import positive_int
 from camkit.core.seeds import call_seed
 from camkit.core.seeds import generator as random_generator
-from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError
 from camkit.pixel.base import (
     Inputs,
@@ -31,6 +30,7 @@ from camkit.pixel.base import (
     finished,
 )
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
 
 Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")

@@ -21,7 +21,6 @@ from camkit.core.engine import layer_gradients
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
@@ -30,6 +29,8 @@ from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import resolve
 
 
 @dataclass
