@@ -20,9 +20,6 @@ from camkit.cli.common import (
     EXIT_OK,
     UsageError,
     add_command,
-    add_device_argument,
-    add_loader_arguments,
-    add_model_arguments,
     check_out_dir,
     exit_status,
     find_images,
@@ -32,6 +29,7 @@ from camkit.cli.common import (
     positive_int,
 )
 from camkit.cli.dataset import ImageFiles, collate
+from camkit.cli.options import add_device_argument, add_loader_arguments, add_model_arguments
 from camkit.cli.pipeline import default_workers
 from camkit.cli.ranks import Ranks
 from camkit.concepts.reference import MODES, ReferenceCollector, receptive_boxes

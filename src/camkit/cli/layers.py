@@ -10,10 +10,10 @@ from camkit.cli.common import (
     EXIT_OK,
     UsageError,
     add_command,
-    add_model_arguments,
     load_model,
     positive_int,
 )
+from camkit.cli.options import add_model_arguments
 from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import CamkitError
 

@@ -13,12 +13,10 @@ from camkit.cli.common import (
     EXIT_OK,
     UsageError,
     add_command,
-    add_crop_argument,
-    add_device_argument,
-    add_model_arguments,
     load_model,
     pick_device,
 )
+from camkit.cli.options import add_crop_argument, add_device_argument, add_model_arguments
 from camkit.errors import CamkitError
 
 SUMMARY = "explore a model's maps live in the browser"
