@@ -107,7 +107,7 @@ class Call:
 
 def chunk_size(count: int, batch_size: int | None) -> int:
     """How many of ``count`` rows one forward pass takes: ``batch_size``, or all for None."""
-    return min(batch_size or count, max(count, 1))
+    return min(batch_size or count, count) or 1
 
 
 def chunks(
