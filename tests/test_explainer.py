@@ -10,12 +10,13 @@ from torch import nn
 
 import camkit
 from camkit import metrics
+from camkit.core.call import Call
 from camkit.core.copies import CopyScorer, pin_top1
 from camkit.core.finish import Finishing
-from camkit.core.targets import resolve
 from camkit.core.trace import default_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.targets import ClassTarget, SoftmaxTarget
+from camkit.targets.resolver import resolve
 
 
 @pytest.fixture
@@ -138,12 +139,12 @@ def test_layercam_tanh_fusion_matches_torchcam(model, x):
 def test_the_copy_scorer_pins_the_clean_top1_and_ignores_batch_size(model, x):
     scorer = resolve(None, 3, x.device)
     clean = model(x).argmax(1)
-    pinned = pin_top1(model, x, scorer, batch_size=2)
+    pinned = pin_top1(model, x, scorer, Call(x), batch_size=2)
     assert pinned.classes[:, 0].tolist() == clean.tolist()
     copies = torch.zeros(6, 3, 8, 8)  # copies of samples 0, 1, 2, 0, 1, 2: all black images
     samples = torch.tensor([0, 1, 2, 0, 1, 2])
-    whole = CopyScorer.clean(model, x, scorer)
-    chunked = CopyScorer.clean(model, x, scorer, batch_size=1)
+    whole = CopyScorer.clean(model, x, scorer, Call(x))
+    chunked = CopyScorer.clean(model, x, scorer, Call(x), batch_size=1)
     one = whole.over(6, lambda i: (copies[i], samples[i]))
     torch.testing.assert_close(one, chunked.over(6, lambda i: (copies[i], samples[i])))
     black = model(copies[:1])[0]

@@ -20,9 +20,9 @@ from torch import Tensor, nn
 
 import camkit
 from camkit import registry
+from camkit.cam import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization, nmf
-from camkit.cam.extra import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
 from camkit.cam.fullgrad import FullGrad, bias_layers, effective_bias
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.errors import ArgumentError, ClassifierNotFoundError, LayerOutputError, TargetError

@@ -431,7 +431,7 @@ def test_road_removes_the_asked_share_even_with_ties():
     threshold = np.percentile(tied.numpy(), 30)  # their MoRF at 70 % removed keeps 30 %
     assert (tied.numpy() < threshold).sum() == 0  # they remove every pixel
     removed_count = road_removed(1024, 70)
-    from camkit.metrics.faithfulness import _ranks
+    from camkit.metrics.faithfulness import pixel_ranks
 
-    ranks = _ranks(tied.view(1, 32, 32), descending=True)
+    ranks = pixel_ranks(tied.view(1, 32, 32), descending=True)
     assert int((ranks < removed_count).sum()) == removed_count

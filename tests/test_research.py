@@ -493,7 +493,7 @@ def test_a_detector_without_a_box_target_is_told_to_use_one():
         assert "BoxTarget(label, [x1, y1, x2, y2])" in str(err.value)
     detr = _detr_output("Detr", torch.zeros(1, 2, 3), BOXES)
     with pytest.raises(camkit.errors.TargetError, match="DETR-style detections"):
-        camkit.core.outputs.class_logits(detr, None)
+        camkit.targets.outputs.class_logits(detr, None)
 
 
 def test_clip_texts_split_from_their_images_by_batch_size_say_so():

@@ -16,9 +16,9 @@ from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import *  # noqa: F403  (every CAM class, cams)
 from camkit.cam import __all__ as _cam_names
 from camkit.core.explainer import Explainer
-from camkit.core.inputs import InputLayout, KeywordInput
 from camkit.core.layers import find_layer
 from camkit.core.record import record
+from camkit.core.wrappers import InputLayout, KeywordInput
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
 from camkit.guided_gradcam import GuidedGradCAM
 from camkit.pixel import (

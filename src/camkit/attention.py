@@ -15,15 +15,17 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.attention import attention_blocks, captured_attention
-from camkit.core.engine import over_rows, run_model
+from camkit.core.call import Call
+from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing
-from camkit.core.inputs import autocast
+from camkit.core.formats import autocast
 from camkit.core.layers import explained_module, hooked, this_thread
 from camkit.core.layouts import infer_layout
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
@@ -115,29 +117,32 @@ class AttentionMethod(Explainer):
         return [name for name, _ in self.blocks]
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
+        self, call: Call, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
     ) -> tuple[Tensor, bool]:
-        return self.maps(batch, target, Finishing(True, upsample, normalize))
+        return self.maps(call.batch, target, Finishing(True, upsample, normalize), call)
 
     def maps(
-        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
+        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
     ) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)``, and whether K targets were asked."""
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples ``batch`` of
+        ``call``, and whether K targets were asked."""
         self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
         raw, several = over_rows(
-            batch, self.batch_size, lambda part, rows: self.relevance(part, scorer, rows)
+            batch, self.batch_size, lambda part, rows: self.relevance(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
         grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
-        return (finishing or Finishing())({"attention": grids}, size), several
+        return finishing({"attention": grids}, size), several
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the same)`` for display."""
-        maps, _ = self.maps(batch, target)
+        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         """``(B, K, N)`` relevance of the ``N`` keys for the targets, and ``several``."""
         raise NotImplementedError
 
@@ -174,13 +179,15 @@ class AttentionRollout(AttentionMethod):
         self.head_fusion = head_fusion
         self.discard_ratio = discard_ratio
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         with (
             torch.no_grad(),
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,
         ):
-            output = run_model(self.model, batch, rows)
+            output = call.forward(self.model, batch, rows)
             scores, several = scorer(output, rows)  # checks the target, gives K
         attentions = [
             _last(store, name, batch.shape[0])
@@ -277,7 +284,9 @@ class LeGrad(AttentionMethod):
         modules = dict(model.named_modules())
         self._block_modules = [modules[name] for name in self.layers]
 
-    def relevance(self, batch: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def relevance(
+        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         if not scorer.has_classes:
             raise TargetError(
                 "LeGrad explains classes (its per-block scores are class logits): target must "
@@ -301,7 +310,7 @@ class LeGrad(AttentionMethod):
         ):
             # the input requires grad so that the attentions are in a graph even when no
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
-            output = run_model(self.model, batch.detach().requires_grad_(True), rows)
+            output = call.forward(self.model, batch.detach().requires_grad_(True), rows)
             scorer = scorer.pinned(output)
             classes, several = scorer.classes_of(output, rows)  # checks the class range
             classes = classes.to(batch.device)

@@ -7,11 +7,13 @@ from typing import Any
 from torch import nn
 
 from camkit.cam.gradient import GradCAM
+from camkit.core.call import Call
+from camkit.core.finish import Finishing
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import TargetSpec
 from camkit.pixel.base import Inputs, PixelAttribution
 from camkit.pixel.methods import GuidedBackprop
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
 
 
 @register("guided-gradcam", "Selvaraju et al., ICCV 2017")
@@ -42,7 +44,7 @@ class GuidedGradCAM(PixelAttribution):
         self.capture, self.layouts = self.gradcam.capture, self.gradcam.layouts
         self.guided = GuidedBackprop(model, **common)
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        (guided,), several = self.guided.attribute(inputs, target)
-        cam, _ = self.gradcam.maps(inputs[0], target)
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        (guided,), several = self.guided.attribute(inputs, target, call)
+        cam, _ = self.gradcam.maps(inputs[0], target, Finishing(), call)
         return (guided * cam.unsqueeze(2).to(guided.dtype),), several

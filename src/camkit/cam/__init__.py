@@ -14,32 +14,35 @@ from camkit import registry
 from camkit.cam.base import BaseCAM, Reshape
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization
-from camkit.cam.extra import (
-    FEM,
-    KPCACAM,
-    EigenGradCAM,
-    FinerCAM,
-    GradCAMElementWise,
-    SegEigenCAM,
-    ShapleyCAM,
-)
+from camkit.cam.eigen import KPCACAM, EigenGradCAM, SegEigenCAM
 from camkit.cam.fullgrad import FullGrad
-from camkit.cam.gradient import EigenCAM, GradCAM, GradCAMPlusPlus, HiResCAM, LayerCAM, XGradCAM
+from camkit.cam.gradient import (
+    FEM,
+    EigenCAM,
+    GradCAM,
+    GradCAMElementWise,
+    GradCAMPlusPlus,
+    HiResCAM,
+    LayerCAM,
+    XGradCAM,
+)
+from camkit.cam.objectives import FinerCAM, ShapleyCAM
 from camkit.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
 from camkit.cam.refine import RefineCAM
 from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM
 from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
-from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.call import Call
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
 from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
-from camkit.core.outputs import OutputSelector
 from camkit.core.state import buffers_kept
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import UnknownMethodError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 
 def cams(
@@ -81,16 +84,13 @@ def cams(
     batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
+    call = Call.of(batch, additional_forward_args)
     explained = next(iter(explainers.values())).model
-    with (
-        extra_args(additional_forward_args, batch.shape[0]),
-        buffers_kept(explained),
-        batchnorm_gradients_guarded(explained),
-    ):
-        results = _shared_pass(shared, batch, target, finishing, batch_size) if shared else {}
+    with buffers_kept(explained), batchnorm_gradients_guarded(explained):
+        results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
         for name, explainer in explainers.items():
             if name not in shared:
-                results[name] = explainer.maps(batch, target, finishing)
+                results[name] = explainer.maps(batch, target, finishing, call)
     return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
 
 
@@ -99,11 +99,12 @@ def _shared_pass(
     batch: Tensor,
     target: TargetSpec,
     finishing: Finishing,
+    call: Call,
     batch_size: int | None,
 ) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
     """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
     first = next(iter(explainers.values()))
-    first.capture.resolve(batch)  # one tapped pass for all: the first method's capture
+    first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
     gradients = any(explainer.needs_gradients for explainer in explainers.values())
     if gradients:
         require_autograd("cams")
@@ -111,7 +112,7 @@ def _shared_pass(
 
     def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
         acts, grads, scores, several = first.capture.run(
-            part, scorer, rows, gradients=gradients, dtype=first.dtype
+            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
         )
         targets, size = scores.shape[1], tuple(part.shape[2:])
         return {

@@ -12,18 +12,23 @@ targets per sample, so methods broadcast over the target axis.
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.cam.smoothing import augmented, principal_component
+from camkit.core.call import Call
 from camkit.core.copies import pin_top1
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
+from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
+
+RawMaps = tuple[dict[str, Tensor], bool]  # unfinished maps {layer: (B, K, h, w)}, several
 
 
 class BaseCAM(Explainer):
@@ -60,7 +65,7 @@ class BaseCAM(Explainer):
 
     def explain(
         self,
-        batch: Tensor,
+        call: Call,
         target: TargetSpec,
         *,
         relu: bool = True,
@@ -70,11 +75,12 @@ class BaseCAM(Explainer):
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
-        finishing = Finishing(relu, upsample, normalize, fuse)
+        finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
         if _flag("aug_smooth", aug_smooth):
-            return augmented(method.maps, batch, method.pinned(batch, target), finishing)
-        return method.maps(batch, target, finishing)
+            pinned = method.pinned(batch, target, call)
+            return augmented(method.maps, batch, pinned, finishing, call)
+        return method.maps(batch, target, finishing, call)
 
     def smoothed(self) -> BaseCAM:
         """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
@@ -118,43 +124,45 @@ class BaseCAM(Explainer):
     # ------------------------------------------------------------------ the pipeline
 
     def maps(
-        self, batch: Tensor, target: TargetSpec = None, finishing: Finishing | None = None
+        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``), with the
-        target axis always kept, and whether ``K`` targets per sample were asked. ``finishing``
-        defaults to ReLU, upsampling, normalisation and fusing."""
-        finishing = finishing or Finishing()
-        raw, several = self.raw_maps(batch, self.scorer(batch, target))
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
+        samples ``batch`` of ``call``, with the target axis always kept, and whether ``K``
+        targets per sample were asked."""
+        raw, several = self.raw_maps(batch, self.scorer(batch, target, call), call)
         return finishing(raw, tuple(batch.shape[2:])), several
 
-    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer) -> RowScorer:
+    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer, call: Call) -> RowScorer:
         """The call's target resolved for ``batch`` (a resolved one as it is)."""
         self.check_autograd()
-        self.capture.resolve(batch)
+        self.capture.resolve(batch, call)
         if isinstance(target, RowScorer):
             return target
         if target is None and self.target_free:  # never read the output (a detector's)
             return RowScorer(free=True)
         return resolve(target, batch.shape[0], batch.device, self.output)
 
-    def pinned(self, batch: Tensor, target: TargetSpec) -> RowScorer:
+    def pinned(self, batch: Tensor, target: TargetSpec, call: Call) -> RowScorer:
         """The call's target with the top-1 classes fixed on ``batch`` (one clean pass), so that
         augmented copies explain the clean prediction."""
-        scorer = self.scorer(batch, target)
-        return pin_top1(self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size)
+        scorer = self.scorer(batch, target, call)
+        return pin_top1(
+            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
+        )
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
         finished map."""
-        maps, _ = self.maps(batch, target)
+        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        """The unfinished maps ``{layer: (B, K, h, w)}``, and whether K targets were asked."""
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``, and
+        whether K targets were asked."""
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             acts, grads, scores, several = self.capture.run(
-                part, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
+                part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
             )
             return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
 
@@ -207,6 +215,39 @@ class BaseCAM(Explainer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.capture.names})"
+
+
+class WrapperCAM(BaseCAM):
+    """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
+    ``_CAMWrapper``: :meth:`wrap` builds the wrapped method ``self.base`` from the same model,
+    layer and options; the wrapper shares its capture (the default layer resolves once) and
+    layouts, asks it whether gradients are needed, and passes ``eigen_smooth`` on to it."""
+
+    base: BaseCAM
+
+    @staticmethod
+    def own_options(options: dict[str, Any]) -> dict[str, Any]:
+        """The options of every method (``output``, ``reshape``, ``dtype``, ``batch_size``) in
+        ``options``: those the wrapper keeps for itself."""
+        return {
+            k: v for k, v in options.items() if k in ("output", "reshape", "dtype", "batch_size")
+        }
+
+    def wrap(
+        self, base: type[BaseCAM], model: nn.Module, layer: LayerSpec | None, options: dict
+    ) -> None:
+        """Build the wrapped method and share its capture and layouts."""
+        self.base = base(model, layer, **options)
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
+
+    def smoothed(self) -> WrapperCAM:
+        """``eigen_smooth`` reaches the wrapped method."""
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
 
 
 def _flag(name: str, value: object) -> bool:

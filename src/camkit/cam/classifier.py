@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps
+from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.layers import LayerSpec, find_layer, single_call
-from camkit.core.targets import RowScorer
 from camkit.errors import CamkitError, ClassifierNotFoundError, LayerOutputError, TargetError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 # Names of the classifier of common heads, tried in order (torchvision, timm, others).
 CLASSIFIER_NAMES = ("fc", "classifier", "head", "head.fc", "last_linear", "heads.head", "linear")
@@ -126,7 +127,7 @@ class CAM(BaseCAM):
         super().__init__(model, layer, **options)
         self.fc_name, self.fc_weight = find_classifier(self.model, fc)
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if not scorer.has_classes:
             raise TargetError(
                 "CAM weighs channels with the classifier's row of a class: pass class indices "
@@ -135,7 +136,9 @@ class CAM(BaseCAM):
         weight = self.fc_weight.to(device=batch.device, dtype=torch.float32)
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
-            output, taps = self.capture.forward(part, start_graph=False, dtype=self.dtype)
+            output, taps = self.capture.forward(
+                part, call, start_graph=False, dtype=self.dtype, rows=rows
+            )
             classes, several = scorer.classes_of(output, rows)  # (n, K)
             size = tuple(part.shape[2:])
             maps = {}

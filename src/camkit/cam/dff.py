@@ -20,10 +20,12 @@ from torch import Tensor, nn
 
 from camkit.cam.base import Reshape
 from camkit.cam.classifier import find_classifier
+from camkit.core.call import Call
 from camkit.core.engine import Capture
-from camkit.core.inputs import as_batch, positive_int, seed_value
+from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec, find_layer, single_call
 from camkit.core.layouts import check_reshape, resolve_reshape
+from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError, InputError, LayerOutputError
 
 
@@ -170,7 +172,7 @@ class DeepFeatureFactorization:
         """Factorise ``x``'s activations into ``components`` concepts (see :func:`nmf` for
         ``init``, ``max_iter``, ``tol``)."""
         batch, single = as_batch(x, self.model)
-        _, taps = self.capture.forward(batch, start_graph=False)
+        _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
         (act,) = single_call(taps)
         act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)

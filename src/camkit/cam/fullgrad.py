@@ -23,15 +23,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.cam.smoothing import augmented
+from camkit.core.call import Call
 from camkit.core.copies import pin_top1
-from camkit.core.engine import layer_gradients, over_rows, run_model
+from camkit.core.engine import layer_gradients, over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
-from camkit.core.inputs import autocast
+from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
-from camkit.core.targets import RowScorer, TargetSpec, resolve
 from camkit.errors import GradientError
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 
 def effective_bias(module: nn.Module) -> Tensor | None:
@@ -111,22 +113,23 @@ class FullGrad(Explainer):
             )
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, normalize: bool = True, aug_smooth: bool = False
+        self, call: Call, target: TargetSpec, *, normalize: bool = True, aug_smooth: bool = False
     ) -> tuple[Tensor, bool]:
+        finishing, batch = Finishing(normalize=normalize), call.batch
         if aug_smooth:
             scorer = resolve(target, batch.shape[0], batch.device, self.output)
             scorer = pin_top1(
-                self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size
+                self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
             )
-            return augmented(self.finished, batch, scorer, Finishing(normalize=normalize))
-        return self.finished(batch, target, Finishing(normalize=normalize))
+            return augmented(self.finished, batch, scorer, finishing, call)
+        return self.finished(batch, target, finishing, call)
 
     def finished(
-        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
     ) -> tuple[Tensor, bool]:
         """The maps, min-max normalised where ``finishing.normalize`` (its other steps do not
         apply: the map is at the input's size, and non-negative)."""
-        maps, several = self.maps(batch, target)
+        maps, several = self.maps(batch, target, call)
         return (minmax(maps) if finishing.normalize else maps), several
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
@@ -134,19 +137,26 @@ class FullGrad(Explainer):
         maps, _ = self.maps(batch, target)
         return minmax(maps), maps
 
-    def maps(self, batch: Tensor, target: TargetSpec | RowScorer = None) -> tuple[Tensor, bool]:
+    def maps(
+        self, batch: Tensor, target: TargetSpec | RowScorer = None, call: Call | None = None
+    ) -> tuple[Tensor, bool]:
         """``(B, C, H, W) ->`` the summed ``(B, K, H, W)`` saliency before the final
-        normalisation, and whether ``K`` targets per sample were asked."""
+        normalisation, and whether ``K`` targets per sample were asked (``call``: the batch's
+        own samples with no extra input by default)."""
         self.check_autograd()
         if not isinstance(target, RowScorer):
             target = resolve(target, batch.shape[0], batch.device, self.output)
-        return self.raw_maps(batch, target)
+        return self.raw_maps(batch, target, call or Call(batch))
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[Tensor, bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> tuple[Tensor, bool]:
         """The summed saliency ``(B, K, H, W)``, chunk by chunk of ``batch_size`` samples."""
-        return over_rows(batch, self.batch_size, lambda part, rows: self._pass(part, scorer, rows))
+        return over_rows(
+            batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
+        )
 
-    def _pass(self, part: Tensor, scorer: RowScorer, rows: Tensor) -> tuple[Tensor, bool]:
+    def _pass(
+        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor
+    ) -> tuple[Tensor, bool]:
         leaf = part.detach().requires_grad_(True)
         tapped = [(name, module) for name, module, _ in self.bias_layers]
         with (
@@ -154,7 +164,7 @@ class FullGrad(Explainer):
             autocast(part.device, self.dtype),
             capture_outputs(self.model, tapped, start_graph=False) as taps,
         ):
-            output = run_model(self.model, leaf.clone(), rows)
+            output = call.forward(self.model, leaf.clone(), rows)
             scores, several = scorer(output, rows)
         if not scores.requires_grad:
             raise GradientError("the target score does not depend on the input")

@@ -6,11 +6,15 @@ target score ``S`` (the class logit), sums over the spatial positions ``ij``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.cam.base import BaseCAM, spatial
 from camkit.cam.smoothing import principal_component
+from camkit.core.inputs import finite_number
+from camkit.core.layers import LayerSpec
 from camkit.errors import IllConditionedWarning, warn
 from camkit.registry import register
 
@@ -127,3 +131,56 @@ class EigenCAM(BaseCAM):
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         return principal_component(act)
+
+
+@register("gradcam-elementwise", "Draelos & Carin, 2020 (element-wise)")
+class GradCAMElementWise(BaseCAM):
+    """Grad-CAM element-wise: ``sum_c ReLU(g_c * A_c)`` (pytorch-grad-cam's ``GradCAMElementWise``).
+
+    The ReLU is applied to each product before the channel sum, so negative evidence of one
+    channel cannot cancel positive evidence of another (a variant of HiResCAM, Draelos & Carin
+    2020). ``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``.
+    """
+
+    def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        return (grad * act).relu()
+
+
+@register("fem", "Ahmed Fuad et al., IPTA 2020")
+class FEM(BaseCAM):
+    """FEM, the feature explanation method: channels weighted by their share of strong positions.
+
+    Ahmed Fuad et al., "Features understanding in 3D CNNs for actions recognition in video",
+    IPTA 2020 (pytorch-grad-cam's ``FEM``). With the per-channel mean ``mu_c`` and population
+    standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c +
+    k sigma_c]`` (the k-sigma rule, ``k=2``), map ``= sum_c w_c A_c``. No gradients; the same
+    map for every target. ``eigen_smooth`` projects ``w_c A_c`` as for every weighted sum
+    (pytorch-grad-cam's ``FEM`` ignores the option).
+    """
+
+    needs_gradients = False
+    target_free = True
+
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, k: float = 2.0, **options: Any
+    ):
+        super().__init__(model, layer, **options)
+        self.k = finite_number("k", k)
+
+    def channel_weights(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        dims = spatial(act)
+        mean = act.mean(dim=dims, keepdim=True)
+        std = act.std(dim=dims, keepdim=True, correction=0)
+        return (act > mean + self.k * std).float().mean(dim=dims, keepdim=True)
+
+
+__all__ = [
+    "FEM",
+    "EigenCAM",
+    "GradCAM",
+    "GradCAMElementWise",
+    "GradCAMPlusPlus",
+    "HiResCAM",
+    "LayerCAM",
+    "XGradCAM",
+]

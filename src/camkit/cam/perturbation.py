@@ -14,7 +14,7 @@ of the layer's output; both then read the target score. That is one forward per 
   ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
   its agreement with the exact map is measured in docs/performance.md;
 * on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
-  (:class:`camkit.core.inputs.MemoryFormat`: faster there; the caller's input is never
+  (:class:`camkit.core.formats.MemoryFormat`: faster there; the caller's input is never
   converted);
 * ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
 
@@ -24,38 +24,35 @@ A method is three steps: the perturbations (masks or ablations) and their scores
 :mod:`camkit.cam.score_variants` only change the masks: :meth:`ScoreCAM.perturb`, with
 ``draws`` masked inputs per mask whose scores are averaged). Forwards that replace the layer's
 output (Ablation-CAM, Recipro-CAM) share :meth:`PerturbationCAM.edited_scores`. Every forward
-goes through :func:`camkit.core.engine.run_model`, so ``additional_forward_args`` reach the
-perturbed passes too (the rows of the samples each pass holds). The finishing (ReLU,
+goes through the call's :meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args``
+reach the perturbed passes too (the rows of the samples each pass holds). The finishing (ReLU,
 upsampling, normalisation, fusing layers, ``(B, K)`` targets, ``dtype``) is the one of every
 CAM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps
 from camkit.cam.masks import MaskedBuffer, score_masks
+from camkit.core.call import Call, chunk_size, chunks
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
-from camkit.core.inputs import MemoryFormat, positive_int
+from camkit.core.formats import MemoryFormat
+from camkit.core.inputs import positive_int
 from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
 from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
-from camkit.core.targets import RowScorer
 from camkit.errors import LayerOutputError, TargetError
 from camkit.registry import register
-
-
-def _chunks(items: Tensor, size: int) -> Iterator[Tensor]:
-    for start in range(0, items.shape[0], size):
-        yield items[start : start + size]
+from camkit.targets.resolver import RowScorer
 
 
 class PerturbationCAM(BaseCAM):
@@ -113,19 +110,21 @@ class PerturbationCAM(BaseCAM):
         """``(B, C, K)`` channel weights from the perturbed scores."""
         raise NotImplementedError
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         ranked = self.top_channels is not None
         if ranked:
             require_autograd(type(self).__name__)
         memory = MemoryFormat(batch)
         output, taps = self.capture.forward(
-            batch, start_graph=ranked, dtype=self.dtype, memory=memory
+            batch, call, start_graph=ranked, dtype=self.dtype, memory=memory
         )
         acts = single_call(taps)
         scorer = scorer.pinned(output)
         with torch.set_grad_enabled(ranked):
             scores, several = scorer(output, torch.arange(batch.shape[0]))
-        run = CopyScorer(self.model, batch, scorer, dtype=self.dtype, scores=scores, memory=memory)
+        run = CopyScorer(
+            self.model, batch, scorer, call, dtype=self.dtype, scores=scores, memory=memory
+        )
         grads: list[Tensor | None] = [None] * len(acts)
         if ranked:
             grads = list(layer_gradients(scores, acts, self.capture.names))
@@ -287,12 +286,11 @@ class ScoreCAM(PerturbationCAM):
         count = jobs.shape[0]
         # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
         sums = run.scores.new_zeros((count, run.scores.shape[1]))
-        step = self.rows_per_pass(count * self.draws)
-        buffer = MaskedBuffer(run, step)
+        buffer = MaskedBuffer(run, chunk_size(count * self.draws, self.batch_size))
         random = self.generator(run.batch.device)
         with self._progress(f"{self.label} {name}", count * self.draws) as bar:
             # draw by draw (a variant's random draws come in this order), jobs inside
-            for part in _chunks(torch.arange(count * self.draws, device=grid.device), step):
+            for part in chunks(count * self.draws, self.batch_size, grid.device):
                 draw, job = part // count, part % count
                 samples, chans = jobs[job] // channels, jobs[job] % channels
                 masks = self.perturb(score_masks(grid, samples, chans, run.batch), draw, random)
@@ -358,9 +356,9 @@ class AblationCAM(PerturbationCAM):
         suffix = [True]  # reuse the layer's prefix until the model refuses
         with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
             for sample in range(batch):
-                for part in _chunks(
-                    kept[sample].nonzero().squeeze(1), self.rows_per_pass(channels)
-                ):
+                evaluated = kept[sample].nonzero().squeeze(1)
+                for rows in chunks(evaluated.shape[0], self.batch_size, evaluated.device):
+                    part = evaluated[rows]
                     n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
                     ablated[sample, part] = self.edited_scores(
                         run, module, raw.movedim(1, axis), sample, n, ablate, suffix

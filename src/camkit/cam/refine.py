@@ -7,19 +7,18 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.cam.gradient import GradCAMPlusPlus
+from camkit.core.call import Call
 from camkit.core.finish import RESAMPLING, minmax
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError
 from camkit.registry import register
-
-_COMMON = ("output", "reshape", "dtype", "batch_size")
+from camkit.targets.resolver import RowScorer
 
 
 @register("refinecam", '"How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0)')
-class RefineCAM(BaseCAM):
+class RefineCAM(WrapperCAM):
     """RefineCAM: the product of the normalised maps of several layers (torchcam's ``RefineCAM``).
 
     "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
@@ -49,21 +48,11 @@ class RefineCAM(BaseCAM):
             raise ArgumentError(
                 "RefineCAM multiplies the maps of several layers: give at least two"
             )
-        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
-        self.base = base(model, layer, **options)
-        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+        super().__init__(model, layer, **self.own_options(options))
+        self.wrap(base, model, layer, options)
 
-    def check_autograd(self) -> None:
-        self.base.check_autograd()
-
-    def smoothed(self) -> BaseCAM:
-        """``eigen_smooth`` reaches the wrapped method."""
-        twin = super().smoothed()
-        twin.base = self.base.smoothed()
-        return twin
-
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
-        maps, several = self.base.raw_maps(batch, scorer)
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        maps, several = self.base.raw_maps(batch, scorer, call)
         dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes
         size = tuple(max(m.shape[d] for m in maps.values()) for d in range(-dims, 0))
         refined = None

@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.cam.perturbation import PerturbationCAM, ScoreCAM, _chunks
+from camkit.cam.perturbation import PerturbationCAM, ScoreCAM
+from camkit.core.call import chunks
 from camkit.core.copies import CopyScorer
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
+from camkit.core.seeds import call_seed, generator
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.registry import register
 
@@ -192,6 +194,7 @@ class ReciproCAM(PerturbationCAM):
                 run.model,
                 run.batch,
                 run.scorer,
+                run.call,
                 dtype=run.dtype,
                 probabilities=True,
                 scores=run.scores,
@@ -202,7 +205,7 @@ class ReciproCAM(PerturbationCAM):
         with self._progress(f"Recipro-CAM {name}", batch * h * w) as bar:
             for sample in range(batch):
                 scores = []
-                for part in _chunks(torch.arange(h * w), self.rows_per_pass(h * w)):
+                for part in chunks(h * w, self.batch_size):
                     masks = self.masks(part, (h, w), raw.device).to(raw.dtype)
 
                     def masked(act: Tensor, masks: Tensor = masks) -> Tensor:

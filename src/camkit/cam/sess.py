@@ -13,17 +13,17 @@ from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
 from camkit import registry
-from camkit.cam.base import BaseCAM
+from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.cam.gradient import GradCAM
+from camkit.core.call import Call
 from camkit.core.copies import CopyScorer, pin_top1
-from camkit.core.engine import following
+from camkit.core.finish import Finishing
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
-from camkit.core.targets import RowScorer
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
-_COMMON = ("output", "reshape", "dtype", "batch_size")
 POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
 _STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
 
@@ -43,7 +43,7 @@ def _starts(length: int, window: int, stride: int) -> list[int]:
 
 
 @register("sess", "Tursun et al., ECCV 2022")
-class SESS(BaseCAM):
+class SESS(WrapperCAM):
     """SESS: Saliency Enhancing with Scaling and Sliding.
 
     Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
@@ -113,7 +113,7 @@ class SESS(BaseCAM):
         smooth: bool = False,
         **options: Any,
     ):
-        super().__init__(model, layer, **{k: v for k, v in options.items() if k in _COMMON})
+        super().__init__(model, layer, **self.own_options(options))
         if isinstance(base, str):
             base = registry.get(base).cls
         if not (isinstance(base, type) and issubclass(base, BaseCAM)) or base is SESS:
@@ -136,30 +136,22 @@ class SESS(BaseCAM):
         if not isinstance(smooth, bool):
             raise ArgumentError(f"smooth must be True or False, got {smooth!r}")
         self.smooth = smooth
-        self.base = base(model, layer, **options)
-        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
-
-    def check_autograd(self) -> None:
-        self.base.check_autograd()
-
-    def smoothed(self) -> BaseCAM:
-        """``eigen_smooth`` reaches the wrapped method."""
-        twin = super().smoothed()
-        twin.base = self.base.smoothed()
-        return twin
+        self.wrap(base, model, layer, options)
 
     # ------------------------------------------------------------------ the steps
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if batch.ndim != 4:
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
         # the whole image's prediction, for every patch
-        scorer = pin_top1(self.model, batch, scorer, dtype=self.dtype, batch_size=self.batch_size)
+        scorer = pin_top1(
+            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
+        )
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
-        scores, several = self._scores(batch, scorer, grid)  # (B, P, K)
+        scores, several = self._scores(batch, call, scorer, grid)  # (B, P, K)
         best = scores.amax(dim=1, keepdim=True)
         weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
-        fused = self._fused(batch, scorer, grid, weights, self._kept(scores))
+        fused = self._fused(batch, call, scorer, grid, weights, self._kept(scores))
         if self.smooth:
             fused = _gaussian_blur(fused)
         return {"sess": fused}, several
@@ -185,7 +177,9 @@ class SESS(BaseCAM):
         wh, ww = self.window
         return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
 
-    def _scores(self, batch: Tensor, scorer: RowScorer, grid: list[_Scale]) -> tuple[Tensor, bool]:
+    def _scores(
+        self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]
+    ) -> tuple[Tensor, bool]:
         """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
         the callable's score), all scales in order, and whether K targets were asked."""
         size, parts = batch.shape[0], []
@@ -193,6 +187,7 @@ class SESS(BaseCAM):
             self.model,
             batch,
             scorer,
+            call,
             dtype=self.dtype,
             batch_size=self.batch_size,
             probabilities=True,
@@ -218,6 +213,7 @@ class SESS(BaseCAM):
     def _fused(
         self,
         batch: Tensor,
+        call: Call,
         scorer: RowScorer,
         grid: list[_Scale],
         weights: Tensor,
@@ -237,7 +233,7 @@ class SESS(BaseCAM):
                 sample, patch = kept[:, span, k].nonzero(as_tuple=True)
                 if sample.numel() == 0:
                     continue
-                maps = self._patch_maps(patches[sample, patch], scorer, sample, k)
+                maps = self._patch_maps(patches[sample, patch], call, scorer, sample, k)
                 maps = maps * weights[:, span, k][sample, patch].view(-1, 1, 1)
                 canvas = maps.new_zeros(maps.shape[0], *scale.size)
                 for i, corner in enumerate(patch.tolist()):
@@ -252,15 +248,17 @@ class SESS(BaseCAM):
                 count[:, k].index_add_(0, sample, positive.float())
         return torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
 
-    def _patch_maps(self, patches: Tensor, scorer: RowScorer, sample: Tensor, k: int) -> Tensor:
+    def _patch_maps(
+        self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
+    ) -> Tensor:
         """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
-        their samples ``sample``."""
+        their samples ``sample`` (the patches carry their samples' extra inputs)."""
         target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
-            with following(sample):  # the patches carry their samples' forward arguments
-                maps, _ = self.base.maps(patches, target)
+            following = call.following(sample, patches)
+            maps, _ = self.base.maps(patches, target, Finishing(), following)
         return maps[:, 0]  # the default finishing fuses several layers into one map
 
     def __repr__(self) -> str:

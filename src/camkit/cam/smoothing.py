@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from camkit.core.call import Call
 from camkit.core.finish import Finishing, minmax
 
 FLIPS = (False, True)  # ttach.HorizontalFlip
@@ -47,12 +48,13 @@ def principal_component(weighted: Tensor) -> Tensor:
 
 
 def augmented(
-    maps: Callable[[Tensor, Any, Finishing], tuple[Maps, bool]],
+    maps: Callable[[Tensor, Any, Finishing, Call], tuple[Maps, bool]],
     batch: Tensor,
     target: Any,
     finishing: Finishing,
+    call: Call,
 ) -> tuple[Maps, bool]:
-    """pytorch-grad-cam's ``aug_smooth``: ``maps(x', target, finishing)`` of the six augmented
+    """pytorch-grad-cam's ``aug_smooth``: ``maps(x', target, finishing, call)`` of the six augmented
     batches ``x' = flip(x) * factor`` (``flip`` the identity or the mirror along the last axis,
     ``factor`` in 0.9, 1, 1.1), each finished map mirrored back, then averaged. With
     ``finishing.normalize`` the mean is min-max normalised again (pytorch-grad-cam returns the
@@ -64,7 +66,7 @@ def augmented(
     for flip in FLIPS:
         for factor in FACTORS:
             view = batch.flip(-1) if flip else batch
-            result, several = maps(view * factor, target, finishing)
+            result, several = maps(view * factor, target, finishing, call)
             if flip:
                 result = _each(result, lambda m: m.flip(-1))
             total = result if total is None else _each(total, torch.add, result)

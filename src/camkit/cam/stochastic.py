@@ -12,12 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM, spatial
+from camkit.cam.base import BaseCAM, RawMaps, spatial
+from camkit.core.call import Call, chunks
 from camkit.core.engine import over_rows
-from camkit.core.inputs import call_seed, finite_number, generator, positive_int
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
-from camkit.core.targets import RowScorer
+from camkit.core.seeds import call_seed, generator
 from camkit.registry import register
+from camkit.targets.resolver import RowScorer
 
 
 @register("smoothgradcam++", "Omeiza et al., 2019")
@@ -61,13 +63,13 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         """One noisy copy per sample."""
         return self.samples
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         size = batch.shape[0]
         input_size = tuple(batch.shape[2:])
 
         def clean(part: Tensor, rows: Tensor) -> tuple[dict[str, Any], bool]:
             output, taps = self.capture.forward(
-                part, start_graph=False, dtype=self.dtype, rows=rows
+                part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
             acts = {
                 name: act.unsqueeze(1)
@@ -83,15 +85,13 @@ class SmoothGradCAMPlusPlus(BaseCAM):
             scorer = replace(scorer, classes=first["classes"])
         noise = _Noise(batch.shape, generator(batch.device).manual_seed(call_seed(self.seed)))
         total = self.samples * size
-        step = self.batch_size or total
         moments: dict[str, Tensor] = {}  # per layer: sums of g, g^2, g^3, (3, B, K, C, h, w)
         several = False
-        for start in range(0, total, step):
-            index = torch.arange(start, min(start + step, total))
+        for index in chunks(total, self.batch_size):
             copy, rows = index // size, index % size
             inputs = batch[rows] + self.std * noise.rows(copy, rows).to(batch)
             _, grads, _, several = self.capture.run(
-                inputs, scorer, rows, gradients=True, dtype=self.dtype
+                inputs, call, scorer, rows, gradients=True, dtype=self.dtype
             )
             for name, grad in zip(self.capture.names, grads, strict=True):
                 grad = grad.float()
@@ -156,13 +156,13 @@ class RandomCAM(BaseCAM):
     ):
         super().__init__(model, layer, seed=seed, **options)
 
-    def raw_maps(self, batch: Tensor, scorer: RowScorer) -> tuple[dict[str, Tensor], bool]:
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         random = generator(batch.device).manual_seed(self.seed)
         drawn: dict[str, Tensor] = {}  # (B, K, C) per layer, drawn at the first chunk
 
         def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
             acts, _, scores, several = self.capture.run(
-                part, scorer, rows, gradients=False, dtype=self.dtype
+                part, call, scorer, rows, gradients=False, dtype=self.dtype
             )
             maps = {}
             for name, act in zip(self.capture.names, acts, strict=True):

@@ -100,6 +100,21 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workers`` and ``--quiet``: how a dataset command decodes images and reports progress."""
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress (a bar on a terminal, a line every few seconds in a log)",
+    )
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     """The options ``explain`` and ``evaluate`` share: same names, same defaults, same meaning.
     ``what`` names, in the help, what the command does with each image."""
@@ -161,17 +176,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         help="refuse images of more pixels, before decoding (default %(default)s, Pillow's "
         "limit; 0: no limit)",
     )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress (a bar on a terminal, a line every few seconds in a log)",
-    )
+    add_loader_arguments(parser)
 
 
 def add_command(

@@ -19,6 +19,7 @@ from camkit.cli.arguments import (
     add_command,
     add_crop_argument,
     add_device_argument,
+    add_loader_arguments,
     add_model_arguments,
     positive_int,
 )
@@ -320,14 +321,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="images decoded and ranked together (default %(default)s)",
     )
     add_device_argument(parser)
-    parser.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
-    )
-    parser.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress (a bar on a terminal, a line every few seconds in a log)",
-    )
+    add_loader_arguments(parser)

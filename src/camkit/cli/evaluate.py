@@ -18,8 +18,8 @@ from camkit.cli.pipeline import Job, build_explainers, default_workers
 from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
 from camkit.core.progress import counting_rows, progress
-from camkit.core.targets import select_output
 from camkit.errors import CamkitError
+from camkit.targets.resolver import select_output
 
 SUMMARY = "score how faithful each method's maps are (deletion, insertion, ROAD, ...)"
 DESCRIPTION = (

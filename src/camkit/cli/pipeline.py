@@ -28,10 +28,10 @@ from camkit.cli.dataset import ImageBatch, ImageFiles, collate
 from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
-from camkit.core.targets import select_output
 from camkit.errors import CamkitError
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import append, part_path
+from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
 

@@ -37,7 +37,7 @@ from camkit.concepts.concepts import (
 )
 from camkit.concepts.regions import region_weights, rows_of
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
-from camkit.core.engine import require_autograd, run_model
+from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
     LayerSpec,
@@ -48,9 +48,10 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import Layout, check_reshape, infer_layout
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 
 @dataclass
@@ -272,7 +273,7 @@ class ConceptAttribution:
                 self.rules.applied(self.model),
                 capture_outputs(self.model, modules, start_graph=False) as taps,
             ):
-                output = run_model(self.model, leaf.clone())
+                output = self.model(leaf.clone())
             check_batch_axes(taps, size)
             acts = dict(zip(layers, single_call(taps), strict=True))
             scores, several = scorer(output, rows)

@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.engine import require_autograd, run_model
-from camkit.core.inputs import as_size, positive_int, seed_value
+from camkit.core.engine import require_autograd
+from camkit.core.inputs import as_size, positive_int
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
 from camkit.core.layouts import infer_layout
-from camkit.core.outputs import OutputSelector, class_logits
 from camkit.core.progress import progress as progress_of
+from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
+from camkit.targets.outputs import OutputSelector, class_logits
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
 COLOR_CORRELATION = torch.tensor([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]])
@@ -202,7 +203,7 @@ def visualize(
                 image = fourier_image(spectrum, size)
                 seen = robust(image, size, generator) if transforms else image
                 with capture_outputs(model, found, start_graph=False) as taps:
-                    out = run_model(model, normalise(seen).to(param.dtype))
+                    out = model(normalise(seen).to(param.dtype))
                 acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
                 acts = {n: _channels_first(a, model, size) for n, a in acts.items()}
                 logits = class_logits(out, output) if isinstance(objective, LogitObjective) else out

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
-from camkit.core.engine import Capture, require_autograd, run_model
+from camkit.core.call import Call
+from camkit.core.engine import Capture, require_autograd
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
     LayerSpec,
@@ -33,9 +34,9 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import infer_layout
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import resolve
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
 
 Mode = Literal["activation", "relevance"]
 MODES: tuple[Mode, ...] = ("activation", "relevance")
@@ -150,7 +151,7 @@ class ReferenceCollector:
         rows = torch.arange(batch.shape[0])
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
         with self.rules.applied(self.capture.model):
-            output, taps = self.capture.forward(batch, start_graph=True, rows=rows)
+            output, taps = self.capture.forward(batch, Call(batch), start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
             scores, _ = scorer(output, rows)
@@ -251,7 +252,7 @@ def receptive_boxes(
     leaf = batch.detach().requires_grad_(True)
     with torch.enable_grad():
         with capture_outputs(model, found, start_graph=False) as taps:
-            run_model(model, leaf.clone())
+            model(leaf.clone())
         (act,) = single_call(taps)
         flat = channels_first(act, model, batch, reshape).flatten(2)
         rows = torch.arange(flat.shape[0])

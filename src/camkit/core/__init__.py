@@ -3,8 +3,12 @@
 * :mod:`~camkit.core.layers`: finding layers, hooks, always unhooking; :mod:`~camkit.core.record`
   keeps activations and gradients of the user's own passes; :mod:`~camkit.core.trace` lists a
   model's layer calls and picks the default layer (:mod:`~camkit.core.examples`: what it runs);
-* :mod:`~camkit.core.inputs`: checking images, sizes and counts; the input memory format;
-* :mod:`~camkit.core.targets`: the one target resolver (:func:`~camkit.core.targets.resolve`);
+* :mod:`~camkit.core.inputs`: checking images, sizes and counts; :mod:`~camkit.core.wrappers`:
+  the model wrappers (``InputLayout``, ``KeywordInput``); :mod:`~camkit.core.seeds`: seeds;
+  :mod:`~camkit.core.formats`: the input memory format and ``autocast``;
+* the target resolver lives below core, in :mod:`camkit.targets` (core imports it);
+* :mod:`~camkit.core.call`: one call passed down explicitly (``Call``: the batch and the model's
+  other inputs; every forward is ``call.forward``), and the one chunking policy (``chunks``);
 * :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;
 * :mod:`~camkit.core.finish`: ReLU, upsampling, normalisation, fusing, dropping axes;
 * :mod:`~camkit.core.progress`: tqdm progress bars;

@@ -7,9 +7,9 @@ blurred image, a path point); row ``i`` of a forward belongs to sample ``samples
 * the target is the sample's own: fixed classes per sample, or each sample's **clean** top-1
   class (:func:`pin_top1`: one clean pass, in chunks, fixes it, so that every copy explains
   the clean prediction);
-* per-sample ``additional_forward_args`` follow the rows (:func:`~camkit.core.engine.run_model`);
+* per-sample ``additional_forward_args`` follow the rows (:meth:`~camkit.core.call.Call.forward`);
 * forwards take ``batch_size`` rows at a time (:func:`chunks`), results do not depend on it;
-* on the CPU copies are forwarded ``channels_last`` (:class:`~camkit.core.inputs.MemoryFormat`)
+* on the CPU copies are forwarded ``channels_last`` (:class:`~camkit.core.formats.MemoryFormat`)
   and large chunks give the C heap's free pages back first (:func:`trim_heap`).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
 from typing import Any
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.core.engine import run_model
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.call import Call, chunks
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.state import buffers_kept
-from camkit.core.targets import RowScorer
+from camkit.targets.resolver import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1
 TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwarding
@@ -61,24 +61,18 @@ def trim_heap() -> None:
         trim(0)
 
 
-def chunks(count: int, batch_size: int | None, device: torch.device) -> Iterator[Tensor]:
-    """Row indices ``0..count-1`` in chunks of at most ``batch_size`` (all at once for None)."""
-    step = batch_size or max(count, 1)
-    for start in range(0, count, step):
-        yield torch.arange(start, min(start + step, count), device=device)
-
-
 def pin_top1(
     model: nn.Module,
     batch: Tensor | tuple[Tensor, ...],
     scorer: RowScorer,
+    call: Call,
     *,
     dtype: torch.dtype | None = None,
     batch_size: int | None = None,
 ) -> RowScorer:
-    """``scorer`` with top-1 classes fixed on a clean pass over the ``B`` samples (a batch, or a
-    tuple of explained inputs; in chunks of ``batch_size``), so that copies keep explaining
-    the clean prediction; other targets as they are."""
+    """``scorer`` with top-1 classes fixed on a clean pass over ``call``'s ``B`` samples (a
+    batch, or a tuple of explained inputs; in chunks of ``batch_size``), so that copies keep
+    explaining the clean prediction; other targets as they are."""
     if not scorer.top1:
         return scorer
     inputs = batch if isinstance(batch, tuple) else (batch,)
@@ -87,12 +81,13 @@ def pin_top1(
     with buffers_kept(model), torch.inference_mode(), autocast(first.device, dtype):
         for rows in chunks(first.shape[0], batch_size, first.device):
             chunk = tuple(t[rows] for t in inputs)
-            classes.append(scorer.pinned(run_model(model, chunk, rows)).classes)
+            classes.append(scorer.pinned(call.forward(model, chunk, rows)).classes)
     return replace(scorer, classes=torch.cat(classes).clone())
 
 
 class CopyScorer:
-    """Scores copies of the samples of ``batch`` for the target of their own sample.
+    """Scores copies of the samples of ``batch`` (those of ``call``) for the target of their own
+    sample.
 
     ``score(inputs, samples)`` forwards ``n`` rows (whatever hooks edit during the forward) and
     returns ``(n, K)`` float32 scores; :meth:`over` builds and scores ``count`` rows chunk by
@@ -107,6 +102,7 @@ class CopyScorer:
         model: nn.Module,
         batch: Tensor,
         scorer: RowScorer,
+        call: Call,
         *,
         dtype: torch.dtype | None = None,
         batch_size: int | None = None,
@@ -114,7 +110,7 @@ class CopyScorer:
         scores: Tensor | None = None,
         memory: MemoryFormat | None = None,
     ):
-        self.model, self.batch = model, batch
+        self.model, self.batch, self.call = model, batch, call
         self.scorer = scorer.for_copies()  # e.g. a lost detection scores 0 in a copy
         self.dtype, self.batch_size, self.probabilities = dtype, batch_size, probabilities
         self.memory = memory or MemoryFormat(batch)
@@ -123,15 +119,16 @@ class CopyScorer:
 
     @classmethod
     def clean(
-        cls, model: nn.Module, batch: Tensor, scorer: RowScorer, **options: Any
+        cls, model: nn.Module, batch: Tensor, scorer: RowScorer, call: Call, **options: Any
     ) -> CopyScorer:
         """A scorer whose top-1 classes are pinned and whose ``scores`` are the clean batch's,
         from one clean pass in chunks."""
-        pinned = pin_top1(model, batch, scorer, **{k: v for k, v in options.items() if k in PIN})
-        clean = cls(model, batch, pinned, **options)
+        pin = {k: v for k, v in options.items() if k in PIN}
+        pinned = pin_top1(model, batch, scorer, call, **pin)
+        clean = cls(model, batch, pinned, call, **options)
         clean.scorer = pinned  # the clean images themselves: a lost detection is an error
         scores = clean.over(batch.shape[0], lambda rows: (batch[rows], rows))
-        return cls(model, batch, pinned, scores=scores, memory=clean.memory, **options)
+        return cls(model, batch, pinned, call, scores=scores, memory=clean.memory, **options)
 
     def score(self, inputs: Tensor, samples: Tensor) -> Tensor:
         """``(n, K)`` float32 scores of ``inputs`` whose row ``i`` is a copy of sample
@@ -160,7 +157,7 @@ class CopyScorer:
             trim_heap()
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
             inputs = inputs.contiguous(memory_format=memory_format)
-            output = run_model(self.model, inputs, samples)  # with additional_forward_args
+            output = self.call.forward(self.model, inputs, samples)
             if self.probabilities:
                 scores, self.several = self.scorer.probabilities(output, samples)
             else:  # checks that there is one row per input
@@ -168,4 +165,4 @@ class CopyScorer:
         return scores.float()
 
 
-__all__ = ["TRIM_BYTES", "CopyScorer", "chunks", "pin_top1", "trim_heap"]
+__all__ = ["TRIM_BYTES", "CopyScorer", "pin_top1", "trim_heap"]

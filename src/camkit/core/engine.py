@@ -2,119 +2,30 @@
 
 :class:`Capture` runs the model once with the target layers tapped (autograd starts at the
 layers, so nothing before them is recorded), scores the target with a
-:class:`~camkit.core.targets.RowScorer`, and :func:`layer_gradients` takes the gradients of
+:class:`~camkit.targets.resolver.RowScorer`, and :func:`layer_gradients` takes the gradients of
 ``K`` targets per sample in one batched backward pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from camkit.core.examples import Example, Inputs
-from camkit.core.inputs import MemoryFormat, autocast
-from camkit.core.layers import (
-    LayerSpec,
-    capture_outputs,
-    check_batch_axes,
-    explained_module,
-    find_layers,
-    single_call,
-)
-from camkit.core.outputs import OutputSelector
-from camkit.core.targets import RowScorer
+from camkit.core import layers
+from camkit.core.call import Call, chunks
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.trace import default_layer
 from camkit.errors import (
-    ArgumentError,
     GradientError,
     LayerOutputError,
     ZeroGradientWarning,
     warn,
 )
-
-_EXTRA_ARGS: ContextVar[tuple[tuple, int] | None] = ContextVar("camkit_extra_args", default=None)
-
-
-@contextmanager
-def additional_forward_args(args: Any, batch: int) -> Iterator[None]:
-    """Call the model as ``model(x, *args)`` (a dict: ``model(x, **args)``, keyword inputs)
-    during the code inside (captum's name; the first argument is the one explained). A tensor
-    whose first axis has the batch's size ``batch`` is per sample: every forward camkit runs
-    gets the rows of the samples it holds (noisy copies, path points, masked images); anything
-    else is passed as it is. Per thread (a context
-    variable), so concurrent calls do not mix their arguments."""
-    if args is None:
-        yield
-        return
-    token = _EXTRA_ARGS.set((args if isinstance(args, tuple | dict) else (args,), batch))
-    try:
-        yield
-    finally:
-        _EXTRA_ARGS.reset(token)
-
-
-@contextmanager
-def following(samples: Tensor) -> Iterator[None]:
-    """Inside, calls explain a new batch whose row ``i`` comes from sample ``samples[i]`` of
-    the current call (patches, crops): the per-sample additional forward arguments are those
-    samples' rows; others pass as they are."""
-    extra = _EXTRA_ARGS.get()
-    if extra is None:
-        yield
-        return
-    args, batch = extra
-
-    def pick(arg: Any) -> Any:
-        return arg[samples.to(arg.device)] if _per_sample(arg, batch) else arg
-
-    if isinstance(args, dict):
-        picked = {key: pick(arg) for key, arg in args.items()}
-    else:
-        picked = tuple(map(pick, args))
-    token = _EXTRA_ARGS.set((picked, samples.shape[0]))
-    try:
-        yield
-    finally:
-        _EXTRA_ARGS.reset(token)
-
-
-def _per_sample(arg: object, batch: int) -> bool:
-    """Whether an additional forward argument holds one row per sample of the batch."""
-    return isinstance(arg, Tensor) and arg.ndim > 0 and arg.shape[0] == batch
-
-
-def run_model(
-    model: nn.Module, inputs: Tensor | tuple[Tensor, ...], rows: Tensor | None = None
-) -> Any:
-    """``model(inputs)`` (a tuple of explained inputs: ``model(*inputs)``), with the call's
-    additional forward arguments for the samples ``rows`` (the sample index of each row of
-    ``inputs``; None: the inputs are the batch)."""
-    explained = inputs if isinstance(inputs, tuple) else (inputs,)
-    extra = _EXTRA_ARGS.get()
-    if extra is None:
-        return model(*explained)
-    args, batch = extra
-    if rows is None and explained[0].shape[0] == batch:
-        rows = torch.arange(batch)
-
-    def pick(arg: Any) -> Any:
-        if _per_sample(arg, batch):
-            if rows is None:
-                raise ArgumentError(
-                    f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
-                    f"per-sample additional_forward_args of a batch of {batch}"
-                )
-            arg = arg[rows.to(arg.device)]
-        return arg
-
-    if isinstance(args, dict):
-        return model(*explained, **{key: pick(arg) for key, arg in args.items()})
-    return model(*explained, *map(pick, args))
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import RowScorer
 
 
 def require_autograd(method: str) -> None:
@@ -177,42 +88,41 @@ def _targets_second(grad: Tensor | None, k: int) -> Tensor | None:
 class Capture:
     """One forward pass with the target layers tapped, and the gradients a method needs."""
 
-    def __init__(self, model: nn.Module, layer: LayerSpec | None, output: OutputSelector = None):
-        self.model = explained_module(model)
-        self.layers = [] if layer is None else find_layers(self.model, layer)
+    def __init__(
+        self, model: nn.Module, layer: layers.LayerSpec | None, output: OutputSelector = None
+    ):
+        self.model = layers.explained_module(model)
+        self.layers = [] if layer is None else layers.find_layers(self.model, layer)
         self.output = output
 
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self.layers]
 
-    def resolve(self, batch: Tensor) -> None:
+    def resolve(self, batch: Tensor, call: Call) -> None:
         """Without a layer given: the model's default layer traced with ``batch`` and the
-        call's own additional forward arguments, positional or keyword
+        call's own extra inputs, positional or keyword
         (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
         if not self.layers:
-            extra = _EXTRA_ARGS.get()
-            example: Example = batch
-            if extra is not None and isinstance(extra[0], dict):
-                example = Inputs((batch,), dict(extra[0]))
-            elif extra is not None:
-                example = (batch, *extra[0])
-            self.layers = find_layers(self.model, default_layer(self.model, example=example))
+            example = call.example(batch)
+            self.layers = layers.find_layers(self.model, default_layer(self.model, example=example))
 
     def forward(
         self,
         batch: Tensor,
+        call: Call,
         *,
         start_graph: bool,
         dtype: torch.dtype | None = None,
         memory: MemoryFormat | None = None,
         rows: Tensor | None = None,
     ) -> tuple[Any, dict[str, list[Tensor]]]:
-        """One forward pass with the layers tapped: ``(model output, {layer: outputs})``.
+        """One forward pass of ``call``'s samples ``rows`` (None: all of them) with the layers
+        tapped: ``(model output, {layer: outputs})``.
 
         Runs under ``torch.no_grad()`` (see :func:`~camkit.core.layers.capture_outputs` for
         ``start_graph``); the model sees the batch in the memory format of
-        :class:`~camkit.core.inputs.MemoryFormat` (channels_last on the CPU: a copy, the
+        :class:`~camkit.core.formats.MemoryFormat` (channels_last on the CPU: a copy, the
         caller's tensor is not converted); pass ``memory`` to share what it learns with later
         forwards.
         """
@@ -221,11 +131,11 @@ class Capture:
             with (
                 torch.no_grad(),
                 autocast(batch.device, dtype),
-                capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
+                layers.capture_outputs(self.model, self.layers, start_graph=start_graph) as taps,
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
-                output = run_model(self.model, inputs, rows)
-            check_batch_axes(taps, batch.shape[0])
+                output = call.forward(self.model, inputs, rows)
+            layers.check_batch_axes(taps, batch.shape[0])
             return output, taps
 
         return (memory or MemoryFormat(batch)).run(attempt)
@@ -233,6 +143,7 @@ class Capture:
     def run(
         self,
         batch: Tensor,
+        call: Call,
         scorer: RowScorer,
         rows: Tensor,
         *,
@@ -245,8 +156,8 @@ class Capture:
         ``rows`` are the samples' indices in the scorer's batch. The target is scored even when
         no gradient is needed, so it is checked and its ``K`` is known for every method.
         """
-        output, taps = self.forward(batch, start_graph=gradients, dtype=dtype, rows=rows)
-        acts = single_call(taps)
+        output, taps = self.forward(batch, call, start_graph=gradients, dtype=dtype, rows=rows)
+        acts = layers.single_call(taps)
         with torch.set_grad_enabled(gradients):
             scores, several = scorer(output, rows)
         grads = layer_gradients(scores, acts, self.names) if gradients else None
@@ -259,11 +170,9 @@ def over_rows(
 ) -> tuple[Any, bool]:
     """``run(part, rows)`` over chunks of at most ``batch_size`` samples (all at once for
     None); the results (tensors, or dicts of them, batch first) are concatenated."""
-    size = batch.shape[0]
-    step = batch_size or size
     parts = [
-        run(batch[start : start + step], torch.arange(start, min(start + step, size)))
-        for start in range(0, size, step)
+        run(batch[int(rows[0]) : int(rows[-1]) + 1], rows)
+        for rows in chunks(batch.shape[0], batch_size)
     ]
     return _concatenate([result for result, _ in parts]), parts[0][1]
 

@@ -6,7 +6,8 @@ wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=`
 (for methods that read one; ``None`` picks the model's default layer at the first call), and
 the ``__call__`` template::
 
-    check the input -> additional_forward_args for the call -> explain(batch, target) ->
+    check the input -> the call (:class:`~camkit.core.call.Call`: the samples and
+    additional_forward_args) -> explain(call, target) ->
     drop the axes the caller did not ask for
 
 A family implements :meth:`Explainer.explain`; a method inside a family overrides the family's
@@ -17,26 +18,25 @@ method comes from its typed class flags (:class:`Capabilities`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
-from camkit.core.engine import additional_forward_args as extra_args
 from camkit.core.finish import drop_axes
 from camkit.core.guards import batchnorm_gradients_guarded
-from camkit.core.inputs import as_batch, as_inputs, positive_int, seed_value
+from camkit.core.inputs import as_batch, as_inputs, positive_int
 from camkit.core.layers import LayerSpec, explained_module
-from camkit.core.layouts import check_reshape
-from camkit.core.outputs import OutputSelector
+from camkit.core.layouts import Reshape, check_reshape
+from camkit.core.seeds import seed_value
 from camkit.core.state import buffers_kept
-from camkit.core.targets import TargetSpec
 from camkit.errors import ArgumentError, InputError
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
 
-Reshape = Callable[[Tensor], Tensor]
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
 
 
@@ -190,7 +190,7 @@ class Explainer:
         **options: Any,
     ) -> Any:
         """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
-        :mod:`camkit.core.targets`). ``additional_forward_args``: more inputs of a model called
+        :mod:`camkit.targets`). ``additional_forward_args``: more inputs of a model called
         as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
         family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs).
 
@@ -199,15 +199,11 @@ class Explainer:
         per input, as captum does with tuples."""
         self.check_options(options)
         batch, single = self.checked_input(x)
-        size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
-        with (
-            extra_args(additional_forward_args, size),
-            buffers_kept(self.model),
-            batchnorm_gradients_guarded(self.model),
-        ):
+        call = Call.of(batch, additional_forward_args)
+        with buffers_kept(self.model), batchnorm_gradients_guarded(self.model):
             if self.needs_layer:
-                self.capture.resolve(batch)
-            result, several = self.explain(batch, target, **options)
+                self.capture.resolve(batch, call)
+            result, several = self.explain(call, target, **options)
         return self.shaped(result, single, several)
 
     @classmethod
@@ -241,8 +237,9 @@ class Explainer:
             )
         return as_inputs(x, self.model)
 
-    def explain(self, batch: Tensor, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
-        """The family's work: ``(result with batch and target axes, several targets?)``."""
+    def explain(self, call: Call, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
+        """The family's work on ``call.batch``: ``(result with batch and target axes, several
+        targets?)``; every forward goes through ``call.forward``."""
         raise NotImplementedError
 
     def shaped(self, result: Any, single: bool, several: bool) -> Any:
@@ -265,10 +262,6 @@ class Explainer:
         (the CAMs, the attention methods) are shown as they are; the pixel methods override it
         (``max_c |attribution|`` over its 99th percentile)."""
         return result.detach().float()
-
-    def rows_per_pass(self, total: int) -> int:
-        """How many of ``total`` rows one forward pass takes (``batch_size``, or all)."""
-        return min(self.batch_size or total, max(total, 1))
 
     def check_autograd(self) -> None:
         """Refuse ``torch.inference_mode()`` for a method that needs gradients."""

@@ -1,19 +1,19 @@
-"""Checking what a caller hands camkit, once: images, sizes, counts; the input memory format."""
+"""Checking what a caller hands camkit, once: images, inputs, sizes, counts and numbers (the model
+wrappers are in :mod:`camkit.core.wrappers`, seeds in :mod:`camkit.core.seeds`, the memory format
+and autocast in :mod:`camkit.core.formats`)."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
 from numbers import Real
-from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from camkit.core.wrappers import InputLayout, KeywordInput
 from camkit.errors import ArgumentError, InputError
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
@@ -26,7 +26,6 @@ VOLUME_LAYERS = (
     nn.AdaptiveAvgPool3d,
     nn.AdaptiveMaxPool3d,
 )
-Result = TypeVar("Result")
 
 
 def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
@@ -161,64 +160,6 @@ def check_clip_layout(x: Tensor, model: nn.Module) -> None:
         )
 
 
-class InputLayout(nn.Module):
-    """A model that takes 5-D clips in another layout, declared: ``InputLayout(model, "BTCHW")``
-    is called with ``(B, C, T, H, W)`` (camkit's reading of a 5-D input) and calls ``model``
-    with the axes in the declared order (``"BTCHW"``: VideoMAE, frame-wise models).
-
-    Layer names are those of ``model`` (``"blocks.3"``; ``"module.blocks.3"`` works too). CAMs
-    map ``(B, C, T, H, W) -> (B, T, H, W)``; pixel methods attribute the ``(B, C, T, H, W)``
-    input. A frame-wise model folds the frames into its batch, so its layers have ``B * T`` rows:
-    CAMs refuse them by name (no per-clip map can be read there); pixel methods work.
-    """
-
-    wraps_model = True
-    CANONICAL = "BCTHW"
-
-    def __init__(self, model: nn.Module, layout: str):
-        super().__init__()
-        order = layout.upper().replace("D", "T") if isinstance(layout, str) else None
-        if order is None or sorted(order) != sorted(self.CANONICAL):
-            raise ArgumentError(
-                f'layout must order the letters B, C, T (or D), H, W, e.g. "BTCHW", got {layout!r}'
-            )
-        self.module = model
-        self.layout = order
-        self.permutation = [self.CANONICAL.index(axis) for axis in order]
-
-    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
-        """``(B, C, T, H, W)`` -> the model's output on ``x`` permuted to the declared layout."""
-        if x.ndim != 5:
-            raise InputError(f"InputLayout takes (B, C, T, H, W) clips, got {tuple(x.shape)}")
-        return self.module(x.permute(self.permutation), *args, **kwargs)
-
-
-class KeywordInput(nn.Module):
-    """A model whose explained input is a keyword argument: ``KeywordInput(model,
-    "pixel_values")`` is called as ``wrapped(x, *args, **kwargs)`` and calls
-    ``model(*args, pixel_values=x, **kwargs)`` (HuggingFace models; CLIP's first positional
-    argument is ``input_ids``). The other inputs come through the methods'
-    ``additional_forward_args``, by keyword as a dict (per-sample tensors follow their samples):
-    a model taking a dict of inputs is explained for the key named here. Layer names are those
-    of ``model``.
-    """
-
-    wraps_model = True
-
-    def __init__(self, model: nn.Module, key: str):
-        super().__init__()
-        if not isinstance(key, str) or not key.isidentifier():
-            raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
-        self.module = model
-        self.key = key
-
-    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
-        """``model(*args, **{key: x}, **kwargs)``."""
-        if self.key in kwargs:
-            raise ArgumentError(f"{self.key!r} is the explained input; do not pass it again")
-        return self.module(*args, **{self.key: x}, **kwargs)
-
-
 def positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
     """``value`` as a count >= 1 (``None`` too when ``optional``), else :class:`ArgumentError`."""
     if value is None and optional:
@@ -239,31 +180,6 @@ def finite_number(name: str, value: object, *, minimum: float = -math.inf) -> fl
     return float(value)
 
 
-def seed_value(seed: object, *, optional: bool = False) -> int | None:
-    """``seed`` as an int (``None`` too when ``optional``), else :class:`ArgumentError`."""
-    if seed is None and optional:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        allowed = "an int or None" if optional else "an int"
-        raise ArgumentError(f"seed must be {allowed}, got {type(seed).__name__}")
-    return seed
-
-
-def call_seed(seed: int | None) -> int:
-    """``seed``, or for None a new one drawn from torch's global generator (so that
-    ``torch.manual_seed`` makes an unseeded call reproducible)."""
-    return int(torch.randint(2**62, ())) if seed is None else seed
-
-
-def generator(device: torch.device) -> torch.Generator:
-    """A random generator on ``device`` where the backend has one, else on the CPU (draw with
-    ``device=generator.device``, then move)."""
-    try:
-        return torch.Generator(device=device)
-    except RuntimeError:
-        return torch.Generator()
-
-
 def as_size(size: int | tuple[int, int]) -> tuple[int, int]:
     """``224`` or ``(224, 320)`` as ``(H, W)``."""
     if isinstance(size, int):
@@ -271,39 +187,3 @@ def as_size(size: int | tuple[int, int]) -> tuple[int, int]:
     if len(size) != 2:
         raise ArgumentError(f"expected a size as an int or (H, W), got {size!r}")
     return (int(size[0]), int(size[1]))
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    """``torch.autocast`` on ``device`` when a dtype is asked for, else nothing."""
-    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-class MemoryFormat:
-    """The memory format of the inputs camkit builds itself (copies, noisy or masked images).
-
-    On the CPU a 4-D batch is built ``channels_last``: oneDNN runs CNNs 1.2-2x faster so,
-    forward and backward (docs/performance.md). A model that refuses it (an error, e.g. from a
-    ``.view``) gets the format of the caller's input instead, from then on. The caller's own
-    tensor is never converted.
-    """
-
-    def __init__(self, like: Tensor):
-        channels_last = like.ndim == 4 and like.is_contiguous(memory_format=torch.channels_last)
-        self.given = (
-            torch.channels_last
-            if channels_last and not like.is_contiguous()
-            else torch.contiguous_format
-        )
-        fast = like.ndim == 4 and like.device.type == "cpu"
-        self.preferred = torch.channels_last if fast else self.given
-
-    def run(self, forward: Callable[[torch.memory_format], Result]) -> Result:
-        """``forward(memory_format)`` in the preferred format, or in the given one if it fails."""
-        try:
-            return forward(self.preferred)
-        except RuntimeError:
-            if self.preferred == self.given:
-                raise
-            result = forward(self.given)  # raises again when the format was not the cause
-            self.preferred = self.given
-            return result

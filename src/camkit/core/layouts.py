@@ -233,21 +233,16 @@ def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
         Layout("tokens", (gh, gw), channels, front, f"{dims} input / stride {stride}; {told}", back)
         for gh, gw, stride in _grids(count - front - back, size)
     ]
-    if len(candidates) == 1:
-        return candidates[0]
     patches = f"; its patch grid {grid[0]}x{grid[1]} gives {grid[0] * grid[1]}" if grid else ""
-    if not candidates:
-        raise LayoutError(
-            f"cannot lay out the {count} tokens of {shape} for a {dims} input: the model "
-            f"declares {told}{patches}, and no patch grid fits the rest. camkit reads which "
-            "tokens are patches from the model and never guesses their positions from a count; "
-            "pass reshape= a function returning (B, C, h, w), e.g. "
-            "lambda t: t[:, first:last].unflatten(1, (h, w)).movedim(-1, 1)"
-        )
-    listed = "; ".join(str(c) for c in candidates)
-    raise LayoutError(
-        f"the {count} tokens of {shape} for a {dims} input can be read in several ways: "
-        f"{listed}; pass reshape= a function returning (B, C, h, w)"
+    return _one_reading(
+        candidates,
+        shape,
+        dims,
+        f"cannot lay out the {count} tokens of {shape} for a {dims} input: the model "
+        f"declares {told}{patches}, and no patch grid fits the rest. camkit reads which "
+        "tokens are patches from the model and never guesses their positions from a count; "
+        "pass reshape= a function returning (B, C, h, w), e.g. "
+        "lambda t: t[:, first:last].unflatten(1, (h, w)).movedim(-1, 1)",
     )
 
 
@@ -261,17 +256,28 @@ def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
         for p in range(min(count - 1, MAX_GUESSED_PREFIX) + 1)
         for gh, gw, stride in _grids(count - p, size)
     ]
+    return _one_reading(
+        candidates,
+        shape,
+        dims,
+        f"cannot lay out {count} tokens on a patch grid for a {dims} input (no model to "
+        "read a patch size from and no grid fits); pass reshape= a function returning "
+        "(B, C, h, w)",
+    )
+
+
+def _one_reading(
+    candidates: list[Layout], shape: tuple[int, ...], dims: str, no_reading: str
+) -> Layout:
+    """The only reading of the tokens of ``shape``; none (``no_reading`` says why) or several
+    are a :class:`LayoutError`."""
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
-        raise LayoutError(
-            f"cannot lay out {count} tokens on a patch grid for a {dims} input (no model to "
-            "read a patch size from and no grid fits); pass reshape= a function returning "
-            "(B, C, h, w)"
-        )
+        raise LayoutError(no_reading)
     listed = "; ".join(str(c) for c in candidates)
     raise LayoutError(
-        f"the {count} tokens of {shape} for a {dims} input can be read in several ways: "
+        f"the {shape[1]} tokens of {shape} for a {dims} input can be read in several ways: "
         f"{listed}; pass reshape= a function returning (B, C, h, w)"
     )
 

@@ -29,13 +29,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.transforms.functional import gaussian_blur
 
-from camkit.core import engine
+from camkit.core.call import Call
 from camkit.core.copies import CopyScorer
 from camkit.core.finish import RESAMPLING
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.progress import progress_bar
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, InputError, TargetError
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import resolve
 
 BLUR_KERNEL = 11
 """Side of the Gaussian kernel of the ``"blur"`` baseline (RISE's evaluation code: 11)."""
@@ -47,7 +48,7 @@ BASELINES = ("blur", "zero", "mean")
 # ----------------------------------------------------------------------------- shared steps
 
 
-def _images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tensor, bool]:
+def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tensor, bool]:
     """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False`` for the
     metrics that perturb 2-D images only."""
     batch, single = as_batch(x, model)
@@ -59,7 +60,7 @@ def _images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tenso
     return batch, single
 
 
-def _maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
+def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
     """The maps as ``(B, *spatial)`` float on the input's device: the input's size, or a
     smaller map upsampled (bilinear, trilinear for volumes; ``align_corners=False``, as
     camkit's methods)."""
@@ -95,7 +96,7 @@ def _maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
     return maps
 
 
-class _Scorer:
+class ImageScorer:
     """Scores images for the resolved target (one per image): a class's softmax probability,
     or a callable's scores; the clean images' scores in ``clean``. Forwards in ``batch_size``
     rows (:class:`~camkit.core.copies.CopyScorer`, the copy loop every family shares)."""
@@ -108,12 +109,11 @@ class _Scorer:
         batch_size: int,
         additional_forward_args: Any = None,
     ):
-        self.extra = (additional_forward_args, batch.shape[0])
+        call = Call.of(batch, additional_forward_args)  # rows follow their images
         scorer = resolve(target, batch.shape[0], batch.device)
-        with engine.additional_forward_args(*self.extra):
-            self.copies = CopyScorer.clean(
-                model, batch, scorer, batch_size=batch_size, probabilities=True
-            )
+        self.copies = CopyScorer.clean(
+            model, batch, scorer, call, batch_size=batch_size, probabilities=True
+        )
         self.clean = self._single_target(self.copies.scores)
 
     @staticmethod
@@ -130,11 +130,11 @@ class _Scorer:
     ) -> Tensor:
         """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
         with ``rows`` the image each row belongs to."""
-        with engine.additional_forward_args(*self.extra):  # rows follow their images
-            return self._single_target(self.copies.over(count, build, bar))
+        return self._single_target(self.copies.over(count, build, bar))
 
 
-def _single(result: Tensor, single: bool) -> Tensor:
+def unbatched(result: Tensor, single: bool) -> Tensor:
+    """A metric's ``(B, ...)`` result without the batch axis when one image was given."""
     return result[0] if single else result
 
 
@@ -174,7 +174,7 @@ def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
     raise ArgumentError(f"baseline must be one of {BASELINES} or a tensor, got {baseline!r}")
 
 
-def _ranks(maps: Tensor, descending: bool) -> Tensor:
+def pixel_ranks(maps: Tensor, descending: bool) -> Tensor:
     """Each pixel's rank ``(B, H*W)`` in the map's order; ties keep the row-major order (a
     stable sort), so equal values are taken top-left first."""
     order = torch.argsort(maps.flatten(1), dim=1, descending=descending, stable=True)
@@ -209,14 +209,14 @@ def curve(
     """
     steps = positive_int("steps", steps)
     batch_size = positive_int("batch_size", batch_size)
-    batch, single = _images(x, model)
-    maps = _maps_like(maps, batch, single)
+    batch, single = metric_images(x, model)
+    maps = maps_like(maps, batch, single)
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
+    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
     b, channels, *spatial = batch.shape
     pixels = math.prod(spatial)
-    ranks = _ranks(maps, descending=True)
+    ranks = pixel_ranks(maps, descending=True)
     # point k of the curve: the first (k * pixels) // steps pixels of the order removed/inserted
     counts = torch.arange(steps + 1, device=batch.device) * pixels // steps
     # rows to score: every (image, point) but the clean image (already scored)
@@ -238,8 +238,8 @@ def curve(
     curves = torch.cat([scores, clean] if insert else [clean, scores], dim=1)
     auc = torch.trapezoid(curves, dx=1.0 / steps, dim=1)
     if return_curves:
-        return _single(auc, single), _single(curves, single)
-    return _single(auc, single)
+        return unbatched(auc, single), unbatched(curves, single)
+    return unbatched(auc, single)
 
 
 def deletion(
@@ -279,14 +279,14 @@ def _masked_confidence(
     """``(Y, O, single)``: the target's probability on the images and on the images times
     their maps (the maps must be in [0, 1])."""
     batch_size = positive_int("batch_size", batch_size)
-    batch, single = _images(x, model)
-    maps = _maps_like(maps, batch, single)
+    batch, single = metric_images(x, model)
+    maps = maps_like(maps, batch, single)
     if maps.min() < -1e-6 or maps.max() > 1 + 1e-6:
         raise InputError(
             f"the maps multiply the image, so they must be in [0, 1] (camkit's methods give "
             f"such maps); got values in [{maps.min().item():.3g}, {maps.max().item():.3g}]"
         )
-    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
+    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
     masked = batch * maps[:, None]
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
@@ -313,7 +313,7 @@ def average_drop(
         model, x, maps, target, batch_size, additional_forward_args
     )
     drop = (clean - masked).clamp_min(0) / clean.clamp_min(torch.finfo(clean.dtype).tiny)
-    return _single(drop, single)
+    return unbatched(drop, single)
 
 
 def increase_in_confidence(
@@ -331,4 +331,4 @@ def increase_in_confidence(
     clean, masked, single = _masked_confidence(
         model, x, maps, target, batch_size, additional_forward_args
     )
-    return _single((masked > clean).float(), single)
+    return unbatched((masked > clean).float(), single)

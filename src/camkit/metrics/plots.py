@@ -15,7 +15,7 @@ from torch import Tensor
 
 from camkit.errors import ArgumentError, InputError
 from camkit.io import write_atomic
-from camkit.metrics.sanity import _check_similarity
+from camkit.metrics.sanity import checked_similarity
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -108,7 +108,7 @@ def plot_randomization(
     if not first:
         raise ArgumentError("results is empty: nothing to plot")
     reported = [k for k in first[0] if k != "layer"]
-    shown = reported if similarity is None else _check_similarity(similarity, with_abs=False)
+    shown = reported if similarity is None else checked_similarity(similarity, with_abs=False)
     if missing := [k for k in shown if k not in reported]:
         raise ArgumentError(f"similarity {missing[0]!r} is not in the results ({reported})")
     short = {"spearman": "ρ", "spearman_abs": "|ρ|", "ssim": "SSIM", "hog": "HOG"}

@@ -15,11 +15,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from camkit.core.inputs import finite_number, positive_int, seed_value
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.progress import progress_bar
-from camkit.core.targets import TargetSpec
+from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
-from camkit.metrics.faithfulness import _images, _maps_like, _ranks, _Scorer, _single
+from camkit.metrics.faithfulness import (
+    ImageScorer,
+    maps_like,
+    metric_images,
+    pixel_ranks,
+    unbatched,
+)
+from camkit.targets.base import TargetSpec
 
 ROAD_NOISE = 0.01
 """Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""
@@ -146,12 +153,12 @@ def road(
     percentiles = [finite_number("each percentile", p) for p in percentiles]
     if any(not 0 < p < 100 for p in percentiles):
         raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
-    batch, single = _images(x, model, volumes=False)
-    maps = _maps_like(maps, batch, single)
-    scorer = _Scorer(model, batch, target, batch_size, additional_forward_args)
+    batch, single = metric_images(x, model, volumes=False)
+    maps = maps_like(maps, batch, single)
+    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
     b, _, height, width = batch.shape
     pixels = height * width
-    ranks = _ranks(maps, descending=order == "morf").view(b, height, width)
+    ranks = pixel_ranks(maps, descending=order == "morf").view(b, height, width)
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     imputed = []
     with progress_bar(len(percentiles) * b, "ROAD", "image", enabled=progress) as bar:
@@ -167,4 +174,4 @@ def road(
         return stacked[indices], indices % b
 
     scores = scorer.scores(len(percentiles) * b, build).view(len(percentiles), b).t()
-    return _single(scores.contiguous(), single)
+    return unbatched(scores.contiguous(), single)

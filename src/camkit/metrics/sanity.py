@@ -23,12 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.explainer import Explainer
-from camkit.core.inputs import call_seed
 from camkit.core.layers import explained_module, find_layers
-from camkit.core.outputs import select_output
-from camkit.core.targets import TargetSpec, resolve
+from camkit.core.seeds import call_seed
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import select_output
+from camkit.targets.resolver import resolve
 
 Order = Literal["cascade", "independent"]
 SIMILARITIES = ("spearman", "spearman_abs", "ssim", "hog")
@@ -215,7 +216,8 @@ def _similarities(
 # ----------------------------------------------------------------------------- the test
 
 
-def _check_similarity(similarity: str | Sequence[str], *, with_abs: bool = True) -> list[str]:
+def checked_similarity(similarity: str | Sequence[str], *, with_abs: bool = True) -> list[str]:
+    """The similarity names asked (one or a list of :data:`SIMILARITIES`), checked."""
     asked = [similarity] if isinstance(similarity, str) else list(similarity)
     unknown = [name for name in asked if name not in SIMILARITIES]
     if unknown or not asked:
@@ -312,7 +314,7 @@ def randomization_test(
     """
     if order not in ORDERS:
         raise ArgumentError(f"order must be one of {ORDERS}, got {order!r}")
-    names_asked = _check_similarity(similarity)
+    names_asked = checked_similarity(similarity)
     if not (init == "normal" or callable(init)):
         raise ArgumentError(f"init must be 'normal' or a callable, got {init!r}")
     if not isinstance(x, Tensor) or x.ndim not in (3, 4):
@@ -381,6 +383,7 @@ __all__ = [
     "ORDERS",
     "SIMILARITIES",
     "average_ranks",
+    "checked_similarity",
     "default_blocks",
     "hog_similarity",
     "randomization_test",

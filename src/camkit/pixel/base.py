@@ -21,15 +21,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from camkit.core.copies import chunks, pin_top1
-from camkit.core.engine import layer_gradients, run_model
+from camkit.core.call import Call, chunks
+from camkit.core.copies import pin_top1
+from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
-from camkit.core.inputs import MemoryFormat, autocast
-from camkit.core.targets import RowScorer, TargetSpec, resolve
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.errors import GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
 
 HEATMAP_PERCENTILE = 99.0
 
@@ -42,7 +44,7 @@ def rows_of(inputs: Inputs, rows: Tensor) -> Inputs:
     return tuple(t[rows] for t in inputs)
 
 
-class PerSample:
+class SampleTotals:
     """Per-sample totals of values computed on rows ``r`` that belong to sample ``r % B``; one
     total per value given to :meth:`add` (``totals``)."""
 
@@ -81,19 +83,19 @@ class PixelAttribution(Explainer):
         super().__init__(model, **options)
         self.rule = check_rule(rule) if rule is not None else self.default_rule
 
-    def explain(self, batch: Tensor | Inputs, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
-        attrs, several = self.attribute(as_tuple(batch), target)
-        return as_given(batch, finished(attrs)), several
+    def explain(self, call: Call, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
+        attrs, several = self.attribute(as_tuple(call.batch), target, call)
+        return as_given(call.batch, finished(attrs)), several
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         """``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one ``(B, K, C, H, W)``
-        (``(B, K, ...)``) per input, and ``several``."""
+        (``(B, K, ...)``) per input, and ``several``; the model runs as ``call.forward``."""
         raise NotImplementedError
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display
         (:meth:`display_heat`)."""
-        (attr,), _ = self.attribute((batch,), target)
+        (attr,), _ = self.attribute((batch,), target, Call(batch))
         attr = attr.detach().float()
         return self.display_heat(attr), attr
 
@@ -103,17 +105,17 @@ class PixelAttribution(Explainer):
         clipping a handful of pixels would take the whole colour range (Smilkov et al. 2017)."""
         return to_heatmap(result.detach().float(), "abs-max", percentile=HEATMAP_PERCENTILE)
 
-    def forward(self, inputs: Inputs, rows: Tensor | None = None) -> object:
-        """The model's forward pass of the samples ``rows``, under the ReLU rule if any."""
+    def forward(self, inputs: Inputs, call: Call, rows: Tensor | None = None) -> object:
+        """The model's forward pass of ``call``'s samples ``rows``, under the ReLU rule if any."""
         if self.rule is None:
-            return run_model(self.model, inputs, rows)
+            return call.forward(self.model, inputs, rows)
         with rectifier_rule(self.rule) as log:
-            output = run_model(self.model, inputs, rows)
+            output = call.forward(self.model, inputs, rows)
         log.warn_if_incomplete(type(self).__name__, self.model)
         return output
 
     def input_gradients(
-        self, inputs: Inputs, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
+        self, inputs: Inputs, call: Call, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
     ) -> tuple[Inputs, Tensor, bool]:
         """One forward, one batched backward: ``(grads (n, K, *input) per input, scores (n, K),
         several)``.
@@ -129,7 +131,7 @@ class PixelAttribution(Explainer):
         def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
             with torch.enable_grad(), autocast(leaves[0].device, self.dtype):
                 copies = (leaves[0].clone(memory_format=memory_format),)
-                output = self.forward(copies + tuple(t.clone() for t in leaves[1:]), rows)
+                output = self.forward(copies + tuple(t.clone() for t in leaves[1:]), call, rows)
                 return scorer(output, rows)
 
         scores, several = memory.run(scores_in)
@@ -156,11 +158,13 @@ class PixelAttribution(Explainer):
         self,
         inputs: Inputs,
         target: TargetSpec,
+        call: Call,
         copies: int,
         make_inputs: Callable[[Tensor, range], Inputs] | None,
         accumulate: Callable[[Tensor, Inputs, Tensor], None],
     ) -> bool:
-        """Gradients of ``copies`` copies of every sample, ``batch_size`` rows at a time.
+        """Gradients of ``copies`` copies of every sample of ``call``, ``batch_size`` rows at a
+        time.
 
         Row ``r`` (of ``copies * B``) is copy ``r // B`` of sample ``r % B``.
         ``make_inputs(rows, span)`` builds one chunk's rows of every input (given as a tensor
@@ -174,14 +178,14 @@ class PixelAttribution(Explainer):
         scorer = resolve(target, size, first.device, self.output)
         if make_inputs is not None:  # copies that differ from the clean batch
             scorer = pin_top1(
-                self.model, inputs, scorer, dtype=self.dtype, batch_size=self.batch_size
+                self.model, inputs, scorer, call, dtype=self.dtype, batch_size=self.batch_size
             )
         memory = MemoryFormat(first)
         several = False
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
             chunk = rows_of(inputs, rows % size) if make_inputs is None else make_inputs(rows, span)
-            grads, scores, several = self.input_gradients(chunk, scorer, rows % size, memory)
+            grads, scores, several = self.input_gradients(chunk, call, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
         return several
 
@@ -211,7 +215,7 @@ __all__ = [
     "HEATMAP_PERCENTILE",
     "RULES",
     "Inputs",
-    "PerSample",
+    "SampleTotals",
     "PixelAttribution",
     "as_given",
     "as_tuple",

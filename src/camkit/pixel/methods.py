@@ -15,21 +15,22 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from camkit.core.engine import additional_forward_args as extra_args
+from camkit.core.call import Call
 from camkit.core.finish import drop_axes
-from camkit.core.inputs import call_seed, positive_int
-from camkit.core.inputs import generator as random_generator
-from camkit.core.targets import TargetSpec
+from camkit.core.inputs import positive_int
+from camkit.core.seeds import call_seed
+from camkit.core.seeds import generator as random_generator
 from camkit.errors import ArgumentError
 from camkit.pixel.base import (
     Inputs,
-    PerSample,
     PixelAttribution,
+    SampleTotals,
     as_given,
     as_tuple,
     finished,
 )
 from camkit.registry import register
+from camkit.targets.base import TargetSpec
 
 Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")
@@ -44,13 +45,13 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        grads = PerSample(inputs[0].shape[0])
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        grads = SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
             grads.add(rows, *values)
 
-        several = self.over_copies(inputs, target, 1, None, keep)
+        several = self.over_copies(inputs, target, call, 1, None, keep)
         return grads.totals, several
 
 
@@ -129,14 +130,14 @@ class SmoothGrad(PixelAttribution):
         """One noisy copy per sample (one plain copy without noise)."""
         return self.samples if self.noise_level > 0 else 1
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
         size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
         flat = [t.reshape(size, -1) for t in inputs]
         sigmas = [self.noise_level * (f.amax(dim=1) - f.amin(dim=1)) for f in flat]
         seeds = self._seeds(size, copies)
         generator = random_generator(inputs[0].device)
-        sums, squares = PerSample(size), PerSample(size)
+        sums, squares = SampleTotals(size), SampleTotals(size)
 
         def noise(seed: int) -> Inputs:
             """One copy's noise for every input, drawn in order from the copy's seed."""
@@ -161,7 +162,7 @@ class SmoothGrad(PixelAttribution):
             if self.kind != "mean":
                 squares.add(rows % size, *(grad.square() for grad in grads))
 
-        several = self.over_copies(inputs, target, copies, noisy, accumulate)
+        several = self.over_copies(inputs, target, call, copies, noisy, accumulate)
         means = tuple(total / copies for total in sums.totals)
         if self.kind == "mean":
             return means, several
@@ -220,12 +221,13 @@ class IntegratedGradients(PixelAttribution):
         self.baseline = baseline
 
     def explain(
-        self, batch: Tensor, target: TargetSpec, *, return_error: bool = False
+        self, call: Call, target: TargetSpec, *, return_error: bool = False
     ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        attrs, delta, several = self.integrate(as_tuple(batch), target)
+        batch = call.batch
+        attrs, delta, several = self.integrate(as_tuple(batch), target, call)
         attrs = finished(attrs)
         if not return_error:
             return as_given(batch, attrs), several
@@ -245,8 +247,8 @@ class IntegratedGradients(PixelAttribution):
         """
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
-        with extra_args(additional_forward_args, inputs[0].shape[0]):
-            attrs, delta, several = self.integrate(inputs, target)
+        call = Call.of(inputs, additional_forward_args)
+        attrs, delta, several = self.integrate(inputs, target, call)
         error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
@@ -261,11 +263,13 @@ class IntegratedGradients(PixelAttribution):
         """One copy per point of the path (``steps + 1`` points)."""
         return self.steps + 1
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        attrs, _, several = self.integrate(inputs, target)
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        attrs, _, several = self.integrate(inputs, target, call)
         return attrs, several
 
-    def integrate(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, Tensor, bool]:
+    def integrate(
+        self, inputs: Inputs, target: TargetSpec, call: Call
+    ) -> tuple[Inputs, Tensor, bool]:
         """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K), several)``."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
@@ -273,7 +277,7 @@ class IntegratedGradients(PixelAttribution):
         alphas = torch.linspace(0, 1, self.steps + 1, dtype=first.dtype, device=first.device)
         weights = torch.full_like(alphas, 1 / self.steps)
         weights[[0, -1]] /= 2
-        gradient, start, end = PerSample(size), PerSample(size), PerSample(size)
+        gradient, start, end = SampleTotals(size), SampleTotals(size), SampleTotals(size)
 
         def path(rows: Tensor, span: range) -> Inputs:
             sample, alpha = rows % size, alphas[rows // size]
@@ -291,7 +295,7 @@ class IntegratedGradients(PixelAttribution):
             start.add(sample, scores * (step == 0).unsqueeze(1))
             end.add(sample, scores * (step == self.steps).unsqueeze(1))
 
-        several = self.over_copies(inputs, target, self.steps + 1, path, accumulate)
+        several = self.over_copies(inputs, target, call, self.steps + 1, path, accumulate)
         parts = zip(inputs, baselines, gradient.totals, strict=True)
         attrs = tuple((t - b).unsqueeze(1) * grad for t, b, grad in parts)
         return attrs, end.totals[0] - start.totals[0], several

@@ -16,12 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.copies import chunks
-from camkit.core.engine import additional_forward_args, layer_gradients, run_model
+from camkit.core.call import Call, chunks
+from camkit.core.engine import layer_gradients
 from camkit.core.finish import checked
-from camkit.core.inputs import MemoryFormat, autocast
+from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
-from camkit.core.targets import TargetSpec, resolve
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
@@ -30,6 +29,8 @@ from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import resolve
 
 
 @dataclass
@@ -114,27 +115,29 @@ class LRP(PixelAttribution):
             raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
         self.tolerance = tolerance
 
-    def attribute(self, inputs: Inputs, target: TargetSpec) -> tuple[Inputs, bool]:
-        result, several = self._propagate(inputs[0], target, record=[])
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        result, several = self._propagate(inputs[0], target, call, record=[])
         return (result.input,), several
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
         part of the relevance summed over the channels, divided by its 99th percentile and
         clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
-        (relevance,), _ = self.attribute((batch,), target)
+        (relevance,), _ = self.attribute((batch,), target, Call(batch))
         heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
         return heat, relevance
 
-    def relevance(self, x: Tensor, target: TargetSpec = None, **call: Any) -> Relevance:
+    def relevance(
+        self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
+    ) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
-        ``x (B, C, H, W)`` (``call``: ``additional_forward_args``)."""
+        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
         batch, _ = self.checked_input(x)
-        with additional_forward_args(call.get("additional_forward_args"), batch.shape[0]):
-            return self._propagate(batch, target, record=self.record)[0]
+        call = Call.of(batch, additional_forward_args)
+        return self._propagate(batch, target, call, record=self.record)[0]
 
     def _propagate(
-        self, x: Tensor, target: TargetSpec, record: list[str]
+        self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
     ) -> tuple[Relevance, bool]:
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output)
@@ -146,7 +149,7 @@ class LRP(PixelAttribution):
             def scored(fmt: torch.memory_format, leaf: Tensor = leaf, rows: Tensor = rows):
                 with torch.enable_grad(), autocast(x.device, self.dtype):
                     with rules_applied(self.model, self.composite, record=record) as session:
-                        output = run_model(self.model, leaf.clone(memory_format=fmt), rows)
+                        output = call.forward(self.model, leaf.clone(memory_format=fmt), rows)
                     return session, *scorer(output, rows)
 
             session, scores, several = memory.run(scored)

@@ -9,9 +9,9 @@ Accepted targets, for a batch of ``B`` images:
   answered from one forward pass;
 * a callable ``f(output) -> (B,)`` or ``(B, K)`` scores -- any other objective; it receives the
   model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``;
-* a :class:`Target` object (:mod:`camkit.targets`): class targets (``ClassTarget(3)``,
-  ``SoftmaxTarget(3)``) are read as data, so ``ClassTarget(3)`` behaves exactly as ``3``
-  everywhere; other kinds are callables as above;
+* a :class:`~camkit.targets.base.Target` object (:mod:`camkit.targets.kinds`): class targets
+  (``ClassTarget(3)``, ``SoftmaxTarget(3)``) are read as data, so ``ClassTarget(3)`` behaves
+  exactly as ``3`` everywhere; other kinds are callables as above;
 * a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K`` (``K``
   per sample, the target axis): sample ``i``'s rows are scored by its own. A camkit
   :class:`Target` gets the whole output, as above; any other callable (pytorch-grad-cam's
@@ -35,46 +35,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from camkit.core.outputs import OutputSelector, class_logits, sample_output, select_output
 from camkit.errors import NonFiniteWarning, TargetError, warn
-
-
-class Target:
-    """Base of the target objects: what score a map explains.
-
-    A new kind of target subclasses this and implements ``__call__(output) -> scores``: it gets
-    the model's whole output (a tensor, tuple, dict, list of detections...) and returns ``(B,)``
-    scores, or ``(B, K)`` for ``K`` maps per sample, row ``i`` scored from sample ``i`` only
-    (perturbation methods call it on batches of perturbed copies). It should check the output's
-    structure and raise :class:`~camkit.errors.TargetError` saying what it expected.
-
-    Class targets are data rather than code: they return their class indices from
-    :meth:`classes` (and ``probability = True`` scores the softmax probability instead of the
-    logit), so every method and metric treats them exactly as the plain class indices.
-    """
-
-    probability: bool = False
-
-    def classes(self) -> int | Sequence[int] | Sequence[Sequence[int]] | Tensor | None:
-        """The class indices this target scores, or None for a target that is not a class."""
-        return None
-
-    def for_copies(self) -> Target:
-        """The target as perturbed copies of a sample are scored (masked, ablated, noisy
-        inputs): the same by default; a detection target scores a lost detection 0 there."""
-        return self
-
-    def __call__(self, output: Any) -> Tensor:
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__name__}({fields})"
-
-
-TargetSpec = (
-    int | Sequence[int] | Sequence[Sequence[int]] | Tensor | Callable[[Any], Tensor] | Target | None
-)
+from camkit.targets.base import Target, TargetSpec
+from camkit.targets.outputs import OutputSelector, class_logits, sample_output, select_output
 
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
@@ -392,3 +355,6 @@ class PerSample:
                         )
                     columns[k][i] = value.reshape(())
         return torch.stack([torch.stack(column) for column in columns], dim=1)
+
+
+__all__ = ["PerSample", "RowScorer", "resolve"]

@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
-from camkit.core.outputs import describe
-from camkit.core.targets import Target
 from camkit.errors import TargetError
+from camkit.targets.base import Target
+from camkit.targets.outputs import describe
 
 Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
 Layout = Literal["auto", "rows", "columns"]

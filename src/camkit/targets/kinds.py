@@ -10,7 +10,7 @@ says what it expected.
 * :class:`SegmentationTarget`: the sum of a category's logits inside a pixel mask (the
   semantic-segmentation Grad-CAM of Vinogradova et al., AAAI 2020; pytorch-grad-cam's
   ``SemanticSegmentationTarget``);
-* :class:`BoxTarget` (:mod:`camkit.boxes`): a detector's score for the detection that best
+* :class:`BoxTarget` (:mod:`camkit.targets.boxes`): a detector's score for the detection that best
   matches a given box and label, scored as the detector's own post-processing does;
 * :class:`EmbeddingTarget`: cosine similarity to a reference embedding (the "similarity to
   concept" target used for re-identification and CLIP-style towers).
@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from camkit.boxes import BoxTarget
-from camkit.core.outputs import OutputSelector, describe, select_output
-from camkit.core.targets import Target, resolve
 from camkit.errors import OutputError, TargetError
+from camkit.targets.base import Target
+from camkit.targets.outputs import OutputSelector, describe, select_output
+from camkit.targets.resolver import resolve
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 
@@ -233,11 +233,8 @@ class EmbeddingTarget(Target):
 
 
 __all__ = [
-    "BoxTarget",
     "ClassTarget",
     "EmbeddingTarget",
     "SegmentationTarget",
     "SoftmaxTarget",
-    "Target",
-    "TargetError",
 ]

@@ -1,0 +1,122 @@
+"""One call of a method, passed down explicitly: the samples and the model's other inputs.
+
+:class:`Call` is built once per call (:meth:`camkit.core.explainer.Explainer.__call__`, the
+metrics, :func:`camkit.cam.cams`) and handed to every function that runs the model, so a
+reader follows a call's data path by reading the arguments: every forward camkit runs is
+``call.forward(model, inputs, rows)``, where ``rows`` names the sample each input row comes
+from (noisy copies, path points, masked images, patches).
+
+:func:`chunks` is the one chunking policy: ``batch_size`` rows per forward pass, all at once
+for None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.examples import Example, Inputs, call_model
+from camkit.errors import ArgumentError
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """The samples of one call and the model's other inputs.
+
+    ``batch``: the explained samples ``(B, ...)`` (a tuple of explained inputs for the
+    methods that attribute several). ``args`` / ``kwargs``: captum's
+    ``additional_forward_args``, the model is called as ``model(x, *args, **kwargs)``; a
+    tensor whose first axis has ``B`` rows is per sample (every forward gets the rows of the
+    samples it holds), anything else is passed as it is.
+    """
+
+    batch: Tensor | tuple[Tensor, ...]
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, batch: Tensor | tuple[Tensor, ...], additional_forward_args: Any = None) -> Call:
+        """The call of ``batch`` with ``additional_forward_args`` (None: none; a dict: keyword
+        inputs; a tuple: positional inputs; anything else: one positional input)."""
+        if additional_forward_args is None:
+            return cls(batch)
+        if isinstance(additional_forward_args, dict):
+            return cls(batch, kwargs=dict(additional_forward_args))
+        if isinstance(additional_forward_args, tuple):
+            return cls(batch, args=additional_forward_args)
+        return cls(batch, args=(additional_forward_args,))
+
+    @property
+    def size(self) -> int:
+        """The number of samples ``B``."""
+        return (self.batch[0] if isinstance(self.batch, tuple) else self.batch).shape[0]
+
+    @property
+    def has_extra(self) -> bool:
+        """Whether the model takes more inputs than the explained ones."""
+        return bool(self.args or self.kwargs)
+
+    def forward(
+        self, model: nn.Module, inputs: Tensor | tuple[Tensor, ...], rows: Tensor | None = None
+    ) -> Any:
+        """``model(inputs, *args, **kwargs)`` (a tuple of explained inputs: ``model(*inputs,
+        ...)``), with the per-sample extra inputs of the samples ``rows`` (the sample index of
+        each row of ``inputs``; None: the inputs are the call's samples)."""
+        explained = inputs if isinstance(inputs, tuple) else (inputs,)
+        if not self.has_extra:
+            return model(*explained)
+        if rows is None and explained[0].shape[0] == self.size:
+            rows = torch.arange(self.size)
+
+        def pick(arg: Any) -> Any:
+            if self._per_sample(arg):
+                if rows is None:
+                    raise ArgumentError(
+                        f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
+                        f"per-sample additional_forward_args of a batch of {self.size}"
+                    )
+                arg = arg[rows.to(arg.device)]
+            return arg
+
+        args = (*explained, *map(pick, self.args))
+        return call_model(model, Inputs(args, {key: pick(a) for key, a in self.kwargs.items()}))
+
+    def following(self, samples: Tensor, batch: Tensor) -> Call:
+        """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]`` of this
+        one (patches, crops): the per-sample extra inputs are those samples' rows."""
+
+        def pick(arg: Any) -> Any:
+            return arg[samples.to(arg.device)] if self._per_sample(arg) else arg
+
+        kwargs = {key: pick(arg) for key, arg in self.kwargs.items()}
+        return Call(batch, tuple(map(pick, self.args)), kwargs)
+
+    def example(self, batch: Tensor) -> Example:
+        """The call's inputs for tracing the model with ``batch``."""
+        if self.kwargs:
+            return Inputs((batch, *self.args), dict(self.kwargs))
+        return (batch, *self.args) if self.args else batch
+
+    def _per_sample(self, arg: object) -> bool:
+        return isinstance(arg, Tensor) and arg.ndim > 0 and arg.shape[0] == self.size
+
+
+def chunk_size(count: int, batch_size: int | None) -> int:
+    """How many of ``count`` rows one forward pass takes: ``batch_size``, or all for None."""
+    return min(batch_size or count, count) or 1
+
+
+def chunks(
+    count: int, batch_size: int | None, device: torch.device | None = None
+) -> Iterator[Tensor]:
+    """Row indices ``0..count-1`` in chunks of at most ``batch_size`` (all at once for None)."""
+    step = chunk_size(count, batch_size)
+    for start in range(0, count, step):
+        yield torch.arange(start, min(start + step, count), device=device)
+
+
+__all__ = ["Call", "chunk_size", "chunks"]

@@ -1,0 +1,50 @@
+"""The base of the target objects (:class:`Target`) and what a ``target=`` may be
+(:data:`TargetSpec`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+
+class Target:
+    """Base of the target objects: what score a map explains.
+
+    A new kind of target subclasses this and implements ``__call__(output) -> scores``: it gets
+    the model's whole output (a tensor, tuple, dict, list of detections...) and returns ``(B,)``
+    scores, or ``(B, K)`` for ``K`` maps per sample, row ``i`` scored from sample ``i`` only
+    (perturbation methods call it on batches of perturbed copies). It should check the output's
+    structure and raise :class:`~camkit.errors.TargetError` saying what it expected.
+
+    Class targets are data rather than code: they return their class indices from
+    :meth:`classes` (and ``probability = True`` scores the softmax probability instead of the
+    logit), so every method and metric treats them exactly as the plain class indices.
+    """
+
+    probability: bool = False
+
+    def classes(self) -> int | Sequence[int] | Sequence[Sequence[int]] | Tensor | None:
+        """The class indices this target scores, or None for a target that is not a class."""
+        return None
+
+    def for_copies(self) -> Target:
+        """The target as perturbed copies of a sample are scored (masked, ablated, noisy
+        inputs): the same by default; a detection target scores a lost detection 0 there."""
+        return self
+
+    def __call__(self, output: Any) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+TargetSpec = (
+    int | Sequence[int] | Sequence[Sequence[int]] | Tensor | Callable[[Any], Tensor] | Target | None
+)
+
+
+__all__ = ["Target", "TargetSpec"]
