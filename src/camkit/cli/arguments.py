@@ -56,12 +56,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="state dict for --model (.pt/.pth via torch.load(weights_only=True), or "
         ".safetensors); without it a torchvision/timm model has random weights",
     )
+    add_labels_argument(
+        parser,
+        "the names the checkpoint carries ('labels'/'classes', HuggingFace id2label), else "
+        "ImageNet's for 1000 classes, else 'class N'",
+    )
+
+
+def add_labels_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--labels FILE``: the class names, the same format in every command."""
     parser.add_argument(
         "--labels",
         metavar="FILE",
-        help="class names: one per line, or a JSON list or {index: name}; default: the names "
-        "the checkpoint carries ('labels'/'classes', HuggingFace id2label), else ImageNet's "
-        "for 1000 classes, else 'class N'",
+        help=f"class names: one per line, or a JSON list or {{index: name}}; default: {default}",
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from camkit import io, models
 from camkit.cli import report, results
-from camkit.cli.arguments import add_command, positive_int
+from camkit.cli.arguments import add_command, add_labels_argument, positive_int
 from camkit.cli.common import EXIT_OK, UsageError
 from camkit.cli.strategy_concepts import add_cluster_concepts
 from camkit.errors import CamkitError
@@ -265,12 +265,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--classes", metavar="INT[,INT...]", help="only these classes (default: all)"
     )
     parser.add_argument("--truth", metavar="CSV", help="true labels, lines 'image,class index'")
-    parser.add_argument(
-        "--labels",
-        metavar="FILE",
-        help="class names (one per line, or a JSON list or {index: name}); default: those "
-        "the run recorded",
-    )
+    add_labels_argument(parser, "those the run recorded")
     parser.add_argument(
         "--grid", type=positive_int, default=32, help="pooled map side (default 32)"
     )
