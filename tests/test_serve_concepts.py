@@ -64,9 +64,10 @@ def conditional_by_hand(explorer, image: int, target: int, channel: int) -> np.n
 
 
 def cached_heat(client: TestClient, key: tuple) -> np.ndarray:
-    """A conditional heatmap the server computed (its concept views' cache)."""
-    heat = client.app.state.views.heatmaps.get_item(key)
-    assert heat is not None, key
+    """A conditional heatmap as the server computes it for ``/api/concept-map`` (the list of
+    concepts answers first; each heatmap is computed when asked, then cached)."""
+    heat = client.app.state.views.heatmap(*key)
+    assert client.app.state.views.heatmaps.get_item(key) is heat
     return heat
 
 
@@ -444,8 +445,8 @@ def test_the_concept_view_on_the_packaged_model_is_the_librarys(tmp_path: Path) 
         assert [c["channel"] for c in answer["concepts"]] == expected.channels[0].tolist()
         shares = torch.tensor([c["share"] for c in answer["concepts"]])
         assert torch.allclose(shares, expected.share[0], atol=1e-5)
-        heat = client.app.state.views.heatmaps.get_item(
-            ("a", loaded_model.default_layer, 0, 282, answer["concepts"][0]["channel"])
+        heat = cached_heat(
+            client, ("a", loaded_model.default_layer, 0, 282, answer["concepts"][0]["channel"])
         )
         reference = expected.heatmaps[0, 0].numpy()
         assert np.allclose(heat, reference, atol=1e-5 * float(np.abs(reference).max()))

@@ -175,9 +175,11 @@ def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag
         first = answer.json()["concepts"][0]
         assert first["channel"] == TAG_CHANNEL and first["share"] == pytest.approx(1.0, abs=1e-6)
         assert first["references"]["relevance"][0]["patch"] == "patches/1/c2_relevance_0.png"
-        assert (
-            client.app.state.views.heatmaps.get_item(("a", "1", image, 0, TAG_CHANNEL)) is not None
+        heat = client.get(
+            "/api/concept-map",
+            params={"image": image, "class": 0, "layer": "1", "channel": TAG_CHANNEL},
         )
+        assert heat.status_code == 200 and heat.headers["content-type"] == "image/png"
 
 
 @needs_browser

@@ -161,17 +161,18 @@ class ConceptViews:
         self, checkpoint: str, layer: str, image: int, target: int, region: Region, k: int
     ) -> dict:
         """The ``k`` most relevant channels of ``layer`` for class ``target`` in ``region``,
-        with their conditional heatmaps (cached for :meth:`heatmap`) and reference images."""
+        with their reference images: one forward and one backward to the layer, about one map
+        request. Each channel's conditional heatmap is one more backward to the input, computed
+        when the page asks for it (:meth:`heatmap`), so the list answers first."""
         if not 1 <= k <= MAX_K:
             raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
         concepts = self.attribution(checkpoint, layer)
         x = self.explorer.batch([image], checkpoint)
         mask = region.mask(self.explorer.size)
-        found = concepts.top(x, k=k, target=torch.tensor([target], device=x.device), region=mask)
+        target_row = torch.tensor([target], device=x.device)
+        found = concepts.top(x, k=k, target=target_row, region=mask, heatmaps=False)
         rows = []
         for i, channel in enumerate(found.channels[0].tolist()):
-            heat = found.heatmaps[0, i].float().cpu().numpy()
-            self.heatmaps.put((checkpoint, layer, image, target, channel), heat)
             rows.append(
                 {
                     "channel": channel,
@@ -195,7 +196,7 @@ class ConceptViews:
     def heatmap(
         self, checkpoint: str, layer: str, image: int, target: int, channel: int
     ) -> np.ndarray:
-        """``(H, W)`` conditional heatmap of one channel (from :meth:`top`'s cache, else one
+        """``(H, W)`` conditional heatmap of one channel (cached; else one forward and one
         conditional backward)."""
         key = (checkpoint, layer, image, target, channel)
         heat = self.heatmaps.get_item(key)

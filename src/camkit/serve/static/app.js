@@ -428,13 +428,17 @@ async function conceptCard(concept, params) {
   const card = element("div", { class: "concept", "data-channel": concept.channel }, [
     element("h4", { text: `channel ${concept.channel}` }),
     element("div", { class: "caption", text: `share ${percent(concept.share)} · relevance ${concept.relevance.toPrecision(3)}` }),
-    element("img", { class: "heat", src: await getImage("concept-map", heatParams),
-      alt: `conditional heatmap of channel ${concept.channel}` }),
+    element("img", { class: "heat", alt: `conditional heatmap of channel ${concept.channel} (computing)` }),
     element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
     ...references(concept.references),
     element("button", { type: "button", class: "feature", text: "feature visualisation" }),
   ]);
   card.querySelector("button.feature").addEventListener("click", () => featureOf(card, params, concept.channel));
+  const heat = card.querySelector("img.heat");  // the list shows first; each heatmap when computed
+  getImage("concept-map", heatParams).then((url) => {
+    heat.src = url;
+    heat.alt = `conditional heatmap of channel ${concept.channel}`;
+  }).catch((error) => showError(error.message));
   return card;
 }
 
