@@ -5,7 +5,9 @@ composite names) get it through forward hooks; every other operation of the forw
 :class:`torch.overrides.TorchFunctionMode`, functional calls included (``F.relu``, ``x + y``,
 ``torch.cat``, ``F.adaptive_avg_pool2d``, ``flatten``), and gets its rule from one table:
 
-* activations (``relu``, ``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
+* ``relu``: its plain gradient, which is the Pass rule's exactly (``o / x`` is 1 where ``x > 0``
+  and 0 elsewhere), with no copy and no extra operation;
+* other activations (``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
   ``leaky_relu``, ``elu``, ``hardswish``, ...; in-place forms too): :class:`~.rules.Pass`;
 * additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
   average pooling, resampling (``F.interpolate``): :class:`~.rules.Norm` with the composite's
@@ -57,7 +59,7 @@ def _table() -> dict[Any, str]:
     def named(owner: Any, *names: str) -> list:
         return [getattr(owner, n, None) for n in names]
 
-    acts = ("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "silu", "gelu", "elu", "elu_")
+    acts = ("relu6", "hardtanh", "hardtanh_", "silu", "gelu", "elu", "elu_")
     acts += ("leaky_relu", "leaky_relu_", "hardswish", "hardsigmoid", "mish", "softplus", "selu")
     acts += ("celu", "sigmoid", "tanh", "threshold", "threshold_", "sigmoid_", "tanh_")
     add(PASS, *named(F, *acts), *named(torch, *acts), *named(_T, *acts), *named(_N, *acts))
@@ -83,6 +85,8 @@ def _table() -> dict[Any, str]:
     shape += ("permute_copy", "swapaxes", "moveaxis", "softmax")  # softmax: AttnLRP's rule
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
+    rectifiers = ("relu", "relu_")  # the Pass rule's gradient: o / x is the ReLU's own mask
+    add(GRADIENT, *named(F, *rectifiers), *named(torch, *rectifiers), *named(_T, *rectifiers))
     add(GRADIENT, *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
     products = ("matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm")
     add(BILINEAR, *named(torch, *products), *named(_T, *products))
@@ -90,6 +94,13 @@ def _table() -> dict[Any, str]:
 
 
 _TABLE = _table()
+
+def _in_place_name(name: str) -> bool:
+    dunder = name.startswith("__") and name.endswith("__")
+    return name.startswith("__i") and dunder or name.endswith("_") and not dunder
+
+
+_IN_PLACE = {f for f in _TABLE if _in_place_name(getattr(f, "__name__", ""))}
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -326,7 +337,10 @@ class _RelevanceMode(TorchFunctionMode):
 
     def _apply(self, func: Any, kind: str, args: tuple, kwargs: dict) -> Tensor:
         x = args[0]
-        first = x.clone() if isinstance(x, Tensor) else x  # in-place forms act on the copy
+        in_place = isinstance(x, Tensor) and (
+            func in _IN_PLACE or kwargs.get("inplace") is True or any(a is True for a in args[1:])
+        )  # F.hardtanh(x, 0.0, 6.0, True): nn.ReLU6 passes ``inplace`` by position
+        first = x.clone() if in_place else x  # in-place forms act on a copy, then write back
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
             return o
@@ -336,7 +350,7 @@ class _RelevanceMode(TorchFunctionMode):
             y = bilinear(o, self.session.norm.stabilizer)
         else:
             y = self.session.norm.output(None, x, o)
-        if o is first and isinstance(x, Tensor):  # an in-place operation: write back
+        if in_place and o is first:
             return x.copy_(y)
         return y
 
