@@ -184,9 +184,9 @@ class Session:
     def _enter(self, rule: Rule):
         def hook(module: nn.Module, args: tuple) -> tuple | None:
             self.bypass += 1
-            if rule.parametric:  # the rule recomputes the layer: its own pass needs no graph
-                self.grad_modes.append(torch.is_grad_enabled())
-                torch.set_grad_enabled(False)
+            if rule.parametric and not rule.reuses_output:  # the rule computes the layer
+                self.grad_modes.append(torch.is_grad_enabled())  # again: its own pass needs
+                torch.set_grad_enabled(False)  # no graph
             elif getattr(module, "inplace", False) and args and on_path(args[0]):
                 return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
             return None  # needs its input
@@ -196,7 +196,7 @@ class Session:
     def _rule_hook(self, rule: Rule):
         def hook(module: nn.Module, args: tuple, o: object) -> object:
             self.bypass -= 1
-            if rule.parametric:
+            if rule.parametric and not rule.reuses_output:
                 torch.set_grad_enabled(self.grad_modes.pop())
             x = args[0] if args else None
             if not (on_path(x) and isinstance(o, Tensor)):
@@ -215,7 +215,8 @@ class Session:
                     self.produced[id(o)] = (o, o._version, layer, rule, source)
                     self.pending[id(o)] = self.names[module]
                     return None
-                y = rule.output(layer, source, o)
+                # o carries the layer's graph (and the BatchNorm's before it) when reused
+                y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
             finally:
@@ -267,9 +268,11 @@ class Session:
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
-            self.pending.pop(id(x), None)
+            deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
+                if deferred and rule.reuses_output:  # out's graph: the BatchNorm, the layer
+                    return rule.reused(out)
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1

@@ -110,6 +110,17 @@ class Rule:
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
 
+    @property
+    def reuses_output(self) -> bool:
+        """Whether the rule's ``z`` is the layer's own output ``o`` (BatchNorm merged or not), so
+        that :meth:`reused` can keep the layer's own graph instead of computing ``z`` again."""
+        return False
+
+    def reused(self, o: Tensor) -> Tensor:
+        """The rule's output from ``o``, which carries the layer's own graph (see
+        :attr:`reuses_output`)."""
+        raise NotImplementedError
+
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -129,6 +140,14 @@ class Epsilon(Rule):
     def __init__(self, epsilon: float = 1e-6, *, zero_bias: bool = False):
         self.epsilon = float(epsilon)
         self.zero_bias = zero_bias
+
+    @property
+    def reuses_output(self) -> bool:
+        return not self.zero_bias  # z = w x + b is the layer's output: one forward, no second
+
+    def reused(self, o: Tensor) -> Tensor:
+        od = o.detach()
+        return modified_output(o, o * (od / stabilize(od, self.epsilon)))
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
