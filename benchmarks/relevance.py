@@ -12,7 +12,8 @@ times (interleaved, so that the load of a shared machine falls on every case ali
 reports the median. Peak memory: the process's peak resident memory during its calls above its
 resident memory before them (``ru_maxrss`` minus the model and the input). One thread per
 process. Rows: camkit Saliency, camkit LRP, zennit (the same composite, ``ResNetCanonizer``),
-camkit LRP with 10 targets per image in one call, and ten one-target LRP calls.
+camkit LRP with ``Epsilon`` on every layer, camkit LRP with 10 targets per image in one call,
+and ten one-target LRP calls; with ``--before``, LRP with the older camkit.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("saliency", "lrp", "zennit", "lrp-10-targets", "lrp-10-calls")
-LRP_CASES = ("lrp", "lrp-10-targets", "lrp-10-calls")
+CASES = ("saliency", "lrp", "zennit", "lrp-epsilon", "lrp-10-targets", "lrp-10-calls")
+BEFORE_CASES = ("lrp",)
 
 
 def _rss_mib() -> float:
@@ -66,6 +67,13 @@ def _build(case: str, args: argparse.Namespace):
                 attributor(x, one_hot)
 
         return run
+    if case == "lrp-epsilon":  # Epsilon on every layer: the rule that keeps the layer's graph
+        from torch import nn
+
+        from camkit.relevance import Epsilon
+
+        method = camkit.LRP(model, composite=[((nn.Conv2d, nn.Linear), Epsilon())])
+        return lambda: method(x, 1)
     method = camkit.LRP(model, composite=args.composite)
     if case == "lrp":
         return lambda: method(x, 1)
@@ -116,7 +124,7 @@ def main() -> None:
         return
     runs = [(case, "", ROOT / "src") for case in CASES]
     if args.before:
-        runs += [(case, " (before)", args.before / "src") for case in LRP_CASES]
+        runs += [(case, " (before)", args.before / "src") for case in BEFORE_CASES]
     procs = {}
     for case, tag, src in runs:  # one at a time: the warm-ups do not overlap
         procs[case + tag] = proc = _start(case, src)
