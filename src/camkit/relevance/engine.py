@@ -347,9 +347,8 @@ class _RelevanceMode(TorchFunctionMode):
 
     def _apply(self, func: Any, kind: str, args: tuple, kwargs: dict) -> Tensor:
         x = args[0]
-        in_place = isinstance(x, Tensor) and (
-            func in _IN_PLACE or kwargs.get("inplace") is True or any(a is True for a in args[1:])
-        )  # F.hardtanh(x, 0.0, 6.0, True): nn.ReLU6 passes ``inplace`` by position
+        # F.hardtanh(x, 0.0, 6.0, True) (nn.ReLU6) reaches the mode with inplace=True by name
+        in_place = isinstance(x, Tensor) and (func in _IN_PLACE or kwargs.get("inplace") is True)
         first = x.clone() if in_place else x  # in-place forms act on a copy, then write back
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
