@@ -82,13 +82,8 @@ def _table() -> dict[Any, str]:
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += (
-        "permute_copy",
-        "swapaxes",
-        "moveaxis",
-        "unfold",
-        "softmax",
-    )  # softmax: AttnLRP's rule
+    shape += ("permute_copy", "swapaxes", "moveaxis", "unfold")
+    shape += ("softmax",)  # AttnLRP's softmax rule is the softmax's own gradient
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
     rectifiers = ("relu", "relu_")  # the Pass rule's gradient: o / x is the ReLU's own mask
