@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	# zennit-crp 0.6.0 pins an older zennit but works with 0.5.1: installed without its pins
 	$(PY) -m pip install --quiet --no-deps "zennit-crp==0.6.0"
+	# lxt 2.1 (AttnLRP's reference functions) declares GPU-only extras it does not need here
+	$(PY) -m pip install --quiet --no-deps "lxt==2.1"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -137,3 +137,56 @@ def test_equal_to_captum_lrp() -> None:
     torch.testing.assert_close(
         got.double(), expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max())
     )
+
+
+class _Recomputed(Epsilon):
+    """Epsilon computing ``z`` again from the (merged) layer, as zennit does."""
+
+    @property
+    def reuses_output(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "vgg11_bn"])
+def test_epsilon_on_the_layers_own_graph_equals_the_recomputed_rule(arch: str) -> None:
+    """Epsilon keeps the layer's own forward graph (through its BatchNorm, merged or not): the
+    same relevance as the rule computed again on the merged layer, float64, within 1e-10 of the
+    map's max."""
+    model = _torchvision(arch).double()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    kinds = (nn.Conv2d, nn.Linear)
+    reused = LRP(model, composite=composite([(kinds, Epsilon(1e-6))]))(x, 3)
+    again = LRP(model, composite=composite([(kinds, _Recomputed(1e-6))]))(x, 3)
+    assert reused.abs().max() > 0
+    assert (reused - again).abs().max() <= 1e-10 * again.abs().max()
+
+
+def _relu6_net(inplace: bool) -> nn.Module:
+    torch.manual_seed(6)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU6(inplace),
+        nn.Conv2d(4, 4, 3),
+        nn.ReLU(inplace),
+        nn.Flatten(),
+        nn.LazyLinear(CLASSES),
+    )
+
+
+def test_in_place_activations_give_the_out_of_place_relevance() -> None:
+    """``nn.ReLU6(inplace=True)`` (``F.hardtanh(..., inplace=True)``, saturating here) and
+    ``nn.ReLU(inplace=True)`` (``relu_``) give the relevance of their out-of-place forms: the
+    Pass rule sees the value before the operation."""
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    maps = []
+    for inplace in (False, True):
+        model = _relu6_net(inplace).double()
+        model(x)  # the lazy layer's shape
+        torch.manual_seed(8)
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.5)
+        model[1].running_var.fill_(1.5)
+        maps.append(LRP(model.eval(), composite="epsilon-plus")(x * 30, 2))
+    assert maps[0].abs().max() > 0
+    torch.testing.assert_close(maps[1], maps[0], rtol=1e-12, atol=1e-14)

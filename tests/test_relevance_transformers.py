@@ -3,6 +3,7 @@ fused attention equal to the unfused one, and timm transformers explained end to
 
 from __future__ import annotations
 
+import pytest
 import timm
 import torch
 from torch import Tensor, nn
@@ -128,3 +129,47 @@ def test_timm_vit_deit_and_swin_are_explained() -> None:
         assert found.input.shape == (2, 2, 3, 32, 32) and torch.isfinite(found.input).all()
         assert torch.isfinite(found.conservation["input"]).all()
     assert camkit.METHODS["lrp"].cls is LRP
+
+
+def _bias_free(name: str, seed: int) -> nn.Module:
+    """A random 2-block timm model with every bias, the class / distillation token and the
+    position embedding zero (nothing but the input can hold relevance), attention unfused."""
+    torch.manual_seed(seed)
+    model = timm.create_model(
+        name, pretrained=False, img_size=32, num_classes=10, patch_size=8, depth=2, embed_dim=24
+    )
+    with torch.no_grad():
+        for name_, parameter in model.named_parameters():
+            if name_.endswith("bias") or "token" in name_ or "pos_embed" in name_:
+                parameter.zero_()
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"])
+def test_timm_vit_and_deit_conserve_up_to_the_softmax_rule(name: str) -> None:
+    """On a bias-free ViT / DeiT the target score is the input relevance plus what AttnLRP's
+    softmax rule drops (its linearisation's bias term, Prop. 3.1: the relevance at the softmax
+    output minus the relevance at its input ``q k^T``, read at the recorded ``attn_drop`` and
+    ``q_norm`` / ``k_norm``), within 1e-4 of the score (the results are float32; measured
+    2e-5). The input alone gets 0.15-0.8 of the score (docs/relevance.md)."""
+    exact = Composite([((nn.Linear, nn.Conv2d), Epsilon(1e-9))], stabilizer=1e-9, canonizers=[])
+    parts = ("attn_drop", "q_norm", "k_norm")
+    for seed in range(2):
+        model = _bias_free(name, seed)
+        layers = [f"blocks.{i}.attn.{part}" for i in range(2) for part in parts]
+        x = torch.randn(
+            3, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
+        )
+        found = LRP(model, composite=exact, layers=layers).relevance(x, [[0, 1]] * 3)
+        total = {key: r.flatten(2).sum(-1) for key, r in found.layers.items()}
+        dropped = sum(
+            total[f"blocks.{i}.attn.attn_drop"]
+            - total[f"blocks.{i}.attn.q_norm"]
+            - total[f"blocks.{i}.attn.k_norm"]
+            for i in range(2)
+        )
+        reached = found.input.flatten(2).sum(-1)
+        torch.testing.assert_close(reached + dropped, found.scores, rtol=1e-4, atol=0)
+        assert ((found.conservation["input"] > 0.1) & (found.conservation["input"] < 0.95)).all()

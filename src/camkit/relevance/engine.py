@@ -5,7 +5,9 @@ composite names) get it through forward hooks; every other operation of the forw
 :class:`torch.overrides.TorchFunctionMode`, functional calls included (``F.relu``, ``x + y``,
 ``torch.cat``, ``F.adaptive_avg_pool2d``, ``flatten``), and gets its rule from one table:
 
-* activations (``relu``, ``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
+* ``relu``: its plain gradient, which is the Pass rule's exactly (``o / x`` is 1 where ``x > 0``
+  and 0 elsewhere), with no copy and no extra operation;
+* other activations (``relu6``, ``hardtanh``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
   ``leaky_relu``, ``elu``, ``hardswish``, ...; in-place forms too): :class:`~.rules.Pass`;
 * additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
   average pooling, resampling (``F.interpolate``): :class:`~.rules.Norm` with the composite's
@@ -57,7 +59,7 @@ def _table() -> dict[Any, str]:
     def named(owner: Any, *names: str) -> list:
         return [getattr(owner, n, None) for n in names]
 
-    acts = ("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "silu", "gelu", "elu", "elu_")
+    acts = ("relu6", "hardtanh", "hardtanh_", "silu", "gelu", "elu", "elu_")
     acts += ("leaky_relu", "leaky_relu_", "hardswish", "hardsigmoid", "mish", "softplus", "selu")
     acts += ("celu", "sigmoid", "tanh", "threshold", "threshold_", "sigmoid_", "tanh_")
     add(PASS, *named(F, *acts), *named(torch, *acts), *named(_T, *acts), *named(_N, *acts))
@@ -80,9 +82,12 @@ def _table() -> dict[Any, str]:
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += ("permute_copy", "swapaxes", "moveaxis", "softmax")  # softmax: AttnLRP's rule
+    shape += ("permute_copy", "swapaxes", "moveaxis", "unfold")
+    shape += ("softmax",)  # AttnLRP's softmax rule is the softmax's own gradient
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
+    rectifiers = ("relu", "relu_")  # the Pass rule's gradient: o / x is the ReLU's own mask
+    add(GRADIENT, *named(F, *rectifiers), *named(torch, *rectifiers), *named(_T, *rectifiers))
     add(GRADIENT, *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
     products = ("matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm")
     add(BILINEAR, *named(torch, *products), *named(_T, *products))
@@ -90,6 +95,14 @@ def _table() -> dict[Any, str]:
 
 
 _TABLE = _table()
+
+
+def _in_place_name(name: str) -> bool:
+    dunder = name.startswith("__") and name.endswith("__")
+    return name.startswith("__i") and dunder or name.endswith("_") and not dunder
+
+
+_IN_PLACE = {f for f in _TABLE if _in_place_name(getattr(f, "__name__", ""))}
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -166,9 +179,9 @@ class Session:
     def _enter(self, rule: Rule):
         def hook(module: nn.Module, args: tuple) -> tuple | None:
             self.bypass += 1
-            if rule.parametric:  # the rule recomputes the layer: its own pass needs no graph
-                self.grad_modes.append(torch.is_grad_enabled())
-                torch.set_grad_enabled(False)
+            if rule.parametric and not rule.reuses_output:  # the rule computes the layer
+                self.grad_modes.append(torch.is_grad_enabled())  # again: its own pass needs
+                torch.set_grad_enabled(False)  # no graph
             elif getattr(module, "inplace", False) and args and on_path(args[0]):
                 return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
             return None  # needs its input
@@ -178,7 +191,7 @@ class Session:
     def _rule_hook(self, rule: Rule):
         def hook(module: nn.Module, args: tuple, o: object) -> object:
             self.bypass -= 1
-            if rule.parametric:
+            if rule.parametric and not rule.reuses_output:
                 torch.set_grad_enabled(self.grad_modes.pop())
             x = args[0] if args else None
             if not (on_path(x) and isinstance(o, Tensor)):
@@ -197,7 +210,8 @@ class Session:
                     self.produced[id(o)] = (o, o._version, layer, rule, source)
                     self.pending[id(o)] = self.names[module]
                     return None
-                y = rule.output(layer, source, o)
+                # o carries the layer's graph (and the BatchNorm's before it) when reused
+                y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
             finally:
@@ -249,9 +263,11 @@ class Session:
         if after is not None and after[0] is x and after[1] == x._version:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
-            self.pending.pop(id(x), None)
+            deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
+                if deferred and rule.reuses_output:  # out's graph: the BatchNorm, the layer
+                    return rule.reused(out)
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
@@ -326,7 +342,9 @@ class _RelevanceMode(TorchFunctionMode):
 
     def _apply(self, func: Any, kind: str, args: tuple, kwargs: dict) -> Tensor:
         x = args[0]
-        first = x.clone() if isinstance(x, Tensor) else x  # in-place forms act on the copy
+        # F.hardtanh(x, 0.0, 6.0, True) (nn.ReLU6) reaches the mode with inplace=True by name
+        in_place = isinstance(x, Tensor) and (func in _IN_PLACE or kwargs.get("inplace") is True)
+        first = x.clone() if in_place else x  # in-place forms act on a copy, then write back
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
             return o
@@ -336,7 +354,7 @@ class _RelevanceMode(TorchFunctionMode):
             y = bilinear(o, self.session.norm.stabilizer)
         else:
             y = self.session.norm.output(None, x, o)
-        if o is first and isinstance(x, Tensor):  # an in-place operation: write back
+        if in_place and o is first:
             return x.copy_(y)
         return y
 

@@ -142,17 +142,15 @@ class LRP(PixelAttribution):
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
-        several, memory = False, MemoryFormat(x)
+        # the caller's memory format, not channels_last: the rules' element-wise terms and the
+        # convolutions that oneDNN does not take make channels_last copies slower on the CPU
+        several, memory = False, MemoryFormat(x).given
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
-
-            def scored(fmt: torch.memory_format, leaf: Tensor = leaf, rows: Tensor = rows):
-                with torch.enable_grad(), autocast(x.device, self.dtype):
-                    with rules_applied(self.model, self.composite, record=record) as session:
-                        output = call.forward(self.model, leaf.clone(memory_format=fmt), rows)
-                    return session, *scorer(output, rows)
-
-            session, scores, several = memory.run(scored)
+            with torch.enable_grad(), autocast(x.device, self.dtype):
+                with rules_applied(self.model, self.composite, record=record) as session:
+                    output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
+                scores, several = scorer(output, rows)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]

@@ -33,8 +33,9 @@ Op = Callable[[Tensor, Tensor], Tensor]
 
 
 def stabilize(z: Tensor, eps: float) -> Tensor:
-    """``z + eps * sign(z)``, zeros pushed to ``+eps`` (zennit's ``stabilize``)."""
-    return z + ((z == 0).to(z) + z.sign()) * eps
+    """``z + eps * sign(z)``, zeros pushed to ``+eps`` (zennit's ``stabilize``; the same numbers
+    in one comparison and one selection)."""
+    return torch.where(z >= 0, z + eps, z - eps)
 
 
 def safe_divide(a: Tensor, b: Tensor) -> Tensor:
@@ -86,6 +87,14 @@ class Affine:
         )
 
 
+def signed_parts(x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(x+, x-)``, with ``x-`` None when ``x`` has no negative entry (the input of a layer after
+    a ReLU): its terms are exactly zero, and the rules skip their convolutions."""
+    if not bool((x < 0).any()):
+        return x, None
+    return x.clamp(min=0), x.clamp(max=0)
+
+
 def _pos(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(min=0)
 
@@ -100,6 +109,17 @@ class Rule:
     docstring)."""
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
+
+    @property
+    def reuses_output(self) -> bool:
+        """Whether the rule's ``z`` is the layer's own output ``o`` (BatchNorm merged or not), so
+        that :meth:`reused` can keep the layer's own graph instead of computing ``z`` again."""
+        return False
+
+    def reused(self, o: Tensor) -> Tensor:
+        """The rule's output from ``o``, which carries the layer's own graph (see
+        :attr:`reuses_output`)."""
+        raise NotImplementedError
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         raise NotImplementedError
@@ -121,6 +141,14 @@ class Epsilon(Rule):
         self.epsilon = float(epsilon)
         self.zero_bias = zero_bias
 
+    @property
+    def reuses_output(self) -> bool:
+        return not self.zero_bias  # z = w x + b is the layer's output: one forward, no second
+
+    def reused(self, o: Tensor) -> Tensor:
+        od = o.detach()
+        return modified_output(o, o * (od / stabilize(od, self.epsilon)))
+
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
         return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
@@ -140,7 +168,10 @@ class ZPlus(Rule):
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w, b = layer.weight, layer.bias
-        z = layer(x.clamp(min=0), w.clamp(min=0), _pos(b)) + layer(x.clamp(max=0), _neg(w), None)
+        xp, xn = signed_parts(x)
+        z = layer(xp, w.clamp(min=0), _pos(b))
+        if xn is not None:
+            z = z + layer(xn, _neg(w), None)
         return modified_output(o, z * (o / stabilize(z.detach(), self.stabilizer)).detach())
 
 
@@ -161,9 +192,10 @@ class AlphaBeta(Rule):
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w, b = layer.weight, layer.bias
-        xp, xn, wp, wn = x.clamp(min=0), x.clamp(max=0), w.clamp(min=0), w.clamp(max=0)
-        zp = layer(xp, wp, _pos(b)) + layer(xn, wn, None)
-        zn = layer(xp, wn, _neg(b)) + layer(xn, wp, None)
+        (xp, xn), wp, wn = signed_parts(x), w.clamp(min=0), w.clamp(max=0)
+        zp, zn = layer(xp, wp, _pos(b)), layer(xp, wn, _neg(b))
+        if xn is not None:
+            zp, zn = zp + layer(xn, wn, None), zn + layer(xn, wp, None)
         t = self.alpha * zp * (o / stabilize(zp.detach(), self.stabilizer)).detach()
         t = t - self.beta * zn * (o / stabilize(zn.detach(), self.stabilizer)).detach()
         return modified_output(o, t)
@@ -184,12 +216,13 @@ class Gamma(Rule):
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w, b, g = layer.weight, layer.bias, self.gamma
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
+        xp, xn = signed_parts(x)
         up, down = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         bup = None if b is None else b + g * b.clamp(min=0)
         bdown = None if b is None else b + g * b.clamp(max=0)
-        zp = layer(xp, up, bup) + layer(xn, down, None)
-        zn = layer(xp, down, bdown) + layer(xn, up, None)
+        zp, zn = layer(xp, up, bup), layer(xp, down, bdown)
+        if xn is not None:
+            zp, zn = zp + layer(xn, down, None), zn + layer(xn, up, None)
         od = o.detach()
         t = zp * (od * (od > 0) / stabilize(zp.detach(), self.stabilizer))
         t = t + zn * (od * (od < 0) / stabilize(zn.detach(), self.stabilizer))
