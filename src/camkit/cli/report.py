@@ -7,7 +7,7 @@ predicted top-5, the target, metrics when given; sorted by confidence (or name, 
 filtered by predicted class, method and file name; a detail view per image with the original,
 the full-size overlays, the raw map and its colour bar.
 
-The page is ``camkit/data/report.html`` with ``report.css`` and ``report.js`` inlined.
+The page is ``camkit/cli/page/report.html`` with ``report.css`` and ``report.js`` inlined.
 It stays responsive for 10,000 images: the data is one JSON blob rendered by the page's
 script, cards are built 60 at a time as the reader scrolls, and thumbnails (small JPEGs in
 ``OUT/thumbs/``) are loaded lazily (``loading="lazy"``). Every string from the manifest reaches
@@ -174,8 +174,8 @@ def _page_data(
 
 
 def _asset(name: str) -> str:
-    """A file of the page (``camkit/data/report.{html,css,js}``) as text."""
-    return resources.files("camkit").joinpath("data", name).read_text("utf-8")
+    """A file of the page (``camkit/cli/page/report.{html,css,js}``) as text."""
+    return resources.files("camkit").joinpath("cli", "page", name).read_text("utf-8")
 
 
 def _json_for_script(value: object) -> str:
