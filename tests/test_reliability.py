@@ -428,26 +428,22 @@ def test_bfloat16_cams_correlate_with_float32_on_the_real_model(lite0: dict, nam
         assert pearson(half[i], full[i]) >= 0.99
 
 
-BF16_PIXEL_GAP = pytest.mark.xfail(
-    strict=True,
-    reason="not reachable with bfloat16 arithmetic: input gradients through 16 blocks keep ~3 "
-    "significant digits; measured r = 0.76-0.98 (docs/reliability.md). Use float32.",
-)
+# bfloat16 arithmetic keeps ~3 significant digits of the input gradients through EfficientNet's
+# 16 blocks: measured r = 0.76-0.98 against float32 (docs/reliability.md; use float32 for pixel
+# maps). The test holds what bf16 can promise, with margin, instead of a strict xfail at 0.99
+# whose outcome would depend on the machine's bf16 kernels.
+BF16_PIXEL_FLOOR = {"deconvnet": 0.99}  # the others: 0.6
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    [
-        "deconvnet",
-        *(
-            pytest.param(name, marks=BF16_PIXEL_GAP)
-            for name in ("saliency", "guided", "smoothgrad", "ig", "guidedgradcam")
-        ),
-    ],
+    ["deconvnet", "saliency", "guided", "smoothgrad", "ig", "guidedgradcam"],
 )
 def test_bfloat16_autocast_pixel_methods_on_the_real_model(lite0: dict, name: str) -> None:
-    """Pixel methods have no ``dtype=`` yet: autocast at the call site is the way today."""
+    """Pixel methods have no ``dtype=`` yet: autocast at the call site is the way today. The
+    deconvnet (no input-dependent gates) keeps r >= 0.99; the gradient methods keep the map's
+    shape (r >= 0.6) but not float32's detail."""
     model, x, target = lite0["model"], lite0["x"], lite0["target"]
     knobs = {"steps": 3} if name == "ig" else {"samples": 2} if name == "smoothgrad" else {}
     full = make(name, model, "bn2", **knobs)(x, target)
@@ -455,7 +451,7 @@ def test_bfloat16_autocast_pixel_methods_on_the_real_model(lite0: dict, name: st
         half = make(name, model, "bn2", **knobs)(x, target)
     assert half.dtype == torch.float32 and torch.isfinite(half).all()
     for i in range(2):
-        assert pearson(half[i], full[i]) >= 0.99
+        assert pearson(half[i], full[i]) >= BF16_PIXEL_FLOOR.get(name, 0.6)
 
 
 @pytest.mark.cuda
