@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from camkit.core.copies import CopyScorer
-from camkit.core.finish import RESAMPLING, flat
+from camkit.core.finish import RESAMPLING, extremes, flat_between
 
 
 def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
@@ -21,10 +21,9 @@ def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -
         mode=RESAMPLING[dims],
         align_corners=False,
     )
-    axes = tuple(range(-dims, 0))
-    low = masks.amin(dim=axes, keepdim=True)
-    span = masks.amax(dim=axes, keepdim=True).sub_(low)
-    is_flat = flat(masks, dims)  # the flat-map policy of core.finish.minmax
+    low, high = extremes(masks, dims)
+    is_flat = flat_between(low, high)  # the flat-map policy of core.finish.minmax
+    span = high.sub_(low)
     return masks.sub_(low).div_(span.masked_fill_(is_flat, 1)).masked_fill_(is_flat, 0)
 
 

@@ -33,9 +33,18 @@ def flat(maps: Tensor, dims: int = 2) -> Tensor:
     largest magnitude (a constant map, an all-zero map, or float noise around a value). The one
     test every method applies before normalising: flat maps become zeros, and :func:`checked`
     reports them with one :class:`~camkit.errors.EmptyMapWarning`."""
+    return flat_between(*extremes(maps, dims))
+
+
+def extremes(maps: Tensor, dims: int = 2) -> tuple[Tensor, Tensor]:
+    """``(low, high)``: each map's min and max over its last ``dims`` dims, kept as size-1
+    dims."""
     axes = tuple(range(-dims, 0))
-    low = maps.amin(dim=axes, keepdim=True)
-    high = maps.amax(dim=axes, keepdim=True)
+    return maps.amin(dim=axes, keepdim=True), maps.amax(dim=axes, keepdim=True)
+
+
+def flat_between(low: Tensor, high: Tensor) -> Tensor:
+    """:func:`flat` from maps' already computed extremes (:func:`extremes`)."""
     return (high - low) <= FLAT_SPREAD * torch.maximum(low.abs(), high.abs())
 
 
@@ -67,10 +76,9 @@ def checked(maps: Tensor, *, warn_empty: bool = True) -> Tensor:
 def minmax(maps: Tensor, dims: int = 2) -> Tensor:
     """Min-max normalise each map over its last ``dims`` dims to [0, 1]; a :func:`flat` map
     (constant, or varying within float noise) gives zeros."""
-    axes = tuple(range(-dims, 0))
-    low = maps.amin(dim=axes, keepdim=True)
-    span = maps.amax(dim=axes, keepdim=True) - low
-    is_flat = flat(maps, dims)
+    low, high = extremes(maps, dims)
+    is_flat = flat_between(low, high)
+    span = high - low
     return torch.where(is_flat, torch.zeros_like(maps), (maps - low) / span.masked_fill(is_flat, 1))
 
 
