@@ -57,9 +57,13 @@ def run_crop(paths: Sequence[Path]) -> str | None:
     """The ``--crop`` a ``camkit explain`` run folder was made with (runs before ``--crop``
     squashed), so that the explorer preprocesses its photos as the run did; None for images."""
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
-        settings = (read_manifest(paths[0] / MANIFEST) or {}).get("settings") or {}
-        return settings.get("crop", "squash")
+        return recorded_crop(read_manifest(paths[0] / MANIFEST) or {})
     return None
+
+
+def recorded_crop(header: dict) -> str:
+    """The crop a run's manifest header records (runs before ``--crop`` squashed)."""
+    return (header.get("settings") or {}).get("crop", "squash")
 
 
 def check_start(paths: list[Path], host: str, token: str | None) -> str:
@@ -86,8 +90,9 @@ def open_gallery(
         root = paths[0].resolve()
         entries, header, predictions = read_run(root)
         strategies = read_strategies(root, entries)
-        made_by = (header.get("model"), header.get("weights_sha256"), run_crop(paths))
-        if made_by != (model, weights_sha, crop or run_crop(paths)):
+        recorded = recorded_crop(header)
+        made_by = (header.get("model"), header.get("weights_sha256"), recorded)
+        if made_by != (model, weights_sha, crop or recorded):
             predictions = {}  # made by another model or preprocessing: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
         gallery = Gallery(entries, root, header, predictions, strategies, read_concepts(root))
