@@ -284,6 +284,7 @@ def test_layers_match_and_explainable_narrow_the_list(resnet18_weights, capsys):
     assert cli.main([*argv, "--explainable"]) == 0
     out = capsys.readouterr().out
     assert "not explainable" not in out and " fc " not in out
+    assert " avgpool " not in out  # (1, 512, 1, 1): no map, as --layer avgpool is refused
     assert cli.main([*argv, "--match", "nothing-like-this"]) == 0
     assert "no layer matches 'nothing-like-this'" in capsys.readouterr().err
 

@@ -39,7 +39,7 @@ def run_layers(args: argparse.Namespace) -> int:
     if args.match is not None:
         calls = [call for call in calls if matches(call.name, args.match)]
     if args.explainable:
-        calls = [call for call in calls if not call.skip]
+        calls = [call for call in calls if call.unreadable is None]
     print(f"{loaded.name}, input {size[0]}x{size[1]}: {total} layer calls", end="")
     print(f", {len(calls)} shown" if len(calls) != total else "")
     if default is not None:
@@ -52,7 +52,7 @@ def run_layers(args: argparse.Namespace) -> int:
     print(f"  {'layer':<{name_width}}  {'type':<{type_width}}  output shape")
     for call in calls:
         mark = "*" if call.name == default else " "
-        note = f"  (not explainable: {call.skip})" if call.skip else ""
+        note = f"  (not explainable: {call.unreadable})" if call.unreadable else ""
         print(
             f"{mark} {call.name:<{name_width}}  {call.type_name:<{type_width}}  {call.shape}{note}"
         )
@@ -86,5 +86,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     layers.add_argument(
         "--explainable",
         action="store_true",
-        help="only layers a CAM can explain (not those marked 'not explainable')",
+        help="only layers a CAM can read (not those marked 'not explainable': the layers "
+        "--layer refuses)",
     )

@@ -38,6 +38,22 @@ class _Call:
     passes_through: bool
     skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
 
+    @property
+    def unreadable(self) -> str | None:
+        """Why a CAM cannot read this call's output (None: it can): skipped, or not a ``(B, C,
+        h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N, C)``
+        tokens. The one rule of the CLI's ``--layer`` check, ``camkit layers`` and the
+        explorer's layer menu."""
+        if self.skip is not None:
+            return self.skip
+        shape = tuple(self.shape)
+        if len(shape) in (3, 5) or (len(shape) == 4 and shape[-1] * shape[-2] > 1):
+            return None
+        return (
+            f"its output {shape} is not a spatial map: a CAM reads (B, C, h, w) maps of more "
+            "than one position, (B, C, d, h, w) volumes or (B, N, C) tokens"
+        )
+
 
 def trace(
     model: nn.Module,
@@ -177,7 +193,7 @@ def layer_shapes(
     shape is that of its first tensor, or ``()`` when it holds none. The model itself is not
     listed. :func:`skipped_layers` says which layers cannot be explained, and why.
     """
-    calls = sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
+    calls = _ordered_calls(model, input_size, example)
     return [(call.name, call.type_name, call.shape) for call in calls]
 
 
@@ -206,21 +222,27 @@ def map_layers(
     menu and ``camkit layers`` give. Readable: not skipped (:func:`skipped_layers`) and a
     ``(B, C, h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N,
     C)`` tokens."""
-    calls = sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
     answer: dict[str, str | None] = {}
-    for call in calls:
-        shape = tuple(call.shape)
-        if call.skip is not None:
-            why = call.skip
-        elif len(shape) == 3 or len(shape) == 5 or (len(shape) == 4 and shape[-1] * shape[-2] > 1):
-            why = None
-        else:
-            why = (
-                f"its output {shape} is not a spatial map: a CAM reads (B, C, h, w) maps of more "
-                "than one position, (B, C, d, h, w) volumes or (B, N, C) tokens"
-            )
-        answer.setdefault(call.name, why)
+    for call in _ordered_calls(model, input_size, example):
+        answer.setdefault(call.name, call.unreadable)
     return answer
+
+
+def map_layer_shapes(
+    model: nn.Module,
+    input_size: int | Sequence[int] | None = (224, 224),
+    *,
+    example: Example | None = None,
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """:func:`layer_shapes` of the layers a CAM can read (:func:`map_layers`), from one trace."""
+    calls = _ordered_calls(model, input_size, example)
+    return [(call.name, call.type_name, call.shape) for call in calls if call.unreadable is None]
+
+
+def _ordered_calls(
+    model: nn.Module, input_size: int | Sequence[int] | None, example: Example | None
+) -> list[_Call]:
+    return sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
 
 
 def default_layer(

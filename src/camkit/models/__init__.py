@@ -5,7 +5,13 @@ package, nothing downloaded); ``load("torchvision:resnet50", weights="r50.pth")`
 ``load("timm:convnext_tiny", weights=...)`` build any architecture offline.
 """
 
-from camkit.core.trace import default_layer, layer_shapes, map_layers, skipped_layers
+from camkit.core.trace import (
+    default_layer,
+    layer_shapes,
+    map_layer_shapes,
+    map_layers,
+    skipped_layers,
+)
 from camkit.errors import (
     CheckpointError,
     CheckpointMismatchError,
@@ -33,6 +39,7 @@ __all__ = [
     "default_layer",
     "imagenet_labels",
     "layer_shapes",
+    "map_layer_shapes",
     "map_layers",
     "load",
     "preprocess",

@@ -63,11 +63,8 @@ class MapKey:
 def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
     """The layers a CAM can read (:func:`camkit.models.map_layers`, the CLI's ``--layer``
     check), as ``(name, type, shape)``."""
-    readable = models.map_layers(model, size)
     return [
-        (name, kind, tuple(shape))
-        for name, kind, shape in models.layer_shapes(model, size)
-        if readable.get(name, "") is None
+        (name, kind, tuple(shape)) for name, kind, shape in models.map_layer_shapes(model, size)
     ]
 
 
