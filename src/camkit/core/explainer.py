@@ -215,9 +215,12 @@ class Explainer:
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse call options the method does not take, naming those it takes."""
-        unknown = [name for name in options if name not in self.call_options()]
+        if not options:  # the common call: no signature to read
+            return
+        takes = self.call_options()
+        unknown = [name for name in options if name not in takes]
         if unknown:
-            takes = ", ".join(self.call_options()) or "none"
+            takes = ", ".join(takes) or "none"
             raise ArgumentError(
                 f"{type(self).__name__} takes no call option {', '.join(unknown)}; its call "
                 f"options are: {takes} (constructor options such as batch_size= go to "
