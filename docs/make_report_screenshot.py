@@ -5,12 +5,12 @@ Run from the repository root (needs Chromium: ``apt-get install chromium``)::
     PYTHONPATH=src python docs/make_report_screenshot.py [docs/report.png]
 
 Overlays: Grad-CAM and Grad-CAM++ on EfficientNet-Lite0 (ImageNet weights, offline), each
-image's top-1 class, the images squashed to the model's input as ``camkit explain`` does.
+image's top-1 class, each photo made the model's input by the model's own transform (a centre
+crop) and its map drawn where the crop lies on the photo, as ``camkit explain`` does.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import sys
 import tempfile
@@ -44,13 +44,12 @@ def explain(root: Path) -> tuple[Path, list[dict]]:
     photos.mkdir()
     out.mkdir()
     net = models.load("efficientnet_lite0")
-    squash = dataclasses.replace(net.preprocess, crop_mode="squash")
     records = []
     for name, photo in PHOTOS.items():
         path = photos / name
         Image.fromarray(photo).save(path, **({"quality": 92} if name.endswith(".jpg") else {}))
         image = cio.read_image(path)
-        batch = squash(image)[None]
+        batch = net.preprocess(image)[None]
         with torch.no_grad():
             probabilities = net.model(batch).softmax(-1)[0]
         top5 = [
@@ -64,7 +63,8 @@ def explain(root: Path) -> tuple[Path, list[dict]]:
                 batch, target=target, upsample=False, normalize=False
             )[0]
             stem = f"{path.stem}_{method}_{target}"
-            cio.save_png(out / f"{stem}.png", camkit.overlay(image, heat))
+            region = net.preprocess.photo_region(*image.shape[:2])
+            cio.save_png(out / f"{stem}.png", camkit.viz.overlay_on_photo(image, heat, region))
             cio.save_npy(out / f"{stem}.npy", raw.numpy())
             records.append(
                 {
