@@ -43,9 +43,12 @@ def routes(state: ServerState) -> list[Route]:
 
         def cost(name: str) -> tuple[bool, float | None]:
             """Whether the method scores many copies of an image, and about how long a map
-            takes: the method's own answers (``forward_rows``, ``needs_gradients``)."""
+            takes: the method's own answers (``forward_rows``, ``needs_gradients``), asked of a
+            fresh instance: the explorer's cache of explainers is kept for the maps."""
+            entry = registry.get(name)
+            layer = explorer.default_layer if entry.needs_layer else None
             try:
-                explainer = explorer.explainer(checkpoints[0], name, (explorer.default_layer,))
+                explainer = entry.build(first.model, layer)
             except CamkitError:  # needs more than the default layer (RefineCAM): no estimate
                 return False, None
             seconds = None if rows is None else estimate_seconds(explainer, shape, rows)
