@@ -10,7 +10,7 @@ from conftest import TinyNet, X, small_cnn
 from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import nn
 
-from camkit.concepts import Channels, ConceptAttribution, Direction, GradientRules
+from camkit.concepts import Channels, ConceptAttribution, Direction, GradientRules, conditional
 from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError, LayerOutputError
 
 
@@ -119,10 +119,12 @@ def test_linearity_vit_tokens():
 # ----------------------------------------------------------------------------- batching
 
 
-def test_batched_equals_one_by_one_and_samples_alone():
+def test_batched_equals_one_by_one_and_samples_alone(monkeypatch):
     model = small_cnn()
     x = torch.rand(3, 3, 8, 8)
-    together = ConceptAttribution(model, "2").heatmaps(x, range(6))
+    with monkeypatch.context() as patch:  # the vmapped pass a GPU runs, here on the CPU
+        patch.setattr(conditional, "vmapped", lambda rules, grads: grads.shape[0] > 1)
+        together = ConceptAttribution(model, "2").heatmaps(x, range(6))
     chunked = ConceptAttribution(model, "2", batch_size=4).heatmaps(x, range(6))
 
     class Sequential(GradientRules):

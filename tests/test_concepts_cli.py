@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 from skimage import data
 
@@ -47,6 +48,10 @@ def test_concepts_writes_reference_patches(photos, tmp_path, capsys):
     summary = json.loads((out / "concepts.json").read_text())
     assert summary["layer"] == "blocks.2" and summary["images"] == 3
     assert list(summary["channels"]) == ["3", "0", "1"]
+    run = summary["run"]  # what reproduces it, as a manifest says
+    assert run["settings"]["crop"] == "center" and run["settings"]["layer"] == "blocks.2"
+    assert run["channels"] == [3, 0, 1] and torch.__version__.startswith(run["torch"])
+    assert run["arguments"][:2] == ["concepts", str(photos)] and run["finished"] >= run["started"]
     sizes = {p.name: Image.open(p).size for p in photos.glob("*.png") if p.stem != "broken"}
     for entries in summary["channels"].values():
         for mode in ("activation", "relevance"):

@@ -145,3 +145,30 @@ def test_the_tag_cluster_of_the_strategies_names_the_tag_channel():
         assert is_tag or not tagged[cluster.members].any()  # the clusters are the strategies
         assert int(dominant.channels[0]) == (TAG_CHANNEL if is_tag else 0)
         assert float(dominant.share[0]) > 0.99
+
+
+class _Unreachable(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the forward ran past the layer")
+
+
+def test_receptive_boxes_by_hand_and_with_shared_images():
+    # two 3x3 convolutions of positive weights: the field of a position is the 5x5 square
+    # around it, clipped to the 8x8 image; the forward stops at the layer
+    convs = nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
+    with torch.no_grad():
+        for conv in convs:
+            conv.weight.fill_(1.0)
+    model = nn.Sequential(*convs, _Unreachable()).eval()
+    images = torch.rand(3, 3, 8, 8)
+    boxes = receptive_boxes(model, "1", images, torch.tensor([0, 1, 0]), torch.tensor([0, 27, 63]))
+    assert boxes.tolist() == [[0, 0, 3, 3], [1, 1, 6, 6], [5, 5, 8, 8]]
+    # requests that share an image (one forward each, their backward passes shared) get the
+    # boxes they get alone
+    model = small_cnn()
+    channels, positions = torch.tensor([0, 5, 2, 0, 1]), torch.tensor([0, 27, 63, 36, 9])
+    image = torch.tensor([0, 0, 1, 2, 0])
+    shared = receptive_boxes(model, "2", images, channels, positions, image=image)
+    alone = receptive_boxes(model, "2", images[image], channels, positions)
+    assert torch.equal(shared, alone)
+    assert not torch.equal(shared[0], shared[1])

@@ -41,6 +41,7 @@ from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance import COMPOSITES
+from camkit.runs.manifest import header, now, sha256
 from camkit.runs.concepts import CONCEPTS
 
 PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
@@ -55,7 +56,7 @@ DESCRIPTION = (
 EPILOG = (
     "torchrun --nproc_per_node=N -m camkit concepts ... shares the images among N processes; "
     "rank 0 merges them.\n\noutputs in --out: concepts.json (per channel and ranking: image, "
-    "score, predicted class, patch box) and\n"
+    "score, predicted class, patch box; the run: versions, arguments, settings) and\n"
     "patches/LAYER/cCHANNEL_{activation,relevance}_RANK.png.\n\n"
     "example:\n  camkit concepts photos/ --layer blocks.5 --top 8 --channels 0-15 --out run"
 )
@@ -109,7 +110,10 @@ def run_concepts(args: argparse.Namespace) -> int:
             "rules": "gradient" if args.rules == "gradient" else f"lrp {args.composite}",
             "images": list(map(str, paths)),
             "crop": loaded.preprocess.crop_mode,
+            "weights_sha256": sha256(args.weights),
         }
+        settings = {key: value for key, value in run.items() if key != "images"}
+        head = header(settings, loaded.name, str(device), args.argv)
         if ranks.rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             if not args.resume:  # a new run: what an earlier one left is not part of it
@@ -136,7 +140,6 @@ def run_concepts(args: argparse.Namespace) -> int:
             channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
         else:
             channels = parse_channels(args.channels, relevance.numel())
-        originals = ImageFiles(paths, loaded.preprocess)
         summary = {
             "model": loaded.name,
             "layer": layer,
@@ -145,11 +148,18 @@ def run_concepts(args: argparse.Namespace) -> int:
             "unreadable": sorted(unreadable),
             "rules": run["rules"],
             "score": "sum over positions, divided by the image's sum of absolute channel scores",
-            "channels": {
-                str(c): write_channel(merged, originals, model, layer, c, out, loaded.labels)
-                for c in channels
-            },
+            "run": head | {"channels": channels},
+            "channels": write_patches(
+                merged,
+                ImageFiles(paths, loaded.preprocess),
+                model,
+                channels,
+                out,
+                loaded.labels,
+                args,
+            ),
         }
+        summary["run"]["finished"] = now()
         io.save_json(out / CONCEPTS, summary)
     print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
     return exit_status(sorted(unreadable))
@@ -213,52 +223,89 @@ def read_parts(out: Path, run: dict) -> list[dict]:
     return parts
 
 
-def write_channel(
+def write_patches(
     collector: ReferenceCollector,
-    originals: ImageFiles,
+    files: ImageFiles,
     model: torch.nn.Module,
-    layer: str,
-    channel: int,
+    channels: list[int],
     out: Path,
     labels: list[str],
-) -> dict:
-    """One channel's reference patches, written as PNGs -> its entries for ``concepts.json``."""
-    entries: dict[str, list[dict]] = {}
+    args: argparse.Namespace,
+) -> dict[str, dict[str, list[dict]]]:
+    """The reference patches of ``channels``, written as PNGs -> their ``concepts.json``
+    entries. Each reference image is decoded and run once, however many channels and rankings
+    it serves (:func:`~camkit.concepts.receptive_boxes`)."""
+    layer = collector.layer
+    served: dict[int, list[tuple[int, str, int]]] = {}  # sample -> (channel, mode, rank)
+    for channel in channels:
+        for mode in MODES:
+            for rank, sample in enumerate(collector.found[mode].samples[channel].tolist()):
+                if sample >= 0:
+                    served.setdefault(sample, []).append((channel, mode, rank))
+    # a batch holds images that serve as many receptive fields: one backward pass serves the
+    # k-th of each, and none runs for an image that has no k-th
+    by_count: dict[int, list[int]] = {}
+    for sample, requests in served.items():
+        fields = {(c, int(collector.found[m].positions[c, r])) for c, m, r in requests}
+        by_count.setdefault(len(fields), []).append(sample)
+    step = args.images_per_batch
+    batches = [
+        samples[start : start + step]
+        for _, samples in sorted(by_count.items(), reverse=True)
+        for start in range(0, len(samples), step)
+    ]
+    workers = default_workers() if args.workers is None else args.workers
+    loader = DataLoader(files, batch_sampler=batches, num_workers=workers, collate_fn=collate)
     folder = out / "patches" / layer
     folder.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    for mode in MODES:
-        found = collector.found[mode]
-        kept = found.samples[channel] >= 0
-        samples = found.samples[channel][kept]
-        items = [originals[int(i)] for i in samples]
-        inputs = torch.stack([item["input"] for item in items]).to(device)
-        boxes = receptive_boxes(
-            model,
-            layer,
-            inputs,
-            torch.full_like(samples, channel),
-            found.positions[channel][kept],
-        ).tolist()
-        rows = []
-        for rank, (item, box) in enumerate(zip(items, boxes, strict=True)):
-            image = item["image"].numpy()
-            top, left, bottom, right = originals.preprocess.box_on_photo(box, *image.shape[:2])
-            name = f"c{channel}_{mode}_{rank}.png"
-            io.save_png(folder / name, image[top:bottom, left:right])
-            cls = int(found.classes[channel, rank])
-            rows.append(
-                {
-                    "rank": rank,
-                    "image": item["path"],
-                    "score": float(found.values[channel, rank]),
-                    "class": cls,
-                    "label": labels[cls] if 0 <= cls < len(labels) else str(cls),
-                    "box": [top, left, bottom, right],
-                    "patch": str(Path("patches") / layer / name),
-                }
-            )
-        entries[mode] = rows
+    entries: dict[str, dict[str, list[dict]]] = {str(c): {m: [] for m in MODES} for c in channels}
+    with progress(len(served), "reference patches", "image", enabled=not args.quiet) as shown:
+        for batch in loader:
+            for _, path, reason in batch.failures:
+                message = f"camkit: cannot read {path}: {reason}; its patches are left out"
+                shown.write(message, file=sys.stderr)
+            requests = [
+                (row, *request)
+                for row, sample in enumerate(batch.indices)
+                for request in served[sample]
+            ]
+            shown.update(len(batch))
+            if not requests:
+                continue
+            positions = [
+                int(collector.found[mode].positions[channel, rank])
+                for _, channel, mode, rank in requests
+            ]
+            boxes = receptive_boxes(
+                model,
+                layer,
+                batch.inputs.to(device),
+                torch.tensor([channel for _, channel, _, _ in requests]),
+                torch.tensor(positions),
+                image=torch.tensor([row for row, _, _, _ in requests]),
+            ).tolist()
+            for (row, channel, mode, rank), box in zip(requests, boxes, strict=True):
+                image = batch.images[row].numpy()
+                top, left, bottom, right = files.preprocess.box_on_photo(box, *image.shape[:2])
+                name = f"c{channel}_{mode}_{rank}.png"
+                io.save_png(folder / name, image[top:bottom, left:right])
+                found = collector.found[mode]
+                cls = int(found.classes[channel, rank])
+                entries[str(channel)][mode].append(
+                    {
+                        "rank": rank,
+                        "image": batch.paths[row],
+                        "score": float(found.values[channel, rank]),
+                        "class": cls,
+                        "label": labels[cls] if 0 <= cls < len(labels) else str(cls),
+                        "box": [top, left, bottom, right],
+                        "patch": str(Path("patches") / layer / name),
+                    }
+                )
+    for modes in entries.values():
+        for rows in modes.values():
+            rows.sort(key=lambda entry: entry["rank"])
     return entries
 
 
