@@ -11,7 +11,10 @@ and the suspiciousness score puts the tag cluster first.
     python examples/clever_hans.py [--seconds 60] [--out docs/clever_hans.png]
 
 Prints the eigengap's suggestion, the clusters and the adjusted Rand index against the truth
-(tagged or not), and writes a figure: per cluster its prototype and typical members.
+(tagged or not), and writes a figure: per cluster its prototype and typical members. Then what
+the tag readers see (Concept Relevance Propagation, :mod:`camkit.concepts`): per cluster the
+channels that dominate it, the channel with the most relevance in the tag corner, and how many of
+that channel's reference images (over all held-out photos) are tagged.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
 import camkit
+from camkit.concepts import ConceptAttribution, ReferenceCollector
 from camkit.strategies import find_strategies
 from camkit.strategies.plots import prototype_picture
 
@@ -151,6 +155,38 @@ def main() -> None:
         )
     print(f"adjusted Rand index, clusters vs tagged: {ari:.2f}")
     figure(test[discs], maps, found, test_tagged[discs], args.out)
+    concepts(model, test, test_tagged, discs, found)
+
+
+def concepts(model: nn.Module, photos, tagged, discs, found) -> None:
+    """What the tag readers see, at the second block's output (layer "6", 16 x 16; the last
+    block's channels each mix both cues): per cluster its dominant channels, the channel with
+    the most relevance in the tag corner, and how many of that channel's reference images over
+    all held-out photos are tagged."""
+    layer = "6"
+    attribution = ConceptAttribution(model, layer, batch_size=64)
+    corner = torch.zeros(SIDE, SIDE, dtype=torch.bool)
+    corner[-TAG - 2 :, -TAG - 2 :] = True
+    collector = ReferenceCollector(model, layer, top=8)
+    for start in range(0, len(photos), 100):
+        rows = torch.arange(start, min(start + 100, len(photos)))
+        collector.update(photos[rows], rows)
+    print(f"concepts of layer {layer} (Concept Relevance Propagation, gradient x activation):")
+    for cluster in found.by_suspiciousness():
+        members = photos[discs[cluster.members]]
+        top = attribution.dominant(members, k=3, target=0)
+        shares = ", ".join(
+            f"{c} ({s:.2f})" for c, s in zip(top.channels.tolist(), top.share.tolist(), strict=True)
+        )
+        in_corner = attribution.relevances(members, target=0, region=corner).sum(dim=0)
+        channel = int(in_corner.argmax())
+        share = float(in_corner[channel] / in_corner.abs().sum())
+        references = collector.found["relevance"].samples[channel]
+        print(
+            f"  cluster {cluster.id}: dominant channels {shares}; in the tag corner channel "
+            f"{channel} ({share:.0%} of the relevance there), "
+            f"{int(tagged[references].sum())}/{len(references)} of its reference images tagged"
+        )
 
 
 if __name__ == "__main__":

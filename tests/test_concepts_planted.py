@@ -6,6 +6,7 @@ equals a full sort, merging collectors equals one collector, memory does not gro
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from conftest import small_cnn
 from matrix_kit import assert_untouched, model_state
@@ -13,6 +14,7 @@ from torch import nn
 
 from camkit.concepts import ConceptAttribution
 from camkit.concepts.reference import ReferenceCollector, TopK, receptive_boxes
+from camkit.errors import LayerOutputError
 
 TAG_CHANNEL, TAG, SIDE = 2, 5, 24
 
@@ -147,28 +149,40 @@ def test_the_tag_cluster_of_the_strategies_names_the_tag_channel():
         assert float(dominant.share[0]) > 0.99
 
 
-class _Unreachable(nn.Module):
+class _Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise AssertionError("the forward ran past the layer")
+        return self.conv(self.conv(x))
 
 
 def test_receptive_boxes_by_hand_and_with_shared_images():
     # two 3x3 convolutions of positive weights: the field of a position is the 5x5 square
-    # around it, clipped to the 8x8 image; the forward stops at the layer
-    convs = nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
+    # around it, clipped to the 8x8 image
+    model = nn.Sequential(nn.Conv2d(3, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1))
     with torch.no_grad():
-        for conv in convs:
+        for conv in model:
             conv.weight.fill_(1.0)
-    model = nn.Sequential(*convs, _Unreachable()).eval()
     images = torch.rand(3, 3, 8, 8)
-    boxes = receptive_boxes(model, "1", images, torch.tensor([0, 1, 0]), torch.tensor([0, 27, 63]))
+    boxes = receptive_boxes(
+        model.eval(), "1", images, torch.tensor([0, 1, 0]), torch.tensor([0, 27, 63])
+    )
     assert boxes.tolist() == [[0, 0, 3, 3], [1, 1, 6, 6], [5, 5, 8, 8]]
-    # requests that share an image (one forward each, their backward passes shared) get the
-    # boxes they get alone
-    model = small_cnn()
-    channels, positions = torch.tensor([0, 5, 2, 0, 1]), torch.tensor([0, 27, 63, 36, 9])
-    image = torch.tensor([0, 0, 1, 2, 0])
-    shared = receptive_boxes(model, "2", images, channels, positions, image=image)
-    alone = receptive_boxes(model, "2", images[image], channels, positions)
-    assert torch.equal(shared, alone)
+    # requests that share an image (one forward each, their backward passes shared; one asked
+    # twice) get the boxes they get alone
+    model = nn.Sequential(*list(small_cnn())[:2], nn.BatchNorm2d(4), *list(small_cnn())[2:])
+    channels, positions = torch.tensor([0, 5, 2, 0, 1, 5]), torch.tensor([0, 27, 63, 36, 9, 27])
+    image = torch.tensor([0, 0, 1, 2, 0, 0])
+    shared = receptive_boxes(model.eval(), "3", images, channels, positions, image=image)
+    alone = receptive_boxes(model, "3", images[image], channels, positions)
+    assert torch.equal(shared, alone) and torch.equal(shared[1], shared[5])
     assert not torch.equal(shared[0], shared[1])
+    # in train mode no buffer is updated
+    before = model_state(model.train())
+    with pytest.warns(UserWarning, match="training mode"):
+        receptive_boxes(model, "3", images, channels, positions, image=image)
+    assert_untouched(model, before)
+    with pytest.raises(LayerOutputError, match="2 times|twice|several"):
+        receptive_boxes(_Twice(), "conv", images, torch.tensor([0]), torch.tensor([0]))

@@ -41,8 +41,8 @@ from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance import COMPOSITES
-from camkit.runs.manifest import header, now, sha256
 from camkit.runs.concepts import CONCEPTS
+from camkit.runs.manifest import header, now, sha256
 
 PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
 DEFAULT_CHANNELS = 16

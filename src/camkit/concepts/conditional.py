@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,7 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import Layout, check_reshape, infer_layout
+from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
@@ -56,13 +57,15 @@ from camkit.targets.resolver import resolve
 
 @dataclass
 class _Pass:
-    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores."""
+    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores, and
+    the gradients of the scores at the tapped outputs once computed (``starts``)."""
 
     leaf: Tensor
     acts: dict[str, Tensor]
     layouts: dict[str, Layout | None]
     scores: Tensor
     classes: Tensor | None
+    starts: dict[str, Tensor] = field(default_factory=dict)
 
 
 class ConceptAttribution:
@@ -270,6 +273,7 @@ class ConceptAttribution:
         leaf = batch.detach().requires_grad_(True)
         with torch.enable_grad():
             with (
+                buffers_kept(self.model),
                 self.rules.applied(self.model),
                 capture_outputs(self.model, modules, start_graph=False) as taps,
             ):
@@ -293,7 +297,10 @@ class ConceptAttribution:
         return infer_layout(act.shape, self.model, tuple(batch.shape[2:]))
 
     def _start(self, run: _Pass, layer: str) -> Tensor:
-        """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``."""
+        """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``, one backward
+        pass per layer and forward."""
+        if layer in run.starts:
+            return run.starts[layer]
         if not run.scores.requires_grad:
             raise LayerOutputError(f"the target score does not depend on layer {layer!r}")
         (grad,) = torch.autograd.grad(
@@ -304,6 +311,7 @@ class ConceptAttribution:
                 f"the target score does not depend on layer {layer!r}: its output does not "
                 "reach the model's output"
             )
+        run.starts[layer] = grad
         return grad
 
     def _vjp(self, outputs: Tensor, inputs: Tensor, grads: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ from camkit.core.layers import capture_outputs, explained_module, find_layers, s
 from camkit.core.layouts import infer_layout
 from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
+from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError
 from camkit.targets.outputs import OutputSelector, class_logits
 
@@ -202,7 +203,7 @@ def visualize(
             with torch.enable_grad():
                 image = fourier_image(spectrum, size)
                 seen = robust(image, size, generator) if transforms else image
-                with capture_outputs(model, found, start_graph=False) as taps:
+                with buffers_kept(model), capture_outputs(model, found, start_graph=False) as taps:
                     out = model(normalise(seen).to(param.dtype))
                 acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
                 acts = {n: _channels_first(a, model, size) for n, a in acts.items()}

@@ -26,8 +26,15 @@ from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.inputs import as_batch, positive_int
-from camkit.core.layers import LayerSpec, explained_module, find_layers, forward_to, single_call
+from camkit.core.layers import (
+    LayerSpec,
+    capture_outputs,
+    explained_module,
+    find_layers,
+    single_call,
+)
 from camkit.core.layouts import infer_layout
+from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.outputs import OutputSelector
 from camkit.targets.resolver import resolve
@@ -144,7 +151,7 @@ class ReferenceCollector:
             )
         rows = torch.arange(batch.shape[0])
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
-        with self.rules.applied(self.capture.model):
+        with buffers_kept(self.capture.model), self.rules.applied(self.capture.model):
             output, taps = self.capture.forward(batch, Call(batch), start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
@@ -243,11 +250,11 @@ def receptive_boxes(
     value (the effective receptive field; the whole image where it is zero).
 
     ``image[i]`` says which of ``images`` request ``i`` reads (default: request ``i`` reads
-    image ``i``). Each image runs forward once, up to the layer only, however many requests
-    read it (a photo among the references of several channels); a request asked twice (by both
-    rankings) is computed once; the ``k``-th requests of all images share one backward pass, so
-    the passes are as many as the most requests of one image: images read by as many requests
-    are best passed together."""
+    image ``i``). Each image runs forward once, however many requests read it (a photo among
+    the references of several channels); a request asked twice (by both rankings) is computed
+    once; the ``k``-th requests of all images share one backward pass, so the passes are as many
+    as the most requests of one image: images read by as many requests are best passed
+    together."""
     model = explained_module(model)
     found = find_layers(model, layer)
     batch, _ = as_batch(images, model)
@@ -284,8 +291,10 @@ def _field_strength(
     image, channels, positions = requests.T
     slot = _slots(image)  # the backward pass that serves each request
     leaf = batch.detach().requires_grad_(True)
-    with torch.enable_grad():
-        act = forward_to(model, layer, leaf.clone())
+    with torch.enable_grad(), buffers_kept(model):
+        with capture_outputs(model, [layer], start_graph=False) as taps:
+            model(leaf.clone())
+        (act,) = single_call(taps)  # a layer that runs twice in one forward is refused
         flat = channels_first(act, model, batch, reshape).flatten(2)
         device = flat.device
         picked = flat[image.to(device), channels.to(device), positions.to(device)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -217,25 +217,3 @@ def first_output(model: nn.Module) -> Iterator[list]:
 
     with hooked(lambda: [model.register_forward_hook(this_thread(keep))]):
         yield kept
-
-
-class _Reached(Exception):
-    """Raised by :func:`forward_to`'s hook: the rest of the forward is not needed."""
-
-
-def forward_to(model: nn.Module, layer: tuple[str, nn.Module], *inputs: object) -> Tensor:
-    """The output of ``layer`` (a ``(name, module)`` of :func:`find_layers`) in
-    ``model(*inputs)``, at its first call, the forward stopped there: what comes after the layer
-    does not run. The output stays in the autograd graph when grad is enabled."""
-    name, module = layer
-    reached: list[Tensor] = []
-
-    def stop(module: nn.Module, args: tuple, output: object) -> None:
-        reached.append(tensor_output(name, output))
-        raise _Reached
-
-    with hooked(lambda: [module.register_forward_hook(this_thread(stop))]), suppress(_Reached):
-        model(*inputs)
-    if not reached:
-        raise LayerOutputError(f"layer {name!r} did not run in the model's forward pass")
-    return reached[0]
