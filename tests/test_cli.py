@@ -18,6 +18,7 @@ import torchvision
 from conftest import small_cnn
 from PIL import Image
 from skimage import data
+from test_report import page_data
 
 from camkit import cli
 from camkit import io as camkit_io
@@ -197,6 +198,15 @@ def test_demo_writes_overlays_and_a_summary(tmp_path):
     assert (
         run.stdout.strip().splitlines()[-1].startswith(f"look at:   {Path('demo', 'index.html')}")
     )
+    # what the model sees there: reference patches of blocks.5, in the report's concept atlas
+    found = json.loads((out / "concepts.json").read_text())
+    assert found["layer"] == demo.CONCEPT_LAYER and found["images"] == 5
+    assert len(found["channels"]) == 16
+    for entries in found["channels"].values():
+        assert len(entries["relevance"]) == demo.CONCEPT_TOP
+        assert all((out / row["patch"]).is_file() for row in entries["relevance"])
+    atlas = page_data(out / "index.html")["concepts"]
+    assert atlas["layer"] == demo.CONCEPT_LAYER and len(atlas["channels"]) == 16
 
 
 def test_demo_percentages_keep_small_probabilities_visible():

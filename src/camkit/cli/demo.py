@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from camkit import io, models, viz
-from camkit.cli import report
+from camkit.cli import concepts, report
 from camkit.cli.arguments import add_command
 from camkit.cli.common import (
     EXIT_OK,
@@ -22,9 +22,12 @@ from camkit.cli.common import (
 )
 from camkit.cli.explain import explain
 from camkit.cli.pipeline import Job
+from camkit.runs.concepts import CONCEPTS
 from camkit.runs.manifest import MANIFEST
 
-DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam")
+DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam", "lrp")
+# what the model sees there: the reference patches of this layer's most relevant channels
+CONCEPT_LAYER, CONCEPT_TOP = "blocks.5", 3
 # the model's top-1 for the astronaut is a bobsled; --target explains a class of our choice
 TARGET_PHOTO, TARGET_CLASS, TARGET_DIR = "astronaut", "space shuttle", "target"
 LEGEND = (
@@ -37,8 +40,9 @@ SUMMARY = "run the whole pipeline on scikit-image's sample photos"
 DESCRIPTION = (
     "Explain five sample photos with "
     f"{', '.join(DEMO_METHODS)}, write the browsable report (OUT/index.html) and a summary "
-    f"grid (OUT/summary.png), and explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
-    "(--target)."
+    f"grid (OUT/summary.png), explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
+    f"(--target), and find the reference patches of the most relevant channels of "
+    f"{CONCEPT_LAYER} (camkit concepts: OUT/concepts.json, the report's concept atlas)."
 )
 
 
@@ -81,6 +85,9 @@ def run_demo(args: argparse.Namespace) -> int:
     argv = [str(astronaut), "--target", TARGET_CLASS, "--out", str(targeted.out)]
     extra = explain(loaded, [astronaut], targeted, argv=argv)["records"]
     extra = [record | {"output": f"{TARGET_DIR}/{record['output']}"} for record in extra]
+    # what it sees there: each channel's reference patches, into the run (the concept atlas)
+    found = [str(inputs), "--layer", CONCEPT_LAYER, "--top", str(CONCEPT_TOP), "--out", str(out)]
+    concepts.run_concepts(concepts_arguments(found))
     page = report.write_report(out, records + extra, title="camkit demo", colormap=job.colormap)
 
     rows = []
@@ -100,10 +107,20 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"overlays:  {out}/<photo>_<method>_<class>.{job.format} ({len(records)} files)")
     print(f"--target:  {targeted.out}/ ({TARGET_PHOTO} as {first['label']!r})")
     print(f"manifest:  {out / MANIFEST}")
+    print(f"concepts:  {out / CONCEPTS} (reference patches of {CONCEPT_LAYER}'s channels)")
     print(f"summary:   {summary}")
     print(f"done in {time.perf_counter() - started:.1f} s on {device}")
     print(f"look at:   {page} (open it in a browser: every overlay, by photo, method and class)")
     return EXIT_OK
+
+
+def concepts_arguments(arguments: list[str]) -> argparse.Namespace:
+    """``camkit concepts ARGUMENTS`` parsed as the command line would parse them."""
+    parser = argparse.ArgumentParser(prog="camkit")
+    concepts.add_parser(parser.add_subparsers(dest="command"))
+    parsed = parser.parse_args(["concepts", *arguments])
+    parsed.argv = ["concepts", *arguments]
+    return parsed
 
 
 def percent(probability: float) -> str:
