@@ -266,6 +266,32 @@ def test_concurrent_requests_become_one_engine_call(tmp_path: Path) -> None:
     batcher.close()
 
 
+def test_a_lone_request_waits_for_no_window(tmp_path: Path, monkeypatch) -> None:
+    from camkit.serve import batcher as batching
+
+    explorer = explorer_for(photo_folder(tmp_path))
+    app = create_app(explorer, token=None, window=0.05)
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay: float, *args: object) -> object:
+        waits.append(delay)
+        return await sleep(delay, *args)
+
+    monkeypatch.setattr(batching.asyncio, "sleep", recorded)
+
+    async def ask(pairs: list[tuple[int, int]]) -> None:
+        await asyncio.gather(
+            *(app.state.batcher.maps("a", "gradcam", ("act2",), i, t) for i, t in pairs)
+        )
+
+    asyncio.run(ask([(1, 0)]))  # a click: straight to the model
+    assert 0.05 not in waits and explorer.engine_calls == 1
+    asyncio.run(ask([(2, 0), (5, 1)]))  # sent together: the window lets them gather
+    assert waits.count(0.05) == 1 and explorer.engine_calls == 2
+    app.state.batcher.close()
+
+
 def test_depth_strip_is_one_pass_and_equals_each_layer_alone(served) -> None:
     client, explorer = served
     model = explorer.checkpoints["a"].model

@@ -1,8 +1,9 @@
 """Map requests that arrive together become one engine call.
 
 Every request for a map waits on a small queue; the model thread takes what has gathered
-(waiting ``window`` seconds after the first request, and meanwhile whatever arrives while it is
-busy), groups it by checkpoint, method and layers, and answers each group with ONE call of the
+(when requests arrive together, waiting ``window`` seconds after the first for the others; a
+lone request, a click, waits for nothing; and whatever arrives while the thread is busy),
+groups it by checkpoint, method and layers, and answers each group with ONE call of the
 method: the group's images as one batch, each image's classes as ``K`` targets, the layers from
 one pass (:meth:`~camkit.serve.explorer.Explorer.compute`). Maps are cached (bounded LRU), so a
 map asked twice is computed once. One thread runs every model call: hooks of two calls on the
@@ -76,7 +77,9 @@ class MapBatcher:
     async def _loop(self) -> None:
         while True:
             await self.wakeup.wait()
-            await asyncio.sleep(self.window)  # let the requests sent together arrive
+            await asyncio.sleep(0)  # the requests sent in the same turn of the event loop
+            if len(self.pending) > 1:  # requests arrive together: let the rest of them come
+                await asyncio.sleep(self.window)
             self.wakeup.clear()
             taken, self.pending = self.pending, []
             groups: dict[Group, list[tuple[tuple[int, int], asyncio.Future]]] = {}
