@@ -17,17 +17,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from PIL import Image
 
 from camkit import models
-from camkit.cli import build_parser
-from camkit.cli.serve import build
-from camkit.serve.app import running
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from make_serve_screenshot import WAIT_IDLE  # noqa: E402
-from test_report import Browser  # noqa: E402
+from make_serve_screenshot import WAIT_IDLE, Browser, shoot  # noqa: E402
 
 
 def second_checkpoint(folder: Path) -> Path:
@@ -43,28 +37,16 @@ def second_checkpoint(folder: Path) -> Path:
     return path
 
 
+def both_and_difference(browser: Browser) -> None:
+    browser.js("document.getElementById('compare').click()")
+    browser.js("new Promise((done) => setTimeout(done, 200))")
+    browser.js(WAIT_IDLE)
+
+
 def main(out: Path) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         other = second_checkpoint(Path(scratch))
-        argv = ["serve", "--demo", "--device", "cpu", "--token", "demo"]
-        args = build_parser().parse_args([*argv, "--compare-weights", str(other)])
-        app = build(args).app
-        names = [entry.name for entry in app.state.explorer.entries]
-        cat = names.index("chelsea.png")
-        with running(app) as base:
-            browser = Browser(Path(scratch) / "profile", width=1360, height=1000)
-            try:
-                browser.open(f"{base}/?token=demo#image={cat}")
-                browser.js(WAIT_IDLE)
-                browser.js("document.getElementById('compare').click()")
-                browser.js("new Promise((done) => setTimeout(done, 200))")
-                browser.js(WAIT_IDLE)
-                shot = browser.screenshot(out.with_suffix(".tmp.png"))
-            finally:
-                browser.close()
-    Image.open(shot).convert("RGB").save(out, optimize=True)
-    shot.unlink()
-    print(f"wrote {out}")
+        shoot(out, both_and_difference, extra=["--compare-weights", str(other)], height=1000)
 
 
 if __name__ == "__main__":

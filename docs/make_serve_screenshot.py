@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from PIL import Image
@@ -27,24 +28,21 @@ WAIT_IDLE = """new Promise((done) => { const t0 = Date.now(); (function poll() {
       || Date.now() - t0 > 60000) setTimeout(done, 300); else setTimeout(poll, 50); })(); })"""
 
 
-def main(out: Path) -> None:
-    args = build_parser().parse_args(["serve", "--demo", "--device", "cpu", "--token", "demo"])
-    app = build(args).app
+def shoot(
+    out: Path, steps: Callable[[Browser], None], *, extra: Sequence[str] = (), height: int = 980
+) -> None:
+    """``camkit serve --demo [extra]`` in headless Chromium, on the cat photo once the page is
+    idle: ``steps(browser)``, then the page as ``out`` (RGB PNG)."""
+    argv = ["serve", "--demo", "--device", "cpu", "--token", "demo", *extra]
+    app = build(build_parser().parse_args(argv)).app
     names = [entry.name for entry in app.state.explorer.entries]
     cat = names.index("chelsea.png")
     with running(app) as base, tempfile.TemporaryDirectory() as profile:
-        browser = Browser(Path(profile), width=1360, height=980)
+        browser = Browser(Path(profile), width=1360, height=height)
         try:
             browser.open(f"{base}/?token=demo#image={cat}")
             browser.js(WAIT_IDLE)
-            browser.js(
-                """(() => { const e = document.getElementById('class2');
-                e.value = 'tabby (281)'; e.dispatchEvent(new Event('change')); })()"""
-            )
-            browser.js(WAIT_IDLE)
-            browser.js("document.getElementById('depth-button').click()")
-            browser.js("new Promise((done) => setTimeout(done, 200))")
-            browser.js(WAIT_IDLE)
+            steps(browser)
             shot = browser.screenshot(out.with_suffix(".tmp.png"))
         finally:
             browser.close()
@@ -53,5 +51,16 @@ def main(out: Path) -> None:
     print(f"wrote {out}")
 
 
+def tabby_and_depth(browser: Browser) -> None:
+    browser.js(
+        """(() => { const e = document.getElementById('class2');
+        e.value = 'tabby (281)'; e.dispatchEvent(new Event('change')); })()"""
+    )
+    browser.js(WAIT_IDLE)
+    browser.js("document.getElementById('depth-button').click()")
+    browser.js("new Promise((done) => setTimeout(done, 200))")
+    browser.js(WAIT_IDLE)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/serve.png"))
+    shoot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/serve.png"), tabby_and_depth)

@@ -292,6 +292,23 @@ class Browser:
             raise RuntimeError(f"JavaScript failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    def problems(self) -> list[dict]:
+        """The page's errors so far: uncaught exceptions, console errors and assertions, and
+        error log entries (failed loads)."""
+        return [
+            event
+            for event in self.events
+            if event.get("method") == "Runtime.exceptionThrown"
+            or (
+                event.get("method") == "Runtime.consoleAPICalled"
+                and event["params"]["type"] in ("error", "assert")
+            )
+            or (
+                event.get("method") == "Log.entryAdded"
+                and event["params"]["entry"]["level"] == "error"
+            )
+        ]
+
     def screenshot(self, path: Path, quality: int | None = None) -> Path:
         options = {"format": "png"} if quality is None else {"format": "jpeg", "quality": quality}
         data = self.call("Page.captureScreenshot", session=True, **options)["data"]

@@ -722,20 +722,7 @@ def test_explorer_in_headless_chromium(tmp_path: Path) -> None:
             settle(browser)
             assert browser.js("document.querySelectorAll('#depth img').length") == 2
             assert browser.js("document.getElementById('message').hidden") is True
-            problems = [
-                event
-                for event in browser.events
-                if event.get("method") == "Runtime.exceptionThrown"
-                or (
-                    event.get("method") == "Runtime.consoleAPICalled"
-                    and event["params"]["type"] in ("error", "assert")
-                )
-                or (
-                    event.get("method") == "Log.entryAdded"
-                    and event["params"]["entry"]["level"] == "error"
-                )
-            ]
-            assert problems == []
+            assert browser.problems() == []
             schemes = browser.js(
                 "performance.getEntriesByType('resource')"
                 ".map((e) => e.name.split('/')[2] || e.name)"

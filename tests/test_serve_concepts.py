@@ -404,20 +404,7 @@ def test_concept_views_in_headless_chromium(tmp_path: Path) -> None:
             )
             assert listed == [c["channel"] for c in dominant["concepts"]]
             assert browser.js("document.getElementById('message').hidden") is True
-            problems = [
-                event
-                for event in browser.events
-                if event.get("method") == "Runtime.exceptionThrown"
-                or (
-                    event.get("method") == "Runtime.consoleAPICalled"
-                    and event["params"]["type"] in ("error", "assert")
-                )
-                or (
-                    event.get("method") == "Log.entryAdded"
-                    and event["params"]["entry"]["level"] == "error"
-                )
-            ]
-            assert problems == []
+            assert browser.problems() == []
         finally:
             browser.close()
 
