@@ -85,3 +85,14 @@ def assert_untouched(model: nn.Module, before: dict) -> None:
         else:
             assert before[key] == after[key], key
     assert torch.is_grad_enabled()
+
+
+class Function(nn.Module):
+    """A module that applies ``fn``: a functional forward written inline in a test."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)

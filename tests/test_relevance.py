@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import Function
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
@@ -399,15 +400,6 @@ def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
     assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)
 
 
-class _Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x)
-
-
 class _Chain(nn.Module):
     """``bn_a -> conv -> bn_b`` (merged on both sides), and ``conv_x`` declared before ``bn_y``
     but not feeding it (module order is not data flow)."""
@@ -442,7 +434,7 @@ def test_batch_norms_on_both_sides_and_module_order_that_is_not_data_flow() -> N
         folded.weight.copy_((scale_b[:, None] * w * scale_a[None])[..., None, None])
         inner = w @ (a.bias - a.running_mean * scale_a) + chain.conv.bias
         folded.bias.copy_((inner - b.running_mean) * scale_b + b.bias)
-    by_hand = _Fn(lambda x: F.relu(folded(x)).mean((2, 3)))
+    by_hand = Function(lambda x: F.relu(folded(x)).mean((2, 3)))
     by_hand.folded = folded  # a submodule, so that the composite gives it its rule
     torch.testing.assert_close(chain(x), by_hand(x))
     expected = _relevance(by_hand, x, Composite([(nn.Conv2d, ZPlus())], canonizers=[]))

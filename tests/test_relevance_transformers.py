@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from conftest import Function
 from torch import Tensor, nn
 
 import camkit
@@ -23,32 +24,23 @@ def _relevance(model: nn.Module, x: Tensor, target: int) -> Tensor:
     return (leaf * grad).detach()
 
 
-class _Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x)
-
-
 def test_softmax_rule_by_hand() -> None:
     """``R_j = x_j (R_j - s_j sum R)`` with ``R = s_i e_i`` (the target's probability)."""
     s = X.softmax(1)[0]
     i = 2
     expected = X[0] * s[i] * (torch.eye(4, dtype=X.dtype)[i] - s)
-    got = _relevance(_Fn(lambda x: torch.softmax(x, dim=1)), X, i)
+    got = _relevance(Function(lambda x: torch.softmax(x, dim=1)), X, i)
     torch.testing.assert_close(got[0], expected, rtol=1e-12, atol=1e-15)
 
 
 def test_matmul_uniform_rule_by_hand() -> None:
     """``y = [x0, x1] @ [x2, x3]^T = x0 x2 + x1 x3 = 0.5 - 1.5 = -1``: each factor of each
     product gets half of it, ``R = [x0 x2, x1 x3, x0 x2, x1 x3] / 2``, summing to ``y``."""
-    model = _Fn(lambda x: (x[:, None, :2] @ x[:, 2:, None]).flatten(1))
+    model = Function(lambda x: (x[:, None, :2] @ x[:, 2:, None]).flatten(1))
     got = _relevance(model, X, 0)
     expected = torch.tensor([[1.0, -1.5, 1.0, -1.5]], dtype=X.dtype) / 2
     torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
-    gate = _relevance(_Fn(lambda x: x[:, :2] * x[:, 2:]), X, 1)  # an element-wise gate
+    gate = _relevance(Function(lambda x: x[:, :2] * x[:, 2:]), X, 1)  # an element-wise gate
     torch.testing.assert_close(gate, torch.tensor([[0.0, -0.75, 0.0, -0.75]], dtype=X.dtype))
 
 
