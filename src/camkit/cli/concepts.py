@@ -236,17 +236,20 @@ def write_patches(
     entries. Each reference image is decoded and run once, however many channels and rankings
     it serves (:func:`~camkit.concepts.receptive_boxes`)."""
     layer = collector.layer
-    served: dict[int, list[tuple[int, str, int]]] = {}  # sample -> (channel, mode, rank)
+    # sample -> (channel, mode, rank, position) of each reference it is
+    served: dict[int, list[tuple[int, str, int, int]]] = {}
     for channel in channels:
         for mode in MODES:
-            for rank, sample in enumerate(collector.found[mode].samples[channel].tolist()):
+            found = collector.found[mode]
+            positions = found.positions[channel].tolist()
+            for rank, sample in enumerate(found.samples[channel].tolist()):
                 if sample >= 0:
-                    served.setdefault(sample, []).append((channel, mode, rank))
+                    served.setdefault(sample, []).append((channel, mode, rank, positions[rank]))
     # a batch holds images that serve as many receptive fields: one backward pass serves the
     # k-th of each, and none runs for an image that has no k-th
     by_count: dict[int, list[int]] = {}
     for sample, requests in served.items():
-        fields = {(c, int(collector.found[m].positions[c, r])) for c, m, r in requests}
+        fields = {(channel, position) for channel, _, _, position in requests}
         by_count.setdefault(len(fields), []).append(sample)
     step = args.images_per_batch
     batches = [
@@ -273,19 +276,16 @@ def write_patches(
             shown.update(len(batch))
             if not requests:
                 continue
-            positions = [
-                int(collector.found[mode].positions[channel, rank])
-                for _, channel, mode, rank in requests
-            ]
+            rows, channels_asked, _, _, positions = zip(*requests, strict=True)
             boxes = receptive_boxes(
                 model,
                 layer,
                 batch.inputs.to(device),
-                torch.tensor([channel for _, channel, _, _ in requests]),
+                torch.tensor(channels_asked),
                 torch.tensor(positions),
-                image=torch.tensor([row for row, _, _, _ in requests]),
+                image=torch.tensor(rows),
             ).tolist()
-            for (row, channel, mode, rank), box in zip(requests, boxes, strict=True):
+            for (row, channel, mode, rank, _), box in zip(requests, boxes, strict=True):
                 image = batch.images[row].numpy()
                 top, left, bottom, right = files.preprocess.box_on_photo(box, *image.shape[:2])
                 name = f"c{channel}_{mode}_{rank}.png"
