@@ -28,7 +28,7 @@ from camkit.serve import security  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TOKEN = "one-policy-token"
-METHODS = ("gradcam", "saliency")
+METHODS = ("gradcam", "saliency", "lrp")
 
 
 def library(photo: np.ndarray, crop: str | None) -> tuple[int, float, dict[str, np.ndarray]]:

@@ -119,13 +119,12 @@ class LRP(PixelAttribution):
         result, several = self._propagate(inputs[0], target, call, record=[])
         return (result.input,), several
 
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], relevance (B, K, C, H, W))`` for display: the positive
-        part of the relevance summed over the channels, divided by its 99th percentile and
-        clipped at 1 (LRP maps are signed; the evidence for the target is shown)."""
-        (relevance,), _ = self.attribute((batch,), target, Call(batch))
-        heat = to_heatmap(relevance, "sum", percentile=HEATMAP_PERCENTILE).clamp(min=0)
-        return heat, relevance
+    def display_heat(self, result: Tensor) -> Tensor:
+        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
+        relevance summed over the channels, divided by its 99th percentile and clipped at 1
+        (LRP maps are signed; the evidence for the target is shown)."""
+        heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
+        return heat.clamp(min=0)
 
     def relevance(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
