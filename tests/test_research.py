@@ -117,6 +117,66 @@ def test_train_mode_buffers_are_restored_when_the_call_raises():
     assert torch.equal(model.bn.running_mean, mean)
 
 
+def _buffers_kept_through(run) -> None:
+    """``run(model)`` on a train-mode batch-norm model leaves its buffers bitwise unchanged."""
+    model = _BatchNormNet().train()
+    before = model_state(model)
+    buffers = [b.clone() for b in model.buffers()]
+    run(model, torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1)))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
+    assert model.training and model.bn.training
+    assert_untouched(model, before)
+
+
+@pytest.mark.filterwarnings("ignore:the model is in training mode")
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda model, x: GradCAM(model, "bn").heatmaps(x, 0),
+        lambda model, x: camkit.ScoreCAM(model, "bn").heatmaps(x, 0),
+        lambda model, x: camkit.FullGrad(model).heatmaps(x, 0),
+        lambda model, x: Saliency(model).heatmaps(x, 0),
+        lambda model, x: camkit.SmoothGrad(model, samples=2).heatmaps(x, 0),
+        lambda model, x: camkit.LRP(model).heatmaps(x, 0),
+        lambda model, x: camkit.LRP(model).relevance(x, 0),
+        lambda model, x: camkit.IntegratedGradients(model, steps=2).completeness(x, 0),
+    ],
+    ids=["gradcam", "scorecam", "fullgrad", "saliency", "smoothgrad", "lrp", "lrp-relevance", "ig"],
+)
+def test_train_mode_buffers_are_restored_by_heatmaps_and_the_other_entry_points(run):
+    """heatmaps() (what the CLI calls), LRP's relevance() and Integrated Gradients'
+    completeness() run the model outside a call: the same guards hold."""
+    _buffers_kept_through(run)
+
+
+def test_deep_feature_factorization_restores_train_mode_buffers():
+    with pytest.warns(UserWarning, match="restores the running statistics"):
+        _buffers_kept_through(lambda model, x: camkit.DeepFeatureFactorization(model, "bn")(x, 2))
+
+
+def test_attention_heatmaps_restore_train_mode_buffers():
+    timm = pytest.importorskip("timm")
+
+    class Normalised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.bn = nn.BatchNorm2d(3)
+            self.vit = timm.create_model(
+                "vit_tiny_patch16_224", pretrained=False, img_size=32, depth=2
+            )
+
+        def forward(self, x):
+            return self.vit(self.bn(x))
+
+    model = Normalised().train()
+    buffers = [b.clone() for b in model.buffers()]
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    heat, _ = camkit.AttentionRollout(model).heatmaps(x, 0)
+    assert heat.shape == (2, 1, 32, 32)
+    assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
+
+
 # ----------------------------------------------------------------- tokens after the patches
 
 

@@ -22,6 +22,7 @@ from camkit.core.finish import Finishing
 from camkit.core.formats import autocast
 from camkit.core.layers import explained_module, hooked, this_thread
 from camkit.core.layouts import infer_layout
+from camkit.core.state import model_guarded
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
@@ -137,7 +138,8 @@ class AttentionMethod(Explainer):
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the same)`` for display."""
-        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
+        with model_guarded(self.model):
+            maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
     def relevance(

@@ -35,10 +35,9 @@ from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.engine import over_rows, require_autograd
 from camkit.core.finish import Finishing, drop_axes
-from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
-from camkit.core.state import buffers_kept
+from camkit.core.state import model_guarded
 from camkit.errors import UnknownMethodError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
@@ -86,7 +85,7 @@ def cams(
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
     call = Call.of(batch, additional_forward_args)
     explained = next(iter(explainers.values())).model
-    with buffers_kept(explained), batchnorm_gradients_guarded(explained):
+    with model_guarded(explained):
         results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
         for name, explainer in explainers.items():
             if name not in shared:

@@ -24,6 +24,7 @@ from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
@@ -153,7 +154,8 @@ class BaseCAM(Explainer):
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
         finished map."""
-        maps, _ = self.maps(batch, target, Finishing(), Call(batch))
+        with model_guarded(self.model):
+            maps, _ = self.maps(batch, target, Finishing(), Call(batch))
         return maps, maps
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:

@@ -26,6 +26,7 @@ from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import LayerSpec, find_layer, single_call
 from camkit.core.layouts import check_reshape, resolve_reshape
 from camkit.core.seeds import seed_value
+from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, InputError, LayerOutputError
 
 
@@ -172,7 +173,8 @@ class DeepFeatureFactorization:
         """Factorise ``x``'s activations into ``components`` concepts (see :func:`nmf` for
         ``init``, ``max_iter``, ``tol``)."""
         batch, single = as_batch(x, self.model)
-        _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
+        with buffers_kept(self.model):  # a forward without gradients: no batch-norm guard
+            _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
         (act,) = single_call(taps)
         act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)

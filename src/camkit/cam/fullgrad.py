@@ -30,6 +30,7 @@ from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
 from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
+from camkit.core.state import model_guarded
 from camkit.errors import GradientError
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
@@ -134,7 +135,8 @@ class FullGrad(Explainer):
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], the unnormalised saliency (B, K, H, W))``."""
-        maps, _ = self.maps(batch, target)
+        with model_guarded(self.model):
+            maps, _ = self.maps(batch, target)
         return minmax(maps), maps
 
     def maps(

@@ -12,6 +12,7 @@
 * :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;
 * :mod:`~camkit.core.finish`: ReLU, upsampling, normalisation, fusing, dropping axes;
 * :mod:`~camkit.core.progress`: tqdm progress bars;
-* :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model;
+* :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model, and
+  ``model_guarded``, the per-call guards every entry point enters;
 * :mod:`~camkit.core.guards`: the guard against PyTorch's batch-norm backward bug.
 """

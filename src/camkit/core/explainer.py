@@ -27,12 +27,11 @@ from torch import Tensor, nn
 from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.finish import drop_axes
-from camkit.core.guards import batchnorm_gradients_guarded
 from camkit.core.inputs import as_batch, as_inputs, positive_int
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import Reshape, check_reshape
 from camkit.core.seeds import seed_value
-from camkit.core.state import buffers_kept
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, InputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
@@ -200,7 +199,7 @@ class Explainer:
         self.check_options(options)
         batch, single = self.checked_input(x)
         call = Call.of(batch, additional_forward_args)
-        with buffers_kept(self.model), batchnorm_gradients_guarded(self.model):
+        with model_guarded(self.model):
             if self.needs_layer:
                 self.capture.resolve(batch, call)
             result, several = self.explain(call, target, **options)
@@ -253,7 +252,8 @@ class Explainer:
         return drop_axes(result, single, several)
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], the raw result)`` for display."""
+        """``(heat (B, K, H, W) in [0, 1], the raw result)`` for display; the model guarded as
+        in a call (:func:`~camkit.core.state.model_guarded`)."""
         raise NotImplementedError
 
     def display_heat(self, result: Tensor) -> Tensor:

@@ -5,6 +5,9 @@ A model left in ``train()`` updates its batch-norm running statistics (and
 camkit runs: noisy copies, path points, masked images. camkit does not switch the model to
 ``eval()`` (the maps then explain the train-mode model the user asked about); it keeps a copy of
 every buffer and writes it back, bitwise, when the call ends, also when it raises.
+
+:func:`model_guarded` is what every public entry point that runs the model enters: the buffers
+kept, and the batch-norm gradient guard of :mod:`camkit.core.guards`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+from camkit.core.guards import batchnorm_gradients_guarded
 
 
 def in_training(model: nn.Module) -> bool:
@@ -47,4 +52,13 @@ def buffers_kept(model: nn.Module) -> Iterator[None]:
                 buffer.copy_(copy)
 
 
-__all__ = ["buffers_kept", "in_training"]
+@contextmanager
+def model_guarded(model: nn.Module) -> Iterator[None]:
+    """The per-call guards of ``model`` while the code inside runs it: its buffers restored on
+    exit (:func:`buffers_kept`) and the gradients reaching its batch norms in their input's
+    layout (:func:`~camkit.core.guards.batchnorm_gradients_guarded`)."""
+    with buffers_kept(model), batchnorm_gradients_guarded(model):
+        yield
+
+
+__all__ = ["buffers_kept", "in_training", "model_guarded"]

@@ -27,6 +27,7 @@ from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
+from camkit.core.state import model_guarded
 from camkit.errors import GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
@@ -95,7 +96,8 @@ class PixelAttribution(Explainer):
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display
         (:meth:`display_heat`)."""
-        (attr,), _ = self.attribute((batch,), target, Call(batch))
+        with model_guarded(self.model):
+            (attr,), _ = self.attribute((batch,), target, Call(batch))
         attr = attr.detach().float()
         return self.display_heat(attr), attr
 

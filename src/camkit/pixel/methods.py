@@ -20,6 +20,7 @@ from camkit.core.finish import drop_axes
 from camkit.core.inputs import positive_int
 from camkit.core.seeds import call_seed
 from camkit.core.seeds import generator as random_generator
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError
 from camkit.pixel.base import (
     Inputs,
@@ -248,7 +249,8 @@ class IntegratedGradients(PixelAttribution):
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
         call = Call.of(inputs, additional_forward_args)
-        attrs, delta, several = self.integrate(inputs, target, call)
+        with model_guarded(self.model):
+            attrs, delta, several = self.integrate(inputs, target, call)
         error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {

@@ -21,6 +21,7 @@ from camkit.core.engine import layer_gradients
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
@@ -133,7 +134,8 @@ class LRP(PixelAttribution):
         ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
         batch, _ = self.checked_input(x)
         call = Call.of(batch, additional_forward_args)
-        return self._propagate(batch, target, call, record=self.record)[0]
+        with model_guarded(self.model):
+            return self._propagate(batch, target, call, record=self.record)[0]
 
     def _propagate(
         self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
