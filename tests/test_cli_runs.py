@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io as pyio
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,13 @@ def test_counting_rows_reports_each_pass_and_leaves_no_hook() -> None:
     with pytest.raises(RuntimeError, match="stop"), counting_rows(model, _stop):
         model(torch.zeros(1, 3, 2, 2))
     assert not model._forward_pre_hooks
+    seen.clear()
+    with counting_rows(model, seen.append):  # another thread's pass through the model: not counted
+        other = threading.Thread(target=model, args=(torch.zeros(3, 3, 2, 2),))
+        other.start()
+        other.join()
+        model(torch.zeros(4, 3, 2, 2))
+    assert seen == [4]
     ticks = iter(range(100))
     buffer = pyio.StringIO()
     shown = LogProgress(4, "evaluate", "map", interval=5, file=buffer, clock=lambda: next(ticks))

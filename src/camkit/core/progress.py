@@ -12,6 +12,8 @@ from typing import IO, Any
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from camkit.core.layers import hooked, this_thread
+
 LOG_INTERVAL = 10.0  # seconds between two progress lines in a log
 
 
@@ -117,15 +119,13 @@ def progress(
 def counting_rows(model: nn.Module, seen: Callable[[int], None]) -> Iterator[None]:
     """Call ``seen(rows)`` before each forward pass of ``model`` with the rows of its first
     input (the copies scored: Score-CAM's masked images, a metric's perturbed steps...).
-    ``seen`` may raise to stop the work at that pass. The pre-hook only reads the batch size and
-    is removed on exit, also after an error."""
+    ``seen`` may raise to stop the work at that pass. The pre-hook only reads the batch size,
+    counts only the forwards of the thread that entered (another thread's passes through the
+    same model are neither counted nor stopped) and is removed on exit, also after an error."""
 
     def count(module: nn.Module, args: tuple) -> None:
         first = args[0] if args and isinstance(args[0], Tensor) else None
         seen(int(first.shape[0]) if first is not None and first.ndim > 0 else 1)
 
-    handle = model.register_forward_pre_hook(count)
-    try:
+    with hooked(lambda: [model.register_forward_pre_hook(this_thread(count))]):
         yield
-    finally:
-        handle.remove()
