@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from camkit.cam.smoothing import augmented, principal_component
 from camkit.core.call import Call
-from camkit.core.copies import pin_top1
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
@@ -79,7 +78,7 @@ class BaseCAM(Explainer):
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
         if _flag("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, target, call)
+            pinned = method.pinned(batch, method.scorer(batch, target, call), call)
             return augmented(method.maps, batch, pinned, finishing, call)
         return method.maps(batch, target, finishing, call)
 
@@ -142,14 +141,6 @@ class BaseCAM(Explainer):
         if target is None and self.target_free:  # never read the output (a detector's)
             return RowScorer(free=True)
         return resolve(target, batch.shape[0], batch.device, self.output)
-
-    def pinned(self, batch: Tensor, target: TargetSpec, call: Call) -> RowScorer:
-        """The call's target with the top-1 classes fixed on ``batch`` (one clean pass), so that
-        augmented copies explain the clean prediction."""
-        scorer = self.scorer(batch, target, call)
-        return pin_top1(
-            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
-        )
 
     def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
         """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the

@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from camkit.cam.smoothing import augmented
 from camkit.core.call import Call
-from camkit.core.copies import pin_top1
 from camkit.core.engine import layer_gradients, over_rows
 from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
@@ -119,10 +118,8 @@ class FullGrad(Explainer):
         finishing, batch = Finishing(normalize=normalize), call.batch
         if aug_smooth:
             scorer = resolve(target, batch.shape[0], batch.device, self.output)
-            scorer = pin_top1(
-                self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
-            )
-            return augmented(self.finished, batch, scorer, finishing, call)
+            pinned = self.pinned(batch, scorer, call)
+            return augmented(self.finished, batch, pinned, finishing, call)
         return self.finished(batch, target, finishing, call)
 
     def finished(

@@ -16,7 +16,7 @@ from camkit import registry
 from camkit.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
-from camkit.core.copies import CopyScorer, pin_top1
+from camkit.core.copies import CopyScorer
 from camkit.core.finish import Finishing
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec
@@ -144,9 +144,7 @@ class SESS(WrapperCAM):
         if batch.ndim != 4:
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
         # the whole image's prediction, for every patch
-        scorer = pin_top1(
-            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
-        )
+        scorer = self.pinned(batch, scorer, call)
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
         scores, several = self._scores(batch, call, scorer, grid)  # (B, P, K)
         best = scores.amax(dim=1, keepdim=True)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call
+from camkit.core.copies import pin_top1
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.finish import drop_axes
 from camkit.core.inputs import as_batch, as_inputs, positive_int
@@ -35,6 +36,7 @@ from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, InputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import RowScorer
 
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
 
@@ -265,6 +267,17 @@ class Explainer:
         (the CAMs, the attention methods) are shown as they are; the pixel methods override it
         (``max_c |attribution|`` over its 99th percentile)."""
         return result.detach().float()
+
+    def pinned(
+        self, batch: Tensor | tuple[Tensor, ...], scorer: RowScorer, call: Call
+    ) -> RowScorer:
+        """``scorer`` with its top-1 classes fixed on one clean pass over ``batch`` (the samples
+        of ``call``, or its tuple of inputs), in this method's ``dtype`` and ``batch_size``
+        (:func:`~camkit.core.copies.pin_top1`), so that copies of the samples (augmented,
+        noisy, patches) explain the clean prediction."""
+        return pin_top1(
+            self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
+        )
 
     def check_autograd(self) -> None:
         """Refuse ``torch.inference_mode()`` for a method that needs gradients."""

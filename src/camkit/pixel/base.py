@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
-from camkit.core.copies import pin_top1
 from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer
 from camkit.core.finish import checked
@@ -179,9 +178,7 @@ class PixelAttribution(Explainer):
         size = first.shape[0]
         scorer = resolve(target, size, first.device, self.output)
         if make_inputs is not None:  # copies that differ from the clean batch
-            scorer = pin_top1(
-                self.model, inputs, scorer, call, dtype=self.dtype, batch_size=self.batch_size
-            )
+            scorer = self.pinned(inputs, scorer, call)
         memory = MemoryFormat(first)
         several = False
         for rows in chunks(copies * size, self.batch_size, first.device):
