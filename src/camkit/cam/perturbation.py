@@ -349,8 +349,8 @@ class AblationCAM(PerturbationCAM):
         batch, channels = grid.shape[:2]
         reader = self.layouts[name]
         axis = reader.channel_axis if isinstance(reader, Layout) else 1
-        raw = raw.movedim(axis, 1)  # (B, C, ...): channels first, a view
-        kept = kept & (raw.flatten(2) != 0).any(dim=-1)
+        channels_first = raw.movedim(axis, 1)  # (B, C, ...), a view
+        kept = kept & (channels_first.flatten(2) != 0).any(dim=-1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
         suffix = [True]  # reuse the layer's prefix until the model refuses
@@ -361,7 +361,7 @@ class AblationCAM(PerturbationCAM):
                     part = evaluated[rows]
                     n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
                     ablated[sample, part] = self.edited_scores(
-                        run, module, raw.movedim(1, axis), sample, n, ablate, suffix
+                        run, module, raw, sample, n, ablate, suffix
                     )
                     bar.update(n)
         return ablated
