@@ -21,6 +21,7 @@ from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
 from camkit.core.finish import Finishing
+from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
 from camkit.core.state import model_guarded
@@ -76,8 +77,8 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
-        method = self.smoothed() if _flag("eigen_smooth", eigen_smooth) else self
-        if _flag("aug_smooth", aug_smooth):
+        method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
+        if boolean("aug_smooth", aug_smooth):
             pinned = method.pinned(batch, method.scorer(batch, target, call), call)
             return augmented(method.maps, batch, pinned, finishing, call)
         return method.maps(batch, target, finishing, call)
@@ -241,12 +242,6 @@ class WrapperCAM(BaseCAM):
         twin = super().smoothed()
         twin.base = self.base.smoothed()
         return twin
-
-
-def _flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ArgumentError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def spatial(t: Tensor) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from camkit.cam.gradient import GradCAM
 from camkit.core.call import Call
 from camkit.core.copies import CopyScorer
 from camkit.core.finish import Finishing
-from camkit.core.inputs import finite_number, positive_int
+from camkit.core.inputs import boolean, finite_number, positive_int
 from camkit.core.layers import LayerSpec
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError
 from camkit.registry import register
@@ -133,9 +133,7 @@ class SESS(WrapperCAM):
                 f"pre_filter_ratio is the fraction of patches dropped, in [0, 1), got {ratio}"
             )
         self.pre_filter_ratio = ratio
-        if not isinstance(smooth, bool):
-            raise ArgumentError(f"smooth must be True or False, got {smooth!r}")
-        self.smooth = smooth
+        self.smooth = boolean("smooth", smooth)
         self.wrap(base, model, layer, options)
 
     # ------------------------------------------------------------------ the steps

@@ -170,6 +170,14 @@ def positive_int(name: str, value: object, *, optional: bool = False) -> int | N
     return value
 
 
+def boolean(name: str, value: object) -> bool:
+    """``value`` when it is ``True`` or ``False`` (not merely truthy), else
+    :class:`ArgumentError`."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def finite_number(name: str, value: object, *, minimum: float = -math.inf) -> float:
     """``value`` as a finite float ``>= minimum``, else :class:`ArgumentError`."""
     if isinstance(value, bool) or not isinstance(value, Real):
