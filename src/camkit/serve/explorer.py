@@ -282,9 +282,21 @@ class Explorer:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
         ONE call of the method: the images as one batch, each with its classes as ``K``
         targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
-        dropped), all layers from one pass (``fuse=False``). The maps go to the cache."""
+        dropped), all layers from one pass (``fuse=False``). The maps go to the cache; pairs
+        whose maps are cached at every layer are not computed again (two routes may queue the
+        same map before either has computed it)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
+        pairs = [
+            (image, target)
+            for image, target in pairs
+            if any(
+                self.maps.get_item(MapKey(checkpoint, method, layer, image, target)) is None
+                for layer in layers
+            )
+        ]
+        if not pairs:
+            return
         wanted: dict[int, list[int]] = {}
         for image, target in pairs:
             classes = wanted.setdefault(image, [])
