@@ -142,7 +142,7 @@ class ConceptViews:
 
     def grid(self, layer: str) -> tuple[int, int]:
         """The ``(h, w)`` grid of a layer the explorer lists (:func:`layer_grid`)."""
-        return layer_grid(dict((n, s) for n, _, s in self.explorer.layers)[layer])
+        return layer_grid(self.explorer.layer_shapes[layer])
 
     def top(
         self, checkpoint: str, layer: str, image: int, target: int, region: Region, k: int

@@ -43,7 +43,7 @@ def routes(state: ServerState) -> list[Route]:
         """On the model thread: the map alone, counted and cancellable (``job``)."""
         checkpoint, method, layers, image, target = request
         explainer = explorer.explainer(checkpoint, method, layers)
-        shape = dict((n, s) for n, _, s in explorer.layers).get(layers[0])
+        shape = explorer.layer_shapes.get(layers[0])
         job = state.jobs.start(job_id, copies_per_image(explainer, shape))
         with watching(explorer.checkpoints[checkpoint].model, job):
             explorer.compute(checkpoint, method, layers, [(image, target)])

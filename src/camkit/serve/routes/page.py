@@ -49,8 +49,7 @@ def routes(state: ServerState) -> list[Route]:
             except CamkitError:
                 costs[name] = None
             else:
-                shape = dict((n, s) for n, _, s in explorer.layers).get(explorer.default_layer)
-                costs[name] = Cost.of(explainer, shape)
+                costs[name] = Cost.of(explainer, explorer.layer_shapes.get(explorer.default_layer))
         return costs[name]
 
     async def info(request: Request) -> Response:
