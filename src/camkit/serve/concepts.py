@@ -103,6 +103,13 @@ def region_of(
     return Region("box", (top, left, max(bottom, top + 1), max(right, left + 1)))
 
 
+def check_k(k: int) -> int:
+    """``k``, the number of concepts asked for, when it is between 1 and :data:`MAX_K`."""
+    if not 1 <= k <= MAX_K:
+        raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
+
+
 def concept_png(photo: np.ndarray, heat: np.ndarray, alpha: float) -> bytes:
     """A conditional heatmap over the model's view of the photo (red positive, blue negative),
     coloured as :func:`camkit.viz.plot` colours signed attributions
@@ -151,8 +158,7 @@ class ConceptViews:
         with their reference images: one forward and one backward to the layer, about one map
         request. Each channel's conditional heatmap is one more backward to the input, computed
         when the page asks for it (:meth:`heatmap`), so the list answers first."""
-        if not 1 <= k <= MAX_K:
-            raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+        check_k(k)
         concepts = self.attribution(checkpoint, layer)
         x = self.explorer.batch([image], checkpoint)
         mask = region.mask(self.explorer.size)
@@ -255,6 +261,7 @@ class ConceptViews:
 __all__ = [
     "ConceptViews",
     "Region",
+    "check_k",
     "concept_png",
     "layer_grid",
     "region_of",
