@@ -266,6 +266,23 @@ def test_concurrent_requests_become_one_engine_call(tmp_path: Path) -> None:
     batcher.close()
 
 
+def test_a_map_queued_twice_is_computed_once(tmp_path: Path) -> None:
+    # the job route and the difference view may both queue a map before either computed it
+    explorer = explorer_for(photo_folder(tmp_path))
+    model = explorer.checkpoints["a"].model
+    explorer.compute("a", "gradcam", ("act1", "act2"), [(1, 0)])
+    model.calls = 0
+    explorer.compute("a", "gradcam", ("act2",), [(1, 0)])  # cached at its one layer
+    explorer.compute("a", "saliency", ("act2",), [(2, 3)])
+    explorer.compute("a", "saliency", ("act1",), [(2, 3)])  # no layer: the same map
+    assert explorer.engine_calls == 2 and model.calls == 1
+    explorer.compute("a", "gradcam", ("act2",), [(1, 0), (2, 1)])  # only the new pair
+    assert explorer.engine_calls == 3
+    heat = explorer.maps.get_item(MapKey("a", "gradcam", "act2", 2, 1))
+    expected = camkit.GradCAM(model, "act2")(model_input(explorer, 2), target=1)
+    assert np.abs(heat - expected.numpy()).max() < 1e-5
+
+
 def test_a_lone_request_waits_for_no_window(tmp_path: Path, monkeypatch) -> None:
     from camkit.serve import batcher as batching
 

@@ -18,6 +18,7 @@ from PIL import Image
 
 from camkit import io as cio
 from camkit.concepts import ConceptAttribution
+from camkit.viz.colour import signed_scale
 
 pytest.importorskip("starlette", reason="camkit serve's web stack: pip install 'camkit[serve]'")
 pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev extra)")
@@ -26,7 +27,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from camkit.runs.concepts import read_concepts  # noqa: E402
 from camkit.serve import security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
-from camkit.serve.concepts import concept_png, layer_grid, region_of, signed_for_display  # noqa: E402
+from camkit.serve.concepts import concept_png, layer_grid, region_of  # noqa: E402
 from camkit.serve.explorer import Explorer  # noqa: E402
 from camkit.serve.gallery import read_run, read_strategies  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
@@ -153,13 +154,13 @@ def test_conditional_heatmaps_are_the_hand_ones_and_sum_to_the_unconditional(ser
 
 def test_signed_display_is_symmetric_and_a_click_picks_the_cell() -> None:
     heat = np.array([[-2.0, 0.0], [1.0, 2.0]])
-    assert np.allclose(signed_for_display(heat, 100.0), [[0.0, 0.5], [0.75, 1.0]])
+    assert np.allclose(signed_scale(heat, 100.0)[0], [[0.0, 0.5], [0.75, 1.0]])
     # the 50th percentile of |heat| = 1.5: -2 and 2 clipped to it
-    assert np.allclose(signed_for_display(heat, 50.0), [[0.0, 0.5], [5 / 6, 1.0]])
+    assert np.allclose(signed_scale(heat, 50.0)[0], [[0.0, 0.5], [5 / 6, 1.0]])
     spiky = np.zeros((10, 10))
     spiky[0, 0] = 4.0  # the 99.5th percentile of |heat| is 2.02: the spike is clipped to it
-    assert signed_for_display(spiky)[0, 0] == 1.0 and signed_for_display(spiky)[5, 5] == 0.5
-    assert np.allclose(signed_for_display(np.zeros((2, 2))), 0.5)
+    assert signed_scale(spiky)[0][0, 0] == 1.0 and signed_scale(spiky)[0][5, 5] == 0.5
+    assert np.allclose(signed_scale(np.zeros((2, 2)))[0], 0.5)
     assert layer_grid((1, 8, 8, 8)) == (8, 8) and layer_grid((1, 96, 14, 14)) == (14, 14)
     assert layer_grid((1, 7, 7, 768)) == (7, 7) and layer_grid((1, 197, 768)) == (14, 14)
     assert region_of((0.0, 0.0), None, (32, 32), (8, 8)).box == (0, 0, 4, 4)

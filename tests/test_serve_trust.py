@@ -28,6 +28,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from camkit import io as cio  # noqa: E402
 from camkit.serve import launch, security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
+from camkit.serve.compare import Comparison  # noqa: E402
 from camkit.serve.explorer import Explorer  # noqa: E402
 from camkit.serve.gallery import scan  # noqa: E402
 from camkit.serve.progress import Jobs, copies_per_image  # noqa: E402
@@ -112,6 +113,19 @@ def test_gallery_filters_and_sorts_by_disagreement_computed_by_hand(tmp_path: Pa
             for item in items[:-1]:
                 measured = item["disagreement"][field]
                 assert measured == pytest.approx(expected[item["id"]][field], abs=1e-5)
+
+
+def test_an_unreadable_image_is_read_once_for_the_comparison(tmp_path: Path, monkeypatch) -> None:
+    explorer = explorer_for(photo_folder(tmp_path), a=loaded(0), b=loaded(1))
+    broken = next(i for i, e in enumerate(explorer.entries) if e.name.endswith("broken.jpg"))
+    reads = []
+    read_image = cio.read_image
+    monkeypatch.setattr(cio, "read_image", lambda path: reads.append(path) or read_image(path))
+    comparison = Comparison(explorer)
+    for _ in range(2):  # each gallery page with its disagreements measures again
+        assert broken not in comparison.measure(range(len(explorer.entries)))
+    assert explorer.entries[broken].error is not None
+    assert reads.count(explorer.entries[broken].path) == 1
 
 
 def test_difference_view_is_the_first_map_minus_the_second(tmp_path: Path) -> None:

@@ -184,23 +184,26 @@ def load(
         name=spec,
         model=model,
         preprocess=transform,
-        labels=_labels(classes, labels, own_labels, weights),
+        labels=class_names(classes, labels, own_labels, weights),
         default_layer=last_spatial_map(calls, model, transform.size),
         input_size=transform.size,
     )
 
 
-def _labels(
+def class_names(
     classes: int,
     given: str | os.PathLike[str] | Sequence[str] | None,
-    own: list[str] | None,
-    weights: object,
+    own: list[str] | None = None,
+    weights: object = None,
 ) -> list[str]:
-    """The class names: those given, else the checkpoint's own, else the defaults."""
+    """The names of a model's ``classes`` classes: those ``given`` (names, or a labels file
+    for :func:`~camkit.models.labels.read_labels`), else the checkpoint ``weights``' ``own``,
+    else the defaults (:func:`~camkit.models.labels.labels_for`); given or own names must be
+    one per class (:func:`~camkit.models.labels.fit_labels`)."""
     if given is not None:
-        names = given if isinstance(given, Sequence) and not isinstance(given, str) else None
-        source = "labels" if names is not None else f"labels file {os.fspath(given)}"
-        return fit_labels(read_labels(given) if names is None else names, classes, source)
+        if isinstance(given, (str, os.PathLike)):
+            return fit_labels(read_labels(given), classes, f"labels file {os.fspath(given)}")
+        return fit_labels(given, classes, "labels")
     if own is not None:
         return fit_labels(own, classes, f"the checkpoint {os.fspath(weights)}")
     return labels_for(classes)

@@ -61,6 +61,8 @@ class Comparison:
         explorer, both = self.explorer, (self.first, self.second)
         readable = []
         for image in images:
+            if explorer.entry(image).error is not None:  # found unreadable before: not again
+                continue
             try:
                 explorer.model_input(image)
                 readable.append(image)

@@ -29,6 +29,7 @@ from camkit.concepts import ChannelObjective, ConceptAttribution, visualize
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import channel_references
 from camkit.serve.explorer import LRU, Explorer
+from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
 MAX_K = 20
 IMAGES_PER_PASS = 16  # a cluster's images per forward pass
@@ -37,8 +38,6 @@ FEATURE_RATE = 0.1  # a short run: twice visualize's default step size
 FEATURE_SEED = 0
 UNMOVED = 0.01  # pixel std below which the image is still its grey start
 FEATURE_SIDE = 128  # the largest side a feature visualisation is optimised at
-CONCEPT_COLORMAP = "bwr"  # red: the concept speaks for the class there, blue: against it
-CLIP_PERCENTILE = 99.5  # the colour scale of a signed heatmap, as camkit.viz.plot's
 
 
 @dataclass(frozen=True)
@@ -104,24 +103,19 @@ def region_of(
     return Region("box", (top, left, max(bottom, top + 1), max(right, left + 1)))
 
 
-def signed_for_display(heat: np.ndarray, clip_percentile: float = CLIP_PERCENTILE) -> np.ndarray:
-    """A signed heatmap -> [0, 1] for a diverging colormap, as :func:`camkit.viz.plot` shows
-    signed attributions: ``(clip(v, -L, L) / L + 1) / 2`` with ``L`` the ``clip_percentile``
-    percentile of ``|v|`` (its largest value when that is 0): 0.5 where it is zero. Pixel
-    relevance is spiky; without the clipping a handful of pixels would take the whole range."""
-    magnitude = np.abs(heat)
-    limit = float(np.percentile(magnitude, clip_percentile)) if heat.size else 0.0
-    if limit == 0.0:
-        limit = float(magnitude.max()) if heat.size else 0.0
-    if limit == 0.0 or not math.isfinite(limit):
-        return np.full(heat.shape, 0.5, dtype=np.float32)
-    return ((np.clip(heat, -limit, limit) / limit + 1.0) / 2.0).astype(np.float32)
+def check_k(k: int) -> int:
+    """``k``, the number of concepts asked for, when it is between 1 and :data:`MAX_K`."""
+    if not 1 <= k <= MAX_K:
+        raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+    return k
 
 
 def concept_png(photo: np.ndarray, heat: np.ndarray, alpha: float) -> bytes:
-    """A conditional heatmap over the model's view of the photo (red positive, blue negative)."""
-    shown = signed_for_display(heat)
-    return io.encode_image(viz.overlay(photo, shown, alpha=alpha, colormap=CONCEPT_COLORMAP))
+    """A conditional heatmap over the model's view of the photo (red positive, blue negative),
+    coloured as :func:`camkit.viz.plot` colours signed attributions
+    (:func:`camkit.viz.colour.signed_scale`)."""
+    shown, _ = signed_scale(heat)
+    return io.encode_image(viz.overlay(photo, shown, alpha=alpha, colormap=DIVERGING_COLORMAP))
 
 
 class ConceptViews:
@@ -155,7 +149,7 @@ class ConceptViews:
 
     def grid(self, layer: str) -> tuple[int, int]:
         """The ``(h, w)`` grid of a layer the explorer lists (:func:`layer_grid`)."""
-        return layer_grid(dict((n, s) for n, _, s in self.explorer.layers)[layer])
+        return layer_grid(self.explorer.layer_shapes[layer])
 
     def top(
         self, checkpoint: str, layer: str, image: int, target: int, region: Region, k: int
@@ -164,8 +158,7 @@ class ConceptViews:
         with their reference images: one forward and one backward to the layer, about one map
         request. Each channel's conditional heatmap is one more backward to the input, computed
         when the page asks for it (:meth:`heatmap`), so the list answers first."""
-        if not 1 <= k <= MAX_K:
-            raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+        check_k(k)
         concepts = self.attribution(checkpoint, layer)
         x = self.explorer.batch([image], checkpoint)
         mask = region.mask(self.explorer.size)
@@ -268,8 +261,8 @@ class ConceptViews:
 __all__ = [
     "ConceptViews",
     "Region",
+    "check_k",
     "concept_png",
     "layer_grid",
     "region_of",
-    "signed_for_display",
 ]

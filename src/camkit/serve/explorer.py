@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from camkit import io, metrics, models, registry, viz
 from camkit.core.layers import find_layer
@@ -60,14 +60,6 @@ class MapKey:
     target: int
 
 
-def spatial_layers(model: nn.Module, size: tuple[int, int]) -> list[tuple[str, str, tuple]]:
-    """The layers a CAM can read (:func:`camkit.models.map_layers`, the CLI's ``--layer``
-    check), as ``(name, type, shape)``."""
-    return [
-        (name, kind, tuple(shape)) for name, kind, shape in models.map_layer_shapes(model, size)
-    ]
-
-
 def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
     """The depth strip's layers, at most ``count``, deepest last.
 
@@ -95,11 +87,6 @@ def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 
     return chosen[-count:]
 
 
-def method_fits(name: str, model: nn.Module) -> str | None:
-    """Why a method does not fit the model (None when it does): the method's own answer."""
-    return registry.get(name).cls.fits(model)
-
-
 class Explorer:
     """One or two checkpoints of one model, the images, and the caches of what was computed."""
 
@@ -125,12 +112,17 @@ class Explorer:
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
-        self.layers = spatial_layers(first.model, self.size)
+        # the layers a CAM can read (camkit.models.map_layers, the CLI's --layer check)
+        self.layers = [
+            (name, kind, tuple(shape))
+            for name, kind, shape in models.map_layer_shapes(first.model, self.size)
+        ]
+        self.layer_shapes = {name: shape for name, _, shape in self.layers}
         self.stages = stages(self.layers, self.default_layer)
-        self.unavailable = {
+        self.unavailable = {  # why a method does not fit the model: the method's own answer
             name: reason
             for name in registry.METHODS
-            if (reason := method_fits(name, first.model)) is not None
+            if (reason := registry.get(name).cls.fits(first.model)) is not None
         }
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
@@ -253,8 +245,7 @@ class Explorer:
         return method
 
     def check_layer(self, layer: str) -> str:
-        names = [name for name, _, _ in self.layers]
-        if layer not in names:
+        if layer not in self.layer_shapes:
             find_layer(self.checkpoints[next(iter(self.checkpoints))].model, layer)
             raise ArgumentError(
                 f"layer {layer!r} has no (B, C, h, w) map or (B, N, C) tokens to explain; "
@@ -282,9 +273,21 @@ class Explorer:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
         ONE call of the method: the images as one batch, each with its classes as ``K``
         targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
-        dropped), all layers from one pass (``fuse=False``). The maps go to the cache."""
+        dropped), all layers from one pass (``fuse=False``). The maps go to the cache; pairs
+        whose maps are cached at every layer are not computed again (two routes may queue the
+        same map before either has computed it)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
+        pairs = [
+            (image, target)
+            for image, target in pairs
+            if any(
+                self.maps.get_item(MapKey(checkpoint, method, layer, image, target)) is None
+                for layer in layers
+            )
+        ]
+        if not pairs:
+            return
         wanted: dict[int, list[int]] = {}
         for image, target in pairs:
             classes = wanted.setdefault(image, [])
@@ -300,7 +303,8 @@ class Explorer:
         result = explainer(batch, target=targets.to(self.device), **options)
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
-            maps = as_heatmaps(explainer.display_heat(maps), len(images), width)
+            heat = explainer.display_heat(maps)  # the method's one display policy
+            maps = heat.reshape(len(images), width, *heat.shape[-2:]).cpu().numpy()  # (B, K, H, W)
             for row, image in enumerate(images):
                 for column, target in enumerate(wanted[image]):
                     key = MapKey(checkpoint, method, layer, image, target)
@@ -319,12 +323,6 @@ class Explorer:
             auc, points = curve(model, x, maps, [key.target], steps=steps, return_curves=True)
             answer[name] = {"auc": float(auc[0]), "curve": points[0].cpu().tolist()}
         return answer
-
-
-def as_heatmaps(heat: Tensor, images: int, targets: int) -> np.ndarray:
-    """The displayed heat of a method (``explainer.display_heat``, the one display policy) as
-    ``(B, K, H, W)`` float32 numbers."""
-    return heat.reshape(images, targets, *heat.shape[-2:]).cpu().numpy()
 
 
 def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:

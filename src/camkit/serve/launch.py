@@ -158,16 +158,16 @@ def prepare(
     weights: str | None,
     device: torch.device,
     host: str,
-    token: str | None,
+    token: str,
     names: dict[str, str] | None = None,
 ) -> Prepared:
-    """Check the address and token, read the gallery and build the app (everything but
-    listening); ``names``: each checkpoint's name on the page (:func:`checkpoint_names`). Bad
-    input raises a camkit error before anything listens."""
+    """Read the gallery and build the app (everything but listening), once
+    :func:`check_start` has checked the paths, the address and the token: ``token`` is its
+    answer ('' for none); ``names``: each checkpoint's name on the page
+    (:func:`checkpoint_names`). Bad input raises a camkit error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
-    token = check_start(paths, host, token)
     crop = next(iter(checkpoints.values())).preprocess.crop_mode
     gallery = open_gallery(paths, model, sha256(weights), crop)
     explorer = Explorer(

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from camkit import io, models
-from camkit.core.trace import default_layer, trace
+from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import ArgumentError
-from camkit.models.labels import fit_labels, labels_for, read_labels
+from camkit.models.load import class_names
 from camkit.serve import security, web_stack_missing
 from camkit.serve.gallery import Entry
 from camkit.serve.launch import bind, open_gallery, url_of
@@ -86,32 +86,26 @@ def as_loaded(
             f"{type(model).__name__}"
         )
     preprocess = models.Preprocess(input_size)
-    _, output = trace(model, preprocess.size)
+    calls, output = trace(model, preprocess.size)
     classes = output.shape[1] if isinstance(output, Tensor) and output.ndim == 2 else 0
-    if labels is None:
-        names = labels_for(classes)
-    elif isinstance(labels, (str, os.PathLike)):
-        names = fit_labels(read_labels(labels), classes, f"labels file {os.fspath(labels)}")
-    else:
-        names = fit_labels(labels, classes, "labels")
     return models.LoadedModel(
         name=type(model).__name__,
         model=model,
         preprocess=preprocess,
-        labels=names,
-        default_layer=layer or default_layer(model, preprocess.size),
+        labels=class_names(classes, labels),
+        default_layer=layer or last_spatial_map(calls, model, preprocess.size),
         input_size=preprocess.size,
     )
 
 
-def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, dict, dict | None]:
+def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, dict | None]:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
-    PIL images) -> entries, run folder, run header, predictions and strategies."""
+    PIL images) -> entries, run folder, run header and strategies."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
         found = open_gallery([Path(i) for i in images], None, None)
-        return found.entries, found.run_root, found.header, {}, found.strategies
+        return found.entries, found.run_root, found.header, found.strategies
     pictures = list(images) if isinstance(images, (list, tuple)) else [images]
     if not pictures:
         raise ArgumentError("expected images: paths, a folder, a run folder, or pictures")
@@ -119,7 +113,7 @@ def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, d
         Entry(f"image {k}", None, None, io.to_rgb_uint8(picture))
         for k, picture in enumerate(pictures)
     ]
-    return entries, None, None, {}, None
+    return entries, None, None, None
 
 
 def explore(
@@ -160,10 +154,10 @@ def explore(
     if compare is not None:
         other = as_loaded(compare, labels=first.labels, input_size=first.input_size, layer=layer)
         checkpoints["b"] = other
-    entries, run_root, header, predictions, strategies = gallery_of(images_or_run)
+    entries, run_root, header, strategies = gallery_of(images_or_run)
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
-    explorer = Explorer(checkpoints, entries, predictions=predictions, device=device)
+    explorer = Explorer(checkpoints, entries, device=device)
     token = security.new_token()
     app = create_app(
         explorer,

@@ -118,9 +118,27 @@ def copies_per_image(explainer: Explainer, layer_shape: tuple | None) -> int:
     return explainer.forward_rows(layer_shape) + 1
 
 
-def estimate_seconds(explainer: Explainer, layer_shape: tuple | None, row_seconds: float) -> float:
-    """Roughly how long one map of ``explainer`` takes: its rows times the measured seconds of
-    one forward row, times 3 when it also runs backward passes (a backward costs about two
-    forwards)."""
-    backward = 3 if explainer.needs_gradients else 1
-    return copies_per_image(explainer, layer_shape) * row_seconds * backward
+@dataclass(frozen=True)
+class Cost:
+    """What one map of a method costs on a model, by the method's own answers: ``copies``, the
+    rows of forward passes per image (:func:`copies_per_image`), and ``needs_gradients``,
+    whether it also runs backward passes."""
+
+    copies: int
+    needs_gradients: bool
+
+    @classmethod
+    def of(cls, explainer: Explainer, layer_shape: tuple | None) -> Cost:
+        return cls(copies_per_image(explainer, layer_shape), explainer.needs_gradients)
+
+    @property
+    def slow(self) -> bool:
+        """Whether the method scores many copies of an image (``forward_rows`` above 1)."""
+        return self.copies > 2
+
+    def seconds(self, row_seconds: float) -> float:
+        """Roughly how long one map takes: its rows times the measured seconds of one forward
+        row, times 3 when it also runs backward passes (a backward costs about two
+        forwards)."""
+        backward = 3 if self.needs_gradients else 1
+        return self.copies * row_seconds * backward

@@ -23,12 +23,14 @@ if TYPE_CHECKING:
 from camkit.viz.colour import (  # noqa: E402
     DIVERGING_COLORMAP,
     OPENCV_COLORMAPS,
+    SIGNED_CLIP_PERCENTILE,
     checked_alpha,
     colorize,
     colormap_lut,
     finite_values,
     float_array,
     heatmap_2d,
+    signed_scale,
 )
 from camkit.viz.concepts import concept_colors, concept_image, plot_concepts  # noqa: E402
 
@@ -237,7 +239,7 @@ def plot(
     alpha: float = 0.5,
     colormap: str = "jet",
     signed: bool | None = None,
-    clip_percentile: float = 99.5,
+    clip_percentile: float = SIGNED_CLIP_PERCENTILE,
 ) -> Figure:
     """Three panels, image | map | overlay -> a ``matplotlib.figure.Figure`` (no pyplot involved).
 
@@ -248,7 +250,8 @@ def plot(
       rescaled) and drawn with ``colormap`` on a 0..1 scale.
     * Signed: drawn with the diverging ``"bwr"`` colormap, centred at 0, limits ``±L`` where ``L``
       is the ``clip_percentile`` percentile of ``|values|`` (values beyond are clipped); the
-      overlay blends ``(clip(v, -L, L) / L + 1) / 2`` in ``"bwr"``.
+      overlay blends ``(clip(v, -L, L) / L + 1) / 2`` in ``"bwr"``
+      (:func:`camkit.viz.colour.signed_scale`).
 
     The middle panel shows the map at its own resolution (nearest neighbour) stretched over the
     image; the overlay uses :func:`overlay` (bilinear). Each has a colorbar.
@@ -263,12 +266,10 @@ def plot(
     values = _attribution_2d(heatmap_or_attr)
     is_signed = bool((values < 0).any()) if signed is None else signed
     if is_signed:
-        limit = float(np.percentile(np.abs(values), clip_percentile))
-        if limit == 0.0:
-            limit = float(np.abs(values).max()) or 1.0
+        unit, limit = signed_scale(values, clip_percentile)
+        limit = limit or 1.0  # a map of zeros: drawn on ±1
         shown = np.clip(values, -limit, limit)
         low, high, cmap_name = -limit, limit, DIVERGING_COLORMAP
-        unit = (shown / limit + 1.0) / 2.0
         map_title = f"signed attribution (clipped at ±{limit:.3g})"
         bar_label = f"0-centred; ±{limit:.3g} = p{clip_percentile:g} of |values|"
     else:

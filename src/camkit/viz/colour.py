@@ -4,6 +4,8 @@ first, then matplotlib's), colouring at a size."""
 
 from __future__ import annotations
 
+import math
+
 import cv2
 import numpy as np
 import torch
@@ -19,6 +21,8 @@ OPENCV_COLORMAPS: dict[str, int] = {
 """OpenCV colormap names (lower case) -> ``cv2.COLORMAP_*`` codes."""
 
 DIVERGING_COLORMAP = "bwr"
+SIGNED_CLIP_PERCENTILE = 99.5
+"""The default colour scale of a signed map, a percentile of ``|values|`` (:func:`signed_scale`)."""
 
 
 def float_array(value: object, what: str, dtype: type = np.float32) -> np.ndarray:
@@ -89,3 +93,22 @@ def colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.nd
     # round(255 * v) for v in [0, 1] (bilinear keeps [0, 1]); 3x faster than numpy's
     levels = cv2.convertScaleAbs(resized, alpha=255.0)
     return cv2.LUT(cv2.merge([levels] * 3), lut)  # lut[levels], 2x faster than np.take
+
+
+def signed_scale(
+    values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCENTILE
+) -> tuple[np.ndarray, float]:
+    """A signed map -> ``(unit, L)``: ``unit``, float32 in [0, 1] for
+    :data:`DIVERGING_COLORMAP`, is ``(clip(v, -L, L) / L + 1) / 2`` (0.5 where ``v`` is 0), with
+    ``L`` the ``clip_percentile`` percentile of ``|v|`` (their largest value when that is 0).
+    Pixel relevance is spiky; without the clipping a handful of pixels would take the whole
+    range. ``L`` is 0 for a map of zeros or of no values, and ``unit`` 0.5 everywhere when
+    ``L`` is 0 or not finite."""
+    magnitude = np.abs(values)
+    limit = float(np.percentile(magnitude, clip_percentile)) if values.size else 0.0
+    if limit == 0.0:
+        limit = float(magnitude.max()) if values.size else 0.0
+    if limit == 0.0 or not math.isfinite(limit):
+        return np.full(values.shape, 0.5, dtype=np.float32), limit
+    unit = (np.clip(values, -limit, limit) / limit + 1.0) / 2.0
+    return unit.astype(np.float32), limit

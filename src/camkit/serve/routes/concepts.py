@@ -18,7 +18,7 @@ from camkit.errors import ArgumentError
 from camkit.serve.concepts import (
     FEATURE_SEED,
     FEATURE_STEPS,
-    MAX_K,
+    check_k,
     concept_png,
     region_of,
 )
@@ -56,16 +56,9 @@ def routes(state: ServerState) -> list[Route]:
     """The concept routes; computations go through the batcher's model thread."""
     explorer, batcher, views = state.explorer, state.batcher, state.views
 
-    def image_request(query: Query) -> tuple[str, str, int, int]:
-        checkpoint = state.checkpoint_of(query)
-        layer = explorer.check_layer(query.text("layer", explorer.default_layer))
-        image = state.image_of(query.integer("image"))
-        target = explorer.check_target(query.integer("class"))
-        return checkpoint, layer, image, target
-
     async def concepts(request: Request) -> Response:
         query = Query(request, CONCEPTS)
-        checkpoint, layer, image, target = image_request(query)
+        checkpoint, layer, image, target = state.image_request(query)
         k = query.integer("k", 5)
         region = region_of(
             fractions(query, ("x", "y")), fractions(query, ("box",)), explorer.size,
@@ -76,7 +69,7 @@ def routes(state: ServerState) -> list[Route]:
 
     async def concept_map(request: Request) -> Response:
         query = Query(request, CONCEPT_MAP)
-        checkpoint, layer, image, target = image_request(query)
+        checkpoint, layer, image, target = state.image_request(query)
         channel, alpha = query.integer("channel"), query.number("alpha", 0.5)
         heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel)
         view = await asyncio.to_thread(explorer.model_view, image)
@@ -104,9 +97,7 @@ def routes(state: ServerState) -> list[Route]:
             raise ArgumentError("this run has no strategies: run 'camkit strategies RUN_DIR'")
         checkpoint = state.checkpoint_of(query)
         method, target = query.text("method"), query.integer("class")
-        cluster_id, k = query.integer("cluster"), query.integer("k", 5)
-        if not 1 <= k <= MAX_K:
-            raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
+        cluster_id, k = query.integer("cluster"), check_k(query.integer("k", 5))
         group = next(
             (
                 g

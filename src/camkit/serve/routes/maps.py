@@ -17,10 +17,10 @@ from camkit.serve.explorer import MapKey, npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
 from camkit.serve.progress import copies_per_image, watching
 from camkit.serve.routes.state import ServerState
+from camkit.viz.colour import DIVERGING_COLORMAP
 
 MAP = ("image", "class", "method", "layer", "checkpoint", "job")
 SHOWN = ("alpha", "colormap", "format")
-DIFFERENCE_COLORMAP = "bwr"  # red: the first checkpoint looks more; blue: the second
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -43,7 +43,7 @@ def routes(state: ServerState) -> list[Route]:
         """On the model thread: the map alone, counted and cancellable (``job``)."""
         checkpoint, method, layers, image, target = request
         explainer = explorer.explainer(checkpoint, method, layers)
-        shape = dict((n, s) for n, _, s in explorer.layers).get(layers[0])
+        shape = explorer.layer_shapes.get(layers[0])
         job = state.jobs.start(job_id, copies_per_image(explainer, shape))
         with watching(explorer.checkpoints[checkpoint].model, job):
             explorer.compute(checkpoint, method, layers, [(image, target)])
@@ -83,8 +83,8 @@ def routes(state: ServerState) -> list[Route]:
         if shown == "npy":
             return download(npy_bytes(diff), image, f"{method}_{target}_difference", ".npy")
         view = await asyncio.to_thread(explorer.model_view, image)
-        shown_heat = difference_for_display(diff)
-        data = await asyncio.to_thread(overlay_png, view, shown_heat, alpha, DIFFERENCE_COLORMAP)
+        shown_heat = difference_for_display(diff)  # red: the first looks more; blue: the second
+        data = await asyncio.to_thread(overlay_png, view, shown_heat, alpha, DIVERGING_COLORMAP)
         return Response(data, media_type="image/png")
 
     async def depth(request: Request) -> Response:

@@ -11,7 +11,7 @@ from starlette.routing import Route
 from camkit import registry
 from camkit.errors import CamkitError
 from camkit.serve.http import NO_STORE, Query, error
-from camkit.serve.progress import estimate_seconds
+from camkit.serve.progress import Cost
 from camkit.serve.routes.state import ServerState
 
 STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
@@ -35,36 +35,39 @@ def routes(state: ServerState) -> list[Route]:
             return error("not found", 404)
         return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
 
+    costs: dict[str, Cost | None] = {}  # the same for the server's life: measured once
+
+    def cost(name: str, entry: registry.Method) -> Cost | None:
+        """What a map of the method costs at the default layer: the method's own answers
+        (``forward_rows``, ``needs_gradients``), asked once of a fresh instance (the explorer's
+        cache of explainers is kept for the maps); None when it needs more than the default
+        layer (RefineCAM)."""
+        if name not in costs:
+            layer = explorer.default_layer if entry.needs_layer else None
+            try:
+                explainer = entry.build(explorer.checkpoints[checkpoints[0]].model, layer)
+            except CamkitError:
+                costs[name] = None
+            else:
+                costs[name] = Cost.of(explainer, explorer.layer_shapes.get(explorer.default_layer))
+        return costs[name]
+
     async def info(request: Request) -> Response:
         Query(request, ())
         first = explorer.checkpoints[checkpoints[0]]
-        shape = dict((n, s) for n, _, s in explorer.layers).get(explorer.default_layer)
         rows = explorer.row_seconds
-
-        def cost(name: str) -> tuple[bool, float | None]:
-            """Whether the method scores many copies of an image, and about how long a map
-            takes: the method's own answers (``forward_rows``, ``needs_gradients``), asked of a
-            fresh instance: the explorer's cache of explainers is kept for the maps."""
-            entry = registry.get(name)
-            layer = explorer.default_layer if entry.needs_layer else None
-            try:
-                explainer = entry.build(first.model, layer)
-            except CamkitError:  # needs more than the default layer (RefineCAM): no estimate
-                return False, None
-            seconds = None if rows is None else estimate_seconds(explainer, shape, rows)
-            return explainer.forward_rows(shape) > 1, None if seconds is None else round(seconds, 3)
-
         methods = []
         for name in explorer.methods:
-            slow, seconds = cost(name)
             entry = registry.get(name)
+            found = cost(name, entry)
+            seconds = None if found is None or rows is None else round(found.seconds(rows), 3)
             methods.append(
                 {
                     "name": name,
                     "family": entry.family,
                     "needs_layer": entry.needs_layer,
                     "reference": entry.reference,
-                    "slow": slow,
+                    "slow": found is not None and found.slow,
                     "seconds": seconds,
                 }
             )

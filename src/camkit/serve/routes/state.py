@@ -66,14 +66,22 @@ class ServerState:
             raise KeyError(value) from None
         return image
 
-    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int]:
-        """checkpoint, method, (layer,), image and class of a map request."""
+    def image_request(self, query: Query) -> tuple[str, str, int, int]:
+        """checkpoint, layer, image and class of a request about one image (a map, its
+        concepts)."""
         explorer = self.explorer
         checkpoint = self.checkpoint_of(query)
-        method = explorer.check_method(query.text("method", "gradcam"))
         layer = explorer.check_layer(query.text("layer", explorer.default_layer))
         image = self.image_of(query.integer("image"))
         target = explorer.check_target(query.integer("class"))
+        return checkpoint, layer, image, target
+
+    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int]:
+        """checkpoint, method, (layer,), image and class of a map request (the method checked
+        after the checkpoint, before the rest)."""
+        self.checkpoint_of(query)
+        method = self.explorer.check_method(query.text("method", "gradcam"))
+        checkpoint, layer, image, target = self.image_request(query)
         return checkpoint, method, (layer,), image, target
 
     def run_layer(self, method: str, images: list[int]) -> str:
