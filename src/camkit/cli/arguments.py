@@ -26,12 +26,13 @@ def positive_int(text: str) -> int:
     return value
 
 
-def pixel_limit(text: str) -> int:
-    """``--max-pixels``: a count of pixels, 0 for no limit."""
+def pixel_limit(text: str) -> int | None:
+    """``--max-pixels``: a count of pixels; 0 for no limit, read as None (what
+    :func:`camkit.io.read_image` takes for none)."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
-    return value
+    return value or None
 
 
 def unit_float(text: str) -> float:
