@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from camkit import io, models, registry
 from camkit.cli.common import BATCH_SIZE
+from camkit.cli.files import SUFFIXES_SHOWN
 
 FAMILY_TITLES = {
     "gradient-cam": "CAM family (one forward and backward pass)",
@@ -130,8 +131,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         "images",
         nargs="+",
         metavar="IMAGE_OR_DIR",
-        help="image files, or directories whose image files (jpg, jpeg, png, bmp, tif, tiff, "
-        f"webp; not in subdirectories) are all {what}",
+        help=f"image files, or directories whose image files ({SUFFIXES_SHOWN}; not in "
+        f"subdirectories) are all {what}",
     )
     add_model_arguments(parser)
     add_crop_argument(parser)

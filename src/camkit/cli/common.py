@@ -28,8 +28,6 @@ EXIT_BROKEN_PIPE = 141
 
 BATCH_SIZE = 32  # rows per forward pass, in every command and method that loops
 
-# the method families, as --help titles them
-
 
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""
