@@ -91,6 +91,26 @@ def test_a_checkpoint_carries_its_names(tmp_path: Path, three_classes) -> None:
         models.load(arch, weights=wrong)
 
 
+def test_the_plain_readers_do_not_read_the_names(tmp_path: Path, three_classes) -> None:
+    """read_state_dict and read_checkpoint read the weights only: names that would not parse
+    (or a config.json beside the file) are read_checkpoint_labels' business."""
+    tensors = {k: v.contiguous() for k, v in three_classes.items()}
+    safe = tmp_path / "named.safetensors"
+    save_file(tensors, safe, metadata={"arch": "torchvision:squeezenet1_1", "labels": "[cat"})
+    state, arch = models.read_checkpoint(safe)
+    assert arch == "torchvision:squeezenet1_1" and state.keys() == three_classes.keys()
+    assert models.read_state_dict(safe).keys() == three_classes.keys()
+    with pytest.raises(ArgumentError, match="'labels' is not JSON text"):
+        models.read_checkpoint_labels(safe)
+    beside = tmp_path / "hub"
+    beside.mkdir()
+    torch.save(three_classes, beside / "pytorch_model.bin")
+    (beside / "config.json").write_text(json.dumps({"id2label": {"0": "cat", "2": "fox"}}))
+    assert models.read_state_dict(beside / "pytorch_model.bin").keys() == three_classes.keys()
+    with pytest.raises(ArgumentError, match="mapping of the indices 0..n-1"):
+        models.read_checkpoint_labels(beside / "pytorch_model.bin")
+
+
 def test_the_cli_shows_the_names_of_labels_file_and_a_warning_in_one_line(
     tmp_path: Path, three_classes, capsys
 ) -> None:

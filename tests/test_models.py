@@ -175,6 +175,9 @@ def test_torchvision_state_dict_round_trip(tmp_path, random_resnet18: nn.Module)
     assert loaded.name == "torchvision:resnet18" and loaded.default_layer == "layer4"
     assert loaded.labels[281] == "tabby" and not loaded.model.training
     assert _outputs_equal(loaded.model, random_resnet18)
+    # the layers' readability kept from load's trace is what a fresh trace answers
+    assert loaded.layers == models.map_layers(loaded.model, loaded.input_size)
+    assert list(loaded.layers) == list(models.map_layers(loaded.model, loaded.input_size))
 
 
 def test_nested_and_dataparallel_state_dict(tmp_path, random_resnet18: nn.Module) -> None:

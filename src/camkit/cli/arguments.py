@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from camkit import io, models, registry
 from camkit.cli.common import BATCH_SIZE
+from camkit.cli.files import SUFFIXES_SHOWN
 
 FAMILY_TITLES = {
     "gradient-cam": "CAM family (one forward and backward pass)",
@@ -26,12 +27,13 @@ def positive_int(text: str) -> int:
     return value
 
 
-def pixel_limit(text: str) -> int:
-    """``--max-pixels``: a count of pixels, 0 for no limit."""
+def pixel_limit(text: str) -> int | None:
+    """``--max-pixels``: a count of pixels; 0 for no limit, read as None (what
+    :func:`camkit.io.read_image` takes for none)."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
-    return value
+    return value or None
 
 
 def unit_float(text: str) -> float:
@@ -129,8 +131,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         "images",
         nargs="+",
         metavar="IMAGE_OR_DIR",
-        help="image files, or directories whose image files (jpg, jpeg, png, bmp, tif, tiff, "
-        f"webp; not in subdirectories) are all {what}",
+        help=f"image files, or directories whose image files ({SUFFIXES_SHOWN}; not in "
+        f"subdirectories) are all {what}",
     )
     add_model_arguments(parser)
     add_crop_argument(parser)

@@ -28,8 +28,6 @@ EXIT_BROKEN_PIPE = 141
 
 BATCH_SIZE = 32  # rows per forward pass, in every command and method that loops
 
-# the method families, as --help titles them
-
 
 class UsageError(Exception):
     """A command line that cannot run as given: one line on stderr, exit status 2."""
@@ -148,14 +146,17 @@ def load_model(
 
 def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[str]) -> str:
     """The layer the methods explain: ``--layer`` checked against the model, or the default."""
+    needs_layer = any(registry.get(method).needs_layer for method in methods)
     if layer is None:
         layer = loaded.default_layer
-        if any(registry.get(method).needs_layer for method in methods):
+        if needs_layer:
             print(f"layer: {layer} (auto)", file=sys.stderr)
         return layer
-    if not any(registry.get(method).needs_layer for method in methods):
+    if not needs_layer:
         return layer
-    readable = models.map_layers(loaded.model, loaded.input_size)
+    readable = loaded.layers
+    if readable is None:
+        readable = models.map_layers(loaded.model, loaded.input_size)
     why = readable.get(layer, "no such layer")
     if why is not None:  # refused before any work: the layers that would do instead
         names = [name for name, reason in readable.items() if reason is None]

@@ -54,9 +54,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
     loader = DataLoader(
-        ImageFiles(
-            paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels or None
-        ),
+        ImageFiles(paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels),
         batch_size=args.images_per_batch,
         num_workers=default_workers() if args.workers is None else args.workers,
         collate_fn=collate,

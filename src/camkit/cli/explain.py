@@ -59,7 +59,7 @@ def run_explain(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             save_maps=args.save_maps,
             workers=default_workers() if args.workers is None else args.workers,
-            max_pixels=args.max_pixels or None,
+            max_pixels=args.max_pixels,
             quiet=args.quiet,
             report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
         )

@@ -16,6 +16,8 @@ from camkit.errors import ArgumentError
 from camkit.io import IMAGE_SUFFIXES, READ_ERRORS
 
 SHOWN_SKIPS = 10  # names listed in the summary; the rest are counted
+#: The image file suffixes a folder is searched for, as messages and --help list them.
+SUFFIXES_SHOWN = ", ".join(sorted(suffix.lstrip(".") for suffix in IMAGE_SUFFIXES))
 
 
 @dataclass
@@ -85,8 +87,7 @@ def find_images(paths: Sequence[str]) -> FoundImages:
                 else:
                     found.skipped.append((entry, reason))
             if not inside:
-                suffixes = ", ".join(sorted(s.lstrip(".") for s in IMAGE_SUFFIXES))
-                raise ArgumentError(f"no image files ({suffixes}) in directory {given}")
+                raise ArgumentError(f"no image files ({SUFFIXES_SHOWN}) in directory {given}")
             found.paths.extend(inside)
         elif path.exists():
             found.paths.append(path)

@@ -69,7 +69,7 @@ class Job:
             "target": None if self.classes is None else list(self.classes),
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
-            "composite": self.composite if "lrp" in self.methods else None,
+            "composite": self.composite if any(map(takes_composite, self.methods)) else None,
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
@@ -83,6 +83,12 @@ def default_workers() -> int:
     return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
+def takes_composite(method: str) -> bool:
+    """Whether ``method`` takes an LRP composite (``composite=``, ``--composite``): asked of
+    its class, not of its name."""
+    return "composite" in inspect.signature(registry.get(method).cls).parameters
+
+
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
     """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
     methods that run their own passes (a gradient CAM that shares the plain pass explains the
@@ -94,7 +100,7 @@ def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
         options["batch_size"] = job.batch_size
     if entry.seeded:
         options["seed"] = 0
-    if "composite" in inspect.signature(entry.cls).parameters:  # LRP
+    if takes_composite(method):
         options["composite"] = job.composite
     return entry.build(model, job.layer, **options)
 

@@ -222,8 +222,13 @@ def map_layers(
     menu and ``camkit layers`` give. Readable: not skipped (:func:`skipped_layers`) and a
     ``(B, C, h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N,
     C)`` tokens."""
+    return readable_layers(trace(model, input_size, example=example)[0])
+
+
+def readable_layers(calls: Sequence[_Call]) -> dict[str, str | None]:
+    """:func:`map_layers`' answer from a trace's calls (:func:`trace`), without tracing again."""
     answer: dict[str, str | None] = {}
-    for call in _ordered_calls(model, input_size, example):
+    for call in sorted(calls, key=lambda call: call.started):
         answer.setdefault(call.name, call.unreadable)
     return answer
 

@@ -79,8 +79,9 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], str | None]:
     """:func:`read_state_dict`, and the architecture the file names, if any: the string under
     ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
-    entry of a safetensors file's metadata."""
-    state, arch, _ = read_checkpoint_labels(path)
+    entry of a safetensors file's metadata. Class names are not read
+    (:func:`read_checkpoint_labels` reads them)."""
+    state, arch, _ = _read(Path(path))
     return state, arch
 
 

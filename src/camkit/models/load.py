@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from camkit.core.trace import last_spatial_map, trace
+from camkit.core.trace import last_spatial_map, readable_layers, trace
 from camkit.errors import ArgumentError, CheckpointError
 from camkit.models.builders import (
     DEFAULT_MODEL,
@@ -50,7 +50,11 @@ class RandomWeightsWarning(UserWarning):
 
 @dataclass
 class LoadedModel:
-    """A model ready to explain, with what is needed to feed it and read its answers."""
+    """A model ready to explain, with what is needed to feed it and read its answers.
+
+    ``layers``: ``{layer name: None if a CAM can read it, else why not}``, what
+    :func:`~camkit.core.trace.map_layers` answers at ``input_size``, kept from the trace
+    :func:`load` made; None when not known (a LoadedModel built by hand)."""
 
     name: str
     model: nn.Module
@@ -58,6 +62,7 @@ class LoadedModel:
     labels: list[str]
     default_layer: str
     input_size: tuple[int, int]
+    layers: dict[str, str | None] | None = None
 
     def predict(self, image: object, k: int = 5) -> list[tuple[int, str, float]]:
         """Top-``k`` ``(class index, label, softmax probability)`` for one image."""
@@ -187,6 +192,7 @@ def load(
         labels=class_names(classes, labels, own_labels, weights),
         default_layer=last_spatial_map(calls, model, transform.size),
         input_size=transform.size,
+        layers=readable_layers(calls),
     )
 
 

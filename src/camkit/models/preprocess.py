@@ -86,10 +86,9 @@ class Preprocess:
         ``pad`` (the letterbox)."""
         new_h, new_w = self.resized_size(height, width)
         size_h, size_w = self.size
-        # torchvision's center_crop (and pad, with a negative offset): int(round(excess / 2))
-        if self.crop_mode == "pad":  # the offsets of _resize_crop_float's canvas, negated
-            top, left = -((size_h - new_h) // 2), -((size_w - new_w) // 2)
-        else:
+        if self.crop_mode == "pad":  # the resized photo's offsets on the canvas, negated
+            top, left = (-offset for offset in self._pad_offsets(new_h, new_w))
+        else:  # torchvision's center_crop: int(round(excess / 2))
             top, left = int(round((new_h - size_h) / 2)), int(round((new_w - size_w) / 2))
         scale_h, scale_w = height / new_h, width / new_w
         return (
@@ -114,6 +113,11 @@ class Preprocess:
         right = min(max(int(round(region_left + box[3] * scale_x)), left + 1), width)
         return top, left, bottom, right
 
+    def _pad_offsets(self, height: int, width: int) -> tuple[int, int]:
+        """Where ``pad`` puts a photo resized to ``height x width`` on the input-size canvas:
+        its ``(top, left)``, half the margin on each side (rounded down)."""
+        return (self.size[0] - height) // 2, (self.size[1] - width) // 2
+
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
@@ -126,8 +130,7 @@ class Preprocess:
             return TF.center_crop(resized, list(self.size))  # clamped: bicubic overshoots
         fill = self.mean if fill is None else fill
         canvas = torch.tensor(fill, dtype=resized.dtype).view(3, 1, 1).repeat(1, *self.size)
-        top = (self.size[0] - new_size[0]) // 2
-        left = (self.size[1] - new_size[1]) // 2
+        top, left = self._pad_offsets(*new_size)
         canvas[:, top : top + new_size[0], left : left + new_size[1]] = resized
         return canvas
 

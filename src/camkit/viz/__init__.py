@@ -111,11 +111,13 @@ def overlay_on_photo(
     )
     colored = colorize(placed, (height, width), colormap)
     blended = cv2.addWeighted(rgb, 1.0 - alpha, colored, alpha, 0.0)
-    rows = (np.arange(height) + 0.5)[:, None]
-    columns = (np.arange(width) + 0.5)[None, :]
-    seen = (rows >= top) & (rows < bottom) & (columns >= left) & (columns < right)
-    dimmed = (rgb // 2).astype(np.uint8)  # what the model did not see: half brightness
-    return np.where(seen[..., None], blended, dimmed)
+    # the pixels whose centres lie in the region: top <= row + 0.5 < bottom, likewise columns
+    first_row, stop_row = (min(max(math.ceil(v - 0.5), 0), height) for v in (top, bottom))
+    first_column, stop_column = (min(max(math.ceil(v - 0.5), 0), width) for v in (left, right))
+    seen = slice(first_row, stop_row), slice(first_column, stop_column)
+    drawn = rgb // 2  # what the model did not see: half brightness
+    drawn[seen] = blended[seen]
+    return drawn
 
 
 def _slice(volume: object, depth: int, spatial: int) -> object:
