@@ -15,7 +15,6 @@ dataset; two collectors (ranks, resumed parts) merge exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -326,20 +325,10 @@ def _span(hits: Tensor) -> Tensor:
     return torch.stack([first, last], dim=1)
 
 
-def collect(
-    collector: ReferenceCollector, data: Iterable[tuple[Tensor, Tensor]]
-) -> dict[Mode, TopK]:
-    """Run ``collector`` over ``(images, indices)`` batches and return what it found."""
-    for images, indices in data:
-        collector.update(images, indices)
-    return collector.found
-
-
 __all__ = [
     "MODES",
     "ReferenceCollector",
     "TopK",
     "channel_scores",
-    "collect",
     "receptive_boxes",
 ]
