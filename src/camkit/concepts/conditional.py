@@ -31,6 +31,7 @@ from camkit.concepts.concepts import (
     ConceptSpec,
     Mask,
     TopConcepts,
+    abs_norm,
     as_concept,
     as_concepts,
     sample_channels,
@@ -185,7 +186,7 @@ class ConceptAttribution:
                     f"k={k} but layer {self.layer!r} has {per_channel.shape[1]} channels"
                 )
             values, channels = per_channel.topk(k, dim=1)
-            share = values / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10)
+            share = abs_norm(per_channel).gather(1, channels)
             heat = None
             if heatmaps:
                 masks = [sample_channels(channels[:, i]) for i in range(k)]
@@ -222,7 +223,7 @@ class ConceptAttribution:
             with self._traced(batch[rows], part_target, [self.layer]) as run:
                 per_channel = self._channel_relevance(run, part_region)
             relevance.append(per_channel)
-            share.append(per_channel / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10))
+            share.append(abs_norm(per_channel))
         mean_share = torch.cat(share).mean(dim=0)
         if k > mean_share.numel():
             raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")

@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from camkit.concepts.concepts import abs_norm
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
@@ -228,7 +229,7 @@ def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor,
     else:
         scores = flat.gather(-1, positions.unsqueeze(-1)).squeeze(-1)
     if normalise:
-        scores = scores / (scores.abs().sum(dim=1, keepdim=True) + 1e-10)
+        scores = abs_norm(scores)
     return scores, positions
 
 
