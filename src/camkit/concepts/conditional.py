@@ -48,7 +48,7 @@ from camkit.core.layers import (
     find_layers,
     single_call,
 )
-from camkit.core.layouts import Layout, check_reshape, infer_layout
+from camkit.core.layouts import Layout, channels_first, check_reshape, layer_layout
 from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
@@ -288,14 +288,12 @@ class ConceptAttribution:
                     "for the predicted class), and the concepts as the K axis"
                 )
             classes = scorer.pinned(output).classes[:, 0] if scorer.has_classes else None
-            layouts = {name: self._layout(act, batch) for name, act in acts.items()}
+            input_size = tuple(batch.shape[2:])
+            layouts = {
+                name: layer_layout(act.shape, self.model, input_size, self.reshape)
+                for name, act in acts.items()
+            }
             yield _Pass(leaf, acts, layouts, scores[:, 0], classes)
-
-    def _layout(self, act: Tensor, batch: Tensor) -> Layout | None:
-        """How the layer's output is read (None: channels on axis 1, as it is)."""
-        if self.reshape is None or act.ndim == 2:  # a linear layer: neurons, no positions
-            return None
-        return infer_layout(act.shape, self.model, tuple(batch.shape[2:]))
 
     def _start(self, run: _Pass, layer: str) -> Tensor:
         """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``, one backward
@@ -338,20 +336,20 @@ class ConceptAttribution:
 
     def _masks(self, run: _Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
         """The concepts' masks, each checked against the layer's channel count."""
-        channels = _channels_first(run, layer, run.acts[layer]).shape[1]
+        channels = channels_first(run.acts[layer], run.layouts[layer]).shape[1]
         for concept in concepts:
             concept.check(channels)
         return [concept.project for concept in concepts]
 
     def _masked(self, run: _Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
         """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""
-        first = _channels_first(run, layer, grad)
+        first = channels_first(grad, run.layouts[layer])
         stacked = torch.stack([mask(first) for mask in masks])
-        return _channels_first(run, layer, stacked, dims=2, back=True)
+        return channels_first(stacked, run.layouts[layer], dims=2, back=True)
 
     def _per_channel(self, run: _Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
         """Sum a relevance ``(..., *A.shape[1:])`` with ``dims`` leading axes over positions."""
-        first = _channels_first(run, layer, relevance, dims)
+        first = channels_first(relevance, run.layouts[layer], dims)
         return first.flatten(dims + 1).sum(dim=-1)
 
     def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
@@ -393,14 +391,3 @@ def vmapped(rules: Rules, grads: Tensor) -> bool:
     of passes on the retained graph is faster (VGG-16's 10 conditional heatmaps at 224 px, one
     thread: 2.4 s vmapped, 2.0 s looped)."""
     return rules.batched and grads.shape[0] > 1 and grads.device.type != "cpu"
-
-
-def _channels_first(
-    run: _Pass, layer: str, t: Tensor, dims: int = 1, *, back: bool = False
-) -> Tensor:
-    """``t`` (``dims`` leading axes, then the layer's output axes) with the channel axis moved
-    to position ``dims`` (``back``: moved back where the layer has it)."""
-    layout = run.layouts[layer]
-    if layout is None or layout.kind not in ("tokens", "channels_last"):
-        return t
-    return t.movedim(dims, -1) if back else t.movedim(-1, dims)

@@ -33,7 +33,7 @@ from camkit.core.layers import (
     find_layers,
     single_call,
 )
-from camkit.core.layouts import infer_layout
+from camkit.core.layouts import channels_first, layer_layout
 from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.outputs import OutputSelector
@@ -160,8 +160,8 @@ class ReferenceCollector:
             raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
         (grad,) = torch.autograd.grad(scores.sum(), act)
         classes = scorer.pinned(output).classes[:, 0]
-        act = channels_first(act.detach(), self.capture.model, batch, self.reshape)
-        grad = channels_first(grad, self.capture.model, batch, self.reshape)
+        layout = layer_layout(act.shape, self.capture.model, tuple(batch.shape[2:]), self.reshape)
+        act, grad = channels_first(act.detach(), layout), channels_first(grad, layout)
         for mode, values in (("activation", act), ("relevance", act * grad)):
             score, positions = channel_scores(values, self.score, self.normalise)
             if mode not in self.found:
@@ -207,15 +207,6 @@ class ReferenceCollector:
                 self.found[mode] = TopK(**{k: v.clone() for k, v in vars(part).items()})
                 self.totals[mode] = totals[mode].clone()
         self.seen += seen
-
-
-def channels_first(t: Tensor, model: nn.Module, batch: Tensor, reshape: str | None) -> Tensor:
-    """A layer output ``(n, ...)`` as ``(n, C, positions...)``: tokens and channels-last
-    outputs have their channels moved to axis 1 (prefix tokens kept)."""
-    if reshape is None or t.ndim == 2:
-        return t
-    layout = infer_layout(t.shape, model, tuple(batch.shape[2:]))
-    return t.movedim(-1, 1) if layout.kind in ("tokens", "channels_last") else t
 
 
 def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor, Tensor]:
@@ -295,7 +286,8 @@ def _field_strength(
         with capture_outputs(model, [layer], start_graph=False) as taps:
             model(leaf.clone())
         (act,) = single_call(taps)  # a layer that runs twice in one forward is refused
-        flat = channels_first(act, model, batch, reshape).flatten(2)
+        layout = layer_layout(act.shape, model, tuple(batch.shape[2:]), reshape)
+        flat = channels_first(act, layout).flatten(2)
         device = flat.device
         picked = flat[image.to(device), channels.to(device), positions.to(device)]
         # the k-th request of every image in the k-th backward pass on the one graph (on a CPU
