@@ -38,6 +38,7 @@ from camkit.concepts.concepts import (
 )
 from camkit.concepts.regions import region_weights, rows_of
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.core.call import chunk_size
 from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
@@ -214,7 +215,7 @@ class ConceptAttribution:
         pass."""
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
-        step = self.batch_size or batch.shape[0]
+        step = chunk_size(batch.shape[0], self.batch_size)
         relevance, share = [], []
         for start in range(0, batch.shape[0], step):
             rows = slice(start, start + step)
@@ -250,10 +251,10 @@ class ConceptAttribution:
         with self._traced(batch, target, [self.layer, low]) as run:
             masks = self._masks(run, self.layer, found)
             upper_grad = self._start(run, self.layer)
+            step = chunk_size(len(masks), self.batch_size)
             parts = []
-            for start in range(0, len(masks), self.batch_size or len(masks)):
-                chunk = masks[start : start + (self.batch_size or len(masks))]
-                grads = self._masked(run, self.layer, upper_grad, chunk)
+            for start in range(0, len(masks), step):
+                grads = self._masked(run, self.layer, upper_grad, masks[start : start + step])
                 lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
                 lower_relevance = (run.acts[low] * lower_grad).detach()
                 parts.append(self._per_channel(run, low, lower_relevance, dims=2))
@@ -376,7 +377,7 @@ class ConceptAttribution:
         else:
             top = self._masked(run, upper, self._start(run, upper), [upper_mask])
             grad = self._vjp(run.acts[upper], run.acts[self.layer], top)[0]
-        step = self.batch_size or len(masks)
+        step = chunk_size(len(masks), self.batch_size)
         parts = []
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
