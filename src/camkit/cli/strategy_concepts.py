@@ -6,7 +6,6 @@ skip it: ``camkit explain --report`` and ``camkit strategies`` stay as fast as t
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,22 +15,24 @@ from camkit.cli.common import UsageError, load_model
 from camkit.concepts import ConceptAttribution
 from camkit.errors import CamkitError
 from camkit.runs.concepts import read_concepts
-from camkit.runs.manifest import sha256
+from camkit.runs.manifest import recorded_crop, sha256
 
 DOMINANT = 5  # concepts listed per cluster
 IMAGES_PER_PASS = 16
 
 
 def add_cluster_concepts(
-    run: Path, settings: dict, groups: list[dict], images: list[str], weights: str | None
+    run: Path, manifest: dict, groups: list[dict], images: list[str], weights: str | None
 ) -> str | None:
     """Add ``"concepts": {"layer", "channels": [{"channel", "share", "relevance"}]}`` to every
     cluster of ``groups`` (``strategies.json``'s; members are rows of ``images``) when ``run``
     has ``camkit concepts`` results -> a line saying what was done or why not (None: no
-    concepts results, nothing to do). ``settings``: the run manifest's; ``weights``: the
-    weights file of a run made with ``--weights`` (checked against its SHA-256)."""
+    concepts results, nothing to do). ``manifest``: the run's (its settings name the model,
+    the layer and the crop the photos were preprocessed with); ``weights``: the weights file
+    of a run made with ``--weights`` (checked against its SHA-256)."""
     if read_concepts(run) is None:
         return None
+    settings = manifest.get("settings") or {}
     name, layer = settings.get("model"), settings.get("layer")
     if not name or not layer:
         return "cluster concepts skipped: the run's manifest names no model or layer"
@@ -40,9 +41,8 @@ def add_cluster_concepts(
         return "cluster concepts skipped: the run used its own weights; pass --weights FILE"
     if wanted != sha256(weights):
         raise UsageError(f"--weights {weights}: not the weights the run was made with")
-    loaded = load_model(name, weights)
-    crop = settings.get("crop") or loaded.preprocess.crop_mode
-    preprocess = dataclasses.replace(loaded.preprocess, crop_mode=crop)
+    loaded = load_model(name, weights, crop=recorded_crop(manifest))
+    preprocess = loaded.preprocess
     try:
         concepts = ConceptAttribution(loaded.model, layer, batch_size=IMAGES_PER_PASS)
     except CamkitError as error:
