@@ -152,6 +152,42 @@ def test_the_tag_cluster_names_the_tag_channel_in_strategies_and_report(
     assert page["concepts"]["channels"][0]["channel"] == TAG_CHANNEL
 
 
+def test_each_photo_is_measured_once_per_class_and_clusters_equal_dominant_bit_for_bit(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Map rows are photo x method: the clusters of two methods hold the same photos, grouped
+    otherwise. Each photo is read (and its relevances measured) once for the class, and each
+    cluster's numbers are dominant()'s over its members' images, bit for bit."""
+    out, _ = planted_run(tmp_path, count=12)
+    head = json.loads((out / manifest.MANIFEST).read_text())
+    photos = [str(tmp_path / "photos" / f"p{k:02d}.png") for k in range(12)]
+    by_method = (
+        [[1, 4, 7, 10], [0, 2, 3, 5, 6, 8, 9, 11]],
+        [[10, 1, 0], [11, 9, 8, 7, 6, 5, 4, 3, 2]],
+    )
+    groups = [
+        {"class": 0, "clusters": [{"members": [12 * m + r for r in c]} for c in clusters]}
+        for m, clusters in enumerate(by_method)
+    ]
+    reads = []
+    read_image = cio.read_image
+    monkeypatch.setattr(cio, "read_image", lambda path: reads.append(path) or read_image(path))
+    monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
+    assert strategy_concepts.add_cluster_concepts(out, head, groups, photos * 2, None)
+    assert sorted(reads) == photos
+    concepts = ConceptAttribution(planted_concepts(), "1")
+    preprocess = loaded_planted().preprocess
+    for group in groups:
+        for cluster in group["clusters"]:
+            inputs = [preprocess(read_image(photos[row % 12])) for row in cluster["members"]]
+            expected = concepts.dominant(torch.stack(inputs), k=3, target=0)
+            found = cluster["concepts"]["channels"]
+            assert [c["channel"] for c in found] == expected.channels.tolist()
+            for key in ("share", "relevance"):
+                numbers = torch.tensor([c[key] for c in found], dtype=torch.float32)
+                assert torch.equal(numbers, getattr(expected, key)), key
+
+
 def test_runs_without_concepts_or_with_unknown_weights_skip_cluster_concepts(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

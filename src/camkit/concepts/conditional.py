@@ -216,20 +216,25 @@ class ConceptAttribution:
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
         step = chunk_size(batch.shape[0], self.batch_size)
-        relevance, share = [], []
+        relevance = []
         for start in range(0, batch.shape[0], step):
             rows = slice(start, start + step)
             part_target = rows_of(target, rows, batch.shape[0])
             part_region = rows_of(region, rows, batch.shape[0])
             with self._traced(batch[rows], part_target, [self.layer]) as run:
-                per_channel = self._channel_relevance(run, part_region)
-            relevance.append(per_channel)
-            share.append(abs_norm(per_channel))
-        mean_share = torch.cat(share).mean(dim=0)
+                relevance.append(self._channel_relevance(run, part_region))
+        return self.dominant_of(torch.cat(relevance), k)
+
+    def dominant_of(self, relevance: Tensor, k: int = 10) -> TopConcepts:
+        """:meth:`dominant` of images whose channel relevances are ``relevance (n, C)`` (rows of
+        :meth:`relevances`, e.g. kept for images that several sets share): the ``k`` channels
+        of the largest mean share, their mean ``relevance (k,)`` and mean ``share (k,)``."""
+        k = positive_int("k", k)
+        mean_share = abs_norm(relevance).mean(dim=0)
         if k > mean_share.numel():
             raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")
         values, channels = mean_share.topk(k)
-        mean_relevance = torch.cat(relevance).mean(dim=0)[channels]
+        mean_relevance = relevance.mean(dim=0)[channels]
         return TopConcepts(self.layer, channels, mean_relevance, values, None, None)
 
     def graph(
