@@ -5,6 +5,7 @@ and the explorer's cluster view finds the same channels on demand."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -34,6 +35,15 @@ def loaded_planted() -> models.LoadedModel:
         default_layer="1",
         input_size=(SIDE, SIDE),
     )
+
+
+def load_planted(name, weights, labels=None, *, crop=None) -> models.LoadedModel:
+    """``load_model``'s stand-in: the planted model, its crop replaced by ``crop`` as
+    ``--crop`` does."""
+    loaded = loaded_planted()
+    if crop is not None:
+        loaded.preprocess = dataclasses.replace(loaded.preprocess, crop_mode=crop)
+    return loaded
 
 
 def planted_run(tmp_path: Path, count: int = 24) -> tuple[Path, np.ndarray]:
@@ -78,11 +88,40 @@ def planted_run(tmp_path: Path, count: int = 24) -> tuple[Path, np.ndarray]:
     return out, tagged
 
 
+def test_cluster_concepts_of_a_run_from_before_crop_squash_its_photos(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A run whose manifest records no crop was made before ``--crop``, when every photo was
+    squashed (the explorer reads such a run so): its cluster concepts squash the photos too,
+    not with the model's own crop (centre here)."""
+    out, _ = planted_run(tmp_path)
+    head = json.loads((out / manifest.MANIFEST).read_text())
+    del head["settings"]["crop"]
+    cio.save_json(out / manifest.MANIFEST, head)
+
+    def load_centred(name, weights, labels=None, *, crop=None) -> models.LoadedModel:
+        return load_planted(name, weights, labels, crop=crop or "center")  # its own: centre
+
+    crops = []
+    preprocess = models.Preprocess.__call__
+
+    def spy(self, *args, **kwargs):
+        crops.append(self.crop_mode)
+        return preprocess(self, *args, **kwargs)
+
+    monkeypatch.setattr(strategy_concepts, "load_model", load_centred)
+    monkeypatch.setattr(models.Preprocess, "__call__", spy)
+    assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none", "--quiet"]) == 0
+    written = json.loads((out / "strategies" / "strategies.json").read_text())
+    assert all("concepts" in c for c in written["groups"][0]["clusters"])
+    assert crops and set(crops) == {"squash"}
+
+
 def test_the_tag_cluster_names_the_tag_channel_in_strategies_and_report(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
     out, tagged = planted_run(tmp_path)
-    monkeypatch.setattr(strategy_concepts, "load_model", lambda name, weights: loaded_planted())
+    monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
     assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none"]) == 0
     assert "dominant concepts of each cluster at 1" in capsys.readouterr().out
     (group,) = json.loads((out / "strategies" / "strategies.json").read_text())["groups"]
@@ -113,6 +152,42 @@ def test_the_tag_cluster_names_the_tag_channel_in_strategies_and_report(
     assert page["concepts"]["channels"][0]["channel"] == TAG_CHANNEL
 
 
+def test_each_photo_is_measured_once_per_class_and_clusters_equal_dominant_bit_for_bit(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Map rows are photo x method: the clusters of two methods hold the same photos, grouped
+    otherwise. Each photo is read (and its relevances measured) once for the class, and each
+    cluster's numbers are dominant()'s over its members' images, bit for bit."""
+    out, _ = planted_run(tmp_path, count=12)
+    head = json.loads((out / manifest.MANIFEST).read_text())
+    photos = [str(tmp_path / "photos" / f"p{k:02d}.png") for k in range(12)]
+    by_method = (
+        [[1, 4, 7, 10], [0, 2, 3, 5, 6, 8, 9, 11]],
+        [[10, 1, 0], [11, 9, 8, 7, 6, 5, 4, 3, 2]],
+    )
+    groups = [
+        {"class": 0, "clusters": [{"members": [12 * m + r for r in c]} for c in clusters]}
+        for m, clusters in enumerate(by_method)
+    ]
+    reads = []
+    read_image = cio.read_image
+    monkeypatch.setattr(cio, "read_image", lambda path: reads.append(path) or read_image(path))
+    monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
+    assert strategy_concepts.add_cluster_concepts(out, head, groups, photos * 2, None)
+    assert sorted(reads) == photos
+    concepts = ConceptAttribution(planted_concepts(), "1")
+    preprocess = loaded_planted().preprocess
+    for group in groups:
+        for cluster in group["clusters"]:
+            inputs = [preprocess(read_image(photos[row % 12])) for row in cluster["members"]]
+            expected = concepts.dominant(torch.stack(inputs), k=3, target=0)
+            found = cluster["concepts"]["channels"]
+            assert [c["channel"] for c in found] == expected.channels.tolist()
+            for key in ("share", "relevance"):
+                numbers = torch.tensor([c[key] for c in found], dtype=torch.float32)
+                assert torch.equal(numbers, getattr(expected, key)), key
+
+
 def test_runs_without_concepts_or_with_unknown_weights_skip_cluster_concepts(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
@@ -124,16 +199,22 @@ def test_runs_without_concepts_or_with_unknown_weights_skip_cluster_concepts(
     written = json.loads((out / "strategies" / "strategies.json").read_text())
     assert calls == [] and all("concepts" not in c for c in written["groups"][0]["clusters"])
     settings = {"model": "planted", "layer": "1", "weights_sha256": "ab" * 32}
-    note = strategy_concepts.add_cluster_concepts(tmp_path / "nothing", settings, [], [], None)
+    note = strategy_concepts.add_cluster_concepts(
+        tmp_path / "nothing", {"settings": settings}, [], [], None
+    )
     assert note is None
     (tmp_path / "c").mkdir()
     cio.save_json(tmp_path / "c" / "concepts.json", {"layer": "1", "channels": {}})
-    note = strategy_concepts.add_cluster_concepts(tmp_path / "c", settings, [], [], None)
+    note = strategy_concepts.add_cluster_concepts(
+        tmp_path / "c", {"settings": settings}, [], [], None
+    )
     assert "pass --weights" in note and calls == []
     with pytest.raises(Exception, match="not the weights the run was made with"):
         weights = tmp_path / "w.pt"
         weights.write_bytes(b"x")
-        strategy_concepts.add_cluster_concepts(tmp_path / "c", settings, [], [], str(weights))
+        strategy_concepts.add_cluster_concepts(
+            tmp_path / "c", {"settings": settings}, [], [], str(weights)
+        )
 
 
 def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag(
@@ -149,7 +230,7 @@ def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag
     from camkit.serve.gallery import read_run, read_strategies
 
     out, tagged = planted_run(tmp_path)
-    monkeypatch.setattr(strategy_concepts, "load_model", lambda name, weights: loaded_planted())
+    monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
     assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none", "--quiet"]) == 0
     entries, _, predictions = read_run(out)
     explorer = Explorer({"a": loaded_planted()}, entries, predictions=predictions)
@@ -187,7 +268,7 @@ def test_the_reports_clusters_name_their_channels_in_headless_chromium(
     tmp_path: Path, monkeypatch
 ) -> None:
     out, _ = planted_run(tmp_path)
-    monkeypatch.setattr(strategy_concepts, "load_model", lambda name, weights: loaded_planted())
+    monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
     assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none", "--quiet"]) == 0
     browser = Browser(tmp_path / "profile")
     try:

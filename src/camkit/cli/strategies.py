@@ -211,9 +211,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         skipped += [
             {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
         ]
-    done = add_cluster_concepts(
-        run, manifest.get("settings") or {}, groups, maps.image.tolist(), args.weights
-    )
+    done = add_cluster_concepts(run, manifest, groups, maps.image.tolist(), args.weights)
     if done is not None and not args.quiet:
         print(done)
     data = {

@@ -1,37 +1,44 @@
 """The concepts that dominate each strategies cluster, for ``camkit strategies`` when the run
 folder holds ``camkit concepts`` results: :meth:`camkit.concepts.ConceptAttribution.dominant`
 over the cluster's images, for its class, at the run's layer (so that a shortcut cluster names
-its channels, and the report's atlas shows what they respond to). Runs without concepts results
-skip it: ``camkit explain --report`` and ``camkit strategies`` stay as fast as they were."""
+its channels, and the report's atlas shows what they respond to). Each image is measured once
+per class (its channel relevances, :meth:`~camkit.concepts.ConceptAttribution.relevances`),
+however many methods' clusters hold it; a cluster's numbers are
+:meth:`~camkit.concepts.ConceptAttribution.dominant_of` its members' relevances. Runs without
+concepts results skip it: ``camkit explain --report`` and ``camkit strategies`` stay as fast as
+they were."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from camkit import io
 from camkit.cli.common import UsageError, load_model
 from camkit.concepts import ConceptAttribution
 from camkit.errors import CamkitError
+from camkit.models import Preprocess
 from camkit.runs.concepts import read_concepts
-from camkit.runs.manifest import sha256
+from camkit.runs.manifest import recorded_crop, sha256
 
 DOMINANT = 5  # concepts listed per cluster
-IMAGES_PER_PASS = 16
+IMAGES_PER_PASS = 16  # photos per forward and backward pass
 
 
 def add_cluster_concepts(
-    run: Path, settings: dict, groups: list[dict], images: list[str], weights: str | None
+    run: Path, manifest: dict, groups: list[dict], images: list[str], weights: str | None
 ) -> str | None:
     """Add ``"concepts": {"layer", "channels": [{"channel", "share", "relevance"}]}`` to every
     cluster of ``groups`` (``strategies.json``'s; members are rows of ``images``) when ``run``
     has ``camkit concepts`` results -> a line saying what was done or why not (None: no
-    concepts results, nothing to do). ``settings``: the run manifest's; ``weights``: the
-    weights file of a run made with ``--weights`` (checked against its SHA-256)."""
+    concepts results, nothing to do). ``manifest``: the run's (its settings name the model,
+    the layer and the crop the photos were preprocessed with); ``weights``: the weights file
+    of a run made with ``--weights`` (checked against its SHA-256)."""
     if read_concepts(run) is None:
         return None
+    settings = manifest.get("settings") or {}
     name, layer = settings.get("model"), settings.get("layer")
     if not name or not layer:
         return "cluster concepts skipped: the run's manifest names no model or layer"
@@ -40,26 +47,26 @@ def add_cluster_concepts(
         return "cluster concepts skipped: the run used its own weights; pass --weights FILE"
     if wanted != sha256(weights):
         raise UsageError(f"--weights {weights}: not the weights the run was made with")
-    loaded = load_model(name, weights)
-    crop = settings.get("crop") or loaded.preprocess.crop_mode
-    preprocess = dataclasses.replace(loaded.preprocess, crop_mode=crop)
+    loaded = load_model(name, weights, crop=recorded_crop(manifest))
     try:
-        concepts = ConceptAttribution(loaded.model, layer, batch_size=IMAGES_PER_PASS)
+        concepts = ConceptAttribution(loaded.model, layer)
     except CamkitError as error:
         raise UsageError(f"cluster concepts at layer {layer}: {error}") from None
+    # (photo, class) -> its channel relevances: a photo is read and measured once per class,
+    # however many methods' clusters hold it (map rows are photo x method)
+    found: dict[tuple[str, int], Tensor | None] = {}
     for group in groups:
+        target = int(group["class"])
         for cluster in group["clusters"]:
-            inputs = []
-            for row in cluster["members"]:
-                try:
-                    inputs.append(preprocess(io.read_image(images[row])))
-                except io.READ_ERRORS:
-                    continue  # an image gone since the run: the cluster's other members count
-            if not inputs:
+            photos = [images[row] for row in cluster["members"]]
+            new = [photo for photo in dict.fromkeys(photos) if (photo, target) not in found]
+            found |= _channel_relevances(concepts, loaded.preprocess, new, target)
+            rows = [found[photo, target] for photo in photos]
+            relevance = [row for row in rows if row is not None]  # photos gone since the run
+            if not relevance:
                 continue
-            batch = torch.stack(inputs)
-            k = min(DOMINANT, _channels(concepts, batch[:1]))
-            top = concepts.dominant(batch, k=k, target=int(group["class"]))
+            stacked = torch.stack(relevance)
+            top = concepts.dominant_of(stacked, k=min(DOMINANT, stacked.shape[1]))
             channels = [
                 {"channel": c, "share": float(s), "relevance": float(r)}
                 for c, s, r in zip(top.channels.tolist(), top.share, top.relevance, strict=True)
@@ -68,8 +75,25 @@ def add_cluster_concepts(
     return f"dominant concepts of each cluster at {layer} (camkit concepts results found)"
 
 
-def _channels(concepts: ConceptAttribution, one: torch.Tensor) -> int:
-    return int(concepts.relevances(one).shape[-1])
+def _channel_relevances(
+    concepts: ConceptAttribution, preprocess: Preprocess, photos: list[str], target: int
+) -> dict[tuple[str, int], Tensor | None]:
+    """``{(photo, target): (C,) channel relevances}`` of ``photos`` for class ``target``,
+    ``IMAGES_PER_PASS`` photos per pass; None for a photo that cannot be read (gone since the
+    run: its cluster's other members count)."""
+    found: dict[tuple[str, int], Tensor | None] = {}
+    inputs, readable = [], []
+    for photo in photos:
+        try:
+            inputs.append(preprocess(io.read_image(photo)))
+            readable.append(photo)
+        except io.READ_ERRORS:
+            found[photo, target] = None
+    for start in range(0, len(inputs), IMAGES_PER_PASS):
+        part = slice(start, start + IMAGES_PER_PASS)
+        rows = concepts.relevances(torch.stack(inputs[part]), target=target)
+        found |= {(photo, target): row for photo, row in zip(readable[part], rows, strict=True)}
+    return found
 
 
 __all__ = ["add_cluster_concepts"]

@@ -128,6 +128,12 @@ def sample_channels(channels: Tensor) -> Mask:
     return mask
 
 
+def abs_norm(scores: Tensor) -> Tensor:
+    """``(n, C, ...)``: each sample's scores divided by the sum of their absolute values over
+    the channels (axis 1), zennit-crp's ``abs_norm``: ``x / (|x|.sum(1) + 1e-10)``."""
+    return scores / (scores.abs().sum(dim=1, keepdim=True) + 1e-10)
+
+
 @dataclass(frozen=True)
 class TopConcepts:
     """The ``k`` most relevant channels of a layer per sample (:meth:`ConceptAttribution.top`).
@@ -183,6 +189,7 @@ __all__ = [
     "Direction",
     "Mask",
     "TopConcepts",
+    "abs_norm",
     "as_concept",
     "as_concepts",
     "sample_channels",

@@ -31,12 +31,14 @@ from camkit.concepts.concepts import (
     ConceptSpec,
     Mask,
     TopConcepts,
+    abs_norm,
     as_concept,
     as_concepts,
     sample_channels,
 )
 from camkit.concepts.regions import region_weights, rows_of
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.core.call import chunk_size
 from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
@@ -47,7 +49,7 @@ from camkit.core.layers import (
     find_layers,
     single_call,
 )
-from camkit.core.layouts import Layout, check_reshape, infer_layout
+from camkit.core.layouts import Layout, channels_first, check_reshape, layer_layout
 from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
@@ -185,7 +187,7 @@ class ConceptAttribution:
                     f"k={k} but layer {self.layer!r} has {per_channel.shape[1]} channels"
                 )
             values, channels = per_channel.topk(k, dim=1)
-            share = values / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10)
+            share = abs_norm(per_channel).gather(1, channels)
             heat = None
             if heatmaps:
                 masks = [sample_channels(channels[:, i]) for i in range(k)]
@@ -213,21 +215,26 @@ class ConceptAttribution:
         pass."""
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
-        step = self.batch_size or batch.shape[0]
-        relevance, share = [], []
+        step = chunk_size(batch.shape[0], self.batch_size)
+        relevance = []
         for start in range(0, batch.shape[0], step):
             rows = slice(start, start + step)
             part_target = rows_of(target, rows, batch.shape[0])
             part_region = rows_of(region, rows, batch.shape[0])
             with self._traced(batch[rows], part_target, [self.layer]) as run:
-                per_channel = self._channel_relevance(run, part_region)
-            relevance.append(per_channel)
-            share.append(per_channel / (per_channel.abs().sum(dim=1, keepdim=True) + 1e-10))
-        mean_share = torch.cat(share).mean(dim=0)
+                relevance.append(self._channel_relevance(run, part_region))
+        return self.dominant_of(torch.cat(relevance), k)
+
+    def dominant_of(self, relevance: Tensor, k: int = 10) -> TopConcepts:
+        """:meth:`dominant` of images whose channel relevances are ``relevance (n, C)`` (rows of
+        :meth:`relevances`, e.g. kept for images that several sets share): the ``k`` channels
+        of the largest mean share, their mean ``relevance (k,)`` and mean ``share (k,)``."""
+        k = positive_int("k", k)
+        mean_share = abs_norm(relevance).mean(dim=0)
         if k > mean_share.numel():
             raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")
         values, channels = mean_share.topk(k)
-        mean_relevance = torch.cat(relevance).mean(dim=0)[channels]
+        mean_relevance = relevance.mean(dim=0)[channels]
         return TopConcepts(self.layer, channels, mean_relevance, values, None, None)
 
     def graph(
@@ -249,10 +256,10 @@ class ConceptAttribution:
         with self._traced(batch, target, [self.layer, low]) as run:
             masks = self._masks(run, self.layer, found)
             upper_grad = self._start(run, self.layer)
+            step = chunk_size(len(masks), self.batch_size)
             parts = []
-            for start in range(0, len(masks), self.batch_size or len(masks)):
-                chunk = masks[start : start + (self.batch_size or len(masks))]
-                grads = self._masked(run, self.layer, upper_grad, chunk)
+            for start in range(0, len(masks), step):
+                grads = self._masked(run, self.layer, upper_grad, masks[start : start + step])
                 lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
                 lower_relevance = (run.acts[low] * lower_grad).detach()
                 parts.append(self._per_channel(run, low, lower_relevance, dims=2))
@@ -287,14 +294,12 @@ class ConceptAttribution:
                     "for the predicted class), and the concepts as the K axis"
                 )
             classes = scorer.pinned(output).classes[:, 0] if scorer.has_classes else None
-            layouts = {name: self._layout(act, batch) for name, act in acts.items()}
+            input_size = tuple(batch.shape[2:])
+            layouts = {
+                name: layer_layout(act.shape, self.model, input_size, self.reshape)
+                for name, act in acts.items()
+            }
             yield _Pass(leaf, acts, layouts, scores[:, 0], classes)
-
-    def _layout(self, act: Tensor, batch: Tensor) -> Layout | None:
-        """How the layer's output is read (None: channels on axis 1, as it is)."""
-        if self.reshape is None or act.ndim == 2:  # a linear layer: neurons, no positions
-            return None
-        return infer_layout(act.shape, self.model, tuple(batch.shape[2:]))
 
     def _start(self, run: _Pass, layer: str) -> Tensor:
         """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``, one backward
@@ -337,20 +342,20 @@ class ConceptAttribution:
 
     def _masks(self, run: _Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
         """The concepts' masks, each checked against the layer's channel count."""
-        channels = _channels_first(run, layer, run.acts[layer]).shape[1]
+        channels = channels_first(run.acts[layer], run.layouts[layer]).shape[1]
         for concept in concepts:
             concept.check(channels)
         return [concept.project for concept in concepts]
 
     def _masked(self, run: _Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
         """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""
-        first = _channels_first(run, layer, grad)
+        first = channels_first(grad, run.layouts[layer])
         stacked = torch.stack([mask(first) for mask in masks])
-        return _channels_first(run, layer, stacked, dims=2, back=True)
+        return channels_first(stacked, run.layouts[layer], dims=2, back=True)
 
     def _per_channel(self, run: _Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
         """Sum a relevance ``(..., *A.shape[1:])`` with ``dims`` leading axes over positions."""
-        first = _channels_first(run, layer, relevance, dims)
+        first = channels_first(relevance, run.layouts[layer], dims)
         return first.flatten(dims + 1).sum(dim=-1)
 
     def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
@@ -377,7 +382,7 @@ class ConceptAttribution:
         else:
             top = self._masked(run, upper, self._start(run, upper), [upper_mask])
             grad = self._vjp(run.acts[upper], run.acts[self.layer], top)[0]
-        step = self.batch_size or len(masks)
+        step = chunk_size(len(masks), self.batch_size)
         parts = []
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
@@ -392,14 +397,3 @@ def vmapped(rules: Rules, grads: Tensor) -> bool:
     of passes on the retained graph is faster (VGG-16's 10 conditional heatmaps at 224 px, one
     thread: 2.4 s vmapped, 2.0 s looped)."""
     return rules.batched and grads.shape[0] > 1 and grads.device.type != "cpu"
-
-
-def _channels_first(
-    run: _Pass, layer: str, t: Tensor, dims: int = 1, *, back: bool = False
-) -> Tensor:
-    """``t`` (``dims`` leading axes, then the layer's output axes) with the channel axis moved
-    to position ``dims`` (``back``: moved back where the layer has it)."""
-    layout = run.layouts[layer]
-    if layout is None or layout.kind not in ("tokens", "channels_last"):
-        return t
-    return t.movedim(dims, -1) if back else t.movedim(-1, dims)

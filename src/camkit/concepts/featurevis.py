@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from camkit.core.engine import require_autograd
 from camkit.core.inputs import as_size, positive_int
 from camkit.core.layers import capture_outputs, explained_module, find_layers, single_call
-from camkit.core.layouts import infer_layout
+from camkit.core.layouts import Layout, channels_first, layer_layout
 from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
 from camkit.core.state import buffers_kept
@@ -198,6 +198,7 @@ def visualize(
     spectrum = (0.01 * spectrum).to(param.device).requires_grad_(True)
     normalise = _normalisation(mean, std, param)
     optimiser = torch.optim.Adam([spectrum], lr=lr)
+    layouts: dict[str, Layout | None] = {}
     with progress_of(steps, "feature visualisation", "step", enabled=progress) as shown:
         for _ in range(steps):
             with torch.enable_grad():
@@ -206,7 +207,9 @@ def visualize(
                 with buffers_kept(model), capture_outputs(model, found, start_graph=False) as taps:
                     out = model(normalise(seen).to(param.dtype))
                 acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
-                acts = {n: _channels_first(a, model, size) for n, a in acts.items()}
+                if not layouts:  # the same shapes at every step: read them once
+                    layouts = {n: layer_layout(a.shape, model, size) for n, a in acts.items()}
+                acts = {n: channels_first(a, layouts[n]) for n, a in acts.items()}
                 logits = class_logits(out, output) if isinstance(objective, LogitObjective) else out
                 loss = -objective.score(acts.get(objective.layer), logits).sum()
                 if diversity_weight and batch > 1:
@@ -228,14 +231,6 @@ def _normalisation(mean: Sequence[float] | None, std: Sequence[float] | None, li
     m = torch.tensor(mean if mean is not None else (0.0, 0.0, 0.0), device=like.device)
     s = torch.tensor(std if std is not None else (1.0, 1.0, 1.0), device=like.device)
     return lambda image: (image - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
-
-
-def _channels_first(act: Tensor, model: nn.Module, size: tuple[int, int]) -> Tensor:
-    """A layer output with its channels on axis 1 (tokens and channels-last moved)."""
-    if act.ndim == 2:
-        return act
-    layout = infer_layout(act.shape, model, size)
-    return act.movedim(-1, 1) if layout.kind in ("tokens", "channels_last") else act
 
 
 __all__ = [

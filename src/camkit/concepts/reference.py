@@ -15,13 +15,13 @@ dataset; two collectors (ranks, resumed parts) merge exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from camkit.concepts.concepts import abs_norm
 from camkit.concepts.rules import GRADIENT, Rules, check_rules
 from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
@@ -33,7 +33,7 @@ from camkit.core.layers import (
     find_layers,
     single_call,
 )
-from camkit.core.layouts import infer_layout
+from camkit.core.layouts import channels_first, layer_layout
 from camkit.core.state import buffers_kept
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.outputs import OutputSelector
@@ -160,8 +160,8 @@ class ReferenceCollector:
             raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
         (grad,) = torch.autograd.grad(scores.sum(), act)
         classes = scorer.pinned(output).classes[:, 0]
-        act = channels_first(act.detach(), self.capture.model, batch, self.reshape)
-        grad = channels_first(grad, self.capture.model, batch, self.reshape)
+        layout = layer_layout(act.shape, self.capture.model, tuple(batch.shape[2:]), self.reshape)
+        act, grad = channels_first(act.detach(), layout), channels_first(grad, layout)
         for mode, values in (("activation", act), ("relevance", act * grad)):
             score, positions = channel_scores(values, self.score, self.normalise)
             if mode not in self.found:
@@ -209,15 +209,6 @@ class ReferenceCollector:
         self.seen += seen
 
 
-def channels_first(t: Tensor, model: nn.Module, batch: Tensor, reshape: str | None) -> Tensor:
-    """A layer output ``(n, ...)`` as ``(n, C, positions...)``: tokens and channels-last
-    outputs have their channels moved to axis 1 (prefix tokens kept)."""
-    if reshape is None or t.ndim == 2:
-        return t
-    layout = infer_layout(t.shape, model, tuple(batch.shape[2:]))
-    return t.movedim(-1, 1) if layout.kind in ("tokens", "channels_last") else t
-
-
 def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor, Tensor]:
     """``(n, C, ...) -> (scores (n, C), driving positions (n, C))`` as zennit-crp's
     ``ChannelConcept.reference_sampling``: the argmax position, the sum (or max) over positions,
@@ -229,7 +220,7 @@ def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor,
     else:
         scores = flat.gather(-1, positions.unsqueeze(-1)).squeeze(-1)
     if normalise:
-        scores = scores / (scores.abs().sum(dim=1, keepdim=True) + 1e-10)
+        scores = abs_norm(scores)
     return scores, positions
 
 
@@ -295,7 +286,8 @@ def _field_strength(
         with capture_outputs(model, [layer], start_graph=False) as taps:
             model(leaf.clone())
         (act,) = single_call(taps)  # a layer that runs twice in one forward is refused
-        flat = channels_first(act, model, batch, reshape).flatten(2)
+        layout = layer_layout(act.shape, model, tuple(batch.shape[2:]), reshape)
+        flat = channels_first(act, layout).flatten(2)
         device = flat.device
         picked = flat[image.to(device), channels.to(device), positions.to(device)]
         # the k-th request of every image in the k-th backward pass on the one graph (on a CPU
@@ -326,20 +318,10 @@ def _span(hits: Tensor) -> Tensor:
     return torch.stack([first, last], dim=1)
 
 
-def collect(
-    collector: ReferenceCollector, data: Iterable[tuple[Tensor, Tensor]]
-) -> dict[Mode, TopK]:
-    """Run ``collector`` over ``(images, indices)`` batches and return what it found."""
-    for images, indices in data:
-        collector.update(images, indices)
-    return collector.found
-
-
 __all__ = [
     "MODES",
     "ReferenceCollector",
     "TopK",
     "channel_scores",
-    "collect",
     "receptive_boxes",
 ]

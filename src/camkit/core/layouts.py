@@ -120,6 +120,32 @@ class Layout:
         return f"{what} [{self.reason}]" if self.reason else what
 
 
+def channels_first(
+    t: Tensor, layout: Layout | None, dims: int = 1, *, back: bool = False
+) -> Tensor:
+    """``t`` (``dims`` leading axes, then a layer output's axes as ``layout`` reads them) with
+    the channel axis moved to position ``dims`` (``back``: moved back to the layer's
+    :attr:`Layout.channel_axis`); tokens keep their prefix and suffix tokens. For None (the
+    output taken as it is, :func:`layer_layout`) or channels on axis 1: ``t`` as it is."""
+    if layout is None or layout.channel_axis == 1:
+        return t
+    return t.movedim(dims, -1) if back else t.movedim(-1, dims)
+
+
+def layer_layout(
+    shape: Sequence[int],
+    model: nn.Module | None,
+    input_size: int | Sequence[int],
+    reshape: str | None = "auto",
+) -> Layout | None:
+    """How a layer output of ``shape`` (batch axis included) is read for its channels: None
+    where it is taken as it is, channels on axis 1 (``reshape=None``, or a linear layer's
+    ``(B, C)``: neurons, no positions), else :func:`infer_layout`."""
+    if reshape is None or len(shape) == 2:
+        return None
+    return infer_layout(shape, model, input_size)
+
+
 def _dims(shape: Sequence[int]) -> str:
     return ", ".join(map(str, shape))
 
@@ -345,8 +371,10 @@ def check_reshape(reshape: object) -> None:
 __all__ = [
     "Layout",
     "LayoutError",
+    "channels_first",
     "check_reshape",
     "fits_input",
     "infer_layout",
+    "layer_layout",
     "resolve_reshape",
 ]

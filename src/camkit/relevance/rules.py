@@ -49,6 +49,16 @@ def modified_output(o: Tensor, t: Tensor) -> Tensor:
     return o.detach() + (t - t.detach())
 
 
+def proportional(o: Tensor, stabilizer: float, share: float = 1.0) -> Tensor:
+    """``o``, which carries its operation's own graph to the inputs, with each input's relevance
+    in proportion to its contribution: ``R_j = x_j (do / dx_j) share / stab(o) R`` (the
+    coefficient ``share * o / stab(o)`` detached). ``share=0.5``: each factor of a bilinear
+    ``o = f(a, b)`` gets half of the relevance."""
+    od = o.detach()
+    part = od if share == 1.0 else share * od
+    return modified_output(o, o * (part / stabilize(od, stabilizer)))
+
+
 def unit_path(x: Tensor) -> Tensor:
     """A tensor of value 1 (0 where ``x == 0``) whose gradient with respect to ``x`` is ``1/x``:
     how a rule whose relevance ``R_j`` is not proportional to ``x_j`` reaches ``g = R / x``."""
@@ -146,8 +156,7 @@ class Epsilon(Rule):
         return not self.zero_bias  # z = w x + b is the layer's output: one forward, no second
 
     def reused(self, o: Tensor) -> Tensor:
-        od = o.detach()
-        return modified_output(o, o * (od / stabilize(od, self.epsilon)))
+        return proportional(o, self.epsilon)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
@@ -330,8 +339,7 @@ class Norm(Rule):
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         """``o`` must carry the operation's own graph to its inputs (``x`` is not used)."""
-        od = o.detach()
-        return modified_output(o, o * (od / stabilize(od, self.stabilizer)))
+        return proportional(o, self.stabilizer)
 
 
 __all__ = [
@@ -347,6 +355,7 @@ __all__ = [
     "ZBox",
     "ZPlus",
     "modified_output",
+    "proportional",
     "safe_divide",
     "stabilize",
 ]

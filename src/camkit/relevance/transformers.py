@@ -27,13 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from camkit.relevance.rules import modified_output, stabilize
+from camkit.relevance.rules import modified_output, proportional
 
 
 def bilinear(o: Tensor, stabilizer: float) -> Tensor:
     """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance."""
-    od = o.detach()
-    return modified_output(o, o * (0.5 * od / stabilize(od, stabilizer)))
+    return proportional(o, stabilizer, share=0.5)
 
 
 def layer_norm(

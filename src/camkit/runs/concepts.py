@@ -5,11 +5,10 @@ its patch) read for a page, the explorer's concept views and the report's concep
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from camkit.runs.strategies import url_path
+from camkit.runs.strategies import relative_urls
 
 CONCEPTS = Path("concepts.json")
 """Where ``camkit concepts ... --out RUN`` writes its results, inside the run folder."""
@@ -56,11 +55,7 @@ def atlas_data(out: Path, found: dict[str, Any], folder: Path) -> dict[str, Any]
     report's concept atlas in ``out``: per channel, in the file's order (the most relevant
     over the images first), its reference patches of each ranking with their image's name,
     predicted label and score, patch paths -> URLs relative to ``out``."""
-    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
-
-    def url(name: str) -> str:
-        return url_path(f"{prefix}/{name}" if prefix != "." else name)
-
+    url = relative_urls(out, folder)
     channels = []
     for channel, rows in found["channels"].items():
         entry: dict[str, Any] = {"channel": channel}

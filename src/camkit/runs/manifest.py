@@ -95,6 +95,12 @@ def read(path: Path) -> dict | None:
     return part
 
 
+def recorded_crop(manifest: dict) -> str:
+    """The crop a run was made with: the ``--crop`` its manifest's settings record, or
+    ``"squash"`` for a run made before ``--crop`` existed (those runs squashed every photo)."""
+    return (manifest.get("settings") or {}).get("crop", "squash")
+
+
 def gather(out: Path) -> dict | None:
     """``manifest.json`` and the parts left by a killed run as one manifest (records of an image
     that two of them hold appear once)."""

@@ -21,6 +21,16 @@ def url_path(path: str) -> str:
     return quote(path, safe="/")
 
 
+def relative_urls(out: Path, folder: Path) -> Callable[[str], str]:
+    """Names of files in ``folder`` -> URLs relative to ``out`` (a page written there)."""
+    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
+
+    def url(name: str) -> str:
+        return url_path(f"{prefix}/{name}" if prefix != "." else name)
+
+    return url
+
+
 def cluster_view(
     cluster: Mapping[str, Any],
     members: Callable[[Sequence[int]], list[int]],
@@ -55,10 +65,10 @@ def strategies_data(
     the page), files (relative to ``folder``) -> URLs relative to ``out``."""
     page = {image["path"]: index for index, image in enumerate(images)}
     rows = [page.get(str(image), -1) for image in found.get("images", [])]
-    prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
+    file_url = relative_urls(out, folder)
 
     def url(name: str | None) -> str | None:
-        return None if name is None else url_path(f"{prefix}/{name}" if prefix != "." else name)
+        return None if name is None else file_url(name)
 
     def indices(members: Sequence[int]) -> list[int]:
         return [rows[r] for r in members]

@@ -22,7 +22,7 @@ from camkit.errors import ArgumentError
 from camkit.runs import MANIFEST
 from camkit.runs.concepts import read_concepts
 from camkit.runs.manifest import read as read_manifest
-from camkit.runs.manifest import sha256
+from camkit.runs.manifest import recorded_crop, sha256
 from camkit.serve import security
 from camkit.serve.gallery import Entry, Prediction, read_run, read_strategies, scan
 from camkit.serve.logs import configure
@@ -59,11 +59,6 @@ def run_crop(paths: Sequence[Path]) -> str | None:
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         return recorded_crop(read_manifest(paths[0] / MANIFEST) or {})
     return None
-
-
-def recorded_crop(header: dict) -> str:
-    """The crop a run's manifest header records (runs before ``--crop`` squashed)."""
-    return (header.get("settings") or {}).get("crop", "squash")
 
 
 def check_start(paths: list[Path], host: str, token: str | None) -> str:
