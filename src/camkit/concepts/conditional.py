@@ -50,7 +50,7 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import Layout, channels_first, check_reshape, layer_layout
-from camkit.core.state import buffers_kept
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
@@ -280,7 +280,7 @@ class ConceptAttribution:
         leaf = batch.detach().requires_grad_(True)
         with torch.enable_grad():
             with (
-                buffers_kept(self.model),
+                model_guarded(self.model),
                 self.rules.applied(self.model),
                 capture_outputs(self.model, modules, start_graph=False) as taps,
             ):

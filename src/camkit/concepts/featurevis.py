@@ -30,7 +30,7 @@ from camkit.core.layers import capture_outputs, explained_module, find_layers, s
 from camkit.core.layouts import Layout, channels_first, layer_layout
 from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
-from camkit.core.state import buffers_kept
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError
 from camkit.targets.outputs import OutputSelector, class_logits
 
@@ -204,7 +204,7 @@ def visualize(
             with torch.enable_grad():
                 image = fourier_image(spectrum, size)
                 seen = robust(image, size, generator) if transforms else image
-                with buffers_kept(model), capture_outputs(model, found, start_graph=False) as taps:
+                with model_guarded(model), capture_outputs(model, found, start_graph=False) as taps:
                     out = model(normalise(seen).to(param.dtype))
                 acts = dict(zip([n for n, _ in found], single_call(taps), strict=True))
                 if not layouts:  # the same shapes at every step: read them once

@@ -34,7 +34,7 @@ from camkit.core.layers import (
     single_call,
 )
 from camkit.core.layouts import channels_first, layer_layout
-from camkit.core.state import buffers_kept
+from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.outputs import OutputSelector
 from camkit.targets.resolver import resolve
@@ -151,7 +151,7 @@ class ReferenceCollector:
             )
         rows = torch.arange(batch.shape[0])
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
-        with buffers_kept(self.capture.model), self.rules.applied(self.capture.model):
+        with model_guarded(self.capture.model), self.rules.applied(self.capture.model):
             output, taps = self.capture.forward(batch, Call(batch), start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
@@ -282,7 +282,7 @@ def _field_strength(
     image, channels, positions = requests.T
     slot = _slots(image)  # the backward pass that serves each request
     leaf = batch.detach().requires_grad_(True)
-    with torch.enable_grad(), buffers_kept(model):
+    with torch.enable_grad(), model_guarded(model):
         with capture_outputs(model, [layer], start_graph=False) as taps:
             model(leaf.clone())
         (act,) = single_call(taps)  # a layer that runs twice in one forward is refused
