@@ -249,7 +249,7 @@ def write_report(
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "camkit": camkit.__version__,
         "colormap": colormap,
-        "gradients": {colormap: _gradient(colormap), SIGNED_COLORMAP: _gradient("bwr")},
+        "gradients": {colormap: _gradient(colormap), SIGNED_COLORMAP: _gradient(SIGNED_COLORMAP)},
         "methods": methods,
         "metricNames": metric_names,
         "images": images,

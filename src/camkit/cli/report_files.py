@@ -17,15 +17,15 @@ from camkit import io as cio
 from camkit import viz
 from camkit.errors import ArgumentError
 from camkit.runs.strategies import url_path
+from camkit.viz.colour import DIVERGING_COLORMAP, signed_limit
 
 THUMB_SIDE = 256
 """Longer side of the thumbnails, in pixels."""
 THUMBS_DIR = "thumbs"
 """Folder of the thumbnails and raw-map pictures, inside the output folder."""
-SIGNED_COLORMAP = "bwr"
+SIGNED_COLORMAP = DIVERGING_COLORMAP
 """The colormap of signed raw maps (pixel attributions), centred at 0."""
 _THUMB_QUALITY = 82
-_SIGNED_PERCENTILE = 99.5  # signed raw maps are drawn at +-this percentile of |values|
 
 
 # ----------------------------------------------------------------------------- file names
@@ -118,10 +118,7 @@ def _render_raw(source: Path, target: Path, colormap: str) -> dict[str, Any]:
             f"expected a finite 2-D map or (3, H, W) attribution, got {values.shape}"
         )
     if values.min() < 0:
-        limit = float(np.percentile(np.abs(values), _SIGNED_PERCENTILE)) or float(
-            np.abs(values).max()
-        )
-        limit = limit or 1.0
+        limit = signed_limit(values) or 1.0
         low, high, cmap = -limit, limit, SIGNED_COLORMAP
     else:
         low, high, cmap = float(values.min()), float(values.max()), colormap

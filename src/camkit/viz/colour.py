@@ -95,6 +95,15 @@ def colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.nd
     return cv2.LUT(cv2.merge([levels] * 3), lut)  # lut[levels], 2x faster than np.take
 
 
+def signed_limit(values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCENTILE) -> float:
+    """``L`` of a signed map's colour scale ``[-L, L]``: the ``clip_percentile`` percentile of
+    ``|values|``, their largest value when that is 0 (0 for no values or only zeros)."""
+    if not values.size:
+        return 0.0
+    magnitude = np.abs(values)
+    return float(np.percentile(magnitude, clip_percentile)) or float(magnitude.max())
+
+
 def signed_scale(
     values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCENTILE
 ) -> tuple[np.ndarray, float]:
@@ -104,10 +113,7 @@ def signed_scale(
     Pixel relevance is spiky; without the clipping a handful of pixels would take the whole
     range. ``L`` is 0 for a map of zeros or of no values, and ``unit`` 0.5 everywhere when
     ``L`` is 0 or not finite."""
-    magnitude = np.abs(values)
-    limit = float(np.percentile(magnitude, clip_percentile)) if values.size else 0.0
-    if limit == 0.0:
-        limit = float(magnitude.max()) if values.size else 0.0
+    limit = signed_limit(values, clip_percentile)
     if limit == 0.0 or not math.isfinite(limit):
         return np.full(values.shape, 0.5, dtype=np.float32), limit
     unit = (np.clip(values, -limit, limit) / limit + 1.0) / 2.0
