@@ -20,7 +20,7 @@ input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and g
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -113,12 +113,33 @@ def _neg(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(max=0)
 
 
+def zeroed_params(zero_params: str | Sequence[str] | None) -> tuple[str, ...]:
+    """zennit's ``zero_params`` checked: the parameters a rule sets to zero, ``()`` or
+    ``("bias",)`` (a zeroed weight would leave no relevance to propagate)."""
+    names = (zero_params,) if isinstance(zero_params, str) else zero_params or ()
+    if not isinstance(names, list | tuple) or any(name != "bias" for name in names):
+        raise ArgumentError(
+            f"zero_params names the parameters a rule sets to zero: None or 'bias', got "
+            f"{zero_params!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
 class Rule:
     """An LRP rule: :meth:`output` maps a layer's output ``o`` (input ``x``) to ``y``, equal to
     ``o`` in the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module
-    docstring)."""
+    docstring).
+
+    A parametric rule takes zennit's ``zero_params``: ``"bias"`` drops the layer's bias (with a
+    merged BatchNorm: its shift) from every term of the rule, so that the bias absorbs no
+    relevance and the layer conserves it (``sum_j R_j = sum_k R_k`` wherever ``z_k != 0``)."""
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
+    zero_params: tuple[str, ...] = ()
+
+    def bias_of(self, layer: Affine) -> Tensor | None:
+        """The layer's bias as the rule sees it: None when ``zero_params`` names it."""
+        return None if "bias" in self.zero_params else layer.bias
 
     @property
     def reuses_output(self) -> bool:
@@ -144,22 +165,23 @@ class Epsilon(Rule):
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015; ``epsilon=0`` is LRP-0 (gradient x input on a ReLU
-    network). ``zero_bias`` drops ``b`` from ``z`` (zennit's ``zero_params=["bias"]``).
+    network). ``zero_params="bias"`` drops ``b`` from ``z``.
     """
 
-    def __init__(self, epsilon: float = 1e-6, *, zero_bias: bool = False):
+    def __init__(self, epsilon: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
         self.epsilon = float(epsilon)
-        self.zero_bias = zero_bias
+        self.zero_params = zeroed_params(zero_params)
 
     @property
     def reuses_output(self) -> bool:
-        return not self.zero_bias  # z = w x + b is the layer's output: one forward, no second
+        # z = w x + b is the layer's output: one forward, no second
+        return "bias" not in self.zero_params
 
     def reused(self, o: Tensor) -> Tensor:
         return proportional(o, self.epsilon)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
+        z = layer(x, layer.weight, self.bias_of(layer))
         return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
 
 
@@ -172,11 +194,14 @@ class ZPlus(Rule):
     accepts negative inputs).
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(
+        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
+    ):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         xp, xn = signed_parts(x)
         z = layer(xp, w.clamp(min=0), _pos(b))
         if xn is not None:
@@ -192,15 +217,23 @@ class AlphaBeta(Rule):
     Bach et al., PLOS ONE 2015.
     """
 
-    def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6):
+    def __init__(
+        self,
+        alpha: float = 2.0,
+        beta: float = 1.0,
+        stabilizer: float = 1e-6,
+        *,
+        zero_params: str | Sequence[str] | None = None,
+    ):
         if alpha < 0 or beta < 0 or alpha - beta != 1:
             raise ArgumentError(
                 f"AlphaBeta needs alpha, beta >= 0 and alpha - beta = 1, got {alpha}, {beta}"
             )
         self.alpha, self.beta, self.stabilizer = float(alpha), float(beta), float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         (xp, xn), wp, wn = signed_parts(x), w.clamp(min=0), w.clamp(max=0)
         zp, zn = layer(xp, wp, _pos(b)), layer(xp, wn, _neg(b))
         if xn is not None:
@@ -220,11 +253,18 @@ class Gamma(Rule):
     Wasserstein Distance Minimization", 2021 (zennit's ``Gamma``).
     """
 
-    def __init__(self, gamma: float = 0.25, stabilizer: float = 1e-6):
+    def __init__(
+        self,
+        gamma: float = 0.25,
+        stabilizer: float = 1e-6,
+        *,
+        zero_params: str | Sequence[str] | None = None,
+    ):
         self.gamma, self.stabilizer = float(gamma), float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b, g = layer.weight, layer.bias, self.gamma
+        w, b, g = layer.weight, self.bias_of(layer), self.gamma
         xp, xn = signed_parts(x)
         up, down = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         bup = None if b is None else b + g * b.clamp(min=0)
@@ -243,11 +283,15 @@ class Flat(Rule):
     uniformly over the receptive field.
 
     Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really
-    learn", Nature Communications 2019. For the first layer.
+    learn", Nature Communications 2019. For the first layer. It has no bias (``zero_params``
+    is accepted for zennit's signature and changes nothing).
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(
+        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
+    ):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         ones = torch.ones_like(layer.weight)
@@ -263,11 +307,14 @@ class WSquare(Rule):
     decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(
+        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
+    ):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w2, b = layer.weight**2, layer.bias
+        w2, b = layer.weight**2, self.bias_of(layer)
         z = layer(torch.ones_like(x), w2, None if b is None else b**2).detach()
         t = layer(unit_path(x), w2, None) * (o / stabilize(z, self.stabilizer)).detach()
         return modified_output(o, t)
@@ -279,7 +326,8 @@ class ZBox(Rule):
     ``z_k = sum_j (x_j w_jk - l_j w+_jk - h_j w-_jk) + b_k - b+_k - b-_k``.
 
     Montavon et al., Pattern Recognition 2017. For the first layer. ``low``/``high``: numbers
-    or tensors broadcast to the input; None takes each sample's own minimum / maximum.
+    or tensors broadcast to the input; None takes each sample's own minimum / maximum. The
+    bias cancels out of its terms (``b - b+ - b- = 0``): ``zero_params`` changes nothing.
     """
 
     def __init__(
@@ -287,8 +335,11 @@ class ZBox(Rule):
         low: float | Tensor | None = None,
         high: float | Tensor | None = None,
         stabilizer: float = 1e-6,
+        *,
+        zero_params: str | Sequence[str] | None = None,
     ):
         self.low, self.high, self.stabilizer = low, high, float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def _bound(self, value: float | Tensor | None, x: Tensor, extreme: Callable) -> Tensor:
         if value is None:
@@ -297,7 +348,7 @@ class ZBox(Rule):
         return torch.as_tensor(value).to(x).expand_as(x)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         low, high = self._bound(self.low, x, torch.amin), self._bound(self.high, x, torch.amax)
         unit = unit_path(x)
         t = layer(x, w, b) - layer(low * unit, w.clamp(min=0), _pos(b))
@@ -358,4 +409,5 @@ __all__ = [
     "proportional",
     "safe_divide",
     "stabilize",
+    "zeroed_params",
 ]
