@@ -110,3 +110,118 @@ def test_zero_params_other_than_bias_is_refused(bad: object) -> None:
 
     with pytest.raises(ArgumentError, match="zero_params"):
         ZPlus(zero_params=bad)
+
+
+class _TwoLayers(nn.Module):
+    """``x (B, 1, 1, 2) -> relu(W1 x + b1) -> W2 h + b2 (B, 2)``, known weights, float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.act, self.second = nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)
+        with torch.no_grad():
+            self.first.weight.copy_(torch.tensor([[1.0, 2.0], [0.5, -1.0]]))
+            self.first.bias.copy_(torch.tensor([3.0, 0.5]))
+            self.second.weight.copy_(torch.tensor([[1.0, 1.0], [2.0, -1.0]]))
+            self.second.bias.copy_(torch.tensor([0.25, 0.0]))
+        self.double()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.second(self.act(self.first(x.flatten(1))))
+
+
+def test_conservation_record_equals_the_sums_by_hand() -> None:
+    """LRP-0 (Epsilon(0)) by hand: ``R_h = h w2 / z2 * S``, ``R_x = x w1 / z1 * R_h``; the
+    record's shares are their sums over the score, the bias of the first layer loses most."""
+    from camkit.relevance import LRP
+
+    model = _TwoLayers()
+    x = torch.tensor([[1.0, 0.5], [2.0, 1.0]], dtype=torch.float64)
+    lrp = LRP(model, composite=[(nn.Linear, Epsilon(0.0))], layers=["act"], tolerance=None)
+    relevance = lrp(x.view(2, 1, 1, 2), 0).view(2, 2)
+    z1 = x @ model.first.weight.T.detach() + model.first.bias.detach()
+    h = z1.clamp(min=0)
+    score = h @ model.second.weight[0].detach() + model.second.bias[0].detach()
+    r_h = h * model.second.weight[0].detach() / score[:, None] * score[:, None]
+    r_x = (x[:, :, None] * model.first.weight.T.detach()[None] / z1[:, None, :]) @ r_h[:, :, None]
+    r_x = r_x[..., 0]
+    assert torch.allclose(relevance.double(), r_x, rtol=1e-6, atol=0)
+    record = lrp.conservation
+    expected_input = (r_x.sum(1) / score).float()
+    expected_act = (r_h.sum(1) / score).float()
+    assert torch.allclose(record["input"][:, 0], expected_input)
+    assert torch.allclose(record["act"][:, 0], expected_act)
+    assert record.stages == ("act", "input")
+    assert torch.allclose(record.lost["act"][:, 0], 1 - expected_act)
+    assert torch.allclose(record.lost["input"][:, 0], expected_act - expected_input)
+    # first sample: 1 - R_h/S = 0.25/8.75; R_h/S - R_x/S: the biases 3 and 0.5 of z1
+    assert [row[0][:2] for row in record.lossiest()] == [("act", "input"), ("act", "input")]
+    summary = record.summary()
+    assert summary[0]["lost_most"][0]["between"] == ["act", "input"]
+    assert summary[0]["input"][0] == pytest.approx(float(expected_input[0]), abs=1e-6)
+
+
+def test_the_warning_names_the_step_that_loses_most() -> None:
+    from camkit.errors import ConservationWarning
+    from camkit.relevance import LRP
+
+    model = _TwoLayers()
+    x = torch.tensor([[[[1.0, 0.5]]]], dtype=torch.float64)
+    lrp = LRP(model, composite=[(nn.Linear, Epsilon(0.0))], layers=["act"], tolerance=0.1)
+    with pytest.warns(ConservationWarning, match="between 'act' and 'input'"):
+        lrp(x, 0)
+
+
+class _Gated(nn.Module):
+    """A product of two operands, written as the models write it."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = x[:, :1], x[:, 1:]
+        if self.kind == "squeeze-excitation":
+            return a * torch.sigmoid(b)
+        if self.kind == "silu":
+            return a * torch.sigmoid(a)
+        if self.kind == "gated-mlp":
+            return torch.nn.functional.silu(a) * b
+        return torch.relu(a) * b
+
+
+@pytest.mark.parametrize(
+    ("kind", "uniform", "constant"),
+    [
+        # y = a * sigmoid(b): the gate's half goes to b through the sigmoid (Pass)
+        ("squeeze-excitation", (0.5, 0.5), (1.0, 0.0)),
+        # y = a * sigmoid(a): both halves come back to a
+        ("silu", (1.0, 0.0), (1.0, 0.0)),
+        # y = silu(a) * b: the activated factor is the gate, b gets it all
+        ("gated-mlp", (0.5, 0.5), (0.0, 1.0)),
+        # y = relu(a) * b: no factor is a smooth gate: the uniform rule in both
+        ("relu-product", (0.5, 0.5), (0.5, 0.5)),
+    ],
+)
+def test_gate_rules_by_hand(kind: str, uniform: tuple, constant: tuple) -> None:
+    """The two gate rules on a product of two operands: the shares of ``y`` that each operand
+    gets, by hand (the uniform rule: half to each factor, AttnLRP; the constant gate: all to
+    the gated factor), within the stabiliser 1e-6."""
+    x = torch.tensor([[1.5, 0.7], [0.8, -0.4]], dtype=torch.float64)
+    model = _Gated(kind)
+    y = model(x)[:, 0]
+    for gates, expected in (("uniform", uniform), ("constant", constant)):
+        spec = composite([(nn.Linear, Epsilon())], gates=gates, canonizers=[])
+        leaf = x.clone().requires_grad_(True)
+        with rules_applied(model, spec):
+            out = model(leaf)
+        (grad,) = torch.autograd.grad(out.sum(), leaf)
+        shares = (leaf.detach() * grad) / y[:, None]
+        want = torch.tensor(expected, dtype=torch.float64).expand_as(shares)
+        assert torch.allclose(shares, want, atol=1e-5), (kind, gates, shares)
+
+
+def test_unknown_gate_rule_is_refused() -> None:
+    from camkit.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="gates must be one of"):
+        composite("epsilon-plus", gates="half")

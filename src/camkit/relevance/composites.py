@@ -36,6 +36,7 @@ from torch import nn
 
 from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.gates import check_gates
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
@@ -53,7 +54,9 @@ def _matches(match: Match, name: str, module: nn.Module) -> bool:
 @dataclass
 class Composite:
     """Rules by module type or layer-name pattern (first match wins), a special first layer,
-    the stabiliser of the function table's Norm rule, and the canonizers to apply.
+    the stabiliser of the function table's Norm rule, the canonizers to apply, and the rule of
+    multiplicative gates (``gates``: ``"uniform"`` or ``"constant"``, see
+    :mod:`camkit.relevance.gates`).
 
     ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
     """
@@ -63,8 +66,10 @@ class Composite:
     stabilizer: float = 1e-6
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
+    gates: str = "uniform"
 
     def __post_init__(self) -> None:
+        check_gates(self.gates)
         for entry in (*self.rules, *self.first):
             if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Rule)):
                 raise ArgumentError(
@@ -106,22 +111,27 @@ def _named(
     gamma: float = 0.25,
     low: Any = None,
     high: Any = None,
+    zero_params: str | Sequence[str] | None = None,
+    gates: str = "uniform",
+    canonizers: Sequence[Canonizer] | None = None,
 ) -> Composite:
-    dense = (DENSE, Epsilon(epsilon))
-    zplus, alphabeta = ZPlus(stabilizer), AlphaBeta(2.0, 1.0, stabilizer)
-    flat = [(CONV + DENSE, Flat(stabilizer))]
+    z = {"zero_params": zero_params}
+    dense = (DENSE, Epsilon(epsilon, **z))
+    zplus, alphabeta = ZPlus(stabilizer, **z), AlphaBeta(2.0, 1.0, stabilizer, **z)
+    flat = [(CONV + DENSE, Flat(stabilizer, **z))]
     table = {
         "epsilon-plus": ([(CONV, zplus), dense], []),
         "epsilon-plus-flat": ([(CONV, zplus), dense], flat),
         "epsilon-gamma-box": (
-            [(CONV, Gamma(gamma, stabilizer)), dense],
-            [(CONV, ZBox(low, high, stabilizer))],
+            [(CONV, Gamma(gamma, stabilizer, **z)), dense],
+            [(CONV, ZBox(low, high, stabilizer, **z))],
         ),
         "epsilon-alpha2-beta1": ([(CONV, alphabeta), dense], []),
         "epsilon-alpha2-beta1-flat": ([(CONV, alphabeta), dense], flat),
     }
     rules, first = table[name]
-    return Composite(rules, first, stabilizer, name=name)
+    canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
+    return Composite(rules, first, stabilizer, canonizers, name=name, gates=gates)
 
 
 COMPOSITES: tuple[str, ...] = (
@@ -135,7 +145,9 @@ COMPOSITES: tuple[str, ...] = (
 
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
-    ``high``: zennit's parameters), a :class:`Composite`, or a list of ``(match, rule)``."""
+    ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
+    ``gates``: the rule of multiplicative gates), a :class:`Composite`, or a list of
+    ``(match, rule)``."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):

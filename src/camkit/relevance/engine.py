@@ -17,7 +17,8 @@ composite names) get it through forward hooks; every other operation of the forw
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
 * softmax, matmul and products of two activations, layer / RMS norm and fused attention:
-  AttnLRP's rules (:mod:`camkit.relevance.transformers`);
+  AttnLRP's rules (:mod:`camkit.relevance.transformers`); a product whose factor is a gate
+  (``x * sigmoid(s)``) gets the composite's gate rule (:mod:`camkit.relevance.gates`);
 * anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
   a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
   that called it, instead of letting relevance through unchecked.
@@ -42,6 +43,7 @@ from camkit.core.layers import explained_module, find_layers, hooked, this_threa
 from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
+from camkit.relevance.gates import GateTracker
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
 from camkit.relevance.transformers import bilinear, handlers
 
@@ -147,6 +149,7 @@ class Session:
         self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
+        self.gates = GateTracker(comp.gates)
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
@@ -322,10 +325,16 @@ class _RelevanceMode(TorchFunctionMode):
             # a constant scale or matrix moves relevance as the gradient; a constant added (a
             # bias) absorbs its share
             return func(*args, **kwargs)
-        if kind == SCALE:  # the product of two activations (a gate): AttnLRP's uniform rule
-            kind = BILINEAR
+        if kind == SCALE:  # the product of two activations: the composite's gate rule
+            gated = self.session.gates.product(func, args, kwargs, operands)
+            if gated is not None:
+                return gated
+            kind = BILINEAR  # AttnLRP's uniform rule
         if kind in (PASS, NORM, SUMS, BILINEAR):
-            return self._apply(func, kind, args, kwargs)
+            y = self._apply(func, kind, args, kwargs)
+            if kind == PASS:
+                self.session.gates.tag(func, y)
+            return y
         handler = self.session.handlers.get(func)
         if handler is not None:
             return handler(*args, **kwargs)

@@ -194,9 +194,7 @@ class ZPlus(Rule):
     accepts negative inputs).
     """
 
-    def __init__(
-        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
-    ):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
@@ -287,9 +285,7 @@ class Flat(Rule):
     is accepted for zennit's signature and changes nothing).
     """
 
-    def __init__(
-        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
-    ):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
@@ -307,9 +303,7 @@ class WSquare(Rule):
     decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
     """
 
-    def __init__(
-        self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None
-    ):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
