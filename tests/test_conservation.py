@@ -156,8 +156,9 @@ def test_conservation_record_equals_the_sums_by_hand() -> None:
     # first sample: 1 - R_h/S = 0.25/8.75; R_h/S - R_x/S: the biases 3 and 0.5 of z1
     assert [row[0][:2] for row in record.lossiest()] == [("act", "input"), ("act", "input")]
     summary = record.summary()
-    assert summary[0]["lost_most"][0]["between"] == ["act", "input"]
-    assert summary[0]["input"][0] == pytest.approx(float(expected_input[0]), abs=1e-6)
+    assert summary[0][0]["lost_most"]["between"] == ["act", "input"]
+    assert summary[0][0]["input"] == pytest.approx(float(expected_input[0]), abs=1e-6)
+    assert lrp.measured() == [[{"conservation": row[0]}] for row in summary]
 
 
 def test_the_warning_names_the_step_that_loses_most() -> None:
@@ -225,3 +226,36 @@ def test_unknown_gate_rule_is_refused() -> None:
 
     with pytest.raises(ArgumentError, match="gates must be one of"):
         composite("epsilon-plus", gates="half")
+
+
+def test_the_manifest_records_the_conservation_of_lrp_runs(tmp_path) -> None:
+    """``camkit explain --method lrp,saliency``: each LRP record carries the conservation record
+    of its sample and target (equal to the library's on the same input); Saliency's none."""
+    import json
+
+    import torchvision
+    from PIL import Image
+    from skimage import data
+
+    from camkit import cli, models
+    from camkit.relevance import LRP
+
+    torch.manual_seed(0)
+    weights = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    Image.fromarray(data.chelsea()).save(tmp_path / "chelsea.png")
+    out = tmp_path / "out"
+    argv = ["explain", str(tmp_path / "chelsea.png"), "--model", "torchvision:resnet18"]
+    argv += ["--weights", str(weights), "--out", str(out), "--method", "lrp,saliency"]
+    argv += ["--target", "3"]
+    assert cli.main(argv) == 0
+    records = json.loads((out / "manifest.json").read_text())["records"]
+    lrp_record = next(r for r in records if r["method"] == "lrp")
+    assert "conservation" not in next(r for r in records if r["method"] == "saliency")
+    loaded = models.load("torchvision:resnet18", weights=str(weights))
+    x = loaded.preprocess(data.chelsea())[None]
+    lrp = LRP(loaded.model, tolerance=None)
+    lrp(x, 3)
+    expected = lrp.conservation.summary()[0][0]
+    assert lrp_record["conservation"]["input"] == pytest.approx(expected["input"], rel=1e-3)
+    assert lrp_record["conservation"]["lost_most"]["between"] == ["output", "input"]

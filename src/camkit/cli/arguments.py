@@ -93,7 +93,7 @@ def add_composite_argument(parser: argparse.ArgumentParser, *, what: str) -> Non
     parser.add_argument(
         "--composite",
         choices=COMPOSITES,
-        default="epsilon-plus-flat",
+        default="epsilon-plus-flat-nobias",
         help=f"the LRP composite {what} (default %(default)s; docs/relevance.md says which "
         "to choose)",
     )

@@ -47,7 +47,7 @@ class Job:
     device: torch.device
     images_per_batch: int = 8
     batch_size: int = BATCH_SIZE  # rows per forward pass inside the methods that loop
-    composite: str = "epsilon-plus-flat"  # the LRP composite (--composite)
+    composite: str = "epsilon-plus-flat-nobias"  # the LRP composite (--composite)
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
@@ -193,10 +193,12 @@ class BatchExplainer:
         for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
             image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
             for method in self.job.methods:
-                heat, raw = results[method]
+                heat, raw, measured = results[method]
                 for column, target in enumerate(classes[row]):
                     name = f"{stems[index]}_{method}_{target}"
                     record = self.record(paths[index], name, method, target, probabilities[row])
+                    if measured is not None:  # what the method measured (LRP: conservation)
+                        record |= measured[row][column]
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
                     first = method == self.job.methods[0] and column == 0
                     files = (record, image, heat[row, column], raw[row, column], first)
@@ -205,8 +207,10 @@ class BatchExplainer:
                     maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
         return Explained(records, writes, len(batch), maps)
 
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
-        """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
+    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
+        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU (``measured``: the
+        method's :meth:`~camkit.core.explainer.Explainer.measured`), and the softmax
+        ``(B, classes)``."""
         target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
@@ -217,7 +221,7 @@ class BatchExplainer:
                 logits = select_output(kept[0])
             else:
                 heat, raw = explainer.heatmaps(inputs, target)
-            results[method] = (heat.cpu(), raw.cpu())
+            results[method] = (heat.cpu(), raw.cpu(), explainer.measured())
         if logits is None:
             with torch.inference_mode():
                 logits = select_output(self.model(inputs))

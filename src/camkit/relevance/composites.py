@@ -23,6 +23,13 @@ name                          first layer    convolutions  dense layers
 ``epsilon-alpha2-beta1``      (as the rest)  AlphaBeta     Epsilon
 ``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
 ============================  =============  ============  ===========
+
+``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT`) is ``epsilon-plus-flat`` with
+every rule's ``zero_params="bias"`` (biases and merged BatchNorm shifts absorb no relevance)
+and multiplicative gates treated as constants (``gates="constant"``): chosen by measurement
+(``benchmarks/CONSERVATION.md``, docs/relevance.md), it keeps the share of the score that
+reaches the input within 50%-150% where zennit's composites lose most of it on BatchNorm
+networks.
 """
 
 from __future__ import annotations
@@ -112,9 +119,13 @@ def _named(
     low: Any = None,
     high: Any = None,
     zero_params: str | Sequence[str] | None = None,
-    gates: str = "uniform",
+    gates: str | None = None,
     canonizers: Sequence[Canonizer] | None = None,
 ) -> Composite:
+    label = name
+    if name == DEFAULT:  # epsilon-plus-flat, the biases out of every rule, gates constant
+        name, zero_params = "epsilon-plus-flat", "bias" if zero_params is None else zero_params
+        gates = "constant" if gates is None else gates
     z = {"zero_params": zero_params}
     dense = (DENSE, Epsilon(epsilon, **z))
     zplus, alphabeta = ZPlus(stabilizer, **z), AlphaBeta(2.0, 1.0, stabilizer, **z)
@@ -131,10 +142,13 @@ def _named(
     }
     rules, first = table[name]
     canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
-    return Composite(rules, first, stabilizer, canonizers, name=name, gates=gates)
+    gates = "uniform" if gates is None else gates
+    return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
 
 
+DEFAULT = "epsilon-plus-flat-nobias"
 COMPOSITES: tuple[str, ...] = (
+    DEFAULT,
     "epsilon-plus",
     "epsilon-plus-flat",
     "epsilon-gamma-box",
@@ -162,4 +176,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "Composite", "composite"]
+__all__ = ["COMPOSITES", "DEFAULT", "Composite", "composite"]

@@ -87,26 +87,26 @@ class Conservation(Mapping):
             found.append(row)
         return found
 
-    def summary(self) -> list[dict]:
-        """Per sample, as plain JSON: ``{"input": [share per target], "layers": {name: [...]},
-        "lost_most": [{"between": [above, stage], "share": lost} per target]}`` (NaN as None)."""
+    def summary(self) -> list[list[dict]]:
+        """Per sample, per target, as plain JSON: ``{"input": share, "layers": {name: share},
+        "lost_most": {"between": [above, stage], "share": lost}}`` (NaN as None)."""
 
-        def numbers(t: Tensor) -> list:
-            return [None if v != v else round(v, 6) for v in t.tolist()]
+        def number(value: float) -> float | None:
+            return None if value != value else round(value, 6)
 
-        rows = []
-        for b, steps in enumerate(self.lossiest()):
-            rows.append(
+        return [
+            [
                 {
-                    INPUT: numbers(self.input[b]),
-                    "layers": {s: numbers(self.shares[s][b]) for s in self.stages if s != INPUT},
-                    "lost_most": [
-                        {"between": [above, stage], "share": round(share, 6)}
-                        for above, stage, share in steps
-                    ],
+                    INPUT: number(float(self.input[b, k])),
+                    "layers": {
+                        s: number(float(self.shares[s][b, k])) for s in self.stages if s != INPUT
+                    },
+                    "lost_most": {"between": [above, stage], "share": number(lost)},
                 }
-            )
-        return rows
+                for k, (above, stage, lost) in enumerate(steps)
+            ]
+            for b, steps in enumerate(self.lossiest())
+        ]
 
     def check(self, low: float, high: float, what: str) -> None:
         """Warn (:class:`~camkit.errors.ConservationWarning`) when an input share of a

@@ -1,4 +1,4 @@
-"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat")(x, target)``.
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
 (:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
@@ -26,7 +26,7 @@ from camkit.errors import ArgumentError, GradientError
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
-from camkit.relevance.composites import Composite, Match
+from camkit.relevance.composites import DEFAULT, Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.conservation import INPUT, Conservation
 from camkit.relevance.engine import rules_applied
@@ -104,7 +104,7 @@ class LRP(PixelAttribution):
         self,
         model: nn.Module,
         *,
-        composite: str | Composite | Sequence[tuple[Match, Rule]] = "epsilon-plus-flat",
+        composite: str | Composite | Sequence[tuple[Match, Rule]] = DEFAULT,
         layers: Sequence[str] = (),
         tolerance: float | None = 0.5,
         **options: Any,
@@ -189,6 +189,13 @@ class LRP(PixelAttribution):
             bounds = (1 - self.tolerance, 1 + self.tolerance)
             self.conservation.check(*bounds, f"LRP ({self.composite.name})")
         return Relevance(relevance, layers, scores, self.conservation), several
+
+    def measured(self) -> list[list[dict]] | None:
+        """The last call's conservation record, per sample and target (see
+        :meth:`~camkit.relevance.conservation.Conservation.summary`)."""
+        if self.conservation is None:
+            return None
+        return [[{"conservation": c} for c in row] for row in self.conservation.summary()]
 
     def __repr__(self) -> str:
         return f"LRP(composite={self.composite.name!r})"
