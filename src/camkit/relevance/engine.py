@@ -17,8 +17,7 @@ composite names) get it through forward hooks; every other operation of the forw
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
 * softmax, matmul and products of two activations, layer / RMS norm and fused attention:
-  AttnLRP's rules (:mod:`camkit.relevance.transformers`); a product whose factor is a gate
-  (``x * sigmoid(s)``) gets the composite's gate rule (:mod:`camkit.relevance.gates`);
+  AttnLRP's rules (:mod:`~.transformers`); gates (``x * sigmoid(s)``): :mod:`~.gates`;
 * anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
   a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
   that called it, instead of letting relevance through unchecked.

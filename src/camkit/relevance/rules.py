@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from camkit.errors import ArgumentError
 
 Op = Callable[[Tensor, Tensor], Tensor]
+ZeroParams = str | Sequence[str] | None
 
 
 def stabilize(z: Tensor, eps: float) -> Tensor:
@@ -113,9 +114,8 @@ def _neg(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(max=0)
 
 
-def zeroed_params(zero_params: str | Sequence[str] | None) -> tuple[str, ...]:
-    """zennit's ``zero_params`` checked: the parameters a rule sets to zero, ``()`` or
-    ``("bias",)`` (a zeroed weight would leave no relevance to propagate)."""
+def zeroed_params(zero_params: ZeroParams) -> tuple[str, ...]:
+    """zennit's ``zero_params`` checked: ``()`` or ``("bias",)`` (a zeroed weight: nothing left)."""
     names = (zero_params,) if isinstance(zero_params, str) else zero_params or ()
     if not isinstance(names, list | tuple) or any(name != "bias" for name in names):
         raise ArgumentError(
@@ -130,9 +130,8 @@ class Rule:
     ``o`` in the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module
     docstring).
 
-    A parametric rule takes zennit's ``zero_params``: ``"bias"`` drops the layer's bias (with a
-    merged BatchNorm: its shift) from every term of the rule, so that the bias absorbs no
-    relevance and the layer conserves it (``sum_j R_j = sum_k R_k`` wherever ``z_k != 0``)."""
+    zennit's ``zero_params="bias"`` drops the bias (a merged BatchNorm's shift too) from every
+    term: it absorbs no relevance (``sum_j R_j = sum_k R_k`` wherever ``z_k != 0``)."""
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
     zero_params: tuple[str, ...] = ()
@@ -168,14 +167,13 @@ class Epsilon(Rule):
     network). ``zero_params="bias"`` drops ``b`` from ``z``.
     """
 
-    def __init__(self, epsilon: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
+    def __init__(self, epsilon: float = 1e-6, *, zero_params: ZeroParams = None):
         self.epsilon = float(epsilon)
         self.zero_params = zeroed_params(zero_params)
 
     @property
     def reuses_output(self) -> bool:
-        # z = w x + b is the layer's output: one forward, no second
-        return "bias" not in self.zero_params
+        return "bias" not in self.zero_params  # z = w x + b is the layer's output: no 2nd pass
 
     def reused(self, o: Tensor) -> Tensor:
         return proportional(o, self.epsilon)
@@ -194,7 +192,7 @@ class ZPlus(Rule):
     accepts negative inputs).
     """
 
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
@@ -221,7 +219,7 @@ class AlphaBeta(Rule):
         beta: float = 1.0,
         stabilizer: float = 1e-6,
         *,
-        zero_params: str | Sequence[str] | None = None,
+        zero_params: ZeroParams = None,
     ):
         if alpha < 0 or beta < 0 or alpha - beta != 1:
             raise ArgumentError(
@@ -252,11 +250,7 @@ class Gamma(Rule):
     """
 
     def __init__(
-        self,
-        gamma: float = 0.25,
-        stabilizer: float = 1e-6,
-        *,
-        zero_params: str | Sequence[str] | None = None,
+        self, gamma: float = 0.25, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None
     ):
         self.gamma, self.stabilizer = float(gamma), float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
@@ -281,11 +275,10 @@ class Flat(Rule):
     uniformly over the receptive field.
 
     Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really
-    learn", Nature Communications 2019. For the first layer. It has no bias (``zero_params``
-    is accepted for zennit's signature and changes nothing).
+    learn", Nature Communications 2019. For the first layer; no bias (``zero_params``: no-op).
     """
 
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
@@ -303,7 +296,7 @@ class WSquare(Rule):
     decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
     """
 
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: str | Sequence[str] | None = None):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
@@ -320,8 +313,8 @@ class ZBox(Rule):
     ``z_k = sum_j (x_j w_jk - l_j w+_jk - h_j w-_jk) + b_k - b+_k - b-_k``.
 
     Montavon et al., Pattern Recognition 2017. For the first layer. ``low``/``high``: numbers
-    or tensors broadcast to the input; None takes each sample's own minimum / maximum. The
-    bias cancels out of its terms (``b - b+ - b- = 0``): ``zero_params`` changes nothing.
+    or tensors broadcast to the input; None: each sample's own minimum / maximum. The bias
+    cancels out (``b - b+ - b- = 0``): ``zero_params`` changes nothing.
     """
 
     def __init__(
@@ -330,7 +323,7 @@ class ZBox(Rule):
         high: float | Tensor | None = None,
         stabilizer: float = 1e-6,
         *,
-        zero_params: str | Sequence[str] | None = None,
+        zero_params: ZeroParams = None,
     ):
         self.low, self.high, self.stabilizer = low, high, float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
