@@ -230,7 +230,8 @@ def test_unknown_gate_rule_is_refused() -> None:
 
 def test_the_manifest_records_the_conservation_of_lrp_runs(tmp_path) -> None:
     """``camkit explain --method lrp,saliency``: each LRP record carries the conservation record
-    of its sample and target (equal to the library's on the same input); Saliency's none."""
+    of its sample and target (equal to the library's on the same input), Saliency's none; the
+    report's detail view shows it."""
     import json
 
     import torchvision
@@ -259,6 +260,17 @@ def test_the_manifest_records_the_conservation_of_lrp_runs(tmp_path) -> None:
     expected = lrp.conservation.summary()[0][0]
     assert lrp_record["conservation"]["input"] == pytest.approx(expected["input"], rel=1e-3)
     assert lrp_record["conservation"]["lost_most"]["between"] == ["output", "input"]
+    # the report shows it in the detail view of the LRP overlay
+    import re
+
+    from camkit.cli import report
+
+    page = report.write_report(out, records).read_text("utf-8")
+    blob = re.search(r'<script type="application/json" id="camkit-data">(.*?)</script>', page, re.S)
+    overlays = json.loads(blob[1])["images"][0]["overlays"]
+    info = next(o["info"] for o in overlays if o["method"] == "lrp")
+    assert info["score share at the input"] == lrp_record["conservation"]["input"]
+    assert info["loses most"].startswith("output → input (")
 
 
 @pytest.mark.slow
