@@ -341,3 +341,32 @@ def test_default_composite_conserves_on_batch_norm_and_gated_networks(arch: str)
     zennit_like = LRP(model, composite="epsilon-plus-flat", tolerance=None)
     zennit_like(x, None)
     assert (zennit_like.conservation.input < 0.5).any()
+
+
+def test_the_explorer_returns_the_conservation_with_an_lrp_map(tmp_path) -> None:
+    """``/api/map?method=lrp``: the map comes with its conservation record (the library's on
+    the same input) in the ``X-Camkit-Measured`` header; a Saliency map with none."""
+    import json
+
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+    from test_serve import TOKEN, explorer_for, model_input, photo_folder
+
+    from camkit.relevance import LRP
+    from camkit.serve import security
+    from camkit.serve.app import create_app
+
+    explorer = explorer_for(photo_folder(tmp_path))
+    with TestClient(create_app(explorer, token=TOKEN)) as client:
+        client.headers[security.TOKEN_HEADER] = TOKEN
+        params = {"image": 6, "class": 2, "method": "lrp", "format": "npy"}
+        response = client.get("/api/map", params=params)
+        assert response.status_code == 200, response.text
+        measured = json.loads(response.headers["X-Camkit-Measured"])
+        saliency = client.get("/api/map", params=params | {"method": "saliency"})
+        assert "X-Camkit-Measured" not in saliency.headers
+    lrp = LRP(explorer.checkpoints["a"].model)
+    lrp(model_input(explorer, 6)[None], 2)
+    expected = lrp.conservation.summary()[0][0]
+    assert measured["conservation"]["input"] == pytest.approx(expected["input"], rel=1e-4)
+    assert measured["conservation"]["lost_most"]["between"] == ["output", "input"]

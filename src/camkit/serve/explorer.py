@@ -126,6 +126,7 @@ class Explorer:
         }
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
+        self.measured = LRU(cache_maps)  # what a method measured of a map (LRP: conservation)
         self.inputs = LRU(256)
         self.photos = LRU(256)
         self.thumbs = LRU(4096)
@@ -301,6 +302,7 @@ class Explorer:
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
         result = explainer(batch, target=targets.to(self.device), **options)
+        measured = explainer.measured()  # per sample and target, or None
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
             heat = explainer.display_heat(maps)  # the method's one display policy
@@ -309,6 +311,8 @@ class Explorer:
                 for column, target in enumerate(wanted[image]):
                     key = MapKey(checkpoint, method, layer, image, target)
                     self.maps.put(key, maps[row, column])
+                    if measured is not None:
+                        self.measured.put(key, measured[row][column])
 
     def curves(self, key: MapKey, steps: int = 20) -> dict[str, dict]:
         """Deletion and insertion curves (Petsiuk et al., RISE, BMVC 2018) of a cached map."""
