@@ -370,3 +370,49 @@ def test_the_explorer_returns_the_conservation_with_an_lrp_map(tmp_path) -> None
     expected = lrp.conservation.summary()[0][0]
     assert measured["conservation"]["input"] == pytest.approx(expected["input"], rel=1e-4)
     assert measured["conservation"]["lost_most"]["between"] == ["output", "input"]
+
+
+@pytest.mark.slow
+def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> None:
+    """In headless chromium: choosing LRP captions the map with the share of the score that
+    reaches the input (the server's record), and Saliency's caption says nothing of it."""
+    from tests.test_report import Browser, needs_browser
+
+    if needs_browser.args[0]:
+        pytest.skip(needs_browser.kwargs["reason"])
+    from test_serve import TOKEN, change, explorer_for, photo_folder, settle
+
+    from camkit.serve.app import create_app, running
+    from camkit.serve.explorer import MapKey
+
+    explorer = explorer_for(photo_folder(tmp_path))
+    caption = "document.querySelector('#maps figcaption').textContent"
+    with running(create_app(explorer, token=TOKEN)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}")
+            browser.js(
+                """new Promise((done) => { (function poll() {
+                if (document.body.dataset.ready === '1') done();
+                else setTimeout(poll, 20); })(); })"""
+            )
+            browser.js("document.querySelector('.card[data-id=\"4\"]').click()")
+            browser.js("new Promise((done) => setTimeout(done, 100))")
+            settle(browser)
+            change(browser, "method", "saliency")
+            assert "reaches the input" not in browser.js(caption)
+            change(browser, "method", "lrp")
+            shown = browser.js(caption)
+            target = int(
+                explorer.checkpoints["a"]
+                .model(explorer.model_input(4)[None].to(explorer.device))
+                .argmax()
+            )
+            record = explorer.measured.get_item(MapKey("a", "lrp", None, 4, target))
+            assert record is not None
+            share = f"{100 * record['conservation']['input']:.3g}"
+            assert f"{share}% of the score reaches the input" in shown or "e" in share, shown
+            assert "(most lost between output and input)" in shown
+            assert browser.problems() == []
+        finally:
+            browser.close()

@@ -208,7 +208,7 @@ async function longImage(path, params) {
     if (timer !== null) timer = setTimeout(poll, 250);
   }, 250);
   try {
-    return await getImage(path, { ...params, job });
+    return await fetchImage(path, { ...params, job });
   } finally {
     clearTimeout(timer); timer = null;
     state.jobs.delete(job);
@@ -217,10 +217,22 @@ async function longImage(path, params) {
 }
 
 // a slow method's map alone, with progress and cancel; the others batched with the rest
+// ({ url, headers })
 function fetchMap(params) {
   const method = state.info.methods.find((m) => m.name === params.method);
   const slow = method && (method.slow || (method.seconds ?? 0) > 0.5);
-  return slow ? longImage("map", params) : getImage("map", params);
+  return slow ? longImage("map", params) : fetchImage("map", params);
+}
+
+// what the method measured of its map (LRP: the share of the score that reaches the input
+// and where most of it is lost), for the caption; "" when nothing
+function measuredText(headers) {
+  const raw = headers.get("X-Camkit-Measured");
+  const found = raw ? JSON.parse(raw).conservation : null;
+  if (!found || found.input === null) return "";
+  const [above, stage] = found.lost_most.between;
+  return ` · ${(100 * found.input).toPrecision(3)}% of the score reaches the input ` +
+    `(most lost between ${above} and ${stage})`;
 }
 
 async function cancelMaps() {
@@ -272,7 +284,9 @@ async function updateMaps() {
   try {
     await Promise.all([
       ...panels.map(async ([cls, checkpoint], i) => {
-        figures[i].querySelector("img").src = await fetchMap(mapParams({ class: cls, checkpoint }));
+        const { url, headers } = await fetchMap(mapParams({ class: cls, checkpoint }));
+        figures[i].querySelector("img").src = url;
+        figures[i].querySelector("figcaption").textContent += measuredText(headers);
       }),
       ...differences.map(async (figure, i) => {
         const params = mapParams({ class: panels[i][0] });
