@@ -416,3 +416,18 @@ def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> Non
             assert browser.problems() == []
         finally:
             browser.close()
+
+
+def test_a_zero_score_has_no_share_and_no_warning() -> None:
+    """A score of 0: the share is NaN (None in the summary), and nothing warns about it."""
+    import warnings
+
+    from camkit.relevance import Conservation
+
+    scores = torch.tensor([[0.0], [2.0]])
+    record = Conservation.of({"input": torch.tensor([[0.0], [1.5]])}, scores, [])
+    assert record.input[0, 0].isnan() and record.input[1, 0] == 0.75
+    assert record.summary()[0][0]["input"] is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record.check(0.5, 1.5, "test")

@@ -110,9 +110,10 @@ class Conservation(Mapping):
 
     def check(self, low: float, high: float, what: str) -> None:
         """Warn (:class:`~camkit.errors.ConservationWarning`) when an input share of a
-        sample-target pair is outside ``[low, high]``, naming the step that loses most."""
+        sample-target pair is outside ``[low, high]``, naming the step that loses most (a
+        score of 0, whose share is NaN, is not checked)."""
         share = self.input
-        off = ~((share >= low) & (share <= high))
+        off = ~((share >= low) & (share <= high)) & ~share.isnan()
         if not bool(off.any()):
             return
         b, k = (int(i) for i in off.nonzero()[0])
