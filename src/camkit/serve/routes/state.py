@@ -76,13 +76,15 @@ class ServerState:
         target = explorer.check_target(query.integer("class"))
         return checkpoint, layer, image, target
 
-    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int]:
-        """checkpoint, method, (layer,), image and class of a map request (the method checked
-        after the checkpoint, before the rest)."""
+    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int, str | None]:
+        """checkpoint, method, (layer,), image, class and LRP composite (None for a method that
+        takes none) of a map request (the method checked after the checkpoint, before the
+        rest)."""
         self.checkpoint_of(query)
         method = self.explorer.check_method(query.text("method", "gradcam"))
         checkpoint, layer, image, target = self.image_request(query)
-        return checkpoint, method, (layer,), image, target
+        composite = self.explorer.check_composite(method, query.text("composite"))
+        return checkpoint, method, (layer,), image, target, composite
 
     def run_layer(self, method: str, images: list[int]) -> str:
         """The layer the run explained ``images`` with ``method`` at (its manifest's records),
