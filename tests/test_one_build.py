@@ -26,10 +26,20 @@ pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev e
 from starlette.testclient import TestClient  # noqa: E402
 
 from camkit.serve import security  # noqa: E402
-from camkit.serve.app import create_app  # noqa: E402
+from camkit.serve.app import create_app, running  # noqa: E402
 from camkit.serve.explorer import SETTINGS, Explorer  # noqa: E402
 from camkit.serve.gallery import scan  # noqa: E402
-from tests.test_serve import TOKEN, SmallNet, loaded  # noqa: E402
+from tests.test_report import Browser, needs_browser  # noqa: E402
+from tests.test_serve import (  # noqa: E402
+    MAP_PIXELS,
+    TOKEN,
+    SmallNet,
+    change,
+    explorer_for,
+    loaded,
+    photo_folder,
+    settle,
+)
 
 TARGET = 2  # a class that is not the tiny model's top-1 on the photo, so a target is honoured
 LAYER = "act1"  # not the tiny model's default: --layer and the explorer's layer= are honoured
@@ -173,3 +183,40 @@ def test_each_method_gets_exactly_the_options_it_takes() -> None:
     lrp = registry.get("lrp").options(settings)
     assert lrp == {"batch_size": 5, "composite": "epsilon-gamma-box"}
     assert "composite" not in registry.get("lrp").options(registry.Settings())  # its default
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_composite_menu_in_headless_chromium(tmp_path: Path) -> None:
+    """The page shows the composite menu for LRP only, and the map it shows is the server's
+    map for the composite chosen."""
+    explorer = explorer_for(photo_folder(tmp_path))
+    with running(create_app(explorer, token=TOKEN)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}")
+            browser.js(
+                """new Promise((done) => { (function poll() {
+                if (document.body.dataset.ready === '1') done();
+                else setTimeout(poll, 20); })(); })"""
+            )
+            browser.js("document.querySelector('.card[data-id=\"4\"]').click()")
+            browser.js("new Promise((done) => setTimeout(done, 100))")
+            settle(browser)
+            hidden = "document.getElementById('composite-box').hidden"
+            assert browser.js(hidden) is True  # gradcam takes no composite
+            options = "[...document.querySelectorAll('#composite option')].map(o => o.value)"
+            assert browser.js(options) == list(COMPOSITES)
+            change(browser, "method", "lrp")
+            assert browser.js(hidden) is False
+            assert browser.js("document.getElementById('composite').value") == SETTINGS.composite
+            before = browser.js(MAP_PIXELS)
+            change(browser, "composite", "epsilon-plus")
+            assert browser.js(MAP_PIXELS) != before
+            target = int(browser.js("document.querySelector('#maps figure').dataset.class"))
+            (key,) = explorer.keys("a", "lrp", ("act2",), 4, target, "epsilon-plus")
+            assert explorer.maps.get_item(key) is not None
+            assert browser.js("document.getElementById('message').hidden") is True
+            assert browser.problems() == []
+        finally:
+            browser.close()
