@@ -330,6 +330,7 @@ class Explorer:
         same map before either has computed it). ``composite``: the LRP composite of a method
         that takes one (None: the explorer's default)."""
         needs_layer = registry.get(method).needs_layer
+        layers = layers if needs_layer else (None,)
         pairs = [
             (image, target)
             for image, target in pairs
