@@ -140,6 +140,16 @@ def test_an_unknown_composite_is_a_422_that_lists_them(client) -> None:
     assert "epsilon-nonsense" in message and all(name in message for name in COMPOSITES)
 
 
+def test_the_curves_are_those_of_the_composite_asked_for(client) -> None:
+    params = {"image": 0, "class": TARGET, "method": "lrp"}
+    curves = {}
+    for composite in ("epsilon-plus", "epsilon-plus-flat"):
+        response = client.get("/api/curve", params=params | {"composite": composite})
+        assert response.status_code == 200, response.text
+        curves[composite] = response.json()["deletion"]["curve"]
+    assert curves["epsilon-plus"] != curves["epsilon-plus-flat"]
+
+
 def test_a_composite_is_ignored_by_a_method_that_takes_none(client) -> None:
     plain = explorer_map(client, "gradcam")
     np.testing.assert_array_equal(explorer_map(client, "gradcam", composite="epsilon-plus"), plain)
