@@ -24,6 +24,7 @@ from camkit.runs.concept_parts import ConceptsPart
 from camkit.runs.concepts import ConceptReference, ConceptsRecord
 from camkit.runs.metrics import MetricsRecord
 from camkit.runs.strategies import StrategiesRecord
+from tests.test_report import Browser, needs_browser
 
 OLD_RUN = Path(__file__).parent / "data" / "run-v0"
 
@@ -322,3 +323,35 @@ def test_the_explorer_shows_a_broken_file_and_the_run_without_it(tmp_path: Path)
         assert client.get("/api/info").json()["run_problems"] == [problem]
         reply = client.get("/api/strategies")
         assert reply.status_code == 422 and reply.json()["error"] == problem
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_explorer_page_says_which_run_file_is_broken_in_headless_chromium(
+    tmp_path: Path,
+) -> None:
+    from camkit.serve.app import create_app, running
+    from camkit.serve.explorer import Explorer
+    from camkit.serve.launch import open_gallery
+    from tests.test_serve import loaded
+
+    run = old_run(tmp_path)
+    (run / concepts.CONCEPTS_FILE).write_text('{"layer": 3, "channels": {}}')
+    gallery = open_gallery([run], None, None)
+    explorer = Explorer({"a": loaded()}, gallery.entries)
+    app = create_app(explorer, token=None, run_root=run, run_problems=gallery.problems)
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/")
+            browser.js(
+                """new Promise((done) => { (function poll() {
+                if (document.body.dataset.ready === '1') done();
+                else setTimeout(poll, 20); })(); })"""
+            )
+            shown = browser.js("document.getElementById('run-problems').textContent")
+            assert "concepts.json" in shown and "layer is int, expected str" in shown
+            assert "camkit concepts" in shown
+            assert browser.js("document.querySelectorAll('#gallery .card').length") == 1
+        finally:
+            browser.close()

@@ -99,10 +99,10 @@ def _reference(read: Fields, row: Any, where: str) -> ConceptReference:
 def read_concepts(run: Path) -> ConceptsRecord | None:
     """``RUN/concepts.json`` (None when the run has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    path = run / CONCEPTS_FILE
-    if not path.is_file():
+    found = read_json(run / CONCEPTS_FILE, KIND)
+    if found is None:
         return None
-    data, read = read_json(path, KIND)
+    data, read = found
     channels: dict[int, dict[str, list[ConceptReference]]] = {}
     for name, rankings in read.get(data, "channels", dict).items():
         if not name.isdigit():

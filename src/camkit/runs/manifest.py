@@ -109,10 +109,10 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
 def read_manifest(path: Path) -> Manifest | None:
     """A run's ``manifest.json`` (``path``: the file or its run folder); None when absent; a
     broken one is a :class:`~camkit.errors.RunFileError`."""
-    path = path / MANIFEST if path.is_dir() else path
-    if not path.is_file():
+    found = read_json(path / MANIFEST if path.is_dir() else path, KIND)
+    if found is None:
         return None
-    data, read = read_json(path, KIND)
+    data, read = found
     if isinstance(data, list):  # camkit 0.1: a bare list of records, no settings
         data = {"settings": None, "records": data}
     records = read.items(data, "records", dict)

@@ -45,10 +45,10 @@ def write_metrics(out: Path, record: MetricsRecord) -> Path:
 def read_metrics(out: Path) -> MetricsRecord | None:
     """``OUT/metrics.json`` (None when the folder has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    path = out / METRICS_FILE
-    if not path.is_file():
+    found = read_json(out / METRICS_FILE, KIND)
+    if found is None:
         return None
-    data, read = read_json(path, KIND)
+    data, read = found
     methods = read.get(data, "methods", dict)
     for method, columns in methods.items():
         where = f"methods.{method}"

@@ -118,9 +118,11 @@ class Fields:
         return list(values)
 
 
-def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields]:
-    """A run file's JSON and the typed reads of its values (its version read); a file that
-    cannot be read or is not complete JSON is ``kind``'s error."""
+def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
+    """A run file's JSON and the typed reads of its values (its version read); None when there
+    is no such file; a file that cannot be read or is not complete JSON is ``kind``'s error."""
+    if not path.is_file():
+        return None
     try:
         data = json.loads(path.read_text("utf-8"))
     except OSError as error:

@@ -62,10 +62,10 @@ def _check_group(read: Fields, group: dict, where: str) -> None:
 def read_strategies(folder: Path) -> StrategiesRecord | None:
     """``FOLDER/strategies.json`` (None when the folder has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    path = folder / STRATEGIES_FILE
-    if not path.is_file():
+    found = read_json(folder / STRATEGIES_FILE, KIND)
+    if found is None:
         return None
-    data, read = read_json(path, KIND)
+    data, read = found
     images = read.items(data, "images", str)
     groups = read.items(data, "groups", dict)
     for k, group in enumerate(groups):
