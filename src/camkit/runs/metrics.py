@@ -56,6 +56,9 @@ def read_metrics(out: Path) -> MetricsRecord | None:
             read.get(columns[column], "mean", (float, type(None)), f"{where}.{column}.")
             read.items(columns[column], "ci95", (float, type(None)), f"{where}.{column}.")
             read.get(columns[column], "n", int, f"{where}.{column}.")
+    higher = read.get(data, "higher_is_better", dict)
+    for column in higher:
+        read.get(higher, column, bool, "higher_is_better.")
     sanity = read.get(data, "sanity", (dict, type(None)), default=None)
     for method in sanity or {}:
         read.items(sanity, method, dict, "sanity.")
@@ -65,7 +68,7 @@ def read_metrics(out: Path) -> MetricsRecord | None:
         images=read.get(data, "images", int),
         unreadable=read.items(data, "unreadable", str),
         settings=read.get(data, "settings", dict),
-        higher_is_better=read.get(data, "higher_is_better", dict),
+        higher_is_better=higher,
         methods=methods,
         sanity=sanity,
         sanity_images=read.get(data, "sanity_images", (int, type(None)), default=None),
