@@ -25,7 +25,7 @@ from camkit.runs.records import Fields, FileKind
 
 PARTS = "concepts.part-*.pt"
 """The parts in a run folder (a glob pattern)."""
-KIND = FileKind("concepts.part-*.pt", 1, "camkit concepts IMAGES --out RUN (without --resume)")
+KIND = FileKind(PARTS, 1, "camkit concepts IMAGES --out RUN")
 """Version 1: version 0's layout (camkit 0.2) with a ``version`` key."""
 _OWN = ("done", "unreadable", "state", "version")
 
