@@ -27,7 +27,7 @@ import torch
 from camkit import io, viz
 from camkit.concepts import ChannelObjective, ConceptAttribution, visualize
 from camkit.errors import ArgumentError
-from camkit.runs.concepts import channel_references
+from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
@@ -122,7 +122,7 @@ class ConceptViews:
     """The concept views of an :class:`~camkit.serve.explorer.Explorer`; ``references``: the
     served run's ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`)."""
 
-    def __init__(self, explorer: Explorer, references: dict | None = None) -> None:
+    def __init__(self, explorer: Explorer, references: ConceptsRecord | None = None) -> None:
         self.explorer = explorer
         self.references = references
         self.attributions = LRU(16)
@@ -183,7 +183,7 @@ class ConceptViews:
                 "box": None if region.box is None else list(region.box),
             },
             "concepts": rows,
-            "references": self.references is not None and self.references["layer"] == layer,
+            "references": self.references is not None and self.references.layer == layer,
         }
 
     def heatmap(

@@ -555,6 +555,9 @@ async function start() {
     state.info = await getJSON("info");
   } catch (error) { showError(error.message); return; }
   const info = state.info;
+  if (info.run_problems.length) {  // broken files of the run: said for as long as the page is open
+    $("message").before(element("div", { id: "run-problems", role: "alert", text: info.run_problems.join("\n") }));
+  }
   $("model").textContent = `${info.model} · ${info.images} images` +
     (comparing() ? ` · checkpoints ${info.checkpoints.map(nameOf).join(" and ")}` : "");
   for (const form of ["filters", "controls", "concept-controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
