@@ -7,7 +7,7 @@
   batched backward), and their reference patches when the served run has ``camkit concepts``
   results (:mod:`camkit.runs.concepts`);
 * a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017:
-  :func:`camkit.concepts.featurevis.feature_images`), computed on demand: small, seeded, cached;
+  :func:`camkit.concepts.feature_images`), computed on demand: small, seeded, cached;
 * the concepts that dominate a set of images (a strategies cluster):
   :meth:`~camkit.concepts.ConceptAttribution.dominant`.
 
@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import ChannelObjective, ConceptAttribution
-from camkit.concepts.featurevis import feature_images
+from camkit.concepts import ChannelObjective, ConceptAttribution, feature_images
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import channel_references
 from camkit.serve.explorer import LRU, Explorer
