@@ -127,6 +127,32 @@ def test_a_batch_norm_after_a_transposed_convolution_is_merged_per_output_channe
     assert_untouched(model, state)
 
 
+def test_a_batch_norm_before_a_transposed_convolution_is_merged_per_input_channel() -> None:
+    """``up(bn(x)) = up(x; W') + up(shift)``, ``W'`` scaling input channel ``j`` (weight axis 0,
+    grouped) by ``scale_j``, the shift's image a bias map ``b``: z+ by hand with the dense
+    matrix ``M'+`` of ``W'+``, ``R = x * M'+^T (o / stab(M'+ x + b+))``."""
+    torch.manual_seed(3)
+    bn = nn.BatchNorm2d(4).double().eval()
+    up = nn.ConvTranspose2d(4, 6, 2, stride=2, groups=2, bias=False).double()
+    with torch.no_grad():
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.uniform_(-1.5, 1.5)  # negative scales flip w+ and w-
+        bn.bias.uniform_(-0.2, 0.2)
+    model = nn.Sequential(bn, up)
+    scale = (bn.weight / (bn.running_var + bn.eps).sqrt()).detach()
+    shift = (bn.bias - bn.running_mean * scale).detach()
+    x = torch.rand(1, 4, 3, 3, dtype=torch.float64)
+    positive = _matrix(up, (up.weight.detach() * scale.view(-1, 1, 1, 1)).clamp(min=0), (4, 3, 3))
+    bias = up(shift.view(1, -1, 1, 1).expand(1, 4, 3, 3)).detach().flatten()
+    o = model(x).detach().flatten()
+    expected = x.flatten() * (
+        positive.T @ (o / _stab(positive @ x.flatten() + bias.clamp(min=0), EPS))
+    )
+    got = _input_relevance(model, x, Composite([(nn.ConvTranspose2d, ZPlus(EPS))]))
+    torch.testing.assert_close(got.flatten(), expected, rtol=0, atol=1e-10)
+
+
 class _UNet(nn.Module):
     """conv -> pool -> conv -> ConvTranspose2d up -> concatenated with the skip -> conv ->
     per-pixel logits of 3 classes; no biases."""
