@@ -385,3 +385,34 @@ def test_an_additive_scatter_shares_in_proportion() -> None:
 def test_an_operation_without_a_rule_still_raises_naming_it(fn, name: str) -> None:
     with pytest.raises(RelevanceError, match=name):
         _input_relevance(_Op(fn), _x(2, 4), PLAIN)
+
+
+def test_shuffles_selections_and_folds_by_hand() -> None:
+    """``pixel_shuffle``: each output entry is one input entry, ``R_x = unshuffle(R_out)``;
+    ``where(c, a, b)``: ``a`` gets ``R_out`` where ``c``, ``b`` elsewhere; ``masked_fill``:
+    the filled entries get nothing; ``F.fold`` of overlapping patches sums them (Norm):
+    ``R_j = x_j / z_k R_k`` for the pixel ``k`` it lands on."""
+    x, weights = _x(1, 8, 2, 2), _x(1, 2, 4, 4, seed=10)
+    shuffled = _input_relevance(_Op(lambda v: F.pixel_shuffle(v, 2)), x, PLAIN,
+                                lambda o: (o * weights).sum())  # fmt: skip
+    torch.testing.assert_close(shuffled, F.pixel_unshuffle(F.pixel_shuffle(x, 2) * weights, 2))
+    c = torch.tensor([[True, False, True]])
+    v, w3 = _x(1, 6), _x(1, 3, seed=11)
+
+    def picked(t: Tensor) -> Tensor:
+        return torch.where(c, t[:, :3], t[:, 3:]).masked_fill(
+            torch.tensor([[False, False, True]]), 0
+        )
+
+    relevance = _input_relevance(_Op(picked), v, PLAIN, lambda o: (o * w3).sum())
+    r_out = picked(v) * w3
+    expected = torch.stack(
+        [r_out[0, 0], v[0, 1] * 0, v[0, 2] * 0, v[0, 3] * 0, r_out[0, 1], v[0, 5] * 0]
+    )
+    torch.testing.assert_close(relevance[0], expected)
+    patches = torch.rand(1, 4, 3, dtype=torch.float64) + 0.1  # 2x2 patches at 3 positions
+    wmap = _x(1, 1, 2, 4, seed=12)
+    folded = _input_relevance(_Op(lambda p: F.fold(p, (2, 4), 2, stride=1)), patches, PLAIN,
+                              lambda o: (o * wmap).sum())  # fmt: skip
+    # R_k = z_k w_k, shared as x_j / z_k: each patch entry gets x_j w_k of the pixel it lands on
+    torch.testing.assert_close(folded, patches * F.unfold(wmap, 2, stride=1))
