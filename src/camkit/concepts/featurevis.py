@@ -8,7 +8,10 @@ colour correlation of ImageNet and a sigmoid -- and optimised under transformati
 size, so that a ViT gets its own size; the article's pixel amounts are for a 224-pixel image and
 are scaled to the image's side), with Adam. A diversity term (the negative pairwise
 cosine similarity of the batch's Gram matrices at a layer) makes a batch show different facets.
-Every random draw comes from one seeded generator: the same seed gives the same image.
+Every random draw comes from one seeded generator: the same seed gives the same image. A unit
+closed on the starting image gets lucid's redirected ReLU gradient in each start's first steps
+(:mod:`camkit.concepts.redirect`); an image whose objective still has not moved starts again
+from a new random spectrum, and :func:`visualize` warns when none moved it.
 
 Only the image is differentiated (``torch.autograd.grad`` on it): the model's parameters get no
 ``.grad``, and its mode, modules and hooks are left as they were.
