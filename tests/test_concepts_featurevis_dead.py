@@ -126,14 +126,16 @@ def test_restarts_then_a_warning_when_nothing_moves_the_objective() -> None:
         visualize(model, ChannelObjective("conv", 0), restarts=-1, **options)
 
 
-lucent_render = pytest.importorskip("lucent.optvis.render", reason="torch-lucent is not usable")
-
-
 def test_at_least_lucent_after_the_same_steps() -> None:
     """torch-lucent 0.1.8 (lucid's PyTorch port): its Fourier parameterisation, Adam at the same
     rate, its standard transformations without the rotation (which calls a kornia function the
     installed kornia no longer has), no ImageNet normalisation, the same image size; lucent has
     no redirected gradient, so the dead channel keeps its zero objective."""
+    lucent_render = pytest.importorskip(
+        "lucent.optvis.render",
+        reason="torch-lucent is not usable: pip install --no-deps torch-lucent decorator kornia "
+        "kornia-rs (its declared kornia<=0.4.1 would downgrade torch)",
+    )
     from lucent.optvis import param, transform
 
     model, steps, lr = planted_dead(), 96, 0.2

@@ -196,7 +196,13 @@ def test_a_bias_free_unet_conserves_a_segmentation_target(spec) -> None:
     assert_untouched(model, state)
 
 
-lxt = pytest.importorskip("lxt.explicit.functional", reason="lxt 2.1 is not installed")
+@pytest.fixture
+def lxt():
+    """lxt 2.1's AttnLRP functions (``pip install --no-deps lxt==2.1``); the tests that compare
+    with them skip without it."""
+    return pytest.importorskip("lxt.explicit.functional", reason="lxt 2.1 is not installed")
+
+
 PLAIN = Composite([], stabilizer=EPS, canonizers=[])
 
 
@@ -234,7 +240,7 @@ def _x(*shape: int, seed: int = 3) -> Tensor:
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 
 
-def test_group_norm_is_lxt_layer_norm_over_each_group() -> None:
+def test_group_norm_is_lxt_layer_norm_over_each_group(lxt) -> None:
     """AttnLRP's identity rule on the normalisation (Achtibat et al. 2024, Prop. 3.4): each
     group's std a constant, the centring linear, the affine part in place; lxt's ``layer_norm``
     applied to each group's values flattened is the same rule."""
@@ -267,7 +273,7 @@ def test_group_norm_is_lxt_layer_norm_over_each_group() -> None:
     ],
     ids=["F.normalize", "Tensor.norm", "vector_norm", "pow-sqrt", "rsqrt"],
 )
-def test_normalisations_are_lxt_normalize(written) -> None:
+def test_normalisations_are_lxt_normalize(written, lxt) -> None:
     """The divisor a constant: ``R_x = R_y`` element-wise (lxt's ``normalize``), however the
     normalisation is written."""
     x, weights = _x(3, 5), _x(3, 5, seed=5)
@@ -276,7 +282,7 @@ def test_normalisations_are_lxt_normalize(written) -> None:
     torch.testing.assert_close(ours, F.normalize(x, dim=-1) * weights)  # R_x = R_y
 
 
-def test_a_hand_written_rms_norm_is_lxt_rms_norm() -> None:
+def test_a_hand_written_rms_norm_is_lxt_rms_norm(lxt) -> None:
     x, weights = _x(2, 4, 6), _x(2, 4, 6, seed=6)
     gain = torch.linspace(0.5, 1.5, 6, dtype=torch.float64)
 
