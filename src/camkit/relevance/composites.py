@@ -23,6 +23,8 @@ name                          first layer    convolutions  dense layers
 ``epsilon-alpha2-beta1``      (as the rest)  AlphaBeta     Epsilon
 ``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
 ============================  =============  ============  ===========
+
+Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from torch import nn
 
 from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
-CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# transposed convolutions get the convolutions' rules (camkit.relevance.layers)
+CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
-CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _matches(match: Match, name: str, module: nn.Module) -> bool:
@@ -90,11 +93,6 @@ class Composite:
             if rule is None:
                 rule = next((r for m, r in self.rules if _matches(m, name, module)), None)
             if rule is not None:
-                if isinstance(module, CONV_TRANSPOSE):
-                    raise ArgumentError(
-                        f"layer {name!r} is a transposed convolution: camkit's LRP rules cover "
-                        "nn.Linear and nn.Conv1d/2d/3d"
-                    )
                 assigned[name] = (module, rule)
         return assigned
 

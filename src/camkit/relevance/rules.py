@@ -78,9 +78,22 @@ class Affine:
         out = self.op(x, weight)
         return out if bias is None else out + bias
 
+    def scaled_outputs(self, scale: Tensor) -> Tensor:
+        """The weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged after)."""
+        return self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
+
+    def scaled_inputs(self, scale: Tensor) -> Tensor:
+        """The weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm before)."""
+        return self.weight * scale.view(1, -1, *(1,) * (self.weight.dim() - 2))
+
     @staticmethod
     def of(module: nn.Module) -> Affine:
-        """The affine map of an ``nn.Linear`` or ``nn.Conv1d/2d/3d``."""
+        """The affine map of an ``nn.Linear``, ``nn.Conv1d/2d/3d`` or ``nn.ConvTranspose1d/2d/3d``
+        (:mod:`camkit.relevance.layers`)."""
+        from camkit.relevance.layers import CONV_TRANSPOSE, transposed_affine
+
+        if isinstance(module, CONV_TRANSPOSE):
+            return transposed_affine(module)
         weight = module.weight.detach()
         bias = None if module.bias is None else module.bias.detach()
         if isinstance(module, nn.Linear):
@@ -93,7 +106,8 @@ class Affine:
                 None if bias is None else bias.view(shape),
             )
         raise ArgumentError(
-            f"a parametric LRP rule needs nn.Linear or nn.Conv1d/2d/3d, got {type(module).__name__}"
+            "a parametric LRP rule needs nn.Linear, nn.Conv1d/2d/3d or nn.ConvTranspose1d/2d/3d, "
+            f"got {type(module).__name__}"
         )
 
 

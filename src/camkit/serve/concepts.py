@@ -7,7 +7,7 @@
   batched backward), and their reference patches when the served run has ``camkit concepts``
   results (:mod:`camkit.runs.concepts`);
 * a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017:
-  :func:`camkit.concepts.visualize`), computed on demand: small, seeded, cached;
+  :func:`camkit.concepts.feature_images`), computed on demand: small, seeded, cached;
 * the concepts that dominate a set of images (a strategies cluster):
   :meth:`~camkit.concepts.ConceptAttribution.dominant`.
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import ChannelObjective, ConceptAttribution, visualize
+from camkit.concepts import ChannelObjective, ConceptAttribution, feature_images
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
@@ -34,9 +34,8 @@ from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 MAX_K = 20
 IMAGES_PER_PASS = 16  # a cluster's images per forward pass
 FEATURE_STEPS = 64
-FEATURE_RATE = 0.1  # a short run: twice visualize's default step size
+FEATURE_RATE = 0.1  # a short run: twice feature_images' default step size
 FEATURE_SEED = 0
-UNMOVED = 0.01  # pixel std below which the image is still its grey start
 FEATURE_SIDE = 128  # the largest side a feature visualisation is optimised at
 
 
@@ -205,14 +204,15 @@ class ConceptViews:
     def feature(self, checkpoint: str, layer: str, channel: int) -> tuple[np.ndarray, bool]:
         """``(H, W, 3)`` uint8: the image that maximises the channel's mean activation,
         :data:`FEATURE_STEPS` Adam steps of rate :data:`FEATURE_RATE` from seed
-        :data:`FEATURE_SEED` (cached), and whether it moved from its grey start (a channel
-        closed by a ReLU on that start has no gradient to climb)."""
+        :data:`FEATURE_SEED` (cached), and whether its objective moved from its start (with
+        the redirected ReLU gradient and restarts of :func:`feature_images`; an unmoved image
+        is its grey start)."""
         key = (checkpoint, layer, channel)
         found = self.features.get_item(key)
         if found is None:
             loaded = self.explorer.checkpoints[checkpoint]
             side = min(max(self.explorer.size), FEATURE_SIDE)
-            image = visualize(
+            result = feature_images(
                 loaded.model,
                 ChannelObjective(layer, channel),
                 size=side,
@@ -222,7 +222,7 @@ class ConceptViews:
                 mean=self.explorer.preprocess.mean,
                 std=self.explorer.preprocess.std,
             )
-            moved = float(image.std()) >= UNMOVED
+            image, moved = result.images, bool(result.moved.all())
             pixels = (image[0].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().cpu().numpy()
             found = (pixels, moved)
             self.features.put(key, found)

@@ -86,8 +86,9 @@ def routes(state: ServerState) -> list[Route]:
         computed = f"feature visualisation: {FEATURE_STEPS} steps, seed {FEATURE_SEED}"
         if not moved:
             computed += (
-                "; the image did not move from its grey start: the channel gives no gradient "
-                "there (closed by a ReLU?), try the layer before its activation"
+                "; the image did not move from its grey start: the channel's mean stayed at its "
+                "starting value on every random start, even with the redirected ReLU gradient; "
+                "try the layer before its activation"
             )
         return Response(data, media_type="image/png", headers={"X-Camkit-Computed": computed})
 
