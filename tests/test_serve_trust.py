@@ -213,6 +213,21 @@ def test_each_request_is_logged_without_the_token_and_errors_with_a_traceback(
     )
 
 
+def test_the_log_escapes_what_a_terminal_would_run(tmp_path: Path, caplog) -> None:
+    from camkit.serve.logs import printable
+
+    assert printable("/static/x\x1b[31mRED\x1b[0m") == "/static/x\\x1b[31mRED\\x1b[0m"
+    assert printable("a\0b\nc\\d\u2028 é") == "a\\x00b\\nc\\\\d\\u2028 é"
+    explorer = explorer_for(photo_folder(tmp_path))
+    app = create_app(explorer, token=TOKEN)
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="camkit.serve"):
+        # the path as a browser sends it, percent-encoded; the server decodes it
+        assert client.get("/static/x%1B[31mRED%1B[0m%00").status_code == 404
+    (line,) = [r.getMessage() for r in caplog.records if "RED" in r.getMessage()]
+    assert line.startswith("GET /static/x\\x1b[31mRED\\x1b[0m\\x00 404 "), line
+    assert line.isprintable()
+
+
 def test_binding_fails_first_with_one_line_and_no_url(tmp_path: Path) -> None:
     explorer = explorer_for(photo_folder(tmp_path))
     prepared = launch.Prepared(create_app(explorer, token=TOKEN), TOKEN, 8)

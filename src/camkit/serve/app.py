@@ -55,7 +55,7 @@ from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import error
-from camkit.serve.logs import LOG, request_line
+from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.routes import ServerState, all_routes
 
@@ -105,7 +105,7 @@ def create_app(
         except Cancelled as stopped:
             return error(str(stopped), 409)
         except Exception as failed:  # noqa: BLE001 -- a computation that fails never stops the server
-            LOG.exception("%s %s failed", request.method, request.url.path)
+            LOG.exception("%s %s failed", request.method, printable(request.url.path))
             return error(f"{type(failed).__name__}: {failed}", 500)
 
     async def guarded(request: Request, call_next: Any) -> Response:
