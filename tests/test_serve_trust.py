@@ -398,6 +398,11 @@ READY = """new Promise((done) => { (function poll() {
   if (document.body.dataset.ready === '1') done(); else setTimeout(poll, 20); })(); })"""
 
 
+BROKEN = """[...document.querySelectorAll('img')].filter((i) =>
+  i.getClientRects().length && !(i.complete && i.naturalWidth)).length"""
+"""How many images the page shows without a picture (a broken-image icon with its alt text)."""
+
+
 def shown(browser: Browser, selector: str) -> bool:
     return browser.js(
         f"getComputedStyle(document.querySelector({json.dumps(selector)})).display !== 'none'"
@@ -496,6 +501,10 @@ def test_the_page_hides_what_does_not_apply_and_labels_what_it_shows(tmp_path: P
             settle(browser)
             for hidden in ("#f-truth-box", "#compare-box", "#f-checkpoint-box", "#f-changed-box"):
                 assert not shown(browser, hidden), hidden
+            # no true classes: "misclassified only" is off, and says why
+            assert browser.js("document.getElementById('f-wrong').disabled") is True
+            reason = browser.js("document.getElementById('f-wrong-box').title")
+            assert reason.startswith("no true classes in this gallery"), reason
             top = int(softmax(explorer, "a", 1).argmax())
             download = browser.js("document.getElementById('download-png').download")
             assert download == f"shot1_gradcam_{top}.png"
@@ -550,6 +559,9 @@ def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) ->
             )
             text = browser.js("document.getElementById('progress-text').textContent")
             assert text.startswith("scorecam: 1 of ~9 copies scored"), text
+            # while it computes: a placeholder with a spinner, no image without a picture
+            assert browser.js(BROKEN) == 0
+            assert texts(browser, "#maps .pending") == ["computing..."]
             (job,) = browser.js("[...window.camkitState.jobs]")
             browser.js("document.getElementById('cancel').click()")
             for _ in range(600):  # until the server has the cancel (not a timing: a condition)
@@ -561,6 +573,9 @@ def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) ->
             message = browser.js("document.getElementById('message').textContent")
             assert "cancelled" in message
             assert not shown(browser, "#progress")
+            assert browser.js(BROKEN) == 0  # the placeholder says why, no broken-image icon
+            (reason,) = texts(browser, "#maps .pending.failed")
+            assert reason.startswith("no image:") and "cancelled" in reason
         finally:
             model.model.release.set()
             browser.close()

@@ -1,0 +1,175 @@
+"""camkit serve's page shows what its menus say, in headless Chromium: the latest request of a
+view wins over a slower earlier one, the downloads of compare mode, and what is offered only
+where it applies."""
+
+from __future__ import annotations
+
+import asyncio
+import io as pyio
+import json
+import threading
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import camkit
+
+pytest.importorskip("starlette", reason="camkit serve's web stack: pip install 'camkit[serve]'")
+
+from camkit.serve.app import create_app, running  # noqa: E402
+from tests.test_report import Browser, needs_browser  # noqa: E402
+from tests.test_serve import (  # noqa: E402
+    TOKEN,
+    explorer_for,
+    loaded,
+    model_input,
+    photo_folder,
+    settle,
+)
+from tests.test_serve_trust import READY, wait  # noqa: E402
+
+CARDS = "[...document.querySelectorAll('#gallery .card')].map((c) => +c.dataset.id)"
+
+
+class HeldBack:
+    """An ASGI app in front of another that holds the first request whose path is ``path`` and
+    whose query holds ``part`` until :meth:`release`: a request made slow on purpose, without
+    any timing (``arrived``: it is held; ``done``: the app below answered it)."""
+
+    def __init__(self, app: object, path: str, part: str) -> None:
+        self.app, self.path, self.part = app, path, part.encode()
+        self.arrived, self.done = threading.Event(), threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        held = (
+            scope["type"] == "http"
+            and scope["path"] == self.path
+            and self.part in scope["query_string"]
+            and not self.arrived.is_set()
+        )
+        if not held:
+            await self.app(scope, receive, send)
+            return
+        self.loop, self.gate = asyncio.get_running_loop(), asyncio.Event()
+        self.arrived.set()
+        await self.gate.wait()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.done.set()
+
+    def release(self) -> None:
+        assert self.loop is not None and self.gate is not None
+        self.loop.call_soon_threadsafe(self.gate.set)
+
+
+def choose(browser: Browser, element: str, value: str) -> None:
+    """Set a menu and send its change event, without waiting for the page to settle."""
+    browser.js(
+        f"""(() => {{ const e = document.getElementById({json.dumps(element)});
+        e.value = {json.dumps(value)}; e.dispatchEvent(new Event('change')); }})()"""
+    )
+
+
+def api(base: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{base}/api/{path}&token={TOKEN}", timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_latest_gallery_order_wins_over_a_slower_earlier_one(tmp_path: Path) -> None:
+    explorer = explorer_for(photo_folder(tmp_path))
+    app = HeldBack(create_app(explorer, token=TOKEN), "/api/gallery", "order=confidence")
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}")
+            browser.js(READY)
+            settle(browser)
+            high_first = [item["id"] for item in api(base, "gallery?order=-confidence")["items"]]
+            assert len(browser.js(CARDS)) == 8 and browser.js(CARDS) != high_first
+            assert browser.js("document.getElementById('f-wrong').disabled") is False  # truths
+            choose(browser, "f-order", "confidence")  # held on the server: the slow request
+            assert app.arrived.wait(60)
+            choose(browser, "f-order", "-confidence")  # the latest, answered at once
+            shown = browser.js(  # until the latest answer is shown (bounded, no timing)
+                f"""new Promise((done) => {{ const t0 = Date.now(); (function poll() {{
+                const cards = {CARDS};
+                if (JSON.stringify(cards) === {json.dumps(json.dumps(high_first))}
+                    || Date.now() - t0 > 15000) done(cards);
+                else setTimeout(poll, 20); }})(); }})"""
+            )
+            assert shown == high_first
+            app.release()  # now the slow answer comes, after the latest one
+            assert app.done.wait(60)
+            wait(browser)
+            low_first = [item["id"] for item in api(base, "gallery?order=confidence")["items"]]
+            assert low_first != high_first  # the slow answer would show another order
+            assert browser.js("document.getElementById('f-order').value") == "-confidence"
+            assert browser.js(CARDS) == high_first
+            assert browser.js("document.getElementById('count').textContent").startswith("1–8")
+            assert browser.js("document.getElementById('message').hidden") is True
+        finally:
+            app.release()
+            browser.close()
+
+
+def npy_at(url: str) -> np.ndarray:
+    with urllib.request.urlopen(url, timeout=60) as reply:
+        return np.load(pyio.BytesIO(reply.read()))
+
+
+@needs_browser
+@pytest.mark.slow
+def test_compare_mode_downloads_each_checkpoints_map_and_the_difference(tmp_path: Path) -> None:
+    explorer = explorer_for(photo_folder(tmp_path), a=loaded(0), b=loaded(1))
+    names = {"a": "epoch_10.pt", "b": "epoch_20.pt"}
+    with running(create_app(explorer, token=TOKEN, names=names)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#image=3")
+            browser.js(READY)
+            settle(browser)
+            single = browser.js(
+                "[...document.querySelectorAll('#downloads a')].map((a) => a.dataset.what)"
+            )
+            assert single == ["a", "a"]  # one map shown: its PNG and .npy
+            browser.js("document.getElementById('compare').click()")
+            wait(browser, 200)
+            links = browser.js(
+                """[...document.querySelectorAll('#downloads a')].map((a) =>
+                [a.dataset.what, a.href, a.download, a.textContent])"""
+            )
+            target = browser.js("+document.querySelector('#maps figure').dataset.class")
+        finally:
+            browser.close()
+        assert [what for what, *_ in links] == ["a", "a", "b", "b", "difference", "difference"]
+        stem = f"rocket0_gradcam_{target}"
+        assert [file for _, _, file, _ in links] == [
+            f"{stem}_epoch_10.png",
+            f"{stem}_epoch_10.npy",
+            f"{stem}_epoch_20.png",
+            f"{stem}_epoch_20.npy",
+            f"{stem}_epoch_10-minus-epoch_20.png",
+            f"{stem}_epoch_10-minus-epoch_20.npy",
+        ]
+        assert links[2][3] == "epoch_20.pt: overlay (PNG)"
+        x = model_input(explorer, 3)
+        expected = {
+            key: camkit.GradCAM(explorer.checkpoints[key].model, "act2")(x, target=target)
+            for key in ("a", "b")
+        }
+        got = {what: npy_at(url) for what, url, file, _ in links if file.endswith(".npy")}
+        for key in ("a", "b"):
+            assert np.abs(got[key] - expected[key].numpy()).max() < 1e-5, key
+        assert not np.allclose(got["a"], got["b"])
+        assert np.abs(got["difference"] - (got["a"] - got["b"])).max() < 1e-5
+        for _, url, file, _ in links:
+            if file.endswith(".png"):
+                with urllib.request.urlopen(url, timeout=60) as reply:
+                    assert reply.headers["content-type"] == "image/png"
