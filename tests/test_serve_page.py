@@ -173,3 +173,77 @@ def test_compare_mode_downloads_each_checkpoints_map_and_the_difference(tmp_path
             if file.endswith(".png"):
                 with urllib.request.urlopen(url, timeout=60) as reply:
                     assert reply.headers["content-type"] == "image/png"
+
+
+WAIT_FOR = """new Promise((done) => {{ const t0 = Date.now(); (function poll() {{
+  if (({condition}) || Date.now() - t0 > 20000) done(); else setTimeout(poll, 20); }})(); }})"""
+
+
+def wait_for(browser: Browser, condition: str) -> None:
+    """Until the page's ``condition`` (a JavaScript expression) holds, at most 20 s."""
+    browser.js(WAIT_FOR.format(condition=condition))
+    settle(browser)
+
+
+@needs_browser
+@pytest.mark.slow
+def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_path: Path) -> None:
+    from camkit.runs.concepts import read_concepts
+    from camkit.serve.gallery import read_strategies
+    from tests.test_serve_concepts import run_app
+
+    explorer, _ = run_app(tmp_path, token=TOKEN)
+    run = tmp_path / "run"  # its concepts results: patches of channel 5 of act1, not act2
+    data = json.loads((run / "concepts.json").read_text())
+    (run / "concepts.json").write_text(json.dumps(data | {"layer": "act1"}))
+    strategies, concepts = read_strategies(run, explorer.entries), read_concepts(run)
+    app = create_app(explorer, token=TOKEN, run_root=run, strategies=strategies, concepts=concepts)
+    cards = "[...document.querySelectorAll('#concepts .concept')]"
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#image=0&class=1")
+            browser.js(READY)
+            settle(browser)
+            choose(browser, "layer", "act1")
+            settle(browser)
+            browser.js("document.getElementById('concept-k').value = '6'")
+            browser.js("document.getElementById('concept-image').click()")
+            wait_for(browser, f"{cards}.length === 6")
+            found = browser.js(
+                f"""{cards}.map((c) => [+c.dataset.channel, c.querySelectorAll('.refs img').length,
+                (c.querySelector('.no-refs') || {{}}).textContent || null])"""
+            )
+            assert sorted(channel for channel, _, _ in found) == list(range(6))
+            for channel, patches, reason in found:
+                if channel == 5:
+                    assert patches == 2 and reason is None
+                else:
+                    assert patches == 0
+                    assert reason == (
+                        f"channel {channel} has no reference patches: camkit concepts wrote "
+                        "them for 1 channel(s) of act1 only (5); its --channels option picks "
+                        "others"
+                    )
+            # the strategies view: the cluster's channels at the run's layer, and a way to
+            # the layer that has patches
+            browser.js("location.hash = '#strategies'")
+            wait(browser, 200)
+            browser.js("document.querySelector('.cluster-concepts button').click()")
+            wait_for(browser, "document.querySelector('.cluster-concepts .hint')")
+            label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
+            assert label.startswith("channels of act2 ")
+            hint = browser.js("document.querySelector('.cluster-concepts .hint').textContent")
+            assert hint == "reference patches exist for layer act1 (camkit concepts), not for act2"
+            browser.js("document.querySelector('.cluster-concepts button').click()")
+            wait_for(browser, "!document.querySelector('.cluster-concepts .hint')")
+            label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
+            assert label.startswith("channels of act1 ")
+            dominant = browser.js(
+                """[...document.querySelectorAll('.cluster-concepts .dominant')].map((d) =>
+                [+d.dataset.channel, d.querySelectorAll('.refs img').length])"""
+            )
+            assert dominant and all((n == 2) == (c == 5) for c, n in dominant), dominant
+            assert browser.js("document.getElementById('message').hidden") is True
+        finally:
+            browser.close()

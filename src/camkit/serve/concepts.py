@@ -172,6 +172,7 @@ class ConceptViews:
                     "relevance": float(found.relevance[0, i]),
                     "share": float(found.share[0, i]),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
             )
         return {
@@ -185,6 +186,22 @@ class ConceptViews:
             "concepts": rows,
             "references": self.references is not None and self.references["layer"] == layer,
         }
+
+    def why_no_references(self, layer: str, channel: int) -> str | None:
+        """Why ``channel`` of ``layer`` has no reference patches although the run's
+        ``camkit concepts`` results are of that layer (they hold the channels it was told, or
+        its most relevant ones); None where it has them, or where the results are of another
+        layer or absent (the page says that once, not on every channel)."""
+        found = self.references
+        if found is None or found["layer"] != layer or channel in found["channels"]:
+            return None
+        listed = sorted(found["channels"])
+        shown = ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else "")
+        return (
+            f"channel {channel} has no reference patches: camkit concepts wrote them for "
+            f"{len(listed)} channel(s) of {layer} only ({shown}); its --channels option "
+            "picks others"
+        )
 
     def heatmap(
         self, checkpoint: str, layer: str, image: int, target: int, channel: int
@@ -249,6 +266,7 @@ class ConceptViews:
                     "relevance": float(relevance),
                     "share": float(share),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
                 for channel, relevance, share in zip(
                     top.channels.tolist(), top.relevance, top.share, strict=True

@@ -512,6 +512,7 @@ async function conceptCard(concept, params, signal) {
     ...pendingImage({ class: "heat", alt: `conditional heatmap of channel ${concept.channel}` }),
     element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
     ...references(concept.references),
+    ...(concept.no_references ? [element("div", { class: "caption no-refs", text: concept.no_references })] : []),
     element("button", { type: "button", class: "feature", text: "feature visualisation" }),
   ]);
   card.querySelector("button.feature").addEventListener("click", () => featureOf(card, params, concept.channel));
@@ -597,21 +598,36 @@ async function loadStrategies() {
   $("strategies").replaceChildren(...groups, ...skipped);
 }
 
-// the concepts that dominate a cluster, computed by the server when asked
+// the concepts that dominate a cluster, computed by the server when asked: at the layer the
+// run explained, and at the layer of the run's reference patches when that is another
 function clusterConceptsButton(group, cluster) {
-  const holder = element("div", { class: "cluster-concepts" }, [
-    element("button", { type: "button", text: "concepts of this cluster" })]);
-  holder.querySelector("button").addEventListener("click", async () => {
+  const holder = element("div", { class: "cluster-concepts" });
+  const button = (text, layer) => {
+    const node = element("button", { type: "button", text });
+    node.addEventListener("click", () => show(layer));
+    return node;
+  };
+  async function show(layer) {
     const signal = latest(`cluster ${group.method} ${group.class} ${cluster.id}`);
     holder.replaceChildren(element("span", { text: "finding the concepts..." }));
     try {
-      const found = await getJSON("cluster-concepts", { method: group.method, class: group.class, cluster: cluster.id }, signal);
+      const params = { method: group.method, class: group.class, cluster: cluster.id, ...(layer ? { layer } : {}) };
+      const found = await getJSON("cluster-concepts", params, signal);
+      const patches = state.info.concepts;
+      const elsewhere = patches && patches !== found.layer ? [
+        element("p", { class: "note hint", text: `reference patches exist for layer ${patches} (camkit concepts), not for ${found.layer}` }),
+        button(`concepts of this cluster at ${patches}`, patches)] : [];
       holder.replaceChildren(
         element("span", { class: "row-label", text: `channels of ${found.layer} that dominate its ${found.images} images (mean share)` }),
         ...found.concepts.map((c) => element("div", { class: "dominant", "data-channel": c.channel }, [
-          element("div", { text: `channel ${c.channel}: ${percent(c.share)}` }), ...references(c.references)])));
-    } catch (error) { if (!stale(error)) { holder.replaceChildren(); showError(error.message); } }
-  });
+          element("div", { text: `channel ${c.channel}: ${percent(c.share)}` }), ...references(c.references),
+          ...(c.no_references ? [element("div", { class: "no-refs", text: c.no_references })] : [])])),
+        ...elsewhere);
+    } catch (error) {
+      if (!stale(error)) { holder.replaceChildren(button("concepts of this cluster")); showError(error.message); }
+    }
+  }
+  holder.append(button("concepts of this cluster"));
   return holder;
 }
 
