@@ -28,6 +28,7 @@ from tests.test_serve import (  # noqa: E402
     photo_folder,
     settle,
 )
+from tests.test_serve_concepts import PRESS  # noqa: E402
 from tests.test_serve_trust import READY, wait  # noqa: E402
 
 CARDS = "[...document.querySelectorAll('#gallery .card')].map((c) => +c.dataset.id)"
@@ -225,7 +226,21 @@ def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_pat
                         "them for 1 channel(s) of act1 only (5); its --channels option picks "
                         "others"
                     )
-            # the strategies view: the cluster's channels at the run's layer, and a way to
+            # a dragged box: the channel list and each channel's heatmap follow it
+            browser.js(PRESS.format(x0=0.75, y0=0.0, x1=0.25, y1=0.5))
+            wait_for(browser, f"{cards}.every((c) => c.textContent.includes('in the box'))")
+            asked = browser.js(
+                """performance.getEntriesByType('resource').map((e) => new URL(e.name))
+                .filter((u) => u.searchParams.get('box'))
+                .map((u) => [u.pathname.split('/').pop(), u.searchParams.get('box'),
+                  +u.searchParams.get('channel')])"""
+            )
+            (box,) = {box for route, box, _ in asked if route == "concepts"}
+            boxed = [channel for route, where, channel in asked if route == "concept-map"]
+            assert {where for route, where, _ in asked} == {box}
+            shown = browser.js(f"{cards}.map((c) => +c.dataset.channel)")
+            assert sorted(boxed) == sorted(shown) and len(shown) == 6
+
             # the layer that has patches
             browser.js("location.hash = '#strategies'")
             wait(browser, 200)

@@ -120,7 +120,9 @@ def test_an_unreadable_image_is_read_once_for_the_comparison(tmp_path: Path, mon
     broken = next(i for i, e in enumerate(explorer.entries) if e.name.endswith("broken.jpg"))
     reads = []
     read_image = cio.read_image
-    monkeypatch.setattr(cio, "read_image", lambda path: reads.append(path) or read_image(path))
+    monkeypatch.setattr(
+        cio, "read_image", lambda path, **limits: reads.append(path) or read_image(path, **limits)
+    )
     comparison = Comparison(explorer)
     for _ in range(2):  # each gallery page with its disagreements measures again
         assert broken not in comparison.measure(range(len(explorer.entries)))

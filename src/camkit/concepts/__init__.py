@@ -10,14 +10,15 @@
 * feature visualisation: :func:`visualize` of a :class:`ChannelObjective`,
   :class:`NeuronObjective` or :class:`LogitObjective` (Olah et al., Distill 2017);
 * concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
-  direction), :class:`Concept` (the base of one's own);
+  direction), :class:`InRegion` (a concept in a region of the layer only), :class:`Concept`
+  (the base of one's own);
 * the backward they use (:class:`Rules`): :data:`GRADIENT` (gradient x activation, any model) or
   :class:`LRPRules` (camkit's LRP composites: CRP proper).
 
 Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
 """
 
-from camkit.concepts.concepts import Channels, Concept, Direction, TopConcepts
+from camkit.concepts.concepts import Channels, Concept, Direction, InRegion, TopConcepts
 from camkit.concepts.conditional import ConceptAttribution
 from camkit.concepts.featurevis import ChannelObjective, LogitObjective, NeuronObjective, visualize
 from camkit.concepts.reference import ReferenceCollector, TopK, receptive_boxes
@@ -32,6 +33,7 @@ __all__ = [
     "ConceptAttribution",
     "Direction",
     "GradientRules",
+    "InRegion",
     "LRPRules",
     "LogitObjective",
     "NeuronObjective",

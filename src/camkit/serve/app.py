@@ -20,7 +20,8 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
                                ``class``: everywhere, in the cell under ``x``, ``y`` or in
                                ``box``; ``k``; their shares and reference images
-``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG
+``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG: of its
+                               relevance in ``x``, ``y`` or ``box`` when given
 ``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
 ``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
 ``GET /api/curve``             the deletion/insertion curves of a map

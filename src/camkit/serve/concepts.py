@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import ChannelObjective, ConceptAttribution, visualize
+from camkit.concepts import (
+    ChannelObjective,
+    ConceptAttribution,
+    InRegion,
+    region_weights,
+    visualize,
+)
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import channel_references
 from camkit.serve.explorer import LRU, Explorer
@@ -59,6 +65,10 @@ class Region:
         return mask
 
 
+WHOLE = Region("image")
+"""The whole image: relevance counted everywhere."""
+
+
 def layer_grid(shape: Sequence[int]) -> tuple[int, int]:
     """The ``(h, w)`` grid of a layer the explorer lists: a map ``(1, C, h, w)``, a
     channels-last map ``(1, h, w, C)`` (a square grid before a different last axis, as Swin's
@@ -86,7 +96,7 @@ def region_of(
         raise ArgumentError("give a point (x, y) or a box, not both")
     values = point if point is not None else box
     if values is None:
-        return Region("image")
+        return WHOLE
     if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
         raise ArgumentError(
             f"x, y and box are fractions of the image's width and height in [0, 1], got {values}"
@@ -204,16 +214,27 @@ class ConceptViews:
         )
 
     def heatmap(
-        self, checkpoint: str, layer: str, image: int, target: int, channel: int
+        self,
+        checkpoint: str,
+        layer: str,
+        image: int,
+        target: int,
+        channel: int,
+        region: Region = WHOLE,
     ) -> np.ndarray:
-        """``(H, W)`` conditional heatmap of one channel (cached; else one forward and one
-        conditional backward)."""
-        key = (checkpoint, layer, image, target, channel)
+        """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
+        (:class:`~camkit.concepts.InRegion`, weighed as :meth:`top` counts the region) when one
+        is given (cached; else one forward and one conditional backward)."""
+        key = (checkpoint, layer, image, target, channel, region)
         heat = self.heatmaps.get_item(key)
         if heat is None:
             x = self.explorer.batch([image], checkpoint)
+            mask = region.mask(self.explorer.size)
+            concept = channel if mask is None else InRegion(
+                channel, region_weights(mask, self.grid(layer), x)
+            )  # fmt: skip
             maps = self.attribution(checkpoint, layer).heatmaps(
-                x, [channel], torch.tensor([target], device=x.device)
+                x, [concept], torch.tensor([target], device=x.device)
             )
             heat = maps[0, 0].float().cpu().numpy()
             self.heatmaps.put(key, heat)

@@ -504,13 +504,16 @@ async function featureOf(card, params, channel) {
 }
 
 async function conceptCard(concept, params, signal) {
-  const heatParams = { image: params.image, class: params.class, layer: params.layer, channel: concept.channel, alpha: $("alpha").value };
+  const { image, layer, x, y, box } = params;  // the heatmap of the channel's relevance where asked
+  const heatParams = { image, class: params.class, layer, channel: concept.channel, alpha: $("alpha").value,
+    ...(box ? { box } : x !== undefined ? { x, y } : {}) };
   if (params.checkpoint) heatParams.checkpoint = params.checkpoint;
   const card = element("div", { class: "concept", "data-channel": concept.channel }, [
     element("h4", { text: `channel ${concept.channel}` }),
     element("div", { class: "caption", text: `share ${percent(concept.share)} · relevance ${concept.relevance.toPrecision(3)}` }),
     ...pendingImage({ class: "heat", alt: `conditional heatmap of channel ${concept.channel}` }),
-    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
+    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue)` +
+      `${box ? " in the box" : x !== undefined ? " in the cell clicked" : ""}; colours clipped at the 99.5th percentile of |relevance|` }),
     ...references(concept.references),
     ...(concept.no_references ? [element("div", { class: "caption no-refs", text: concept.no_references })] : []),
     element("button", { type: "button", class: "feature", text: "feature visualisation" }),
