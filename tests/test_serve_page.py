@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import camkit
 
@@ -21,6 +22,8 @@ pytest.importorskip("starlette", reason="camkit serve's web stack: pip install '
 from camkit.serve.app import create_app, running  # noqa: E402
 from tests.test_report import Browser, needs_browser  # noqa: E402
 from tests.test_serve import (  # noqa: E402
+    LABELS,
+    MAP_PIXELS,
     TOKEN,
     explorer_for,
     loaded,
@@ -261,4 +264,47 @@ def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_pat
             assert dominant and all((n == 2) == (c == 5) for c, n in dominant), dominant
             assert browser.js("document.getElementById('message').hidden") is True
         finally:
+            browser.close()
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_latest_class_wins_over_a_slower_earlier_map(tmp_path: Path) -> None:
+    explorer = explorer_for(photo_folder(tmp_path))
+    top = int(explorer.checkpoints["a"].model(model_input(explorer, 4)[None]).argmax())
+    slow, fast = (top + 1) % 4, (top + 2) % 4
+    app = HeldBack(create_app(explorer, token=TOKEN), "/api/map", f"class={slow}&")
+    figure = "document.querySelector('#maps figure')"
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}#image=4")
+            browser.js(READY)
+            settle(browser)
+            choose(browser, "class", f"{LABELS[slow]} ({slow})")  # held: the slow map
+            assert app.arrived.wait(60)
+            assert browser.js(f"{figure}.querySelector('.pending').textContent") == "computing..."
+            choose(browser, "class", f"{LABELS[fast]} ({fast})")  # the latest
+            wait_for(
+                browser,
+                f"{figure}.dataset.class === '{fast}' && !{figure}.querySelector('.pending')",
+            )
+            app.release()
+            assert app.done.wait(60)
+            wait(browser)
+            assert browser.js(f"+{figure}.dataset.class") == fast
+            assert browser.js(f"{figure}.querySelector('figcaption').textContent").startswith(
+                f"{LABELS[fast]} ({fast})"
+            )
+            shown = browser.js(MAP_PIXELS)  # the picture is the fast class's map
+            expected = urllib.request.urlopen(
+                f"{base}/api/map?image=4&class={fast}&method=gradcam&layer=act2&alpha=0.5"
+                f"&colormap=jet&token={TOKEN}",
+                timeout=60,
+            ).read()
+            pixels = np.asarray(Image.open(pyio.BytesIO(expected)).convert("RGBA")).ravel()
+            assert shown == pixels.tolist()
+            assert browser.js("document.getElementById('message').hidden") is True
+        finally:
+            app.release()
             browser.close()
