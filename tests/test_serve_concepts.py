@@ -605,4 +605,22 @@ def test_a_click_on_a_vit_counts_the_token_under_it(tmp_path: Path) -> None:
     values = torch.tensor([c["relevance"] for c in answer["concepts"]])
     scale = float(by_hand.abs().max())
     assert torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
+    # the clicked token's heatmap of a channel at blocks.0 (blocks.1's patch tokens do not reach
+    # the class token): x * d/dx of that token's A[c] * dS/dA[c] alone, by hand
+    handle = vit.blocks[0].register_forward_hook(lambda m, i, o: tokens.__setitem__("A0", o))
+    try:
+        leaf = x.clone().requires_grad_(True)
+        score = vit(leaf)[0, 1]
+        (grad,) = torch.autograd.grad(score, tokens["A0"], retain_graph=True)
+        relevance = tokens["A0"][0, token] * grad[0, token]
+        channel = int(relevance.abs().argmax())
+        there = tokens["A0"][0, token, channel] * grad[0, token, channel].detach()
+        (input_grad,) = torch.autograd.grad(there, leaf)
+    finally:
+        handle.remove()
+    expected_heat = (leaf * input_grad).sum(dim=1)[0].detach().numpy()
+    cell = Region("cell", (8, 16, 16, 24))
+    heat = client.app.state.views.heatmap("a", "blocks.0", 2, 1, channel, cell)
+    heat_scale = float(np.abs(expected_heat).max())
+    assert heat_scale > 0 and np.allclose(heat, expected_heat, atol=1e-5 * heat_scale)
     assert_untouched(vit, before)
