@@ -5,10 +5,12 @@ where it applies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io as pyio
 import json
 import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -67,8 +69,29 @@ class HeldBack:
             self.done.set()
 
     def release(self) -> None:
-        assert self.loop is not None and self.gate is not None
-        self.loop.call_soon_threadsafe(self.gate.set)
+        if self.loop is not None and self.gate is not None:
+            self.loop.call_soon_threadsafe(self.gate.set)
+
+    def __enter__(self) -> HeldBack:
+        return self
+
+    def __exit__(self, *failed: object) -> None:
+        self.release()  # before the server stops: it waits for the held request
+
+
+@contextlib.contextmanager
+def opened(app: object, tmp_path: Path, where: str = "") -> Iterator[tuple[str, Browser]]:
+    """``app`` served on 127.0.0.1 and its page open at ``where`` in headless Chromium, ready
+    and settled -> the server's base URL and the browser."""
+    with running(app) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.open(f"{base}/?token={TOKEN}{where}")
+            browser.js(READY)
+            settle(browser)
+            yield base, browser
+        finally:
+            browser.close()
 
 
 def choose(browser: Browser, element: str, value: str) -> None:
@@ -89,38 +112,30 @@ def api(base: str, path: str) -> dict:
 def test_the_latest_gallery_order_wins_over_a_slower_earlier_one(tmp_path: Path) -> None:
     explorer = explorer_for(photo_folder(tmp_path))
     app = HeldBack(create_app(explorer, token=TOKEN), "/api/gallery", "order=confidence")
-    with running(app) as base:
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.open(f"{base}/?token={TOKEN}")
-            browser.js(READY)
-            settle(browser)
-            high_first = [item["id"] for item in api(base, "gallery?order=-confidence")["items"]]
-            assert len(browser.js(CARDS)) == 8 and browser.js(CARDS) != high_first
-            assert browser.js("document.getElementById('f-wrong').disabled") is False  # truths
-            choose(browser, "f-order", "confidence")  # held on the server: the slow request
-            assert app.arrived.wait(60)
-            choose(browser, "f-order", "-confidence")  # the latest, answered at once
-            shown = browser.js(  # until the latest answer is shown (bounded, no timing)
-                f"""new Promise((done) => {{ const t0 = Date.now(); (function poll() {{
-                const cards = {CARDS};
-                if (JSON.stringify(cards) === {json.dumps(json.dumps(high_first))}
-                    || Date.now() - t0 > 15000) done(cards);
-                else setTimeout(poll, 20); }})(); }})"""
-            )
-            assert shown == high_first
-            app.release()  # now the slow answer comes, after the latest one
-            assert app.done.wait(60)
-            wait(browser)
-            low_first = [item["id"] for item in api(base, "gallery?order=confidence")["items"]]
-            assert low_first != high_first  # the slow answer would show another order
-            assert browser.js("document.getElementById('f-order').value") == "-confidence"
-            assert browser.js(CARDS) == high_first
-            assert browser.js("document.getElementById('count').textContent").startswith("1–8")
-            assert browser.js("document.getElementById('message').hidden") is True
-        finally:
-            app.release()
-            browser.close()
+    with opened(app, tmp_path) as (base, browser), app:
+        high_first = [item["id"] for item in api(base, "gallery?order=-confidence")["items"]]
+        assert len(browser.js(CARDS)) == 8 and browser.js(CARDS) != high_first
+        assert browser.js("document.getElementById('f-wrong').disabled") is False  # truths
+        choose(browser, "f-order", "confidence")  # held on the server: the slow request
+        assert app.arrived.wait(60)
+        choose(browser, "f-order", "-confidence")  # the latest, answered at once
+        shown = browser.js(  # until the latest answer is shown (bounded, no timing)
+            f"""new Promise((done) => {{ const t0 = Date.now(); (function poll() {{
+            const cards = {CARDS};
+            if (JSON.stringify(cards) === {json.dumps(json.dumps(high_first))}
+                || Date.now() - t0 > 15000) done(cards);
+            else setTimeout(poll, 20); }})(); }})"""
+        )
+        assert shown == high_first
+        app.release()  # now the slow answer comes, after the latest one
+        assert app.done.wait(60)
+        wait(browser)
+        low_first = [item["id"] for item in api(base, "gallery?order=confidence")["items"]]
+        assert low_first != high_first  # the slow answer would show another order
+        assert browser.js("document.getElementById('f-order').value") == "-confidence"
+        assert browser.js(CARDS) == high_first
+        assert browser.js("document.getElementById('count').textContent").startswith("1–8")
+        assert browser.js("document.getElementById('message').hidden") is True
 
 
 def npy_at(url: str) -> np.ndarray:
@@ -133,25 +148,19 @@ def npy_at(url: str) -> np.ndarray:
 def test_compare_mode_downloads_each_checkpoints_map_and_the_difference(tmp_path: Path) -> None:
     explorer = explorer_for(photo_folder(tmp_path), a=loaded(0), b=loaded(1))
     names = {"a": "epoch_10.pt", "b": "epoch_20.pt"}
-    with running(create_app(explorer, token=TOKEN, names=names)) as base:
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.open(f"{base}/?token={TOKEN}#image=3")
-            browser.js(READY)
-            settle(browser)
-            single = browser.js(
-                "[...document.querySelectorAll('#downloads a')].map((a) => a.dataset.what)"
-            )
-            assert single == ["a", "a"]  # one map shown: its PNG and .npy
-            browser.js("document.getElementById('compare').click()")
-            wait(browser, 200)
-            links = browser.js(
-                """[...document.querySelectorAll('#downloads a')].map((a) =>
-                [a.dataset.what, a.href, a.download, a.textContent])"""
-            )
-            target = browser.js("+document.querySelector('#maps figure').dataset.class")
-        finally:
-            browser.close()
+    app = create_app(explorer, token=TOKEN, names=names)
+    with opened(app, tmp_path, "#image=3") as (base, browser):
+        single = browser.js(
+            "[...document.querySelectorAll('#downloads a')].map((a) => a.dataset.what)"
+        )
+        assert single == ["a", "a"]  # one map shown: its PNG and .npy
+        browser.js("document.getElementById('compare').click()")
+        wait(browser, 200)
+        links = browser.js(
+            """[...document.querySelectorAll('#downloads a')].map((a) =>
+            [a.dataset.what, a.href, a.download, a.textContent])"""
+        )
+        target = browser.js("+document.querySelector('#maps figure').dataset.class")
         assert [what for what, *_ in links] == ["a", "a", "b", "b", "difference", "difference"]
         stem = f"rocket0_gradcam_{target}"
         assert [file for _, _, file, _ in links] == [
@@ -203,68 +212,61 @@ def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_pat
     strategies, concepts = read_strategies(run, explorer.entries), read_concepts(run)
     app = create_app(explorer, token=TOKEN, run_root=run, strategies=strategies, concepts=concepts)
     cards = "[...document.querySelectorAll('#concepts .concept')]"
-    with running(app) as base:
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.open(f"{base}/?token={TOKEN}#image=0&class=1")
-            browser.js(READY)
-            settle(browser)
-            choose(browser, "layer", "act1")
-            settle(browser)
-            browser.js("document.getElementById('concept-k').value = '6'")
-            browser.js("document.getElementById('concept-image').click()")
-            wait_for(browser, f"{cards}.length === 6")
-            found = browser.js(
-                f"""{cards}.map((c) => [+c.dataset.channel, c.querySelectorAll('.refs img').length,
-                (c.querySelector('.no-refs') || {{}}).textContent || null])"""
-            )
-            assert sorted(channel for channel, _, _ in found) == list(range(6))
-            for channel, patches, reason in found:
-                if channel == 5:
-                    assert patches == 2 and reason is None
-                else:
-                    assert patches == 0
-                    assert reason == (
-                        f"channel {channel} has no reference patches: camkit concepts wrote "
-                        "them for 1 channel(s) of act1 only (5); its --channels option picks "
-                        "others"
-                    )
-            # a dragged box: the channel list and each channel's heatmap follow it
-            browser.js(PRESS.format(x0=0.75, y0=0.0, x1=0.25, y1=0.5))
-            wait_for(browser, f"{cards}.every((c) => c.textContent.includes('in the box'))")
-            asked = browser.js(
-                """performance.getEntriesByType('resource').map((e) => new URL(e.name))
-                .filter((u) => u.searchParams.get('box'))
-                .map((u) => [u.pathname.split('/').pop(), u.searchParams.get('box'),
-                  +u.searchParams.get('channel')])"""
-            )
-            (box,) = {box for route, box, _ in asked if route == "concepts"}
-            boxed = [channel for route, where, channel in asked if route == "concept-map"]
-            assert {where for route, where, _ in asked} == {box}
-            shown = browser.js(f"{cards}.map((c) => +c.dataset.channel)")
-            assert sorted(boxed) == sorted(shown) and len(shown) == 6
+    with opened(app, tmp_path, "#image=0&class=1") as (base, browser):
+        choose(browser, "layer", "act1")
+        settle(browser)
+        browser.js("document.getElementById('concept-k').value = '6'")
+        browser.js("document.getElementById('concept-image').click()")
+        wait_for(browser, f"{cards}.length === 6")
+        found = browser.js(
+            f"""{cards}.map((c) => [+c.dataset.channel, c.querySelectorAll('.refs img').length,
+            (c.querySelector('.no-refs') || {{}}).textContent || null])"""
+        )
+        assert sorted(channel for channel, _, _ in found) == list(range(6))
+        for channel, patches, reason in found:
+            if channel == 5:
+                assert patches == 2 and reason is None
+            else:
+                assert patches == 0
+                assert reason == (
+                    f"channel {channel} has no reference patches: camkit concepts wrote "
+                    "them for 1 channel(s) of act1 only (5); its --channels option picks "
+                    "others"
+                )
+        # a dragged box: the channel list and each channel's heatmap follow it
+        browser.js(PRESS.format(x0=0.75, y0=0.0, x1=0.25, y1=0.5))
+        wait_for(browser, f"{cards}.every((c) => c.textContent.includes('in the box'))")
+        asked = browser.js(
+            """performance.getEntriesByType('resource').map((e) => new URL(e.name))
+            .filter((u) => u.searchParams.get('box'))
+            .map((u) => [u.pathname.split('/').pop(), u.searchParams.get('box'),
+              +u.searchParams.get('channel')])"""
+        )
+        (box,) = {box for route, box, _ in asked if route == "concepts"}
+        boxed = [channel for route, where, channel in asked if route == "concept-map"]
+        assert {where for route, where, _ in asked} == {box}
+        shown = browser.js(f"{cards}.map((c) => +c.dataset.channel)")
+        assert sorted(boxed) == sorted(shown) and len(shown) == 6
 
-            # the layer that has patches
-            browser.js("location.hash = '#strategies'")
-            wait(browser, 200)
-            browser.js("document.querySelector('.cluster-concepts button').click()")
-            wait_for(browser, "document.querySelector('.cluster-concepts .hint')")
-            label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
-            assert label.startswith("channels of act2 ")
-            hint = browser.js("document.querySelector('.cluster-concepts .hint').textContent")
-            assert hint == "reference patches exist for layer act1 (camkit concepts), not for act2"
-            browser.js("document.querySelector('.cluster-concepts button').click()")
-            wait_for(browser, "!document.querySelector('.cluster-concepts .hint')")
-            label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
-            assert label.startswith("channels of act1 ")
-            dominant = browser.js(
-                """[...document.querySelectorAll('.cluster-concepts .dominant')].map((d) =>
-                [+d.dataset.channel, d.querySelectorAll('.refs img').length])"""
-            )
-            assert dominant and all((n == 2) == (c == 5) for c, n in dominant), dominant
-            assert browser.js("document.getElementById('message').hidden") is True
-        finally:
-            browser.close()
+        # the layer that has patches
+        browser.js("location.hash = '#strategies'")
+        wait(browser, 200)
+        browser.js("document.querySelector('.cluster-concepts button').click()")
+        wait_for(browser, "document.querySelector('.cluster-concepts .hint')")
+        label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
+        assert label.startswith("channels of act2 ")
+        hint = browser.js("document.querySelector('.cluster-concepts .hint').textContent")
+        assert hint == "reference patches exist for layer act1 (camkit concepts), not for act2"
+        browser.js("document.querySelector('.cluster-concepts button').click()")
+        wait_for(browser, "!document.querySelector('.cluster-concepts .hint')")
+        label = browser.js("document.querySelector('.cluster-concepts .row-label').textContent")
+        assert label.startswith("channels of act1 ")
+        dominant = browser.js(
+            """[...document.querySelectorAll('.cluster-concepts .dominant')].map((d) =>
+            [+d.dataset.channel, d.querySelectorAll('.refs img').length])"""
+        )
+        assert dominant and all((n == 2) == (c == 5) for c, n in dominant), dominant
+        assert browser.js("document.getElementById('message').hidden") is True
 
 
 @needs_browser
@@ -275,36 +277,28 @@ def test_the_latest_class_wins_over_a_slower_earlier_map(tmp_path: Path) -> None
     slow, fast = (top + 1) % 4, (top + 2) % 4
     app = HeldBack(create_app(explorer, token=TOKEN), "/api/map", f"class={slow}&")
     figure = "document.querySelector('#maps figure')"
-    with running(app) as base:
-        browser = Browser(tmp_path / "profile")
-        try:
-            browser.open(f"{base}/?token={TOKEN}#image=4")
-            browser.js(READY)
-            settle(browser)
-            choose(browser, "class", f"{LABELS[slow]} ({slow})")  # held: the slow map
-            assert app.arrived.wait(60)
-            assert browser.js(f"{figure}.querySelector('.pending').textContent") == "computing..."
-            choose(browser, "class", f"{LABELS[fast]} ({fast})")  # the latest
-            wait_for(
-                browser,
-                f"{figure}.dataset.class === '{fast}' && !{figure}.querySelector('.pending')",
-            )
-            app.release()
-            assert app.done.wait(60)
-            wait(browser)
-            assert browser.js(f"+{figure}.dataset.class") == fast
-            assert browser.js(f"{figure}.querySelector('figcaption').textContent").startswith(
-                f"{LABELS[fast]} ({fast})"
-            )
-            shown = browser.js(MAP_PIXELS)  # the picture is the fast class's map
-            expected = urllib.request.urlopen(
-                f"{base}/api/map?image=4&class={fast}&method=gradcam&layer=act2&alpha=0.5"
-                f"&colormap=jet&token={TOKEN}",
-                timeout=60,
-            ).read()
-            pixels = np.asarray(Image.open(pyio.BytesIO(expected)).convert("RGBA")).ravel()
-            assert shown == pixels.tolist()
-            assert browser.js("document.getElementById('message').hidden") is True
-        finally:
-            app.release()
-            browser.close()
+    with opened(app, tmp_path, "#image=4") as (base, browser), app:
+        choose(browser, "class", f"{LABELS[slow]} ({slow})")  # held: the slow map
+        assert app.arrived.wait(60)
+        assert browser.js(f"{figure}.querySelector('.pending').textContent") == "computing..."
+        choose(browser, "class", f"{LABELS[fast]} ({fast})")  # the latest
+        wait_for(
+            browser,
+            f"{figure}.dataset.class === '{fast}' && !{figure}.querySelector('.pending')",
+        )
+        app.release()
+        assert app.done.wait(60)
+        wait(browser)
+        assert browser.js(f"+{figure}.dataset.class") == fast
+        assert browser.js(f"{figure}.querySelector('figcaption').textContent").startswith(
+            f"{LABELS[fast]} ({fast})"
+        )
+        shown = browser.js(MAP_PIXELS)  # the picture is the fast class's map
+        expected = urllib.request.urlopen(
+            f"{base}/api/map?image=4&class={fast}&method=gradcam&layer=act2&alpha=0.5"
+            f"&colormap=jet&token={TOKEN}",
+            timeout=60,
+        ).read()
+        pixels = np.asarray(Image.open(pyio.BytesIO(expected)).convert("RGBA")).ravel()
+        assert shown == pixels.tolist()
+        assert browser.js("document.getElementById('message').hidden") is True
