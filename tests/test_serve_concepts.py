@@ -348,7 +348,7 @@ def run_app(tmp_path: Path, token: str | None = None):
 def test_a_run_with_concepts_and_strategies_names_a_clusters_channels(tmp_path: Path) -> None:
     explorer, app = run_app(tmp_path)
     concepts = read_concepts(tmp_path / "run")
-    assert concepts["layer"] == "act2" and list(concepts["channels"]) == [5]
+    assert concepts.layer == "act2" and list(concepts.channels) == [5]
     with TestClient(app) as client:
         assert client.get("/api/info").json()["concepts"] == "act2"
         answer = client.get("/api/concepts", params={"image": 0, "class": 1, "k": 8}).json()

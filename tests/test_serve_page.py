@@ -230,8 +230,8 @@ def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_pat
                 assert patches == 0
                 assert reason == (
                     f"channel {channel} has no reference patches: camkit concepts wrote "
-                    "them for 1 channel(s) of act1 only (5); its --channels option picks "
-                    "others"
+                    "them for 1 channel(s) of act1 only, the most relevant ones over 2 "
+                    "images (5); its --channels option picks others"
                 )
         # a dragged box: the channel list and each channel's heatmap follow it
         browser.js(PRESS.format(x0=0.75, y0=0.0, x1=0.25, y1=0.5))

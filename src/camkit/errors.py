@@ -66,6 +66,12 @@ class UnknownModelError(CamkitError):
     """A model name that is neither the default model, torchvision:NAME nor timm:NAME."""
 
 
+class RunFileError(CamkitError):
+    """A file of a run folder (manifest, maps, strategies, concepts, metrics) that is partial,
+    corrupt, of the wrong shape or of a version newer than this camkit: the message names the
+    file, its version and the command that writes it again."""
+
+
 class CheckpointError(CamkitError):
     """A checkpoint file that camkit cannot use (unreadable, unnamed architecture...)."""
 

@@ -131,6 +131,7 @@ COMPOSITES: tuple[str, ...] = (
     "epsilon-alpha2-beta1",
     "epsilon-alpha2-beta1-flat",
 )
+DEFAULT_COMPOSITE = "epsilon-plus-flat"  # the front ends' (--composite, the explorer's menu)
 
 
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
@@ -150,4 +151,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "Composite", "composite"]
+__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "Composite", "composite"]

@@ -52,6 +52,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from camkit.errors import CamkitError
+from camkit.runs.concepts import ConceptsRecord
 from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
@@ -68,7 +69,8 @@ def create_app(
     run_root: Path | None = None,
     run_header: dict | None = None,
     strategies: dict | None = None,
-    concepts: dict | None = None,
+    concepts: ConceptsRecord | None = None,
+    run_problems: dict[str, str] | None = None,
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
@@ -79,7 +81,8 @@ def create_app(
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
     served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
     ``concepts``: the run's ``camkit concepts`` results
-    (:func:`camkit.runs.concepts.read_concepts`);
+    (:func:`camkit.runs.concepts.read_concepts`); ``run_problems``: the run's broken files
+    (file name -> why), shown on the page;
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
     checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
@@ -88,6 +91,7 @@ def create_app(
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run_root, run_header, strategies, names, concepts)
+    state.run_problems = dict(run_problems or {})
 
     async def answer(request: Request, call_next: Any) -> Response:
         if request.url.path.startswith("/api/"):

@@ -33,7 +33,7 @@ from camkit.concepts import (
     visualize,
 )
 from camkit.errors import ArgumentError
-from camkit.runs.concepts import channel_references
+from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
@@ -132,7 +132,7 @@ class ConceptViews:
     """The concept views of an :class:`~camkit.serve.explorer.Explorer`; ``references``: the
     served run's ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`)."""
 
-    def __init__(self, explorer: Explorer, references: dict | None = None) -> None:
+    def __init__(self, explorer: Explorer, references: ConceptsRecord | None = None) -> None:
         self.explorer = explorer
         self.references = references
         self.attributions = LRU(16)
@@ -194,23 +194,26 @@ class ConceptViews:
                 "box": None if region.box is None else list(region.box),
             },
             "concepts": rows,
-            "references": self.references is not None and self.references["layer"] == layer,
+            "references": self.references is not None and self.references.layer == layer,
         }
 
     def why_no_references(self, layer: str, channel: int) -> str | None:
         """Why ``channel`` of ``layer`` has no reference patches although the run's
-        ``camkit concepts`` results are of that layer (they hold the channels it was told, or
-        its most relevant ones); None where it has them, or where the results are of another
-        layer or absent (the page says that once, not on every channel)."""
+        ``camkit concepts`` results are of that layer: they hold the channels it was told
+        (``--channels``) or its most relevant ones over the images; None where it has them, or
+        where the results are of another layer or absent (the page says that once)."""
         found = self.references
-        if found is None or found["layer"] != layer or channel in found["channels"]:
+        if found is None or found.layer != layer or channel in found.channels:
             return None
-        listed = sorted(found["channels"])
+        listed = sorted(found.channels)
         shown = ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else "")
+        told = "--channels" in ((found.run or {}).get("arguments") or [])
+        which = "the channels its --channels named" if told else "the most relevant ones"
+        over = f" over {found.images} images" if found.images and not told else ""
         return (
             f"channel {channel} has no reference patches: camkit concepts wrote them for "
-            f"{len(listed)} channel(s) of {layer} only ({shown}); its --channels option "
-            "picks others"
+            f"{len(listed)} channel(s) of {layer} only, {which}{over} ({shown}); its "
+            "--channels option picks others"
         )
 
     def heatmap(

@@ -176,11 +176,13 @@ async function loadGallery() {
 // ------------------------------------------------------------------ image view
 
 function mapParams(extra = {}) {
+  const method = state.info.methods.find((m) => m.name === $("method").value);
   return {
     image: state.image,
     class: state.cls,
     method: $("method").value,
     layer: $("layer").value,
+    ...(method?.takes_composite ? { composite: $("composite").value } : {}),
     alpha: $("alpha").value,
     colormap: $("colormap").value,
     ...extra,
@@ -291,10 +293,12 @@ async function updateMaps() {
   if (state.cls === null) return;
   const method = state.info.methods.find((m) => m.name === $("method").value);
   $("layer").disabled = !method.needs_layer;
+  $("composite-box").hidden = !method.takes_composite;
+  const composite = method.takes_composite ? $("composite").value : null;
   const [first, other] = state.info.checkpoints;
   const both = comparing() && $("compare").checked;
   // the depth strip and the curves belong to one class and method: cleared when those change
-  const shown = { cls: state.cls, method: method.name, layer: $("layer").value, both };
+  const shown = { cls: state.cls, method: method.name, layer: $("layer").value, composite, both };
   const before = state.shown || {};
   const clear = (view) => { forget(view); $(view).replaceChildren(); };
   if (before.cls !== shown.cls || before.method !== shown.method) clear("depth");
@@ -306,7 +310,7 @@ async function updateMaps() {
   if (both) panels.push(...panels.map(([c]) => [c, other]));
   const figures = panels.map(([cls, checkpoint]) => {
     const caption = `${classText(cls)}${probabilityOf(cls, checkpoint)} · ${method.name}` +
-      (method.needs_layer ? ` · ${$("layer").value}` : "") +
+      (method.needs_layer ? ` · ${$("layer").value}` : "") + (composite ? ` · ${composite}` : "") +
       (comparing() ? ` · ${nameOf(checkpoint)} (${topOf(checkpoint)})` : "");
     return element("figure", { "data-checkpoint": checkpoint, "data-class": cls }, [
       ...pendingImage({ class: "map", alt: caption }), element("figcaption", { text: caption })]);
@@ -649,6 +653,9 @@ async function start() {
     state.info = await getJSON("info");
   } catch (error) { showError(error.message); return; }
   const info = state.info;
+  if (info.run_problems.length) {  // broken files of the run: said for as long as the page is open
+    $("message").before(element("div", { id: "run-problems", role: "alert", text: info.run_problems.join("\n") }));
+  }
   $("model").textContent = `${info.model} · ${info.images} images` +
     (comparing() ? ` · checkpoints ${info.checkpoints.map(nameOf).join(" and ")}` : "");
   for (const form of ["filters", "controls", "concept-controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
@@ -675,6 +682,8 @@ async function start() {
   })));
   $("layer").value = info.default_layer;
   $("colormap").append(...info.colormaps.map((c) => element("option", { value: c, text: c })));
+  $("composite").append(...info.composites.map((c) => element("option", { value: c, text: c })));
+  $("composite").value = info.composite;
   $("compare-box").hidden = !comparing();
   $("f-checkpoint-box").hidden = $("f-changed-box").hidden = !comparing();
   for (const option of document.querySelectorAll(".compare-only")) option.hidden = !comparing();
@@ -686,7 +695,7 @@ async function start() {
   }
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadGallery().catch(failed); });
   $("next").addEventListener("click", () => { state.offset += PAGE; loadGallery().catch(failed); });
-  for (const id of ["class", "class2", "method", "layer", "alpha", "colormap", "compare"]) {
+  for (const id of ["class", "class2", "method", "layer", "composite", "alpha", "colormap", "compare"]) {
     $(id).addEventListener("change", updateMaps);
   }
   $("back").addEventListener("click", () => { location.hash = ""; });
