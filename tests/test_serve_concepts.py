@@ -5,6 +5,7 @@ tests/test_serve.py (its head is linear over the channel means, so ``dS/dA = W[y
 
 from __future__ import annotations
 
+import dataclasses
 import io as pyio
 import json
 import urllib.parse
@@ -29,6 +30,7 @@ from camkit.serve import security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
 from camkit.serve.concepts import (  # noqa: E402
     WHOLE,
+    ConceptViews,
     Region,
     concept_png,
     layer_grid,
@@ -369,6 +371,17 @@ def test_a_run_with_concepts_and_strategies_names_a_clusters_channels(tmp_path: 
         assert [c["channel"] for c in view["concepts"]] == expected.channels.tolist()
         shares = torch.tensor([c["share"] for c in view["concepts"]])
         assert torch.allclose(shares, expected.share, atol=1e-6)
+        reasons = {c["channel"]: c["no_references"] for c in answer["concepts"]}
+        assert reasons[5] is None and reasons[3] == (
+            "channel 3 has no reference patches: camkit concepts wrote them for 1 channel(s) of "
+            "act2 only, the most relevant ones over 2 images (5); its --channels option picks "
+            "others"
+        )
+        told = ConceptViews(
+            explorer, dataclasses.replace(concepts, run={"arguments": ["--channels", "5"]})
+        )
+        assert "only, the channels its --channels named (5);" in told.why_no_references("act2", 3)
+        assert told.why_no_references("act1", 3) is None  # the page says it once for the layer
         missing = client.get(
             "/api/cluster-concepts", params={"method": "gradcam", "class": 1, "cluster": 4}
         )
