@@ -593,44 +593,36 @@ def test_a_click_on_a_vit_counts_the_token_under_it(tmp_path: Path) -> None:
     )
     explorer = explorer_for(photo_folder(tmp_path), a=loaded_vit)
     before = model_state(vit)
+    # blocks.0: the last block's patch tokens do not reach the class token the head reads
     with TestClient(create_app(explorer, token=None)) as client:
-        where = {"image": 2, "class": 1, "k": 4, "x": 0.6, "y": 0.3}  # the token of cell (1, 2)
-        answer = client.get("/api/concepts", params=where).json()
+        where = {"image": 2, "class": 1, "k": 4, "x": 0.6, "y": 0.3, "layer": "blocks.0"}
+        answer = client.get("/api/concepts", params=where).json()  # the token of cell (1, 2)
         assert answer["region"] == {"kind": "cell", "box": [8, 16, 16, 24]}
     x = model_input(explorer, 2)[None]
     mask = torch.zeros(32, 32, dtype=torch.bool)
     mask[8:16, 16:24] = True
-    expected = ConceptAttribution(vit, "blocks.1").top(x, k=4, target=1, region=mask)
+    expected = ConceptAttribution(vit, "blocks.0").top(x, k=4, target=1, region=mask)
     assert [c["channel"] for c in answer["concepts"]] == expected.channels[0].tolist()
     shares = torch.tensor([c["share"] for c in answer["concepts"]])
     assert torch.allclose(shares, expected.share[0], atol=1e-5)
     # the token's own relevance, by hand: sum over that token of A * dS/dA
     tokens = {}
-    handle = vit.blocks[1].register_forward_hook(lambda m, i, o: tokens.setdefault("A", o))
+    handle = vit.blocks[0].register_forward_hook(lambda m, i, o: tokens.setdefault("A", o))
     try:
         leaf = x.clone().requires_grad_(True)
         score = vit(leaf)[0, 1]
-        (grad,) = torch.autograd.grad(score, tokens["A"])
-    finally:
-        handle.remove()
-    token = 1 + 1 * 4 + 2  # the class token first, then row-major 4 x 4 patches
-    by_hand = (tokens["A"][0, token] * grad[0, token]).detach()
-    values = torch.tensor([c["relevance"] for c in answer["concepts"]])
-    scale = float(by_hand.abs().max())
-    assert torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
-    # the clicked token's heatmap of a channel at blocks.0 (blocks.1's patch tokens do not reach
-    # the class token): x * d/dx of that token's A[c] * dS/dA[c] alone, by hand
-    handle = vit.blocks[0].register_forward_hook(lambda m, i, o: tokens.__setitem__("A0", o))
-    try:
-        leaf = x.clone().requires_grad_(True)
-        score = vit(leaf)[0, 1]
-        (grad,) = torch.autograd.grad(score, tokens["A0"], retain_graph=True)
-        relevance = tokens["A0"][0, token] * grad[0, token]
-        channel = int(relevance.abs().argmax())
-        there = tokens["A0"][0, token, channel] * grad[0, token, channel].detach()
+        (grad,) = torch.autograd.grad(score, tokens["A"], retain_graph=True)
+        token = 1 + 1 * 4 + 2  # the class token first, then row-major 4 x 4 patches
+        by_hand = (tokens["A"][0, token] * grad[0, token]).detach()
+        # the clicked token's heatmap of the top channel: x * d/dx of its A[c] * dS/dA[c] alone
+        channel = int(expected.channels[0, 0])
+        there = tokens["A"][0, token, channel] * grad[0, token, channel].detach()
         (input_grad,) = torch.autograd.grad(there, leaf)
     finally:
         handle.remove()
+    values = torch.tensor([c["relevance"] for c in answer["concepts"]])
+    scale = float(by_hand.abs().max())
+    assert scale > 0 and torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
     expected_heat = (leaf * input_grad).sum(dim=1)[0].detach().numpy()
     cell = Region("cell", (8, 16, 16, 24))
     heat = client.app.state.views.heatmap("a", "blocks.0", 2, 1, channel, cell)
