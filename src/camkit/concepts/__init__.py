@@ -12,14 +12,15 @@
   lucid's redirected ReLU gradient and restarts; :func:`feature_images` also says which images
   moved (:class:`FeatureImages`);
 * concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
-  direction), :class:`Concept` (the base of one's own);
+  direction), :class:`InRegion` (a concept in a region of the layer only), :class:`Concept`
+  (the base of one's own);
 * the backward they use (:class:`Rules`): :data:`GRADIENT` (gradient x activation, any model) or
   :class:`LRPRules` (camkit's LRP composites: CRP proper).
 
 Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
 """
 
-from camkit.concepts.concepts import Channels, Concept, Direction, TopConcepts
+from camkit.concepts.concepts import Channels, Concept, Direction, InRegion, TopConcepts
 from camkit.concepts.conditional import ConceptAttribution
 from camkit.concepts.featurevis import (
     ChannelObjective,
@@ -42,6 +43,7 @@ __all__ = [
     "Direction",
     "FeatureImages",
     "GradientRules",
+    "InRegion",
     "LRPRules",
     "LogitObjective",
     "NeuronObjective",

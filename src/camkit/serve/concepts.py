@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import ChannelObjective, ConceptAttribution, feature_images
+from camkit.concepts import (
+    ChannelObjective,
+    ConceptAttribution,
+    InRegion,
+    feature_images,
+    region_weights,
+)
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
@@ -58,6 +64,10 @@ class Region:
         return mask
 
 
+WHOLE = Region("image")
+"""The whole image: relevance counted everywhere."""
+
+
 def layer_grid(shape: Sequence[int]) -> tuple[int, int]:
     """The ``(h, w)`` grid of a layer the explorer lists: a map ``(1, C, h, w)``, a
     channels-last map ``(1, h, w, C)`` (a square grid before a different last axis, as Swin's
@@ -85,7 +95,7 @@ def region_of(
         raise ArgumentError("give a point (x, y) or a box, not both")
     values = point if point is not None else box
     if values is None:
-        return Region("image")
+        return WHOLE
     if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
         raise ArgumentError(
             f"x, y and box are fractions of the image's width and height in [0, 1], got {values}"
@@ -171,6 +181,7 @@ class ConceptViews:
                     "relevance": float(found.relevance[0, i]),
                     "share": float(found.share[0, i]),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
             )
         return {
@@ -185,17 +196,47 @@ class ConceptViews:
             "references": self.references is not None and self.references.layer == layer,
         }
 
+    def why_no_references(self, layer: str, channel: int) -> str | None:
+        """Why ``channel`` of ``layer`` has no reference patches although the run's
+        ``camkit concepts`` results are of that layer: they hold the channels it was told
+        (``--channels``) or its most relevant ones over the images; None where it has them, or
+        where the results are of another layer or absent (the page says that once)."""
+        found = self.references
+        if found is None or found.layer != layer or channel in found.channels:
+            return None
+        listed = sorted(found.channels)
+        shown = ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else "")
+        told = "--channels" in ((found.run or {}).get("arguments") or [])
+        which = "the channels its --channels named" if told else "the most relevant ones"
+        over = f" over {found.images} images" if found.images and not told else ""
+        return (
+            f"channel {channel} has no reference patches: camkit concepts wrote them for "
+            f"{len(listed)} channel(s) of {layer} only, {which}{over} ({shown}); its "
+            "--channels option picks others"
+        )
+
     def heatmap(
-        self, checkpoint: str, layer: str, image: int, target: int, channel: int
+        self,
+        checkpoint: str,
+        layer: str,
+        image: int,
+        target: int,
+        channel: int,
+        region: Region = WHOLE,
     ) -> np.ndarray:
-        """``(H, W)`` conditional heatmap of one channel (cached; else one forward and one
-        conditional backward)."""
-        key = (checkpoint, layer, image, target, channel)
+        """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
+        (:class:`~camkit.concepts.InRegion`, weighed as :meth:`top` counts the region) when one
+        is given (cached; else one forward and one conditional backward)."""
+        key = (checkpoint, layer, image, target, channel, region)
         heat = self.heatmaps.get_item(key)
         if heat is None:
             x = self.explorer.batch([image], checkpoint)
+            mask = region.mask(self.explorer.size)
+            concept = channel if mask is None else InRegion(
+                channel, region_weights(mask, self.grid(layer), x)
+            )  # fmt: skip
             maps = self.attribution(checkpoint, layer).heatmaps(
-                x, [channel], torch.tensor([target], device=x.device)
+                x, [concept], torch.tensor([target], device=x.device)
             )
             heat = maps[0, 0].float().cpu().numpy()
             self.heatmaps.put(key, heat)
@@ -249,6 +290,7 @@ class ConceptViews:
                     "relevance": float(relevance),
                     "share": float(share),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
                 for channel, relevance, share in zip(
                     top.channels.tolist(), top.relevance, top.share, strict=True

@@ -110,6 +110,7 @@ class Explorer:
         device: torch.device | str = "cpu",
         cache_maps: int = 2048,
         settings: registry.Settings = SETTINGS,
+        max_pixels: int | None = io.MAX_PIXELS,
     ) -> None:
         if not checkpoints:
             raise ArgumentError("expected at least one model")
@@ -122,6 +123,7 @@ class Explorer:
         self.preprocess = first.preprocess
         self.default_layer = first.default_layer
         self.entries = entries
+        self.max_pixels = max_pixels  # the largest image read, a file or an upload (None: any)
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
@@ -168,7 +170,7 @@ class Explorer:
                 cached = entry.pixels
             else:
                 try:
-                    cached = io.read_image(entry.path)
+                    cached = io.read_image(entry.path, max_pixels=self.max_pixels)
                 except io.READ_ERRORS as error:
                     entry.error = io.read_failure(error)
                     raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
