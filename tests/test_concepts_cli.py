@@ -13,6 +13,7 @@ from skimage import data
 
 from camkit import cli
 from camkit.cli.common import EXIT_UNREADABLE_IMAGES, EXIT_USAGE
+from camkit.runs.concepts import read_concepts
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,12 @@ def test_concepts_writes_reference_patches(photos, tmp_path, capsys):
     summary = json.loads((out / "concepts.json").read_text())
     assert summary["layer"] == "blocks.2" and summary["images"] == 3
     assert list(summary["channels"]) == ["3", "0", "1"]
+    record = read_concepts(out)  # what the report and the explorer read
+    assert record.version == 1 and list(record.channels) == [3, 0, 1]
+    assert (
+        record.channels[3]["relevance"][0].patch
+        == summary["channels"]["3"]["relevance"][0]["patch"]
+    )
     run = summary["run"]  # what reproduces it, as a manifest says
     assert run["settings"]["crop"] == "center" and run["settings"]["layer"] == "blocks.2"
     assert run["channels"] == [3, 0, 1] and torch.__version__.startswith(run["torch"])

@@ -363,9 +363,9 @@ def test_bad_composites_are_refused_clearly() -> None:
         LRP(model, composite="epsilon-plsu")
     with pytest.raises(ArgumentError, match="module type or name pattern"):
         LRP(model, composite=[(nn.Conv2d, "gamma")])
-    grouped = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.LazyLinear(3))
-    with pytest.raises(RelevanceError, match="group_norm on the relevance path has no LRP rule"):
-        LRP(grouped)(torch.rand(1, 3, 8, 8), 1)
+    logs = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LogSoftmax(1), nn.Flatten(), nn.LazyLinear(3))
+    with pytest.raises(RelevanceError, match="log_softmax on the relevance path has no LRP rule"):
+        LRP(logs)(torch.rand(1, 3, 8, 8), 1)
 
 
 def test_name_patterns_pick_layers() -> None:

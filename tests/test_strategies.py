@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from camkit.errors import ArgumentError, InputError
+from camkit.errors import ArgumentError, InputError, RunFileError
+from camkit.runs.maps import write_maps
 from camkit.strategies import (
     StrategyWarning,
     analyze_class,
@@ -21,7 +22,6 @@ from camkit.strategies import (
     pool_maps,
     suspiciousness,
 )
-from camkit.strategies.mapfile import write_maps
 
 CENTRES = [(4, 4), (4, 27), (27, 4), (27, 27), (16, 16)]
 
@@ -248,11 +248,11 @@ def test_map_file_round_trip(tmp_path):
     assert loaded.image.tolist() == index["image"] and loaded.labels() == ["a", "b"]
     plain = np.load(tmp_path / "maps.npz")  # numpy alone
     np.testing.assert_array_equal(plain["maps"], maps.astype(np.float16))
-    assert json.loads(str(plain["metadata"])) == {"labels": ["a", "b"]}
+    assert json.loads(str(plain["metadata"])) == {"version": 1, "labels": ["a", "b"]}
     with pytest.raises(InputError, match="--save-maps"):
         load_maps(tmp_path / "nothing")
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(RunFileError, match=r"bad\.npz.*not a complete map file.*--save-maps"):
         load_maps(tmp_path / "bad.npz")
 
 

@@ -23,6 +23,7 @@ import torch
 import camkit
 from camkit.cli import concepts, demo, evaluate, explain, layers, serve, strategies
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from camkit.errors import RunFileError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = one_line_warning
             return args.run(args)
-    except UsageError as error:
+    except (UsageError, RunFileError) as error:  # RunFileError: a broken file of the run
         print(f"camkit {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import sys
 import threading
@@ -29,6 +28,7 @@ from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
 from camkit.errors import CamkitError
+from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
@@ -47,7 +47,7 @@ class Job:
     device: torch.device
     images_per_batch: int = 8
     batch_size: int = BATCH_SIZE  # rows per forward pass inside the methods that loop
-    composite: str = "epsilon-plus-flat-nobias"  # the LRP composite (--composite)
+    composite: str = DEFAULT_COMPOSITE  # the LRP composite (--composite)
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
@@ -59,8 +59,15 @@ class Job:
     max_pixels: int | None = io.MAX_PIXELS  # larger images are refused before decoding
     report: bool = False
 
+    @property
+    def build_settings(self) -> registry.Settings:
+        """How the methods are built (:class:`camkit.registry.Settings`): seed 0,
+        ``batch_size`` rows per forward pass, the LRP ``composite``."""
+        return registry.Settings(batch_size=self.batch_size, composite=self.composite)
+
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
         """What changes the outputs: a resumed run must have the same."""
+        composite = any(registry.get(method).takes_composite for method in self.methods)
         return {
             "methods": list(self.methods),
             "layer": self.layer,
@@ -69,7 +76,7 @@ class Job:
             "target": None if self.classes is None else list(self.classes),
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
-            "composite": self.composite if any(map(takes_composite, self.methods)) else None,
+            "composite": self.composite if composite else None,
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
@@ -83,26 +90,10 @@ def default_workers() -> int:
     return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
-def takes_composite(method: str) -> bool:
-    """Whether ``method`` takes an LRP composite (``composite=``, ``--composite``): asked of
-    its class, not of its name."""
-    return "composite" in inspect.signature(registry.get(method).cls).parameters
-
-
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
-    methods that run their own passes (a gradient CAM that shares the plain pass explains the
-    batch in one forward, whose output is also the prediction); methods that draw random
-    numbers get seed 0, so reruns agree."""
-    entry = registry.get(method)
-    options: dict[str, Any] = {}
-    if not entry.shares_pass:
-        options["batch_size"] = job.batch_size
-    if entry.seeded:
-        options["seed"] = 0
-    if takes_composite(method):
-        options["composite"] = job.composite
-    return entry.build(model, job.layer, **options)
+    """The registry's explainer for ``method``, built as every front end builds it
+    (:func:`camkit.registry.build`) with ``job.build_settings``."""
+    return registry.build(method, model, job.layer, job.build_settings)
 
 
 def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:

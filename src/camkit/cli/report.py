@@ -46,7 +46,7 @@ from camkit.cli.report_files import (
 )
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import atlas_data, read_concepts
-from camkit.runs.strategies import strategies_data
+from camkit.runs.strategies import StrategiesRecord, strategies_data
 
 __all__ = [
     "THUMB_SIDE",
@@ -212,7 +212,7 @@ def write_report(
     colormap: str = "jet",
     thumb_side: int = THUMB_SIDE,
     workers: int | None = None,
-    strategies: Mapping[str, Any] | None = None,
+    strategies: StrategiesRecord | None = None,
     strategies_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write ``OUT/index.html``, a static page to browse the explained images -> its path.
@@ -231,7 +231,7 @@ def write_report(
     pipeline can write them earlier with :func:`save_thumbnails`. The page is written
     atomically; rerunning updates it.
 
-    ``strategies``: the content of ``strategies.json`` written by ``camkit strategies`` (files
+    ``strategies``: the record of ``strategies.json`` written by ``camkit strategies`` (files
     named relative to ``strategies_dir``): the page then has a strategies view per method and
     class (clusters side by side, the embedding, links from members to their cards; each
     cluster's dominant concepts when ``camkit strategies`` found them).

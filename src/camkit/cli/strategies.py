@@ -18,6 +18,12 @@ from camkit.cli.common import EXIT_OK, UsageError
 from camkit.cli.strategy_concepts import add_cluster_concepts
 from camkit.errors import CamkitError
 from camkit.runs.manifest import MANIFEST, read
+from camkit.runs.strategies import (
+    STRATEGIES_DIR,
+    STRATEGIES_FILE,
+    StrategiesRecord,
+    write_strategies,
+)
 from camkit.strategies import (
     ClassStrategies,
     MapSet,
@@ -27,7 +33,6 @@ from camkit.strategies import (
     plots,
 )
 
-STRATEGIES = "strategies.json"
 SUMMARY = "cluster a run's maps per class to find the model's strategies (SpRAy)"
 DESCRIPTION = (
     "Spectral relevance analysis of a 'camkit explain --save-maps' run: per "
@@ -35,7 +40,7 @@ DESCRIPTION = (
     "prototypes and a suspiciousness score (see docs/strategies.md)."
 )
 EPILOG = (
-    "outputs in --out (default RUN_DIR/strategies): strategies.json, "
+    f"outputs in --out (default RUN_DIR/{STRATEGIES_DIR}): {STRATEGIES_FILE}, "
     "prototype_*.png, typical_*.png, atypical_*.png, eigengap_*.png, embedding_*.png; the "
     "run's index.html gets a strategies view.\n\nexample:\n  camkit explain photos/ "
     "--save-maps --out run && camkit strategies run"
@@ -138,7 +143,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         maps = load_maps(run)
     except CamkitError as error:
         raise UsageError(str(error)) from None
-    out = Path(args.out) if args.out else run / "strategies"
+    out = Path(args.out) if args.out else run / STRATEGIES_DIR
     out.mkdir(parents=True, exist_ok=True)
     manifest = read(run / MANIFEST) or {"records": []}
     records = {r["map"]: r for r in manifest["records"] if "map" in r}
@@ -214,17 +219,17 @@ def run_strategies(args: argparse.Namespace) -> int:
     done = add_cluster_concepts(run, manifest, groups, maps.image.tolist(), args.weights)
     if done is not None and not args.quiet:
         print(done)
-    data = {
-        "run": str(run),
-        "parameters": options
+    data = StrategiesRecord(
+        run=str(run),
+        parameters=options
         | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
-        "images": maps.image.tolist(),
-        "groups": groups,
-        "skipped": skipped,
-    }
-    io.save_json(out / STRATEGIES, data)
+        images=maps.image.tolist(),
+        groups=groups,
+        skipped=skipped,
+    )
+    path = write_strategies(out, data)
     print(
-        f"wrote {len(groups)} class strategies to {out / STRATEGIES}"
+        f"wrote {len(groups)} class strategies to {path}"
         + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else "")
     )
     if args.report and manifest["records"]:

@@ -41,7 +41,7 @@ to choose, with the measured conservation).
 """
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
-from camkit.relevance.composites import COMPOSITES, DEFAULT, Composite, composite
+from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE, Composite, composite
 from camkit.relevance.conservation import Conservation
 from camkit.relevance.engine import Session, rules_applied
 from camkit.relevance.lrp import LRP, Relevance
@@ -64,7 +64,7 @@ __all__ = [
     "Canonizer",
     "Composite",
     "Conservation",
-    "DEFAULT",
+    "DEFAULT_COMPOSITE",
     "Epsilon",
     "Flat",
     "Gamma",

@@ -24,12 +24,14 @@ name                          first layer    convolutions  dense layers
 ``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
 ============================  =============  ============  ===========
 
-``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT`) is ``epsilon-plus-flat`` with
-every rule's ``zero_params="bias"`` (biases and merged BatchNorm shifts absorb no relevance)
-and multiplicative gates treated as constants (``gates="constant"``): chosen by measurement
-(``benchmarks/CONSERVATION.md``, docs/relevance.md), it keeps the share of the score that
-reaches the input within 50%-150% where zennit's composites lose most of it on BatchNorm
-networks.
+Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
+
+``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT_COMPOSITE`) is
+``epsilon-plus-flat`` with every rule's ``zero_params="bias"`` (biases and merged BatchNorm
+shifts absorb no relevance) and multiplicative gates treated as constants
+(``gates="constant"``): chosen by measurement (``benchmarks/CONSERVATION.md``,
+docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
+most of it on BatchNorm networks.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ from torch import nn
 from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
 from camkit.relevance.gates import check_gates
+from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
-CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# transposed convolutions get the convolutions' rules (camkit.relevance.layers)
+CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
-CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _matches(match: Match, name: str, module: nn.Module) -> bool:
@@ -102,11 +105,6 @@ class Composite:
             if rule is None:
                 rule = next((r for m, r in self.rules if _matches(m, name, module)), None)
             if rule is not None:
-                if isinstance(module, CONV_TRANSPOSE):
-                    raise ArgumentError(
-                        f"layer {name!r} is a transposed convolution: camkit's LRP rules cover "
-                        "nn.Linear and nn.Conv1d/2d/3d"
-                    )
                 assigned[name] = (module, rule)
         return assigned
 
@@ -123,7 +121,7 @@ def _named(
     canonizers: Sequence[Canonizer] | None = None,
 ) -> Composite:
     label = name
-    if name == DEFAULT:  # epsilon-plus-flat, the biases out of every rule, gates constant
+    if name == DEFAULT_COMPOSITE:  # epsilon-plus-flat, the biases out of every rule, gates constant
         name, zero_params = "epsilon-plus-flat", "bias" if zero_params is None else zero_params
         gates = "constant" if gates is None else gates
     z = {"zero_params": zero_params}
@@ -146,9 +144,9 @@ def _named(
     return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
 
 
-DEFAULT = "epsilon-plus-flat-nobias"
+DEFAULT_COMPOSITE = "epsilon-plus-flat-nobias"  # LRP's, the front ends' (--composite, menus)
 COMPOSITES: tuple[str, ...] = (
-    DEFAULT,
+    DEFAULT_COMPOSITE,
     "epsilon-plus",
     "epsilon-plus-flat",
     "epsilon-gamma-box",
@@ -176,4 +174,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "DEFAULT", "Composite", "composite"]
+__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "Composite", "composite"]

@@ -16,7 +16,7 @@ A composite chooses the rule for these products as data (``Composite(gates=...)`
   al., "Explaining Recurrent Neural Network Predictions in Sentiment Analysis", WASSA 2017).
 
 Which factor is the gate, read from the data flow of the forward: the output of a sigmoid-like
-activation (``sigmoid``, ``hardsigmoid``, ``tanh``; in-place forms too) when exactly one factor
+activation (``sigmoid``, ``hardsigmoid``, ``tanh``; out of place) when exactly one factor
 is one; otherwise the output of another smooth activation (``silu``, ``gelu``, ``hardswish``,
 ...) when exactly one factor is one (the activated half of a gated MLP). A product where
 neither rule names one factor (``relu(a) * b``, two plain tensors, a gate reshaped on its way)
@@ -26,6 +26,7 @@ keeps the uniform rule.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,10 +60,11 @@ class GateTracker:
         self.sigmoids: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.activated: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
-    def tag(self, func: Any, y: Tensor) -> None:
-        """Remember ``y``, the output of activation ``func``."""
+    def tagged(self, func: Any, y: Tensor) -> Tensor:
+        """``y``, the output of activation ``func``, remembered."""
         if self.constant:
             (self.sigmoids if func in _SIGMOIDS else self.activated)[id(y)] = y
+        return y
 
     def gate(self, operands: list[Tensor]) -> Tensor | None:
         """The factor of a product that is a gate, None when no rule names exactly one."""
@@ -74,11 +76,14 @@ class GateTracker:
                 return found[0]
         return None
 
-    def product(self, func: Any, args: tuple, kwargs: dict, operands: list[Tensor]) -> Any:
-        """``func(*args)`` with the gate detached (a constant), or None when there is no gate."""
+    def product(
+        self, func: Any, args: tuple, kwargs: dict, operands: list[Tensor], uniform: Callable
+    ) -> Tensor:
+        """``func(*args)`` with the gate detached (a constant), or ``uniform()`` (the uniform
+        rule) when no factor is a gate."""
         gate = self.gate(operands)
         if gate is None:
-            return None
+            return uniform()
         args = tuple(a.detach() if a is gate else a for a in args)
         kwargs = {k: v.detach() if v is gate else v for k, v in kwargs.items()}
         return func(*args, **kwargs)

@@ -26,7 +26,7 @@ from camkit.errors import ArgumentError, GradientError
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
-from camkit.relevance.composites import DEFAULT, Composite, Match
+from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.conservation import INPUT, Conservation
 from camkit.relevance.engine import rules_applied
@@ -104,7 +104,7 @@ class LRP(PixelAttribution):
         self,
         model: nn.Module,
         *,
-        composite: str | Composite | Sequence[tuple[Match, Rule]] = DEFAULT,
+        composite: str | Composite | Sequence[tuple[Match, Rule]] = DEFAULT_COMPOSITE,
         layers: Sequence[str] = (),
         tolerance: float | None = 0.5,
         **options: Any,

@@ -21,15 +21,13 @@ input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from camkit.errors import ArgumentError
+from camkit.relevance.affine import Affine
 
-Op = Callable[[Tensor, Tensor], Tensor]
 ZeroParams = str | Sequence[str] | None
 
 
@@ -64,38 +62,6 @@ def unit_path(x: Tensor) -> Tensor:
     """A tensor of value 1 (0 where ``x == 0``) whose gradient with respect to ``x`` is ``1/x``:
     how a rule whose relevance ``R_j`` is not proportional to ``x_j`` reaches ``g = R / x``."""
     return x * safe_divide(torch.ones_like(x), x).detach()
-
-
-@dataclass(frozen=True)
-class Affine:
-    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
-    parameters detached: what the parametric rules modify."""
-
-    op: Op
-    weight: Tensor
-    bias: Tensor | None
-
-    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        out = self.op(x, weight)
-        return out if bias is None else out + bias
-
-    @staticmethod
-    def of(module: nn.Module) -> Affine:
-        """The affine map of an ``nn.Linear`` or ``nn.Conv1d/2d/3d``."""
-        weight = module.weight.detach()
-        bias = None if module.bias is None else module.bias.detach()
-        if isinstance(module, nn.Linear):
-            return Affine(lambda x, w: F.linear(x, w), weight, bias)
-        if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
-            shape = (-1,) + (1,) * (weight.dim() - 2)
-            return Affine(
-                lambda x, w: module._conv_forward(x, w, None),
-                weight,
-                None if bias is None else bias.view(shape),
-            )
-        raise ArgumentError(
-            f"a parametric LRP rule needs nn.Linear or nn.Conv1d/2d/3d, got {type(module).__name__}"
-        )
 
 
 def signed_parts(x: Tensor) -> tuple[Tensor, Tensor | None]:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from camkit import metrics, registry
+from camkit import metrics
 from camkit.errors import InputError
-from camkit.serve.explorer import Explorer, MapKey
+from camkit.serve.explorer import Explorer
 
 CHUNK = 16  # images per forward pass
 
@@ -73,11 +73,11 @@ class Comparison:
         probabilities = {c: explorer.probabilities_of(readable, c) for c in both}
         tops = probabilities[self.first].argmax(dim=-1).tolist()
         pairs = list(zip(readable, tops, strict=True))
-        layer = explorer.default_layer if registry.get(self.method).needs_layer else None
+        layers = (explorer.default_layer,)
         heats = {}
         for checkpoint in both:
-            explorer.compute(checkpoint, self.method, (explorer.default_layer,), pairs)
-            keys = [MapKey(checkpoint, self.method, layer, i, c) for i, c in pairs]
+            explorer.compute(checkpoint, self.method, layers, pairs)
+            keys = [explorer.keys(checkpoint, self.method, layers, i, c)[0] for i, c in pairs]
             heats[checkpoint] = torch.from_numpy(
                 np.stack([explorer.maps.get_item(k) for k in keys])
             )

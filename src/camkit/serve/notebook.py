@@ -21,7 +21,7 @@ from camkit.errors import ArgumentError
 from camkit.models.load import class_names
 from camkit.serve import security, web_stack_missing
 from camkit.serve.gallery import Entry
-from camkit.serve.launch import bind, open_gallery, url_of
+from camkit.serve.launch import Gallery, bind, open_gallery, url_of
 
 START_SECONDS = 30.0  # the server must listen within this
 
@@ -98,14 +98,14 @@ def as_loaded(
     )
 
 
-def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, dict | None]:
+def gallery_of(images: object) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
-    PIL images) -> entries, run folder, run header and strategies."""
+    PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
+    broken files)."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
-        found = open_gallery([Path(i) for i in images], None, None)
-        return found.entries, found.run_root, found.header, found.strategies
+        return open_gallery([Path(i) for i in images], None, None)
     pictures = list(images) if isinstance(images, (list, tuple)) else [images]
     if not pictures:
         raise ArgumentError("expected images: paths, a folder, a run folder, or pictures")
@@ -113,7 +113,7 @@ def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, d
         Entry(f"image {k}", None, None, io.to_rgb_uint8(picture))
         for k, picture in enumerate(pictures)
     ]
-    return entries, None, None, None
+    return Gallery(entries)
 
 
 def explore(
@@ -154,17 +154,19 @@ def explore(
     if compare is not None:
         other = as_loaded(compare, labels=first.labels, input_size=first.input_size, layer=layer)
         checkpoints["b"] = other
-    entries, run_root, header, strategies = gallery_of(images_or_run)
+    gallery = gallery_of(images_or_run)
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
-    explorer = Explorer(checkpoints, entries, device=device)
+    explorer = Explorer(checkpoints, gallery.entries, device=device)
     token = security.new_token()
     app = create_app(
         explorer,
         token=token,
-        run_root=run_root,
-        run_header=header,
-        strategies=strategies,
+        run_root=gallery.run_root,
+        run_header=gallery.header,
+        strategies=gallery.strategies,
+        concepts=gallery.concepts,
+        run_problems=gallery.problems,
         hosts=security.allowed_hosts("127.0.0.1"),
         background=True,
         frame_ancestors=security.NOTEBOOK_FRAMES,
