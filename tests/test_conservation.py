@@ -383,7 +383,6 @@ def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> Non
     from test_serve import TOKEN, change, explorer_for, photo_folder, settle
 
     from camkit.serve.app import create_app, running
-    from camkit.serve.explorer import MapKey
 
     explorer = explorer_for(photo_folder(tmp_path))
     caption = "document.querySelector('#maps figcaption').textContent"
@@ -408,7 +407,7 @@ def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> Non
                 .model(explorer.model_input(4)[None].to(explorer.device))
                 .argmax()
             )
-            record = explorer.measured.get_item(MapKey("a", "lrp", None, 4, target))
+            record = explorer.measured.get_item(explorer.keys("a", "lrp", (None,), 4, target)[0])
             assert record is not None
             share = f"{100 * record['conservation']['input']:.3g}"
             assert f"{share}% of the score reaches the input" in shown or "e" in share, shown
