@@ -126,7 +126,7 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     explained, 1 that could not be read (not 43 explained)."""
     records = [{"image": f"{i}.jpg", "output": f"{i}_{m}.png"} for i in range(42) for m in "ab"]
     records.append({"image": "broken.jpg", "error": "not an image"})
-    throughput = {"images_per_second": 2.0, "ranks": [{}]}
+    throughput = {"images_per_second": 43 / 21.0, "seconds": 21.0, "ranks": [{}]}
     this_run = {"explained": 42, "unreadable": 1, "throughput": throughput}
     earlier = {"explained": 5, "unreadable": 0, "throughput": {"images_per_second": 9.0}}
     run = {"records": records, "explained": 47, "unreadable": 1, "throughput": throughput}
@@ -134,7 +134,23 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     assert explain.summarize(run, tmp_path, 43) == 1
     line = capsys.readouterr().out.strip()
     assert line.startswith("wrote 84 overlay(s) of 42 image(s) to ")
-    assert line.endswith("this run explained 42 image(s) at 2.0 images/s; 1 could not be read")
+    assert line.endswith(
+        "this run explained 42 images at 2.0 images/s; 1 refused (could not be read)"
+    )
+
+
+def test_summary_when_the_only_image_was_refused(tmp_path, capsys):
+    """Nothing explained: no speed (the refused image took the time), the refusal said, exit 1
+    (``EXIT_UNREADABLE_IMAGES``, the status of a run with unreadable images)."""
+    records = [{"image": "huge.png", "error": "144000000 pixels, over --max-pixels"}]
+    throughput = {"images_per_second": 16.9, "seconds": 1 / 16.9, "ranks": [{}]}
+    this_run = {"explained": 0, "unreadable": 1, "throughput": throughput}
+    run = {"records": records, "explained": 0, "unreadable": 1, "throughput": throughput}
+    run["runs"] = [this_run]
+    assert explain.summarize(run, tmp_path, 1) == common.EXIT_UNREADABLE_IMAGES == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("wrote 0 overlay(s) of 0 image(s) to ")
+    assert line.endswith("this run explained 0 images; 1 refused (could not be read)")
 
 
 @pytest.mark.slow
