@@ -161,6 +161,8 @@ def run_concepts(args: argparse.Namespace) -> int:
         }
         summary["run"]["finished"] = now()
         io.save_json(out / CONCEPTS, summary)
+        for finished in out.glob(PARTS):  # the run is done: nothing left to resume
+            finished.unlink()
     print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
     return exit_status(sorted(unreadable))
 
