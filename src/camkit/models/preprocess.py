@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.core.inputs import as_size
+from camkit.core.layers import explained_module
 from camkit.errors import ArgumentError
 from camkit.io import to_rgb_float, to_rgb_uint8
 
@@ -165,3 +173,128 @@ def preprocess(
     """Image -> normalised ``(3, H, W)`` float32 tensor; see :class:`Preprocess` for the steps."""
     transform = Preprocess(size, mean, std, crop_pct, interpolation)
     return transform(image)
+
+
+class AssumedPreprocessWarning(UserWarning):
+    """A module that does not say how its input is prepared (no timm ``pretrained_cfg``, no
+    HuggingFace ``preprocessor_config.json``): camkit assumed the defaults the message names."""
+
+
+_PIL_RESAMPLING = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL.Image.Resampling values
+_WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # one warning per module
+
+
+def preprocess_of(model: nn.Module, size: int | tuple[int, int] | None = None) -> Preprocess:
+    """The preprocessing a module carries, the one reader wherever camkit is given a bare
+    module (the explorer, the notebook, :func:`camkit.models.load`'s builders):
+
+    1. a timm-style ``pretrained_cfg`` mapping (``input_size``, ``mean``, ``std``,
+       ``interpolation``, ``crop_pct``, ``crop_mode``): every timm model has one, and
+       :func:`camkit.models.load` attaches one to the torchvision models it builds;
+    2. a HuggingFace model's image processor: ``preprocessor_config.json`` in the local folder
+       its ``config`` was read from (``image_mean``, ``image_std``, ``size``, ``crop_size``,
+       ``do_center_crop``, ``resample``, ``crop_pct``).
+
+    Wrappers are looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
+    :class:`InputLayout`). Where nothing says, ImageNet's defaults (:class:`Preprocess`'s) and
+    one :class:`AssumedPreprocessWarning` per module that names them. ``size``: the input size
+    to use instead of the model's own (default: the model's, else 224).
+    """
+    settings = next(filter(None, map(_carried, _unwrapped(model))), None)
+    if settings is None:
+        settings = {}
+        if model not in _WARNED:
+            _WARNED.add(model)
+            assumed = Preprocess(224 if size is None else size)
+            warnings.warn(
+                f"{type(model).__name__} does not say how its input is prepared (no timm "
+                "pretrained_cfg, no HuggingFace preprocessor_config.json): camkit assumes "
+                f"{assumed.size[0]}x{assumed.size[1]} inputs, ImageNet's mean {assumed.mean} and "
+                f"std {assumed.std}, {assumed.interpolation} resizing and a center crop of "
+                f"{assumed.crop_pct}. Give a camkit.models.LoadedModel with its own Preprocess, "
+                "or set model.pretrained_cfg = {'mean': ..., 'std': ..., 'interpolation': ..., "
+                "'crop_pct': ..., 'input_size': (3, H, W)} as timm does",
+                AssumedPreprocessWarning,
+                stacklevel=3,
+            )
+    if size is not None:
+        settings["size"] = size
+    return Preprocess(**settings)
+
+
+def _unwrapped(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``, then each module it wraps (parallel, compiled, camkit's input wrappers)."""
+    seen: list[nn.Module] = []
+    while isinstance(model, nn.Module) and not any(model is known for known in seen):
+        seen.append(model)
+        yield model
+        inner = explained_module(model)
+        if inner is model:
+            inner = model.module if getattr(model, "wraps_model", False) else None
+        model = inner
+
+
+def _carried(module: nn.Module) -> dict[str, Any] | None:
+    return _from_pretrained_cfg(module) or _from_huggingface_folder(module)
+
+
+def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
+    """timm's ``pretrained_cfg`` (a dict; a dataclass in some timm versions) -> settings."""
+    config = getattr(module, "pretrained_cfg", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    if not isinstance(config, Mapping) or config.get("mean") is None or config.get("std") is None:
+        return None
+    settings: dict[str, Any] = {"mean": config["mean"], "std": config["std"]}
+    if config.get("input_size"):
+        settings["size"] = tuple(config["input_size"][-2:])
+    if config.get("crop_pct"):
+        settings["crop_pct"] = min(1.0, float(config["crop_pct"]))
+    interpolation = config.get("interpolation")
+    settings["interpolation"] = interpolation if interpolation in INTERPOLATIONS else "bilinear"
+    settings["crop_mode"] = "squash" if config.get("crop_mode") == "squash" else "center"
+    return settings
+
+
+def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
+    """A HuggingFace model read from a local folder: its ``preprocessor_config.json`` ->
+    settings, as its image processor resizes (ViT: straight to ``size``; ConvNeXT: the shorter
+    side to ``shortest_edge / crop_pct``, then a center crop; CLIP: the shorter side to
+    ``size``, then a center crop of ``crop_size``)."""
+    config = getattr(module, "config", None)
+    folder = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
+        return None
+    path = Path(folder) / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    spec = json.loads(path.read_text())
+    mean, std = spec.get("image_mean"), spec.get("image_std")
+    if spec.get("do_normalize") is False:
+        mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    if mean is None or std is None or spec.get("size") is None:
+        return None
+    settings: dict[str, Any] = {"mean": mean, "std": std}
+    settings["interpolation"] = _PIL_RESAMPLING.get(spec.get("resample"), "bilinear")
+    size, crop = spec["size"], spec.get("crop_size")
+    shortest = size.get("shortest_edge") if isinstance(size, Mapping) else None
+    if spec.get("do_center_crop") and crop:
+        settings["size"] = _sides(crop)
+        resized = shortest or _sides(size)[0]
+        settings["crop_pct"] = min(1.0, settings["size"][0] / resized)
+    elif shortest is not None and shortest < 384:  # ConvNeXT's rule below 384
+        settings["size"] = (shortest, shortest)
+        settings["crop_pct"] = min(1.0, float(spec.get("crop_pct") or 1.0))
+    else:
+        settings["size"] = _sides(size)
+        settings["crop_mode"] = "squash"
+    return settings
+
+
+def _sides(size: int | Mapping[str, int]) -> tuple[int, int]:
+    """A HuggingFace size (an int, ``{"height", "width"}`` or ``{"shortest_edge"}``)."""
+    if isinstance(size, Mapping):
+        if "height" in size and "width" in size:
+            return int(size["height"]), int(size["width"])
+        return int(size["shortest_edge"]), int(size["shortest_edge"])
+    return int(size), int(size)
