@@ -175,3 +175,38 @@ def test_a_layer_no_cam_can_read_is_a_usage_error_before_any_work(
     assert reason in error and "the default is bn2" in error and "Traceback" not in error
     assert "classifier?" not in error
     assert not out.exists()
+
+
+def test_equal_scores_rank_the_lowest_class_first_everywhere(tmp_path, capsys):
+    """A zeroed 10-class head: every class scores alike. The manifest's target is its own
+    top-5's first (class 0, then 1..4), as the library's top-1 target and top_classes say
+    (``torch.topk`` alone put class 8 first)."""
+    import json
+
+    from camkit import models
+    from camkit.targets.ranking import ranked, top1
+
+    equal = torch.zeros(2, 10).softmax(dim=-1)
+    assert top1(equal).tolist() == [0, 0]
+    assert ranked(equal, 5)[1].tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert [c for c, _, _ in models.top_classes(equal[0], [f"c{i}" for i in range(10)])] == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+    scores = torch.tensor([1.0, 3.0, 3.0, 2.0, 3.0])
+    assert ranked(scores, 4)[1].tolist() == [1, 2, 4, 3] and int(top1(scores)) == 1
+    model = torchvision.models.resnet18(num_classes=10)
+    torch.nn.init.zeros_(model.fc.weight)
+    torch.nn.init.zeros_(model.fc.bias)
+    torch.save(model.state_dict(), tmp_path / "zeroed.pt")
+    (tmp_path / "labels.txt").write_text("".join(f"c{i}\n" for i in range(10)))
+    photo = tmp_path / "cat.png"
+    io.save_png(photo, data.chelsea()[::4, ::4])
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", "torchvision:resnet18", "--weights"]
+    argv += [str(tmp_path / "zeroed.pt"), "--labels", str(tmp_path / "labels.txt")]
+    argv += ["--method", "gradcam", "--out", str(out), "--quiet", "--workers", "0"]
+    assert main(argv) == 0
+    assert "EmptyMapWarning" in capsys.readouterr().err  # the zeroed head's map is empty
+    (record,) = json.loads((out / "manifest.json").read_text())["records"]
+    assert (record["target"], record["label"]) == (0, "c0")
+    assert [entry["label"] for entry in record["top5"]] == ["c0", "c1", "c2", "c3", "c4"]
