@@ -4,9 +4,12 @@ defaults with one warning; the README quickstart's ``net.model`` and ``net`` pre
 
 from __future__ import annotations
 
+import importlib
 import json
+import tracemalloc
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from skimage import data
@@ -116,3 +119,56 @@ def test_the_quickstart_module_and_loaded_model_give_the_same_explorer_predictio
     assert answers[0] == answers[1]
     index, label, probability = answers[1][0]
     assert (index, label) == (282, "tiger cat") and probability == pytest.approx(0.399, abs=1e-3)
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
+def test_the_resize_in_strips_is_the_one_step_resize(interpolation, monkeypatch) -> None:
+    """Rows made float and resized in strips, then the columns: within float32 rounding of a
+    float64 one-step antialiased resize (down and up, on both axes)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    module = importlib.import_module("camkit.models.preprocess")  # not the function
+
+    monkeypatch.setattr(module, "STRIP_PIXELS", 1000)  # many strips, one a part of the last
+    pixels = torch.randint(0, 256, (3, 301, 97), generator=torch.Generator().manual_seed(0))
+    pixels = pixels.to(torch.uint8)
+    for size in ([64, 150], [301, 40], [20, 97], [400, 400]):
+        reference = TF.resize(
+            pixels.double() / 255, size, interpolation=InterpolationMode(interpolation),
+            antialias=True,
+        )  # fmt: skip
+        resized = module._resize(pixels, size, interpolation)
+        assert resized.dtype == torch.float32
+        torch.testing.assert_close(resized.double(), reference, rtol=0, atol=1e-4)
+
+
+def test_a_big_gray_photo_costs_its_decoded_size_not_a_float_copy(tmp_path) -> None:
+    """A 4000x4000 gray PNG (48 MB as RGB uint8) read and preprocessed as the CLI does: numpy
+    holds the gray and RGB arrays at most (no full-size float copy: 192 MB each), and no torch
+    op allocates more than a strip of rows (the old path made the whole photo float32)."""
+    from PIL import Image
+    from torch.profiler import ProfilerActivity, profile
+
+    from camkit.cli.dataset import ImageFiles
+
+    side = 4000
+    gray = (np.add.outer(np.arange(side), np.arange(side)) % 256).astype(np.uint8)
+    Image.fromarray(gray).save(tmp_path / "big.png", compress_level=1)
+    transform = Preprocess(224, (0.5,) * 3, (0.5,) * 3, interpolation="bicubic")
+    files = ImageFiles([tmp_path / "big.png"], transform, keep_original=False, max_pixels=None)
+    decoded = side * side * 3
+    tracemalloc.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+            item = files[0]
+        numpy_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert item["error"] is None and item["input"].shape == (3, 224, 224)
+    assert numpy_peak < decoded * 1.75  # the RGB array and the gray one it repeats
+    largest = max(event.cpu_memory_usage for event in profiled.events())
+    assert largest < decoded / 3  # a strip (12.6 MB) or the (3, 4000, 256) pass, not 192 MB
+    torch.testing.assert_close(
+        item["input"], transform(np.repeat(gray[:, :, None], 3, axis=2)), rtol=0, atol=0
+    )

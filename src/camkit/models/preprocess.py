@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from camkit.core.inputs import as_size
 from camkit.core.layers import explained_module
 from camkit.errors import ArgumentError
-from camkit.io import to_rgb_float, to_rgb_uint8
+from camkit.io import rgb_pixels, to_rgb_uint8
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -127,13 +127,14 @@ class Preprocess:
         return (self.size[0] - height) // 2, (self.size[1] - width) // 2
 
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
-        from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
 
-        pixels = torch.from_numpy(to_rgb_float(image)).permute(2, 0, 1)
+        array = rgb_pixels(image)
+        if not array.flags.writeable:  # torch takes writable arrays only (a PIL image's view)
+            array = array.copy()
+        pixels = torch.from_numpy(array).permute(2, 0, 1)
         new_size = list(self.resized_size(*pixels.shape[1:]))
-        mode = InterpolationMode(self.interpolation)
-        resized = TF.resize(pixels, new_size, interpolation=mode, antialias=True).clamp_(0, 1)
+        resized = _resize(pixels, new_size, self.interpolation).clamp_(0, 1)
         if self.crop_mode != "pad":
             return TF.center_crop(resized, list(self.size))  # clamped: bicubic overshoots
         fill = self.mean if fill is None else fill
@@ -159,6 +160,34 @@ class Preprocess:
 
         pixels = self._resize_crop_float(image)
         return TF.normalize(pixels, list(self.mean), list(self.std))
+
+
+STRIP_PIXELS = 1 << 20  # a photo is made float this many pixels at a time (4 MB per channel)
+
+
+def _resize(pixels: Tensor, size: list[int], interpolation: str) -> Tensor:
+    """``(3, H, W)`` uint8 or float [0, 1] -> ``(3, *size)`` float32, antialiased, without a
+    float copy of the whole photo: the rows are made float and resized across in strips of
+    :data:`STRIP_PIXELS`, then the ``(3, H, w)`` result is resized down the columns. The
+    antialiased resize is separable (one axis, then the other), so the result is the one-step
+    resize's within float32 rounding (tested against a float64 reference)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    mode = InterpolationMode(interpolation)
+    height, width = pixels.shape[1:]
+    rows = max(1, STRIP_PIXELS // width)
+    strips = []
+    for top in range(0, height, rows):
+        strip = pixels[:, top : top + rows]
+        strip = strip.float() / 255 if strip.dtype == torch.uint8 else strip.float()
+        if width != size[1]:
+            strip = TF.resize(strip, [strip.shape[1], size[1]], interpolation=mode, antialias=True)
+        strips.append(strip)
+    across = torch.cat(strips, dim=1) if len(strips) > 1 else strips[0]
+    if height == size[0]:
+        return across
+    return TF.resize(across, size, interpolation=mode, antialias=True)
 
 
 def preprocess(
