@@ -32,6 +32,7 @@ from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError
+from camkit.models.preprocess import carried_preprocess
 from camkit.targets.outputs import OutputSelector, class_logits
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
@@ -170,7 +171,9 @@ def visualize(
     (:class:`ChannelObjective`, :class:`NeuronObjective`, :class:`LogitObjective`), optimised
     for ``steps`` Adam steps of rate ``lr`` from a seeded random spectrum.
 
-    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``);
+    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``;
+    default: what the model carries, its timm ``pretrained_cfg`` or HuggingFace processor, see
+    :func:`camkit.models.preprocess_of`, else none: the image in [0, 1] as it is);
     ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
     objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
     ``progress``: a progress bar on a terminal, a line every few seconds in a log.
@@ -196,6 +199,8 @@ def visualize(
         torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
     )
     spectrum = (0.01 * spectrum).to(param.device).requires_grad_(True)
+    if mean is None and std is None and (carried := carried_preprocess(model)) is not None:
+        mean, std = carried.mean, carried.std  # the normalisation the model says it expects
     normalise = _normalisation(mean, std, param)
     optimiser = torch.optim.Adam([spectrum], lr=lr)
     layouts: dict[str, Layout | None] = {}

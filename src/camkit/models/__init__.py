@@ -28,6 +28,7 @@ from camkit.models.preprocess import (
     IMAGENET_STD,
     AssumedPreprocessWarning,
     Preprocess,
+    carried_preprocess,
     preprocess,
     preprocess_of,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "RandomWeightsWarning",
     "UnknownModelError",
     "UnsafeCheckpointError",
+    "carried_preprocess",
     "default_layer",
     "imagenet_labels",
     "layer_shapes",

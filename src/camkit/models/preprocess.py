@@ -229,26 +229,35 @@ def preprocess_of(model: nn.Module, size: int | tuple[int, int] | None = None) -
     one :class:`AssumedPreprocessWarning` per module that names them. ``size``: the input size
     to use instead of the model's own (default: the model's, else 224).
     """
+    carried = carried_preprocess(model, size)
+    if carried is not None:
+        return carried
+    assumed = Preprocess(224 if size is None else size)
+    if model not in _WARNED:
+        _WARNED.add(model)
+        warnings.warn(
+            f"{type(model).__name__} does not say how its input is prepared (no timm "
+            "pretrained_cfg, no HuggingFace preprocessor_config.json): camkit assumes "
+            f"{assumed.size[0]}x{assumed.size[1]} inputs, ImageNet's mean {assumed.mean} and "
+            f"std {assumed.std}, {assumed.interpolation} resizing and a center crop of "
+            f"{assumed.crop_pct}. Give a camkit.models.LoadedModel with its own Preprocess, "
+            "or set model.pretrained_cfg = {'mean': ..., 'std': ..., 'interpolation': ..., "
+            "'crop_pct': ..., 'input_size': (3, H, W)} as timm does",
+            AssumedPreprocessWarning,
+            stacklevel=3,
+        )
+    return assumed
+
+
+def carried_preprocess(
+    model: nn.Module, size: int | tuple[int, int] | None = None
+) -> Preprocess | None:
+    """The preprocessing ``model`` carries (see :func:`preprocess_of`), at ``size`` when given;
+    None when it carries none (no default, no warning)."""
     settings = next(filter(None, map(_carried, _unwrapped(model))), None)
     if settings is None:
-        settings = {}
-        if model not in _WARNED:
-            _WARNED.add(model)
-            assumed = Preprocess(224 if size is None else size)
-            warnings.warn(
-                f"{type(model).__name__} does not say how its input is prepared (no timm "
-                "pretrained_cfg, no HuggingFace preprocessor_config.json): camkit assumes "
-                f"{assumed.size[0]}x{assumed.size[1]} inputs, ImageNet's mean {assumed.mean} and "
-                f"std {assumed.std}, {assumed.interpolation} resizing and a center crop of "
-                f"{assumed.crop_pct}. Give a camkit.models.LoadedModel with its own Preprocess, "
-                "or set model.pretrained_cfg = {'mean': ..., 'std': ..., 'interpolation': ..., "
-                "'crop_pct': ..., 'input_size': (3, H, W)} as timm does",
-                AssumedPreprocessWarning,
-                stacklevel=3,
-            )
-    if size is not None:
-        settings["size"] = size
-    return Preprocess(**settings)
+        return None
+    return Preprocess(**(settings if size is None else settings | {"size": size}))
 
 
 def _unwrapped(model: nn.Module) -> Iterator[nn.Module]:
