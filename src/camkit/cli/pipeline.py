@@ -31,6 +31,7 @@ from camkit.errors import CamkitError
 from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import append, part_path
+from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
@@ -177,7 +178,7 @@ class BatchExplainer:
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
-            classes = probabilities.argmax(dim=-1, keepdim=True).tolist()
+            classes = top1(probabilities, keepdim=True).tolist()
         else:
             classes = [list(self.job.classes)] * len(inputs)
         seconds = (time.perf_counter() - started) / len(inputs)

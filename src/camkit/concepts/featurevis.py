@@ -38,6 +38,7 @@ from camkit.core.progress import progress as progress_of
 from camkit.core.seeds import seed_value
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, UnmovedObjectiveWarning, warn
+from camkit.models.preprocess import carried_preprocess
 from camkit.targets.outputs import OutputSelector, class_logits
 
 # the square root of ImageNet's colour correlation (lucid's color_correlation_svd_sqrt)
@@ -211,7 +212,9 @@ def feature_images(
     (:class:`ChannelObjective`, :class:`NeuronObjective`, :class:`LogitObjective`), optimised
     for ``steps`` Adam steps of rate ``lr`` from a seeded random spectrum.
 
-    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``);
+    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``;
+    default: what the model carries, its timm ``pretrained_cfg`` or HuggingFace processor, see
+    :func:`camkit.models.preprocess_of`, else none: the image in [0, 1] as it is);
     ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
     objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
     ``redirect_steps``: the first steps of each start backpropagate lucid's redirected ReLU
@@ -244,6 +247,8 @@ def feature_images(
     shape = (batch, 3, size[0], size[1] // 2 + 1)
     starts = _start(shape, generator, param.device)  # each image's latest start
     spectrum = starts.clone().requires_grad_(True)
+    if mean is None and std is None and (carried := carried_preprocess(model)) is not None:
+        mean, std = carried.mean, carried.std  # the normalisation the model says it expects
     normalise = _normalisation(mean, std, param)
     optimiser = torch.optim.Adam([spectrum], lr=lr)
     layouts: dict[str, Layout | None] = {}
