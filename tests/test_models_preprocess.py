@@ -103,7 +103,7 @@ def test_the_quickstart_module_and_loaded_model_give_the_same_explorer_predictio
     from camkit.serve.notebook import as_loaded, gallery_of
 
     net = models.load("efficientnet_lite0")
-    entries, *_ = gallery_of([data.chelsea()])
+    entries = gallery_of([data.chelsea()]).entries
     answers = []
     for given in (net, net.model):
         with warnings.catch_warnings():
