@@ -184,7 +184,7 @@ class SmoothGrad(PixelAttribution):
         return (
             f"SmoothGrad(noise_level={self.noise_level}, samples={self.samples}, "
             f"batch_size={self.batch_size}, seed={self.seed}, kind={self.kind!r}, "
-            f"rule={self.rule!r})"
+            f"composite={self.backward_name()!r})"
         )
 
 
@@ -327,7 +327,7 @@ class IntegratedGradients(PixelAttribution):
     def __repr__(self) -> str:
         return (
             f"IntegratedGradients(steps={self.steps}, batch_size={self.batch_size}, "
-            f"rule={self.rule!r})"
+            f"composite={self.backward_name()!r})"
         )
 
 

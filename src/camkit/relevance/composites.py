@@ -23,6 +23,10 @@ name                          first layer    convolutions  dense layers
 ``epsilon-alpha2-beta1``      (as the rest)  AlphaBeta     Epsilon
 ``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
 ============================  =============  ============  ===========
+
+The other rule sets of the one backward are composites too (:data:`RULE_SETS`), not strict:
+``"gradient"`` (the plain gradient), ``"guided"`` and ``"deconvnet"`` (the ReLU rules of
+:mod:`camkit.relevance.rectifiers`, every other operation keeping its plain gradient).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from torch import nn
 
 from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
@@ -52,8 +57,11 @@ def _matches(match: Match, name: str, module: nn.Module) -> bool:
 
 @dataclass
 class Composite:
-    """Rules by module type or layer-name pattern (first match wins), a special first layer,
-    the stabiliser of the function table's Norm rule, and the canonizers to apply.
+    """A rule set of the one backward: rules by module type or layer-name pattern (first match
+    wins), a special first layer, the stabiliser of the function table's Norm rule, the
+    canonizers to apply, the ReLU rule (``"guided"``, ``"deconvnet"`` or None) and whether it
+    is ``strict`` (LRP: an operation on the relevance path without a rule raises) or not (an
+    operation without a rule keeps its plain gradient).
 
     ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
     """
@@ -63,8 +71,12 @@ class Composite:
     stabilizer: float = 1e-6
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
+    rectifier: ReLURule | None = None
+    strict: bool = True
 
     def __post_init__(self) -> None:
+        if self.rectifier is not None:
+            check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
             if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Rule)):
                 raise ArgumentError(
@@ -124,6 +136,12 @@ def _named(
     return Composite(rules, first, stabilizer, name=name)
 
 
+def _rule_set(name: str) -> Composite:
+    rectifier = name if name in RULES else None
+    return Composite([], canonizers=[], name=name, rectifier=rectifier, strict=False)
+
+
+RULE_SETS: tuple[str, ...] = ("gradient", *RULES)
 COMPOSITES: tuple[str, ...] = (
     "epsilon-plus",
     "epsilon-plus-flat",
@@ -135,12 +153,18 @@ COMPOSITES: tuple[str, ...] = (
 
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
-    ``high``: zennit's parameters), a :class:`Composite`, or a list of ``(match, rule)``."""
+    ``high``: zennit's parameters), a :class:`Composite`, or a list of ``(match, rule)``; the
+    names of :data:`RULE_SETS` give the plain gradient and the ReLU rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):
+        if spec in RULE_SETS and not options:
+            return _rule_set(spec)
         if spec not in COMPOSITES:
-            raise ArgumentError(f"unknown composite {spec!r}; choose from {list(COMPOSITES)}")
+            raise ArgumentError(
+                f"unknown composite {spec!r}; choose from {list(COMPOSITES)} (LRP) or "
+                f"{list(RULE_SETS)}"
+            )
         return _named(spec, **options)
     if isinstance(spec, list | tuple):
         return Composite(list(spec), **options)
@@ -150,4 +174,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "Composite", "composite"]
+__all__ = ["COMPOSITES", "RULE_SETS", "Composite", "composite"]
