@@ -1,0 +1,226 @@
+"""The one backward: the plain gradient, the ReLU rules and LRP composites are rule sets that every
+gradient method takes. Numbers against hand-written integrals and means under ``rules_applied``,
+and against zennit 0.5.1 / captum where they run (float64, tiny models with seeded weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from camkit import GuidedBackprop, IntegratedGradients, Saliency, SmoothGrad
+from camkit.core.call import Call
+from camkit.errors import ArgumentError
+from camkit.pixel import QUADRATURES, quadrature_rule
+from camkit.relevance import composite, rules_applied
+
+TARGET = 1
+
+
+def small_cnn() -> nn.Module:
+    """conv -> relu -> conv -> relu -> avgpool -> linear, float64, biases included."""
+    torch.manual_seed(0)
+    return (
+        nn.Sequential(
+            nn.Conv2d(2, 3, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(3, 4, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16, 3),
+        )
+        .double()
+        .eval()
+    )
+
+
+def image(batch: int = 2) -> Tensor:
+    return torch.rand(
+        batch, 2, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+    )
+
+
+def ruled_gradient(model: nn.Module, x: Tensor, rule_set: object, target: int = TARGET) -> Tensor:
+    """The rule set's modified gradient of the target score at ``x``, by hand."""
+    leaf = x.detach().clone().requires_grad_(True)
+    with rules_applied(model, rule_set):
+        out = model(leaf)
+    (grad,) = torch.autograd.grad(out[:, target].sum(), leaf)
+    return grad
+
+
+def raw(method: object, x: Tensor) -> Tensor:
+    """The method's float64 attribution of ``x`` for TARGET, before the float32 result."""
+    (attr,), _ = method.attribute((x,), TARGET, Call(x))
+    return attr[:, 0]
+
+
+def close(a: Tensor, b: Tensor, rel: float = 1e-6) -> bool:
+    return bool((a - b).abs().max() <= rel * b.abs().max())
+
+
+# --- rule sets ------------------------------------------------------------------------------
+
+
+def test_guided_is_a_rule_set_of_the_one_engine():
+    model, x = small_cnn(), image()
+    guided = GuidedBackprop(model)(x, target=TARGET)
+    assert torch.equal(Saliency(model, composite="guided")(x, target=TARGET), guided)
+    by_hand = ruled_gradient(model, x, "guided").float()
+    assert torch.allclose(guided, by_hand, rtol=0, atol=1e-7)
+    assert not torch.allclose(guided, Saliency(model)(x, target=TARGET), atol=1e-4)
+    assert torch.equal(
+        Saliency(model, composite="gradient")(x, target=TARGET), Saliency(model)(x, target=TARGET)
+    )
+
+
+def test_rule_and_composite_together_is_an_error():
+    with pytest.raises(ArgumentError, match="not both"):
+        Saliency(small_cnn(), rule="guided", composite="epsilon-plus")
+
+
+def test_saliency_over_an_lrp_composite_is_the_modified_gradient():
+    model, x = small_cnn(), image()
+    got = raw(Saliency(model, composite="epsilon-plus"), x)
+    want = ruled_gradient(model, x, "epsilon-plus").float()
+    assert close(got, want)
+    assert not close(got, Saliency(model)(x, target=TARGET), rel=1e-2)
+
+
+# --- Integrated Gradients over a composite ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["epsilon-plus", "epsilon-gamma-box", "guided"])
+@pytest.mark.parametrize("quadrature", ["trapezoid", "riemann_middle", "gausslegendre"])
+def test_integrated_gradients_over_a_composite_is_the_hand_integral(name, quadrature):
+    model, x = small_cnn(), image()
+    steps = 6
+    ig = IntegratedGradients(
+        model, steps=steps, composite=name, quadrature=quadrature, batch_size=5
+    )
+    got = raw(ig, x)
+    alphas, weights = quadrature_rule(quadrature, steps)
+    integral = sum(
+        w * ruled_gradient(model, a * x, name) for a, w in zip(alphas, weights, strict=True)
+    )
+    want = x * integral
+    assert got.dtype == torch.float64
+    assert close(got, want)
+
+
+def test_the_quadrature_rules_are_captums():
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    for method in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid"):
+        sizes, alphas = approximation_parameters(method)
+        ours = quadrature_rule(method, 7)
+        assert torch.allclose(ours[0], torch.tensor(alphas(7), dtype=torch.float64), atol=1e-7)
+        assert torch.allclose(ours[1], torch.tensor(sizes(7), dtype=torch.float64), atol=1e-12)
+    sizes, alphas = approximation_parameters("gausslegendre")
+    ours = quadrature_rule("gausslegendre", 7)
+    assert torch.allclose(ours[0], torch.tensor(alphas(7), dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(ours[1], torch.tensor(sizes(7), dtype=torch.float64), atol=1e-12)
+    assert set(QUADRATURES) >= {"trapezoid", "zennit", "gausslegendre"}
+    with pytest.raises(ArgumentError, match="quadrature"):
+        IntegratedGradients(small_cnn(), quadrature="simpson")
+
+
+def test_integrated_gradients_equals_captums_for_each_quadrature():
+    from captum.attr import IntegratedGradients as CaptumIG
+
+    model, x = small_cnn(), image()
+    for method in ("riemann_left", "riemann_right", "riemann_middle", "gausslegendre"):
+        ours = IntegratedGradients(model, steps=9, quadrature=method)
+        theirs = CaptumIG(model).attribute(x, target=TARGET, n_steps=9, method=method)
+        assert close(raw(ours, x), theirs)
+
+
+def test_integrated_gradients_under_guided_rules_equals_zennits():
+    pytest.importorskip("zennit")
+    from zennit.attribution import IntegratedGradients as ZennitIG
+    from zennit.composites import GuidedBackprop as ZennitGuided
+
+    model, x = small_cnn(), image()
+    onehot = torch.eye(3, dtype=x.dtype)[[TARGET] * len(x)]
+    with ZennitIG(model, composite=ZennitGuided(), n_iter=7) as attributor:
+        _, theirs = attributor(x, onehot)
+    ig = IntegratedGradients(model, steps=7, rule="guided", quadrature="zennit")
+    ours = raw(ig, x)
+    assert close(ours, theirs)
+
+
+def test_zennits_integrated_gradients_over_lrp_integrates_the_relevance():
+    """zennit's hooks pass relevance (1 at the target) where camkit passes the modified gradient:
+    its IG over an LRP composite is ``(x - x') mean_a x_a g(x_a) / f(x_a)``, with camkit's rules
+    giving ``g`` point by point (camkit's own IG integrates ``g``: it is LRP itself on a
+    bias-free ReLU network, see the next test)."""
+    pytest.importorskip("zennit")
+    from zennit.attribution import IntegratedGradients as ZennitIG
+    from zennit.composites import EpsilonPlus
+
+    model, x = small_cnn(), image()
+    onehot = torch.eye(3, dtype=x.dtype)[[TARGET] * len(x)]
+    with ZennitIG(model, composite=EpsilonPlus(), n_iter=5) as attributor:
+        _, theirs = attributor(x, onehot)
+    alphas, weights = quadrature_rule("zennit", 5)
+    integral = torch.zeros_like(x)
+    for a, w in zip(alphas, weights, strict=True):
+        score = model(a * x)[:, TARGET].detach().view(-1, 1, 1, 1)
+        integral += w * a * x * ruled_gradient(model, a * x, "epsilon-plus") / score
+    assert close(x * integral, theirs)
+
+
+def test_integrated_gradients_over_epsilon_rules_is_lrp_without_biases():
+    """On a bias-free ReLU network the Epsilon/ZPlus gradient is constant along the ray from 0,
+    so IG over the composite from a zero baseline is LRP itself, for any quadrature (up to the
+    stabilisers, which do not scale with the input: 1e-12 here)."""
+    model, x = small_cnn(), image()
+    for module in model.modules():
+        if getattr(module, "bias", None) is not None:
+            module.bias = None
+    rules = composite("epsilon-plus", epsilon=1e-12, stabilizer=1e-12)
+    lrp = x * ruled_gradient(model, x, rules)
+    for quadrature in ("zennit", "gausslegendre"):
+        ig = IntegratedGradients(model, steps=4, composite=rules, quadrature=quadrature)
+        assert close(raw(ig, x), lrp)
+
+
+def test_completeness_with_a_rule_without_the_ends():
+    model, x = small_cnn(), image(1)
+    for quadrature in ("riemann_middle", "trapezoid"):
+        ig = IntegratedGradients(model, steps=200, quadrature=quadrature)
+        report = ig.completeness(x, target=TARGET)
+        delta = model(x)[0, TARGET] - model(torch.zeros_like(x))[0, TARGET]
+        assert torch.allclose(report["delta"][0].double(), delta.detach(), atol=1e-6)  # float32
+        assert float(report["relative"][0]) < 1e-2
+
+
+# --- SmoothGrad over a composite -------------------------------------------------------------
+
+
+class Recorder(nn.Module):
+    """The model, keeping every input it is given (the noisy copies)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.seen: list[Tensor] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.seen.append(x.detach().clone())
+        return self.model(x)
+
+
+@pytest.mark.parametrize("name", ["epsilon-plus-flat", "guided"])
+def test_smoothgrad_over_a_composite_is_the_mean_of_ruled_gradients(name):
+    recorder, x = Recorder(small_cnn()), image()
+    smooth = SmoothGrad(recorder, composite=name, samples=4, noise_level=0.2, seed=3, batch_size=2)
+    got = raw(smooth, x)
+    noisy = torch.cat(recorder.seen)  # row r: copy r // B of sample r % B
+    assert noisy.shape[0] == 4 * len(x)
+    grads = ruled_gradient(recorder.model, noisy, name)
+    want = grads.view(4, len(x), *x.shape[1:]).mean(0)
+    assert close(got, want)
+    again = SmoothGrad(recorder.model, composite=name, samples=4, noise_level=0.2, seed=3)
+    assert close(again(x, target=TARGET).double(), want, rel=1e-5)  # the same noise
