@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from camkit import GuidedBackprop, IntegratedGradients, Saliency, SmoothGrad
+from camkit import LRP, GuidedBackprop, IntegratedGradients, Saliency, SmoothGrad
 from camkit.core.call import Call
 from camkit.errors import ArgumentError
 from camkit.pixel import QUADRATURES, quadrature_rule
-from camkit.relevance import composite, rules_applied
+from camkit.relevance import Composite, Epsilon, composite, rules_applied
 
 TARGET = 1
 
@@ -224,3 +224,103 @@ def test_smoothgrad_over_a_composite_is_the_mean_of_ruled_gradients(name):
     assert close(got, want)
     again = SmoothGrad(recorder.model, composite=name, samples=4, noise_level=0.2, seed=3)
     assert close(again(x, target=TARGET).double(), want, rel=1e-5)  # the same noise
+
+
+# --- LRP takes what Saliency takes ----------------------------------------------------------
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5), nn.ReLU(), nn.Linear(5, 3)]
+    return nn.Sequential(*layers).double().eval()
+
+
+def vectors() -> Tensor:
+    return torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+
+def test_lrp_of_an_mlp_over_vectors_equals_zennit_and_captum():
+    pytest.importorskip("zennit")
+    from captum.attr import LRP as CaptumLRP
+    from zennit.attribution import Gradient
+    from zennit.composites import EpsilonPlus
+
+    model, x = mlp(), vectors()
+    ours = raw(LRP(model, composite="epsilon-plus"), x)
+    with Gradient(model, composite=EpsilonPlus()) as attributor:
+        out, theirs = attributor(x, torch.eye(3, dtype=x.dtype)[[TARGET] * len(x)])
+    assert close(ours, theirs * out[:, TARGET, None])  # zennit starts from 1, camkit the score
+    captums = CaptumLRP(model).attribute(x, target=TARGET)  # Epsilon(1e-9) on every layer
+    assert close(raw(LRP(model, composite=[(nn.Linear, Epsilon(1e-9))]), x), captums)
+    both = LRP(model, composite="epsilon-plus")(x, target=[[0, TARGET]] * 4)  # (B, K, F)
+    assert both.shape == (4, 2, 6) and close(both[:, 1].double(), ours, rel=1e-5)
+    one = LRP(model, composite="epsilon-plus")(x[0], target=TARGET)  # one vector (F,)
+    assert one.shape == (6,) and close(one.double(), ours[0], rel=1e-5)
+
+
+class Concatenated(nn.Module):
+    """``model(a, b)``: two branches concatenated (no functional sum), as captum's LRP needs."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 4), nn.Linear(3, 2)
+        self.relu, self.fc = nn.ReLU(), nn.Linear(6, 3)
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.fc(self.relu(torch.cat([self.a(a), self.b(b)], 1)))
+
+
+class Summed(Concatenated):
+    """``model(a, b)``: two branches summed in ``forward`` (the Norm rule's case)."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = nn.Linear(3, 4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.fc(self.relu(self.a(a) + self.b(b)))
+
+
+def side() -> Tensor:
+    return torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+
+def test_lrp_of_a_two_input_model_equals_captum():
+    from captum.attr import LRP as CaptumLRP
+
+    torch.manual_seed(2)
+    model, a, b = Concatenated().double().eval(), vectors(), side()
+    lrp = LRP(model, composite=[(nn.Linear, Epsilon(1e-9))])
+    (ours_a, ours_b), _ = lrp.attribute((a, b), TARGET, Call((a, b)))
+    theirs_a, theirs_b = CaptumLRP(model).attribute((a, b), target=TARGET)
+    assert close(ours_a[:, 0], theirs_a) and close(ours_b[:, 0], theirs_b)
+    # b as additional_forward_args: a's relevance is the same (cat moves the gradient exactly)
+    only_a = lrp(a, target=TARGET, additional_forward_args=(b,))
+    assert close(only_a.double(), theirs_a, rel=1e-5)
+
+
+def test_lrp_of_a_summed_two_input_model_equals_the_hand_rules():
+    """Epsilon (tiny) on the layers, Pass on the ReLU, Norm on the sum, written out."""
+    torch.manual_seed(4)
+    model, a, b = Summed().double().eval(), vectors(), side()
+    eps = 1e-12
+    lrp = LRP(model, composite=Composite([(nn.Linear, Epsilon(eps))], stabilizer=eps))
+    (ours_a, ours_b), _ = lrp.attribute((a, b), TARGET, Call((a, b)))
+    za, zb = model.a(a), model.b(b)
+    s = za + zb
+    h = s.relu()
+    r_h = h * model.fc.weight[TARGET]  # R_out = score; eps negligible
+    r_s = r_h  # Pass: o / x is 1 where s > 0, and h = 0 (no relevance) elsewhere
+    r_za, r_zb = za / s * r_s, zb / s * r_s  # Norm at the sum
+    want_a = a * ((r_za / za) @ model.a.weight)  # Epsilon at each branch
+    want_b = b * ((r_zb / zb) @ model.b.weight)
+    assert close(ours_a[:, 0], want_a.detach()) and close(ours_b[:, 0], want_b.detach())
+
+
+def test_lrp_takes_the_relu_rules_and_refuses_two_rule_sets():
+    model, x = small_cnn(), image()
+    guided = LRP(model, rule="guided")(x, target=TARGET)
+    assert close(guided.double(), x * ruled_gradient(model, x, "guided"), rel=1e-5)
+    with pytest.raises(ArgumentError, match="not both"):
+        LRP(model, rule="guided", composite="epsilon-plus")

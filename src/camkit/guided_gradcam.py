@@ -34,6 +34,7 @@ class GuidedGradCAM(PixelAttribution):
 
     needs_layer = True
     several_inputs = False  # Grad-CAM explains one input
+    takes_vectors = False  # Grad-CAM explains a layer of an image model
     default_rule = "guided"
 
     def __init__(self, model: nn.Module, layer: LayerSpec | None = None, **options: Any):

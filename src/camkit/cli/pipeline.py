@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import sys
 import threading
@@ -84,9 +83,10 @@ def default_workers() -> int:
 
 
 def takes_composite(method: str) -> bool:
-    """Whether ``method`` takes an LRP composite (``composite=``, ``--composite``): asked of
-    its class, not of its name."""
-    return "composite" in inspect.signature(registry.get(method).cls).parameters
+    """Whether ``method`` runs an LRP composite by default, the one ``--composite`` names: asked
+    of its class (``default_composite``), not of its name (every pixel method takes
+    ``composite=``, the plain gradient being theirs by default)."""
+    return getattr(registry.get(method).cls, "default_composite", None) is not None
 
 
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:

@@ -87,7 +87,9 @@ class PixelAttribution(Explainer):
 
     family: ClassVar[str] = "pixel"
     several_inputs: ClassVar[bool] = True
+    takes_vectors: ClassVar[bool] = True
     default_rule: ClassVar[ReLURule | None] = None
+    default_composite: ClassVar[str | None] = None  # the LRP composite of composite=None
 
     def __init__(
         self,
@@ -101,6 +103,8 @@ class PixelAttribution(Explainer):
         if rule is not None and composite is not None:
             raise ArgumentError("give rule= (a ReLU rule) or composite= (a rule set), not both")
         self.rule = check_rule(rule) if rule is not None else self.default_rule
+        if composite is None and rule is None:
+            composite = self.default_composite
         spec = composite if composite is not None else self.rule
         rule_set = as_composite(spec) if spec is not None else None
         plain = rule_set is not None and rule_set.name == "gradient" and not rule_set.strict

@@ -23,7 +23,7 @@ from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
-from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution, SampleTotals
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
@@ -68,8 +68,14 @@ class Relevance:
         return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
-def _share(relevance: Tensor, scores: Tensor) -> Tensor:
-    total = relevance.flatten(2).sum(-1)
+def sum_over(relevances: Inputs) -> Tensor:
+    """Every input's relevance summed: ``(B, K)``."""
+    return sum(r.flatten(2).sum(-1) for r in relevances)
+
+
+def _share(total: Tensor, scores: Tensor) -> Tensor:
+    """The share ``total / score`` of each score that reached a tensor (NaN for a zero score)."""
+    scores = scores.to(total.dtype)
     return torch.where(scores != 0, total / torch.where(scores != 0, scores, 1), torch.nan)
 
 
@@ -84,31 +90,37 @@ class LRP(PixelAttribution):
     An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
     merged; residual sums get the Norm rule where they are written).
 
+    LRP is input x gradient under the composite (the one backward,
+    :func:`~camkit.relevance.rules_applied`), on the pixel base: it takes what
+    :class:`~camkit.pixel.methods.Saliency` takes (vectors ``(B, F)``, sequences, volumes, a
+    tuple of inputs, each getting its relevance ``x_i * dS/dx_i``, ``additional_forward_args``,
+    ``K`` targets).
+
     Args:
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``.
+            rule)``; None: ``"epsilon-plus-flat"``, or the ReLU rule ``rule`` names (guided or
+            deconvnet input x gradient).
         layers: layer names whose relevance :meth:`relevance` returns with the input's.
         tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when the input relevance
-            of a sample differs from its score by more than this fraction of it; None: never.
-        output, dtype, batch_size: as for every method.
+            of a sample (summed over the inputs) differs from its score by more than this
+            fraction of it; None: never.
+        rule, output, dtype, batch_size: as for every pixel method.
     """
 
-    several_inputs = False
+    default_composite = "epsilon-plus-flat"
 
     def __init__(
         self,
         model: nn.Module,
         *,
-        composite: str | Composite | Sequence[tuple[Match, Rule]] = "epsilon-plus-flat",
+        composite: str | Composite | Sequence[tuple[Match, Rule]] | None = None,
         layers: Sequence[str] = (),
         tolerance: float | None = None,
         **options: Any,
     ):
-        if "rule" in options:
-            raise ArgumentError("LRP takes a composite of LRP rules, not a ReLU rule= option")
-        super().__init__(model, **options)
-        self.composite = as_composite(composite)
+        super().__init__(model, composite=composite, **options)
+        self.composite = self.rule_set if self.rule_set is not None else as_composite("gradient")
         if isinstance(layers, str):
             layers = [layers]
         self.record = [name for name, _ in find_layers(self.model, list(layers))] if layers else []
@@ -117,8 +129,16 @@ class LRP(PixelAttribution):
         self.tolerance = tolerance
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        result, several = self._propagate(inputs[0], target, call, record=[])
-        return (result.input,), several
+        relevance, scores = SampleTotals(inputs[0].shape[0]), SampleTotals(inputs[0].shape[0])
+
+        def keep(rows: Tensor, grads: Inputs, score: Tensor) -> None:
+            parts = (t[rows].unsqueeze(1) * g for t, g in zip(inputs, grads, strict=True))
+            relevance.add(rows, *parts)
+            scores.add(rows, score)
+
+        several = self.over_copies(inputs, target, call, 1, None, keep)
+        self._check_conservation(_share(sum_over(relevance.totals), scores.totals[0]))
+        return relevance.totals, several
 
     def display_heat(self, result: Tensor) -> Tensor:
         """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
@@ -131,8 +151,14 @@ class LRP(PixelAttribution):
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
     ) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
-        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
+        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs; a tuple of
+        inputs goes to the call, which gives each input's relevance)."""
         batch, _ = self.checked_input(x)
+        if isinstance(batch, tuple):
+            raise ArgumentError(
+                "LRP.relevance takes one input tensor (its other inputs as "
+                "additional_forward_args); call the LRP for a tuple of inputs' relevances"
+            )
         call = Call.of(batch, additional_forward_args)
         with model_guarded(self.model):
             return self._propagate(batch, target, call, record=self.record)[0]
@@ -172,8 +198,8 @@ class LRP(PixelAttribution):
         scores = torch.cat([p[2] for p in parts])
         relevance = checked(torch.cat([p[0] for p in parts]))
         layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
-        shares = {"input": _share(relevance, scores)}
-        shares.update({name: _share(r, scores) for name, r in layers.items()})
+        shares = {"input": _share(sum_over((relevance,)), scores)}
+        shares.update({name: _share(sum_over((r,)), scores) for name, r in layers.items()})
         self._check_conservation(shares["input"])
         return Relevance(relevance, layers, scores, shares), several
 
