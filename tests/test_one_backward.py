@@ -324,3 +324,58 @@ def test_lrp_takes_the_relu_rules_and_refuses_two_rule_sets():
     assert close(guided.double(), x * ruled_gradient(model, x, "guided"), rel=1e-5)
     with pytest.raises(ArgumentError, match="not both"):
         LRP(model, rule="guided", composite="epsilon-plus")
+
+
+# --- concepts take the extra inputs and the rule set -----------------------------------------
+
+
+class Gated(nn.Module):
+    """``model(x, gate)``: channel 2 of the convolution's output is multiplied by ``gate (B,)``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.conv, self.relu, self.head = nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Linear(4, 3)
+        with torch.no_grad():  # channel 2 is evidence for every class (guided keeps it)
+            self.head.weight[:, 2].abs_()
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        ones = torch.ones(len(x), 1, dtype=x.dtype)
+        scale = torch.cat([ones, ones, gate[:, None], ones], 1)[:, :, None, None]
+        return self.head((self.relu(self.conv(x)) * scale).mean((2, 3)))
+
+
+@pytest.mark.parametrize("rules", ["gradient", "guided", "epsilon-plus"])
+def test_a_gated_channel_has_no_relevance_when_its_gate_is_closed(rules):
+    from camkit.concepts import ConceptAttribution, ReferenceCollector
+
+    model = Gated().double().eval()
+    x, gate = image(), torch.tensor([0.0, 1.0], dtype=torch.float64)
+    concepts = ConceptAttribution(model, "conv", rules=rules, batch_size=1)
+    extra = {"additional_forward_args": (gate,)}
+    relevance = concepts.relevances(x, TARGET, **extra)
+    assert relevance[0, 2] == 0 and relevance[1, 2] != 0
+    assert relevance[0].abs().sum() > 0  # the other channels keep theirs
+    heat = concepts.heatmaps(x, [2, 0], TARGET, **extra)
+    assert heat[0, 0].abs().max() == 0 and heat[1, 0].abs().max() > 0
+    top = concepts.top(x, 4, TARGET, **extra)
+    assert 2 not in top.channels[0][top.relevance[0] != 0].tolist()
+    dominant = concepts.dominant(x[:1], 4, TARGET, additional_forward_args=(gate[:1],))
+    assert 2 not in dominant.channels[dominant.relevance != 0].tolist()
+    # the relevance under the rules, by hand: A * dS/dA at the layer
+    leaf = x.clone().requires_grad_(True)
+    with rules_applied(model, rules):
+        acts = {}
+        handle = model.conv.register_forward_hook(lambda m, i, o: acts.update(a=o))
+        try:
+            out = model(leaf, gate)
+        finally:
+            handle.remove()
+    (grad,) = torch.autograd.grad(out[:, TARGET].sum(), acts["a"])
+    assert close(relevance, (acts["a"] * grad).sum((2, 3)).detach())
+    collector = ReferenceCollector(model, "conv", top=2, rules=rules)
+    collector.update(x, [0, 1], **extra)
+    scores = collector.totals["relevance"]
+    assert collector.found["relevance"].values.shape[0] == 4 and torch.isfinite(scores).all()
+    with pytest.raises(TypeError):
+        concepts.relevances(x, TARGET)  # without its gate the model cannot run
