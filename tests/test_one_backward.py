@@ -154,7 +154,7 @@ def test_zennits_integrated_gradients_over_lrp_integrates_the_relevance():
     """zennit's hooks pass relevance (1 at the target) where camkit passes the modified gradient:
     its IG over an LRP composite is ``(x - x') mean_a x_a g(x_a) / f(x_a)``, with camkit's rules
     giving ``g`` point by point (camkit's own IG integrates ``g``: it is LRP itself on a
-    bias-free ReLU network, see the next test)."""
+    bias-free ReLU network, see the next test); ``integrand="relevance"`` integrates zennit's."""
     pytest.importorskip("zennit")
     from zennit.attribution import IntegratedGradients as ZennitIG
     from zennit.composites import EpsilonPlus
@@ -169,6 +169,13 @@ def test_zennits_integrated_gradients_over_lrp_integrates_the_relevance():
         score = model(a * x)[:, TARGET].detach().view(-1, 1, 1, 1)
         integral += w * a * x * ruled_gradient(model, a * x, "epsilon-plus") / score
     assert close(x * integral, theirs)
+    # asked for zennit's quadrature and integrand, camkit gives zennit's numbers
+    ig = IntegratedGradients(
+        model, steps=5, composite="epsilon-plus", quadrature="zennit", integrand="relevance"
+    )
+    assert close(raw(ig, x), theirs)
+    with pytest.raises(ArgumentError, match="integrand"):
+        IntegratedGradients(model, integrand="input")
 
 
 def test_integrated_gradients_over_epsilon_rules_is_lrp_without_biases():

@@ -39,6 +39,7 @@ Quadrature = Literal[
     "zennit",
 ]
 QUADRATURES: tuple[str, ...] = Quadrature.__args__
+INTEGRANDS = ("gradient", "relevance")
 
 
 def quadrature_rule(
@@ -106,6 +107,11 @@ class IntegratedGradients(PixelAttribution):
             per sample); the number of points for the other rules (captum's ``n_steps``,
             zennit's ``n_iter``).
         quadrature: the rule of the path integral, one of :data:`QUADRATURES`.
+        integrand: ``"gradient"`` integrates the (rule set's) gradient ``g(x_a)``;
+            ``"relevance"`` the relevance at the path point with the target's relevance 1,
+            ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``): what zennit's
+            ``IntegratedGradients`` integrates over an LRP composite, whose hooks pass
+            relevance (``quadrature="zennit", integrand="relevance"`` gives its numbers).
         baseline: ``x'``: None (zeros), a number, a tensor shaped like one sample ``(C, H, W)``
             or like the batch ``(B, C, H, W)`` (or broadcastable to it), or a callable
             ``f(batch) -> baseline``. It must be finite. For a tuple of inputs: a tuple of
@@ -122,6 +128,7 @@ class IntegratedGradients(PixelAttribution):
         steps: int = 50,
         baseline: Baseline = None,
         quadrature: Quadrature = "trapezoid",
+        integrand: Literal["gradient", "relevance"] = "gradient",
         **options: Any,
     ):
         super().__init__(model, **options)
@@ -129,6 +136,9 @@ class IntegratedGradients(PixelAttribution):
         self.baseline = baseline
         quadrature_rule(quadrature, self.steps)  # checked here, built for the input's dtype
         self.quadrature = quadrature
+        if integrand not in INTEGRANDS:
+            raise ArgumentError(f"unknown integrand {integrand!r}; choose from {INTEGRANDS}")
+        self.integrand = integrand
 
     def explain(
         self, call: Call, target: TargetSpec, *, return_error: bool = False
@@ -204,6 +214,13 @@ class IntegratedGradients(PixelAttribution):
 
         def accumulate(rows: Tensor, grads: Inputs, scores: Tensor) -> None:
             sample, step = rows % size, rows // size
+            if self.integrand == "relevance":  # x_a g / f(x_a): the relevance of a unit score
+                unit = torch.where(scores != 0, 1 / torch.where(scores != 0, scores, 1), 0)
+                points = path(rows, range(0))
+                grads = tuple(
+                    g * p.unsqueeze(1) * unit.to(g.dtype).view(*unit.shape, *[1] * (g.ndim - 2))
+                    for g, p in zip(grads, points, strict=True)
+                )
             weight = weights[step]
             gradient.add(
                 sample, *(g * weight.to(g.dtype).view(-1, *[1] * (g.ndim - 1)) for g in grads)
