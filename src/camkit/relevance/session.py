@@ -3,7 +3,7 @@ the recorded layer outputs, and the log of the ReLU rules (:func:`~.engine.rules
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -154,7 +154,16 @@ class Session:
             return entry[1]
         return values
 
-    def batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
+    def merge_batch_norms(
+        self, norms: Collection[nn.Module], followed: Collection[nn.Module]
+    ) -> list:
+        """The edits a canonizer asks for (:class:`~.canonizers.Edits`): each BatchNorm merged
+        into the rule of the layer next to it in the data flow, by a forward hook."""
+        self.deferred.update(followed)
+        hook = self.guard(self._batch_norm_hook)
+        return [bn.register_forward_hook(hook) for bn in norms]
+
+    def _batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         x = args[0] if args else None
         if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
