@@ -88,12 +88,12 @@ def add_crop_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_composite_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
     """``--composite``: the LRP composite, one spelling in every command."""
-    from camkit.relevance import COMPOSITES
+    from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
 
     parser.add_argument(
         "--composite",
         choices=COMPOSITES,
-        default="epsilon-plus-flat",
+        default=DEFAULT_COMPOSITE,
         help=f"the LRP composite {what} (default %(default)s; docs/relevance.md says which "
         "to choose)",
     )

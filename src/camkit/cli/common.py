@@ -26,7 +26,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
-BATCH_SIZE = 32  # rows per forward pass, in every command and method that loops
+BATCH_SIZE = registry.BATCH_SIZE  # rows per forward pass, in every command and method that loops
 
 
 class UsageError(Exception):

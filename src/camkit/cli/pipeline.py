@@ -28,8 +28,10 @@ from camkit.cli.ranks import Ranks
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
 from camkit.errors import CamkitError
+from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import append, part_path
+from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
@@ -46,7 +48,7 @@ class Job:
     device: torch.device
     images_per_batch: int = 8
     batch_size: int = BATCH_SIZE  # rows per forward pass inside the methods that loop
-    composite: str = "epsilon-plus-flat"  # the LRP composite (--composite)
+    composite: str = DEFAULT_COMPOSITE  # the LRP composite (--composite)
     alpha: float = 0.5
     colormap: str = "jet"
     save_raw: bool = False
@@ -58,8 +60,15 @@ class Job:
     max_pixels: int | None = io.MAX_PIXELS  # larger images are refused before decoding
     report: bool = False
 
+    @property
+    def build_settings(self) -> registry.Settings:
+        """How the methods are built (:class:`camkit.registry.Settings`): seed 0,
+        ``batch_size`` rows per forward pass, the LRP ``composite``."""
+        return registry.Settings(batch_size=self.batch_size, composite=self.composite)
+
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
         """What changes the outputs: a resumed run must have the same."""
+        composite = any(registry.get(method).takes_composite for method in self.methods)
         return {
             "methods": list(self.methods),
             "layer": self.layer,
@@ -68,7 +77,7 @@ class Job:
             "target": None if self.classes is None else list(self.classes),
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
-            "composite": self.composite if any(map(takes_composite, self.methods)) else None,
+            "composite": self.composite if composite else None,
             "alpha": self.alpha,
             "colormap": self.colormap,
             "save_raw": self.save_raw,
@@ -82,27 +91,10 @@ def default_workers() -> int:
     return max(0, min(4, (os.cpu_count() or 1) - 1))
 
 
-def takes_composite(method: str) -> bool:
-    """Whether ``method`` runs an LRP composite by default, the one ``--composite`` names: asked
-    of its class (``default_composite``), not of its name (every pixel method takes
-    ``composite=``, the plain gradient being theirs by default)."""
-    return getattr(registry.get(method).cls, "default_composite", None) is not None
-
-
 def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``: ``job.batch_size`` rows per forward in the
-    methods that run their own passes (a gradient CAM that shares the plain pass explains the
-    batch in one forward, whose output is also the prediction); methods that draw random
-    numbers get seed 0, so reruns agree."""
-    entry = registry.get(method)
-    options: dict[str, Any] = {}
-    if not entry.shares_pass:
-        options["batch_size"] = job.batch_size
-    if entry.seeded:
-        options["seed"] = 0
-    if takes_composite(method):
-        options["composite"] = job.composite
-    return entry.build(model, job.layer, **options)
+    """The registry's explainer for ``method``, built as every front end builds it
+    (:func:`camkit.registry.build`) with ``job.build_settings``."""
+    return registry.build(method, model, job.layer, job.build_settings)
 
 
 def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
@@ -186,17 +178,19 @@ class BatchExplainer:
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
-            classes = probabilities.argmax(dim=-1, keepdim=True).tolist()
+            classes = top1(probabilities, keepdim=True).tolist()
         else:
             classes = [list(self.job.classes)] * len(inputs)
         seconds = (time.perf_counter() - started) / len(inputs)
         for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
             image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
             for method in self.job.methods:
-                heat, raw = results[method]
+                heat, raw, measured = results[method]
                 for column, target in enumerate(classes[row]):
                     name = f"{stems[index]}_{method}_{target}"
                     record = self.record(paths[index], name, method, target, probabilities[row])
+                    if measured is not None:  # what the method measured (LRP: conservation)
+                        record |= measured[row][column]
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
                     first = method == self.job.methods[0] and column == 0
                     files = (record, image, heat[row, column], raw[row, column], first)
@@ -205,8 +199,10 @@ class BatchExplainer:
                     maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
         return Explained(records, writes, len(batch), maps)
 
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
-        """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
+    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
+        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU (``measured``: the
+        method's :meth:`~camkit.core.explainer.Explainer.measured`), and the softmax
+        ``(B, classes)``."""
         target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
@@ -217,7 +213,7 @@ class BatchExplainer:
                 logits = select_output(kept[0])
             else:
                 heat, raw = explainer.heatmaps(inputs, target)
-            results[method] = (heat.cpu(), raw.cpu())
+            results[method] = (heat.cpu(), raw.cpu(), explainer.measured())
         if logits is None:
             with torch.inference_mode():
                 logits = select_output(self.model(inputs))

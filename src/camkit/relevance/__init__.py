@@ -29,17 +29,30 @@ backward (``is_grads_batched=True``).
 * :mod:`~camkit.relevance.session`: one block's state (module rules, canonizers, records);
 * :mod:`~camkit.relevance.transformers`: AttnLRP's rules (softmax, matmul, layer norm, fused
   attention; Achtibat et al., ICML 2024);
+* :mod:`~camkit.relevance.gates`: the rule of multiplicative gates (``x * sigmoid(s)``), chosen
+  in the composite (``gates="uniform"`` or ``"constant"``);
+* :mod:`~camkit.relevance.conservation`: :class:`Conservation`, the share of the score that
+  reached the input and each recorded layer, and the step that loses most;
 * :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
-  layer relevances and the conservation report (loaded on first use: it is a pixel method).
+  layer relevances and the conservation record (loaded on first use: it is a pixel method).
 
 The numbers equal zennit 0.5.1's for its composites and canonizers
-(``tests/test_relevance_references.py``); docs/relevance.md says which composite to choose.
+(``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
+the biases from the rules and treats gates as constants (docs/relevance.md says which composite
+to choose, with the measured conservation).
 """
 
 from typing import Any
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
-from camkit.relevance.composites import COMPOSITES, RULE_SETS, Composite, composite
+from camkit.relevance.composites import (
+    COMPOSITES,
+    DEFAULT_COMPOSITE,
+    RULE_SETS,
+    Composite,
+    composite,
+)
+from camkit.relevance.conservation import Conservation
 from camkit.relevance.engine import Session, rules_applied
 from camkit.relevance.rules import (
     AlphaBeta,
@@ -71,6 +84,8 @@ __all__ = [
     "AlphaBeta",
     "Canonizer",
     "Composite",
+    "Conservation",
+    "DEFAULT_COMPOSITE",
     "Epsilon",
     "Flat",
     "Gamma",

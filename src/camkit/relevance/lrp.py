@@ -1,4 +1,4 @@
-"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat")(x, target)``.
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
 (:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
@@ -22,12 +22,13 @@ from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.state import model_guarded
-from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
+from camkit.errors import ArgumentError, GradientError
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution, SampleTotals
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
-from camkit.relevance.composites import Composite, Match
+from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
 from camkit.relevance.composites import composite as as_composite
+from camkit.relevance.conservation import INPUT, Conservation
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
 from camkit.targets.base import TargetSpec
@@ -40,14 +41,15 @@ class Relevance:
 
     ``input``: ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A *
     dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target scores; ``conservation``:
-    ``{"input" or layer name: (B, K)}`` the share of each score that reached it (1 when
-    relevance is conserved; biases and the stabiliser absorb some, the ``Flat``/``ZBox``/
-    ``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by sample)."""
+    the :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name:
+    (B, K)}`` the share of each score that reached it (1 when relevance is conserved; biases
+    and the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
+    ``AlphaBeta`` do not conserve sample by sample), and the step that loses most."""
 
     input: Tensor
     layers: dict[str, Tensor]
     scores: Tensor
-    conservation: dict[str, Tensor]
+    conservation: Conservation
 
     def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
         """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
@@ -73,12 +75,6 @@ def sum_over(relevances: Inputs) -> Tensor:
     return sum(r.flatten(2).sum(-1) for r in relevances)
 
 
-def _share(total: Tensor, scores: Tensor) -> Tensor:
-    """The share ``total / score`` of each score that reached a tensor (NaN for a zero score)."""
-    scores = scores.to(total.dtype)
-    return torch.where(scores != 0, total / torch.where(scores != 0, scores, 1), torch.nan)
-
-
 @register("lrp", "Bach et al., PLOS ONE 2015")
 class LRP(PixelAttribution):
     """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
@@ -99,16 +95,25 @@ class LRP(PixelAttribution):
     Args:
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``; None: ``"epsilon-plus-flat"``, or the ReLU rule ``rule`` names (guided or
+            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`
+            (``"epsilon-plus-flat-nobias"``), or the ReLU rule ``rule`` names (guided or
             deconvnet input x gradient).
-        layers: layer names whose relevance :meth:`relevance` returns with the input's.
-        tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when the input relevance
-            of a sample (summed over the inputs) differs from its score by more than this
-            fraction of it; None: never.
+        layers: layer names whose relevance :meth:`relevance` returns with the input's; the
+            conservation record gives their shares of the score on every call (of one input
+            tensor; for a tuple of inputs it has the input's share only).
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
+            loses most) when the input relevance of a sample (summed over the inputs) differs
+            from its score by more than this fraction of it (0.5: outside 50%-150%); None:
+            never.
         rule, output, dtype, batch_size: as for every pixel method.
+
+    After each call, :attr:`conservation` is that call's
+    :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
+    share of the score that reached the input and each recorded layer, and where most of it
+    was lost).
     """
 
-    default_composite = "epsilon-plus-flat"
+    default_composite = DEFAULT_COMPOSITE
 
     def __init__(
         self,
@@ -116,7 +121,7 @@ class LRP(PixelAttribution):
         *,
         composite: str | Composite | Sequence[tuple[Match, Rule]] | None = None,
         layers: Sequence[str] = (),
-        tolerance: float | None = None,
+        tolerance: float | None = 0.5,
         **options: Any,
     ):
         super().__init__(model, composite=composite, **options)
@@ -127,8 +132,12 @@ class LRP(PixelAttribution):
         if tolerance is not None and not tolerance >= 0:
             raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
         self.tolerance = tolerance
+        self.conservation: Conservation | None = None
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+        if self.record and len(inputs) == 1:  # the recorded layers' shares too
+            result, several = self._propagate(inputs[0], target, call, self.record, maps=False)
+            return (result.input,), several
         relevance, scores = SampleTotals(inputs[0].shape[0]), SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, grads: Inputs, score: Tensor) -> None:
@@ -137,7 +146,7 @@ class LRP(PixelAttribution):
             scores.add(rows, score)
 
         several = self.over_copies(inputs, target, call, 1, None, keep)
-        self._check_conservation(_share(sum_over(relevance.totals), scores.totals[0]))
+        self._conserved({INPUT: sum_over(relevance.totals)}, scores.totals[0])
         return relevance.totals, several
 
     def display_heat(self, result: Tensor) -> Tensor:
@@ -161,14 +170,16 @@ class LRP(PixelAttribution):
             )
         call = Call.of(batch, additional_forward_args)
         with model_guarded(self.model):
-            return self._propagate(batch, target, call, record=self.record)[0]
+            return self._propagate(batch, target, call, record=self.record, maps=True)[0]
 
     def _propagate(
-        self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
+        self, x: Tensor, target: TargetSpec, call: Call, record: list[str], maps: bool
     ) -> tuple[Relevance, bool]:
+        """The relevance of the input (and of the ``record`` layers when ``maps``; their sums
+        for the conservation record in any case)."""
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output)
-        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        parts: list[tuple[Tensor, list[Tensor], list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU
         several, memory = False, MemoryFormat(x).given
@@ -188,34 +199,38 @@ class LRP(PixelAttribution):
                 )
             acts = [session.recorded[name][-1] for name in record]
             grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
-            maps = [
+            found = [
                 (a.detach()[:, None] * g).float()
                 if g is not None
                 else a.new_zeros((*scores.shape, *a.shape[1:]))
                 for a, g in zip([leaf, *acts], grads, strict=True)
             ]
-            parts.append((maps[0], maps[1:], scores.detach().float()))
-        scores = torch.cat([p[2] for p in parts])
+            totals = [r.flatten(2).sum(-1) for r in found[1:]]
+            parts.append((found[0], found[1:] if maps else [], totals, scores.detach().float()))
+        scores = torch.cat([p[3] for p in parts])
         relevance = checked(torch.cat([p[0] for p in parts]))
-        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
-        shares = {"input": _share(sum_over((relevance,)), scores)}
-        shares.update({name: _share(sum_over((r,)), scores) for name, r in layers.items()})
-        self._check_conservation(shares["input"])
-        return Relevance(relevance, layers, scores, shares), several
+        kept = record if maps else []
+        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(kept)}
+        totals = {INPUT: sum_over((relevance,))}
+        totals.update({n: torch.cat([p[2][i] for p in parts]) for i, n in enumerate(record)})
+        return Relevance(relevance, layers, scores, self._conserved(totals, scores)), several
 
-    def _check_conservation(self, share: Tensor) -> None:
-        if self.tolerance is None:
-            return
-        off = (share - 1).abs() > self.tolerance
-        if off.any():
-            first = float(share[off].flatten()[0])
-            warn(
-                f"LRP ({self.composite.name}): the input relevance is {first:.3g} of the target "
-                f"score (the first of {int(off.sum())} sample-target pair(s) beyond the tolerance "
-                f"{self.tolerance}); biases and the stabiliser absorb relevance, Flat, ZBox, "
-                "WSquare and AlphaBeta do not conserve per sample",
-                ConservationWarning,
-            )
+    def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
+        """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
+        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance."""
+        order = [name for name, _ in self.model.named_modules() if name in totals]
+        self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
+        if self.tolerance is not None:
+            bounds = (1 - self.tolerance, 1 + self.tolerance)
+            self.conservation.check(*bounds, f"LRP ({self.composite.name})")
+        return self.conservation
+
+    def measured(self) -> list[list[dict]] | None:
+        """The last call's conservation record, per sample and target (see
+        :meth:`~camkit.relevance.conservation.Conservation.summary`)."""
+        if self.conservation is None:
+            return None
+        return [[{"conservation": c} for c in row] for row in self.conservation.summary()]
 
     def __repr__(self) -> str:
         return f"LRP(composite={self.composite.name!r})"

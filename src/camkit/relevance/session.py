@@ -13,12 +13,15 @@ from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite
+from camkit.relevance.gates import GateTracker
+from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rectifiers import ActivationLog
 from camkit.relevance.rules import Affine, Norm, Rule
 from camkit.relevance.transformers import handlers
 
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
+_PLAIN_FORWARDS += tuple(kind.forward for kind in CONV_TRANSPOSE)
 
 
 def on_path(t: object) -> bool:
@@ -46,6 +49,7 @@ class Session:
         self.log = ActivationLog(comp.rectifier) if comp.rectifier is not None else None
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
+        self.gates = GateTracker(comp.gates)
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}

@@ -3,11 +3,11 @@
 Every request for a map waits on a small queue; the model thread takes what has gathered
 (when requests arrive together, waiting ``window`` seconds after the first for the others; a
 lone request, a click, waits for nothing; and whatever arrives while the thread is busy),
-groups it by checkpoint, method and layers, and answers each group with ONE call of the
-method: the group's images as one batch, each image's classes as ``K`` targets, the layers from
-one pass (:meth:`~camkit.serve.explorer.Explorer.compute`). Maps are cached (bounded LRU), so a
-map asked twice is computed once. One thread runs every model call: hooks of two calls on the
-same model never overlap.
+groups it by checkpoint, method, layers and LRP composite, and answers each group with ONE call
+of the method: the group's images as one batch, each image's classes as ``K`` targets, the
+layers from one pass (:meth:`~camkit.serve.explorer.Explorer.compute`). Maps are cached
+(bounded LRU), so a map asked twice is computed once. One thread runs every model call: hooks
+of two calls on the same model never overlap.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from camkit.serve.explorer import Explorer, MapKey
+from camkit.serve.explorer import Explorer
 
 T = TypeVar("T")
-Group = tuple[str, str, tuple[str, ...]]
+Group = tuple[str, str, tuple[str, ...], str | None]  # checkpoint, method, layers, composite
 
 
 class MapBatcher:
@@ -51,28 +51,28 @@ class MapBatcher:
             self.worker = loop.create_task(self._loop())
 
     async def maps(
-        self, checkpoint: str, method: str, layers: tuple[str, ...], image: int, target: int
+        self,
+        checkpoint: str,
+        method: str,
+        layers: tuple[str, ...],
+        image: int,
+        target: int,
+        composite: str | None = None,
     ) -> dict[str | None, np.ndarray]:
         """The maps of one (image, class) at each of ``layers`` (``{None: map}`` for methods
-        without a layer), from the cache or the next grouped engine call."""
-        keys = self.keys(checkpoint, method, layers, image, target)
+        without a layer), from the cache or the next grouped engine call; ``composite``: the
+        LRP composite of a method that takes one."""
+        keys = self.explorer.keys(checkpoint, method, layers, image, target, composite)
         found = {key.layer: self.explorer.maps.get_item(key) for key in keys}
         if all(value is not None for value in found.values()):
             return found
         self._start()
         future = asyncio.get_running_loop().create_future()
-        self.pending.append(((checkpoint, method, layers), (image, target), future))
+        group = (checkpoint, method, layers, keys[0].composite)
+        self.pending.append((group, (image, target), future))
         self.wakeup.set()
         await future
         return {key.layer: self.explorer.maps.get_item(key) for key in keys}
-
-    def keys(
-        self, checkpoint: str, method: str, layers: tuple[str, ...], image: int, target: int
-    ) -> list[MapKey]:
-        from camkit import registry
-
-        names = layers if registry.get(method).needs_layer else (None,)
-        return [MapKey(checkpoint, method, layer, image, target) for layer in names]
 
     async def _loop(self) -> None:
         while True:
@@ -85,12 +85,13 @@ class MapBatcher:
             groups: dict[Group, list[tuple[tuple[int, int], asyncio.Future]]] = {}
             for group, pair, future in taken:
                 groups.setdefault(group, []).append((pair, future))
-            for (checkpoint, method, layers), requests in groups.items():
+            for (checkpoint, method, layers, composite), requests in groups.items():
                 for start in range(0, len(requests), self.max_pairs):
                     chunk = requests[start : start + self.max_pairs]
                     pairs = [pair for pair, _ in chunk]
+                    call = (checkpoint, method, layers, pairs, composite)
                     try:
-                        await self.run(self.explorer.compute, checkpoint, method, layers, pairs)
+                        await self.run(self.explorer.compute, *call)
                     except Exception as error:  # each waiting request answers with it
                         for _, future in chunk:
                             if not future.done():

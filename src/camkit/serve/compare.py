@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from camkit import metrics, registry
+from camkit import metrics
 from camkit.errors import InputError
-from camkit.serve.explorer import Explorer, MapKey
+from camkit.serve.explorer import Explorer
+from camkit.targets.ranking import top1
 
 CHUNK = 16  # images per forward pass
 
@@ -71,20 +72,20 @@ class Comparison:
         if not readable:
             return
         probabilities = {c: explorer.probabilities_of(readable, c) for c in both}
-        tops = probabilities[self.first].argmax(dim=-1).tolist()
+        tops = top1(probabilities[self.first]).tolist()
         pairs = list(zip(readable, tops, strict=True))
-        layer = explorer.default_layer if registry.get(self.method).needs_layer else None
+        layers = (explorer.default_layer,)
         heats = {}
         for checkpoint in both:
-            explorer.compute(checkpoint, self.method, (explorer.default_layer,), pairs)
-            keys = [MapKey(checkpoint, self.method, layer, i, c) for i, c in pairs]
+            explorer.compute(checkpoint, self.method, layers, pairs)
+            keys = [explorer.keys(checkpoint, self.method, layers, i, c)[0] for i, c in pairs]
             heats[checkpoint] = torch.from_numpy(
                 np.stack([explorer.maps.get_item(k) for k in keys])
             )
         moved = 1.0 - metrics.spearman(heats[self.first], heats[self.second])
         for row, (image, top) in enumerate(pairs):
             first, second = probabilities[self.first][row], probabilities[self.second][row]
-            other = int(second.argmax())
+            other = int(top1(second))
             self.found[image] = Disagreement(
                 first=top,
                 second=other,

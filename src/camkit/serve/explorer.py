@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from torch import Tensor
 from camkit import io, metrics, models, registry, viz
 from camkit.core.layers import find_layer
 from camkit.errors import ArgumentError, InputError, TargetError
+from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
 from camkit.serve.gallery import Entry, Prediction
 
 
@@ -49,15 +50,21 @@ class LRU(OrderedDict):
                 self.popitem(last=False)
 
 
+# how the explorer builds its methods by default: as ``camkit explain`` does with its defaults
+SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
+
+
 @dataclass(frozen=True)
 class MapKey:
-    """One map: checkpoint, method, layer (None for layer-free methods), image, class."""
+    """One map: checkpoint, method, layer (None for layer-free methods), image, class, and the
+    LRP composite of a method that takes one (None for the others)."""
 
     checkpoint: str
     method: str
     layer: str | None
     image: int
     target: int
+    composite: str | None = None
 
 
 def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
@@ -88,7 +95,11 @@ def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 
 
 
 class Explorer:
-    """One or two checkpoints of one model, the images, and the caches of what was computed."""
+    """One or two checkpoints of one model, the images, and the caches of what was computed.
+
+    ``settings``: how its methods are built (:func:`camkit.registry.build`; by default the
+    CLI's: seed 0, its batch size, its default composite), so that a map here equals
+    ``camkit explain``'s; a map request may choose another LRP composite."""
 
     def __init__(
         self,
@@ -98,17 +109,21 @@ class Explorer:
         predictions: dict[int, Prediction] | None = None,
         device: torch.device | str = "cpu",
         cache_maps: int = 2048,
+        settings: registry.Settings = SETTINGS,
+        max_pixels: int | None = io.MAX_PIXELS,
     ) -> None:
         if not checkpoints:
             raise ArgumentError("expected at least one model")
         self.checkpoints = checkpoints
         self.device = torch.device(device)
+        self.settings = settings
         first = next(iter(checkpoints.values()))
         self.labels = first.labels
         self.size = first.input_size
         self.preprocess = first.preprocess
         self.default_layer = first.default_layer
         self.entries = entries
+        self.max_pixels = max_pixels  # the largest image read, a file or an upload (None: any)
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
@@ -126,6 +141,7 @@ class Explorer:
         }
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
+        self.measured = LRU(cache_maps)  # what a method measured of a map (LRP: conservation)
         self.inputs = LRU(256)
         self.photos = LRU(256)
         self.thumbs = LRU(4096)
@@ -155,7 +171,7 @@ class Explorer:
                 cached = entry.pixels
             else:
                 try:
-                    cached = io.read_image(entry.path)
+                    cached = io.read_image(entry.path, max_pixels=self.max_pixels)
                 except io.READ_ERRORS as error:
                     entry.error = io.read_failure(error)
                     raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
@@ -253,13 +269,51 @@ class Explorer:
             )
         return layer
 
-    def explainer(self, checkpoint: str, method: str, layers: tuple[str, ...]) -> object:
-        key = (checkpoint, method, layers)
+    def check_composite(self, method: str, composite: str | None) -> str | None:
+        """The LRP composite a map of ``method`` is computed with: ``composite`` (one of
+        :data:`~camkit.relevance.COMPOSITES`) or the explorer's default; None for a method
+        that takes no composite."""
+        if composite is not None and composite not in COMPOSITES:
+            raise ArgumentError(
+                f"unknown composite {composite!r}; choose from {', '.join(COMPOSITES)}"
+            )
+        if not registry.get(method).takes_composite:
+            return None
+        return composite or self.settings.composite
+
+    def keys(
+        self,
+        checkpoint: str,
+        method: str,
+        layers: Sequence[str | None],
+        image: int,
+        target: int,
+        composite: str | None = None,
+    ) -> list[MapKey]:
+        """The cache keys of one (image, class)'s maps at each of ``layers`` (one key with
+        layer None for methods without a layer)."""
+        layers = layers if registry.get(method).needs_layer else (None,)
+        composite = self.check_composite(method, composite)
+        return [MapKey(checkpoint, method, layer, image, target, composite) for layer in layers]
+
+    def explainer(
+        self,
+        checkpoint: str,
+        method: str,
+        layers: tuple[str, ...],
+        composite: str | None = None,
+    ) -> object:
+        """The method on ``checkpoint``'s model at ``layers``, built once with the explorer's
+        settings (and ``composite``) by :func:`camkit.registry.build`, then kept."""
+        composite = self.check_composite(method, composite)
+        key = (checkpoint, method, layers, composite)
         explainer = self.explainers.get_item(key)
         if explainer is None:
             entry = registry.get(method)
             layer = (list(layers) if len(layers) > 1 else layers[0]) if entry.needs_layer else None
-            explainer = entry.build(self.checkpoints[checkpoint].model, layer)
+            settings = replace(self.settings, composite=composite)
+            model = self.checkpoints[checkpoint].model
+            explainer = registry.build(method, model, layer, settings)
             self.explainers.put(key, explainer)
         return explainer
 
@@ -269,21 +323,23 @@ class Explorer:
         method: str,
         layers: tuple[str, ...],
         pairs: Sequence[tuple[int, int]],
+        composite: str | None = None,
     ) -> None:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
         ONE call of the method: the images as one batch, each with its classes as ``K``
         targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
         dropped), all layers from one pass (``fuse=False``). The maps go to the cache; pairs
         whose maps are cached at every layer are not computed again (two routes may queue the
-        same map before either has computed it)."""
+        same map before either has computed it). ``composite``: the LRP composite of a method
+        that takes one (None: the explorer's default)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
         pairs = [
             (image, target)
             for image, target in pairs
             if any(
-                self.maps.get_item(MapKey(checkpoint, method, layer, image, target)) is None
-                for layer in layers
+                self.maps.get_item(key) is None
+                for key in self.keys(checkpoint, method, layers, image, target, composite)
             )
         ]
         if not pairs:
@@ -296,19 +352,22 @@ class Explorer:
         images = list(wanted)
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
-        explainer = self.explainer(checkpoint, method, layers)
+        explainer = self.explainer(checkpoint, method, layers, composite)
         batch = self.batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
         result = explainer(batch, target=targets.to(self.device), **options)
+        measured = explainer.measured()  # per sample and target, or None
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
             heat = explainer.display_heat(maps)  # the method's one display policy
             maps = heat.reshape(len(images), width, *heat.shape[-2:]).cpu().numpy()  # (B, K, H, W)
             for row, image in enumerate(images):
                 for column, target in enumerate(wanted[image]):
-                    key = MapKey(checkpoint, method, layer, image, target)
+                    (key,) = self.keys(checkpoint, method, (layer,), image, target, composite)
                     self.maps.put(key, maps[row, column])
+                    if measured is not None:
+                        self.measured.put(key, measured[row][column])
 
     def curves(self, key: MapKey, steps: int = 20) -> dict[str, dict]:
         """Deletion and insertion curves (Petsiuk et al., RISE, BMVC 2018) of a cached map."""

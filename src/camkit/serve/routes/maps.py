@@ -1,9 +1,13 @@
 """The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
-``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``."""
+``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``.
+
+A map whose method measured something of it (LRP: its conservation record) comes with it as
+JSON in the ``X-Camkit-Measured`` header."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 from starlette.requests import Request
@@ -13,13 +17,13 @@ from starlette.routing import Route
 from camkit import registry
 from camkit.errors import ArgumentError
 from camkit.serve.compare import difference, difference_for_display
-from camkit.serve.explorer import MapKey, npy_bytes, overlay_png
+from camkit.serve.explorer import npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
 from camkit.serve.progress import copies_per_image, watching
 from camkit.serve.routes.state import ServerState
 from camkit.viz.colour import DIVERGING_COLORMAP
 
-MAP = ("image", "class", "method", "layer", "checkpoint", "job")
+MAP = ("image", "class", "method", "layer", "composite", "checkpoint", "job")
 SHOWN = ("alpha", "colormap", "format")
 
 
@@ -30,23 +34,22 @@ def routes(state: ServerState) -> list[Route]:
 
     async def heat_of(query: Query) -> tuple[np.ndarray, tuple]:
         request = state.map_request(query)
-        checkpoint, method, layers, image, target = request
         job_id = query.text("job")
         if job_id is not None:
-            key = batcher.keys(checkpoint, method, layers, image, target)[0]
+            key = explorer.keys(*request)[0]
             if explorer.maps.get_item(key) is None:
                 await batcher.run(watched, job_id, request)
-        maps = await batcher.maps(checkpoint, method, layers, image, target)
+        maps = await batcher.maps(*request)
         return next(iter(maps.values())), request
 
     def watched(job_id: str, request: tuple) -> None:
         """On the model thread: the map alone, counted and cancellable (``job``)."""
-        checkpoint, method, layers, image, target = request
-        explainer = explorer.explainer(checkpoint, method, layers)
+        checkpoint, method, layers, image, target, composite = request
+        explainer = explorer.explainer(checkpoint, method, layers, composite)
         shape = explorer.layer_shapes.get(layers[0])
         job = state.jobs.start(job_id, copies_per_image(explainer, shape))
         with watching(explorer.checkpoints[checkpoint].model, job):
-            explorer.compute(checkpoint, method, layers, [(image, target)])
+            explorer.compute(checkpoint, method, layers, [(image, target)], composite)
 
     def download(data: bytes, image: int, what: str, suffix: str) -> Response:
         stem = explorer.entries[image].name.rsplit("/", 1)[-1].rsplit(".", 1)[0]
@@ -61,22 +64,28 @@ def routes(state: ServerState) -> list[Route]:
         query = Query(request, MAP + SHOWN)
         shown = query.choice("format", ("png", "npy"), "png")
         alpha, colormap = query.number("alpha", 0.5), query.text("colormap", "jet")
-        heat, (_, method, _, image, target) = await heat_of(query)
+        heat, request = await heat_of(query)
+        _, method, _, image, target, _ = request
+        measured = explorer.measured.get_item(explorer.keys(*request)[0])
         if shown == "npy":
-            return download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
-        view = await asyncio.to_thread(explorer.model_view, image)
-        data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
-        return Response(data, media_type="image/png")
+            response = download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
+        else:
+            view = await asyncio.to_thread(explorer.model_view, image)
+            data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
+            response = Response(data, media_type="image/png")
+        if measured is not None:
+            response.headers["X-Camkit-Measured"] = json.dumps(measured, separators=(",", ":"))
+        return response
 
     async def difference_image(request: Request) -> Response:
-        query = Query(request, ("image", "class", "method", "layer", "alpha", "format"))
+        query = Query(request, (*MAP[:5], "alpha", "format"))
         state.need_comparison("the difference view")
         shown = query.choice("format", ("png", "npy"), "png")
         alpha = query.number("alpha", 0.5)
         first, second = state.checkpoints[:2]
-        _, method, layers, image, target = state.map_request(query)
+        _, method, layers, image, target, composite = state.map_request(query)
         heats = [
-            next(iter((await batcher.maps(c, method, layers, image, target)).values()))
+            next(iter((await batcher.maps(c, method, layers, image, target, composite)).values()))
             for c in (first, second)
         ]
         diff = difference(*heats)
@@ -89,18 +98,18 @@ def routes(state: ServerState) -> list[Route]:
 
     async def depth(request: Request) -> Response:
         query = Query(request, MAP + SHOWN)  # the page sends its display settings with each
-        checkpoint, method, _, image, target = state.map_request(query)
+        checkpoint, method, _, image, target, composite = state.map_request(query)
         if not registry.get(method).needs_layer:
             raise ArgumentError(f"{method} has no layer: the depth strip is for layer methods")
         stages = tuple(explorer.stages)
-        await batcher.maps(checkpoint, method, stages, image, target)
+        await batcher.maps(checkpoint, method, stages, image, target, composite)
         return JSONResponse({"layers": list(stages)})
 
     async def curve(request: Request) -> Response:
         query = Query(request, MAP + SHOWN)  # the page sends its display settings with each
-        checkpoint, method, layers, image, target = state.map_request(query)
-        maps = await batcher.maps(checkpoint, method, layers, image, target)
-        key = MapKey(checkpoint, method, next(iter(maps)), image, target)
+        request = state.map_request(query)
+        await batcher.maps(*request)
+        key = explorer.keys(*request)[0]
         return JSONResponse(await batcher.run(explorer.curves, key))
 
     async def progress(request: Request) -> Response:

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from camkit import registry
 from camkit.errors import CamkitError
+from camkit.relevance.composites import COMPOSITES
 from camkit.serve.http import NO_STORE, Query, error
 from camkit.serve.progress import Cost
 from camkit.serve.routes.state import ServerState
@@ -39,13 +40,14 @@ def routes(state: ServerState) -> list[Route]:
 
     def cost(name: str, entry: registry.Method) -> Cost | None:
         """What a map of the method costs at the default layer: the method's own answers
-        (``forward_rows``, ``needs_gradients``), asked once of a fresh instance (the explorer's
-        cache of explainers is kept for the maps); None when it needs more than the default
-        layer (RefineCAM)."""
+        (``forward_rows``, ``needs_gradients``), asked once of a fresh instance built as the
+        maps are (the explorer's cache of explainers is kept for the maps); None when it needs
+        more than the default layer (RefineCAM)."""
         if name not in costs:
             layer = explorer.default_layer if entry.needs_layer else None
+            model = explorer.checkpoints[checkpoints[0]].model
             try:
-                explainer = entry.build(explorer.checkpoints[checkpoints[0]].model, layer)
+                explainer = registry.build(name, model, layer, explorer.settings)
             except CamkitError:
                 costs[name] = None
             else:
@@ -66,6 +68,7 @@ def routes(state: ServerState) -> list[Route]:
                     "name": name,
                     "family": entry.family,
                     "needs_layer": entry.needs_layer,
+                    "takes_composite": entry.takes_composite,
                     "reference": entry.reference,
                     "slow": found is not None and found.slow,
                     "seconds": seconds,
@@ -89,9 +92,12 @@ def routes(state: ServerState) -> list[Route]:
                 "images": len(explorer.entries),
                 "truths": truths,
                 "colormaps": list(COLORMAPS),
+                "composites": list(COMPOSITES),
+                "composite": explorer.settings.composite,
                 "run": state.run_header,
                 "strategies": state.strategies is not None,
-                "concepts": None if state.concepts is None else state.concepts["layer"],
+                "concepts": None if state.concepts is None else state.concepts.layer,
+                "run_problems": list(state.run_problems.values()),
             }
         )
 

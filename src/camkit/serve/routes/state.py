@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from camkit.errors import ArgumentError
+from camkit.runs.concepts import ConceptsRecord
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.compare import Comparison
 from camkit.serve.concepts import ConceptViews
@@ -22,6 +23,7 @@ class ServerState:
     ``camkit explain`` run it shows (None: none); ``names``: each checkpoint's name for the
     page (its file); ``concepts``: the run's ``camkit concepts`` results
     (:func:`camkit.runs.concepts.read_concepts`); ``uploads``: how many it holds;
+    ``run_problems``: the run's broken files (file name -> the error's message);
     ``comparison``: with two checkpoints; ``views``: the concept views."""
 
     explorer: Explorer
@@ -30,8 +32,9 @@ class ServerState:
     run_header: dict | None = None
     strategies: dict | None = None
     names: dict[str, str] | None = None
-    concepts: dict | None = None
+    concepts: ConceptsRecord | None = None
     uploads: int = 0
+    run_problems: dict[str, str] = dataclasses.field(default_factory=dict)
     checkpoints: list[str] = dataclasses.field(init=False)
     comparison: Comparison | None = dataclasses.field(init=False)
     views: ConceptViews = dataclasses.field(init=False)
@@ -76,13 +79,15 @@ class ServerState:
         target = explorer.check_target(query.integer("class"))
         return checkpoint, layer, image, target
 
-    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int]:
-        """checkpoint, method, (layer,), image and class of a map request (the method checked
-        after the checkpoint, before the rest)."""
+    def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int, str | None]:
+        """checkpoint, method, (layer,), image, class and LRP composite (None for a method that
+        takes none) of a map request (the method checked after the checkpoint, before the
+        rest)."""
         self.checkpoint_of(query)
         method = self.explorer.check_method(query.text("method", "gradcam"))
         checkpoint, layer, image, target = self.image_request(query)
-        return checkpoint, method, (layer,), image, target
+        composite = self.explorer.check_composite(method, query.text("composite"))
+        return checkpoint, method, (layer,), image, target, composite
 
     def run_layer(self, method: str, images: list[int]) -> str:
         """The layer the run explained ``images`` with ``method`` at (its manifest's records),
