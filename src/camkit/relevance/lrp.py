@@ -217,10 +217,11 @@ class LRP(PixelAttribution):
 
     def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
         """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
-        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance."""
+        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance under an LRP
+        composite (the ReLU rules' input x gradient does not redistribute the score)."""
         order = [name for name, _ in self.model.named_modules() if name in totals]
         self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
-        if self.tolerance is not None:
+        if self.tolerance is not None and self.composite.strict:
             bounds = (1 - self.tolerance, 1 + self.tolerance)
             self.conservation.check(*bounds, f"LRP ({self.composite.name})")
         return self.conservation
