@@ -11,10 +11,11 @@ for ReLU6 also ``x > 6`` and ``g >= 0``), and uses this redirected gradient only
 samples whose ordinary ReLU gradient is zero everywhere; every other sample keeps the ordinary
 gradient.
 
-The ReLU calls are caught like the guided-backprop rule's (:mod:`camkit.pixel.rules`, the same
-table of rectifier functions: ``nn.ReLU``, ``F.relu``, ``torch.relu``, in-place forms, ReLU6,
-``hardtanh(x, 0, max)``): by a :class:`torch.overrides.TorchFunctionMode`, popped on exit even
-when the forward raises; the model itself is never modified.
+The ReLU calls are caught like the guided-backprop rule's, with the same table of rectifier
+functions (:data:`camkit.relevance.rectifiers.RECTIFIERS`: ``nn.ReLU``, ``F.relu``,
+``torch.relu``, in-place forms, ReLU6, ``hardtanh(x, 0, max)``): by a
+:class:`torch.overrides.TorchFunctionMode`, popped on exit even when the forward raises; the
+model itself is never modified.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from camkit.pixel.rules import _RECTIFIERS
+from camkit.relevance.rectifiers import RECTIFIERS
 
 
 class _RedirectedBackward(torch.autograd.Function):
@@ -63,7 +64,7 @@ class _RedirectMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        rectifier = _RECTIFIERS.get(func)
+        rectifier = RECTIFIERS.get(func)
         if rectifier is not None:
             bound = rectifier.bind(args, kwargs)
             upper, x = rectifier.upper(bound), bound["input"]

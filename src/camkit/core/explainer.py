@@ -88,6 +88,7 @@ class Explainer:
     seeded: ClassVar[bool] = False  # takes seed= (its results depend on random draws)
     target_free: ClassVar[bool] = False  # the map does not depend on the target
     several_inputs: ClassVar[bool] = False  # attributes a tuple of inputs, one result each
+    takes_vectors: ClassVar[bool] = False  # explains vectors (B, F) as well as images
     default_batch_size: ClassVar[int | None] = None
     reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
 
@@ -232,14 +233,14 @@ class Explainer:
         """``(batch, was_single)`` for a tensor, ``(tuple of inputs, was_single)`` for a tuple
         (methods with ``several_inputs`` only)."""
         if not isinstance(x, tuple | list):
-            return as_batch(x, self.model)
+            return as_batch(x, self.model, vectors=self.takes_vectors)
         if not self.several_inputs:
             raise InputError(
                 f"{type(self).__name__} explains one input tensor, got a {type(x).__name__} of "
                 f"{len(x)}; pass the model's other inputs as additional_forward_args (the pixel "
                 "methods attribute a tuple of inputs)"
             )
-        return as_inputs(x, self.model)
+        return as_inputs(x, self.model, vectors=self.takes_vectors)
 
     def explain(self, call: Call, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
         """The family's work on ``call.batch``: ``(result with batch and target axes, several

@@ -21,8 +21,9 @@ what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -34,11 +35,26 @@ BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 
 
-class Canonizer:
-    """A reversible model edit for LRP: :meth:`apply` registers what it needs during a
-    :func:`~camkit.relevance.rules_applied` block and returns the handles the block removes."""
+class Edits(Protocol):
+    """What a canonizer may ask of the block it runs in (the engine's side, which the canonizer
+    knows by these methods only): the reversible edits themselves, each returning the handles
+    that undo it."""
 
-    def apply(self, model: nn.Module, session: Any) -> list:
+    def merge_batch_norms(
+        self, norms: Collection[nn.Module], followed: Collection[nn.Module]
+    ) -> list:
+        """Merge each BatchNorm of ``norms`` into the layer whose output it takes or whose input
+        it gives, for that layer's rule; ``followed``: the layers a BatchNorm follows in the
+        module order (their rule waits for the BatchNorm)."""
+        ...
+
+
+class Canonizer:
+    """A reversible model edit for LRP: :meth:`apply` says which edits ``model`` needs, made by
+    ``edits`` (the :func:`~camkit.relevance.rules_applied` block); it returns the handles that
+    undo them, which the block removes on exit, also after an exception."""
+
+    def apply(self, model: nn.Module, edits: Edits) -> list:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -95,10 +111,9 @@ class MergeBatchNorm(Canonizer):
     """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
     module docstring. BatchNorms in training mode are left as they are (their gradient)."""
 
-    def apply(self, model: nn.Module, session: Any) -> list:
+    def apply(self, model: nn.Module, edits: Edits) -> list:
         norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]
-        session.deferred.update(_followed_by_batch_norm(model))
-        return [bn.register_forward_hook(session.guard(session.batch_norm_hook)) for bn in norms]
+        return edits.merge_batch_norms(norms, _followed_by_batch_norm(model))
 
 
-__all__ = ["BATCH_NORMS", "Canonizer", "MergeBatchNorm", "merged_after", "merged_before"]
+__all__ = ["BATCH_NORMS", "Canonizer", "Edits", "MergeBatchNorm", "merged_after", "merged_before"]

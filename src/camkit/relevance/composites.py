@@ -32,6 +32,10 @@ shifts absorb no relevance) and multiplicative gates treated as constants
 (``gates="constant"``): chosen by measurement (``benchmarks/CONSERVATION.md``,
 docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
 most of it on BatchNorm networks.
+
+The other rule sets of the one backward are composites too (:data:`RULE_SETS`), not strict:
+``"gradient"`` (the plain gradient), ``"guided"`` and ``"deconvnet"`` (the ReLU rules of
+:mod:`camkit.relevance.rectifiers`, every other operation keeping its plain gradient).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
 from camkit.relevance.gates import check_gates
 from camkit.relevance.layers import CONV_TRANSPOSE
+from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
@@ -63,10 +68,12 @@ def _matches(match: Match, name: str, module: nn.Module) -> bool:
 
 @dataclass
 class Composite:
-    """Rules by module type or layer-name pattern (first match wins), a special first layer,
-    the stabiliser of the function table's Norm rule, the canonizers to apply, and the rule of
-    multiplicative gates (``gates``: ``"uniform"`` or ``"constant"``, see
-    :mod:`camkit.relevance.gates`).
+    """A rule set of the one backward: rules by module type or layer-name pattern (first match
+    wins), a special first layer, the stabiliser of the function table's Norm rule, the
+    canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
+    ``"constant"``, see :mod:`camkit.relevance.gates`), the ReLU rule (``"guided"``,
+    ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
+    path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
     ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
     """
@@ -77,9 +84,13 @@ class Composite:
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
     gates: str = "uniform"
+    rectifier: ReLURule | None = None
+    strict: bool = True
 
     def __post_init__(self) -> None:
         check_gates(self.gates)
+        if self.rectifier is not None:
+            check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
             if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Rule)):
                 raise ArgumentError(
@@ -144,6 +155,12 @@ def _named(
     return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
 
 
+def _rule_set(name: str) -> Composite:
+    rectifier = name if name in RULES else None
+    return Composite([], canonizers=[], name=name, rectifier=rectifier, strict=False)
+
+
+RULE_SETS: tuple[str, ...] = ("gradient", *RULES)
 DEFAULT_COMPOSITE = "epsilon-plus-flat-nobias"  # LRP's, the front ends' (--composite, menus)
 COMPOSITES: tuple[str, ...] = (
     DEFAULT_COMPOSITE,
@@ -159,12 +176,18 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
     ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
     ``gates``: the rule of multiplicative gates), a :class:`Composite`, or a list of
-    ``(match, rule)``."""
+    ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
+    rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):
+        if spec in RULE_SETS and not options:
+            return _rule_set(spec)
         if spec not in COMPOSITES:
-            raise ArgumentError(f"unknown composite {spec!r}; choose from {list(COMPOSITES)}")
+            raise ArgumentError(
+                f"unknown composite {spec!r}; choose from {list(COMPOSITES)} (LRP) or "
+                f"{list(RULE_SETS)}"
+            )
         return _named(spec, **options)
     if isinstance(spec, list | tuple):
         return Composite(list(spec), **options)
@@ -174,4 +197,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "Composite", "composite"]
+__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "RULE_SETS", "Composite", "composite"]

@@ -23,7 +23,7 @@ from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, GradientError
-from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution, SampleTotals
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
@@ -70,6 +70,11 @@ class Relevance:
         return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
+def sum_over(relevances: Inputs) -> Tensor:
+    """Every input's relevance summed: ``(B, K)``."""
+    return sum(r.flatten(2).sum(-1) for r in relevances)
+
+
 @register("lrp", "Bach et al., PLOS ONE 2015")
 class LRP(PixelAttribution):
     """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
@@ -81,16 +86,26 @@ class LRP(PixelAttribution):
     An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
     merged; residual sums get the Norm rule where they are written).
 
+    LRP is input x gradient under the composite (the one backward,
+    :func:`~camkit.relevance.rules_applied`), on the pixel base: it takes what
+    :class:`~camkit.pixel.methods.Saliency` takes (vectors ``(B, F)``, sequences, volumes, a
+    tuple of inputs, each getting its relevance ``x_i * dS/dx_i``, ``additional_forward_args``,
+    ``K`` targets).
+
     Args:
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``.
+            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`
+            (``"epsilon-plus-flat-nobias"``), or the ReLU rule ``rule`` names (guided or
+            deconvnet input x gradient).
         layers: layer names whose relevance :meth:`relevance` returns with the input's; the
-            conservation record gives their shares of the score on every call.
+            conservation record gives their shares of the score on every call (of one input
+            tensor; for a tuple of inputs it has the input's share only).
         tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
-            loses most) when the input relevance of a sample differs from its score by more
-            than this fraction of it (0.5: outside 50%-150%); None: never.
-        output, dtype, batch_size: as for every method.
+            loses most) when the input relevance of a sample (summed over the inputs) differs
+            from its score by more than this fraction of it (0.5: outside 50%-150%); None:
+            never.
+        rule, output, dtype, batch_size: as for every pixel method.
 
     After each call, :attr:`conservation` is that call's
     :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
@@ -98,21 +113,19 @@ class LRP(PixelAttribution):
     was lost).
     """
 
-    several_inputs = False
+    default_composite = DEFAULT_COMPOSITE
 
     def __init__(
         self,
         model: nn.Module,
         *,
-        composite: str | Composite | Sequence[tuple[Match, Rule]] = DEFAULT_COMPOSITE,
+        composite: str | Composite | Sequence[tuple[Match, Rule]] | None = None,
         layers: Sequence[str] = (),
         tolerance: float | None = 0.5,
         **options: Any,
     ):
-        if "rule" in options:
-            raise ArgumentError("LRP takes a composite of LRP rules, not a ReLU rule= option")
-        super().__init__(model, **options)
-        self.composite = as_composite(composite)
+        super().__init__(model, composite=composite, **options)
+        self.composite = self.rule_set if self.rule_set is not None else as_composite("gradient")
         if isinstance(layers, str):
             layers = [layers]
         self.record = [name for name, _ in find_layers(self.model, list(layers))] if layers else []
@@ -122,8 +135,19 @@ class LRP(PixelAttribution):
         self.conservation: Conservation | None = None
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        result, several = self._propagate(inputs[0], target, call, record=self.record, maps=False)
-        return (result.input,), several
+        if self.record and len(inputs) == 1:  # the recorded layers' shares too
+            result, several = self._propagate(inputs[0], target, call, self.record, maps=False)
+            return (result.input,), several
+        relevance, scores = SampleTotals(inputs[0].shape[0]), SampleTotals(inputs[0].shape[0])
+
+        def keep(rows: Tensor, grads: Inputs, score: Tensor) -> None:
+            parts = (t[rows].unsqueeze(1) * g for t, g in zip(inputs, grads, strict=True))
+            relevance.add(rows, *parts)
+            scores.add(rows, score)
+
+        several = self.over_copies(inputs, target, call, 1, None, keep)
+        self._conserved({INPUT: sum_over(relevance.totals)}, scores.totals[0])
+        return relevance.totals, several
 
     def display_heat(self, result: Tensor) -> Tensor:
         """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
@@ -136,8 +160,14 @@ class LRP(PixelAttribution):
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
     ) -> Relevance:
         """The input's and the recorded layers' relevance, scores and conservation of a batch
-        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
+        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs; a tuple of
+        inputs goes to the call, which gives each input's relevance)."""
         batch, _ = self.checked_input(x)
+        if isinstance(batch, tuple):
+            raise ArgumentError(
+                "LRP.relevance takes one input tensor (its other inputs as "
+                "additional_forward_args); call the LRP for a tuple of inputs' relevances"
+            )
         call = Call.of(batch, additional_forward_args)
         with model_guarded(self.model):
             return self._propagate(batch, target, call, record=self.record, maps=True)[0]
@@ -181,14 +211,20 @@ class LRP(PixelAttribution):
         relevance = checked(torch.cat([p[0] for p in parts]))
         kept = record if maps else []
         layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(kept)}
-        totals = {INPUT: relevance.flatten(2).sum(-1)}
+        totals = {INPUT: sum_over((relevance,))}
         totals.update({n: torch.cat([p[2][i] for p in parts]) for i, n in enumerate(record)})
+        return Relevance(relevance, layers, scores, self._conserved(totals, scores)), several
+
+    def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
+        """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
+        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance under an LRP
+        composite (the ReLU rules' input x gradient does not redistribute the score)."""
         order = [name for name, _ in self.model.named_modules() if name in totals]
-        self.conservation = Conservation.of(totals, scores, order)
-        if self.tolerance is not None:
+        self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
+        if self.tolerance is not None and self.composite.strict:
             bounds = (1 - self.tolerance, 1 + self.tolerance)
             self.conservation.check(*bounds, f"LRP ({self.composite.name})")
-        return Relevance(relevance, layers, scores, self.conservation), several
+        return self.conservation
 
     def measured(self) -> list[list[dict]] | None:
         """The last call's conservation record, per sample and target (see
