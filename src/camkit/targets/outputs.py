@@ -16,8 +16,10 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     """Pick the logits from a model's output.
 
     ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
-    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, and a
-    tuple or list gives its first element.
+    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, one
+    with ``logits_per_image`` (a dual encoder's image-text similarities: HuggingFace CLIP,
+    SigLIP; ``(B images, T texts)``, so class ``t`` is text ``t``) gives those, and a tuple or
+    list gives its first element.
     """
     if callable(selector):
         picked = selector(output)
@@ -45,6 +47,8 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
         picked = output["logits"]
     elif hasattr(output, "logits"):
         picked = output.logits
+    elif (similarities := _similarities(output)) is not None:
+        picked = similarities
     elif isinstance(output, tuple | list) and output:
         picked = output[0]
     else:
@@ -55,6 +59,16 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     if not isinstance(picked, Tensor):
         raise OutputError(f"the selected model output is {type(picked).__name__}, not a tensor")
     return picked
+
+
+_SIMILARITY_KEY = "logits_per_image"  # HuggingFace dual encoders: CLIP, SigLIP, AltCLIP...
+
+
+def _similarities(output: Any) -> Tensor | None:
+    """A dual encoder's ``(B, texts)`` image-text similarities, or None."""
+    if isinstance(output, Mapping):
+        return output.get(_SIMILARITY_KEY)
+    return getattr(output, _SIMILARITY_KEY, None)
 
 
 def _detections(output: Any) -> str | None:
