@@ -18,21 +18,23 @@ tokenizers = pytest.importorskip("tokenizers", reason="tokenizers builds the tok
 
 WORDS = ["<pad>", "<bos>", "<unk>", "<eos>", "<image>", "a", "cat", "dog", "photo", "of"]
 WORDS += ["the", "is", "on", "grass", "sofa", "red", "blue", "what", "in", "picture"]
-VOCABULARY = 32  # the models' vocabulary: the words, and ids the tokenizer never makes
+WORDS += [f"w{i}" for i in range(len(WORDS), 32)]  # fillers: every id of the models is a word
+VOCABULARY = len(WORDS)
 IMAGE = WORDS.index("<image>")
 SIZE, PATCH = 32, 8  # 4 x 4 patches
 PATCHES = (SIZE // PATCH) ** 2
 
 
-def tokenizer_folder(folder: Path) -> Path:
-    """A WordLevel tokenizer over :data:`WORDS` that frames a text as ``<bos> ... <eos>``,
-    saved with ``save_pretrained`` in ``folder``."""
+def tokenizer_folder(folder: Path, frame: str = "<bos> $A <eos>") -> Path:
+    """A WordLevel tokenizer over :data:`WORDS` that frames a text as ``frame`` (CLIP's
+    ``<bos> ... <eos>``; a language model's ``<bos> $A``), saved with ``save_pretrained`` in
+    ``folder``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     words.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>", special_tokens=[("<bos>", 1), ("<eos>", 3)]
+        single=frame, special_tokens=[("<bos>", 1), ("<eos>", 3)]
     )
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=words,

@@ -27,6 +27,16 @@ from camkit.targets.base import Target
 from camkit.targets.outputs import describe
 
 Texts = str | Sequence[str]
+# the files a saved tokenizer is made of (one is enough); without any, transformers 5 builds an
+# empty tokenizer of the config's class that maps every word to one unknown id
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+)
 
 
 def load_tokenizer(folder: str | Path) -> Any:
@@ -36,6 +46,11 @@ def load_tokenizer(folder: str | Path) -> Any:
     folder = Path(folder)
     if not folder.is_dir():
         raise TargetError(f"the tokenizer folder {str(folder)!r} does not exist")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TargetError(
+            f"the folder {str(folder)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)});"
+            " save one there with tokenizer.save_pretrained(folder)"
+        )
     from transformers import AutoTokenizer
 
     try:
