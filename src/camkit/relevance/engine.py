@@ -16,8 +16,9 @@ composite names) get it through forward hooks; every other operation of the forw
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
-* softmax, matmul and products of two activations, layer / RMS norm and fused attention:
-  AttnLRP's rules (:mod:`camkit.relevance.transformers`);
+* softmax, matmul and products of two activations, layer / RMS norm (functional, or a
+  HuggingFace ``*RMSNorm`` module) and fused attention: AttnLRP's rules
+  (:mod:`camkit.relevance.transformers`);
 * anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
   a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
   that called it, instead of letting relevance through unchecked.
@@ -43,7 +44,7 @@ from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
-from camkit.relevance.transformers import bilinear, handlers
+from camkit.relevance.transformers import bilinear, handlers, rms_norm_modules
 
 _T, _N = torch.Tensor, torch._C._nn
 PASS, NORM, SUMS, SCALE, GRADIENT = "pass", "norm", "sums", "scale", "gradient"
@@ -145,6 +146,7 @@ class Session:
     def __init__(self, model: nn.Module, comp: Composite, record: Sequence[str]):
         self.model, self.composite = model, comp
         self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
+        self.rules |= rms_norm_modules(model, self.rules)
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
         self.bypass = 0

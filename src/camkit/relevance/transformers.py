@@ -11,7 +11,15 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   epsilon stabiliser): half the gradient to each factor, so that ``R_A + R_B = R_y``;
 * **layer norm** (and RMS norm), the identity rule on the normalisation: the standard deviation
   is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
-  (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
+  (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share); an RMS norm written
+  as a module of its own (HuggingFace's ``LlamaRMSNorm``, ``GemmaRMSNorm``... compute
+  ``x * rsqrt(mean(x^2) + eps) * w`` from ``pow``, ``mean`` and ``rsqrt``, which no function
+  rule sees as one operation) gets the same rule as a module rule (:func:`rms_norm_modules`):
+  ``y_i = c_i x_i`` with ``c`` constant, so ``R_x = R_y``, the :class:`~.rules.Pass` rule;
+* **rotary position embeddings** (``q cos + rotate_half(q) sin``): products with constants and
+  structural operations, their plain gradient; **gated MLPs** (``act(gate(x)) * up(x)``): the
+  product of two activations, the uniform rule; **grouped-query attention**: the keys and
+  values repeated (``expand``, ``reshape``), their plain gradient;
 * **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`;
 * ``F.scaled_dot_product_attention`` (fused attention): computed again from its parts with the
   rules above, the forward value being the fused one bitwise.
@@ -25,9 +33,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from camkit.relevance.rules import modified_output, proportional
+from camkit.relevance.rules import Pass, Rule, modified_output, proportional
 
 
 def bilinear(o: Tensor, stabilizer: float) -> Tensor:
@@ -112,4 +120,17 @@ def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
     return found
 
 
-__all__ = ["attention", "bilinear", "handlers", "layer_norm", "rms_norm"]
+def rms_norm_modules(model: nn.Module, assigned: dict) -> dict[str, tuple[nn.Module, Rule]]:
+    """The RMS norms written as modules (a class name ending in ``RMSNorm``, other than
+    ``nn.RMSNorm``, whose ``F.rms_norm`` the function rule sees) that no composite entry
+    ruled: ``{name: (module, Pass())}``, AttnLRP's identity rule on the normalisation."""
+    return {
+        name: (module, Pass())
+        for name, module in model.named_modules()
+        if name not in assigned
+        and type(module).__name__.endswith("RMSNorm")
+        and type(module).forward is not getattr(nn, "RMSNorm", object).forward
+    }
+
+
+__all__ = ["attention", "bilinear", "handlers", "layer_norm", "rms_norm", "rms_norm_modules"]
