@@ -98,3 +98,13 @@ def test_the_token_relevance_of_the_page_is_the_explanations(tmp_path):
         camkit.GradCAM(loaded.explained), x, sequence, prompt_length=ids.shape[1]
     )
     assert result.token_relevance.shape == (1, 2, sequence.shape[1])
+
+
+def test_the_example_runs(capsys):
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "vlm.py"
+    runpy.run_path(str(example), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert "maps (1, 2, 32, 32)" in printed and "the same map (True)" in printed

@@ -140,3 +140,27 @@ def test_a_folder_without_a_tokenizer_says_so(tmp_path):
         load_tokenizer(tmp_path / "absent")
     with pytest.raises(TargetError, match="tokenizer="):
         PromptTarget(vlm_kit.clip(), "a cat")
+
+
+def test_lrp_through_the_normalised_similarity_conserves_the_score(folder):
+    """The embedding's norm is a constant for LRP (AttnLRP's identity rule on a
+    normalisation): the projected embedding's relevance sums to the score (CLIP's projection
+    has no bias), and is ``e * exp(t) t_hat / |e|`` by hand."""
+    model = vlm_kit.clip().double()
+    x = vlm_kit.image(1, dtype=torch.float64)
+    target = PromptTarget(model, ["a cat", "a dog"], tokenizer=folder)
+    layer = "visual_projection"
+    lrp = camkit.LRP(camkit.ImageTower(model), composite="epsilon-plus", layers=[layer])
+    found = lrp.relevance(x, target)
+    embedding = model.get_image_features(pixel_values=x).pooler_output.detach()
+    texts = F.normalize(target.embeddings, dim=-1)
+    expected = embedding[:, None] * target.scale * texts[None] / embedding.norm()
+    torch.testing.assert_close(
+        found.layers[f"module.{layer}"].double(), expected, atol=1e-6, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        found.layers[f"module.{layer}"].sum(-1).double(),
+        found.scores.double(),
+        atol=1e-6,
+        rtol=1e-5,
+    )

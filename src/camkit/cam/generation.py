@@ -39,9 +39,9 @@ class TokenExplanation:
     ``maps``: ``(B, K, H, W)`` the CAM's finished maps (one per token); ``token_relevance``:
     ``(B, K, T)`` gradient x input on the input embeddings, summed over their features, for
     every position of the sequence (0 at the image tokens, whose embeddings the vision
-    features replace, and at and after the explained token, which the causal model does not
-    read for it); ``scores``: ``(B, K)`` the targets' scores; ``layer`` and ``embeddings``:
-    the layers read.
+    features replace, and at and after the explained token, which a causal model does not
+    read for it; PaliGemma's prompt attends both ways); ``scores``: ``(B, K)`` the targets'
+    scores; ``layer`` and ``embeddings``: the layers read.
     """
 
     maps: Tensor

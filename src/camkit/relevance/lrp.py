@@ -141,7 +141,7 @@ class LRP(PixelAttribution):
         self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
     ) -> tuple[Relevance, bool]:
         self.check_autograd()
-        scorer = resolve(target, x.shape[0], x.device, self.output)
+        scorer = resolve(target, x.shape[0], x.device, self.output).for_relevance()
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU

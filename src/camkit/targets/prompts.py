@@ -14,6 +14,7 @@ against "a dog": where the image is more cat than dog).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ class PromptTarget(Target):
                     f"got {against.shape[0]}"
                 )
             self.against = against.expand_as(self.embeddings)
+        self.constant_norm = False  # True in the form LRP scores (for_relevance)
         with torch.no_grad():
             self.scale = encoder.logit_scale.detach().exp().reshape(())
             bias = getattr(encoder, "logit_bias", None)
@@ -150,10 +152,23 @@ class PromptTarget(Target):
         """``K``: the number of prompts (targets per image)."""
         return self.embeddings.shape[0]
 
+    def for_relevance(self) -> PromptTarget:
+        """The same scores with the image embedding's norm taken as a constant (AttnLRP's
+        identity rule on a normalisation; lxt's ``normalize``): the embedding's relevance then
+        sums to ``exp(logit_scale) cos``, where the plain cosine's gradient, orthogonal to the
+        embedding, would give it none."""
+        twin = copy.copy(self)
+        twin.constant_norm = True
+        return twin
+
     def similarities(self, image: Tensor, texts: Tensor) -> Tensor:
         """``(B, D), (K, D) -> (B, K)``: the model's image-text logits."""
         texts = texts.to(image.device, image.dtype)
-        cosine = F.normalize(image, dim=-1) @ F.normalize(texts, dim=-1).T
+        if self.constant_norm:
+            norm = image.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            cosine = (image / norm) @ F.normalize(texts, dim=-1).T
+        else:
+            cosine = F.normalize(image, dim=-1) @ F.normalize(texts, dim=-1).T
         logits = cosine * self.scale.to(image.device, image.dtype)
         return logits if self.bias is None else logits + self.bias.to(image.device, image.dtype)
 
