@@ -164,3 +164,25 @@ def test_lrp_through_the_normalised_similarity_conserves_the_score(folder):
         atol=1e-6,
         rtol=1e-5,
     )
+
+
+def test_concepts_say_which_vision_channels_carry_a_prompt(folder):
+    """Channel relevance (gradient x activation summed over the tokens) for a prompt equals a
+    hand reference."""
+    from camkit.concepts import ConceptAttribution
+
+    model = vlm_kit.clip().double()
+    x = vlm_kit.image(2, dtype=torch.float64)
+    target = PromptTarget(model, "a cat", tokenizer=folder)
+    found = ConceptAttribution(camkit.ImageTower(model), LAYER).relevances(x, target)
+    kept = []
+    layer = model.vision_model.encoder.layers[0]
+    handle = layer.register_forward_hook(lambda m, i, o: kept.append(o))
+    try:
+        score = target(model.get_image_features(pixel_values=x).pooler_output)
+    finally:
+        handle.remove()
+    (grad,) = torch.autograd.grad(score.sum(), kept[0])
+    expected = (grad * kept[0]).sum(dim=1).detach()
+    assert found.shape == (2, 32)
+    torch.testing.assert_close(found.double(), expected, atol=1e-6, rtol=1e-5)

@@ -140,3 +140,15 @@ def test_a_token_position_outside_the_sequence_says_so():
     cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))
     with pytest.raises(TargetError, match="outside the sequence"):
         cam(x, TokenTarget(40, 5), additional_forward_args={"input_ids": sequence})
+
+
+def test_explaining_an_answer_leaves_the_model_as_it_was():
+    from conftest import assert_untouched, model_state
+
+    model, x, prompt_length, sequence = answer("llava")
+    with torch.no_grad():
+        model(input_ids=sequence, pixel_values=x)  # transformers installs its own recorders once
+    before = model_state(model)
+    cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))
+    explain_tokens(cam, x, sequence, prompt_length=prompt_length, token_batch=2)
+    assert_untouched(model, before)

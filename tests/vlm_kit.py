@@ -77,34 +77,29 @@ def _text(**extra: object) -> dict:
     return {**settings, **extra}
 
 
-def clip() -> torch.nn.Module:
-    torch.manual_seed(0)
-    text = dict(
+def _text_tower(**extra: object) -> dict:
+    """A dual encoder's one-layer text tower."""
+    return dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         vocab_size=VOCABULARY,
         max_position_embeddings=16,
-        bos_token_id=1,
-        eos_token_id=3,
-        pad_token_id=0,
+        **extra,
     )
+
+
+def clip() -> torch.nn.Module:
+    torch.manual_seed(0)
+    text = _text_tower(bos_token_id=1, eos_token_id=3, pad_token_id=0)
     config = transformers.CLIPConfig(text_config=text, vision_config=_vision(), projection_dim=16)
     return transformers.CLIPModel(config).eval()
 
 
 def siglip() -> torch.nn.Module:
     torch.manual_seed(0)
-    text = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        vocab_size=VOCABULARY,
-        max_position_embeddings=16,
-    )
-    config = transformers.SiglipConfig(text_config=text, vision_config=_vision())
+    config = transformers.SiglipConfig(text_config=_text_tower(), vision_config=_vision())
     return transformers.SiglipModel(config).eval()
 
 

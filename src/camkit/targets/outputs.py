@@ -71,6 +71,22 @@ def _similarities(output: Any) -> Tensor | None:
     return getattr(output, _SIMILARITY_KEY, None)
 
 
+def target_logits(output: Any, who: str, shape: str, hint: str) -> Tensor:
+    """The logits target ``who`` reads (:func:`select_output` without a selector), of
+    ``shape`` (``"(B, num_classes)"``: 2 axes), else a TargetError saying what came and
+    ``hint`` (what to use instead)."""
+    try:
+        logits = select_output(output)
+    except OutputError as err:
+        raise TargetError(
+            f"{who} needs {shape} logits (a tensor, a dict or object with 'logits', or a tuple "
+            f"starting with them), got {describe(output)}: {err}"
+        ) from None
+    if logits.ndim != shape.count(",") + 1:
+        raise TargetError(f"{who} needs {shape} logits, got shape {tuple(logits.shape)}; {hint}")
+    return logits
+
+
 def _detections(output: Any) -> str | None:
     """What kind of detector output this is (torchvision, DETR-style), or None."""
     first = output[0] if isinstance(output, list | tuple) and output else None
@@ -125,4 +141,11 @@ def describe(output: object) -> str:
     return type(output).__name__
 
 
-__all__ = ["OutputSelector", "class_logits", "describe", "sample_output", "select_output"]
+__all__ = [
+    "OutputSelector",
+    "class_logits",
+    "describe",
+    "sample_output",
+    "select_output",
+    "target_logits",
+]

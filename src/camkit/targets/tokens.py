@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from camkit.errors import OutputError, TargetError
+from camkit.errors import TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import describe, select_output
+from camkit.targets.outputs import target_logits
 
 Ints = int | Sequence[int] | Tensor
 
@@ -46,18 +46,8 @@ def _ints(name: str, value: Ints) -> tuple[list[int], bool]:
 
 def sequence_logits(output: Any, who: str) -> Tensor:
     """The ``(B, T, V)`` next-token logits of a causal (vision-)language model's output."""
-    try:
-        logits = select_output(output)
-    except OutputError as err:
-        raise TargetError(
-            f"{who} needs (B, T, vocabulary) logits, got {describe(output)}: {err}"
-        ) from None
-    if logits.ndim != 3:
-        raise TargetError(
-            f"{who} needs (B, T, vocabulary) next-token logits (a language model's output), got "
-            f"shape {tuple(logits.shape)}"
-        )
-    return logits
+    hint = "token targets read a language model's next-token logits"
+    return target_logits(output, who, "(B, T, vocabulary)", hint)
 
 
 def _rows(positions: list[int], length: int, who: str) -> Tensor:
