@@ -72,6 +72,11 @@ def test_the_cli_says_what_is_wrong(tmp_path, photo, capsys):
     assert "holds no tokenizer" in capsys.readouterr().err
     assert main([*argv, "--model", f"hf:{folder}"]) == 2
     assert "--prompt" in capsys.readouterr().err
+    assert main([*argv, "--model", f"hf:{folder}", "--prompt", "a", "--target", "3"]) == 2
+    assert "not classes" in capsys.readouterr().err
+    llava = save_folder(vlm_kit.llava(), tmp_path / "llava", frame="<bos> $A")
+    assert main([*argv, "--model", f"hf:{llava}", "--prompt", "a", "--method", "scorecam"]) == 2
+    assert "one pass" in capsys.readouterr().err
 
 
 def test_the_token_page_colours_each_token_by_its_relevance():

@@ -40,6 +40,11 @@ def check_prompts(args: argparse.Namespace) -> None:
         )
     if args.model.startswith(PREFIX) and not args.prompt:
         raise UsageError(f"--model {args.model}: give the text to explain with --prompt")
+    if args.model.startswith(PREFIX) and args.target != "top1":
+        raise UsageError(
+            f"--target {args.target}: a vision-language model's targets are its prompts "
+            "(--prompt) or the tokens it generates, not classes"
+        )
 
 
 def run_vlm(args: argparse.Namespace) -> int:
@@ -56,7 +61,8 @@ def run_vlm(args: argparse.Namespace) -> int:
     loaded.model.to(device)
     if loaded.generative and len(args.prompt) != 1:
         raise UsageError("--prompt: a generative model answers one prompt; give it once")
-    explainers = [_explainer(loaded, name, args.layer) for name in methods]
+    settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
+    explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
     out.mkdir(parents=True, exist_ok=True)
     failed, written = [], 0
     for path in paths:
@@ -79,9 +85,11 @@ def run_vlm(args: argparse.Namespace) -> int:
     return EXIT_OK if not failed else exit_status(failed)
 
 
-def _explainer(loaded: LoadedVLM, name: str, layer: str | None) -> object:
+def _explainer(
+    loaded: LoadedVLM, name: str, layer: str | None, settings: registry.Settings
+) -> object:
     try:
-        explainer = registry.build(name, loaded.explained, layer)
+        explainer = registry.build(name, loaded.explained, layer, settings)
     except CamkitError as error:
         raise UsageError(f"--method {name}: {error}") from None
     if loaded.generative and not (isinstance(explainer, BaseCAM) and explainer.shares_one_pass()):
