@@ -1,10 +1,10 @@
 """AttnLRP through a language model's parts (HuggingFace's RMSNorm modules, rotary embeddings,
 gated MLPs, grouped-query attention): checked number by number against lxt 2.1's rule functions
-on a LLaMA-style block, and run through a whole tiny LLaMA. (LRP through a LLaVA-style model
-stops where the image features enter the text, ``masked_scatter``: its rule is another
-branch's work; :func:`test_lrp_through_llava_names_masked_scatter` pins the message.)"""
+on a LLaMA-style block, and run through a whole tiny LLaMA and a whole tiny LLaVA."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ import vlm_kit
 from torch import nn
 
 import camkit
-from camkit.errors import RelevanceError
+from camkit.errors import ConservationWarning
 from camkit.relevance import Composite, Epsilon, rules_applied
 from camkit.targets import TokenTarget
 
@@ -52,7 +52,7 @@ class GatedBlock(nn.Module):
         return linear(self.head, y)
 
 
-def test_a_gated_block_with_rms_norm_modules_equals_lxt():
+def test_a_gated_block_with_llama_rms_norms_equals_lxt():
     torch.manual_seed(0)
     model = GatedBlock().double().eval()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
@@ -67,9 +67,10 @@ def test_a_gated_block_with_rms_norm_modules_equals_lxt():
     (theirs,) = torch.autograd.grad(score_lxt, leaf, grad_outputs=score_lxt.detach())
     torch.testing.assert_close(score, score_lxt)
     scale = theirs.abs().max()
-    assert scale > 0 and (ours - theirs).abs().max() <= 1e-8 * scale
+    # within the uniform rule's stabiliser (camkit divides the product by y + eps sign(y))
+    assert scale > 0 and (ours - theirs).abs().max() <= 1e-6 * scale
     # bias-free: relevance is conserved, the RMS norms passing it through unchanged
-    assert ours.sum().item() == pytest.approx(score.sum().item(), rel=1e-8)
+    assert ours.sum().item() == pytest.approx(score.sum().item(), rel=1e-6)
 
 
 class Embeddings(nn.Module):
@@ -99,7 +100,9 @@ def test_lrp_runs_through_a_tiny_llama_and_each_block_conserves():
     for attention in ("sdpa", "eager"):
         lm.config._attn_implementation = attention
         lrp = camkit.LRP(Embeddings(lm), composite="epsilon-plus", layers=blocks)
-        results[attention] = lrp.relevance(x, TokenTarget(-1, 7))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConservationWarning)  # 0.43: measured below
+            results[attention] = lrp.relevance(x, TokenTarget(-1, 7))
     fused, eager = results["sdpa"], results["eager"]
     torch.testing.assert_close(fused.input, eager.input, atol=1e-6, rtol=1e-4)  # float32 results
     score = float(fused.scores.sum())
@@ -108,9 +111,28 @@ def test_lrp_runs_through_a_tiny_llama_and_each_block_conserves():
     assert 0.2 < float(fused.input.sum()) / score < 0.8
 
 
-def test_lrp_through_llava_names_masked_scatter():
-    model = camkit.KeywordInput(vlm_kit.llava(), "pixel_values")
-    lrp = camkit.LRP(model, composite="epsilon-plus")
+def test_lrp_through_llava_image_patches_and_prompt_tokens_share_the_logit():
+    """AttnLRP through the whole LLaVA (CLIP tower, projector, masked_scatter, LLaMA): the
+    pixels' relevance plus the prompt tokens' (at the input embeddings; the image positions'
+    embeddings are overwritten, so 0) is the token's logit within 10% (measured: 1.04); the
+    language model's final norm passes it on within 1e-4."""
+    model = vlm_kit.llava().double()
+    embeddings = "model.language_model.embed_tokens"
+    layers = [embeddings, "model.language_model.norm"]
+    wrapped = camkit.KeywordInput(model, "pixel_values")
+    lrp = camkit.LRP(wrapped, composite="epsilon-plus", layers=layers)
     ids = vlm_kit.prompt(vlm_kit.PATCHES)
-    with pytest.raises(RelevanceError, match="masked_scatter"):
-        lrp(vlm_kit.image(), TokenTarget(-1, 5), additional_forward_args={"input_ids": ids})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConservationWarning)  # the pixels alone hold a part
+        found = lrp.relevance(
+            vlm_kit.image(dtype=torch.float64),
+            TokenTarget(-1, 5),
+            additional_forward_args={"input_ids": ids},
+        )
+    score = float(found.scores.sum())
+    tokens = found.layers[embeddings][0, 0]
+    image = ids[0] == vlm_kit.IMAGE
+    assert float(tokens[image].abs().sum()) == 0
+    total = float(found.input.sum()) + float(tokens[~image].sum())
+    assert total / score == pytest.approx(1.0, abs=0.1)
+    assert float(found.layers["model.language_model.norm"].sum()) == pytest.approx(score, rel=1e-4)

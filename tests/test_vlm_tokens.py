@@ -56,8 +56,8 @@ def test_the_default_layer_is_the_one_the_projector_reads():
     for cam in (llava, paligemma):
         cam(vlm_kit.image(), target, additional_forward_args={"input_ids": ids})
     # vision_feature_layer=-2: hidden_states[-2] of 3 layers, the output of layer 1
-    assert llava.layers == ["module.model.vision_tower.encoder.layers.1"]
-    assert paligemma.layers == ["module.model.vision_tower.post_layernorm"]
+    assert llava.layers == ["model.vision_tower.encoder.layers.1"]
+    assert paligemma.layers == ["model.vision_tower.post_layernorm"]
 
 
 @pytest.mark.parametrize("name", ["llava", "paligemma", "gemma3"])

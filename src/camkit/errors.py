@@ -108,6 +108,11 @@ class ConservationWarning(UserWarning):
     """LRP lost (or created) more of the target score than its composite allows."""
 
 
+class UnmovedObjectiveWarning(UserWarning):
+    """Feature visualisation could not move its objective from the starting value on every
+    start it tried (a unit closed for every image it met): the image is an unoptimised start."""
+
+
 def warn(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` pointing at the caller's line: the first frame outside camkit."""
     frame, level = sys._getframe(1), 2  # stacklevel 2 is the frame that called warn()

@@ -160,6 +160,8 @@ def run_concepts(args: argparse.Namespace) -> int:
         )
         summary.run["finished"] = now()
         write_concepts(out, summary)
+        for finished in out.glob(PARTS):  # the run is done: nothing left to resume
+            finished.unlink()
     print(
         f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS_FILE}", file=sys.stderr
     )

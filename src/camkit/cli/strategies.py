@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from camkit.cli import report, results
 from camkit.cli.arguments import add_command, add_labels_argument, positive_int
 from camkit.cli.common import EXIT_OK, UsageError
 from camkit.cli.strategy_concepts import add_cluster_concepts
+from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.runs.manifest import MANIFEST, read
 from camkit.runs.strategies import (
@@ -176,47 +178,43 @@ def run_strategies(args: argparse.Namespace) -> int:
         "seed": args.seed,
     }
     groups, skipped = [], []
-    for method in methods:
-        rows = np.flatnonzero(maps.method == method)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", StrategyWarning)
-                found = find_strategies(
-                    maps.maps,
-                    maps.target[rows],
-                    rows=rows,
-                    confidences=maps.confidence[rows],
-                    predictions=maps.prediction[rows],
-                    truth=truth[rows],
-                    grid=args.grid,
-                    normalize=args.normalize,
-                    positive=args.positive,
-                    only=wanted,
-                    **options,
+    with progress(len(methods), "clusters", "method", enabled=not args.quiet) as shown:
+        for method in methods:
+            rows = np.flatnonzero(maps.method == method)
+            shown.set_postfix_str(method)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", StrategyWarning)
+                    found = find_strategies(
+                        maps.maps,
+                        maps.target[rows],
+                        rows=rows,
+                        confidences=maps.confidence[rows],
+                        predictions=maps.prediction[rows],
+                        truth=truth[rows],
+                        grid=args.grid,
+                        normalize=args.normalize,
+                        positive=args.positive,
+                        only=wanted,
+                        **options,
+                    )
+            except CamkitError as error:
+                raise UsageError(f"{method}: {error}") from None
+            for class_id, result in found.classes.items():
+                _to_rows(result, rows)
+                label = classes.get(str(class_id), str(class_id))
+                groups.append(
+                    write_group(out, run, result, method, label, maps, records, args.colormap)
                 )
-        except CamkitError as error:
-            raise UsageError(f"{method}: {error}") from None
-        for class_id, result in found.classes.items():
-            _to_rows(result, rows)
-            label = classes.get(str(class_id), str(class_id))
-            groups.append(
-                write_group(out, run, result, method, label, maps, records, args.colormap)
-            )
-            if not args.quiet:
-                ranked = result.by_suspiciousness()
-                flagged = (
-                    f"most suspicious: cluster {ranked[0].id} ({ranked[0].suspiciousness:.3f})"
-                    if ranked
-                    else "every map is noise"
-                )
-                print(
-                    f"{method} · {label} ({class_id}): {len(result.indices)} maps, eigengap "
-                    f"suggests {result.suggested_k}, {result.k} cluster(s); {flagged}"
-                )
-        skipped += [
-            {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
-        ]
-    done = add_cluster_concepts(run, manifest, groups, maps.image.tolist(), args.weights)
+                if not args.quiet:
+                    shown.write(_class_line(method, label, class_id, result), file=sys.stdout)
+            skipped += [
+                {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
+            ]
+            shown.update(1)
+    done = add_cluster_concepts(
+        run, manifest, groups, maps.image.tolist(), args.weights, quiet=args.quiet
+    )
     if done is not None and not args.quiet:
         print(done)
     data = StrategiesRecord(
@@ -244,6 +242,20 @@ def run_strategies(args: argparse.Namespace) -> int:
         )
         print(f"report with the strategies view: {run / 'index.html'}")
     return EXIT_OK
+
+
+def _class_line(method: str, label: str, class_id: int, result: ClassStrategies) -> str:
+    """What ``camkit strategies`` says of one (method, class)."""
+    ranked = result.by_suspiciousness()
+    flagged = (
+        f"most suspicious: cluster {ranked[0].id} ({ranked[0].suspiciousness:.3f})"
+        if ranked
+        else "every map is noise"
+    )
+    return (
+        f"{method} · {label} ({class_id}): {len(result.indices)} maps, eigengap "
+        f"suggests {result.suggested_k}, {result.k} cluster(s); {flagged}"
+    )
 
 
 def _to_rows(found: ClassStrategies, rows: np.ndarray) -> None:
@@ -337,4 +349,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=True,
         help="add the strategies view to RUN_DIR/index.html (default on)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no per-class lines")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no per-class lines and no progress (by stage: clusters per method, then cluster "
+        "concepts per image, the slow one: a forward and backward pass per photo and class)",
+    )

@@ -258,6 +258,12 @@ class Explainer:
         in a call (:func:`~camkit.core.state.model_guarded`)."""
         raise NotImplementedError
 
+    def measured(self) -> list[list[dict]] | None:
+        """What the last call measured about its own result, per sample and target, as plain
+        JSON dicts (LRP: ``{"conservation": ...}``, its conservation record); None for a method
+        that measures nothing. The CLI's manifest records it as it is."""
+        return None
+
     def display_heat(self, result: Tensor) -> Tensor:
         """How this method's result is shown: a call's result with its target axis kept
         (``(B, K, ...)``) -> heat ``(B, K, H, W)`` (volumes ``(B, K, D, H, W)``) in [0, 1].

@@ -27,15 +27,22 @@ backward (``is_grads_batched=True``).
   :class:`~camkit.errors.RelevanceError` naming it);
 * :mod:`~camkit.relevance.transformers`: AttnLRP's rules (softmax, matmul, layer norm, fused
   attention; Achtibat et al., ICML 2024);
+* :mod:`~camkit.relevance.gates`: the rule of multiplicative gates (``x * sigmoid(s)``), chosen
+  in the composite (``gates="uniform"`` or ``"constant"``);
+* :mod:`~camkit.relevance.conservation`: :class:`Conservation`, the share of the score that
+  reached the input and each recorded layer, and the step that loses most;
 * :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
-  layer relevances and the conservation report.
+  layer relevances and the conservation record.
 
 The numbers equal zennit 0.5.1's for its composites and canonizers
-(``tests/test_relevance_references.py``); docs/relevance.md says which composite to choose.
+(``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
+the biases from the rules and treats gates as constants (docs/relevance.md says which composite
+to choose, with the measured conservation).
 """
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
-from camkit.relevance.composites import COMPOSITES, Composite, composite
+from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE, Composite, composite
+from camkit.relevance.conservation import Conservation
 from camkit.relevance.engine import Session, rules_applied
 from camkit.relevance.lrp import LRP, Relevance
 from camkit.relevance.rules import (
@@ -56,6 +63,8 @@ __all__ = [
     "AlphaBeta",
     "Canonizer",
     "Composite",
+    "Conservation",
+    "DEFAULT_COMPOSITE",
     "Epsilon",
     "Flat",
     "Gamma",

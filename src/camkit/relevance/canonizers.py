@@ -21,15 +21,17 @@ what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rules import Affine
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 
 
 class Canonizer:
@@ -61,11 +63,10 @@ def merged_after(layer: Affine, bn: nn.Module) -> Affine:
     """``bn(layer(x))`` as one affine map: ``W' = scale W`` (per output), ``b' = scale b +
     shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``)."""
     scale, shift = _scale_shift(bn, layer.weight)
-    per_out = (-1,) + (1,) * (layer.weight.dim() - 1)
     shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
     scale_out, shift_out = scale.view(shape), shift.view(shape)
     bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
-    return Affine(layer.op, layer.weight * scale.view(per_out), bias)
+    return replace(layer, weight=layer.scaled_outputs(scale), bias=bias)
 
 
 def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
@@ -73,11 +74,10 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     layer(shift) `` (a map over the output positions: with zero padding the shift does not
     reach the border outputs fully, and the map says so exactly)."""
     scale, shift = _scale_shift(bn, layer.weight)
-    per_in = (1, -1) + (1,) * (layer.weight.dim() - 2)
     channel = (1, -1) + (1,) * (x.dim() - 2)
     constant = shift.view(channel).expand((1, *x.shape[1:]))
     bias = layer(constant, layer.weight, layer.bias)
-    return Affine(layer.op, layer.weight * scale.view(per_in), bias)
+    return replace(layer, weight=layer.scaled_inputs(scale), bias=bias)
 
 
 def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:

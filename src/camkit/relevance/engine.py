@@ -16,10 +16,12 @@ composite names) get it through forward hooks; every other operation of the forw
   max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
   un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
   must move (zennit does the same for these);
-* softmax, matmul and products of two activations, layer / RMS norm (functional, or a
-  HuggingFace ``*RMSNorm`` module) and fused attention: AttnLRP's rules
-  (:mod:`camkit.relevance.transformers`);
-* anything else on the relevance path (``exp``, ``group_norm``, a functional convolution outside
+* gathers, embeddings and writes (``masked_scatter``, ``index_put``, ``scatter``): their plain
+  gradient; additive scatters: :class:`~.rules.Norm` (:mod:`camkit.relevance.layers`);
+* softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
+  norms and their pieces (``pow``, ``sqrt``: constants) and fused attention: AttnLRP's rules
+  (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the composite's (:mod:`~.gates`);
+* anything else on the relevance path (``exp``, ``cumsum``, a functional convolution outside
   a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
   that called it, instead of letting relevance through unchecked.
 
@@ -43,8 +45,10 @@ from camkit.core.layers import explained_module, find_layers, hooked, this_threa
 from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite, Match, composite
+from camkit.relevance.gates import GateTracker
+from camkit.relevance.layers import ADDITIVE, CONV_TRANSPOSE, COPIES
 from camkit.relevance.rules import Affine, Norm, Pass, Rule
-from camkit.relevance.transformers import bilinear, handlers, rms_norm_modules
+from camkit.relevance.transformers import bilinear, handlers
 
 _T, _N = torch.Tensor, torch._C._nn
 PASS, NORM, SUMS, SCALE, GRADIENT = "pass", "norm", "sums", "scale", "gradient"
@@ -71,7 +75,8 @@ def _table() -> dict[Any, str]:
     pools += ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")
     add(NORM, *named(torch, "sum", "mean"), *named(_T, "sum", "mean"))
     add(NORM, *named(F, *pools), *named(torch, *pools), *named(_N, *pools))
-    add(NORM, F.interpolate, F.upsample)  # resampling: linear, no bias
+    add(NORM, F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear, F.fold)
+    add(SUMS, *named(torch, *ADDITIVE), *named(_T, *ADDITIVE))
     scale = ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__")
     scale += ("__itruediv__", "multiply", "divide", "true_divide")
     add(SCALE, *named(torch, *scale), *named(_T, *scale))
@@ -83,7 +88,7 @@ def _table() -> dict[Any, str]:
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += ("permute_copy", "swapaxes", "moveaxis", "unfold")
+    shape += ("permute_copy", "swapaxes", "moveaxis", "unfold", *COPIES)
     shape += ("softmax",)  # AttnLRP's softmax rule is the softmax's own gradient
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
@@ -106,6 +111,7 @@ def _in_place_name(name: str) -> bool:
 _IN_PLACE = {f for f in _TABLE if _in_place_name(getattr(f, "__name__", ""))}
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
+_PLAIN_FORWARDS += tuple(kind.forward for kind in CONV_TRANSPOSE)
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
@@ -146,9 +152,9 @@ class Session:
     def __init__(self, model: nn.Module, comp: Composite, record: Sequence[str]):
         self.model, self.composite = model, comp
         self.rules: dict[str, tuple[nn.Module, Rule]] = comp.assign(model)
-        self.rules |= rms_norm_modules(model, self.rules)
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer)
+        self.gates = GateTracker(comp.gates)
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
@@ -321,11 +327,11 @@ class _RelevanceMode(TorchFunctionMode):
         if not operands:
             return func(*args, **kwargs)
         if kind in (SCALE, SUMS, BILINEAR) and len(operands) == 1:
-            # a constant scale or matrix moves relevance as the gradient; a constant added (a
-            # bias) absorbs its share
+            # a constant scale or matrix: the gradient; a constant added (a bias) absorbs its share
             return func(*args, **kwargs)
-        if kind == SCALE:  # the product of two activations (a gate): AttnLRP's uniform rule
-            kind = BILINEAR
+        if kind == SCALE:  # a product of two activations: the gate rule, else AttnLRP's uniform
+            uniform = lambda: self._apply(func, BILINEAR, args, kwargs)  # noqa: E731
+            return self.session.gates.product(func, args, kwargs, operands, uniform)
         if kind in (PASS, NORM, SUMS, BILINEAR):
             return self._apply(func, kind, args, kwargs)
         handler = self.session.handlers.get(func)
@@ -351,7 +357,7 @@ class _RelevanceMode(TorchFunctionMode):
         if not isinstance(o, Tensor):
             return o
         if kind == PASS:
-            y = Pass().output(None, x, o)
+            y = self.session.gates.tagged(func, Pass().output(None, x, o))
         elif kind == BILINEAR:
             y = bilinear(o, self.session.norm.stabilizer)
         else:

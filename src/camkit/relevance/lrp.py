@@ -1,4 +1,4 @@
-"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat")(x, target)``.
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
 (:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
@@ -22,12 +22,13 @@ from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
 from camkit.core.state import model_guarded
-from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
+from camkit.errors import ArgumentError, GradientError
 from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
-from camkit.relevance.composites import Composite, Match
+from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
 from camkit.relevance.composites import composite as as_composite
+from camkit.relevance.conservation import INPUT, Conservation
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
 from camkit.targets.base import TargetSpec
@@ -40,14 +41,15 @@ class Relevance:
 
     ``input``: ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A *
     dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target scores; ``conservation``:
-    ``{"input" or layer name: (B, K)}`` the share of each score that reached it (1 when
-    relevance is conserved; biases and the stabiliser absorb some, the ``Flat``/``ZBox``/
-    ``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by sample)."""
+    the :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name:
+    (B, K)}`` the share of each score that reached it (1 when relevance is conserved; biases
+    and the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
+    ``AlphaBeta`` do not conserve sample by sample), and the step that loses most."""
 
     input: Tensor
     layers: dict[str, Tensor]
     scores: Tensor
-    conservation: dict[str, Tensor]
+    conservation: Conservation
 
     def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
         """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
@@ -68,11 +70,6 @@ class Relevance:
         return resized[:, 0].unflatten(0, heat.shape[:2])
 
 
-def _share(relevance: Tensor, scores: Tensor) -> Tensor:
-    total = relevance.flatten(2).sum(-1)
-    return torch.where(scores != 0, total / torch.where(scores != 0, scores, 1), torch.nan)
-
-
 @register("lrp", "Bach et al., PLOS ONE 2015")
 class LRP(PixelAttribution):
     """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
@@ -88,10 +85,17 @@ class LRP(PixelAttribution):
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
             rule)``.
-        layers: layer names whose relevance :meth:`relevance` returns with the input's.
-        tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when the input relevance
-            of a sample differs from its score by more than this fraction of it; None: never.
+        layers: layer names whose relevance :meth:`relevance` returns with the input's; the
+            conservation record gives their shares of the score on every call.
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
+            loses most) when the input relevance of a sample differs from its score by more
+            than this fraction of it (0.5: outside 50%-150%); None: never.
         output, dtype, batch_size: as for every method.
+
+    After each call, :attr:`conservation` is that call's
+    :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
+    share of the score that reached the input and each recorded layer, and where most of it
+    was lost).
     """
 
     several_inputs = False
@@ -100,9 +104,9 @@ class LRP(PixelAttribution):
         self,
         model: nn.Module,
         *,
-        composite: str | Composite | Sequence[tuple[Match, Rule]] = "epsilon-plus-flat",
+        composite: str | Composite | Sequence[tuple[Match, Rule]] = DEFAULT_COMPOSITE,
         layers: Sequence[str] = (),
-        tolerance: float | None = None,
+        tolerance: float | None = 0.5,
         **options: Any,
     ):
         if "rule" in options:
@@ -115,9 +119,10 @@ class LRP(PixelAttribution):
         if tolerance is not None and not tolerance >= 0:
             raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
         self.tolerance = tolerance
+        self.conservation: Conservation | None = None
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        result, several = self._propagate(inputs[0], target, call, record=[])
+        result, several = self._propagate(inputs[0], target, call, record=self.record, maps=False)
         return (result.input,), several
 
     def display_heat(self, result: Tensor) -> Tensor:
@@ -135,14 +140,16 @@ class LRP(PixelAttribution):
         batch, _ = self.checked_input(x)
         call = Call.of(batch, additional_forward_args)
         with model_guarded(self.model):
-            return self._propagate(batch, target, call, record=self.record)[0]
+            return self._propagate(batch, target, call, record=self.record, maps=True)[0]
 
     def _propagate(
-        self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
+        self, x: Tensor, target: TargetSpec, call: Call, record: list[str], maps: bool
     ) -> tuple[Relevance, bool]:
+        """The relevance of the input (and of the ``record`` layers when ``maps``; their sums
+        for the conservation record in any case)."""
         self.check_autograd()
         scorer = resolve(target, x.shape[0], x.device, self.output).for_relevance()
-        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        parts: list[tuple[Tensor, list[Tensor], list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU
         several, memory = False, MemoryFormat(x).given
@@ -162,34 +169,33 @@ class LRP(PixelAttribution):
                 )
             acts = [session.recorded[name][-1] for name in record]
             grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
-            maps = [
+            found = [
                 (a.detach()[:, None] * g).float()
                 if g is not None
                 else a.new_zeros((*scores.shape, *a.shape[1:]))
                 for a, g in zip([leaf, *acts], grads, strict=True)
             ]
-            parts.append((maps[0], maps[1:], scores.detach().float()))
-        scores = torch.cat([p[2] for p in parts])
+            totals = [r.flatten(2).sum(-1) for r in found[1:]]
+            parts.append((found[0], found[1:] if maps else [], totals, scores.detach().float()))
+        scores = torch.cat([p[3] for p in parts])
         relevance = checked(torch.cat([p[0] for p in parts]))
-        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
-        shares = {"input": _share(relevance, scores)}
-        shares.update({name: _share(r, scores) for name, r in layers.items()})
-        self._check_conservation(shares["input"])
-        return Relevance(relevance, layers, scores, shares), several
+        kept = record if maps else []
+        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(kept)}
+        totals = {INPUT: relevance.flatten(2).sum(-1)}
+        totals.update({n: torch.cat([p[2][i] for p in parts]) for i, n in enumerate(record)})
+        order = [name for name, _ in self.model.named_modules() if name in totals]
+        self.conservation = Conservation.of(totals, scores, order)
+        if self.tolerance is not None:
+            bounds = (1 - self.tolerance, 1 + self.tolerance)
+            self.conservation.check(*bounds, f"LRP ({self.composite.name})")
+        return Relevance(relevance, layers, scores, self.conservation), several
 
-    def _check_conservation(self, share: Tensor) -> None:
-        if self.tolerance is None:
-            return
-        off = (share - 1).abs() > self.tolerance
-        if off.any():
-            first = float(share[off].flatten()[0])
-            warn(
-                f"LRP ({self.composite.name}): the input relevance is {first:.3g} of the target "
-                f"score (the first of {int(off.sum())} sample-target pair(s) beyond the tolerance "
-                f"{self.tolerance}); biases and the stabiliser absorb relevance, Flat, ZBox, "
-                "WSquare and AlphaBeta do not conserve per sample",
-                ConservationWarning,
-            )
+    def measured(self) -> list[list[dict]] | None:
+        """The last call's conservation record, per sample and target (see
+        :meth:`~camkit.relevance.conservation.Conservation.summary`)."""
+        if self.conservation is None:
+            return None
+        return [[{"conservation": c} for c in row] for row in self.conservation.summary()]
 
     def __repr__(self) -> str:
         return f"LRP(composite={self.composite.name!r})"

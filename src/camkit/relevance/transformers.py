@@ -11,16 +11,14 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   epsilon stabiliser): half the gradient to each factor, so that ``R_A + R_B = R_y``;
 * **layer norm** (and RMS norm), the identity rule on the normalisation: the standard deviation
   is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
-  (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share); an RMS norm written
-  as a module of its own (HuggingFace's ``LlamaRMSNorm``, ``GemmaRMSNorm``... compute
-  ``x * rsqrt(mean(x^2) + eps) * w`` from ``pow``, ``mean`` and ``rsqrt``, which no function
-  rule sees as one operation) gets the same rule as a module rule (:func:`rms_norm_modules`):
-  ``y_i = c_i x_i`` with ``c`` constant, so ``R_x = R_y``, the :class:`~.rules.Pass` rule;
+  (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
+* **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`;
 * **rotary position embeddings** (``q cos + rotate_half(q) sin``): products with constants and
   structural operations, their plain gradient; **gated MLPs** (``act(gate(x)) * up(x)``): the
-  product of two activations, the uniform rule; **grouped-query attention**: the keys and
-  values repeated (``expand``, ``reshape``), their plain gradient;
-* **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`;
+  product of two activations, the uniform rule; **grouped-query attention**: keys and values
+  repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
+  hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
+  constants (below), which is the identity rule on the normalisation;
 * ``F.scaled_dot_product_attention`` (fused attention): computed again from its parts with the
   rules above, the forward value being the fused one bitwise.
 """
@@ -33,9 +31,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from camkit.relevance.rules import Pass, Rule, modified_output, proportional
+from camkit.errors import RelevanceError
+from camkit.relevance.rules import modified_output, proportional
 
 
 def bilinear(o: Tensor, stabilizer: float) -> Tensor:
@@ -75,6 +74,77 @@ def rms_norm(
     return modified_output(out, t if weight is None else t * weight.detach())
 
 
+def group_norm(
+    x: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``F.group_norm`` with the identity rule on the normalisation: each group's standard
+    deviation a constant (layer norm's rule over a group's channels and positions)."""
+    out = F.group_norm(x, num_groups, weight, bias, eps)
+    groups = x.unflatten(1, (num_groups, -1))
+    dims = tuple(range(2, groups.dim()))
+    mean = groups.mean(dim=dims, keepdim=True)
+    std = (groups.var(dim=dims, keepdim=True, unbiased=False) + eps).sqrt().detach()
+    t = ((groups - mean) / std).flatten(1, 2)
+    channel = (1, -1) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        t = t * weight.detach().view(channel)
+    if bias is not None:
+        t = t + bias.detach().view(channel)
+    return modified_output(out, t)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: None = None):
+    """``F.normalize`` with the identity rule: the norm a constant, ``R_x = R_y`` element-wise
+    (lxt's ``normalize``; CLIP's embedding normalisation)."""
+    y = F.normalize(x, p, dim, eps)
+    norm = x.detach().norm(p, dim, keepdim=True).clamp_min(eps)
+    return modified_output(y, x / norm)
+
+
+def _constant(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``func``'s value as a constant: no relevance flows through it (a divisor's norm)."""
+
+    def constant(*args: Any, **kwargs: Any) -> Tensor:
+        exponent = kwargs.get("exponent", args[1] if len(args) > 1 else None)
+        if isinstance(exponent, Tensor) and exponent.requires_grad:
+            raise RelevanceError(
+                f"{getattr(func, '__name__', func)} with an exponent on the relevance path "
+                "(an exponential) has no LRP rule: only powers of an activation (norms) have one"
+            )
+        return func(*args, **kwargs).detach()
+
+    return constant
+
+
+# norms and the pieces norms are built from (x.pow(2).sum().sqrt(), rsqrt(var + eps)): their
+# value is a constant scale, as lxt treats the divisor of RMS norm and F.normalize
+_NORMS = {
+    "torch": ("norm", "pow", "sqrt", "rsqrt", "square", "var", "std", "var_mean", "std_mean"),
+    "tensor": ("norm", "pow", "__pow__", "sqrt", "rsqrt", "square", "var", "std"),
+    "linalg": ("norm", "vector_norm", "matrix_norm"),
+}
+
+
+def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
+    """The functions these rules replace (looked up by the function mode)."""
+    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
+    found: dict[Any, Callable[..., Tensor]] = {
+        F.layer_norm: layer_norm,
+        F.group_norm: group_norm,
+        F.normalize: normalize,
+        F.scaled_dot_product_attention: sdpa,
+    }
+    if hasattr(F, "rms_norm"):
+        found[F.rms_norm] = rms_norm
+    for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
+        found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
+    return found
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -108,29 +178,12 @@ def attention(
     return modified_output(out, t)
 
 
-def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
-    """The functions these rules replace (looked up by the function mode)."""
-    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
-    found: dict[Any, Callable[..., Tensor]] = {
-        F.layer_norm: layer_norm,
-        F.scaled_dot_product_attention: sdpa,
-    }
-    if hasattr(F, "rms_norm"):
-        found[F.rms_norm] = rms_norm
-    return found
-
-
-def rms_norm_modules(model: nn.Module, assigned: dict) -> dict[str, tuple[nn.Module, Rule]]:
-    """The RMS norms written as modules (a class name ending in ``RMSNorm``, other than
-    ``nn.RMSNorm``, whose ``F.rms_norm`` the function rule sees) that no composite entry
-    ruled: ``{name: (module, Pass())}``, AttnLRP's identity rule on the normalisation."""
-    return {
-        name: (module, Pass())
-        for name, module in model.named_modules()
-        if name not in assigned
-        and type(module).__name__.endswith("RMSNorm")
-        and type(module).forward is not getattr(nn, "RMSNorm", object).forward
-    }
-
-
-__all__ = ["attention", "bilinear", "handlers", "layer_norm", "rms_norm", "rms_norm_modules"]
+__all__ = [
+    "attention",
+    "bilinear",
+    "group_norm",
+    "handlers",
+    "layer_norm",
+    "normalize",
+    "rms_norm",
+]

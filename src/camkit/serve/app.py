@@ -20,7 +20,8 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
                                ``class``: everywhere, in the cell under ``x``, ``y`` or in
                                ``box``; ``k``; their shares and reference images
-``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG
+``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG: of its
+                               relevance in ``x``, ``y`` or ``box`` when given
 ``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
 ``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
 ``GET /api/curve``             the deletion/insertion curves of a map
@@ -56,7 +57,7 @@ from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import error
-from camkit.serve.logs import LOG, request_line
+from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.routes import ServerState, all_routes
 
@@ -109,7 +110,7 @@ def create_app(
         except Cancelled as stopped:
             return error(str(stopped), 409)
         except Exception as failed:  # noqa: BLE001 -- a computation that fails never stops the server
-            LOG.exception("%s %s failed", request.method, request.url.path)
+            LOG.exception("%s %s failed", request.method, printable(request.url.path))
             return error(f"{type(failed).__name__}: {failed}", 500)
 
     async def guarded(request: Request, call_next: Any) -> Response:

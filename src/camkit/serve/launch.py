@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from camkit import models
+from camkit import io, models
 from camkit.errors import ArgumentError, RunFileError
 from camkit.runs import MANIFEST
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
@@ -169,11 +169,13 @@ def prepare(
     host: str,
     token: str,
     names: dict[str, str] | None = None,
+    max_pixels: int | None = io.MAX_PIXELS,
 ) -> Prepared:
     """Read the gallery and build the app (everything but listening), once
     :func:`check_start` has checked the paths, the address and the token: ``token`` is its
     answer ('' for none); ``names``: each checkpoint's name on the page
-    (:func:`checkpoint_names`). Bad input raises a camkit error before anything listens."""
+    (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
+    (None: any). Bad input raises a camkit error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
@@ -182,7 +184,11 @@ def prepare(
     for problem in gallery.problems.values():
         print(f"camkit serve: warning: {problem}", file=sys.stderr)
     explorer = Explorer(
-        checkpoints, gallery.entries, predictions=gallery.predictions, device=device
+        checkpoints,
+        gallery.entries,
+        predictions=gallery.predictions,
+        device=device,
+        max_pixels=max_pixels,
     )
     app = create_app(
         explorer,

@@ -38,6 +38,7 @@ from torch import Tensor
 from camkit.errors import NonFiniteWarning, TargetError, warn
 from camkit.targets.base import Target, TargetSpec
 from camkit.targets.outputs import OutputSelector, class_logits, sample_output, select_output
+from camkit.targets.ranking import top1
 
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
@@ -109,7 +110,7 @@ class RowScorer:
         so that perturbed copies keep explaining the clean prediction."""
         if not self.top1:
             return self
-        classes = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
+        classes = top1(class_logits(output, self.selector).detach(), keepdim=True)
         return replace(self, classes=classes)
 
     def classes_of(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
@@ -188,7 +189,7 @@ class RowScorer:
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
         if self.classes is None:
-            return logits.gather(1, logits.detach().argmax(dim=1, keepdim=True)), False
+            return logits.gather(1, top1(logits.detach(), keepdim=True)), False
         classes = self.classes[rows.to(self.classes.device)]
         bad = (classes < 0) | (classes >= logits.shape[1])
         if bad.any():
