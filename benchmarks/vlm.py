@@ -5,7 +5,9 @@ model with random weights built from a config (nothing downloaded), side by side
 
 Rows: ``explain_tokens`` (one forward over the answer, the N tokens as N targets of batched
 backward passes, ``token_batch`` = N), the same with ``token_batch=4`` (bounded memory), and N
-separate ``GradCAM`` calls with one ``TokenTarget`` each. The calls alternate, ``--rounds``
+separate ``GradCAM`` calls with one ``TokenTarget`` each; then one token's LRP (AttnLRP through
+the vision tower and the language model, ``epsilon-plus``) against ``Saliency`` (one plain
+forward and backward to the pixels, the floor; target <= 1.5x). The calls alternate, ``--rounds``
 times, and the median is reported; one thread on the CPU. Target (issue 34): the one call <= 0.6x
 the N calls (each token still needs its own backward, so about 0.5x is the floor on a CPU).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 
 import torch
 import transformers
@@ -67,27 +70,41 @@ def main() -> None:
             target = TokenTarget(position, int(sequence[0, position]))
             cam(x, target, additional_forward_args={"input_ids": sequence})
 
+    last = TokenTarget(-1, int(sequence[0, -1]))
+    extra = {"input_ids": sequence}
+    saliency = camkit.Saliency(camkit.KeywordInput(llava, "pixel_values"))
+    lrp = camkit.LRP(camkit.KeywordInput(llava, "pixel_values"), composite="epsilon-plus")
     rows = {
+        "one token: Saliency (forward + backward)": lambda: saliency(
+            x, last, additional_forward_args=extra
+        ),
+        "one token: LRP (AttnLRP)": lambda: lrp(x, last, additional_forward_args=extra),
         f"explain_tokens, {args.tokens} tokens, one backward batch": lambda: one_call(None),
         f"explain_tokens, {args.tokens} tokens, token_batch=4": lambda: one_call(4),
         f"{args.tokens} GradCAM calls, one token each": separate,
     }
     times: dict[str, list[float]] = {name: [] for name in rows}
-    for run in rows.values():  # warm-up
-        run()
+    with warnings.catch_warnings():  # LRP's conservation of random weights: not timed here
+        warnings.simplefilter("ignore")
+        for run in rows.values():  # warm-up
+            run()
     for _ in range(args.rounds):
         for name, run in rows.items():
             sync()
             start = time.perf_counter()
-            run()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                run()
             sync()
             times[name].append(time.perf_counter() - start)
-    base = statistics.median(times[f"{args.tokens} GradCAM calls, one token each"])
+    separate_time = statistics.median(times[f"{args.tokens} GradCAM calls, one token each"])
+    floor = statistics.median(times["one token: Saliency (forward + backward)"])
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU, 1 thread"
     print(f"| LLaVA-style, {args.layers}+{args.layers} layers, {args.size} px, {device} | s | x |")
     print("| --- | --- | --- |")
     for name, measured in times.items():
         median = statistics.median(measured)
+        base = floor if name.startswith("one token") else separate_time
         print(f"| {name} | {median:.3f} | {median / base:.2f} |")
 
 
