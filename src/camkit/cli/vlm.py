@@ -8,15 +8,19 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from camkit import io, registry
 from camkit.cam.base import BaseCAM
 from camkit.cam.generation import explain_tokens
 from camkit.cli.arguments import positive_int
 from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
+from camkit.core.explainer import Explainer
 from camkit.errors import CamkitError
 from camkit.models.vlm import LoadedVLM, load_vlm
 from camkit.targets import PromptTarget
@@ -24,6 +28,7 @@ from camkit.viz import overlay_on_photo
 from camkit.viz.text import token_html
 
 PREFIX = "hf:"
+Region = tuple[float, float, float, float]  # where the model's input lies on the photo
 
 
 def slug(text: str) -> str:
@@ -73,12 +78,15 @@ def run_vlm(args: argparse.Namespace) -> int:
             failed.append(str(path))
             continue
         x = loaded.preprocess(photo).unsqueeze(0).to(device)
+        region = loaded.preprocess.photo_region(*photo.shape[:2])
         for name, explainer in zip(methods, explainers, strict=True):
+            shot = Shot(path, photo, x, region, name, args)
             try:
-                if loaded.generative:
-                    written += _answer(loaded, explainer, name, x, photo, path, args)
-                else:
-                    written += _prompts(loaded, explainer, name, x, photo, path, args)
+                written += (
+                    _answer(loaded, explainer, shot)
+                    if loaded.generative
+                    else (_prompts(loaded, explainer, shot))
+                )
             except CamkitError as error:
                 raise UsageError(f"{name}: {error}") from None
     print(f"wrote {written} file(s) for {len(paths) - len(failed)} image(s) to {out}")
@@ -87,7 +95,7 @@ def run_vlm(args: argparse.Namespace) -> int:
 
 def _explainer(
     loaded: LoadedVLM, name: str, layer: str | None, settings: registry.Settings
-) -> object:
+) -> Explainer:
     try:
         explainer = registry.build(name, loaded.explained, layer, settings)
     except CamkitError as error:
@@ -100,24 +108,39 @@ def _explainer(
     return explainer
 
 
-def _save(photo, heat, region, path: Path, args: argparse.Namespace) -> None:
-    picture = overlay_on_photo(photo, heat, region, args.alpha, args.colormap)
-    io.save_image(path, picture)
+@dataclass(frozen=True)
+class Shot:
+    """One photo explained by one method: what its output files are made of."""
+
+    path: Path
+    photo: np.ndarray
+    x: Tensor  # the model's input (1, 3, H, W)
+    region: Region
+    method: str
+    args: argparse.Namespace
+
+    def save(self, k: int, label: str, heat: Tensor) -> None:
+        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat``."""
+        args = self.args
+        file = Path(args.out) / f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
+        picture = overlay_on_photo(self.photo, heat.cpu(), self.region, args.alpha, args.colormap)
+        io.save_image(file, picture)
 
 
-def _prompts(loaded, explainer, name, x, photo, path, args) -> int:
-    """One overlay per prompt: ``<stem>_<method>_<prompt>.<format>``."""
-    target = PromptTarget(loaded.model, list(args.prompt), tokenizer=loaded.tokenizer)
-    heat, _ = explainer.heatmaps(x, target)
-    region = loaded.preprocess.photo_region(*photo.shape[:2])
-    for k, prompt in enumerate(args.prompt):
-        name_k = f"{path.stem}_{name}_{k}_{slug(prompt)}.{args.format}"
-        _save(photo, heat[0, k].cpu(), region, Path(args.out) / name_k, args)
-    return len(args.prompt)
+def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
+    """One overlay per prompt."""
+    prompts = list(shot.args.prompt)
+    heat, _ = explainer.heatmaps(
+        shot.x, PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
+    )
+    for k, prompt in enumerate(prompts):
+        shot.save(k, prompt, heat[0, k])
+    return len(prompts)
 
 
-def _answer(loaded, explainer, name, x, photo, path, args) -> int:
+def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> int:
     """The answer to the prompt; an overlay per generated token and the token page."""
+    x, args = shot.x, shot.args
     ids = loaded.prompt_ids(args.prompt[0], x).to(x.device)
     with torch.no_grad():
         sequence = loaded.model.generate(
@@ -134,13 +157,12 @@ def _answer(loaded, explainer, name, x, photo, path, args) -> int:
             strict=True,
         )
     ]
-    region = loaded.preprocess.photo_region(*photo.shape[:2])
     answer = list(range(ids.shape[1], sequence.shape[1]))
     for k, position in enumerate(answer):
-        file = f"{path.stem}_{name}_{k}_{slug(tokens[position])}.{args.format}"
-        _save(photo, result.maps[0, k].cpu(), region, Path(args.out) / file, args)
-    page = token_html(tokens, answer, result.token_relevance[0].cpu(), f"{path.name}: {name}")
-    io.write_atomic(Path(args.out) / f"{path.stem}_{name}_tokens.html", page.encode())
+        shot.save(k, tokens[position], result.maps[0, k])
+    title = f"{shot.path.name}: {shot.method}"
+    page = token_html(tokens, answer, result.token_relevance[0].cpu(), title)
+    io.write_atomic(Path(args.out) / f"{shot.path.stem}_{shot.method}_tokens.html", page.encode())
     return len(answer) + 1
 
 
