@@ -18,7 +18,7 @@ from camkit.cam import __all__ as _cam_names
 from camkit.core.explainer import Explainer
 from camkit.core.layers import find_layer
 from camkit.core.record import record
-from camkit.core.wrappers import InputLayout, KeywordInput
+from camkit.core.wrappers import ImageTower, InputLayout, KeywordInput
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
 from camkit.guided_gradcam import GuidedGradCAM
 from camkit.pixel import (
@@ -66,6 +66,7 @@ __all__ = [
     "GuidedGradCAM",
     "InputLayout",
     "IntegratedGradients",
+    "ImageTower",
     "KeywordInput",
     "LayerNotFoundError",
     "LRP",

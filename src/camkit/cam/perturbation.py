@@ -47,7 +47,7 @@ from camkit.core.engine import layer_gradients, require_autograd
 from camkit.core.finish import minmax
 from camkit.core.formats import MemoryFormat
 from camkit.core.inputs import positive_int
-from camkit.core.layers import LayerSpec, hooked, single_call, this_thread
+from camkit.core.layers import LayerSpec, hooked, replacing_output, single_call
 from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
 from camkit.errors import LayerOutputError, TargetError
@@ -185,7 +185,7 @@ class PerturbationCAM(BaseCAM):
                 return edit(copies)
 
             try:
-                with hooked(lambda: [module.register_forward_hook(this_thread(replace))]):
+                with hooked(lambda: [replacing_output(module, replace)]):
                     return run.score(image, rows)
             except (RuntimeError, TargetError):
                 suffix[0] = False
@@ -194,7 +194,7 @@ class PerturbationCAM(BaseCAM):
             return edit(output)
 
         inputs = image.expand(n, *image.shape[1:]).contiguous(memory_format=run.memory.preferred)
-        with hooked(lambda: [module.register_forward_hook(this_thread(edited))]):
+        with hooked(lambda: [replacing_output(module, edited)]):
             return run.score(inputs, rows)
 
     def check_reader(self, name: str, reader: object) -> None:

@@ -50,7 +50,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default=models.DEFAULT_MODEL,
         help=f"{models.DEFAULT_MODEL} (default; ImageNet weights installed with camkit), "
         "torchvision:NAME or timm:NAME (e.g. torchvision:resnet50, timm:convnext_tiny), or "
-        "a checkpoint file that names its architecture ('arch'); nothing is downloaded",
+        "a checkpoint file that names its architecture ('arch'), or (camkit explain --prompt) "
+        "hf:FOLDER, a local HuggingFace vision-language model; nothing is downloaded",
     )
     parser.add_argument(
         "--weights",

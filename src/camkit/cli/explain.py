@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from camkit import io, models
-from camkit.cli import report, results
+from camkit.cli import report, results, vlm
 from camkit.cli.arguments import (
     add_command,
     add_run_arguments,
@@ -37,6 +37,9 @@ DESCRIPTION = "Explain the model's prediction for each image with a heatmap over
 
 def run_explain(args: argparse.Namespace) -> int:
     """``camkit explain``: check everything, then explain this rank's share of the images."""
+    vlm.check_prompts(args)
+    if args.model.startswith(vlm.PREFIX):
+        return vlm.run_vlm(args)
     ranks = Ranks.from_env()
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap), local_rank=ranks.local_rank
@@ -177,13 +180,19 @@ exit status: 0 ok, 1 some images unreadable (the others written), 2 usage error
 examples:
   camkit explain cat.jpg
   camkit explain photos/ --method gradcam,layercam --target "tiger cat" --out maps
-  camkit explain x.png --model torchvision:resnet50 --weights resnet50.pth --target 281,285"""
+  camkit explain x.png --model torchvision:resnet50 --weights resnet50.pth --target 281,285
+  camkit explain cat.jpg --model hf:clip-folder --prompt "a cat" --prompt "a dog"
+  camkit explain cat.jpg --model hf:llava-folder --prompt "what is in the picture"
+    (hf:FOLDER: a local HuggingFace folder with config, weights, tokenizer and
+    preprocessor_config.json; <stem>_<method>_<k>_<prompt or token>.jpg per prompt or
+    generated token, and <stem>_<method>_tokens.html for a generative model)"""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """The ``explain`` subcommand."""
     explain = add_command(commands, "explain", run_explain, SUMMARY, DESCRIPTION, epilog())
     add_run_arguments(explain, what="explained")
+    vlm.add_arguments(explain)
     explain.add_argument(
         "--alpha", type=unit_float, default=0.5, help="heatmap opacity in [0, 1] (default 0.5)"
     )

@@ -186,3 +186,59 @@ def default_token_layer(model: nn.Module) -> str | None:
         if isinstance(module, nn.LayerNorm) and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES:
             found = name
     return found
+
+
+def vision_feature_layer(model: nn.Module) -> str | None:
+    """Where a generative vision-language model's vision features leave its vision tower for
+    the projector that feeds them to the language model, or None for other models.
+
+    LLaVA and its kin (a ``vision_tower`` and a ``config.vision_feature_layer``): the projector
+    reads ``hidden_states[i]`` of the vision tower, the output of encoder layer ``i - 1``
+    (``hidden_states[0]`` is the embedding); LLaVA's usual ``-2`` is the second-to-last
+    layer's output, not the last block, which the projector never reads. A list of indices
+    (features concatenated) gives its deepest layer. Without ``vision_feature_layer``
+    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``): the tower's final normalisation
+    (``post_layernorm``), else its last encoder layer.
+    """
+    tower = next(
+        ((name, m) for name, m in model.named_modules() if name.endswith("vision_tower")), None
+    )
+    if tower is None:
+        return None
+    prefix, module = tower
+    encoder = next(
+        (
+            (name, m)
+            for name, m in module.named_modules()
+            if name.endswith("layers") and isinstance(m, nn.ModuleList) and len(m)
+        ),
+        None,
+    )
+    if encoder is None:
+        return None
+    blocks, layers = f"{prefix}.{encoder[0]}", encoder[1]
+    index = _feature_index(model)
+    if index is None:
+        norm = getattr(module, "post_layernorm", None)
+        if norm is None:  # the norm of the tower inside its wrapper (vision_model.post_layernorm)
+            norm = next(
+                (m for n, m in module.named_modules() if n.endswith("post_layernorm")), None
+            )
+        if norm is not None:
+            return next(f"{prefix}.{n}" for n, m in module.named_modules() if m is norm)
+        return f"{blocks}.{len(layers) - 1}"
+    states = len(layers) + 1
+    index = index % states if -states <= index < states else None
+    return None if not index else f"{blocks}.{index - 1}"
+
+
+def _feature_index(model: nn.Module) -> int | None:
+    """The hidden-state index LLaVA-style configs name (the deepest of a list), or None; read
+    from the first module with such a config (a wrapper has none of its own)."""
+    configs = (getattr(m, "config", None) for m in model.modules())
+    value = next(
+        (c.vision_feature_layer for c in configs if hasattr(c, "vision_feature_layer")), None
+    )
+    if isinstance(value, Sequence) and value and all(isinstance(v, int) for v in value):
+        return max(value, key=lambda v: v if v >= 0 else 10**6 + v)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

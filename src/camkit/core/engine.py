@@ -38,14 +38,20 @@ def require_autograd(method: str) -> None:
 
 
 def layer_gradients(
-    scores: Tensor, acts: list[Tensor], names: list[str], *, allow_unused: bool = False
+    scores: Tensor,
+    acts: list[Tensor],
+    names: list[str],
+    *,
+    allow_unused: bool = False,
+    retain_graph: bool = False,
 ) -> list[Tensor | None]:
     """``d scores / d acts`` for ``scores (B, K)``: one ``(B, K, *act.shape[1:])`` per layer.
 
     Samples are independent, so the batch is summed; the ``K`` targets are one batched
     vector-Jacobian product (``is_grads_batched``), not ``K`` backward passes. A tensor the
     scores do not depend on is an error, or gives None with ``allow_unused=True`` (then the
-    caller also judges blank gradients: no zero-gradient warning).
+    caller also judges blank gradients: no zero-gradient warning). ``retain_graph`` keeps the
+    graph for another backward of other targets (:func:`camkit.cam.generation.explain_tokens`).
     """
     if not scores.requires_grad:
         raise LayerOutputError(
@@ -55,12 +61,19 @@ def layer_gradients(
     k = scores.shape[1]
     if k == 1:
         with torch.enable_grad():
-            grads = torch.autograd.grad(scores.sum(), acts, allow_unused=True)
+            grads = torch.autograd.grad(
+                scores.sum(), acts, allow_unused=True, retain_graph=retain_graph
+            )
     else:
         one_hot = torch.eye(k, dtype=scores.dtype, device=scores.device)
         grad_outputs = one_hot[:, None, :].expand(k, *scores.shape)
         grads = torch.autograd.grad(
-            scores, acts, grad_outputs=grad_outputs, is_grads_batched=True, allow_unused=True
+            scores,
+            acts,
+            grad_outputs=grad_outputs,
+            is_grads_batched=True,
+            allow_unused=True,
+            retain_graph=retain_graph,
         )
     if allow_unused:
         return [_targets_second(grad, k) for grad in grads]

@@ -122,6 +122,18 @@ def this_thread(hook: Callable) -> Callable:
     return guarded
 
 
+def replacing_output(module: nn.Module, hook: Callable) -> torch.utils.hooks.RemovableHandle:
+    """Register a forward ``hook`` that replaces ``module``'s output, for this thread only.
+
+    It runs before the module's other forward hooks (``prepend=True``): a hook that keeps the
+    output for later use -- transformers 5 collects ``hidden_states`` through its own forward
+    hooks, and LLaVA's projector reads those -- then keeps camkit's replacement, so what is
+    computed from the recorded tensor depends on the tapped one (with the hook last, the
+    recorder kept the original output and the gradient never reached the layer).
+    """
+    return module.register_forward_hook(this_thread(hook), prepend=True)
+
+
 def tensor_output(name: str, output: object) -> Tensor:
     if not isinstance(output, Tensor):
         raise LayerOutputError(
@@ -158,7 +170,7 @@ def capture_outputs(
         return hook
 
     try:
-        with hooked(lambda: [m.register_forward_hook(this_thread(tap(n))) for n, m in layers]):
+        with hooked(lambda: [replacing_output(m, tap(n)) for n, m in layers]):
             yield taps
     finally:
         torch.set_grad_enabled(grad_mode)

@@ -13,8 +13,8 @@ from camkit.core.layers import (
     explained_module,
     find_layers,
     hooked,
+    replacing_output,
     tensor_output,
-    this_thread,
 )
 
 
@@ -79,5 +79,5 @@ def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Itera
 
         return hook
 
-    with hooked(lambda: [m.register_forward_hook(this_thread(tap(n))) for n, m in found]):
+    with hooked(lambda: [replacing_output(m, tap(n)) for n, m in found]):
         yield rec

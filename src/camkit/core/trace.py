@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from camkit.core.architecture import default_token_layer
+from camkit.core.architecture import default_token_layer, vision_feature_layer
 from camkit.core.examples import (
     Example,
     call_model,
@@ -259,6 +259,8 @@ def default_layer(
 ) -> str:
     """The dotted name of the layer to explain by default.
 
+    A generative vision-language model gets the vision features its projector reads
+    (:func:`~camkit.core.architecture.vision_feature_layer`: LLaVA's ``vision_feature_layer``).
     A transformer (ViT, DeiT, Swin: :func:`~camkit.core.architecture.default_token_layer`) gets the
     first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
     ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
@@ -326,11 +328,11 @@ def last_spatial_map(
     example: Example | None = None,
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
-    token_layer = default_token_layer(model)
-    token_layer = token_layer and user_name(model, token_layer)
     usable = {call.name for call in calls if call.skip is None}
-    if token_layer is not None and token_layer in usable:
-        return token_layer
+    for known in (vision_feature_layer(model), default_token_layer(model)):
+        known = known and user_name(model, known)
+        if known is not None and known in usable:
+            return known
     shape = _input_shape(model, input_size, example)
     dims = len(shape)
     candidates = [

@@ -1,7 +1,8 @@
 """Wrappers that let camkit explain a model whose input is not one ``(B, C, ...)`` tensor in
-first position: :class:`InputLayout` (5-D clips in another axis order) and :class:`KeywordInput`
-(the explained input is a keyword argument). Both are ``nn.Module`` s the user wraps the model in;
-layer names stay those of the wrapped model."""
+first position: :class:`InputLayout` (5-D clips in another axis order), :class:`KeywordInput`
+(the explained input is a keyword argument) and :class:`ImageTower` (a dual encoder's image
+side). All are ``nn.Module`` s the user wraps the model in; layer names stay those of the
+wrapped model."""
 
 from __future__ import annotations
 
@@ -68,4 +69,29 @@ class KeywordInput(nn.Module):
         return self.module(*args, **{self.key: x}, **kwargs)
 
 
-__all__ = ["InputLayout", "KeywordInput"]
+class ImageTower(nn.Module):
+    """The image side of a dual encoder (HuggingFace CLIP, SigLIP and the models built like
+    them): ``ImageTower(model)(pixel_values)`` is ``model.get_image_features(pixel_values)``'s
+    ``(B, D)`` image embedding (before normalisation), so the text tower does not run; the
+    texts are a :class:`camkit.targets.PromptTarget`, whose text embeddings are computed once.
+    Layer names are those of ``model`` (``"vision_model.encoder.layers.1"``).
+    """
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if not callable(getattr(model, "get_image_features", None)):
+            raise ArgumentError(
+                f"ImageTower needs a dual encoder with get_image_features (HuggingFace CLIPModel, "
+                f"SiglipModel), got {type(model).__name__}"
+            )
+        self.module = model
+
+    def forward(self, x: Tensor, **kwargs: object) -> Tensor:
+        """``(B, C, H, W) -> (B, D)``: the projected image embedding."""
+        features = self.module.get_image_features(pixel_values=x, **kwargs)
+        return features if isinstance(features, Tensor) else features.pooler_output
+
+
+__all__ = ["ImageTower", "InputLayout", "KeywordInput"]

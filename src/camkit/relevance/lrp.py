@@ -178,7 +178,7 @@ class LRP(PixelAttribution):
         """The relevance of the input (and of the ``record`` layers when ``maps``; their sums
         for the conservation record in any case)."""
         self.check_autograd()
-        scorer = resolve(target, x.shape[0], x.device, self.output)
+        scorer = resolve(target, x.shape[0], x.device, self.output).for_relevance()
         parts: list[tuple[Tensor, list[Tensor], list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU

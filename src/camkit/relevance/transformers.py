@@ -13,6 +13,12 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
   (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
 * **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`;
+* **rotary position embeddings** (``q cos + rotate_half(q) sin``): products with constants and
+  structural operations, their plain gradient; **gated MLPs** (``act(gate(x)) * up(x)``): the
+  product of two activations, the uniform rule; **grouped-query attention**: keys and values
+  repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
+  hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
+  constants (below), which is the identity rule on the normalisation;
 * ``F.scaled_dot_product_attention`` (fused attention): computed again from its parts with the
   rules above, the forward value being the fused one bitwise.
 """

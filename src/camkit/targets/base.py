@@ -34,6 +34,13 @@ class Target:
         inputs): the same by default; a detection target scores a lost detection 0 there."""
         return self
 
+    def for_relevance(self) -> Target:
+        """The target as LRP scores it: the same by default; one that normalises (a
+        :class:`~camkit.targets.prompts.PromptTarget`'s cosine) takes the norm as a constant,
+        AttnLRP's identity rule on a normalisation (Achtibat et al., ICML 2024, Prop. 3.4),
+        so that the relevance of what it scores sums to the score."""
+        return self
+
     def __call__(self, output: Any) -> Tensor:
         raise NotImplementedError
 

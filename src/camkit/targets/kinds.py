@@ -27,26 +27,15 @@ from torch import Tensor
 
 from camkit.errors import OutputError, TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import OutputSelector, describe, select_output
+from camkit.targets.outputs import OutputSelector, describe, select_output, target_logits
 from camkit.targets.resolver import resolve
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
 
 
 def _logits(output: Any, who: str) -> Tensor:
-    try:
-        logits = select_output(output)
-    except OutputError as err:
-        raise TargetError(
-            f"{who} needs (B, num_classes) logits (a tensor, a dict or object with 'logits', or a "
-            f"tuple starting with them), got {describe(output)}: {err}"
-        ) from None
-    if logits.ndim != 2:
-        raise TargetError(
-            f"{who} needs (B, num_classes) logits, got shape {tuple(logits.shape)}; for dense "
-            "outputs use SegmentationTarget, for embeddings EmbeddingTarget"
-        )
-    return logits
+    hint = "for dense outputs use SegmentationTarget, for embeddings EmbeddingTarget"
+    return target_logits(output, who, "(B, num_classes)", hint)
 
 
 class ClassTarget(Target):

@@ -16,8 +16,10 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     """Pick the logits from a model's output.
 
     ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
-    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, and a
-    tuple or list gives its first element.
+    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, one
+    with ``logits_per_image`` (a dual encoder's image-text similarities: HuggingFace CLIP,
+    SigLIP; ``(B images, T texts)``, so class ``t`` is text ``t``) gives those, and a tuple or
+    list gives its first element.
     """
     if callable(selector):
         picked = selector(output)
@@ -45,6 +47,8 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
         picked = output["logits"]
     elif hasattr(output, "logits"):
         picked = output.logits
+    elif (similarities := _similarities(output)) is not None:
+        picked = similarities
     elif isinstance(output, tuple | list) and output:
         picked = output[0]
     else:
@@ -55,6 +59,32 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     if not isinstance(picked, Tensor):
         raise OutputError(f"the selected model output is {type(picked).__name__}, not a tensor")
     return picked
+
+
+_SIMILARITY_KEY = "logits_per_image"  # HuggingFace dual encoders: CLIP, SigLIP, AltCLIP...
+
+
+def _similarities(output: Any) -> Tensor | None:
+    """A dual encoder's ``(B, texts)`` image-text similarities, or None."""
+    if isinstance(output, Mapping):
+        return output.get(_SIMILARITY_KEY)
+    return getattr(output, _SIMILARITY_KEY, None)
+
+
+def target_logits(output: Any, who: str, shape: str, hint: str) -> Tensor:
+    """The logits target ``who`` reads (:func:`select_output` without a selector), of
+    ``shape`` (``"(B, num_classes)"``: 2 axes), else a TargetError saying what came and
+    ``hint`` (what to use instead)."""
+    try:
+        logits = select_output(output)
+    except OutputError as err:
+        raise TargetError(
+            f"{who} needs {shape} logits (a tensor, a dict or object with 'logits', or a tuple "
+            f"starting with them), got {describe(output)}: {err}"
+        ) from None
+    if logits.ndim != shape.count(",") + 1:
+        raise TargetError(f"{who} needs {shape} logits, got shape {tuple(logits.shape)}; {hint}")
+    return logits
 
 
 def _detections(output: Any) -> str | None:
@@ -111,4 +141,11 @@ def describe(output: object) -> str:
     return type(output).__name__
 
 
-__all__ = ["OutputSelector", "class_logits", "describe", "sample_output", "select_output"]
+__all__ = [
+    "OutputSelector",
+    "class_logits",
+    "describe",
+    "sample_output",
+    "select_output",
+    "target_logits",
+]

@@ -142,10 +142,16 @@ class RowScorer:
 
     def for_copies(self) -> RowScorer:
         """The scorer of perturbed copies: each target object's :meth:`Target.for_copies`."""
-        if isinstance(self.function, Target):
-            return replace(self, function=self.function.for_copies())
-        if isinstance(self.function, PerSample):
-            return replace(self, function=self.function.for_copies())
+        return self._each("for_copies")
+
+    def for_relevance(self) -> RowScorer:
+        """The scorer LRP uses: each target object's :meth:`Target.for_relevance`."""
+        return self._each("for_relevance")
+
+    def _each(self, form: str) -> RowScorer:
+        """This scorer with each target object replaced by its ``form()``."""
+        if isinstance(self.function, Target | PerSample):
+            return replace(self, function=getattr(self.function, form)())
         return self
 
     def probabilities(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
@@ -322,8 +328,16 @@ class PerSample:
 
     def for_copies(self) -> PerSample:
         """The same with each target object's :meth:`Target.for_copies`."""
+        return self._each("for_copies")
+
+    def for_relevance(self) -> PerSample:
+        """The same with each target object's :meth:`Target.for_relevance`."""
+        return self._each("for_relevance")
+
+    def _each(self, form: str) -> PerSample:
         targets = [
-            [t.for_copies() if isinstance(t, Target) else t for t in row] for row in self.targets
+            [getattr(t, form)() if isinstance(t, Target) else t for t in row]
+            for row in self.targets
         ]
         return PerSample(targets, self.several)
 

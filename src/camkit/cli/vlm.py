@@ -1,0 +1,185 @@
+"""``camkit explain --model hf:FOLDER --prompt TEXT``: vision-language models from a local
+HuggingFace folder. A dual encoder (CLIP, SigLIP) gets an overlay per prompt; a generative
+model (LLaVA, PaliGemma, Gemma 3) answers the prompt and gets an overlay per generated token
+and an HTML page of the text with the prompt's tokens coloured by their relevance to each."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from camkit import io, registry
+from camkit.cam.base import BaseCAM
+from camkit.cam.generation import explain_tokens
+from camkit.cli.arguments import positive_int
+from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
+from camkit.core.explainer import Explainer
+from camkit.errors import CamkitError
+from camkit.models.vlm import LoadedVLM, load_vlm
+from camkit.targets import PromptTarget
+from camkit.viz import overlay_on_photo
+from camkit.viz.text import token_html
+
+PREFIX = "hf:"
+Region = tuple[float, float, float, float]  # where the model's input lies on the photo
+
+
+def slug(text: str) -> str:
+    """A file-name part of a prompt or token: letters, digits, '-' (at most 40)."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:40] or "token"
+
+
+def check_prompts(args: argparse.Namespace) -> None:
+    """``--prompt`` only for ``hf:`` models, and at least one for them."""
+    if args.prompt and not args.model.startswith(PREFIX):
+        raise UsageError(
+            f"--prompt needs a vision-language model with a text tower or a language model: "
+            f"--model hf:FOLDER (a local HuggingFace folder), not {args.model}"
+        )
+    if args.model.startswith(PREFIX) and not args.prompt:
+        raise UsageError(f"--model {args.model}: give the text to explain with --prompt")
+    if args.model.startswith(PREFIX) and args.target != "top1":
+        raise UsageError(
+            f"--target {args.target}: a vision-language model's targets are its prompts "
+            "(--prompt) or the tokens it generates, not classes"
+        )
+
+
+def run_vlm(args: argparse.Namespace) -> int:
+    """Explain each image for the prompts; exit 1 naming unreadable images."""
+    check_prompts(args)
+    paths, methods, out, device, _ = check_run_inputs(
+        args, lambda paths, methods: check_colormap(args.colormap)
+    )
+    folder = args.model.removeprefix(PREFIX)
+    try:
+        loaded = load_vlm(folder)
+    except (CamkitError, OSError) as error:
+        raise UsageError(f"--model {args.model}: {error}") from None
+    loaded.model.to(device)
+    if loaded.generative and len(args.prompt) != 1:
+        raise UsageError("--prompt: a generative model answers one prompt; give it once")
+    settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
+    explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
+    out.mkdir(parents=True, exist_ok=True)
+    failed, written = [], 0
+    for path in paths:
+        try:
+            photo = io.read_image(path, max_pixels=args.max_pixels)
+        except io.READ_ERRORS as error:
+            print(f"camkit: {path}: {io.read_failure(error)}", file=sys.stderr)
+            failed.append(str(path))
+            continue
+        x = loaded.preprocess(photo).unsqueeze(0).to(device)
+        region = loaded.preprocess.photo_region(*photo.shape[:2])
+        for name, explainer in zip(methods, explainers, strict=True):
+            shot = Shot(path, photo, x, region, name, args)
+            try:
+                written += (
+                    _answer(loaded, explainer, shot)
+                    if loaded.generative
+                    else (_prompts(loaded, explainer, shot))
+                )
+            except CamkitError as error:
+                raise UsageError(f"{name}: {error}") from None
+    print(f"wrote {written} file(s) for {len(paths) - len(failed)} image(s) to {out}")
+    return EXIT_OK if not failed else exit_status(failed)
+
+
+def _explainer(
+    loaded: LoadedVLM, name: str, layer: str | None, settings: registry.Settings
+) -> Explainer:
+    try:
+        explainer = registry.build(name, loaded.explained, layer, settings)
+    except CamkitError as error:
+        raise UsageError(f"--method {name}: {error}") from None
+    if loaded.generative and not (isinstance(explainer, BaseCAM) and explainer.shares_one_pass()):
+        raise UsageError(
+            f"--method {name}: a generative model's tokens are explained by a gradient CAM that "
+            "weighs its layer from one pass (gradcam, hirescam, layercam, xgradcam...)"
+        )
+    return explainer
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One photo explained by one method: what its output files are made of."""
+
+    path: Path
+    photo: np.ndarray
+    x: Tensor  # the model's input (1, 3, H, W)
+    region: Region
+    method: str
+    args: argparse.Namespace
+
+    def save(self, k: int, label: str, heat: Tensor) -> None:
+        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat``."""
+        args = self.args
+        file = Path(args.out) / f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
+        picture = overlay_on_photo(self.photo, heat.cpu(), self.region, args.alpha, args.colormap)
+        io.save_image(file, picture)
+
+
+def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
+    """One overlay per prompt."""
+    prompts = list(shot.args.prompt)
+    heat, _ = explainer.heatmaps(
+        shot.x, PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
+    )
+    for k, prompt in enumerate(prompts):
+        shot.save(k, prompt, heat[0, k])
+    return len(prompts)
+
+
+def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> int:
+    """The answer to the prompt; an overlay per generated token and the token page."""
+    x, args = shot.x, shot.args
+    ids = loaded.prompt_ids(args.prompt[0], x).to(x.device)
+    with torch.no_grad():
+        sequence = loaded.model.generate(
+            input_ids=ids, pixel_values=x, max_new_tokens=args.max_new_tokens, do_sample=False
+        )
+    if sequence.shape[1] == ids.shape[1]:
+        raise UsageError("the model generated no token")
+    result = explain_tokens(explainer, x, sequence, prompt_length=ids.shape[1])
+    tokens = [
+        text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
+        for token, text in zip(
+            sequence[0].tolist(),
+            loaded.tokenizer.convert_ids_to_tokens(sequence[0].tolist()),
+            strict=True,
+        )
+    ]
+    answer = list(range(ids.shape[1], sequence.shape[1]))
+    for k, position in enumerate(answer):
+        shot.save(k, tokens[position], result.maps[0, k])
+    title = f"{shot.path.name}: {shot.method}"
+    page = token_html(tokens, answer, result.token_relevance[0].cpu(), title)
+    io.write_atomic(Path(args.out) / f"{shot.path.stem}_{shot.method}_tokens.html", page.encode())
+    return len(answer) + 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--prompt`` and ``--max-new-tokens`` of ``camkit explain``."""
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        metavar="TEXT",
+        help="with --model hf:FOLDER: a text to explain (repeat for several): a dual encoder "
+        "(CLIP, SigLIP) gets an overlay per prompt; a generative model answers it and gets an "
+        "overlay per generated token and an HTML page of the prompt tokens' relevance",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="tokens a generative model generates (default %(default)s)",
+    )

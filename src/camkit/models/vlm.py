@@ -1,0 +1,120 @@
+"""Vision-language models from a local HuggingFace folder (config, weights, tokenizer and the
+image processor's settings), read without any download: dual encoders (CLIP, SigLIP) and
+generative models (LLaVA, PaliGemma, Gemma 3 and their kin)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.wrappers import ImageTower, KeywordInput
+from camkit.errors import ArgumentError, UnknownModelError
+from camkit.models.preprocess import Preprocess
+from camkit.targets.prompts import load_tokenizer
+
+PROCESSOR_FILE = "preprocessor_config.json"
+
+
+@dataclass
+class LoadedVLM:
+    """A vision-language model ready to explain.
+
+    ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
+    (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
+    :class:`~camkit.targets.PromptTarget` s; ``KeywordInput(model, "pixel_values")`` for a
+    generative model, whose targets are :class:`~camkit.targets.TokenTarget` s);
+    ``preprocess``: the image processor's size, mean and std (resize as its
+    ``do_center_crop`` says).
+    """
+
+    folder: Path
+    model: nn.Module
+    tokenizer: Any
+    preprocess: Preprocess
+    generative: bool
+
+    @property
+    def explained(self) -> nn.Module:
+        return (
+            KeywordInput(self.model, "pixel_values") if self.generative else ImageTower(self.model)
+        )
+
+    def prompt_ids(self, text: str, pixel_values: Tensor) -> Tensor:
+        """``(1, T)`` ids of a question to a generative model: the tokenizer's ids of ``text``
+        with the model's image tokens after the beginning-of-text token (one per image feature
+        the model makes of ``pixel_values``: :func:`image_token_count`)."""
+        ids = self.tokenizer(text, return_tensors="pt")["input_ids"][0].tolist()
+        image = [self.model.config.image_token_id] * image_token_count(self.model, pixel_values)
+        start = 1 if ids and ids[0] == self.tokenizer.bos_token_id else 0
+        return torch.tensor([ids[:start] + image + ids[start:]])
+
+
+def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
+    """How many image tokens a generative model's prompt holds for one image: the features its
+    ``get_image_features`` makes (LLaVA's patches, Gemma 3's pooled tokens)."""
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=pixel_values[:1])
+    features = features if isinstance(features, Tensor | list | tuple) else features.pooler_output
+    first = features[0]
+    return int(first.shape[0])
+
+
+def _preprocess(folder: Path, config: Any) -> Preprocess:
+    path = folder / PROCESSOR_FILE
+    if not path.is_file():
+        raise UnknownModelError(
+            f"the folder {str(folder)!r} has no {PROCESSOR_FILE}: camkit needs the image "
+            "processor's settings (size, mean, std); save them with "
+            "image_processor.save_pretrained(folder)"
+        )
+    settings = json.loads(path.read_text())
+    vision = getattr(config, "vision_config", config)
+    size = int(getattr(vision, "image_size", 224))
+    crop = "center" if settings.get("do_center_crop") else "squash"
+    return Preprocess(
+        size=(size, size),
+        mean=tuple(settings.get("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(settings.get("image_std", (0.5, 0.5, 0.5))),
+        crop_pct=1.0,
+        interpolation="bicubic" if settings.get("resample") == 3 else "bilinear",
+        crop_mode=crop,
+    )
+
+
+def load_vlm(folder: str | Path) -> LoadedVLM:
+    """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class in
+    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``); clear errors
+    for a folder that lacks one of them."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise UnknownModelError(
+            f"{str(folder)!r} is not a HuggingFace model folder (no config.json)"
+        )
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    names = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, names[0], None) if names else None
+    if cls is None:
+        raise UnknownModelError(
+            f"the config in {str(folder)!r} names no transformers model class (architectures: "
+            f"{names}); save the model with model.save_pretrained(folder)"
+        )
+    generative = hasattr(cls, "generate") and hasattr(config, "image_token_id")
+    if not generative and not hasattr(cls, "get_text_features"):
+        raise ArgumentError(
+            f"{cls.__name__} is neither a dual encoder with a text tower (CLIP, SigLIP) nor a "
+            "generative vision-language model: a prompt cannot be explained on it"
+        )
+    tokenizer = load_tokenizer(folder)
+    preprocess = _preprocess(folder, config)
+    model = cls.from_pretrained(folder, local_files_only=True).eval()
+    return LoadedVLM(folder, model, tokenizer, preprocess, generative)
+
+
+__all__ = ["LoadedVLM", "image_token_count", "load_vlm"]

@@ -1,0 +1,241 @@
+"""Text prompts as targets of a dual encoder (CLIP, SigLIP): where the image matches a text.
+
+:class:`PromptTarget` holds the text embeddings of ``K`` prompts, computed once by the model's
+text tower (no gradient) when the target is made, and scores an image embedding by the model's
+own similarity: CLIP's ``exp(t) cos(image, text)`` (Radford et al., "Learning transferable
+visual models from natural language supervision", ICML 2021, fig. 3), SigLIP's
+``exp(t) cos(image, text) + b`` (Zhai et al., "Sigmoid loss for language image pre-training",
+ICCV 2023, algorithm 1): the ``logits_per_image`` the model itself returns. ``K`` prompts are
+``K`` targets of one backward pass; a contrast subtracts another prompt's similarity ("a cat"
+against "a dog": where the image is more cat than dog).
+
+:func:`load_tokenizer` reads a tokenizer from a local folder (nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.errors import TargetError
+from camkit.targets.base import Target
+from camkit.targets.outputs import describe
+
+Texts = str | Sequence[str]
+# the files a saved tokenizer is made of (one is enough); without any, transformers 5 builds an
+# empty tokenizer of the config's class that maps every word to one unknown id
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+)
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    """The tokenizer saved in a local HuggingFace folder (``tokenizer.json`` or the files
+    ``save_pretrained`` writes), read without any download; a clear
+    :class:`~camkit.errors.TargetError` when the folder holds none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TargetError(f"the tokenizer folder {str(folder)!r} does not exist")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TargetError(
+            f"the folder {str(folder)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)});"
+            " save one there with tokenizer.save_pretrained(folder)"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise TargetError(
+            f"the folder {str(folder)!r} holds no tokenizer camkit can read ({err}); save one "
+            "there with tokenizer.save_pretrained(folder) (tokenizer.json, tokenizer_config.json)"
+        ) from None
+
+
+def _dual_encoder(model: nn.Module) -> nn.Module:
+    """The dual encoder inside camkit's wrappers (ImageTower, KeywordInput), with a text tower."""
+    inner = model
+    while getattr(inner, "wraps_model", False):
+        inner = inner.module
+    if not callable(getattr(inner, "get_text_features", None)):
+        raise TargetError(
+            f"a prompt needs a model with a text tower (a dual encoder with get_text_features: "
+            f"HuggingFace CLIPModel, SiglipModel), but {type(inner).__name__} has none; for a "
+            "generative vision-language model use camkit.targets.TokenTarget"
+        )
+    return inner
+
+
+def _tokenized(model: nn.Module, texts: list[str], tokenizer: Any) -> dict[str, Tensor]:
+    """``texts`` through ``tokenizer`` (an object or a folder) as the model was trained: SigLIP
+    pads to its full length (its text tower pools the last position), CLIP pads to the longest
+    (it pools the end-of-text token, the padding masked)."""
+    if tokenizer is None:
+        raise TargetError("prompts given as texts need tokenizer= (a tokenizer or its folder)")
+    if isinstance(tokenizer, str | Path):
+        tokenizer = load_tokenizer(tokenizer)
+    options: dict[str, Any] = {"padding": True}
+    if "siglip" in getattr(model.config, "model_type", ""):
+        length = model.config.text_config.max_position_embeddings
+        options = {"padding": "max_length", "max_length": length, "truncation": True}
+    encoded = tokenizer(texts, return_tensors="pt", **options)
+    return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
+
+
+class PromptTarget(Target):
+    """The similarity of an image to ``K`` text prompts: ``(B, D) image embeddings -> (B, K)``
+    (``(B,)`` for one prompt given as a string or 1-D ids).
+
+    Args:
+        model: a dual encoder (HuggingFace ``CLIPModel``, ``SiglipModel``, or one of camkit's
+            wrappers around it: explain ``camkit.ImageTower(model)``, whose output is the image
+            embedding, so the text tower never runs again).
+        texts: one prompt or ``K``, tokenized by ``tokenizer`` (a tokenizer object or the local
+            folder it was saved in); or ``input_ids`` ``(K, L)`` (with ``attention_mask``).
+        contrast: prompts (or ``input_ids``) subtracted: one for every prompt or one each;
+            the score is ``s(text_k) - s(contrast_k)``.
+
+    The text tower runs once here, without gradient; the embeddings are kept. The score of an
+    image is the model's ``logits_per_image`` entry (cosine similarity times ``exp(logit_scale)``,
+    plus ``logit_bias`` for SigLIP). The model's output may be the image embedding ``(B, D)``
+    (:class:`~camkit.core.wrappers.ImageTower`) or an output with ``image_embeds``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        texts: Texts | None = None,
+        *,
+        tokenizer: Any = None,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        contrast: Texts | Tensor | None = None,
+    ):
+        encoder = _dual_encoder(model)
+        self.texts = _prompts(texts, input_ids)
+        # one prompt given alone (a string, 1-D ids) scores (B,): maps without a target axis
+        self.single = isinstance(texts, str) or (input_ids is not None and input_ids.ndim == 1)
+        self.embeddings = _text_embeddings(
+            encoder, self.texts, tokenizer, input_ids, attention_mask
+        )
+        self.against = None
+        if contrast is not None:
+            ids = contrast if isinstance(contrast, Tensor) else None
+            against = _text_embeddings(
+                encoder, _prompts(None if ids is not None else contrast, ids), tokenizer, ids, None
+            )
+            if against.shape[0] not in (1, self.embeddings.shape[0]):
+                raise TargetError(
+                    f"contrast needs one prompt or one per prompt ({self.embeddings.shape[0]}), "
+                    f"got {against.shape[0]}"
+                )
+            self.against = against.expand_as(self.embeddings)
+        self.constant_norm = False  # True in the form LRP scores (for_relevance)
+        with torch.no_grad():
+            self.scale = encoder.logit_scale.detach().exp().reshape(())
+            bias = getattr(encoder, "logit_bias", None)
+            self.bias = None if bias is None else bias.detach().reshape(())
+
+    @property
+    def count(self) -> int:
+        """``K``: the number of prompts (targets per image)."""
+        return self.embeddings.shape[0]
+
+    def for_relevance(self) -> PromptTarget:
+        """The same scores with the image embedding's norm taken as a constant (AttnLRP's
+        identity rule on a normalisation; lxt's ``normalize``): the embedding's relevance then
+        sums to ``exp(logit_scale) cos``, where the plain cosine's gradient, orthogonal to the
+        embedding, would give it none."""
+        twin = copy.copy(self)
+        twin.constant_norm = True
+        return twin
+
+    def similarities(self, image: Tensor, texts: Tensor) -> Tensor:
+        """``(B, D), (K, D) -> (B, K)``: the model's image-text logits."""
+        texts = texts.to(image.device, image.dtype)
+        if self.constant_norm:
+            norm = image.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            cosine = (image / norm) @ F.normalize(texts, dim=-1).T
+        else:
+            cosine = F.normalize(image, dim=-1) @ F.normalize(texts, dim=-1).T
+        logits = cosine * self.scale.to(image.device, image.dtype)
+        return logits if self.bias is None else logits + self.bias.to(image.device, image.dtype)
+
+    def __call__(self, output: Any) -> Tensor:
+        image = output
+        if not isinstance(output, Tensor):
+            image = output.get("image_embeds") if hasattr(output, "get") else None
+            image = getattr(output, "image_embeds", None) if image is None else image
+        if not isinstance(image, Tensor) or image.ndim != 2:
+            raise TargetError(
+                f"PromptTarget needs (B, {self.embeddings.shape[1]}) image embeddings (explain "
+                f"camkit.ImageTower(model)), got {describe(output)}"
+            )
+        if image.shape[1] != self.embeddings.shape[1]:
+            raise TargetError(
+                f"the image embeddings have {image.shape[1]} features but the prompts' text "
+                f"embeddings {self.embeddings.shape[1]}: the target was made with another model"
+            )
+        scores = self.similarities(image, self.embeddings)
+        if self.against is not None:
+            scores = scores - self.similarities(image, self.against)
+        return scores[:, 0] if self.single else scores
+
+    def __repr__(self) -> str:
+        contrast = "" if self.against is None else ", contrast"
+        return f"PromptTarget({self.texts!r}{contrast})"
+
+
+def _prompts(texts: Texts | None, input_ids: Tensor | None) -> list[str] | None:
+    """The prompts as a list of texts (None for token ids), checked: exactly one source."""
+    if (texts is None) == (input_ids is None):
+        raise TargetError("give the prompts as texts or as input_ids (one of them)")
+    if texts is None:
+        return None
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts or not all(isinstance(text, str) and text.strip() for text in texts):
+        raise TargetError(f"prompts must be non-empty strings, got {texts!r}")
+    return texts
+
+
+def _text_embeddings(
+    encoder: nn.Module,
+    texts: list[str] | None,
+    tokenizer: Any,
+    input_ids: Tensor | None,
+    attention_mask: Tensor | None,
+) -> Tensor:
+    """``(K, D)`` text embeddings of the prompts: the text tower once, without gradient."""
+    if texts is not None:
+        encoded = _tokenized(encoder, texts, tokenizer)
+    else:
+        ids = torch.as_tensor(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.is_floating_point() or ids.numel() == 0:
+            raise TargetError(f"input_ids must be (K, L) token ids, got {tuple(ids.shape)}")
+        vocabulary = encoder.config.text_config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocabulary:
+            raise TargetError(f"input_ids must be in 0..{vocabulary - 1}, the text vocabulary")
+        encoded = {"input_ids": ids}
+        if attention_mask is not None:
+            encoded["attention_mask"] = torch.as_tensor(attention_mask)
+    device = next(encoder.parameters()).device
+    with torch.no_grad():
+        features = encoder.get_text_features(**{k: v.to(device) for k, v in encoded.items()})
+    features = features if isinstance(features, Tensor) else features.pooler_output
+    return features.detach()
+
+
+__all__ = ["PromptTarget", "load_tokenizer"]

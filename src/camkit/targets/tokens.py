@@ -1,0 +1,166 @@
+"""Tokens of a generative model's output as targets: the logit of a token at a position, the
+log-probability of a span, one token against another.
+
+A causal language model (and a generative vision-language model: LLaVA, PaliGemma, Gemma 3)
+returns ``logits (B, T, V)``: row ``t`` predicts the token at position ``t + 1``. A target names
+the position of the token it explains in the sequence the model reads (the prompt followed by
+the generated tokens, as ``generate()`` returns it), so its score is read at row
+``position - 1``. The logit is the score Grad-CAM uses for a class (Selvaraju et al., ICCV
+2017, eq. 1); the log-probability is the span score of sequence attribution (the sum of the
+tokens' log-probabilities, the quantity a language model's likelihood is made of).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from camkit.errors import TargetError
+from camkit.targets.base import Target
+from camkit.targets.outputs import target_logits
+
+Ints = int | Sequence[int] | Tensor
+
+
+def _ints(name: str, value: Ints) -> tuple[list[int], bool]:
+    """``(values, single)``: an int (single) or a sequence / 1-D tensor of ints."""
+    if isinstance(value, Tensor):
+        if value.is_floating_point() or value.ndim > 1:
+            raise TargetError(f"{name} must be an int or a 1-D list of ints, got {value!r}")
+        single = value.ndim == 0
+        value = value.reshape(-1).tolist()
+        return value, single
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value], True
+    if (
+        isinstance(value, Sequence)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return list(value), False
+    raise TargetError(f"{name} must be an int or a non-empty list of ints, got {value!r}")
+
+
+def sequence_logits(output: Any, who: str) -> Tensor:
+    """The ``(B, T, V)`` next-token logits of a causal (vision-)language model's output."""
+    hint = "token targets read a language model's next-token logits"
+    return target_logits(output, who, "(B, T, vocabulary)", hint)
+
+
+def _rows(positions: list[int], length: int, who: str) -> Tensor:
+    """The logit rows ``position - 1`` of positions (negative: from the end), checked."""
+    rows = []
+    for position in positions:
+        index = position + length if position < 0 else position
+        if not 1 <= index < length:
+            raise TargetError(
+                f"{who}: token position {position} is outside the sequence of {length} tokens; "
+                f"a token at position p is predicted from the logits at p - 1, so positions "
+                f"1..{length - 1} (or -{length - 1}..-1 from the end) can be explained"
+            )
+        rows.append(index - 1)
+    return torch.tensor(rows)
+
+
+def _vocabulary(tokens: list[int], size: int, who: str) -> None:
+    bad = [token for token in tokens if not 0 <= token < size]
+    if bad:
+        raise TargetError(f"{who}: token {bad[0]} is outside the vocabulary 0..{size - 1}")
+
+
+class TokenTarget(Target):
+    """The logit of token ``token`` at sequence position ``position``: ``(B, T, V) -> (B,)``;
+    ``K`` positions (with one token each, or one token for all) give ``(B, K)``, ``K``
+    targets of one backward pass.
+
+    ``against``: a token (or one per position) whose logit is subtracted (``"cat"`` against
+    ``"dog"`` at the same position; the softmax's normaliser cancels, so it is also the
+    log-probability ratio). ``log_prob=True`` scores ``log softmax`` instead of the logit.
+    """
+
+    def __init__(
+        self, position: Ints, token: Ints, *, against: Ints | None = None, log_prob: bool = False
+    ):
+        self.positions, single = _ints("position", position)
+        tokens, _ = _ints("token", token)
+        if len(tokens) not in (1, len(self.positions)):
+            raise TargetError(
+                f"give one token or one per position ({len(self.positions)}), got {len(tokens)}"
+            )
+        self.tokens = tokens * len(self.positions) if len(tokens) == 1 else tokens
+        self.against = None
+        if against is not None:
+            others, _ = _ints("against", against)
+            if len(others) not in (1, len(self.positions)):
+                raise TargetError(
+                    f"give one token against or one per position ({len(self.positions)})"
+                )
+            self.against = others * len(self.positions) if len(others) == 1 else others
+        self.log_prob = bool(log_prob)
+        self.single = single
+
+    @classmethod
+    def generated(cls, sequence: Tensor, prompt_length: int, **options: Any) -> TokenTarget:
+        """Every generated token of a ``generate()`` output ``sequence`` ``(1, T)`` or ``(T,)``
+        whose first ``prompt_length`` tokens are the prompt: ``K = T - prompt_length`` targets
+        (the sequence is the input the model is explained with)."""
+        sequence = torch.as_tensor(sequence)
+        if sequence.ndim == 2 and sequence.shape[0] == 1:
+            sequence = sequence[0]
+        if sequence.ndim != 1:
+            raise TargetError(
+                f"generated() takes one sequence (T,) or (1, T), got {tuple(sequence.shape)}; "
+                "for a batch pass a list of targets, one per sample"
+            )
+        if not 1 <= prompt_length < sequence.shape[0]:
+            raise TargetError(
+                f"prompt_length {prompt_length} leaves no generated token in a sequence of "
+                f"{sequence.shape[0]} tokens"
+            )
+        positions = list(range(prompt_length, sequence.shape[0]))
+        return cls(positions, sequence[prompt_length:].tolist(), **options)
+
+    def __call__(self, output: Any) -> Tensor:
+        logits = sequence_logits(output, type(self).__name__)
+        rows = _rows(self.positions, logits.shape[1], type(self).__name__).to(logits.device)
+        _vocabulary(self.tokens + (self.against or []), logits.shape[2], type(self).__name__)
+        picked = logits[:, rows]  # (B, K, V)
+        if self.log_prob:
+            picked = picked.log_softmax(dim=-1)
+        tokens = torch.tensor(self.tokens, device=logits.device)
+        scores = picked.gather(2, tokens.expand(logits.shape[0], -1)[..., None])[..., 0]
+        if self.against is not None:
+            others = torch.tensor(self.against, device=logits.device)
+            scores = (
+                scores - picked.gather(2, others.expand(logits.shape[0], -1)[..., None])[..., 0]
+            )
+        return scores[:, 0] if self.single else scores
+
+
+class SpanTarget(Target):
+    """The log-probability of a span of tokens ``tokens`` starting at position ``start``:
+    ``sum_i log p(tokens[i] | the tokens before start + i)``, ``(B, T, V) -> (B,)``."""
+
+    def __init__(self, start: int, tokens: Ints):
+        positions, _ = _ints("start", start)
+        self.tokens, _ = _ints("tokens", tokens)
+        if len(positions) != 1:
+            raise TargetError(f"start must be one position, got {start!r}")
+        self.start = positions[0]
+
+    def __call__(self, output: Any) -> Tensor:
+        logits = sequence_logits(output, type(self).__name__)
+        length = logits.shape[1]
+        first = self.start + length if self.start < 0 else self.start
+        positions = list(range(first, first + len(self.tokens)))
+        rows = _rows(positions, length, type(self).__name__).to(logits.device)
+        _vocabulary(self.tokens, logits.shape[2], type(self).__name__)
+        tokens = torch.tensor(self.tokens, device=logits.device)
+        picked = logits[:, rows].log_softmax(dim=-1)
+        return picked.gather(2, tokens.expand(logits.shape[0], -1)[..., None])[..., 0].sum(dim=1)
+
+
+__all__ = ["SpanTarget", "TokenTarget", "sequence_logits"]

@@ -1,0 +1,115 @@
+"""``camkit explain --model hf:FOLDER --prompt ...`` on tiny random models saved in local folders,
+and the token page (viz.text)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import vlm_kit
+
+import camkit
+from camkit import io
+from camkit.cam.generation import explain_tokens
+from camkit.cli import main
+from camkit.models.vlm import load_vlm
+from camkit.targets import PromptTarget
+from camkit.viz.text import token_colour, token_html
+
+
+def save_folder(model, folder, frame="<bos> $A <eos>"):
+    """The model, the tokenizer and the image processor's settings in ``folder``."""
+    model.save_pretrained(folder)
+    vlm_kit.tokenizer_folder(folder, frame=frame)
+    size = {"height": vlm_kit.SIZE, "width": vlm_kit.SIZE}
+    vlm_kit.transformers.CLIPImageProcessor(size=size, crop_size=size).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("photos") / "photo.png"
+    rng = np.random.default_rng(0)
+    io.save_image(path, rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    return path
+
+
+def test_a_dual_encoder_gets_an_overlay_per_prompt_equal_to_the_librarys_maps(tmp_path, photo):
+    folder = save_folder(vlm_kit.clip(), tmp_path / "clip")
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", f"hf:{folder}", "--out", str(out), "--quiet"]
+    status = main([*argv, "--prompt", "a cat", "--prompt", "a dog", "--format", "png"])
+    assert status == 0
+    written = sorted(p.name for p in out.iterdir())
+    assert written == ["photo_gradcam_0_a-cat.png", "photo_gradcam_1_a-dog.png"]
+    loaded = load_vlm(folder)
+    x = loaded.preprocess(io.read_image(photo)).unsqueeze(0)
+    target = PromptTarget(loaded.model, ["a cat", "a dog"], tokenizer=loaded.tokenizer)
+    heat, _ = camkit.GradCAM(loaded.explained).heatmaps(x, target)
+    region = loaded.preprocess.photo_region(40, 48)
+    expected = camkit.viz.overlay_on_photo(io.read_image(photo), heat[0, 1], region)
+    assert np.array_equal(io.read_image(out / written[1]), expected)
+
+
+def test_a_generative_model_gets_an_overlay_per_token_and_the_token_page(tmp_path, photo):
+    folder = save_folder(vlm_kit.llava(), tmp_path / "llava", frame="<bos> $A")
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", f"hf:{folder}", "--out", str(out), "--quiet"]
+    assert main([*argv, "--prompt", "what is in the picture", "--max-new-tokens", "3"]) == 0
+    overlays = sorted(p.name for p in out.glob("*.jpg"))
+    assert len(overlays) == 3 and all(n.startswith("photo_gradcam_") for n in overlays)
+    page = (out / "photo_gradcam_tokens.html").read_text()
+    assert page.count('<span class="word">') == 3 and "picture" in page
+
+
+def test_the_cli_says_what_is_wrong(tmp_path, photo, capsys):
+    argv = ["explain", str(photo), "--out", str(tmp_path / "out")]
+    assert main([*argv, "--prompt", "a cat"]) == 2
+    assert "--prompt needs a vision-language model" in capsys.readouterr().err
+    folder = tmp_path / "clip"
+    vlm_kit.clip().save_pretrained(folder)  # no tokenizer
+    assert main([*argv, "--model", f"hf:{folder}", "--prompt", "a cat"]) == 2
+    assert "holds no tokenizer" in capsys.readouterr().err
+    assert main([*argv, "--model", f"hf:{folder}"]) == 2
+    assert "--prompt" in capsys.readouterr().err
+    assert main([*argv, "--model", f"hf:{folder}", "--prompt", "a", "--target", "3"]) == 2
+    assert "not classes" in capsys.readouterr().err
+    llava = save_folder(vlm_kit.llava(), tmp_path / "llava", frame="<bos> $A")
+    assert main([*argv, "--model", f"hf:{llava}", "--prompt", "a", "--method", "scorecam"]) == 2
+    assert "one pass" in capsys.readouterr().err
+
+
+def test_the_token_page_colours_each_token_by_its_relevance():
+    tokens = ["<bos>", "a", "<cat>", "sat"]
+    relevance = torch.tensor([[0.0, 2.0, -1.0, 0.0]])
+    page = token_html(tokens, [3], relevance, "t")
+    assert "&lt;cat&gt;" in page and '<span class="word">sat</span>' in page
+    limit = camkit.viz.colour.signed_limit(relevance.numpy().astype(np.float64))
+    assert f"background:{token_colour(2.0, limit)}" in page
+    assert token_colour(2.0, 2.0) == "rgba(220, 40, 40, 1.000)"
+    assert token_colour(-1.0, 2.0) == "rgba(40, 40, 220, 0.500)"
+    assert token_colour(0.0, 2.0) == "transparent"
+
+
+def test_the_token_relevance_of_the_page_is_the_explanations(tmp_path):
+    folder = save_folder(vlm_kit.llava(), tmp_path / "llava", frame="<bos> $A")
+    loaded = load_vlm(folder)
+    x = vlm_kit.image()
+    ids = loaded.prompt_ids("what is in the picture", x)
+    assert ids.shape[1] == 1 + vlm_kit.PATCHES + 5
+    assert (ids[0, 1 : 1 + vlm_kit.PATCHES] == vlm_kit.IMAGE).all()
+    sequence = loaded.model.generate(input_ids=ids, pixel_values=x, max_new_tokens=2)
+    result = explain_tokens(
+        camkit.GradCAM(loaded.explained), x, sequence, prompt_length=ids.shape[1]
+    )
+    assert result.token_relevance.shape == (1, 2, sequence.shape[1])
+
+
+def test_the_example_runs(capsys):
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "vlm.py"
+    runpy.run_path(str(example), run_name="__main__")
+    printed = capsys.readouterr().out
+    assert "maps (1, 2, 32, 32)" in printed and "the same map (True)" in printed
