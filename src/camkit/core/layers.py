@@ -119,19 +119,30 @@ def this_thread(hook: Callable) -> Callable:
     def guarded(*args: object) -> object:
         return hook(*args) if threading.get_ident() == owner else None
 
+    guarded.camkit_hook = True  # type: ignore[attr-defined]  # (see replacing_output)
     return guarded
 
 
 def replacing_output(module: nn.Module, hook: Callable) -> torch.utils.hooks.RemovableHandle:
     """Register a forward ``hook`` that replaces ``module``'s output, for this thread only.
 
-    It runs before the module's other forward hooks (``prepend=True``): a hook that keeps the
-    output for later use -- transformers 5 collects ``hidden_states`` through its own forward
-    hooks, and LLaVA's projector reads those -- then keeps camkit's replacement, so what is
-    computed from the recorded tensor depends on the tapped one (with the hook last, the
-    recorder kept the original output and the gradient never reached the layer).
+    It runs after camkit's own hooks already on the module (an LRP rule's output is what gets
+    replaced) and before every other forward hook: a hook that keeps the output for later use --
+    transformers 5 collects ``hidden_states`` through its own forward hooks, and LLaVA's
+    projector reads those -- then keeps camkit's replacement, so what is computed from the
+    recorded tensor depends on the tapped one (with the hook last, the recorder kept the
+    original output and the gradient never reached the layer). The other hooks keep their
+    order among themselves.
     """
-    return module.register_forward_hook(this_thread(hook), prepend=True)
+    handle = module.register_forward_hook(this_thread(hook))
+    hooks = module._forward_hooks
+    for key in [
+        key
+        for key, registered in hooks.items()
+        if key != handle.id and not getattr(registered, "camkit_hook", False)
+    ]:
+        hooks.move_to_end(key)
+    return handle
 
 
 def tensor_output(name: str, output: object) -> Tensor:
