@@ -81,3 +81,40 @@ def test_frame_importance_of_a_flat_map_is_zero_and_bad_maps_are_refused() -> No
         frame_importance(torch.rand(4, 4))
     with pytest.raises(InputError, match="clips"):
         frame_drop(Planted(), torch.rand(1, 2, 8, 8), target=0)
+
+
+class PerFrame(nn.Module):
+    """Frame-wise: a 1x1 convolution on each frame of a (B, C, T, H, W) clip, per-frame logits
+    (B, T, 2) from the frame's mean (no consensus over time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.eye(2).view(2, 2, 1, 1))
+
+    def forward(self, clip: torch.Tensor) -> torch.Tensor:
+        b, _, t = clip.shape[:3]
+        maps = self.conv(clip.transpose(1, 2).flatten(0, 1)).relu()
+        return maps.mean(dim=(2, 3)).unflatten(0, (b, t))
+
+
+def test_a_target_over_a_span_of_frames_explains_only_those_frames() -> None:
+    from camkit.targets import FrameSpanTarget
+
+    model = camkit.InputLayout(PerFrame().eval(), "BCTHW", frame_wise=True)
+    clip = planted_clip()
+    clip[0, 0] = torch.rand(12, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.5
+    target = FrameSpanTarget(0, 5, 9)
+    # by hand: the mean over frames 5..8 of each frame's mean of channel 0
+    torch.testing.assert_close(target(model(clip)), clip[:, 0, 5:9].mean(dim=(1, 2, 3)))
+    # LayerCAM weighs each position by its own gradient (Grad-CAM averages the gradient over
+    # the whole clip, so frames outside the span keep their activations)
+    cam = camkit.LayerCAM(model, "conv")(clip, target=target, normalize=False)
+    importance = frame_importance(cam)[0]
+    others = [t for t in range(12) if t not in EVIDENCE]
+    assert importance[others].abs().max() < 1e-6 and importance[EVIDENCE].min() > 0.2
+    with pytest.raises(camkit.errors.TargetError, match="do not fit"):
+        FrameSpanTarget(0, 10, 14)(model(clip))
+    with pytest.raises(camkit.errors.TargetError, match="start < stop"):
+        FrameSpanTarget(0, 5, 5)

@@ -10,13 +10,20 @@ The package sits below :mod:`camkit.core`: it imports nothing of camkit but
 from camkit.errors import TargetError
 from camkit.targets.base import Target, TargetSpec
 from camkit.targets.boxes import BoxTarget
-from camkit.targets.kinds import ClassTarget, EmbeddingTarget, SegmentationTarget, SoftmaxTarget
+from camkit.targets.kinds import (
+    ClassTarget,
+    EmbeddingTarget,
+    FrameSpanTarget,
+    SegmentationTarget,
+    SoftmaxTarget,
+)
 from camkit.targets.resolver import RowScorer, resolve
 
 __all__ = [
     "BoxTarget",
     "ClassTarget",
     "EmbeddingTarget",
+    "FrameSpanTarget",
     "RowScorer",
     "SegmentationTarget",
     "SoftmaxTarget",
