@@ -233,3 +233,34 @@ def test_video_tokens_the_model_does_not_declare_are_refused_with_what_to_pass()
         infer_layout((1, 64, 8), Flat(), (4, 32, 32))
     with pytest.raises(LayoutError, match=r"65 tokens .* 2x4x4 \(tubelet"):
         infer_layout((1, 65, 16), videomae(), (4, 32, 32))
+
+
+def test_fullgrad_of_a_frame_wise_clip_is_each_frame_s_fullgrad() -> None:
+    """Frame t's map is the 2-D FullGrad of frame t alone, scored as its share of the clip's
+    mean over frames (1/T of its logits: psi's 1e-7 guard keeps FullGrad from being exactly
+    scale-free)."""
+    torch.manual_seed(0)
+    model = FrameWise().double().eval()
+    x = torch.randn(2, 3, 5, 16, 16, dtype=torch.float64)
+    declared = camkit.InputLayout(model, "BCTHW", frame_wise=True)
+    got = camkit.FullGrad(declared)(x, target=[1, 2], normalize=False)
+    assert got.shape == (2, 5, 16, 16)
+
+    class OneFrame(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clips = model  # its biases are FullGrad's
+
+        def forward(self, image: Tensor) -> Tensor:
+            return self.clips(image[:, :, None]) / 5  # a clip of one frame, 1/T of the mean
+
+    per_frame = camkit.FullGrad(OneFrame())
+    for t in range(5):
+        expected = per_frame(x[:, :, t], target=[1, 2], normalize=False)
+        torch.testing.assert_close(got[:, t], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_cams_that_do_not_read_frame_wise_layers_yet_refuse_them_by_name() -> None:
+    declared = camkit.InputLayout(FrameWise().eval(), "BCTHW", frame_wise=True)
+    with pytest.raises(LayerOutputError, match="ScoreCAM does not read the layers of a frame-wise"):
+        camkit.ScoreCAM(declared, "module.conv2")(torch.randn(1, 3, 4, 16, 16), target=0)

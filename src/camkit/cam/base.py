@@ -24,6 +24,7 @@ from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
+from camkit.core.spacetime import folded_frames
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
@@ -77,6 +78,12 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
+        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+            raise LayerOutputError(
+                f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
+                "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+            )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
             pinned = method.pinned(batch, method.scorer(batch, target, call), call)
