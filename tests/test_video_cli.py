@@ -54,6 +54,14 @@ def test_explain_a_video_writes_animations_plot_and_windows(
     mp4, gif = video.read_video(out / record["output"]), video.read_video(out / record["animation"])
     assert mp4.frames.shape == gif.frames.shape == (16, 32, 32, 3)
     assert (out / record["frame_plot"]).read_bytes().startswith(b"\x89PNG")
+    # --resume: both are done (the broken one recorded as unreadable, as images are)
+    again = cli.main(
+        ["explain", str(clip), str(broken), "--model", "torchvision:r3d_18", "--clip-length",
+         "8", "--clip-stride", "4", "--out", str(out), "--quiet", "--resume"]
+    )  # fmt: skip
+    assert again == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["runs"][-1]["todo"] == 0 and len(manifest["records"]) == 2
 
 
 def test_videos_need_a_video_model_and_a_run_of_their_own(
