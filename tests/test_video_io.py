@@ -19,7 +19,7 @@ def frames(count: int = 16, size: int = 32) -> np.ndarray:
     """Frame t: gray level 15 t, with a white 8x8 square moving right one pixel a frame."""
     clip = np.zeros((count, size, size, 3), np.uint8)
     for t in range(count):
-        clip[t] = 15 * t
+        clip[t] = 15 * t % 240
         clip[t, 8:16, t : t + 8] = 255
     return clip
 
@@ -104,3 +104,38 @@ def test_animations_round_trip_with_one_frame_per_input_frame(tmp_path: Path) ->
     assert png.startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="one heat map per frame"):
         overlay_frames(clip, heat[:4])
+
+
+def test_streamed_clips_are_the_windows_of_the_whole_video() -> None:
+    for count in (1, 5, 8, 9, 16, 20, 23):
+        clip = frames(count, 4)
+        for length, stride in ((8, None), (8, 4), (8, 5), (4, 3), (3, 7)):
+            windows = video.clip_windows(count, length, stride)
+            streamed = list(video.stream_clips(iter(clip), windows))
+            assert [w for w, _ in streamed] == windows
+            for window, got in streamed:
+                np.testing.assert_array_equal(got, video.clip_frames(clip, window))
+
+
+def test_frames_are_decoded_lazily(tmp_path: Path) -> None:
+    path = tmp_path / "clip.avi"
+    assert write_cv2(path, "MJPG", frames())
+    stream = video.iter_frames(path)
+    first = next(stream)
+    assert first.shape == (32, 32, 3)
+    assert sum(1 for _ in stream) == 15
+    assert video.frame_rate(path) == pytest.approx(8.0)
+
+
+def test_streaming_reads_no_further_than_the_clip_it_gives() -> None:
+    pulled = []
+
+    def source():
+        for t in range(40):
+            pulled.append(t)
+            yield np.full((2, 2, 3), t, np.uint8)
+
+    windows = video.clip_windows(40, 8, 4)
+    for (start, stop), clip in video.stream_clips(source(), windows):
+        assert len(pulled) == stop  # a long video is never read ahead of the clip in use
+        assert clip[0, 0, 0, 0] == start

@@ -48,10 +48,16 @@ def frame_importance(maps: Tensor) -> Tensor:
             "frame_importance takes non-negative, finite maps (a CAM after its ReLU, a pixel "
             "method's heat, or attribution.abs()); got negative or non-finite values"
         )
-    mass = maps.sum(dim=(-2, -1))
+    shares = mass_shares(maps.sum(dim=(-2, -1)))
+    return torch.where(flat(maps.flatten(-3), dims=1), torch.zeros_like(shares), shares)
+
+
+def mass_shares(mass: Tensor) -> Tensor:
+    """Each frame's share of the total: ``(..., T) -> (..., T)``, ``m_t / sum_t m``; zeros
+    where the total is 0. The last step of :func:`frame_importance`, for a map whose frames
+    come one at a time (a streamed video: only each frame's mass is kept)."""
     total = mass.sum(dim=-1, keepdim=True)
-    blank = flat(maps.flatten(-3), dims=1) | (total == 0)
-    return torch.where(blank, torch.zeros_like(mass), mass / total.masked_fill(total == 0, 1))
+    return torch.where(total == 0, torch.zeros_like(mass), mass / total.masked_fill(total == 0, 1))
 
 
 def frame_drop(
@@ -96,4 +102,4 @@ def frame_drop(
     return scorer.clean[:, None] - scores
 
 
-__all__ = ["frame_drop", "frame_importance"]
+__all__ = ["frame_drop", "frame_importance", "mass_shares"]
