@@ -105,6 +105,10 @@ class _Video:
         self.fps = video.frame_rate(path)
         self.count = sum(1 for _ in video.iter_frames(path))  # decoded once, nothing kept
         self.windows = video.clip_windows(self.count, loaded.clip_length or 1, stride)
+        # the first frame of the next clip (the frame count after the last): frames before it
+        # are final once a clip has been explained
+        starts = [start for start, _ in self.windows[1:]] + [self.count]
+        self.following = dict(zip(self.windows, starts, strict=True))
 
     def batches(self) -> Iterator[tuple[list[tuple[int, int]], list[np.ndarray], torch.Tensor]]:
         """``(windows, their frames, inputs (n, 3, L, H, W))``, ``images_per_batch`` clips at a
@@ -150,7 +154,7 @@ class _Video:
                             here = heat[row, :, t - start].float().cpu()
                             total[method] = total[method] + here if method in total else here
                         pending[t] = (frame, total, seen + 1)
-                following = self.next_start(windows[-1])
+                following = self.following[windows[-1]]
                 for t in sorted(t for t in pending if t < following):  # no later clip sees t
                     frame, total, seen = pending.pop(t)
                     for (method, column), output in outputs.items():
@@ -159,11 +163,6 @@ class _Video:
             output.record(method, classes[column], probabilities, rank)
             for (method, column), output in outputs.items()
         ]
-
-    def next_start(self, window: tuple[int, int]) -> int:
-        """The first frame of the clip after ``window`` (the frame count after the last)."""
-        index = self.windows.index(window)
-        return self.windows[index + 1][0] if index + 1 < len(self.windows) else self.count
 
 
 class _Output:

@@ -52,13 +52,14 @@ def importance_plot(
     title: str | None = None,
 ) -> bytes:
     """The per-frame importance (the map's mass per frame,
-    :func:`camkit.metrics.frame_importance`) as a PNG: one bar per frame, time in seconds on a
+    :func:`camkit.metrics.frame_importance`) as a PNG: one step per frame, time in seconds on a
     second axis; ``drop`` (:func:`camkit.metrics.frame_drop`) drawn as a line when given."""
     values = np.asarray(torch.as_tensor(importance).float().cpu())
     figure = Figure(figsize=(6.4, 2.8), layout="constrained")
     axes = figure.subplots()
     frames = np.arange(len(values))
-    axes.bar(frames, values, color="#d95f02", label="map mass per frame")
+    edges = np.arange(len(values) + 1) - 0.5  # one filled step per frame: one artist, any length
+    axes.stairs(values, edges, fill=True, color="#d95f02", label="map mass per frame")
     axes.set_xlabel("frame")
     axes.set_ylabel("share of the map")
     axes.set_xlim(-0.5, len(values) - 0.5)
