@@ -22,8 +22,9 @@ class Layout:
 
     Attributes:
         kind: ``"grid"`` ``(B, C, h, w)``, ``"volume"`` ``(B, C, d, h, w)``, ``"tokens"``
-            ``(B, prefix + h*w, C)`` or ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
-        grid: the spatial size ``(h, w)`` or ``(d, h, w)``.
+            ``(B, prefix + h*w, C)`` (space-time tokens: ``prefix + t*h*w``) or
+            ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
+        grid: the spatial size ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``).
         channels: ``C``.
         prefix: tokens before the patch tokens (class, distillation, registers), dropped.
         suffix: tokens after the patch tokens (YOLOS detection tokens), dropped.
@@ -67,7 +68,7 @@ class Layout:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             lead = f"B * {self.frames}" if self.frames else "B"
             raise LayoutError(
-                f"expected a layer output of shape ({lead}, {_dims(self.shape)}), got {got}"
+                f"expected a layer output of shape ({lead}, {shape_text(self.shape)}), got {got}"
             )
         if self.frames:
             frame = replace(self, frames=0).to_grid(t)
@@ -88,12 +89,12 @@ class Layout:
         grid = "x".join(map(str, self.grid))
         out = f"(B, {self.channels}, {', '.join(map(str, self.grid))})"
         if self.kind == "tokens":
-            what = f"tokens (B, {_dims(self.shape)}): {self.prefix} prefix token(s) dropped, "
+            what = f"tokens (B, {shape_text(self.shape)}): {self.prefix} prefix token(s) dropped, "
             if self.suffix:
                 what += f"{self.suffix} token(s) after the patches dropped, "
             what += f"{grid} patch grid -> {out}"
         elif self.kind == "channels_last":
-            what = f"channels-last (B, {_dims(self.shape)}) -> {out}"
+            what = f"channels-last (B, {shape_text(self.shape)}) -> {out}"
         else:
             what = f"{self.kind} {out}"
         if self.frames:
@@ -113,5 +114,6 @@ def channels_first(
     return t.movedim(dims, -1) if back else t.movedim(-1, dims)
 
 
-def _dims(shape: Sequence[int]) -> str:
+def shape_text(shape: Sequence[int]) -> str:
+    """``(3, 4) -> "3, 4"``: a shape in messages."""
     return ", ".join(map(str, shape))

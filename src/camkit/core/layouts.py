@@ -47,7 +47,7 @@ from camkit.core.architecture import (
     prefix_tokens,
     suffix_tokens,
 )
-from camkit.core.grid_layout import Kind, Layout, Reshape, _dims, channels_first
+from camkit.core.grid_layout import Kind, Layout, Reshape, channels_first, shape_text
 from camkit.core.spacetime import folded_frames, token_grids
 from camkit.errors import ArgumentError, LayoutError
 
@@ -109,7 +109,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     dims = "x".join(map(str, size))
     if fit_first != fit_last:
         chosen = first if fit_first else last
-        return _with_reason(chosen, f"spatial axes {_dims(chosen.grid)} fit the {dims} input")
+        return _with_reason(chosen, f"spatial axes {shape_text(chosen.grid)} fit the {dims} input")
     known_first, known_last = channel_counts(model)
     first_known = first.channels in known_first
     last_known = last.channels in known_last
