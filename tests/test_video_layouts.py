@@ -269,3 +269,14 @@ def test_cams_that_do_not_read_frame_wise_layers_yet_refuse_them_by_name() -> No
     declared = camkit.InputLayout(FrameWise().eval(), "BCTHW", frame_wise=True)
     with pytest.raises(LayerOutputError, match="ScoreCAM does not read the layers of a frame-wise"):
         camkit.ScoreCAM(declared, "conv2")(torch.randn(1, 3, 4, 16, 16), target=0)
+
+
+def test_saliency_of_a_video_transformer_is_the_clip_gradient() -> None:
+    torch.manual_seed(0)
+    model = hf(videomae())
+    x = torch.randn(1, 3, 4, 32, 32, dtype=torch.float64)
+    got = camkit.Saliency(model, output="logits")(x, target=2)
+    leaf = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(logits(model, leaf)[0, 2], leaf)
+    assert got.shape == x.shape  # (B, C, T, H, W): the clip's own shape
+    torch.testing.assert_close(got.double(), grad, rtol=1e-4, atol=1e-6 * grad.abs().max())
