@@ -115,7 +115,9 @@ def _shared_pass(
         )
         targets, size = scores.shape[1], tuple(part.shape[2:])
         return {
-            name: explainer.maps_from(acts, grads, targets, size, first.capture.names)
+            name: explainer.maps_from(
+                acts, grads, targets, size, first.capture.names, batch=part.shape[0]
+            )
             for name, explainer in explainers.items()
         }, several
 

@@ -24,6 +24,7 @@ from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
+from camkit.core.spacetime import folded_frames
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
@@ -77,6 +78,12 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> tuple[Tensor | dict[str, Tensor], bool]:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
+        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+            raise LayerOutputError(
+                f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
+                "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+            )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
             pinned = method.pinned(batch, method.scorer(batch, target, call), call)
@@ -158,7 +165,8 @@ class BaseCAM(Explainer):
             acts, grads, scores, several = self.capture.run(
                 part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
             )
-            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
+            size, rows = tuple(part.shape[2:]), part.shape[0]
+            return self.maps_from(acts, grads, scores.shape[1], size, batch=rows), several
 
         return over_rows(batch, self.batch_size, one_pass)
 
@@ -169,35 +177,45 @@ class BaseCAM(Explainer):
         targets: int,
         input_size: tuple[int, ...],
         names: list[str] | None = None,
+        *,
+        batch: int | None = None,
     ) -> dict[str, Tensor]:
         """Apply :meth:`layer_map` to captured activations and gradients, layer by layer; a
         map that does not depend on the target is repeated for the ``targets`` targets.
         ``names``: the captured layers' names (default: this method's capture's; another
-        capture's when :func:`camkit.cams` shares its pass)."""
+        capture's when :func:`camkit.cams` shares its pass); ``batch``: the input's rows (a
+        frame-wise model's layers have ``batch * T``)."""
         grads = grads if grads is not None else [None] * len(acts)
         maps = {}
         names = self.capture.names if names is None else names
         for name, act, grad in zip(names, acts, grads, strict=True):
-            reader = self.grid_reader(name, act, input_size)
+            reader = self.grid_reader(name, act, input_size, batch)
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
             cam = self.layer_map(act, grad)
             maps[name] = cam.expand(-1, targets, *cam.shape[2:])
         return maps
 
-    def grid_reader(self, name: str, act: Tensor, input_size: tuple[int, ...]) -> Reshape | None:
-        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``)."""
+    def grid_reader(
+        self, name: str, act: Tensor, input_size: tuple[int, ...], batch: int | None = None
+    ) -> Reshape | None:
+        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``);
+        ``batch``: the input's rows, when the layer may have more (frames folded in)."""
         shape = (act.shape[0], *act.shape[2:])
-        reader = resolve_reshape(self.reshape, self.model, input_size, shape)
+        reader = resolve_reshape(self.reshape, self.model, input_size, shape, batch)
         self.layouts[name] = reader
         return reader
 
     @staticmethod
     def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
         """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
-        w)`` for volumes) float32, through ``reader``."""
+        w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
+        gives ``(B, K, C, T, h, w)``."""
+        frames = getattr(reader, "frames", 0)
+        if frames:  # rows b * T + t -> (B, K, T, ...), read frame by frame
+            t = t.unflatten(0, (-1, frames)).transpose(1, 2)
         lead = t.shape[:2]
-        t = t.flatten(0, 1).float()
+        t = t.flatten(0, 2 if frames else 1).float()
         if reader is not None:
             t = reader(t)
         if t.ndim not in (4, 5):

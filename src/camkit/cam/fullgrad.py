@@ -29,8 +29,9 @@ from camkit.core.explainer import Explainer
 from camkit.core.finish import Finishing, minmax
 from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
+from camkit.core.spacetime import folded_frames
 from camkit.core.state import model_guarded
-from camkit.errors import GradientError
+from camkit.errors import GradientError, LayerOutputError
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
@@ -184,10 +185,27 @@ class FullGrad(Explainer):
             grad = grad.float()
             bias = bias.to(device=grad.device, dtype=grad.dtype)[:, None, None]
             channels = _psi(grad * bias).sum(dim=2)  # (n, K, h, w)
+            if channels.shape[0] != part.shape[0]:  # a frame-wise model: (n * T, K, h, w)
+                channels = self._clip_frames(channels, part)
             if channels.shape[-2:] != size:
-                channels = F.interpolate(channels, size=size, mode="bilinear", align_corners=False)
+                lead = channels.shape[:-2]
+                flat = channels.flatten(0, -3).unsqueeze(1)  # one plane per sample, target, frame
+                flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+                channels = flat.squeeze(1).unflatten(0, lead)
             total = total + channels
         return total.float(), several
+
+    def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
+        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``, the
+        clip's frames in order (row ``b * T + t``); other row counts are refused."""
+        frames = folded_frames(self.model, tuple(part.shape))
+        if not frames or channels.shape[0] != part.shape[0] * frames:
+            raise LayerOutputError(
+                f"FullGrad: a bias layer gives {channels.shape[0]} rows for {part.shape[0]} "
+                "inputs (not one per input); declare a frame-wise clip model with "
+                "camkit.InputLayout(model, layout, frame_wise=True)"
+            )
+        return channels.unflatten(0, (-1, frames)).transpose(1, 2)
 
     def __repr__(self) -> str:
         return f"FullGrad(bias_layers={len(self.bias_layers)})"

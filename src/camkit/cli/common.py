@@ -116,11 +116,17 @@ def pick_device(choice: str, local_rank: int = 0) -> torch.device:
 
 
 def load_model(
-    name: str, weights: str | None, labels: str | None = None, *, crop: str | None = None
+    name: str,
+    weights: str | None,
+    labels: str | None = None,
+    *,
+    crop: str | None = None,
+    clip_length: int | None = None,
 ) -> models.LoadedModel:
     """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
     ``labels``: ``--labels FILE``; ``crop`` (``--crop``) replaces the model's own crop (None
-    keeps it: the model's evaluation transform), the one preprocessing every front end uses."""
+    keeps it: the model's evaluation transform), the one preprocessing every front end uses;
+    ``clip_length``: a video model's frames per clip (``--clip-length``)."""
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file")
     if labels is not None and not Path(labels).is_file():
@@ -128,7 +134,7 @@ def load_model(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", models.RandomWeightsWarning)
         try:
-            loaded = models.load(name, weights=weights, labels=labels)
+            loaded = models.load(name, weights=weights, labels=labels, clip_length=clip_length)
         except (CamkitError, FileNotFoundError) as error:
             raise UsageError(f"--model {name}: {error}") from None
     for warning in caught:
@@ -222,7 +228,8 @@ def load_run_model(
     """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
     class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
     the classes and the layer."""
-    loaded = load_model(args.model, args.weights, args.labels, crop=args.crop)
+    clip = getattr(args, "clip_length", None)  # camkit explain's, for video models
+    loaded = load_model(args.model, args.weights, args.labels, crop=args.crop, clip_length=clip)
     classes = parse_target(args.target, loaded.labels)
     if one_class and classes is not None and len(classes) > 1:
         raise UsageError(f"--target: {args.command} scores one class per image (or top1)")

@@ -4,6 +4,7 @@ work of one rank is :mod:`camkit.cli.pipeline`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from camkit.cli.common import (
 )
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
+from camkit.cli.video import explain_videos
 from camkit.errors import LayerOutputError
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import MANIFEST, PARTS, consolidate, header, merge, read, sha256
@@ -68,7 +70,14 @@ def run_explain(args: argparse.Namespace) -> int:
         )
         build_explainers(loaded.model, job)  # a method that cannot explain this model: exit 2
         manifest = explain(
-            loaded, paths, job, ranks, resume=args.resume, weights=args.weights, argv=args.argv
+            loaded,
+            paths,
+            job,
+            ranks,
+            resume=args.resume,
+            weights=args.weights,
+            argv=args.argv,
+            clip_stride=args.clip_stride,
         )
     return EXIT_OK if manifest is None else summarize(manifest, out, len(paths))
 
@@ -101,11 +110,24 @@ def explain(
     resume: bool = False,
     weights: str | None = None,
     argv: Sequence[str] = (),
+    clip_stride: int | None = None,
 ) -> dict | None:
     """Explain ``paths`` (this rank's share of those not done yet, with ``resume``); rank 0
-    merges every rank's part and returns the manifest, the others return None."""
+    merges every rank's part and returns the manifest, the others return None. Video files
+    (:func:`camkit.io.video.is_video`) are explained clip by clip (:mod:`camkit.cli.video`,
+    clips every ``clip_stride`` frames), in a run of their own."""
     ranks = ranks or Ranks()
+    videos = [io.video.is_video(path) for path in paths]
+    if any(videos) and not all(videos):
+        raise UsageError("explain video files and images in separate runs (--out folders)")
+    if any(videos) and loaded.clip_length is None:
+        raise UsageError(
+            f"--model {loaded.name} takes images, not clips: explain videos with a video model "
+            "(e.g. torchvision:r3d_18), or extract the frames as images"
+        )
     settings = job.settings(loaded, sha256(weights))
+    if any(videos):
+        settings |= {"clip_stride": clip_stride}
     head = header(settings, loaded.name, str(job.device), list(argv))
     out = job.out
     if ranks.rank == 0:
@@ -124,7 +146,11 @@ def explain(
     done = {record["image"] for record in previous["records"]} if previous else set()
     todo = [index for index, path in enumerate(paths) if str(path) not in done]
     try:
-        explain_files(loaded, paths, ranks.shard(todo), job, ranks, head)
+        if any(videos):
+            job = dataclasses.replace(job, report=False)  # the report shows images
+            explain_videos(loaded, paths, ranks.shard(todo), job, ranks, head, clip_stride)
+        else:
+            explain_files(loaded, paths, ranks.shard(todo), job, ranks, head)
     except LayerOutputError as error:
         raise UsageError(f"--layer {job.layer}: {error}") from None
     ranks.barrier()
@@ -222,6 +248,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also keep every raw map of the run in one float16 OUT/maps.npz with its index "
         "(for 'camkit strategies')",
+    )
+    explain.add_argument(
+        "--clip-length",
+        type=positive_int,
+        metavar="FRAMES",
+        help="a video model's frames per clip (default 16, torchvision's Kinetics clips)",
+    )
+    explain.add_argument(
+        "--clip-stride",
+        type=positive_int,
+        metavar="FRAMES",
+        help="video files: a clip every FRAMES frames (sliding windows; default: the clip "
+        "length, clips side by side); the last clip ends on the last frame",
     )
     explain.add_argument(
         "--resume",

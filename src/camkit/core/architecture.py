@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from camkit.core.spacetime import default_video_layer
+
 # attributes that hold tokens prepended to the patch tokens (timm, torchvision, HuggingFace);
 # ``mask_token`` is deliberately absent: it replaces patch tokens, it is not prepended
 _PREFIX_ATTRIBUTES = (
@@ -178,10 +180,13 @@ def default_token_layer(model: nn.Module) -> str | None:
     ``encoder.layers.encoder_layer_{-1}.ln_1``; torchvision ``swin_t`` ``features.7.{-1}.norm1``;
     HuggingFace ViT ``...layer.{-1}.layernorm_before``; CLIP ``...layers.{-1}.layer_norm1``. Its
     output feeds the last attention, so every patch token reaches the score (the layer
-    pytorch-grad-cam recommends). None for a model without such blocks (CNNs, ConvNeXt: use the
-    last spatial map).
+    pytorch-grad-cam recommends). A video transformer whose block norms see frames in the batch
+    (TimeSformer) gets :func:`~camkit.core.spacetime.default_video_layer`. None for a model
+    without such blocks (CNNs, ConvNeXt: use the last spatial map).
     """
-    found = None
+    found = default_video_layer(model)
+    if found is not None:
+        return found
     for name, module in model.named_modules():
         if isinstance(module, nn.LayerNorm) and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES:
             found = name

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from camkit.core import layers
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
+from camkit.core.spacetime import folded_frames
 from camkit.core.trace import default_layer
 from camkit.errors import (
     GradientError,
@@ -148,7 +149,8 @@ class Capture:
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
                 output = call.forward(self.model, inputs, rows)
-            layers.check_batch_axes(taps, batch.shape[0])
+            frames = folded_frames(self.model, tuple(batch.shape))
+            layers.check_batch_axes(taps, batch.shape[0], frames)
             return output, taps
 
         return (memory or MemoryFormat(batch)).run(attempt)

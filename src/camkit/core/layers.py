@@ -218,30 +218,33 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
     return [calls[0] for calls in taps.values()]
 
 
-def check_batch_axis(name: str, output: Tensor, batch: int) -> None:
+def check_batch_axis(name: str, output: Tensor, batch: int, frames: int | None = None) -> None:
     """Raise :class:`LayerOutputError` unless layer ``name``'s output has the input's ``batch``
-    rows on its first axis.
+    rows on its first axis (or ``batch * frames`` for a model that declares its clips' frames
+    folded into its batch, :func:`camkit.core.spacetime.frame_wise`).
 
     A layer inside a detection head (RoI pooling: one row per proposal), a frame-wise video model
     (``(B * T, C, h, w)``) or a position embedding (one row for every image) has another leading
     axis; reading it as the batch would give one map per proposal or frame, silently wrong.
     """
     rows = output.shape[0] if output.ndim else None
-    if rows != batch:
+    if rows != batch and not (frames and rows == batch * frames):
         raise LayerOutputError(
             f"layer {name!r} gives {rows} rows on its first axis for an input batch of {batch}: "
             "its leading axis is not the input's batch (proposals of a detection head, frames "
             "folded into the batch, a position embedding shared by every image), so no map per "
-            "input can be read from it; choose a layer whose output is (B, ...) for B inputs "
+            "input can be read from it (frames folded into the batch of a clip model are read "
+            "once declared: camkit.InputLayout(model, layout, frame_wise=True)); choose a "
+            "layer whose output is (B, ...) for B inputs "
             "(see camkit.models.layer_shapes(model, example=x) or `camkit layers`)"
         )
 
 
-def check_batch_axes(taps: dict[str, list[Tensor]], batch: int) -> None:
+def check_batch_axes(taps: dict[str, list[Tensor]], batch: int, frames: int | None = None) -> None:
     """:func:`check_batch_axis` on the last call of every tapped layer that ran."""
     for name, calls in taps.items():
         if calls:
-            check_batch_axis(name, calls[-1], batch)
+            check_batch_axis(name, calls[-1], batch, frames)
 
 
 @contextmanager

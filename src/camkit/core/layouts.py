@@ -14,6 +14,11 @@ layer's output shape, the model's attributes and the input size:
   before and after the patches is read from the model (its token parameters, timm's
   ``num_prefix_tokens``, its config), never inferred from the count: a count that does not
   match is refused. Only without a model (geometry alone) are prefix counts tried;
+* space-time tokens ``(B, N, C)`` of a video transformer, for a clip ``(T, H, W)``: the grid
+  ``(t, h, w)`` and the token order read from the model (:mod:`camkit.core.spacetime`:
+  tubelets, MViT's pooled grids, TimeSformer's patch-major order), laid out as a volume;
+* frames folded into the batch (a model declared ``frame_wise``): a layer with ``B * T`` rows
+  is read frame by frame as above and stacked as ``(B, C, T, h, w)``;
 * ``"channels_last"`` ``(B, h, w, C)`` (Swin blocks, Liu et al., ICCV 2021; ConvNeXt blocks
   with a linear MLP, Liu et al., CVPR 2022; torchvision ``swin_t``): channels moved to axis 1.
 
@@ -30,11 +35,10 @@ model can produce channels-last activations without a permute that it does not h
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import replace
 
-from torch import Tensor, nn
+from torch import nn
 
 from camkit.core.architecture import (
     channel_counts,
@@ -43,93 +47,12 @@ from camkit.core.architecture import (
     prefix_tokens,
     suffix_tokens,
 )
+from camkit.core.grid_layout import Kind, Layout, Reshape, channels_first, shape_text
+from camkit.core.spacetime import folded_frames, token_grids
 from camkit.errors import ArgumentError, LayoutError
-
-Kind = Literal["grid", "volume", "tokens", "channels_last"]
-Reshape = Callable[[Tensor], Tensor]
 
 #: token counts tried as "prefix" when neither the model nor the patch size tells it
 MAX_GUESSED_PREFIX = 16
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How to read a layer output as a grid; ``to_grid`` (or calling it) does the conversion.
-
-    Attributes:
-        kind: ``"grid"`` ``(B, C, h, w)``, ``"volume"`` ``(B, C, d, h, w)``, ``"tokens"``
-            ``(B, prefix + h*w, C)`` or ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
-        grid: the spatial size ``(h, w)`` or ``(d, h, w)``.
-        channels: ``C``.
-        prefix: tokens before the patch tokens (class, distillation, registers), dropped.
-        suffix: tokens after the patch tokens (YOLOS detection tokens), dropped.
-        reason: how the layout was decided (for ``str``; not part of equality).
-    """
-
-    kind: Kind
-    grid: tuple[int, ...]
-    channels: int
-    prefix: int = 0
-    reason: str = field(default="", compare=False)
-    suffix: int = 0
-
-    @property
-    def channel_axis(self) -> int:
-        """The axis of the layer output that holds the channels: 1, or -1 for tokens and
-        channels-last outputs."""
-        return -1 if self.kind in ("tokens", "channels_last") else 1
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The layer output's shape without the batch axis."""
-        if self.kind == "tokens":
-            return (self.prefix + math.prod(self.grid) + self.suffix, self.channels)
-        if self.kind == "channels_last":
-            return (*self.grid, self.channels)
-        return (self.channels, *self.grid)
-
-    def to_grid(self, t: Tensor) -> Tensor:
-        """``(B, *self.shape) -> (B, C, h, w)`` (or ``(B, C, d, h, w)`` for volumes); a view when
-        possible. Raises :class:`LayoutError` when ``t`` does not have this layout."""
-        if not isinstance(t, Tensor) or tuple(t.shape[1:]) != self.shape:
-            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise LayoutError(
-                f"expected a layer output of shape (B, {_dims(self.shape)}), got {got}"
-            )
-        if self.kind == "tokens":
-            patches = t[:, self.prefix : self.prefix + math.prod(self.grid)]
-            return patches.unflatten(1, self.grid).movedim(-1, 1)
-        if self.kind == "channels_last":
-            return t.movedim(-1, 1)
-        return t
-
-    __call__ = to_grid
-
-    def __str__(self) -> str:
-        grid = "x".join(map(str, self.grid))
-        out = f"(B, {self.channels}, {', '.join(map(str, self.grid))})"
-        if self.kind == "tokens":
-            what = f"tokens (B, {_dims(self.shape)}): {self.prefix} prefix token(s) dropped, "
-            if self.suffix:
-                what += f"{self.suffix} token(s) after the patches dropped, "
-            what += f"{grid} patch grid -> {out}"
-        elif self.kind == "channels_last":
-            what = f"channels-last (B, {_dims(self.shape)}) -> {out}"
-        else:
-            what = f"{self.kind} {out}"
-        return f"{what} [{self.reason}]" if self.reason else what
-
-
-def channels_first(
-    t: Tensor, layout: Layout | None, dims: int = 1, *, back: bool = False
-) -> Tensor:
-    """``t`` (``dims`` leading axes, then a layer output's axes as ``layout`` reads them) with
-    the channel axis moved to position ``dims`` (``back``: moved back to the layer's
-    :attr:`Layout.channel_axis`); tokens keep their prefix and suffix tokens. For None (the
-    output taken as it is, :func:`layer_layout`) or channels on axis 1: ``t`` as it is."""
-    if layout is None or layout.channel_axis == 1:
-        return t
-    return t.movedim(dims, -1) if back else t.movedim(-1, dims)
 
 
 def layer_layout(
@@ -144,10 +67,6 @@ def layer_layout(
     if reshape is None or len(shape) == 2:
         return None
     return infer_layout(shape, model, input_size)
-
-
-def _dims(shape: Sequence[int]) -> str:
-    return ", ".join(map(str, shape))
 
 
 def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
@@ -190,7 +109,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     dims = "x".join(map(str, size))
     if fit_first != fit_last:
         chosen = first if fit_first else last
-        return _with_reason(chosen, f"spatial axes {_dims(chosen.grid)} fit the {dims} input")
+        return _with_reason(chosen, f"spatial axes {shape_text(chosen.grid)} fit the {dims} input")
     known_first, known_last = channel_counts(model)
     first_known = first.channels in known_first
     last_known = last.channels in known_last
@@ -213,7 +132,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
 
 
 def _with_reason(layout: Layout, reason: str) -> Layout:
-    return Layout(layout.kind, layout.grid, layout.channels, layout.prefix, reason, layout.suffix)
+    return replace(layout, reason=reason)
 
 
 def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
@@ -233,20 +152,17 @@ def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
 def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[int, ...]) -> Layout:
     """A ``(B, N, C)`` token sequence: the tokens before and after the patches, and the grid."""
     _, count, channels = shape
-    if len(size) != 2:
-        raise LayoutError(
-            f"a token sequence {shape} needs a 2-D input size to lay out its patches, got {size}; "
-            "pass reshape= a function returning (B, C, d, h, w)"
-        )
-    if model is None:
+    if model is None and len(size) == 2:
         return _geometric_tokens(shape, size)
     prefix, suffix = prefix_tokens(model), suffix_tokens(model)
     front, back = (prefix[0] if prefix else 0), (suffix[0] if suffix else 0)
     declared = [f"{prefix[0]} before the patches ({prefix[1]})"] if prefix else []
     declared += [f"{suffix[0]} after the patches ({suffix[1]})"] if suffix else []
     told = "; ".join(declared) or "no prefix or other non-patch tokens"
-    grid = patch_grid(model, size)
     dims = "x".join(map(str, size))
+    if len(size) == 3:
+        return _spacetime_tokens(shape, model, size, (front, back), told)
+    grid = patch_grid(model, size)
     if grid is not None and count in (front + grid[0] * grid[1] + back, grid[0] * grid[1]):
         every = count == grid[0] * grid[1]
         ends = (0, 0) if every else (front, back)
@@ -269,6 +185,35 @@ def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
         "tokens are patches from the model and never guesses their positions from a count; "
         "pass reshape= a function returning (B, C, h, w), e.g. "
         "lambda t: t[:, first:last].unflatten(1, (h, w)).movedim(-1, 1)",
+    )
+
+
+def _spacetime_tokens(
+    shape: tuple[int, ...],
+    model: nn.Module | None,
+    size: tuple[int, ...],
+    ends: tuple[int, int],
+    told: str,
+) -> Layout:
+    """Video tokens: the model's space-time grid (:func:`~camkit.core.spacetime.token_grids`)
+    whose size, with or without the non-patch tokens, is the token count."""
+    count, dims = shape[1], "x".join(map(str, size))
+    grids = token_grids(model, size)  # type: ignore[arg-type]
+    for found in grids:
+        patches = math.prod(found.grid)
+        if count in (sum(ends) + patches, patches):
+            front, back = (0, 0) if count == patches else ends
+            grid = "x".join(map(str, found.grid))
+            reason = f"{dims} clip -> {grid} tokens ({found.source}); non-patch tokens: "
+            reason += "none here" if count == patches else told
+            return Layout("tokens", found.grid, shape[2], front, reason, back, found.frames_last)
+    listed = ", ".join(f"{'x'.join(map(str, g.grid))} ({g.source})" for g in grids)
+    raise LayoutError(
+        f"cannot lay out the {count} tokens of {shape} for a {dims} clip: the model declares "
+        f"{told} and {'the space-time grids ' + listed if grids else 'no space-time token grid'}"
+        " (camkit reads them from a tubelet embedding nn.Conv3d, MViT's pool_q or "
+        "TimeSformer's config, and never guesses positions from a count); pass reshape= a "
+        "function returning (B, C, t, h, w)"
     )
 
 
@@ -309,17 +254,27 @@ def _one_reading(
 
 
 def infer_layout(
-    shape: Sequence[int], model: nn.Module | None, input_size: int | Sequence[int]
+    shape: Sequence[int],
+    model: nn.Module | None,
+    input_size: int | Sequence[int],
+    *,
+    batch: int | None = None,
 ) -> Layout:
     """Decide how a layer output of ``shape`` (batch axis included) is read as a grid.
 
-    ``input_size``: the input's spatial size ``(H, W)`` (or ``(D, H, W)``). ``model`` gives the
-    prefix tokens, the patch size and the channel counts (may be None: geometry only). See the
-    module docstring for the rules; raises :class:`LayoutError` naming the candidate readings
-    when the layout is ambiguous or cannot be read.
+    ``input_size``: the input's spatial size ``(H, W)`` (or ``(D, H, W)``, ``(T, H, W)`` for a
+    clip). ``model`` gives the prefix tokens, the patch size, the space-time grids and the
+    channel counts (may be None: geometry only). ``batch``: the input's rows; a layer with
+    ``batch * T`` rows of a frame-wise model is read frame by frame. See the module docstring
+    for the rules; raises :class:`LayoutError` naming the candidate readings when the layout
+    is ambiguous or cannot be read.
     """
     shape = tuple(int(n) for n in shape)
     size = _size(input_size)
+    frames = folded_frames(model, (batch or 0, 0, *size))
+    if frames and batch is not None and shape[0] == batch * frames != batch:
+        frame = infer_layout(shape, model, size[1:])
+        return replace(frame, frames=frames, reason=f"frame-wise model; {frame.reason}")
     if len(shape) == 3:
         if shape[1] < 2:
             raise LayoutError(
@@ -344,8 +299,10 @@ def resolve_reshape(
     model: nn.Module | None,
     input_size: int | Sequence[int],
     shape: Sequence[int],
+    batch: int | None = None,
 ) -> Reshape | None:
-    """The function a CAM applies to a layer output of ``shape`` (batch included).
+    """The function a CAM applies to a layer output of ``shape`` (batch included; ``batch``:
+    the input's rows, see :func:`infer_layout`).
 
     ``"auto"`` (the default): the :class:`Layout` from :func:`infer_layout` (callable; its
     ``str`` tells the choice); a callable: itself (the user's reshape wins); None: no reshape
@@ -353,7 +310,7 @@ def resolve_reshape(
     """
     check_reshape(reshape)
     if reshape == "auto":
-        return infer_layout(shape, model, input_size)
+        return infer_layout(shape, model, input_size, batch=batch)
     return reshape
 
 
@@ -369,7 +326,9 @@ def check_reshape(reshape: object) -> None:
 
 
 __all__ = [
+    "Kind",
     "Layout",
+    "Reshape",
     "LayoutError",
     "channels_first",
     "check_reshape",

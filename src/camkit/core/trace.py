@@ -22,6 +22,7 @@ from camkit.core.examples import (
 )
 from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
+from camkit.core.spacetime import folded_frames
 from camkit.errors import CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -37,6 +38,7 @@ class _Call:
     finished: int
     passes_through: bool
     skip: str | None = None  # why this call cannot be the layer to explain (None: it can)
+    frames: int = 0  # a frame-wise model's layer with B * frames rows (0: B rows)
 
     @property
     def unreadable(self) -> str | None:
@@ -78,6 +80,7 @@ def trace(
     given = first_tensor(example)
     batch_rows = given.shape[0] if given is not None and given.ndim else 1
     pair, perturbed = twins(example)
+    frames = folded_frames(model, tuple(given.shape)) if given is not None else None
 
     calls: list[_Call] = []
     kept: list[tuple[_Call, weakref.ref | None]] = []
@@ -100,10 +103,12 @@ def trace(
                 started=open_calls[name].pop(),
                 finished=next(counter),
                 passes_through=isinstance(module, _PASS_THROUGH_MODULES),
-                skip=_skip_reason(output, perturbed),
+                skip=_skip_reason(output, perturbed, frames),
             )
             if call.skip is None and call.shape[0] == _TWINS:
                 call.shape = (batch_rows, *call.shape[1:])
+            elif call.skip is None:  # a frame-wise layer: _TWINS * frames rows
+                call.shape, call.frames = (batch_rows * frames, *call.shape[1:]), frames
             calls.append(call)
             kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
 
@@ -144,9 +149,14 @@ def trace(
     return calls, output
 
 
-def _skip_reason(output: object, perturbed: bool) -> str | None:
+def _skip_reason(output: object, perturbed: bool, frames: int | None = None) -> str | None:
     if not isinstance(output, Tensor):
         return f"returns {type(output).__name__}, not a tensor"
+    if frames and output.ndim and output.shape[0] == _TWINS * frames != _TWINS:
+        first, second = output[:frames], output[frames:]
+        if perturbed and torch.equal(first, second):
+            return "its output is the same for two different clips: it does not depend on them"
+        return None
     if output.ndim == 0 or output.shape[0] != _TWINS:
         rows = output.shape[0] if output.ndim else "no"
         return (
@@ -339,10 +349,10 @@ def last_spatial_map(
         call
         for call in calls
         if call.skip is None
-        and len(call.shape) == dims
+        and len(call.shape) == dims - bool(call.frames)
         and math.prod(call.shape[2:]) > 1
         and not call.passes_through
-        and (dims < 4 or _spatial(call.shape, shape[2:]))
+        and (dims < 4 or _spatial(call.shape, shape[2 + bool(call.frames) :]))
     ]
     if not candidates:
         what = "4-D (N, C, H, W)" if dims == 4 else f"{dims}-D (N, C, ...)"

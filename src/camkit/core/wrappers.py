@@ -18,14 +18,16 @@ class InputLayout(nn.Module):
 
     Layer names are those of ``model`` (``"blocks.3"``; ``"module.blocks.3"`` works too). CAMs
     map ``(B, C, T, H, W) -> (B, T, H, W)``; pixel methods attribute the ``(B, C, T, H, W)``
-    input. A frame-wise model folds the frames into its batch, so its layers have ``B * T`` rows:
-    CAMs refuse them by name (no per-clip map can be read there); pixel methods work.
+    input. A frame-wise model (TSN, TSM, a 2-D backbone run per frame) folds the frames into its
+    batch, so its layers have ``B * T`` rows (row ``b * T + t``): declare it with
+    ``frame_wise=True`` and CAMs read such layers as ``(B, T, h, w)``, the default layer being
+    the last frame-wise map; undeclared, CAMs refuse them by name.
     """
 
     wraps_model = True
     CANONICAL = "BCTHW"
 
-    def __init__(self, model: nn.Module, layout: str):
+    def __init__(self, model: nn.Module, layout: str, *, frame_wise: bool = False):
         super().__init__()
         order = layout.upper().replace("D", "T") if isinstance(layout, str) else None
         if order is None or sorted(order) != sorted(self.CANONICAL):
@@ -34,6 +36,7 @@ class InputLayout(nn.Module):
             )
         self.module = model
         self.layout = order
+        self.frame_wise = bool(frame_wise)
         self.permutation = [self.CANONICAL.index(axis) for axis in order]
 
     def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:

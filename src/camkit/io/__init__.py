@@ -16,6 +16,7 @@ name is imported from ``camkit.io`` as before.
 
 from __future__ import annotations
 
+from camkit.io import video  # noqa: F401 -- camkit.io.video: video files in and out
 from camkit.io.convert import (
     FLOAT_TOLERANCE,  # noqa: F401 -- for camkit's own modules (viz), as before the split
     as_numpy,  # noqa: F401

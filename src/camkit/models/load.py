@@ -44,6 +44,11 @@ from camkit.targets.ranking import ranked
 
 _SOURCES = ("torchvision:", "timm:")
 
+CLIP_LENGTH = 16
+"""Frames per clip of a video model (one whose first convolution is 3-D) when not given:
+torchvision's Kinetics-400 evaluation clips (``references/video_classification``,
+``--clip-len 16``), or the weights' ``min_temporal_size`` where that is larger."""
+
 
 class RandomWeightsWarning(UserWarning):
     """A model built without weights: its maps and predictions are meaningless."""
@@ -62,8 +67,13 @@ class LoadedModel:
     preprocess: Preprocess
     labels: list[str]
     default_layer: str
-    input_size: tuple[int, int]
+    input_size: tuple[int, ...]  # (H, W); a video model's (T, H, W): clip length, frame size
     layers: dict[str, str | None] | None = None
+
+    @property
+    def clip_length(self) -> int | None:
+        """Frames per clip of a video model (``input_size`` ``(T, H, W)``), else None."""
+        return self.input_size[0] if len(self.input_size) == 3 else None
 
     def predict(self, image: object, k: int = 5) -> list[tuple[int, str, float]]:
         """Top-``k`` ``(class index, label, softmax probability)`` for one image."""
@@ -117,6 +127,7 @@ def load(
     *,
     num_classes: int | None = None,
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
+    clip_length: int | None = None,
 ) -> LoadedModel:
     """Build a model offline, load its weights and return it in eval mode with its preprocessing.
 
@@ -140,6 +151,11 @@ def load(
     is timm's, as in timm's training checkpoints) or a safetensors file with ``"arch"`` in its
     metadata. A bare state dict is refused with the way to load it, and a whole pickled model
     is refused as unsafe (loading it would run code from the file).
+
+    A video model (its first convolution is 3-D: torchvision's ``r3d_18``, ``mc3_18``,
+    ``r2plus1d_18``, ``s3d``, ``mvit_*``, ``swin3d_*``) takes clips of ``clip_length`` frames
+    (default :data:`CLIP_LENGTH`); its ``input_size`` is ``(T, H, W)``, the preprocessing that
+    of one frame.
     """
     spec = os.fspath(name)
     state, own_labels = None, None
@@ -184,17 +200,47 @@ def load(
             stacklevel=2,
         )
     model.eval()
-    calls, output = trace(model, transform.size)
+    size = _clip_size(model, spec, transform.size, clip_length)
+    calls, output = trace(model, size)
     classes = output.shape[1] if isinstance(output, Tensor) and output.ndim == 2 else 0
     return LoadedModel(
         name=spec,
         model=model,
         preprocess=transform,
         labels=class_names(classes, labels, own_labels, weights),
-        default_layer=last_spatial_map(calls, model, transform.size),
-        input_size=transform.size,
+        default_layer=last_spatial_map(calls, model, size),
+        input_size=size,
         layers=readable_layers(calls),
     )
+
+
+def _clip_size(
+    model: nn.Module, spec: str, size: tuple[int, int], clip_length: int | None
+) -> tuple[int, ...]:
+    """``size``, or ``(T, H, W)`` for a model whose first convolution is 3-D."""
+    first = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    if not isinstance(first, nn.Conv3d):
+        if clip_length is not None:
+            raise ArgumentError(f"{spec} takes images, not clips: it takes no clip_length")
+        return size
+    if clip_length is None:
+        clip_length = max(CLIP_LENGTH, _min_temporal_size(spec))
+    if not isinstance(clip_length, int) or clip_length < 1:
+        raise ArgumentError(f"clip_length must be a positive int, got {clip_length!r}")
+    return (clip_length, *size)
+
+
+def _min_temporal_size(spec: str) -> int:
+    """The published torchvision weights' ``min_temporal_size`` (metadata only), else 1."""
+    source, _, arch = spec.partition(":")
+    if source != "torchvision":
+        return 1
+    from torchvision import models as tv_models
+
+    try:
+        return int(tv_models.get_model_weights(arch).DEFAULT.meta.get("min_temporal_size", 1))
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return 1
 
 
 def class_names(

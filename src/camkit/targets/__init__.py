@@ -12,7 +12,13 @@ engine imports it (the arrows run downward).
 from camkit.errors import TargetError
 from camkit.targets.base import Target, TargetSpec
 from camkit.targets.boxes import BoxTarget
-from camkit.targets.kinds import ClassTarget, EmbeddingTarget, SegmentationTarget, SoftmaxTarget
+from camkit.targets.kinds import (
+    ClassTarget,
+    EmbeddingTarget,
+    FrameSpanTarget,
+    SegmentationTarget,
+    SoftmaxTarget,
+)
 from camkit.targets.prompts import PromptTarget, load_tokenizer
 from camkit.targets.resolver import RowScorer, resolve
 from camkit.targets.tokens import SpanTarget, TokenTarget
@@ -21,6 +27,7 @@ __all__ = [
     "BoxTarget",
     "ClassTarget",
     "EmbeddingTarget",
+    "FrameSpanTarget",
     "PromptTarget",
     "RowScorer",
     "SegmentationTarget",

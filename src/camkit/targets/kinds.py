@@ -12,6 +12,9 @@ says what it expected.
   ``SemanticSegmentationTarget``);
 * :class:`BoxTarget` (:mod:`camkit.targets.boxes`): a detector's score for the detection that best
   matches a given box and label, scored as the detector's own post-processing does;
+* :class:`FrameSpanTarget`: a class's mean logit over a span of frames of a model with
+  per-frame outputs ``(B, T, K)`` (temporal action localisation, a frame-wise model without
+  its consensus);
 * :class:`EmbeddingTarget`: cosine similarity to a reference embedding (the "similarity to
   concept" target used for re-identification and CLIP-style towers).
 """
@@ -158,6 +161,35 @@ class SegmentationTarget(Target):
                 "survive the resizing, or empty): their maps would be 0"
             )
         return mask
+
+
+class FrameSpanTarget(Target):
+    """The mean of class ``category``'s logits over frames ``start <= t < stop`` of per-frame
+    logits ``(B, T, K) -> (B,)``: explains a prediction over a span of frames (the frames
+    outside the span do not count, so a frame-wise model's map is blank there). Outputs: a
+    tensor or a dict / object with ``logits``."""
+
+    def __init__(self, category: int, start: int, stop: int):
+        values = (category, start, stop)
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise TargetError(f"category, start and stop must be ints, got {values!r}")
+        if not 0 <= start < stop:
+            raise TargetError(f"expected 0 <= start < stop, got start={start}, stop={stop}")
+        self.category, self.start, self.stop = category, start, stop
+
+    def __call__(self, output: Any) -> Tensor:
+        logits = select_output(output) if not isinstance(output, Tensor) else output
+        if not isinstance(logits, Tensor) or logits.ndim != 3:
+            raise TargetError(
+                f"FrameSpanTarget needs per-frame logits (B, T, K), got {describe(output)}"
+            )
+        _, frames, classes = logits.shape
+        if self.stop > frames or not 0 <= self.category < classes:
+            raise TargetError(
+                f"frames {self.start}..{self.stop - 1} of class {self.category} do not fit "
+                f"per-frame logits of {frames} frames and {classes} classes"
+            )
+        return logits[:, self.start : self.stop, self.category].mean(dim=1)
 
 
 _EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")

@@ -1,0 +1,119 @@
+"""The record of how a layer output is read as a grid: :class:`Layout` (decided by
+:func:`camkit.core.layouts.infer_layout`), and moving its channels to axis 1."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from torch import Tensor
+
+from camkit.errors import LayoutError
+
+Kind = Literal["grid", "volume", "tokens", "channels_last"]
+Reshape = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How to read a layer output as a grid; ``to_grid`` (or calling it) does the conversion.
+
+    Attributes:
+        kind: ``"grid"`` ``(B, C, h, w)``, ``"volume"`` ``(B, C, d, h, w)``, ``"tokens"``
+            ``(B, prefix + h*w, C)`` (space-time tokens: ``prefix + t*h*w``) or
+            ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
+        grid: the spatial size ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``).
+        channels: ``C``.
+        prefix: tokens before the patch tokens (class, distillation, registers), dropped.
+        suffix: tokens after the patch tokens (YOLOS detection tokens), dropped.
+        reason: how the layout was decided (for ``str``; not part of equality).
+        frames_last: space-time tokens ordered patch by patch, each patch's frames together
+            (TimeSformer): the grid ``(t, h, w)`` is read from tokens in ``(h, w, t)`` order.
+        frames: a frame-wise layer (frames folded into the batch): its ``N * frames`` rows are
+            read one by one with this layout and stacked to ``(N, C, frames, h, w)``; 0: not.
+    """
+
+    kind: Kind
+    grid: tuple[int, ...]
+    channels: int
+    prefix: int = 0
+    reason: str = field(default="", compare=False)
+    suffix: int = 0
+    frames_last: bool = False
+    frames: int = 0
+
+    @property
+    def channel_axis(self) -> int:
+        """The axis of the layer output that holds the channels: 1, or -1 for tokens and
+        channels-last outputs."""
+        return -1 if self.kind in ("tokens", "channels_last") else 1
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The layer output's shape without the batch axis."""
+        if self.kind == "tokens":
+            return (self.prefix + math.prod(self.grid) + self.suffix, self.channels)
+        if self.kind == "channels_last":
+            return (*self.grid, self.channels)
+        return (self.channels, *self.grid)
+
+    def to_grid(self, t: Tensor) -> Tensor:
+        """``(B, *self.shape) -> (B, C, h, w)`` (or ``(B, C, d, h, w)`` for volumes, space-time
+        tokens and frame-wise layers, whose ``B * frames`` rows give ``B``); a view when
+        possible. Raises :class:`LayoutError` when ``t`` does not have this layout."""
+        rows = t.shape[0] if isinstance(t, Tensor) and t.ndim else 0
+        if tuple(getattr(t, "shape", ())[1:]) != self.shape or rows % max(self.frames, 1):
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            lead = f"B * {self.frames}" if self.frames else "B"
+            raise LayoutError(
+                f"expected a layer output of shape ({lead}, {shape_text(self.shape)}), got {got}"
+            )
+        if self.frames:
+            frame = replace(self, frames=0).to_grid(t)
+            return frame.unflatten(0, (-1, self.frames)).movedim(1, 2)
+        if self.kind == "tokens":
+            patches = t[:, self.prefix : self.prefix + math.prod(self.grid)]
+            if self.frames_last:  # (h, w, t) order -> (B, C, t, h, w)
+                t_, h, w = self.grid
+                return patches.unflatten(1, (h, w, t_)).permute(0, 4, 3, 1, 2)
+            return patches.unflatten(1, self.grid).movedim(-1, 1)
+        if self.kind == "channels_last":
+            return t.movedim(-1, 1)
+        return t
+
+    __call__ = to_grid
+
+    def __str__(self) -> str:
+        grid = "x".join(map(str, self.grid))
+        out = f"(B, {self.channels}, {', '.join(map(str, self.grid))})"
+        if self.kind == "tokens":
+            what = f"tokens (B, {shape_text(self.shape)}): {self.prefix} prefix token(s) dropped, "
+            if self.suffix:
+                what += f"{self.suffix} token(s) after the patches dropped, "
+            what += f"{grid} patch grid -> {out}"
+        elif self.kind == "channels_last":
+            what = f"channels-last (B, {shape_text(self.shape)}) -> {out}"
+        else:
+            what = f"{self.kind} {out}"
+        if self.frames:
+            what = f"frame-wise, {self.frames} frames per sample: {what}"
+        return f"{what} [{self.reason}]" if self.reason else what
+
+
+def channels_first(
+    t: Tensor, layout: Layout | None, dims: int = 1, *, back: bool = False
+) -> Tensor:
+    """``t`` (``dims`` leading axes, then a layer output's axes as ``layout`` reads them) with
+    the channel axis moved to position ``dims`` (``back``: moved back to the layer's
+    :attr:`Layout.channel_axis`); tokens keep their prefix and suffix tokens. For None (the
+    output taken as it is, :func:`layer_layout`) or channels on axis 1: ``t`` as it is."""
+    if layout is None or layout.channel_axis == 1:
+        return t
+    return t.movedim(dims, -1) if back else t.movedim(-1, dims)
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """``(3, 4) -> "3, 4"``: a shape in messages."""
+    return ", ".join(map(str, shape))

@@ -1,0 +1,120 @@
+"""What a video model says about its space-time layers: tubelet and space-time token grids,
+their order, frames folded into the batch, and the layer to explain.
+
+Read from the model, never guessed from a token count:
+
+* tubelet tokens (VideoMAE, Tong et al., NeurIPS 2022; ViViT, Arnab et al., ICCV 2021;
+  torchvision MViT's ``conv_proj``, Fan et al., ICCV 2021): the model's first ``nn.Conv3d`` is
+  its tubelet embedding, flattened time-major ``(t, h, w)``; its output grid for a clip
+  ``(T, H, W)`` is the convolution's arithmetic;
+* MViT's pooled tokens: each attention's ``pool_q`` (torchvision) pools the grid of the tokens
+  that follow it, so the grids after each pooling are read from those poolings' arithmetic;
+* TimeSformer (Bertasius et al., ICML 2021; HuggingFace ``model_type="timesformer"`` with
+  divided or joint space-time attention): ``TimesformerEmbeddings`` orders the tokens patch by
+  patch, each patch's frames together, on a ``(T, H / p, W / p)`` grid;
+* frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019; any
+  2-D backbone run per frame): declared by the user (``InputLayout(model, ..., frame_wise=True)``
+  sets ``frame_wise`` on the model camkit runs); a layer with ``B * T`` rows is then read as
+  ``(B, T, h, w)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+_POOLS_3D = (nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d)
+
+
+@dataclass(frozen=True)
+class TokenGrid:
+    """A space-time token grid ``(t, h, w)`` as the map lays it out; ``frames_last``: the
+    tokens are ordered patch by patch with each patch's frames together (``(h, w, t)``);
+    ``source``: where the model says so."""
+
+    grid: tuple[int, int, int]
+    frames_last: bool
+    source: str
+
+
+def _triple(value: object) -> tuple[int, int, int]:
+    return tuple(value) if isinstance(value, tuple | list) else (value,) * 3  # type: ignore[return-value]
+
+
+def pooled_size(size: tuple[int, ...], module: nn.Module) -> tuple[int, int, int]:
+    """The output grid of a 3-D convolution or pooling for an input grid ``size``."""
+    kernel, stride = _triple(module.kernel_size), _triple(module.stride)
+    padding, dilation = _triple(module.padding), _triple(getattr(module, "dilation", 1))
+    return tuple(  # type: ignore[return-value]
+        (n + 2 * p - d * (k - 1) - 1) // s + 1
+        for n, k, s, p, d in zip(size, kernel, stride, padding, dilation, strict=True)
+    )
+
+
+def _timesformer(model: nn.Module) -> nn.Module | None:
+    """The HuggingFace TimeSformer (divided or joint space-time attention) inside ``model``."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "model_type", None) == "timesformer":
+            return module if getattr(config, "attention_type", "") != "space_only" else None
+    return None
+
+
+def token_grids(model: nn.Module | None, size: tuple[int, int, int]) -> list[TokenGrid]:
+    """The space-time token grids a video transformer has for a clip ``size`` ``(T, H, W)``, in
+    the order its layers see them (see the module docstring); [] when the model declares none."""
+    if model is None:
+        return []
+    timesformer = _timesformer(model)
+    if timesformer is not None:
+        ph, pw = _triple(timesformer.config.patch_size)[:2]
+        grid = (size[0], size[1] // ph, size[2] // pw)
+        return [TokenGrid(grid, True, "TimeSformer: patch-major tokens, each patch's frames")]
+    named = list(model.named_modules())
+    embed = next(((n, m) for n, m in named if isinstance(m, nn.Conv3d)), None)
+    if embed is None:
+        return []
+    grid = pooled_size(size, embed[1])
+    found = [TokenGrid(grid, False, f"tubelet embedding {embed[0]} (time-major)")]
+    for name, module in named:
+        pool = getattr(module, "pool", None)
+        if name.endswith("pool_q") and isinstance(pool, _POOLS_3D):
+            grid = pooled_size(found[-1].grid, pool)
+            if grid != found[-1].grid:
+                found.append(TokenGrid(grid, False, f"pooled by {name}"))
+    return found
+
+
+def frame_wise(model: nn.Module | None) -> bool:
+    """Whether the model declares that it folds a clip's frames into its batch (``b``-major:
+    row ``b * T + t``), as ``InputLayout(..., frame_wise=True)`` does."""
+    return bool(getattr(model, "frame_wise", False))
+
+
+def folded_frames(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
+    """``T`` for a frame-wise model (:func:`frame_wise`) given a clip ``(B, C, T, H, W)``: its
+    layers may have ``B * T`` rows; else None."""
+    return input_shape[2] if frame_wise(model) and len(input_shape) == 5 else None
+
+
+def default_video_layer(model: nn.Module) -> str | None:
+    """The layer to explain in a video transformer whose block norms see frames or patches in
+    the batch: TimeSformer's divided attention runs its ``layernorm_before`` on ``B * T`` rows,
+    so its default is the last block's ``temporal_dense`` (the temporal attention's output,
+    ``(B, h * w * T, C)``, which feeds the last spatial attention and so the class token).
+    None for other models."""
+    if _timesformer(model) is None:
+        return None
+    found = [name for name, _ in model.named_modules() if name.endswith("temporal_dense")]
+    return found[-1] if found else None
+
+
+__all__ = [
+    "TokenGrid",
+    "default_video_layer",
+    "folded_frames",
+    "frame_wise",
+    "pooled_size",
+    "token_grids",
+]

@@ -1,0 +1,265 @@
+"""Video files in and out: decoding frames, choosing clips, writing animations.
+
+* :func:`iter_frames` / :func:`read_video` -- a video file (MP4, AVI, WebM, MKV, MOV: OpenCV's
+  FFmpeg; animated GIF: Pillow) -> ``(H, W, 3)`` uint8 RGB frames one at a time, or all of them
+  and the frame rate (:func:`frame_rate`), with a frame limit checked while decoding;
+* :func:`clip_windows` -- the clips a model of clip length ``length`` sees in ``count`` frames:
+  one clip every ``stride`` frames (sliding windows), the last one ending on the last frame,
+  and a video shorter than a clip padded by repeating its last frame; :func:`stream_clips`
+  cuts them from frames read once, keeping about one clip in memory;
+* :class:`Mp4Writer`, :func:`save_mp4` / :func:`save_gif` -- frames -> an animation
+  (``cv2.VideoWriter`` with the ``mp4v`` codec, frame by frame; Pillow's GIF writer), written
+  atomically as every camkit file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageSequence
+
+from camkit.errors import ArgumentError, CamkitError
+from camkit.io.write import write_atomic
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".avi", ".webm", ".mkv", ".mov"})
+"""File name endings read as videos by OpenCV (plus animated ``.gif``, read by Pillow)."""
+
+MAX_FRAMES = 100_000
+"""Default frame limit of :func:`read_video` (about 55 minutes at 30 frames/s)."""
+
+DEFAULT_FPS = 25.0
+"""The frame rate of a file that does not declare one (and of a GIF without durations)."""
+
+
+class VideoReadError(CamkitError):
+    """A video file that cannot be decoded (missing, not a video, no codec, no frames)."""
+
+
+@dataclass(frozen=True)
+class Video:
+    """Decoded frames ``(T, H, W, 3)`` uint8 RGB and the frame rate (frames per second)."""
+
+    frames: np.ndarray
+    fps: float
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+
+def is_video(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is read as a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF with
+    more than one frame."""
+    suffix = Path(path).suffix.lower()
+    if suffix in VIDEO_SUFFIXES:
+        return True
+    if suffix != ".gif":
+        return False
+    try:
+        with Image.open(path) as image:
+            return getattr(image, "n_frames", 1) > 1
+    except (OSError, ValueError):
+        return False
+
+
+def frame_rate(path: str | os.PathLike[str]) -> float:
+    """The frames per second a video file declares (a GIF: from its first frame's duration),
+    else :data:`DEFAULT_FPS`."""
+    path = Path(path)
+    fps: float | None = None
+    if path.suffix.lower() == ".gif":
+        try:
+            with Image.open(path) as image:
+                duration = image.info.get("duration")
+            fps = 1000.0 / duration if duration else None
+        except (OSError, ValueError, SyntaxError, EOFError):
+            fps = None
+    else:
+        capture = cv2.VideoCapture(str(path))
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        capture.release()
+    return float(fps) if fps and np.isfinite(fps) and fps > 0 else DEFAULT_FPS
+
+
+def iter_frames(
+    path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES
+) -> Iterator[np.ndarray]:
+    """The frames of a video file, one ``(H, W, 3)`` uint8 RGB array at a time, decoded as they
+    are asked for (memory stays that of one frame). Raises :class:`VideoReadError` for a
+    missing file, one that yields no frame, and past ``max_frames`` frames (``None``: no
+    limit)."""
+    path = Path(path)
+    if not path.is_file():
+        raise VideoReadError(f"{path}: no such file")
+    count = 0
+    for frame in _gif_frames(path) if path.suffix.lower() == ".gif" else _cv2_frames(path):
+        count += 1
+        if max_frames is not None and count > max_frames:
+            raise VideoReadError(f"{path}: more than {max_frames} frames (raise max_frames)")
+        yield frame
+    if not count:
+        raise VideoReadError(f"{path}: no frame could be decoded (not a video, or no codec)")
+
+
+def read_video(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> Video:
+    """A video file -> :class:`Video` (every frame, RGB, in memory: for long videos iterate
+    :func:`iter_frames`). Errors as :func:`iter_frames`."""
+    frames = list(iter_frames(path, max_frames=max_frames))
+    return Video(np.stack(frames), frame_rate(path))
+
+
+def _cv2_frames(path: Path) -> Iterator[np.ndarray]:
+    capture = cv2.VideoCapture(str(path))
+    try:
+        while capture.isOpened():
+            ok, frame = capture.read()
+            if not ok:
+                break
+            yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+    finally:
+        capture.release()
+
+
+def _gif_frames(path: Path) -> Iterator[np.ndarray]:
+    try:
+        with Image.open(path) as image:
+            for frame in ImageSequence.Iterator(image):
+                yield np.asarray(frame.convert("RGB")).copy()
+    except (OSError, ValueError, SyntaxError, EOFError) as error:
+        raise VideoReadError(f"{path}: not a readable GIF ({error})") from None
+
+
+def clip_windows(count: int, length: int, stride: int | None = None) -> list[tuple[int, int]]:
+    """``(start, stop)`` frame ranges of the clips of ``length`` frames over ``count`` frames:
+    starts ``0, stride, 2 * stride...`` (``stride`` None: ``length``, clips side by side), the
+    last clip ending on the last frame so every frame is seen; one clip ``(0, length)`` when the
+    video is shorter (:func:`clip_frames` repeats its last frame)."""
+    stride = length if stride is None else stride
+    for name, value in (("count", count), ("length", length), ("stride", stride)):
+        if not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    if count <= length:
+        return [(0, length)]
+    starts = list(range(0, count - length + 1, stride))
+    if starts[-1] + length < count:
+        starts.append(count - length)
+    return [(start, start + length) for start in starts]
+
+
+def clip_frames(frames: np.ndarray, window: tuple[int, int]) -> np.ndarray:
+    """The frames ``window`` of ``frames``, the last frame repeated past the end."""
+    start, stop = window
+    indices = np.minimum(np.arange(start, stop), len(frames) - 1)
+    return frames[indices]
+
+
+def stream_clips(
+    frames: Iterable[np.ndarray], windows: Sequence[tuple[int, int]]
+) -> Iterator[tuple[tuple[int, int], np.ndarray]]:
+    """``(window, its frames (L, H, W, 3))`` for each of ``windows`` (from
+    :func:`clip_windows`, in order), reading ``frames`` once and keeping only the frames a
+    window still needs: memory stays that of about one clip, however long the video. A window
+    past the last frame repeats it, as :func:`clip_frames` does."""
+    kept: dict[int, np.ndarray] = {}
+    source = iter(frames)
+    read = 0  # frames read so far
+    for index, (start, stop) in enumerate(windows):
+        while read < stop:
+            frame = next(source, None)
+            if frame is None:
+                break
+            kept[read] = frame
+            read += 1
+        if not kept or read <= start:
+            raise VideoReadError(f"the video ended after {read} frames, before clip {start}-{stop}")
+        last = max(kept)
+        yield (start, stop), np.stack([kept[min(t, last)] for t in range(start, stop)])
+        following = windows[index + 1][0] if index + 1 < len(windows) else stop
+        for t in [t for t in kept if t < following and t != last]:
+            del kept[t]
+
+
+class Mp4Writer:
+    """Frames ``(H, W, 3)`` uint8 RGB written one at a time to an MP4 (``mp4v``) that appears
+    at ``path`` only when closed without an error (a hidden folder next to it holds it
+    meanwhile): ``with Mp4Writer(path, fps) as out: out.write(frame)``."""
+
+    def __init__(self, path: str | os.PathLike[str], fps: float):
+        self.path, self.fps = Path(path), fps
+        self.folder = Path(tempfile.mkdtemp(prefix=".video-", dir=self.path.parent))
+        self.scratch = self.folder / f"video{self.path.suffix}"
+        self.writer: cv2.VideoWriter | None = None
+        self.frames = 0
+
+    def write(self, frame: np.ndarray) -> None:
+        if self.writer is None:
+            height, width = frame.shape[:2]
+            fourcc = cv2.VideoWriter_fourcc(*"mp4v")
+            self.writer = cv2.VideoWriter(str(self.scratch), fourcc, self.fps, (width, height))
+            if not self.writer.isOpened():
+                raise VideoReadError("OpenCV cannot write MP4 here (no mp4v encoder)")
+        self.writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        self.frames += 1
+
+    def __enter__(self) -> Mp4Writer:
+        return self
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if self.writer is not None:
+            self.writer.release()
+        if kind is None and self.frames:
+            os.replace(self.scratch, self.path)
+        self.scratch.unlink(missing_ok=True)
+        self.folder.rmdir()
+
+
+def _checked(frames: object) -> np.ndarray:
+    array = np.asarray(frames)
+    if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8 or not len(array):
+        raise ArgumentError(f"expected frames (T, H, W, 3) uint8 RGB, got {array.shape}")
+    return array
+
+
+def save_mp4(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> an MP4 file (``mp4v``), written atomically."""
+    with Mp4Writer(path, fps) as out:
+        for frame in _checked(frames):
+            out.write(frame)
+    return Path(path)
+
+
+def save_gif(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF looping forever, written
+    atomically (Pillow; each frame quantised to its own 256 colours)."""
+    images = [Image.fromarray(frame) for frame in _checked(frames)]
+    buffer = BytesIO()
+    duration = max(20, round(1000 / fps))  # browsers show < 20 ms frames at 100 ms
+    images[0].save(
+        buffer, "GIF", save_all=True, append_images=images[1:], duration=duration, loop=0
+    )
+    return write_atomic(Path(path), buffer.getvalue())
+
+
+__all__ = [
+    "DEFAULT_FPS",
+    "Mp4Writer",
+    "MAX_FRAMES",
+    "VIDEO_SUFFIXES",
+    "Video",
+    "VideoReadError",
+    "clip_frames",
+    "clip_windows",
+    "frame_rate",
+    "is_video",
+    "iter_frames",
+    "read_video",
+    "save_gif",
+    "save_mp4",
+    "stream_clips",
+]

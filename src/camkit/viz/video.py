@@ -1,0 +1,79 @@
+"""Pictures of a clip's explanation: the animated overlay (one frame per input frame) and the
+per-frame importance curve."""
+
+from __future__ import annotations
+
+from io import BytesIO
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from camkit.errors import InputError
+from camkit.viz import overlay_on_photo
+
+
+def overlay_frames(
+    frames: np.ndarray,
+    heat: np.ndarray | torch.Tensor,
+    alpha: float = 0.5,
+    colormap: str = "jet",
+    region: tuple[float, float, float, float] | None = None,
+) -> np.ndarray:
+    """Frames ``(T, H, W, 3)`` uint8 and their heat ``(T, h, w)`` -> ``(T, H, W, 3)`` uint8:
+    :func:`camkit.viz.overlay_on_photo` frame by frame (``region``: where the model's input
+    lies on a frame, :meth:`camkit.models.Preprocess.photo_region`; None: the whole frame).
+    The heat is one scale for the whole clip: values in [0, 1] (a method's display heat) are
+    coloured as they are; otherwise the clip's heat is min-max rescaled once (never frame by
+    frame, which would make a quiet frame look hot)."""
+    heat = heat.detach().float().cpu().numpy() if isinstance(heat, torch.Tensor) else heat
+    heat = np.asarray(heat, dtype=np.float32)
+    if heat.ndim != 3 or len(heat) != len(frames):
+        raise InputError(
+            f"expected one heat map per frame, (T, h, w) with T = {len(frames)}, got {heat.shape}"
+        )
+    low, high = float(heat.min()), float(heat.max())
+    if low < 0 or high > 1:
+        heat = (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    if region is None:
+        region = (0.0, 0.0, float(frames.shape[1]), float(frames.shape[2]))
+    drawn = [
+        overlay_on_photo(frame, h, region, alpha, colormap)
+        for frame, h in zip(frames, heat, strict=True)
+    ]
+    return np.stack(drawn)
+
+
+def importance_plot(
+    importance: np.ndarray | torch.Tensor,
+    fps: float,
+    *,
+    drop: np.ndarray | torch.Tensor | None = None,
+    title: str | None = None,
+) -> bytes:
+    """The per-frame importance (the map's mass per frame,
+    :func:`camkit.metrics.frame_importance`) as a PNG: one step per frame, time in seconds on a
+    second axis; ``drop`` (:func:`camkit.metrics.frame_drop`) drawn as a line when given."""
+    values = np.asarray(torch.as_tensor(importance).float().cpu())
+    figure = Figure(figsize=(6.4, 2.8), layout="constrained")
+    axes = figure.subplots()
+    frames = np.arange(len(values))
+    edges = np.arange(len(values) + 1) - 0.5  # one filled step per frame: one artist, any length
+    axes.stairs(values, edges, fill=True, color="#d95f02", label="map mass per frame")
+    axes.set_xlabel("frame")
+    axes.set_ylabel("share of the map")
+    axes.set_xlim(-0.5, len(values) - 0.5)
+    seconds = axes.secondary_xaxis("top", functions=(lambda f: f / fps, lambda s: s * fps))
+    seconds.set_xlabel("seconds")
+    if drop is not None:
+        other = axes.twinx()
+        other.plot(frames, np.asarray(torch.as_tensor(drop).float().cpu()), "k.-")
+        other.set_ylabel("score drop without the frame")
+    if title:
+        axes.set_title(title, fontsize=9)
+    buffer = BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+__all__ = ["importance_plot", "overlay_frames"]
