@@ -44,7 +44,7 @@ class GuidedGradCAM(PixelAttribution):
         self.capture, self.layouts = self.gradcam.capture, self.gradcam.layouts
         self.guided = GuidedBackprop(model, **common)
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        (guided,), several = self.guided.attribute(inputs, target, call)
-        cam, _ = self.gradcam.maps(inputs[0], target, Finishing(), call)
-        return (guided * cam.unsqueeze(2).to(guided.dtype),), several
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
+        (guided,) = self.guided.attribute(inputs, target, call)
+        cam = self.gradcam.maps(inputs[0], target, Finishing(), call)
+        return (guided * cam.unsqueeze(2).to(guided.dtype),)

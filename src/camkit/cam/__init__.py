@@ -34,7 +34,8 @@ from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.engine import over_rows, require_autograd
-from camkit.core.finish import Finishing, drop_axes
+from camkit.core.explanation import Explanation
+from camkit.core.finish import Finishing
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
 from camkit.core.state import model_guarded
@@ -80,17 +81,22 @@ def cams(
     if batch_size is not None:  # else each method's own default
         options["batch_size"] = batch_size
     explainers = {entry.name: entry.build(model, layer, **options) for entry in entries}
-    batch, single = as_batch(x, model)
     finishing = Finishing(relu, upsample, normalize, fuse)
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    call = Call.of(batch, additional_forward_args)
-    explained = next(iter(explainers.values())).model
-    with model_guarded(explained):
-        results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
-        for name, explainer in explainers.items():
-            if name not in shared:
-                results[name] = explainer.maps(batch, target, finishing, call)
-    return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
+    results = {}
+    if shared:
+        batch, single = as_batch(x, model)
+        call = Call.of(batch, additional_forward_args)
+        with model_guarded(next(iter(shared.values())).model):
+            results = _shared_pass(shared, batch, target, finishing, call, batch_size)
+        results = {name: result.shaped(single) for name, result in results.items()}
+    options = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
+    for name, explainer in explainers.items():
+        if name not in shared:  # its own passes, through the one entry
+            results[name] = explainer(
+                x, target, additional_forward_args=additional_forward_args, **options
+            )
+    return {name: results[name] for name in explainers}
 
 
 def _shared_pass(
@@ -100,7 +106,7 @@ def _shared_pass(
     finishing: Finishing,
     call: Call,
     batch_size: int | None,
-) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
+) -> dict[str, Explanation]:
     """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
     first = next(iter(explainers.values()))
     first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
@@ -109,19 +115,19 @@ def _shared_pass(
         require_autograd("cams")
     scorer = resolve(target, batch.shape[0], batch.device, first.output)
 
-    def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
-        acts, grads, scores, several = first.capture.run(
+    def one_pass(part: Tensor, rows: Tensor) -> dict[str, dict[str, Tensor]]:
+        acts, grads, scores = first.capture.run(
             part, call, scorer, rows, gradients=gradients, dtype=first.dtype
         )
         targets, size = scores.shape[1], tuple(part.shape[2:])
         return {
             name: explainer.maps_from(acts, grads, targets, size, first.capture.names)
             for name, explainer in explainers.items()
-        }, several
+        }
 
-    raw, several = over_rows(batch, batch_size, one_pass)
+    raw = over_rows(batch, batch_size, one_pass)
     size = tuple(batch.shape[2:])
-    return {name: (finishing(raw[name], size), several) for name in explainers}
+    return {name: Explanation.of(finishing(raw[name], size), scorer) for name in explainers}
 
 
 __all__ = [

@@ -20,16 +20,16 @@ from camkit.cam.smoothing import augmented, principal_component
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Reshape
+from camkit.core.explanation import Explanation
 from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
-from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
 
-RawMaps = tuple[dict[str, Tensor], bool]  # unfinished maps {layer: (B, K, h, w)}, several
+RawMaps = dict[str, Tensor]  # unfinished maps {layer: (B, K, h, w)}
 
 
 class BaseCAM(Explainer):
@@ -64,10 +64,10 @@ class BaseCAM(Explainer):
     eigen_smooth: bool = False  # True on the copy that :meth:`smoothed` returns
     eigen_refused: ClassVar[str | None] = None  # why a method takes no eigen_smooth, if so
 
-    def explain(
+    def _explain(
         self,
         call: Call,
-        target: TargetSpec,
+        scorer: RowScorer,
         *,
         relu: bool = True,
         upsample: bool = True,
@@ -75,13 +75,13 @@ class BaseCAM(Explainer):
         fuse: bool | str = True,
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
-    ) -> tuple[Tensor | dict[str, Tensor], bool]:
+    ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, method.scorer(batch, target, call), call)
-            return augmented(method.maps, batch, pinned, finishing, call)
-        return method.maps(batch, target, finishing, call)
+            pinned = method.pinned(batch, method.scorer(batch, scorer, call), call)
+            return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
+        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
 
     def smoothed(self) -> BaseCAM:
         """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
@@ -125,40 +125,32 @@ class BaseCAM(Explainer):
     # ------------------------------------------------------------------ the pipeline
 
     def maps(
-        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
-    ) -> tuple[Tensor | dict[str, Tensor], bool]:
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
+    ) -> Tensor | dict[str, Tensor]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
-        samples ``batch`` of ``call``, with the target axis always kept, and whether ``K``
-        targets per sample were asked."""
-        raw, several = self.raw_maps(batch, self.scorer(batch, target, call), call)
-        return finishing(raw, tuple(batch.shape[2:])), several
+        samples ``batch`` of ``call``, with the target axis always kept."""
+        raw = self.raw_maps(batch, self.scorer(batch, target, call), call)
+        return finishing(raw, tuple(batch.shape[2:]))
 
     def scorer(self, batch: Tensor, target: TargetSpec | RowScorer, call: Call) -> RowScorer:
         """The call's target resolved for ``batch`` (a resolved one as it is)."""
         self.check_autograd()
         self.capture.resolve(batch, call)
-        if isinstance(target, RowScorer):
-            return target
+        return self.target_scorer(target, batch)
+
+    def target_scorer(self, target: TargetSpec, batch: Tensor) -> RowScorer:
         if target is None and self.target_free:  # never read the output (a detector's)
             return RowScorer(free=True)
         return resolve(target, batch.shape[0], batch.device, self.output)
 
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
-        finished map."""
-        with model_guarded(self.model):
-            maps, _ = self.maps(batch, target, Finishing(), Call(batch))
-        return maps, maps
-
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``, and
-        whether K targets were asked."""
+        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``."""
 
-        def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
-            acts, grads, scores, several = self.capture.run(
+        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
+            acts, grads, scores = self.capture.run(
                 part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
             )
-            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
+            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
 
         return over_rows(batch, self.batch_size, one_pass)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -82,7 +81,7 @@ def pin_top1(
         for rows in chunks(first.shape[0], batch_size, first.device):
             chunk = tuple(t[rows] for t in inputs)
             classes.append(scorer.pinned(call.forward(model, chunk, rows)).classes)
-    return replace(scorer, classes=torch.cat(classes).clone())
+    return scorer.with_top1(torch.cat(classes).clone())
 
 
 class CopyScorer:
@@ -115,7 +114,6 @@ class CopyScorer:
         self.dtype, self.batch_size, self.probabilities = dtype, batch_size, probabilities
         self.memory = memory or MemoryFormat(batch)
         self.scores = None if scores is None else scores.detach().float()
-        self.several = scorer.several  # whether K targets per sample were asked (last forward)
 
     @classmethod
     def clean(
@@ -159,9 +157,9 @@ class CopyScorer:
             inputs = inputs.contiguous(memory_format=memory_format)
             output = self.call.forward(self.model, inputs, samples)
             if self.probabilities:
-                scores, self.several = self.scorer.probabilities(output, samples)
+                scores = self.scorer.probabilities(output, samples)
             else:  # checks that there is one row per input
-                scores, self.several = self.scorer(output, samples)
+                scores = self.scorer(output, samples)
         return scores.float()
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call
+from camkit.core.explanation import Explanation
 from camkit.core.finish import drop_axes
 from camkit.core.inputs import positive_int
 from camkit.core.seeds import call_seed
@@ -32,6 +33,7 @@ from camkit.pixel.base import (
 )
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer
 
 Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")
@@ -46,14 +48,14 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         grads = SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
             grads.add(rows, *values)
 
-        several = self.over_copies(inputs, target, call, 1, None, keep)
-        return grads.totals, several
+        self.over_copies(inputs, target, call, 1, None, keep)
+        return grads.totals
 
 
 @register("guided", "Springenberg et al., ICLR-W 2015")
@@ -131,7 +133,7 @@ class SmoothGrad(PixelAttribution):
         """One noisy copy per sample (one plain copy without noise)."""
         return self.samples if self.noise_level > 0 else 1
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
         flat = [t.reshape(size, -1) for t in inputs]
@@ -163,15 +165,15 @@ class SmoothGrad(PixelAttribution):
             if self.kind != "mean":
                 squares.add(rows % size, *(grad.square() for grad in grads))
 
-        several = self.over_copies(inputs, target, call, copies, noisy, accumulate)
+        self.over_copies(inputs, target, call, copies, noisy, accumulate)
         means = tuple(total / copies for total in sums.totals)
         if self.kind == "mean":
-            return means, several
+            return means
         mean_squares = tuple(total / copies for total in squares.totals)
         if self.kind == "square":
-            return mean_squares, several
+            return mean_squares
         pairs = zip(mean_squares, means, strict=True)
-        return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs), several
+        return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs)
 
     def _seeds(self, size: int, copies: int) -> list[int]:
         """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
@@ -221,18 +223,16 @@ class IntegratedGradients(PixelAttribution):
         self.steps = positive_int("steps", steps)
         self.baseline = baseline
 
-    def explain(
-        self, call: Call, target: TargetSpec, *, return_error: bool = False
-    ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
+    def _explain(self, call: Call, scorer: RowScorer, *, return_error: bool = False) -> Explanation:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
         batch = call.batch
-        attrs, delta, several = self.integrate(as_tuple(batch), target, call)
+        attrs, delta = self.integrate(as_tuple(batch), scorer, call)
         attrs = finished(attrs)
         if not return_error:
-            return as_given(batch, attrs), several
-        return (as_given(batch, attrs), (total(attrs) - delta).abs()), several
+            return Explanation.of(as_given(batch, attrs), scorer)
+        return Explanation.of((as_given(batch, attrs), (total(attrs) - delta).abs()), scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
@@ -249,8 +249,9 @@ class IntegratedGradients(PixelAttribution):
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
         call = Call.of(inputs, additional_forward_args)
+        scorer = self.target_scorer(target, inputs[0])
         with model_guarded(self.model):
-            attrs, delta, several = self.integrate(inputs, target, call)
+            attrs, delta = self.integrate(inputs, scorer, call)
         error = (total(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
@@ -259,20 +260,17 @@ class IntegratedGradients(PixelAttribution):
             "relative": error / delta.abs(),
             "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
         }
-        return {key: drop_axes(value, single, several) for key, value in report.items()}
+        return {key: drop_axes(value, single, scorer.several) for key, value in report.items()}
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """One copy per point of the path (``steps + 1`` points)."""
         return self.steps + 1
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        attrs, _, several = self.integrate(inputs, target, call)
-        return attrs, several
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
+        return self.integrate(inputs, target, call)[0]
 
-    def integrate(
-        self, inputs: Inputs, target: TargetSpec, call: Call
-    ) -> tuple[Inputs, Tensor, bool]:
-        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K), several)``."""
+    def integrate(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, Tensor]:
+        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
         first = inputs[0]
@@ -297,10 +295,10 @@ class IntegratedGradients(PixelAttribution):
             start.add(sample, scores * (step == 0).unsqueeze(1))
             end.add(sample, scores * (step == self.steps).unsqueeze(1))
 
-        several = self.over_copies(inputs, target, call, self.steps + 1, path, accumulate)
+        self.over_copies(inputs, target, call, self.steps + 1, path, accumulate)
         parts = zip(inputs, baselines, gradient.totals, strict=True)
         attrs = tuple((t - b).unsqueeze(1) * grad for t, b, grad in parts)
-        return attrs, end.totals[0] - start.totals[0], several
+        return attrs, end.totals[0] - start.totals[0]
 
     def baselines_for(self, inputs: Inputs) -> Inputs:
         """One finite baseline per input, shaped like it (broadcast views).

@@ -2,8 +2,8 @@
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
 (:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
-targets per sample. :meth:`LRP.relevance` also returns the relevance of chosen layers and the
-conservation report.
+targets per sample. :meth:`LRP.explain_batch` also returns the relevance of chosen layers and
+the conservation report (:class:`Relevance`).
 """
 
 from __future__ import annotations
@@ -18,36 +18,40 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
+from camkit.core.explanation import Explanation
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
-from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, ConservationWarning, GradientError, warn
-from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution
+from camkit.pixel.base import HEATMAP_PERCENTILE, PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
-from camkit.targets.base import TargetSpec
-from camkit.targets.resolver import resolve
+from camkit.targets.resolver import RowScorer
 
 
-@dataclass
-class Relevance:
-    """What one :meth:`LRP.relevance` call found, float32, the target axis ``K`` kept.
+@dataclass(frozen=True)
+class Relevance(Explanation):
+    """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
-    ``input``: ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A *
-    dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target scores; ``conservation``:
+    ``input`` (the ``maps``): ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K,
+    *A.shape[1:])}`` (``A * dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target
+    scores; ``conservation``:
     ``{"input" or layer name: (B, K)}`` the share of each score that reached it (1 when
     relevance is conserved; biases and the stabiliser absorb some, the ``Flat``/``ZBox``/
     ``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by sample)."""
 
-    input: Tensor
     layers: dict[str, Tensor]
     scores: Tensor
     conservation: dict[str, Tensor]
+
+    @property
+    def input(self) -> Tensor:
+        """The input's relevance ``(B, K, *x.shape[1:])``."""
+        return self.maps
 
     def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
         """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
@@ -88,7 +92,7 @@ class LRP(PixelAttribution):
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
             rule)``.
-        layers: layer names whose relevance :meth:`relevance` returns with the input's.
+        layers: layer names whose relevance :meth:`explain_batch` returns with the input's.
         tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when the input relevance
             of a sample differs from its score by more than this fraction of it; None: never.
         output, dtype, batch_size: as for every method.
@@ -116,9 +120,8 @@ class LRP(PixelAttribution):
             raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
         self.tolerance = tolerance
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        result, several = self._propagate(inputs[0], target, call, record=[])
-        return (result.input,), several
+    def _explain(self, call: Call, scorer: RowScorer) -> Relevance:
+        return self._propagate(call.batch, scorer, call, record=self.record)
 
     def display_heat(self, result: Tensor) -> Tensor:
         """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
@@ -127,31 +130,18 @@ class LRP(PixelAttribution):
         heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
         return heat.clamp(min=0)
 
-    def relevance(
-        self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
-    ) -> Relevance:
-        """The input's and the recorded layers' relevance, scores and conservation of a batch
-        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs)."""
-        batch, _ = self.checked_input(x)
-        call = Call.of(batch, additional_forward_args)
-        with model_guarded(self.model):
-            return self._propagate(batch, target, call, record=self.record)[0]
-
-    def _propagate(
-        self, x: Tensor, target: TargetSpec, call: Call, record: list[str]
-    ) -> tuple[Relevance, bool]:
+    def _propagate(self, x: Tensor, scorer: RowScorer, call: Call, record: list[str]) -> Relevance:
         self.check_autograd()
-        scorer = resolve(target, x.shape[0], x.device, self.output)
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU
-        several, memory = False, MemoryFormat(x).given
+        memory = MemoryFormat(x).given
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
             with torch.enable_grad(), autocast(x.device, self.dtype):
                 with rules_applied(self.model, self.composite, record=record) as session:
                     output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
-                scores, several = scorer(output, rows)
+                scores = scorer(output, rows)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]
@@ -175,7 +165,7 @@ class LRP(PixelAttribution):
         shares = {"input": _share(relevance, scores)}
         shares.update({name: _share(r, scores) for name, r in layers.items()})
         self._check_conservation(shares["input"])
-        return Relevance(relevance, layers, scores, shares), several
+        return Relevance.of(relevance, scorer, layers=layers, scores=scores, conservation=shares)
 
     def _check_conservation(self, share: Tensor) -> None:
         if self.tolerance is None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -74,25 +74,57 @@ def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple
     return classes.long().reshape(batch, -1).clone(), classes.ndim == 2
 
 
+class Learned:
+    """What scoring taught a resolved target (shared by the scorer's pinned and copy variants):
+    whether a callable asked ``K`` targets (it returned ``(n, K)``), and each sample's top-1
+    class once scored."""
+
+    def __init__(self) -> None:
+        self.several = False
+        self.top1: Tensor | None = None
+
+    def record(self, classes: Tensor, rows: Tensor, samples: int) -> Tensor:
+        """Keep the top-1 ``classes (n, 1)`` of samples ``rows``; returns them."""
+        if self.top1 is None:
+            size = max(samples, int(rows.max()) + 1)
+            self.top1 = torch.full((size, 1), -1, dtype=torch.long, device=classes.device)
+        self.top1[rows.to(classes.device)] = classes
+        return classes
+
+
 @dataclass(frozen=True)
 class RowScorer:
     """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
 
-    ``scorer(output, rows)`` gives ``(scores (n, K), several)`` for a model output whose row
-    ``i`` belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
+    ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
+    belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
     probabilities) of the fixed classes (``classes (B, K)``), the top-1 logit of each row
-    (``classes is None``: see :meth:`pinned`), or the callable's scores; ``several`` says
-    whether ``K`` targets per sample were asked (a 2-D target, or a callable returning
-    ``(n, K)``). Methods ask it questions (:attr:`has_classes`, :attr:`top1`,
-    :meth:`classes_of`, :meth:`target_of`) rather than reading its fields.
+    (``classes is None``: see :meth:`pinned`), or the callable's scores. :attr:`several` says
+    whether ``K`` targets per sample were asked (a 2-D target, or a callable that returned
+    ``(n, K)``), :attr:`explained` which classes were explained. Methods ask it questions
+    (:attr:`has_classes`, :attr:`top1`, :meth:`classes_of`, :meth:`target_of`) rather than
+    reading its fields.
     """
 
     selector: OutputSelector = None
     classes: Tensor | None = None
     function: Callable[[Any], Tensor] | None = None
-    several: bool = False
+    asked_k: bool = False  # a 2-D class target or K target objects per sample
     probability: bool = False
     free: bool = False  # a target-free method (Eigen-CAM): (n, 1) zeros, the output untouched
+    samples: int = 0
+    learned: Learned = field(default_factory=Learned, compare=False, repr=False)
+
+    @property
+    def several(self) -> bool:
+        """Whether ``K`` targets per sample were asked (a callable's: once it was called)."""
+        return self.asked_k or self.learned.several
+
+    @property
+    def explained(self) -> Tensor | None:
+        """The classes explained ``(B, K)``: the fixed ones, or the top-1 ones once scored;
+        None for a callable target."""
+        return self.classes if self.classes is not None else self.learned.top1
 
     @property
     def has_classes(self) -> bool:
@@ -110,19 +142,30 @@ class RowScorer:
         if not self.top1:
             return self
         classes = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
+        return (
+            self.with_top1(classes)
+            if classes.shape[0] == self.samples
+            else replace(self, classes=classes)
+        )
+
+    def with_top1(self, classes: Tensor) -> RowScorer:
+        """The same target with the ``B`` samples' top-1 ``classes (B, 1)`` fixed (and kept as
+        the classes explained)."""
+        self.learned.top1 = classes
         return replace(self, classes=classes)
 
-    def classes_of(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
-        """``(classes (n, K), several)``: the class indices that score the output's rows (the
-        fixed classes of samples ``rows``, or each row's top-1), checked against the logits.
-        For methods that use the classes themselves (a classifier's rows, the closest
-        classes); a callable target has none: :class:`~camkit.errors.TargetError`."""
+    def classes_of(self, output: Any, rows: Tensor) -> Tensor:
+        """The classes ``(n, K)`` that score the output's rows (the fixed classes of samples
+        ``rows``, or each row's top-1), checked against the logits. For methods that use the
+        classes themselves (a classifier's rows, the closest classes); a callable target has
+        none: :class:`~camkit.errors.TargetError`."""
         if not self.has_classes:
             raise TargetError("this method needs class targets (class indices), not a callable")
-        _, several = self(output, rows)  # checks the logits and the class range
+        self(output, rows)  # checks the logits and the class range
         if self.classes is None:
-            return self.pinned(output).classes, several
-        return self.classes[rows.to(self.classes.device)], several
+            top1 = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
+            return self.learned.record(top1, rows, self.samples)
+        return self.classes[rows.to(self.classes.device)]
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
         """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows
@@ -134,8 +177,7 @@ class RowScorer:
             raise TargetError("pin the top-1 classes on a clean pass before splitting them")
 
         def column(output: Any) -> Tensor:
-            scores, _ = self._scores(output, rows)
-            return scores[:, k]
+            return self._scores(output, rows)[:, k]
 
         return column
 
@@ -147,42 +189,43 @@ class RowScorer:
             return replace(self, function=self.function.for_copies())
         return self
 
-    def probabilities(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+    def probabilities(self, output: Any, rows: Tensor) -> Tensor:
         """As calling the scorer, but a class target scores its softmax probability (as the
         metrics and the perturbation methods that compare images need); a callable target
         keeps its own scores. Float32, detached."""
         if not self.has_classes:
-            scores, several = self(output, rows)
+            scores = self(output, rows)
         else:
-            classes, several = self.classes_of(output, rows)
+            classes = self.classes_of(output, rows)
             logits = select_output(output, self.selector).float()
             scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
-        return scores.detach().float(), several
+        return scores.detach().float()
 
-    def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
-        scores, several = self._scores(output, rows)
+    def __call__(self, output: Any, rows: Tensor) -> Tensor:
+        scores = self._scores(output, rows)
         if not torch.isfinite(scores.detach()).all():
             warn(
                 "the model returned non-finite (inf/NaN) scores for the target: the maps of "
                 "those samples are not meaningful (their non-finite entries are set to 0)",
                 NonFiniteWarning,
             )
-        return scores, several
+        return scores
 
-    def _scores(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+    def _scores(self, output: Any, rows: Tensor) -> Tensor:
         n = rows.shape[0]
         if self.free:
-            return torch.zeros(n, 1), False
+            return torch.zeros(n, 1)
         if isinstance(self.function, PerSample):
             with _user_code("a per-sample target"):
-                return self.function.scores(output, rows), self.several
+                return self.function.scores(output, rows)
         if self.function is not None:
             return self._called(output, n)
         logits = class_logits(output, self.selector)
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
         if self.classes is None:
-            return logits.gather(1, logits.detach().argmax(dim=1, keepdim=True)), False
+            top1 = logits.detach().argmax(dim=1, keepdim=True)
+            return logits.gather(1, self.learned.record(top1, rows, self.samples))
         classes = self.classes[rows.to(self.classes.device)]
         bad = (classes < 0) | (classes >= logits.shape[1])
         if bad.any():
@@ -202,9 +245,9 @@ class RowScorer:
             )
         if self.probability:
             logits = logits.softmax(dim=1)
-        return logits.gather(1, classes.to(logits.device)), self.several
+        return logits.gather(1, classes.to(logits.device))
 
-    def _called(self, output: Any, n: int) -> tuple[Tensor, bool]:
+    def _called(self, output: Any, n: int) -> Tensor:
         with _user_code("a callable target"):
             scores = self.function(output)
         if not isinstance(scores, Tensor) or scores.ndim not in (1, 2) or scores.shape[0] != n:
@@ -214,7 +257,8 @@ class RowScorer:
                 f"it receives the model's whole output (all {n} rows), e.g. "
                 "lambda out: out[:, 281] (for a class, pass target=281)"
             )
-        return scores.reshape(n, -1), scores.ndim == 2
+        self.learned.several = scores.ndim == 2
+        return scores.reshape(n, -1)
 
 
 @contextmanager
@@ -260,22 +304,25 @@ def resolve(
     Explicit classes (and class target objects) are checked here (type, shape), and against
     the logits when scored (range); a callable is checked when called.
     """
+    if isinstance(target, RowScorer):  # resolved once by the call's template
+        return target
     if target is None:
-        return RowScorer(selector)
+        return RowScorer(selector, samples=batch)
     if isinstance(target, Target) and target.classes() is not None:
         classes, several = _class_tensor(target.classes(), batch, device)
-        return RowScorer(selector, classes=classes, several=several, probability=target.probability)
+        probability = target.probability
+        return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
     if callable(target) and not isinstance(target, Tensor):
-        return RowScorer(selector, function=target)
+        return RowScorer(selector, function=target, samples=batch)
     classes = _class_targets(target)
     if classes is not None:  # ClassTarget(c) per sample: the classes themselves
         scorer = resolve(classes[0], batch, device, selector)
         return replace(scorer, probability=classes[1])
     per_sample = PerSample.of(target, batch)
     if per_sample is not None:
-        return RowScorer(selector, function=per_sample, several=per_sample.several)
+        return RowScorer(selector, function=per_sample, asked_k=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
-    return RowScorer(selector, classes=classes, several=several)
+    return RowScorer(selector, classes=classes, asked_k=several)
 
 
 class PerSample:
