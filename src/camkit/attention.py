@@ -120,7 +120,6 @@ class AttentionMethod(Explainer):
         self, call: Call, scorer: RowScorer, *, upsample: bool = True, normalize: bool = True
     ) -> Explanation:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples of ``call``."""
-        self.check_autograd()
         batch, finishing = call.batch, Finishing(True, upsample, normalize)
         raw = over_rows(
             batch, self.batch_size, lambda part, rows: self._keys(part, call, scorer, rows)
@@ -294,7 +293,6 @@ class LeGrad(AttentionMethod):
             # the input requires grad so that the attentions are in a graph even when no
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
             output = call.forward(self.model, batch.detach().requires_grad_(True), rows)
-            scorer = scorer.pinned(output)
             classes = scorer.classes_of(output, rows).to(batch.device)  # range checked
             relevances = []
             last = len(self.layers) * classes.shape[1] - 1

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit import registry
-from camkit.cam.base import BaseCAM, Reshape
+from camkit.cam.base import BaseCAM, Reshape, one_pass_maps
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization
 from camkit.cam.eigen import KPCACAM, EigenGradCAM, SegEigenCAM
@@ -33,7 +33,7 @@ from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM
 from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.call import Call
-from camkit.core.engine import over_rows, require_autograd
+from camkit.core.engine import require_autograd
 from camkit.core.explanation import Explanation
 from camkit.core.finish import Finishing
 from camkit.core.inputs import as_batch
@@ -81,53 +81,39 @@ def cams(
     if batch_size is not None:  # else each method's own default
         options["batch_size"] = batch_size
     explainers = {entry.name: entry.build(model, layer, **options) for entry in entries}
-    finishing = Finishing(relu, upsample, normalize, fuse)
+    finishing = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    results = {}
+    args, results = additional_forward_args, {}
     if shared:
-        batch, single = as_batch(x, model)
-        call = Call.of(batch, additional_forward_args)
-        with model_guarded(next(iter(shared.values())).model):
-            results = _shared_pass(shared, batch, target, finishing, call, batch_size)
-        results = {name: result.shaped(single) for name, result in results.items()}
-    options = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
+        results = _shared_pass(shared, model, x, target, Finishing(**finishing), args, batch_size)
     for name, explainer in explainers.items():
         if name not in shared:  # its own passes, through the one entry
-            results[name] = explainer(
-                x, target, additional_forward_args=additional_forward_args, **options
-            )
+            results[name] = explainer(x, target, additional_forward_args=args, **finishing)
     return {name: results[name] for name in explainers}
 
 
 def _shared_pass(
-    explainers: dict[str, BaseCAM],
-    batch: Tensor,
+    cams: dict[str, BaseCAM],
+    model: nn.Module,
+    x: Tensor,
     target: TargetSpec,
     finishing: Finishing,
-    call: Call,
+    args: Any,
     batch_size: int | None,
-) -> dict[str, Explanation]:
-    """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
-    first = next(iter(explainers.values()))
-    first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
-    gradients = any(explainer.needs_gradients for explainer in explainers.values())
-    if gradients:
+) -> dict[str, Tensor | dict[str, Tensor]]:
+    """The gradient CAMs' maps from one tapped forward and one backward per chunk, shaped as
+    their calls return them."""
+    first = next(iter(cams.values()))
+    batch, single = as_batch(x, model)
+    call = Call.of(batch, args)
+    if any(cam.needs_gradients for cam in cams.values()):
         require_autograd("cams")
-    scorer = resolve(target, batch.shape[0], batch.device, first.output)
-
-    def one_pass(part: Tensor, rows: Tensor) -> dict[str, dict[str, Tensor]]:
-        acts, grads, scores = first.capture.run(
-            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
-        )
-        targets, size = scores.shape[1], tuple(part.shape[2:])
-        return {
-            name: explainer.maps_from(acts, grads, targets, size, first.capture.names)
-            for name, explainer in explainers.items()
-        }
-
-    raw = over_rows(batch, batch_size, one_pass)
+    with model_guarded(first.model):
+        first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
+        scorer = resolve(target, batch.shape[0], batch.device, first.output)
+        raw = one_pass_maps(cams, batch, scorer, call, batch_size)
     size = tuple(batch.shape[2:])
-    return {name: Explanation.of(finishing(raw[name], size), scorer) for name in explainers}
+    return {n: Explanation.of(finishing(raw[n], size), scorer).shaped(single) for n in cams}
 
 
 __all__ = [

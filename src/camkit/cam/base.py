@@ -27,7 +27,7 @@ from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
-from camkit.targets.resolver import RowScorer, resolve
+from camkit.targets.resolver import RowScorer
 
 RawMaps = dict[str, Tensor]  # unfinished maps {layer: (B, K, h, w)}
 
@@ -79,7 +79,7 @@ class BaseCAM(Explainer):
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, method.scorer(batch, scorer, call), call)
+            pinned = method.pinned(batch, scorer, call)
             return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
         return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
 
@@ -129,30 +129,12 @@ class BaseCAM(Explainer):
     ) -> Tensor | dict[str, Tensor]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
         samples ``batch`` of ``call``, with the target axis always kept."""
-        raw = self.raw_maps(batch, self.scorer(batch, target, call), call)
+        raw = self.raw_maps(batch, self.target_scorer(target, batch), call)
         return finishing(raw, tuple(batch.shape[2:]))
-
-    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer, call: Call) -> RowScorer:
-        """The call's target resolved for ``batch`` (a resolved one as it is)."""
-        self.check_autograd()
-        self.capture.resolve(batch, call)
-        return self.target_scorer(target, batch)
-
-    def target_scorer(self, target: TargetSpec, batch: Tensor) -> RowScorer:
-        if target is None and self.target_free:  # never read the output (a detector's)
-            return RowScorer(free=True)
-        return resolve(target, batch.shape[0], batch.device, self.output)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``."""
-
-        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
-            acts, grads, scores = self.capture.run(
-                part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
-            )
-            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
-
-        return over_rows(batch, self.batch_size, one_pass)
+        return one_pass_maps({"": self}, batch, scorer, call, self.batch_size)[""]
 
     def maps_from(
         self,
@@ -234,6 +216,24 @@ class WrapperCAM(BaseCAM):
         twin = super().smoothed()
         twin.base = self.base.smoothed()
         return twin
+
+
+def one_pass_maps(
+    cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
+) -> dict[str, RawMaps]:
+    """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
+    and one backward per chunk of ``batch_size`` samples (the first CAM's capture)."""
+    first = next(iter(cams.values()))
+    gradients = any(cam.needs_gradients for cam in cams.values())
+
+    def one_pass(part: Tensor, rows: Tensor) -> dict[str, RawMaps]:
+        acts, grads, scores = first.capture.run(
+            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
+        )
+        targets, size, names = scores.shape[1], tuple(part.shape[2:]), first.capture.names
+        return {n: cam.maps_from(acts, grads, targets, size, names) for n, cam in cams.items()}
+
+    return over_rows(batch, batch_size, one_pass)
 
 
 def spatial(t: Tensor) -> tuple[int, ...]:

@@ -129,7 +129,6 @@ class FullGrad(Explainer):
         ``call``, chunk by chunk of ``batch_size`` samples, min-max normalised where
         ``finishing.normalize`` (its other steps do not apply: the map is at the input's size,
         and non-negative)."""
-        self.check_autograd()
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
         maps = over_rows(
             batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.state import buffers_kept
+from camkit.targets.outputs import class_logits
 from camkit.targets.resolver import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1
@@ -80,8 +82,9 @@ def pin_top1(
     with buffers_kept(model), torch.inference_mode(), autocast(first.device, dtype):
         for rows in chunks(first.shape[0], batch_size, first.device):
             chunk = tuple(t[rows] for t in inputs)
-            classes.append(scorer.pinned(call.forward(model, chunk, rows)).classes)
-    return scorer.with_top1(torch.cat(classes).clone())
+            logits = class_logits(call.forward(model, chunk, rows), scorer.selector)
+            classes.append(scorer.top1_of(logits, rows))
+    return replace(scorer, classes=torch.cat(classes).clone())
 
 
 class CopyScorer:

@@ -197,7 +197,7 @@ class Explainer:
         :mod:`camkit.targets`). ``additional_forward_args``: more inputs of a model called
         as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
         family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs). The axes the
-        caller did not ask for are dropped (:meth:`Explanation.shaped`).
+        caller did not ask for are dropped.
 
         Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
         *others)`` for a model called as ``model(image, *others)`` and return one attribution
@@ -213,19 +213,19 @@ class Explainer:
         additional_forward_args: Any = None,
         **options: Any,
     ) -> Explanation:
-        """As the call, but the whole result: :class:`~camkit.core.explanation.Explanation`
-        with the batch and target axes kept (maps ``(B, K, ...)``, the classes explained ``(B,
-        K)``, and what the family adds, e.g. LRP's layer relevance). The one entry of the front
-        ends (CLI, explorer, metrics)."""
+        """As the call, but the whole :class:`~camkit.core.explanation.Explanation`: the maps
+        with their batch and target axes ``(B, K, ...)``, the classes explained ``(B, K)``, and
+        what the family adds (LRP's layer relevance). What the front ends call."""
         return self._run(x, target, additional_forward_args, options)[0]
 
     def _run(
-        self, x: object, target: TargetSpec, args: Any, options: dict[str, Any]
+        self, x: Any, target: TargetSpec, args: Any, options: dict
     ) -> tuple[Explanation, bool]:
-        """The template: check the options and the input, resolve the target once, run the
-        family's :meth:`_explain` with the model guarded."""
+        """The template: check the options, the input and autograd, resolve the target once,
+        run the family's :meth:`_explain` with the model guarded."""
         self.check_options(options)
         batch, single = self.checked_input(x)
+        self.check_autograd()
         call = Call.of(batch, args)
         first = batch[0] if isinstance(batch, tuple) else batch
         with model_guarded(self.model):
@@ -236,6 +236,8 @@ class Explainer:
 
     def target_scorer(self, target: TargetSpec, batch: Tensor) -> RowScorer:
         """The call's target resolved once for ``batch`` (:func:`~camkit.targets.resolve`)."""
+        if target is None and self.target_free:  # never read the output (a detector's)
+            return RowScorer(free=True)
         return resolve(target, batch.shape[0], batch.device, self.output)
 
     @classmethod

@@ -165,7 +165,6 @@ class PixelAttribution(Explainer):
         consumes their results. A top-1 target is fixed on the clean batch when the copies
         differ from it, so every copy explains the same class.
         """
-        self.check_autograd()
         first = inputs[0]
         size = first.shape[0]
         scorer = resolve(target, size, first.device, self.output)

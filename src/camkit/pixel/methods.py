@@ -250,6 +250,7 @@ class IntegratedGradients(PixelAttribution):
         inputs = as_tuple(batch)
         call = Call.of(inputs, additional_forward_args)
         scorer = self.target_scorer(target, inputs[0])
+        self.check_autograd()
         with model_guarded(self.model):
             attrs, delta = self.integrate(inputs, scorer, call)
         error = (total(attrs) - delta).abs()

@@ -131,7 +131,6 @@ class LRP(PixelAttribution):
         return heat.clamp(min=0)
 
     def _propagate(self, x: Tensor, scorer: RowScorer, call: Call, record: list[str]) -> Relevance:
-        self.check_autograd()
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU

@@ -74,22 +74,12 @@ def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple
     return classes.long().reshape(batch, -1).clone(), classes.ndim == 2
 
 
+@dataclass
 class Learned:
-    """What scoring taught a resolved target (shared by the scorer's pinned and copy variants):
-    whether a callable asked ``K`` targets (it returned ``(n, K)``), and each sample's top-1
-    class once scored."""
+    """What scoring taught a resolved target, shared by its pinned and copy variants."""
 
-    def __init__(self) -> None:
-        self.several = False
-        self.top1: Tensor | None = None
-
-    def record(self, classes: Tensor, rows: Tensor, samples: int) -> Tensor:
-        """Keep the top-1 ``classes (n, 1)`` of samples ``rows``; returns them."""
-        if self.top1 is None:
-            size = max(samples, int(rows.max()) + 1)
-            self.top1 = torch.full((size, 1), -1, dtype=torch.long, device=classes.device)
-        self.top1[rows.to(classes.device)] = classes
-        return classes
+    several: bool = False  # a callable returned (n, K) scores
+    top1: Tensor | None = None  # (B, 1) each sample's top-1 class, once scored
 
 
 @dataclass(frozen=True)
@@ -99,11 +89,9 @@ class RowScorer:
     ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
     belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
     probabilities) of the fixed classes (``classes (B, K)``), the top-1 logit of each row
-    (``classes is None``: see :meth:`pinned`), or the callable's scores. :attr:`several` says
-    whether ``K`` targets per sample were asked (a 2-D target, or a callable that returned
-    ``(n, K)``), :attr:`explained` which classes were explained. Methods ask it questions
-    (:attr:`has_classes`, :attr:`top1`, :meth:`classes_of`, :meth:`target_of`) rather than
-    reading its fields.
+    (``classes is None``: see :meth:`pinned`), or the callable's scores. Methods ask it
+    questions (:attr:`several`, :attr:`explained`, :attr:`has_classes`, :attr:`top1`,
+    :meth:`classes_of`, :meth:`target_of`) rather than reading its fields.
     """
 
     selector: OutputSelector = None
@@ -112,7 +100,7 @@ class RowScorer:
     asked_k: bool = False  # a 2-D class target or K target objects per sample
     probability: bool = False
     free: bool = False  # a target-free method (Eigen-CAM): (n, 1) zeros, the output untouched
-    samples: int = 0
+    samples: int = 0  # B, for the top-1 classes learned
     learned: Learned = field(default_factory=Learned, compare=False, repr=False)
 
     @property
@@ -141,18 +129,8 @@ class RowScorer:
         so that perturbed copies keep explaining the clean prediction."""
         if not self.top1:
             return self
-        classes = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
-        return (
-            self.with_top1(classes)
-            if classes.shape[0] == self.samples
-            else replace(self, classes=classes)
-        )
-
-    def with_top1(self, classes: Tensor) -> RowScorer:
-        """The same target with the ``B`` samples' top-1 ``classes (B, 1)`` fixed (and kept as
-        the classes explained)."""
-        self.learned.top1 = classes
-        return replace(self, classes=classes)
+        logits = class_logits(output, self.selector)
+        return replace(self, classes=self.top1_of(logits, torch.arange(logits.shape[0])))
 
     def classes_of(self, output: Any, rows: Tensor) -> Tensor:
         """The classes ``(n, K)`` that score the output's rows (the fixed classes of samples
@@ -163,9 +141,17 @@ class RowScorer:
             raise TargetError("this method needs class targets (class indices), not a callable")
         self(output, rows)  # checks the logits and the class range
         if self.classes is None:
-            top1 = class_logits(output, self.selector).detach().argmax(dim=1, keepdim=True)
-            return self.learned.record(top1, rows, self.samples)
+            return self.top1_of(class_logits(output, self.selector), rows)
         return self.classes[rows.to(self.classes.device)]
+
+    def top1_of(self, logits: Tensor, rows: Tensor) -> Tensor:
+        """Each row's top-1 class ``(n, 1)``, learned as the class explained of its sample
+        ``rows[i]`` (out of place: the pinning pass runs in inference mode)."""
+        top1 = logits.detach().argmax(dim=1, keepdim=True)
+        known = self.learned.top1
+        known = top1.new_full((self.samples, 1), -1) if known is None else known
+        self.learned.top1 = known.index_put((rows.to(top1.device),), top1)
+        return top1
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
         """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows
@@ -224,8 +210,7 @@ class RowScorer:
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
         if self.classes is None:
-            top1 = logits.detach().argmax(dim=1, keepdim=True)
-            return logits.gather(1, self.learned.record(top1, rows, self.samples))
+            return logits.gather(1, self.top1_of(logits, rows))
         classes = self.classes[rows.to(self.classes.device)]
         bad = (classes < 0) | (classes >= logits.shape[1])
         if bad.any():
