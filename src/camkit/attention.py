@@ -17,8 +17,7 @@ from torch import Tensor, nn
 from camkit.core.attention import attention_blocks, captured_attention
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
-from camkit.core.explainer import Explainer
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import Finishing
 from camkit.core.formats import autocast
 from camkit.core.layers import explained_module, hooked, this_thread

@@ -34,7 +34,7 @@ from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.call import Call
 from camkit.core.engine import require_autograd
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explanation
 from camkit.core.finish import Finishing
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
@@ -113,7 +113,8 @@ def _shared_pass(
         scorer = resolve(target, batch.shape[0], batch.device, first.output)
         raw = one_pass_maps(cams, batch, scorer, call, batch_size)
     size = tuple(batch.shape[2:])
-    return {n: Explanation.of(finishing(raw[n], size), scorer).shaped(single) for n in cams}
+    found = {n: Explanation.of(finishing(m, size), scorer, single=single) for n, m in raw.items()}
+    return {name: explanation.shaped() for name, explanation in found.items()}
 
 
 __all__ = [

@@ -19,8 +19,7 @@ from torch import Tensor, nn
 from camkit.cam.smoothing import augmented, principal_component
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
-from camkit.core.explainer import Explainer, Reshape
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explainer, Explanation, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec

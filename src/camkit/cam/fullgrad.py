@@ -25,8 +25,7 @@ from torch import Tensor, nn
 from camkit.cam.smoothing import augmented
 from camkit.core.call import Call
 from camkit.core.engine import layer_gradients, over_rows
-from camkit.core.explainer import Explainer
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import Finishing, minmax
 from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs

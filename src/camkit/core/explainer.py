@@ -19,7 +19,7 @@ method comes from its typed class flags (:class:`Capabilities`).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from camkit.core.call import Call
 from camkit.core.copies import pin_top1
 from camkit.core.engine import Capture, require_autograd
-from camkit.core.explanation import Explanation
+from camkit.core.finish import drop_axes
 from camkit.core.inputs import as_batch, as_inputs, positive_int
 from camkit.core.layers import LayerSpec, explained_module
 from camkit.core.layouts import Reshape, check_reshape
@@ -52,6 +52,34 @@ class Capabilities:
     seeded: bool
     target_free: bool
     several_inputs: bool
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What :meth:`Explainer.explain_batch` returns (a family that finds
+    more returns a subclass: LRP's :class:`~camkit.relevance.lrp.Relevance`).
+
+    ``maps``: ``(B, K, ...)`` (a CAM's ``(B, K, H, W)``, a pixel method's ``(B, K, C, H, W)``),
+    ``{layer: (B, K, ...)}`` for unfused layers, or a tuple of them (one per input of a tuple of
+    inputs; Integrated Gradients' attribution and error). ``targets``: the classes explained
+    ``(B, K)`` (top-1 ones resolved; None for a callable target). ``several``: whether ``K``
+    targets per sample were asked (a 2-D target, a callable returning ``(B, K)``); ``single``:
+    whether one sample came without its batch axis."""
+
+    maps: Any
+    targets: Tensor | None
+    several: bool
+    single: bool = False
+
+    @classmethod
+    def of(cls, maps: Any, scorer: RowScorer, **extra: Any) -> Explanation:
+        """The result ``maps`` for the target ``scorer`` scored (it knows what was asked)."""
+        return cls(maps, scorer.explained, scorer.several, **extra)
+
+    def shaped(self) -> Any:
+        """The maps as a call returns them: without the target axis unless ``K`` targets were
+        asked, without the batch axis for a ``single`` sample."""
+        return drop_axes(self.maps, self.single, self.several)
 
 
 class Explainer:
@@ -202,8 +230,8 @@ class Explainer:
         Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
         *others)`` for a model called as ``model(image, *others)`` and return one attribution
         per input, as captum does with tuples."""
-        explanation, single = self._run(x, target, additional_forward_args, options)
-        return explanation.shaped(single)
+        args = additional_forward_args
+        return self.explain_batch(x, target, additional_forward_args=args, **options).shaped()
 
     def explain_batch(
         self,
@@ -213,26 +241,22 @@ class Explainer:
         additional_forward_args: Any = None,
         **options: Any,
     ) -> Explanation:
-        """As the call, but the whole :class:`~camkit.core.explanation.Explanation`: the maps
+        """As the call, but the whole :class:`~camkit.core.explainer.Explanation`: the maps
         with their batch and target axes ``(B, K, ...)``, the classes explained ``(B, K)``, and
-        what the family adds (LRP's layer relevance). What the front ends call."""
-        return self._run(x, target, additional_forward_args, options)[0]
+        what the family adds (LRP's layer relevance). What the front ends call.
 
-    def _run(
-        self, x: Any, target: TargetSpec, args: Any, options: dict
-    ) -> tuple[Explanation, bool]:
-        """The template: check the options, the input and autograd, resolve the target once,
-        run the family's :meth:`_explain` with the model guarded."""
+        The template of both: check the options, the input and autograd, resolve the layer and
+        the target once, run the family's :meth:`_explain` with the model guarded."""
         self.check_options(options)
         batch, single = self.checked_input(x)
         self.check_autograd()
-        call = Call.of(batch, args)
+        call = Call.of(batch, additional_forward_args)
         first = batch[0] if isinstance(batch, tuple) else batch
         with model_guarded(self.model):
             if self.needs_layer:
                 self.capture.resolve(first, call)
-            scorer = self.target_scorer(target, first)
-            return self._explain(call, scorer, **options), single
+            found = self._explain(call, self.target_scorer(target, first), **options)
+        return replace(found, single=True) if single else found
 
     def target_scorer(self, target: TargetSpec, batch: Tensor) -> RowScorer:
         """The call's target resolved once for ``batch`` (:func:`~camkit.targets.resolve`)."""

@@ -23,8 +23,7 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
-from camkit.core.explainer import Explainer
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.errors import GradientError, ZeroGradientWarning, warn

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explanation
 from camkit.core.finish import drop_axes
 from camkit.core.inputs import positive_int
 from camkit.core.seeds import call_seed

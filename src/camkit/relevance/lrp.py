@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
-from camkit.core.explanation import Explanation
+from camkit.core.explainer import Explanation
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
@@ -33,7 +33,7 @@ from camkit.relevance.rules import Rule
 from camkit.targets.resolver import RowScorer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Relevance(Explanation):
     """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
