@@ -213,25 +213,10 @@ class Explainer:
 
     # ------------------------------------------------------------------ the template
 
-    def __call__(
-        self,
-        x: Tensor,
-        target: TargetSpec = None,
-        *,
-        additional_forward_args: Any = None,
-        **options: Any,
-    ) -> Any:
-        """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
-        :mod:`camkit.targets`). ``additional_forward_args``: more inputs of a model called
-        as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
-        family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs). The axes the
-        caller did not ask for are dropped.
-
-        Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
-        *others)`` for a model called as ``model(image, *others)`` and return one attribution
-        per input, as captum does with tuples."""
-        args = additional_forward_args
-        return self.explain_batch(x, target, additional_forward_args=args, **options).shaped()
+    def __call__(self, x: Tensor, target: TargetSpec = None, **options: Any) -> Any:
+        """:meth:`explain_batch` without the axes the caller did not ask for: the target axis
+        unless ``K`` targets per sample were asked, the batch axis for one sample."""
+        return self.explain_batch(x, target, **options).shaped()
 
     def explain_batch(
         self,
@@ -241,12 +226,17 @@ class Explainer:
         additional_forward_args: Any = None,
         **options: Any,
     ) -> Explanation:
-        """As the call, but the whole :class:`~camkit.core.explainer.Explanation`: the maps
-        with their batch and target axes ``(B, K, ...)``, the classes explained ``(B, K)``, and
-        what the family adds (LRP's layer relevance). What the front ends call.
+        """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
+        :mod:`camkit.targets`): the :class:`Explanation`, maps with their batch and target axes
+        ``(B, K, ...)``, the classes explained ``(B, K)`` and what the family adds (LRP's layer
+        relevance). ``additional_forward_args``: more inputs of a model called as ``model(x,
+        *args)`` (per-sample tensors follow their samples). ``options`` are the family's call
+        options (e.g. ``relu``/``normalize``/``fuse`` for CAMs). Methods with
+        ``several_inputs`` (the pixel methods) also take a tuple ``(image, *others)`` for a
+        model called as ``model(image, *others)``: one attribution per input, as captum's.
 
-        The template of both: check the options, the input and autograd, resolve the layer and
-        the target once, run the family's :meth:`_explain` with the model guarded."""
+        The template of both entries: check the options, the input and autograd, resolve the
+        layer and the target once, run the family's :meth:`_explain` with the model guarded."""
         self.check_options(options)
         batch, single = self.checked_input(x)
         self.check_autograd()
