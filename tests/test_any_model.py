@@ -89,6 +89,24 @@ def test_a_btchw_clip_is_refused_until_its_layout_is_declared() -> None:
     torch.testing.assert_close(cam[0], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_wrapped_model_reports_its_own_layer_names() -> None:
+    """``InputLayout`` / ``KeywordInput`` add no ``module.`` prefix to the names camkit reports
+    (the trace, the default layer, the layers a CAM can read, ``cam.layers``), and both the
+    user's names and the prefixed ones are accepted."""
+    model = _ClipTransformerStem().eval()
+    declared = camkit.InputLayout(model, "BTCHW")
+    own = {name for name, _ in model.named_modules() if name}
+    clip = torch.rand(1, 3, 4, 8, 8)  # (B, C, T, H, W)
+    traced = {name for name, *_ in camkit.models.layer_shapes(declared, example=clip)}
+    assert traced <= own and "embed" in traced
+    assert camkit.models.default_layer(declared, example=clip) in own
+    for given in ("embed", "module.embed", model.embed):
+        assert camkit.GradCAM(declared, given).layers == ["embed"]
+    keyword = camkit.KeywordInput(camkit.InputLayout(model, "BTCHW"), "x")
+    assert camkit.core.layers.user_name(keyword, "module.module.embed") == "embed"
+    assert camkit.core.layers.user_name(keyword, "module") is None
+
+
 def test_a_frame_wise_model_is_explained_by_pixel_methods_and_refused_by_cams() -> None:
     model = _FrameWise().eval()
     clip = torch.rand(2, 3, 8, 8, 8)  # (B, C, T, H, W) for the declared layout

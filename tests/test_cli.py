@@ -295,8 +295,30 @@ def test_layers_match_and_explainable_narrow_the_list(resnet18_weights, capsys):
     out = capsys.readouterr().out
     assert "not explainable" not in out and " fc " not in out
     assert " avgpool " not in out  # (1, 512, 1, 1): no map, as --layer avgpool is refused
-    assert cli.main([*argv, "--match", "nothing-like-this"]) == 0
-    assert "no layer matches 'nothing-like-this'" in capsys.readouterr().err
+    assert cli.main([*argv, "--match", "nothing-like-this"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no header above nothing
+    assert captured.err.strip() == (
+        "camkit layers: error: no layer of 75 fits --match 'nothing-like-this'; "
+        "'camkit layers' without it lists them all"
+    )
+
+
+def test_an_argparse_error_is_one_line_and_a_hint(capsys):
+    """A bad value is not buried under the usage block (as camkit's own usage errors); a
+    missing argument still shows the usage, which says what is needed."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["explain", "x.png", "--composite", "nope"])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and "usage:" not in lines[0]
+    assert lines[0].startswith(
+        "camkit explain: error: argument --composite: invalid choice: 'nope'"
+    )
+    assert lines[1] == "('camkit explain --help' lists the options)"
+    with pytest.raises(SystemExit):
+        cli.main(["explain"])
+    assert capsys.readouterr().err.startswith("usage: camkit explain")
 
 
 def test_layers_at_another_input_size(resnet18_weights, capsys):
@@ -421,6 +443,31 @@ def test_progress_is_silent_when_quiet_or_a_library_bar_off_a_terminal(capsys):
     with progress(4, "explain", "image", enabled=False) as bar:  # --quiet
         bar.update(4)
     assert capsys.readouterr().err == ""
+
+
+NOTEBOOK_WITHOUT_WIDGETS = """
+import sys, types, warnings
+warnings.simplefilter("always")
+sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")
+shell = type("ZMQInteractiveShell", (), {})()
+sys.modules["IPython"] = types.SimpleNamespace(get_ipython=lambda: shell)
+sys.modules["ipywidgets"] = None  # not installed
+from camkit.core.progress import progress_bar
+with progress_bar(2, "explain", "image") as bar:
+    bar.update(2)
+print(type(bar).__module__)
+"""
+
+
+def test_progress_in_a_notebook_without_ipywidgets_falls_back_quietly():
+    """A Jupyter kernel without ipywidgets: tqdm's text bar, no ``TqdmWarning: IProgress not
+    found`` (every warning is shown in the child process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK_WITHOUT_WIDGETS], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    assert done.stdout.strip() in ("tqdm.std", "tqdm.asyncio")  # the text bar
 
 
 def test_progress_in_a_log_is_a_line_at_a_steady_interval(capsys):

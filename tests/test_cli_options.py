@@ -126,7 +126,7 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     explained, 1 that could not be read (not 43 explained)."""
     records = [{"image": f"{i}.jpg", "output": f"{i}_{m}.png"} for i in range(42) for m in "ab"]
     records.append({"image": "broken.jpg", "error": "not an image"})
-    throughput = {"images_per_second": 2.0, "ranks": [{}]}
+    throughput = {"images_per_second": 43 / 21.0, "seconds": 21.0, "ranks": [{}]}
     this_run = {"explained": 42, "unreadable": 1, "throughput": throughput}
     earlier = {"explained": 5, "unreadable": 0, "throughput": {"images_per_second": 9.0}}
     run = {"records": records, "explained": 47, "unreadable": 1, "throughput": throughput}
@@ -134,7 +134,23 @@ def test_summary_counts_unreadable_images_apart(tmp_path, capsys):
     assert explain.summarize(run, tmp_path, 43) == 1
     line = capsys.readouterr().out.strip()
     assert line.startswith("wrote 84 overlay(s) of 42 image(s) to ")
-    assert line.endswith("this run explained 42 image(s) at 2.0 images/s; 1 could not be read")
+    assert line.endswith(
+        "this run explained 42 images at 2.0 images/s; 1 refused (could not be read)"
+    )
+
+
+def test_summary_when_the_only_image_was_refused(tmp_path, capsys):
+    """Nothing explained: no speed (the refused image took the time), the refusal said, exit 1
+    (``EXIT_UNREADABLE_IMAGES``, the status of a run with unreadable images)."""
+    records = [{"image": "huge.png", "error": "144000000 pixels, over --max-pixels"}]
+    throughput = {"images_per_second": 16.9, "seconds": 1 / 16.9, "ranks": [{}]}
+    this_run = {"explained": 0, "unreadable": 1, "throughput": throughput}
+    run = {"records": records, "explained": 0, "unreadable": 1, "throughput": throughput}
+    run["runs"] = [this_run]
+    assert explain.summarize(run, tmp_path, 1) == common.EXIT_UNREADABLE_IMAGES == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("wrote 0 overlay(s) of 0 image(s) to ")
+    assert line.endswith("this run explained 0 images; 1 refused (could not be read)")
 
 
 @pytest.mark.slow
@@ -159,3 +175,38 @@ def test_a_layer_no_cam_can_read_is_a_usage_error_before_any_work(
     assert reason in error and "the default is bn2" in error and "Traceback" not in error
     assert "classifier?" not in error
     assert not out.exists()
+
+
+def test_equal_scores_rank_the_lowest_class_first_everywhere(tmp_path, capsys):
+    """A zeroed 10-class head: every class scores alike. The manifest's target is its own
+    top-5's first (class 0, then 1..4), as the library's top-1 target and top_classes say
+    (``torch.topk`` alone put class 8 first)."""
+    import json
+
+    from camkit import models
+    from camkit.targets.ranking import ranked, top1
+
+    equal = torch.zeros(2, 10).softmax(dim=-1)
+    assert top1(equal).tolist() == [0, 0]
+    assert ranked(equal, 5)[1].tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert [c for c, _, _ in models.top_classes(equal[0], [f"c{i}" for i in range(10)])] == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+    scores = torch.tensor([1.0, 3.0, 3.0, 2.0, 3.0])
+    assert ranked(scores, 4)[1].tolist() == [1, 2, 4, 3] and int(top1(scores)) == 1
+    model = torchvision.models.resnet18(num_classes=10)
+    torch.nn.init.zeros_(model.fc.weight)
+    torch.nn.init.zeros_(model.fc.bias)
+    torch.save(model.state_dict(), tmp_path / "zeroed.pt")
+    (tmp_path / "labels.txt").write_text("".join(f"c{i}\n" for i in range(10)))
+    photo = tmp_path / "cat.png"
+    io.save_png(photo, data.chelsea()[::4, ::4])
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", "torchvision:resnet18", "--weights"]
+    argv += [str(tmp_path / "zeroed.pt"), "--labels", str(tmp_path / "labels.txt")]
+    argv += ["--method", "gradcam", "--out", str(out), "--quiet", "--workers", "0"]
+    assert main(argv) == 0
+    assert "EmptyMapWarning" in capsys.readouterr().err  # the zeroed head's map is empty
+    (record,) = json.loads((out / "manifest.json").read_text())["records"]
+    assert (record["target"], record["label"]) == (0, "c0")
+    assert [entry["label"] for entry in record["top5"]] == ["c0", "c1", "c2", "c3", "c4"]

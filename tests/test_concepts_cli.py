@@ -13,6 +13,7 @@ from skimage import data
 
 from camkit import cli
 from camkit.cli.common import EXIT_UNREADABLE_IMAGES, EXIT_USAGE
+from camkit.runs.concepts import read_concepts
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,12 @@ def test_concepts_writes_reference_patches(photos, tmp_path, capsys):
     summary = json.loads((out / "concepts.json").read_text())
     assert summary["layer"] == "blocks.2" and summary["images"] == 3
     assert list(summary["channels"]) == ["3", "0", "1"]
+    record = read_concepts(out)  # what the report and the explorer read
+    assert record.version == 1 and list(record.channels) == [3, 0, 1]
+    assert (
+        record.channels[3]["relevance"][0].patch
+        == summary["channels"]["3"]["relevance"][0]["patch"]
+    )
     run = summary["run"]  # what reproduces it, as a manifest says
     assert run["settings"]["crop"] == "center" and run["settings"]["layer"] == "blocks.2"
     assert run["channels"] == [3, 0, 1] and torch.__version__.startswith(run["torch"])
@@ -67,6 +74,7 @@ def test_concepts_writes_reference_patches(photos, tmp_path, capsys):
     # a middle layer's receptive field is a part of the photo, not all of it
     boxes = [row["box"] for e in summary["channels"].values() for row in e["activation"]]
     assert any(bottom - top < 300 for top, _, bottom, _ in boxes)
+    assert not sorted(out.glob("concepts.part-*.pt"))  # the finished run's resume files are gone
 
 
 def test_concepts_usage_errors(photos, tmp_path, capsys):
@@ -99,7 +107,12 @@ def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeyp
     assert cli.main([*common, "--out", str(out)]) == 130
     monkeypatch.setattr(ReferenceCollector, "update", update)
     assert not (out / "concepts.json").exists()
+    assert sorted(out.glob("concepts.part-*.pt"))  # what the resume reads
+    # another run's parts are not resumed
+    other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
+    assert cli.main(other) == EXIT_USAGE
     assert cli.main([*common, "--out", str(out), "--resume"]) == EXIT_UNREADABLE_IMAGES
+    assert not sorted(out.glob("concepts.part-*.pt"))  # a finished run leaves no resume files
     whole = json.loads((tmp_path / "whole" / "concepts.json").read_text())
     resumed = json.loads((out / "concepts.json").read_text())
     assert resumed["images"] == whole["images"] == 3
@@ -108,9 +121,6 @@ def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeyp
             again = resumed["channels"][channel][mode]
             assert [r["image"] for r in rows] == [r["image"] for r in again]
             assert [r["score"] for r in rows] == pytest.approx([r["score"] for r in again])
-    # another run's parts are not resumed
-    other = ["concepts", str(photos / "chelsea.png"), *common[2:], "--out", str(out), "--resume"]
-    assert cli.main(other) == EXIT_USAGE
 
 
 def test_concepts_with_lrp_rules(photos, tmp_path):

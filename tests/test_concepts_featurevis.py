@@ -56,6 +56,21 @@ def test_same_seed_same_image_and_other_seeds_differ():
     )
 
 
+def test_the_normalisation_a_model_carries_is_used_unless_given():
+    """A module with a timm-style ``pretrained_cfg`` is fed its own mean/std (the image as it
+    expects it); one that says nothing sees the image in [0, 1], as documented."""
+    model = small_cnn()
+    objective = NeuronObjective("3", 5)
+    plain = visualize(model, objective, size=16, steps=4, seed=3)
+    model.pretrained_cfg = {"mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
+    carried = visualize(model, objective, size=16, steps=4, seed=3)
+    given = visualize(model, objective, size=16, steps=4, seed=3, mean=(0.5, 0.4, 0.3),
+                      std=(0.2, 0.25, 0.3))  # fmt: skip
+    assert torch.equal(carried, given) and not torch.equal(carried, plain)
+    identity = visualize(model, objective, size=16, steps=4, seed=3, mean=(0,) * 3, std=(1,) * 3)
+    torch.testing.assert_close(identity, plain)
+
+
 def test_diversity_makes_the_batch_differ():
     model = small_cnn()
     plain = visualize(model, ChannelObjective("3", 5), size=16, batch=2, steps=16, seed=0)

@@ -518,8 +518,11 @@ def test_a_tuple_of_inputs(method: str) -> None:
     """Methods with ``several_inputs`` attribute ``(image, side)`` of the two-input model, one
     attribution per input: the image's equals its attribution with the side input passed as
     ``additional_forward_args`` (the model is additive in it), the side input's is exact (the
-    side head is linear: its gradient is the target's weight row, IG's is ``side * row``). The
-    other methods refuse the tuple and say where the other inputs go."""
+    side head is linear: its gradient is the target's weight row, IG's is ``side * row``, and
+    LRP's too under ``epsilon-plus-flat``: the Norm rule gives the sum's side term its own
+    value, which Epsilon with the bias passes on, the stabiliser aside; the default composite
+    drops the bias from the rule). The other methods refuse the tuple and say where the other
+    inputs go."""
     spec = KINDS["two-input"]
     model, x = spec.model(), spec.input()
     (side,) = spec.extra(2)
@@ -529,11 +532,12 @@ def test_a_tuple_of_inputs(method: str) -> None:
         with pytest.raises(InputError, match="additional_forward_args"):
             _build(method, other, other.model())((x, side), 3)
         return
-    explainer = _build(method, spec, model)
+    with_bias = {"composite": "epsilon-plus-flat"} if method == "lrp" else {}
+    explainer = _build(method, spec, model, **with_bias)
     image, side_attr = explainer((x, side), 3)
     _close(image, _call(explainer, spec, x, 3))
     row = model.side.weight[3].detach().expand_as(side)
-    _close(side_attr, side * row if method == "ig" else row)
+    _close(side_attr, side * row if method in ("ig", "lrp") else row)
     one_image, one_side = explainer((x[0], side[0]), 3)  # one sample: no batch axis anywhere
     _close(one_image, image[0])
     _close(one_side, side_attr[0])

@@ -15,6 +15,7 @@ from skimage import data
 
 from camkit import cli
 from camkit.cli import results, scoring
+from camkit.runs.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +63,15 @@ def test_evaluate_writes_rows_intervals_plots_and_skips_a_broken_file(photos, tm
     coffee = [row for row in rows if row["image"].endswith("coffee.jpg")]
     assert all(math.isnan(float(row["pointing_game"])) for row in coffee)  # no mask: not a miss
 
-    result = json.loads((out / "metrics.json").read_text())
-    assert result["images"] == 2 and result["unreadable"] == [str(folder / "zz-broken.jpg")]
+    result = read_metrics(out)  # metrics.json, through its one reader
+    assert result.version == 1 and json.loads((out / "metrics.json").read_text())["version"] == 1
+    assert result.images == 2 and result.unreadable == [str(folder / "zz-broken.jpg")]
     for method in ("gradcam", "random"):
-        deletion = result["methods"][method]["deletion"]
+        deletion = result.methods[method]["deletion"]
         low, high = deletion["ci95"]
         assert deletion["n"] == 2 and low <= deletion["mean"] <= high
-        assert result["methods"][method]["pointing_game"]["n"] == 1  # chelsea only
-    cascade = result["sanity"]["gradcam"]
+        assert result.methods[method]["pointing_game"]["n"] == 1  # chelsea only
+    cascade = result.sanity["gradcam"]
     assert cascade and all(np.isfinite(entry["spearman"]) for entry in cascade)
     assert (out / "deletion.png").stat().st_size and (out / "insertion.png").stat().st_size
     assert "gradcam" in captured.out and "[" in captured.out  # the summary table

@@ -59,7 +59,10 @@ def test_explore_a_module_on_pictures_in_memory() -> None:
     ).eval()  # fmt: skip
     before = [p.detach().clone() for p in model.parameters()]
     pictures = [np.full((20, 30, 3), 40 * k, np.uint8) for k in range(1, 4)]
-    with camkit.explore(model, pictures, labels=["a", "b", "c"], input_size=32) as view:
+    with (
+        pytest.warns(camkit.models.AssumedPreprocessWarning, match="ImageNet's mean"),
+        camkit.explore(model, pictures, labels=["a", "b", "c"], input_size=32) as view,
+    ):
         base, token = view.url.split("?token=")
         with urllib.request.urlopen(f"{base}api/info?token={token}") as reply:
             info = json.load(reply)

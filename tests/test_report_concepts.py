@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from camkit import io as cio
 from camkit.cli import report
+from camkit.errors import RunFileError
 from camkit.runs.concepts import atlas_data, read_concepts
 from tests.test_report import Browser, make_run, needs_browser, page_data
 
@@ -50,8 +52,9 @@ def test_the_report_has_a_concept_atlas_only_when_the_run_has_concepts(tmp_path:
     # a concepts folder elsewhere: URLs relative to the page
     moved = atlas_data(out / "page", read_concepts(out), out)
     assert moved["channels"][0]["activation"][1]["src"] == "../patches/blocks.5/c7_activation_1.png"
-    (out / "concepts.json").write_text("{not json")
-    assert page_data(report.write_report(out, records))["concepts"] is None
+    (out / "concepts.json").write_text("{not json")  # broken: said, never a page without it
+    with pytest.raises(RunFileError, match=r"concepts\.json.*not complete JSON.*camkit concepts"):
+        report.write_report(out, records)
 
 
 @needs_browser

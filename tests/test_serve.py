@@ -559,6 +559,33 @@ def test_uploads_are_limited_and_a_bad_one_does_not_stop_the_server(served, monk
     assert full.status_code == 429 and "already holds 2 uploads" in full.json()["error"]
 
 
+def test_serve_takes_max_pixels_for_its_files_and_uploads(tmp_path: Path, monkeypatch) -> None:
+    import camkit.cli.serve as serve_command
+    from camkit.cli import build_parser
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    cio.save_png(folder / "big.png", photo(3, 40, 48))  # 1920 pixels
+    cio.save_png(folder / "small.png", photo(4, 20, 30))  # 600 pixels
+    monkeypatch.setattr(serve_command, "load_model", lambda *args, **kwargs: loaded())
+    parse = build_parser().parse_args
+    assert parse(["serve", str(folder)]).max_pixels == cio.MAX_PIXELS  # explain's default
+    assert parse(["serve", str(folder), "--max-pixels", "0"]).max_pixels is None  # no limit
+    args = parse(["serve", str(folder), "--max-pixels", "1000", "--device", "cpu"])
+    prepared = serve_command.build(args)
+    with TestClient(prepared.app, base_url="http://127.0.0.1:8000") as client:
+        client.headers[security.TOKEN_HEADER] = prepared.token
+        items = client.get("/api/gallery").json()["items"]
+        big, small = (next(i for i in items if i["name"] == n) for n in ("big.png", "small.png"))
+        assert "1,920 pixels" in big["error"] and "--max-pixels" in big["error"]
+        assert small["error"] is None and small["top"]
+        refused = client.post("/api/upload", content=png_bytes(photo(5, 40, 40)))
+        assert refused.status_code == 413, refused.text
+        reason = refused.json()["error"]
+        assert "1,600 pixels" in reason and "--max-pixels" in reason
+        assert client.post("/api/upload", content=png_bytes(photo(5, 25, 40))).status_code == 200
+
+
 def test_host_header_is_checked_on_loopback(tmp_path: Path) -> None:
     explorer = explorer_for(photo_folder(tmp_path))
     app = create_app(explorer, token=TOKEN, hosts=security.allowed_hosts("127.0.0.1"))

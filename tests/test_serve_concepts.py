@@ -5,6 +5,7 @@ tests/test_serve.py (its head is linear over the channel means, so ``dS/dA = W[y
 
 from __future__ import annotations
 
+import dataclasses
 import io as pyio
 import json
 import urllib.parse
@@ -27,7 +28,14 @@ from starlette.testclient import TestClient  # noqa: E402
 from camkit.runs.concepts import read_concepts  # noqa: E402
 from camkit.serve import security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
-from camkit.serve.concepts import concept_png, layer_grid, region_of  # noqa: E402
+from camkit.serve.concepts import (  # noqa: E402
+    WHOLE,
+    ConceptViews,
+    Region,
+    concept_png,
+    layer_grid,
+    region_of,
+)
 from camkit.serve.explorer import Explorer  # noqa: E402
 from camkit.serve.gallery import read_run, read_strategies  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
@@ -54,21 +62,25 @@ def by_hand(explorer, image: int, target: int) -> tuple[torch.Tensor, torch.Tens
         return act * (model.head.weight[target] / 64).view(-1, 1, 1), x
 
 
-def conditional_by_hand(explorer, image: int, target: int, channel: int) -> np.ndarray:
-    """``x * d/dx sum_ij A[c, i, j] W[y, c] / 64``: channel ``c``'s conditional heatmap."""
+def conditional_by_hand(
+    explorer, image: int, target: int, channel: int, cells: torch.Tensor | None = None
+) -> np.ndarray:
+    """``x * d/dx sum_ij A[c, i, j] W[y, c] / 64``: channel ``c``'s conditional heatmap; with
+    ``cells`` (an ``(8, 8)`` mask of act2's grid), of its relevance in those cells only."""
     model = explorer.checkpoints["a"].model
     x = model_input(explorer, image)[None].requires_grad_(True)
     act = model.act2(model.stage2(model.act1(model.stem(x))))
-    score = act[0, channel].sum() * model.head.weight[target, channel].detach() / 64
+    there = act[0, channel] if cells is None else act[0, channel] * cells
+    score = there.sum() * model.head.weight[target, channel].detach() / 64
     (grad,) = torch.autograd.grad(score, x)
     return (x * grad).sum(dim=1)[0].detach().numpy()
 
 
-def cached_heat(client: TestClient, key: tuple) -> np.ndarray:
+def cached_heat(client: TestClient, key: tuple, region: Region = WHOLE) -> np.ndarray:
     """A conditional heatmap as the server computes it for ``/api/concept-map`` (the list of
     concepts answers first; each heatmap is computed when asked, then cached)."""
-    heat = client.app.state.views.heatmap(*key)
-    assert client.app.state.views.heatmaps.get_item(key) is heat
+    heat = client.app.state.views.heatmap(*key, region)
+    assert client.app.state.views.heatmaps.get_item((*key, region)) is heat
     return heat
 
 
@@ -150,6 +162,72 @@ def test_conditional_heatmaps_are_the_hand_ones_and_sum_to_the_unconditional(ser
     expected = conditional_by_hand(explorer, image, 3, 5)
     heat = cached_heat(client, ("a", "act2", image, 3, 5))
     assert np.allclose(heat, expected, atol=1e-5 * max(float(np.abs(expected).max()), 1e-12))
+
+
+def test_a_channels_heatmap_in_a_box_or_cell_is_its_relevance_there_by_hand(served) -> None:
+    client, explorer = served
+    image, target, channel = 2, 1, 3
+    # the box x 0.25..0.75, y 0..0.5 of the 32 x 32 input: rows 0..16, columns 8..24, which are
+    # act2's cells (4 x 4 pixels each) rows 0..4, columns 2..6, whole
+    box = region_of(None, (0.25, 0.0, 0.75, 0.5), (32, 32), (8, 8))
+    assert box == Region("box", (0, 8, 16, 24))
+    cells = torch.zeros(8, 8)
+    cells[0:4, 2:6] = 1
+    expected = conditional_by_hand(explorer, image, target, channel, cells)
+    heat = cached_heat(client, ("a", "act2", image, target, channel), box)
+    scale = max(float(np.abs(expected).max()), 1e-12)
+    assert np.allclose(heat, expected, atol=1e-5 * scale)
+    whole = conditional_by_hand(explorer, image, target, channel)
+    assert not np.allclose(heat, whole, atol=1e-3 * scale)  # the box changes the heatmap
+    # the box and the rest of the image partition the relevance: their heatmaps sum to all
+    rest = conditional_by_hand(explorer, image, target, channel, 1 - cells)
+    assert np.allclose(heat + rest, whole, atol=1e-5 * scale)
+    # a box over half of a cell weighs that cell by half (as the channel list counts it)
+    half = region_of(None, (0.0, 0.0, 2 / 32, 4 / 32), (32, 32), (8, 8))
+    cells = torch.zeros(8, 8)
+    cells[0, 0] = 0.5
+    expected = conditional_by_hand(explorer, image, target, channel, cells)
+    heat = cached_heat(client, ("a", "act2", image, target, channel), half)
+    assert np.allclose(heat, expected, atol=1e-5 * max(float(np.abs(expected).max()), 1e-12))
+    # the route: the PNG of the box's heatmap, and a click's cell
+    params = {"image": image, "class": target, "channel": channel, "box": "0.25,0,0.75,0.5"}
+    shown = png(client.get("/api/concept-map", params=params))
+    view = explorer.model_view(image)
+    boxed = client.app.state.views.heatmap("a", "act2", image, target, channel, box)
+    reference = np.asarray(Image.open(pyio.BytesIO(concept_png(view, boxed, 0.5))).convert("RGB"))
+    assert np.abs(shown.astype(int) - reference.astype(int)).max() <= 1
+    click = {"image": image, "class": target, "channel": channel, "x": 0.3, "y": 0.1}
+    assert client.get("/api/concept-map", params=click).status_code == 200
+    cell = region_of((0.3, 0.1), None, (32, 32), (8, 8))  # act2's cell at row 0, column 2
+    cells = torch.zeros(8, 8)
+    cells[0, 2] = 1
+    expected = conditional_by_hand(explorer, image, target, channel, cells)
+    heat = client.app.state.views.heatmaps.get_item(("a", "act2", image, target, channel, cell))
+    assert np.allclose(heat, expected, atol=1e-5 * max(float(np.abs(expected).max()), 1e-12))
+
+
+def test_in_region_weighs_the_concepts_gradient_on_a_grid_and_on_tokens() -> None:
+    from camkit.concepts import Channels, InRegion
+    from camkit.errors import ArgumentError
+
+    grad = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).view(2, 3, 2, 2)
+    weights = torch.tensor([[1.0, 0.0], [0.5, 0.0]])
+    projected = InRegion(1, weights).project(grad)
+    expected = torch.zeros_like(grad)
+    expected[:, 1] = grad[:, 1] * weights
+    assert torch.equal(projected, expected)
+    assert torch.equal(
+        InRegion(Channels([0, 2]), torch.ones(2, 2)).project(grad)[:, 1], 0 * grad[:, 1]
+    )
+    tokens = torch.ones(1, 3, 1 + 4)  # a class token, then a 2 x 2 grid of patches
+    projected = InRegion(0, weights).project(tokens)
+    assert (
+        projected[0, 0].tolist() == [0.0, 1.0, 0.0, 0.5, 0.0] and projected[0, 1:].abs().sum() == 0
+    )
+    with pytest.raises(ArgumentError, match="weights must lie in"):
+        InRegion(0, torch.full((2, 2), 2.0))
+    with pytest.raises(ArgumentError, match="for a \\(2, 2\\) grid"):
+        InRegion(0, weights).project(torch.ones(1, 3, 4, 4))
 
 
 def test_signed_display_is_symmetric_and_a_click_picks_the_cell() -> None:
@@ -272,7 +350,7 @@ def run_app(tmp_path: Path, token: str | None = None):
 def test_a_run_with_concepts_and_strategies_names_a_clusters_channels(tmp_path: Path) -> None:
     explorer, app = run_app(tmp_path)
     concepts = read_concepts(tmp_path / "run")
-    assert concepts["layer"] == "act2" and list(concepts["channels"]) == [5]
+    assert concepts.layer == "act2" and list(concepts.channels) == [5]
     with TestClient(app) as client:
         assert client.get("/api/info").json()["concepts"] == "act2"
         answer = client.get("/api/concepts", params={"image": 0, "class": 1, "k": 8}).json()
@@ -293,6 +371,17 @@ def test_a_run_with_concepts_and_strategies_names_a_clusters_channels(tmp_path: 
         assert [c["channel"] for c in view["concepts"]] == expected.channels.tolist()
         shares = torch.tensor([c["share"] for c in view["concepts"]])
         assert torch.allclose(shares, expected.share, atol=1e-6)
+        reasons = {c["channel"]: c["no_references"] for c in answer["concepts"]}
+        assert reasons[5] is None and reasons[3] == (
+            "channel 3 has no reference patches: camkit concepts wrote them for 1 channel(s) of "
+            "act2 only, the most relevant ones over 2 images (5); its --channels option picks "
+            "others"
+        )
+        told = ConceptViews(
+            explorer, dataclasses.replace(concepts, run={"arguments": ["--channels", "5"]})
+        )
+        assert "only, the channels its --channels named (5);" in told.why_no_references("act2", 3)
+        assert told.why_no_references("act1", 3) is None  # the page says it once for the layer
         missing = client.get(
             "/api/cluster-concepts", params={"method": "gradcam", "class": 1, "cluster": 4}
         )
@@ -504,29 +593,39 @@ def test_a_click_on_a_vit_counts_the_token_under_it(tmp_path: Path) -> None:
     )
     explorer = explorer_for(photo_folder(tmp_path), a=loaded_vit)
     before = model_state(vit)
+    # blocks.0: the last block's patch tokens do not reach the class token the head reads
     with TestClient(create_app(explorer, token=None)) as client:
-        where = {"image": 2, "class": 1, "k": 4, "x": 0.6, "y": 0.3}  # the token of cell (1, 2)
-        answer = client.get("/api/concepts", params=where).json()
+        where = {"image": 2, "class": 1, "k": 4, "x": 0.6, "y": 0.3, "layer": "blocks.0"}
+        answer = client.get("/api/concepts", params=where).json()  # the token of cell (1, 2)
         assert answer["region"] == {"kind": "cell", "box": [8, 16, 16, 24]}
     x = model_input(explorer, 2)[None]
     mask = torch.zeros(32, 32, dtype=torch.bool)
     mask[8:16, 16:24] = True
-    expected = ConceptAttribution(vit, "blocks.1").top(x, k=4, target=1, region=mask)
+    expected = ConceptAttribution(vit, "blocks.0").top(x, k=4, target=1, region=mask)
     assert [c["channel"] for c in answer["concepts"]] == expected.channels[0].tolist()
     shares = torch.tensor([c["share"] for c in answer["concepts"]])
     assert torch.allclose(shares, expected.share[0], atol=1e-5)
     # the token's own relevance, by hand: sum over that token of A * dS/dA
     tokens = {}
-    handle = vit.blocks[1].register_forward_hook(lambda m, i, o: tokens.setdefault("A", o))
+    handle = vit.blocks[0].register_forward_hook(lambda m, i, o: tokens.setdefault("A", o))
     try:
         leaf = x.clone().requires_grad_(True)
         score = vit(leaf)[0, 1]
-        (grad,) = torch.autograd.grad(score, tokens["A"])
+        (grad,) = torch.autograd.grad(score, tokens["A"], retain_graph=True)
+        token = 1 + 1 * 4 + 2  # the class token first, then row-major 4 x 4 patches
+        by_hand = (tokens["A"][0, token] * grad[0, token]).detach()
+        # the clicked token's heatmap of the top channel: x * d/dx of its A[c] * dS/dA[c] alone
+        channel = int(expected.channels[0, 0])
+        there = tokens["A"][0, token, channel] * grad[0, token, channel].detach()
+        (input_grad,) = torch.autograd.grad(there, leaf)
     finally:
         handle.remove()
-    token = 1 + 1 * 4 + 2  # the class token first, then row-major 4 x 4 patches
-    by_hand = (tokens["A"][0, token] * grad[0, token]).detach()
     values = torch.tensor([c["relevance"] for c in answer["concepts"]])
     scale = float(by_hand.abs().max())
-    assert torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
+    assert scale > 0 and torch.allclose(values, by_hand[expected.channels[0]], atol=1e-5 * scale)
+    expected_heat = (leaf * input_grad).sum(dim=1)[0].detach().numpy()
+    cell = Region("cell", (8, 16, 16, 24))
+    heat = client.app.state.views.heatmap("a", "blocks.0", 2, 1, channel, cell)
+    heat_scale = float(np.abs(expected_heat).max())
+    assert heat_scale > 0 and np.allclose(heat, expected_heat, atol=1e-5 * heat_scale)
     assert_untouched(vit, before)

@@ -120,7 +120,9 @@ def test_an_unreadable_image_is_read_once_for_the_comparison(tmp_path: Path, mon
     broken = next(i for i, e in enumerate(explorer.entries) if e.name.endswith("broken.jpg"))
     reads = []
     read_image = cio.read_image
-    monkeypatch.setattr(cio, "read_image", lambda path: reads.append(path) or read_image(path))
+    monkeypatch.setattr(
+        cio, "read_image", lambda path, **limits: reads.append(path) or read_image(path, **limits)
+    )
     comparison = Comparison(explorer)
     for _ in range(2):  # each gallery page with its disagreements measures again
         assert broken not in comparison.measure(range(len(explorer.entries)))
@@ -211,6 +213,21 @@ def test_each_request_is_logged_without_the_token_and_errors_with_a_traceback(
     assert any(
         r.levelno == logging.WARNING and "/api/curve 500" in r.getMessage() for r in caplog.records
     )
+
+
+def test_the_log_escapes_what_a_terminal_would_run(tmp_path: Path, caplog) -> None:
+    from camkit.serve.logs import printable
+
+    assert printable("/static/x\x1b[31mRED\x1b[0m") == "/static/x\\x1b[31mRED\\x1b[0m"
+    assert printable("a\0b\nc\\d\u2028 é") == "a\\x00b\\nc\\\\d\\u2028 é"
+    explorer = explorer_for(photo_folder(tmp_path))
+    app = create_app(explorer, token=TOKEN)
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="camkit.serve"):
+        # the path as a browser sends it, percent-encoded; the server decodes it
+        assert client.get("/static/x%1B[31mRED%1B[0m%00").status_code == 404
+    (line,) = [r.getMessage() for r in caplog.records if "RED" in r.getMessage()]
+    assert line.startswith("GET /static/x\\x1b[31mRED\\x1b[0m\\x00 404 "), line
+    assert line.isprintable()
 
 
 def test_binding_fails_first_with_one_line_and_no_url(tmp_path: Path) -> None:
@@ -383,6 +400,11 @@ READY = """new Promise((done) => { (function poll() {
   if (document.body.dataset.ready === '1') done(); else setTimeout(poll, 20); })(); })"""
 
 
+BROKEN = """[...document.querySelectorAll('img')].filter((i) =>
+  i.getClientRects().length && !(i.complete && i.naturalWidth)).length"""
+"""How many images the page shows without a picture (a broken-image icon with its alt text)."""
+
+
 def shown(browser: Browser, selector: str) -> bool:
     return browser.js(
         f"getComputedStyle(document.querySelector({json.dumps(selector)})).display !== 'none'"
@@ -481,6 +503,10 @@ def test_the_page_hides_what_does_not_apply_and_labels_what_it_shows(tmp_path: P
             settle(browser)
             for hidden in ("#f-truth-box", "#compare-box", "#f-checkpoint-box", "#f-changed-box"):
                 assert not shown(browser, hidden), hidden
+            # no true classes: "misclassified only" is off, and says why
+            assert browser.js("document.getElementById('f-wrong').disabled") is True
+            reason = browser.js("document.getElementById('f-wrong-box').title")
+            assert reason.startswith("no true classes in this gallery"), reason
             top = int(softmax(explorer, "a", 1).argmax())
             download = browser.js("document.getElementById('download-png').download")
             assert download == f"shot1_gradcam_{top}.png"
@@ -535,6 +561,9 @@ def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) ->
             )
             text = browser.js("document.getElementById('progress-text').textContent")
             assert text.startswith("scorecam: 1 of ~9 copies scored"), text
+            # while it computes: a placeholder with a spinner, no image without a picture
+            assert browser.js(BROKEN) == 0
+            assert texts(browser, "#maps .pending") == ["computing..."]
             (job,) = browser.js("[...window.camkitState.jobs]")
             browser.js("document.getElementById('cancel').click()")
             for _ in range(600):  # until the server has the cancel (not a timing: a condition)
@@ -546,6 +575,9 @@ def test_the_page_shows_progress_of_a_long_map_and_cancels_it(tmp_path: Path) ->
             message = browser.js("document.getElementById('message').textContent")
             assert "cancelled" in message
             assert not shown(browser, "#progress")
+            assert browser.js(BROKEN) == 0  # the placeholder says why, no broken-image icon
+            (reason,) = texts(browser, "#maps .pending.failed")
+            assert reason.startswith("no image:") and "cancelled" in reason
         finally:
             model.model.release.set()
             browser.close()

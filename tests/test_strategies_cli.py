@@ -20,6 +20,7 @@ from camkit.cli import strategies as strategies_command
 from camkit.cli.common import UsageError
 from camkit.runs import manifest
 from camkit.runs import maps as mapstore
+from camkit.runs.strategies import read_strategies
 from camkit.strategies import find_strategies, load_maps
 from camkit.strategies.planted import planted_images, planted_model
 
@@ -129,6 +130,8 @@ def test_strategies_command_writes_files(tmp_path, capsys):
     )
     assert status == 0
     written = json.loads((out / "strategies" / "strategies.json").read_text())
+    record = read_strategies(out / "strategies")  # what the report and the explorer read
+    assert record.version == 1 and record.groups == written["groups"]
     (group,) = written["groups"]
     assert group["suggested_k"] == 2 and group["label"] == "horse"
     sizes = sorted(cluster["size"] for cluster in group["clusters"])

@@ -123,7 +123,11 @@ def test_the_tag_cluster_names_the_tag_channel_in_strategies_and_report(
     out, tagged = planted_run(tmp_path)
     monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
     assert main(["strategies", str(out), "--neighbors", "5", "--embedding", "none"]) == 0
-    assert "dominant concepts of each cluster at 1" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "dominant concepts of each cluster at 1" in said.out
+    # the progress names its stages (off a terminal: one line each at the end)
+    assert "clusters: 1/1 methods (100%)" in said.err
+    assert "cluster concepts: 24/24 images (100%)" in said.err
     (group,) = json.loads((out / "strategies" / "strategies.json").read_text())["groups"]
     assert len(group["clusters"]) == 2
     model = planted_concepts()

@@ -66,6 +66,12 @@ class UnknownModelError(CamkitError):
     """A model name that is neither the default model, torchvision:NAME nor timm:NAME."""
 
 
+class RunFileError(CamkitError):
+    """A file of a run folder (manifest, maps, strategies, concepts, metrics) that is partial,
+    corrupt, of the wrong shape or of a version newer than this camkit: the message names the
+    file, its version and the command that writes it again."""
+
+
 class CheckpointError(CamkitError):
     """A checkpoint file that camkit cannot use (unreadable, unnamed architecture...)."""
 
@@ -100,6 +106,11 @@ class IllConditionedWarning(UserWarning):
 
 class ConservationWarning(UserWarning):
     """LRP lost (or created) more of the target score than its composite allows."""
+
+
+class UnmovedObjectiveWarning(UserWarning):
+    """Feature visualisation could not move its objective from the starting value on every
+    start it tried (a unit closed for every image it met): the image is an unoptimised start."""
 
 
 def warn(message: str, category: type[Warning]) -> None:

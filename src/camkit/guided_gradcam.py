@@ -34,6 +34,7 @@ class GuidedGradCAM(PixelAttribution):
 
     needs_layer = True
     several_inputs = False  # Grad-CAM explains one input
+    takes_vectors = False  # Grad-CAM explains a layer of an image model
     default_rule = "guided"
 
     def __init__(self, model: nn.Module, layer: LayerSpec | None = None, **options: Any):
@@ -42,7 +43,8 @@ class GuidedGradCAM(PixelAttribution):
         self.gradcam = GradCAM(model, layer, reshape=self.reshape, **common)
         # composed, not rewired: the template resolves the Grad-CAM's own capture and layouts
         self.capture, self.layouts = self.gradcam.capture, self.gradcam.layouts
-        self.guided = GuidedBackprop(model, **common)
+        backward = "gradient" if self.rule_set is None else self.rule_set  # guided by default
+        self.guided = GuidedBackprop(model, composite=backward, **common)
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         (guided,) = self.guided.attribute(inputs, target, call)

@@ -18,7 +18,6 @@ answers, so the same settings give the same map everywhere.
 from __future__ import annotations
 
 import difflib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -79,8 +78,11 @@ class Method:
 
     @property
     def takes_composite(self) -> bool:
-        """Whether it takes an LRP composite (``composite=``): asked of its constructor."""
-        return "composite" in inspect.signature(self.cls).parameters
+        """Whether it runs an LRP composite by default, the one the front ends' composite
+        (``--composite``, the explorer's menu) names: asked of its class (``default_composite``),
+        not of its constructor (every pixel method takes ``composite=``, the plain gradient or
+        its ReLU rule being its own by default)."""
+        return getattr(self.cls, "default_composite", None) is not None
 
     def options(self, settings: Settings) -> dict[str, Any]:
         """The constructor options ``settings`` gives this method, exactly those it takes:

@@ -16,18 +16,32 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 import torch
 
 import camkit
 from camkit.cli import concepts, demo, evaluate, explain, layers, serve, strategies
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from camkit.errors import RunFileError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line and a hint, as camkit's own usage errors: a
+    bad value (``--composite nope``) is not buried under the whole usage block; a missing
+    argument still shows the usage, which says what is needed. Subcommands' parsers are of
+    this class too (argparse makes them of their parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            self.print_usage(sys.stderr)
+        hint = f"\n('{self.prog} --help' lists the options)" if self.add_help else ""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}{hint}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``camkit`` parser with its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="camkit",
         description="Show where a PyTorch vision model looks: class activation maps and "
         "pixel attributions as heatmap overlays.",
@@ -73,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = one_line_warning
             return args.run(args)
-    except UsageError as error:
+    except (UsageError, RunFileError) as error:  # RunFileError: a broken file of the run
         print(f"camkit {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

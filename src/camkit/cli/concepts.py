@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import uuid
 from collections.abc import Callable
-from io import BytesIO
 from pathlib import Path
 
 import torch
@@ -41,10 +39,11 @@ from camkit.concepts.rules import GRADIENT, LRPRules
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance import COMPOSITES
-from camkit.runs.concepts import CONCEPTS
+from camkit.runs.concept_parts import PARTS, ConceptsPart, new_part_path, write_part
+from camkit.runs.concept_parts import read_parts as read_part_files
+from camkit.runs.concepts import CONCEPTS_FILE, ConceptReference, ConceptsRecord, write_concepts
 from camkit.runs.manifest import header, now, sha256
 
-PARTS = "concepts.part-*.pt"  # each rank's collector, saved after every batch
 DEFAULT_CHANNELS = 16
 SUMMARY = "find what a layer's channels respond to: reference images per channel"
 DESCRIPTION = (
@@ -121,7 +120,7 @@ def run_concepts(args: argparse.Namespace) -> int:
                     stale.unlink()
         ranks.barrier()
         earlier = read_parts(out, run) if args.resume else []
-        done = {index for part in earlier for index in part["done"]}
+        done = {index for part in earlier for index in part.done}
         todo = [index for index in range(len(paths)) if index not in done]
         unreadable = rank_images(
             collector, loaded.preprocess, paths, ranks.shard(todo), args, out, run, ranks
@@ -131,8 +130,8 @@ def run_concepts(args: argparse.Namespace) -> int:
             return EXIT_OK
         merged = ReferenceCollector(model, layer, top=args.top, rules=rules)
         for part in read_parts(out, run):
-            merged.load_state(part["state"])
-            unreadable.extend(path for path in part["unreadable"] if path not in unreadable)
+            merged.load_state(part.state)
+            unreadable.extend(path for path in part.unreadable if path not in unreadable)
         if not merged.found:
             return exit_status(unreadable)
         relevance = merged.totals["relevance"]
@@ -140,16 +139,16 @@ def run_concepts(args: argparse.Namespace) -> int:
             channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
         else:
             channels = parse_channels(args.channels, relevance.numel())
-        summary = {
-            "model": loaded.name,
-            "layer": layer,
-            "top": args.top,
-            "images": merged.seen,
-            "unreadable": sorted(unreadable),
-            "rules": run["rules"],
-            "score": "sum over positions, divided by the image's sum of absolute channel scores",
-            "run": head | {"channels": channels},
-            "channels": write_patches(
+        summary = ConceptsRecord(
+            model=loaded.name,
+            layer=layer,
+            top=args.top,
+            images=merged.seen,
+            unreadable=sorted(unreadable),
+            rules=run["rules"],
+            score="sum over positions, divided by the image's sum of absolute channel scores",
+            run=head | {"channels": channels},
+            channels=write_patches(
                 merged,
                 ImageFiles(paths, loaded.preprocess),
                 model,
@@ -158,10 +157,14 @@ def run_concepts(args: argparse.Namespace) -> int:
                 loaded.labels,
                 args,
             ),
-        }
-        summary["run"]["finished"] = now()
-        io.save_json(out / CONCEPTS, summary)
-    print(f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS}", file=sys.stderr)
+        )
+        summary.run["finished"] = now()
+        write_concepts(out, summary)
+        for finished in out.glob(PARTS):  # the run is done: nothing left to resume
+            finished.unlink()
+    print(
+        f"concepts of {len(channels)} channel(s) of {layer}: {out / CONCEPTS_FILE}", file=sys.stderr
+    )
     return exit_status(sorted(unreadable))
 
 
@@ -182,7 +185,7 @@ def rank_images(
     loader = DataLoader(
         files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
     )
-    part = out / f"concepts.part-{ranks.rank}-{uuid.uuid4().hex[:8]}.pt"
+    part = new_part_path(out, ranks.rank)
     done: list[int] = []
     unreadable: list[str] = []
     device = next(collector.capture.model.parameters()).device
@@ -199,27 +202,22 @@ def rank_images(
                 except CamkitError as error:
                     raise UsageError(f"--layer {collector.layer} --rules: {error}") from None
                 done.extend(batch.indices)
-            state = run | {"done": done, "unreadable": unreadable, "state": collector.state()}
-            buffer = BytesIO()
-            torch.save(state, buffer)
-            io.write_atomic(part, buffer.getvalue(), durable=False)
+            write_part(part, ConceptsPart(run, done, unreadable, collector.state()))
             shown.update(len(batch))
     return unreadable
 
 
-def read_parts(out: Path, run: dict) -> list[dict]:
+def read_parts(out: Path, run: dict) -> list[ConceptsPart]:
     """The saved parts of this run in ``out`` (``--resume``; rank 0's merge); a part of
     another run (other images, model, layer or top) is a usage error."""
-    parts = []
-    for path in sorted(out.glob(PARTS)):
-        part = torch.load(path, weights_only=True)
-        differs = [key for key in run if part.get(key) != run[key]]
+    parts = read_part_files(out)
+    for part in parts:
+        differs = [key for key in run if part.run.get(key) != run[key]]
         if differs:
             raise UsageError(
-                f"--resume: {path.name} belongs to a run with other {', '.join(differs)}; "
+                f"--resume: {part.path.name} belongs to a run with other {', '.join(differs)}; "
                 "run without --resume to start over"
             )
-        parts.append(part)
     return parts
 
 
@@ -231,7 +229,7 @@ def write_patches(
     out: Path,
     labels: list[str],
     args: argparse.Namespace,
-) -> dict[str, dict[str, list[dict]]]:
+) -> dict[int, dict[str, list[ConceptReference]]]:
     """The reference patches of ``channels``, written as PNGs -> their ``concepts.json``
     entries. Each reference image is decoded and run once, however many channels and rankings
     it serves (:func:`~camkit.concepts.receptive_boxes`)."""
@@ -262,7 +260,9 @@ def write_patches(
     folder = out / "patches" / layer
     folder.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    entries: dict[str, dict[str, list[dict]]] = {str(c): {m: [] for m in MODES} for c in channels}
+    entries: dict[int, dict[str, list[ConceptReference]]] = {
+        c: {m: [] for m in MODES} for c in channels
+    }
     with progress(len(served), "reference patches", "image", enabled=not args.quiet) as shown:
         for batch in loader:
             for _, path, reason in batch.failures:
@@ -292,20 +292,20 @@ def write_patches(
                 io.save_png(folder / name, image[top:bottom, left:right])
                 found = collector.found[mode]
                 cls = int(found.classes[channel, rank])
-                entries[str(channel)][mode].append(
-                    {
-                        "rank": rank,
-                        "image": batch.paths[row],
-                        "score": float(found.values[channel, rank]),
-                        "class": cls,
-                        "label": labels[cls] if 0 <= cls < len(labels) else str(cls),
-                        "box": [top, left, bottom, right],
-                        "patch": str(Path("patches") / layer / name),
-                    }
+                entries[channel][mode].append(
+                    ConceptReference(
+                        rank=rank,
+                        image=batch.paths[row],
+                        score=float(found.values[channel, rank]),
+                        class_index=cls,
+                        label=labels[cls] if 0 <= cls < len(labels) else str(cls),
+                        box=[top, left, bottom, right],
+                        patch=str(Path("patches") / layer / name),
+                    )
                 )
     for modes in entries.values():
         for rows in modes.values():
-            rows.sort(key=lambda entry: entry["rank"])
+            rows.sort(key=lambda entry: entry.rank)
     return entries
 
 

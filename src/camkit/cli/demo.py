@@ -22,7 +22,7 @@ from camkit.cli.common import (
 )
 from camkit.cli.explain import explain
 from camkit.cli.pipeline import Job
-from camkit.runs.concepts import CONCEPTS
+from camkit.runs.concepts import CONCEPTS_FILE
 from camkit.runs.manifest import MANIFEST
 
 DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam", "lrp")
@@ -107,7 +107,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"overlays:  {out}/<photo>_<method>_<class>.{job.format} ({len(records)} files)")
     print(f"--target:  {targeted.out}/ ({TARGET_PHOTO} as {first['label']!r})")
     print(f"manifest:  {out / MANIFEST}")
-    print(f"concepts:  {out / CONCEPTS} (reference patches of {CONCEPT_LAYER}'s channels)")
+    print(f"concepts:  {out / CONCEPTS_FILE} (reference patches of {CONCEPT_LAYER}'s channels)")
     print(f"summary:   {summary}")
     print(f"done in {time.perf_counter() - started:.1f} s on {device}")
     print(f"look at:   {page} (open it in a browser: every overlay, by photo, method and class)")

@@ -19,6 +19,7 @@ from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
 from camkit.core.progress import counting_rows, progress
 from camkit.errors import CamkitError
+from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 SUMMARY = "score how faithful each method's maps are (deletion, insertion, ROAD, ...)"
@@ -78,9 +79,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             inputs = batch.inputs.to(device)
             with torch.inference_mode():
                 probabilities = select_output(model(inputs)).float().softmax(dim=-1).cpu()
-            target = (
-                probabilities.argmax(dim=-1).tolist() if classes is None else classes * len(inputs)
-            )
+            target = top1(probabilities).tolist() if classes is None else classes * len(inputs)
             masks = None
             if mask_files:
                 size = tuple(inputs.shape[-2:])

@@ -142,13 +142,14 @@ def summarize(manifest: dict, out: Path, total: int) -> int:
     failed = [record["image"] for record in records if "error" in record]
     this_run = manifest["runs"][-1]
     throughput = this_run["throughput"]
-    speed = throughput["images_per_second"]
-    unreadable = this_run["unreadable"]
+    explained, unreadable = this_run["explained"], this_run["unreadable"]
+    seconds = throughput["seconds"]  # the speed counts the images explained, not those refused
     print(
         f"wrote {len(records) - len(failed)} overlay(s) of {total - len(failed)} image(s) to "
-        f"{out} (manifest: {out / MANIFEST}); this run explained {this_run['explained']} image(s)"
-        + (f" at {speed:.1f} images/s" if speed else "")
-        + (f"; {unreadable} could not be read" if unreadable else "")
+        f"{out} (manifest: {out / MANIFEST}); this run explained {explained} image"
+        + ("" if explained == 1 else "s")
+        + (f" at {explained / seconds:.1f} images/s" if explained and seconds else "")
+        + (f"; {unreadable} refused (could not be read)" if unreadable else "")
     )
     if len(throughput["ranks"]) > 1:
         for rank in throughput["ranks"]:

@@ -40,13 +40,16 @@ def run_layers(args: argparse.Namespace) -> int:
         calls = [call for call in calls if matches(call.name, args.match)]
     if args.explainable:
         calls = [call for call in calls if call.unreadable is None]
+    if not calls:
+        what = [f"--match {args.match!r}"] if args.match is not None else []
+        what += ["--explainable"] if args.explainable else []
+        raise UsageError(
+            f"no layer of {total} fits {' '.join(what)}; 'camkit layers' without it lists them all"
+        )
     print(f"{loaded.name}, input {size[0]}x{size[1]}: {total} layer calls", end="")
     print(f", {len(calls)} shown" if len(calls) != total else "")
     if default is not None:
         print(f"* default CAM layer (used when --layer is not given): {default}")
-    if not calls:
-        print(f"camkit: no layer matches {args.match!r}", file=sys.stderr)
-        return EXIT_OK
     name_width = max(len("layer"), *(len(call.name) for call in calls))
     type_width = max(len("type"), *(len(call.type_name) for call in calls))
     print(f"  {'layer':<{name_width}}  {'type':<{type_width}}  output shape")

@@ -31,6 +31,7 @@ from camkit.errors import CamkitError
 from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import append, part_path
+from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
@@ -177,17 +178,19 @@ class BatchExplainer:
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
-            classes = probabilities.argmax(dim=-1, keepdim=True).tolist()
+            classes = top1(probabilities, keepdim=True).tolist()
         else:
             classes = [list(self.job.classes)] * len(inputs)
         seconds = (time.perf_counter() - started) / len(inputs)
         for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
             image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
             for method in self.job.methods:
-                heat, raw = results[method]
+                heat, raw, measured = results[method]
                 for column, target in enumerate(classes[row]):
                     name = f"{stems[index]}_{method}_{target}"
                     record = self.record(paths[index], name, method, target, probabilities[row])
+                    if measured is not None:  # what the method measured (LRP: conservation)
+                        record |= measured[row][column]
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
                     first = method == self.job.methods[0] and column == 0
                     files = (record, image, heat[row, column], raw[row, column], first)
@@ -196,8 +199,10 @@ class BatchExplainer:
                     maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
         return Explained(records, writes, len(batch), maps)
 
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
-        """``{method: (heat (B, K, H, W), raw)}`` on the CPU, and the softmax ``(B, classes)``."""
+    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
+        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU (``measured``: the
+        method's :meth:`~camkit.core.explainer.Explainer.measured`), and the softmax
+        ``(B, classes)``."""
         target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
@@ -209,7 +214,7 @@ class BatchExplainer:
                 logits = select_output(kept[0])
             else:
                 raw = explainer.explain_batch(inputs, target, **options).maps
-            results[method] = (explainer.display_heat(raw).cpu(), raw.cpu())
+            results[method] = (explainer.display_heat(raw).cpu(), raw.cpu(), explainer.measured())
         if logits is None:
             with torch.inference_mode():
                 logits = select_output(self.model(inputs))

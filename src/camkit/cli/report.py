@@ -46,7 +46,7 @@ from camkit.cli.report_files import (
 )
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import atlas_data, read_concepts
-from camkit.runs.strategies import strategies_data
+from camkit.runs.strategies import StrategiesRecord, strategies_data
 
 __all__ = [
     "THUMB_SIDE",
@@ -86,8 +86,22 @@ def _gradient(colormap: str) -> str:
 
 _KNOWN_KEYS = frozenset(
     {"image", "output", "method", "layer", "target", "label", "probability", "top5", "model"}
-    | {"size", "raw", "error"}
+    | {"size", "raw", "error", "conservation"}
 )
+
+
+def _conservation_facts(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An LRP record's conservation (:meth:`camkit.relevance.Conservation.summary`) as the
+    detail view's facts: the share of the score at the input and the step that loses most."""
+    found = row.get("conservation")
+    if not isinstance(found, Mapping):
+        return {}
+    facts = {"score share at the input": found.get("input")}
+    lost = found.get("lost_most")
+    if isinstance(lost, Mapping) and isinstance(lost.get("between"), list):
+        above, stage = (str(name) for name in lost["between"][:2])
+        facts["loses most"] = f"{above} → {stage} ({lost.get('share')} of the score)"
+    return facts
 
 
 def _scalars(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -166,7 +180,10 @@ def _page_data(
                     else {"src": url_path(raw_map_name(raw)), "file": url_path(raw)}
                     | raw_scales[raw_map_name(raw)],
                     "metrics": _scalars(metrics.get(output)),
-                    "info": _scalars({k: v for k, v in row.items() if k in extra - shared}),
+                    "info": _scalars(
+                        {k: v for k, v in row.items() if k in extra - shared}
+                        | _conservation_facts(row)
+                    ),
                 }
             )
         images.append(entry)
@@ -195,7 +212,7 @@ def write_report(
     colormap: str = "jet",
     thumb_side: int = THUMB_SIDE,
     workers: int | None = None,
-    strategies: Mapping[str, Any] | None = None,
+    strategies: StrategiesRecord | None = None,
     strategies_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write ``OUT/index.html``, a static page to browse the explained images -> its path.
@@ -214,7 +231,7 @@ def write_report(
     pipeline can write them earlier with :func:`save_thumbnails`. The page is written
     atomically; rerunning updates it.
 
-    ``strategies``: the content of ``strategies.json`` written by ``camkit strategies`` (files
+    ``strategies``: the record of ``strategies.json`` written by ``camkit strategies`` (files
     named relative to ``strategies_dir``): the page then has a strategies view per method and
     class (clusters side by side, the embedding, links from members to their cards; each
     cluster's dominant concepts when ``camkit strategies`` found them).

@@ -15,12 +15,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from camkit import io, models
+from camkit import models
 from camkit.cli import report
 from camkit.cli.common import exit_status
 from camkit.cli.pipeline import Job
 from camkit.cli.scoring import COLUMNS, NEEDS_MASKS, sanity
 from camkit.runs.manifest import MANIFEST, read
+from camkit.runs.metrics import METRICS_FILE, MetricsRecord, write_metrics
 
 ROW_FIELDS = ["image", "method", "target", "label", "probability"]
 RESULTS = "metrics.csv"
@@ -119,15 +120,15 @@ def write_results(
         }
         for method in methods
     }
-    result = {
-        "model": loaded.name,
-        "layer": job.layer,
-        "images": len({row["image"] for row in rows}),
-        "unreadable": failed,
-        "settings": {"steps": args.steps, "baseline": args.baseline, "tolerance": args.tolerance},
-        "higher_is_better": {c: better for n in COLUMNS for c, better in COLUMNS[n]},
-        "methods": summary,
-    }
+    result = MetricsRecord(
+        model=loaded.name,
+        layer=job.layer,
+        images=len({row["image"] for row in rows}),
+        unreadable=failed,
+        settings={"steps": args.steps, "baseline": args.baseline, "tolerance": args.tolerance},
+        higher_is_better={c: better for n in COLUMNS for c, better in COLUMNS[n]},
+        methods=summary,
+    )
     from camkit.metrics import plots  # here: matplotlib only when a run gets this far
 
     figures = []
@@ -137,15 +138,15 @@ def write_results(
             figures.append(f"{kind}.png")
             plots.plot_curves(by_method, kind, path=out / figures[-1])
     if "sanity" in wanted and collected.first_batch is not None:
-        result["sanity"] = sanity(loaded, job, *collected.first_batch, methods)
-        result["sanity_images"] = len(collected.first_batch[1])
-    io.save_json(out / "metrics.json", result)
+        result.sanity = sanity(loaded, job, *collected.first_batch, methods)
+        result.sanity_images = len(collected.first_batch[1])
+    write_metrics(out, result)
     if columns:
         print(summary_table(summary, columns))
-    for method, cascade in result.get("sanity", {}).items():
+    for method, cascade in (result.sanity or {}).items():
         steps = ", ".join(f"{entry['layer']} {entry['spearman']:.2f}" for entry in cascade)
         print(f"sanity ({method}, Spearman to the original, cascading from the top): {steps}")
-    print(f"wrote {RESULTS}, metrics.json{''.join(', ' + f for f in figures)} to {out}")
+    print(f"wrote {RESULTS}, {METRICS_FILE}{''.join(', ' + f for f in figures)} to {out}")
     if (out / MANIFEST).is_file():  # `camkit explain` wrote here: its page gets the metrics
         explained = read(out / MANIFEST)
         records = explained["records"]

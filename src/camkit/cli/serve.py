@@ -14,6 +14,7 @@ from camkit.cli.arguments import (
     add_crop_argument,
     add_device_argument,
     add_model_arguments,
+    pixel_limit,
 )
 from camkit.cli.common import EXIT_OK, UsageError, load_model, pick_device
 from camkit.errors import CamkitError
@@ -69,6 +70,7 @@ def build(args: argparse.Namespace):
             names=checkpoint_names(
                 args.model, [args.weights, args.compare_weights][: len(checkpoints)]
             ),
+            max_pixels=args.max_pixels,
         )
     except CamkitError as error:
         raise UsageError(str(error)) from None
@@ -114,3 +116,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "which is refused on any address but loopback",
     )
     add_device_argument(serve)
+    serve.add_argument(
+        "--max-pixels",
+        type=pixel_limit,
+        default=io.MAX_PIXELS,
+        metavar="N",
+        help="refuse images of more pixels, the folders' files and uploads alike, before "
+        "decoding (default %(default)s, Pillow's limit, as for explain; 0: no limit)",
+    )

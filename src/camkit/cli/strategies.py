@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 import warnings
 from pathlib import Path
 
@@ -16,8 +17,15 @@ from camkit.cli import report, results
 from camkit.cli.arguments import add_command, add_labels_argument, positive_int
 from camkit.cli.common import EXIT_OK, UsageError
 from camkit.cli.strategy_concepts import add_cluster_concepts
+from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.runs.manifest import MANIFEST, read
+from camkit.runs.strategies import (
+    STRATEGIES_DIR,
+    STRATEGIES_FILE,
+    StrategiesRecord,
+    write_strategies,
+)
 from camkit.strategies import (
     ClassStrategies,
     MapSet,
@@ -27,7 +35,6 @@ from camkit.strategies import (
     plots,
 )
 
-STRATEGIES = "strategies.json"
 SUMMARY = "cluster a run's maps per class to find the model's strategies (SpRAy)"
 DESCRIPTION = (
     "Spectral relevance analysis of a 'camkit explain --save-maps' run: per "
@@ -35,7 +42,7 @@ DESCRIPTION = (
     "prototypes and a suspiciousness score (see docs/strategies.md)."
 )
 EPILOG = (
-    "outputs in --out (default RUN_DIR/strategies): strategies.json, "
+    f"outputs in --out (default RUN_DIR/{STRATEGIES_DIR}): {STRATEGIES_FILE}, "
     "prototype_*.png, typical_*.png, atypical_*.png, eigengap_*.png, embedding_*.png; the "
     "run's index.html gets a strategies view.\n\nexample:\n  camkit explain photos/ "
     "--save-maps --out run && camkit strategies run"
@@ -138,7 +145,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         maps = load_maps(run)
     except CamkitError as error:
         raise UsageError(str(error)) from None
-    out = Path(args.out) if args.out else run / "strategies"
+    out = Path(args.out) if args.out else run / STRATEGIES_DIR
     out.mkdir(parents=True, exist_ok=True)
     manifest = read(run / MANIFEST) or {"records": []}
     records = {r["map"]: r for r in manifest["records"] if "map" in r}
@@ -171,60 +178,56 @@ def run_strategies(args: argparse.Namespace) -> int:
         "seed": args.seed,
     }
     groups, skipped = [], []
-    for method in methods:
-        rows = np.flatnonzero(maps.method == method)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", StrategyWarning)
-                found = find_strategies(
-                    maps.maps,
-                    maps.target[rows],
-                    rows=rows,
-                    confidences=maps.confidence[rows],
-                    predictions=maps.prediction[rows],
-                    truth=truth[rows],
-                    grid=args.grid,
-                    normalize=args.normalize,
-                    positive=args.positive,
-                    only=wanted,
-                    **options,
+    with progress(len(methods), "clusters", "method", enabled=not args.quiet) as shown:
+        for method in methods:
+            rows = np.flatnonzero(maps.method == method)
+            shown.set_postfix_str(method)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", StrategyWarning)
+                    found = find_strategies(
+                        maps.maps,
+                        maps.target[rows],
+                        rows=rows,
+                        confidences=maps.confidence[rows],
+                        predictions=maps.prediction[rows],
+                        truth=truth[rows],
+                        grid=args.grid,
+                        normalize=args.normalize,
+                        positive=args.positive,
+                        only=wanted,
+                        **options,
+                    )
+            except CamkitError as error:
+                raise UsageError(f"{method}: {error}") from None
+            for class_id, result in found.classes.items():
+                _to_rows(result, rows)
+                label = classes.get(str(class_id), str(class_id))
+                groups.append(
+                    write_group(out, run, result, method, label, maps, records, args.colormap)
                 )
-        except CamkitError as error:
-            raise UsageError(f"{method}: {error}") from None
-        for class_id, result in found.classes.items():
-            _to_rows(result, rows)
-            label = classes.get(str(class_id), str(class_id))
-            groups.append(
-                write_group(out, run, result, method, label, maps, records, args.colormap)
-            )
-            if not args.quiet:
-                ranked = result.by_suspiciousness()
-                flagged = (
-                    f"most suspicious: cluster {ranked[0].id} ({ranked[0].suspiciousness:.3f})"
-                    if ranked
-                    else "every map is noise"
-                )
-                print(
-                    f"{method} · {label} ({class_id}): {len(result.indices)} maps, eigengap "
-                    f"suggests {result.suggested_k}, {result.k} cluster(s); {flagged}"
-                )
-        skipped += [
-            {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
-        ]
-    done = add_cluster_concepts(run, manifest, groups, maps.image.tolist(), args.weights)
+                if not args.quiet:
+                    shown.write(_class_line(method, label, class_id, result), file=sys.stdout)
+            skipped += [
+                {"method": method, "class": c, "reason": why} for c, why in found.skipped.items()
+            ]
+            shown.update(1)
+    done = add_cluster_concepts(
+        run, manifest, groups, maps.image.tolist(), args.weights, quiet=args.quiet
+    )
     if done is not None and not args.quiet:
         print(done)
-    data = {
-        "run": str(run),
-        "parameters": options
+    data = StrategiesRecord(
+        run=str(run),
+        parameters=options
         | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
-        "images": maps.image.tolist(),
-        "groups": groups,
-        "skipped": skipped,
-    }
-    io.save_json(out / STRATEGIES, data)
+        images=maps.image.tolist(),
+        groups=groups,
+        skipped=skipped,
+    )
+    path = write_strategies(out, data)
     print(
-        f"wrote {len(groups)} class strategies to {out / STRATEGIES}"
+        f"wrote {len(groups)} class strategies to {path}"
         + (f" ({len(skipped)} class(es) skipped: too few maps)" if skipped else "")
     )
     if args.report and manifest["records"]:
@@ -239,6 +242,20 @@ def run_strategies(args: argparse.Namespace) -> int:
         )
         print(f"report with the strategies view: {run / 'index.html'}")
     return EXIT_OK
+
+
+def _class_line(method: str, label: str, class_id: int, result: ClassStrategies) -> str:
+    """What ``camkit strategies`` says of one (method, class)."""
+    ranked = result.by_suspiciousness()
+    flagged = (
+        f"most suspicious: cluster {ranked[0].id} ({ranked[0].suspiciousness:.3f})"
+        if ranked
+        else "every map is noise"
+    )
+    return (
+        f"{method} · {label} ({class_id}): {len(result.indices)} maps, eigengap "
+        f"suggests {result.suggested_k}, {result.k} cluster(s); {flagged}"
+    )
 
 
 def _to_rows(found: ClassStrategies, rows: np.ndarray) -> None:
@@ -332,4 +349,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=True,
         help="add the strategies view to RUN_DIR/index.html (default on)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no per-class lines")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no per-class lines and no progress (by stage: clusters per method, then cluster "
+        "concepts per image, the slow one: a forward and backward pass per photo and class)",
+    )

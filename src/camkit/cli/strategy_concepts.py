@@ -11,6 +11,7 @@ they were."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,6 +19,7 @@ from torch import Tensor
 from camkit import io
 from camkit.cli.common import UsageError, load_model
 from camkit.concepts import ConceptAttribution
+from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.models import Preprocess
 from camkit.runs.concepts import read_concepts
@@ -28,14 +30,22 @@ IMAGES_PER_PASS = 16  # photos per forward and backward pass
 
 
 def add_cluster_concepts(
-    run: Path, manifest: dict, groups: list[dict], images: list[str], weights: str | None
+    run: Path,
+    manifest: dict,
+    groups: list[dict],
+    images: list[str],
+    weights: str | None,
+    *,
+    quiet: bool = True,
 ) -> str | None:
     """Add ``"concepts": {"layer", "channels": [{"channel", "share", "relevance"}]}`` to every
     cluster of ``groups`` (``strategies.json``'s; members are rows of ``images``) when ``run``
     has ``camkit concepts`` results -> a line saying what was done or why not (None: no
     concepts results, nothing to do). ``manifest``: the run's (its settings name the model,
     the layer and the crop the photos were preprocessed with); ``weights``: the weights file
-    of a run made with ``--weights`` (checked against its SHA-256)."""
+    of a run made with ``--weights`` (checked against its SHA-256); ``quiet``: no progress
+    (else ``cluster concepts: n/N images``, the slow stage of ``camkit strategies``: one
+    forward and backward pass per photo and class)."""
     if read_concepts(run) is None:
         return None
     settings = manifest.get("settings") or {}
@@ -55,24 +65,48 @@ def add_cluster_concepts(
     # (photo, class) -> its channel relevances: a photo is read and measured once per class,
     # however many methods' clusters hold it (map rows are photo x method)
     found: dict[tuple[str, int], Tensor | None] = {}
-    for group in groups:
-        target = int(group["class"])
-        for cluster in group["clusters"]:
-            photos = [images[row] for row in cluster["members"]]
-            new = [photo for photo in dict.fromkeys(photos) if (photo, target) not in found]
-            found |= _channel_relevances(concepts, loaded.preprocess, new, target)
-            rows = [found[photo, target] for photo in photos]
-            relevance = [row for row in rows if row is not None]  # photos gone since the run
-            if not relevance:
-                continue
-            stacked = torch.stack(relevance)
-            top = concepts.dominant_of(stacked, k=min(DOMINANT, stacked.shape[1]))
-            channels = [
-                {"channel": c, "share": float(s), "relevance": float(r)}
-                for c, s, r in zip(top.channels.tolist(), top.share, top.relevance, strict=True)
-            ]
-            cluster["concepts"] = {"layer": layer, "channels": channels}
+    total = len(
+        {
+            (images[row], int(group["class"]))
+            for group in groups
+            for cluster in group["clusters"]
+            for row in cluster["members"]
+        }
+    )
+    with progress(total, "cluster concepts", "image", enabled=not quiet) as shown:
+        for group in groups:
+            _add_group_concepts(group, images, concepts, layer, loaded.preprocess, found, shown)
     return f"dominant concepts of each cluster at {layer} (camkit concepts results found)"
+
+
+def _add_group_concepts(
+    group: dict,
+    images: list[str],
+    concepts: ConceptAttribution,
+    layer: str,
+    preprocess: Preprocess,
+    found: dict[tuple[str, int], Tensor | None],
+    shown: Any,
+) -> None:
+    """The dominant concepts of each cluster of one (method, class) group, measuring the
+    photos not in ``found`` yet (and adding them to it)."""
+    target = int(group["class"])
+    for cluster in group["clusters"]:
+        photos = [images[row] for row in cluster["members"]]
+        new = [photo for photo in dict.fromkeys(photos) if (photo, target) not in found]
+        found |= _channel_relevances(concepts, preprocess, new, target)
+        shown.update(len(new))
+        rows = [found[photo, target] for photo in photos]
+        relevance = [row for row in rows if row is not None]  # photos gone since the run
+        if not relevance:
+            continue
+        stacked = torch.stack(relevance)
+        top = concepts.dominant_of(stacked, k=min(DOMINANT, stacked.shape[1]))
+        channels = [
+            {"channel": c, "share": float(s), "relevance": float(r)}
+            for c, s, r in zip(top.channels.tolist(), top.share, top.relevance, strict=True)
+        ]
+        cluster["concepts"] = {"layer": layer, "channels": channels}
 
 
 def _channel_relevances(

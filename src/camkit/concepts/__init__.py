@@ -8,18 +8,28 @@
   maximisation over a dataset, :class:`TopK` per channel), :func:`receptive_boxes` (the patch
   that drives a channel);
 * feature visualisation: :func:`visualize` of a :class:`ChannelObjective`,
-  :class:`NeuronObjective` or :class:`LogitObjective` (Olah et al., Distill 2017);
+  :class:`NeuronObjective` or :class:`LogitObjective` (Olah et al., Distill 2017), with
+  lucid's redirected ReLU gradient and restarts; :func:`feature_images` also says which images
+  moved (:class:`FeatureImages`);
 * concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
-  direction), :class:`Concept` (the base of one's own);
+  direction), :class:`InRegion` (a concept in a region of the layer only), :class:`Concept`
+  (the base of one's own);
 * the backward they use (:class:`Rules`): :data:`GRADIENT` (gradient x activation, any model) or
   :class:`LRPRules` (camkit's LRP composites: CRP proper).
 
 Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
 """
 
-from camkit.concepts.concepts import Channels, Concept, Direction, TopConcepts
+from camkit.concepts.concepts import Channels, Concept, Direction, InRegion, TopConcepts
 from camkit.concepts.conditional import ConceptAttribution
-from camkit.concepts.featurevis import ChannelObjective, LogitObjective, NeuronObjective, visualize
+from camkit.concepts.featurevis import (
+    ChannelObjective,
+    FeatureImages,
+    LogitObjective,
+    NeuronObjective,
+    feature_images,
+    visualize,
+)
 from camkit.concepts.reference import ReferenceCollector, TopK, receptive_boxes
 from camkit.concepts.regions import region_weights
 from camkit.concepts.rules import GRADIENT, GradientRules, LRPRules, Rules
@@ -31,7 +41,9 @@ __all__ = [
     "Concept",
     "ConceptAttribution",
     "Direction",
+    "FeatureImages",
     "GradientRules",
+    "InRegion",
     "LRPRules",
     "LogitObjective",
     "NeuronObjective",
@@ -39,6 +51,7 @@ __all__ = [
     "Rules",
     "TopConcepts",
     "TopK",
+    "feature_images",
     "receptive_boxes",
     "region_weights",
     "visualize",

@@ -13,7 +13,9 @@ unconditional one.
   ``ChannelConcept``): ``P g = g * 1[c in group]``;
 * :class:`Direction`: a direction ``v`` of the channel space (a user's own concept, e.g. a
   linear probe's weights): ``P g = v (v . g) / |v|^2``, so its layer relevance is
-  ``sum_ij (v . A_ij)(v . g_ij) / |v|^2``.
+  ``sum_ij (v . A_ij)(v . g_ij) / |v|^2``;
+* :class:`InRegion`: a concept counted in a region of the layer's grid only (the paper's local
+  analysis): ``P g = w * P_concept g`` with ``w`` the region's weight at each position.
 
 A new kind of concept subclasses :class:`Concept` and implements :meth:`Concept.project`.
 """
@@ -114,6 +116,49 @@ class Direction(Concept):
         return f"Direction({self.vector.shape[0]} channels)"
 
 
+class InRegion(Concept):
+    """A concept counted inside a region of the layer's grid only, CRP's local analysis
+    (Achtibat et al. 2023, "Local analysis": the relevance of a concept in a region of the
+    layer, followed back to the input): ``P g = w * P_concept g``, ``w`` the region's weight at
+    each position, so that its conditional heatmap shows where in the input the concept gets
+    its relevance *there*; the heatmaps of a concept in the parts of a partition sum to its
+    heatmap. ``weights``: ``(h, w)`` or ``(B, 1, h, w)`` in ``[0, 1]`` at the layer's grid, as
+    :func:`~camkit.concepts.region_weights` gives them from a mask at the input's size. On
+    tokens ``(n, C, N)`` the last ``h * w`` tokens are the grid's (class and register tokens
+    first, weighed 0)."""
+
+    def __init__(self, concept: ConceptSpec, weights: Tensor):
+        self.concept = as_concept(concept)
+        w = torch.as_tensor(weights, dtype=torch.float32)
+        w = w.view(1, 1, *w.shape) if w.ndim == 2 else w
+        if w.ndim != 4 or w.shape[1] != 1:
+            raise ArgumentError(
+                f"InRegion weights are (h, w) or (B, 1, h, w) at the layer's grid, got "
+                f"{tuple(w.shape)}"
+            )
+        if not torch.isfinite(w).all() or w.min() < 0 or w.max() > 1:
+            raise ArgumentError("InRegion weights must lie in [0, 1] (a mask)")
+        self.weights = w
+
+    def check(self, channels: int) -> None:
+        self.concept.check(channels)
+
+    def project(self, grad: Tensor) -> Tensor:
+        w = self.weights.to(grad)
+        grid = tuple(w.shape[2:])
+        if grad.ndim == 3 and grad.shape[2] >= w.shape[2] * w.shape[3]:  # tokens
+            w = F.pad(w.flatten(2), (grad.shape[2] - grid[0] * grid[1], 0))
+        elif tuple(grad.shape[2:]) != grid:
+            raise ArgumentError(
+                f"the region's weights are for a {grid} grid; the layer's positions are "
+                f"{tuple(grad.shape[2:])}"
+            )
+        return self.concept.project(grad) * w
+
+    def __repr__(self) -> str:
+        return f"InRegion({self.concept!r}, {tuple(self.weights.shape[2:])} grid)"
+
+
 ConceptSpec = int | Sequence[int] | Concept
 Mask = Callable[[Tensor], Tensor]  # a gradient (n, C, ...), channels on axis 1 -> same
 
@@ -187,6 +232,7 @@ __all__ = [
     "Concept",
     "ConceptSpec",
     "Direction",
+    "InRegion",
     "Mask",
     "TopConcepts",
     "abs_norm",

@@ -19,9 +19,8 @@ only: paths that bypass the layer (a skip connection around it) carry no conditi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,37 +36,19 @@ from camkit.concepts.concepts import (
     sample_channels,
 )
 from camkit.concepts.regions import region_weights, rows_of
-from camkit.concepts.rules import GRADIENT, Rules, check_rules
-from camkit.core.call import chunk_size
-from camkit.core.engine import require_autograd
+from camkit.concepts.rules import GRADIENT, Rules, RulesSpec, check_rules
+from camkit.concepts.traced import Pass, traced
+from camkit.core.call import Call, chunk_size
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
     LayerSpec,
-    capture_outputs,
-    check_batch_axes,
     explained_module,
     find_layers,
-    single_call,
 )
-from camkit.core.layouts import Layout, channels_first, check_reshape, layer_layout
-from camkit.core.state import model_guarded
+from camkit.core.layouts import channels_first, check_reshape
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
-from camkit.targets.resolver import resolve
-
-
-@dataclass
-class _Pass:
-    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores, and
-    the gradients of the scores at the tapped outputs once computed (``starts``)."""
-
-    leaf: Tensor
-    acts: dict[str, Tensor]
-    layouts: dict[str, Layout | None]
-    scores: Tensor
-    classes: Tensor | None
-    starts: dict[str, Tensor] = field(default_factory=dict)
 
 
 class ConceptAttribution:
@@ -85,7 +66,8 @@ class ConceptAttribution:
         model: the model (``eval()`` mode: samples must be independent).
         layer: the layer whose channels are the concepts (dotted name or module).
         rules: the backward rule context (default :data:`~camkit.concepts.rules.GRADIENT`:
-            gradient x activation, gradient x input).
+            gradient x activation, gradient x input), or a rule set of the one backward by
+            name or composite (``"guided"``, ``"epsilon-plus-flat"``, ...).
         output: which part of the model's output holds the logits (as for every method).
         reshape: ``"auto"`` reads token ``(B, N, C)`` and channels-last outputs (channels on the
             last axis; a ViT's prefix tokens count in channel relevances but have no place in
@@ -99,7 +81,7 @@ class ConceptAttribution:
         model: nn.Module,
         layer: LayerSpec,
         *,
-        rules: Rules = GRADIENT,
+        rules: RulesSpec = GRADIENT,
         output: OutputSelector = None,
         reshape: str | None = "auto",
         batch_size: int | None = None,
@@ -123,12 +105,17 @@ class ConceptAttribution:
     # ------------------------------------------------------------------ public questions
 
     def relevances(
-        self, x: Tensor, target: TargetSpec = None, region: Tensor | None = None
+        self,
+        x: Tensor,
+        target: TargetSpec = None,
+        region: Tensor | None = None,
+        *,
+        additional_forward_args: Any = None,
     ) -> Tensor:
         """``(B, C)``: each channel's relevance ``sum A * g`` for the target (inside
         ``region``: see :meth:`top`); an image gives ``(C,)``. One backward pass."""
         batch, single = as_batch(x, self.model)
-        with self._traced(batch, target, [self.layer]) as run:
+        with self._traced(Call.of(batch, additional_forward_args), target, [self.layer]) as run:
             per_channel = self._channel_relevance(run, region)
         return per_channel[0] if single else per_channel
 
@@ -138,6 +125,8 @@ class ConceptAttribution:
         concepts: ConceptSpec | Sequence[ConceptSpec] | range,
         target: TargetSpec = None,
         given: tuple[LayerSpec, ConceptSpec] | None = None,
+        *,
+        additional_forward_args: Any = None,
     ) -> Tensor:
         """``(B, K, H, W)`` conditional heatmaps ``R(x | concept_k)`` (signed relevance summed
         over the input's channels), the same ``K`` concepts for every sample; an image gives
@@ -151,7 +140,7 @@ class ConceptAttribution:
             if upper == self.layer:
                 raise ArgumentError("given= must name another (later) layer than the concepts'")
             layers.insert(0, upper)
-        with self._traced(batch, target, layers) as run:
+        with self._traced(Call.of(batch, additional_forward_args), target, layers) as run:
             masks = self._masks(run, self.layer, found)
             upper_mask = None
             if given is not None:
@@ -169,6 +158,7 @@ class ConceptAttribution:
         region: Tensor | None = None,
         *,
         heatmaps: bool = True,
+        additional_forward_args: Any = None,
     ) -> TopConcepts:
         """The ``k`` channels most relevant for the target, per sample, with their conditional
         heatmaps (one forward, one backward to the layer, one batched backward for the ``k``).
@@ -180,7 +170,7 @@ class ConceptAttribution:
         """
         k = positive_int("k", k)
         batch, single = as_batch(x, self.model)
-        with self._traced(batch, target, [self.layer]) as run:
+        with self._traced(Call.of(batch, additional_forward_args), target, [self.layer]) as run:
             per_channel = self._channel_relevance(run, region)
             if k > per_channel.shape[1]:
                 raise ArgumentError(
@@ -206,7 +196,13 @@ class ConceptAttribution:
         return picked
 
     def dominant(
-        self, x: Tensor, k: int = 10, target: TargetSpec = None, region: Tensor | None = None
+        self,
+        x: Tensor,
+        k: int = 10,
+        target: TargetSpec = None,
+        region: Tensor | None = None,
+        *,
+        additional_forward_args: Any = None,
     ) -> TopConcepts:
         """The ``k`` channels that dominate a set of images (a strategy's cluster): each
         image's channel relevances divided by their absolute sum (its shares), averaged over
@@ -215,13 +211,15 @@ class ConceptAttribution:
         pass."""
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
+        call = Call.of(batch, additional_forward_args)
         step = chunk_size(batch.shape[0], self.batch_size)
         relevance = []
         for start in range(0, batch.shape[0], step):
             rows = slice(start, start + step)
             part_target = rows_of(target, rows, batch.shape[0])
             part_region = rows_of(region, rows, batch.shape[0])
-            with self._traced(batch[rows], part_target, [self.layer]) as run:
+            part = call.following(torch.arange(batch.shape[0])[rows], batch[rows])
+            with self._traced(part, part_target, [self.layer]) as run:
                 relevance.append(self._channel_relevance(run, part_region))
         return self.dominant_of(torch.cat(relevance), k)
 
@@ -243,6 +241,8 @@ class ConceptAttribution:
         concepts: ConceptSpec | Sequence[ConceptSpec] | range,
         lower: LayerSpec,
         target: TargetSpec = None,
+        *,
+        additional_forward_args: Any = None,
     ) -> Tensor:
         """``(B, K, C_lower)``: the relevance of every channel of the earlier layer ``lower``
         given each concept of this layer (the attribution graph of the paper: how the concepts
@@ -253,7 +253,8 @@ class ConceptAttribution:
         low = find_layers(self.model, lower)[0][0]
         if low == self.layer:
             raise ArgumentError("lower must be another (earlier) layer than the concepts'")
-        with self._traced(batch, target, [self.layer, low]) as run:
+        call = Call.of(batch, additional_forward_args)
+        with self._traced(call, target, [self.layer, low]) as run:
             masks = self._masks(run, self.layer, found)
             upper_grad = self._start(run, self.layer)
             step = chunk_size(len(masks), self.batch_size)
@@ -268,40 +269,11 @@ class ConceptAttribution:
 
     # ------------------------------------------------------------------ the passes
 
-    @contextmanager
-    def _traced(self, batch: Tensor, target: TargetSpec, layers: list[str]) -> Iterator[_Pass]:
-        """One forward with ``layers`` tapped, the input a leaf, under the rules; the target is
-        scored and the backward passes run after it (inside the ``with`` of the caller)."""
-        require_autograd("concept relevance")
-        size = batch.shape[0]
-        scorer = resolve(target, size, batch.device, self.output)
-        rows = torch.arange(size)
-        modules = find_layers(self.model, layers)
-        leaf = batch.detach().requires_grad_(True)
-        with torch.enable_grad():
-            with (
-                model_guarded(self.model),
-                self.rules.applied(self.model),
-                capture_outputs(self.model, modules, start_graph=False) as taps,
-            ):
-                output = self.model(leaf.clone())
-            check_batch_axes(taps, size)
-            acts = dict(zip(layers, single_call(taps), strict=True))
-            scores = scorer(output, rows)
-            if scorer.several:
-                raise ArgumentError(
-                    "concepts explain one target per sample; pass a class per sample (or None "
-                    "for the predicted class), and the concepts as the K axis"
-                )
-            classes = scorer.pinned(output).classes[:, 0] if scorer.has_classes else None
-            input_size = tuple(batch.shape[2:])
-            layouts = {
-                name: layer_layout(act.shape, self.model, input_size, self.reshape)
-                for name, act in acts.items()
-            }
-            yield _Pass(leaf, acts, layouts, scores[:, 0], classes)
+    def _traced(self, call: Call, target: TargetSpec, layers: list[str]):
+        """The one traced forward of ``call`` (:func:`~camkit.concepts.traced.traced`)."""
+        return traced(self.model, self.rules, call, target, layers, self.output, self.reshape)
 
-    def _start(self, run: _Pass, layer: str) -> Tensor:
+    def _start(self, run: Pass, layer: str) -> Tensor:
         """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``, one backward
         pass per layer and forward."""
         if layer in run.starts:
@@ -340,25 +312,25 @@ class ConceptAttribution:
             )
         return out
 
-    def _masks(self, run: _Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
+    def _masks(self, run: Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
         """The concepts' masks, each checked against the layer's channel count."""
         channels = channels_first(run.acts[layer], run.layouts[layer]).shape[1]
         for concept in concepts:
             concept.check(channels)
         return [concept.project for concept in concepts]
 
-    def _masked(self, run: _Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
+    def _masked(self, run: Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
         """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""
         first = channels_first(grad, run.layouts[layer])
         stacked = torch.stack([mask(first) for mask in masks])
         return channels_first(stacked, run.layouts[layer], dims=2, back=True)
 
-    def _per_channel(self, run: _Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
+    def _per_channel(self, run: Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
         """Sum a relevance ``(..., *A.shape[1:])`` with ``dims`` leading axes over positions."""
         first = channels_first(relevance, run.layouts[layer], dims)
         return first.flatten(dims + 1).sum(dim=-1)
 
-    def _channel_relevance(self, run: _Pass, region: Tensor | None) -> Tensor:
+    def _channel_relevance(self, run: Pass, region: Tensor | None) -> Tensor:
         act = run.acts[self.layer]
         layer_relevance = (act * self._start(run, self.layer)).detach()
         if region is None:
@@ -370,7 +342,7 @@ class ConceptAttribution:
 
     def _conditional(
         self,
-        run: _Pass,
+        run: Pass,
         masks: Sequence[Mask],
         upper: str | None = None,
         upper_mask: Mask | None = None,

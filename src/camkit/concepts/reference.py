@@ -16,13 +16,13 @@ dataset; two collectors (ranks, resumed parts) merge exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from camkit.concepts.concepts import abs_norm
-from camkit.concepts.rules import GRADIENT, Rules, check_rules
+from camkit.concepts.rules import GRADIENT, RulesSpec, check_rules
 from camkit.core.call import Call
 from camkit.core.engine import Capture, require_autograd
 from camkit.core.inputs import as_batch, positive_int
@@ -105,7 +105,8 @@ class ReferenceCollector:
     Args:
         model, layer: the model and the layer whose channels are ranked.
         top: images kept per channel.
-        rules: the rule context of the relevance (default: gradient x activation).
+        rules: the rule context of the relevance (default: gradient x activation), or a rule
+            set of the one backward by name or composite (``"guided"``, an LRP composite).
         score: ``"sum"`` over the channel's positions or its ``"max"`` position.
         normalise: divide by the image's sum of absolute channel scores (zennit-crp's
             ``abs_norm``, its default).
@@ -118,7 +119,7 @@ class ReferenceCollector:
         layer: LayerSpec,
         *,
         top: int = 8,
-        rules: Rules = GRADIENT,
+        rules: RulesSpec = GRADIENT,
         score: Literal["sum", "max"] = "sum",
         normalise: bool = True,
         output: OutputSelector = None,
@@ -139,8 +140,15 @@ class ReferenceCollector:
         self.totals: dict[Mode, Tensor] = {}  # each channel's scores summed over the images
         self.seen = 0
 
-    def update(self, images: Tensor, indices: Tensor | list[int]) -> None:
-        """Rank the channels on a batch ``(n, C, H, W)`` of dataset samples ``indices (n,)``."""
+    def update(
+        self,
+        images: Tensor,
+        indices: Tensor | list[int],
+        *,
+        additional_forward_args: Any = None,
+    ) -> None:
+        """Rank the channels on a batch ``(n, C, H, W)`` of dataset samples ``indices (n,)``
+        (``additional_forward_args``: the model's other inputs for these samples)."""
         require_autograd("reference images")
         batch, _ = as_batch(images, self.capture.model)
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -152,7 +160,8 @@ class ReferenceCollector:
         rows = torch.arange(batch.shape[0])
         scorer = resolve(None, batch.shape[0], batch.device, self.capture.output)
         with model_guarded(self.capture.model), self.rules.applied(self.capture.model):
-            output, taps = self.capture.forward(batch, Call(batch), start_graph=True, rows=rows)
+            call = Call.of(batch, additional_forward_args)
+            output, taps = self.capture.forward(batch, call, start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
             scores = scorer(output, rows)
@@ -234,6 +243,7 @@ def receptive_boxes(
     image: Tensor | None = None,
     reshape: str | None = "auto",
     threshold: float = RF_THRESHOLD,
+    additional_forward_args: Any = None,
 ) -> Tensor:
     """``(n, 4)`` boxes ``(top, left, bottom, right)`` (bottom and right exclusive) of the input
     pixels that drive channel ``channels[i]`` at position ``positions[i]``: where the gradient
@@ -245,7 +255,7 @@ def receptive_boxes(
     the references of several channels); a request asked twice (by both rankings) is computed
     once; the ``k``-th requests of all images share one backward pass, so the passes are as many
     as the most requests of one image: images read by as many requests are best passed
-    together."""
+    together. ``additional_forward_args``: the model's other inputs for ``images``."""
     model = explained_module(model)
     found = find_layers(model, layer)
     batch, _ = as_batch(images, model)
@@ -262,7 +272,8 @@ def receptive_boxes(
         return torch.zeros((0, 4), dtype=torch.long)
     asked = torch.stack([image.cpu(), channels.cpu().long(), positions.cpu().long()], dim=1)
     distinct, which = asked.unique(dim=0, return_inverse=True)
-    strength = _field_strength(model, found[0], batch, distinct, reshape)
+    call = Call.of(batch, additional_forward_args)
+    strength = _field_strength(model, found[0], call, distinct, reshape)
     peak = strength.flatten(1).amax(dim=1).view(-1, 1, 1)
     inside = ((strength >= threshold * peak) & (peak > 0)) | (peak == 0)
     top, bottom = _span(inside.any(dim=2)).unbind(1)
@@ -273,7 +284,7 @@ def receptive_boxes(
 def _field_strength(
     model: nn.Module,
     layer: tuple[str, nn.Module],
-    batch: Tensor,
+    call: Call,
     requests: Tensor,
     reshape: str | None,
 ) -> Tensor:
@@ -281,10 +292,11 @@ def _field_strength(
     ``(image, channel, position)`` of ``requests (n, 3)``."""
     image, channels, positions = requests.T
     slot = _slots(image)  # the backward pass that serves each request
+    batch = call.batch
     leaf = batch.detach().requires_grad_(True)
     with torch.enable_grad(), model_guarded(model):
         with capture_outputs(model, [layer], start_graph=False) as taps:
-            model(leaf.clone())
+            call.forward(model, leaf.clone())
         (act,) = single_call(taps)  # a layer that runs twice in one forward is refused
         layout = layer_layout(act.shape, model, tuple(batch.shape[2:]), reshape)
         flat = channels_first(act, layout).flatten(2)

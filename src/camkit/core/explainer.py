@@ -117,6 +117,7 @@ class Explainer:
     seeded: ClassVar[bool] = False  # takes seed= (its results depend on random draws)
     target_free: ClassVar[bool] = False  # the map does not depend on the target
     several_inputs: ClassVar[bool] = False  # attributes a tuple of inputs, one result each
+    takes_vectors: ClassVar[bool] = False  # explains vectors (B, F) as well as images
     default_batch_size: ClassVar[int | None] = None
     reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
     # the call options whose result is the raw map that display_heat colours (the CLI's raw)
@@ -279,20 +280,26 @@ class Explainer:
         """``(batch, was_single)`` for a tensor, ``(tuple of inputs, was_single)`` for a tuple
         (methods with ``several_inputs`` only)."""
         if not isinstance(x, tuple | list):
-            return as_batch(x, self.model)
+            return as_batch(x, self.model, vectors=self.takes_vectors)
         if not self.several_inputs:
             raise InputError(
                 f"{type(self).__name__} explains one input tensor, got a {type(x).__name__} of "
                 f"{len(x)}; pass the model's other inputs as additional_forward_args (the pixel "
                 "methods attribute a tuple of inputs)"
             )
-        return as_inputs(x, self.model)
+        return as_inputs(x, self.model, vectors=self.takes_vectors)
 
     def _explain(self, call: Call, scorer: RowScorer, **options: Any) -> Explanation:
         """The family's step on ``call.batch`` for the resolved target ``scorer``: the result
         with its batch and target axes (:meth:`Explanation.of`); every forward goes through
         ``call.forward``."""
         raise NotImplementedError
+
+    def measured(self) -> list[list[dict]] | None:
+        """What the last call measured about its own result, per sample and target, as plain
+        JSON dicts (LRP: ``{"conservation": ...}``, its conservation record); None for a method
+        that measures nothing. The CLI's manifest records it as it is."""
+        return None
 
     def display_heat(self, result: Tensor) -> Tensor:
         """How this method's result is shown: a call's result with its target axis kept

@@ -28,19 +28,27 @@ VOLUME_LAYERS = (
 )
 
 
-def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
+def as_batch(x: object, model: nn.Module, *, vectors: bool = False) -> tuple[Tensor, bool]:
     """Validate an image ``(C, H, W)``, a batch ``(B, C, H, W)`` or a batch of volumes / clips
-    ``(B, C, D, H, W)`` (a 4-D tensor is always a batch of images); return
+    ``(B, C, D, H, W)`` (a 4-D tensor is always a batch of images), and with ``vectors`` also
+    one vector ``(F,)`` or a batch of vectors ``(B, F)`` for a model without convolutions (an
+    MLP); return
     ``(batch, was_single)``."""
     if not isinstance(x, Tensor):
         raise InputError(
             f"expected an image tensor (3, H, W) or a batch (B, 3, H, W), got {type(x).__name__}; "
             "turn images into tensors with camkit.models.load(...).preprocess"
         )
-    if x.ndim not in (3, 4, 5):
+    # vectors go to a model without convolutions (an MLP), as wide as its first linear layer
+    vectors = vectors and input_channels(model) is None
+    linear = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    width = "F" if linear is None else linear.in_features
+    vector = vectors and x.ndim in (1, 2) and (linear is None or x.shape[-1] == width)
+    if x.ndim not in (3, 4, 5) and not vector:
+        vectors_too = f" or vectors (B, {width})" if vectors else ""
         raise InputError(
-            f"expected an image (3, H, W), a batch (B, 3, H, W) or volumes (B, C, D, H, W), "
-            f"got shape {tuple(x.shape)}"
+            f"expected an image (3, H, W), a batch (B, 3, H, W) or volumes (B, C, D, H, W)"
+            f"{vectors_too}, got shape {tuple(x.shape)}"
         )
     if x.ndim == 5:
         check_clip_layout(x, model)
@@ -73,7 +81,7 @@ def as_batch(x: object, model: nn.Module) -> tuple[Tensor, bool]:
             stacklevel=3,
         )
     x = detached(x)
-    return (x.unsqueeze(0), True) if x.ndim == 3 else (x, False)
+    return (x.unsqueeze(0), True) if x.ndim == (1 if vector else 3) else (x, False)
 
 
 def detached(x: Tensor) -> Tensor:
@@ -84,7 +92,9 @@ def detached(x: Tensor) -> Tensor:
     return x.clone() if x.is_inference() and not torch.is_inference_mode_enabled() else x
 
 
-def as_inputs(x: tuple | list, model: nn.Module) -> tuple[tuple[Tensor, ...], bool]:
+def as_inputs(
+    x: tuple | list, model: nn.Module, *, vectors: bool = False
+) -> tuple[tuple[Tensor, ...], bool]:
     """Validate a tuple of explained inputs ``(image, *others)`` (captum's tuples: the model is
     called as ``model(image, *others)``); return ``(inputs with a batch axis, was_single)``.
 
@@ -99,7 +109,7 @@ def as_inputs(x: tuple | list, model: nn.Module) -> tuple[tuple[Tensor, ...], bo
             f"a tuple of inputs must hold tensors (image first), got ({kinds}); inputs that are "
             "not explained go in additional_forward_args"
         )
-    first, single = as_batch(x[0], model)
+    first, single = as_batch(x[0], model, vectors=vectors)
     size = first.shape[0]
     inputs = [first]
     for i, t in enumerate(x[1:], start=1):

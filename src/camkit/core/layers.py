@@ -34,15 +34,30 @@ def explained_module(model: nn.Module) -> nn.Module:
             return model
 
 
+def user_name(model: nn.Module, name: str) -> str | None:
+    """A module's dotted name in ``model`` as the user's own model names it: camkit's input
+    wrappers (:class:`~camkit.core.wrappers.KeywordInput`, :class:`InputLayout`, nested too)
+    add no ``module.`` prefix (``"module.blocks.3"`` -> ``"blocks.3"``); None for the wrapped
+    model itself (``"module"``: it is the model, not one of its layers)."""
+    while getattr(model, "wraps_model", False):
+        if name == "module":
+            return None
+        if not name.startswith("module."):
+            return name
+        name, model = name.removeprefix("module."), model.module
+    return name
+
+
 def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
-    """Resolve a dotted name (as in ``model.named_modules()``) or a submodule to ``(name, module)``.
+    """Resolve a dotted name (as in ``model.named_modules()``) or a submodule to ``(name, module)``;
+    the name is the user's (:func:`user_name`: a wrapped model's layers without ``module.``).
 
     A misspelt name raises :class:`LayerNotFoundError` naming the closest real layer names.
     """
     if isinstance(layer, nn.Module):
         for name, module in model.named_modules(remove_duplicate=False):
             if module is layer:
-                return name, module
+                return user_name(model, name) or name, module
         raise LayerNotFoundError(
             f"the module {type(layer).__name__} passed as layer is not a submodule of the model"
         )
@@ -58,8 +73,9 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
     if layer not in modules and getattr(model, "wraps_model", False):  # camkit.InputLayout
         layer = f"module.{layer}" if f"module.{layer}" in modules else layer
     if layer in modules:
-        return layer, modules[layer]
-    close = difflib.get_close_matches(layer, [name for name in modules if name], n=5, cutoff=0.5)
+        return user_name(model, layer) or layer, modules[layer]
+    names = [user_name(model, name) or name for name in modules if name]
+    close = difflib.get_close_matches(layer.removeprefix("module."), names, n=5, cutoff=0.5)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise LayerNotFoundError(
         f"the model has no layer named {layer!r}{hint} "

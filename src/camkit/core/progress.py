@@ -6,11 +6,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from torch import Tensor, nn
-from tqdm.auto import tqdm
+from tqdm.std import TqdmWarning
+
+with warnings.catch_warnings():  # a notebook without ipywidgets: tqdm's text bar, quietly
+    warnings.simplefilter("ignore", TqdmWarning)
+    from tqdm.auto import tqdm
 
 from camkit.core.layers import hooked, this_thread
 

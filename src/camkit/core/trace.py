@@ -20,7 +20,7 @@ from camkit.core.examples import (
     first_tensor,
     twins,
 )
-from camkit.core.layers import hooked
+from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
 from camkit.errors import CamkitError, InputError, LayerOutputError
 
@@ -110,9 +110,10 @@ def trace(
         return hook
 
     def register() -> list:
+        named = ((user_name(model, name), module) for name, module in model.named_modules())
         return [
             handle
-            for name, module in model.named_modules()
+            for name, module in named
             if name
             for handle in (
                 module.register_forward_pre_hook(before(name)),
@@ -326,6 +327,7 @@ def last_spatial_map(
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     token_layer = default_token_layer(model)
+    token_layer = token_layer and user_name(model, token_layer)
     usable = {call.name for call in calls if call.skip is None}
     if token_layer is not None and token_layer in usable:
         return token_layer

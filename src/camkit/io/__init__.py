@@ -20,6 +20,7 @@ from camkit.io.convert import (
     FLOAT_TOLERANCE,  # noqa: F401 -- for camkit's own modules (viz), as before the split
     as_numpy,  # noqa: F401
     describe,  # noqa: F401
+    rgb_pixels,
     thumbnail,
     to_rgb_float,
     to_rgb_uint8,
@@ -62,6 +63,7 @@ __all__ = [
     "save_png",
     "save_webp",
     "thumbnail",
+    "rgb_pixels",
     "to_rgb_float",
     "to_rgb_uint8",
     "write_atomic",

@@ -119,6 +119,17 @@ def to_rgb_uint8(image: object) -> np.ndarray:
     raise ArgumentError(f"expected a uint8, integer, bool or float image, got {describe(image)}")
 
 
+def rgb_pixels(image: object) -> np.ndarray:
+    """Any supported image -> ``HxWx3`` RGB without a float copy: uint8 (the image's own array,
+    not copied, when it already is 3-channel uint8), or float32 in [0, 1] for a float image
+    (checked as :func:`to_rgb_float`). For work that converts to float in parts (a resize in
+    strips), so that memory follows the output's size, not the photo's."""
+    array = _rgb_channels(_image_hwc(image))
+    if np.issubdtype(array.dtype, np.floating):
+        return _check_unit_range(array)
+    return array if array.dtype == np.uint8 else to_rgb_uint8(array)
+
+
 def to_rgb_float(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` float32 RGB in [0, 1] (float input keeps its precision)."""
     array = _rgb_channels(_image_hwc(image))

@@ -29,6 +29,7 @@ from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradie
 from camkit.pixel.heatmap import to_heatmap
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import select_output
+from camkit.targets.ranking import top1
 from camkit.targets.resolver import resolve
 
 Order = Literal["cascade", "independent"]
@@ -342,7 +343,7 @@ def randomization_test(
     scorer = resolve(target, batch.shape[0], batch.device)
     if scorer.top1:
         with torch.no_grad():
-            target = select_output(network(batch)).argmax(dim=1).tolist()
+            target = top1(select_output(network(batch))).tolist()
     elif scorer.several:
         raise ArgumentError("the randomisation test explains one target per sample, not (B, K)")
 

@@ -22,9 +22,19 @@ from camkit.models.builders import DEFAULT_MODEL
 from camkit.models.checkpoints import read_checkpoint, read_checkpoint_labels, read_state_dict
 from camkit.models.labels import imagenet_labels, read_labels
 from camkit.models.load import LoadedModel, RandomWeightsWarning, load, top_classes
-from camkit.models.preprocess import CROPS, IMAGENET_MEAN, IMAGENET_STD, Preprocess, preprocess
+from camkit.models.preprocess import (
+    CROPS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    AssumedPreprocessWarning,
+    Preprocess,
+    carried_preprocess,
+    preprocess,
+    preprocess_of,
+)
 
 __all__ = [
+    "AssumedPreprocessWarning",
     "CROPS",
     "DEFAULT_MODEL",
     "IMAGENET_MEAN",
@@ -36,6 +46,7 @@ __all__ = [
     "RandomWeightsWarning",
     "UnknownModelError",
     "UnsafeCheckpointError",
+    "carried_preprocess",
     "default_layer",
     "imagenet_labels",
     "layer_shapes",
@@ -43,6 +54,7 @@ __all__ = [
     "map_layers",
     "load",
     "preprocess",
+    "preprocess_of",
     "read_checkpoint",
     "read_checkpoint_labels",
     "read_labels",

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from camkit.errors import CheckpointMismatchError, UnknownModelError
 from camkit.models.checkpoints import read_state_dict
-from camkit.models.preprocess import INTERPOLATIONS, Preprocess
+from camkit.models.preprocess import INTERPOLATIONS, Preprocess, preprocess_of
 
 DEFAULT_MODEL = "efficientnet_lite0"
 
@@ -58,35 +58,26 @@ def build_torchvision(arch: str, num_classes: int | None) -> tuple[nn.Module, Pr
     interpolation = getattr(getattr(preset, "interpolation", None), "value", None)
     if not (crop and resize and interpolation in INTERPOLATIONS):  # not a classification preset
         return model, Preprocess()
-    transform = Preprocess(
-        size=(crop[0], crop[0]),
-        mean=tuple(preset.mean),
-        std=tuple(preset.std),
-        crop_pct=min(1.0, crop[0] / resize[0]),
-        interpolation=interpolation,
-    )
-    return model, transform
+    # the preset, carried as timm carries it, so that the module alone says how to feed it
+    model.pretrained_cfg = {
+        "input_size": (3, crop[0], crop[0]),
+        "mean": tuple(preset.mean),
+        "std": tuple(preset.std),
+        "crop_pct": min(1.0, crop[0] / resize[0]),
+        "interpolation": interpolation,
+        "crop_mode": "center",
+    }
+    return model, preprocess_of(model)
 
 
 def build_timm(arch: str, num_classes: int | None) -> tuple[nn.Module, Preprocess]:
     import timm
-    from timm.data import resolve_data_config
 
     if not timm.is_model(arch):
         raise unknown(f"timm:{arch}", suggest(arch, timm.list_models(), "timm:"))
     extra = {} if num_classes is None else {"num_classes": num_classes}
     model = timm.create_model(arch, pretrained=False, **extra)
-    config = resolve_data_config({}, model=model)
-    interpolation = config["interpolation"] if config["interpolation"] in INTERPOLATIONS else None
-    transform = Preprocess(
-        size=tuple(config["input_size"][1:]),
-        mean=tuple(config["mean"]),
-        std=tuple(config["std"]),
-        crop_pct=config["crop_pct"],
-        interpolation=interpolation or "bilinear",
-        crop_mode="squash" if config.get("crop_mode") == "squash" else "center",
-    )
-    return model, transform
+    return model, preprocess_of(model)  # its pretrained_cfg
 
 
 def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:

@@ -40,6 +40,7 @@ from camkit.models.checkpoints import (
 )
 from camkit.models.labels import fit_labels, labels_for, read_labels
 from camkit.models.preprocess import Preprocess
+from camkit.targets.ranking import ranked
 
 _SOURCES = ("torchvision:", "timm:")
 
@@ -80,7 +81,7 @@ def top_classes(
 ) -> list[tuple[int, str, float]]:
     """The ``k`` most probable classes of one ``(num_classes,)`` probability vector, as
     ``(class index, label, probability)``, most probable first."""
-    values, indices = probabilities.topk(min(k, probabilities.numel()))
+    values, indices = ranked(probabilities, k)  # ties: the lowest index first
     return [
         (index, labels[index], value)
         for index, value in zip(indices.tolist(), values.tolist(), strict=True)

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.core.inputs import as_size
+from camkit.core.layers import explained_module
 from camkit.errors import ArgumentError
-from camkit.io import to_rgb_float, to_rgb_uint8
+from camkit.io import rgb_pixels, to_rgb_uint8
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -119,13 +127,14 @@ class Preprocess:
         return (self.size[0] - height) // 2, (self.size[1] - width) // 2
 
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
-        from torchvision.transforms import InterpolationMode
         from torchvision.transforms.v2 import functional as TF
 
-        pixels = torch.from_numpy(to_rgb_float(image)).permute(2, 0, 1)
+        array = rgb_pixels(image)
+        if not array.flags.writeable:  # torch takes writable arrays only (a PIL image's view)
+            array = array.copy()
+        pixels = torch.from_numpy(array).permute(2, 0, 1)
         new_size = list(self.resized_size(*pixels.shape[1:]))
-        mode = InterpolationMode(self.interpolation)
-        resized = TF.resize(pixels, new_size, interpolation=mode, antialias=True).clamp_(0, 1)
+        resized = _resize(pixels, new_size, self.interpolation).clamp_(0, 1)
         if self.crop_mode != "pad":
             return TF.center_crop(resized, list(self.size))  # clamped: bicubic overshoots
         fill = self.mean if fill is None else fill
@@ -153,6 +162,34 @@ class Preprocess:
         return TF.normalize(pixels, list(self.mean), list(self.std))
 
 
+STRIP_PIXELS = 1 << 20  # a photo is made float this many pixels at a time (4 MB per channel)
+
+
+def _resize(pixels: Tensor, size: list[int], interpolation: str) -> Tensor:
+    """``(3, H, W)`` uint8 or float [0, 1] -> ``(3, *size)`` float32, antialiased, without a
+    float copy of the whole photo: the rows are made float and resized across in strips of
+    :data:`STRIP_PIXELS`, then the ``(3, H, w)`` result is resized down the columns. The
+    antialiased resize is separable (one axis, then the other), so the result is the one-step
+    resize's within float32 rounding (tested against a float64 reference)."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    mode = InterpolationMode(interpolation)
+    height, width = pixels.shape[1:]
+    rows = max(1, STRIP_PIXELS // width)
+    strips = []
+    for top in range(0, height, rows):
+        strip = pixels[:, top : top + rows]
+        strip = strip.float() / 255 if strip.dtype == torch.uint8 else strip.float()
+        if width != size[1]:
+            strip = TF.resize(strip, [strip.shape[1], size[1]], interpolation=mode, antialias=True)
+        strips.append(strip)
+    across = torch.cat(strips, dim=1) if len(strips) > 1 else strips[0]
+    if height == size[0]:
+        return across
+    return TF.resize(across, size, interpolation=mode, antialias=True)
+
+
 def preprocess(
     image: object,
     size: int | tuple[int, int] = 224,
@@ -165,3 +202,137 @@ def preprocess(
     """Image -> normalised ``(3, H, W)`` float32 tensor; see :class:`Preprocess` for the steps."""
     transform = Preprocess(size, mean, std, crop_pct, interpolation)
     return transform(image)
+
+
+class AssumedPreprocessWarning(UserWarning):
+    """A module that does not say how its input is prepared (no timm ``pretrained_cfg``, no
+    HuggingFace ``preprocessor_config.json``): camkit assumed the defaults the message names."""
+
+
+_PIL_RESAMPLING = {0: "nearest", 2: "bilinear", 3: "bicubic"}  # PIL.Image.Resampling values
+_WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # one warning per module
+
+
+def preprocess_of(model: nn.Module, size: int | tuple[int, int] | None = None) -> Preprocess:
+    """The preprocessing a module carries, the one reader wherever camkit is given a bare
+    module (the explorer, the notebook, :func:`camkit.models.load`'s builders):
+
+    1. a timm-style ``pretrained_cfg`` mapping (``input_size``, ``mean``, ``std``,
+       ``interpolation``, ``crop_pct``, ``crop_mode``): every timm model has one, and
+       :func:`camkit.models.load` attaches one to the torchvision models it builds;
+    2. a HuggingFace model's image processor: ``preprocessor_config.json`` in the local folder
+       its ``config`` was read from (``image_mean``, ``image_std``, ``size``, ``crop_size``,
+       ``do_center_crop``, ``resample``, ``crop_pct``).
+
+    Wrappers are looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
+    :class:`InputLayout`). Where nothing says, ImageNet's defaults (:class:`Preprocess`'s) and
+    one :class:`AssumedPreprocessWarning` per module that names them. ``size``: the input size
+    to use instead of the model's own (default: the model's, else 224).
+    """
+    carried = carried_preprocess(model, size)
+    if carried is not None:
+        return carried
+    assumed = Preprocess(224 if size is None else size)
+    if model not in _WARNED:
+        _WARNED.add(model)
+        warnings.warn(
+            f"{type(model).__name__} does not say how its input is prepared (no timm "
+            "pretrained_cfg, no HuggingFace preprocessor_config.json): camkit assumes "
+            f"{assumed.size[0]}x{assumed.size[1]} inputs, ImageNet's mean {assumed.mean} and "
+            f"std {assumed.std}, {assumed.interpolation} resizing and a center crop of "
+            f"{assumed.crop_pct}. Give a camkit.models.LoadedModel with its own Preprocess, "
+            "or set model.pretrained_cfg = {'mean': ..., 'std': ..., 'interpolation': ..., "
+            "'crop_pct': ..., 'input_size': (3, H, W)} as timm does",
+            AssumedPreprocessWarning,
+            stacklevel=3,
+        )
+    return assumed
+
+
+def carried_preprocess(
+    model: nn.Module, size: int | tuple[int, int] | None = None
+) -> Preprocess | None:
+    """The preprocessing ``model`` carries (see :func:`preprocess_of`), at ``size`` when given;
+    None when it carries none (no default, no warning)."""
+    settings = next(filter(None, map(_carried, _unwrapped(model))), None)
+    if settings is None:
+        return None
+    return Preprocess(**(settings if size is None else settings | {"size": size}))
+
+
+def _unwrapped(model: nn.Module) -> Iterator[nn.Module]:
+    """``model``, then each module it wraps (parallel, compiled, camkit's input wrappers)."""
+    seen: list[nn.Module] = []
+    while isinstance(model, nn.Module) and not any(model is known for known in seen):
+        seen.append(model)
+        yield model
+        inner = explained_module(model)
+        if inner is model:
+            inner = model.module if getattr(model, "wraps_model", False) else None
+        model = inner
+
+
+def _carried(module: nn.Module) -> dict[str, Any] | None:
+    return _from_pretrained_cfg(module) or _from_huggingface_folder(module)
+
+
+def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
+    """timm's ``pretrained_cfg`` (a dict; a dataclass in some timm versions) -> settings."""
+    config = getattr(module, "pretrained_cfg", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    if not isinstance(config, Mapping) or config.get("mean") is None or config.get("std") is None:
+        return None
+    settings: dict[str, Any] = {"mean": config["mean"], "std": config["std"]}
+    if config.get("input_size"):
+        settings["size"] = tuple(config["input_size"][-2:])
+    if config.get("crop_pct"):
+        settings["crop_pct"] = min(1.0, float(config["crop_pct"]))
+    interpolation = config.get("interpolation")
+    settings["interpolation"] = interpolation if interpolation in INTERPOLATIONS else "bilinear"
+    settings["crop_mode"] = "squash" if config.get("crop_mode") == "squash" else "center"
+    return settings
+
+
+def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
+    """A HuggingFace model read from a local folder: its ``preprocessor_config.json`` ->
+    settings, as its image processor resizes (ViT: straight to ``size``; ConvNeXT: the shorter
+    side to ``shortest_edge / crop_pct``, then a center crop; CLIP: the shorter side to
+    ``size``, then a center crop of ``crop_size``)."""
+    config = getattr(module, "config", None)
+    folder = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
+        return None
+    path = Path(folder) / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    spec = json.loads(path.read_text())
+    mean, std = spec.get("image_mean"), spec.get("image_std")
+    if spec.get("do_normalize") is False:
+        mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    if mean is None or std is None or spec.get("size") is None:
+        return None
+    settings: dict[str, Any] = {"mean": mean, "std": std}
+    settings["interpolation"] = _PIL_RESAMPLING.get(spec.get("resample"), "bilinear")
+    size, crop = spec["size"], spec.get("crop_size")
+    shortest = size.get("shortest_edge") if isinstance(size, Mapping) else None
+    if spec.get("do_center_crop") and crop:
+        settings["size"] = _sides(crop)
+        resized = shortest or _sides(size)[0]
+        settings["crop_pct"] = min(1.0, settings["size"][0] / resized)
+    elif shortest is not None and shortest < 384:  # ConvNeXT's rule below 384
+        settings["size"] = (shortest, shortest)
+        settings["crop_pct"] = min(1.0, float(spec.get("crop_pct") or 1.0))
+    else:
+        settings["size"] = _sides(size)
+        settings["crop_mode"] = "squash"
+    return settings
+
+
+def _sides(size: int | Mapping[str, int]) -> tuple[int, int]:
+    """A HuggingFace size (an int, ``{"height", "width"}`` or ``{"shortest_edge"}``)."""
+    if isinstance(size, Mapping):
+        if "height" in size and "width" in size:
+            return int(size["height"]), int(size["width"])
+        return int(size["shortest_edge"]), int(size["shortest_edge"])
+    return int(size), int(size)

@@ -1,18 +1,20 @@
 """Pixel-space attributions: saliency, SmoothGrad, Integrated Gradients, guided backpropagation
-and Deconvnet (``rule=`` on any of them), and :func:`to_heatmap` for display."""
+and Deconvnet (``rule=`` on any of them, or ``composite=``: any rule set of the one backward, an
+LRP composite included), and :func:`to_heatmap` for display."""
 
 from camkit.pixel.base import PixelAttribution
 from camkit.pixel.heatmap import to_heatmap
+from camkit.pixel.integrated import QUADRATURES, IntegratedGradients, quadrature_rule
 from camkit.pixel.methods import (
     Deconvnet,
     GuidedBackprop,
-    IntegratedGradients,
     Saliency,
     SmoothGrad,
 )
 from camkit.pixel.rules import UnmodifiedActivationWarning, rectifier_rule
 
 __all__ = [
+    "QUADRATURES",
     "Deconvnet",
     "GuidedBackprop",
     "IntegratedGradients",
@@ -20,6 +22,7 @@ __all__ = [
     "Saliency",
     "SmoothGrad",
     "UnmodifiedActivationWarning",
+    "quadrature_rule",
     "rectifier_rule",
     "to_heatmap",
 ]

@@ -9,13 +9,15 @@ on tuples of inputs throughout, a single tensor being a tuple of one.
 
 Gradients come from ``torch.autograd.grad`` on a detached copy of the input, so the user's tensor
 and the parameters' ``.grad`` are never touched, and the methods work inside ``torch.no_grad()``.
-``rule=`` runs the forward under a ReLU backward rule (:mod:`camkit.pixel.rules`): guided
-SmoothGrad and guided Integrated Gradients come for free.
+``composite=`` runs the forward under a rule set of the one backward
+(:func:`camkit.relevance.rules_applied`): an LRP composite or the ReLU rules (``rule=`` names
+these: ``"guided"``, ``"deconvnet"``), so guided SmoothGrad, SmoothGrad and Integrated Gradients
+over LRP's modified gradient come for free (zennit's attributors taking a composite).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -26,9 +28,13 @@ from camkit.core.engine import layer_gradients
 from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.errors import GradientError, ZeroGradientWarning, warn
+from camkit.errors import ArgumentError, GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
-from camkit.pixel.rules import RULES, Rule, check_rule, rectifier_rule
+from camkit.relevance.composites import Composite, Match
+from camkit.relevance.composites import composite as as_composite
+from camkit.relevance.engine import rules_applied
+from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
+from camkit.relevance.rules import Rule
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
 
@@ -70,17 +76,38 @@ class PixelAttribution(Explainer):
             keeps the method's own (the plain gradient, except for the named shortcuts
             :class:`~camkit.pixel.methods.GuidedBackprop` and
             :class:`~camkit.pixel.methods.Deconvnet`).
+        composite: the rule set of the backward (instead of ``rule``): an LRP composite's name
+            (:data:`~camkit.relevance.COMPOSITES`), ``"gradient"``, ``"guided"``,
+            ``"deconvnet"``, a :class:`~camkit.relevance.Composite` or a list of ``(module type
+            or name pattern, rule)``. The gradients are then the rule set's modified gradients.
         batch_size: rows per forward pass (copies of the inputs are cut in chunks of this
             many); None runs them all at once. Results do not depend on it.
     """
 
     family: ClassVar[str] = "pixel"
     several_inputs: ClassVar[bool] = True
-    default_rule: ClassVar[Rule | None] = None
+    takes_vectors: ClassVar[bool] = True
+    default_rule: ClassVar[ReLURule | None] = None
+    default_composite: ClassVar[str | None] = None  # the LRP composite of composite=None
 
-    def __init__(self, model: nn.Module, *, rule: Rule | None = None, **options: Any):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        rule: ReLURule | None = None,
+        composite: str | Composite | Sequence[tuple[Match, Rule]] | None = None,
+        **options: Any,
+    ):
         super().__init__(model, **options)
+        if rule is not None and composite is not None:
+            raise ArgumentError("give rule= (a ReLU rule) or composite= (a rule set), not both")
         self.rule = check_rule(rule) if rule is not None else self.default_rule
+        if composite is None and rule is None:
+            composite = self.default_composite
+        spec = composite if composite is not None else self.rule
+        rule_set = as_composite(spec) if spec is not None else None
+        plain = rule_set is not None and rule_set.name == "gradient" and not rule_set.strict
+        self.rule_set: Composite | None = None if plain else rule_set
 
     def _explain(self, call: Call, scorer: RowScorer) -> Explanation:
         attrs = self.attribute(as_tuple(call.batch), scorer, call)
@@ -98,12 +125,13 @@ class PixelAttribution(Explainer):
         return to_heatmap(result.detach().float(), "abs-max", percentile=HEATMAP_PERCENTILE)
 
     def forward(self, inputs: Inputs, call: Call, rows: Tensor | None = None) -> object:
-        """The model's forward pass of ``call``'s samples ``rows``, under the ReLU rule if any."""
-        if self.rule is None:
+        """The model's forward pass of ``call``'s samples ``rows``, under the rule set if any."""
+        if self.rule_set is None:
             return call.forward(self.model, inputs, rows)
-        with rectifier_rule(self.rule) as log:
+        with rules_applied(self.model, self.rule_set) as session:
             output = call.forward(self.model, inputs, rows)
-        log.warn_if_incomplete(type(self).__name__, self.model)
+        if session.log is not None:
+            session.log.warn_if_incomplete(type(self).__name__, self.model)
         return output
 
     def input_gradients(
@@ -170,14 +198,22 @@ class PixelAttribution(Explainer):
         if make_inputs is not None:  # copies that differ from the clean batch
             scorer = self.pinned(inputs, scorer, call)
         memory = MemoryFormat(first)
+        if self.rule_set is not None and self.rule_set.strict:
+            # LRP's element-wise terms and the convolutions oneDNN does not take make
+            # channels_last copies slower on the CPU: the caller's format
+            memory.preferred = memory.given
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
             chunk = rows_of(inputs, rows % size) if make_inputs is None else make_inputs(rows, span)
             grads, scores = self.input_gradients(chunk, call, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
 
+    def backward_name(self) -> str | None:
+        """The name of the rule set the gradients follow; None: the plain gradient."""
+        return None if self.rule_set is None else self.rule_set.name
+
     def __repr__(self) -> str:
-        rule = "" if self.rule is None else f"rule={self.rule!r}"
+        rule = "" if self.rule_set is None else f"composite={self.backward_name()!r}"
         return f"{type(self).__name__}({rule})"
 
 

@@ -22,22 +22,38 @@ backward (``is_grads_batched=True``).
   papers, or a user's list of ``(module type or name pattern, rule)``);
 * :mod:`~camkit.relevance.canonizers`: BatchNorm merged into the adjacent layer, as hooks that
   live only inside the block;
-* :mod:`~camkit.relevance.engine`: the block, and the table of rules for functional operations
-  (an operation on the relevance path without a rule raises a
-  :class:`~camkit.errors.RelevanceError` naming it);
+* :mod:`~camkit.relevance.engine`: the one backward: the block, and the one table of rules for
+  functional operations (an operation on the relevance path without a rule raises a
+  :class:`~camkit.errors.RelevanceError` naming it); every gradient method runs through it;
+* :mod:`~camkit.relevance.rectifiers`: the ReLU rules (guided, deconvnet) as rule sets;
+* :mod:`~camkit.relevance.session`: one block's state (module rules, canonizers, records);
 * :mod:`~camkit.relevance.transformers`: AttnLRP's rules (softmax, matmul, layer norm, fused
   attention; Achtibat et al., ICML 2024);
+* :mod:`~camkit.relevance.gates`: the rule of multiplicative gates (``x * sigmoid(s)``), chosen
+  in the composite (``gates="uniform"`` or ``"constant"``);
+* :mod:`~camkit.relevance.conservation`: :class:`Conservation`, the share of the score that
+  reached the input and each recorded layer, and the step that loses most;
 * :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
-  layer relevances and the conservation report.
+  layer relevances and the conservation record (loaded on first use: it is a pixel method).
 
 The numbers equal zennit 0.5.1's for its composites and canonizers
-(``tests/test_relevance_references.py``); docs/relevance.md says which composite to choose.
+(``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
+the biases from the rules and treats gates as constants (docs/relevance.md says which composite
+to choose, with the measured conservation).
 """
 
+from typing import Any
+
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
-from camkit.relevance.composites import COMPOSITES, Composite, composite
+from camkit.relevance.composites import (
+    COMPOSITES,
+    DEFAULT_COMPOSITE,
+    RULE_SETS,
+    Composite,
+    composite,
+)
+from camkit.relevance.conservation import Conservation
 from camkit.relevance.engine import Session, rules_applied
-from camkit.relevance.lrp import LRP, Relevance
 from camkit.relevance.rules import (
     AlphaBeta,
     Epsilon,
@@ -51,11 +67,25 @@ from camkit.relevance.rules import (
     ZPlus,
 )
 
+
+def __getattr__(name: str) -> Any:
+    """:class:`LRP` and :class:`Relevance` on first use: the method sits above the pixel base,
+    which runs its gradients through this package's engine (no import circle)."""
+    if name in ("LRP", "Relevance"):
+        from camkit.relevance import lrp
+
+        return getattr(lrp, name)
+    raise AttributeError(f"module 'camkit.relevance' has no attribute {name!r}")
+
+
 __all__ = [
     "COMPOSITES",
+    "RULE_SETS",
     "AlphaBeta",
     "Canonizer",
     "Composite",
+    "Conservation",
+    "DEFAULT_COMPOSITE",
     "Epsilon",
     "Flat",
     "Gamma",

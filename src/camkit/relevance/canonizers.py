@@ -21,22 +21,40 @@ what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
+from dataclasses import replace
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
+from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rules import Affine
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
+
+
+class Edits(Protocol):
+    """What a canonizer may ask of the block it runs in (the engine's side, which the canonizer
+    knows by these methods only): the reversible edits themselves, each returning the handles
+    that undo it."""
+
+    def merge_batch_norms(
+        self, norms: Collection[nn.Module], followed: Collection[nn.Module]
+    ) -> list:
+        """Merge each BatchNorm of ``norms`` into the layer whose output it takes or whose input
+        it gives, for that layer's rule; ``followed``: the layers a BatchNorm follows in the
+        module order (their rule waits for the BatchNorm)."""
+        ...
 
 
 class Canonizer:
-    """A reversible model edit for LRP: :meth:`apply` registers what it needs during a
-    :func:`~camkit.relevance.rules_applied` block and returns the handles the block removes."""
+    """A reversible model edit for LRP: :meth:`apply` says which edits ``model`` needs, made by
+    ``edits`` (the :func:`~camkit.relevance.rules_applied` block); it returns the handles that
+    undo them, which the block removes on exit, also after an exception."""
 
-    def apply(self, model: nn.Module, session: Any) -> list:
+    def apply(self, model: nn.Module, edits: Edits) -> list:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -61,11 +79,10 @@ def merged_after(layer: Affine, bn: nn.Module) -> Affine:
     """``bn(layer(x))`` as one affine map: ``W' = scale W`` (per output), ``b' = scale b +
     shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``)."""
     scale, shift = _scale_shift(bn, layer.weight)
-    per_out = (-1,) + (1,) * (layer.weight.dim() - 1)
     shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
     scale_out, shift_out = scale.view(shape), shift.view(shape)
     bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
-    return Affine(layer.op, layer.weight * scale.view(per_out), bias)
+    return replace(layer, weight=layer.scaled_outputs(scale), bias=bias)
 
 
 def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
@@ -73,11 +90,10 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     layer(shift) `` (a map over the output positions: with zero padding the shift does not
     reach the border outputs fully, and the map says so exactly)."""
     scale, shift = _scale_shift(bn, layer.weight)
-    per_in = (1, -1) + (1,) * (layer.weight.dim() - 2)
     channel = (1, -1) + (1,) * (x.dim() - 2)
     constant = shift.view(channel).expand((1, *x.shape[1:]))
     bias = layer(constant, layer.weight, layer.bias)
-    return Affine(layer.op, layer.weight * scale.view(per_in), bias)
+    return replace(layer, weight=layer.scaled_inputs(scale), bias=bias)
 
 
 def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:
@@ -95,10 +111,9 @@ class MergeBatchNorm(Canonizer):
     """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
     module docstring. BatchNorms in training mode are left as they are (their gradient)."""
 
-    def apply(self, model: nn.Module, session: Any) -> list:
+    def apply(self, model: nn.Module, edits: Edits) -> list:
         norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]
-        session.deferred.update(_followed_by_batch_norm(model))
-        return [bn.register_forward_hook(session.guard(session.batch_norm_hook)) for bn in norms]
+        return edits.merge_batch_norms(norms, _followed_by_batch_norm(model))
 
 
-__all__ = ["BATCH_NORMS", "Canonizer", "MergeBatchNorm", "merged_after", "merged_before"]
+__all__ = ["BATCH_NORMS", "Canonizer", "Edits", "MergeBatchNorm", "merged_after", "merged_before"]

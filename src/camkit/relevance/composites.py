@@ -23,6 +23,19 @@ name                          first layer    convolutions  dense layers
 ``epsilon-alpha2-beta1``      (as the rest)  AlphaBeta     Epsilon
 ``epsilon-alpha2-beta1-flat`` Flat           AlphaBeta     Epsilon
 ============================  =============  ============  ===========
+
+Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
+
+``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT_COMPOSITE`) is
+``epsilon-plus-flat`` with every rule's ``zero_params="bias"`` (biases and merged BatchNorm
+shifts absorb no relevance) and multiplicative gates treated as constants
+(``gates="constant"``): chosen by measurement (``benchmarks/CONSERVATION.md``,
+docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
+most of it on BatchNorm networks.
+
+The other rule sets of the one backward are composites too (:data:`RULE_SETS`), not strict:
+``"gradient"`` (the plain gradient), ``"guided"`` and ``"deconvnet"`` (the ReLU rules of
+:mod:`camkit.relevance.rectifiers`, every other operation keeping its plain gradient).
 """
 
 from __future__ import annotations
@@ -36,12 +49,15 @@ from torch import nn
 
 from camkit.errors import ArgumentError
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
+from camkit.relevance.gates import check_gates
+from camkit.relevance.layers import CONV_TRANSPOSE
+from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
 
 Match = type | tuple | str
-CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# transposed convolutions get the convolutions' rules (camkit.relevance.layers)
+CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
-CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
 def _matches(match: Match, name: str, module: nn.Module) -> bool:
@@ -52,8 +68,12 @@ def _matches(match: Match, name: str, module: nn.Module) -> bool:
 
 @dataclass
 class Composite:
-    """Rules by module type or layer-name pattern (first match wins), a special first layer,
-    the stabiliser of the function table's Norm rule, and the canonizers to apply.
+    """A rule set of the one backward: rules by module type or layer-name pattern (first match
+    wins), a special first layer, the stabiliser of the function table's Norm rule, the
+    canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
+    ``"constant"``, see :mod:`camkit.relevance.gates`), the ReLU rule (``"guided"``,
+    ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
+    path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
     ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
     """
@@ -63,8 +83,14 @@ class Composite:
     stabilizer: float = 1e-6
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
+    gates: str = "uniform"
+    rectifier: ReLURule | None = None
+    strict: bool = True
 
     def __post_init__(self) -> None:
+        check_gates(self.gates)
+        if self.rectifier is not None:
+            check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
             if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Rule)):
                 raise ArgumentError(
@@ -90,11 +116,6 @@ class Composite:
             if rule is None:
                 rule = next((r for m, r in self.rules if _matches(m, name, module)), None)
             if rule is not None:
-                if isinstance(module, CONV_TRANSPOSE):
-                    raise ArgumentError(
-                        f"layer {name!r} is a transposed convolution: camkit's LRP rules cover "
-                        "nn.Linear and nn.Conv1d/2d/3d"
-                    )
                 assigned[name] = (module, rule)
         return assigned
 
@@ -106,42 +127,67 @@ def _named(
     gamma: float = 0.25,
     low: Any = None,
     high: Any = None,
+    zero_params: str | Sequence[str] | None = None,
+    gates: str | None = None,
+    canonizers: Sequence[Canonizer] | None = None,
 ) -> Composite:
-    dense = (DENSE, Epsilon(epsilon))
-    zplus, alphabeta = ZPlus(stabilizer), AlphaBeta(2.0, 1.0, stabilizer)
-    flat = [(CONV + DENSE, Flat(stabilizer))]
+    label = name
+    if name == DEFAULT_COMPOSITE:  # epsilon-plus-flat, the biases out of every rule, gates constant
+        name, zero_params = "epsilon-plus-flat", "bias" if zero_params is None else zero_params
+        gates = "constant" if gates is None else gates
+    z = {"zero_params": zero_params}
+    dense = (DENSE, Epsilon(epsilon, **z))
+    zplus, alphabeta = ZPlus(stabilizer, **z), AlphaBeta(2.0, 1.0, stabilizer, **z)
+    flat = [(CONV + DENSE, Flat(stabilizer, **z))]
     table = {
         "epsilon-plus": ([(CONV, zplus), dense], []),
         "epsilon-plus-flat": ([(CONV, zplus), dense], flat),
         "epsilon-gamma-box": (
-            [(CONV, Gamma(gamma, stabilizer)), dense],
-            [(CONV, ZBox(low, high, stabilizer))],
+            [(CONV, Gamma(gamma, stabilizer, **z)), dense],
+            [(CONV, ZBox(low, high, stabilizer, **z))],
         ),
         "epsilon-alpha2-beta1": ([(CONV, alphabeta), dense], []),
         "epsilon-alpha2-beta1-flat": ([(CONV, alphabeta), dense], flat),
     }
     rules, first = table[name]
-    return Composite(rules, first, stabilizer, name=name)
+    canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
+    gates = "uniform" if gates is None else gates
+    return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
 
 
+def _rule_set(name: str) -> Composite:
+    rectifier = name if name in RULES else None
+    return Composite([], canonizers=[], name=name, rectifier=rectifier, strict=False)
+
+
+RULE_SETS: tuple[str, ...] = ("gradient", *RULES)
+DEFAULT_COMPOSITE = "epsilon-plus-flat-nobias"  # LRP's, the front ends' (--composite, menus)
 COMPOSITES: tuple[str, ...] = (
+    DEFAULT_COMPOSITE,
     "epsilon-plus",
     "epsilon-plus-flat",
     "epsilon-gamma-box",
     "epsilon-alpha2-beta1",
     "epsilon-alpha2-beta1-flat",
 )
-DEFAULT_COMPOSITE = "epsilon-plus-flat"  # the front ends' (--composite, the explorer's menu)
 
 
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
-    ``high``: zennit's parameters), a :class:`Composite`, or a list of ``(match, rule)``."""
+    ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
+    ``gates``: the rule of multiplicative gates), a :class:`Composite`, or a list of
+    ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
+    rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):
+        if spec in RULE_SETS and not options:
+            return _rule_set(spec)
         if spec not in COMPOSITES:
-            raise ArgumentError(f"unknown composite {spec!r}; choose from {list(COMPOSITES)}")
+            raise ArgumentError(
+                f"unknown composite {spec!r}; choose from {list(COMPOSITES)} (LRP) or "
+                f"{list(RULE_SETS)}"
+            )
         return _named(spec, **options)
     if isinstance(spec, list | tuple):
         return Composite(list(spec), **options)
@@ -151,4 +197,4 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     )
 
 
-__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "Composite", "composite"]
+__all__ = ["COMPOSITES", "DEFAULT_COMPOSITE", "RULE_SETS", "Composite", "composite"]

@@ -20,16 +20,15 @@ input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and g
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from camkit.errors import ArgumentError
+from camkit.relevance.affine import Affine
 
-Op = Callable[[Tensor, Tensor], Tensor]
+ZeroParams = str | Sequence[str] | None
 
 
 def stabilize(z: Tensor, eps: float) -> Tensor:
@@ -65,38 +64,6 @@ def unit_path(x: Tensor) -> Tensor:
     return x * safe_divide(torch.ones_like(x), x).detach()
 
 
-@dataclass(frozen=True)
-class Affine:
-    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
-    parameters detached: what the parametric rules modify."""
-
-    op: Op
-    weight: Tensor
-    bias: Tensor | None
-
-    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        out = self.op(x, weight)
-        return out if bias is None else out + bias
-
-    @staticmethod
-    def of(module: nn.Module) -> Affine:
-        """The affine map of an ``nn.Linear`` or ``nn.Conv1d/2d/3d``."""
-        weight = module.weight.detach()
-        bias = None if module.bias is None else module.bias.detach()
-        if isinstance(module, nn.Linear):
-            return Affine(lambda x, w: F.linear(x, w), weight, bias)
-        if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
-            shape = (-1,) + (1,) * (weight.dim() - 2)
-            return Affine(
-                lambda x, w: module._conv_forward(x, w, None),
-                weight,
-                None if bias is None else bias.view(shape),
-            )
-        raise ArgumentError(
-            f"a parametric LRP rule needs nn.Linear or nn.Conv1d/2d/3d, got {type(module).__name__}"
-        )
-
-
 def signed_parts(x: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(x+, x-)``, with ``x-`` None when ``x`` has no negative entry (the input of a layer after
     a ReLU): its terms are exactly zero, and the rules skip their convolutions."""
@@ -113,12 +80,31 @@ def _neg(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(max=0)
 
 
+def zeroed_params(zero_params: ZeroParams) -> tuple[str, ...]:
+    """zennit's ``zero_params`` checked: ``()`` or ``("bias",)`` (a zeroed weight: nothing left)."""
+    names = (zero_params,) if isinstance(zero_params, str) else zero_params or ()
+    if not isinstance(names, list | tuple) or any(name != "bias" for name in names):
+        raise ArgumentError(
+            f"zero_params names the parameters a rule sets to zero: None or 'bias', got "
+            f"{zero_params!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
 class Rule:
     """An LRP rule: :meth:`output` maps a layer's output ``o`` (input ``x``) to ``y``, equal to
     ``o`` in the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module
-    docstring)."""
+    docstring).
+
+    zennit's ``zero_params="bias"`` drops the bias (a merged BatchNorm's shift too) from every
+    term: it absorbs no relevance (``sum_j R_j = sum_k R_k`` wherever ``z_k != 0``)."""
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
+    zero_params: tuple[str, ...] = ()
+
+    def bias_of(self, layer: Affine) -> Tensor | None:
+        """The layer's bias as the rule sees it: None when ``zero_params`` names it."""
+        return None if "bias" in self.zero_params else layer.bias
 
     @property
     def reuses_output(self) -> bool:
@@ -144,22 +130,22 @@ class Epsilon(Rule):
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015; ``epsilon=0`` is LRP-0 (gradient x input on a ReLU
-    network). ``zero_bias`` drops ``b`` from ``z`` (zennit's ``zero_params=["bias"]``).
+    network). ``zero_params="bias"`` drops ``b`` from ``z``.
     """
 
-    def __init__(self, epsilon: float = 1e-6, *, zero_bias: bool = False):
+    def __init__(self, epsilon: float = 1e-6, *, zero_params: ZeroParams = None):
         self.epsilon = float(epsilon)
-        self.zero_bias = zero_bias
+        self.zero_params = zeroed_params(zero_params)
 
     @property
     def reuses_output(self) -> bool:
-        return not self.zero_bias  # z = w x + b is the layer's output: one forward, no second
+        return "bias" not in self.zero_params  # z = w x + b is the layer's output: no 2nd pass
 
     def reused(self, o: Tensor) -> Tensor:
         return proportional(o, self.epsilon)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        z = layer(x, layer.weight, None if self.zero_bias else layer.bias)
+        z = layer(x, layer.weight, self.bias_of(layer))
         return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
 
 
@@ -172,11 +158,12 @@ class ZPlus(Rule):
     accepts negative inputs).
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         xp, xn = signed_parts(x)
         z = layer(xp, w.clamp(min=0), _pos(b))
         if xn is not None:
@@ -192,15 +179,23 @@ class AlphaBeta(Rule):
     Bach et al., PLOS ONE 2015.
     """
 
-    def __init__(self, alpha: float = 2.0, beta: float = 1.0, stabilizer: float = 1e-6):
+    def __init__(
+        self,
+        alpha: float = 2.0,
+        beta: float = 1.0,
+        stabilizer: float = 1e-6,
+        *,
+        zero_params: ZeroParams = None,
+    ):
         if alpha < 0 or beta < 0 or alpha - beta != 1:
             raise ArgumentError(
                 f"AlphaBeta needs alpha, beta >= 0 and alpha - beta = 1, got {alpha}, {beta}"
             )
         self.alpha, self.beta, self.stabilizer = float(alpha), float(beta), float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         (xp, xn), wp, wn = signed_parts(x), w.clamp(min=0), w.clamp(max=0)
         zp, zn = layer(xp, wp, _pos(b)), layer(xp, wn, _neg(b))
         if xn is not None:
@@ -220,11 +215,14 @@ class Gamma(Rule):
     Wasserstein Distance Minimization", 2021 (zennit's ``Gamma``).
     """
 
-    def __init__(self, gamma: float = 0.25, stabilizer: float = 1e-6):
+    def __init__(
+        self, gamma: float = 0.25, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None
+    ):
         self.gamma, self.stabilizer = float(gamma), float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b, g = layer.weight, layer.bias, self.gamma
+        w, b, g = layer.weight, self.bias_of(layer), self.gamma
         xp, xn = signed_parts(x)
         up, down = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
         bup = None if b is None else b + g * b.clamp(min=0)
@@ -243,11 +241,12 @@ class Flat(Rule):
     uniformly over the receptive field.
 
     Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really
-    learn", Nature Communications 2019. For the first layer.
+    learn", Nature Communications 2019. For the first layer; no bias (``zero_params``: no-op).
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         ones = torch.ones_like(layer.weight)
@@ -263,11 +262,12 @@ class WSquare(Rule):
     decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
     """
 
-    def __init__(self, stabilizer: float = 1e-6):
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
         self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w2, b = layer.weight**2, layer.bias
+        w2, b = layer.weight**2, self.bias_of(layer)
         z = layer(torch.ones_like(x), w2, None if b is None else b**2).detach()
         t = layer(unit_path(x), w2, None) * (o / stabilize(z, self.stabilizer)).detach()
         return modified_output(o, t)
@@ -279,7 +279,8 @@ class ZBox(Rule):
     ``z_k = sum_j (x_j w_jk - l_j w+_jk - h_j w-_jk) + b_k - b+_k - b-_k``.
 
     Montavon et al., Pattern Recognition 2017. For the first layer. ``low``/``high``: numbers
-    or tensors broadcast to the input; None takes each sample's own minimum / maximum.
+    or tensors broadcast to the input; None: each sample's own minimum / maximum. The bias
+    cancels out (``b - b+ - b- = 0``): ``zero_params`` changes nothing.
     """
 
     def __init__(
@@ -287,8 +288,11 @@ class ZBox(Rule):
         low: float | Tensor | None = None,
         high: float | Tensor | None = None,
         stabilizer: float = 1e-6,
+        *,
+        zero_params: ZeroParams = None,
     ):
         self.low, self.high, self.stabilizer = low, high, float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
 
     def _bound(self, value: float | Tensor | None, x: Tensor, extreme: Callable) -> Tensor:
         if value is None:
@@ -297,7 +301,7 @@ class ZBox(Rule):
         return torch.as_tensor(value).to(x).expand_as(x)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, layer.bias
+        w, b = layer.weight, self.bias_of(layer)
         low, high = self._bound(self.low, x, torch.amin), self._bound(self.high, x, torch.amax)
         unit = unit_path(x)
         t = layer(x, w, b) - layer(low * unit, w.clamp(min=0), _pos(b))
@@ -358,4 +362,5 @@ __all__ = [
     "proportional",
     "safe_divide",
     "stabilize",
+    "zeroed_params",
 ]

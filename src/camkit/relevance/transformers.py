@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from camkit.errors import RelevanceError
 from camkit.relevance.rules import modified_output, proportional
 
 
@@ -67,6 +68,77 @@ def rms_norm(
     return modified_output(out, t if weight is None else t * weight.detach())
 
 
+def group_norm(
+    x: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """``F.group_norm`` with the identity rule on the normalisation: each group's standard
+    deviation a constant (layer norm's rule over a group's channels and positions)."""
+    out = F.group_norm(x, num_groups, weight, bias, eps)
+    groups = x.unflatten(1, (num_groups, -1))
+    dims = tuple(range(2, groups.dim()))
+    mean = groups.mean(dim=dims, keepdim=True)
+    std = (groups.var(dim=dims, keepdim=True, unbiased=False) + eps).sqrt().detach()
+    t = ((groups - mean) / std).flatten(1, 2)
+    channel = (1, -1) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        t = t * weight.detach().view(channel)
+    if bias is not None:
+        t = t + bias.detach().view(channel)
+    return modified_output(out, t)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12, out: None = None):
+    """``F.normalize`` with the identity rule: the norm a constant, ``R_x = R_y`` element-wise
+    (lxt's ``normalize``; CLIP's embedding normalisation)."""
+    y = F.normalize(x, p, dim, eps)
+    norm = x.detach().norm(p, dim, keepdim=True).clamp_min(eps)
+    return modified_output(y, x / norm)
+
+
+def _constant(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``func``'s value as a constant: no relevance flows through it (a divisor's norm)."""
+
+    def constant(*args: Any, **kwargs: Any) -> Tensor:
+        exponent = kwargs.get("exponent", args[1] if len(args) > 1 else None)
+        if isinstance(exponent, Tensor) and exponent.requires_grad:
+            raise RelevanceError(
+                f"{getattr(func, '__name__', func)} with an exponent on the relevance path "
+                "(an exponential) has no LRP rule: only powers of an activation (norms) have one"
+            )
+        return func(*args, **kwargs).detach()
+
+    return constant
+
+
+# norms and the pieces norms are built from (x.pow(2).sum().sqrt(), rsqrt(var + eps)): their
+# value is a constant scale, as lxt treats the divisor of RMS norm and F.normalize
+_NORMS = {
+    "torch": ("norm", "pow", "sqrt", "rsqrt", "square", "var", "std", "var_mean", "std_mean"),
+    "tensor": ("norm", "pow", "__pow__", "sqrt", "rsqrt", "square", "var", "std"),
+    "linalg": ("norm", "vector_norm", "matrix_norm"),
+}
+
+
+def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
+    """The functions these rules replace (looked up by the function mode)."""
+    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
+    found: dict[Any, Callable[..., Tensor]] = {
+        F.layer_norm: layer_norm,
+        F.group_norm: group_norm,
+        F.normalize: normalize,
+        F.scaled_dot_product_attention: sdpa,
+    }
+    if hasattr(F, "rms_norm"):
+        found[F.rms_norm] = rms_norm
+    for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
+        found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
+    return found
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -100,16 +172,12 @@ def attention(
     return modified_output(out, t)
 
 
-def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
-    """The functions these rules replace (looked up by the function mode)."""
-    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
-    found: dict[Any, Callable[..., Tensor]] = {
-        F.layer_norm: layer_norm,
-        F.scaled_dot_product_attention: sdpa,
-    }
-    if hasattr(F, "rms_norm"):
-        found[F.rms_norm] = rms_norm
-    return found
-
-
-__all__ = ["attention", "bilinear", "handlers", "layer_norm", "rms_norm"]
+__all__ = [
+    "attention",
+    "bilinear",
+    "group_norm",
+    "handlers",
+    "layer_norm",
+    "normalize",
+    "rms_norm",
+]

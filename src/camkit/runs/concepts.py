@@ -1,79 +1,178 @@
-"""The concepts results of a run folder: ``concepts.json`` (written by ``camkit concepts --out
-RUN``: per channel of one layer its reference images, most active and most relevant, each with
-its patch) read for a page, the explorer's concept views and the report's concept atlas."""
+"""``concepts.json`` of a run folder (written by ``camkit concepts --out RUN``): per channel of
+one layer its reference images, most active and most relevant, each with its patch. One writer
+(:func:`write_concepts`), one reader (:func:`read_concepts`), and what pages make of it: the
+explorer's concept views (:func:`channel_references`) and the report's concept atlas
+(:func:`atlas_data`). The resume files of a run in progress: :mod:`camkit.runs.concept_parts`."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from camkit.runs.records import Fields, FileKind, read_json, write_json
 from camkit.runs.strategies import relative_urls
 
-CONCEPTS = Path("concepts.json")
+CONCEPTS_FILE = "concepts.json"
 """Where ``camkit concepts ... --out RUN`` writes its results, inside the run folder."""
+KIND = FileKind(CONCEPTS_FILE, 1, "camkit concepts IMAGES --out RUN")
+"""Version 1: version 0's layout (camkit 0.2) with a ``version`` field."""
 RANKINGS = ("activation", "relevance")
 """The two rankings of the reference images (activation and relevance maximisation)."""
 
 
-def read_concepts(run: Path) -> dict[str, Any] | None:
-    """``RUN/concepts.json`` as ``{"layer", "model", "rules", "images", "channels": {channel:
-    {"activation": [...], "relevance": [...]}}}`` (channels as ints; each entry its ``rank``,
-    ``image``, ``score``, ``class``, ``label``, ``box`` and ``patch``, a path relative to the
-    run folder); None when the run has none or the file is not a ``camkit concepts`` result."""
-    path = run / CONCEPTS
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text("utf-8"))
-        channels = {
-            int(channel): {mode: list(rows.get(mode, [])) for mode in RANKINGS}
-            for channel, rows in data["channels"].items()
-        }
-        layer = str(data["layer"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return {
-        "layer": layer,
-        "model": data.get("model"),
-        "rules": data.get("rules"),
-        "images": data.get("images"),
-        "channels": channels,
+@dataclasses.dataclass
+class ConceptReference:
+    """One reference image of a channel: its ``rank`` in its ranking, the ``image`` path, its
+    ``score``, the predicted ``class_index`` and its ``label``, the receptive field's ``box``
+    ``[top, left, bottom, right]`` on the photo and its ``patch`` file (relative to the run)."""
+
+    rank: int
+    image: str
+    score: float
+    class_index: int
+    label: str
+    box: list[int]
+    patch: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the file (and the pages) hold it: ``class_index`` is ``"class"``."""
+        fields = dataclasses.asdict(self)
+        return {"class" if key == "class_index" else key: value for key, value in fields.items()}
+
+
+@dataclasses.dataclass
+class ConceptsRecord:
+    """``concepts.json``: the ``layer``, ``channels[channel][ranking]`` (:data:`RANKINGS`) its
+    references by rank, in the file's order (the most relevant channels over the images first);
+    the ``model``, references per channel and ranking (``top``), the ``images`` ranked, the
+    ``unreadable`` paths, the relevance ``rules``, what the ``score`` is and the ``run`` (the
+    versions, arguments and settings that reproduce it, as a manifest's header). Files written
+    by hand or by early camkit 0.2 may lack all but ``layer`` and ``channels`` (None / [])."""
+
+    layer: str
+    channels: dict[int, dict[str, list[ConceptReference]]]
+    model: str | None = None
+    top: int | None = None
+    images: int | None = None
+    unreadable: list[str] = dataclasses.field(default_factory=list)
+    rules: str | None = None
+    score: str | None = None
+    run: dict[str, Any] | None = None
+    version: int = KIND.version
+
+
+def write_concepts(out: Path, record: ConceptsRecord) -> Path:
+    """Write ``OUT/concepts.json`` -> its path."""
+    channels = {
+        str(channel): {mode: [ref.to_dict() for ref in rows[mode]] for mode in RANKINGS}
+        for channel, rows in record.channels.items()
     }
+    head = {
+        "model": record.model,
+        "layer": record.layer,
+        "top": record.top,
+        "images": record.images,
+        "unreadable": record.unreadable,
+        "rules": record.rules,
+        "score": record.score,
+        "run": record.run,
+    }
+    return write_json(out / CONCEPTS_FILE, KIND, head | {"channels": channels})
 
 
-def channel_references(found: dict[str, Any] | None, layer: str, channel: int) -> dict | None:
-    """One channel's reference images of :func:`read_concepts`'s results, when they are of
-    ``layer`` and list that channel; else None."""
-    if found is None or found["layer"] != layer:
+def _reference(read: Fields, row: Any, where: str) -> ConceptReference:
+    box = read.items(row, "box", int, where)
+    if len(box) != 4:
+        raise read.fail(f"{where}box has {len(box)} numbers, expected 4 (top, left, bottom, right)")
+    return ConceptReference(
+        rank=read.get(row, "rank", int, where),
+        image=read.get(row, "image", str, where),
+        score=float(read.get(row, "score", float, where)),
+        class_index=read.get(row, "class", int, where),
+        label=read.get(row, "label", str, where),
+        box=box,
+        patch=read.get(row, "patch", str, where),
+    )
+
+
+def read_concepts(run: Path) -> ConceptsRecord | None:
+    """``RUN/concepts.json`` (None when the run has none); a broken file is a
+    :class:`~camkit.errors.RunFileError`."""
+    found = read_json(run / CONCEPTS_FILE, KIND)
+    if found is None:
         return None
-    return found["channels"].get(channel)
+    data, read = found
+    channels: dict[int, dict[str, list[ConceptReference]]] = {}
+    for name, rankings in read.get(data, "channels", dict).items():
+        if not name.isdigit():
+            raise read.fail(f"channels has the key {name!r}, expected channel numbers")
+        channels[int(name)] = {
+            mode: [
+                _reference(read, row, f"channels.{name}.{mode}[{k}].")
+                for k, row in enumerate(read.items(rankings, mode, dict, f"channels.{name}."))
+            ]
+            for mode in RANKINGS
+        }
+    optional = (str, type(None))
+    return ConceptsRecord(
+        layer=read.get(data, "layer", str),
+        channels=channels,
+        model=read.get(data, "model", optional, default=None),
+        top=read.get(data, "top", (int, type(None)), default=None),
+        images=read.get(data, "images", (int, type(None)), default=None),
+        unreadable=read.items(data, "unreadable", str, default=[]),
+        rules=read.get(data, "rules", optional, default=None),
+        score=read.get(data, "score", optional, default=None),
+        run=read.get(data, "run", (dict, type(None)), default=None),
+        version=read.version,
+    )
 
 
-def atlas_data(out: Path, found: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """:func:`read_concepts`'s results (``folder``: where ``concepts.json`` lies) for the
+def channel_references(
+    found: ConceptsRecord | None, layer: str, channel: int
+) -> dict[str, list[dict[str, Any]]] | None:
+    """One channel's reference images of :func:`read_concepts`'s record (per ranking, as the
+    file holds them), when they are of ``layer`` and list that channel; else None."""
+    if found is None or found.layer != layer or channel not in found.channels:
+        return None
+    return {mode: [ref.to_dict() for ref in refs] for mode, refs in found.channels[channel].items()}
+
+
+def atlas_data(out: Path, found: ConceptsRecord, folder: Path) -> dict[str, Any]:
+    """:func:`read_concepts`'s record (``folder``: where ``concepts.json`` lies) for the
     report's concept atlas in ``out``: per channel, in the file's order (the most relevant
     over the images first), its reference patches of each ranking with their image's name,
     predicted label and score, patch paths -> URLs relative to ``out``."""
     url = relative_urls(out, folder)
     channels = []
-    for channel, rows in found["channels"].items():
+    for channel, rows in found.channels.items():
         entry: dict[str, Any] = {"channel": channel}
         for mode in RANKINGS:
             entry[mode] = [
                 {
-                    "rank": row.get("rank"),
-                    "src": url(str(row["patch"])),
-                    "image": Path(str(row.get("image", ""))).name,
-                    "label": row.get("label"),
-                    "score": row.get("score"),
+                    "rank": ref.rank,
+                    "src": url(ref.patch),
+                    "image": Path(ref.image).name,
+                    "label": ref.label,
+                    "score": ref.score,
                 }
-                for row in rows[mode]
-                if row.get("patch")
+                for ref in rows[mode]
+                if ref.patch
             ]
         channels.append(entry)
-    keys = ("layer", "model", "rules", "images")
-    return {key: found.get(key) for key in keys} | {"channels": channels}
+    head = {"layer": found.layer, "model": found.model, "rules": found.rules}
+    return head | {"images": found.images, "channels": channels}
 
 
-__all__ = ["CONCEPTS", "RANKINGS", "atlas_data", "channel_references", "read_concepts"]
+__all__ = [
+    "CONCEPTS_FILE",
+    "KIND",
+    "RANKINGS",
+    "ConceptReference",
+    "ConceptsRecord",
+    "atlas_data",
+    "channel_references",
+    "read_concepts",
+    "write_concepts",
+]

@@ -7,10 +7,15 @@ the disk: appending keeps the cost per batch constant however large the run. At 
 merges the parts into ``manifest.json``. A run killed at any point leaves parts that list only
 images whose files are written (a line cut by the kill is ignored), so ``--resume`` merges them
 and skips the images already done.
+
+``manifest.json`` has one writer (:func:`write_manifest`) and one reader (:func:`read_manifest`,
+a typed :class:`Manifest`); a manifest without a ``version`` is version 0 (camkit 0.2's layout,
+or camkit 0.1's bare list of records); a broken one is a :class:`~camkit.errors.RunFileError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,11 +24,14 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
-from camkit import io
 from camkit.runs import maps
+from camkit.runs.records import FileKind, read_json, write_json
 
 MANIFEST = "manifest.json"
+KIND = FileKind(MANIFEST, 1, "camkit explain IMAGES --out RUN")
+"""Version 1: version 0's layout (camkit 0.2) with a ``version`` field."""
 VERSIONED = ("camkit", "torch", "torchvision", "timm")
 
 
@@ -68,17 +76,64 @@ def append(path: Path, lines: list[dict]) -> None:
         os.fsync(part.fileno())
 
 
+@dataclasses.dataclass
+class Manifest:
+    """``manifest.json``: the ``records`` (one per output: ``image``, ``output``, ``method``,
+    ``target``... or ``image`` and ``error``), and the ``header``, everything else (versions,
+    arguments, ``settings``, ``model``, ``weights_sha256``, counts, throughput, ``runs``)."""
+
+    records: list[dict[str, Any]]
+    header: dict[str, Any]
+    version: int = KIND.version
+
+    @property
+    def settings(self) -> dict[str, Any] | None:
+        """The run's settings (None for a camkit 0.1 manifest, which recorded none)."""
+        return self.header.get("settings")
+
+    @property
+    def crop(self) -> str:
+        """The ``--crop`` the run was made with (:func:`recorded_crop`)."""
+        return recorded_crop(self.header)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The header and the records as one dictionary, as the file holds them."""
+        return self.header | {"records": self.records}
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
+    """Write ``OUT/manifest.json`` (the header's keys and ``records``) -> its path."""
+    return write_json(out / MANIFEST, KIND, manifest)
+
+
+def read_manifest(path: Path) -> Manifest | None:
+    """A run's ``manifest.json`` (``path``: the file or its run folder); None when absent; a
+    broken one is a :class:`~camkit.errors.RunFileError`."""
+    found = read_json(path / MANIFEST if path.is_dir() else path, KIND)
+    if found is None:
+        return None
+    data, read = found
+    if isinstance(data, list):  # camkit 0.1: a bare list of records, no settings
+        data = {"settings": None, "records": data}
+    records = read.items(data, "records", dict)
+    for index, record in enumerate(records):
+        read.get(record, "image", str, f"records[{index}].")
+    read.get(data, "settings", (dict, type(None)), default=None)
+    header = {key: value for key, value in data.items() if key not in ("records", "version")}
+    return Manifest(records=records, header=header, version=read.version)
+
+
 def read(path: Path) -> dict | None:
-    """A manifest (``.json``) or a part (``.jsonl``: its header, records and last throughput);
-    None when absent. A part's records count only when their batch's throughput line follows
-    them: a kill during a batch's append leaves none of that batch (not one method of an image
-    without the other). A manifest of camkit 0.1 (a bare list of records) has no settings to
-    compare, so it cannot be resumed from."""
+    """A manifest (``.json``, :func:`read_manifest` as a dictionary) or a part (``.jsonl``: its
+    header, records and last throughput); None when absent. A part's records count only when
+    their batch's throughput line follows them: a kill during a batch's append leaves none of
+    that batch (not one method of an image without the other). A manifest of camkit 0.1 (a bare
+    list of records) has no settings to compare, so it cannot be resumed from."""
+    if path.suffix == ".json":
+        found = read_manifest(path)
+        return None if found is None else found.as_dict()
     if not path.is_file():
         return None
-    if path.suffix == ".json":
-        loaded = json.loads(path.read_text("utf-8"))
-        return loaded if isinstance(loaded, dict) else {"settings": None, "records": loaded}
     part: dict = {"records": []}
     batch: list[dict] = []  # a batch's records count once its closing throughput line is there
     for text in path.read_text("utf-8").splitlines():
@@ -124,7 +179,7 @@ def consolidate(out: Path) -> None:
         return
     if (gathered.get("settings") or {}).get("save_maps"):
         maps.fold(out, gathered["records"], gathered)
-    io.save_json(out / MANIFEST, gathered)
+    write_manifest(out, gathered)
     for path in out.glob(PARTS):
         path.unlink()
 
@@ -187,7 +242,7 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
     }
     if head["settings"].get("save_maps"):
         maps.fold(out, rows, head)
-    io.save_json(out / MANIFEST, manifest)
+    write_manifest(out, manifest)
     for rank in range(world):
         part_path(out, rank).unlink(missing_ok=True)
     return manifest

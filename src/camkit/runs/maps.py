@@ -1,5 +1,27 @@
-"""The maps file of a run folder (``camkit explain --save-maps``): every raw map in one
-``maps.npz``.
+"""The maps file of a run folder: every raw map in one ``maps.npz`` (``camkit explain
+--save-maps``).
+
+An uncompressed NumPy ``.npz`` archive, readable with numpy alone::
+
+    data = np.load("run/maps.npz")
+    data["maps"]        # (N, H, W) float16, the raw maps at the model's input size
+                        # (CAMs as computed; pixel attributions summed over colour channels)
+    data["image"]       # (N,) str, the image path as the manifest gives it
+    data["method"]      # (N,) str
+    data["target"]      # (N,) int, the explained class
+    data["probability"] # (N,) float32, the target's softmax probability
+    data["prediction"]  # (N,) int, the top-1 class
+    data["confidence"]  # (N,) float32, the top-1 probability
+    data["truth"]       # (N,) int, the true label, -1 where unknown
+    json.loads(str(data["metadata"]))  # the run: versions, settings, model, class labels,
+                                       # and the file's "version" (none: version 0, camkit 0.2)
+
+Row ``i`` is the manifest record whose ``"map"`` field is ``i``. The archive is written by
+streaming rows (never the whole array in memory), and :func:`load_maps` maps ``maps`` from the
+file without reading it (``mmap``), so runs larger than memory can be analysed.
+
+One writer (:func:`write_maps`), one reader (:func:`load_maps`); a file that is not
+complete, misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
 
 Like the manifest, each rank appends its maps to its own part, ``maps.rank<R>.f16`` (raw
 float16 rows at the model's input size, flushed to the disk), before the records that name
@@ -7,19 +29,162 @@ them (``"map_part": [rank, row]``) are appended to its manifest part: a record i
 has its map on the disk. When rank 0 merges the manifest (at the end, or when ``--resume``
 consolidates a killed run) it streams the rows of the earlier ``maps.npz`` and of the parts into
 a new ``maps.npz`` in the manifest's order, and each record's ``"map"`` becomes its row there.
-The file format is :mod:`camkit.strategies.mapfile`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-from collections.abc import Iterator, Sequence
+import struct
+import zipfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from camkit.strategies.mapfile import MAPS_FILE, load_maps, write_maps
+from camkit.errors import InputError, RunFileError
+from camkit.runs.records import FileKind
+
+MAPS_FILE = "maps.npz"
+KIND = FileKind(MAPS_FILE, 1, "camkit explain IMAGES --save-maps --out RUN")
+"""Version 1: version 0's layout (camkit 0.2) with a ``version`` in the metadata."""
+INDEX_FIELDS = {
+    "image": str,
+    "method": str,
+    "target": np.int64,
+    "probability": np.float32,
+    "prediction": np.int64,
+    "confidence": np.float32,
+    "truth": np.int64,
+}
+
+
+@dataclasses.dataclass
+class MapSet:
+    """The maps of a run and their index (see the module's docstring for the fields)."""
+
+    maps: np.ndarray  # (N, H, W) float16, possibly a read-only memory map
+    image: np.ndarray
+    method: np.ndarray
+    target: np.ndarray
+    probability: np.ndarray
+    prediction: np.ndarray
+    confidence: np.ndarray
+    truth: np.ndarray
+    metadata: dict[str, Any]
+    version: int = KIND.version
+
+    def __len__(self) -> int:
+        return len(self.maps)
+
+    def labels(self) -> list[str] | None:
+        """The model's class names, when the run recorded them."""
+        return self.metadata.get("labels")
+
+
+def write_maps(
+    path: str | os.PathLike[str],
+    rows: Iterable[np.ndarray],
+    count: int,
+    shape: tuple[int, int],
+    index: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+) -> Path:
+    """Write ``count`` maps of ``shape`` (an iterable of ``(n, H, W)`` blocks) with their
+    ``index`` columns and ``metadata`` (and the file's version) as ``path`` (atomically: a
+    temporary file renamed)."""
+    path = Path(path)
+    temporary = path.with_name(path.name + ".tmp")
+    header = {"descr": "<f2", "fortran_order": False, "shape": (count, *shape)}
+    written = 0
+    with zipfile.ZipFile(temporary, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        with archive.open("maps.npy", "w", force_zip64=True) as handle:
+            np.lib.format.write_array_header_1_0(handle, header)
+            for block in rows:
+                block = np.ascontiguousarray(block, dtype="<f2")
+                if block.shape[1:] != tuple(shape):
+                    raise InputError(f"maps of shape {shape} expected, got {block.shape[1:]}")
+                handle.write(block.tobytes())
+                written += len(block)
+        if written != count:
+            raise InputError(f"{count} maps announced, {written} written")
+        for name, kind in INDEX_FIELDS.items():
+            column = np.asarray(index[name], dtype=kind)
+            if column.shape != (count,):
+                raise InputError(f"index column {name}: {count} values expected")
+            with archive.open(f"{name}.npy", "w") as handle:
+                np.lib.format.write_array(handle, column, allow_pickle=False)
+        with archive.open("metadata.npy", "w") as handle:
+            stamped = {"version": KIND.version, **metadata}
+            np.lib.format.write_array(handle, np.array(json.dumps(stamped)))
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
+def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+    """A stored (uncompressed) ``.npy`` member as a read-only memory map; None if compressed."""
+    info = archive.getinfo(name)
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        handle.seek(info.header_offset + 30 + name_length + extra_length)
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        offset = handle.tell()
+    if fortran or dtype.hasobject:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def load_maps(path: str | os.PathLike[str], *, mmap: bool = True) -> MapSet:
+    """Read ``maps.npz`` (or a run folder holding one); ``mmap``: map the maps from the file
+    instead of reading them into memory. No file: :class:`~camkit.errors.InputError`; a file
+    that is not complete, misses a member or is of a newer version:
+    :class:`~camkit.errors.RunFileError`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MAPS_FILE
+    if not path.is_file():
+        raise InputError(
+            f"no saved maps at {path}: run 'camkit explain ... --save-maps' to write them"
+        )
+    version = None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = {"maps", "metadata", *INDEX_FIELDS} - set(data.files)
+            if missing:
+                raise KIND.error(path, None, f"its members {sorted(missing)} are missing")
+            metadata = json.loads(str(data["metadata"]))
+            if not isinstance(metadata, dict):
+                raise KIND.error(path, None, "its metadata is not a JSON object")
+            version = KIND.version_of(path, metadata)
+            columns = {name: data[name] for name in INDEX_FIELDS}
+            maps = None
+            if mmap:
+                with zipfile.ZipFile(path) as archive:
+                    maps = _mapped(path, archive, "maps.npy")
+            if maps is None:
+                maps = data["maps"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        if isinstance(error, InputError | RunFileError):
+            raise
+        raise KIND.error(path, version, f"not a complete map file ({error})") from None
+    if maps.ndim != 3 or any(column.shape != (len(maps),) for column in columns.values()):
+        lengths = {name: column.shape for name, column in columns.items()}
+        raise KIND.error(path, version, f"maps {maps.shape} and index columns {lengths} differ")
+    return MapSet(maps=maps, metadata=metadata, version=version, **columns)
+
 
 PARTS = "maps.rank*.f16"
 BLOCK = 256  # rows copied at a time when merging

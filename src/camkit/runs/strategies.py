@@ -1,19 +1,83 @@
 """The strategies results of a run folder: ``strategies/strategies.json`` (written by ``camkit
-strategies``) read for a page. :func:`cluster_view` turns one cluster into what a page shows, for
-the static report and the explorer (:func:`camkit.serve.gallery.read_strategies`);
-:func:`strategies_data` is the report's whole view (map rows -> the page's image indices, files
--> URLs)."""
+strategies``). One writer (:func:`write_strategies`) and one reader (:func:`read_strategies`);
+:func:`cluster_view` turns one cluster into what a page shows, for the static report and the
+explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the report's
+whole view (map rows -> the page's image indices, files -> URLs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-STRATEGIES = Path("strategies") / "strategies.json"
+from camkit.runs.records import Fields, FileKind, read_json, record_fields, write_json
+
+STRATEGIES_DIR = "strategies"
+"""The folder of the run where ``camkit strategies RUN_DIR`` writes (without ``--out``)."""
+STRATEGIES_FILE = "strategies.json"
+"""The results' file in that folder."""
+STRATEGIES = Path(STRATEGIES_DIR) / STRATEGIES_FILE
 """Where ``camkit strategies RUN_DIR`` writes its results, inside the run folder."""
+KIND = FileKind(STRATEGIES_FILE, 1, "camkit strategies RUN_DIR")
+"""Version 1: version 0's layout (camkit 0.2) with a ``version`` field."""
+
+
+@dataclasses.dataclass
+class StrategiesRecord:
+    """``strategies.json``: the ``run`` folder analysed, the analysis ``parameters``, the
+    ``images`` of the run's map rows (a cluster's members are rows), one group per (method,
+    class) (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, its
+    plots' files, relative to the folder, and the embedding's ``points``
+    ``[x, y, cluster, row]``), and the ``skipped`` classes (``{"method", "class", "reason"}``).
+    The reader checks every group's ``method``/``class``/``clusters`` and every cluster's
+    ``id`` and member lists (rows beyond ``images`` are left out by the views); files written by
+    hand or by early camkit 0.2 may lack ``run`` and ``parameters`` (None / {})."""
+
+    images: list[str]
+    groups: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+    run: str | None = None
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    version: int = KIND.version
+
+
+def write_strategies(folder: Path, record: StrategiesRecord) -> Path:
+    """Write ``FOLDER/strategies.json`` -> its path."""
+    return write_json(folder / STRATEGIES_FILE, KIND, record_fields(record))
+
+
+def _check_group(read: Fields, group: dict, where: str) -> None:
+    read.get(group, "method", str, where)
+    read.get(group, "class", int, where)
+    for k, cluster in enumerate(read.items(group, "clusters", dict, where)):
+        inside = f"{where}clusters[{k}]."
+        read.get(cluster, "id", int, inside)
+        for name in ("members", "typical", "atypical"):
+            read.items(cluster, name, int, inside, default=[])
+
+
+def read_strategies(folder: Path) -> StrategiesRecord | None:
+    """``FOLDER/strategies.json`` (None when the folder has none); a broken file is a
+    :class:`~camkit.errors.RunFileError`."""
+    found = read_json(folder / STRATEGIES_FILE, KIND)
+    if found is None:
+        return None
+    data, read = found
+    images = read.items(data, "images", str)
+    groups = read.items(data, "groups", dict)
+    for k, group in enumerate(groups):
+        _check_group(read, group, f"groups[{k}].")
+    return StrategiesRecord(
+        images=images,
+        groups=groups,
+        skipped=read.items(data, "skipped", dict, default=[]),
+        run=read.get(data, "run", (str, type(None)), default=None),
+        parameters=read.get(data, "parameters", dict, default={}),
+        version=read.version,
+    )
 
 
 def url_path(path: str) -> str:
@@ -59,12 +123,12 @@ def cluster_view(
 
 
 def strategies_data(
-    out: Path, images: Sequence[Mapping[str, Any]], found: Mapping[str, Any], folder: Path
+    out: Path, images: Sequence[Mapping[str, Any]], found: StrategiesRecord, folder: Path
 ) -> dict[str, Any]:
-    """``strategies.json`` for the report's page: map rows -> page image indices (-1: not on
-    the page), files (relative to ``folder``) -> URLs relative to ``out``."""
+    """:func:`read_strategies`'s record for the report's page: map rows -> page image indices
+    (-1: not on the page), files (relative to ``folder``) -> URLs relative to ``out``."""
     page = {image["path"]: index for index, image in enumerate(images)}
-    rows = [page.get(str(image), -1) for image in found.get("images", [])]
+    rows = [page.get(str(image), -1) for image in found.images]
     file_url = relative_urls(out, folder)
 
     def url(name: str | None) -> str | None:
@@ -74,7 +138,7 @@ def strategies_data(
         return [rows[r] for r in members]
 
     groups = []
-    for group in found.get("groups", []):
+    for group in found.groups:
         clusters = [
             cluster_view(
                 cluster, indices, url, score="score", lists=("typical", "atypical", "members")
@@ -91,4 +155,4 @@ def strategies_data(
                 "clusters": clusters,
             }
         )
-    return {"groups": groups, "skipped": list(found.get("skipped", []))}
+    return {"groups": groups, "skipped": list(found.skipped)}

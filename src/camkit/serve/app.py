@@ -20,7 +20,8 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
                                ``class``: everywhere, in the cell under ``x``, ``y`` or in
                                ``box``; ``k``; their shares and reference images
-``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG
+``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG: of its
+                               relevance in ``x``, ``y`` or ``box`` when given
 ``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
 ``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
 ``GET /api/curve``             the deletion/insertion curves of a map
@@ -51,11 +52,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from camkit.errors import CamkitError
+from camkit.runs.concepts import ConceptsRecord
 from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import error
-from camkit.serve.logs import LOG, request_line
+from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.routes import ServerState, all_routes
 
@@ -67,7 +69,8 @@ def create_app(
     run_root: Path | None = None,
     run_header: dict | None = None,
     strategies: dict | None = None,
-    concepts: dict | None = None,
+    concepts: ConceptsRecord | None = None,
+    run_problems: dict[str, str] | None = None,
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
@@ -78,7 +81,8 @@ def create_app(
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
     served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
     ``concepts``: the run's ``camkit concepts`` results
-    (:func:`camkit.runs.concepts.read_concepts`);
+    (:func:`camkit.runs.concepts.read_concepts`); ``run_problems``: the run's broken files
+    (file name -> why), shown on the page;
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
     checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
@@ -87,6 +91,7 @@ def create_app(
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run_root, run_header, strategies, names, concepts)
+    state.run_problems = dict(run_problems or {})
 
     async def answer(request: Request, call_next: Any) -> Response:
         if request.url.path.startswith("/api/"):
@@ -105,7 +110,7 @@ def create_app(
         except Cancelled as stopped:
             return error(str(stopped), 409)
         except Exception as failed:  # noqa: BLE001 -- a computation that fails never stops the server
-            LOG.exception("%s %s failed", request.method, request.url.path)
+            LOG.exception("%s %s failed", request.method, printable(request.url.path))
             return error(f"{type(failed).__name__}: {failed}", 500)
 
     async def guarded(request: Request, call_next: Any) -> Response:

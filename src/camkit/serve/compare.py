@@ -20,6 +20,7 @@ import torch
 from camkit import metrics
 from camkit.errors import InputError
 from camkit.serve.explorer import Explorer
+from camkit.targets.ranking import top1
 
 CHUNK = 16  # images per forward pass
 
@@ -71,7 +72,7 @@ class Comparison:
         if not readable:
             return
         probabilities = {c: explorer.probabilities_of(readable, c) for c in both}
-        tops = probabilities[self.first].argmax(dim=-1).tolist()
+        tops = top1(probabilities[self.first]).tolist()
         pairs = list(zip(readable, tops, strict=True))
         layers = (explorer.default_layer,)
         heats = {}
@@ -84,7 +85,7 @@ class Comparison:
         moved = 1.0 - metrics.spearman(heats[self.first], heats[self.second])
         for row, (image, top) in enumerate(pairs):
             first, second = probabilities[self.first][row], probabilities[self.second][row]
-            other = int(second.argmax())
+            other = int(top1(second))
             self.found[image] = Disagreement(
                 first=top,
                 second=other,

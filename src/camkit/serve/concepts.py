@@ -7,7 +7,7 @@
   batched backward), and their reference patches when the served run has ``camkit concepts``
   results (:mod:`camkit.runs.concepts`);
 * a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017:
-  :func:`camkit.concepts.visualize`), computed on demand: small, seeded, cached;
+  :func:`camkit.concepts.feature_images`), computed on demand: small, seeded, cached;
 * the concepts that dominate a set of images (a strategies cluster):
   :meth:`~camkit.concepts.ConceptAttribution.dominant`.
 
@@ -25,18 +25,23 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import ChannelObjective, ConceptAttribution, visualize
+from camkit.concepts import (
+    ChannelObjective,
+    ConceptAttribution,
+    InRegion,
+    feature_images,
+    region_weights,
+)
 from camkit.errors import ArgumentError
-from camkit.runs.concepts import channel_references
+from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
 MAX_K = 20
 IMAGES_PER_PASS = 16  # a cluster's images per forward pass
 FEATURE_STEPS = 64
-FEATURE_RATE = 0.1  # a short run: twice visualize's default step size
+FEATURE_RATE = 0.1  # a short run: twice feature_images' default step size
 FEATURE_SEED = 0
-UNMOVED = 0.01  # pixel std below which the image is still its grey start
 FEATURE_SIDE = 128  # the largest side a feature visualisation is optimised at
 
 
@@ -57,6 +62,10 @@ class Region:
         mask = torch.zeros(size, dtype=torch.bool)
         mask[top:bottom, left:right] = True
         return mask
+
+
+WHOLE = Region("image")
+"""The whole image: relevance counted everywhere."""
 
 
 def layer_grid(shape: Sequence[int]) -> tuple[int, int]:
@@ -86,7 +95,7 @@ def region_of(
         raise ArgumentError("give a point (x, y) or a box, not both")
     values = point if point is not None else box
     if values is None:
-        return Region("image")
+        return WHOLE
     if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
         raise ArgumentError(
             f"x, y and box are fractions of the image's width and height in [0, 1], got {values}"
@@ -122,7 +131,7 @@ class ConceptViews:
     """The concept views of an :class:`~camkit.serve.explorer.Explorer`; ``references``: the
     served run's ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`)."""
 
-    def __init__(self, explorer: Explorer, references: dict | None = None) -> None:
+    def __init__(self, explorer: Explorer, references: ConceptsRecord | None = None) -> None:
         self.explorer = explorer
         self.references = references
         self.attributions = LRU(16)
@@ -172,6 +181,7 @@ class ConceptViews:
                     "relevance": float(found.relevance[0, i]),
                     "share": float(found.share[0, i]),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
             )
         return {
@@ -183,20 +193,50 @@ class ConceptViews:
                 "box": None if region.box is None else list(region.box),
             },
             "concepts": rows,
-            "references": self.references is not None and self.references["layer"] == layer,
+            "references": self.references is not None and self.references.layer == layer,
         }
 
+    def why_no_references(self, layer: str, channel: int) -> str | None:
+        """Why ``channel`` of ``layer`` has no reference patches although the run's
+        ``camkit concepts`` results are of that layer: they hold the channels it was told
+        (``--channels``) or its most relevant ones over the images; None where it has them, or
+        where the results are of another layer or absent (the page says that once)."""
+        found = self.references
+        if found is None or found.layer != layer or channel in found.channels:
+            return None
+        listed = sorted(found.channels)
+        shown = ", ".join(map(str, listed[:8])) + (", ..." if len(listed) > 8 else "")
+        told = "--channels" in ((found.run or {}).get("arguments") or [])
+        which = "the channels its --channels named" if told else "the most relevant ones"
+        over = f" over {found.images} images" if found.images and not told else ""
+        return (
+            f"channel {channel} has no reference patches: camkit concepts wrote them for "
+            f"{len(listed)} channel(s) of {layer} only, {which}{over} ({shown}); its "
+            "--channels option picks others"
+        )
+
     def heatmap(
-        self, checkpoint: str, layer: str, image: int, target: int, channel: int
+        self,
+        checkpoint: str,
+        layer: str,
+        image: int,
+        target: int,
+        channel: int,
+        region: Region = WHOLE,
     ) -> np.ndarray:
-        """``(H, W)`` conditional heatmap of one channel (cached; else one forward and one
-        conditional backward)."""
-        key = (checkpoint, layer, image, target, channel)
+        """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
+        (:class:`~camkit.concepts.InRegion`, weighed as :meth:`top` counts the region) when one
+        is given (cached; else one forward and one conditional backward)."""
+        key = (checkpoint, layer, image, target, channel, region)
         heat = self.heatmaps.get_item(key)
         if heat is None:
             x = self.explorer.batch([image], checkpoint)
+            mask = region.mask(self.explorer.size)
+            concept = channel if mask is None else InRegion(
+                channel, region_weights(mask, self.grid(layer), x)
+            )  # fmt: skip
             maps = self.attribution(checkpoint, layer).heatmaps(
-                x, [channel], torch.tensor([target], device=x.device)
+                x, [concept], torch.tensor([target], device=x.device)
             )
             heat = maps[0, 0].float().cpu().numpy()
             self.heatmaps.put(key, heat)
@@ -205,14 +245,15 @@ class ConceptViews:
     def feature(self, checkpoint: str, layer: str, channel: int) -> tuple[np.ndarray, bool]:
         """``(H, W, 3)`` uint8: the image that maximises the channel's mean activation,
         :data:`FEATURE_STEPS` Adam steps of rate :data:`FEATURE_RATE` from seed
-        :data:`FEATURE_SEED` (cached), and whether it moved from its grey start (a channel
-        closed by a ReLU on that start has no gradient to climb)."""
+        :data:`FEATURE_SEED` (cached), and whether its objective moved from its start (with
+        the redirected ReLU gradient and restarts of :func:`feature_images`; an unmoved image
+        is its grey start)."""
         key = (checkpoint, layer, channel)
         found = self.features.get_item(key)
         if found is None:
             loaded = self.explorer.checkpoints[checkpoint]
             side = min(max(self.explorer.size), FEATURE_SIDE)
-            image = visualize(
+            result = feature_images(
                 loaded.model,
                 ChannelObjective(layer, channel),
                 size=side,
@@ -222,7 +263,7 @@ class ConceptViews:
                 mean=self.explorer.preprocess.mean,
                 std=self.explorer.preprocess.std,
             )
-            moved = float(image.std()) >= UNMOVED
+            image, moved = result.images, bool(result.moved.all())
             pixels = (image[0].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().cpu().numpy()
             found = (pixels, moved)
             self.features.put(key, found)
@@ -249,6 +290,7 @@ class ConceptViews:
                     "relevance": float(relevance),
                     "share": float(share),
                     "references": channel_references(self.references, layer, channel),
+                    "no_references": self.why_no_references(layer, channel),
                 }
                 for channel, relevance, share in zip(
                     top.channels.tolist(), top.relevance, top.share, strict=True

@@ -110,6 +110,7 @@ class Explorer:
         device: torch.device | str = "cpu",
         cache_maps: int = 2048,
         settings: registry.Settings = SETTINGS,
+        max_pixels: int | None = io.MAX_PIXELS,
     ) -> None:
         if not checkpoints:
             raise ArgumentError("expected at least one model")
@@ -122,6 +123,7 @@ class Explorer:
         self.preprocess = first.preprocess
         self.default_layer = first.default_layer
         self.entries = entries
+        self.max_pixels = max_pixels  # the largest image read, a file or an upload (None: any)
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
@@ -139,6 +141,7 @@ class Explorer:
         }
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
+        self.measured = LRU(cache_maps)  # what a method measured of a map (LRP: conservation)
         self.inputs = LRU(256)
         self.photos = LRU(256)
         self.thumbs = LRU(4096)
@@ -168,7 +171,7 @@ class Explorer:
                 cached = entry.pixels
             else:
                 try:
-                    cached = io.read_image(entry.path)
+                    cached = io.read_image(entry.path, max_pixels=self.max_pixels)
                 except io.READ_ERRORS as error:
                     entry.error = io.read_failure(error)
                     raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
@@ -354,6 +357,7 @@ class Explorer:
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
         result = explainer.explain_batch(batch, targets.to(self.device), **options).maps
+        measured = explainer.measured()  # per sample and target, or None
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
             heat = explainer.display_heat(maps)  # the method's one display policy
@@ -362,6 +366,8 @@ class Explorer:
                 for column, target in enumerate(wanted[image]):
                     (key,) = self.keys(checkpoint, method, (layer,), image, target, composite)
                     self.maps.put(key, maps[row, column])
+                    if measured is not None:
+                        self.measured.put(key, measured[row][column])
 
     def curves(self, key: MapKey, steps: int = 20) -> dict[str, dict]:
         """Deletion and insertion curves (Petsiuk et al., RISE, BMVC 2018) of a cached map."""

@@ -7,7 +7,6 @@ ask for images that are in the list.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ import numpy as np
 from camkit.errors import ArgumentError
 from camkit.io import IMAGE_SUFFIXES
 from camkit.runs import manifest as run_manifest
-from camkit.runs.strategies import STRATEGIES, cluster_view
+from camkit.runs import strategies as run_strategies
+from camkit.runs.strategies import STRATEGIES_DIR, cluster_view
 
 Prediction = list[tuple[int, str, float]]
 """Top classes of one image: ``(class index, label, probability)``, most probable first."""
@@ -171,26 +171,26 @@ def select(
 
 def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
     """The run's ``strategies/strategies.json`` (the clusters of each class's maps, SpRAy) with
-    its members as gallery ids and its pictures as paths under the run folder; None without one.
+    its members as gallery ids and its pictures as paths under the run folder; None without one
+    (a broken file: :class:`~camkit.errors.RunFileError`).
 
     The file lists, per (method, class), the clusters with their members as rows of the run's
     map file; its ``images`` gives each row's image, which is found among the gallery's."""
-    path = run / STRATEGIES
-    if not path.is_file():
+    found = run_strategies.read_strategies(run / STRATEGIES_DIR)
+    if found is None:
         return None
-    data = json.loads(path.read_text("utf-8"))
     position = {os.path.normpath(str(e.path)): i for i, e in enumerate(entries) if e.path}
-    images = [os.path.normpath(str(image)) for image in data.get("images", [])]
+    images = [os.path.normpath(str(image)) for image in found.images]
 
     def ids(rows: Sequence[int]) -> list[int]:
         found = (position.get(images[row]) for row in rows if 0 <= row < len(images))
         return [index for index in found if index is not None]
 
     def picture(name: str | None) -> str | None:
-        return f"{STRATEGIES.parent.as_posix()}/{name}" if name else None
+        return f"{STRATEGIES_DIR}/{name}" if name else None
 
     groups = []
-    for group in data.get("groups", []):
+    for group in found.groups:
         clusters = [
             cluster_view(cluster, ids, picture, lists=("typical", "atypical", "members"))
             for cluster in group.get("clusters", [])
@@ -199,4 +199,4 @@ def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
             {key: group.get(key) for key in ("method", "class", "label", "samples", "suggested_k")}
             | {"eigengap_plot": picture(group.get("eigengap_plot")), "clusters": clusters}
         )
-    return {"groups": groups, "skipped": data.get("skipped", [])}
+    return {"groups": groups, "skipped": found.skipped}

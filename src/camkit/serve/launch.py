@@ -8,6 +8,7 @@ printed, so a busy port or a refused address fails with one line (:class:`BindEr
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 from collections.abc import Callable, Sequence
@@ -17,12 +18,12 @@ from typing import Any
 
 import torch
 
-from camkit import models
-from camkit.errors import ArgumentError
+from camkit import io, models
+from camkit.errors import ArgumentError, RunFileError
 from camkit.runs import MANIFEST
-from camkit.runs.concepts import read_concepts
-from camkit.runs.manifest import read as read_manifest
-from camkit.runs.manifest import recorded_crop, sha256
+from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
+from camkit.runs.manifest import read_manifest, recorded_crop, sha256
+from camkit.runs.strategies import STRATEGIES_FILE
 from camkit.serve import security
 from camkit.serve.gallery import Entry, Prediction, read_run, read_strategies, scan
 from camkit.serve.logs import configure
@@ -41,7 +42,10 @@ class Gallery:
     header: dict | None = None
     predictions: dict[int, Prediction] | None = None
     strategies: dict | None = None
-    concepts: dict | None = None
+    concepts: ConceptsRecord | None = None
+    problems: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Files of the run that are broken (file name -> the error's message): the explorer shows
+    the run without them and says why."""
 
 
 def check_paths(paths: list[Path]) -> None:
@@ -57,7 +61,7 @@ def run_crop(paths: Sequence[Path]) -> str | None:
     """The ``--crop`` a ``camkit explain`` run folder was made with (runs before ``--crop``
     squashed), so that the explorer preprocesses its photos as the run did; None for images."""
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
-        return recorded_crop(read_manifest(paths[0] / MANIFEST) or {})
+        return read_manifest(paths[0]).crop
     return None
 
 
@@ -79,18 +83,28 @@ def open_gallery(
 ) -> Gallery:
     """Images, folders, or one ``camkit explain`` run folder -> the gallery. A run made by
     another model, other weights or another crop (``model``/``weights_sha``/``crop`` differ)
-    keeps its images and maps but not its predictions."""
+    keeps its images and maps but not its predictions. A broken strategies or concepts file
+    (:class:`~camkit.errors.RunFileError`) leaves that view out and is in ``problems``; a broken
+    manifest is raised (there is no run to show)."""
     check_paths(paths)
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         root = paths[0].resolve()
         entries, header, predictions = read_run(root)
-        strategies = read_strategies(root, entries)
+        problems: dict[str, str] = {}
+        try:
+            strategies = read_strategies(root, entries)
+        except RunFileError as broken:
+            strategies, problems[STRATEGIES_FILE] = None, str(broken)
+        try:
+            concepts = read_concepts(root)
+        except RunFileError as broken:
+            concepts, problems[CONCEPTS_FILE] = None, str(broken)
         recorded = recorded_crop(header)
         made_by = (header.get("model"), header.get("weights_sha256"), recorded)
         if made_by != (model, weights_sha, crop or recorded):
             predictions = {}  # made by another model or preprocessing: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
-        gallery = Gallery(entries, root, header, predictions, strategies, read_concepts(root))
+        gallery = Gallery(entries, root, header, predictions, strategies, concepts, problems)
     else:
         gallery = Gallery(scan(paths)[0])
     if not gallery.entries:
@@ -155,18 +169,26 @@ def prepare(
     host: str,
     token: str,
     names: dict[str, str] | None = None,
+    max_pixels: int | None = io.MAX_PIXELS,
 ) -> Prepared:
     """Read the gallery and build the app (everything but listening), once
     :func:`check_start` has checked the paths, the address and the token: ``token`` is its
     answer ('' for none); ``names``: each checkpoint's name on the page
-    (:func:`checkpoint_names`). Bad input raises a camkit error before anything listens."""
+    (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
+    (None: any). Bad input raises a camkit error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
     crop = next(iter(checkpoints.values())).preprocess.crop_mode
     gallery = open_gallery(paths, model, sha256(weights), crop)
+    for problem in gallery.problems.values():
+        print(f"camkit serve: warning: {problem}", file=sys.stderr)
     explorer = Explorer(
-        checkpoints, gallery.entries, predictions=gallery.predictions, device=device
+        checkpoints,
+        gallery.entries,
+        predictions=gallery.predictions,
+        device=device,
+        max_pixels=max_pixels,
     )
     app = create_app(
         explorer,
@@ -175,6 +197,7 @@ def prepare(
         run_header=gallery.header,
         strategies=gallery.strategies,
         concepts=gallery.concepts,
+        run_problems=gallery.problems,
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,

@@ -21,8 +21,18 @@ def configure(level: int = logging.INFO) -> None:
     LOG.propagate = False
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (NUL, terminal escape sequences,
+    line breaks) and the backslash written as its Python escape (``\\x1b``, ``\\x00``,
+    ``\\\\``): what a web page puts in a request's path reaches the log, never the terminal."""
+    return "".join(
+        c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def request_line(method: str, path: str, status: int, seconds: float) -> None:
     """One request: ``GET /api/map 200 12.3 ms`` (the query, which holds the token, is left out;
-    4xx at INFO as well, 5xx at WARNING)."""
+    the decoded path made :func:`printable`; 4xx at INFO as well, 5xx at WARNING)."""
     level = logging.WARNING if status >= 500 else logging.INFO
-    LOG.log(level, "%s %s %d %.1f ms", method, path, status, seconds * 1000)
+    LOG.log(level, "%s %s %d %.1f ms", printable(method), printable(path), status, seconds * 1000)

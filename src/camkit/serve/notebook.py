@@ -21,7 +21,7 @@ from camkit.errors import ArgumentError
 from camkit.models.load import class_names
 from camkit.serve import security, web_stack_missing
 from camkit.serve.gallery import Entry
-from camkit.serve.launch import bind, open_gallery, url_of
+from camkit.serve.launch import Gallery, bind, open_gallery, url_of
 
 START_SECONDS = 30.0  # the server must listen within this
 
@@ -70,12 +70,15 @@ def as_loaded(
     model: nn.Module | models.LoadedModel | str,
     *,
     labels: str | os.PathLike[str] | Sequence[str] | None,
-    input_size: int | tuple[int, int],
+    input_size: int | tuple[int, int] | None,
     layer: str | None,
+    preprocess: models.Preprocess | None = None,
 ) -> models.LoadedModel:
     """What :func:`explore` is given as a model -> a :class:`~camkit.models.LoadedModel`: a
-    name or checkpoint through :func:`camkit.models.load`; a module with ImageNet's
-    normalisation at ``input_size``, its default layer and ``class <i>`` names unless given."""
+    name or checkpoint through :func:`camkit.models.load`; a module with the preprocessing it
+    carries (:func:`~camkit.models.preprocess_of`, at ``input_size`` when given), its default
+    layer and ``class <i>`` names unless given; ``preprocess``: how to feed the module instead
+    (a compared checkpoint is fed as the first one)."""
     if isinstance(model, models.LoadedModel):
         return model
     if isinstance(model, (str, os.PathLike)):
@@ -85,7 +88,7 @@ def as_loaded(
             f"expected a torch.nn.Module, a camkit LoadedModel or a model name, got "
             f"{type(model).__name__}"
         )
-    preprocess = models.Preprocess(input_size)
+    preprocess = preprocess or models.preprocess_of(model, input_size)
     calls, output = trace(model, preprocess.size)
     classes = output.shape[1] if isinstance(output, Tensor) and output.ndim == 2 else 0
     return models.LoadedModel(
@@ -98,14 +101,14 @@ def as_loaded(
     )
 
 
-def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, dict | None]:
+def gallery_of(images: object) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
-    PIL images) -> entries, run folder, run header and strategies."""
+    PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
+    broken files)."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
-        found = open_gallery([Path(i) for i in images], None, None)
-        return found.entries, found.run_root, found.header, found.strategies
+        return open_gallery([Path(i) for i in images], None, None)
     pictures = list(images) if isinstance(images, (list, tuple)) else [images]
     if not pictures:
         raise ArgumentError("expected images: paths, a folder, a run folder, or pictures")
@@ -113,7 +116,7 @@ def gallery_of(images: object) -> tuple[list[Entry], Path | None, dict | None, d
         Entry(f"image {k}", None, None, io.to_rgb_uint8(picture))
         for k, picture in enumerate(pictures)
     ]
-    return entries, None, None, None
+    return Gallery(entries)
 
 
 def explore(
@@ -122,7 +125,7 @@ def explore(
     *,
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
     compare: nn.Module | models.LoadedModel | None = None,
-    input_size: int | tuple[int, int] = 224,
+    input_size: int | tuple[int, int] | None = None,
     layer: str | None = None,
     port: int = 0,
     height: int = 760,
@@ -131,8 +134,11 @@ def explore(
     a ``camkit explain`` run folder, or pictures in memory), in a background thread on
     127.0.0.1 with a fresh token; display the result in a notebook to see it inline.
 
-    ``model``: a module (ImageNet normalisation at ``input_size``; ``layer``: its CAM layer,
-    default: the one ``camkit layers`` marks), a :class:`~camkit.models.LoadedModel`, or a name
+    ``model``: a module (fed as it says: its timm ``pretrained_cfg`` or HuggingFace
+    ``preprocessor_config.json``, see :func:`~camkit.models.preprocess_of`, else ImageNet's
+    defaults and an :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another
+    input size than its own; ``layer``: its CAM layer, default: the one ``camkit layers``
+    marks), a :class:`~camkit.models.LoadedModel`, or a name
     for :func:`camkit.models.load`; ``labels``: class names (a list or a labels file);
     ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
     free one. The model is used as it is: no mode switch, no lasting hook.
@@ -152,19 +158,23 @@ def explore(
     first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
     checkpoints = {"a": first}
     if compare is not None:
-        other = as_loaded(compare, labels=first.labels, input_size=first.input_size, layer=layer)
+        other = as_loaded(
+            compare, labels=first.labels, input_size=None, layer=layer, preprocess=first.preprocess
+        )
         checkpoints["b"] = other
-    entries, run_root, header, strategies = gallery_of(images_or_run)
+    gallery = gallery_of(images_or_run)
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
-    explorer = Explorer(checkpoints, entries, device=device)
+    explorer = Explorer(checkpoints, gallery.entries, device=device)
     token = security.new_token()
     app = create_app(
         explorer,
         token=token,
-        run_root=run_root,
-        run_header=header,
-        strategies=strategies,
+        run_root=gallery.run_root,
+        run_header=gallery.header,
+        strategies=gallery.strategies,
+        concepts=gallery.concepts,
+        run_problems=gallery.problems,
         hosts=security.allowed_hosts("127.0.0.1"),
         background=True,
         frame_ancestors=security.NOTEBOOK_FRAMES,

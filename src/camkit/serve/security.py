@@ -7,8 +7,8 @@ listen on, the files it may serve (only under the given roots) and the uploads i
 * **Paths**: a relative path is served only when it resolves, symlinks followed, to a file
   under its root: ``..``, absolute paths, NUL bytes and symlinks that lead out are "not found".
 * **Uploads**: at most :data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES` each, decoded
-  by :func:`camkit.io.read_image` with a pixel limit checked from the header before any pixel
-  is decoded.
+  by :func:`camkit.io.read_image` with the explorer's pixel limit (the one of its files, ``camkit
+  serve --max-pixels``) checked from the header before any pixel is decoded.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from camkit.errors import CamkitError
 TOKEN_HEADER = "X-Camkit-Token"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest upload accepted (bytes); a larger body is refused before it is read to the end."""
-MAX_UPLOAD_PIXELS = 40_000_000
-"""Largest uploaded image (pixels, from its header; refused before decoding)."""
 MAX_UPLOADS = 200
 """Uploads kept in memory by one server; more are refused (restart it to start afresh)."""
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -129,15 +127,18 @@ def resolve_under(root: Path, relative: str) -> Path | None:
     return resolved
 
 
-def read_upload(data: bytes, *, max_bytes: int = MAX_UPLOAD_BYTES) -> np.ndarray:
+def read_upload(
+    data: bytes, *, max_pixels: int | None = io.MAX_PIXELS, max_bytes: int = MAX_UPLOAD_BYTES
+) -> np.ndarray:
     """An uploaded file's bytes -> ``HxWx3`` uint8 RGB, through camkit's image reading and its
-    limits; :class:`UploadError` (413 too large, 400 unreadable) otherwise."""
+    limits (``max_pixels``: None for none); :class:`UploadError` (413 too large, 400
+    unreadable) otherwise."""
     if len(data) > max_bytes:
         raise UploadError(f"the upload is {len(data):,} bytes, more than {max_bytes:,}", 413)
     if not data:
         raise UploadError("the upload is empty: send the image file's bytes as the body")
     try:
-        return io.read_image(_io.BytesIO(data), max_pixels=MAX_UPLOAD_PIXELS)
+        return io.read_image(_io.BytesIO(data), max_pixels=max_pixels)
     except io.ImageTooLargeError as error:
         raise UploadError(str(error), 413) from None
     except io.READ_ERRORS as error:

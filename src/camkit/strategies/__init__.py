@@ -15,13 +15,13 @@ out. The steps: :mod:`~camkit.strategies.pooling` (maps -> small grids),
 :mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout),
 :mod:`~camkit.strategies.analysis` (per class and over a dataset),
 :mod:`~camkit.strategies.results` (the dataclasses). Figures are in
-:mod:`camkit.strategies.plots`, the saved maps of a run (``camkit explain --save-maps``) in
-:mod:`camkit.strategies.mapfile`.
+:mod:`camkit.strategies.plots`; the saved maps of a run (``camkit explain --save-maps``) are read
+with :func:`load_maps` (:mod:`camkit.runs.maps`, the run folder's file).
 """
 
+from camkit.runs.maps import MapSet, load_maps
 from camkit.strategies.analysis import StrategyWarning, analyze_class, find_strategies
 from camkit.strategies.clustering import suspiciousness
-from camkit.strategies.mapfile import MapSet, load_maps
 from camkit.strategies.pooling import pool_maps
 from camkit.strategies.results import ClassStrategies, Cluster, Strategies
 from camkit.strategies.spectrum import default_neighbors, eigengap

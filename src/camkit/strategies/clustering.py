@@ -45,6 +45,9 @@ def cluster_labels(
         raise ArgumentError(f"{method} with options {options}: {error}") from None
 
 
+SERIAL_TSNE = 1000  # samples up to which the 2-D embedding runs on one thread
+
+
 def embed_2d(
     pooled: np.ndarray, spectral: np.ndarray, method: str | None, seed: int, limit: int
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -79,7 +82,14 @@ def embed_2d(
         model = umap.UMAP(n_components=2, random_state=seed, n_neighbors=min(15, len(keep) - 1))
     else:
         raise ArgumentError(f"embedding must be 'tsne', 'umap', 'spectral' or None, got {method!r}")
-    return np.asarray(model.fit_transform(data), dtype=np.float32), keep
+    from threadpoolctl import threadpool_limits  # scikit-learn's own dependency
+
+    # one OpenMP thread below SERIAL_TSNE samples: Barnes-Hut t-SNE's 1000 iterations each end
+    # at a barrier, and on busy cores a descheduled peer makes every thread wait there (64
+    # maps: 13 s with 2 threads on 2 busy cores, 0.3 s with one)
+    limit = 1 if len(keep) <= SERIAL_TSNE else None
+    with threadpool_limits(limits=limit, user_api="openmp"):
+        return np.asarray(model.fit_transform(data), dtype=np.float32), keep
 
 
 def suspiciousness(pooled: np.ndarray, labels: np.ndarray) -> dict[int, tuple[float, float, float]]:

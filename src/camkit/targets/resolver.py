@@ -38,6 +38,7 @@ from torch import Tensor
 from camkit.errors import NonFiniteWarning, TargetError, warn
 from camkit.targets.base import Target, TargetSpec
 from camkit.targets.outputs import OutputSelector, class_logits, sample_output, select_output
+from camkit.targets.ranking import top1
 
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
@@ -147,11 +148,11 @@ class RowScorer:
     def top1_of(self, logits: Tensor, rows: Tensor) -> Tensor:
         """Each row's top-1 class ``(n, 1)``, learned as the class explained of its sample
         ``rows[i]`` (out of place: the pinning pass runs in inference mode)."""
-        top1 = logits.detach().argmax(dim=1, keepdim=True)
+        best = top1(logits.detach(), keepdim=True)
         known = self.learned.top1
-        known = top1.new_full((self.samples, 1), -1) if known is None else known
-        self.learned.top1 = known.index_put((rows.to(top1.device),), top1)
-        return top1
+        known = best.new_full((self.samples, 1), -1) if known is None else known
+        self.learned.top1 = known.index_put((rows.to(best.device),), best)
+        return best
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
         """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows

@@ -1,8 +1,8 @@
 """The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts`` (the top concepts of an
 image for a class, in the whole image, a clicked cell or a dragged box), ``/api/concept-map``
-(a concept's conditional heatmap, PNG), ``/api/feature`` (a channel's feature visualisation,
-PNG, computed on demand) and ``/api/cluster-concepts`` (the concepts that dominate a strategies
-cluster). Every computation runs on the batcher's model thread."""
+(a concept's conditional heatmap, PNG, in the same region), ``/api/feature`` (a channel's
+feature visualisation, PNG, computed on demand) and ``/api/cluster-concepts`` (the concepts
+that dominate a strategies cluster). Every computation runs on the batcher's model thread."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from camkit.errors import ArgumentError
 from camkit.serve.concepts import (
     FEATURE_SEED,
     FEATURE_STEPS,
+    Region,
     check_k,
     concept_png,
     region_of,
@@ -26,7 +27,7 @@ from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
 
 CONCEPTS = ("image", "class", "layer", "checkpoint", "k", "x", "y", "box")
-CONCEPT_MAP = ("image", "class", "layer", "checkpoint", "channel", "alpha")
+CONCEPT_MAP = ("image", "class", "layer", "checkpoint", "channel", "alpha", "x", "y", "box")
 FEATURE = ("layer", "checkpoint", "channel")
 CLUSTER = ("method", "class", "cluster", "layer", "checkpoint", "k")
 
@@ -56,14 +57,16 @@ def routes(state: ServerState) -> list[Route]:
     """The concept routes; computations go through the batcher's model thread."""
     explorer, batcher, views = state.explorer, state.batcher, state.views
 
+    def region_in(query: Query, layer: str) -> Region:
+        """The whole image, the layer cell under ``x``, ``y`` or the ``box`` of a request."""
+        point, box = fractions(query, ("x", "y")), fractions(query, ("box",))
+        return region_of(point, box, explorer.size, views.grid(layer))
+
     async def concepts(request: Request) -> Response:
         query = Query(request, CONCEPTS)
         checkpoint, layer, image, target = state.image_request(query)
         k = query.integer("k", 5)
-        region = region_of(
-            fractions(query, ("x", "y")), fractions(query, ("box",)), explorer.size,
-            views.grid(layer),
-        )  # fmt: skip
+        region = region_in(query, layer)
         answer = await batcher.run(views.top, checkpoint, layer, image, target, region, k)
         return JSONResponse(answer)
 
@@ -71,7 +74,8 @@ def routes(state: ServerState) -> list[Route]:
         query = Query(request, CONCEPT_MAP)
         checkpoint, layer, image, target = state.image_request(query)
         channel, alpha = query.integer("channel"), query.number("alpha", 0.5)
-        heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel)
+        region = region_in(query, layer)
+        heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel, region)
         view = await asyncio.to_thread(explorer.model_view, image)
         data = await asyncio.to_thread(concept_png, view, heat, alpha)
         return Response(data, media_type="image/png")
@@ -86,8 +90,9 @@ def routes(state: ServerState) -> list[Route]:
         computed = f"feature visualisation: {FEATURE_STEPS} steps, seed {FEATURE_SEED}"
         if not moved:
             computed += (
-                "; the image did not move from its grey start: the channel gives no gradient "
-                "there (closed by a ReLU?), try the layer before its activation"
+                "; the image did not move from its grey start: the channel's mean stayed at its "
+                "starting value on every random start, even with the redirected ReLU gradient; "
+                "try the layer before its activation"
             )
         return Response(data, media_type="image/png", headers={"X-Camkit-Computed": computed})
 

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from camkit import io
+from camkit import io, models
 from camkit.serve.gallery import ORDERS, select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
@@ -99,7 +99,7 @@ def routes(state: ServerState) -> list[Route]:
         image = state.image_of(request.path_params["id"])
         k = min(20, max(1, query.integer("k", 5)))
         probabilities = await batcher.run(explorer.probabilities, image, checkpoint)
-        top = probabilities.topk(min(k, probabilities.numel()))
+        top = models.top_classes(probabilities, explorer.labels, k)
         entry = explorer.entries[image]
         photo = await asyncio.to_thread(explorer.photo, image)
         return JSONResponse(
@@ -109,10 +109,7 @@ def routes(state: ServerState) -> list[Route]:
                 "truth": entry.truth,
                 "size": [int(photo.shape[1]), int(photo.shape[0])],
                 "checkpoint": checkpoint,
-                "top": [
-                    {"index": c, "label": explorer.labels[c], "probability": p}
-                    for c, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
-                ],
+                "top": [{"index": c, "label": label, "probability": p} for c, label, p in top],
                 "probabilities": [round(p, 6) for p in probabilities.tolist()],
                 "run_maps": entry.run_maps if state.run_root is not None else [],
             }

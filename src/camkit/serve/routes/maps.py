@@ -1,9 +1,13 @@
 """The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
-``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``."""
+``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``.
+
+A map whose method measured something of it (LRP: its conservation record) comes with it as
+JSON in the ``X-Camkit-Measured`` header."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 from starlette.requests import Request
@@ -60,12 +64,18 @@ def routes(state: ServerState) -> list[Route]:
         query = Query(request, MAP + SHOWN)
         shown = query.choice("format", ("png", "npy"), "png")
         alpha, colormap = query.number("alpha", 0.5), query.text("colormap", "jet")
-        heat, (_, method, _, image, target, _) = await heat_of(query)
+        heat, request = await heat_of(query)
+        _, method, _, image, target, _ = request
+        measured = explorer.measured.get_item(explorer.keys(*request)[0])
         if shown == "npy":
-            return download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
-        view = await asyncio.to_thread(explorer.model_view, image)
-        data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
-        return Response(data, media_type="image/png")
+            response = download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
+        else:
+            view = await asyncio.to_thread(explorer.model_view, image)
+            data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
+            response = Response(data, media_type="image/png")
+        if measured is not None:
+            response.headers["X-Camkit-Measured"] = json.dumps(measured, separators=(",", ":"))
+        return response
 
     async def difference_image(request: Request) -> Response:
         query = Query(request, (*MAP[:5], "alpha", "format"))

@@ -96,7 +96,8 @@ def routes(state: ServerState) -> list[Route]:
                 "composite": explorer.settings.composite,
                 "run": state.run_header,
                 "strategies": state.strategies is not None,
-                "concepts": None if state.concepts is None else state.concepts["layer"],
+                "concepts": None if state.concepts is None else state.concepts.layer,
+                "run_problems": list(state.run_problems.values()),
             }
         )
 

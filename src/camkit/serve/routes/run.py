@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from camkit.runs.strategies import STRATEGIES_FILE
 from camkit.serve import security
 from camkit.serve.http import Query, error
 from camkit.serve.routes.state import ServerState
@@ -17,6 +18,8 @@ def routes(state: ServerState) -> list[Route]:
 
     async def strategies_view(request: Request) -> Response:
         Query(request, ())
+        if STRATEGIES_FILE in state.run_problems:
+            return error(state.run_problems[STRATEGIES_FILE], 422)
         if state.strategies is None:
             return error("this run has no strategies: run 'camkit strategies RUN_DIR'", 404)
         return JSONResponse(state.strategies)

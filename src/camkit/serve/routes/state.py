@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from camkit.errors import ArgumentError
+from camkit.runs.concepts import ConceptsRecord
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.compare import Comparison
 from camkit.serve.concepts import ConceptViews
@@ -22,6 +23,7 @@ class ServerState:
     ``camkit explain`` run it shows (None: none); ``names``: each checkpoint's name for the
     page (its file); ``concepts``: the run's ``camkit concepts`` results
     (:func:`camkit.runs.concepts.read_concepts`); ``uploads``: how many it holds;
+    ``run_problems``: the run's broken files (file name -> the error's message);
     ``comparison``: with two checkpoints; ``views``: the concept views."""
 
     explorer: Explorer
@@ -30,8 +32,9 @@ class ServerState:
     run_header: dict | None = None
     strategies: dict | None = None
     names: dict[str, str] | None = None
-    concepts: dict | None = None
+    concepts: ConceptsRecord | None = None
     uploads: int = 0
+    run_problems: dict[str, str] = dataclasses.field(default_factory=dict)
     checkpoints: list[str] = dataclasses.field(init=False)
     comparison: Comparison | None = dataclasses.field(init=False)
     views: ConceptViews = dataclasses.field(init=False)

@@ -15,7 +15,8 @@ from camkit.serve.routes.state import ServerState
 
 
 def routes(state: ServerState) -> list[Route]:
-    """The upload route: at most ``MAX_UPLOADS`` per server, ``MAX_UPLOAD_BYTES`` each."""
+    """The upload route: at most ``MAX_UPLOADS`` per server, ``MAX_UPLOAD_BYTES`` each, the
+    explorer's ``max_pixels`` (as its files)."""
 
     async def upload(request: Request) -> Response:
         Query(request, ("name",))
@@ -36,7 +37,8 @@ def routes(state: ServerState) -> list[Route]:
                 raise security.UploadError(
                     f"the upload is more than {security.MAX_UPLOAD_BYTES:,} bytes", 413
                 )
-        pixels = await asyncio.to_thread(security.read_upload, bytes(body))
+        limit = state.explorer.max_pixels
+        pixels = await asyncio.to_thread(security.read_upload, bytes(body), max_pixels=limit)
         name = safe_name(request.query_params.get("name") or "upload") or "upload"
         state.uploads += 1
         return JSONResponse({"id": state.explorer.add_upload(f"upload: {name}", pixels)})

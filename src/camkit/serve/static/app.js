@@ -19,32 +19,78 @@ function showError(text) {
   box.hidden = !text;
 }
 
-async function getJSON(path, params) {
-  const reply = await fetch(api(path, params));
-  const body = await reply.json();
-  if (!reply.ok) throw new Error(body.error || reply.statusText);
-  return body;
+// Each view shows the answer to its latest request only: latest(view) aborts the view's request
+// before (the server stops a long map's work too) and gives the signal of the new one; an answer
+// to a request that is no longer the latest rejects with an AbortError (stale), which the view
+// drops, whatever the order the answers arrive in.
+const requests = new Map();
+
+function latest(view) {
+  forget(view);
+  const controller = new AbortController();
+  requests.set(view, controller);
+  return controller.signal;
 }
 
-// an image from the API as an object URL (so that an error shows its message), with the
-// reply's headers
-async function fetchImage(path, params) {
+function forget(view) { requests.get(view)?.abort(); }
+function stale(error) { return error?.name === "AbortError"; }
+function failed(error) { if (!stale(error)) showError(error.message); }
+
+// one API request (body.dataset.busy counts those in flight), read by `read` from its reply;
+// an error's JSON message as the Error's; a stale one rejects with an AbortError
+async function call(path, params, signal, read) {
   document.body.dataset.busy = String(+document.body.dataset.busy + 1);
   try {
-    const reply = await fetch(api(path, params));
+    const reply = await fetch(api(path, params), { signal });
     if (!reply.ok) {
       const body = await reply.json().catch(() => ({}));
       throw new Error(body.error || reply.statusText);
     }
-    const url = URL.createObjectURL(await reply.blob());
-    state.urls.push(url);
-    return { url, headers: reply.headers };
+    const value = await read(reply);
+    signal?.throwIfAborted();
+    return value;
+  } catch (error) {
+    signal?.throwIfAborted();
+    throw error;
   } finally {
     document.body.dataset.busy = String(+document.body.dataset.busy - 1);
   }
 }
 
-async function getImage(path, params) { return (await fetchImage(path, params)).url; }
+function getJSON(path, params, signal) { return call(path, params, signal, (reply) => reply.json()); }
+
+// an image from the API as an object URL (so that an error shows its message), with the
+// reply's headers
+function fetchImage(path, params, signal) {
+  return call(path, params, signal, async (reply) => {
+    const url = URL.createObjectURL(await reply.blob());
+    state.urls.push(url);
+    return { url, headers: reply.headers };
+  });
+}
+
+async function getImage(path, params, signal) { return (await fetchImage(path, params, signal)).url; }
+
+// an image computed on demand: a placeholder (a spinner) in its place until it comes, the
+// reason where none comes; never a broken-image icon
+function pendingImage(attributes) {
+  return [element("div", { class: "pending", text: "computing..." }), element("img", { ...attributes, hidden: "" })];
+}
+
+async function fill(img, url) {
+  const placeholder = img.previousElementSibling;
+  try {
+    img.src = await url;
+    img.hidden = false;
+    placeholder?.remove();
+  } catch (error) {
+    if (placeholder && !stale(error)) {
+      placeholder.classList.add("failed");
+      placeholder.textContent = `no image: ${error.message}`;
+    }
+    throw error;
+  }
+}
 
 function element(tag, attributes = {}, children = []) {
   const node = document.createElement(tag);
@@ -83,6 +129,7 @@ function parseClassText(text) {
 // ------------------------------------------------------------------ gallery
 
 async function loadGallery() {
+  const signal = latest("gallery");
   const params = { offset: state.offset, limit: PAGE, order: $("f-order").value };
   const predicted = $("f-predicted").value.trim();
   if (predicted) params.predicted = state.info.labels[parseClassText(predicted)] ?? predicted;
@@ -92,7 +139,7 @@ async function loadGallery() {
     params.checkpoint = $("f-checkpoint").value;
     if ($("f-changed").checked) params.changed = 1;
   }
-  const page = await getJSON("gallery", params);
+  const page = await getJSON("gallery", params, signal);
   const gallery = $("gallery");
   gallery.replaceChildren();
   for (const item of page.items) {
@@ -143,15 +190,17 @@ function mapParams(extra = {}) {
 }
 
 async function openImage(id, wanted = {}) {
-  state.image = id;
-  state.imageInfos = {};
+  const signal = latest("image");
+  const infos = {};
   for (const checkpoint of state.info.checkpoints) {
-    state.imageInfos[checkpoint] = await getJSON(`image/${id}`, { k: 5, checkpoint });
+    infos[checkpoint] = await getJSON(`image/${id}`, { k: 5, checkpoint }, signal);
   }
+  state.image = id;
+  state.imageInfos = infos;
   const info = state.imageInfos[state.info.checkpoints[0]];
   state.imageInfo = info;
   $("image-name").textContent = info.name + (info.truth ? ` (true class: ${info.truth})` : "");
-  $("photo").src = await getImage(`photo/${id}`);
+  $("photo").src = await getImage(`photo/${id}`, {}, signal);
   const tops = $("tops");
   tops.replaceChildren();
   for (const [checkpoint, each] of Object.entries(state.imageInfos)) {
@@ -178,7 +227,7 @@ async function openImage(id, wanted = {}) {
   if (wanted.method && state.info.methods.some((m) => m.name === wanted.method)) $("method").value = wanted.method;
   $("class2").value = "";
   state.shown = null;
-  await refreshMethods();
+  await refreshMethods(signal);
   await updateMaps();
 }
 
@@ -194,9 +243,11 @@ function topOf(checkpoint) {
 }
 
 // a map image that may take long: progress from the server, and a cancel that stops the work
-async function longImage(path, params) {
+async function longImage(path, params, signal) {
   const job = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`;
   state.jobs.add(job);
+  const stop = () => fetch(api("cancel", { job }), { method: "POST" });  // a stale map's work
+  signal.addEventListener("abort", stop);
   const box = $("progress");
   let timer = setTimeout(async function poll() {
     try {
@@ -210,8 +261,9 @@ async function longImage(path, params) {
     if (timer !== null) timer = setTimeout(poll, 250);
   }, 250);
   try {
-    return await getImage(path, { ...params, job });
+    return await fetchImage(path, { ...params, job }, signal);
   } finally {
+    signal.removeEventListener("abort", stop);
     clearTimeout(timer); timer = null;
     state.jobs.delete(job);
     if (!state.jobs.size) box.hidden = true;
@@ -219,10 +271,22 @@ async function longImage(path, params) {
 }
 
 // a slow method's map alone, with progress and cancel; the others batched with the rest
-function fetchMap(params) {
+// ({ url, headers })
+function fetchMap(params, signal) {
   const method = state.info.methods.find((m) => m.name === params.method);
   const slow = method && (method.slow || (method.seconds ?? 0) > 0.5);
-  return slow ? longImage("map", params) : getImage("map", params);
+  return slow ? longImage("map", params, signal) : fetchImage("map", params, signal);
+}
+
+// what the method measured of its map (LRP: the share of the score that reaches the input
+// and where most of it is lost), for the caption; "" when nothing
+function measuredText(headers) {
+  const raw = headers.get("X-Camkit-Measured");
+  const found = raw ? JSON.parse(raw).conservation : null;
+  if (!found || found.input === null) return "";
+  const [above, stage] = found.lost_most.between;
+  return ` · ${(100 * found.input).toPrecision(3)}% of the score reaches the input ` +
+    `(most lost between ${above} and ${stage})`;
 }
 
 async function cancelMaps() {
@@ -231,6 +295,7 @@ async function cancelMaps() {
 }
 
 async function updateMaps() {
+  const signal = latest("maps");
   showError("");
   let second;
   try {
@@ -247,9 +312,10 @@ async function updateMaps() {
   // the depth strip and the curves belong to one class and method: cleared when those change
   const shown = { cls: state.cls, method: method.name, layer: $("layer").value, composite, both };
   const before = state.shown || {};
-  if (before.cls !== shown.cls || before.method !== shown.method) $("depth").replaceChildren();
-  if (Object.keys(shown).some((key) => before[key] !== shown[key])) $("curves").replaceChildren();
-  if (before.cls !== shown.cls || before.layer !== shown.layer) $("concepts").replaceChildren();
+  const clear = (view) => { forget(view); $(view).replaceChildren(); };
+  if (before.cls !== shown.cls || before.method !== shown.method) clear("depth");
+  if (Object.keys(shown).some((key) => before[key] !== shown[key])) clear("curves");
+  if (before.cls !== shown.cls || before.layer !== shown.layer) clear("concepts");
   state.shown = shown;
   const panels = [[state.cls, first]];
   if (second !== null && second !== undefined) panels.push([second, first]);
@@ -259,37 +325,66 @@ async function updateMaps() {
       (method.needs_layer ? ` · ${$("layer").value}` : "") + (composite ? ` · ${composite}` : "") +
       (comparing() ? ` · ${nameOf(checkpoint)} (${topOf(checkpoint)})` : "");
     return element("figure", { "data-checkpoint": checkpoint, "data-class": cls }, [
-      element("img", { class: "map", alt: caption }), element("figcaption", { text: caption })]);
+      ...pendingImage({ class: "map", alt: caption }), element("figcaption", { text: caption })]);
   });
   const differences = both ? panels.filter(([, c]) => c === first).map(([cls]) => element("figure", { class: "difference" }, [
-    element("img", { class: "difference", alt: "difference" }),
+    ...pendingImage({ class: "difference", alt: "difference" }),
     element("figcaption", { text: `difference for ${classText(cls)}: ${nameOf(first)} − ${nameOf(other)} ` +
       "(red: only the first looks there, blue: only the second, white: same heat)" }),
   ])) : [];
   $("maps").replaceChildren(...figures, ...differences);
-  const main = mapParams();
-  const name = `${stem(state.imageInfo.name)}_${main.method}_${main.class}`;
-  $("download-png").href = api("map", main);
-  $("download-png").download = `${name}.png`;
-  $("download-npy").href = api("map", { ...main, format: "npy" });
-  $("download-npy").download = `${name}.npy`;
+  $("downloads").replaceChildren(...downloads(both ? [first, other] : [first]));
   try {
     await Promise.all([
-      ...panels.map(async ([cls, checkpoint], i) => {
-        figures[i].querySelector("img").src = await fetchMap(mapParams({ class: cls, checkpoint }));
-      }),
-      ...differences.map(async (figure, i) => {
-        const params = mapParams({ class: panels[i][0] });
-        delete params.colormap;
-        figure.querySelector("img").src = await getImage("difference", params);
-      }),
+      ...panels.map(([cls, checkpoint], i) =>
+        fill(figures[i].querySelector("img"), fetchMap(mapParams({ class: cls, checkpoint }), signal)
+          .then(({ url, headers }) => {
+            figures[i].querySelector("figcaption").textContent += measuredText(headers);
+            return url;
+          }))),
+      ...differences.map((figure, i) =>
+        fill(figure.querySelector("img"), getImage("difference", differenceParams(panels[i][0]), signal))),
     ]);
-  } catch (error) { showError(error.message); }
+  } catch (error) { failed(error); }
+}
+
+function differenceParams(cls) {
+  const params = mapParams({ class: cls });
+  delete params.colormap;
+  return params;
+}
+
+// the shown class's map of each checkpoint shown (PNG overlay and raw .npy), and with two their
+// difference; the first checkpoint's links are #download-png and #download-npy
+function downloads(checkpoints) {
+  const main = mapParams();
+  const name = `${stem(state.imageInfo.name)}_${main.method}_${main.class}`;
+  const two = checkpoints.length > 1;
+  const link = (what, route, params, file, text, id) => element("a", {
+    ...(id ? { id } : {}), class: "download", "data-what": what, href: api(route, params), download: file, text,
+  });
+  const links = checkpoints.flatMap((checkpoint, k) => {
+    const params = { ...main, checkpoint };
+    const file = two ? `${name}_${stem(nameOf(checkpoint))}` : name;
+    const whose = two ? `${nameOf(checkpoint)}: ` : "";
+    return [
+      link(checkpoint, "map", params, `${file}.png`, `${whose}overlay (PNG)`, k ? null : "download-png"),
+      link(checkpoint, "map", { ...params, format: "npy" }, `${file}.npy`, `${whose}raw map (.npy)`, k ? null : "download-npy"),
+    ];
+  });
+  if (two) {
+    const params = differenceParams(main.class);
+    const file = `${name}_${stem(nameOf(checkpoints[0]))}-minus-${stem(nameOf(checkpoints[1]))}`;
+    links.push(
+      link("difference", "difference", params, `${file}.png`, "difference (PNG)"),
+      link("difference", "difference", { ...params, format: "npy" }, `${file}.npy`, "difference (.npy)"));
+  }
+  return links;
 }
 
 // the methods menu with roughly how long each takes on this model (measured once it predicted)
-async function refreshMethods() {
-  try { state.info.methods = (await getJSON("info")).methods; } catch (error) { return; }
+async function refreshMethods(signal) {
+  try { state.info.methods = (await getJSON("info", {}, signal)).methods; } catch (error) { signal.throwIfAborted(); return; }
   for (const m of state.info.methods) {
     const option = $("method").querySelector(`option[value="${CSS.escape(m.name)}"]`);
     if (option) option.textContent = m.name + (m.seconds !== null ? ` (${seconds(m.seconds)})` : m.slow ? " (slow)" : "");
@@ -297,17 +392,18 @@ async function refreshMethods() {
 }
 
 async function depthStrip() {
+  const signal = latest("depth");
   showError("");
   const strip = $("depth");
   strip.replaceChildren(element("span", { text: "computing the depth strip..." }));
   try {
-    const reply = await getJSON("depth", mapParams());
+    const reply = await getJSON("depth", mapParams(), signal);
     const figures = await Promise.all(reply.layers.map(async (layer) => element("figure", {}, [
-      element("img", { src: await getImage("map", mapParams({ layer })), alt: layer }),
+      element("img", { src: await getImage("map", mapParams({ layer }), signal), alt: layer }),
       element("figcaption", { text: `${layer}${layer === state.info.default_layer ? " (default)" : ""} · ${classText(state.cls)} · ${$("method").value}` }),
     ])));
     strip.replaceChildren(...figures);
-  } catch (error) { strip.replaceChildren(); showError(error.message); }
+  } catch (error) { if (!stale(error)) { strip.replaceChildren(); showError(error.message); } }
 }
 
 function svgNode(tag, attributes, text) {
@@ -347,13 +443,14 @@ function plot(curves, title) {
 }
 
 async function curves() {
+  const signal = latest("curves");
   showError("");
   $("curves").replaceChildren(element("span", { text: "scoring..." }));
   try {
     const title = `${classText(state.cls)} · ${$("method").value}` +
       (comparing() ? ` · ${nameOf(state.info.checkpoints[0])}` : "");
-    $("curves").replaceChildren(plot(await getJSON("curve", mapParams()), title));
-  } catch (error) { $("curves").replaceChildren(); showError(error.message); }
+    $("curves").replaceChildren(plot(await getJSON("curve", mapParams(), signal), title));
+  } catch (error) { if (!stale(error)) { $("curves").replaceChildren(); showError(error.message); } }
 }
 
 // ------------------------------------------------------------------ concepts
@@ -423,44 +520,45 @@ async function featureOf(card, params, channel) {
     const { url, headers } = await fetchImage("feature", wanted);
     button.replaceWith(element("img", { class: "feature", src: url, alt: `feature visualisation of channel ${channel}` }),
       element("div", { class: "caption", text: `computed: ${headers.get("X-Camkit-Computed") || "feature visualisation"}` }));
-  } catch (error) { button.disabled = false; button.textContent = "feature visualisation"; showError(error.message); }
+  } catch (error) { button.disabled = false; button.textContent = "feature visualisation"; failed(error); }
 }
 
-async function conceptCard(concept, params) {
-  const heatParams = { image: params.image, class: params.class, layer: params.layer, channel: concept.channel, alpha: $("alpha").value };
+async function conceptCard(concept, params, signal) {
+  const { image, layer, x, y, box } = params;  // the heatmap of the channel's relevance where asked
+  const heatParams = { image, class: params.class, layer, channel: concept.channel, alpha: $("alpha").value,
+    ...(box ? { box } : x !== undefined ? { x, y } : {}) };
   if (params.checkpoint) heatParams.checkpoint = params.checkpoint;
   const card = element("div", { class: "concept", "data-channel": concept.channel }, [
     element("h4", { text: `channel ${concept.channel}` }),
     element("div", { class: "caption", text: `share ${percent(concept.share)} · relevance ${concept.relevance.toPrecision(3)}` }),
-    element("img", { class: "heat", alt: `conditional heatmap of channel ${concept.channel} (computing)` }),
-    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue); colours clipped at the 99.5th percentile of |relevance|` }),
+    ...pendingImage({ class: "heat", alt: `conditional heatmap of channel ${concept.channel}` }),
+    element("div", { class: "caption", text: `where channel ${concept.channel} speaks for ${classText(params.class)} (red) or against it (blue)` +
+      `${box ? " in the box" : x !== undefined ? " in the cell clicked" : ""}; colours clipped at the 99.5th percentile of |relevance|` }),
     ...references(concept.references),
+    ...(concept.no_references ? [element("div", { class: "caption no-refs", text: concept.no_references })] : []),
     element("button", { type: "button", class: "feature", text: "feature visualisation" }),
   ]);
   card.querySelector("button.feature").addEventListener("click", () => featureOf(card, params, concept.channel));
-  const heat = card.querySelector("img.heat");  // the list shows first; each heatmap when computed
-  getImage("concept-map", heatParams).then((url) => {
-    heat.src = url;
-    heat.alt = `conditional heatmap of channel ${concept.channel}`;
-  }).catch((error) => showError(error.message));
+  // the list shows first; each heatmap when computed
+  fill(card.querySelector("img.heat"), getImage("concept-map", heatParams, signal)).catch(failed);
   return card;
 }
 
 async function showConcepts(where, cls, checkpoint, img) {
+  const signal = latest("concepts");
   showError("");
   const box = $("concepts");
   const params = { image: state.image, class: cls, layer: $("layer").value, k: $("concept-k").value, ...where };
   if (comparing()) params.checkpoint = checkpoint;
   box.replaceChildren(element("span", { text: "finding the concepts..." }));
-  document.body.dataset.busy = String(+document.body.dataset.busy + 1);
   try {
-    const answer = await getJSON("concepts", params);
+    const answer = await getJSON("concepts", params, signal);
     const region = answer.region;
     if (img && region.box) {
       const [h, w] = answer.size, [top, left, bottom, right] = region.box;
       drawMark(img, [left / w, top / h, right / w, bottom / h]);
     } else for (const old of document.querySelectorAll("#maps .mark")) old.remove();
-    const cards = await Promise.all(answer.concepts.map((concept) => conceptCard(concept, params)));
+    const cards = await Promise.all(answer.concepts.map((concept) => conceptCard(concept, params, signal)));
     const where = region.kind === "image" ? "in the whole image" : region.kind === "cell" ? "in the layer cell clicked" : "in the box";
     const notes = [element("p", { class: "note", text: `the ${cards.length} channels of ${answer.layer} most relevant for ${classText(cls)} ${where}; share: of the absolute relevance of all its channels there` })];
     if (!answer.references) {
@@ -469,8 +567,7 @@ async function showConcepts(where, cls, checkpoint, img) {
         : "no reference images: run camkit concepts on this run (camkit concepts IMAGES --layer L --out RUN)" }));
     }
     box.replaceChildren(...notes, ...cards);
-  } catch (error) { box.replaceChildren(); showError(error.message); }
-  finally { document.body.dataset.busy = String(+document.body.dataset.busy - 1); }
+  } catch (error) { if (!stale(error)) { box.replaceChildren(); showError(error.message); } }
 }
 
 // ------------------------------------------------------------------ set-up
@@ -482,11 +579,12 @@ async function route() {
   $("image-view").hidden = !match;
   $("strategies-view").hidden = !strategies;
   for (const url of state.urls.splice(0)) URL.revokeObjectURL(url);
+  for (const view of requests.keys()) forget(view);  // what the view left asked is not shown
   try {
     if (match) await openImage(+match[1], { class: match[2] && +match[2], method: match[3] });
     else if (strategies) await loadStrategies();
     else await loadGallery();
-  } catch (error) { showError(error.message); }
+  } catch (error) { failed(error); }
 }
 
 // ------------------------------------------------------------------ strategies
@@ -496,7 +594,7 @@ function figureNumber(value, digits = 2) {
 }
 
 async function loadStrategies() {
-  const data = await getJSON("strategies");
+  const data = await getJSON("strategies", {}, latest("strategies"));
   const groups = data.groups.map((group) => {
     const clusters = [...group.clusters].sort((a, b) => (b.suspiciousness ?? 0) - (a.suspiciousness ?? 0));
     const link = (id) => element("a", { href: `#image=${id}&class=${group.class}&method=${group.method}` }, [
@@ -523,20 +621,36 @@ async function loadStrategies() {
   $("strategies").replaceChildren(...groups, ...skipped);
 }
 
-// the concepts that dominate a cluster, computed by the server when asked
+// the concepts that dominate a cluster, computed by the server when asked: at the layer the
+// run explained, and at the layer of the run's reference patches when that is another
 function clusterConceptsButton(group, cluster) {
-  const holder = element("div", { class: "cluster-concepts" }, [
-    element("button", { type: "button", text: "concepts of this cluster" })]);
-  holder.querySelector("button").addEventListener("click", async () => {
+  const holder = element("div", { class: "cluster-concepts" });
+  const button = (text, layer) => {
+    const node = element("button", { type: "button", text });
+    node.addEventListener("click", () => show(layer));
+    return node;
+  };
+  async function show(layer) {
+    const signal = latest(`cluster ${group.method} ${group.class} ${cluster.id}`);
     holder.replaceChildren(element("span", { text: "finding the concepts..." }));
     try {
-      const found = await getJSON("cluster-concepts", { method: group.method, class: group.class, cluster: cluster.id });
+      const params = { method: group.method, class: group.class, cluster: cluster.id, ...(layer ? { layer } : {}) };
+      const found = await getJSON("cluster-concepts", params, signal);
+      const patches = state.info.concepts;
+      const elsewhere = patches && patches !== found.layer ? [
+        element("p", { class: "note hint", text: `reference patches exist for layer ${patches} (camkit concepts), not for ${found.layer}` }),
+        button(`concepts of this cluster at ${patches}`, patches)] : [];
       holder.replaceChildren(
         element("span", { class: "row-label", text: `channels of ${found.layer} that dominate its ${found.images} images (mean share)` }),
         ...found.concepts.map((c) => element("div", { class: "dominant", "data-channel": c.channel }, [
-          element("div", { text: `channel ${c.channel}: ${percent(c.share)}` }), ...references(c.references)])));
-    } catch (error) { holder.replaceChildren(); showError(error.message); }
-  });
+          element("div", { text: `channel ${c.channel}: ${percent(c.share)}` }), ...references(c.references),
+          ...(c.no_references ? [element("div", { class: "no-refs", text: c.no_references })] : [])])),
+        ...elsewhere);
+    } catch (error) {
+      if (!stale(error)) { holder.replaceChildren(button("concepts of this cluster")); showError(error.message); }
+    }
+  }
+  holder.append(button("concepts of this cluster"));
   return holder;
 }
 
@@ -555,6 +669,9 @@ async function start() {
     state.info = await getJSON("info");
   } catch (error) { showError(error.message); return; }
   const info = state.info;
+  if (info.run_problems.length) {  // broken files of the run: said for as long as the page is open
+    $("message").before(element("div", { id: "run-problems", role: "alert", text: info.run_problems.join("\n") }));
+  }
   $("model").textContent = `${info.model} · ${info.images} images` +
     (comparing() ? ` · checkpoints ${info.checkpoints.map(nameOf).join(" and ")}` : "");
   for (const form of ["filters", "controls", "concept-controls"]) $(form).addEventListener("submit", (event) => event.preventDefault());
@@ -562,6 +679,11 @@ async function start() {
   if (info.truths.length) {
     $("f-truth-box").hidden = false;
     $("f-truth").append(...info.truths.map((t) => element("option", { value: t, text: t })));
+  } else {  // misclassified needs a true class to compare with
+    $("f-wrong").disabled = true;
+    $("f-wrong-box").classList.add("off");
+    $("f-wrong-box").title = "no true classes in this gallery, so nothing to call misclassified: " +
+      "images in folders root/<class>/<image> give them";
   }
   const families = {};
   for (const method of info.methods) (families[method.family] ||= []).push(method);
@@ -585,10 +707,10 @@ async function start() {
   $("strategies-link").hidden = !info.strategies;
 
   for (const id of ["f-order", "f-truth", "f-wrong", "f-predicted", "f-checkpoint", "f-changed"]) {
-    $(id).addEventListener("change", () => { state.offset = 0; loadGallery().catch((e) => showError(e.message)); });
+    $(id).addEventListener("change", () => { state.offset = 0; loadGallery().catch(failed); });
   }
-  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadGallery(); });
-  $("next").addEventListener("click", () => { state.offset += PAGE; loadGallery(); });
+  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadGallery().catch(failed); });
+  $("next").addEventListener("click", () => { state.offset += PAGE; loadGallery().catch(failed); });
   for (const id of ["class", "class2", "method", "layer", "composite", "alpha", "colormap", "compare"]) {
     $(id).addEventListener("change", updateMaps);
   }

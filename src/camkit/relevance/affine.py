@@ -1,0 +1,62 @@
+"""A layer as the affine map the parametric LRP rules modify: ``op(x, weight) + bias``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.errors import ArgumentError
+
+Op = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Affine:
+    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
+    parameters detached: what the parametric rules modify."""
+
+    op: Op
+    weight: Tensor
+    bias: Tensor | None
+
+    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        out = self.op(x, weight)
+        return out if bias is None else out + bias
+
+    def scaled_outputs(self, scale: Tensor) -> Tensor:
+        """The weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged after)."""
+        return self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
+
+    def scaled_inputs(self, scale: Tensor) -> Tensor:
+        """The weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm before)."""
+        return self.weight * scale.view(1, -1, *(1,) * (self.weight.dim() - 2))
+
+    @staticmethod
+    def of(module: nn.Module) -> Affine:
+        """The affine map of an ``nn.Linear``, ``nn.Conv1d/2d/3d`` or ``nn.ConvTranspose1d/2d/3d``
+        (:mod:`camkit.relevance.layers`)."""
+        from camkit.relevance.layers import CONV_TRANSPOSE, transposed_affine
+
+        if isinstance(module, CONV_TRANSPOSE):
+            return transposed_affine(module)
+        weight = module.weight.detach()
+        bias = None if module.bias is None else module.bias.detach()
+        if isinstance(module, nn.Linear):
+            return Affine(lambda x, w: F.linear(x, w), weight, bias)
+        if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+            shape = (-1,) + (1,) * (weight.dim() - 2)
+            return Affine(
+                lambda x, w: module._conv_forward(x, w, None),
+                weight,
+                None if bias is None else bias.view(shape),
+            )
+        raise ArgumentError(
+            "a parametric LRP rule needs nn.Linear, nn.Conv1d/2d/3d or nn.ConvTranspose1d/2d/3d, "
+            f"got {type(module).__name__}"
+        )
+
+
+__all__ = ["Affine", "Op"]

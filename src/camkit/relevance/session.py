@@ -1,0 +1,217 @@
+"""One block of the one backward: the rules of a rule set's modules, what its canonizers track,
+the recorded layer outputs, and the log of the ReLU rules (:func:`~.engine.rules_applied`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.layers import find_layers, this_thread
+from camkit.errors import ArgumentError, RelevanceError
+from camkit.relevance.canonizers import merged_after, merged_before
+from camkit.relevance.composites import Composite
+from camkit.relevance.gates import GateTracker
+from camkit.relevance.layers import CONV_TRANSPOSE
+from camkit.relevance.rectifiers import ActivationLog
+from camkit.relevance.rules import Affine, Norm, Rule
+from camkit.relevance.transformers import handlers
+
+_BN_FORWARD = nn.BatchNorm2d.forward
+_PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
+_PLAIN_FORWARDS += tuple(kind.forward for kind in CONV_TRANSPOSE)
+
+
+def on_path(t: object) -> bool:
+    """Whether ``t`` is a tensor on the relevance path (requires grad, not a parameter)."""
+    return isinstance(t, Tensor) and t.requires_grad and not isinstance(t, nn.Parameter)
+
+
+class Session:
+    """One :func:`~.engine.rules_applied` block: the rules of the modules, what the canonizers
+    track, the recorded layer outputs (``recorded[name]``: every call's output, in order) and,
+    under a ReLU rule, ``log``: the :class:`~.rectifiers.ActivationLog` of what was met.
+
+    ``model`` may be None for a rule set that names no module (the ReLU rules, the gradient).
+    """
+
+    def __init__(self, model: nn.Module | None, comp: Composite, record: Sequence[str]):
+        self.model, self.composite = model, comp
+        if model is None and (comp.rules or comp.first or comp.canonizers or record):
+            raise ArgumentError(
+                f"the rule set {comp.name!r} gives modules rules: it needs the model"
+            )
+        self.rules: dict[str, tuple[nn.Module, Rule]] = {}
+        if model is not None:
+            self.rules = comp.assign(model)
+        self.log = ActivationLog(comp.rectifier) if comp.rectifier is not None else None
+        self.norm = Norm(comp.stabilizer)
+        self.handlers = handlers(comp.stabilizer)
+        self.gates = GateTracker(comp.gates)
+        self.bypass = 0
+        self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
+        self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        self.grad_modes: list[bool] = []
+        self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.substituted = 0
+        self.record = list(record)
+        self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
+        self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
+        self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
+        self.deferred: set[nn.Module] = set()  # layers a BatchNorm follows (MergeBatchNorm)
+        self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
+        self.names = {m: name for name, m in model.named_modules()} if model is not None else {}
+
+    @staticmethod
+    def guard(hook: Any) -> Any:
+        return this_thread(hook)
+
+    def register(self) -> list:
+        handles = []
+        for module, rule in self.rules.values():
+            handles.append(module.register_forward_pre_hook(self.guard(self._enter(rule))))
+            handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
+        for canonizer in self.composite.canonizers:
+            handles.extend(canonizer.apply(self.model, self))
+        for name, module in find_layers(self.model, self.record) if self.record else ():
+            handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
+        return handles
+
+    def _enter(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple) -> tuple | None:
+            self.bypass += 1
+            if rule.parametric and not rule.reuses_output:  # the rule computes the layer
+                self.grad_modes.append(torch.is_grad_enabled())  # again: its own pass needs
+                torch.set_grad_enabled(False)  # no graph
+            elif getattr(module, "inplace", False) and args and on_path(args[0]):
+                return (args[0].clone(), *args[1:])  # the module works on a copy: the rule
+            return None  # needs its input
+
+        return hook
+
+    def _rule_hook(self, rule: Rule):
+        def hook(module: nn.Module, args: tuple, o: object) -> object:
+            self.bypass -= 1
+            if rule.parametric and not rule.reuses_output:
+                torch.set_grad_enabled(self.grad_modes.pop())
+            x = args[0] if args else None
+            if not (on_path(x) and isinstance(o, Tensor)):
+                return None
+            self.bypass += 1
+            try:
+                if not rule.parametric:
+                    return rule.output(None, x, o)
+                layer, source = self._affine(module), x
+                before = self.normalized.get(id(x))
+                if before is not None and before[0] is x and before[1] == x._version:
+                    layer = merged_before(before[2], layer, before[3])
+                    source = before[3]
+                if module in self.deferred and source is x:
+                    # the BatchNorm right after it merges the rule in: no terms computed twice
+                    self.produced[id(o)] = (o, o._version, layer, rule, source)
+                    self.pending[id(o)] = self.names[module]
+                    return None
+                # o carries the layer's graph (and the BatchNorm's before it) when reused
+                y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
+                self.produced[id(y)] = (y, y._version, layer, rule, source)
+                return y
+            finally:
+                self.bypass -= 1
+
+        return hook
+
+    def _affine(self, module: nn.Module) -> Affine:
+        """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
+        first) is run with its weight swapped for the rule's inside the function mode."""
+        if type(module).forward in _PLAIN_FORWARDS:
+            return Affine.of(module)
+        plain = Affine.of(module)
+        weight = module.weight
+
+        def op(x: Tensor, w: Tensor) -> Tensor:
+            swap = {id(weight): (weight, w)}
+            if module.bias is not None:
+                swap[id(module.bias)] = (module.bias, None)
+            self.substitute, self.substituted = swap, 0
+            try:
+                out = module.forward(x)
+            finally:
+                self.substitute = {}
+            if not self.substituted:
+                raise RelevanceError(
+                    f"{type(module).__name__} computes the weight it applies in its forward: "
+                    "camkit's rules modify the module's own weight and cannot reach it"
+                )
+            return out
+
+        return Affine(op, plain.weight, plain.bias)
+
+    def swapped(self, values: Any) -> Any:
+        """``values`` with the module's parameters replaced by the rule's (see :meth:`_affine`)."""
+        if isinstance(values, list | tuple):
+            return type(values)(self.swapped(v) for v in values)
+        entry = self.substitute.get(id(values))
+        if entry is not None and entry[0] is values:
+            self.substituted += 1
+            return entry[1]
+        return values
+
+    def merge_batch_norms(
+        self, norms: Collection[nn.Module], followed: Collection[nn.Module]
+    ) -> list:
+        """The edits a canonizer asks for (:class:`~.canonizers.Edits`): each BatchNorm merged
+        into the rule of the layer next to it in the data flow, by a forward hook."""
+        self.deferred.update(followed)
+        hook = self.guard(self._batch_norm_hook)
+        return [bn.register_forward_hook(hook) for bn in norms]
+
+    def _batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
+        x = args[0] if args else None
+        if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
+            return None
+        after = self.produced.get(id(x))  # a deferred layer's output carries no graph
+        if after is not None and after[0] is x and after[1] == x._version:
+            _, _, layer, rule, source = after
+            self.merged.add(id(x))
+            deferred = self.pending.pop(id(x), None) is not None
+            self.bypass += 1
+            try:
+                if deferred and rule.reuses_output:  # out's graph: the BatchNorm, the layer
+                    return rule.reused(out)
+                return rule.output(merged_after(layer, bn), source, out)
+            finally:
+                self.bypass -= 1
+        if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
+            self.normalized[id(out)] = (out, out._version, bn, x)
+        return None
+
+    def merged_away(self, name: str) -> bool:
+        """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
+        relevance is then the BatchNorm's)."""
+        copy = self.passed_on.get(name)
+        return copy is not None and id(copy) in self.merged
+
+    def _record_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple, out: object) -> object:
+            if not isinstance(out, Tensor):
+                raise RelevanceError(f"layer {name!r} returns {type(out).__name__}, not a tensor")
+            self.recorded[name].append(out)
+            pending = self.pending.pop(id(out), None)
+            if pending is not None:
+                raise ArgumentError(
+                    f"layer {name!r} is merged with the BatchNorm that follows it (the "
+                    "canonizer): its relevance is at the BatchNorm's output; record that layer"
+                )
+            copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
+            produced = self.produced.get(id(out))
+            if produced is not None and produced[0] is out:  # the copy may be merged in turn
+                self.produced[id(copy)] = (copy, copy._version, *produced[2:])
+            self.passed_on[name] = copy
+            return copy
+
+        return hook
+
+
+__all__ = ["Session", "on_path"]

@@ -1,0 +1,149 @@
+"""What every file of a run folder shares: its kind (file name, the version this camkit writes,
+the command that writes it), reading its version, and typed reads of its values that turn a
+missing key or a wrong type into a :class:`~camkit.errors.RunFileError` naming the file, its
+version and what to do, never a silent None.
+
+A file written before run files had versions has no ``version`` field: it reads as version
+:data:`LEGACY` (0) with the layout camkit 0.2 wrote. A file of a version above the kind's is
+refused (a newer camkit wrote it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from camkit import io
+from camkit.errors import RunFileError
+
+LEGACY = 0
+"""The version of a file written before run files had a ``version`` field (camkit <= 0.2)."""
+_REQUIRED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class FileKind:
+    """One kind of run file: its ``name`` in the run folder, the ``version`` this camkit writes
+    and knows (it reads every version up to it) and the command that ``writes`` it."""
+
+    name: str
+    version: int
+    writes: str
+
+    def error(self, path: Path, version: int | None, problem: str) -> RunFileError:
+        """The error of a broken file: the file, its version, the problem, what to do."""
+        if version is None:
+            shown = "version unknown"
+        elif version == LEGACY:
+            shown = f"version {LEGACY}: no version field, written by camkit 0.2 or earlier"
+        else:
+            shown = f"version {version}"
+        return RunFileError(
+            f"{path} ({self.name}, {shown}): {problem}; run '{self.writes}' again to write it"
+        )
+
+    def version_of(self, path: Path, data: Any) -> int:
+        """The version a loaded file declares (:data:`LEGACY` when it has none); a version that
+        is not a whole number, or newer than this camkit knows, is an error."""
+        version = data.get("version", LEGACY) if isinstance(data, Mapping) else LEGACY
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise self.error(path, None, f"its version {version!r} is not a whole number >= 0")
+        if version > self.version:
+            raise RunFileError(
+                f"{path} ({self.name}, version {version}): written by a newer camkit (this one "
+                f"reads up to version {self.version}); upgrade camkit, or run '{self.writes}' "
+                "again with this one"
+            )
+        return version
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    kinds = types if isinstance(types, tuple) else (types,)
+    return " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Typed reads of one loaded file's values (``path``: the file, ``version``: its version):
+    each failure is ``kind``'s :class:`~camkit.errors.RunFileError`."""
+
+    kind: FileKind
+    path: Path
+    version: int
+
+    def fail(self, problem: str) -> RunFileError:
+        return self.kind.error(self.path, self.version, problem)
+
+    def check(self, value: Any, types: type | tuple[type, ...], where: str) -> Any:
+        """``value`` when it is of ``types`` (a bool is not an int, an int is a float)."""
+        kinds = types if isinstance(types, tuple) else (types,)
+        if float in kinds:
+            kinds = (*kinds, int)
+        wrong = isinstance(value, bool) and bool not in kinds
+        if wrong or not isinstance(value, kinds):
+            raise self.fail(f"{where} is {type(value).__name__}, expected {_type_names(types)}")
+        return value
+
+    def get(
+        self,
+        data: Any,
+        key: str,
+        types: type | tuple[type, ...],
+        where: str = "",
+        default: Any = _REQUIRED,
+    ) -> Any:
+        """``data[key]`` of ``types``; a missing key is an error unless a ``default`` is given
+        (``where``: the path of ``data`` in the file, for the message)."""
+        self.check(data, dict, where.rstrip(".") or "the file's top level")
+        if key not in data:
+            if default is _REQUIRED:
+                raise self.fail(f"the key {where}{key} is missing")
+            return default
+        return self.check(data[key], types, f"{where}{key}")
+
+    def items(
+        self,
+        data: Any,
+        key: str,
+        types: type | tuple[type, ...],
+        where: str = "",
+        default=_REQUIRED,
+    ) -> list:
+        """``data[key]``: a list whose every item is of ``types``."""
+        values = self.get(data, key, list, where, default)
+        for index, value in enumerate(values):
+            self.check(value, types, f"{where}{key}[{index}]")
+        return list(values)
+
+
+def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
+    """A run file's JSON and the typed reads of its values (its version read); None when there
+    is no such file; a file that cannot be read or is not complete JSON is ``kind``'s error."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except OSError as error:
+        raise kind.error(path, None, f"cannot be read ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise kind.error(path, None, "not UTF-8 text") from None
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno} column {error.colno}"
+        raise kind.error(path, None, f"not complete JSON ({error.msg} at {where})") from None
+    return data, Fields(kind, path, kind.version_of(path, data))
+
+
+def write_json(path: Path, kind: FileKind, fields: Mapping[str, Any]) -> Path:
+    """Write a run file (atomically) with ``kind``'s version first (whatever version
+    ``fields`` held) -> its path."""
+    fields = {key: value for key, value in fields.items() if key != "version"}
+    return io.save_json(path, {"version": kind.version, **fields})
+
+
+def record_fields(record: Any) -> dict[str, Any]:
+    """A record dataclass's fields but its version, for :func:`write_json`."""
+    return {
+        f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "version"
+    }
