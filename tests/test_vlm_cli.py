@@ -45,7 +45,7 @@ def test_a_dual_encoder_gets_an_overlay_per_prompt_equal_to_the_librarys_maps(tm
     loaded = load_vlm(folder)
     x = loaded.preprocess(io.read_image(photo)).unsqueeze(0)
     target = PromptTarget(loaded.model, ["a cat", "a dog"], tokenizer=loaded.tokenizer)
-    heat, _ = camkit.GradCAM(loaded.explained).heatmaps(x, target)
+    heat = camkit.GradCAM(loaded.explained).explain_batch(x, target).maps
     region = loaded.preprocess.photo_region(40, 48)
     expected = camkit.viz.overlay_on_photo(io.read_image(photo), heat[0, 1], region)
     assert np.array_equal(io.read_image(out / written[1]), expected)

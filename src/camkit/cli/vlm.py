@@ -130,9 +130,9 @@ class Shot:
 def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
     """One overlay per prompt."""
     prompts = list(shot.args.prompt)
-    heat, _ = explainer.heatmaps(
-        shot.x, PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
-    )
+    target = PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
+    found = explainer.explain_batch(shot.x, target, **explainer.display_options)
+    heat = explainer.display_heat(found.maps)
     for k, prompt in enumerate(prompts):
         shot.save(k, prompt, heat[0, k])
     return len(prompts)
