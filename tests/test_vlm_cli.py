@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import vlm_kit
+from vlm_kit import save_folder
 
 import camkit
 from camkit import io
@@ -15,15 +16,6 @@ from camkit.cli import main
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colour, token_html
-
-
-def save_folder(model, folder, frame="<bos> $A <eos>"):
-    """The model, the tokenizer and the image processor's settings in ``folder``."""
-    model.save_pretrained(folder)
-    vlm_kit.tokenizer_folder(folder, frame=frame)
-    size = {"height": vlm_kit.SIZE, "width": vlm_kit.SIZE}
-    vlm_kit.transformers.CLIPImageProcessor(size=size, crop_size=size).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

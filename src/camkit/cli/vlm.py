@@ -12,16 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from camkit import io, registry
 from camkit.cam.base import BaseCAM
-from camkit.cam.generation import explain_tokens
 from camkit.cli.arguments import positive_int
 from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
 from camkit.core.explainer import Explainer
-from camkit.errors import CamkitError
+from camkit.errors import CamkitError, InputError
 from camkit.models.vlm import LoadedVLM, load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz import overlay_on_photo
@@ -52,17 +50,23 @@ def check_prompts(args: argparse.Namespace) -> None:
         )
 
 
+def load_hf(model: str) -> LoadedVLM:
+    """``--model hf:FOLDER``: the model in the local HuggingFace folder
+    (:func:`camkit.models.vlm.load_vlm`), its errors as usage errors. ``camkit explain`` and
+    ``camkit serve`` load ``hf:`` models through this one function."""
+    try:
+        return load_vlm(model.removeprefix(PREFIX))
+    except (CamkitError, OSError) as error:
+        raise UsageError(f"--model {model}: {error}") from None
+
+
 def run_vlm(args: argparse.Namespace) -> int:
     """Explain each image for the prompts; exit 1 naming unreadable images."""
     check_prompts(args)
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap)
     )
-    folder = args.model.removeprefix(PREFIX)
-    try:
-        loaded = load_vlm(folder)
-    except (CamkitError, OSError) as error:
-        raise UsageError(f"--model {args.model}: {error}") from None
+    loaded = load_hf(args.model)
     loaded.model.to(device)
     if loaded.generative and len(args.prompt) != 1:
         raise UsageError("--prompt: a generative model answers one prompt; give it once")
@@ -140,30 +144,18 @@ def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
 
 def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> int:
     """The answer to the prompt; an overlay per generated token and the token page."""
-    x, args = shot.x, shot.args
-    ids = loaded.prompt_ids(args.prompt[0], x).to(x.device)
-    with torch.no_grad():
-        sequence = loaded.model.generate(
-            input_ids=ids, pixel_values=x, max_new_tokens=args.max_new_tokens, do_sample=False
-        )
-    if sequence.shape[1] == ids.shape[1]:
-        raise UsageError("the model generated no token")
-    result = explain_tokens(explainer, x, sequence, prompt_length=ids.shape[1])
-    tokens = [
-        text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
-        for token, text in zip(
-            sequence[0].tolist(),
-            loaded.tokenizer.convert_ids_to_tokens(sequence[0].tolist()),
-            strict=True,
-        )
-    ]
-    answer = list(range(ids.shape[1], sequence.shape[1]))
-    for k, position in enumerate(answer):
-        shot.save(k, tokens[position], result.maps[0, k])
+    try:
+        answer = loaded.answer(explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens)
+    except InputError as error:
+        raise UsageError(str(error)) from None
+    for k, position in enumerate(answer.positions):
+        shot.save(k, answer.tokens[position], answer.explanation.maps[0, k])
     title = f"{shot.path.name}: {shot.method}"
-    page = token_html(tokens, answer, result.token_relevance[0].cpu(), title)
-    io.write_atomic(Path(args.out) / f"{shot.path.stem}_{shot.method}_tokens.html", page.encode())
-    return len(answer) + 1
+    relevance = answer.explanation.token_relevance[0].cpu()
+    page = token_html(answer.tokens, answer.positions, relevance, title)
+    out = Path(shot.args.out) / f"{shot.path.stem}_{shot.method}_tokens.html"
+    io.write_atomic(out, page.encode())
+    return len(answer.positions) + 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
