@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io as pyio
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +167,36 @@ def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):
         assert clip.get("/api/prompt-map", params={"image": 9, "prompt": "a"}).status_code == 404
         clip.headers.pop(security.TOKEN_HEADER)
         assert clip.get("/api/prompt-map", params={"image": 0, "prompt": "a"}).status_code == 401
+
+
+def test_camkit_serve_and_the_notebook_load_an_hf_folder_as_explain_does(clip_loaded, photos):
+    from camkit.cli import build_parser
+    from camkit.cli.common import UsageError
+    from camkit.cli.serve import build
+
+    folder = f"hf:{clip_loaded.folder}"
+    args = build_parser().parse_args(["serve", str(photos), "--model", folder, "--device", "cpu"])
+    prepared = build(args)
+    params = {"image": 0, "prompt": "a cat", "format": "npy"}
+    with TestClient(prepared.app, base_url="http://127.0.0.1:8000") as client:
+        client.headers[security.TOKEN_HEADER] = prepared.token
+        info = client.get("/api/info").json()
+        assert info["prompts"]["kind"] == "dual" and info["model"] == folder
+        served = npy(client.get("/api/prompt-map", params=params))
+    x = clip_loaded.preprocess(cio.read_image(sorted(photos.glob("*.png"))[0])).unsqueeze(0)
+    target = PromptTarget(clip_loaded.model, ["a cat"], tokenizer=clip_loaded.tokenizer)
+    expected, _ = camkit.GradCAM(clip_loaded.explained).heatmaps(x, target)
+    assert np.array_equal(served, expected[0, 0].numpy())
+    with camkit.explore(folder, str(photos)) as view:  # the notebook: the same app
+        base, token = view.url.split("?token=")
+        query = f"image=0&prompt=a%20cat&format=npy&token={token}"
+        with urllib.request.urlopen(f"{base}api/prompt-map?{query}") as reply:
+            assert np.array_equal(np.load(pyio.BytesIO(reply.read())), served)
+    empty = clip_loaded.folder.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    bad = build_parser().parse_args(["serve", str(photos), "--model", f"hf:{empty}"])
+    with pytest.raises(UsageError, match="config.json"):
+        build(bad)
 
 
 # ----------------------------------------------------------------------------- the browser

@@ -20,12 +20,12 @@ from camkit.cli.arguments import positive_int
 from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
 from camkit.core.explainer import Explainer
 from camkit.errors import CamkitError, InputError
-from camkit.models.vlm import LoadedVLM, load_vlm
+from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz import overlay_on_photo
 from camkit.viz.text import token_html
 
-PREFIX = "hf:"
+PREFIX = HF_PREFIX
 Region = tuple[float, float, float, float]  # where the model's input lies on the photo
 
 

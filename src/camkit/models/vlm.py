@@ -20,6 +20,8 @@ from camkit.models.preprocess import Preprocess
 from camkit.targets.prompts import load_tokenizer
 
 PROCESSOR_FILE = "preprocessor_config.json"
+HF_PREFIX = "hf:"
+"""How a model name says "a local HuggingFace folder": ``hf:FOLDER`` (the CLI, the notebook)."""
 
 
 @dataclass
@@ -156,4 +158,4 @@ def load_vlm(folder: str | Path) -> LoadedVLM:
     return LoadedVLM(folder, model, tokenizer, preprocess, generative)
 
 
-__all__ = ["Answer", "LoadedVLM", "image_token_count", "load_vlm"]
+__all__ = ["HF_PREFIX", "Answer", "LoadedVLM", "image_token_count", "load_vlm"]
