@@ -229,6 +229,7 @@ def test_typing_a_prompt_shows_its_map_and_clicking_a_word_its_map(
                 browser.open(f"{base}/?token={TOKEN}")
                 browser.js(READY)
                 browser.js("document.querySelector('.card[data-id=\"1\"]').click()")
+                browser.js(UNTIL % "window.camkitState.image === 1")
                 assert browser.js("document.getElementById('prompts').hidden") is False
                 text = "a cat" if kind == "dual" else QUESTION
                 browser.js(
@@ -240,15 +241,17 @@ def test_typing_a_prompt_shows_its_map_and_clicking_a_word_its_map(
                     browser.js(UNTIL % "document.getElementById('prompt-map').dataset.shown")
                     pixels = browser.js(PIXELS)
                     assert len(pixels) == vlm_kit.SIZE * vlm_kit.SIZE * 4
-                    assert "a cat" in browser.js("document.getElementById('prompt-map').src")
+                    assert "prompt=a+cat" in browser.js(
+                        "document.getElementById('prompt-map').dataset.request"
+                    )
                 else:
                     browser.js(UNTIL % "document.querySelectorAll('#answer .word').length")
                     words = browser.js("document.querySelectorAll('#answer .word').length")
                     assert words >= 1
                     browser.js("document.querySelectorAll('#answer .word')[0].click()")
                     browser.js(UNTIL % "document.getElementById('prompt-map').dataset.shown")
-                    src = browser.js("document.getElementById('prompt-map').src")
-                    assert "/api/token-map" in src and "word=0" in src
+                    src = browser.js("document.getElementById('prompt-map').dataset.request")
+                    assert src.startswith("api/token-map?") and "word=0" in src
                     coloured = browser.js(
                         "[...document.querySelectorAll('#answer-context .t')]"
                         ".filter((t) => t.style.background).length"
