@@ -160,6 +160,9 @@ def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):
             "/api/prompt-map", params={"image": 0, "prompt": "a" * (MAX_PROMPT_CHARS + 1)}
         )
         assert long.status_code == 422 and str(MAX_PROMPT_CHARS) in long.json()["error"]
+        words = clip.get("/api/prompt-map", params={"image": 0, "prompt": " ".join(["cat"] * 40)})
+        assert words.status_code == 422, words.text
+        assert "42 tokens" in words.json()["error"] and "16 positions" in words.json()["error"]
         empty = clip.get("/api/prompt-map", params={"image": 0, "prompt": " "})
         assert empty.status_code == 422 and "prompt" in empty.json()["error"]
         answered = clip.get("/api/answer", params={"image": 0, "prompt": "a cat"})
