@@ -16,11 +16,20 @@ from torch import Tensor
 
 from camkit import io, registry
 from camkit.cam.base import BaseCAM
+from camkit.cli import report
 from camkit.cli.arguments import positive_int
-from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
+from camkit.cli.common import (
+    EXIT_OK,
+    UsageError,
+    check_colormap,
+    check_run_inputs,
+    exit_status,
+    wants_report,
+)
 from camkit.core.explainer import Explainer
 from camkit.errors import CamkitError, InputError
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
+from camkit.runs.manifest import header, write_manifest
 from camkit.targets import PromptTarget
 from camkit.viz import overlay_on_photo
 from camkit.viz.text import token_html
@@ -61,7 +70,9 @@ def load_hf(model: str) -> LoadedVLM:
 
 
 def run_vlm(args: argparse.Namespace) -> int:
-    """Explain each image for the prompts; exit 1 naming unreadable images."""
+    """Explain each image for the prompts; write ``manifest.json`` (a record per overlay,
+    its ``label`` the prompt or the generated token) and, with ``--report`` (default for a
+    folder), the report page; exit 1 naming unreadable images."""
     check_prompts(args)
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap)
@@ -73,27 +84,30 @@ def run_vlm(args: argparse.Namespace) -> int:
     settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
     explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
     out.mkdir(parents=True, exist_ok=True)
-    failed, written = [], 0
+    failed, records = [], []
     for path in paths:
         try:
             photo = io.read_image(path, max_pixels=args.max_pixels)
         except io.READ_ERRORS as error:
             print(f"camkit: {path}: {io.read_failure(error)}", file=sys.stderr)
             failed.append(str(path))
+            records.append({"image": str(path), "error": io.read_failure(error)})
             continue
         x = loaded.preprocess(photo).unsqueeze(0).to(device)
         region = loaded.preprocess.photo_region(*photo.shape[:2])
         for name, explainer in zip(methods, explainers, strict=True):
             shot = Shot(path, photo, x, region, name, args)
             try:
-                written += (
+                records += (
                     _answer(loaded, explainer, shot)
                     if loaded.generative
                     else (_prompts(loaded, explainer, shot))
                 )
             except CamkitError as error:
                 raise UsageError(f"{name}: {error}") from None
-    print(f"wrote {written} file(s) for {len(paths) - len(failed)} image(s) to {out}")
+    _record(args, methods, str(device), records)
+    written = sum("output" in record for record in records)
+    print(f"wrote {written} overlay(s) for {len(paths) - len(failed)} image(s) to {out}")
     return EXIT_OK if not failed else exit_status(failed)
 
 
@@ -123,39 +137,54 @@ class Shot:
     method: str
     args: argparse.Namespace
 
-    def save(self, k: int, label: str, heat: Tensor) -> None:
-        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat``."""
+    def save(self, k: int, label: str, heat: Tensor) -> dict:
+        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat`` -> its
+        manifest record."""
         args = self.args
-        file = Path(args.out) / f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
+        name = f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
         picture = overlay_on_photo(self.photo, heat.cpu(), self.region, args.alpha, args.colormap)
-        io.save_image(file, picture)
+        io.save_image(Path(args.out) / name, picture)
+        record = {"image": str(self.path), "output": name, "method": self.method}
+        return record | {"target": k, "label": label, "model": args.model}
 
 
-def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
-    """One overlay per prompt."""
+def _record(args: argparse.Namespace, methods: list[str], device: str, records: list) -> None:
+    """``manifest.json`` of the run and, with ``--report`` (default for a folder), the page."""
+    out = Path(args.out)
+    settings = {"methods": methods, "prompts": list(args.prompt), "layer": args.layer}
+    settings |= {"max_new_tokens": args.max_new_tokens, "colormap": args.colormap}
+    head = header(settings, args.model, device, list(getattr(args, "argv", None) or []))
+    write_manifest(out, head | {"records": records})
+    if wants_report(args):
+        report.write_report(out, records, colormap=args.colormap)
+
+
+def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> list[dict]:
+    """One overlay per prompt -> their records."""
     prompts = list(shot.args.prompt)
     heat, _ = explainer.heatmaps(
         shot.x, PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
     )
-    for k, prompt in enumerate(prompts):
-        shot.save(k, prompt, heat[0, k])
-    return len(prompts)
+    return [shot.save(k, prompt, heat[0, k]) for k, prompt in enumerate(prompts)]
 
 
-def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> int:
-    """The answer to the prompt; an overlay per generated token and the token page."""
+def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> list[dict]:
+    """The answer to the prompt; an overlay per generated token and the token page -> the
+    overlays' records (each names the page in ``tokens``)."""
     try:
         answer = loaded.answer(explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens)
     except InputError as error:
         raise UsageError(str(error)) from None
-    for k, position in enumerate(answer.positions):
+    records = [
         shot.save(k, answer.tokens[position], answer.explanation.maps[0, k])
+        for k, position in enumerate(answer.positions)
+    ]
     title = f"{shot.path.name}: {shot.method}"
     relevance = answer.explanation.token_relevance[0].cpu()
     page = token_html(answer.tokens, answer.positions, relevance, title)
-    out = Path(shot.args.out) / f"{shot.path.stem}_{shot.method}_tokens.html"
-    io.write_atomic(out, page.encode())
-    return len(answer.positions) + 1
+    name = f"{shot.path.stem}_{shot.method}_tokens.html"
+    io.write_atomic(Path(shot.args.out) / name, page.encode())
+    return [record | {"tokens": name} for record in records]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
