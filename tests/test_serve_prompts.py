@@ -247,6 +247,13 @@ def test_typing_a_prompt_shows_its_map_and_clicking_a_word_its_map(
                     assert "prompt=a+cat" in browser.js(
                         "document.getElementById('prompt-map').dataset.request"
                     )
+                    browser.js(  # another colour map: the prompt's map drawn again with it
+                        """(() => { const e = document.getElementById('colormap');
+                        e.value = 'gray'; e.dispatchEvent(new Event('change')); })()"""
+                    )
+                    browser.js(UNTIL % "document.getElementById('prompt-map').dataset.shown")
+                    request = browser.js("document.getElementById('prompt-map').dataset.request")
+                    assert "colormap=gray" in request and "prompt=a+cat" in request
                 else:
                     browser.js(UNTIL % "document.querySelectorAll('#answer .word').length")
                     words = browser.js("document.querySelectorAll('#answer .word').length")

@@ -586,6 +586,12 @@ function setupPrompts() {
       "and the relevance of the tokens before it (red: for the word, blue: against it).";
   $("prompt-form").addEventListener("submit", (event) => { event.preventDefault(); askPrompt().catch(promptFailed); });
   window.addEventListener("hashchange", clearPrompt);
+  for (const id of ["alpha", "colormap"]) {  // the same map, drawn again (cached by the server)
+    $(id).addEventListener("change", () => {
+      const shown = state.promptShown;
+      if (shown && !$("prompt-map").hidden) showPromptMap(shown.path, shown.params, latest("prompt")).catch(promptFailed);
+    });
+  }
 }
 
 function promptFailed(error) { if (!stale(error)) $("prompt-message").textContent = error.message; }
@@ -603,6 +609,7 @@ function clearPrompt() {
 async function showPromptMap(path, params, signal) {
   const img = $("prompt-map");
   delete img.dataset.shown;
+  state.promptShown = { path, params };
   const shown = { ...params, alpha: $("alpha").value, colormap: $("colormap").value };
   img.src = await getImage(path, shown, signal);
   img.dataset.request = api(path, shown);
