@@ -20,6 +20,7 @@ import torch
 
 from camkit import io, models
 from camkit.errors import ArgumentError, RunFileError
+from camkit.models.vlm import LoadedVLM
 from camkit.runs import MANIFEST
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
 from camkit.runs.manifest import read_manifest, recorded_crop, sha256
@@ -170,12 +171,15 @@ def prepare(
     token: str,
     names: dict[str, str] | None = None,
     max_pixels: int | None = io.MAX_PIXELS,
+    vlm: LoadedVLM | None = None,
 ) -> Prepared:
     """Read the gallery and build the app (everything but listening), once
     :func:`check_start` has checked the paths, the address and the token: ``token`` is its
     answer ('' for none); ``names``: each checkpoint's name on the page
     (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
-    (None: any). Bad input raises a camkit error before anything listens."""
+    (None: any); ``vlm``: the vision-language model whose image side ``checkpoints`` holds
+    (:func:`~camkit.serve.prompts.image_side`), for the prompt views. Bad input raises a camkit
+    error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
@@ -201,6 +205,7 @@ def prepare(
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,
+        vlm=vlm,
     )
     return Prepared(app, token, len(gallery.entries))
 

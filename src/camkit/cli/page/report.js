@@ -169,7 +169,8 @@ function openDetail(i) {
   for (const o of image.overlays) {
     big.append(el("figure", {}, el("img", { src: o.src, alt: `${o.method} overlay` }),
       el("figcaption", {}, el("b", {}, o.method), ` → ${o.label} (${o.target}) ${pct(o.p)}`,
-        o.layer ? ` · layer ${o.layer}` : "")));
+        o.layer ? ` · layer ${o.layer}` : "",
+        o.tokens ? el("span", {}, " · ", el("a", { href: o.tokens, class: "tokens" }, "prompt tokens' relevance")) : "")));
   }
   panel.append(big);
   const raws = image.overlays.filter((o) => o.raw);
