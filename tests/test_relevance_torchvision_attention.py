@@ -85,31 +85,58 @@ def test_functional_linear_epsilon_rule_by_hand() -> None:
 def test_multi_head_attention_equals_its_parts() -> None:
     """torchvision's ``nn.MultiheadAttention`` (fused ``multi_head_attention_forward``) gives
     the relevance of the same attention written with explicit ops (``F.linear``, ``@``,
-    ``softmax``) whose rules the function table applies, float64."""
+    ``softmax``) whose rules the function table applies, float64, without and with masks (an
+    attention mask, ``True`` = masked, and a key padding mask); its returned probabilities are
+    the fused function's."""
     torch.manual_seed(1)
     mha = nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
     with torch.no_grad():
         mha.in_proj_bias.normal_()
         mha.out_proj.bias.normal_()
     w, b = mha.in_proj_weight, mha.in_proj_bias
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1, 3:] = True
 
-    def parts(x: Tensor) -> Tensor:
+    def parts(x: Tensor, masked: bool) -> Tensor:
         q, k, v = (
             F.linear(x, wi, bi).unflatten(-1, (2, 4)).transpose(1, 2)
             for wi, bi in zip(w.chunk(3), b.chunk(3), strict=True)
         )
-        probs = ((q / math.sqrt(4)) @ k.transpose(-2, -1)).softmax(-1)
-        return F.linear(
-            (probs @ v).transpose(1, 2).flatten(2), mha.out_proj.weight, mha.out_proj.bias
-        )
+        logits = (q / math.sqrt(4)) @ k.transpose(-2, -1)
+        if masked:
+            drop = causal | padding[:, None, None, :]
+            logits = logits + torch.zeros(drop.shape, dtype=x.dtype).masked_fill(drop, -math.inf)
+        probs = logits.softmax(-1)
+        mixed = (probs @ v).transpose(1, 2).flatten(2)
+        return F.linear(mixed, mha.out_proj.weight, mha.out_proj.bias)
 
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    fused = Function(lambda x: mha(x, x, x, need_weights=False)[0].flatten(1))
-    explicit = Function(lambda x: parts(x).flatten(1))
-    torch.testing.assert_close(fused(x), explicit(x))
-    for target in (0, 17):
-        got, expected = _relevance(fused, x, target), _relevance(explicit, x, target)
+    for masked in (False, True):
+        masks = {"attn_mask": causal, "key_padding_mask": padding} if masked else {}
+        fused = Function(lambda x, m=masks: mha(x, x, x, need_weights=False, **m)[0].flatten(1))
+        explicit = Function(lambda x, m=masked: parts(x, m).flatten(1))
+        torch.testing.assert_close(fused(x), explicit(x))
+        for target in (0, 17, 39):
+            got, expected = _relevance(fused, x, target), _relevance(explicit, x, target)
+            torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    # boolean masks reach the function itself only when it is called directly
+    direct = Function(
+        lambda x: F.multi_head_attention_forward(
+            *(x.transpose(0, 1),) * 3, 8, 2, w, b, None, None, False, 0.0,
+            mha.out_proj.weight, mha.out_proj.bias, training=False, key_padding_mask=padding,
+            need_weights=False, attn_mask=causal,
+        )[0].transpose(0, 1).flatten(1)
+    )  # fmt: skip
+    explicit = Function(lambda x: parts(x, True).flatten(1))
+    for target in (0, 17, 39):
+        got, expected = _relevance(direct, x, target), _relevance(explicit, x, target)
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    leaf = x.clone().requires_grad_(True)
+    with rules_applied(mha, EXACT):
+        out, weights = mha(leaf, leaf, leaf, attn_mask=causal)
+    plain_out, plain_weights = mha(x, x, x, attn_mask=causal)
+    assert torch.equal(out, plain_out) and torch.equal(weights, plain_weights)
 
 
 class _Softmaxes(TorchFunctionMode):
