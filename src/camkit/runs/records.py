@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from camkit import io
 from camkit.errors import RunFileError
@@ -21,6 +21,7 @@ from camkit.errors import RunFileError
 LEGACY = 0
 """The version of a file written before run files had a ``version`` field (camkit <= 0.2)."""
 _REQUIRED = object()
+Record = TypeVar("Record")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +119,12 @@ class Fields:
         return list(values)
 
 
-def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
-    """A run file's JSON and the typed reads of its values (its version read); None when there
-    is no such file; a file that cannot be read or is not complete JSON is ``kind``'s error."""
+def read_record(
+    path: Path, kind: FileKind, parse: Callable[[Any, Fields], Record]
+) -> Record | None:
+    """``parse(data, reads)`` of a run file: its JSON and the typed reads of its values (its
+    version read); None when there is no such file; a file that cannot be read or is not
+    complete JSON is ``kind``'s error."""
     if not path.is_file():
         return None
     try:
@@ -132,7 +136,7 @@ def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
     except json.JSONDecodeError as error:
         where = f"line {error.lineno} column {error.colno}"
         raise kind.error(path, None, f"not complete JSON ({error.msg} at {where})") from None
-    return data, Fields(kind, path, kind.version_of(path, data))
+    return parse(data, Fields(kind, path, kind.version_of(path, data)))
 
 
 def write_json(path: Path, kind: FileKind, fields: Mapping[str, Any]) -> Path:
