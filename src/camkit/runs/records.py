@@ -22,6 +22,8 @@ LEGACY = 0
 """The version of a file written before run files had a ``version`` field (camkit <= 0.2)."""
 _REQUIRED = object()
 Record = TypeVar("Record")
+Types = type | tuple[type, ...]
+"""The type or types a value read must be of (``type(None)``: null)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +62,7 @@ class FileKind:
         return version
 
 
-def _type_names(types: type | tuple[type, ...]) -> str:
+def _type_names(types: Types) -> str:
     kinds = types if isinstance(types, tuple) else (types,)
     return " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
 
@@ -77,7 +79,7 @@ class Fields:
     def fail(self, problem: str) -> RunFileError:
         return self.kind.error(self.path, self.version, problem)
 
-    def check(self, value: Any, types: type | tuple[type, ...], where: str) -> Any:
+    def check(self, value: Any, types: Types, where: str) -> Any:
         """``value`` when it is of ``types`` (a bool is not an int, an int is a float)."""
         kinds = types if isinstance(types, tuple) else (types,)
         if float in kinds:
@@ -88,12 +90,7 @@ class Fields:
         return value
 
     def get(
-        self,
-        data: Any,
-        key: str,
-        types: type | tuple[type, ...],
-        where: str = "",
-        default: Any = _REQUIRED,
+        self, data: Any, key: str, types: Types, where: str = "", default: Any = _REQUIRED
     ) -> Any:
         """``data[key]`` of ``types``; a missing key is an error unless a ``default`` is given
         (``where``: the path of ``data`` in the file, for the message)."""
@@ -105,12 +102,7 @@ class Fields:
         return self.check(data[key], types, f"{where}{key}")
 
     def items(
-        self,
-        data: Any,
-        key: str,
-        types: type | tuple[type, ...],
-        where: str = "",
-        default=_REQUIRED,
+        self, data: Any, key: str, types: Types, where: str = "", default: Any = _REQUIRED
     ) -> list:
         """``data[key]``: a list whose every item is of ``types``."""
         values = self.get(data, key, list, where, default)
