@@ -13,8 +13,8 @@ from camkit.cli.arguments import (
     add_command,
     add_crop_argument,
     add_device_argument,
+    add_max_pixels_argument,
     add_model_arguments,
-    pixel_limit,
 )
 from camkit.cli.common import EXIT_OK, UsageError, load_model, pick_device
 from camkit.cli.vlm import load_hf
@@ -138,11 +138,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "which is refused on any address but loopback",
     )
     add_device_argument(serve)
-    serve.add_argument(
-        "--max-pixels",
-        type=pixel_limit,
-        default=io.MAX_PIXELS,
-        metavar="N",
-        help="refuse images of more pixels, the folders' files and uploads alike, before "
-        "decoding (default %(default)s, Pillow's limit, as for explain; 0: no limit)",
-    )
+    add_max_pixels_argument(serve, "images (the folders' files and uploads alike)")

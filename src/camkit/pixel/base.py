@@ -229,6 +229,12 @@ def finished(attrs: Inputs) -> Inputs:
     return tuple(checked(attr.float(), warn_empty=i == 0) for i, attr in enumerate(attrs))
 
 
+def summed(attrs: Inputs) -> Tensor:
+    """Every input's attribution summed per sample and target: ``(B, K, ...) -> (B, K)`` (the
+    side of completeness and conservation checks that the map gives)."""
+    return sum(attr.reshape(*attr.shape[:2], -1).sum(dim=2) for attr in attrs)
+
+
 def as_given(batch: Tensor | Inputs, results: Inputs) -> Tensor | Inputs:
     """One result per input, as a tuple when the inputs came as a tuple, else the only one."""
     return results if isinstance(batch, tuple) else results[0]
@@ -244,4 +250,5 @@ __all__ = [
     "as_tuple",
     "finished",
     "rows_of",
+    "summed",
 ]

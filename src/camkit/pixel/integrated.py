@@ -25,6 +25,7 @@ from camkit.pixel.base import (
     as_given,
     as_tuple,
     finished,
+    summed,
 )
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
@@ -151,7 +152,7 @@ class IntegratedGradients(PixelAttribution):
         attrs = finished(attrs)
         if not return_error:
             return Explanation.of(as_given(batch, attrs), scorer)
-        return Explanation.of((as_given(batch, attrs), (total(attrs) - delta).abs()), scorer)
+        return Explanation.of((as_given(batch, attrs), (summed(attrs) - delta).abs()), scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
@@ -172,7 +173,7 @@ class IntegratedGradients(PixelAttribution):
         self.check_autograd()
         with model_guarded(self.model):
             attrs, delta = self.integrate(inputs, scorer, call, with_delta=True)
-        error = (total(attrs) - delta).abs()
+        error = (summed(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
             "delta": delta,
@@ -262,11 +263,6 @@ class IntegratedGradients(PixelAttribution):
             f"batch_size={self.batch_size}, "
             f"composite={self.backward_name()!r})"
         )
-
-
-def total(attrs: Inputs) -> Tensor:
-    """The sum of every input's attribution per sample and target: ``(B, K)``."""
-    return sum(attr.reshape(*attr.shape[:2], -1).sum(dim=2) for attr in attrs)
 
 
 def baseline_like(baseline: object, batch: Tensor) -> Tensor:

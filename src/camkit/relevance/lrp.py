@@ -30,6 +30,7 @@ from camkit.pixel.base import (
     as_given,
     as_tuple,
     finished,
+    summed,
 )
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
@@ -81,11 +82,6 @@ class Relevance(Explanation):
         flat = heat.flatten(0, 1)[:, None]
         resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
         return resized[:, 0].unflatten(0, heat.shape[:2])
-
-
-def sum_over(relevances: Inputs) -> Tensor:
-    """Every input's relevance summed: ``(B, K)``."""
-    return sum(r.flatten(2).sum(-1) for r in relevances)
 
 
 @register("lrp", "Bach et al., PLOS ONE 2015")
@@ -156,7 +152,7 @@ class LRP(PixelAttribution):
             relevance, scores = self._input_relevance(inputs, scorer, call)
             layers = {}
         found = finished(relevance)
-        totals = {INPUT: sum_over(found)}
+        totals = {INPUT: summed(found)}
         totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
         conservation = self._conserved(totals, scores)
         maps = as_given(call.batch, found)

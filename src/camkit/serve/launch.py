@@ -48,6 +48,17 @@ class Gallery:
     """Files of the run that are broken (file name -> the error's message): the explorer shows
     the run without them and says why."""
 
+    def run_views(self) -> dict[str, Any]:
+        """What the app shows of the run folder (:func:`~camkit.serve.app.create_app`'s
+        ``run_root``, ``run_header``, ``strategies``, ``concepts`` and ``run_problems``)."""
+        return {
+            "run_root": self.run_root,
+            "run_header": self.header,
+            "strategies": self.strategies,
+            "concepts": self.concepts,
+            "run_problems": self.problems,
+        }
+
 
 def check_paths(paths: list[Path]) -> None:
     """Refuse no paths, or a path that does not exist (before any model is loaded)."""
@@ -197,14 +208,10 @@ def prepare(
     app = create_app(
         explorer,
         token=token or None,
-        run_root=gallery.run_root,
-        run_header=gallery.header,
-        strategies=gallery.strategies,
-        concepts=gallery.concepts,
-        run_problems=gallery.problems,
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,
+        **gallery.run_views(),
         vlm=vlm,
     )
     return Prepared(app, token, len(gallery.entries))

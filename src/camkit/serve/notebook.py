@@ -192,14 +192,10 @@ def explore(
     app = create_app(
         explorer,
         token=token,
-        run_root=gallery.run_root,
-        run_header=gallery.header,
-        strategies=gallery.strategies,
-        concepts=gallery.concepts,
-        run_problems=gallery.problems,
         hosts=security.allowed_hosts("127.0.0.1"),
         background=True,
         frame_ancestors=security.NOTEBOOK_FRAMES,
+        **gallery.run_views(),
         vlm=vlm,
     )
     sock = bind("127.0.0.1", port)
