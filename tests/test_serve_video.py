@@ -1,0 +1,107 @@
+"""camkit serve with a video model: the gallery lists videos, each explained on its first clip;
+``/api/map`` gives the ``(T, H, W)`` map (``.npy``) and one frame's overlay (``frame=t``) on the
+clip's one colour scale, ``/api/frames`` the per-frame importance; each checked against the
+library on a tiny 3-D CNN and 16-frame MP4s written with cv2.VideoWriter."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("starlette", reason="camkit serve's web stack: pip install 'camkit[serve]'")
+pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev extra)")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+import camkit  # noqa: E402
+from camkit import io as cio  # noqa: E402
+from camkit import metrics  # noqa: E402
+from camkit.io import video  # noqa: E402
+from camkit.serve import clips  # noqa: E402
+from camkit.serve.app import create_app  # noqa: E402
+from camkit.serve.explorer import Explorer  # noqa: E402
+from camkit.serve.gallery import scan  # noqa: E402
+from camkit.viz.video import overlay_frames  # noqa: E402
+from tests.test_serve import npy, png  # noqa: E402
+from tests.test_video_cli import _tiny_loaded  # noqa: E402
+from tests.test_video_io import frames, write_cv2  # noqa: E402
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[TestClient, Explorer]]:
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    assert write_cv2(folder / "clip.mp4", "mp4v", frames())
+    assert write_cv2(folder / "short.mp4", "mp4v", frames(2))  # shorter than a clip
+    cio.save_png(folder / "photo.png", frames(1)[0])  # an image: not a video model's input
+    loaded = _tiny_loaded()  # clips of 4 frames of 16x16
+    entries, _ = scan([folder], clips.suffixes(loaded.clip_length))
+    explorer = Explorer({"a": loaded}, entries)
+    with TestClient(create_app(explorer, token=None)) as client:
+        yield client, explorer
+
+
+def first_clip(path: Path, length: int = 4) -> np.ndarray:
+    """The first ``length`` frames as camkit decodes them, the last one repeated."""
+    decoded = list(itertools.islice(video.iter_frames(path), length))
+    return np.stack(decoded + decoded[-1:] * (length - len(decoded)))
+
+
+def test_the_gallery_lists_videos_predicted_on_their_first_clip(served) -> None:
+    client, explorer = served
+    info = client.get("/api/info").json()
+    assert info["clip_length"] == 4
+    page = client.get("/api/gallery").json()
+    assert [item["name"] for item in page["items"]] == ["clip.mp4", "short.mp4"]
+    model = explorer.checkpoints["a"].model
+    for item in page["items"]:
+        clip = first_clip(explorer.entries[item["id"]].path)
+        x = torch.stack([explorer.preprocess(frame) for frame in clip], dim=1)  # (3, T, H, W)
+        probabilities = model(x[None]).softmax(-1)[0]
+        assert item["top"][0]["index"] == int(probabilities.argmax())
+        assert item["top"][0]["probability"] == pytest.approx(probabilities.max().item(), abs=1e-6)
+    short = explorer.photo(1)
+    assert short.shape == (4, 32, 32, 3) and (short[2] == short[1]).all()  # the last repeated
+    assert client.get("/api/thumb/0").headers["content-type"] == "image/jpeg"
+    assert client.get("/api/image/0").json()["size"] == [32, 32]
+
+
+def test_each_frame_of_the_map_is_the_librarys(served) -> None:
+    client, explorer = served
+    model = explorer.checkpoints["a"].model
+    clip = first_clip(explorer.entries[0].path)
+    x = torch.stack([explorer.preprocess(frame) for frame in clip], dim=1)[None]
+    for target in (0, 1):
+        query = {"image": 0, "class": target, "method": "gradcam", "layer": "0"}
+        heat = camkit.GradCAM(model, "0")(x, target=target)[0].numpy()  # (T, H, W)
+        raw = npy(client.get("/api/map", params=query | {"format": "npy"}))
+        assert raw.shape == (4, 16, 16) and np.abs(raw - heat).max() < 1e-5
+        views = np.stack([explorer.preprocess.resize_crop(frame) for frame in clip])
+        drawn = overlay_frames(views, heat, 0.6, "inferno")  # one scale for the whole clip
+        for k in range(4):
+            shown = {"frame": k, "alpha": 0.6, "colormap": "inferno"}
+            picture = png(client.get("/api/map", params=query | shown))
+            assert np.abs(picture.astype(int) - drawn[k]).max() <= 1, k
+        found = client.get("/api/frames", params=query).json()
+        expected = metrics.frame_importance(torch.from_numpy(heat)[None])[0]
+        assert found["frames"] == 4 and found["fps"] == pytest.approx(8.0)
+        assert found["importance"] == pytest.approx(expected.tolist(), abs=1e-6)
+        masses = heat.sum(axis=(1, 2))
+        assert found["importance"] == pytest.approx((masses / masses.sum()).tolist(), abs=1e-5)
+    late = client.get("/api/map", params={"image": 0, "class": 0, "frame": 4})
+    assert late.status_code == 422 and "frames 0..3" in late.text
+
+
+def test_frames_refuse_an_image_model(tmp_path: Path) -> None:
+    from tests.test_serve import loaded, photo_folder
+
+    entries, _ = scan([photo_folder(tmp_path)])
+    with TestClient(create_app(Explorer({"a": loaded()}, entries), token=None)) as client:
+        answer = client.get("/api/frames", params={"image": 0, "class": 0})
+        assert answer.status_code == 422 and "takes images" in answer.text
+        assert client.get("/api/info").json()["clip_length"] is None
