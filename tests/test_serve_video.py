@@ -23,17 +23,18 @@ from camkit import io as cio  # noqa: E402
 from camkit import metrics  # noqa: E402
 from camkit.io import video  # noqa: E402
 from camkit.serve import clips  # noqa: E402
-from camkit.serve.app import create_app  # noqa: E402
-from camkit.serve.explorer import Explorer  # noqa: E402
+from camkit.serve.app import create_app, running  # noqa: E402
+from camkit.serve.explorer import Explorer, MapKey  # noqa: E402
 from camkit.serve.gallery import scan  # noqa: E402
 from camkit.viz.video import overlay_frames  # noqa: E402
-from tests.test_serve import npy, png  # noqa: E402
+from tests.test_report import Browser, needs_browser  # noqa: E402
+from tests.test_serve import npy, png, settle  # noqa: E402
 from tests.test_video_cli import _tiny_loaded  # noqa: E402
 from tests.test_video_io import frames, write_cv2  # noqa: E402
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[TestClient, Explorer]]:
+def video_explorer(tmp_path: Path) -> Explorer:
+    """A tiny 3-D CNN (clips of 4 frames of 16x16) over a folder of two videos and a photo."""
     folder = tmp_path / "videos"
     folder.mkdir()
     assert write_cv2(folder / "clip.mp4", "mp4v", frames())
@@ -41,7 +42,12 @@ def served(tmp_path: Path) -> Iterator[tuple[TestClient, Explorer]]:
     cio.save_png(folder / "photo.png", frames(1)[0])  # an image: not a video model's input
     loaded = _tiny_loaded()  # clips of 4 frames of 16x16
     entries, _ = scan([folder], clips.suffixes(loaded.clip_length))
-    explorer = Explorer({"a": loaded}, entries)
+    return Explorer({"a": loaded}, entries)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[TestClient, Explorer]]:
+    explorer = video_explorer(tmp_path)
     with TestClient(create_app(explorer, token=None)) as client:
         yield client, explorer
 
@@ -105,3 +111,67 @@ def test_frames_refuse_an_image_model(tmp_path: Path) -> None:
         answer = client.get("/api/frames", params={"image": 0, "class": 0})
         assert answer.status_code == 422 and "takes images" in answer.text
         assert client.get("/api/info").json()["clip_length"] is None
+
+
+FRAME_PIXELS = """
+(async () => {
+  const img = document.getElementById('clip-frame');
+  if (!img.complete || !img.naturalWidth) await new Promise((done) => { img.onload = done; });
+  const canvas = document.createElement('canvas');
+  canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(img, 0, 0);
+  return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data);
+})()
+"""
+
+
+@needs_browser
+@pytest.mark.slow
+def test_the_clip_view_in_headless_chromium(tmp_path: Path) -> None:
+    """The page plays a video's overlay: the timeline has a bar per frame, as high as the
+    frame's share; clicking frame 2 shows frame 2's map, the server's (and the library's)."""
+    explorer = video_explorer(tmp_path)
+    with running(create_app(explorer, token=None)) as base:
+        browser = Browser(tmp_path / "profile")
+        try:
+            browser.call("Log.enable", session=True)
+            browser.open(f"{base}/")
+            browser.js(
+                """new Promise((done) => { (function poll() {
+                if (document.body.dataset.ready === '1') done();
+                else setTimeout(poll, 20); })(); })"""
+            )
+            assert browser.js("document.querySelectorAll('#gallery .card').length") == 2
+            browser.js("document.querySelector('.card[data-id=\"0\"]').click()")
+            browser.js("new Promise((done) => setTimeout(done, 100))")
+            settle(browser)
+            assert browser.js("document.getElementById('clip-view').hidden") is False
+            heights = browser.js(
+                "[...document.querySelectorAll('#timeline rect.frame')]"
+                ".map((r) => +r.getAttribute('height'))"
+            )
+            method, layer = browser.js("[$('method').value, $('layer').value]")
+            target = explorer.predictions["a"][0][0][0]
+            heat = explorer.maps.get_item(MapKey("a", method, layer, 0, target))
+            masses = np.abs(heat).sum(axis=(1, 2))
+            assert len(heights) == 4 and int(np.argmax(heights)) == int(np.argmax(masses))
+            assert np.allclose(np.array(heights) / max(heights), masses / masses.max(), atol=0.02)
+            assert browser.js("$('clip-frame').dataset.frame") == "0"
+            browser.js("document.querySelectorAll('#timeline rect.frame')[2].dispatchEvent("
+                       "new MouseEvent('click'))")  # fmt: skip
+            assert browser.js("$('clip-frame').dataset.frame") == "2"
+            assert "frame 2 of 0..3" in browser.js("$('clip-label').textContent")
+            pixels = np.array(browser.js(FRAME_PIXELS), np.int64).reshape(16, 16, 4)[..., :3]
+            clip = explorer.photo(0)
+            views = np.stack([explorer.preprocess.resize_crop(frame) for frame in clip])
+            drawn = overlay_frames(views, np.abs(heat), 0.5, "jet")
+            assert np.abs(pixels - drawn[2]).max() <= 1
+            browser.js("$('clip-play').click()")
+            assert browser.js("$('clip-play').textContent") == "pause"
+            browser.js("$('clip-play').click()")
+            assert browser.js("$('clip-play').textContent") == "play"
+            assert browser.js("document.getElementById('message').hidden") is True
+            assert browser.problems() == []
+        finally:
+            browser.close()
