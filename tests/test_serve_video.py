@@ -175,3 +175,20 @@ def test_the_clip_view_in_headless_chromium(tmp_path: Path) -> None:
             assert browser.problems() == []
         finally:
             browser.close()
+
+
+def test_the_notebook_explorer_takes_a_video_model(tmp_path: Path) -> None:
+    """``camkit.explore`` is the same app: a video model's gallery lists the videos."""
+    import json
+    import urllib.request
+
+    explorer = video_explorer(tmp_path)  # writes the folder
+    loaded = explorer.checkpoints["a"]
+    with camkit.explore(loaded, tmp_path / "videos") as view:
+        base, token = view.url.split("?token=")
+        with urllib.request.urlopen(f"{base}api/info?token={token}") as reply:
+            info = json.load(reply)
+        assert info["clip_length"] == 4 and info["images"] == 2
+        query = f"image=0&class=1&method=gradcam&layer=0&token={token}"
+        with urllib.request.urlopen(f"{base}api/frames?{query}") as reply:
+            assert len(json.load(reply)["importance"]) == 4
