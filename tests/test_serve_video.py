@@ -28,7 +28,7 @@ from camkit.serve.explorer import Explorer, MapKey  # noqa: E402
 from camkit.serve.gallery import scan  # noqa: E402
 from camkit.viz.video import overlay_frames  # noqa: E402
 from tests.test_report import Browser, needs_browser  # noqa: E402
-from tests.test_serve import npy, png, settle  # noqa: E402
+from tests.test_serve import npy, open_explorer, png, settle  # noqa: E402
 from tests.test_video_cli import _tiny_loaded  # noqa: E402
 from tests.test_video_io import frames, write_cv2  # noqa: E402
 
@@ -135,13 +135,7 @@ def test_the_clip_view_in_headless_chromium(tmp_path: Path) -> None:
     with running(create_app(explorer, token=None)) as base:
         browser = Browser(tmp_path / "profile")
         try:
-            browser.call("Log.enable", session=True)
-            browser.open(f"{base}/")
-            browser.js(
-                """new Promise((done) => { (function poll() {
-                if (document.body.dataset.ready === '1') done();
-                else setTimeout(poll, 20); })(); })"""
-            )
+            open_explorer(browser, f"{base}/")
             assert browser.js("document.querySelectorAll('#gallery .card').length") == 2
             browser.js("document.querySelector('.card[data-id=\"0\"]').click()")
             browser.js("new Promise((done) => setTimeout(done, 100))")
