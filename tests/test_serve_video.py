@@ -28,7 +28,7 @@ from camkit.serve.explorer import Explorer, MapKey  # noqa: E402
 from camkit.serve.gallery import scan  # noqa: E402
 from camkit.viz.video import overlay_frames  # noqa: E402
 from tests.test_report import Browser, needs_browser  # noqa: E402
-from tests.test_serve import npy, open_explorer, png, settle  # noqa: E402
+from tests.test_serve import MAP_PIXELS, npy, open_explorer, png, settle  # noqa: E402
 from tests.test_video_cli import _tiny_loaded  # noqa: E402
 from tests.test_video_io import frames, write_cv2  # noqa: E402
 
@@ -113,17 +113,7 @@ def test_frames_refuse_an_image_model(tmp_path: Path) -> None:
         assert client.get("/api/info").json()["clip_length"] is None
 
 
-FRAME_PIXELS = """
-(async () => {
-  const img = document.getElementById('clip-frame');
-  if (!img.complete || !img.naturalWidth) await new Promise((done) => { img.onload = done; });
-  const canvas = document.createElement('canvas');
-  canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
-  const context = canvas.getContext('2d');
-  context.drawImage(img, 0, 0);
-  return Array.from(context.getImageData(0, 0, canvas.width, canvas.height).data);
-})()
-"""
+FRAME_PIXELS = MAP_PIXELS.replace("#maps img.map", "#clip-frame")  # the frame shown, read back
 
 
 @needs_browser
