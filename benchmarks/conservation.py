@@ -12,7 +12,8 @@ The packaged model (EfficientNet-Lite0, ImageNet weights) sees the five photos o
 demo`` at 224 px. The zoo (torchvision architectures, random weights, nothing downloaded) sees
 the same photos at ``--size`` px; every BatchNorm gets a random affine part (weight 1 + 0.2 N,
 bias 0.2 N) and running statistics measured on those photos (a forward in training mode with a
-cumulative average), so that the merged BatchNorms are not the identity. One thread.
+cumulative average), so that the merged BatchNorms are not the identity; the ViT's head (zero at
+torchvision's initialisation) gets random weights (std 0.02). One thread.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def _zoo_model(arch: str, batch: torch.Tensor) -> nn.Module:
     torch.manual_seed(0)
     options = {"image_size": batch.shape[-1]} if arch.startswith("vit") else {}
     model = getattr(torchvision.models, arch)(weights=None, **options)
+    if arch.startswith("vit"):  # torchvision starts the ViT's head at zero: every score 0
+        nn.init.normal_(model.heads.head.weight, std=0.02)
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

@@ -111,6 +111,21 @@ def test_legrad_on_timm_vit_by_hand_for_the_last_block(vit):
     assert every.max() - every.min() > 0.5
 
 
+def test_legrad_in_chunks_explains_each_samples_own_top1(vit):
+    """batch_size=1 runs one sample per pass: each chunk's top-1 class is its own sample's (the
+    chunk's pinned classes were indexed with the batch's rows before, an IndexError)."""
+    torch.manual_seed(3)
+    x = torch.randn(3, 3, 64, 64)
+    whole = LeGrad(vit, ["blocks.11"]).explain_batch(x, upsample=False, normalize=False)
+    chunked = LeGrad(vit, ["blocks.11"], batch_size=1).explain_batch(
+        x, upsample=False, normalize=False
+    )
+    torch.testing.assert_close(chunked.maps, whole.maps, atol=1e-6, rtol=1e-4)
+    with torch.no_grad():
+        top1 = vit(x).argmax(dim=1, keepdim=True)
+    assert torch.equal(whole.targets, top1) and torch.equal(chunked.targets, top1)
+
+
 def test_legrad_equals_torchcam_on_a_torchvision_vit():
     torchcam = pytest.importorskip("torchcam.methods")
     from torchvision.models.vision_transformer import VisionTransformer

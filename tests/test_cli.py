@@ -363,7 +363,8 @@ def test_version_and_help(capsys):
 def test_every_method_gives_one_heatmap_per_class(method):
     explainer = METHODS[method].build(small_cnn(), "2")
     batch = torch.rand(2, 3, 12, 12)
-    heat, raw = explainer.heatmaps(batch, [[1, 3], [4, 0]])
+    result = explainer.explain_batch(batch, [[1, 3], [4, 0]], **explainer.display_options)
+    heat, raw = explainer.display_heat(result.maps), result.maps
     assert heat.shape == (2, 2, 12, 12) and heat.device.type == "cpu"
     assert heat.min() >= 0 and heat.max() <= 1
     pixel = METHODS[method].family == "pixel"

@@ -210,6 +210,8 @@ def test_errors_say_what_to_do():
         concepts.relevances(x, target=[[0, 1], [2, 3]])
     with pytest.raises(ArgumentError, match="k=7"):
         concepts.top(x, k=7)
+    with pytest.raises(ArgumentError, match="k=7 but layer '2' has 6 channels"):
+        concepts.dominant(x, k=7)
     with pytest.raises(ArgumentError, match="one layer"):
         ConceptAttribution(model, ["0", "2"])
     with pytest.raises(ArgumentError, match="not a function"):

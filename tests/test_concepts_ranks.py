@@ -32,7 +32,7 @@ def test_two_torchrun_ranks_equal_one_process(photos, tmp_path):  # noqa: F811
     one = json.loads((tmp_path / "one" / "concepts.json").read_text())
     two = json.loads((tmp_path / "two" / "concepts.json").read_text())
     assert one["images"] == two["images"] == 3
-    assert len(list((tmp_path / "two").glob("concepts.part-*.pt"))) == 2
+    assert not list((tmp_path / "two").glob("concepts.part-*.pt"))  # a finished run cleans up
     for channel, entries in one["channels"].items():
         for mode, rows in entries.items():
             again = two["channels"][channel][mode]

@@ -35,6 +35,41 @@ def test_every_registered_method_is_an_explainer():
         assert entry.family in ("gradient-cam", "perturbation-cam", "pixel", "attention"), name
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: camkit.GradCAM(m, "2"),  # top-1 scored in the pass
+        lambda m: camkit.ScoreCAM(m, "2", batch_size=2),  # top-1 pinned on a clean pass
+        lambda m: camkit.SmoothGrad(m, samples=2, seed=0, batch_size=2),  # pinned in chunks
+        lambda m: camkit.LRP(m),
+    ],
+    ids=["gradcam", "scorecam", "smoothgrad", "lrp"],
+)
+def test_explain_batch_keeps_the_axes_and_names_the_classes_explained(model, x, make):
+    method = make(model)
+    with torch.no_grad():
+        top1 = model(x).argmax(dim=1, keepdim=True)
+    found = method.explain_batch(x)
+    assert isinstance(found, camkit.Explanation) and not found.several
+    assert torch.equal(found.targets, top1)  # (B, K): the top-1 classes it explained
+    torch.testing.assert_close(found.maps[:, 0], method(x))  # the call drops K
+    one = method.explain_batch(x[1])  # one sample: the batch axis is kept too
+    assert one.maps.shape[:2] == (1, 1) and torch.equal(one.targets, top1[1:2])
+    pairs = method.explain_batch(x, [[1, 3]] * 3)
+    assert pairs.several and pairs.targets.tolist() == [[1, 3]] * 3
+    torch.testing.assert_close(pairs.maps, method(x, [[1, 3]] * 3))
+
+
+def test_a_callable_target_says_whether_it_asked_k_targets(model, x):
+    saliency = camkit.Saliency(model)
+    one = saliency.explain_batch(x, lambda out: out[:, 2])
+    two = saliency.explain_batch(x, lambda out: out[:, [2, 0]])
+    assert not one.several and two.several and one.targets is None and two.targets is None
+    assert one.maps.shape == (3, 1, 3, 8, 8) and two.maps.shape == (3, 2, 3, 8, 8)
+    torch.testing.assert_close(two.maps[:, :1], one.maps)
+    assert saliency(x, lambda out: out[:, 2]).shape == (3, 3, 8, 8)
+
+
 def test_no_layer_picks_the_default_layer_and_names_it(model, x):
     cam = camkit.GradCAM(model)
     assert cam.layers == []  # resolved at the first call, from the input's size

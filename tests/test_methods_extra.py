@@ -726,7 +726,9 @@ def test_results_do_not_depend_on_batch_size(make, targets):
     assert whole.shape[:2] == (3, len(targets[0]))
     torch.testing.assert_close(make(batch_size=1)(batch, targets), whole)
     torch.testing.assert_close(make(batch_size=2)(batch, targets), whole)
-    heat, raw = make().heatmaps(batch, targets)  # what the CLI draws
+    explainer = make()
+    raw = explainer.explain_batch(batch, targets, **explainer.display_options).maps
+    heat = explainer.display_heat(raw)  # what the CLI draws
     assert heat.shape == raw.shape == whole.shape
     torch.testing.assert_close(heat, whole)
     assert heat.min() >= 0 and heat.max() <= 1

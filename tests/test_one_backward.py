@@ -52,7 +52,7 @@ def ruled_gradient(model: nn.Module, x: Tensor, rule_set: object, target: int = 
 
 def raw(method: object, x: Tensor) -> Tensor:
     """The method's float64 attribution of ``x`` for TARGET, before the float32 result."""
-    (attr,), _ = method.attribute((x,), TARGET, Call(x))
+    (attr,) = method.attribute((x,), TARGET, Call(x))
     return attr[:, 0]
 
 
@@ -299,7 +299,7 @@ def test_lrp_of_a_two_input_model_equals_captum():
     torch.manual_seed(2)
     model, a, b = Concatenated().double().eval(), vectors(), side()
     lrp = LRP(model, composite=[(nn.Linear, Epsilon(1e-9))])
-    (ours_a, ours_b), _ = lrp.attribute((a, b), TARGET, Call((a, b)))
+    ours_a, ours_b = lrp.attribute((a, b), TARGET, Call((a, b)))
     theirs_a, theirs_b = CaptumLRP(model).attribute((a, b), target=TARGET)
     assert close(ours_a[:, 0], theirs_a) and close(ours_b[:, 0], theirs_b)
     # b as additional_forward_args: a's relevance is the same (cat moves the gradient exactly)
@@ -313,7 +313,7 @@ def test_lrp_of_a_summed_two_input_model_equals_the_hand_rules():
     model, a, b = Summed().double().eval(), vectors(), side()
     eps = 1e-12
     lrp = LRP(model, composite=Composite([(nn.Linear, Epsilon(eps))], stabilizer=eps))
-    (ours_a, ours_b), _ = lrp.attribute((a, b), TARGET, Call((a, b)))
+    ours_a, ours_b = lrp.attribute((a, b), TARGET, Call((a, b)))
     za, zb = model.a(a), model.b(b)
     s = za + zb
     h = s.relu()

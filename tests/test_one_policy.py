@@ -43,7 +43,8 @@ def library(photo: np.ndarray, crop: str | None) -> tuple[int, float, dict[str, 
     heat = {}
     for method in METHODS:
         explainer = camkit.METHODS[method].build(loaded.model, None)
-        heat[method] = explainer.heatmaps(x, top1)[0][0, 0].numpy()
+        maps = explainer.explain_batch(x, top1, **explainer.display_options).maps
+        heat[method] = explainer.display_heat(maps)[0, 0].numpy()
     return top1, float(probabilities[top1]), heat
 
 

@@ -65,6 +65,7 @@ def test_two_torchrun_ranks_equal_one_process(tmp_path, images, weights):
     common = [images, *MODEL, "--weights", weights, "--save-raw", "--save-maps", "--workers", "0"]
     single = explain(*common, "--out", tmp_path / "one")
     assert single.returncode == 1, single.stderr  # the broken file
+    assert "Traceback" not in single.stderr  # exit status 1 is also Python's for a crash
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     double = explain(*common, "--out", tmp_path / "two", launcher=torchrun)
     assert double.returncode == 1, double.stderr

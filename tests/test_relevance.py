@@ -322,7 +322,7 @@ def test_lrp_method_targets_batches_and_layers() -> None:
     torch.testing.assert_close(both[:, 1], lrp(x, 2), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(LRP(model, composite="epsilon-plus", batch_size=2)(x, 2), both[:, 1])
     torch.testing.assert_close(lrp(x[0], 1), both[0, 0])
-    found = lrp.relevance(x, [[1, 2]] * 3)
+    found = lrp.explain_batch(x, [[1, 2]] * 3)
     assert set(found.layers) == {"3", "5"} and found.layers["3"].shape == (3, 2, 8, 4, 4)
     heat = found.layer_map("3")  # a layer's relevance shown like a CAM
     torch.testing.assert_close(heat, found.layers["3"].sum(2))
@@ -396,8 +396,8 @@ def test_a_convolution_with_its_own_forward_gets_its_rule() -> None:
 def test_a_recorded_layer_merged_with_its_batch_norm_is_refused() -> None:
     spec = KINDS["cnn"]
     with pytest.raises(ArgumentError, match="merged with the BatchNorm"):
-        LRP(spec.model(), layers=["features.3"]).relevance(spec.input(), 1)
-    found = LRP(spec.model(), layers=["features.4"]).relevance(spec.input(), 1)
+        LRP(spec.model(), layers=["features.3"]).explain_batch(spec.input(), 1)
+    found = LRP(spec.model(), layers=["features.4"]).explain_batch(spec.input(), 1)
     assert found.layers["features.4"].shape == (2, 1, 8, 8, 8)
 
 

@@ -189,7 +189,7 @@ def test_a_bias_free_unet_conserves_a_segmentation_target(spec) -> None:
     mask[2:6, 3:7] = True
     target = SegmentationTarget(1, mask)
     state = model_state(model)
-    result = LRP(model, composite=spec).relevance(x, target)
+    result = LRP(model, composite=spec).explain_batch(x, target)
     score = (model(x)[:, 1] * mask).sum((1, 2))
     torch.testing.assert_close(result.scores[:, 0].double(), score, rtol=1e-6, atol=0)
     assert (result.conservation["input"] - 1).abs().max() < 1e-3

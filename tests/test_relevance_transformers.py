@@ -117,7 +117,7 @@ def test_timm_vit_deit_and_swin_are_explained() -> None:
     ]
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     for model in models:
-        found = LRP(model.float()).relevance(x.float(), [[1, 2], [3, 4]])
+        found = LRP(model.float()).explain_batch(x.float(), [[1, 2], [3, 4]])
         assert found.input.shape == (2, 2, 3, 32, 32) and torch.isfinite(found.input).all()
         assert torch.isfinite(found.conservation["input"]).all()
     assert camkit.METHODS["lrp"].cls is LRP
@@ -154,7 +154,7 @@ def test_timm_vit_and_deit_conserve_up_to_the_softmax_rule(name: str) -> None:
         x = torch.randn(
             3, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
         )
-        found = LRP(model, composite=exact, layers=layers).relevance(x, [[0, 1]] * 3)
+        found = LRP(model, composite=exact, layers=layers).explain_batch(x, [[0, 1]] * 3)
         total = {key: r.flatten(2).sum(-1) for key, r in found.layers.items()}
         dropped = sum(
             total[f"blocks.{i}.attn.attn_drop"]

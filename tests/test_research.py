@@ -132,19 +132,19 @@ def _buffers_kept_through(run) -> None:
 @pytest.mark.parametrize(
     "run",
     [
-        lambda model, x: GradCAM(model, "bn").heatmaps(x, 0),
-        lambda model, x: camkit.ScoreCAM(model, "bn").heatmaps(x, 0),
-        lambda model, x: camkit.FullGrad(model).heatmaps(x, 0),
-        lambda model, x: Saliency(model).heatmaps(x, 0),
-        lambda model, x: camkit.SmoothGrad(model, samples=2).heatmaps(x, 0),
-        lambda model, x: camkit.LRP(model).heatmaps(x, 0),
-        lambda model, x: camkit.LRP(model).relevance(x, 0),
+        lambda model, x: GradCAM(model, "bn").explain_batch(x, 0),
+        lambda model, x: camkit.ScoreCAM(model, "bn").explain_batch(x, 0),
+        lambda model, x: camkit.FullGrad(model).explain_batch(x, 0),
+        lambda model, x: Saliency(model).explain_batch(x, 0),
+        lambda model, x: camkit.SmoothGrad(model, samples=2).explain_batch(x, 0),
+        lambda model, x: camkit.LRP(model).explain_batch(x, 0),
+        lambda model, x: camkit.LRP(model).explain_batch(x, 0),
         lambda model, x: camkit.IntegratedGradients(model, steps=2).completeness(x, 0),
     ],
     ids=["gradcam", "scorecam", "fullgrad", "saliency", "smoothgrad", "lrp", "lrp-relevance", "ig"],
 )
 def test_train_mode_buffers_are_restored_by_heatmaps_and_the_other_entry_points(run):
-    """heatmaps() (what the CLI calls), LRP's relevance() and Integrated Gradients'
+    """explain_batch() (what the CLI calls; LRP's layer relevance) and Integrated Gradients'
     completeness() run the model outside a call: the same guards hold."""
     _buffers_kept_through(run)
 
@@ -172,7 +172,7 @@ def test_attention_heatmaps_restore_train_mode_buffers():
     model = Normalised().train()
     buffers = [b.clone() for b in model.buffers()]
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    heat, _ = camkit.AttentionRollout(model).heatmaps(x, 0)
+    heat = camkit.AttentionRollout(model).explain_batch(x, 0).maps
     assert heat.shape == (2, 1, 32, 32)
     assert all(torch.equal(a, b) for a, b in zip(buffers, model.buffers(), strict=True))
 

@@ -334,7 +334,8 @@ def test_pixel_method_and_deletion_insertion_curves(served) -> None:
     params = {"image": 6, "class": 2, "method": "saliency"}
     raw = npy(client.get("/api/map", params=params | {"format": "npy"}))
     # the method's one display policy, as the CLI and the report colour it
-    heat, _ = camkit.Saliency(model).heatmaps(x[None], 2)
+    saliency = camkit.Saliency(model)
+    heat = saliency.display_heat(saliency.explain_batch(x[None], 2).maps)
     expected = heat[0, 0].numpy()
     assert np.abs(raw - expected).max() < 1e-6
     curves = client.get("/api/curve", params=params).json()

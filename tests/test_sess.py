@@ -151,7 +151,9 @@ def test_results_do_not_depend_on_the_batch_or_batch_size(small, images):
         torch.testing.assert_close(alone, whole[i], rtol=1e-5, atol=1e-6)
     chunked = SESS(small, "block2", batch_size=2, **options)(images, [1, 4, 0])
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
-    heat, raw = SESS(small, "block2", **options).heatmaps(images, [1, 4, 0])
+    sess = SESS(small, "block2", **options)
+    raw = sess.explain_batch(images, [1, 4, 0], **sess.display_options).maps
+    heat = sess.display_heat(raw)
     torch.testing.assert_close(heat, whole[:, None])  # what the CLI draws
     torch.testing.assert_close(raw, whole[:, None])
 

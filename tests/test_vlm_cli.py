@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import vlm_kit
+from vlm_kit import save_folder
 
 import camkit
 from camkit import io
@@ -15,15 +16,6 @@ from camkit.cli import main
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colour, token_html
-
-
-def save_folder(model, folder, frame="<bos> $A <eos>"):
-    """The model, the tokenizer and the image processor's settings in ``folder``."""
-    model.save_pretrained(folder)
-    vlm_kit.tokenizer_folder(folder, frame=frame)
-    size = {"height": vlm_kit.SIZE, "width": vlm_kit.SIZE}
-    vlm_kit.transformers.CLIPImageProcessor(size=size, crop_size=size).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +33,12 @@ def test_a_dual_encoder_gets_an_overlay_per_prompt_equal_to_the_librarys_maps(tm
     status = main([*argv, "--prompt", "a cat", "--prompt", "a dog", "--format", "png"])
     assert status == 0
     written = sorted(p.name for p in out.iterdir())
-    assert written == ["photo_gradcam_0_a-cat.png", "photo_gradcam_1_a-dog.png"]
+    assert written == ["manifest.json", "photo_gradcam_0_a-cat.png", "photo_gradcam_1_a-dog.png"]
+    written = written[1:]
     loaded = load_vlm(folder)
     x = loaded.preprocess(io.read_image(photo)).unsqueeze(0)
     target = PromptTarget(loaded.model, ["a cat", "a dog"], tokenizer=loaded.tokenizer)
-    heat, _ = camkit.GradCAM(loaded.explained).heatmaps(x, target)
+    heat = camkit.GradCAM(loaded.explained).explain_batch(x, target).maps
     region = loaded.preprocess.photo_region(40, 48)
     expected = camkit.viz.overlay_on_photo(io.read_image(photo), heat[0, 1], region)
     assert np.array_equal(io.read_image(out / written[1]), expected)
@@ -113,3 +106,34 @@ def test_the_example_runs(capsys):
     runpy.run_path(str(example), run_name="__main__")
     printed = capsys.readouterr().out
     assert "maps (1, 2, 32, 32)" in printed and "the same map (True)" in printed
+
+
+def test_an_hf_run_writes_a_manifest_the_report_shows_with_the_token_page(tmp_path, photo):
+    from camkit.runs.manifest import read_manifest
+    from tests.test_report import page_data
+
+    clip = save_folder(vlm_kit.clip(), tmp_path / "clip")
+    llava = save_folder(vlm_kit.llava(), tmp_path / "llava", frame="<bos> $A")
+    argv = ["explain", str(photo), "--quiet", "--report"]
+    dual = tmp_path / "dual"
+    assert main([*argv, "--model", f"hf:{clip}", "--out", str(dual), "--prompt", "a cat",
+                 "--prompt", "a dog"]) == 0  # fmt: skip
+    records = read_manifest(dual).records
+    assert [(r["label"], r["target"], r["output"]) for r in records] == [
+        ("a cat", 0, "photo_gradcam_0_a-cat.jpg"),
+        ("a dog", 1, "photo_gradcam_1_a-dog.jpg"),
+    ]
+    overlays = page_data(dual / "index.html")["images"][0]["overlays"]
+    assert [(o["label"], o["src"], o["tokens"]) for o in overlays] == [
+        ("a cat", "photo_gradcam_0_a-cat.jpg", None),
+        ("a dog", "photo_gradcam_1_a-dog.jpg", None),
+    ]
+    answer = tmp_path / "answer"
+    assert main([*argv, "--model", f"hf:{llava}", "--out", str(answer), "--prompt",
+                 "what is in the picture", "--max-new-tokens", "2"]) == 0  # fmt: skip
+    records = read_manifest(answer).records
+    assert [r["target"] for r in records] == [0, 1]
+    assert all(r["tokens"] == "photo_gradcam_tokens.html" for r in records)
+    overlays = page_data(answer / "index.html")["images"][0]["overlays"]
+    assert [o["tokens"] for o in overlays] == ["photo_gradcam_tokens.html"] * 2
+    assert (answer / overlays[0]["tokens"]).is_file()

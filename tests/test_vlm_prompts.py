@@ -155,7 +155,7 @@ def test_lrp_through_the_normalised_similarity_conserves_the_score(folder):
     lrp = camkit.LRP(camkit.ImageTower(model), composite="epsilon-plus", layers=[layer])
     with warnings.catch_warnings():  # the pixels: what the patch embedding keeps (not tested)
         warnings.simplefilter("ignore", camkit.errors.ConservationWarning)
-        found = lrp.relevance(x, target)
+        found = lrp.explain_batch(x, target)
     embedding = model.get_image_features(pixel_values=x).pooler_output.detach()
     texts = F.normalize(target.embeddings, dim=-1)
     expected = embedding[:, None] * target.scale * texts[None] / embedding.norm()

@@ -102,7 +102,7 @@ def test_lrp_runs_through_a_tiny_llama_and_each_block_conserves():
         lrp = camkit.LRP(Embeddings(lm), composite="epsilon-plus", layers=blocks)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConservationWarning)  # 0.43: measured below
-            results[attention] = lrp.relevance(x, TokenTarget(-1, 7))
+            results[attention] = lrp.explain_batch(x, TokenTarget(-1, 7))
     fused, eager = results["sdpa"], results["eager"]
     torch.testing.assert_close(fused.input, eager.input, atol=1e-6, rtol=1e-4)  # float32 results
     score = float(fused.scores.sum())
@@ -124,7 +124,7 @@ def test_lrp_through_llava_image_patches_and_prompt_tokens_share_the_logit():
     ids = vlm_kit.prompt(vlm_kit.PATCHES)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConservationWarning)  # the pixels alone hold a part
-        found = lrp.relevance(
+        found = lrp.explain_batch(
             vlm_kit.image(dtype=torch.float64),
             TokenTarget(-1, 5),
             additional_forward_args={"input_ids": ids},

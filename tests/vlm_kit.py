@@ -47,6 +47,16 @@ def tokenizer_folder(folder: Path, frame: str = "<bos> $A <eos>") -> Path:
     return folder
 
 
+def save_folder(model: torch.nn.Module, folder: Path, frame: str = "<bos> $A <eos>") -> Path:
+    """The model, the tokenizer (:func:`tokenizer_folder`) and the image processor's settings
+    in ``folder``: what ``load_vlm`` and ``--model hf:FOLDER`` read."""
+    model.save_pretrained(folder)
+    tokenizer_folder(folder, frame=frame)
+    size = {"height": SIZE, "width": SIZE}
+    transformers.CLIPImageProcessor(size=size, crop_size=size).save_pretrained(folder)
+    return folder
+
+
 def ids(text: str) -> list[int]:
     """Token ids of ``text`` without the frame (the words' indices)."""
     return [WORDS.index(word) for word in text.split()]

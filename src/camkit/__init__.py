@@ -15,7 +15,7 @@ from camkit import errors, models, registry, targets, viz
 from camkit.attention import AttentionRollout, LeGrad
 from camkit.cam import *  # noqa: F403  (every CAM class, cams)
 from camkit.cam import __all__ as _cam_names
-from camkit.core.explainer import Explainer
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.core.wrappers import ImageTower, InputLayout, KeywordInput
@@ -62,6 +62,7 @@ __all__ = [
     "ClassTarget",
     "Deconvnet",
     "Explainer",
+    "Explanation",
     "GuidedBackprop",
     "GuidedGradCAM",
     "InputLayout",

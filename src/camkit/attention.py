@@ -17,16 +17,14 @@ from torch import Tensor, nn
 from camkit.core.attention import attention_blocks, captured_attention
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
-from camkit.core.explainer import Explainer
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import Finishing
 from camkit.core.formats import autocast
 from camkit.core.layers import explained_module, hooked, this_thread
 from camkit.core.layouts import infer_layout
-from camkit.core.state import model_guarded
 from camkit.errors import AttentionError, LayoutError, TargetError
 from camkit.registry import register
-from camkit.targets.base import TargetSpec
-from camkit.targets.resolver import RowScorer, resolve
+from camkit.targets.resolver import RowScorer
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
@@ -117,35 +115,20 @@ class AttentionMethod(Explainer):
     def layers(self) -> list[str]:
         return [name for name, _ in self.blocks]
 
-    def explain(
-        self, call: Call, target: TargetSpec, *, upsample: bool = True, normalize: bool = True
-    ) -> tuple[Tensor, bool]:
-        return self.maps(call.batch, target, Finishing(True, upsample, normalize), call)
-
-    def maps(
-        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
-    ) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples ``batch`` of
-        ``call``, and whether K targets were asked."""
-        self.check_autograd()
-        scorer = resolve(target, batch.shape[0], batch.device, self.output)
-        raw, several = over_rows(
-            batch, self.batch_size, lambda part, rows: self.relevance(part, call, scorer, rows)
+    def _explain(
+        self, call: Call, scorer: RowScorer, *, upsample: bool = True, normalize: bool = True
+    ) -> Explanation:
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples of ``call``."""
+        batch, finishing = call.batch, Finishing(True, upsample, normalize)
+        raw = over_rows(
+            batch, self.batch_size, lambda part, rows: self._keys(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
         grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
-        return finishing({"attention": grids}, size), several
+        return Explanation.of(finishing({"attention": grids}, size), scorer)
 
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], the same)`` for display."""
-        with model_guarded(self.model):
-            maps, _ = self.maps(batch, target, Finishing(), Call(batch))
-        return maps, maps
-
-    def relevance(
-        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
-    ) -> tuple[Tensor, bool]:
-        """``(B, K, N)`` relevance of the ``N`` keys for the targets, and ``several``."""
+    def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
+        """The method's step: ``(B, K, N)`` relevance of the ``N`` keys for the targets."""
         raise NotImplementedError
 
     def _grid(self, relevance: Tensor, size: tuple[int, int]) -> Tensor:
@@ -181,16 +164,14 @@ class AttentionRollout(AttentionMethod):
         self.head_fusion = head_fusion
         self.discard_ratio = discard_ratio
 
-    def relevance(
-        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
-    ) -> tuple[Tensor, bool]:
+    def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         with (
             torch.no_grad(),
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,
         ):
             output = call.forward(self.model, batch, rows)
-            scores, several = scorer(output, rows)  # checks the target, gives K
+            scores = scorer(output, rows)  # checks the target, gives K
         attentions = [
             _last(store, name, batch.shape[0])
             for store, name in zip(stores, self.layers, strict=True)
@@ -205,7 +186,7 @@ class AttentionRollout(AttentionMethod):
         rolled = rollout(attentions, self.head_fusion, self.discard_ratio)
         layout = _patch_layout(self.model, rolled.shape[-1], tuple(batch.shape[-2:]))
         keys = rolled[:, 0] if layout.prefix else rolled.mean(1)
-        return keys[:, None].expand(-1, scores.shape[1], -1), several
+        return keys[:, None].expand(-1, scores.shape[1], -1)
 
 
 def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
@@ -286,9 +267,7 @@ class LeGrad(AttentionMethod):
         modules = dict(model.named_modules())
         self._block_modules = [modules[name] for name in self.layers]
 
-    def relevance(
-        self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor
-    ) -> tuple[Tensor, bool]:
+    def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         if not scorer.has_classes:
             raise TargetError(
                 "LeGrad explains classes (its per-block scores are class logits): target must "
@@ -313,9 +292,7 @@ class LeGrad(AttentionMethod):
             # the input requires grad so that the attentions are in a graph even when no
             # parameter requires it; only torch.autograd.grad is used: no .grad is left
             output = call.forward(self.model, batch.detach().requires_grad_(True), rows)
-            scorer = scorer.pinned(output)
-            classes, several = scorer.classes_of(output, rows)  # checks the class range
-            classes = classes.to(batch.device)
+            classes = scorer.classes_of(output, rows).to(batch.device)  # range checked
             relevances = []
             last = len(self.layers) * classes.shape[1] - 1
             for i, (name, store, tokens) in enumerate(
@@ -334,7 +311,7 @@ class LeGrad(AttentionMethod):
                     (grad,) = torch.autograd.grad(selected, attention, retain_graph=retain)
                     per_target.append(grad.float().relu().mean(dim=(1, 2)))
                 relevances.append(torch.stack(per_target, dim=1))  # (B, K, N)
-        return torch.stack(relevances).mean(0), several
+        return torch.stack(relevances).mean(0)
 
 
 __all__ = [

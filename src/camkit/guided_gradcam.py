@@ -46,7 +46,7 @@ class GuidedGradCAM(PixelAttribution):
         backward = "gradient" if self.rule_set is None else self.rule_set  # guided by default
         self.guided = GuidedBackprop(model, composite=backward, **common)
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        (guided,), several = self.guided.attribute(inputs, target, call)
-        cam, _ = self.gradcam.maps(inputs[0], target, Finishing(), call)
-        return (guided * cam.unsqueeze(2).to(guided.dtype),), several
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
+        (guided,) = self.guided.attribute(inputs, target, call)
+        cam = self.gradcam.maps(inputs[0], target, Finishing(), call)
+        return (guided * cam.unsqueeze(2).to(guided.dtype),)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit import registry
-from camkit.cam.base import BaseCAM, Reshape
+from camkit.cam.base import BaseCAM, Reshape, one_pass_maps
 from camkit.cam.classifier import CAM, find_classifier
 from camkit.cam.dff import DeepFeatureFactorization
 from camkit.cam.eigen import KPCACAM, EigenGradCAM, SegEigenCAM
@@ -33,8 +33,9 @@ from camkit.cam.score_variants import ISCAM, SSCAM, ReciproCAM
 from camkit.cam.sess import SESS
 from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.core.call import Call
-from camkit.core.engine import over_rows, require_autograd
-from camkit.core.finish import Finishing, drop_axes
+from camkit.core.engine import require_autograd
+from camkit.core.explainer import Explanation
+from camkit.core.finish import Finishing
 from camkit.core.inputs import as_batch
 from camkit.core.layers import LayerSpec
 from camkit.core.state import model_guarded
@@ -80,50 +81,40 @@ def cams(
     if batch_size is not None:  # else each method's own default
         options["batch_size"] = batch_size
     explainers = {entry.name: entry.build(model, layer, **options) for entry in entries}
-    batch, single = as_batch(x, model)
-    finishing = Finishing(relu, upsample, normalize, fuse)
+    finishing = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
-    call = Call.of(batch, additional_forward_args)
-    explained = next(iter(explainers.values())).model
-    with model_guarded(explained):
-        results = _shared_pass(shared, batch, target, finishing, call, batch_size) if shared else {}
-        for name, explainer in explainers.items():
-            if name not in shared:
-                results[name] = explainer.maps(batch, target, finishing, call)
-    return {name: drop_axes(results[name][0], single, results[name][1]) for name in explainers}
+    args, results = additional_forward_args, {}
+    if shared:
+        results = _shared_pass(shared, model, x, target, Finishing(**finishing), args, batch_size)
+    for name, explainer in explainers.items():
+        if name not in shared:  # its own passes, through the one entry
+            results[name] = explainer(x, target, additional_forward_args=args, **finishing)
+    return {name: results[name] for name in explainers}
 
 
 def _shared_pass(
-    explainers: dict[str, BaseCAM],
-    batch: Tensor,
+    cams: dict[str, BaseCAM],
+    model: nn.Module,
+    x: Tensor,
     target: TargetSpec,
     finishing: Finishing,
-    call: Call,
+    args: Any,
     batch_size: int | None,
-) -> dict[str, tuple[Tensor | dict[str, Tensor], bool]]:
-    """The gradient CAMs' maps from one tapped forward and one backward per chunk."""
-    first = next(iter(explainers.values()))
-    first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
-    gradients = any(explainer.needs_gradients for explainer in explainers.values())
-    if gradients:
+) -> dict[str, Tensor | dict[str, Tensor]]:
+    """The gradient CAMs' maps from one tapped forward and one backward per chunk, shaped as
+    their calls return them."""
+    first = next(iter(cams.values()))
+    batch, single = as_batch(x, model)
+    call = Call.of(batch, args)
+    if any(cam.needs_gradients for cam in cams.values()):
         require_autograd("cams")
-    scorer = resolve(target, batch.shape[0], batch.device, first.output)
-
-    def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, dict[str, Tensor]], bool]:
-        acts, grads, scores, several = first.capture.run(
-            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
-        )
-        targets, size = scores.shape[1], tuple(part.shape[2:])
-        return {
-            name: explainer.maps_from(
-                acts, grads, targets, size, first.capture.names, batch=part.shape[0]
-            )
-            for name, explainer in explainers.items()
-        }, several
-
-    raw, several = over_rows(batch, batch_size, one_pass)
+    with model_guarded(first.model):
+        first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
+        scorer = resolve(target, batch.shape[0], batch.device, first.output)
+        raw = one_pass_maps(cams, batch, scorer, call, batch_size)
     size = tuple(batch.shape[2:])
-    return {name: (finishing(raw[name], size), several) for name in explainers}
+    found = {n: Explanation.of(finishing(m, size), scorer, single=single) for n, m in raw.items()}
+    return {name: explanation.shaped() for name, explanation in found.items()}
 
 
 __all__ = [

@@ -19,18 +19,17 @@ from torch import Tensor, nn
 from camkit.cam.smoothing import augmented, principal_component
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
-from camkit.core.explainer import Explainer, Reshape
+from camkit.core.explainer import Explainer, Explanation, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
 from camkit.core.spacetime import folded_frames
-from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.targets.base import TargetSpec
-from camkit.targets.resolver import RowScorer, resolve
+from camkit.targets.resolver import RowScorer
 
-RawMaps = tuple[dict[str, Tensor], bool]  # unfinished maps {layer: (B, K, h, w)}, several
+RawMaps = dict[str, Tensor]  # unfinished maps {layer: (B, K, h, w)}
 
 
 class BaseCAM(Explainer):
@@ -65,10 +64,10 @@ class BaseCAM(Explainer):
     eigen_smooth: bool = False  # True on the copy that :meth:`smoothed` returns
     eigen_refused: ClassVar[str | None] = None  # why a method takes no eigen_smooth, if so
 
-    def explain(
+    def _explain(
         self,
         call: Call,
-        target: TargetSpec,
+        scorer: RowScorer,
         *,
         relu: bool = True,
         upsample: bool = True,
@@ -76,7 +75,7 @@ class BaseCAM(Explainer):
         fuse: bool | str = True,
         aug_smooth: bool = False,
         eigen_smooth: bool = False,
-    ) -> tuple[Tensor | dict[str, Tensor], bool]:
+    ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
             raise LayerOutputError(
@@ -86,9 +85,9 @@ class BaseCAM(Explainer):
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, method.scorer(batch, target, call), call)
-            return augmented(method.maps, batch, pinned, finishing, call)
-        return method.maps(batch, target, finishing, call)
+            pinned = method.pinned(batch, scorer, call)
+            return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
+        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
 
     def smoothed(self) -> BaseCAM:
         """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
@@ -132,43 +131,16 @@ class BaseCAM(Explainer):
     # ------------------------------------------------------------------ the pipeline
 
     def maps(
-        self, batch: Tensor, target: TargetSpec, finishing: Finishing, call: Call
-    ) -> tuple[Tensor | dict[str, Tensor], bool]:
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
+    ) -> Tensor | dict[str, Tensor]:
         """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
-        samples ``batch`` of ``call``, with the target axis always kept, and whether ``K``
-        targets per sample were asked."""
-        raw, several = self.raw_maps(batch, self.scorer(batch, target, call), call)
-        return finishing(raw, tuple(batch.shape[2:])), several
-
-    def scorer(self, batch: Tensor, target: TargetSpec | RowScorer, call: Call) -> RowScorer:
-        """The call's target resolved for ``batch`` (a resolved one as it is)."""
-        self.check_autograd()
-        self.capture.resolve(batch, call)
-        if isinstance(target, RowScorer):
-            return target
-        if target is None and self.target_free:  # never read the output (a detector's)
-            return RowScorer(free=True)
-        return resolve(target, batch.shape[0], batch.device, self.output)
-
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], raw map)`` for display: for a CAM both are the
-        finished map."""
-        with model_guarded(self.model):
-            maps, _ = self.maps(batch, target, Finishing(), Call(batch))
-        return maps, maps
+        samples ``batch`` of ``call``, with the target axis always kept."""
+        raw = self.raw_maps(batch, self.target_scorer(target, batch), call)
+        return finishing(raw, tuple(batch.shape[2:]))
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``, and
-        whether K targets were asked."""
-
-        def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
-            acts, grads, scores, several = self.capture.run(
-                part, call, scorer, rows, gradients=self.needs_gradients, dtype=self.dtype
-            )
-            size, rows = tuple(part.shape[2:]), part.shape[0]
-            return self.maps_from(acts, grads, scores.shape[1], size, batch=rows), several
-
-        return over_rows(batch, self.batch_size, one_pass)
+        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``."""
+        return one_pass_maps({"": self}, batch, scorer, call, self.batch_size)[""]
 
     def maps_from(
         self,
@@ -260,6 +232,28 @@ class WrapperCAM(BaseCAM):
         twin = super().smoothed()
         twin.base = self.base.smoothed()
         return twin
+
+
+def one_pass_maps(
+    cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
+) -> dict[str, RawMaps]:
+    """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
+    and one backward per chunk of ``batch_size`` samples (the first CAM's capture)."""
+    first = next(iter(cams.values()))
+    gradients = any(cam.needs_gradients for cam in cams.values())
+
+    def one_pass(part: Tensor, rows: Tensor) -> dict[str, RawMaps]:
+        acts, grads, scores = first.capture.run(
+            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
+        )
+        targets, size, names = scores.shape[1], tuple(part.shape[2:]), first.capture.names
+        rows = part.shape[0]  # a frame-wise model's layers have rows * T
+        return {
+            n: cam.maps_from(acts, grads, targets, size, names, batch=rows)
+            for n, cam in cams.items()
+        }
+
+    return over_rows(batch, batch_size, one_pass)
 
 
 def spatial(t: Tensor) -> tuple[int, ...]:

@@ -135,11 +135,11 @@ class CAM(BaseCAM):
             )
         weight = self.fc_weight.to(device=batch.device, dtype=torch.float32)
 
-        def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
+        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
             output, taps = self.capture.forward(
                 part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
-            classes, several = scorer.classes_of(output, rows)  # (n, K)
+            classes = scorer.classes_of(output, rows)  # (n, K)
             size = tuple(part.shape[2:])
             maps = {}
             for name, act in zip(self.capture.names, single_call(taps), strict=True):
@@ -154,7 +154,7 @@ class CAM(BaseCAM):
                 rows_weight = weight[classes.to(weight.device)]  # (n, K, C)
                 rows_weight = rows_weight.view(*rows_weight.shape, *[1] * (act.ndim - 3))
                 maps[name] = self.combine(rows_weight * act)
-            return maps, several
+            return maps
 
         return over_rows(batch, self.batch_size, one_pass)
 

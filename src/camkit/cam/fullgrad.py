@@ -25,12 +25,11 @@ from torch import Tensor, nn
 from camkit.cam.smoothing import augmented
 from camkit.core.call import Call
 from camkit.core.engine import layer_gradients, over_rows
-from camkit.core.explainer import Explainer
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import Finishing, minmax
 from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
 from camkit.core.spacetime import folded_frames
-from camkit.core.state import model_guarded
 from camkit.errors import GradientError, LayerOutputError
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
@@ -102,6 +101,7 @@ class FullGrad(Explainer):
     """
 
     family: ClassVar[str] = "gradient-cam"
+    display_options: ClassVar[dict[str, Any]] = {"normalize": False}  # the raw saliency
 
     def __init__(self, model: nn.Module, **options: Any):
         super().__init__(model, **options)
@@ -113,50 +113,33 @@ class FullGrad(Explainer):
                 stacklevel=2,
             )
 
-    def explain(
-        self, call: Call, target: TargetSpec, *, normalize: bool = True, aug_smooth: bool = False
-    ) -> tuple[Tensor, bool]:
+    def _explain(
+        self, call: Call, scorer: RowScorer, *, normalize: bool = True, aug_smooth: bool = False
+    ) -> Explanation:
         finishing, batch = Finishing(normalize=normalize), call.batch
         if aug_smooth:
-            scorer = resolve(target, batch.shape[0], batch.device, self.output)
             pinned = self.pinned(batch, scorer, call)
-            return augmented(self.finished, batch, pinned, finishing, call)
-        return self.finished(batch, target, finishing, call)
-
-    def finished(
-        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
-    ) -> tuple[Tensor, bool]:
-        """The maps, min-max normalised where ``finishing.normalize`` (its other steps do not
-        apply: the map is at the input's size, and non-negative)."""
-        maps, several = self.maps(batch, target, call)
-        return (minmax(maps) if finishing.normalize else maps), several
-
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], the unnormalised saliency (B, K, H, W))``."""
-        with model_guarded(self.model):
-            maps, _ = self.maps(batch, target)
-        return minmax(maps), maps
+            return Explanation.of(augmented(self.maps, batch, pinned, finishing, call), scorer)
+        return Explanation.of(self.maps(batch, scorer, finishing, call), scorer)
 
     def maps(
-        self, batch: Tensor, target: TargetSpec | RowScorer = None, call: Call | None = None
-    ) -> tuple[Tensor, bool]:
-        """``(B, C, H, W) ->`` the summed ``(B, K, H, W)`` saliency before the final
-        normalisation, and whether ``K`` targets per sample were asked (``call``: the batch's
-        own samples with no extra input by default)."""
-        self.check_autograd()
-        if not isinstance(target, RowScorer):
-            target = resolve(target, batch.shape[0], batch.device, self.output)
-        return self.raw_maps(batch, target, call or Call(batch))
-
-    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> tuple[Tensor, bool]:
-        """The summed saliency ``(B, K, H, W)``, chunk by chunk of ``batch_size`` samples."""
-        return over_rows(
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
+    ) -> Tensor:
+        """``(B, C, H, W) ->`` the summed saliency ``(B, K, H, W)`` of the samples ``batch`` of
+        ``call``, chunk by chunk of ``batch_size`` samples, min-max normalised where
+        ``finishing.normalize`` (its other steps do not apply: the map is at the input's size,
+        and non-negative)."""
+        scorer = resolve(target, batch.shape[0], batch.device, self.output)
+        maps = over_rows(
             batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
         )
+        return minmax(maps) if finishing.normalize else maps
 
-    def _pass(
-        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor
-    ) -> tuple[Tensor, bool]:
+    def display_heat(self, result: Tensor) -> Tensor:
+        """The saliency min-max normalised (the raw one under :attr:`display_options`)."""
+        return minmax(result.detach().float())
+
+    def _pass(self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         leaf = part.detach().requires_grad_(True)
         tapped = [(name, module) for name, module, _ in self.bias_layers]
         with (
@@ -165,7 +148,7 @@ class FullGrad(Explainer):
             capture_outputs(self.model, tapped, start_graph=False) as taps,
         ):
             output = call.forward(self.model, leaf.clone(), rows)
-            scores, several = scorer(output, rows)
+            scores = scorer(output, rows)
         if not scores.requires_grad:
             raise GradientError("the target score does not depend on the input")
         calls = [
@@ -193,7 +176,7 @@ class FullGrad(Explainer):
                 flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
                 channels = flat.squeeze(1).unflatten(0, lead)
             total = total + channels
-        return total.float(), several
+        return total.float()
 
     def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
         """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``, the

@@ -111,7 +111,7 @@ def explain_tokens(
         acts = single_call(taps)
         scorer = resolve(target, batch.shape[0], batch.device)
         with torch.enable_grad():
-            scores, _ = scorer(output, torch.arange(batch.shape[0]))
+            scores = scorer(output, torch.arange(batch.shape[0]))
         count = scores.shape[1]
         parts = [
             layer_gradients(scores[:, rows], acts, capture.names, retain_graph=True)

@@ -45,22 +45,20 @@ class ShapleyCAM(BaseCAM):
             batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
         )
 
-    def _pass(
-        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor
-    ) -> tuple[dict[str, Tensor], bool]:
+    def _pass(self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> dict[str, Tensor]:
         names = self.capture.names
         with unfused_attention(self.model):  # fused attention kernels have no double backward
             return self._second_order(part, call, scorer, rows, names)
 
     def _second_order(
         self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor, names: list[str]
-    ) -> tuple[dict[str, Tensor], bool]:
+    ) -> dict[str, Tensor]:
         output, taps = self.capture.forward(
             part, call, start_graph=True, dtype=self.dtype, rows=rows
         )
         acts = single_call(taps)
         with torch.enable_grad():
-            scores, several = scorer(output, rows)
+            scores = scorer(output, rows)
             if not scores.requires_grad:
                 raise LayerOutputError(f"the target score does not depend on layer(s) {names}")
             corrected: list[list[Tensor]] = [[] for _ in acts]
@@ -83,7 +81,7 @@ class ShapleyCAM(BaseCAM):
                     corrected[i].append((grad - 0.5 * hvp).detach())
         grads = [torch.stack(per_target, dim=1) for per_target in corrected]
         acts = [act.detach().unsqueeze(1) for act in acts]
-        return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
+        return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         return grad.mean(dim=spatial(grad), keepdim=True)
@@ -138,7 +136,7 @@ class FinerCAM(WrapperCAM):
 
         def contrast(output: Any) -> Tensor:
             logits = select_output(output, self.output)
-            classes, several = scorer.classes_of(output, rows)
+            classes = scorer.classes_of(output, rows)
             classes = classes.to(logits.device)
             count = min(self.references, logits.shape[1] - 1)
             if count < 1:
@@ -156,7 +154,7 @@ class FinerCAM(WrapperCAM):
                 score = (p * (chosen[..., None] - self.gamma * ref_logits)).sum(2) / (
                     p.sum(2) + 1e-9
                 )
-            return score if several else score[:, 0]
+            return score if scorer.several else score[:, 0]
 
         return contrast
 
@@ -166,12 +164,12 @@ class FinerCAM(WrapperCAM):
                 "Finer-CAM compares class logits: pass class indices as target, not a callable"
             )
 
-        def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
+        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
             local = resolve(self.objective(scorer, rows), part.shape[0], part.device)
-            acts, grads, scores, several = self.capture.run(
+            acts, grads, scores = self.capture.run(
                 part, call, local, rows, gradients=True, dtype=self.dtype
             )
-            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:])), several
+            return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
 
         return over_rows(batch, self.batch_size, one_pass)
 

@@ -121,7 +121,7 @@ class PerturbationCAM(BaseCAM):
         acts = single_call(taps)
         scorer = scorer.pinned(output)
         with torch.set_grad_enabled(ranked):
-            scores, several = scorer(output, torch.arange(batch.shape[0]))
+            scores = scorer(output, torch.arange(batch.shape[0]))
         run = CopyScorer(
             self.model, batch, scorer, call, dtype=self.dtype, scores=scores, memory=memory
         )
@@ -141,7 +141,7 @@ class PerturbationCAM(BaseCAM):
                 )
             kept = self.kept(grid, None if grad is None else self.as_grid(grad, reader))
             maps[name] = self.perturbed_map(run, name, module, raw, grid, kept)
-        return maps, several
+        return maps
 
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor

@@ -52,7 +52,7 @@ class RefineCAM(WrapperCAM):
         self.wrap(base, model, layer, options)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        maps, several = self.base.raw_maps(batch, scorer, call)
+        maps = self.base.raw_maps(batch, scorer, call)
         dims = next(iter(maps.values())).ndim - 2  # 2-D maps, or volumes
         size = tuple(max(m.shape[d] for m in maps.values()) for d in range(-dims, 0))
         refined = None
@@ -61,7 +61,7 @@ class RefineCAM(WrapperCAM):
             if cam.shape[-dims:] != size:
                 cam = F.interpolate(cam, size=size, mode=RESAMPLING[dims], align_corners=False)
             refined = cam if refined is None else refined * cam
-        return {"refined": refined}, several
+        return {"refined": refined}
 
 
 __all__ = ["RefineCAM"]

@@ -144,13 +144,13 @@ class SESS(WrapperCAM):
         # the whole image's prediction, for every patch
         scorer = self.pinned(batch, scorer, call)
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
-        scores, several = self._scores(batch, call, scorer, grid)  # (B, P, K)
+        scores = self._scores(batch, call, scorer, grid)  # (B, P, K)
         best = scores.amax(dim=1, keepdim=True)
         weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
         fused = self._fused(batch, call, scorer, grid, weights, self._kept(scores))
         if self.smooth:
             fused = _gaussian_blur(fused)
-        return {"sess": fused}, several
+        return {"sess": fused}
 
     def _scale(self, size: tuple[int, int], scale: int) -> _Scale:
         (h, w), (wh, ww), (sh, sw) = size, self.window, self.stride
@@ -173,11 +173,9 @@ class SESS(WrapperCAM):
         wh, ww = self.window
         return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
 
-    def _scores(
-        self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]
-    ) -> tuple[Tensor, bool]:
+    def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
         """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
-        the callable's score), all scales in order, and whether K targets were asked."""
+        the callable's score), all scales in order."""
         size, parts = batch.shape[0], []
         copies = CopyScorer(
             self.model,
@@ -194,7 +192,7 @@ class SESS(WrapperCAM):
             samples = torch.arange(size, device=batch.device).repeat_interleave(count)
             scores = copies.over(patches.shape[0], lambda i, p=patches, s=samples: (p[i], s[i]))
             parts.append(scores.unflatten(0, (size, count)))
-        return torch.cat(parts, dim=1), copies.several
+        return torch.cat(parts, dim=1)
 
     def _kept(self, scores: Tensor) -> Tensor:
         """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
@@ -254,7 +252,7 @@ class SESS(WrapperCAM):
             # a blank patch map is expected (a background patch); the fused map is checked
             warnings.simplefilter("ignore", EmptyMapWarning)
             following = call.following(sample, patches)
-            maps, _ = self.base.maps(patches, target, Finishing(), following)
+            maps = self.base.maps(patches, target, Finishing(), following)
         return maps[:, 0]  # the default finishing fuses several layers into one map
 
     def __repr__(self) -> str:

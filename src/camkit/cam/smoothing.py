@@ -48,12 +48,12 @@ def principal_component(weighted: Tensor) -> Tensor:
 
 
 def augmented(
-    maps: Callable[[Tensor, Any, Finishing, Call], tuple[Maps, bool]],
+    maps: Callable[[Tensor, Any, Finishing, Call], Maps],
     batch: Tensor,
     target: Any,
     finishing: Finishing,
     call: Call,
-) -> tuple[Maps, bool]:
+) -> Maps:
     """pytorch-grad-cam's ``aug_smooth``: ``maps(x', target, finishing, call)`` of the six augmented
     batches ``x' = flip(x) * factor`` (``flip`` the identity or the mirror along the last axis,
     ``factor`` in 0.9, 1, 1.1), each finished map mirrored back, then averaged. With
@@ -62,11 +62,10 @@ def augmented(
     should be resolved with its top-1 classes pinned on the clean batch, so that every copy
     explains the same class."""
     total: Maps | None = None
-    several = False
     for flip in FLIPS:
         for factor in FACTORS:
             view = batch.flip(-1) if flip else batch
-            result, several = maps(view * factor, target, finishing, call)
+            result = maps(view * factor, target, finishing, call)
             if flip:
                 result = _each(result, lambda m: m.flip(-1))
             total = result if total is None else _each(total, torch.add, result)
@@ -74,7 +73,7 @@ def augmented(
     mean = _each(total, lambda m: m / count)
     if finishing.normalize:
         mean = _each(mean, lambda m: minmax(m, m.ndim - 2))
-    return mean, several
+    return mean
 
 
 def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> Maps:

@@ -67,7 +67,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         size = batch.shape[0]
         input_size = tuple(batch.shape[2:])
 
-        def clean(part: Tensor, rows: Tensor) -> tuple[dict[str, Any], bool]:
+        def clean(part: Tensor, rows: Tensor) -> dict[str, Any]:
             output, taps = self.capture.forward(
                 part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
@@ -76,21 +76,19 @@ class SmoothGradCAMPlusPlus(BaseCAM):
                 for name, act in zip(self.capture.names, single_call(taps), strict=True)
             }
             if not scorer.has_classes:
-                return {"acts": acts}, False
-            classes, several = scorer.classes_of(output, rows)
-            return {"acts": acts, "classes": classes}, several
+                return {"acts": acts}
+            return {"acts": acts, "classes": scorer.classes_of(output, rows)}
 
-        first, _ = over_rows(batch, self.batch_size, clean)
+        first = over_rows(batch, self.batch_size, clean)
         if scorer.top1:  # explain the clean prediction in every noisy copy
             scorer = replace(scorer, classes=first["classes"])
         noise = _Noise(batch.shape, generator(batch.device).manual_seed(call_seed(self.seed)))
         total = self.samples * size
         moments: dict[str, Tensor] = {}  # per layer: sums of g, g^2, g^3, (3, B, K, C, h, w)
-        several = False
         for index in chunks(total, self.batch_size):
             copy, rows = index // size, index % size
             inputs = batch[rows] + self.std * noise.rows(copy, rows).to(batch)
-            _, grads, _, several = self.capture.run(
+            _, grads, _ = self.capture.run(
                 inputs, call, scorer, rows, gradients=True, dtype=self.dtype
             )
             for name, grad in zip(self.capture.names, grads, strict=True):
@@ -109,7 +107,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
             alpha = torch.where(denominator != 0, d2 / safe, torch.zeros_like(d2))
             weights = (alpha * d1.relu()).sum(dim=spatial(d1), keepdim=True)
             maps[name] = self.combine(weights * act)
-        return maps, several
+        return maps
 
 
 class _Noise:
@@ -160,8 +158,8 @@ class RandomCAM(BaseCAM):
         random = generator(batch.device).manual_seed(self.seed)
         drawn: dict[str, Tensor] = {}  # (B, K, C) per layer, drawn at the first chunk
 
-        def one_pass(part: Tensor, rows: Tensor) -> tuple[dict[str, Tensor], bool]:
-            acts, _, scores, several = self.capture.run(
+        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
+            acts, _, scores = self.capture.run(
                 part, call, scorer, rows, gradients=False, dtype=self.dtype
             )
             maps = {}
@@ -174,7 +172,7 @@ class RandomCAM(BaseCAM):
                 weights = drawn[name][rows.to(act.device)]
                 weights = weights.view(*weights.shape, *[1] * (act.ndim - 3))
                 maps[name] = self.combine(weights * act)
-            return maps, several
+            return maps
 
         return over_rows(batch, self.batch_size, one_pass)
 

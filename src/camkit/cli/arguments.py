@@ -110,6 +110,18 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_max_pixels_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--max-pixels``, read by :func:`pixel_limit` (``what``: which images it refuses)."""
+    parser.add_argument(
+        "--max-pixels",
+        type=pixel_limit,
+        default=io.MAX_PIXELS,
+        metavar="N",
+        help=f"refuse {what} of more pixels, before decoding (default %(default)s, Pillow's "
+        "limit; 0: no limit)",
+    )
+
+
 def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
     """``--workers`` and ``--quiet``: how a dataset command decodes images and reports progress."""
     parser.add_argument(
@@ -178,14 +190,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
         "results do not depend on it",
     )
     add_device_argument(parser)
-    parser.add_argument(
-        "--max-pixels",
-        type=pixel_limit,
-        default=io.MAX_PIXELS,
-        metavar="N",
-        help="refuse images of more pixels, before decoding (default %(default)s, Pillow's "
-        "limit; 0: no limit)",
-    )
+    add_max_pixels_argument(parser, "images")
     add_loader_arguments(parser)
 
 

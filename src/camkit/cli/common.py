@@ -234,3 +234,8 @@ def load_run_model(
     if one_class and classes is not None and len(classes) > 1:
         raise UsageError(f"--target: {args.command} scores one class per image (or top1)")
     return loaded, classes, pick_layer(loaded, args.layer, methods)
+
+
+def wants_report(args: argparse.Namespace) -> bool:
+    """``--report`` as given, else whether an input is a folder (the report's default)."""
+    return args.report if args.report is not None else any(map(os.path.isdir, args.images))

@@ -95,7 +95,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
             scored = {}
             for method in methods:
                 try:
-                    heat, _ = explainers[method].heatmaps(inputs, target)
+                    explainer = explainers[method]
+                    raw = explainer.explain_batch(inputs, target, **explainer.display_options)
+                    heat = explainer.display_heat(raw.maps)
                     scored[method], method_curves = score_batch(
                         model, inputs, heat[:, 0].to(device), target, masks, settings
                     )

@@ -4,7 +4,6 @@ work of one rank is :mod:`camkit.cli.pipeline`."""
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from camkit.cli.common import (
     check_run_inputs,
     exit_status,
     load_run_model,
+    wants_report,
 )
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
@@ -65,7 +65,7 @@ def run_explain(args: argparse.Namespace) -> int:
             workers=default_workers() if args.workers is None else args.workers,
             max_pixels=args.max_pixels,
             quiet=args.quiet,
-            report=args.report if args.report is not None else any(map(os.path.isdir, args.images)),
+            report=wants_report(args),
         )
         build_explainers(loaded.model, job)  # a method that cannot explain this model: exit 2
         manifest = explain(

@@ -207,13 +207,14 @@ class BatchExplainer:
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
+            options = explainer.display_options  # the raw map that display_heat colours
             if logits is None and self._clean_first(registry.get(method)):
                 with first_output(self.model) as kept:
-                    heat, raw = explainer.heatmaps(inputs, target)
+                    raw = explainer.explain_batch(inputs, target, **options).maps
                 logits = select_output(kept[0])
             else:
-                heat, raw = explainer.heatmaps(inputs, target)
-            results[method] = (heat.cpu(), raw.cpu(), explainer.measured())
+                raw = explainer.explain_batch(inputs, target, **options).maps
+            results[method] = (explainer.display_heat(raw).cpu(), raw.cpu(), explainer.measured())
         if logits is None:
             with torch.inference_mode():
                 logits = select_output(self.model(inputs))

@@ -86,7 +86,7 @@ def _gradient(colormap: str) -> str:
 
 _KNOWN_KEYS = frozenset(
     {"image", "output", "method", "layer", "target", "label", "probability", "top5", "model"}
-    | {"size", "raw", "error", "conservation", "animation", "frame_plot"}
+    | {"size", "raw", "error", "conservation", "tokens", "animation", "frame_plot"}
 )
 
 
@@ -201,6 +201,7 @@ def _page_data(
                     else {"src": url_path(raw_map_name(raw)), "file": url_path(raw)}
                     | raw_scales[raw_map_name(raw)],
                     "metrics": _scalars(metrics.get(output)),
+                    "tokens": url_path(str(row["tokens"])) if row.get("tokens") else None,
                     "info": _scalars(
                         {k: v for k, v in row.items() if k in extra - shared}
                         | _conservation_facts(row)
@@ -240,7 +241,8 @@ def write_report(
 
     ``records``: the manifest rows of ``camkit explain`` (``image``, ``output``, ``method``,
     ``layer``, ``target``, ``label``, ``probability``, ``top5``, ``model``, ``size``, optional
-    ``raw``; or ``image`` and ``error`` for an unreadable file). ``output``/``raw`` are relative
+    ``raw``, ``tokens``: a vision-language model's token page, linked under the overlay; or
+    ``image`` and ``error`` for an unreadable file). ``output``/``raw`` are relative
     to ``out_dir``; ``image`` is the input's path as given (relative to the current directory or
     absolute). Any other scalar field (``rank``, timings...) is shown in the detail view.
     ``metrics``: per-overlay (keyed by ``output``) or per-image (keyed by ``image``) mappings of

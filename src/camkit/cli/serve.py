@@ -13,11 +13,13 @@ from camkit.cli.arguments import (
     add_command,
     add_crop_argument,
     add_device_argument,
+    add_max_pixels_argument,
     add_model_arguments,
-    pixel_limit,
 )
 from camkit.cli.common import EXIT_OK, UsageError, load_model, pick_device
+from camkit.cli.vlm import load_hf
 from camkit.errors import CamkitError
+from camkit.models.vlm import HF_PREFIX, LoadedVLM
 
 SUMMARY = "explore a model's maps live in the browser"
 DESCRIPTION = (
@@ -38,6 +40,19 @@ def demo_folder() -> Path:
     return folder
 
 
+def hf_model(args: argparse.Namespace, device: object) -> LoadedVLM | None:
+    """``--model hf:FOLDER``: the vision-language model on ``device``, loaded as ``camkit
+    explain`` loads it (:func:`camkit.cli.vlm.load_hf`); None for other models."""
+    if not args.model.startswith(HF_PREFIX):
+        return None
+    for option, value in (("--weights", args.weights), ("--compare-weights", args.compare_weights)):
+        if value:
+            raise UsageError(f"{option}: an hf: folder holds its own weights")
+    loaded = load_hf(args.model)
+    loaded.model.to(device)
+    return loaded
+
+
 def build(args: argparse.Namespace):
     """The prepared app (:class:`camkit.serve.launch.Prepared`) from the parsed arguments:
     everything but listening. ``camkit.serve`` is imported here, lazily: it is the one place the
@@ -54,7 +69,13 @@ def build(args: argparse.Namespace):
         token = check_start(paths, args.host, args.token)  # before any model is loaded
         device = pick_device(args.device)
         crop = args.crop or run_crop(paths)  # a run folder's own preprocessing by default
-        checkpoints = {"a": load_model(args.model, args.weights, args.labels, crop=crop)}
+        vlm = hf_model(args, device)
+        if vlm is not None:
+            from camkit.serve.prompts import image_side
+
+            checkpoints = {"a": image_side(vlm)}
+        else:
+            checkpoints = {"a": load_model(args.model, args.weights, args.labels, crop=crop)}
         if args.compare_weights:
             checkpoints["b"] = load_model(args.model, args.compare_weights, args.labels, crop=crop)
         for loaded in checkpoints.values():
@@ -71,6 +92,7 @@ def build(args: argparse.Namespace):
                 args.model, [args.weights, args.compare_weights][: len(checkpoints)]
             ),
             max_pixels=args.max_pixels,
+            vlm=vlm,
         )
     except CamkitError as error:
         raise UsageError(str(error)) from None
@@ -116,11 +138,4 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "which is refused on any address but loopback",
     )
     add_device_argument(serve)
-    serve.add_argument(
-        "--max-pixels",
-        type=pixel_limit,
-        default=io.MAX_PIXELS,
-        metavar="N",
-        help="refuse images of more pixels, the folders' files and uploads alike, before "
-        "decoding (default %(default)s, Pillow's limit, as for explain; 0: no limit)",
-    )
+    add_max_pixels_argument(serve, "images (the folders' files and uploads alike)")

@@ -12,22 +12,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from camkit import io, registry
 from camkit.cam.base import BaseCAM
-from camkit.cam.generation import explain_tokens
+from camkit.cli import report
 from camkit.cli.arguments import positive_int
-from camkit.cli.common import EXIT_OK, UsageError, check_colormap, check_run_inputs, exit_status
+from camkit.cli.common import (
+    EXIT_OK,
+    UsageError,
+    check_colormap,
+    check_run_inputs,
+    exit_status,
+    wants_report,
+)
 from camkit.core.explainer import Explainer
-from camkit.errors import CamkitError
-from camkit.models.vlm import LoadedVLM, load_vlm
+from camkit.errors import CamkitError, InputError
+from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
+from camkit.runs.manifest import header, write_manifest
 from camkit.targets import PromptTarget
 from camkit.viz import overlay_on_photo
 from camkit.viz.text import token_html
 
-PREFIX = "hf:"
+PREFIX = HF_PREFIX
 Region = tuple[float, float, float, float]  # where the model's input lies on the photo
 
 
@@ -52,44 +59,55 @@ def check_prompts(args: argparse.Namespace) -> None:
         )
 
 
+def load_hf(model: str) -> LoadedVLM:
+    """``--model hf:FOLDER``: the model in the local HuggingFace folder
+    (:func:`camkit.models.vlm.load_vlm`), its errors as usage errors. ``camkit explain`` and
+    ``camkit serve`` load ``hf:`` models through this one function."""
+    try:
+        return load_vlm(model.removeprefix(PREFIX))
+    except (CamkitError, OSError) as error:
+        raise UsageError(f"--model {model}: {error}") from None
+
+
 def run_vlm(args: argparse.Namespace) -> int:
-    """Explain each image for the prompts; exit 1 naming unreadable images."""
+    """Explain each image for the prompts; write ``manifest.json`` (a record per overlay,
+    its ``label`` the prompt or the generated token) and, with ``--report`` (default for a
+    folder), the report page; exit 1 naming unreadable images."""
     check_prompts(args)
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap)
     )
-    folder = args.model.removeprefix(PREFIX)
-    try:
-        loaded = load_vlm(folder)
-    except (CamkitError, OSError) as error:
-        raise UsageError(f"--model {args.model}: {error}") from None
+    loaded = load_hf(args.model)
     loaded.model.to(device)
     if loaded.generative and len(args.prompt) != 1:
         raise UsageError("--prompt: a generative model answers one prompt; give it once")
     settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
     explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
     out.mkdir(parents=True, exist_ok=True)
-    failed, written = [], 0
+    failed, records = [], []
     for path in paths:
         try:
             photo = io.read_image(path, max_pixels=args.max_pixels)
         except io.READ_ERRORS as error:
             print(f"camkit: {path}: {io.read_failure(error)}", file=sys.stderr)
             failed.append(str(path))
+            records.append({"image": str(path), "error": io.read_failure(error)})
             continue
         x = loaded.preprocess(photo).unsqueeze(0).to(device)
         region = loaded.preprocess.photo_region(*photo.shape[:2])
         for name, explainer in zip(methods, explainers, strict=True):
             shot = Shot(path, photo, x, region, name, args)
             try:
-                written += (
+                records += (
                     _answer(loaded, explainer, shot)
                     if loaded.generative
                     else (_prompts(loaded, explainer, shot))
                 )
             except CamkitError as error:
                 raise UsageError(f"{name}: {error}") from None
-    print(f"wrote {written} file(s) for {len(paths) - len(failed)} image(s) to {out}")
+    _record(args, methods, str(device), records)
+    written = sum("output" in record for record in records)
+    print(f"wrote {written} overlay(s) for {len(paths) - len(failed)} image(s) to {out}")
     return EXIT_OK if not failed else exit_status(failed)
 
 
@@ -119,51 +137,54 @@ class Shot:
     method: str
     args: argparse.Namespace
 
-    def save(self, k: int, label: str, heat: Tensor) -> None:
-        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat``."""
+    def save(self, k: int, label: str, heat: Tensor) -> dict:
+        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat`` -> its
+        manifest record."""
         args = self.args
-        file = Path(args.out) / f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
+        name = f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
         picture = overlay_on_photo(self.photo, heat.cpu(), self.region, args.alpha, args.colormap)
-        io.save_image(file, picture)
+        io.save_image(Path(args.out) / name, picture)
+        record = {"image": str(self.path), "output": name, "method": self.method}
+        return record | {"target": k, "label": label, "model": args.model}
 
 
-def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> int:
-    """One overlay per prompt."""
+def _record(args: argparse.Namespace, methods: list[str], device: str, records: list) -> None:
+    """``manifest.json`` of the run and, with ``--report`` (default for a folder), the page."""
+    out = Path(args.out)
+    settings = {"methods": methods, "prompts": list(args.prompt), "layer": args.layer}
+    settings |= {"max_new_tokens": args.max_new_tokens, "colormap": args.colormap}
+    head = header(settings, args.model, device, list(getattr(args, "argv", None) or []))
+    write_manifest(out, head | {"records": records})
+    if wants_report(args):
+        report.write_report(out, records, colormap=args.colormap)
+
+
+def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> list[dict]:
+    """One overlay per prompt -> their records."""
     prompts = list(shot.args.prompt)
-    heat, _ = explainer.heatmaps(
-        shot.x, PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
-    )
-    for k, prompt in enumerate(prompts):
-        shot.save(k, prompt, heat[0, k])
-    return len(prompts)
+    target = PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
+    found = explainer.explain_batch(shot.x, target, **explainer.display_options)
+    heat = explainer.display_heat(found.maps)
+    return [shot.save(k, prompt, heat[0, k]) for k, prompt in enumerate(prompts)]
 
 
-def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> int:
-    """The answer to the prompt; an overlay per generated token and the token page."""
-    x, args = shot.x, shot.args
-    ids = loaded.prompt_ids(args.prompt[0], x).to(x.device)
-    with torch.no_grad():
-        sequence = loaded.model.generate(
-            input_ids=ids, pixel_values=x, max_new_tokens=args.max_new_tokens, do_sample=False
-        )
-    if sequence.shape[1] == ids.shape[1]:
-        raise UsageError("the model generated no token")
-    result = explain_tokens(explainer, x, sequence, prompt_length=ids.shape[1])
-    tokens = [
-        text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
-        for token, text in zip(
-            sequence[0].tolist(),
-            loaded.tokenizer.convert_ids_to_tokens(sequence[0].tolist()),
-            strict=True,
-        )
+def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> list[dict]:
+    """The answer to the prompt; an overlay per generated token and the token page -> the
+    overlays' records (each names the page in ``tokens``)."""
+    try:
+        answer = loaded.answer(explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens)
+    except InputError as error:
+        raise UsageError(str(error)) from None
+    records = [
+        shot.save(k, answer.tokens[position], answer.explanation.maps[0, k])
+        for k, position in enumerate(answer.positions)
     ]
-    answer = list(range(ids.shape[1], sequence.shape[1]))
-    for k, position in enumerate(answer):
-        shot.save(k, tokens[position], result.maps[0, k])
     title = f"{shot.path.name}: {shot.method}"
-    page = token_html(tokens, answer, result.token_relevance[0].cpu(), title)
-    io.write_atomic(Path(args.out) / f"{shot.path.stem}_{shot.method}_tokens.html", page.encode())
-    return len(answer) + 1
+    relevance = answer.explanation.token_relevance[0].cpu()
+    page = token_html(answer.tokens, answer.positions, relevance, title)
+    name = f"{shot.path.stem}_{shot.method}_tokens.html"
+    io.write_atomic(Path(shot.args.out) / name, page.encode())
+    return [record | {"tokens": name} for record in records]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

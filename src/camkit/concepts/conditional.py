@@ -172,11 +172,7 @@ class ConceptAttribution:
         batch, single = as_batch(x, self.model)
         with self._traced(Call.of(batch, additional_forward_args), target, [self.layer]) as run:
             per_channel = self._channel_relevance(run, region)
-            if k > per_channel.shape[1]:
-                raise ArgumentError(
-                    f"k={k} but layer {self.layer!r} has {per_channel.shape[1]} channels"
-                )
-            values, channels = per_channel.topk(k, dim=1)
+            values, channels = self._top_channels(per_channel, k)
             share = abs_norm(per_channel).gather(1, channels)
             heat = None
             if heatmaps:
@@ -229,9 +225,7 @@ class ConceptAttribution:
         of the largest mean share, their mean ``relevance (k,)`` and mean ``share (k,)``."""
         k = positive_int("k", k)
         mean_share = abs_norm(relevance).mean(dim=0)
-        if k > mean_share.numel():
-            raise ArgumentError(f"k={k} but layer {self.layer!r} has {mean_share.numel()} channels")
-        values, channels = mean_share.topk(k)
+        values, channels = self._top_channels(mean_share, k)
         mean_relevance = relevance.mean(dim=0)[channels]
         return TopConcepts(self.layer, channels, mean_relevance, values, None, None)
 
@@ -266,6 +260,13 @@ class ConceptAttribution:
                 parts.append(self._per_channel(run, low, lower_relevance, dims=2))
             graph = torch.cat(parts).transpose(0, 1)
         return graph[0] if single else graph
+
+    def _top_channels(self, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The ``k`` largest ``scores (..., C)`` over the channels -> ``(values, channels)``;
+        ``k`` above the layer's channels is an error."""
+        if k > scores.shape[-1]:
+            raise ArgumentError(f"k={k} but layer {self.layer!r} has {scores.shape[-1]} channels")
+        return scores.topk(k, dim=-1)
 
     # ------------------------------------------------------------------ the passes
 

@@ -164,7 +164,7 @@ class ReferenceCollector:
             output, taps = self.capture.forward(batch, call, start_graph=True, rows=rows)
         (act,) = single_call(taps)
         with torch.enable_grad():
-            scores, _ = scorer(output, rows)
+            scores = scorer(output, rows)
         if not scores.requires_grad:
             raise LayerOutputError(f"the predicted class does not depend on {self.layer!r}")
         (grad,) = torch.autograd.grad(scores.sum(), act)

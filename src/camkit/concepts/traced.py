@@ -64,8 +64,8 @@ def traced(
             out = call.forward(model, leaf.clone())
         check_batch_axes(taps, size)
         acts = dict(zip(layers, single_call(taps), strict=True))
-        scores, several = scorer(out, rows)
-        if several:
+        scores = scorer(out, rows)
+        if scorer.several:
             raise ArgumentError(
                 "concepts explain one target per sample; pass a class per sample (or None "
                 "for the predicted class), and the concepts as the K axis"

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.state import buffers_kept
+from camkit.targets.outputs import class_logits
 from camkit.targets.resolver import RowScorer
 
 PIN = ("dtype", "batch_size")  # the options of pin_top1
@@ -81,7 +82,8 @@ def pin_top1(
     with buffers_kept(model), torch.inference_mode(), autocast(first.device, dtype):
         for rows in chunks(first.shape[0], batch_size, first.device):
             chunk = tuple(t[rows] for t in inputs)
-            classes.append(scorer.pinned(call.forward(model, chunk, rows)).classes)
+            logits = class_logits(call.forward(model, chunk, rows), scorer.selector)
+            classes.append(scorer.top1_of(logits, rows))
     return replace(scorer, classes=torch.cat(classes).clone())
 
 
@@ -115,7 +117,6 @@ class CopyScorer:
         self.dtype, self.batch_size, self.probabilities = dtype, batch_size, probabilities
         self.memory = memory or MemoryFormat(batch)
         self.scores = None if scores is None else scores.detach().float()
-        self.several = scorer.several  # whether K targets per sample were asked (last forward)
 
     @classmethod
     def clean(
@@ -159,9 +160,9 @@ class CopyScorer:
             inputs = inputs.contiguous(memory_format=memory_format)
             output = self.call.forward(self.model, inputs, samples)
             if self.probabilities:
-                scores, self.several = self.scorer.probabilities(output, samples)
+                scores = self.scorer.probabilities(output, samples)
             else:  # checks that there is one row per input
-                scores, self.several = self.scorer(output, samples)
+                scores = self.scorer(output, samples)
         return scores.float()
 
 

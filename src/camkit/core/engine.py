@@ -164,9 +164,9 @@ class Capture:
         *,
         gradients: bool,
         dtype: torch.dtype | None = None,
-    ) -> tuple[list[Tensor], list[Tensor] | None, Tensor, bool]:
-        """``(activations (B, 1, ...), gradients (B, K, ...) or None, scores (B, K), several)``,
-        with one activation and gradient per layer.
+    ) -> tuple[list[Tensor], list[Tensor] | None, Tensor]:
+        """``(activations (B, 1, ...), gradients (B, K, ...) or None, scores (B, K))``, with one
+        activation and gradient per layer.
 
         ``rows`` are the samples' indices in the scorer's batch. The target is scored even when
         no gradient is needed, so it is checked and its ``K`` is known for every method.
@@ -174,22 +174,21 @@ class Capture:
         output, taps = self.forward(batch, call, start_graph=gradients, dtype=dtype, rows=rows)
         acts = layers.single_call(taps)
         with torch.set_grad_enabled(gradients):
-            scores, several = scorer(output, rows)
+            scores = scorer(output, rows)
         grads = layer_gradients(scores, acts, self.names) if gradients else None
         acts = [act.detach().unsqueeze(1) for act in acts]
-        return acts, grads, scores.detach(), several
+        return acts, grads, scores.detach()
 
 
-def over_rows(
-    batch: Tensor, batch_size: int | None, run: Callable[[Tensor, Tensor], tuple[Any, bool]]
-) -> tuple[Any, bool]:
+def over_rows(batch: Tensor, batch_size: int | None, run: Callable[[Tensor, Tensor], Any]) -> Any:
     """``run(part, rows)`` over chunks of at most ``batch_size`` samples (all at once for
     None); the results (tensors, or dicts of them, batch first) are concatenated."""
-    parts = [
-        run(batch[int(rows[0]) : int(rows[-1]) + 1], rows)
-        for rows in chunks(batch.shape[0], batch_size)
-    ]
-    return _concatenate([result for result, _ in parts]), parts[0][1]
+    return _concatenate(
+        [
+            run(batch[int(rows[0]) : int(rows[-1]) + 1], rows)
+            for rows in chunks(batch.shape[0], batch_size)
+        ]
+    )
 
 
 def _concatenate(parts: list[Any]) -> Any:

@@ -37,9 +37,12 @@ def first_tensor(value: object) -> Tensor | None:
 
 
 Example = Tensor | tuple | list | Mapping | Inputs
+InputSize = int | Sequence[int] | None
+"""The spatial size of random noise to trace a model with: one side, every side, or None (the
+model's default, see :func:`default_example`)."""
 
 
-def default_example(model: nn.Module, input_size: int | Sequence[int] | None) -> Tensor:
+def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
     convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (None: 224x224 for
     images, 64x64x64 for volumes: a 3-D network's strides divide it, and it stays small)."""
@@ -124,6 +127,7 @@ def describe_example(example: Example) -> str:
 
 __all__ = [
     "Example",
+    "InputSize",
     "Inputs",
     "call_model",
     "default_example",

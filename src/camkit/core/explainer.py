@@ -4,13 +4,14 @@ Every family (gradient and perturbation CAMs, pixel methods, attention methods, 
 wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=``,
 ``batch_size=`` (rows per forward pass, one meaning everywhere), ``reshape=`` and the layer
 (for methods that read one; ``None`` picks the model's default layer at the first call), and
-the ``__call__`` template::
+two entries, the call and :meth:`Explainer.explain_batch`, over one template::
 
     check the input -> the call (:class:`~camkit.core.call.Call`: the samples and
-    additional_forward_args) -> explain(call, target) ->
-    drop the axes the caller did not ask for
+    additional_forward_args) -> the target resolved once (a RowScorer) ->
+    _explain(call, scorer) -> Explanation (maps (B, K, ...), targets (B, K))
+    -> the call drops the axes the caller did not ask for
 
-A family implements :meth:`Explainer.explain`; a method inside a family overrides the family's
+A family implements :meth:`Explainer._explain`; a method inside a family overrides the family's
 steps, never the template. What the registry, the CLI and the conformance tests know of a
 method comes from its typed class flags (:class:`Capabilities`).
 """
@@ -18,7 +19,7 @@ method comes from its typed class flags (:class:`Capabilities`).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -36,7 +37,7 @@ from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, InputError
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import OutputSelector
-from camkit.targets.resolver import RowScorer
+from camkit.targets.resolver import RowScorer, resolve
 
 FAMILIES = ("gradient-cam", "perturbation-cam", "pixel", "attention")
 
@@ -51,6 +52,34 @@ class Capabilities:
     seeded: bool
     target_free: bool
     several_inputs: bool
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What :meth:`Explainer.explain_batch` returns (a family that finds more returns a
+    subclass: LRP's :class:`~camkit.relevance.lrp.Relevance`).
+
+    ``maps``: ``(B, K, ...)`` (a CAM's ``(B, K, H, W)``, a pixel method's ``(B, K, C, H, W)``),
+    ``{layer: (B, K, ...)}`` for unfused layers, or a tuple of them (one per input of a tuple of
+    inputs; Integrated Gradients' attribution and error). ``targets``: the classes explained
+    ``(B, K)`` (top-1 ones resolved; None for a callable target). ``several``: whether ``K``
+    targets per sample were asked (a 2-D target, a callable returning ``(B, K)``); ``single``:
+    whether one sample came without its batch axis."""
+
+    maps: Any
+    targets: Tensor | None
+    several: bool
+    single: bool = False
+
+    @classmethod
+    def of(cls, maps: Any, scorer: RowScorer, **extra: Any) -> Explanation:
+        """The result ``maps`` for the target ``scorer`` scored (it knows what was asked)."""
+        return cls(maps, scorer.explained, scorer.several, **extra)
+
+    def shaped(self) -> Any:
+        """The maps as a call returns them: without the target axis unless ``K`` targets were
+        asked, without the batch axis for a ``single`` sample."""
+        return drop_axes(self.maps, self.single, self.several)
 
 
 class Explainer:
@@ -91,6 +120,8 @@ class Explainer:
     takes_vectors: ClassVar[bool] = False  # explains vectors (B, F) as well as images
     default_batch_size: ClassVar[int | None] = None
     reshape_refused: ClassVar[str | None] = None  # why a method cannot take reshape=, if so
+    # the call options whose result is the raw map that display_heat colours (the CLI's raw)
+    display_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -183,36 +214,52 @@ class Explainer:
 
     # ------------------------------------------------------------------ the template
 
-    def __call__(
+    def __call__(self, x: Tensor, target: TargetSpec = None, **options: Any) -> Any:
+        """:meth:`explain_batch` without the axes the caller did not ask for: the target axis
+        unless ``K`` targets per sample were asked, the batch axis for one sample."""
+        return self.explain_batch(x, target, **options).shaped()
+
+    def explain_batch(
         self,
         x: Tensor,
         target: TargetSpec = None,
         *,
         additional_forward_args: Any = None,
         **options: Any,
-    ) -> Any:
+    ) -> Explanation:
         """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
-        :mod:`camkit.targets`). ``additional_forward_args``: more inputs of a model called
-        as ``model(x, *args)`` (per-sample tensors follow their samples). ``options`` are the
-        family's call options (e.g. ``relu``/``normalize``/``fuse`` for CAMs).
+        :mod:`camkit.targets`): the :class:`Explanation`, maps with their batch and target axes
+        ``(B, K, ...)``, the classes explained ``(B, K)`` and what the family adds (LRP's layer
+        relevance). ``additional_forward_args``: more inputs of a model called as ``model(x,
+        *args)`` (per-sample tensors follow their samples). ``options`` are the family's call
+        options (e.g. ``relu``/``normalize``/``fuse`` for CAMs). Methods with
+        ``several_inputs`` (the pixel methods) also take a tuple ``(image, *others)`` for a
+        model called as ``model(image, *others)``: one attribution per input, as captum's.
 
-        Methods with ``several_inputs`` (the pixel methods) also take a tuple ``(image,
-        *others)`` for a model called as ``model(image, *others)`` and return one attribution
-        per input, as captum does with tuples."""
+        The template of both entries: check the options, the input and autograd, resolve the
+        layer and the target once, run the family's :meth:`_explain` with the model guarded."""
         self.check_options(options)
         batch, single = self.checked_input(x)
+        self.check_autograd()
         call = Call.of(batch, additional_forward_args)
+        first = batch[0] if isinstance(batch, tuple) else batch
         with model_guarded(self.model):
             if self.needs_layer:
-                self.capture.resolve(batch, call)
-            result, several = self.explain(call, target, **options)
-        return self.shaped(result, single, several)
+                self.capture.resolve(first, call)
+            found = self._explain(call, self.target_scorer(target, first), **options)
+        return replace(found, single=True) if single else found
+
+    def target_scorer(self, target: TargetSpec, batch: Tensor) -> RowScorer:
+        """The call's target resolved once for ``batch`` (:func:`~camkit.targets.resolve`)."""
+        if target is None and self.target_free:  # never read the output (a detector's)
+            return RowScorer(free=True)
+        return resolve(target, batch.shape[0], batch.device, self.output)
 
     @classmethod
     def call_options(cls) -> tuple[str, ...]:
         """The options a call takes besides ``additional_forward_args``: the keyword-only
-        parameters of the family's :meth:`explain`."""
-        parameters = inspect.signature(cls.explain).parameters.values()
+        parameters of the family's :meth:`_explain`."""
+        parameters = inspect.signature(cls._explain).parameters.values()
         return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
 
     def check_options(self, options: dict[str, Any]) -> None:
@@ -242,21 +289,10 @@ class Explainer:
             )
         return as_inputs(x, self.model, vectors=self.takes_vectors)
 
-    def explain(self, call: Call, target: TargetSpec, **options: Any) -> tuple[Any, bool]:
-        """The family's work on ``call.batch``: ``(result with batch and target axes, several
-        targets?)``; every forward goes through ``call.forward``."""
-        raise NotImplementedError
-
-    def shaped(self, result: Any, single: bool, several: bool) -> Any:
-        """Drop the batch axis of a single sample and the target axis of a single target
-        (of each part of a tuple result)."""
-        if isinstance(result, tuple):
-            return tuple(self.shaped(part, single, several) for part in result)
-        return drop_axes(result, single, several)
-
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], the raw result)`` for display; the model guarded as
-        in a call (:func:`~camkit.core.state.model_guarded`)."""
+    def _explain(self, call: Call, scorer: RowScorer, **options: Any) -> Explanation:
+        """The family's step on ``call.batch`` for the resolved target ``scorer``: the result
+        with its batch and target axes (:meth:`Explanation.of`); every forward goes through
+        ``call.forward``."""
         raise NotImplementedError
 
     def measured(self) -> list[list[dict]] | None:
@@ -269,10 +305,11 @@ class Explainer:
         """How this method's result is shown: a call's result with its target axis kept
         (``(B, K, ...)``) -> heat ``(B, K, H, W)`` (volumes ``(B, K, D, H, W)``) in [0, 1].
 
-        The one display policy of a method: :meth:`heatmaps`, the CLI, the report and the
-        explorer all colour what it returns, so one map has one colour scale everywhere. Maps
-        (the CAMs, the attention methods) are shown as they are; the pixel methods override it
-        (``max_c |attribution|`` over its 99th percentile)."""
+        The one display policy of a method: the CLI, the report and the explorer all colour
+        what it returns for the maps of :meth:`explain_batch` under :attr:`display_options`, so
+        one map has one colour scale everywhere. Maps (the CAMs, the attention methods) are
+        shown as they are; the pixel methods override it (``max_c |attribution|`` over its
+        99th percentile), FullGrad normalises its raw saliency."""
         return result.detach().float()
 
     def pinned(
@@ -332,4 +369,4 @@ def merged_signature(cls: type) -> inspect.Signature:
     return inspect.Signature([*positional, *keywords.values()])
 
 
-__all__ = ["FAMILIES", "Capabilities", "Explainer", "Reshape"]
+__all__ = ["FAMILIES", "Capabilities", "Explainer", "Explanation", "Reshape"]

@@ -7,6 +7,7 @@ axes ``(B, K, ...)`` until :func:`drop_axes` removes what the caller did not ask
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -138,11 +139,12 @@ class Finishing:
         return minmax(fused, dims) if self.normalize else fused
 
 
-def drop_axes(
-    result: Tensor | dict[str, Tensor], single: bool, several: bool
-) -> Tensor | dict[str, Tensor]:
+def drop_axes(result: Any, single: bool, several: bool) -> Any:
     """Drop the target axis (1) unless K targets were asked, and the batch axis (0) for one
-    image; the result is detached (a dict of maps, one per layer, likewise)."""
+    image; the result is detached (a dict of maps, one per layer, and each part of a tuple
+    likewise)."""
+    if isinstance(result, tuple):
+        return tuple(drop_axes(part, single, several) for part in result)
     if isinstance(result, dict):
         return {name: drop_axes(t, single, several) for name, t in result.items()}
     result = result if several else result.squeeze(1)

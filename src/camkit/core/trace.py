@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from camkit.core.architecture import default_token_layer, vision_feature_layer
 from camkit.core.examples import (
     Example,
+    InputSize,
     call_model,
     default_example,
     describe_example,
@@ -58,10 +59,7 @@ class _Call:
 
 
 def trace(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = None,
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> tuple[list[_Call], object]:
     """Run the model (eval mode, no grad) on two inputs: every module call, and the output.
 
@@ -191,10 +189,7 @@ def _skip_shared_heads(calls: list[_Call]) -> None:
 
 
 def layer_shapes(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = None,
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``(name, type name, output shape)`` for every module call, in the order the calls start.
 
@@ -209,10 +204,7 @@ def layer_shapes(
 
 
 def skipped_layers(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = None,
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> dict[str, str]:
     """``{layer name: why it cannot be explained}`` for the layers :func:`default_layer` never
     picks and whose maps camkit refuses or would not mean anything: non-tensor outputs, a first
@@ -223,10 +215,7 @@ def skipped_layers(
 
 
 def map_layers(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> dict[str, str | None]:
     """``{layer name: None if a CAM can read it, else why not}`` for every called layer, in the
     order the calls start: the one answer the CLI's ``--layer`` check, the explorer's layer
@@ -245,27 +234,19 @@ def readable_layers(calls: Sequence[_Call]) -> dict[str, str | None]:
 
 
 def map_layer_shapes(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = (224, 224),
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """:func:`layer_shapes` of the layers a CAM can read (:func:`map_layers`), from one trace."""
     calls = _ordered_calls(model, input_size, example)
     return [(call.name, call.type_name, call.shape) for call in calls if call.unreadable is None]
 
 
-def _ordered_calls(
-    model: nn.Module, input_size: int | Sequence[int] | None, example: Example | None
-) -> list[_Call]:
+def _ordered_calls(model: nn.Module, input_size: InputSize, example: Example | None) -> list[_Call]:
     return sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
 
 
 def default_layer(
-    model: nn.Module,
-    input_size: int | Sequence[int] | None = None,
-    *,
-    example: Example | None = None,
+    model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> str:
     """The dotted name of the layer to explain by default.
 
@@ -331,11 +312,7 @@ def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
 
 
 def last_spatial_map(
-    calls: list[_Call],
-    model: nn.Module,
-    input_size: int | Sequence[int] | None,
-    *,
-    example: Example | None = None,
+    calls: list[_Call], model: nn.Module, input_size: InputSize, *, example: Example | None = None
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     usable = {call.name for call in calls if call.skip is None}

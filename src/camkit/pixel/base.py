@@ -25,10 +25,9 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
-from camkit.core.explainer import Explainer
+from camkit.core.explainer import Explainer, Explanation
 from camkit.core.finish import checked
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, GradientError, ZeroGradientWarning, warn
 from camkit.pixel.heatmap import to_heatmap
 from camkit.relevance.composites import Composite, Match
@@ -110,22 +109,14 @@ class PixelAttribution(Explainer):
         plain = rule_set is not None and rule_set.name == "gradient" and not rule_set.strict
         self.rule_set: Composite | None = None if plain else rule_set
 
-    def explain(self, call: Call, target: TargetSpec) -> tuple[Tensor | Inputs, bool]:
-        attrs, several = self.attribute(as_tuple(call.batch), target, call)
-        return as_given(call.batch, finished(attrs)), several
+    def _explain(self, call: Call, scorer: RowScorer) -> Explanation:
+        attrs = self.attribute(as_tuple(call.batch), scorer, call)
+        return Explanation.of(as_given(call.batch, finished(attrs)), scorer)
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        """``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one ``(B, K, C, H, W)``
-        (``(B, K, ...)``) per input, and ``several``; the model runs as ``call.forward``."""
+    def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
+        """The family's step: ``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one
+        ``(B, K, C, H, W)`` (``(B, K, ...)``) per input; the model runs as ``call.forward``."""
         raise NotImplementedError
-
-    def heatmaps(self, batch: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-        """``(heat (B, K, H, W) in [0, 1], attribution (B, K, C, H, W))`` for display
-        (:meth:`display_heat`)."""
-        with model_guarded(self.model):
-            (attr,), _ = self.attribute((batch,), target, Call(batch))
-        attr = attr.detach().float()
-        return self.display_heat(attr), attr
 
     def display_heat(self, result: Tensor) -> Tensor:
         """``(B, K, C, H, W)`` attribution -> heat ``(B, K, H, W)``: ``max_c |attribution|``
@@ -145,9 +136,9 @@ class PixelAttribution(Explainer):
 
     def input_gradients(
         self, inputs: Inputs, call: Call, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
-    ) -> tuple[Inputs, Tensor, bool]:
-        """One forward, one batched backward: ``(grads (n, K, *input) per input, scores (n, K),
-        several)``.
+    ) -> tuple[Inputs, Tensor]:
+        """One forward, one batched backward: ``(grads (n, K, *input) per input, scores (n,
+        K))``.
 
         The gradients are taken with respect to detached aliases of ``inputs`` (the caller's
         tensors are never set to require grad); ``K`` targets are one batched vector-Jacobian
@@ -157,13 +148,13 @@ class PixelAttribution(Explainer):
         """
         leaves = tuple(t.detach().requires_grad_(True) for t in inputs)
 
-        def scores_in(memory_format: torch.memory_format) -> tuple[Tensor, bool]:
+        def scores_in(memory_format: torch.memory_format) -> Tensor:
             with torch.enable_grad(), autocast(leaves[0].device, self.dtype):
                 copies = (leaves[0].clone(memory_format=memory_format),)
                 output = self.forward(copies + tuple(t.clone() for t in leaves[1:]), call, rows)
                 return scorer(output, rows)
 
-        scores, several = memory.run(scores_in)
+        scores = memory.run(scores_in)
         if not scores.requires_grad:
             raise GradientError(
                 "the target score does not depend on the input: the model's output is "
@@ -181,17 +172,17 @@ class PixelAttribution(Explainer):
             t.new_zeros((*scores.shape, *t.shape[1:])) if grad is None else grad
             for grad, t in zip(grads, leaves, strict=True)
         )
-        return grads, scores.detach().float(), several
+        return grads, scores.detach().float()
 
     def over_copies(
         self,
         inputs: Inputs,
-        target: TargetSpec,
+        target: TargetSpec | RowScorer,
         call: Call,
         copies: int,
         make_inputs: Callable[[Tensor, range], Inputs] | None,
         accumulate: Callable[[Tensor, Inputs, Tensor], None],
-    ) -> bool:
+    ) -> None:
         """Gradients of ``copies`` copies of every sample of ``call``, ``batch_size`` rows at a
         time.
 
@@ -199,9 +190,8 @@ class PixelAttribution(Explainer):
         ``make_inputs(rows, span)`` builds one chunk's rows of every input (given as a tensor
         and as a ``range``; None: the samples themselves); ``accumulate(rows, grads, scores)``
         consumes their results. A top-1 target is fixed on the clean batch when the copies
-        differ from it, so every copy explains the same class. Returns ``several``.
+        differ from it, so every copy explains the same class.
         """
-        self.check_autograd()
         first = inputs[0]
         size = first.shape[0]
         scorer = resolve(target, size, first.device, self.output)
@@ -212,13 +202,11 @@ class PixelAttribution(Explainer):
             # LRP's element-wise terms and the convolutions oneDNN does not take make
             # channels_last copies slower on the CPU: the caller's format
             memory.preferred = memory.given
-        several = False
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
             chunk = rows_of(inputs, rows % size) if make_inputs is None else make_inputs(rows, span)
-            grads, scores, several = self.input_gradients(chunk, call, scorer, rows % size, memory)
+            grads, scores = self.input_gradients(chunk, call, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
-        return several
 
     def backward_name(self) -> str | None:
         """The name of the rule set the gradients follow; None: the plain gradient."""
@@ -241,6 +229,12 @@ def finished(attrs: Inputs) -> Inputs:
     return tuple(checked(attr.float(), warn_empty=i == 0) for i, attr in enumerate(attrs))
 
 
+def summed(attrs: Inputs) -> Tensor:
+    """Every input's attribution summed per sample and target: ``(B, K, ...) -> (B, K)`` (the
+    side of completeness and conservation checks that the map gives)."""
+    return sum(attr.reshape(*attr.shape[:2], -1).sum(dim=2) for attr in attrs)
+
+
 def as_given(batch: Tensor | Inputs, results: Inputs) -> Tensor | Inputs:
     """One result per input, as a tuple when the inputs came as a tuple, else the only one."""
     return results if isinstance(batch, tuple) else results[0]
@@ -256,4 +250,5 @@ __all__ = [
     "as_tuple",
     "finished",
     "rows_of",
+    "summed",
 ]

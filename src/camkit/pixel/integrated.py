@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call
+from camkit.core.explainer import Explanation
 from camkit.core.finish import drop_axes
 from camkit.core.inputs import positive_int
 from camkit.core.state import model_guarded
@@ -24,9 +25,11 @@ from camkit.pixel.base import (
     as_given,
     as_tuple,
     finished,
+    summed,
 )
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer
 
 Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 Quadrature = Literal[
@@ -140,18 +143,16 @@ class IntegratedGradients(PixelAttribution):
             raise ArgumentError(f"unknown integrand {integrand!r}; choose from {INTEGRANDS}")
         self.integrand = integrand
 
-    def explain(
-        self, call: Call, target: TargetSpec, *, return_error: bool = False
-    ) -> tuple[Tensor | tuple[Tensor, Tensor], bool]:
+    def _explain(self, call: Call, scorer: RowScorer, *, return_error: bool = False) -> Explanation:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
         batch = call.batch
-        attrs, delta, several = self.integrate(as_tuple(batch), target, call, return_error)
+        attrs, delta = self.integrate(as_tuple(batch), scorer, call, return_error)
         attrs = finished(attrs)
         if not return_error:
-            return as_given(batch, attrs), several
-        return (as_given(batch, attrs), (total(attrs) - delta).abs()), several
+            return Explanation.of(as_given(batch, attrs), scorer)
+        return Explanation.of((as_given(batch, attrs), (summed(attrs) - delta).abs()), scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
@@ -168,9 +169,11 @@ class IntegratedGradients(PixelAttribution):
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
         call = Call.of(inputs, additional_forward_args)
+        scorer = self.target_scorer(target, inputs[0])
+        self.check_autograd()
         with model_guarded(self.model):
-            attrs, delta, several = self.integrate(inputs, target, call, with_delta=True)
-        error = (total(attrs) - delta).abs()
+            attrs, delta = self.integrate(inputs, scorer, call, with_delta=True)
+        error = (summed(attrs) - delta).abs()
         scale = delta.abs().mean()
         report = {
             "delta": delta,
@@ -178,20 +181,19 @@ class IntegratedGradients(PixelAttribution):
             "relative": error / delta.abs(),
             "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
         }
-        return {key: drop_axes(value, single, several) for key, value in report.items()}
+        return {key: drop_axes(value, single, scorer.several) for key, value in report.items()}
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """One copy per point of the path (``steps + 1`` points for the trapezoid)."""
         return len(quadrature_rule(self.quadrature, self.steps)[0])
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        attrs, _, several = self.integrate(inputs, target, call)
-        return attrs, several
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
+        return self.integrate(inputs, target, call)[0]
 
     def integrate(
         self, inputs: Inputs, target: TargetSpec, call: Call, with_delta: bool = False
-    ) -> tuple[Inputs, Tensor, bool]:
-        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K), several)``; a rule without
+    ) -> tuple[Inputs, Tensor]:
+        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``; a rule without
         the path's ends gets them with weight 0 when ``with_delta`` (else the delta is 0)."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
@@ -228,10 +230,10 @@ class IntegratedGradients(PixelAttribution):
             start.add(sample, scores * first_step[step].unsqueeze(1))
             end.add(sample, scores * last_step[step].unsqueeze(1))
 
-        several = self.over_copies(inputs, target, call, len(alphas), path, accumulate)
+        self.over_copies(inputs, target, call, len(alphas), path, accumulate)
         parts = zip(inputs, baselines, gradient.totals, strict=True)
         attrs = tuple((t - b).unsqueeze(1) * grad for t, b, grad in parts)
-        return attrs, end.totals[0] - start.totals[0], several
+        return attrs, end.totals[0] - start.totals[0]
 
     def baselines_for(self, inputs: Inputs) -> Inputs:
         """One finite baseline per input, shaped like it (broadcast views).
@@ -261,11 +263,6 @@ class IntegratedGradients(PixelAttribution):
             f"batch_size={self.batch_size}, "
             f"composite={self.backward_name()!r})"
         )
-
-
-def total(attrs: Inputs) -> Tensor:
-    """The sum of every input's attribution per sample and target: ``(B, K)``."""
-    return sum(attr.reshape(*attr.shape[:2], -1).sum(dim=2) for attr in attrs)
 
 
 def baseline_like(baseline: object, batch: Tensor) -> Tensor:

@@ -41,14 +41,14 @@ class Saliency(PixelAttribution):
     targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
     """
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         grads = SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
             grads.add(rows, *values)
 
-        several = self.over_copies(inputs, target, call, 1, None, keep)
-        return grads.totals, several
+        self.over_copies(inputs, target, call, 1, None, keep)
+        return grads.totals
 
 
 @register("guided", "Springenberg et al., ICLR-W 2015")
@@ -126,7 +126,7 @@ class SmoothGrad(PixelAttribution):
         """One noisy copy per sample (one plain copy without noise)."""
         return self.samples if self.noise_level > 0 else 1
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
+    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         size = inputs[0].shape[0]
         copies = self.samples if self.noise_level > 0 else 1
         flat = [t.reshape(size, -1) for t in inputs]
@@ -158,15 +158,15 @@ class SmoothGrad(PixelAttribution):
             if self.kind != "mean":
                 squares.add(rows % size, *(grad.square() for grad in grads))
 
-        several = self.over_copies(inputs, target, call, copies, noisy, accumulate)
+        self.over_copies(inputs, target, call, copies, noisy, accumulate)
         means = tuple(total / copies for total in sums.totals)
         if self.kind == "mean":
-            return means, several
+            return means
         mean_squares = tuple(total / copies for total in squares.totals)
         if self.kind == "square":
-            return mean_squares, several
+            return mean_squares
         pairs = zip(mean_squares, means, strict=True)
-        return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs), several
+        return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs)
 
     def _seeds(self, size: int, copies: int) -> list[int]:
         """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that

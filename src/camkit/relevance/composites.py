@@ -119,6 +119,17 @@ class Composite:
                 assigned[name] = (module, rule)
         return assigned
 
+    def linear_rule(self) -> Epsilon:
+        """The rule of ``F.linear`` outside a ruled module (the projections of fused attention,
+        Swin's window attention): the composite's rule for ``nn.Linear`` where that is an
+        :class:`~.rules.Epsilon`, else Epsilon with the composite's stabiliser and that rule's
+        ``zero_params`` (AttnLRP's rule for linear layers)."""
+        probe = nn.Linear(1, 1)
+        dense = next((r for m, r in self.rules if _matches(m, "", probe)), None)
+        if isinstance(dense, Epsilon):
+            return dense
+        return Epsilon(self.stabilizer, zero_params=getattr(dense, "zero_params", ()))
+
 
 def _named(
     name: str,

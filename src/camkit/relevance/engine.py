@@ -27,8 +27,10 @@ composite names) get it through forward hooks; every other operation of the forw
 * gathers, embeddings and writes (``masked_scatter``, ``index_put``, ``scatter``): their plain
   gradient; additive scatters: :class:`~.rules.Norm` (:mod:`camkit.relevance.layers`);
 * softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
-  norms and their pieces (``pow``, ``sqrt``: constants) and fused attention: AttnLRP's rules
-  (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the composite's (:mod:`~.gates`);
+  norms and their pieces (``pow``, ``sqrt``: constants), fused attention
+  (``scaled_dot_product_attention``, ``multi_head_attention_forward``) and ``F.linear`` outside a
+  ruled module (Epsilon): AttnLRP's rules (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the
+  composite's (:mod:`~.gates`);
 * anything else on the relevance path (``exp``, ``cumsum``, a functional convolution outside
   a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
   that called it, instead of letting relevance through unchecked.

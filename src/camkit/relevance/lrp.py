@@ -2,8 +2,8 @@
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
 (:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
-targets per sample. :meth:`LRP.relevance` also returns the relevance of chosen layers and the
-conservation report.
+targets per sample. :meth:`LRP.explain_batch` also returns the relevance of chosen layers and
+the conservation report (:class:`Relevance`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,20 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import layer_gradients
-from camkit.core.finish import checked
+from camkit.core.explainer import Explanation
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.layers import find_layers
-from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError, GradientError
-from camkit.pixel.base import HEATMAP_PERCENTILE, Inputs, PixelAttribution, SampleTotals
+from camkit.pixel.base import (
+    HEATMAP_PERCENTILE,
+    Inputs,
+    PixelAttribution,
+    SampleTotals,
+    as_given,
+    as_tuple,
+    finished,
+    summed,
+)
 from camkit.pixel.heatmap import to_heatmap
 from camkit.registry import register
 from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
@@ -32,24 +40,30 @@ from camkit.relevance.conservation import INPUT, Conservation
 from camkit.relevance.engine import rules_applied
 from camkit.relevance.rules import Rule
 from camkit.targets.base import TargetSpec
-from camkit.targets.resolver import resolve
+from camkit.targets.resolver import RowScorer
 
 
-@dataclass
-class Relevance:
-    """What one :meth:`LRP.relevance` call found, float32, the target axis ``K`` kept.
+@dataclass(frozen=True, kw_only=True)
+class Relevance(Explanation):
+    """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
-    ``input``: ``(B, K, *x.shape[1:])``; ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A *
-    dS/dA`` at the layer's output); ``scores``: ``(B, K)`` the target scores; ``conservation``:
-    the :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name:
-    (B, K)}`` the share of each score that reached it (1 when relevance is conserved; biases
-    and the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
+    ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (a tuple of them, one per input, for a
+    tuple of inputs); ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A * dS/dA`` at the
+    layer's output; one input tensor only, empty for a tuple of inputs); ``scores``: ``(B, K)``
+    the target scores; ``conservation``: the
+    :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name: (B,
+    K)}`` the share of each score that reached it (1 when relevance is conserved; biases and
+    the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
     ``AlphaBeta`` do not conserve sample by sample), and the step that loses most."""
 
-    input: Tensor
     layers: dict[str, Tensor]
     scores: Tensor
     conservation: Conservation
+
+    @property
+    def input(self) -> Tensor:
+        """The input's relevance ``(B, K, *x.shape[1:])``."""
+        return self.maps
 
     def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
         """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
@@ -68,11 +82,6 @@ class Relevance:
         flat = heat.flatten(0, 1)[:, None]
         resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
         return resized[:, 0].unflatten(0, heat.shape[:2])
-
-
-def sum_over(relevances: Inputs) -> Tensor:
-    """Every input's relevance summed: ``(B, K)``."""
-    return sum(r.flatten(2).sum(-1) for r in relevances)
 
 
 @register("lrp", "Bach et al., PLOS ONE 2015")
@@ -98,9 +107,9 @@ class LRP(PixelAttribution):
             rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`
             (``"epsilon-plus-flat-nobias"``), or the ReLU rule ``rule`` names (guided or
             deconvnet input x gradient).
-        layers: layer names whose relevance :meth:`relevance` returns with the input's; the
-            conservation record gives their shares of the score on every call (of one input
-            tensor; for a tuple of inputs it has the input's share only).
+        layers: layer names whose relevance :meth:`explain_batch` returns with the input's
+            (:class:`Relevance`), with their shares of the score in its conservation record (of
+            one input tensor; for a tuple of inputs the record has the input's share only).
         tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
             loses most) when the input relevance of a sample (summed over the inputs) differs
             from its score by more than this fraction of it (0.5: outside 50%-150%); None:
@@ -110,7 +119,7 @@ class LRP(PixelAttribution):
     After each call, :attr:`conservation` is that call's
     :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
     share of the score that reached the input and each recorded layer, and where most of it
-    was lost).
+    was lost), the one its :class:`Relevance` carries.
     """
 
     default_composite = DEFAULT_COMPOSITE
@@ -134,10 +143,29 @@ class LRP(PixelAttribution):
         self.tolerance = tolerance
         self.conservation: Conservation | None = None
 
-    def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> tuple[Inputs, bool]:
-        if self.record and len(inputs) == 1:  # the recorded layers' shares too
-            result, several = self._propagate(inputs[0], target, call, self.record, maps=False)
-            return (result.input,), several
+    def _explain(self, call: Call, scorer: RowScorer) -> Relevance:
+        scorer = scorer.for_relevance()  # a target's own form for LRP (a prompt's cosine)
+        inputs = as_tuple(call.batch)
+        if self.record and len(inputs) == 1:  # the recorded layers' relevance and shares too
+            relevance, layers, scores = self._propagate(inputs[0], scorer, call)
+        else:
+            relevance, scores = self._input_relevance(inputs, scorer, call)
+            layers = {}
+        found = finished(relevance)
+        totals = {INPUT: summed(found)}
+        totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
+        conservation = self._conserved(totals, scores)
+        maps = as_given(call.batch, found)
+        return Relevance.of(maps, scorer, layers=layers, scores=scores, conservation=conservation)
+
+    def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
+        """The pixel base's step: each input's relevance ``x_i * dS/dx_i`` ``(B, K, ...)``."""
+        return self._input_relevance(inputs, target, call)[0]
+
+    def _input_relevance(
+        self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call
+    ) -> tuple[Inputs, Tensor]:
+        """``(x_i * dS/dx_i (B, K, ...) per input, scores (B, K))`` on the pixel base."""
         relevance, scores = SampleTotals(inputs[0].shape[0]), SampleTotals(inputs[0].shape[0])
 
         def keep(rows: Tensor, grads: Inputs, score: Tensor) -> None:
@@ -145,9 +173,8 @@ class LRP(PixelAttribution):
             relevance.add(rows, *parts)
             scores.add(rows, score)
 
-        several = self.over_copies(inputs, target, call, 1, None, keep)
-        self._conserved({INPUT: sum_over(relevance.totals)}, scores.totals[0])
-        return relevance.totals, several
+        self.over_copies(inputs, target, call, 1, None, keep)
+        return relevance.totals, scores.totals[0]
 
     def display_heat(self, result: Tensor) -> Tensor:
         """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
@@ -156,39 +183,22 @@ class LRP(PixelAttribution):
         heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
         return heat.clamp(min=0)
 
-    def relevance(
-        self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
-    ) -> Relevance:
-        """The input's and the recorded layers' relevance, scores and conservation of a batch
-        ``x (B, C, H, W)`` (``additional_forward_args``: the model's other inputs; a tuple of
-        inputs goes to the call, which gives each input's relevance)."""
-        batch, _ = self.checked_input(x)
-        if isinstance(batch, tuple):
-            raise ArgumentError(
-                "LRP.relevance takes one input tensor (its other inputs as "
-                "additional_forward_args); call the LRP for a tuple of inputs' relevances"
-            )
-        call = Call.of(batch, additional_forward_args)
-        with model_guarded(self.model):
-            return self._propagate(batch, target, call, record=self.record, maps=True)[0]
-
     def _propagate(
-        self, x: Tensor, target: TargetSpec, call: Call, record: list[str], maps: bool
-    ) -> tuple[Relevance, bool]:
-        """The relevance of the input (and of the ``record`` layers when ``maps``; their sums
-        for the conservation record in any case)."""
-        self.check_autograd()
-        scorer = resolve(target, x.shape[0], x.device, self.output).for_relevance()
-        parts: list[tuple[Tensor, list[Tensor], list[Tensor], Tensor]] = []
+        self, x: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
+        """``((input relevance (B, K, ...),), {layer: relevance (B, K, ...)}, scores (B, K))``
+        of one input tensor ``x`` and the recorded layers, in one backward per chunk."""
+        record = self.record
+        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         # the caller's memory format, not channels_last: the rules' element-wise terms and the
         # convolutions that oneDNN does not take make channels_last copies slower on the CPU
-        several, memory = False, MemoryFormat(x).given
+        memory = MemoryFormat(x).given
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
             with torch.enable_grad(), autocast(x.device, self.dtype):
                 with rules_applied(self.model, self.composite, record=record) as session:
                     output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
-                scores, several = scorer(output, rows)
+                scores = scorer(output, rows)
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]
@@ -205,15 +215,11 @@ class LRP(PixelAttribution):
                 else a.new_zeros((*scores.shape, *a.shape[1:]))
                 for a, g in zip([leaf, *acts], grads, strict=True)
             ]
-            totals = [r.flatten(2).sum(-1) for r in found[1:]]
-            parts.append((found[0], found[1:] if maps else [], totals, scores.detach().float()))
-        scores = torch.cat([p[3] for p in parts])
-        relevance = checked(torch.cat([p[0] for p in parts]))
-        kept = record if maps else []
-        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(kept)}
-        totals = {INPUT: sum_over((relevance,))}
-        totals.update({n: torch.cat([p[2][i] for p in parts]) for i, n in enumerate(record)})
-        return Relevance(relevance, layers, scores, self._conserved(totals, scores)), several
+            parts.append((found[0], found[1:], scores.detach().float()))
+        scores = torch.cat([p[2] for p in parts])
+        relevance = torch.cat([p[0] for p in parts])
+        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
+        return (relevance,), layers, scores
 
     def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
         """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores

@@ -19,8 +19,11 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
   hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
   constants (below), which is the identity rule on the normalisation;
-* ``F.scaled_dot_product_attention`` (fused attention): computed again from its parts with the
-  rules above, the forward value being the fused one bitwise.
+* ``F.scaled_dot_product_attention`` and ``F.multi_head_attention_forward`` (fused attention,
+  ``nn.MultiheadAttention``: torchvision's ViT): computed again from their parts with the rules
+  above, the forward value being the fused one bitwise;
+* ``F.linear`` outside a ruled module (the projections inside fused attention, Swin's
+  ``shifted_window_attention``): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from camkit.errors import RelevanceError
-from camkit.relevance.rules import modified_output, proportional
+from camkit.relevance.affine import Affine
+from camkit.relevance.rules import Epsilon, modified_output, proportional
 
 
 def bilinear(o: Tensor, stabilizer: float) -> Tensor:
@@ -129,10 +133,15 @@ _NORMS = {
 }
 
 
-def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
-    """The functions these rules replace (looked up by the function mode)."""
+def handlers(stabilizer: float, linear_rule: Epsilon) -> dict[Any, Callable[..., Any]]:
+    """The functions these rules replace (looked up by the function mode); ``linear_rule``: the
+    rule of ``F.linear`` outside a ruled module."""
     sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
-    found: dict[Any, Callable[..., Tensor]] = {
+    found: dict[Any, Callable[..., Any]] = {
+        F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
+        F.multi_head_attention_forward: lambda *a, **k: multi_head_attention(
+            *a, **k, rule=linear_rule
+        ),
         F.layer_norm: layer_norm,
         F.group_norm: group_norm,
         F.normalize: normalize,
@@ -143,6 +152,21 @@ def handlers(stabilizer: float) -> dict[Any, Callable[..., Tensor]]:
     for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
         found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
     return found
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, stab: float):
+    """``(probabilities, probabilities @ v)`` with AttnLRP's rules; ``mask`` additive or None."""
+    logits = bilinear((q * scale) @ k.transpose(-2, -1), stab)
+    probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
+    return probs, bilinear(probs @ v, stab)
+
+
+def _additive(mask: Tensor, dtype: torch.dtype, allowed: bool) -> Tensor:
+    """A boolean mask (``True``: ``allowed`` or masked) as ``0`` / ``-inf``; a float one as is."""
+    if mask.dtype != torch.bool:
+        return mask.detach()
+    drop = ~mask if allowed else mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(drop, -math.inf)
 
 
 def attention(
@@ -165,17 +189,135 @@ def attention(
         repeat = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    logits = bilinear((q * scale) @ k.transpose(-2, -1), stabilizer)
+    mask = None if attn_mask is None else _additive(attn_mask, q.dtype, allowed=True)
     if is_causal:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        logits = logits.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        mask = attn_mask.detach()
-        logits = (
-            logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+        causal = _additive(keep, q.dtype, allowed=True)
+        mask = causal if mask is None else mask + causal
+    return modified_output(out, _attend(q, k, v, scale, mask, stabilizer)[1])
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
+    """``F.linear`` outside a ruled module (inside attention functions: torchvision's
+    ``multi_head_attention_forward``, Swin's ``shifted_window_attention``) with the Epsilon rule,
+    as AttnLRP and lxt treat every linear layer (``lxt.explicit.functional.linear_epsilon``):
+    ``R_j = sum_k x_j w_kj / stab(z_k) R_k``, the weight and bias constants."""
+    if isinstance(weight, Tensor) and not _from_parameters(weight):
+        raise RelevanceError(
+            "F.linear with a weight computed from the input (a product of two activations) has "
+            "no LRP rule: write it as a matmul, which gets AttnLRP's uniform rule"
         )
-    t = bilinear(logits.softmax(dim=-1) @ v, stabilizer)
-    return modified_output(out, t)
+    return _linear(x, weight, bias, rule)
+
+
+def _from_parameters(t: Tensor, limit: int = 64) -> bool:
+    """Whether ``t`` is a constant or computed from parameters only (a slice of a packed
+    projection), not from the input: its graph (at most ``limit`` steps) ends in parameters."""
+    if not t.requires_grad or isinstance(t, nn.Parameter):
+        return True
+    seen, todo = 0, [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        seen += 1
+        if node is None:
+            continue
+        if seen > limit or (
+            hasattr(node, "variable") and not isinstance(node.variable, nn.Parameter)
+        ):
+            return False
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return True
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rule: Epsilon) -> Tensor:
+    o = F.linear(x, weight, bias)
+    if rule.reuses_output:  # z = w x + b is the output: the layer's own graph, rescaled
+        return rule.reused(o)
+    layer = Affine(F.linear, weight.detach(), None if bias is None else bias.detach())
+    return rule.output(layer, x, o)
+
+
+def multi_head_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    embed_dim_to_check: int,
+    num_heads: int,
+    in_proj_weight: Tensor | None,
+    in_proj_bias: Tensor | None,
+    bias_k: Tensor | None,
+    bias_v: Tensor | None,
+    add_zero_attn: bool,
+    dropout_p: float,
+    out_proj_weight: Tensor,
+    out_proj_bias: Tensor | None,
+    training: bool = True,
+    key_padding_mask: Tensor | None = None,
+    need_weights: bool = True,
+    attn_mask: Tensor | None = None,
+    use_separate_proj_weight: bool = False,
+    q_proj_weight: Tensor | None = None,
+    k_proj_weight: Tensor | None = None,
+    v_proj_weight: Tensor | None = None,
+    static_k: Tensor | None = None,
+    static_v: Tensor | None = None,
+    average_attn_weights: bool = True,
+    is_causal: bool = False,
+    *,
+    rule: Epsilon,
+) -> tuple[Tensor, Tensor | None]:
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT)
+    recomputed from its parts: the projections with :func:`linear`'s Epsilon rule, the attention
+    with AttnLRP's; the returned values are the fused function's bitwise."""
+    out, weights = F.multi_head_attention_forward(
+        query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+        bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training,
+        key_padding_mask, need_weights, attn_mask, use_separate_proj_weight, q_proj_weight,
+        k_proj_weight, v_proj_weight, static_k, static_v, average_attn_weights, is_causal,
+    )  # fmt: skip
+    unsupported = [
+        name
+        for name, used in (
+            ("bias_k/bias_v", bias_k is not None or bias_v is not None),
+            ("add_zero_attn", add_zero_attn),
+            ("static_k/static_v", static_k is not None or static_v is not None),
+            ("dropout in training", training and dropout_p > 0),
+            ("unbatched input", query.dim() != 3),
+        )
+        if used
+    ]
+    if unsupported:
+        raise RelevanceError(
+            f"torch.nn.functional.multi_head_attention_forward with {', '.join(unsupported)} "
+            "has no LRP rule: explain the model in eval mode, batched, without them"
+        )
+    length, batch, dim = query.shape
+    if use_separate_proj_weight:
+        weights_qkv = (q_proj_weight, k_proj_weight, v_proj_weight)
+    else:
+        weights_qkv = in_proj_weight.chunk(3)
+    biases = (None,) * 3 if in_proj_bias is None else in_proj_bias.chunk(3)
+
+    def heads(t: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # (L, B, E) -> (B, H, L, d)
+        t = _linear(t, w, b, rule)
+        return t.reshape(t.shape[0], batch, num_heads, -1).permute(1, 2, 0, 3)
+
+    q, k, v = (
+        heads(t, w, b) for t, w, b in zip((query, key, value), weights_qkv, biases, strict=True)
+    )
+    mask = None
+    if attn_mask is not None:
+        mask = _additive(attn_mask, q.dtype, allowed=False)
+        mask = mask.view(batch, num_heads, *mask.shape[-2:]) if mask.dim() == 3 else mask
+    if key_padding_mask is not None:
+        padding = _additive(key_padding_mask, q.dtype, allowed=False).view(batch, 1, 1, -1)
+        mask = padding if mask is None else mask + padding
+    probs, mixed = _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), mask, rule.epsilon)
+    mixed = mixed.permute(2, 0, 1, 3).reshape(length, batch, dim)
+    t = _linear(mixed, out_proj_weight, out_proj_bias, rule)
+    if weights is not None:
+        weights = modified_output(weights, probs.mean(1) if average_attn_weights else probs)
+    return modified_output(out, t), weights
 
 
 __all__ = [
@@ -184,6 +326,8 @@ __all__ = [
     "group_norm",
     "handlers",
     "layer_norm",
+    "linear",
+    "multi_head_attention",
     "normalize",
     "rms_norm",
 ]

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from camkit.runs.records import Fields, FileKind, read_json, write_json
+from camkit.runs.records import Fields, FileKind, read_record, write_json
 from camkit.runs.strategies import relative_urls
 
 CONCEPTS_FILE = "concepts.json"
@@ -99,10 +99,10 @@ def _reference(read: Fields, row: Any, where: str) -> ConceptReference:
 def read_concepts(run: Path) -> ConceptsRecord | None:
     """``RUN/concepts.json`` (None when the run has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    found = read_json(run / CONCEPTS_FILE, KIND)
-    if found is None:
-        return None
-    data, read = found
+    return read_record(run / CONCEPTS_FILE, KIND, _concepts_record)
+
+
+def _concepts_record(data: Any, read: Fields) -> ConceptsRecord:
     channels: dict[int, dict[str, list[ConceptReference]]] = {}
     for name, rankings in read.get(data, "channels", dict).items():
         if not name.isdigit():

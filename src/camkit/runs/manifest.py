@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from camkit.runs import maps
-from camkit.runs.records import FileKind, read_json, write_json
+from camkit.runs.records import Fields, FileKind, read_record, write_json
 
 MANIFEST = "manifest.json"
 KIND = FileKind(MANIFEST, 1, "camkit explain IMAGES --out RUN")
@@ -109,10 +109,10 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> Path:
 def read_manifest(path: Path) -> Manifest | None:
     """A run's ``manifest.json`` (``path``: the file or its run folder); None when absent; a
     broken one is a :class:`~camkit.errors.RunFileError`."""
-    found = read_json(path / MANIFEST if path.is_dir() else path, KIND)
-    if found is None:
-        return None
-    data, read = found
+    return read_record(path / MANIFEST if path.is_dir() else path, KIND, _manifest_record)
+
+
+def _manifest_record(data: Any, read: Fields) -> Manifest:
     if isinstance(data, list):  # camkit 0.1: a bare list of records, no settings
         data = {"settings": None, "records": data}
     records = read.items(data, "records", dict)

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from camkit.runs.records import FileKind, read_json, record_fields, write_json
+from camkit.runs.records import Fields, FileKind, read_record, record_fields, write_json
 
 METRICS_FILE = "metrics.json"
 KIND = FileKind(METRICS_FILE, 1, "camkit evaluate IMAGES --out RUN")
@@ -45,10 +45,10 @@ def write_metrics(out: Path, record: MetricsRecord) -> Path:
 def read_metrics(out: Path) -> MetricsRecord | None:
     """``OUT/metrics.json`` (None when the folder has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    found = read_json(out / METRICS_FILE, KIND)
-    if found is None:
-        return None
-    data, read = found
+    return read_record(out / METRICS_FILE, KIND, _metrics_record)
+
+
+def _metrics_record(data: Any, read: Fields) -> MetricsRecord:
     methods = read.get(data, "methods", dict)
     for method, columns in methods.items():
         where = f"methods.{method}"

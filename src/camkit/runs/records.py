@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from camkit import io
 from camkit.errors import RunFileError
@@ -21,6 +21,9 @@ from camkit.errors import RunFileError
 LEGACY = 0
 """The version of a file written before run files had a ``version`` field (camkit <= 0.2)."""
 _REQUIRED = object()
+Record = TypeVar("Record")
+Types = type | tuple[type, ...]
+"""The type or types a value read must be of (``type(None)``: null)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +62,7 @@ class FileKind:
         return version
 
 
-def _type_names(types: type | tuple[type, ...]) -> str:
+def _type_names(types: Types) -> str:
     kinds = types if isinstance(types, tuple) else (types,)
     return " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
 
@@ -76,7 +79,7 @@ class Fields:
     def fail(self, problem: str) -> RunFileError:
         return self.kind.error(self.path, self.version, problem)
 
-    def check(self, value: Any, types: type | tuple[type, ...], where: str) -> Any:
+    def check(self, value: Any, types: Types, where: str) -> Any:
         """``value`` when it is of ``types`` (a bool is not an int, an int is a float)."""
         kinds = types if isinstance(types, tuple) else (types,)
         if float in kinds:
@@ -87,12 +90,7 @@ class Fields:
         return value
 
     def get(
-        self,
-        data: Any,
-        key: str,
-        types: type | tuple[type, ...],
-        where: str = "",
-        default: Any = _REQUIRED,
+        self, data: Any, key: str, types: Types, where: str = "", default: Any = _REQUIRED
     ) -> Any:
         """``data[key]`` of ``types``; a missing key is an error unless a ``default`` is given
         (``where``: the path of ``data`` in the file, for the message)."""
@@ -104,12 +102,7 @@ class Fields:
         return self.check(data[key], types, f"{where}{key}")
 
     def items(
-        self,
-        data: Any,
-        key: str,
-        types: type | tuple[type, ...],
-        where: str = "",
-        default=_REQUIRED,
+        self, data: Any, key: str, types: Types, where: str = "", default: Any = _REQUIRED
     ) -> list:
         """``data[key]``: a list whose every item is of ``types``."""
         values = self.get(data, key, list, where, default)
@@ -118,9 +111,12 @@ class Fields:
         return list(values)
 
 
-def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
-    """A run file's JSON and the typed reads of its values (its version read); None when there
-    is no such file; a file that cannot be read or is not complete JSON is ``kind``'s error."""
+def read_record(
+    path: Path, kind: FileKind, parse: Callable[[Any, Fields], Record]
+) -> Record | None:
+    """``parse(data, reads)`` of a run file: its JSON and the typed reads of its values (its
+    version read); None when there is no such file; a file that cannot be read or is not
+    complete JSON is ``kind``'s error."""
     if not path.is_file():
         return None
     try:
@@ -132,7 +128,7 @@ def read_json(path: Path, kind: FileKind) -> tuple[Any, Fields] | None:
     except json.JSONDecodeError as error:
         where = f"line {error.lineno} column {error.colno}"
         raise kind.error(path, None, f"not complete JSON ({error.msg} at {where})") from None
-    return data, Fields(kind, path, kind.version_of(path, data))
+    return parse(data, Fields(kind, path, kind.version_of(path, data)))
 
 
 def write_json(path: Path, kind: FileKind, fields: Mapping[str, Any]) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from camkit.runs.records import Fields, FileKind, read_json, record_fields, write_json
+from camkit.runs.records import Fields, FileKind, read_record, record_fields, write_json
 
 STRATEGIES_DIR = "strategies"
 """The folder of the run where ``camkit strategies RUN_DIR`` writes (without ``--out``)."""
@@ -62,10 +62,10 @@ def _check_group(read: Fields, group: dict, where: str) -> None:
 def read_strategies(folder: Path) -> StrategiesRecord | None:
     """``FOLDER/strategies.json`` (None when the folder has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
-    found = read_json(folder / STRATEGIES_FILE, KIND)
-    if found is None:
-        return None
-    data, read = found
+    return read_record(folder / STRATEGIES_FILE, KIND, _strategies_record)
+
+
+def _strategies_record(data: Any, read: Fields) -> StrategiesRecord:
     images = read.items(data, "images", str)
     groups = read.items(data, "groups", dict)
     for k, group in enumerate(groups):

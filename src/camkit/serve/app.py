@@ -25,6 +25,10 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
 ``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
 ``GET /api/curve``             the deletion/insertion curves of a map
+``GET /api/prompt-map``        a dual encoder's map of ``prompt`` over ``image`` (PNG or npy)
+``GET /api/answer``            a generative model's answer to ``prompt`` about ``image``: its
+                               tokens, each generated token's prompt-token colours and values
+``GET /api/token-map``         the map of generated ``word`` k of that answer (PNG or npy)
 ``POST /api/upload``           an image file as the body -> its id
 ``GET /api/strategies``        the run's clusters per class (``camkit strategies``), as ids
 ``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
@@ -52,6 +56,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from camkit.errors import CamkitError
+from camkit.models.vlm import LoadedVLM
 from camkit.runs.concepts import ConceptsRecord
 from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
@@ -59,6 +64,7 @@ from camkit.serve.explorer import Explorer
 from camkit.serve.http import error
 from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
+from camkit.serve.prompts import Prompts
 from camkit.serve.routes import ServerState, all_routes
 
 
@@ -76,6 +82,7 @@ def create_app(
     window: float = 0.005,
     names: dict[str, str] | None = None,
     frame_ancestors: str = "'self'",
+    vlm: LoadedVLM | None = None,
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
     token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
@@ -86,12 +93,15 @@ def create_app(
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
     checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
-    in a frame (:func:`~camkit.serve.security.headers`). Every response carries the security
+    in a frame (:func:`~camkit.serve.security.headers`); ``vlm``: the vision-language model
+    whose image side ``explorer`` shows (:func:`~camkit.serve.prompts.image_side`): the
+    prompt views (:mod:`camkit.serve.prompts`). Every response carries the security
     headers; every request is logged (:mod:`camkit.serve.logs`)."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run_root, run_header, strategies, names, concepts)
     state.run_problems = dict(run_problems or {})
+    state.prompts = None if vlm is None else Prompts(vlm, explorer)
 
     async def answer(request: Request, call_next: Any) -> Response:
         if request.url.path.startswith("/api/"):

@@ -359,7 +359,7 @@ class Explorer:
         batch = self.batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
-        result = explainer(batch, target=targets.to(self.device), **options)
+        result = explainer.explain_batch(batch, targets.to(self.device), **options).maps
         measured = explainer.measured()  # per sample and target, or None
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():

@@ -21,6 +21,7 @@ import torch
 from camkit import io, models
 from camkit.errors import ArgumentError, RunFileError
 from camkit.io import IMAGE_SUFFIXES
+from camkit.models.vlm import LoadedVLM
 from camkit.runs import MANIFEST
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
 from camkit.runs.manifest import read_manifest, recorded_crop, sha256
@@ -47,6 +48,17 @@ class Gallery:
     problems: dict[str, str] = dataclasses.field(default_factory=dict)
     """Files of the run that are broken (file name -> the error's message): the explorer shows
     the run without them and says why."""
+
+    def run_views(self) -> dict[str, Any]:
+        """What the app shows of the run folder (:func:`~camkit.serve.app.create_app`'s
+        ``run_root``, ``run_header``, ``strategies``, ``concepts`` and ``run_problems``)."""
+        return {
+            "run_root": self.run_root,
+            "run_header": self.header,
+            "strategies": self.strategies,
+            "concepts": self.concepts,
+            "run_problems": self.problems,
+        }
 
 
 def check_paths(paths: list[Path]) -> None:
@@ -176,12 +188,15 @@ def prepare(
     token: str,
     names: dict[str, str] | None = None,
     max_pixels: int | None = io.MAX_PIXELS,
+    vlm: LoadedVLM | None = None,
 ) -> Prepared:
     """Read the gallery and build the app (everything but listening), once
     :func:`check_start` has checked the paths, the address and the token: ``token`` is its
     answer ('' for none); ``names``: each checkpoint's name on the page
     (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
-    (None: any). Bad input raises a camkit error before anything listens."""
+    (None: any); ``vlm``: the vision-language model whose image side ``checkpoints`` holds
+    (:func:`~camkit.serve.prompts.image_side`), for the prompt views. Bad input raises a camkit
+    error before anything listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
@@ -201,14 +216,11 @@ def prepare(
     app = create_app(
         explorer,
         token=token or None,
-        run_root=gallery.run_root,
-        run_header=gallery.header,
-        strategies=gallery.strategies,
-        concepts=gallery.concepts,
-        run_problems=gallery.problems,
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,
+        **gallery.run_views(),
+        vlm=vlm,
     )
     return Prepared(app, token, len(gallery.entries))
 

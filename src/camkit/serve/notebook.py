@@ -19,6 +19,7 @@ from camkit import io, models
 from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import ArgumentError
 from camkit.models.load import class_names
+from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.serve import clips, security, web_stack_missing
 from camkit.serve.gallery import Entry
 from camkit.serve.launch import Gallery, bind, open_gallery, url_of
@@ -101,6 +102,18 @@ def as_loaded(
     )
 
 
+def as_vlm(model: object) -> LoadedVLM | None:
+    """A vision-language model given to :func:`explore`: a
+    :class:`~camkit.models.vlm.LoadedVLM`, or ``"hf:FOLDER"`` loaded by
+    :func:`~camkit.models.vlm.load_vlm` (as ``camkit explain`` and ``camkit serve`` load it);
+    None for any other model."""
+    if isinstance(model, LoadedVLM):
+        return model
+    if isinstance(model, str) and model.startswith(HF_PREFIX):
+        return load_vlm(model.removeprefix(HF_PREFIX))
+    return None
+
+
 def gallery_of(images: object, suffixes: Collection[str] = io.IMAGE_SUFFIXES) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
     PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
@@ -138,8 +151,10 @@ def explore(
     ``preprocessor_config.json``, see :func:`~camkit.models.preprocess_of`, else ImageNet's
     defaults and an :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another
     input size than its own; ``layer``: its CAM layer, default: the one ``camkit layers``
-    marks), a :class:`~camkit.models.LoadedModel`, or a name
-    for :func:`camkit.models.load`; ``labels``: class names (a list or a labels file);
+    marks), a :class:`~camkit.models.LoadedModel`, a name
+    for :func:`camkit.models.load`, or a vision-language model (``"hf:FOLDER"``, a local
+    HuggingFace folder, or a :class:`~camkit.models.vlm.LoadedVLM`): the page then has a
+    prompt box (:mod:`camkit.serve.prompts`); ``labels``: class names (a list or a labels file);
     ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
     free one. The model is used as it is: no mode switch, no lasting hook. A video model (a
     :class:`~camkit.models.LoadedModel` or name with a ``clip_length``, e.g.
@@ -156,8 +171,15 @@ def explore(
 
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
+    from camkit.serve.prompts import image_side
 
-    first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
+    vlm = as_vlm(model)
+    if vlm is not None and compare is not None:
+        raise ArgumentError("compare= is for two checkpoints of a classifier, not a VLM")
+    if vlm is not None:
+        first = image_side(vlm)
+    else:
+        first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
     checkpoints = {"a": first}
     if compare is not None:
         other = as_loaded(
@@ -172,14 +194,11 @@ def explore(
     app = create_app(
         explorer,
         token=token,
-        run_root=gallery.run_root,
-        run_header=gallery.header,
-        strategies=gallery.strategies,
-        concepts=gallery.concepts,
-        run_problems=gallery.problems,
         hosts=security.allowed_hosts("127.0.0.1"),
         background=True,
         frame_ancestors=security.NOTEBOOK_FRAMES,
+        **gallery.run_views(),
+        vlm=vlm,
     )
     sock = bind("127.0.0.1", port)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

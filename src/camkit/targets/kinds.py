@@ -58,8 +58,8 @@ class ClassTarget(Target):
 
     def _scores(self, logits: Tensor) -> Tensor:
         scorer = resolve(self.idx, logits.shape[0], logits.device)
-        scores, several = scorer(logits, torch.arange(logits.shape[0]))
-        return scores if several else scores[:, 0]
+        scores = scorer(logits, torch.arange(logits.shape[0]))
+        return scores if scorer.several else scores[:, 0]
 
     def __call__(self, output: Any) -> Tensor:
         return self._scores(_logits(output, type(self).__name__))

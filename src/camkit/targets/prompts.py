@@ -231,6 +231,13 @@ def _text_embeddings(
         encoded = {"input_ids": ids}
         if attention_mask is not None:
             encoded["attention_mask"] = torch.as_tensor(attention_mask)
+    positions = getattr(encoder.config.text_config, "max_position_embeddings", None)
+    length = encoded["input_ids"].shape[-1]
+    if positions is not None and length > positions:
+        raise TargetError(
+            f"a prompt is {length} tokens long, more than the {positions} positions of the "
+            "model's text tower: shorten it"
+        )
     device = next(encoder.parameters()).device
     with torch.no_grad():
         features = encoder.get_text_features(**{k: v.to(device) for k, v in encoded.items()})

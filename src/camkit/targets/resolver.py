@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -37,7 +37,8 @@ from torch import Tensor
 
 from camkit.errors import NonFiniteWarning, TargetError, warn
 from camkit.targets.base import Target, TargetSpec
-from camkit.targets.outputs import OutputSelector, class_logits, sample_output, select_output
+from camkit.targets.outputs import OutputSelector, class_logits, select_output
+from camkit.targets.per_sample import PerSample
 from camkit.targets.ranking import top1
 
 
@@ -75,25 +76,45 @@ def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple
     return classes.long().reshape(batch, -1).clone(), classes.ndim == 2
 
 
+@dataclass
+class Learned:
+    """What scoring taught a resolved target, shared by its pinned and copy variants."""
+
+    several: bool = False  # a callable returned (n, K) scores
+    top1: Tensor | None = None  # (B, 1) each sample's top-1 class, once scored
+
+
 @dataclass(frozen=True)
 class RowScorer:
     """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
 
-    ``scorer(output, rows)`` gives ``(scores (n, K), several)`` for a model output whose row
-    ``i`` belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
+    ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
+    belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
     probabilities) of the fixed classes (``classes (B, K)``), the top-1 logit of each row
-    (``classes is None``: see :meth:`pinned`), or the callable's scores; ``several`` says
-    whether ``K`` targets per sample were asked (a 2-D target, or a callable returning
-    ``(n, K)``). Methods ask it questions (:attr:`has_classes`, :attr:`top1`,
+    (``classes is None``: see :meth:`pinned`), or the callable's scores. Methods ask it
+    questions (:attr:`several`, :attr:`explained`, :attr:`has_classes`, :attr:`top1`,
     :meth:`classes_of`, :meth:`target_of`) rather than reading its fields.
     """
 
     selector: OutputSelector = None
     classes: Tensor | None = None
     function: Callable[[Any], Tensor] | None = None
-    several: bool = False
+    asked_k: bool = False  # a 2-D class target or K target objects per sample
     probability: bool = False
     free: bool = False  # a target-free method (Eigen-CAM): (n, 1) zeros, the output untouched
+    samples: int = 0  # B, for the top-1 classes learned
+    learned: Learned = field(default_factory=Learned, compare=False, repr=False)
+
+    @property
+    def several(self) -> bool:
+        """Whether ``K`` targets per sample were asked (a callable's: once it was called)."""
+        return self.asked_k or self.learned.several
+
+    @property
+    def explained(self) -> Tensor | None:
+        """The classes explained ``(B, K)``: the fixed ones, or the top-1 ones once scored;
+        None for a callable target."""
+        return self.classes if self.classes is not None else self.learned.top1
 
     @property
     def has_classes(self) -> bool:
@@ -110,20 +131,29 @@ class RowScorer:
         so that perturbed copies keep explaining the clean prediction."""
         if not self.top1:
             return self
-        classes = top1(class_logits(output, self.selector).detach(), keepdim=True)
-        return replace(self, classes=classes)
+        logits = class_logits(output, self.selector)
+        return replace(self, classes=self.top1_of(logits, torch.arange(logits.shape[0])))
 
-    def classes_of(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
-        """``(classes (n, K), several)``: the class indices that score the output's rows (the
-        fixed classes of samples ``rows``, or each row's top-1), checked against the logits.
-        For methods that use the classes themselves (a classifier's rows, the closest
-        classes); a callable target has none: :class:`~camkit.errors.TargetError`."""
+    def classes_of(self, output: Any, rows: Tensor) -> Tensor:
+        """The classes ``(n, K)`` that score the output's rows (the fixed classes of samples
+        ``rows``, or each row's top-1), checked against the logits. For methods that use the
+        classes themselves (a classifier's rows, the closest classes); a callable target has
+        none: :class:`~camkit.errors.TargetError`."""
         if not self.has_classes:
             raise TargetError("this method needs class targets (class indices), not a callable")
-        _, several = self(output, rows)  # checks the logits and the class range
+        self(output, rows)  # checks the logits and the class range
         if self.classes is None:
-            return self.pinned(output).classes, several
-        return self.classes[rows.to(self.classes.device)], several
+            return self.top1_of(class_logits(output, self.selector), rows)
+        return self.classes[rows.to(self.classes.device)]
+
+    def top1_of(self, logits: Tensor, rows: Tensor) -> Tensor:
+        """Each row's top-1 class ``(n, 1)``, learned as the class explained of its sample
+        ``rows[i]`` (out of place: the pinning pass runs in inference mode)."""
+        best = top1(logits.detach(), keepdim=True)
+        known = self.learned.top1
+        known = best.new_full((self.samples, 1), -1) if known is None else known
+        self.learned.top1 = known.index_put((rows.to(best.device),), best)
+        return best
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
         """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows
@@ -135,8 +165,7 @@ class RowScorer:
             raise TargetError("pin the top-1 classes on a clean pass before splitting them")
 
         def column(output: Any) -> Tensor:
-            scores, _ = self._scores(output, rows)
-            return scores[:, k]
+            return self._scores(output, rows)[:, k]
 
         return column
 
@@ -154,42 +183,42 @@ class RowScorer:
             return replace(self, function=getattr(self.function, form)())
         return self
 
-    def probabilities(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+    def probabilities(self, output: Any, rows: Tensor) -> Tensor:
         """As calling the scorer, but a class target scores its softmax probability (as the
         metrics and the perturbation methods that compare images need); a callable target
         keeps its own scores. Float32, detached."""
         if not self.has_classes:
-            scores, several = self(output, rows)
+            scores = self(output, rows)
         else:
-            classes, several = self.classes_of(output, rows)
+            classes = self.classes_of(output, rows)
             logits = select_output(output, self.selector).float()
             scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
-        return scores.detach().float(), several
+        return scores.detach().float()
 
-    def __call__(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
-        scores, several = self._scores(output, rows)
+    def __call__(self, output: Any, rows: Tensor) -> Tensor:
+        scores = self._scores(output, rows)
         if not torch.isfinite(scores.detach()).all():
             warn(
                 "the model returned non-finite (inf/NaN) scores for the target: the maps of "
                 "those samples are not meaningful (their non-finite entries are set to 0)",
                 NonFiniteWarning,
             )
-        return scores, several
+        return scores
 
-    def _scores(self, output: Any, rows: Tensor) -> tuple[Tensor, bool]:
+    def _scores(self, output: Any, rows: Tensor) -> Tensor:
         n = rows.shape[0]
         if self.free:
-            return torch.zeros(n, 1), False
+            return torch.zeros(n, 1)
         if isinstance(self.function, PerSample):
             with _user_code("a per-sample target"):
-                return self.function.scores(output, rows), self.several
+                return self.function.scores(output, rows)
         if self.function is not None:
             return self._called(output, n)
         logits = class_logits(output, self.selector)
         if logits.shape[0] != n:
             raise TargetError(f"the model returned {logits.shape[0]} rows of logits for {n} inputs")
         if self.classes is None:
-            return logits.gather(1, top1(logits.detach(), keepdim=True)), False
+            return logits.gather(1, self.top1_of(logits, rows))
         classes = self.classes[rows.to(self.classes.device)]
         bad = (classes < 0) | (classes >= logits.shape[1])
         if bad.any():
@@ -209,9 +238,9 @@ class RowScorer:
             )
         if self.probability:
             logits = logits.softmax(dim=1)
-        return logits.gather(1, classes.to(logits.device)), self.several
+        return logits.gather(1, classes.to(logits.device))
 
-    def _called(self, output: Any, n: int) -> tuple[Tensor, bool]:
+    def _called(self, output: Any, n: int) -> Tensor:
         with _user_code("a callable target"):
             scores = self.function(output)
         if not isinstance(scores, Tensor) or scores.ndim not in (1, 2) or scores.shape[0] != n:
@@ -221,7 +250,8 @@ class RowScorer:
                 f"it receives the model's whole output (all {n} rows), e.g. "
                 "lambda out: out[:, 281] (for a class, pass target=281)"
             )
-        return scores.reshape(n, -1), scores.ndim == 2
+        self.learned.several = scores.ndim == 2
+        return scores.reshape(n, -1)
 
 
 @contextmanager
@@ -267,109 +297,25 @@ def resolve(
     Explicit classes (and class target objects) are checked here (type, shape), and against
     the logits when scored (range); a callable is checked when called.
     """
+    if isinstance(target, RowScorer):  # resolved once by the call's template
+        return target
     if target is None:
-        return RowScorer(selector)
+        return RowScorer(selector, samples=batch)
     if isinstance(target, Target) and target.classes() is not None:
         classes, several = _class_tensor(target.classes(), batch, device)
-        return RowScorer(selector, classes=classes, several=several, probability=target.probability)
+        probability = target.probability
+        return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
     if callable(target) and not isinstance(target, Tensor):
-        return RowScorer(selector, function=target)
+        return RowScorer(selector, function=target, samples=batch)
     classes = _class_targets(target)
     if classes is not None:  # ClassTarget(c) per sample: the classes themselves
         scorer = resolve(classes[0], batch, device, selector)
         return replace(scorer, probability=classes[1])
     per_sample = PerSample.of(target, batch)
     if per_sample is not None:
-        return RowScorer(selector, function=per_sample, several=per_sample.several)
+        return RowScorer(selector, function=per_sample, asked_k=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
-    return RowScorer(selector, classes=classes, several=several)
-
-
-class PerSample:
-    """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
-
-    A camkit :class:`Target` gets the whole output and its ``(n,)`` scores are kept for the
-    rows of its sample only; any other callable (pytorch-grad-cam's targets) gets each of its
-    sample's rows of the output (``output[i]``) and returns one score. Copies of several
-    samples in one forward (perturbation methods) are each scored by their own sample's.
-    """
-
-    def __init__(self, targets: list[list[Callable[[Any], Tensor]]], several: bool):
-        self.targets = targets
-        self.several = several
-
-    @classmethod
-    def of(cls, target: object, batch: int) -> PerSample | None:
-        """The per-sample targets in ``target`` (None when it holds no callable); checked."""
-        if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
-            return None
-        items = [
-            list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
-        ]
-        several = all(isinstance(item, list) for item in items)
-        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
-        if not any(callable(t) and not isinstance(t, Tensor) for t in flat):
-            return None
-        if not all(callable(t) and not isinstance(t, Tensor) for t in flat) or (
-            any(isinstance(item, list) for item in items) and not several
-        ):
-            raise TargetError(
-                "a list of target objects must hold only callables: B of them (one per sample) "
-                "or B lists of K (K per sample), not mixed with classes"
-            )
-        rows = [item if several else [item] for item in items]
-        if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
-            raise TargetError(
-                f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
-                f"each (the same K), got {len(rows)} item(s) with "
-                f"{sorted({len(row) for row in rows})} target(s) each for a batch of {batch}"
-            )
-        return cls(rows, several)
-
-    def for_copies(self) -> PerSample:
-        """The same with each target object's :meth:`Target.for_copies`."""
-        return self._each("for_copies")
-
-    def for_relevance(self) -> PerSample:
-        """The same with each target object's :meth:`Target.for_relevance`."""
-        return self._each("for_relevance")
-
-    def _each(self, form: str) -> PerSample:
-        targets = [
-            [getattr(t, form)() if isinstance(t, Target) else t for t in row]
-            for row in self.targets
-        ]
-        return PerSample(targets, self.several)
-
-    def scores(self, output: Any, rows: Tensor) -> Tensor:
-        """``(n, K)`` scores: row ``i`` by the targets of sample ``rows[i]``."""
-        n = rows.shape[0]
-        columns: list[list[Tensor | None]] = [[None] * n for _ in self.targets[0]]
-        samples = rows.tolist()
-        for sample in sorted(set(samples)):
-            picked = [i for i, s in enumerate(samples) if s == sample]
-            for k, target in enumerate(self.targets[sample]):
-                if isinstance(target, Target):  # camkit's targets score the whole output
-                    values = target(output)
-                    if not isinstance(values, Tensor) or values.shape != (n,):
-                        got = tuple(values.shape) if isinstance(values, Tensor) else type(values)
-                        raise TargetError(
-                            f"target {target!r} of sample {sample} must return ({n},) scores "
-                            f"for the {n} rows of the output, got {got}"
-                        )
-                    for i in picked:
-                        columns[k][i] = values[i]
-                    continue
-                for i in picked:  # pytorch-grad-cam's form: the sample's own output
-                    value = target(sample_output(output, i))
-                    if not isinstance(value, Tensor) or value.numel() != 1:
-                        got = tuple(value.shape) if isinstance(value, Tensor) else type(value)
-                        raise TargetError(
-                            f"target {target!r} of sample {sample} gets that sample's output "
-                            f"(output[i]) and must return one score, got {got}"
-                        )
-                    columns[k][i] = value.reshape(())
-        return torch.stack([torch.stack(column) for column in columns], dim=1)
+    return RowScorer(selector, classes=classes, asked_k=several)
 
 
 __all__ = ["PerSample", "RowScorer", "resolve"]

@@ -21,6 +21,26 @@ def token_colour(value: float, limit: float) -> str:
     return f"rgba({red}, 40, {blue}, {strength:.3f})"
 
 
+def relevance_rows(relevance: object) -> np.ndarray:
+    """``relevance`` as a float64 array (any array-like or tensor)."""
+    return float_array(relevance, "relevance", np.float64)
+
+
+def token_colours(relevance: object, tokens: int, explained: int) -> list[list[str]]:
+    """The CSS backgrounds of a ``(K, T)`` token relevance (``K = explained`` tokens, ``T =
+    tokens`` columns), one colour scale for all: ``[-L, L]`` with ``L`` the 99.5th percentile
+    of ``|relevance|`` (:func:`~camkit.viz.colour.signed_limit`), :func:`token_colour` each.
+    The token page and the explorer colour tokens through this one function."""
+    values = relevance_rows(relevance)
+    if values.ndim != 2 or values.shape != (explained, tokens):
+        raise ArgumentError(
+            f"relevance must be ({explained}, {tokens}): one row per explained token, "
+            f"one column per token; got {values.shape}"
+        )
+    limit = signed_limit(values)
+    return [[token_colour(float(value), limit) for value in row] for row in values]
+
+
 def token_html(
     tokens: Sequence[str], answer: Sequence[int], relevance: object, title: str = ""
 ) -> str:
@@ -35,19 +55,13 @@ def token_html(
     (:func:`~camkit.viz.colour.signed_limit`), red positive, blue negative; each token's value
     is in its ``title``.
     """
-    values = float_array(relevance, "relevance", np.float64)
-    if values.ndim != 2 or values.shape != (len(answer), len(tokens)):
-        raise ArgumentError(
-            f"relevance must be ({len(answer)}, {len(tokens)}): one row per explained token, "
-            f"one column per token; got {values.shape}"
-        )
-    limit = signed_limit(values)
+    colours = token_colours(relevance, len(tokens), len(answer))
     lines = []
-    for row, position in zip(values, answer, strict=True):
+    for row, shades, position in zip(relevance_rows(relevance), colours, answer, strict=True):
         spans = [
-            f'<span class="t" style="background:{token_colour(value, limit)}" '
+            f'<span class="t" style="background:{shade}" '
             f'title="{value:.4g}">{html.escape(token)}</span>'
-            for token, value in zip(tokens[:position], row[:position], strict=True)
+            for token, value, shade in zip(tokens[:position], row, shades[:position], strict=False)
         ]
         word = html.escape(tokens[position])
         lines.append(f'<p>{" ".join(spans)} <span class="word">{word}</span></p>')
@@ -60,4 +74,4 @@ def token_html(
     )
 
 
-__all__ = ["token_colour", "token_html"]
+__all__ = ["token_colour", "token_colours", "token_html"]

@@ -172,7 +172,8 @@ function openDetail(i) {
   for (const o of image.overlays) {
     big.append(el("figure", {}, o.video ? clipAnimation(o) : el("img", { src: o.src, alt: `${o.method} overlay` }),
       el("figcaption", {}, el("b", {}, o.method), ` → ${o.label} (${o.target}) ${pct(o.p)}`,
-        o.layer ? ` · layer ${o.layer}` : "", o.video ? [" · ", el("a", { href: o.video.mp4 }, "MP4")] : "")));
+        o.layer ? ` · layer ${o.layer}` : "", o.video ? [" · ", el("a", { href: o.video.mp4 }, "MP4")] : "",
+        o.tokens ? el("span", {}, " · ", el("a", { href: o.tokens, class: "tokens" }, "prompt tokens' relevance")) : "")));
   }
   panel.append(big);
   const clips = image.overlays.filter((o) => o.video);

@@ -1,7 +1,8 @@
 """The routes of :mod:`camkit.serve.app`, by concern: the page and ``/api/info``
 (:mod:`~camkit.serve.routes.page`), the gallery and one image
 (:mod:`~camkit.serve.routes.images`), the maps (:mod:`~camkit.serve.routes.maps`), the concept
-views (:mod:`~camkit.serve.routes.concepts`), uploads
+views (:mod:`~camkit.serve.routes.concepts`), the prompts of a vision-language model
+(:mod:`~camkit.serve.routes.prompts`), uploads
 (:mod:`~camkit.serve.routes.uploads`) and the run's files (:mod:`~camkit.serve.routes.run`);
 what they share is :class:`~camkit.serve.routes.state.ServerState`."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from camkit.serve.routes import concepts, images, maps, page, run, uploads
+from camkit.serve.routes import concepts, images, maps, page, prompts, run, uploads
 from camkit.serve.routes.state import ServerState
 
 
@@ -19,6 +20,7 @@ def all_routes(state: ServerState) -> list[Route]:
         *page.routes(state),
         *images.routes(state),
         *maps.routes(state),
+        *prompts.routes(state),
         *concepts.routes(state),
         *uploads.routes(state),
         *run.routes(state),

@@ -99,6 +99,7 @@ def routes(state: ServerState) -> list[Route]:
                 "strategies": state.strategies is not None,
                 "concepts": None if state.concepts is None else state.concepts.layer,
                 "run_problems": list(state.run_problems.values()),
+                "prompts": None if state.prompts is None else state.prompts.info(),
             }
         )
 

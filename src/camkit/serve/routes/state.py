@@ -15,6 +15,7 @@ from camkit.serve.concepts import ConceptViews
 from camkit.serve.explorer import Explorer
 from camkit.serve.http import Query
 from camkit.serve.progress import Jobs
+from camkit.serve.prompts import Prompts
 
 
 @dataclasses.dataclass
@@ -24,7 +25,8 @@ class ServerState:
     page (its file); ``concepts``: the run's ``camkit concepts`` results
     (:func:`camkit.runs.concepts.read_concepts`); ``uploads``: how many it holds;
     ``run_problems``: the run's broken files (file name -> the error's message);
-    ``comparison``: with two checkpoints; ``views``: the concept views."""
+    ``comparison``: with two checkpoints; ``views``: the concept views; ``prompts``: the
+    vision-language model's prompt views (None: the model takes no prompt)."""
 
     explorer: Explorer
     batcher: MapBatcher
@@ -39,6 +41,7 @@ class ServerState:
     comparison: Comparison | None = dataclasses.field(init=False)
     views: ConceptViews = dataclasses.field(init=False)
     jobs: Jobs = dataclasses.field(default_factory=Jobs)
+    prompts: Prompts | None = None
 
     def __post_init__(self) -> None:
         self.checkpoints = list(self.explorer.checkpoints)

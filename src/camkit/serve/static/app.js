@@ -635,6 +635,80 @@ async function showConcepts(where, cls, checkpoint, img) {
   } catch (error) { if (!stale(error)) { box.replaceChildren(); showError(error.message); } }
 }
 
+// ------------------------------------------------------------------ prompts (vision-language models)
+// A dual encoder (CLIP, SigLIP): type a prompt, see its map. A generative model (LLaVA...): ask
+// it, click a generated word: its map, and the tokens before it coloured by their relevance to
+// it (the server's colours: camkit.viz.text.token_colours, the CLI's token page's).
+
+function setupPrompts() {
+  const prompts = state.info.prompts;
+  if (!prompts) return;
+  $("prompts").hidden = false;
+  $("prompt").maxLength = prompts.max_prompt;
+  $("prompt-note").textContent = prompts.kind === "dual"
+    ? `Type a prompt: where the model finds it in the image (${prompts.method}, its similarity to the image).`
+    : `Ask the model about the image: it answers; click a word of the answer for its map (${prompts.method}) ` +
+      "and the relevance of the tokens before it (red: for the word, blue: against it).";
+  $("prompt-form").addEventListener("submit", (event) => { event.preventDefault(); askPrompt().catch(promptFailed); });
+  window.addEventListener("hashchange", clearPrompt);
+  for (const id of ["alpha", "colormap"]) {  // the same map, drawn again (cached by the server)
+    $(id).addEventListener("change", () => {
+      const shown = state.promptShown;
+      if (shown && !$("prompt-map").hidden) showPromptMap(shown.path, shown.params, latest("prompt")).catch(promptFailed);
+    });
+  }
+}
+
+function promptFailed(error) { if (!stale(error)) $("prompt-message").textContent = error.message; }
+
+function clearPrompt() {
+  forget("prompt");
+  $("answer").replaceChildren();
+  $("answer-context").replaceChildren();
+  const img = $("prompt-map");
+  img.hidden = true;
+  delete img.dataset.shown;
+  $("prompt-message").textContent = "";
+}
+
+async function showPromptMap(path, params, signal) {
+  const img = $("prompt-map");
+  delete img.dataset.shown;
+  state.promptShown = { path, params };
+  const shown = { ...params, alpha: $("alpha").value, colormap: $("colormap").value };
+  img.src = await getImage(path, shown, signal);
+  img.dataset.request = api(path, shown);
+  img.hidden = false;
+  img.dataset.shown = "1";
+}
+
+async function askPrompt() {
+  const text = $("prompt").value.trim();
+  clearPrompt();
+  if (!text || state.image === null) return;
+  const signal = latest("prompt");
+  const asked = { image: state.image, prompt: text };
+  if (state.info.prompts.kind === "dual") return showPromptMap("prompt-map", asked, signal);
+  const answer = await getJSON("answer", asked, signal);
+  $("answer").replaceChildren(...answer.positions.map((position, k) => {
+    const word = element("button", { type: "button", class: "word", text: answer.tokens[position] });
+    word.addEventListener("click", () => pickWord(answer, asked, k).catch(promptFailed));
+    return word;
+  }));
+}
+
+async function pickWord(answer, asked, k) {
+  const signal = latest("prompt");
+  $("prompt-message").textContent = "";
+  for (const [i, word] of [...$("answer").children].entries()) word.classList.toggle("picked", i === k);
+  $("answer-context").replaceChildren(...answer.tokens.slice(0, answer.positions[k]).map((token, i) => {
+    const span = element("span", { class: "t", text: token, title: answer.relevance[k][i].toPrecision(4) });
+    span.style.background = answer.colours[k][i];  // CSSOM, which the page's CSP allows
+    return span;
+  }));
+  await showPromptMap("token-map", { ...asked, word: k }, signal);
+}
+
 // ------------------------------------------------------------------ set-up
 
 async function route() {
@@ -794,6 +868,7 @@ async function start() {
     event.preventDefault(); drop.classList.remove("over");
     if (event.dataTransfer.files[0]) upload(event.dataTransfer.files[0]);
   });
+  setupPrompts();
   window.addEventListener("hashchange", route);
   await route();
   document.body.dataset.ready = "1";

@@ -1,0 +1,104 @@
+"""Target objects per sample (see :mod:`camkit.targets.resolver`): ``B`` callables, or ``B``
+lists of ``K``, each sample's rows scored by its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from camkit.errors import TargetError
+from camkit.targets.base import Target
+from camkit.targets.outputs import sample_output
+
+
+class PerSample:
+    """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
+
+    A camkit :class:`Target` gets the whole output and its ``(n,)`` scores are kept for the
+    rows of its sample only; any other callable (pytorch-grad-cam's targets) gets each of its
+    sample's rows of the output (``output[i]``) and returns one score. Copies of several
+    samples in one forward (perturbation methods) are each scored by their own sample's.
+    """
+
+    def __init__(self, targets: list[list[Callable[[Any], Tensor]]], several: bool):
+        self.targets = targets
+        self.several = several
+
+    @classmethod
+    def of(cls, target: object, batch: int) -> PerSample | None:
+        """The per-sample targets in ``target`` (None when it holds no callable); checked."""
+        if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
+            return None
+        items = [
+            list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
+        ]
+        several = all(isinstance(item, list) for item in items)
+        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
+        if not any(callable(t) and not isinstance(t, Tensor) for t in flat):
+            return None
+        if not all(callable(t) and not isinstance(t, Tensor) for t in flat) or (
+            any(isinstance(item, list) for item in items) and not several
+        ):
+            raise TargetError(
+                "a list of target objects must hold only callables: B of them (one per sample) "
+                "or B lists of K (K per sample), not mixed with classes"
+            )
+        rows = [item if several else [item] for item in items]
+        if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
+            raise TargetError(
+                f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
+                f"each (the same K), got {len(rows)} item(s) with "
+                f"{sorted({len(row) for row in rows})} target(s) each for a batch of {batch}"
+            )
+        return cls(rows, several)
+
+    def for_copies(self) -> PerSample:
+        """The same with each target object's :meth:`Target.for_copies`."""
+        return self._each("for_copies")
+
+    def for_relevance(self) -> PerSample:
+        """The same with each target object's :meth:`Target.for_relevance`."""
+        return self._each("for_relevance")
+
+    def _each(self, form: str) -> PerSample:
+        targets = [
+            [getattr(t, form)() if isinstance(t, Target) else t for t in row]
+            for row in self.targets
+        ]
+        return PerSample(targets, self.several)
+
+    def scores(self, output: Any, rows: Tensor) -> Tensor:
+        """``(n, K)`` scores: row ``i`` by the targets of sample ``rows[i]``."""
+        n = rows.shape[0]
+        columns: list[list[Tensor | None]] = [[None] * n for _ in self.targets[0]]
+        samples = rows.tolist()
+        for sample in sorted(set(samples)):
+            picked = [i for i, s in enumerate(samples) if s == sample]
+            for k, target in enumerate(self.targets[sample]):
+                if isinstance(target, Target):  # camkit's targets score the whole output
+                    values = target(output)
+                    if not isinstance(values, Tensor) or values.shape != (n,):
+                        got = tuple(values.shape) if isinstance(values, Tensor) else type(values)
+                        raise TargetError(
+                            f"target {target!r} of sample {sample} must return ({n},) scores "
+                            f"for the {n} rows of the output, got {got}"
+                        )
+                    for i in picked:
+                        columns[k][i] = values[i]
+                    continue
+                for i in picked:  # pytorch-grad-cam's form: the sample's own output
+                    value = target(sample_output(output, i))
+                    if not isinstance(value, Tensor) or value.numel() != 1:
+                        got = tuple(value.shape) if isinstance(value, Tensor) else type(value)
+                        raise TargetError(
+                            f"target {target!r} of sample {sample} gets that sample's output "
+                            f"(output[i]) and must return one score, got {got}"
+                        )
+                    columns[k][i] = value.reshape(())
+        return torch.stack([torch.stack(column) for column in columns], dim=1)
+
+
+__all__ = ["PerSample"]
