@@ -207,6 +207,18 @@ def test_demo_writes_overlays_and_a_summary(tmp_path):
         assert all((out / row["patch"]).is_file() for row in entries["relevance"])
     atlas = page_data(out / "index.html")["concepts"]
     assert atlas["layer"] == demo.CONCEPT_LAYER and len(atlas["channels"]) == 16
+    # when, not only where: the clip's map of each class lies on that class's photo's frames
+    clip = json.loads((out / "clip" / "manifest.json").read_text())["records"]
+    assert [(r["method"], r["label"]) for r in clip] == [
+        ("gradcam", "tabby"),
+        ("gradcam", "espresso"),
+    ]
+    for record, frames in zip(clip, (slice(0, 8), slice(8, 16)), strict=True):
+        assert np.array(record["frame_importance"])[frames].sum() > 0.8, record["frame_importance"]
+    (video,) = [i for i in page_data(out / "index.html")["images"] if i["name"] == "clip.mp4"]
+    assert [o["video"]["gif"] for o in video["overlays"]] == [
+        f"clip/clip_gradcam_{r['target']}.gif" for r in clip
+    ]
 
 
 def test_demo_percentages_keep_small_probabilities_visible():

@@ -702,6 +702,18 @@ MAP_PIXELS = """
 """
 
 
+def open_explorer(browser: Browser, url: str) -> None:
+    """Open the explorer's page (with the browser's console logged) and wait until it is
+    ready."""
+    browser.call("Log.enable", session=True)
+    browser.open(url)
+    browser.js(
+        """new Promise((done) => { (function poll() {
+        if (document.body.dataset.ready === '1') done();
+        else setTimeout(poll, 20); })(); })"""
+    )
+
+
 def settle(browser: Browser) -> None:
     """Wait until the page has no map request in flight."""
     browser.js(
@@ -727,13 +739,7 @@ def test_explorer_in_headless_chromium(tmp_path: Path) -> None:
     with running(create_app(explorer, token=TOKEN)) as base:
         browser = Browser(tmp_path / "profile")
         try:
-            browser.call("Log.enable", session=True)
-            browser.open(f"{base}/?token={TOKEN}")
-            browser.js(
-                """new Promise((done) => { (function poll() {
-                if (document.body.dataset.ready === '1') done();
-                else setTimeout(poll, 20); })(); })"""
-            )
+            open_explorer(browser, f"{base}/?token={TOKEN}")
             assert browser.js("document.querySelectorAll('#gallery .card').length") == 8
             assert browser.js("document.getElementById('count').textContent").startswith("1–8 of 8")
             # open an image

@@ -30,6 +30,15 @@ DEMO_METHODS = ("gradcam", "gradcam++", "layercam", "eigencam", "guided-gradcam"
 CONCEPT_LAYER, CONCEPT_TOP = "blocks.5", 3
 # the model's top-1 for the astronaut is a bobsled; --target explains a class of our choice
 TARGET_PHOTO, TARGET_CLASS, TARGET_DIR = "astronaut", "space shuttle", "target"
+# a clip: a pan across the cat (frames 0-7), then across the coffee (8-15), explained with the
+# demo model run on every frame (camkit.models.frame_wise): when each class's evidence is there
+CLIP_NAME, CLIP_CLASSES, CLIP_DIR, CLIP_FPS, CLIP_PAN = (
+    "clip.mp4",
+    ("tabby", "espresso"),
+    "clip",
+    8.0,
+    8,
+)
 LEGEND = (
     "Each row: a photo and the maps of the class named on the left (the model's top-1 with its "
     "probability; the last row: a class chosen with --target). Red: where the evidence for "
@@ -42,7 +51,9 @@ DESCRIPTION = (
     f"{', '.join(DEMO_METHODS)}, write the browsable report (OUT/index.html) and a summary "
     f"grid (OUT/summary.png), explain the {TARGET_PHOTO} as a {TARGET_CLASS!r} "
     f"(--target), and find the reference patches of the most relevant channels of "
-    f"{CONCEPT_LAYER} (camkit concepts: OUT/concepts.json, the report's concept atlas)."
+    f"{CONCEPT_LAYER} (camkit concepts: OUT/concepts.json, the report's concept atlas); then "
+    f"a {2 * CLIP_PAN}-frame clip (a pan across the cat, then the coffee) explained per frame "
+    f"for {' and '.join(CLIP_CLASSES)}: its animated overlays and per-frame importance."
 )
 
 
@@ -57,6 +68,28 @@ def demo_photos() -> dict[str, np.ndarray]:
         "rocket": data.rocket(),
         "motorcycle": data.stereo_motorcycle()[0],
     }
+
+
+def demo_clip(side: int = 224) -> np.ndarray:
+    """``(16, side, side, 3)``: a pan from left to right across the cat (frames 0-7), then across
+    the coffee (frames 8-15), square crops of each photo's full height."""
+    import cv2
+
+    photos = demo_photos()
+    frames = []
+    for photo in (photos["chelsea"], photos["coffee"]):
+        height, width = photo.shape[:2]
+        square = min(height, width)
+        for left in np.linspace(0, width - square, CLIP_PAN).round().astype(int):
+            crop = photo[(height - square) // 2 :, left : left + square][:square]
+            frames.append(cv2.resize(crop, (side, side), interpolation=cv2.INTER_AREA))
+    return np.stack(frames)
+
+
+def moved(record: dict, folder: str) -> dict:
+    """A manifest record of a run in ``OUT/folder`` with its files named from ``OUT``."""
+    files = ("output", "animation", "frame_plot")
+    return record | {key: f"{folder}/{record[key]}" for key in files if record.get(key)}
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -84,11 +117,26 @@ def run_demo(args: argparse.Namespace) -> int:
     targeted = dataclasses.replace(job, classes=(chosen,), out=out / TARGET_DIR)
     argv = [str(astronaut), "--target", TARGET_CLASS, "--out", str(targeted.out)]
     extra = explain(loaded, [astronaut], targeted, argv=argv)["records"]
-    extra = [record | {"output": f"{TARGET_DIR}/{record['output']}"} for record in extra]
+    extra = [moved(record, TARGET_DIR) for record in extra]
     # what it sees there: each channel's reference patches, into the run (the concept atlas)
     found = [str(inputs), "--layer", CONCEPT_LAYER, "--top", str(CONCEPT_TOP), "--out", str(out)]
     concepts.run_concepts(concepts_arguments(found))
-    page = report.write_report(out, records + extra, title="camkit demo", colormap=job.colormap)
+    # when, not only where: a clip explained frame by frame for two classes
+    clip = io.video.save_mp4(inputs / CLIP_NAME, demo_clip(), CLIP_FPS)
+    per_frame = models.frame_wise(loaded, 2 * CLIP_PAN)
+    classes = tuple(match_label(name, loaded.labels) for name in CLIP_CLASSES)
+    clip_job = dataclasses.replace(
+        job,
+        methods=("gradcam",),
+        layer=per_frame.default_layer,
+        classes=classes,
+        out=out / CLIP_DIR,
+    )
+    argv = [str(clip), "--target", *CLIP_CLASSES, "--out", str(clip_job.out)]
+    clip_records = explain(per_frame, [clip], clip_job, argv=argv)["records"]
+    clip_records = [moved(record, CLIP_DIR) for record in clip_records]
+    shown = records + extra + clip_records
+    page = report.write_report(out, shown, title="camkit demo", colormap=job.colormap)
 
     rows = []
     for path in paths:
@@ -108,6 +156,13 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"--target:  {targeted.out}/ ({TARGET_PHOTO} as {first['label']!r})")
     print(f"manifest:  {out / MANIFEST}")
     print(f"concepts:  {out / CONCEPTS_FILE} (reference patches of {CONCEPT_LAYER}'s channels)")
+    for record in clip_records:
+        shares = np.array(record["frame_importance"])
+        cat, coffee = percent(shares[:CLIP_PAN].sum()), percent(shares[CLIP_PAN:].sum())
+        print(
+            f"{CLIP_NAME:<12} {record['label']!r}: {cat} of the map on the cat's frames "
+            f"(0-{CLIP_PAN - 1}), {coffee} on the coffee's; {CLIP_DIR}/ has the animations"
+        )
     print(f"summary:   {summary}")
     print(f"done in {time.perf_counter() - started:.1f} s on {device}")
     print(f"look at:   {page} (open it in a browser: every overlay, by photo, method and class)")

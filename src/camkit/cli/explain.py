@@ -4,7 +4,6 @@ work of one rank is :mod:`camkit.cli.pipeline`."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -147,7 +146,6 @@ def explain(
     todo = [index for index, path in enumerate(paths) if str(path) not in done]
     try:
         if any(videos):
-            job = dataclasses.replace(job, report=False)  # the report shows images
             explain_videos(loaded, paths, ranks.shard(todo), job, ranks, head, clip_stride)
         else:
             explain_files(loaded, paths, ranks.shard(todo), job, ranks, head)

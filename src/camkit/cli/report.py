@@ -86,7 +86,7 @@ def _gradient(colormap: str) -> str:
 
 _KNOWN_KEYS = frozenset(
     {"image", "output", "method", "layer", "target", "label", "probability", "top5", "model"}
-    | {"size", "raw", "error", "conservation", "tokens"}
+    | {"size", "raw", "error", "conservation", "tokens", "animation", "frame_plot"}
 )
 
 
@@ -102,6 +102,20 @@ def _conservation_facts(row: Mapping[str, Any]) -> dict[str, Any]:
         above, stage = (str(name) for name in lost["between"][:2])
         facts["loses most"] = f"{above} → {stage} ({lost.get('share')} of the score)"
     return facts
+
+
+def _video_data(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A video record's animation (GIF; None past :data:`camkit.cli.video.GIF_MAX_FRAMES`
+    frames), MP4, per-frame importance plot and values for the page; None for an image's."""
+    if "frame_importance" not in row:
+        return None
+    return {
+        "mp4": url_path(str(row["output"])),
+        "gif": url_path(str(row["animation"])) if row.get("animation") else None,
+        "plot": url_path(str(row["frame_plot"])) if row.get("frame_plot") else None,
+        "importance": [float(v) for v in row["frame_importance"]],
+        "fps": row.get("fps"),
+    }
 
 
 def _scalars(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -164,6 +178,14 @@ def _page_data(
                 continue
             output = str(row["output"])
             raw = str(row["raw"]) if row.get("raw") else None
+            clip = _video_data(row)
+            thumb = overlay_thumb(output)
+            if clip is not None:  # the GIF animates in the card; a long video shows its plot
+                thumb = clip["gif"] or clip["plot"]
+            elif thumb in made:
+                thumb = url_path(thumb)
+            else:
+                thumb = url_path(output)
             entry["overlays"].append(
                 {
                     "method": str(row.get("method")),
@@ -172,9 +194,8 @@ def _page_data(
                     "label": str(row.get("label")),
                     "p": row.get("probability"),
                     "src": url_path(output),
-                    "thumb": url_path(overlay_thumb(output))
-                    if overlay_thumb(output) in made
-                    else url_path(output),
+                    "thumb": thumb,
+                    "video": clip,
                     "raw": None
                     if raw is None or raw_map_name(raw) not in raw_scales
                     else {"src": url_path(raw_map_name(raw)), "file": url_path(raw)}

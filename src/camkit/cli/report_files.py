@@ -1,6 +1,6 @@
 """The report's files beside ``OUT/index.html``: the names of the thumbnails and raw-map
-pictures in ``OUT/thumbs/``, making them (missing or stale ones, in threads), and the URLs of
-files relative to the output folder."""
+pictures in ``OUT/thumbs/`` (a video's: its first frame), making them (missing or stale ones,
+in threads), and the URLs of files relative to the output folder."""
 
 from __future__ import annotations
 
@@ -146,9 +146,9 @@ def make_thumbnails(
             continue
         target = out / original_thumb_name(image)
         if not _fresh(target, Path(image)):
-            jobs[target] = ("image", Path(image), target)
+            jobs[target] = ("video" if cio.video.is_video(image) else "image", Path(image), target)
         for row in rows:
-            if row.get("output"):
+            if row.get("output") and "frame_importance" not in row:  # a video's: its GIF
                 source = out / str(row["output"])
                 target = out / overlay_thumb_name(str(row["output"]))
                 if not _fresh(target, source):
@@ -162,9 +162,13 @@ def make_thumbnails(
         try:
             if kind == "raw":
                 return kind, target, _render_raw(source, target, colormap)
-            thumb = cio.thumbnail(cio.read_image(source), side)
+            if kind == "video":  # its first frame
+                picture = next(cio.video.iter_frames(source))
+            else:
+                picture = cio.read_image(source)
+            thumb = cio.thumbnail(picture, side)
             cio.save_jpeg(target, thumb, _THUMB_QUALITY, durable=False)
-        except (*cio.READ_ERRORS, MemoryError):
+        except (*cio.READ_ERRORS, cio.video.VideoReadError, StopIteration, MemoryError):
             pass  # the page shows the full-size file, or a placeholder
         return kind, source, None
 

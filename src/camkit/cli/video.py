@@ -116,9 +116,7 @@ class _Video:
         clips = video.stream_clips(video.iter_frames(self.path), self.windows)
         while chunk := list(itertools.islice(clips, self.job.images_per_batch)):
             frames = [clip for _, clip in chunk]
-            inputs = torch.stack(
-                [torch.stack([self.loaded.preprocess(f) for f in clip], dim=1) for clip in frames]
-            )
+            inputs = torch.stack([self.loaded.preprocess.clip(clip) for clip in frames])
             yield [window for window, _ in chunk], frames, inputs.to(self.job.device)
 
     def shown(self, method: str, inputs: torch.Tensor, target: list) -> torch.Tensor:

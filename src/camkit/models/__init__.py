@@ -20,6 +20,7 @@ from camkit.errors import (
 )
 from camkit.models.builders import DEFAULT_MODEL
 from camkit.models.checkpoints import read_checkpoint, read_checkpoint_labels, read_state_dict
+from camkit.models.framewise import FrameConsensus, frame_wise
 from camkit.models.labels import imagenet_labels, read_labels
 from camkit.models.load import LoadedModel, RandomWeightsWarning, load, top_classes
 from camkit.models.preprocess import (
@@ -41,6 +42,7 @@ __all__ = [
     "IMAGENET_STD",
     "CheckpointError",
     "CheckpointMismatchError",
+    "FrameConsensus",
     "LoadedModel",
     "Preprocess",
     "RandomWeightsWarning",
@@ -48,6 +50,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "carried_preprocess",
     "default_layer",
+    "frame_wise",
     "imagenet_labels",
     "layer_shapes",
     "map_layer_shapes",

@@ -161,6 +161,11 @@ class Preprocess:
         pixels = self._resize_crop_float(image)
         return TF.normalize(pixels, list(self.mean), list(self.std))
 
+    def clip(self, frames: object) -> Tensor:
+        """Frames ``(T, H, W, 3)`` uint8 -> a video model's input ``(3, T, h, w)`` (channels,
+        then time): each frame preprocessed as an image is."""
+        return torch.stack([self(frame) for frame in frames], dim=1)
+
 
 STRIP_PIXELS = 1 << 20  # a photo is made float this many pixels at a time (4 MB per channel)
 

@@ -24,6 +24,7 @@ from camkit import io, metrics, models, registry, viz
 from camkit.core.layers import find_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
+from camkit.serve import clips
 from camkit.serve.gallery import Entry, Prediction
 
 
@@ -120,6 +121,7 @@ class Explorer:
         first = next(iter(checkpoints.values()))
         self.labels = first.labels
         self.size = first.input_size
+        self.clip_length = first.clip_length  # a video model's: entries are clips, maps (T, H, W)
         self.preprocess = first.preprocess
         self.default_layer = first.default_layer
         self.entries = entries
@@ -163,7 +165,8 @@ class Explorer:
             return len(self.entries) - 1
 
     def photo(self, image: int) -> np.ndarray:
-        """The image as read (``HxWx3`` uint8); camkit's reading with its limits."""
+        """The image as read (``HxWx3`` uint8), a video model's clip (``TxHxWx3``,
+        :func:`camkit.serve.clips.read`); camkit's reading with its limits."""
         cached = self.photos.get_item(image)
         if cached is None:
             entry = self.entry(image)
@@ -171,21 +174,21 @@ class Explorer:
                 cached = entry.pixels
             else:
                 try:
-                    cached = io.read_image(entry.path, max_pixels=self.max_pixels)
-                except io.READ_ERRORS as error:
+                    cached = clips.read(entry.path, self.clip_length, self.max_pixels)
+                except clips.READ_ERRORS as error:
                     entry.error = io.read_failure(error)
                     raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
             self.photos.put(image, cached)
         return cached
 
     def model_view(self, image: int) -> np.ndarray:
-        """The part of the photo the model sees (resized and cropped as the model's input)."""
-        return self.preprocess.resize_crop(self.photo(image))
+        """What the model sees of the photo (a clip: its first frame), resized and cropped."""
+        return self.preprocess.resize_crop(clips.shown_frame(self.photo(image)))
 
     def model_input(self, image: int) -> Tensor:
         cached = self.inputs.get_item(image)
         if cached is None:
-            cached = self.preprocess(self.photo(image))
+            cached = clips.model_input(self.preprocess, self.photo(image))
             self.inputs.put(image, cached)
         return cached
 
@@ -193,7 +196,7 @@ class Explorer:
         """A JPEG thumbnail of the photo (cached)."""
         cached = self.thumbs.get_item(image)
         if cached is None:
-            small = io.thumbnail(self.photo(image), side)
+            small = io.thumbnail(clips.shown_frame(self.photo(image)), side)
             cached = io.encode_image(small, "jpg")
             self.thumbs.put(image, cached)
         return cached
@@ -361,7 +364,8 @@ class Explorer:
         by_layer = result if isinstance(result, dict) else {layers[0]: result}
         for layer, maps in by_layer.items():
             heat = explainer.display_heat(maps)  # the method's one display policy
-            maps = heat.reshape(len(images), width, *heat.shape[-2:]).cpu().numpy()  # (B, K, H, W)
+            frame = heat.shape[-3:] if self.clip_length else heat.shape[-2:]  # (T,) H, W
+            maps = heat.reshape(len(images), width, *frame).cpu().numpy()  # (B, K, [T,] H, W)
             for row, image in enumerate(images):
                 for column, target in enumerate(wanted[image]):
                     (key,) = self.keys(checkpoint, method, (layer,), image, target, composite)

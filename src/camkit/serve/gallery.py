@@ -36,16 +36,19 @@ class Entry:
     error: str | None = None  # why the file could not be read
 
 
-def _is_image(entry: os.DirEntry) -> bool:
+def _is_image(entry: os.DirEntry, suffixes: Collection[str]) -> bool:
     return (
         not entry.name.startswith(".")
-        and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES
+        and Path(entry.name).suffix.lower() in suffixes
         and entry.is_file()
     )
 
 
-def scan(paths: Sequence[Path]) -> tuple[list[Entry], list[Path]]:
-    """The images of files and folders, and the roots they lie under.
+def scan(
+    paths: Sequence[Path], suffixes: Collection[str] = IMAGE_SUFFIXES
+) -> tuple[list[Entry], list[Path]]:
+    """The images of files and folders, and the roots they lie under (``suffixes``: the file
+    endings listed; a video model's gallery lists videos).
 
     A folder's own images have no true class; the images in its subfolders (one level, as
     torchvision's ``ImageFolder``: ``root/<class>/<image>``) have the subfolder's name as theirs.
@@ -63,7 +66,7 @@ def scan(paths: Sequence[Path]) -> tuple[list[Entry], list[Path]]:
         with os.scandir(root) as listing:
             found = sorted(listing, key=lambda e: e.name)
         for item in found:
-            if _is_image(item) and Path(item.path).resolve().is_relative_to(root):
+            if _is_image(item, suffixes) and Path(item.path).resolve().is_relative_to(root):
                 entries.append(Entry(item.name, Path(item.path)))
         for sub in found:
             if sub.name.startswith(".") or not sub.is_dir():
@@ -71,7 +74,9 @@ def scan(paths: Sequence[Path]) -> tuple[list[Entry], list[Path]]:
             if not Path(sub.path).resolve().is_relative_to(root):
                 continue
             with os.scandir(sub.path) as listing:
-                inside = sorted((e for e in listing if _is_image(e)), key=lambda e: e.name)
+                inside = sorted(
+                    (e for e in listing if _is_image(e, suffixes)), key=lambda e: e.name
+                )
             for item in inside:
                 if Path(item.path).resolve().is_relative_to(root):
                     entries.append(Entry(f"{sub.name}/{item.name}", Path(item.path), sub.name))

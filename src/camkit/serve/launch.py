@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,13 @@ import torch
 
 from camkit import io, models
 from camkit.errors import ArgumentError, RunFileError
+from camkit.io import IMAGE_SUFFIXES
 from camkit.models.vlm import LoadedVLM
 from camkit.runs import MANIFEST
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
 from camkit.runs.manifest import read_manifest, recorded_crop, sha256
 from camkit.runs.strategies import STRATEGIES_FILE
-from camkit.serve import security
+from camkit.serve import clips, security
 from camkit.serve.gallery import Entry, Prediction, read_run, read_strategies, scan
 from camkit.serve.logs import configure
 
@@ -91,13 +92,18 @@ def check_start(paths: list[Path], host: str, token: str | None) -> str:
 
 
 def open_gallery(
-    paths: list[Path], model: str | None, weights_sha: str | None, crop: str | None = None
+    paths: list[Path],
+    model: str | None,
+    weights_sha: str | None,
+    crop: str | None = None,
+    suffixes: Collection[str] = IMAGE_SUFFIXES,
 ) -> Gallery:
     """Images, folders, or one ``camkit explain`` run folder -> the gallery. A run made by
     another model, other weights or another crop (``model``/``weights_sha``/``crop`` differ)
     keeps its images and maps but not its predictions. A broken strategies or concepts file
     (:class:`~camkit.errors.RunFileError`) leaves that view out and is in ``problems``; a broken
-    manifest is raised (there is no run to show)."""
+    manifest is raised (there is no run to show). ``suffixes``: the files a folder lists
+    (:func:`camkit.serve.clips.suffixes`: videos for a video model)."""
     check_paths(paths)
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         root = paths[0].resolve()
@@ -118,7 +124,7 @@ def open_gallery(
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
         gallery = Gallery(entries, root, header, predictions, strategies, concepts, problems)
     else:
-        gallery = Gallery(scan(paths)[0])
+        gallery = Gallery(scan(paths, suffixes)[0])
     if not gallery.entries:
         raise ArgumentError(f"no images found in {', '.join(map(str, paths))}")
     return gallery
@@ -194,8 +200,10 @@ def prepare(
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
 
-    crop = next(iter(checkpoints.values())).preprocess.crop_mode
-    gallery = open_gallery(paths, model, sha256(weights), crop)
+    first = next(iter(checkpoints.values()))
+    crop = first.preprocess.crop_mode
+    suffixes = clips.suffixes(first.clip_length)
+    gallery = open_gallery(paths, model, sha256(weights), crop, suffixes)
     for problem in gallery.problems.values():
         print(f"camkit serve: warning: {problem}", file=sys.stderr)
     explorer = Explorer(

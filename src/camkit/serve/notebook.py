@@ -8,7 +8,7 @@ import html
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from camkit.core.trace import last_spatial_map, trace
 from camkit.errors import ArgumentError
 from camkit.models.load import class_names
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
-from camkit.serve import security, web_stack_missing
+from camkit.serve import clips, security, web_stack_missing
 from camkit.serve.gallery import Entry
 from camkit.serve.launch import Gallery, bind, open_gallery, url_of
 
@@ -114,14 +114,14 @@ def as_vlm(model: object) -> LoadedVLM | None:
     return None
 
 
-def gallery_of(images: object) -> Gallery:
+def gallery_of(images: object, suffixes: Collection[str] = io.IMAGE_SUFFIXES) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
     PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
-    broken files)."""
+    broken files); ``suffixes``: the files a folder lists (a video model's: videos)."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
-        return open_gallery([Path(i) for i in images], None, None)
+        return open_gallery([Path(i) for i in images], None, None, suffixes=suffixes)
     pictures = list(images) if isinstance(images, (list, tuple)) else [images]
     if not pictures:
         raise ArgumentError("expected images: paths, a folder, a run folder, or pictures")
@@ -156,7 +156,9 @@ def explore(
     HuggingFace folder, or a :class:`~camkit.models.vlm.LoadedVLM`): the page then has a
     prompt box (:mod:`camkit.serve.prompts`); ``labels``: class names (a list or a labels file);
     ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
-    free one. The model is used as it is: no mode switch, no lasting hook.
+    free one. The model is used as it is: no mode switch, no lasting hook. A video model (a
+    :class:`~camkit.models.LoadedModel` or name with a ``clip_length``, e.g.
+    ``"torchvision:r3d_18"``) lists the folders' videos and plays each map frame by frame.
 
     >>> view = camkit.explore(model, "photos/")   # doctest: +SKIP
     >>> view                                      # the page, inline
@@ -184,7 +186,7 @@ def explore(
             compare, labels=first.labels, input_size=None, layer=layer, preprocess=first.preprocess
         )
         checkpoints["b"] = other
-    gallery = gallery_of(images_or_run)
+    gallery = gallery_of(images_or_run, clips.suffixes(first.clip_length))
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
     explorer = Explorer(checkpoints, gallery.entries, device=device)

@@ -25,6 +25,7 @@ function el(tag, props, ...children) {
   }
   return node;
 }
+const SVG_NS = document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg"); // no URL literal
 const pct = (p) => (typeof p === "number" ? (100 * p).toFixed(1) + "%" : "?");
 const num = (v) => (typeof v === "number" ? (Math.abs(v) >= 1000 || (v !== 0 && Math.abs(v) < 0.001)
   ? v.toExponential(3) : +v.toFixed(4)) : String(v));
@@ -163,16 +164,23 @@ function openDetail(i) {
     el("button", { id: "close", onclick: closeDetail }, "close (Esc)")));
   if (image.error) panel.append(el("p", { class: "error" }, "unreadable: " + image.error));
   const big = el("div", { class: "big" });
-  big.append(el("figure", {}, el("img", { src: image.src, alt: "original " + image.name,
+  const clip = image.overlays.some((o) => o.video);  // a video: its first frame, a link to it
+  big.append(el("figure", {}, el("img", { src: clip && image.thumb ? image.thumb : image.src, alt: "original " + image.name,
     onerror: (event) => { if (image.thumb && event.target.src !== new URL(image.thumb, location.href).href) event.target.src = image.thumb; } }),
-    el("figcaption", {}, image.size ? `original ${image.size[0]}×${image.size[1]}` : "original")));
+    el("figcaption", {}, image.size ? `original ${image.size[0]}×${image.size[1]}` : "original",
+      clip ? [" · ", el("a", { href: image.src }, "video")] : "")));
   for (const o of image.overlays) {
-    big.append(el("figure", {}, el("img", { src: o.src, alt: `${o.method} overlay` }),
+    big.append(el("figure", {}, o.video ? clipAnimation(o) : el("img", { src: o.src, alt: `${o.method} overlay` }),
       el("figcaption", {}, el("b", {}, o.method), ` → ${o.label} (${o.target}) ${pct(o.p)}`,
-        o.layer ? ` · layer ${o.layer}` : "",
+        o.layer ? ` · layer ${o.layer}` : "", o.video ? [" · ", el("a", { href: o.video.mp4 }, "MP4")] : "",
         o.tokens ? el("span", {}, " · ", el("a", { href: o.tokens, class: "tokens" }, "prompt tokens' relevance")) : "")));
   }
   panel.append(big);
+  const clips = image.overlays.filter((o) => o.video);
+  if (clips.length) panel.append(el("h3", {}, "per-frame importance (share of the map per frame)"),
+    el("div", { class: "big" }, clips.map((o) => el("figure", {}, importanceCurve(o.video.importance, o.video.fps),
+      el("figcaption", {}, el("b", {}, o.method), ` ${o.video.importance.length} frames`,
+        o.video.plot ? [" · ", el("a", { href: o.video.plot }, "plot (PNG)")] : "")))));
   const raws = image.overlays.filter((o) => o.raw);
   if (raws.length) {
     const rawRow = el("div", { class: "big" });
@@ -208,6 +216,44 @@ function openDetail(i) {
   detail.hidden = false;
   detail.dataset.index = String(i);
   if (location.hash !== "#image=" + i) history.replaceState(null, "", "#image=" + i);
+}
+
+// ----------------------------------------------------------------------------- videos
+
+// a video's overlay: the animated GIF (one frame per input frame); past the GIF's frame limit
+// the MP4 in a <video> element (camkit writes mp4v, which not every browser decodes)
+function clipAnimation(o) {
+  return o.video.gif ? el("img", { class: "clip", src: o.video.gif, alt: `${o.method} animated overlay` })
+    : el("video", { class: "clip", src: o.video.mp4, controls: "", loop: "", muted: "" });
+}
+
+// the per-frame importance as an inline SVG: one step per frame, the peak frame marked
+function importanceCurve(values, fps) {
+  const ns = SVG_NS, width = 360, height = 110, pad = 18;
+  const top = Math.max(...values, 1e-12), step = (width - 2 * pad) / Math.max(values.length, 1);
+  const y = (v) => height - pad - (height - 2 * pad) * v / top;
+  let d = `M${pad},${height - pad}`;
+  values.forEach((v, t) => { d += ` L${pad + t * step},${y(v)} L${pad + (t + 1) * step},${y(v)}`; });
+  d += ` L${width - pad},${height - pad} Z`;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "curve");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.dataset.frames = String(values.length);
+  const peak = values.indexOf(top);
+  const parts = [["path", { d, fill: "#f4a261", stroke: "#d95f02" }],
+    ["line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#667085" }],
+    ["text", { x: pad, y: height - 4, "font-size": 10 }, "frame 0"],
+    ["text", { x: width - pad, y: height - 4, "font-size": 10, "text-anchor": "end" },
+      `${values.length - 1}` + (fps ? ` (${((values.length - 1) / fps).toFixed(1)} s)` : "")],
+    ["text", { x: pad + (peak + 0.5) * step, y: 12, "font-size": 10, "text-anchor": "middle", class: "peak" },
+      `peak: frame ${peak} (${pct(top)})`]];
+  for (const [tag, attributes, text] of parts) {
+    const node = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attributes)) node.setAttribute(k, String(v));
+    if (text) node.textContent = text;
+    svg.append(node);
+  }
+  return svg;
 }
 
 function closeDetail() {
@@ -256,7 +302,7 @@ function member(i, method) {
 }
 
 function scatter(group) {
-  const ns = document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg"); // no URL literal
+  const ns = SVG_NS;
   const width = 380, height = 300, pad = 10;
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("class", "scatter");

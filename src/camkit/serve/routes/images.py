@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from camkit import io, models
+from camkit.serve import clips
 from camkit.serve.gallery import ORDERS, select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
@@ -101,7 +102,7 @@ def routes(state: ServerState) -> list[Route]:
         probabilities = await batcher.run(explorer.probabilities, image, checkpoint)
         top = models.top_classes(probabilities, explorer.labels, k)
         entry = explorer.entries[image]
-        photo = await asyncio.to_thread(explorer.photo, image)
+        photo = clips.shown_frame(await asyncio.to_thread(explorer.photo, image))
         return JSONResponse(
             {
                 "id": image,

@@ -1,5 +1,7 @@
 """The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
-``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``.
+``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``; a
+video model's map ``(T, H, W)`` is shown one frame at a time (``/api/map?frame=t``), and
+``/api/frames`` gives its per-frame importance (:mod:`camkit.serve.clips`).
 
 A map whose method measured something of it (LRP: its conservation record) comes with it as
 JSON in the ``X-Camkit-Measured`` header."""
@@ -16,6 +18,8 @@ from starlette.routing import Route
 
 from camkit import registry
 from camkit.errors import ArgumentError
+from camkit.io import video
+from camkit.serve import clips
 from camkit.serve.compare import difference, difference_for_display
 from camkit.serve.explorer import npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
@@ -24,7 +28,7 @@ from camkit.serve.routes.state import ServerState
 from camkit.viz.colour import DIVERGING_COLORMAP
 
 MAP = ("image", "class", "method", "layer", "composite", "checkpoint", "job")
-SHOWN = ("alpha", "colormap", "format")
+SHOWN = ("alpha", "colormap", "format", "frame")
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -69,6 +73,12 @@ def routes(state: ServerState) -> list[Route]:
         measured = explorer.measured.get_item(explorer.keys(*request)[0])
         if shown == "npy":
             response = download(npy_bytes(heat), image, f"{method}_{target}", ".npy")
+        elif heat.ndim == 3:  # a clip's map: one frame, on the clip's one colour scale
+            clip = await asyncio.to_thread(explorer.photo, image)
+            frame = query.integer("frame", 0)
+            drawing = (explorer.preprocess, clip, heat, frame, alpha, colormap)
+            data = await asyncio.to_thread(clips.frame_overlay, *drawing)
+            response = Response(data, media_type="image/png")
         else:
             view = await asyncio.to_thread(explorer.model_view, image)
             data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
@@ -112,6 +122,20 @@ def routes(state: ServerState) -> list[Route]:
         key = explorer.keys(*request)[0]
         return JSONResponse(await batcher.run(explorer.curves, key))
 
+    async def frames(request: Request) -> Response:
+        query = Query(request, MAP + SHOWN)  # the page sends its display settings with each
+        if explorer.clip_length is None:
+            raise ArgumentError("this model takes images: per-frame importance is for clips")
+        heat, request = await heat_of(query)
+        path = explorer.entries[request[3]].path
+        return JSONResponse(
+            {
+                "frames": len(heat),
+                "fps": video.frame_rate(path) if path is not None else None,
+                "importance": clips.frame_importance(heat),
+            }
+        )
+
     async def progress(request: Request) -> Response:
         job = state.jobs.get(Query(request, ("job",)).text("job") or "")
         if job is None:
@@ -129,6 +153,7 @@ def routes(state: ServerState) -> list[Route]:
         Route("/api/difference", difference_image),
         Route("/api/depth", depth),
         Route("/api/curve", curve),
+        Route("/api/frames", frames),
         Route("/api/progress", progress),
         Route("/api/cancel", cancel, methods=["POST"]),
     ]

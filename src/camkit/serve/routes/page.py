@@ -90,6 +90,7 @@ def routes(state: ServerState) -> list[Route]:
                 "default_layer": explorer.default_layer,
                 "stages": explorer.stages,
                 "images": len(explorer.entries),
+                "clip_length": explorer.clip_length,  # a video model's: maps per frame
                 "truths": truths,
                 "colormaps": list(COLORMAPS),
                 "composites": list(COMPOSITES),

@@ -346,6 +346,7 @@ async function updateMaps() {
         fill(figure.querySelector("img"), getImage("difference", differenceParams(panels[i][0]), signal))),
     ]);
   } catch (error) { failed(error); }
+  await updateClip();
 }
 
 function differenceParams(cls) {
@@ -404,6 +405,70 @@ async function depthStrip() {
     ])));
     strip.replaceChildren(...figures);
   } catch (error) { if (!stale(error)) { strip.replaceChildren(); showError(error.message); } }
+}
+
+// ------------------------------------------------------------------ video clips
+
+// A video model's map is one per frame (api/map?frame=t, all frames on the clip's one colour
+// scale): the clip view plays the overlay frame by frame, and its timeline shows each frame's
+// share of the map (api/frames); clicking a frame shows that frame's map.
+const clip = { urls: [], importance: [], fps: null, frame: 0, timer: null };
+
+async function updateClip() {
+  const view = $("clip-view");
+  view.hidden = !state.info.clip_length;
+  if (view.hidden) return;
+  const signal = latest("clip");
+  pauseClip();
+  const params = mapParams();
+  try {
+    const found = await getJSON("frames", params, signal);
+    const urls = await Promise.all(found.importance.map((_, t) => getImage("map", { ...params, frame: t }, signal)));
+    Object.assign(clip, { urls, importance: found.importance, fps: found.fps });
+    $("timeline").replaceChildren(timeline(found.importance));
+    showFrame(0);
+  } catch (error) { failed(error); }
+}
+
+// one bar per frame, as high as the frame's share of the map; a click shows that frame
+function timeline(importance) {
+  const width = 480, height = 90, pad = 16, step = (width - 2 * pad) / importance.length;
+  const top = Math.max(...importance, 1e-12);
+  const svg = svgNode("svg", { width, height, class: "timeline" });
+  importance.forEach((share, t) => {
+    const bar = (height - 2 * pad) * share / top;
+    const rect = svgNode("rect", { x: pad + t * step + 0.5, y: height - pad - bar, width: Math.max(step - 1, 1),
+      height: Math.max(bar, 1), class: "frame", "data-frame": t });
+    rect.append(svgNode("title", {}, `frame ${t}: ${percent(share)} of the map`));
+    rect.addEventListener("click", () => { pauseClip(); showFrame(t); });
+    svg.append(rect);
+  });
+  svg.append(svgNode("text", { x: pad, y: height - 3, "font-size": 10 }, "frame 0"));
+  svg.append(svgNode("text", { x: width - pad, y: height - 3, "font-size": 10, "text-anchor": "end" },
+    `${importance.length - 1}`));
+  return svg;
+}
+
+function showFrame(t) {
+  clip.frame = t;
+  $("clip-frame").src = clip.urls[t];
+  $("clip-frame").dataset.frame = String(t);
+  const seconds = clip.fps ? ` · ${(t / clip.fps).toFixed(2)} s` : "";
+  $("clip-label").textContent = `frame ${t} of 0..${clip.urls.length - 1}${seconds} · ${percent(clip.importance[t])} of the map`;
+  for (const rect of $("timeline").querySelectorAll("rect.frame")) rect.classList.toggle("current", rect.dataset.frame === String(t));
+}
+
+function pauseClip() {
+  clearInterval(clip.timer);
+  clip.timer = null;
+  $("clip-play").textContent = "play";
+}
+
+function playClip() {
+  if (clip.timer !== null) { pauseClip(); return; }
+  if (!clip.urls.length) return;
+  clip.timer = setInterval(() => showFrame((clip.frame + 1) % clip.urls.length), 1000 / (clip.fps || 8));
+  $("clip-play").textContent = "pause";
 }
 
 function svgNode(tag, attributes, text) {
@@ -793,6 +858,7 @@ async function start() {
   $("maps").addEventListener("mousedown", startRegion);
   $("concept-image").addEventListener("click", () => showConcepts({}, state.cls, state.info.checkpoints[0], null));
   $("curve-button").addEventListener("click", curves);
+  $("clip-play").addEventListener("click", playClip);
   $("cancel").addEventListener("click", cancelMaps);
   $("file").addEventListener("change", () => { if ($("file").files[0]) upload($("file").files[0]); });
   const drop = $("drop");
