@@ -69,13 +69,10 @@ def build(args: argparse.Namespace):
         token = check_start(paths, args.host, args.token)  # before any model is loaded
         device = pick_device(args.device)
         crop = args.crop or run_crop(paths)  # a run folder's own preprocessing by default
-        vlm = hf_model(args, device)
-        if vlm is not None:
-            from camkit.serve.prompts import image_side
-
-            checkpoints = {"a": image_side(vlm)}
-        else:
-            checkpoints = {"a": load_model(args.model, args.weights, args.labels, crop=crop)}
+        vlm = hf_model(args, device)  # prepare shows its image side
+        checkpoints = {}
+        if vlm is None:
+            checkpoints["a"] = load_model(args.model, args.weights, args.labels, crop=crop)
         if args.compare_weights:
             checkpoints["b"] = load_model(args.model, args.compare_weights, args.labels, crop=crop)
         for loaded in checkpoints.values():

@@ -194,11 +194,16 @@ def prepare(
     :func:`check_start` has checked the paths, the address and the token: ``token`` is its
     answer ('' for none); ``names``: each checkpoint's name on the page
     (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
-    (None: any); ``vlm``: the vision-language model whose image side ``checkpoints`` holds
-    (:func:`~camkit.serve.prompts.image_side`), for the prompt views. Bad input raises a camkit
-    error before anything listens."""
+    (None: any); ``vlm``: a vision-language model, for the prompt views: ``checkpoints`` is
+    then empty and the explorer shows its image side
+    (:func:`~camkit.serve.prompts.image_side`). Bad input raises a camkit error before anything
+    listens."""
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
+    from camkit.serve.prompts import image_side
+
+    if vlm is not None:
+        checkpoints = {"a": image_side(vlm)}
 
     first = next(iter(checkpoints.values()))
     crop = first.preprocess.crop_mode
