@@ -3,7 +3,7 @@ reference images. Every time is CPU seconds on one thread (``torch.set_num_threa
 ``OMP_NUM_THREADS=1`` for the commands): what the work costs, whatever else runs on the machine.
 
 1. Top-10 concepts with their 10 conditional heatmaps for one image (LRP rules,
-   epsilon-plus-flat) against one LRP call (camkit.relevance.LRP) and ten separate zennit-crp
+   epsilon-plus-flat) against one LRP call (camkit.LRP) and ten separate zennit-crp
    0.6.0 ``CondAttribution`` calls (one concept each) with zennit's EpsilonPlusFlat, side by
    side in one process on torchvision VGG-16 with random weights, for each ``--sizes``
    (targets: <= 3x one LRP call, <= 0.3x ten zennit-crp calls). Medians of ``--repeats``
@@ -39,8 +39,8 @@ from pipeline import photos
 from torch import nn
 
 import camkit
+from camkit import LRP
 from camkit.concepts import ConceptAttribution, LRPRules, ReferenceCollector
-from camkit.relevance import LRP
 
 LAYER = "features.28"
 ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

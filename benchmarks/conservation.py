@@ -28,10 +28,10 @@ import torch
 import torchvision
 from torch import nn
 
-from camkit import models
+from camkit import LRP, models
 from camkit.cli.demo import demo_photos
 from camkit.metrics import deletion, insertion
-from camkit.relevance import LRP, composite
+from camkit.relevance import composite
 
 STAGES = {  # the layers whose shares locate the loss (the output of every few blocks)
     "efficientnet_lite0": ["blocks.0", "blocks.2", "blocks.4", "blocks.6"],

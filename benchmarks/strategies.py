@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from camkit.strategies.mapfile import write_maps
 from matplotlib.figure import Figure
 from sklearn.metrics import adjusted_rand_score
 
 import camkit
 from camkit.strategies import analyze_class, find_strategies, load_maps, pool_maps
-from camkit.strategies.mapfile import write_maps
 from camkit.strategies.planted import planted_images, planted_model
 from camkit.strategies.plots import prototype_picture
 

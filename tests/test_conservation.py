@@ -132,7 +132,7 @@ class _TwoLayers(nn.Module):
 def test_conservation_record_equals_the_sums_by_hand() -> None:
     """LRP-0 (Epsilon(0)) by hand: ``R_h = h w2 / z2 * S``, ``R_x = x w1 / z1 * R_h``; the
     record's shares are their sums over the score, the bias of the first layer loses most."""
-    from camkit.relevance import LRP
+    from camkit import LRP
 
     model = _TwoLayers()
     x = torch.tensor([[1.0, 0.5], [2.0, 1.0]], dtype=torch.float64)
@@ -162,8 +162,8 @@ def test_conservation_record_equals_the_sums_by_hand() -> None:
 
 
 def test_the_warning_names_the_step_that_loses_most() -> None:
+    from camkit import LRP
     from camkit.errors import ConservationWarning
-    from camkit.relevance import LRP
 
     model = _TwoLayers()
     x = torch.tensor([[[[1.0, 0.5]]]], dtype=torch.float64)
@@ -238,8 +238,7 @@ def test_the_manifest_records_the_conservation_of_lrp_runs(tmp_path) -> None:
     from PIL import Image
     from skimage import data
 
-    from camkit import cli, models
-    from camkit.relevance import LRP
+    from camkit import LRP, cli, models
 
     torch.manual_seed(0)
     weights = tmp_path / "resnet18.pth"
@@ -280,10 +279,9 @@ def test_packaged_model_conservation_and_the_stated_reason() -> None:
     about 100x more than zennit's epsilon-plus-flat (measured 3.3%-8.8% against 0.02%-0.09%,
     benchmarks/CONSERVATION.md; asserted with a margin), the head conserves, and the warning
     names the step that loses most."""
-    from camkit import models
+    from camkit import LRP, models
     from camkit.cli.demo import demo_photos
     from camkit.errors import ConservationWarning
-    from camkit.relevance import LRP
 
     loaded = models.load(models.DEFAULT_MODEL)
     photos = demo_photos()
@@ -328,9 +326,8 @@ def test_default_composite_conserves_on_batch_norm_and_gated_networks(arch: str)
     """ResNet-50 and EfficientNet-B0 (squeeze-excitation gates, SiLU), BatchNorm statistics not
     the identity, the shipped photos at 64 px: the default keeps 50%-150% of every score
     (measured 0.93-1.00 at 112 px), zennit's epsilon-plus-flat does not."""
-    from camkit import models
+    from camkit import LRP, models
     from camkit.cli.demo import demo_photos
-    from camkit.relevance import LRP
 
     prep = models.Preprocess(64)
     x = torch.stack([prep(photo) for photo in list(demo_photos().values())[:3]])
@@ -352,7 +349,7 @@ def test_the_explorer_returns_the_conservation_with_an_lrp_map(tmp_path) -> None
     from starlette.testclient import TestClient
     from test_serve import TOKEN, explorer_for, model_input, photo_folder
 
-    from camkit.relevance import LRP
+    from camkit import LRP
     from camkit.serve import security
     from camkit.serve.app import create_app
 

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from matrix_kit import assert_untouched, model_state
 from torch import Tensor, nn
 
+from camkit import LRP
 from camkit.errors import RelevanceError
-from camkit.relevance import LRP, Composite, Epsilon, Flat, Gamma, ZPlus, rules_applied
+from camkit.relevance import Composite, Epsilon, Flat, Gamma, ZPlus, rules_applied
 from camkit.relevance.composites import CONV
 from camkit.targets import SegmentationTarget
 

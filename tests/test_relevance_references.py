@@ -9,7 +9,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from camkit.relevance import LRP, Epsilon, composite, rules_applied
+from camkit import LRP
+from camkit.relevance import Epsilon, composite, rules_applied
 
 zennit = pytest.importorskip("zennit")
 from zennit import composites as zc  # noqa: E402

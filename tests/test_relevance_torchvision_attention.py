@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torchvision.models import SwinTransformer, VisionTransformer
 
+from camkit import LRP
 from camkit.errors import RelevanceError
-from camkit.relevance import LRP, Composite, Epsilon, composite, rules_applied
+from camkit.relevance import Composite, Epsilon, composite, rules_applied
 
 EPS = 1e-12
 EXACT = Composite([((nn.Linear, nn.Conv2d), Epsilon(EPS))], stabilizer=EPS, canonizers=[])

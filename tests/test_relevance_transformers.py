@@ -10,7 +10,8 @@ from conftest import Function
 from torch import Tensor, nn
 
 import camkit
-from camkit.relevance import LRP, Composite, Epsilon, rules_applied
+from camkit import LRP
+from camkit.relevance import Composite, Epsilon, rules_applied
 
 EXACT = Composite([((nn.Linear, nn.Conv2d), Epsilon(1e-12))], stabilizer=1e-12, canonizers=[])
 X = torch.tensor([[0.5, -1.0, 2.0, 1.5]], dtype=torch.float64)

@@ -29,8 +29,8 @@ from camkit.pixel import (
     SmoothGrad,
     to_heatmap,
 )
+from camkit.pixel.lrp import LRP
 from camkit.registry import METHODS
-from camkit.relevance.lrp import LRP
 from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot
 

@@ -1,5 +1,8 @@
 """Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015; Montavon et al., "Layer-Wise
-Relevance Propagation: An Overview", 2019): rules, composites, canonizers and :class:`LRP`.
+Relevance Propagation: An Overview", 2019): rules, composites, canonizers, the one backward
+that runs them, and the conservation record. The method, :class:`camkit.LRP`
+(:mod:`camkit.pixel.lrp`), is a pixel method above this package: input x gradient under a
+composite.
 
 The interface other code builds on (concept relevance, class-artifact compensation)::
 
@@ -33,16 +36,12 @@ backward (``is_grads_batched=True``).
   in the composite (``gates="uniform"`` or ``"constant"``);
 * :mod:`~camkit.relevance.conservation`: :class:`Conservation`, the share of the score that
   reached the input and each recorded layer, and the step that loses most;
-* :mod:`~camkit.relevance.lrp`: :class:`LRP`, the registered method (``--method lrp``), with
-  layer relevances and the conservation record (loaded on first use: it is a pixel method).
 
 The numbers equal zennit 0.5.1's for its composites and canonizers
 (``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
 the biases from the rules and treats gates as constants (docs/relevance.md says which composite
 to choose, with the measured conservation).
 """
-
-from typing import Any
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
 from camkit.relevance.composites import (
@@ -67,17 +66,6 @@ from camkit.relevance.rules import (
     ZPlus,
 )
 
-
-def __getattr__(name: str) -> Any:
-    """:class:`LRP` and :class:`Relevance` on first use: the method sits above the pixel base,
-    which runs its gradients through this package's engine (no import circle)."""
-    if name in ("LRP", "Relevance"):
-        from camkit.relevance import lrp
-
-        return getattr(lrp, name)
-    raise AttributeError(f"module 'camkit.relevance' has no attribute {name!r}")
-
-
 __all__ = [
     "COMPOSITES",
     "RULE_SETS",
@@ -89,11 +77,9 @@ __all__ = [
     "Epsilon",
     "Flat",
     "Gamma",
-    "LRP",
     "MergeBatchNorm",
     "Norm",
     "Pass",
-    "Relevance",
     "Rule",
     "Session",
     "WSquare",

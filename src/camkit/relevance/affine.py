@@ -10,6 +10,9 @@ from torch import Tensor, nn
 
 from camkit.errors import ArgumentError
 
+CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
 Op = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -38,8 +41,6 @@ class Affine:
     def of(module: nn.Module) -> Affine:
         """The affine map of an ``nn.Linear``, ``nn.Conv1d/2d/3d`` or ``nn.ConvTranspose1d/2d/3d``
         (:mod:`camkit.relevance.layers`)."""
-        from camkit.relevance.layers import CONV_TRANSPOSE, transposed_affine
-
         if isinstance(module, CONV_TRANSPOSE):
             return transposed_affine(module)
         weight = module.weight.detach()
@@ -59,4 +60,41 @@ class Affine:
         )
 
 
-__all__ = ["Affine", "Op"]
+@dataclass(frozen=True)
+class TransposedAffine(Affine):
+    """A transposed convolution's affine map: weight ``(C_in, C_out / groups, *kernel)``."""
+
+    groups: int = 1
+
+    def scaled_outputs(self, scale: Tensor) -> Tensor:
+        """The weight with output channel ``k`` scaled by ``scale[k]`` (``C_out`` entries)."""
+        w, g = self.weight, self.groups
+        grouped = w.unflatten(0, (g, -1))  # (g, C_in / g, C_out / g, *kernel)
+        per_out = scale.view(g, 1, -1, *(1,) * (w.dim() - 2))
+        return (grouped * per_out).flatten(0, 1)
+
+    def scaled_inputs(self, scale: Tensor) -> Tensor:
+        """The weight with input channel ``j`` scaled by ``scale[j]`` (``C_in`` entries)."""
+        return self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
+
+
+def transposed_affine(module: nn.Module) -> TransposedAffine:
+    """The affine map of an ``nn.ConvTranspose1d/2d/3d`` called without ``output_size`` (its
+    ``output_padding`` attribute is the one used)."""
+    weight = module.weight.detach()
+    bias = None if module.bias is None else module.bias.detach()
+    conv = _FUNCTIONS[weight.dim() - 2]
+
+    def op(x: Tensor, w: Tensor) -> Tensor:
+        return conv(
+            x, w, None, module.stride, module.padding, module.output_padding, module.groups,
+            module.dilation,
+        )  # fmt: skip
+
+    shape = (-1,) + (1,) * (weight.dim() - 2)
+    return TransposedAffine(
+        op, weight, None if bias is None else bias.view(shape), groups=module.groups
+    )
+
+
+__all__ = ["CONV_TRANSPOSE", "Affine", "Op", "TransposedAffine", "transposed_affine"]
