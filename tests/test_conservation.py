@@ -377,7 +377,7 @@ def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> Non
 
     if needs_browser.args[0]:
         pytest.skip(needs_browser.kwargs["reason"])
-    from test_serve import TOKEN, change, explorer_for, photo_folder, settle
+    from test_serve import TOKEN, change, explorer_for, open_explorer, photo_folder, settle
 
     from camkit.serve.app import create_app, running
 
@@ -386,12 +386,7 @@ def test_the_explorer_page_shows_the_conservation_of_an_lrp_map(tmp_path) -> Non
     with running(create_app(explorer, token=TOKEN)) as base:
         browser = Browser(tmp_path / "profile")
         try:
-            browser.open(f"{base}/?token={TOKEN}")
-            browser.js(
-                """new Promise((done) => { (function poll() {
-                if (document.body.dataset.ready === '1') done();
-                else setTimeout(poll, 20); })(); })"""
-            )
+            open_explorer(browser, f"{base}/?token={TOKEN}")
             browser.js("document.querySelector('.card[data-id=\"4\"]').click()")
             browser.js("new Promise((done) => setTimeout(done, 100))")
             settle(browser)

@@ -37,6 +37,7 @@ from tests.test_serve import (  # noqa: E402
     change,
     explorer_for,
     loaded,
+    open_explorer,
     photo_folder,
     settle,
 )
@@ -204,12 +205,7 @@ def test_the_composite_menu_in_headless_chromium(tmp_path: Path) -> None:
     with running(create_app(explorer, token=TOKEN)) as base:
         browser = Browser(tmp_path / "profile")
         try:
-            browser.open(f"{base}/?token={TOKEN}")
-            browser.js(
-                """new Promise((done) => { (function poll() {
-                if (document.body.dataset.ready === '1') done();
-                else setTimeout(poll, 20); })(); })"""
-            )
+            open_explorer(browser, f"{base}/?token={TOKEN}")
             browser.js("document.querySelector('.card[data-id=\"4\"]').click()")
             browser.js("new Promise((done) => setTimeout(done, 100))")
             settle(browser)
