@@ -16,9 +16,9 @@ from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import Tensor, nn
 
 import camkit
+from camkit import LRP
 from camkit.errors import ArgumentError, ConservationWarning, RelevanceError
 from camkit.relevance import (
-    LRP,
     AlphaBeta,
     Composite,
     Epsilon,
