@@ -17,6 +17,7 @@ from camkit.cli.dataset import ImageFiles, collate
 from camkit.cli.pipeline import Job, build_explainers, default_workers
 from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
+from camkit.core.explainer import displayed
 from camkit.core.progress import counting_rows, progress
 from camkit.errors import CamkitError
 from camkit.targets.ranking import top1
@@ -96,8 +97,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             for method in methods:
                 try:
                     explainer = explainers[method]
-                    raw = explainer.explain_batch(inputs, target, **explainer.display_options)
-                    heat = explainer.display_heat(raw.maps)
+                    heat, _ = displayed(explainer, inputs, target)
                     scored[method], method_curves = score_batch(
                         model, inputs, heat[:, 0].to(device), target, masks, settings
                     )

@@ -25,6 +25,7 @@ from camkit.cli import report
 from camkit.cli.common import BATCH_SIZE, UsageError
 from camkit.cli.dataset import ImageBatch, ImageFiles, collate
 from camkit.cli.ranks import Ranks
+from camkit.core.explainer import displayed
 from camkit.core.layers import first_output
 from camkit.core.progress import LogProgress, progress
 from camkit.errors import CamkitError
@@ -207,14 +208,13 @@ class BatchExplainer:
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
-            options = explainer.display_options  # the raw map that display_heat colours
             if logits is None and self._clean_first(registry.get(method)):
                 with first_output(self.model) as kept:
-                    raw = explainer.explain_batch(inputs, target, **options).maps
+                    heat, found = displayed(explainer, inputs, target)
                 logits = select_output(kept[0])
             else:
-                raw = explainer.explain_batch(inputs, target, **options).maps
-            results[method] = (explainer.display_heat(raw).cpu(), raw.cpu(), explainer.measured())
+                heat, found = displayed(explainer, inputs, target)
+            results[method] = (heat.cpu(), found.maps.cpu(), explainer.measured())
         if logits is None:
             with torch.inference_mode():
                 logits = select_output(self.model(inputs))

@@ -28,6 +28,7 @@ import torch
 from camkit import io
 from camkit.cli.pipeline import Job, build_explainers, top5, unique_stems
 from camkit.cli.ranks import Ranks
+from camkit.core.explainer import displayed
 from camkit.core.progress import progress
 from camkit.io import video
 from camkit.metrics.frames import mass_shares
@@ -119,13 +120,6 @@ class _Video:
             inputs = torch.stack([self.loaded.preprocess.clip(clip) for clip in frames])
             yield [window for window, _ in chunk], frames, inputs.to(self.job.device)
 
-    def shown(self, method: str, inputs: torch.Tensor, target: list) -> torch.Tensor:
-        """``method``'s displayed heat of the clips ``(B, K, T, H, W)``: the maps of its one
-        batch entry under its display options, through its display policy (as ``explain``)."""
-        explainer = self.explainers[method]
-        found = explainer.explain_batch(inputs, target, **explainer.display_options)
-        return explainer.display_heat(found.maps)
-
     def probabilities(self) -> torch.Tensor:
         """The video's softmax: the mean of its clips'."""
         parts = []
@@ -151,7 +145,7 @@ class _Video:
                 stack.enter_context(output.mp4)
             for windows, frames, inputs in self.batches():
                 target = [classes] * len(inputs)
-                heats = {m: self.shown(m, inputs, target) for m in job.methods}
+                heats = {m: displayed(self.explainers[m], inputs, target)[0] for m in job.methods}
                 for row, ((start, stop), clip) in enumerate(zip(windows, frames, strict=True)):
                     for t in range(start, min(stop, self.count)):
                         frame, total, seen = pending.get(t, (clip[t - start], {}, 0))

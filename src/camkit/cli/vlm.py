@@ -26,7 +26,7 @@ from camkit.cli.common import (
     exit_status,
     wants_report,
 )
-from camkit.core.explainer import Explainer
+from camkit.core.explainer import Explainer, displayed
 from camkit.errors import CamkitError, InputError
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.runs.manifest import header, write_manifest
@@ -163,8 +163,7 @@ def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> list[dict]:
     """One overlay per prompt -> their records."""
     prompts = list(shot.args.prompt)
     target = PromptTarget(loaded.model, prompts, tokenizer=loaded.tokenizer)
-    found = explainer.explain_batch(shot.x, target, **explainer.display_options)
-    heat = explainer.display_heat(found.maps)
+    heat, _ = displayed(explainer, shot.x, target)
     return [shot.save(k, prompt, heat[0, k]) for k, prompt in enumerate(prompts)]
 
 

@@ -341,6 +341,22 @@ class Explainer:
         return f"{type(self).__name__}({layers})"
 
 
+def displayed(
+    explainer: Explainer, x: Any, target: TargetSpec = None, **options: Any
+) -> tuple[Any, Explanation]:
+    """The one way a front end shows a method's maps: ``(heat, explanation)``, the
+    :class:`Explanation` of :meth:`Explainer.explain_batch` under the method's
+    :attr:`~Explainer.display_options` (the raw map its display policy colours) and
+    :meth:`~Explainer.display_heat` of its maps (``(B, K, H, W)``, volumes and clips with their
+    depth; a dict per layer when the call does not fuse them). ``options``: more call options
+    (``additional_forward_args``, ``fuse``)."""
+    found = explainer.explain_batch(x, target, **{**explainer.display_options, **options})
+    maps = found.maps
+    if isinstance(maps, dict):
+        return {name: explainer.display_heat(m) for name, m in maps.items()}, found
+    return explainer.display_heat(maps), found
+
+
 def merged_signature(cls: type) -> inspect.Signature:
     """The constructor's whole signature: a method's own parameters, then the keyword options
     it passes on to its bases through ``**options`` (``batch_size``, ``output``, ``dtype``...),
@@ -369,4 +385,4 @@ def merged_signature(cls: type) -> inspect.Signature:
     return inspect.Signature([*positional, *keywords.values()])
 
 
-__all__ = ["FAMILIES", "Capabilities", "Explainer", "Explanation", "Reshape"]
+__all__ = ["FAMILIES", "Capabilities", "Explainer", "Explanation", "Reshape", "displayed"]

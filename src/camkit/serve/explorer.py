@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from camkit import io, metrics, models, registry, viz
+from camkit.core.explainer import displayed
 from camkit.core.layers import find_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
@@ -359,11 +360,10 @@ class Explorer:
         batch = self.batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
         self.engine_calls += 1
-        result = explainer.explain_batch(batch, targets.to(self.device), **options).maps
+        shown, _ = displayed(explainer, batch, targets.to(self.device), **options)
         measured = explainer.measured()  # per sample and target, or None
-        by_layer = result if isinstance(result, dict) else {layers[0]: result}
-        for layer, maps in by_layer.items():
-            heat = explainer.display_heat(maps)  # the method's one display policy
+        by_layer = shown if isinstance(shown, dict) else {layers[0]: shown}
+        for layer, heat in by_layer.items():  # the method's one display policy
             frame = heat.shape[-3:] if self.clip_length else heat.shape[-2:]  # (T,) H, W
             maps = heat.reshape(len(images), width, *frame).cpu().numpy()  # (B, K, [T,] H, W)
             for row, image in enumerate(images):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from camkit import registry
 from camkit.cam.base import BaseCAM
+from camkit.core.explainer import displayed
 from camkit.core.trace import default_layer
 from camkit.core.wrappers import ImageTower
 from camkit.errors import ArgumentError, TargetError
@@ -127,8 +128,7 @@ class Prompts:
             if target is None:
                 target = PromptTarget(self.loaded.model, [prompt], tokenizer=self.loaded.tokenizer)
                 self.targets.put(prompt, target)
-            found = self.cam.explain_batch(self._input(image), target)
-            maps = self.cam.display_heat(found.maps)  # (1, 1, H, W): the CLI's display
+            maps, _ = displayed(self.cam, self._input(image), target)  # (1, 1, H, W), as the CLI
             heat = maps[0, 0].detach().cpu().numpy()
             self.maps.put(key, heat)
         return heat
