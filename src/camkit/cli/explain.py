@@ -29,6 +29,7 @@ from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_
 from camkit.cli.ranks import Ranks
 from camkit.cli.video import explain_videos
 from camkit.errors import LayerOutputError
+from camkit.models.vlm import HF_PREFIX
 from camkit.runs import maps as mapstore
 from camkit.runs.manifest import MANIFEST, PARTS, consolidate, header, merge, read, sha256
 
@@ -39,7 +40,7 @@ DESCRIPTION = "Explain the model's prediction for each image with a heatmap over
 def run_explain(args: argparse.Namespace) -> int:
     """``camkit explain``: check everything, then explain this rank's share of the images."""
     vlm.check_prompts(args)
-    if args.model.startswith(vlm.PREFIX):
+    if args.model.startswith(HF_PREFIX):
         return vlm.run_vlm(args)
     ranks = Ranks.from_env()
     paths, methods, out, device, _ = check_run_inputs(

@@ -34,7 +34,6 @@ from camkit.targets import PromptTarget
 from camkit.viz import overlay_on_photo
 from camkit.viz.text import token_html
 
-PREFIX = HF_PREFIX
 Region = tuple[float, float, float, float]  # where the model's input lies on the photo
 
 
@@ -45,14 +44,14 @@ def slug(text: str) -> str:
 
 def check_prompts(args: argparse.Namespace) -> None:
     """``--prompt`` only for ``hf:`` models, and at least one for them."""
-    if args.prompt and not args.model.startswith(PREFIX):
+    if args.prompt and not args.model.startswith(HF_PREFIX):
         raise UsageError(
             f"--prompt needs a vision-language model with a text tower or a language model: "
             f"--model hf:FOLDER (a local HuggingFace folder), not {args.model}"
         )
-    if args.model.startswith(PREFIX) and not args.prompt:
+    if args.model.startswith(HF_PREFIX) and not args.prompt:
         raise UsageError(f"--model {args.model}: give the text to explain with --prompt")
-    if args.model.startswith(PREFIX) and args.target != "top1":
+    if args.model.startswith(HF_PREFIX) and args.target != "top1":
         raise UsageError(
             f"--target {args.target}: a vision-language model's targets are its prompts "
             "(--prompt) or the tokens it generates, not classes"
@@ -64,7 +63,7 @@ def load_hf(model: str) -> LoadedVLM:
     (:func:`camkit.models.vlm.load_vlm`), its errors as usage errors. ``camkit explain`` and
     ``camkit serve`` load ``hf:`` models through this one function."""
     try:
-        return load_vlm(model.removeprefix(PREFIX))
+        return load_vlm(model.removeprefix(HF_PREFIX))
     except (CamkitError, OSError) as error:
         raise UsageError(f"--model {model}: {error}") from None
 
