@@ -1,4 +1,4 @@
-"""Concepts (camkit.concepts): speed of conditional relevance, throughput and memory of
+"""Concepts (camkit.methods.concepts): speed of conditional relevance, throughput and memory of
 reference images. Every time is CPU seconds on one thread (``torch.set_num_threads(1)``,
 ``OMP_NUM_THREADS=1`` for the commands): what the work costs, whatever else runs on the machine.
 
@@ -40,7 +40,7 @@ from torch import nn
 
 import camkit
 from camkit import LRP
-from camkit.concepts import ConceptAttribution, LRPRules, ReferenceCollector
+from camkit.methods.concepts import ConceptAttribution, LRPRules, ReferenceCollector
 
 LAYER = "features.28"
 ONE_THREAD = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -141,7 +141,7 @@ def main() -> None:
         print(json.dumps(references(args.child)))
         return
     lines = [
-        "# camkit.concepts benchmark",
+        "# camkit.methods.concepts benchmark",
         "",
         f"`python benchmarks/concepts.py --sizes {' '.join(map(str, args.sizes))} --repeats "
         f"{args.repeats} --photos {args.photos}` on {platform.machine()}, {os.cpu_count()} CPU "

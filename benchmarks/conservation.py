@@ -29,7 +29,7 @@ import torchvision
 from torch import nn
 
 from camkit import LRP, models
-from camkit.cli.demo import demo_photos
+from camkit.cli.commands.demo import demo_photos
 from camkit.metrics import deletion, insertion
 from camkit.relevance import composite
 

@@ -39,7 +39,7 @@ import torch
 
 import camkit
 from camkit import models
-from camkit.cli.demo import demo_photos
+from camkit.cli.commands.demo import demo_photos
 from camkit.serve.app import create_app
 from camkit.serve.explorer import Explorer
 from camkit.serve.gallery import Entry

@@ -23,7 +23,7 @@ import torch
 import transformers
 
 import camkit
-from camkit.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_tokens
 from camkit.targets import TokenTarget
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from PIL import Image
 
 from camkit.cli import build_parser
-from camkit.cli.serve import build
+from camkit.cli.commands.serve import build
 from camkit.serve.app import running
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

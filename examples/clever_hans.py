@@ -12,7 +12,7 @@ and the suspiciousness score puts the tag cluster first.
 
 Prints the eigengap's suggestion, the clusters and the adjusted Rand index against the truth
 (tagged or not), and writes a figure: per cluster its prototype and typical members. Then what
-the tag readers see (Concept Relevance Propagation, :mod:`camkit.concepts`): per cluster the
+the tag readers see (Concept Relevance Propagation, :mod:`camkit.methods.concepts`): per cluster the
 channels that dominate it, the channel with the most relevance in the tag corner, and how many of
 that channel's reference images (over all held-out photos) are tagged.
 """
@@ -29,7 +29,7 @@ from sklearn.metrics import adjusted_rand_score
 from torch import nn
 
 import camkit
-from camkit.concepts import ConceptAttribution, ReferenceCollector
+from camkit.methods.concepts import ConceptAttribution, ReferenceCollector
 from camkit.strategies import find_strategies
 from camkit.strategies.plots import prototype_picture
 

@@ -16,9 +16,9 @@ import timm
 import torch
 
 from camkit import GradCAM, record
-from camkit.attention import AttentionRollout, LeGrad
 from camkit.core.architecture import default_token_layer
 from camkit.core.layouts import infer_layout
+from camkit.methods.attention import AttentionRollout, LeGrad
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import camkit
-from camkit.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget, TokenTarget
 from camkit.viz.text import token_html

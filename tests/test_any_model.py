@@ -380,7 +380,7 @@ def _hf_vit(kind: str) -> nn.Module:
 def test_attention_methods_read_huggingface_blocks(kind: str) -> None:
     import copy
 
-    from camkit.attention import rollout
+    from camkit.methods.attention import rollout
 
     model = _hf_vit(kind)
     x = torch.rand(2, 3, 16, 16)

@@ -1,4 +1,4 @@
-"""Attention Rollout and LeGrad (camkit.attention): rollout by hand, attention probabilities
+"""Attention Rollout and LeGrad (camkit.methods.attention): rollout by hand, attention probabilities
 recomputed from the qkv weights, LeGrad against torchcam 0.5.0 (dev extra)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from conftest import TinyNet, assert_untouched, model_state
 from torch import Tensor, nn
 
-from camkit.attention import AttentionRollout, LeGrad, attention_blocks, rollout
 from camkit.errors import AttentionError, TargetError
+from camkit.methods.attention import AttentionRollout, LeGrad, attention_blocks, rollout
 
 timm = pytest.importorskip("timm")
 

@@ -17,9 +17,9 @@ from torch import nn
 
 import camkit
 from camkit import GradCAM, HiResCAM, ReciproCAM, Saliency, SegEigenCAM
-from camkit.cam.smoothing import FACTORS, principal_component
 from camkit.core.finish import minmax
 from camkit.errors import ArgumentError
+from camkit.methods.cam.smoothing import FACTORS, principal_component
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
 A0 = X[0]

@@ -22,7 +22,8 @@ from test_report import page_data
 
 from camkit import cli
 from camkit import io as camkit_io
-from camkit.cli import common, demo, files, pipeline
+from camkit.cli import common, files, pipeline
+from camkit.cli.commands import demo
 from camkit.core.progress import LOG_INTERVAL, LogProgress, progress, progress_bar
 from camkit.errors import ArgumentError
 from camkit.registry import METHODS

@@ -14,7 +14,8 @@ from PIL import Image
 from skimage import data
 
 from camkit import cli, io
-from camkit.cli import common, explain, main
+from camkit.cli import common, main
+from camkit.cli.commands import explain
 from camkit.registry import METHODS
 
 SHARED = (

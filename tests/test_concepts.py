@@ -10,8 +10,14 @@ from conftest import TinyNet, X, small_cnn
 from matrix_kit import KINDS, Tripwire, assert_untouched, model_state, tripwire
 from torch import nn
 
-from camkit.concepts import Channels, ConceptAttribution, Direction, GradientRules, conditional
 from camkit.errors import ArgumentError, CamkitError, LayerNotFoundError, LayerOutputError
+from camkit.methods.concepts import (
+    Channels,
+    ConceptAttribution,
+    Direction,
+    GradientRules,
+    conditional,
+)
 
 
 def unconditional(model: nn.Module, x: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
@@ -231,7 +237,7 @@ def test_errors_say_what_to_do():
 
 
 def test_lrp_rules_linearity():
-    from camkit.concepts import LRPRules
+    from camkit.methods.concepts import LRPRules
     from camkit.relevance import rules_applied
 
     model = small_cnn().double()

@@ -88,7 +88,7 @@ def test_concepts_usage_errors(photos, tmp_path, capsys):
 
 
 def test_an_interrupted_run_resumes_to_the_same_result(photos, tmp_path, monkeypatch):
-    from camkit.concepts.reference import ReferenceCollector
+    from camkit.methods.concepts.reference import ReferenceCollector
 
     common = ["concepts", str(photos), "--layer", "blocks.2", "--top", "2", "--channels", "0-1"]
     common += ["--images-per-batch", "1", "--workers", "0", "--quiet"]

@@ -19,8 +19,8 @@ from crp.helper import load_maximization  # noqa: E402
 from crp.visualization import FeatureVisualization  # noqa: E402
 from torchvision.models import vgg16  # noqa: E402
 
-from camkit.concepts import ConceptAttribution, LRPRules  # noqa: E402
-from camkit.concepts.reference import ReferenceCollector  # noqa: E402
+from camkit.methods.concepts import ConceptAttribution, LRPRules  # noqa: E402
+from camkit.methods.concepts.reference import ReferenceCollector  # noqa: E402
 
 LAYER = "features.21"
 

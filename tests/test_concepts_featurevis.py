@@ -11,7 +11,8 @@ from matrix_kit import KINDS, assert_untouched, model_state
 from test_concepts_planted import TAG_CHANNEL, planted_concepts, planted_images
 
 from camkit import record
-from camkit.concepts.featurevis import (
+from camkit.errors import ArgumentError
+from camkit.methods.concepts.featurevis import (
     ChannelObjective,
     LogitObjective,
     NeuronObjective,
@@ -19,8 +20,7 @@ from camkit.concepts.featurevis import (
     fourier_image,
     visualize,
 )
-from camkit.concepts.reference import ReferenceCollector
-from camkit.errors import ArgumentError
+from camkit.methods.concepts.reference import ReferenceCollector
 
 
 def mean_activation(model, layer: str, images: torch.Tensor, channel: int) -> torch.Tensor:

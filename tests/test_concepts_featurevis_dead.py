@@ -18,9 +18,9 @@ from test_concepts_planted import planted_images
 from torch import nn
 
 from camkit import record
-from camkit.concepts.featurevis import ChannelObjective, visualize
-from camkit.concepts.redirect import redirected_relu
 from camkit.errors import UnmovedObjectiveWarning
+from camkit.methods.concepts.featurevis import ChannelObjective, visualize
+from camkit.methods.concepts.redirect import redirected_relu
 
 DEAD, SIDE = 5, 24
 

@@ -12,9 +12,9 @@ from conftest import small_cnn
 from matrix_kit import assert_untouched, model_state
 from torch import nn
 
-from camkit.concepts import ConceptAttribution
-from camkit.concepts.reference import ReferenceCollector, TopK, receptive_boxes
 from camkit.errors import LayerOutputError
+from camkit.methods.concepts import ConceptAttribution
+from camkit.methods.concepts.reference import ReferenceCollector, TopK, receptive_boxes
 
 TAG_CHANNEL, TAG, SIDE = 2, 5, 24
 

@@ -280,7 +280,7 @@ def test_packaged_model_conservation_and_the_stated_reason() -> None:
     benchmarks/CONSERVATION.md; asserted with a margin), the head conserves, and the warning
     names the step that loses most."""
     from camkit import LRP, models
-    from camkit.cli.demo import demo_photos
+    from camkit.cli.commands.demo import demo_photos
     from camkit.errors import ConservationWarning
 
     loaded = models.load(models.DEFAULT_MODEL)
@@ -327,7 +327,7 @@ def test_default_composite_conserves_on_batch_norm_and_gated_networks(arch: str)
     the identity, the shipped photos at 64 px: the default keeps 50%-150% of every score
     (measured 0.93-1.00 at 112 px), zennit's epsilon-plus-flat does not."""
     from camkit import LRP, models
-    from camkit.cli.demo import demo_photos
+    from camkit.cli.commands.demo import demo_photos
 
     prep = models.Preprocess(64)
     x = torch.stack([prep(photo) for photo in list(demo_photos().values())[:3]])

@@ -12,7 +12,7 @@ from conftest import TinyNet, X, assert_untouched, model_state
 from torch import Tensor, nn
 
 from camkit import Deconvnet, GradCAM, GuidedBackprop, GuidedGradCAM, Saliency
-from camkit.pixel.rules import UnmodifiedActivationWarning, rectifier_rule
+from camkit.methods.pixel.rules import UnmodifiedActivationWarning, rectifier_rule
 
 
 class RefGuidedReLU(torch.autograd.Function):

@@ -20,12 +20,12 @@ from torch import Tensor, nn
 
 import camkit
 from camkit import registry
-from camkit.cam import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
-from camkit.cam.classifier import CAM, find_classifier
-from camkit.cam.dff import DeepFeatureFactorization, nmf
-from camkit.cam.fullgrad import FullGrad, bias_layers, effective_bias
-from camkit.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.errors import ArgumentError, ClassifierNotFoundError, LayerOutputError, TargetError
+from camkit.methods.cam import FEM, KPCACAM, EigenGradCAM, FinerCAM, GradCAMElementWise, ShapleyCAM
+from camkit.methods.cam.classifier import CAM, find_classifier
+from camkit.methods.cam.dff import DeepFeatureFactorization, nmf
+from camkit.methods.cam.fullgrad import FullGrad, bias_layers, effective_bias
+from camkit.methods.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
 from camkit.viz import concept_image
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
@@ -595,7 +595,7 @@ def test_smoothgradcam_plus_plus_against_torchcam(resnet):
 
 
 def test_refinecam_multiplies_the_normalised_layer_maps(tiny):
-    from camkit.cam.refine import RefineCAM
+    from camkit.methods.cam.refine import RefineCAM
 
     # HiResCAM, class 0, at conv and at the ReLU after it (same activations and gradients):
     # [[1, -4], [6, 4]] -> ReLU -> min-max [[1/6, 0], [1, 2/3]], squared by the product
@@ -610,7 +610,7 @@ def test_refinecam_multiplies_the_normalised_layer_maps(tiny):
 
 @pytest.mark.parametrize("base", ["GradCAM", "LayerCAM"])
 def test_refinecam_equals_torchcam(resnet, base):
-    from camkit.cam.refine import RefineCAM
+    from camkit.methods.cam.refine import RefineCAM
 
     torchcam = pytest.importorskip("torchcam.methods")
     model, x = resnet
@@ -627,7 +627,7 @@ def test_torchcam_gradcam_plus_plus_never_divides_its_alphas(resnet):
     copy, so the division is lost and its weights are ``sum_ij g^2 ReLU(g)``. RefineCAM with
     Grad-CAM++ (its default base) therefore differs from camkit's, whose Grad-CAM++ follows the
     closed form (hand-checked in test_cam.py); with the division dropped the two agree."""
-    from camkit.cam.refine import RefineCAM
+    from camkit.methods.cam.refine import RefineCAM
 
     torchcam = pytest.importorskip("torchcam.methods")
     model, x = resnet
@@ -660,8 +660,8 @@ def test_shares_pass_is_false_exactly_for_the_methods_with_their_own_passes():
     """camkit.cams() serves several methods from one shared pass through ``maps_from``; the
     registry derives which from the class: a method that overrides ``raw_maps`` (its own target
     handling or extra passes) does not share it."""
-    from camkit.cam.base import BaseCAM
-    from camkit.cam.refine import RefineCAM
+    from camkit.methods.cam.base import BaseCAM
+    from camkit.methods.cam.refine import RefineCAM
 
     shared = [EigenGradCAM, GradCAMElementWise, KPCACAM, FEM]
     own = [CAM, ShapleyCAM, FinerCAM, SmoothGradCAMPlusPlus, RandomCAM, RefineCAM]
@@ -681,7 +681,7 @@ def test_shares_pass_is_false_exactly_for_the_methods_with_their_own_passes():
 
 
 def test_plot_concepts_draws_the_concept_map_with_its_legend():
-    from camkit.cam.dff import Concepts
+    from camkit.methods.cam.dff import Concepts
     from camkit.viz import plot_concepts
 
     maps = torch.tensor([[[0.8, 0.1]], [[0.2, 0.6]]])
@@ -736,7 +736,7 @@ def test_results_do_not_depend_on_batch_size(make, targets):
 
 def test_refinecam_k_targets_equal_single_calls(tiny):
     """RefineCAM cannot join test_batched's single-layer loop: it needs two layers."""
-    from camkit.cam.refine import RefineCAM
+    from camkit.methods.cam.refine import RefineCAM
 
     batch = torch.stack([X, 2 * X, -X])
     targets = [[0, 1], [1, 0], [1, 1]]

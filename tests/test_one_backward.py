@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from camkit import LRP, GuidedBackprop, IntegratedGradients, Saliency, SmoothGrad
 from camkit.core.call import Call
 from camkit.errors import ArgumentError
-from camkit.pixel import QUADRATURES, quadrature_rule
+from camkit.methods.pixel import QUADRATURES, quadrature_rule
 from camkit.relevance import Composite, Epsilon, composite, rules_applied
 
 TARGET = 1
@@ -354,7 +354,7 @@ class Gated(nn.Module):
 
 @pytest.mark.parametrize("rules", ["gradient", "guided", "epsilon-plus"])
 def test_a_gated_channel_has_no_relevance_when_its_gate_is_closed(rules):
-    from camkit.concepts import ConceptAttribution, ReferenceCollector
+    from camkit.methods.concepts import ConceptAttribution, ReferenceCollector
 
     model = Gated().double().eval()
     x, gate = image(), torch.tensor([0.0, 1.0], dtype=torch.float64)

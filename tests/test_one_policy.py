@@ -23,7 +23,7 @@ pytest.importorskip("starlette", reason="the explorer's web stack: pip install '
 pytest.importorskip("httpx", reason="the ASGI test client needs httpx (the dev extra)")
 from starlette.testclient import TestClient  # noqa: E402
 
-from camkit.cli.serve import build  # noqa: E402
+from camkit.cli.commands.serve import build  # noqa: E402
 from camkit.serve import security  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -183,7 +183,7 @@ def test_eigen_smooth_is_get_2d_projection_with_the_sign_of_the_plain_map(resnet
     the pretrained model, where the peer's signs happen to agree)."""
     from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection
 
-    from camkit.cam.smoothing import principal_component
+    from camkit.methods.cam.smoothing import principal_component
 
     model, x = resnet
     weighted = []

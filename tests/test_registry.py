@@ -10,8 +10,8 @@ from PIL import Image
 
 import camkit
 from camkit import cli, registry
-from camkit.cam.base import BaseCAM
 from camkit.errors import UnknownMethodError
+from camkit.methods.cam.base import BaseCAM
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -14,7 +14,7 @@ from test_report import Browser, needs_browser, page_data
 from test_video_cli import _tiny_loaded
 from test_video_io import frames, write_cv2
 
-from camkit.cli.explain import explain
+from camkit.cli.commands.explain import explain
 from camkit.cli.pipeline import Job
 
 

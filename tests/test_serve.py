@@ -560,7 +560,7 @@ def test_uploads_are_limited_and_a_bad_one_does_not_stop_the_server(served, monk
 
 
 def test_serve_takes_max_pixels_for_its_files_and_uploads(tmp_path: Path, monkeypatch) -> None:
-    import camkit.cli.serve as serve_command
+    import camkit.cli.commands.serve as serve_command
     from camkit.cli import build_parser
 
     folder = tmp_path / "photos"
@@ -614,7 +614,7 @@ def test_cli_refuses_a_public_address_without_a_token_and_a_missing_stack(
 @pytest.mark.slow
 def test_cli_builds_the_demo_with_the_default_model() -> None:
     from camkit.cli import build_parser
-    from camkit.cli.serve import build
+    from camkit.cli.commands.serve import build
 
     args = build_parser().parse_args(["serve", "--demo", "--device", "cpu"])
     prepared = build(args)

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from camkit import io as cio
-from camkit.concepts import ConceptAttribution
+from camkit.methods.concepts import ConceptAttribution
 from camkit.viz.colour import signed_scale
 
 pytest.importorskip("starlette", reason="camkit serve's web stack: pip install 'camkit[serve]'")
@@ -207,8 +207,8 @@ def test_a_channels_heatmap_in_a_box_or_cell_is_its_relevance_there_by_hand(serv
 
 
 def test_in_region_weighs_the_concepts_gradient_on_a_grid_and_on_tokens() -> None:
-    from camkit.concepts import Channels, InRegion
     from camkit.errors import ArgumentError
+    from camkit.methods.concepts import Channels, InRegion
 
     grad = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).view(2, 3, 2, 2)
     weights = torch.tensor([[1.0, 0.0], [0.5, 0.0]])

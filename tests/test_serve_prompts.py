@@ -17,7 +17,7 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit import io as cio
-from camkit.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
@@ -176,8 +176,8 @@ def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):
 
 def test_camkit_serve_and_the_notebook_load_an_hf_folder_as_explain_does(clip_loaded, photos):
     from camkit.cli import build_parser
+    from camkit.cli.commands.serve import build
     from camkit.cli.common import UsageError
-    from camkit.cli.serve import build
 
     folder = f"hf:{clip_loaded.folder}"
     args = build_parser().parse_args(["serve", str(photos), "--model", folder, "--device", "cpu"])

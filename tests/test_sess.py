@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 import camkit
 from camkit import registry
-from camkit.cam.base import BaseCAM
-from camkit.cam.sess import SESS, _gaussian_blur, _starts
 from camkit.errors import ArgumentError, TargetError, UnknownMethodError
+from camkit.methods.cam.base import BaseCAM
+from camkit.methods.cam.sess import SESS, _gaussian_blur, _starts
 
 RAW = {"normalize": False}
 

@@ -16,7 +16,7 @@ import camkit
 from camkit import io as cio
 from camkit import viz
 from camkit.cli import main
-from camkit.cli import strategies as strategies_command
+from camkit.cli.commands import strategies as strategies_command
 from camkit.cli.common import UsageError
 from camkit.runs import manifest
 from camkit.runs import maps as mapstore

@@ -19,7 +19,7 @@ import camkit
 from camkit import io as cio
 from camkit import models, viz
 from camkit.cli import main, strategy_concepts
-from camkit.concepts import ConceptAttribution
+from camkit.methods.concepts import ConceptAttribution
 from camkit.runs import manifest
 from camkit.runs import maps as mapstore
 

@@ -11,8 +11,8 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit import io
-from camkit.cam.generation import explain_tokens
 from camkit.cli import main
+from camkit.methods.cam.generation import explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colour, token_html

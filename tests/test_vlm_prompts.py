@@ -171,7 +171,7 @@ def test_lrp_through_the_normalised_similarity_conserves_the_score(folder):
 def test_concepts_say_which_vision_channels_carry_a_prompt(folder):
     """Channel relevance (gradient x activation summed over the tokens) for a prompt equals a
     hand reference."""
-    from camkit.concepts import ConceptAttribution
+    from camkit.methods.concepts import ConceptAttribution
 
     model = vlm_kit.clip().double()
     x = vlm_kit.image(2, dtype=torch.float64)

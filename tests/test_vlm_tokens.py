@@ -9,8 +9,8 @@ import torch
 import vlm_kit
 
 import camkit
-from camkit.cam.generation import explain_tokens
 from camkit.errors import TargetError
+from camkit.methods.cam.generation import explain_tokens
 from camkit.targets import SpanTarget, TokenTarget
 
 RAW = {"relu": False, "upsample": False, "normalize": False}

@@ -4,24 +4,24 @@
 
 Every method is a :class:`~camkit.core.explainer.Explainer`. Layout: :mod:`camkit.core` (the
 engine: the Explainer base, layers and hooks, targets, the tapped forward, copies, finishing),
-:mod:`camkit.registry` (which methods exist), :mod:`camkit.cam` and :mod:`camkit.pixel` (the
-methods), :mod:`camkit.models`, :mod:`camkit.viz`, :mod:`camkit.cli`; errors in
-:mod:`camkit.errors`.
+:mod:`camkit.registry` (which methods exist), :mod:`camkit.methods.cam` and
+:mod:`camkit.methods.pixel` (the methods), :mod:`camkit.models`, :mod:`camkit.viz`,
+:mod:`camkit.cli`; errors in :mod:`camkit.errors`.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from camkit import errors, models, registry, targets, viz
-from camkit.attention import AttentionRollout, LeGrad
-from camkit.cam import *  # noqa: F403  (every CAM class, cams)
-from camkit.cam import __all__ as _cam_names
 from camkit.core.explainer import Explainer, Explanation
 from camkit.core.layers import find_layer
 from camkit.core.record import record
 from camkit.core.wrappers import ImageTower, InputLayout, KeywordInput
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
-from camkit.guided_gradcam import GuidedGradCAM
-from camkit.pixel import (
+from camkit.methods.attention import AttentionRollout, LeGrad
+from camkit.methods.cam import *  # noqa: F403  (every CAM class, cams)
+from camkit.methods.cam import __all__ as _cam_names
+from camkit.methods.guided_gradcam import GuidedGradCAM
+from camkit.methods.pixel import (
     Deconvnet,
     GuidedBackprop,
     IntegratedGradients,
@@ -29,7 +29,7 @@ from camkit.pixel import (
     SmoothGrad,
     to_heatmap,
 )
-from camkit.pixel.lrp import LRP
+from camkit.methods.pixel.lrp import LRP
 from camkit.registry import METHODS
 from camkit.targets import ClassTarget, Target
 from camkit.viz import feature_grid, overlay, plot

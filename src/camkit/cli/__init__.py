@@ -21,7 +21,7 @@ from typing import NoReturn, TextIO
 import torch
 
 import camkit
-from camkit.cli import concepts, demo, evaluate, explain, layers, serve, strategies
+from camkit.cli.commands import concepts, demo, evaluate, explain, layers, serve, strategies
 from camkit.cli.common import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, UsageError
 from camkit.errors import RunFileError
 

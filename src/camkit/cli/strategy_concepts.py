@@ -1,11 +1,12 @@
 """The concepts that dominate each strategies cluster, for ``camkit strategies`` when the run
-folder holds ``camkit concepts`` results: :meth:`camkit.concepts.ConceptAttribution.dominant`
-over the cluster's images, for its class, at the run's layer (so that a shortcut cluster names
-its channels, and the report's atlas shows what they respond to). Each image is measured once
-per class (its channel relevances, :meth:`~camkit.concepts.ConceptAttribution.relevances`),
-however many methods' clusters hold it; a cluster's numbers are
-:meth:`~camkit.concepts.ConceptAttribution.dominant_of` its members' relevances. Runs without
-concepts results skip it: ``camkit explain --report`` and ``camkit strategies`` stay as fast as
+folder holds ``camkit concepts`` results:
+:meth:`camkit.methods.concepts.ConceptAttribution.dominant` over the cluster's images, for its
+class, at the run's layer (so that a shortcut cluster names its channels, and the report's atlas
+shows what they respond to). Each image is measured once per class (its channel relevances,
+:meth:`~camkit.methods.concepts.ConceptAttribution.relevances`), however many methods' clusters hold
+it; a cluster's numbers are :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` its
+members' relevances. Runs without concepts results skip it: ``camkit explain --report`` and ``camkit
+strategies`` stay as fast as
 they were."""
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from torch import Tensor
 
 from camkit import io
 from camkit.cli.common import UsageError, load_model
-from camkit.concepts import ConceptAttribution
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
+from camkit.methods.concepts import ConceptAttribution
 from camkit.models import Preprocess
 from camkit.runs.concepts import read_concepts
 from camkit.runs.manifest import recorded_crop, sha256

@@ -15,7 +15,6 @@ import numpy as np
 from torch import Tensor
 
 from camkit import io, registry
-from camkit.cam.base import BaseCAM
 from camkit.cli import report
 from camkit.cli.arguments import positive_int
 from camkit.cli.common import (
@@ -28,6 +27,7 @@ from camkit.cli.common import (
 )
 from camkit.core.explainer import Explainer, displayed
 from camkit.errors import CamkitError, InputError
+from camkit.methods.cam.base import BaseCAM
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.runs.manifest import header, write_manifest
 from camkit.targets import PromptTarget

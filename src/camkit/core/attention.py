@@ -1,7 +1,7 @@
 """Capturing a vision transformer's attention probabilities: a reversible model edit.
 
-The attention methods (:mod:`camkit.attention`) read the post-softmax attention probabilities
-``A_l (B, heads, N, N)`` of a ViT's blocks (timm ``Attention`` modules, torchvision
+The attention methods (:mod:`camkit.methods.attention`) read the post-softmax attention
+probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks (timm ``Attention`` modules, torchvision
 ``EncoderBlock.self_attention``). :func:`captured_attention` is the engine's reversible edit
 that makes them exist, for the duration of a ``with`` block only, on the same hook handling as
 every other capture (:func:`~camkit.core.layers.hooked`: removed in ``finally``):

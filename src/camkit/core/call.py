@@ -1,7 +1,7 @@
 """One call of a method, passed down explicitly: the samples and the model's other inputs.
 
 :class:`Call` is built once per call (:meth:`camkit.core.explainer.Explainer.__call__`, the
-metrics, :func:`camkit.cam.cams`) and handed to every function that runs the model, so a
+metrics, :func:`camkit.methods.cam.cams`) and handed to every function that runs the model, so a
 reader follows a call's data path by reading the arguments: every forward camkit runs is
 ``call.forward(model, inputs, rows)``, where ``rows`` names the sample each input row comes
 from (noisy copies, path points, masked images, patches).

@@ -52,7 +52,8 @@ def layer_gradients(
     vector-Jacobian product (``is_grads_batched``), not ``K`` backward passes. A tensor the
     scores do not depend on is an error, or gives None with ``allow_unused=True`` (then the
     caller also judges blank gradients: no zero-gradient warning). ``retain_graph`` keeps the
-    graph for another backward of other targets (:func:`camkit.cam.generation.explain_tokens`).
+    graph for another backward of other targets
+    (:func:`camkit.methods.cam.generation.explain_tokens`).
     """
     if not scores.requires_grad:
         raise LayerOutputError(

@@ -57,7 +57,7 @@ class Capabilities:
 @dataclass(frozen=True)
 class Explanation:
     """What :meth:`Explainer.explain_batch` returns (a family that finds more returns a
-    subclass: LRP's :class:`~camkit.pixel.lrp.Relevance`).
+    subclass: LRP's :class:`~camkit.methods.pixel.lrp.Relevance`).
 
     ``maps``: ``(B, K, ...)`` (a CAM's ``(B, K, H, W)``, a pixel method's ``(B, K, C, H, W)``),
     ``{layer: (B, K, ...)}`` for unfused layers, or a tuple of them (one per input of a tuple of

@@ -26,7 +26,7 @@ from camkit.core.explainer import Explainer
 from camkit.core.layers import explained_module, find_layers
 from camkit.core.seeds import call_seed
 from camkit.errors import ArgumentError, EmptyMapWarning, InputError, ZeroGradientWarning, warn
-from camkit.pixel.heatmap import to_heatmap
+from camkit.methods.pixel.heatmap import to_heatmap
 from camkit.targets.base import TargetSpec
 from camkit.targets.outputs import select_output
 from camkit.targets.ranking import top1

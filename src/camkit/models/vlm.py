@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.cam.base import BaseCAM
-from camkit.cam.generation import TokenExplanation, explain_tokens
 from camkit.core.wrappers import ImageTower, KeywordInput
 from camkit.errors import ArgumentError, InputError, UnknownModelError
+from camkit.methods.cam.base import BaseCAM
+from camkit.methods.cam.generation import TokenExplanation, explain_tokens
 from camkit.models.preprocess import Preprocess
 from camkit.targets.prompts import load_tokenizer
 
@@ -61,7 +61,7 @@ class LoadedVLM:
         self, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
     ) -> Answer:
         """A generative model's greedy answer to ``prompt`` about one image, every generated
-        token explained by ``cam`` (:func:`~camkit.cam.generation.explain_tokens`: one
+        token explained by ``cam`` (:func:`~camkit.methods.cam.generation.explain_tokens`: one
         forward, the tokens as targets of batched backward passes)."""
         ids = self.prompt_ids(prompt, pixel_values).to(pixel_values.device)
         with torch.no_grad():

@@ -1,7 +1,7 @@
 """Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015; Montavon et al., "Layer-Wise
 Relevance Propagation: An Overview", 2019): rules, composites, canonizers, the one backward
 that runs them, and the conservation record. The method, :class:`camkit.LRP`
-(:mod:`camkit.pixel.lrp`), is a pixel method above this package: input x gradient under a
+(:mod:`camkit.methods.pixel.lrp`), is a pixel method above this package: input x gradient under a
 composite.
 
 The interface other code builds on (concept relevance, class-artifact compensation)::

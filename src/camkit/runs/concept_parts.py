@@ -6,7 +6,7 @@ killed run and rank 0 merges the ranks' parts. One writer (:func:`write_part`) a
 A part is a ``torch.save`` dictionary read back with ``weights_only=True`` (no pickled code
 runs): the run's identity (model, layer, top, rules, images, crop, weights) as top-level keys,
 ``done`` (indices of the images ranked), ``unreadable`` (paths) and the collector's ``state``
-(:meth:`camkit.concepts.ReferenceCollector.state`)."""
+(:meth:`camkit.methods.concepts.ReferenceCollector.state`)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ model sees where the user clicks (the concepts there).
 * :mod:`camkit.serve.explorer`: what is computed, through camkit's public API;
 * :mod:`camkit.serve.concepts`: the concept views (the top concepts where the user clicks or
   drags, their conditional heatmaps, reference patches and feature visualisations; the concepts
-  of a strategies cluster), through :mod:`camkit.concepts`;
+  of a strategies cluster), through :mod:`camkit.methods.concepts`;
 * :mod:`camkit.serve.gallery`: the images (folders, ImageFolder labels, a run's manifest, read
   through :mod:`camkit.runs`);
 * :mod:`camkit.serve.compare`: where two checkpoints disagree, and the difference of their maps;

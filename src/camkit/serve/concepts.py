@@ -1,18 +1,18 @@
-"""The explorer's concept views, through :mod:`camkit.concepts`' public API only.
+"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only.
 
 * where the user looks: the top concepts (channels of a layer) of an image for a class, in the
   whole image, in the layer cell under a click or in a dragged box, with their share and their
   conditional heatmaps (Concept Relevance Propagation, Achtibat et al., Nature Machine
-  Intelligence 5, 2023: :meth:`camkit.concepts.ConceptAttribution.top`, one forward and one
+  Intelligence 5, 2023: :meth:`camkit.methods.concepts.ConceptAttribution.top`, one forward and one
   batched backward), and their reference patches when the served run has ``camkit concepts``
   results (:mod:`camkit.runs.concepts`);
 * a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017:
-  :func:`camkit.concepts.feature_images`), computed on demand: small, seeded, cached;
+  :func:`camkit.methods.concepts.feature_images`), computed on demand: small, seeded, cached;
 * the concepts that dominate a set of images (a strategies cluster):
-  :meth:`~camkit.concepts.ConceptAttribution.dominant`.
+  :meth:`~camkit.methods.concepts.ConceptAttribution.dominant`.
 
 Every call runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`; none changes
-the model (camkit.concepts leaves no hooks, ``.grad`` or mode behind).
+the model (camkit.methods.concepts leaves no hooks, ``.grad`` or mode behind).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import numpy as np
 import torch
 
 from camkit import io, viz
-from camkit.concepts import (
+from camkit.errors import ArgumentError
+from camkit.methods.concepts import (
     ChannelObjective,
     ConceptAttribution,
     InRegion,
     feature_images,
     region_weights,
 )
-from camkit.errors import ArgumentError
 from camkit.runs.concepts import ConceptsRecord, channel_references
 from camkit.serve.explorer import LRU, Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
@@ -142,7 +142,8 @@ class ConceptViews:
     def attribution(
         self, checkpoint: str, layer: str, *, images: bool = False
     ) -> ConceptAttribution:
-        """The layer's :class:`~camkit.concepts.ConceptAttribution` (cached). ``images``: for
+        """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached). ``images``:
+        for
         :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else for conditions, which on
         a CPU run one after the other (measured on EfficientNet-Lite0: the batched backward
         costs about 1.4x the same conditions one by one there; the results are the same)."""
@@ -225,7 +226,8 @@ class ConceptViews:
         region: Region = WHOLE,
     ) -> np.ndarray:
         """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
-        (:class:`~camkit.concepts.InRegion`, weighed as :meth:`top` counts the region) when one
+        (:class:`~camkit.methods.concepts.InRegion`, weighed as :meth:`top` counts the region) when
+        one
         is given (cached; else one forward and one conditional backward)."""
         key = (checkpoint, layer, image, target, channel, region)
         heat = self.heatmaps.get_item(key)

@@ -16,11 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from camkit import registry
-from camkit.cam.base import BaseCAM
 from camkit.core.explainer import displayed
 from camkit.core.trace import default_layer
 from camkit.core.wrappers import ImageTower
 from camkit.errors import ArgumentError, TargetError
+from camkit.methods.cam.base import BaseCAM
 from camkit.models import LoadedModel
 from camkit.models.vlm import Answer, LoadedVLM
 from camkit.serve.explorer import LRU, Explorer

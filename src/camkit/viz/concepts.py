@@ -1,4 +1,4 @@
-"""Figures of Deep Feature Factorization's concepts (:mod:`camkit.cam.dff`): each pixel
+"""Figures of Deep Feature Factorization's concepts (:mod:`camkit.methods.cam.dff`): each pixel
 coloured by its strongest concept, and the image beside it with a legend.
 """
 
@@ -14,7 +14,7 @@ from camkit.errors import ArgumentError, InputError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from camkit.cam.dff import Concepts
+    from camkit.methods.cam.dff import Concepts
 
 
 def concept_colors(count: int) -> Tensor:

@@ -50,7 +50,7 @@ def token_html(
 
     ``tokens``: the sequence's tokens as text (prompt and answer); ``relevance``: ``(K, T)``
     for ``K = len(answer)`` explained tokens, e.g.
-    :attr:`camkit.cam.generation.TokenExplanation.token_relevance` of one image. One colour
+    :attr:`camkit.methods.cam.generation.TokenExplanation.token_relevance` of one image. One colour
     scale for the page: ``[-L, L]`` with ``L`` the 99.5th percentile of ``|relevance|``
     (:func:`~camkit.viz.colour.signed_limit`), red positive, blue negative; each token's value
     is in its ``title``.

@@ -1,0 +1,150 @@
+"""Class activation maps: the gradient CAMs, the perturbation CAMs, and :func:`cams` for several
+methods in one call; also CAM (the classifier's weights), FullGrad, RefineCAM, SESS and Deep Feature
+Factorization (concepts, not a map method)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit import registry
+from camkit.core.call import Call
+from camkit.core.engine import require_autograd
+from camkit.core.explainer import Explanation
+from camkit.core.finish import Finishing
+from camkit.core.inputs import as_batch
+from camkit.core.layers import LayerSpec
+from camkit.core.state import model_guarded
+from camkit.errors import UnknownMethodError
+from camkit.methods.cam.base import BaseCAM, Reshape, one_pass_maps
+from camkit.methods.cam.classifier import CAM, find_classifier
+from camkit.methods.cam.dff import DeepFeatureFactorization
+from camkit.methods.cam.eigen import KPCACAM, EigenGradCAM, SegEigenCAM
+from camkit.methods.cam.fullgrad import FullGrad
+from camkit.methods.cam.gradient import (
+    FEM,
+    EigenCAM,
+    GradCAM,
+    GradCAMElementWise,
+    GradCAMPlusPlus,
+    HiResCAM,
+    LayerCAM,
+    XGradCAM,
+)
+from camkit.methods.cam.objectives import FinerCAM, ShapleyCAM
+from camkit.methods.cam.perturbation import AblationCAM, PerturbationCAM, ScoreCAM
+from camkit.methods.cam.refine import RefineCAM
+from camkit.methods.cam.score_variants import ISCAM, SSCAM, ReciproCAM
+from camkit.methods.cam.sess import SESS
+from camkit.methods.cam.stochastic import RandomCAM, SmoothGradCAMPlusPlus
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
+
+
+def cams(
+    model: nn.Module,
+    layer: LayerSpec | None,
+    x: Tensor,
+    target: TargetSpec = None,
+    methods: Sequence[str] = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam"),
+    *,
+    output: OutputSelector = None,
+    reshape: Reshape | str | None = "auto",
+    dtype: torch.dtype | None = None,
+    batch_size: int | None = None,
+    relu: bool = True,
+    upsample: bool = True,
+    normalize: bool = True,
+    fuse: bool | str = True,
+    additional_forward_args: Any = None,
+) -> dict[str, Tensor | dict[str, Tensor]]:
+    """Several CAM methods on the same input: ``{method name: map}``.
+
+    The gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``: Grad-CAM,
+    Grad-CAM++, ...) share ONE forward and ONE backward pass; other CAMs of the registry (the
+    perturbation CAMs, and those with passes of their own such as Shapley-CAM) run their own.
+    Each entry equals what the method's class returns for the same arguments; ``layer=None``
+    is the model's default layer.
+    """
+    entries = [registry.get(name) for name in dict.fromkeys(methods)]
+    not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
+    if not_cams or not entries:
+        choices = [name for name, m in registry.METHODS.items() if issubclass(m.cls, BaseCAM)]
+        raise UnknownMethodError(
+            f"cams() takes CAM methods, got {not_cams or 'none'}; choose from {choices}"
+        )
+    options = {"output": output, "reshape": reshape, "dtype": dtype}
+    if batch_size is not None:  # else each method's own default
+        options["batch_size"] = batch_size
+    explainers = {entry.name: entry.build(model, layer, **options) for entry in entries}
+    finishing = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
+    shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
+    args, results = additional_forward_args, {}
+    if shared:
+        results = _shared_pass(shared, model, x, target, Finishing(**finishing), args, batch_size)
+    for name, explainer in explainers.items():
+        if name not in shared:  # its own passes, through the one entry
+            results[name] = explainer(x, target, additional_forward_args=args, **finishing)
+    return {name: results[name] for name in explainers}
+
+
+def _shared_pass(
+    cams: dict[str, BaseCAM],
+    model: nn.Module,
+    x: Tensor,
+    target: TargetSpec,
+    finishing: Finishing,
+    args: Any,
+    batch_size: int | None,
+) -> dict[str, Tensor | dict[str, Tensor]]:
+    """The gradient CAMs' maps from one tapped forward and one backward per chunk, shaped as
+    their calls return them."""
+    first = next(iter(cams.values()))
+    batch, single = as_batch(x, model)
+    call = Call.of(batch, args)
+    if any(cam.needs_gradients for cam in cams.values()):
+        require_autograd("cams")
+    with model_guarded(first.model):
+        first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
+        scorer = resolve(target, batch.shape[0], batch.device, first.output)
+        raw = one_pass_maps(cams, batch, scorer, call, batch_size)
+    size = tuple(batch.shape[2:])
+    found = {n: Explanation.of(finishing(m, size), scorer, single=single) for n, m in raw.items()}
+    return {name: explanation.shaped() for name, explanation in found.items()}
+
+
+__all__ = [
+    "CAM",
+    "FEM",
+    "KPCACAM",
+    "AblationCAM",
+    "BaseCAM",
+    "DeepFeatureFactorization",
+    "EigenCAM",
+    "EigenGradCAM",
+    "FinerCAM",
+    "FullGrad",
+    "GradCAM",
+    "GradCAMElementWise",
+    "GradCAMPlusPlus",
+    "HiResCAM",
+    "LayerCAM",
+    "PerturbationCAM",
+    "RandomCAM",
+    "RefineCAM",
+    "SESS",
+    "ISCAM",
+    "SSCAM",
+    "ReciproCAM",
+    "ScoreCAM",
+    "SegEigenCAM",
+    "ShapleyCAM",
+    "SmoothGradCAMPlusPlus",
+    "XGradCAM",
+    "cams",
+    "find_classifier",
+]

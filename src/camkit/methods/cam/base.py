@@ -1,0 +1,262 @@
+"""The base of every class activation map: a method only says how it weighs a layer.
+
+A gradient CAM implements :meth:`BaseCAM.channel_weights` (or :meth:`BaseCAM.layer_map` for maps
+that are not a weighted sum of channels); the engine (:mod:`camkit.core`) does the tapped
+forward, the target scores, the batched gradients and the finishing; the call template is the
+one of every method (:class:`~camkit.core.explainer.Explainer`).
+
+Shapes inside: activations ``(B, 1, C, h, w)`` and gradients ``(B, K, C, h, w)`` for ``K``
+targets per sample, so methods broadcast over the target axis.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from camkit.core.call import Call
+from camkit.core.engine import over_rows
+from camkit.core.explainer import Explainer, Explanation, Reshape
+from camkit.core.finish import Finishing
+from camkit.core.inputs import boolean
+from camkit.core.layers import LayerSpec
+from camkit.core.layouts import resolve_reshape
+from camkit.core.spacetime import folded_frames
+from camkit.errors import ArgumentError, LayerOutputError
+from camkit.methods.cam.smoothing import augmented, principal_component
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer
+
+RawMaps = dict[str, Tensor]  # unfinished maps {layer: (B, K, h, w)}
+
+
+class BaseCAM(Explainer):
+    """Base class of the class-activation-map methods.
+
+    ``Method(model, layer)(x, target)`` maps an image ``(C, H, W) -> (H, W)``, a batch
+    ``(B, C, H, W) -> (B, H, W)``, or ``K`` targets per sample ``-> (B, K, H, W)``.
+    Constructor arguments are those of :class:`~camkit.core.explainer.Explainer` (``layer=None``
+    picks the model's default layer; ``reshape="auto"`` reads ViT tokens and channels-last
+    outputs; the reading of the last call is in ``cam.layouts``; ``batch_size``: samples per
+    forward pass).
+
+    Call options: ``relu``, ``upsample`` (to x's size) and ``normalize`` (min-max per map to
+    [0, 1]) can be switched off for the raw map; ``fuse`` says how the maps of several layers
+    become one: ``"mean"`` (``True``, pytorch-grad-cam's mean of the finished maps), ``"max"``
+    (torchcam's element-wise maximum), ``"tanh"`` (torchcam's LayerCAM fusion: each layer's map
+    scaled by ``tanh(2 M)`` (Jiang et al., TIP 2021) before the maximum), or
+    ``False`` for ``{layer: map}``.
+
+    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation (see
+    :func:`camkit.methods.cam.smoothing.augmented`): the maps of the image and of its mirror image,
+    each with its intensities scaled by 0.9, 1 and 1.1, aligned back and averaged (the top-1 target
+    is the clean image's). ``eigen_smooth=True``: each layer's map is the first principal
+    component of the weighted activations ``w_c A_c`` instead of their sum over channels
+    (pytorch-grad-cam's ``get_2d_projection``; see
+    :func:`~camkit.methods.cam.smoothing.principal_component` for the sign); a method whose map
+    already is such a component (Eigen-CAM and its kin) is unchanged, one whose map is no weighted
+    sum of channels (Recipro-CAM) refuses it.
+    """
+
+    family: ClassVar[str] = "gradient-cam"
+    needs_layer: ClassVar[bool] = True
+    eigen_smooth: bool = False  # True on the copy that :meth:`smoothed` returns
+    eigen_refused: ClassVar[str | None] = None  # why a method takes no eigen_smooth, if so
+
+    def _explain(
+        self,
+        call: Call,
+        scorer: RowScorer,
+        *,
+        relu: bool = True,
+        upsample: bool = True,
+        normalize: bool = True,
+        fuse: bool | str = True,
+        aug_smooth: bool = False,
+        eigen_smooth: bool = False,
+    ) -> Explanation:
+        finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
+        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+            raise LayerOutputError(
+                f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
+                "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+            )
+        method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
+        if boolean("aug_smooth", aug_smooth):
+            pinned = method.pinned(batch, scorer, call)
+            return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
+        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
+
+    def smoothed(self) -> BaseCAM:
+        """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
+        instance itself is never changed, so concurrent calls do not interfere)."""
+        if self.eigen_refused:
+            options = [o for o in self.call_options() if o != "eigen_smooth"]
+            raise ArgumentError(
+                f"{type(self).__name__} takes no eigen_smooth: {self.eigen_refused}; its call "
+                f"options are: {', '.join(options)}"
+            )
+        twin = copy.copy(self)
+        twin.eigen_smooth = True
+        return twin
+
+    @classmethod
+    def shares_one_pass(cls) -> bool:
+        """A gradient CAM that only weighs the captured layer (keeps :meth:`raw_maps`)."""
+        return cls.raw_maps is BaseCAM.raw_maps
+
+    # ------------------------------------------------------------------ what a method says
+
+    def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
+        """Weights broadcastable to ``act (B, K, C, h, w)``: ``(B, K, C, 1, 1)`` or element-wise."""
+        raise NotImplementedError
+
+    def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c`` whose
+        sum over channels is the map (volumes likewise, ``d, h, w``)."""
+        return self.channel_weights(act, grad) * act
+
+    def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted activations
+        combined over channels (:meth:`combine`)."""
+        return self.combine(self.weighted_activations(act, grad))
+
+    def combine(self, weighted: Tensor) -> Tensor:
+        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum over channels, or with
+        ``eigen_smooth`` their first principal component."""
+        return principal_component(weighted) if self.eigen_smooth else weighted.sum(dim=2)
+
+    # ------------------------------------------------------------------ the pipeline
+
+    def maps(
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
+    ) -> Tensor | dict[str, Tensor]:
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
+        samples ``batch`` of ``call``, with the target axis always kept."""
+        raw = self.raw_maps(batch, self.target_scorer(target, batch), call)
+        return finishing(raw, tuple(batch.shape[2:]))
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``."""
+        return one_pass_maps({"": self}, batch, scorer, call, self.batch_size)[""]
+
+    def maps_from(
+        self,
+        acts: list[Tensor],
+        grads: list[Tensor] | None,
+        targets: int,
+        input_size: tuple[int, ...],
+        names: list[str] | None = None,
+        *,
+        batch: int | None = None,
+    ) -> dict[str, Tensor]:
+        """Apply :meth:`layer_map` to captured activations and gradients, layer by layer; a
+        map that does not depend on the target is repeated for the ``targets`` targets.
+        ``names``: the captured layers' names (default: this method's capture's; another
+        capture's when :func:`camkit.cams` shares its pass); ``batch``: the input's rows (a
+        frame-wise model's layers have ``batch * T``)."""
+        grads = grads if grads is not None else [None] * len(acts)
+        maps = {}
+        names = self.capture.names if names is None else names
+        for name, act, grad in zip(names, acts, grads, strict=True):
+            reader = self.grid_reader(name, act, input_size, batch)
+            act = self.as_grid(act, reader)
+            grad = None if grad is None else self.as_grid(grad, reader)
+            cam = self.layer_map(act, grad)
+            maps[name] = cam.expand(-1, targets, *cam.shape[2:])
+        return maps
+
+    def grid_reader(
+        self, name: str, act: Tensor, input_size: tuple[int, ...], batch: int | None = None
+    ) -> Reshape | None:
+        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``);
+        ``batch``: the input's rows, when the layer may have more (frames folded in)."""
+        shape = (act.shape[0], *act.shape[2:])
+        reader = resolve_reshape(self.reshape, self.model, input_size, shape, batch)
+        self.layouts[name] = reader
+        return reader
+
+    @staticmethod
+    def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
+        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
+        w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
+        gives ``(B, K, C, T, h, w)``."""
+        frames = getattr(reader, "frames", 0)
+        if frames:  # rows b * T + t -> (B, K, T, ...), read frame by frame
+            t = t.unflatten(0, (-1, frames)).transpose(1, 2)
+        lead = t.shape[:2]
+        t = t.flatten(0, 2 if frames else 1).float()
+        if reader is not None:
+            t = reader(t)
+        if t.ndim not in (4, 5):
+            raise LayerOutputError(
+                f"CAM needs layer outputs of shape (B, C, h, w), got {tuple(t.shape)}; "
+                "pass reshape= a function that turns them into a (B, C, h, w) grid"
+            )
+        return t.unflatten(0, lead)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(layers={self.capture.names})"
+
+
+class WrapperCAM(BaseCAM):
+    """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
+    ``_CAMWrapper``: :meth:`wrap` builds the wrapped method ``self.base`` from the same model,
+    layer and options; the wrapper shares its capture (the default layer resolves once) and
+    layouts, asks it whether gradients are needed, and passes ``eigen_smooth`` on to it."""
+
+    base: BaseCAM
+
+    @staticmethod
+    def own_options(options: dict[str, Any]) -> dict[str, Any]:
+        """The options of every method (``output``, ``reshape``, ``dtype``, ``batch_size``) in
+        ``options``: those the wrapper keeps for itself."""
+        return {
+            k: v for k, v in options.items() if k in ("output", "reshape", "dtype", "batch_size")
+        }
+
+    def wrap(
+        self, base: type[BaseCAM], model: nn.Module, layer: LayerSpec | None, options: dict
+    ) -> None:
+        """Build the wrapped method and share its capture and layouts."""
+        self.base = base(model, layer, **options)
+        self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
+
+    def check_autograd(self) -> None:
+        self.base.check_autograd()
+
+    def smoothed(self) -> WrapperCAM:
+        """``eigen_smooth`` reaches the wrapped method."""
+        twin = super().smoothed()
+        twin.base = self.base.smoothed()
+        return twin
+
+
+def one_pass_maps(
+    cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
+) -> dict[str, RawMaps]:
+    """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
+    and one backward per chunk of ``batch_size`` samples (the first CAM's capture)."""
+    first = next(iter(cams.values()))
+    gradients = any(cam.needs_gradients for cam in cams.values())
+
+    def one_pass(part: Tensor, rows: Tensor) -> dict[str, RawMaps]:
+        acts, grads, scores = first.capture.run(
+            part, call, scorer, rows, gradients=gradients, dtype=first.dtype
+        )
+        targets, size, names = scores.shape[1], tuple(part.shape[2:]), first.capture.names
+        rows = part.shape[0]  # a frame-wise model's layers have rows * T
+        return {
+            n: cam.maps_from(acts, grads, targets, size, names, batch=rows)
+            for n, cam in cams.items()
+        }
+
+    return over_rows(batch, batch_size, one_pass)
+
+
+def spatial(t: Tensor) -> tuple[int, ...]:
+    """The spatial dims of a ``(B, K, C, h, w)`` or ``(B, K, C, d, h, w)`` tensor."""
+    return tuple(range(3 - t.ndim, 0))

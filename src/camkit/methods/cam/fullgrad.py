@@ -1,0 +1,198 @@
+"""FullGrad: the input-gradient plus the bias-gradients of every convolution and batch norm.
+
+Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
+2019. A ReLU network's output is ``f(x) = grad_x f . x + sum_l grad_{b_l} f . b_l`` exactly;
+the saliency map keeps the spatial structure of every term:
+
+``S(x) = psi(|grad_x f * x|) + sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)``
+
+where ``z_l`` is the output of layer ``l`` (its bias-gradient is the gradient at ``z_l`` times
+the bias), and ``psi`` takes the absolute value, rescales each channel map to [0, 1] and upsamples
+it bilinearly to the input size. Biases are those of every ``nn.Conv2d`` and of every
+``nn.BatchNorm2d`` in evaluation mode (``beta - mu * gamma / sqrt(var + eps)``), as in the
+authors' code and pytorch-grad-cam's ``FullGrad``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.core.call import Call
+from camkit.core.engine import layer_gradients, over_rows
+from camkit.core.explainer import Explainer, Explanation
+from camkit.core.finish import Finishing, minmax
+from camkit.core.formats import autocast
+from camkit.core.layers import capture_outputs
+from camkit.core.spacetime import folded_frames
+from camkit.errors import GradientError, LayerOutputError
+from camkit.methods.cam.smoothing import augmented
+from camkit.registry import register
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer, resolve
+
+
+def effective_bias(module: nn.Module) -> Tensor | None:
+    """The bias a conv or batch-norm layer adds per channel ``(C,)``, or None without one.
+
+    Batch norm in evaluation mode is ``gamma (z - mu) / sqrt(var + eps) + beta``: its bias is
+    ``beta - mu gamma / sqrt(var + eps)``.
+    """
+    if isinstance(module, nn.Conv2d):
+        return None if module.bias is None else module.bias.detach()
+    if isinstance(module, nn.BatchNorm2d):
+        if module.bias is None:
+            return None
+        bias = module.bias.detach()
+        if module.running_mean is None or module.running_var is None:
+            return bias
+        scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
+        return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
+    return None
+
+
+def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
+    """``(name, tapped module, bias (C,))`` of every conv / batch norm with a bias.
+
+    A batch norm fused with its activation (timm's ``BatchNormAct2d``: ``act(drop(bn(z)))``) is
+    tapped at its ``drop`` submodule, whose output is the batch norm's, before the activation.
+    """
+    found = []
+    for name, module in model.named_modules():
+        bias = effective_bias(module)
+        if bias is None:
+            continue
+        tapped = module
+        drop = getattr(module, "drop", None)
+        if isinstance(module, nn.BatchNorm2d) and isinstance(drop, nn.Module):
+            tapped, name = drop, f"{name}.drop"
+        found.append((name, tapped, bias))
+    return found
+
+
+def _psi(t: Tensor) -> Tensor:
+    """Absolute value, then each channel map rescaled to [0, 1] (``1e-7`` guards a flat map)."""
+    t = t.abs()
+    low = t.amin(dim=(-2, -1), keepdim=True)
+    t = t - low
+    return t / (t.amax(dim=(-2, -1), keepdim=True) + 1e-7)
+
+
+@register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
+class FullGrad(Explainer):
+    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019); see the module docstring.
+
+    ``FullGrad(model)(x, target)``: an image ``(C, H, W) -> (H, W)``, a batch
+    ``(B, C, H, W) -> (B, H, W)``, ``K`` targets per sample ``-> (B, K, H, W)``; min-max
+    normalised to [0, 1] unless ``normalize=False``. No layer is chosen: every conv and batch-norm
+    bias contributes (their channel maps are summed at the layer's resolution, then upsampled
+    once: bilinear upsampling is linear, so this equals upsampling every channel).
+
+    Constructor arguments are those of every method
+    (:class:`~camkit.core.explainer.Explainer`; no layer); ``batch_size``: samples per forward
+    pass. Call options: ``normalize``; ``aug_smooth`` (pytorch-grad-cam's test-time
+    augmentation, :func:`camkit.methods.cam.smoothing.augmented`: the maps of the image and its
+    mirror at intensities 0.9, 1 and 1.1, each normalised, mirrored back and averaged).
+    ``eigen_smooth`` is not taken: FullGrad's map is a sum of per-layer saliencies, not of channels
+    ``w_c A_c``.
+    """
+
+    family: ClassVar[str] = "gradient-cam"
+    display_options: ClassVar[dict[str, Any]] = {"normalize": False}  # the raw saliency
+
+    def __init__(self, model: nn.Module, **options: Any):
+        super().__init__(model, **options)
+        self.bias_layers = bias_layers(self.model)
+        if not self.bias_layers:
+            warnings.warn(
+                "the model has no conv or batch-norm bias: FullGrad reduces to |grad * input|",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def _explain(
+        self, call: Call, scorer: RowScorer, *, normalize: bool = True, aug_smooth: bool = False
+    ) -> Explanation:
+        finishing, batch = Finishing(normalize=normalize), call.batch
+        if aug_smooth:
+            pinned = self.pinned(batch, scorer, call)
+            return Explanation.of(augmented(self.maps, batch, pinned, finishing, call), scorer)
+        return Explanation.of(self.maps(batch, scorer, finishing, call), scorer)
+
+    def maps(
+        self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
+    ) -> Tensor:
+        """``(B, C, H, W) ->`` the summed saliency ``(B, K, H, W)`` of the samples ``batch`` of
+        ``call``, chunk by chunk of ``batch_size`` samples, min-max normalised where
+        ``finishing.normalize`` (its other steps do not apply: the map is at the input's size,
+        and non-negative)."""
+        scorer = resolve(target, batch.shape[0], batch.device, self.output)
+        maps = over_rows(
+            batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
+        )
+        return minmax(maps) if finishing.normalize else maps
+
+    def display_heat(self, result: Tensor) -> Tensor:
+        """The saliency min-max normalised (the raw one under :attr:`display_options`)."""
+        return minmax(result.detach().float())
+
+    def _pass(self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
+        leaf = part.detach().requires_grad_(True)
+        tapped = [(name, module) for name, module, _ in self.bias_layers]
+        with (
+            torch.enable_grad(),
+            autocast(part.device, self.dtype),
+            capture_outputs(self.model, tapped, start_graph=False) as taps,
+        ):
+            output = call.forward(self.model, leaf.clone(), rows)
+            scores = scorer(output, rows)
+        if not scores.requires_grad:
+            raise GradientError("the target score does not depend on the input")
+        calls = [
+            (bias, out)
+            for (name, _, bias) in self.bias_layers
+            for out in taps[name]
+            if isinstance(out, Tensor) and out.requires_grad
+        ]
+        names = ["input"] + [f"bias {i}" for i in range(len(calls))]
+        inputs = [leaf] + [out for _, out in calls]
+        grads = layer_gradients(scores, inputs, names, allow_unused=True)
+        size = tuple(part.shape[-2:])
+        total = _psi(grads[0].float() * part[:, None].float()).sum(dim=2)  # (n, K, H, W)
+        for (bias, _), grad in zip(calls, grads[1:], strict=True):
+            if grad is None or grad.ndim != 5:
+                continue
+            grad = grad.float()
+            bias = bias.to(device=grad.device, dtype=grad.dtype)[:, None, None]
+            channels = _psi(grad * bias).sum(dim=2)  # (n, K, h, w)
+            if channels.shape[0] != part.shape[0]:  # a frame-wise model: (n * T, K, h, w)
+                channels = self._clip_frames(channels, part)
+            if channels.shape[-2:] != size:
+                lead = channels.shape[:-2]
+                flat = channels.flatten(0, -3).unsqueeze(1)  # one plane per sample, target, frame
+                flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+                channels = flat.squeeze(1).unflatten(0, lead)
+            total = total + channels
+        return total.float()
+
+    def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
+        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``, the
+        clip's frames in order (row ``b * T + t``); other row counts are refused."""
+        frames = folded_frames(self.model, tuple(part.shape))
+        if not frames or channels.shape[0] != part.shape[0] * frames:
+            raise LayerOutputError(
+                f"FullGrad: a bias layer gives {channels.shape[0]} rows for {part.shape[0]} "
+                "inputs (not one per input); declare a frame-wise clip model with "
+                "camkit.InputLayout(model, layout, frame_wise=True)"
+            )
+        return channels.unflatten(0, (-1, frames)).transpose(1, 2)
+
+    def __repr__(self) -> str:
+        return f"FullGrad(bias_layers={len(self.bias_layers)})"
+
+
+__all__ = ["FullGrad", "bias_layers", "effective_bias"]

@@ -1,0 +1,380 @@
+"""Perturbation CAMs: channel weights measured with masked or ablated forward passes.
+
+Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
+of the layer's output; both then read the target score. That is one forward per channel, so:
+
+* the forwards run in chunks of ``batch_size`` (masks are built chunk by chunk, normalised in
+  place, and written into one reused buffer of ``batch_size`` masked images: memory is bounded
+  by ``batch_size``, and results do not depend on it);
+* identical perturbations run once: in Score-CAM every constant channel (e.g. all zero after a
+  ReLU) gives the same all-zero mask, and channels whose min-max normalised maps are equal give
+  the same mask; in Ablation-CAM zeroing an all-zero channel changes nothing, so its weight is
+  0 without a forward;
+* ``top_channels=k`` (opt-in) evaluates only the ``k`` channels of largest
+  ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
+  its agreement with the exact map is measured in docs/performance.md;
+* on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
+  (:class:`camkit.core.formats.MemoryFormat`: faster there; the caller's input is never
+  converted);
+* ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
+
+A method is three steps: the perturbations (masks or ablations) and their scores
+(:meth:`PerturbationCAM.perturbed_scores`), then the channel weights from those scores
+(:meth:`PerturbationCAM.score_weights`); a variant overrides one step (Score-CAM's variants in
+:mod:`camkit.methods.cam.score_variants` only change the masks: :meth:`ScoreCAM.perturb`, with
+``draws`` masked inputs per mask whose scores are averaged). Forwards that replace the layer's
+output (Ablation-CAM, Recipro-CAM) share :meth:`PerturbationCAM.edited_scores`. Every forward
+goes through the call's :meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args``
+reach the perturbed passes too (the rows of the samples each pass holds). The finishing (ReLU,
+upsampling, normalisation, fusing layers, ``(B, K)`` targets, ``dtype``) is the one of every
+CAM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.call import Call, chunk_size, chunks
+from camkit.core.copies import CopyScorer
+from camkit.core.engine import layer_gradients, require_autograd
+from camkit.core.finish import minmax
+from camkit.core.formats import MemoryFormat
+from camkit.core.inputs import positive_int
+from camkit.core.layers import LayerSpec, hooked, replacing_output, single_call
+from camkit.core.layouts import Layout
+from camkit.core.progress import progress_bar
+from camkit.errors import LayerOutputError, TargetError
+from camkit.methods.cam.base import BaseCAM, RawMaps
+from camkit.methods.cam.masks import MaskedBuffer, score_masks
+from camkit.registry import register
+from camkit.targets.resolver import RowScorer
+
+
+class PerturbationCAM(BaseCAM):
+    """Base of the CAMs whose channel weights come from perturbed forward passes.
+
+    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
+        batch_size: rows per forward pass, here perturbed inputs (the memory knob; default
+            32); results do not depend on it.
+        top_channels: evaluate only the ``top_channels`` channels of largest
+            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0; see the module docstring for
+            the measured agreement); ``None`` evaluates every channel (exact).
+        progress: show a progress bar of the forward passes (on a terminal).
+
+    Each layer must run once per forward pass (a shared module that runs twice is refused).
+    """
+
+    family = "perturbation-cam"
+    needs_gradients = False
+    default_batch_size = 32
+    perturbed_layouts: tuple[str, ...] = ("grid", "volume")  # what check_reader lets through
+    takes_volumes = True  # layer maps (B, C, d, h, w) of a volume model
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        top_channels: int | None = None,
+        progress: bool = False,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **options)
+        self.top_channels = positive_int("top_channels", top_channels, optional=True)
+        self.progress = progress
+
+    @classmethod
+    def clean_batch_first(cls) -> bool:
+        return True  # the clean pass pins the top-1 classes before any copy is scored
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One perturbed copy per evaluated channel of the layer (``top_channels`` at most)."""
+        if layer_shape is None or len(layer_shape) < 3:
+            return 1
+        channels = layer_shape[-1] if len(layer_shape) == 3 else layer_shape[1]  # tokens: last
+        return min(channels, self.top_channels) if self.top_channels else channels
+
+    def perturbed_scores(
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        """``(B, C, K)`` target scores of the perturbed passes of one layer, from its raw
+        output, its ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
+        raise NotImplementedError
+
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
+        """``(B, C, K)`` channel weights from the perturbed scores."""
+        raise NotImplementedError
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        ranked = self.top_channels is not None
+        if ranked:
+            require_autograd(type(self).__name__)
+        memory = MemoryFormat(batch)
+        output, taps = self.capture.forward(
+            batch, call, start_graph=ranked, dtype=self.dtype, memory=memory
+        )
+        acts = single_call(taps)
+        scorer = scorer.pinned(output)
+        with torch.set_grad_enabled(ranked):
+            scores = scorer(output, torch.arange(batch.shape[0]))
+        run = CopyScorer(
+            self.model, batch, scorer, call, dtype=self.dtype, scores=scores, memory=memory
+        )
+        grads: list[Tensor | None] = [None] * len(acts)
+        if ranked:
+            grads = list(layer_gradients(scores, acts, self.capture.names))
+        maps = {}
+        for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
+            raw = raw.detach()
+            reader = self.grid_reader(name, raw.unsqueeze(1), tuple(batch.shape[2:]))
+            self.check_reader(name, reader)
+            grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
+            if grid.ndim != 4 and not self.takes_volumes:
+                raise LayerOutputError(
+                    f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
+                    f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
+                )
+            kept = self.kept(grid, None if grad is None else self.as_grid(grad, reader))
+            maps[name] = self.perturbed_map(run, name, module, raw, grid, kept)
+        return maps
+
+    def perturbed_map(
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
+        :meth:`score_weights` from :meth:`perturbed_scores` (a method whose map is not a
+        weighted sum of channels overrides this)."""
+        perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
+        weights = self.score_weights(perturbed, run, kept)
+        if self.eigen_smooth:
+            weights = weights.transpose(1, 2)  # (B, K, C)
+            weights = weights.view(*weights.shape, *[1] * (grid.ndim - 2))
+            return self.combine(weights * grid.unsqueeze(1))
+        return torch.einsum("bck,bc...->bk...", weights, grid)
+
+    def edited_scores(
+        self,
+        run: CopyScorer,
+        module: nn.Module,
+        raw: Tensor,
+        sample: int,
+        n: int,
+        edit: Callable[[Tensor], Tensor],
+        suffix: list[bool],
+    ) -> Tensor:
+        """``(n, K)`` scores of sample ``sample`` with the layer's output ``(n, C, ...)`` of n
+        copies replaced by ``edit(output)``.
+
+        The layer's prefix runs once: a hook replaces the output of a one-image forward by
+        ``edit`` of ``n`` copies of its captured output ``raw[sample]``. A model whose later
+        layers combine tensors from before the layer in a way that does not broadcast over that
+        batch is detected (an error, or an output of the wrong batch size) and ``suffix[0]`` is
+        set False: then (and from then on) full forwards of ``n`` repeated inputs run, the hook
+        editing their output."""
+        rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
+        image = run.batch[sample : sample + 1]
+        if suffix[0]:
+            copies = raw[sample].expand(n, *raw.shape[1:])
+
+            def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+                return edit(copies)
+
+            try:
+                with hooked(lambda: [replacing_output(module, replace)]):
+                    return run.score(image, rows)
+            except (RuntimeError, TargetError):
+                suffix[0] = False
+
+        def edited(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+            return edit(output)
+
+        inputs = image.expand(n, *image.shape[1:]).contiguous(memory_format=run.memory.preferred)
+        with hooked(lambda: [replacing_output(module, edited)]):
+            return run.score(inputs, rows)
+
+    def check_reader(self, name: str, reader: object) -> None:
+        """Refuse a layer read in a layout the method cannot perturb in the layer's own output
+        (``reshape_refused``; the layouts it can are ``perturbed_layouts``)."""
+        kind = getattr(reader, "kind", None)
+        if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
+            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
+
+    def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
+        """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
+        ``|sum_ij g_cij A_cij|`` (summed over the K targets), the first-order estimate of the
+        score change when channel ``c`` is removed, from one backward pass."""
+        if self.top_channels is None or self.top_channels >= grid.shape[1]:
+            return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
+        importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
+        top = importance.topk(self.top_channels, dim=1).indices
+        return torch.zeros_like(importance, dtype=torch.bool).scatter_(1, top, True)
+
+    def _progress(self, label: str, total: int):
+        return progress_bar(total, label, "forward", enabled=self.progress)
+
+
+@register("scorecam", "Wang et al., CVPR-W 2020")
+class ScoreCAM(PerturbationCAM):
+    """Score-CAM: each channel weighs by the target score of the input masked by that channel.
+
+    Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural
+    Networks", CVPRW 2020, Algorithm 1. Per channel ``c`` of ``A (B, C, h, w)``: the mask
+    ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` in [0, 1] (a constant map gives zeros), the
+    score ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map
+    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` for K targets
+    (the masked forwards are shared by all K targets).
+
+    As in the paper's Algorithm 1, pytorch-grad-cam and torchcam, the softmax is over channels
+    of the target *logits* (the paper's baseline term ``- y(X_b)`` cancels in the softmax). The
+    authors' repository instead weighs by the softmax-over-classes probability of the target
+    and skips constant channels; that is not what is computed here. Masks are upsampled
+    (``align_corners=False``) before normalising, as in the paper (torchcam normalises first,
+    pytorch-grad-cam upsamples with ``align_corners=True``).
+
+    ``top_channels=k`` evaluates only the ``k`` channels of largest ``|sum_ij g_cij A_cij|``
+    (softmax over those, the rest weigh 0; agreement in docs/performance.md).
+
+    Volumes ``(B, C, D, H, W)``: the same steps with the layer's ``(d, h, w)`` maps upsampled
+    trilinearly and normalised over the volume (pytorch-grad-cam's Score-CAM is 2-D only).
+    """
+
+    label = "Score-CAM"  # in the progress bar
+    draws = 1  # masked inputs per mask (their scores are averaged): variants draw several
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One masked copy per evaluated channel, ``draws`` times (SS-CAM, IS-CAM)."""
+        return super().forward_rows(layer_shape) * self.draws
+
+    shares_masks = True  # whether channels with equal masks share their forwards
+
+    def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
+        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place);
+        Score-CAM uses them as they are. ``random``: the call's generator (see
+        :meth:`generator`), drawn in row order."""
+        return masks
+
+    def generator(self, device: torch.device) -> torch.Generator | None:
+        """A seeded generator for :meth:`perturb`, or None (Score-CAM draws nothing)."""
+        return None
+
+    def perturbed_scores(
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        """Mean over the ``draws`` of the scores of the masked inputs, per evaluated channel."""
+        batch, channels = grid.shape[:2]
+        rows = kept.flatten().nonzero().squeeze(1)  # b * C + c
+        if self.shares_masks:
+            # masks are equal when the normalised maps are (constant maps all normalise to
+            # zeros): one key per (sample, channel) is the sample index and the normalised map
+            keys = minmax(grid, grid.ndim - 2).flatten(2)
+            sample = torch.arange(batch, device=grid.device, dtype=keys.dtype)
+            keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
+            unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
+            del keys
+            first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
+            first.scatter_reduce_(
+                0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin"
+            )
+            jobs = rows[first]
+        else:
+            jobs, inverse = rows, torch.arange(rows.shape[0], device=grid.device)
+        count = jobs.shape[0]
+        # the long-lived tensors first, before the loop's transient ones (fewer heap holes)
+        sums = run.scores.new_zeros((count, run.scores.shape[1]))
+        buffer = MaskedBuffer(run, chunk_size(count * self.draws, self.batch_size))
+        random = self.generator(run.batch.device)
+        with self._progress(f"{self.label} {name}", count * self.draws) as bar:
+            # draw by draw (a variant's random draws come in this order), jobs inside
+            for part in chunks(count * self.draws, self.batch_size, grid.device):
+                draw, job = part // count, part % count
+                samples, chans = jobs[job] // channels, jobs[job] % channels
+                masks = self.perturb(score_masks(grid, samples, chans, run.batch), draw, random)
+                masked = buffer.masked(masks, samples)
+                del masks  # not alive during the forward
+                sums.index_add_(0, job, run.score(masked, samples))
+                bar.update(part.shape[0])
+        per_row = (sums / self.draws)[inverse]  # (R, K)
+        table = per_row.new_zeros((batch * channels, per_row.shape[1]))
+        return table.index_copy_(0, rows, per_row).unflatten(0, (batch, channels))
+
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
+        """``softmax_c`` of the masked scores over the evaluated channels."""
+        return scores.masked_fill(~kept.unsqueeze(-1), float("-inf")).softmax(dim=1)
+
+
+@register("ablationcam", "Desai & Ramaswamy, WACV 2020")
+class AblationCAM(PerturbationCAM):
+    """Ablation-CAM: each channel weighs by the relative drop of the score when it is zeroed.
+
+    Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
+    Gradient-free Localization", WACV 2020: ``w_c = (y - y_c) / y`` with ``y`` the target score
+    (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0; map
+    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. A score of
+    exactly 0 is not divided by (the weights are then ``y - y_c``).
+
+    As in the paper, ablation is zeroing (pytorch-grad-cam does the same when the layer's
+    minimum is 0, as after a ReLU; otherwise it sets ``min - 1e7``). All-zero channels weigh 0
+    without a forward. ``top_channels=k`` ablates only the ``k`` channels of largest
+    ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c`` (the rest weigh 0;
+    agreement in docs/performance.md).
+
+    Speed: the layer's prefix is computed once per sample: a hook replaces the layer's output
+    by a batch of ablated copies of its captured output. A model whose later layers combine
+    tensors from before the layer in a way that does not broadcast over that batch (a
+    ``torch.cat`` skip connection, a reshape by the input's batch size) is detected (an error
+    or an output of the wrong batch size) and the layer falls back to full forward passes of
+    repeated inputs. Layers must run once per forward.
+
+    Token and channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in the layer's
+    own layout, as pytorch-grad-cam's ``AblationLayerVit``: channel ``c`` is the last axis of
+    the output, zeroed in every token (the class token too), and the map is read through the
+    same layout as every CAM's. A ``reshape=`` function cannot be undone and is refused.
+    """
+
+    reshape_refused = (
+        "AblationCAM zeroes channels of the layer's own output and cannot undo a reshape= "
+        'function; leave reshape="auto" (tokens and channels-last outputs are ablated in '
+        "their own layout) or use ScoreCAM or a gradient CAM"
+    )
+    perturbed_layouts = ("grid", "volume", "tokens", "channels_last")
+
+    def perturbed_scores(
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        batch, channels = grid.shape[:2]
+        reader = self.layouts[name]
+        axis = reader.channel_axis if isinstance(reader, Layout) else 1
+        channels_first = raw.movedim(axis, 1)  # (B, C, ...), a view
+        kept = kept & (channels_first.flatten(2) != 0).any(dim=-1)
+        # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
+        ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
+        suffix = [True]  # reuse the layer's prefix until the model refuses
+        with self._progress(f"Ablation-CAM {name}", int(kept.sum())) as bar:
+            for sample in range(batch):
+                evaluated = kept[sample].nonzero().squeeze(1)
+                for rows in chunks(evaluated.shape[0], self.batch_size, evaluated.device):
+                    part = evaluated[rows]
+                    n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
+                    ablated[sample, part] = self.edited_scores(
+                        run, module, raw, sample, n, ablate, suffix
+                    )
+                    bar.update(n)
+        return ablated
+
+    def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
+        """``(y - y_c) / y``, or ``y - y_c`` where ``y`` is exactly 0."""
+        clean = run.scores[:, None, :]
+        return (clean - scores) / torch.where(clean == 0, torch.ones_like(clean), clean)
+
+    @staticmethod
+    def _ablate(act: Tensor, channels: Tensor, axis: int = 1) -> Tensor:
+        """Row ``i`` of the layer output ``act`` with channel ``channels[i]`` (on ``axis``)
+        zeroed, a new tensor."""
+        act = act.clone()
+        act.movedim(axis, 1)[torch.arange(act.shape[0], device=act.device), channels] = 0
+        return act

@@ -1,0 +1,221 @@
+"""Score-CAM's variants (SS-CAM, IS-CAM) and Recipro-CAM, on the machinery of perturbation.py.
+
+SS-CAM and IS-CAM change one step of Score-CAM, the masks of each channel (:meth:`ScoreCAM.perturb`,
+several draws per mask whose scores are averaged); they keep its chunked, bounded-memory
+forwards (one reused buffer of ``batch_size`` masked images) and, for IS-CAM, its sharing of
+equal masks. Recipro-CAM masks the layer's feature map around each spatial position and runs
+only the part of the network after the layer (the suffix forward Ablation-CAM uses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.core.call import chunks
+from camkit.core.copies import CopyScorer
+from camkit.core.inputs import finite_number, positive_int
+from camkit.core.layers import LayerSpec
+from camkit.core.seeds import call_seed, generator
+from camkit.errors import ArgumentError, LayerOutputError
+from camkit.methods.cam.perturbation import PerturbationCAM, ScoreCAM
+from camkit.registry import register
+
+
+@register("sscam", "Wang et al., 2020")
+class SSCAM(ScoreCAM):
+    """SS-CAM: Score-CAM with each channel's score averaged over noisy masks.
+
+    Wang et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature Localization", 2020
+    (arXiv:2006.14255), noise on the masks, as torchcam 0.5's ``SSCAM``: with Score-CAM's mask
+    ``H_c`` (upsampled, min-max normalised), ``w = softmax_c(mean_m y(x * (H_c + d_mc)))``,
+    ``d_mc ~ N(0, std^2)`` of the input's size ``(H, W)`` (shared by the input's channels),
+    map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. The
+    baseline score ``y(X_b)`` of torchcam's formula cancels in the softmax.
+
+    Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
+        samples: noisy masks per channel (torchcam's ``num_samples``); one forward each.
+        std: standard deviation of the noise added to the [0, 1] masks (torchcam's default).
+        seed: seeds the noise (a generator on the input's device; each layer starts from the
+            seed). The noise of row ``(m, b, c)`` (draw ``m``, sample ``b``, channel ``c``) is
+            one ``(H, W)`` standard normal draw, drawn in that order, as torchcam draws
+            ``(B, C, H, W)`` per ``m`` from the global generator: on the CPU, for float32 inputs
+            with ``H * W`` a multiple of 16, ``seed=s`` draws torchcam's noise after
+            ``torch.manual_seed(s)``. None draws the seed from torch's global generator.
+
+    As in torchcam, a row's noise depends on its sample's place in the batch (a sample explained
+    alone draws other noise than in a batch); it does not depend on ``batch_size``. Noisy masks
+    are all distinct, so, unlike Score-CAM, no forward is shared: ``samples * C`` forwards per
+    sample.
+    """
+
+    seeded = True
+
+    label = "SS-CAM"
+    shares_masks = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        samples: int = 35,
+        std: float = 2.0,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **options)
+        self.samples = self.draws = positive_int("samples", samples)
+        self.std = finite_number("std", std, minimum=0.0)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        return generator(device).manual_seed(call_seed(self.seed))
+
+    def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
+        """``H + std * z`` with one ``(H, W)`` standard normal draw ``z`` per row, in row order
+        (so the draws do not depend on ``batch_size``)."""
+        for row in masks:
+            noise = torch.randn(row.shape, generator=random, device=random.device)
+            row.add_(noise.mul_(self.std).to(row.device))
+        return masks
+
+
+@register("iscam", "Naidu et al., 2020")
+class ISCAM(ScoreCAM):
+    """IS-CAM: Score-CAM with each channel's score integrated over scaled masks.
+
+    Naidu et al., "IS-CAM: Integrated Score-CAM for axiomatic-based explanations", 2020
+    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c`` and
+    ``N = samples``, ``w = softmax_c(mean_i y(x * s_i H_c))`` with the cumulative scales
+    ``s_i = sum_{j=1..i} j / N = i (i + 1) / (2N)``, ``i = 1..N`` (torchcam's running
+    ``coeff``; they exceed 1 from ``i`` about ``sqrt(2N)``), map ``= ReLU(sum_c w_c A_c)``;
+    ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. Deterministic; equal masks share their
+    ``N`` forwards as in Score-CAM.
+
+    Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
+        samples: scaled masks per channel (torchcam's ``num_samples``); one forward each.
+    """
+
+    label = "IS-CAM"
+
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, samples: int = 10, **options: Any
+    ):
+        super().__init__(model, layer, **options)
+        self.samples = self.draws = positive_int("samples", samples)
+
+    def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
+        """``s_i H`` with ``s_i = (i + 1)(i + 2) / (2N)`` for the 0-based draw ``i``."""
+        scale = (draw + 1) * (draw + 2) / (2 * self.samples)
+        return masks.mul_(scale.to(masks).view(-1, *[1] * (masks.ndim - 1)))
+
+
+GAUSSIAN = ((1 / 16, 1 / 8, 1 / 16), (1 / 8, 1 / 4, 1 / 8), (1 / 16, 1 / 8, 1 / 16))
+
+
+@register("reciprocam", "Byun & Lee, 2022")
+class ReciproCAM(PerturbationCAM):
+    """Recipro-CAM: the map at each position is the target's probability when the layer's
+    feature map is kept only around that position.
+
+    Byun & Lee, "Recipro-CAM: Fast gradient-free visual explanations for convolutional neural
+    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output
+    ``A (C, h, w)``: the masked feature map ``A * M_ij`` with ``M_ij`` the 3x3 Gaussian kernel
+    ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
+    ``kernel="gaussian"``, the Gaussian spatial mask of the authors' code) or the one-hot
+    position (``kernel="point"``, the plain spatial mask of the paper's first form, as in
+    OpenVINO's ``ReciproCAM``), is run through the network after the
+    layer; map ``(i, j) = softmax(logits)[target]``; ``(B, C, H, W) -> (B, H, W)`` or
+    ``(B, K, H, W)`` (then ReLU, upsampling and min-max as every CAM). A callable target's
+    score is used as it is (no softmax). No gradient; ``h * w`` suffix forwards per sample, in
+    chunks of ``batch_size``.
+
+    The layer's prefix runs once per sample (see
+    :meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`: a model that does not
+    broadcast a batch of feature maps over its later layers gets full forwards of repeated
+    inputs). Layers must run once per forward and ``reshape`` is not supported.
+
+    Args (besides ``batch_size``, ``progress``, ``output``, ``dtype`` of
+    :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
+        kernel: ``"gaussian"`` or ``"point"``, the spatial mask.
+    """
+
+    reshape_refused = (
+        "ReciproCAM masks the layer's own output (dims -2, -1) and cannot undo reshape=; "
+        "use ScoreCAM or a gradient CAM for token models"
+    )
+    kernels = ("gaussian", "point")
+    takes_volumes = False
+    eigen_refused = "its map is a probability per position, not a weighted sum of channels"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        kernel: str = "gaussian",
+        **options: Any,
+    ):
+        super().__init__(model, layer, **options)
+        if kernel not in self.kernels:
+            raise ArgumentError(f"kernel must be one of {self.kernels}, got {kernel!r}")
+        self.kernel = kernel
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One copy per position of the layer's map."""
+        if layer_shape is None or len(layer_shape) != 4:
+            return 1
+        return layer_shape[-1] * layer_shape[-2]
+
+    def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
+        """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
+        (``i * w + j``)."""
+        h, w = size
+        masks = torch.zeros((positions.shape[0], 1, h * w), device=device)
+        masks[torch.arange(positions.shape[0]), 0, positions.to(device)] = 1
+        masks = masks.view(-1, 1, h, w)
+        if self.kernel == "point":
+            return masks
+        gaussian = torch.tensor(GAUSSIAN, device=device).view(1, 1, 3, 3)
+        return F.conv2d(masks, gaussian, padding=1)  # the kernel centred at each position
+
+    def perturbed_map(
+        self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
+    ) -> Tensor:
+        batch, _, h, w = grid.shape
+        if raw.ndim != 4:
+            raise LayerOutputError(
+                f"ReciproCAM needs a (B, C, h, w) layer output, {name!r} gives {tuple(raw.shape)}"
+            )
+        if run.scorer.has_classes:  # class targets: their softmax probability
+            run = CopyScorer(
+                run.model,
+                run.batch,
+                run.scorer,
+                run.call,
+                dtype=run.dtype,
+                probabilities=True,
+                scores=run.scores,
+                memory=run.memory,
+            )
+        maps = []
+        suffix = [True]  # reuse the layer's prefix until the model refuses
+        with self._progress(f"Recipro-CAM {name}", batch * h * w) as bar:
+            for sample in range(batch):
+                scores = []
+                for part in chunks(h * w, self.batch_size):
+                    masks = self.masks(part, (h, w), raw.device).to(raw.dtype)
+
+                    def masked(act: Tensor, masks: Tensor = masks) -> Tensor:
+                        return act * masks
+
+                    n = part.shape[0]
+                    scores.append(self.edited_scores(run, module, raw, sample, n, masked, suffix))
+                    bar.update(n)
+                maps.append(torch.cat(scores).T.unflatten(1, (h, w)))  # (K, h, w)
+        return torch.stack(maps).float()
+
+
+__all__ = ["ISCAM", "SSCAM", "ReciproCAM"]

@@ -1,0 +1,286 @@
+"""SESS: any CAM method applied to patches of the image at several scales, then fused."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.transforms.functional import gaussian_blur
+
+from camkit import registry
+from camkit.core.call import Call
+from camkit.core.copies import CopyScorer
+from camkit.core.finish import Finishing
+from camkit.core.inputs import boolean, finite_number, positive_int
+from camkit.core.layers import LayerSpec
+from camkit.errors import ArgumentError, EmptyMapWarning, InputError
+from camkit.methods.cam.base import BaseCAM, RawMaps, WrapperCAM
+from camkit.methods.cam.gradient import GradCAM
+from camkit.registry import register
+from camkit.targets.resolver import RowScorer
+
+POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
+_STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """One scale: the resized image's ``size (H_s, W_s)`` and its window corners ``(y, x)``."""
+
+    size: tuple[int, int]
+    corners: list[tuple[int, int]]
+
+
+def _starts(length: int, window: int, stride: int) -> list[int]:
+    """Window starts along one axis: ``0, stride, ...`` and a last window flush with the end
+    (the authors' ``sliding_window``), so every pixel is covered."""
+    return [*range(0, length - window, stride), length - window]
+
+
+@register("sess", "Tursun et al., ECCV 2022")
+class SESS(WrapperCAM):
+    """SESS: Saliency Enhancing with Scaling and Sliding.
+
+    Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
+    ECCV 2022 (arXiv:2207.01769, code: github.com/neouyghur/SESS). A method- and
+    model-agnostic wrapper: the ``base`` CAM maps window-sized patches of the image at several
+    scales, and the patch maps are fused into one map. ``(C, H, W) -> (H, W)``, ``(B, C, H, W)
+    -> (B, H, W)``, ``(B, K)`` targets ``-> (B, K, H, W)``.
+
+    1. **Scaling**: the image is resized (bilinear) so that its shorter side is each of
+       ``scales`` (the longer side keeps the aspect ratio, rounded down as torchvision's
+       ``Resize(int)``); a scale equal to the image's shorter side leaves it as it is.
+    2. **Sliding**: ``window``-sized patches every ``stride`` pixels, plus a last patch flush
+       with the right and bottom edges, so every pixel is covered.
+    3. **Pre-filtering**: every patch is scored by the model in batches (no gradients): for a
+       class target, the softmax probability of the class (as the authors' code); for a
+       callable target, its score. The ``int(P * pre_filter_ratio)`` lowest-scoring of the
+       ``P`` patches of an image are dropped (the authors' ``pre_filter_ratio``: the fraction
+       *removed*; 0 keeps all).
+    4. **Saliency extraction**: the base method maps the kept patches (in batches), each map
+       finished as usual (ReLU, upsampled to the patch, min-max normalised to [0, 1]).
+    5. **Fusion**: *calibration*, each patch map is multiplied by its patch's score divided by
+       the best score among all the image's patches (the channel-wise weight); each weighted
+       map is placed in a zero canvas of its scale, and the canvas resized (bilinear) to the
+       input; the *spatial weighted average* at each pixel is the mean of the canvas values
+       there that are above 0 (above ``1e-6``: float32 noise of a map in [0, 1] does not
+       count; 0 where none is): the authors' ``mean_pool`` with ``theta=0``,
+       over all patches of all scales at once. The fused map is then finished as every CAM
+       (min-max normalised to [0, 1]; ``relu``/``normalize`` apply to it, ``upsample`` is a
+       no-op: it is at the input size already). A callable target's scores should be
+       positive, as probabilities are: a patch scoring 0 or less weighs 0 (every patch does
+       when the best score is not positive).
+
+    The top-1 target (``target=None``) is the class the model predicts for the whole image,
+    used for every patch (as the authors' code). ``K`` targets per sample run steps 3-5 for
+    each target (the ranking and the weights are the target's own), so map ``k`` equals the
+    single-target call for target ``k``. Results do not depend on ``batch_size`` or on the
+    other images of the batch.
+
+    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
+        layer: the base method's layer(s).
+        base: any CAM class (gradient or not) or its registry name; ``**options`` go to its
+            constructor (``batch_size`` also bounds the patches scored per forward pass).
+        scales: shorter-side sizes, each at least the window; default 6 scales from the window
+            size up in steps of 64 (``224, 288, ..., 544`` for a 224 window: the authors'
+            spacing; their code defaults to 12 such scales).
+        window: patch size, an int or ``(h, w)``; the base model's input size (default 224).
+        stride: step between patches, an int or ``(h, w)``; default the window (no overlap
+            but the edge-flush last patches, as the authors' default).
+        pre_filter_ratio: fraction of each image's patches dropped before mapping, in [0, 1).
+        smooth: blur the fused map with an 11x11 Gaussian of sigma 5 (reflected borders), as
+            the authors' code does by default (``smooth=True`` there); not part of the
+            fusion the paper describes, so off by default.
+
+    Per-sample ``additional_forward_args`` follow the patches of their sample.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        base: type[BaseCAM] | str = GradCAM,
+        scales: Sequence[int] | None = None,
+        window: int | tuple[int, int] = 224,
+        stride: int | tuple[int, int] | None = None,
+        pre_filter_ratio: float = 0.0,
+        smooth: bool = False,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **self.own_options(options))
+        if isinstance(base, str):
+            base = registry.get(base).cls
+        if not (isinstance(base, type) and issubclass(base, BaseCAM)) or base is SESS:
+            raise ArgumentError(
+                f"base must be a CAM class (or its registry name) such as GradCAM, got {base!r}"
+            )
+        self.window = _pair("window", window)
+        self.stride = self.window if stride is None else _pair("stride", stride)
+        if scales is None:
+            scales = [max(self.window) + _STEP * i for i in range(6)]
+        if isinstance(scales, int | str) or not isinstance(scales, Sequence) or not scales:
+            raise ArgumentError(f"scales must be a non-empty list of sizes, got {scales!r}")
+        self.scales = tuple(positive_int("scales", s) for s in scales)
+        ratio = finite_number("pre_filter_ratio", pre_filter_ratio, minimum=0.0)
+        if ratio >= 1:
+            raise ArgumentError(
+                f"pre_filter_ratio is the fraction of patches dropped, in [0, 1), got {ratio}"
+            )
+        self.pre_filter_ratio = ratio
+        self.smooth = boolean("smooth", smooth)
+        self.wrap(base, model, layer, options)
+
+    # ------------------------------------------------------------------ the steps
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        if batch.ndim != 4:
+            raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
+        # the whole image's prediction, for every patch
+        scorer = self.pinned(batch, scorer, call)
+        grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
+        scores = self._scores(batch, call, scorer, grid)  # (B, P, K)
+        best = scores.amax(dim=1, keepdim=True)
+        weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
+        fused = self._fused(batch, call, scorer, grid, weights, self._kept(scores))
+        if self.smooth:
+            fused = _gaussian_blur(fused)
+        return {"sess": fused}
+
+    def _scale(self, size: tuple[int, int], scale: int) -> _Scale:
+        (h, w), (wh, ww), (sh, sw) = size, self.window, self.stride
+        resized = (scale, int(scale * w / h)) if h <= w else (int(scale * h / w), scale)
+        if resized[0] < wh or resized[1] < ww:
+            raise ArgumentError(
+                f"scale {scale} resizes the {h}x{w} input to {resized[0]}x{resized[1]}, smaller "
+                f"than the {wh}x{ww} window: every scale must be at least the window size"
+            )
+        ys, xs = _starts(resized[0], wh, sh), _starts(resized[1], ww, sw)
+        return _Scale(resized, [(y, x) for y in ys for x in xs])
+
+    def _patches(self, batch: Tensor, scale: _Scale) -> Tensor:
+        """``(B, C, H, W) -> (B, P_s, C, h, w)``: the windows of the resized batch."""
+        image = batch
+        if tuple(batch.shape[2:]) != scale.size:
+            image = F.interpolate(
+                batch, size=scale.size, mode="bilinear", align_corners=False, antialias=True
+            )
+        wh, ww = self.window
+        return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
+
+    def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
+        """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
+        the callable's score), all scales in order."""
+        size, parts = batch.shape[0], []
+        copies = CopyScorer(
+            self.model,
+            batch,
+            scorer,
+            call,
+            dtype=self.dtype,
+            batch_size=self.batch_size,
+            probabilities=True,
+        )
+        for scale in grid:
+            patches = self._patches(batch, scale).flatten(0, 1)  # (B * P_s, C, h, w)
+            count = patches.shape[0] // size
+            samples = torch.arange(size, device=batch.device).repeat_interleave(count)
+            scores = copies.over(patches.shape[0], lambda i, p=patches, s=samples: (p[i], s[i]))
+            parts.append(scores.unflatten(0, (size, count)))
+        return torch.cat(parts, dim=1)
+
+    def _kept(self, scores: Tensor) -> Tensor:
+        """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
+        scores of each image and target (ties: the earlier patch ranks higher)."""
+        total = scores.shape[1]
+        order = scores.argsort(dim=1, descending=True, stable=True)
+        rank = torch.empty_like(order)
+        ranks = torch.arange(total, device=scores.device).view(1, -1, 1).expand_as(order)
+        rank.scatter_(1, order, ranks)
+        return rank < total - int(total * self.pre_filter_ratio)
+
+    def _fused(
+        self,
+        batch: Tensor,
+        call: Call,
+        scorer: RowScorer,
+        grid: list[_Scale],
+        weights: Tensor,
+        kept: Tensor,
+    ) -> Tensor:
+        """``(B, K, H, W)``: the mean, at each pixel, of the positive calibrated patch maps."""
+        size, targets = batch.shape[0], weights.shape[2]
+        out_size = tuple(batch.shape[2:])
+        total = torch.zeros(size, targets, *out_size, device=batch.device)
+        count = torch.zeros_like(total)
+        offset = 0
+        for scale in grid:
+            patches = self._patches(batch, scale)
+            span = slice(offset, offset + patches.shape[1])
+            offset = span.stop
+            for k in range(targets):
+                sample, patch = kept[:, span, k].nonzero(as_tuple=True)
+                if sample.numel() == 0:
+                    continue
+                maps = self._patch_maps(patches[sample, patch], call, scorer, sample, k)
+                maps = maps * weights[:, span, k][sample, patch].view(-1, 1, 1)
+                canvas = maps.new_zeros(maps.shape[0], *scale.size)
+                for i, corner in enumerate(patch.tolist()):
+                    y, x = scale.corners[corner]
+                    canvas[i, y : y + maps.shape[1], x : x + maps.shape[2]] = maps[i]
+                if scale.size != out_size:
+                    canvas = F.interpolate(
+                        canvas[:, None], size=out_size, mode="bilinear", align_corners=False
+                    )[:, 0]
+                positive = canvas > POSITIVE  # float noise of a [0, 1] map is not a vote
+                total[:, k].index_add_(0, sample, torch.where(positive, canvas, 0.0))
+                count[:, k].index_add_(0, sample, positive.float())
+        return torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
+
+    def _patch_maps(
+        self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
+    ) -> Tensor:
+        """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
+        their samples ``sample`` (the patches carry their samples' extra inputs)."""
+        target = scorer.target_of(sample, k)
+        with warnings.catch_warnings():
+            # a blank patch map is expected (a background patch); the fused map is checked
+            warnings.simplefilter("ignore", EmptyMapWarning)
+            following = call.following(sample, patches)
+            maps = self.base.maps(patches, target, Finishing(), following)
+        return maps[:, 0]  # the default finishing fuses several layers into one map
+
+    def __repr__(self) -> str:
+        return (
+            f"SESS(base={type(self.base).__name__}, layers={self.capture.names}, "
+            f"scales={self.scales}, window={self.window}, stride={self.stride}, "
+            f"pre_filter_ratio={self.pre_filter_ratio})"
+        )
+
+
+def _pair(name: str, value: object) -> tuple[int, int]:
+    """An int or ``(h, w)`` of positive ints, else :class:`ArgumentError`."""
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        return (positive_int(name, value[0]), positive_int(name, value[1]))
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        raise ArgumentError(f"{name} must be a positive int or (h, w), got {value!r}")
+    size = positive_int(name, value)
+    return (size, size)
+
+
+def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
+    """``(B, K, H, W)`` blurred by a ``size x size`` Gaussian (torchvision's ``gaussian_blur``:
+    reflected borders, as OpenCV's ``GaussianBlur`` in the authors' code); maps smaller than
+    the kernel's reach are left as they are."""
+    if min(maps.shape[-2:]) <= size // 2:
+        return maps
+    flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])
+    return flat[:, 0].unflatten(0, maps.shape[:2])
+
+
+__all__ = ["SESS"]

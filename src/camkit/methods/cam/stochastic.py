@@ -1,0 +1,180 @@
+"""CAMs that draw random numbers: Smooth Grad-CAM++ (noisy copies) and the Random-CAM baseline.
+
+Both are seeded with a generator on the input's device, and their results do not depend on
+``batch_size`` (rows per forward pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.call import Call, chunks
+from camkit.core.engine import over_rows
+from camkit.core.inputs import finite_number, positive_int
+from camkit.core.layers import LayerSpec, single_call
+from camkit.core.seeds import call_seed, generator
+from camkit.methods.cam.base import BaseCAM, RawMaps, spatial
+from camkit.registry import register
+from camkit.targets.resolver import RowScorer
+
+
+@register("smoothgradcam++", "Omeiza et al., 2019")
+class SmoothGradCAMPlusPlus(BaseCAM):
+    """Smooth Grad-CAM++: Grad-CAM++ with gradients averaged over noisy copies of the input.
+
+    Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique for
+    Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``). With
+    ``n = samples`` copies ``x + N(0, std^2)`` and their gradients ``g_m`` at the layer:
+    ``D1 = mean_m g_m``, ``D2 = mean_m g_m^2``, ``D3 = mean_m g_m^3``,
+    ``alpha = D2 / (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is 0), ``w_c = sum_ij
+    alpha_cij ReLU(D1_cij)``, map ``= sum_c w_c A_c`` with ``A`` the clean activations. Class
+    targets (``None`` = top-1) are fixed on the clean image; ``(B, K)`` targets work; a callable
+    target scores each noisy row from its own output row.
+
+    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
+        samples: noisy copies per image.
+        std: standard deviation of the Gaussian noise, in input units.
+        seed: seeds the noise (a generator on the input's device: copy ``m`` of the batch is its
+            ``m``-th ``(B, C, H, W)`` standard normal draw, as torchcam's draws from the global
+            generator). None draws the seed from torch's global generator.
+        batch_size: at most this many rows (clean or noisy) per forward pass.
+    """
+
+    seeded = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        samples: int = 4,
+        std: float = 0.3,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **options)
+        self.samples = positive_int("samples", samples)
+        self.std = finite_number("std", std, minimum=0.0)
+
+    def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
+        """One noisy copy per sample."""
+        return self.samples
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        size = batch.shape[0]
+        input_size = tuple(batch.shape[2:])
+
+        def clean(part: Tensor, rows: Tensor) -> dict[str, Any]:
+            output, taps = self.capture.forward(
+                part, call, start_graph=False, dtype=self.dtype, rows=rows
+            )
+            acts = {
+                name: act.unsqueeze(1)
+                for name, act in zip(self.capture.names, single_call(taps), strict=True)
+            }
+            if not scorer.has_classes:
+                return {"acts": acts}
+            return {"acts": acts, "classes": scorer.classes_of(output, rows)}
+
+        first = over_rows(batch, self.batch_size, clean)
+        if scorer.top1:  # explain the clean prediction in every noisy copy
+            scorer = replace(scorer, classes=first["classes"])
+        noise = _Noise(batch.shape, generator(batch.device).manual_seed(call_seed(self.seed)))
+        total = self.samples * size
+        moments: dict[str, Tensor] = {}  # per layer: sums of g, g^2, g^3, (3, B, K, C, h, w)
+        for index in chunks(total, self.batch_size):
+            copy, rows = index // size, index % size
+            inputs = batch[rows] + self.std * noise.rows(copy, rows).to(batch)
+            _, grads, _ = self.capture.run(
+                inputs, call, scorer, rows, gradients=True, dtype=self.dtype
+            )
+            for name, grad in zip(self.capture.names, grads, strict=True):
+                grad = grad.float()
+                sums = torch.stack([grad, grad**2, grad**3])
+                if name not in moments:
+                    moments[name] = sums.new_zeros(3, size, *sums.shape[2:])
+                moments[name].index_add_(1, rows.to(sums.device), sums)
+        maps = {}
+        for name, act in first["acts"].items():
+            reader = self.grid_reader(name, act, input_size)
+            act = self.as_grid(act, reader)
+            d1, d2, d3 = (self.as_grid(d / self.samples, reader) for d in moments[name])
+            denominator = 2 * d2 + act.sum(dim=spatial(act), keepdim=True) * d3
+            safe = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
+            alpha = torch.where(denominator != 0, d2 / safe, torch.zeros_like(d2))
+            weights = (alpha * d1.relu()).sum(dim=spatial(d1), keepdim=True)
+            maps[name] = self.combine(weights * act)
+        return maps
+
+
+class _Noise:
+    """Standard normal draws ``(B, C, H, W)`` per copy, drawn in copy order as they are needed
+    (and forgotten once passed), so chunking the rows does not change them."""
+
+    def __init__(self, shape: torch.Size, random: torch.Generator):
+        self.shape, self.random = shape, random
+        self.drawn: dict[int, Tensor] = {}
+        self.next = 0
+
+    def rows(self, copy: Tensor, rows: Tensor) -> Tensor:
+        """The noise of ``rows`` of the copies ``copy`` (ascending)."""
+        first, last = int(copy[0]), int(copy[-1])
+        while self.next <= last:
+            self.drawn[self.next] = torch.randn(
+                self.shape, generator=self.random, device=self.random.device
+            )
+            self.next += 1
+        for old in [m for m in self.drawn if m < first]:
+            del self.drawn[old]
+        return torch.stack([self.drawn[int(m)][int(r)] for m, r in zip(copy, rows, strict=True)])
+
+
+@register("random", "pytorch-grad-cam's random baseline")
+class RandomCAM(BaseCAM):
+    """Random-CAM: channels weighted by seeded uniform random weights, a baseline for metrics.
+
+    As pytorch-grad-cam's ``RandomCAM``: ``w_c ~ U(-1, 1)`` drawn independently for every
+    sample and target, map ``= sum_c w_c A_c`` (then ReLU and min-max as every CAM). The map has
+    the right shape and the layer's spatial structure but no relation to the target. The same
+    ``seed`` gives the same weights on every call (the ``(B, K, C)`` draw of a generator on the
+    input's device, per layer). ``(B, K)`` targets give ``K`` independent maps (so, unlike every
+    other method, map ``k`` of a ``(B, K)`` target is not the map of that class alone); no
+    gradient is computed.
+    """
+
+    seeded = True
+    needs_gradients = False
+    target_free = True
+
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None = None, *, seed: int = 0, **options: Any
+    ):
+        super().__init__(model, layer, seed=seed, **options)
+
+    def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
+        random = generator(batch.device).manual_seed(self.seed)
+        drawn: dict[str, Tensor] = {}  # (B, K, C) per layer, drawn at the first chunk
+
+        def one_pass(part: Tensor, rows: Tensor) -> dict[str, Tensor]:
+            acts, _, scores = self.capture.run(
+                part, call, scorer, rows, gradients=False, dtype=self.dtype
+            )
+            maps = {}
+            for name, act in zip(self.capture.names, acts, strict=True):
+                act = self.as_grid(act, self.grid_reader(name, act, tuple(part.shape[2:])))
+                if name not in drawn:
+                    shape = (batch.shape[0], scores.shape[1], act.shape[2])
+                    uniform = torch.rand(shape, generator=random, device=random.device)
+                    drawn[name] = (uniform * 2 - 1).to(act.device)
+                weights = drawn[name][rows.to(act.device)]
+                weights = weights.view(*weights.shape, *[1] * (act.ndim - 3))
+                maps[name] = self.combine(weights * act)
+            return maps
+
+        return over_rows(batch, self.batch_size, one_pass)
+
+
+__all__ = ["RandomCAM", "SmoothGradCAMPlusPlus"]

@@ -1,0 +1,81 @@
+"""The one traced forward of conditional relevance: the input a leaf, the layers tapped, the
+model called with the call's extra inputs under the rule set's backward, the target scored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from camkit.core.call import Call
+from camkit.core.engine import require_autograd
+from camkit.core.layers import capture_outputs, check_batch_axes, find_layers, single_call
+from camkit.core.layouts import Layout, layer_layout
+from camkit.core.state import model_guarded
+from camkit.errors import ArgumentError
+from camkit.methods.concepts.rules import Rules
+from camkit.targets.base import TargetSpec
+from camkit.targets.outputs import OutputSelector
+from camkit.targets.resolver import resolve
+
+
+@dataclass
+class Pass:
+    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores, and
+    the gradients of the scores at the tapped outputs once computed (``starts``)."""
+
+    leaf: Tensor
+    acts: dict[str, Tensor]
+    layouts: dict[str, Layout | None]
+    scores: Tensor
+    classes: Tensor | None
+    starts: dict[str, Tensor] = field(default_factory=dict)
+
+
+@contextmanager
+def traced(
+    model: nn.Module,
+    rules: Rules,
+    call: Call,
+    target: TargetSpec,
+    layers: list[str],
+    output: OutputSelector,
+    reshape: str | None,
+) -> Iterator[Pass]:
+    """One forward of ``call.batch`` (``call.forward``: its ``additional_forward_args`` reach
+    the model) with ``layers`` tapped, the input a leaf, under ``rules``; the target is scored
+    and the backward passes run after it (inside the ``with`` of the caller)."""
+    require_autograd("concept relevance")
+    batch = call.batch
+    size = batch.shape[0]
+    scorer = resolve(target, size, batch.device, output)
+    rows = torch.arange(size)
+    modules = find_layers(model, layers)
+    leaf = batch.detach().requires_grad_(True)
+    with torch.enable_grad():
+        with (
+            model_guarded(model),
+            rules.applied(model),
+            capture_outputs(model, modules, start_graph=False) as taps,
+        ):
+            out = call.forward(model, leaf.clone())
+        check_batch_axes(taps, size)
+        acts = dict(zip(layers, single_call(taps), strict=True))
+        scores = scorer(out, rows)
+        if scorer.several:
+            raise ArgumentError(
+                "concepts explain one target per sample; pass a class per sample (or None "
+                "for the predicted class), and the concepts as the K axis"
+            )
+        classes = scorer.pinned(out).classes[:, 0] if scorer.has_classes else None
+        input_size = tuple(batch.shape[2:])
+        layouts = {
+            name: layer_layout(act.shape, model, input_size, reshape) for name, act in acts.items()
+        }
+        yield Pass(leaf, acts, layouts, scores[:, 0], classes)
+
+
+__all__ = ["Pass", "traced"]

@@ -1,0 +1,246 @@
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
+
+The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
+(:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
+targets per sample. :meth:`LRP.explain_batch` also returns the relevance of chosen layers and
+the conservation report (:class:`Relevance`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from camkit.core.call import Call, chunks
+from camkit.core.engine import layer_gradients
+from camkit.core.explainer import Explanation
+from camkit.core.formats import MemoryFormat, autocast
+from camkit.core.layers import find_layers
+from camkit.errors import ArgumentError, GradientError
+from camkit.methods.pixel.base import (
+    HEATMAP_PERCENTILE,
+    Inputs,
+    PixelAttribution,
+    SampleTotals,
+    as_given,
+    as_tuple,
+    finished,
+    summed,
+)
+from camkit.methods.pixel.heatmap import to_heatmap
+from camkit.registry import register
+from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
+from camkit.relevance.composites import composite as as_composite
+from camkit.relevance.conservation import INPUT, Conservation
+from camkit.relevance.engine import rules_applied
+from camkit.relevance.rules import Rule
+from camkit.targets.base import TargetSpec
+from camkit.targets.resolver import RowScorer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Relevance(Explanation):
+    """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
+
+    ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (a tuple of them, one per input, for a
+    tuple of inputs); ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A * dS/dA`` at the
+    layer's output; one input tensor only, empty for a tuple of inputs); ``scores``: ``(B, K)``
+    the target scores; ``conservation``: the
+    :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name: (B,
+    K)}`` the share of each score that reached it (1 when relevance is conserved; biases and
+    the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
+    ``AlphaBeta`` do not conserve sample by sample), and the step that loses most."""
+
+    layers: dict[str, Tensor]
+    scores: Tensor
+    conservation: Conservation
+
+    @property
+    def input(self) -> Tensor:
+        """The input's relevance ``(B, K, *x.shape[1:])``."""
+        return self.maps
+
+    def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
+        """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
+        summed over the channels (signed: it sums to the layer's share of the score), resized
+        bilinearly to ``size`` (e.g. the input's ``(H, W)``) when given."""
+        if name not in self.layers:
+            raise ArgumentError(f"no relevance recorded at {name!r}; recorded: {list(self.layers)}")
+        relevance = self.layers[name]
+        if relevance.dim() != 5:
+            raise ArgumentError(
+                f"layer {name!r} has relevance {tuple(relevance.shape[2:])}, not a (C, h, w) grid"
+            )
+        heat = relevance.sum(2)
+        if size is None:
+            return heat
+        flat = heat.flatten(0, 1)[:, None]
+        resized = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+        return resized[:, 0].unflatten(0, heat.shape[:2])
+
+
+@register("lrp", "Bach et al., PLOS ONE 2015")
+class LRP(PixelAttribution):
+    """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
+    input pixels by the composite's rules, ``(C, H, W) -> (C, H, W)`` signed relevance (batches
+    and ``K`` targets likewise).
+
+    Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
+    Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
+    An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
+    merged; residual sums get the Norm rule where they are written).
+
+    LRP is input x gradient under the composite (the one backward,
+    :func:`~camkit.relevance.rules_applied`), on the pixel base: it takes what
+    :class:`~camkit.methods.pixel.methods.Saliency` takes (vectors ``(B, F)``, sequences, volumes, a
+    tuple of inputs, each getting its relevance ``x_i * dS/dx_i``, ``additional_forward_args``,
+    ``K`` targets).
+
+    Args:
+        composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
+            :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
+            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`
+            (``"epsilon-plus-flat-nobias"``), or the ReLU rule ``rule`` names (guided or
+            deconvnet input x gradient).
+        layers: layer names whose relevance :meth:`explain_batch` returns with the input's
+            (:class:`Relevance`), with their shares of the score in its conservation record (of
+            one input tensor; for a tuple of inputs the record has the input's share only).
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
+            loses most) when the input relevance of a sample (summed over the inputs) differs
+            from its score by more than this fraction of it (0.5: outside 50%-150%); None:
+            never.
+        rule, output, dtype, batch_size: as for every pixel method.
+
+    After each call, :attr:`conservation` is that call's
+    :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
+    share of the score that reached the input and each recorded layer, and where most of it
+    was lost), the one its :class:`Relevance` carries.
+    """
+
+    default_composite = DEFAULT_COMPOSITE
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        composite: str | Composite | Sequence[tuple[Match, Rule]] | None = None,
+        layers: Sequence[str] = (),
+        tolerance: float | None = 0.5,
+        **options: Any,
+    ):
+        super().__init__(model, composite=composite, **options)
+        self.composite = self.rule_set if self.rule_set is not None else as_composite("gradient")
+        if isinstance(layers, str):
+            layers = [layers]
+        self.record = [name for name, _ in find_layers(self.model, list(layers))] if layers else []
+        if tolerance is not None and not tolerance >= 0:
+            raise ArgumentError(f"tolerance must be a number >= 0 or None, got {tolerance!r}")
+        self.tolerance = tolerance
+        self.conservation: Conservation | None = None
+
+    def _explain(self, call: Call, scorer: RowScorer) -> Relevance:
+        scorer = scorer.for_relevance()  # a target's own form for LRP (a prompt's cosine)
+        inputs = as_tuple(call.batch)
+        if self.record and len(inputs) == 1:  # the recorded layers' relevance and shares too
+            relevance, layers, scores = self._propagate(inputs[0], scorer, call)
+        else:
+            relevance, scores = self._input_relevance(inputs, scorer, call)
+            layers = {}
+        found = finished(relevance)
+        totals = {INPUT: summed(found)}
+        totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
+        conservation = self._conserved(totals, scores)
+        maps = as_given(call.batch, found)
+        return Relevance.of(maps, scorer, layers=layers, scores=scores, conservation=conservation)
+
+    def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
+        """The pixel base's step: each input's relevance ``x_i * dS/dx_i`` ``(B, K, ...)``."""
+        return self._input_relevance(inputs, target, call)[0]
+
+    def _input_relevance(
+        self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call
+    ) -> tuple[Inputs, Tensor]:
+        """``(x_i * dS/dx_i (B, K, ...) per input, scores (B, K))`` on the pixel base."""
+        relevance, scores = SampleTotals(inputs[0].shape[0]), SampleTotals(inputs[0].shape[0])
+
+        def keep(rows: Tensor, grads: Inputs, score: Tensor) -> None:
+            parts = (t[rows].unsqueeze(1) * g for t, g in zip(inputs, grads, strict=True))
+            relevance.add(rows, *parts)
+            scores.add(rows, score)
+
+        self.over_copies(inputs, target, call, 1, None, keep)
+        return relevance.totals, scores.totals[0]
+
+    def display_heat(self, result: Tensor) -> Tensor:
+        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
+        relevance summed over the channels, divided by its 99th percentile and clipped at 1
+        (LRP maps are signed; the evidence for the target is shown)."""
+        heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
+        return heat.clamp(min=0)
+
+    def _propagate(
+        self, x: Tensor, scorer: RowScorer, call: Call
+    ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
+        """``((input relevance (B, K, ...),), {layer: relevance (B, K, ...)}, scores (B, K))``
+        of one input tensor ``x`` and the recorded layers, in one backward per chunk."""
+        record = self.record
+        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        # the caller's memory format, not channels_last: the rules' element-wise terms and the
+        # convolutions that oneDNN does not take make channels_last copies slower on the CPU
+        memory = MemoryFormat(x).given
+        for rows in chunks(x.shape[0], self.batch_size, x.device):
+            leaf = x[rows].detach().clone().requires_grad_(True)
+            with torch.enable_grad(), autocast(x.device, self.dtype):
+                with rules_applied(self.model, self.composite, record=record) as session:
+                    output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
+                scores = scorer(output, rows)
+            if not scores.requires_grad:
+                raise GradientError("the target score does not depend on the input")
+            merged = [name for name in record if session.merged_away(name)]
+            if merged:
+                raise ArgumentError(
+                    f"layer(s) {merged} are merged with the BatchNorm that follows them (the "
+                    "canonizer): their relevance is at the BatchNorm's output; record that layer"
+                )
+            acts = [session.recorded[name][-1] for name in record]
+            grads = layer_gradients(scores, [leaf, *acts], ["input", *record], allow_unused=True)
+            found = [
+                (a.detach()[:, None] * g).float()
+                if g is not None
+                else a.new_zeros((*scores.shape, *a.shape[1:]))
+                for a, g in zip([leaf, *acts], grads, strict=True)
+            ]
+            parts.append((found[0], found[1:], scores.detach().float()))
+        scores = torch.cat([p[2] for p in parts])
+        relevance = torch.cat([p[0] for p in parts])
+        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
+        return (relevance,), layers, scores
+
+    def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
+        """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
+        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance under an LRP
+        composite (the ReLU rules' input x gradient does not redistribute the score)."""
+        order = [name for name, _ in self.model.named_modules() if name in totals]
+        self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
+        if self.tolerance is not None and self.composite.strict:
+            bounds = (1 - self.tolerance, 1 + self.tolerance)
+            self.conservation.check(*bounds, f"LRP ({self.composite.name})")
+        return self.conservation
+
+    def measured(self) -> list[list[dict]] | None:
+        """The last call's conservation record, per sample and target (see
+        :meth:`~camkit.relevance.conservation.Conservation.summary`)."""
+        if self.conservation is None:
+            return None
+        return [[{"conservation": c} for c in row] for row in self.conservation.summary()]
+
+    def __repr__(self) -> str:
+        return f"LRP(composite={self.composite.name!r})"
+
+
+__all__ = ["LRP", "Relevance"]

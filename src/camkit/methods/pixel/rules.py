@@ -1,0 +1,39 @@
+"""The ReLU rules of guided backpropagation and the deconvnet as a context of their own.
+
+The rules are rule sets of the one backward (:mod:`camkit.relevance.rectifiers`, applied by
+:func:`camkit.relevance.engine.rules_applied`); :func:`rectifier_rule` runs a block under one of
+them without naming the model. Pixel methods take ``rule=`` or ``composite=`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from camkit.relevance.composites import composite
+from camkit.relevance.engine import rules_applied
+from camkit.relevance.rectifiers import (
+    RULES,
+    ActivationLog,
+    ReLURule,
+    UnmodifiedActivationWarning,
+    check_rule,
+)
+
+
+@contextmanager
+def rectifier_rule(rule: ReLURule) -> Iterator[ActivationLog]:
+    """Run the code inside with every ReLU backpropagating by ``rule`` (guided or deconvnet).
+
+    Only the forward pass needs to run inside; the rule is recorded in the autograd graph, so a
+    later ``torch.autograd.grad`` uses it. Yields an :class:`ActivationLog` of what was met::
+
+        with camkit.methods.pixel.rules.rectifier_rule("guided") as log:
+            score = model(x.requires_grad_())[0, 281]
+        (grad,) = torch.autograd.grad(score, x)
+    """
+    with rules_applied(None, composite(check_rule(rule))) as session:
+        yield session.log
+
+
+__all__ = ["RULES", "ActivationLog", "UnmodifiedActivationWarning", "check_rule", "rectifier_rule"]
