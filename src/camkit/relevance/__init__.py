@@ -20,7 +20,8 @@ relevance of that part only, conditional relevances add up, and ``K`` targets ar
 backward (``is_grads_batched=True``).
 
 * :mod:`~camkit.relevance.rules`: Epsilon, ZPlus, AlphaBeta, Gamma, Flat, WSquare, ZBox, Pass,
-  Norm, each with its formula and paper;
+  Norm, each with its formula and paper; :mod:`~camkit.relevance.rescale`: a rule's modified
+  gradient as one autograd node, its ratios computed in place (the speed of the rules);
 * :mod:`~camkit.relevance.composites`: which layer gets which rule (the named composites of the
   papers, or a user's list of ``(module type or name pattern, rule)``);
 * :mod:`~camkit.relevance.canonizers`: BatchNorm merged into the adjacent layer, as hooks that

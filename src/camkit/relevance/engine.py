@@ -56,6 +56,7 @@ from camkit.errors import RelevanceError
 from camkit.relevance.composites import Composite, Match, composite
 from camkit.relevance.layers import ADDITIVE, COPIES
 from camkit.relevance.rectifiers import RECTIFIERS, rectified
+from camkit.relevance.rescale import proportional
 from camkit.relevance.rules import Pass, Rule
 from camkit.relevance.session import Session, on_path
 from camkit.relevance.transformers import bilinear
@@ -205,6 +206,9 @@ class _BackwardMode(TorchFunctionMode):
         x = args[0]
         # F.hardtanh(x, 0.0, 6.0, True) (nn.ReLU6) reaches the mode with inplace=True by name
         in_place = isinstance(x, Tensor) and (func in _IN_PLACE or kwargs.get("inplace") is True)
+        if in_place and kind in (NORM, SUMS) and x._base is None:  # `out += identity`: its
+            o = func(*args, **kwargs)  # own in-place graph with the Norm rule's backward on it
+            return proportional(o, self.session.norm.stabilizer, in_place=True)  # (no copy)
         first = x.clone() if in_place else x  # in-place forms act on a copy, then write back
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):

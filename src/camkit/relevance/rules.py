@@ -12,6 +12,8 @@ its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value
 bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
 incoming ``g = R / o``. The backward is linear in the incoming gradient (every coefficient is
 detached), so masking ``g`` at a layer (concept relevance) gives the relevance of the masked part.
+Where ``T = source * ratio`` the rules build ``y`` as one autograd node on ``o``'s own memory
+(:func:`~camkit.relevance.rescale.rescaled`, the same numbers without the copies).
 
 Rules whose input relevance does not vanish where the input is zero (:class:`Flat`,
 :class:`WSquare`, :class:`ZBox`: the first layer's rules) reach the input through ``x / x``: an
@@ -26,15 +28,10 @@ import torch
 from torch import Tensor
 
 from camkit.errors import ArgumentError
-from camkit.relevance.affine import Affine
+from camkit.relevance.affine import Affine, TransposedAffine
+from camkit.relevance.rescale import proportional, rescaled, stabilize, stabilized_ratio
 
 ZeroParams = str | Sequence[str] | None
-
-
-def stabilize(z: Tensor, eps: float) -> Tensor:
-    """``z + eps * sign(z)``, zeros pushed to ``+eps`` (zennit's ``stabilize``; the same numbers
-    in one comparison and one selection)."""
-    return torch.where(z >= 0, z + eps, z - eps)
 
 
 def safe_divide(a: Tensor, b: Tensor) -> Tensor:
@@ -48,26 +45,23 @@ def modified_output(o: Tensor, t: Tensor) -> Tensor:
     return o.detach() + (t - t.detach())
 
 
-def proportional(o: Tensor, stabilizer: float, share: float = 1.0) -> Tensor:
-    """``o``, which carries its operation's own graph to the inputs, with each input's relevance
-    in proportion to its contribution: ``R_j = x_j (do / dx_j) share / stab(o) R`` (the
-    coefficient ``share * o / stab(o)`` detached). ``share=0.5``: each factor of a bilinear
-    ``o = f(a, b)`` gets half of the relevance."""
-    od = o.detach()
-    part = od if share == 1.0 else share * od
-    return modified_output(o, o * (part / stabilize(od, stabilizer)))
-
-
 def unit_path(x: Tensor) -> Tensor:
     """A tensor of value 1 (0 where ``x == 0``) whose gradient with respect to ``x`` is ``1/x``:
     how a rule whose relevance ``R_j`` is not proportional to ``x_j`` reaches ``g = R / x``."""
     return x * safe_divide(torch.ones_like(x), x).detach()
 
 
+def single_output(layer: Affine, x: Tensor) -> bool:
+    """Whether a weight with one output unit gives every output of ``layer`` when all its
+    units' weights are equal: a dense layer, or a convolution with one group (not transposed)."""
+    w = layer.weight
+    return not isinstance(layer, TransposedAffine) and (w.dim() == 2 or x.shape[1] == w.shape[1])
+
+
 def signed_parts(x: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(x+, x-)``, with ``x-`` None when ``x`` has no negative entry (the input of a layer after
     a ReLU): its terms are exactly zero, and the rules skip their convolutions."""
-    if not bool((x < 0).any()):
+    if x.numel() == 0 or bool(x.amin() >= 0):  # one pass; a NaN makes the minimum NaN: signed
         return x, None
     return x.clamp(min=0), x.clamp(max=0)
 
@@ -145,8 +139,8 @@ class Epsilon(Rule):
         return proportional(o, self.epsilon)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        z = layer(x, layer.weight, self.bias_of(layer))
-        return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
+        z = layer.op(x, layer.weight)
+        return rescaled(o, z, stabilized_ratio(o, z, self.epsilon, bias=self.bias_of(layer)))
 
 
 class ZPlus(Rule):
@@ -165,10 +159,12 @@ class ZPlus(Rule):
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w, b = layer.weight, self.bias_of(layer)
         xp, xn = signed_parts(x)
-        z = layer(xp, w.clamp(min=0), _pos(b))
+        z = layer.op(xp, w.clamp(min=0))
         if xn is not None:
-            z = z + layer(xn, _neg(w), None)
-        return modified_output(o, z * (o / stabilize(z.detach(), self.stabilizer)).detach())
+            z = z + layer.op(xn, _neg(w))
+        # z+ = x+ w+ + x- w- + b+ >= 0: its stabiliser is + eps
+        ratio = stabilized_ratio(o, z, self.stabilizer, bias=_pos(b), nonnegative=True)
+        return rescaled(o, z, ratio)
 
 
 class AlphaBeta(Rule):
@@ -249,10 +245,14 @@ class Flat(Rule):
         self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        ones = torch.ones_like(layer.weight)
-        z = layer(torch.ones_like(x), ones, None).detach()
-        t = layer(unit_path(x), ones, None) * (o / stabilize(z, self.stabilizer)).detach()
-        return modified_output(o, t)
+        w = layer.weight
+        if single_output(layer, x):  # every output unit has the same sums: one computed
+            w = w[:1]
+        ones = torch.ones_like(w)
+        with torch.no_grad():  # the counts: the same for every sample
+            z = layer.op(torch.ones_like(x[:1]), ones)
+        t = layer.op(unit_path(x), ones).expand_as(o)
+        return rescaled(o, t, stabilized_ratio(o, z, self.stabilizer, nonnegative=True))
 
 
 class WSquare(Rule):
@@ -268,9 +268,11 @@ class WSquare(Rule):
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w2, b = layer.weight**2, self.bias_of(layer)
-        z = layer(torch.ones_like(x), w2, None if b is None else b**2).detach()
-        t = layer(unit_path(x), w2, None) * (o / stabilize(z, self.stabilizer)).detach()
-        return modified_output(o, t)
+        with torch.no_grad():  # the same for every sample
+            z = layer.op(torch.ones_like(x[:1]), w2)
+        bias = None if b is None else b**2
+        ratio = stabilized_ratio(o, z, self.stabilizer, bias=bias, nonnegative=True)
+        return rescaled(o, layer.op(unit_path(x), w2), ratio)
 
 
 class ZBox(Rule):
@@ -311,7 +313,7 @@ class ZBox(Rule):
             - layer(low, w.clamp(min=0), _pos(b))
             - layer(high, w.clamp(max=0), _neg(b))
         )
-        return modified_output(o, t * (o / stabilize(z.detach(), self.stabilizer)).detach())
+        return rescaled(o, t, stabilized_ratio(o, z, self.stabilizer))
 
 
 class Pass(Rule):

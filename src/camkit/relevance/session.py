@@ -164,15 +164,30 @@ class Session:
         """The edits a canonizer asks for (:class:`~.canonizers.Edits`): each BatchNorm merged
         into the rule of the layer next to it in the data flow, by a forward hook."""
         self.deferred.update(followed)
-        hook = self.guard(self._batch_norm_hook)
-        return [bn.register_forward_hook(hook) for bn in norms]
+        enter, hook = self.guard(self._batch_norm_enter), self.guard(self._batch_norm_hook)
+        handles = [bn.register_forward_pre_hook(enter) for bn in norms]
+        return handles + [bn.register_forward_hook(hook) for bn in norms]
+
+    def _merged_into(self, x: object) -> tuple | None:
+        """The layer whose rule a BatchNorm taking ``x`` merges: ``produced``'s entry, if any."""
+        after = self.produced.get(id(x)) if isinstance(x, Tensor) else None
+        return after if after is not None and after[0] is x and after[1] == x._version else None
+
+    def _batch_norm_enter(self, bn: nn.Module, args: tuple) -> None:
+        x = args[0] if args else None
+        after = self._merged_into(x)
+        # the BatchNorm's own graph is needed only where the rule keeps the layer's graph
+        graph = after is None or (id(x) in self.pending and after[3].reuses_output)
+        self.grad_modes.append(torch.is_grad_enabled())
+        torch.set_grad_enabled(graph and torch.is_grad_enabled())
 
     def _batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
+        torch.set_grad_enabled(self.grad_modes.pop())
         x = args[0] if args else None
         if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
-        after = self.produced.get(id(x))  # a deferred layer's output carries no graph
-        if after is not None and after[0] is x and after[1] == x._version:
+        after = self._merged_into(x)  # a deferred layer's output carries no graph
+        if after is not None:
             _, _, layer, rule, source = after
             self.merged.add(id(x))
             deferred = self.pending.pop(id(x), None) is not None

@@ -198,10 +198,6 @@ class PixelAttribution(Explainer):
         if make_inputs is not None:  # copies that differ from the clean batch
             scorer = self.pinned(inputs, scorer, call)
         memory = MemoryFormat(first)
-        if self.rule_set is not None and self.rule_set.strict:
-            # LRP's element-wise terms and the convolutions oneDNN does not take make
-            # channels_last copies slower on the CPU: the caller's format
-            memory.preferred = memory.given
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
             chunk = rows_of(inputs, rows % size) if make_inputs is None else make_inputs(rows, span)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from camkit.registry import register
 from camkit.relevance.composites import DEFAULT_COMPOSITE, Composite, Match
 from camkit.relevance.composites import composite as as_composite
 from camkit.relevance.conservation import INPUT, Conservation
-from camkit.relevance.engine import rules_applied
+from camkit.relevance.engine import Session, rules_applied
 from camkit.relevance.rules import Rule
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer
@@ -190,15 +191,10 @@ class LRP(PixelAttribution):
         of one input tensor ``x`` and the recorded layers, in one backward per chunk."""
         record = self.record
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
-        # the caller's memory format, not channels_last: the rules' element-wise terms and the
-        # convolutions that oneDNN does not take make channels_last copies slower on the CPU
-        memory = MemoryFormat(x).given
+        memory = MemoryFormat(x)  # channels_last on the CPU, as every pixel method
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
-            with torch.enable_grad(), autocast(x.device, self.dtype):
-                with rules_applied(self.model, self.composite, record=record) as session:
-                    output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
-                scores = scorer(output, rows)
+            scores, session = memory.run(partial(self._scored, leaf, rows, scorer, call))
             if not scores.requires_grad:
                 raise GradientError("the target score does not depend on the input")
             merged = [name for name in record if session.merged_away(name)]
@@ -220,6 +216,16 @@ class LRP(PixelAttribution):
         relevance = torch.cat([p[0] for p in parts])
         layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
         return (relevance,), layers, scores
+
+    def _scored(
+        self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
+    ) -> tuple[Tensor, Session]:
+        """The scores of rows ``rows`` (input ``leaf``, given to the model in ``memory``) and the
+        session of their forward, which recorded the layers."""
+        with torch.enable_grad(), autocast(leaf.device, self.dtype):
+            with rules_applied(self.model, self.composite, record=self.record) as session:
+                output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
+            return scorer(output, rows), session
 
     def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
         """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
