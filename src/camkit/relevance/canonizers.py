@@ -70,6 +70,12 @@ def _scale_shift(bn: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:
     return scale, bias - mean * scale
 
 
+def channel_scale(bn: nn.Module, like: Tensor) -> Tensor:
+    """The eval-mode BatchNorm's per-channel factor ``scale``, shaped to broadcast over the
+    channel axis (1) of ``like``."""
+    return _scale_shift(bn, like)[0].view(-1, *(1,) * (like.dim() - 2))
+
+
 def mergeable(bn: nn.Module) -> bool:
     """An eval-mode BatchNorm with running statistics (a training one normalises by the batch)."""
     return not bn.training and bn.running_var is not None and bn.running_mean is not None
@@ -116,4 +122,12 @@ class MergeBatchNorm(Canonizer):
         return edits.merge_batch_norms(norms, _followed_by_batch_norm(model))
 
 
-__all__ = ["BATCH_NORMS", "Canonizer", "Edits", "MergeBatchNorm", "merged_after", "merged_before"]
+__all__ = [
+    "BATCH_NORMS",
+    "Canonizer",
+    "Edits",
+    "MergeBatchNorm",
+    "channel_scale",
+    "merged_after",
+    "merged_before",
+]

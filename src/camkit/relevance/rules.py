@@ -29,7 +29,13 @@ from torch import Tensor
 
 from camkit.errors import ArgumentError
 from camkit.relevance.affine import Affine, TransposedAffine
-from camkit.relevance.rescale import proportional, rescaled, stabilize, stabilized_ratio
+from camkit.relevance.rescale import (
+    proportional,
+    rescaled,
+    self_ratio,
+    stabilize,
+    stabilized_ratio,
+)
 
 ZeroParams = str | Sequence[str] | None
 
@@ -106,9 +112,12 @@ class Rule:
         that :meth:`reused` can keep the layer's own graph instead of computing ``z`` again."""
         return False
 
-    def reused(self, o: Tensor) -> Tensor:
+    def reused(
+        self, o: Tensor, source: Tensor | None = None, scale: Tensor | None = None
+    ) -> Tensor:
         """The rule's output from ``o``, which carries the layer's own graph (see
-        :attr:`reuses_output`)."""
+        :attr:`reuses_output`); or from ``o = scale * source + shift`` (a BatchNorm merged
+        after the layer, run without a graph), ``source`` carrying the layer's graph."""
         raise NotImplementedError
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
@@ -135,8 +144,12 @@ class Epsilon(Rule):
     def reuses_output(self) -> bool:
         return "bias" not in self.zero_params  # z = w x + b is the layer's output: no 2nd pass
 
-    def reused(self, o: Tensor) -> Tensor:
-        return proportional(o, self.epsilon)
+    def reused(
+        self, o: Tensor, source: Tensor | None = None, scale: Tensor | None = None
+    ) -> Tensor:
+        if source is None:
+            return proportional(o, self.epsilon)
+        return rescaled(o, source, self_ratio(o, self.epsilon).mul_(scale))
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         z = layer.op(x, layer.weight)

@@ -3,6 +3,7 @@ the recorded layer outputs, and the log of the ReLU rules (:func:`~.engine.rules
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 
 from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
-from camkit.relevance.canonizers import merged_after, merged_before
+from camkit.relevance.canonizers import channel_scale, merged_after, merged_before
 from camkit.relevance.composites import Composite
 from camkit.relevance.gates import GateTracker
 from camkit.relevance.layers import CONV_TRANSPOSE
@@ -22,6 +23,10 @@ from camkit.relevance.transformers import handlers
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _PLAIN_FORWARDS += tuple(kind.forward for kind in CONV_TRANSPOSE)
+
+
+def _dead() -> None:
+    return None
 
 
 def on_path(t: object) -> bool:
@@ -51,15 +56,16 @@ class Session:
         self.handlers = handlers(comp.stabilizer, comp.linear_rule())
         self.gates = GateTracker(comp.gates)
         self.bypass = 0
-        self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
-        self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
+        # weak references: the session must not keep the forward's tensors alive
+        self.produced: dict[int, tuple[weakref.ref, int, Affine, Rule, Tensor]] = {}
+        self.normalized: dict[int, tuple[weakref.ref, int, nn.Module, Tensor]] = {}
         self.grad_modes: list[bool] = []
         self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
         self.substituted = 0
         self.record = list(record)
         self.recorded: dict[str, list[Tensor]] = {name: [] for name in self.record}
         self.passed_on: dict[str, Tensor] = {}  # the copy a recorded layer's downstream got
-        self.merged: set[int] = set()  # outputs merged away into the BatchNorm after them
+        self.merged: dict[int, weakref.ref] = {}  # outputs merged into the BatchNorm after
         self.deferred: set[nn.Module] = set()  # layers a BatchNorm follows (MergeBatchNorm)
         self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
         self.names = {m: name for name, m in model.named_modules()} if model is not None else {}
@@ -105,17 +111,17 @@ class Session:
                     return rule.output(None, x, o)
                 layer, source = self._affine(module), x
                 before = self.normalized.get(id(x))
-                if before is not None and before[0] is x and before[1] == x._version:
+                if before is not None and before[0]() is x and before[1] == x._version:
                     layer = merged_before(before[2], layer, before[3])
                     source = before[3]
                 if module in self.deferred and source is x:
                     # the BatchNorm right after it merges the rule in: no terms computed twice
-                    self.produced[id(o)] = (o, o._version, layer, rule, source)
+                    self.produced[id(o)] = (weakref.ref(o), o._version, layer, rule, source)
                     self.pending[id(o)] = self.names[module]
                     return None
                 # o carries the layer's graph (and the BatchNorm's before it) when reused
                 y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
-                self.produced[id(y)] = (y, y._version, layer, rule, source)
+                self.produced[id(y)] = (weakref.ref(y), y._version, layer, rule, source)
                 return y
             finally:
                 self.bypass -= 1
@@ -171,15 +177,14 @@ class Session:
     def _merged_into(self, x: object) -> tuple | None:
         """The layer whose rule a BatchNorm taking ``x`` merges: ``produced``'s entry, if any."""
         after = self.produced.get(id(x)) if isinstance(x, Tensor) else None
-        return after if after is not None and after[0] is x and after[1] == x._version else None
+        return after if after is not None and after[0]() is x and after[1] == x._version else None
 
     def _batch_norm_enter(self, bn: nn.Module, args: tuple) -> None:
         x = args[0] if args else None
         after = self._merged_into(x)
-        # the BatchNorm's own graph is needed only where the rule keeps the layer's graph
-        graph = after is None or (id(x) in self.pending and after[3].reuses_output)
+        # a merged BatchNorm needs no graph: the rule's backward reaches past it
         self.grad_modes.append(torch.is_grad_enabled())
-        torch.set_grad_enabled(graph and torch.is_grad_enabled())
+        torch.set_grad_enabled(after is None and torch.is_grad_enabled())
 
     def _batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         torch.set_grad_enabled(self.grad_modes.pop())
@@ -188,25 +193,25 @@ class Session:
             return None
         after = self._merged_into(x)  # a deferred layer's output carries no graph
         if after is not None:
-            _, _, layer, rule, source = after
-            self.merged.add(id(x))
+            _, _, layer, rule, source = self.produced.pop(id(x))
+            self.merged[id(x)] = weakref.ref(x)
             deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
-                if deferred and rule.reuses_output:  # out's graph: the BatchNorm, the layer
-                    return rule.reused(out)
+                if deferred and rule.reuses_output:  # x carries the layer's graph
+                    return rule.reused(out, x, channel_scale(bn, out))
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
         if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
-            self.normalized[id(out)] = (out, out._version, bn, x)
+            self.normalized[id(out)] = (weakref.ref(out), out._version, bn, x)
         return None
 
     def merged_away(self, name: str) -> bool:
         """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
         relevance is then the BatchNorm's)."""
         copy = self.passed_on.get(name)
-        return copy is not None and id(copy) in self.merged
+        return copy is not None and self.merged.get(id(copy), _dead)() is copy
 
     def _record_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, out: object) -> object:
@@ -221,8 +226,8 @@ class Session:
                 )
             copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
             produced = self.produced.get(id(out))
-            if produced is not None and produced[0] is out:  # the copy may be merged in turn
-                self.produced[id(copy)] = (copy, copy._version, *produced[2:])
+            if produced is not None and produced[0]() is out:  # the copy may be merged in turn
+                self.produced[id(copy)] = (weakref.ref(copy), copy._version, *produced[2:])
             self.passed_on[name] = copy
             return copy
 
