@@ -1,19 +1,23 @@
 """LRP's speed and memory against camkit's Saliency (one forward and one backward: the floor)
-and zennit 0.5.1, side by side in one run.
+and zennit 0.5.1, side by side in one run, at several batch sizes and thread counts.
 
-    python benchmarks/relevance.py [--arch resnet50] [--batch 8] [--size 112] [--rounds 3]
+    python benchmarks/relevance.py [--arch resnet50] [--size 224] [--rounds 3]
+                                   [--settings 4x2,8x2,4x1,8x1] [--targets-at 4x1]
                                    [--composite epsilon-plus-flat] [--before DIR] [--out FILE]
 
-Each case lives in a process of its own (its own peak memory; ``--before DIR`` runs the LRP
-cases again with the camkit of ``DIR/src``, e.g. ``git worktree add DIR <commit>``), builds the
-same ResNet with random weights (nothing downloaded) and the same seeded batch, and makes one
-warm-up call. The parent then asks the cases for one timed call each in turn, ``--rounds``
-times (interleaved, so that the load of a shared machine falls on every case alike), and
-reports the median. Peak memory: the process's peak resident memory during its calls above its
-resident memory before them (``ru_maxrss`` minus the model and the input). One thread per
-process. Rows: camkit Saliency, camkit LRP, zennit (the same composite, ``ResNetCanonizer``),
-camkit LRP with ``Epsilon`` on every layer, camkit LRP with 10 targets per image in one call,
-and ten one-target LRP calls; with ``--before``, LRP with the older camkit.
+``--settings``: ``BATCHxTHREADS`` per setting (2 threads: torch's default on the 2-core machine
+the tables were taken on). Each case lives in a process of its own (its own peak memory;
+``--before DIR`` runs the LRP cases again with the camkit of ``DIR/src``, e.g. ``git archive
+<commit> src | tar -x -C DIR``), builds the same ResNet with random weights (nothing
+downloaded) and the same seeded batch, and makes one warm-up call. The parent then asks the
+cases of a setting for one timed call each in turn, ``--rounds`` times (interleaved, so that the
+load of a shared machine falls on every case alike), and reports the medians of the wall time
+and of the CPU time (user + system, ``getrusage``: less sensitive to other processes on a shared
+machine; the ratios use it). Peak memory: the process's peak resident memory during its calls
+above its resident memory before them (``ru_maxrss`` minus the model and the input). Rows:
+camkit Saliency, camkit LRP, zennit (the same composite, ``ResNetCanonizer``), camkit LRP with
+``Epsilon`` on every layer, and at ``--targets-at`` only, camkit LRP with 10 targets per image in
+one call and ten one-target LRP calls; with ``--before``, LRP and Epsilon with the older camkit.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("saliency", "lrp", "zennit", "lrp-epsilon", "lrp-10-targets", "lrp-10-calls")
-BEFORE_CASES = ("lrp",)
+CASES = ("saliency", "lrp", "zennit", "lrp-epsilon")
+TARGET_CASES = ("lrp-10-targets", "lrp-10-calls")
+BEFORE_CASES = ("lrp", "lrp-epsilon")
 
 
 def _rss_mib() -> float:
@@ -82,86 +87,111 @@ def _build(case: str, args: argparse.Namespace):
     return lambda: [method(x, c) for c in range(10)]
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child(case: str, args: argparse.Namespace) -> None:
     """Serve one case: a warm-up call, then one timed call per line read from stdin."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     run = _build(case, args)
     base = _rss_mib()
     run()
     print("ready", flush=True)
     for _ in sys.stdin:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_seconds()
         run()
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-        print(f"{seconds} {peak}", flush=True)
+        print(f"{seconds} {cpu} {peak}", flush=True)
 
 
-def _start(case: str, src: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+def _start(case: str, src: Path, batch: int, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, __file__, "--child", case, *sys.argv[1:]]
+    command += ["--batch", str(batch), "--threads", str(threads)]
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
     return proc
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="resnet50")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--size", type=int, default=112)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--composite", default="epsilon-plus-flat")
-    parser.add_argument("--before", type=Path, help="a checkout whose src/ is the 'before' code")
-    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
-    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child, args)
-        return
-    runs = [(case, "", ROOT / "src") for case in CASES]
+def _setting(args: argparse.Namespace, batch: int, threads: int, targets: bool) -> list[str]:
+    """One setting's cases, interleaved round by round: its markdown table."""
+    cases = CASES + (TARGET_CASES if targets else ())
+    runs = [(case, "", ROOT / "src") for case in cases]
     if args.before:
         runs += [(case, " (before)", args.before / "src") for case in BEFORE_CASES]
     procs = {}
     for case, tag, src in runs:  # one at a time: the warm-ups do not overlap
-        procs[case + tag] = proc = _start(case, src)
+        procs[case + tag] = proc = _start(case, src, batch, threads)
         assert proc.stdout.readline().strip() == "ready", f"{case}{tag} did not start"
-    times: dict[str, list[float]] = {name: [] for name in procs}
+    walls: dict[str, list[float]] = {name: [] for name in procs}
+    cpus: dict[str, list[float]] = {name: [] for name in procs}
     peaks: dict[str, float] = dict.fromkeys(procs, 0.0)
     for _ in range(args.rounds):
         for name, proc in procs.items():
             proc.stdin.write("go\n")
             proc.stdin.flush()
-            seconds, peak = map(float, proc.stdout.readline().split())
-            times[name].append(seconds)
+            seconds, cpu, peak = map(float, proc.stdout.readline().split())
+            walls[name].append(seconds)
+            cpus[name].append(cpu)
             peaks[name] = max(peaks[name], peak)
     for proc in procs.values():
         proc.stdin.close()
         proc.wait()
-    median = {name: statistics.median(values) for name, values in times.items()}
+    wall = {name: statistics.median(values) for name, values in walls.items()}
+    cpu = {name: statistics.median(values) for name, values in cpus.items()}
     lines = [
-        f"{args.arch}, batch {args.batch}, {args.size}x{args.size}, {args.composite}, CPU, "
-        f"1 thread per process, median of {args.rounds} interleaved rounds",
+        f"### batch {batch}, {threads} thread{'s' * (threads > 1)}",
         "",
-        "| case | seconds | x Saliency | x zennit | peak MiB above the model |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        f"{args.arch}, {args.size}x{args.size}, {args.composite}, CPU, median of {args.rounds} "
+        "interleaved rounds",
+        "",
+        "| case | wall s | CPU s | x Saliency (CPU) | x zennit (CPU) | peak MiB "
+        "| x Saliency (peak) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name, seconds in median.items():
+    for name in procs:
         lines.append(
-            f"| {name} | {seconds:.3f} | {seconds / median['saliency']:.2f} | "
-            f"{seconds / median['zennit']:.2f} | {peaks[name]:.0f} |"
+            f"| {name} | {wall[name]:.3f} | {cpu[name]:.3f} | {cpu[name] / cpu['saliency']:.2f} | "
+            f"{cpu[name] / cpu['zennit']:.2f} | {peaks[name]:.0f} | "
+            f"{peaks[name] / peaks['saliency']:.2f} |"
         )
-    for tag in ("", " (before)"):
-        if "lrp-10-calls" + tag in median:
-            ratio = median["lrp-10-targets" + tag] / median["lrp-10-calls" + tag]
-            lines.append(f"\n10 targets in one call / ten calls{tag}: {ratio:.2f}")
-    text = "\n".join(lines)
-    print(text)
+    if targets:
+        ratio = cpu["lrp-10-targets"] / cpu["lrp-10-calls"]
+        lines.append(f"\n10 targets in one call / ten calls (CPU): {ratio:.2f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="resnet50")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settings", default="4x2,8x2,4x1,8x1", help="BATCHxTHREADS,...")
+    parser.add_argument("--targets-at", default="4x1", help="the setting of the K-target rows")
+    parser.add_argument("--composite", default="epsilon-plus-flat")
+    parser.add_argument("--before", type=Path, help="a checkout whose src/ is the 'before' code")
+    parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
+    parser.add_argument("--child", choices=CASES + TARGET_CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=4, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args)
+        return
+    lines: list[str] = []
+    for setting in args.settings.split(","):
+        batch, threads = (int(part) for part in setting.split("x"))
+        table = _setting(args, batch, threads, setting == args.targets_at)
+        print("\n".join(table), flush=True)
+        lines += [*table, ""]
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.write_text("\n".join(lines))
 
 
 if __name__ == "__main__":
