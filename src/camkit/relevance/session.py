@@ -182,9 +182,12 @@ class Session:
     def _batch_norm_enter(self, bn: nn.Module, args: tuple) -> None:
         x = args[0] if args else None
         after = self._merged_into(x)
-        # a merged BatchNorm needs no graph: the rule's backward reaches past it
+        # a merged BatchNorm needs no graph: the rule's backward reaches past it (by the scale
+        # where the rule keeps the layer's graph), unless an activation is inside (timm's)
+        plain = type(bn).forward is _BN_FORWARD
+        keeps = after is not None and id(x) in self.pending and after[3].reuses_output
         self.grad_modes.append(torch.is_grad_enabled())
-        torch.set_grad_enabled(after is None and torch.is_grad_enabled())
+        torch.set_grad_enabled((after is None or keeps and not plain) and torch.is_grad_enabled())
 
     def _batch_norm_hook(self, bn: nn.Module, args: tuple, out: object) -> object:
         torch.set_grad_enabled(self.grad_modes.pop())
@@ -198,8 +201,10 @@ class Session:
             deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
-                if deferred and rule.reuses_output:  # x carries the layer's graph
-                    return rule.reused(out, x, channel_scale(bn, out))
+                if deferred and rule.reuses_output and type(bn).forward is _BN_FORWARD:
+                    return rule.reused(out, x, channel_scale(bn, out))  # x: the layer's graph
+                if deferred and rule.reuses_output:  # out's graph: the activation, the layer
+                    return rule.reused(out)
                 return rule.output(merged_after(layer, bn), source, out)
             finally:
                 self.bypass -= 1
