@@ -163,6 +163,10 @@ class ReciproCAM(PerturbationCAM):
             raise ArgumentError(f"kernel must be one of {self.kernels}, got {kernel!r}")
         self.kernel = kernel
 
+    @classmethod
+    def reads_frame_wise(cls) -> bool:
+        return False  # its masks are 2-D positions of one image's feature map
+
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """One copy per position of the layer's map."""
         if layer_shape is None or len(layer_shape) != 4:
