@@ -60,13 +60,16 @@ def layer_layout(
     model: nn.Module | None,
     input_size: int | Sequence[int],
     reshape: str | None = "auto",
+    *,
+    batch: int | None = None,
 ) -> Layout | None:
     """How a layer output of ``shape`` (batch axis included) is read for its channels: None
     where it is taken as it is, channels on axis 1 (``reshape=None``, or a linear layer's
-    ``(B, C)``: neurons, no positions), else :func:`infer_layout`."""
+    ``(B, C)``: neurons, no positions), else :func:`infer_layout` (``batch``: the input's rows,
+    for a frame-wise model's layers)."""
     if reshape is None or len(shape) == 2:
         return None
-    return infer_layout(shape, model, input_size)
+    return infer_layout(shape, model, input_size, batch=batch)
 
 
 def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
