@@ -34,7 +34,8 @@ from camkit.methods.concepts import (
     region_weights,
 )
 from camkit.runs.concepts import ConceptsRecord, channel_references
-from camkit.serve.explorer import LRU, Explorer
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
 MAX_K = 20

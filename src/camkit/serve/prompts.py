@@ -23,7 +23,8 @@ from camkit.errors import ArgumentError, TargetError
 from camkit.methods.cam.base import BaseCAM
 from camkit.models import LoadedModel
 from camkit.models.vlm import Answer, LoadedVLM
-from camkit.serve.explorer import LRU, Explorer
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
 
