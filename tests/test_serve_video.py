@@ -122,6 +122,8 @@ def test_each_frame_of_the_whole_video_s_map_is_the_librarys(served, image: int)
         assert found["importance"] == pytest.approx((masses / masses.sum()).tolist(), abs=1e-5)
     late = client.get("/api/map", params={"image": image, "class": 0, "frame": count})
     assert late.status_code == 422 and f"frames 0..{count - 1}" in late.text
+    concepts = client.get("/api/concepts", params={"image": image, "class": 0, "layer": "0"})
+    assert concepts.status_code == 422 and "ConceptAttribution" in concepts.text
 
 
 def test_a_video_the_explorer_cannot_hold_is_refused_with_what_to_do(tmp_path: Path) -> None:
