@@ -88,3 +88,48 @@ def test_xclip_s_default_layer_its_clip_length_and_its_prompts() -> None:
         PromptTarget(model, input_ids=PROMPTS)
     with pytest.raises(camkit.CamkitError, match="XCLIPModel"):
         camkit.VideoPrompts(nn.Linear(2, 2), PROMPTS)
+
+
+def test_ablation_cam_of_xclip_s_frame_tokens_equals_the_paper_s_steps() -> None:
+    """Desai & Ramaswamy 2020 on a frame-wise token layer: channel c zeroed (last axis) in every
+    token of every frame of the clip, w_c = (y - y_c) / y; the map on the frames' patch grid."""
+    model = xclip()
+    wrapped = camkit.InputLayout(camkit.VideoPrompts(model, PROMPTS), "BTCHW")
+    name = "vision_model.encoder.layers.0"
+    module = model.get_submodule(name)
+    x = torch.randn(B, 3, T, SIZE, SIZE, dtype=torch.float64)
+
+    def logits(edit=None) -> tuple[Tensor, Tensor]:
+        kept = []
+
+        def hook(m: nn.Module, args: tuple, out: Tensor) -> Tensor:
+            kept.append(out)
+            return out if edit is None else edit(out)
+
+        handle = module.register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                scores = wrapped(x)[range(B), CLASSES]
+        finally:
+            handle.remove()
+        return scores, kept[0]
+
+    clean, act = logits()
+    channels = act.shape[-1]
+    weights = []
+    for c in range(channels):
+
+        def zero(out: Tensor, c: int = c) -> Tensor:
+            out = out.clone()
+            out[..., c] = 0
+            return out
+
+        weights.append((clean - logits(zero)[0]) / clean)
+    weights = torch.stack(weights, dim=1)  # (B, C)
+    grid = act[:, 1 : 1 + GRID * GRID].reshape(B, T, GRID, GRID, channels).permute(0, 4, 1, 2, 3)
+    expected = torch.einsum("bc,bcthw->bthw", weights, grid).relu()
+    assert (expected.flatten(1).amax(dim=1) > 0).all()
+    got = camkit.AblationCAM(wrapped, name, batch_size=12)(
+        x, target=CLASSES, upsample=False, normalize=False
+    )
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6 * expected.amax())
