@@ -28,6 +28,7 @@ READ_ERRORS = (*io.READ_ERRORS, video.VideoReadError)
 """What reading a gallery entry may raise: an image's errors and a video's."""
 
 MAX_FRAMES = 600  # camkit explain's longest video with a GIF: what one page holds in memory
+VIDEOS_HELD = 8  # videos (frames and model inputs) the explorer keeps decoded
 
 
 def suffixes(clip_length: int | None) -> frozenset[str]:
@@ -148,6 +149,7 @@ def frame_importance(heat: np.ndarray) -> list[float]:
 __all__ = [
     "MAX_FRAMES",
     "READ_ERRORS",
+    "VIDEOS_HELD",
     "entry_maps",
     "frame_importance",
     "frame_overlay",

@@ -121,8 +121,8 @@ class Explorer:
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
         self.measured = LRU(cache_maps)  # what a method measured of a map (LRP: conservation)
-        self.inputs = LRU(256)
-        self.photos = LRU(256)
+        held = 256 if self.clip_length is None else clips.VIDEOS_HELD  # a video is large
+        self.inputs, self.photos = LRU(held), LRU(held)
         self.thumbs = LRU(4096)
         self.explainers = LRU(32)
         self.engine_calls = 0
@@ -193,9 +193,9 @@ class Explorer:
         return [len(clips.rows(self.model_input(i))) for i in images]
 
     def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
-        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (and
-        their thumbnails); an unreadable image gets an empty prediction and its entry the
-        reason."""
+        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (a
+        video model: one per video, its windows), and their thumbnails; an unreadable image
+        gets an empty prediction and its entry the reason."""
         known = self.predictions[checkpoint]
         todo = [i for i in dict.fromkeys(images) if i not in known]
         readable = []
@@ -208,15 +208,10 @@ class Explorer:
                 known[image] = []
         if not readable:
             return
-        model = self.checkpoints[checkpoint].model
-        batch = self.batch(readable, checkpoint)
         started = time.perf_counter()
-        with torch.no_grad():
-            logits = model(batch)
-        self.row_seconds = (time.perf_counter() - started) / len(batch)
-        probabilities = clips.per_entry(
-            logits.float().softmax(dim=-1).cpu(), self.row_counts(readable)
-        )
+        groups = [[i] for i in readable] if self.clip_length else [readable]  # a video a pass
+        probabilities = torch.cat([self.probabilities_of(group, checkpoint) for group in groups])
+        self.row_seconds = (time.perf_counter() - started) / sum(self.row_counts(readable))
         for image, row in zip(readable, probabilities, strict=True):
             known[image] = models.top_classes(row, self.labels, k)
 
