@@ -14,6 +14,7 @@ from vlm_kit import PATCH, SIZE, _text_tower, _vision, ids
 
 import camkit
 from camkit.errors import InputError, TargetError
+from camkit.methods.concepts import Channels, ConceptAttribution
 from camkit.targets import PromptTarget
 
 transformers = pytest.importorskip("transformers")
@@ -133,3 +134,29 @@ def test_ablation_cam_of_xclip_s_frame_tokens_equals_the_paper_s_steps() -> None
         x, target=CLASSES, upsample=False, normalize=False
     )
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6 * expected.amax())
+
+
+def test_concepts_of_xclip_s_frame_tokens_sum_to_the_layer_and_the_input() -> None:
+    """CRP on a frame-wise token layer: channel c's relevance sums A * dS/dA over every token
+    (class token too) of every frame of the clip; all channels' conditional heatmaps add up to
+    x * dS/dx (every path from the pixels runs through the layer), one map per frame."""
+    model = xclip()
+    wrapped = camkit.InputLayout(camkit.VideoPrompts(model, PROMPTS), "BTCHW")
+    name = "vision_model.encoder.layers.0"
+    x = torch.randn(B, 3, T, SIZE, SIZE, dtype=torch.float64)
+    kept = []
+    handle = model.get_submodule(name).register_forward_hook(lambda m, a, o: kept.append(o))
+    leaf = x.clone().requires_grad_(True)
+    try:
+        score = wrapped(leaf)[range(B), CLASSES].sum()
+    finally:
+        handle.remove()
+    (grad,) = torch.autograd.grad(score, kept[0], retain_graph=True)
+    (to_input,) = torch.autograd.grad(score, leaf)
+    relevance = (kept[0] * grad).detach().unflatten(0, (B, T)).sum(dim=(1, 2))  # (B, C)
+    concepts = ConceptAttribution(wrapped, name)
+    torch.testing.assert_close(concepts.relevances(x, CLASSES), relevance, rtol=1e-7, atol=1e-10)
+    channels = relevance.shape[1]
+    heat = concepts.heatmaps(x, [Channels(list(range(channels)))], CLASSES)[:, 0]
+    assert heat.shape == (B, T, SIZE, SIZE)
+    torch.testing.assert_close(heat, (x * to_input).sum(dim=1), rtol=1e-7, atol=1e-10)

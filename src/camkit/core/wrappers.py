@@ -21,7 +21,8 @@ class InputLayout(nn.Module):
     input. A frame-wise model (TSN, TSM, a 2-D backbone run per frame) folds the frames into its
     batch, so its layers have ``B * T`` rows (row ``b * T + t``): declare it with
     ``frame_wise=True`` and CAMs read such layers as ``(B, T, h, w)``, the default layer being
-    the last frame-wise map; undeclared, CAMs refuse them by name.
+    the last frame-wise map; undeclared, CAMs refuse them by name (X-CLIP needs no declaration:
+    its frames are read from its config, :mod:`camkit.core.spacetime`).
     """
 
     wraps_model = True

@@ -82,7 +82,8 @@ class BaseCAM(Explainer):
             raise LayerOutputError(
                 f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
                 "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
-                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...), FullGrad, Score-CAM, "
+                "Ablation-CAM or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
