@@ -1,6 +1,7 @@
 """Perturbation CAMs on a frame-wise model (a 2-D CNN run on every frame of a clip, frames folded
-into its batch): Score-CAM and Ablation-CAM against the papers' steps written by hand in float64,
-one mask (or one ablation) per channel over the whole clip, one map per frame."""
+into its batch): Score-CAM, Ablation-CAM and Recipro-CAM against the papers' steps written by
+hand in float64 (one mask or ablation per channel over the whole clip; Recipro-CAM: one place of
+one frame kept), one map per frame."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from test_video_layouts import FrameWise
 from torch import Tensor, nn
 
 import camkit
-from camkit.errors import LayerOutputError
 
 B, T, SIZE, CLASSES = 2, 3, 16, [1, 2]  # a class per clip
 
@@ -124,10 +124,44 @@ def test_ablation_cam_of_a_frame_wise_model_that_reshapes_by_its_input_s_batch()
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6 * expected.amax())
 
 
-def test_score_cam_variants_run_on_frame_wise_clips_and_recipro_cam_refuses_by_name() -> None:
+def test_score_cam_variants_run_on_frame_wise_clips() -> None:
     model, x = clip_model()
     for method in (camkit.SSCAM(model, "conv2", samples=2, seed=0), camkit.ISCAM(model, "conv2")):
         heat = method(x, target=1)
         assert heat.shape == (B, T, SIZE, SIZE) and heat.isfinite().all() and heat.amax() > 0
-    with pytest.raises(LayerOutputError, match="ReciproCAM does not read the layers of a frame"):
-        camkit.ReciproCAM(model, "conv2")(x, target=0)
+
+
+GAUSSIAN = torch.tensor([[1.0, 2, 1], [2, 4, 2], [1, 2, 1]], dtype=torch.float64) / 16
+
+
+def recipro_cam_by_hand(model: nn.Module, x: Tensor) -> Tensor:
+    """Byun & Lee 2022 over a clip's positions (t, i, j): conv2's output kept only under the
+    3x3 Gaussian centred at (i, j) in frame t (cut at the border), zero in the other frames;
+    the map there is the target's softmax probability: (B, T, h, w)."""
+    h = w = SIZE // 2
+    maps = torch.zeros(B, T, h, w, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            for i in range(h):
+                for j in range(w):
+                    mask = torch.zeros(T, 1, h + 2, w + 2, dtype=torch.float64)
+                    mask[t, 0, i : i + 3, j : j + 3] = GAUSSIAN
+                    mask = mask[:, :, 1:-1, 1:-1]  # (T, 1, h, w), row t * ... of the clip
+                    out = with_conv2_output(model, x[b : b + 1], lambda a, m=mask: a * m)
+                    maps[b, t, i, j] = out.softmax(dim=-1)[0, CLASSES[b]]
+    return maps
+
+
+def test_recipro_cam_of_a_frame_wise_clip_keeps_one_place_of_one_frame() -> None:
+    model, x = clip_model()
+    with torch.no_grad():
+        model.module.head.weight.mul_(1000)  # sharper logits: probabilities that vary by place
+    expected = recipro_cam_by_hand(model, x)
+    spread = expected.flatten(1).amax(dim=1) - expected.flatten(1).amin(dim=1)
+    assert (spread > 0.05).all()  # in each clip, the places matter
+    got = camkit.ReciproCAM(model, "conv2", batch_size=7)(
+        x, target=CLASSES, upsample=False, normalize=False
+    )
+    assert got.shape == (B, T, 8, 8)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-7)
+    assert camkit.ReciproCAM(model, "conv2")(x, target=CLASSES).shape == (B, T, SIZE, SIZE)

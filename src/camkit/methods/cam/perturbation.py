@@ -142,7 +142,7 @@ class PerturbationCAM(BaseCAM):
             reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
             self.check_reader(name, reader)
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
-            if grid.ndim != 4 and not self.takes_volumes:
+            if grid.ndim != 4 and not (self.takes_volumes or getattr(reader, "frames", 0)):
                 raise LayerOutputError(
                     f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
                     f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
