@@ -24,7 +24,8 @@ from camkit.methods.cam.base import BaseCAM
 from camkit.methods.cam.generation import Answer, explain_answer
 from camkit.models import LoadedModel
 from camkit.models.vlm import LoadedVLM
-from camkit.serve.explorer import LRU, Explorer
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
 

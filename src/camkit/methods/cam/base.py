@@ -78,11 +78,12 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
-        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+        if folded_frames(self.model, tuple(batch.shape)) and not self.reads_frame_wise():
             raise LayerOutputError(
                 f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
                 "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
-                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...), FullGrad, Score-CAM, "
+                "Ablation-CAM or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
@@ -107,6 +108,12 @@ class BaseCAM(Explainer):
     def shares_one_pass(cls) -> bool:
         """A gradient CAM that only weighs the captured layer (keeps :meth:`raw_maps`)."""
         return cls.raw_maps is BaseCAM.raw_maps
+
+    @classmethod
+    def reads_frame_wise(cls) -> bool:
+        """Whether the method reads the layers of a frame-wise model (``B * T`` rows, read
+        as ``(B, C, T, h, w)``): the CAMs of the one pass, and those that say so."""
+        return cls.shares_one_pass()
 
     # ------------------------------------------------------------------ what a method says
 
