@@ -276,6 +276,49 @@ def test_bias_units_by_hand(activation: nn.Module, saturated: float) -> None:
     assert float(relevance.sum()) == pytest.approx(score, rel=1e-6)  # "bias": conserved
 
 
+def test_bias_units_of_a_dead_channel_through_merged_batch_norms() -> None:
+    """An inverted-residual-like block, float64: 1x1 conv -> BatchNorm -> ReLU6 (channel 2
+    switched off everywhere by its negative weights) -> depthwise 3x3 conv -> BatchNorm (a
+    positive shift: channel 2 becomes the constant ``relu6(shift)``) -> ReLU6 -> 1x1 conv,
+    summed. ZPlus without biases (BatchNorms merged). ``bias_units="input"``: the last conv
+    gives channel 2 the share ``sum(w_2 a_2) / sum(w a)`` of the score, lost at the depthwise
+    conv (its windows are all 0); ``"bias"``: all of the score reaches the input."""
+    generator = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.rand(shape, generator=generator)  # noqa: E731
+    expand, depthwise = nn.Conv2d(2, 3, 1), nn.Conv2d(3, 3, 3, padding=1, groups=3)
+    project = nn.Conv2d(3, 1, 1, bias=False)
+    norms = [nn.BatchNorm2d(3), nn.BatchNorm2d(3)]
+    with torch.no_grad():
+        expand.weight.copy_(torch.tensor([1.0, 0.5, -1.0]).view(3, 1, 1, 1).expand(3, 2, 1, 1))
+        expand.bias.copy_(torch.tensor([0.1, 0.2, -0.1]))
+        depthwise.weight.copy_(rand(3, 1, 3, 3) + 0.1)
+        project.weight.copy_(torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1))
+        for bn in norms:
+            bn.weight.copy_(rand(3) + 0.5)
+            bn.running_mean.copy_(rand(3) * 0.1)
+            bn.running_var.copy_(rand(3) + 0.5)
+        norms[1].bias.copy_(torch.tensor([0.0, 0.1, 2.0]))
+    model = nn.Sequential(
+        expand, norms[0], nn.ReLU6(), depthwise, norms[1], nn.ReLU6(), project, nn.Flatten(0)
+    )
+    model = model.double().eval()
+    x = rand(1, 2, 4, 4).double() + 0.1
+    with torch.no_grad():
+        a, off = model[:6](x), model[:3](x)
+    assert float(off[:, 2].abs().max()) == 0 and float(a[:, 2].min()) > 0
+    contributions = project.weight.detach().view(1, 3, 1, 1) * a
+    lost = float(contributions[:, 2].sum() / contributions.sum())
+    assert lost > 0.1
+    for bias_units, kept in (("input", 1 - lost), ("bias", 1.0)):
+        rules = composite([(nn.Conv2d, ZPlus(zero_params="bias"))], bias_units=bias_units)
+        leaf = x.clone().requires_grad_(True)
+        with rules_applied(model, rules):
+            score = model(leaf).sum()
+        (grad,) = torch.autograd.grad(score, leaf)
+        share = float((leaf * grad).sum() / score.detach())
+        assert share == pytest.approx(kept, rel=1e-5), bias_units
+
+
 def test_unknown_bias_unit_rule_is_refused() -> None:
     from camkit.errors import ArgumentError
 
