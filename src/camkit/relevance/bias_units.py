@@ -73,6 +73,10 @@ class BiasUnitTracker:
         if bool(mask.any()):
             self.marked[id(y)] = (y, y._version, mask)
 
+    def clear(self) -> None:
+        """Forget the marks (after the forward: the backward needs none of them)."""
+        self.marked.clear()
+
     def passed(self, mask: Tensor | None, y: Tensor) -> None:
         """An element-wise activation ``y = f(x)``: ``y`` has the bias units ``mask`` of ``x``
         (:meth:`mask`, read before an in-place activation writes ``x``)."""

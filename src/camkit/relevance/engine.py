@@ -250,7 +250,10 @@ def rules_applied(
     # the grad mode is restored also when a ruled layer's forward raises (see Session._enter)
     grad_mode = torch.set_grad_enabled(torch.is_grad_enabled())
     with grad_mode, hooked(session.register), _BackwardMode(session):
-        yield session
+        try:
+            yield session
+        finally:
+            session.bias_units.clear()
     if session.pending:
         raise RelevanceError(
             f"layer(s) {sorted(set(session.pending.values()))} come before a BatchNorm in the "
