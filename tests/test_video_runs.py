@@ -204,7 +204,9 @@ def test_two_torchrun_ranks_share_the_windows_as_one_process(
         command = [*launcher, "-m", "camkit", "explain", *common, "--out", str(out)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 1, done.stderr  # the broken video
-        assert "Traceback" not in done.stderr and "b.avi" in done.stderr
+        assert "cannot read" in done.stderr and "b.avi" in done.stderr
+        # exit status 1 is also Python's for a crash (torchrun prints its own traceback)
+        assert name == "two" or "Traceback" not in done.stderr
         outputs[name] = json.loads((out / "manifest.json").read_text())
     one, two = outputs["one"], outputs["two"]
     same_results(one, two, tmp_path / "one", tmp_path / "two")
