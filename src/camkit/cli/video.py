@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from camkit import io
 from camkit.cli.pipeline import Job, build_explainers, data_loader, top5, unique_stems
@@ -47,13 +48,15 @@ from camkit.cli.video_windows import (
     collate_windows,
 )
 from camkit.core.explainer import displayed
-from camkit.core.progress import progress
+from camkit.core.progress import LogProgress, progress
 from camkit.io import video
 from camkit.metrics.frames import mass_shares
 from camkit.models import LoadedModel
 from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
 from camkit.viz.video import importance_plot, overlay_frames
+
+Shown = tqdm | LogProgress  # a progress bar
 
 GIF_MAX_FRAMES = 600
 """Longer videos get no GIF (it holds every frame in memory and weighs megabytes); their MP4 is
@@ -156,11 +159,16 @@ class _Run:
             }
         }
 
-    def report(self, failed: dict[int, str], index: int, why: str, path: Path) -> None:
-        """Name a video that cannot be read on stderr, once."""
+    def report(
+        self, failed: dict, index: int, why: str, path: Path, shown: Shown | None = None
+    ) -> None:
+        """Name a video that cannot be read on stderr, once (above the progress bar
+        ``shown``)."""
         if index not in failed:
             failed[index] = why
-            print(f"camkit: cannot read {path}: {why}", file=sys.stderr)
+            (print if shown is None else shown.write)(
+                f"camkit: cannot read {path}: {why}", file=sys.stderr
+            )
 
     def measure(self, paths: list[Path], todo: list[int]) -> dict[int, tuple[int, float] | str]:
         """``{index: (frames, fps) or why it cannot be read}`` of every video of ``todo``, each
@@ -171,7 +179,7 @@ class _Run:
             for fact in batch:
                 index = mine[fact["index"]]
                 if fact["error"] is not None:
-                    self.report(found, index, fact["error"], paths[index])  # type: ignore[arg-type]
+                    self.report(found, index, fact["error"], paths[index])
                 else:
                     found[index] = (fact["frames"], fact["fps"])
         return {index: fact for part in self.ranks.gather(found) for index, fact in part.items()}
@@ -194,7 +202,7 @@ class _Run:
         with shown:
             for batch in loader:
                 for index, why in batch.failures:
-                    self.report(failed, index, why, plans[index].path)
+                    self.report(failed, index, why, plans[index].path, shown)
                 lines = []
                 if batch.inputs is not None:
                     inputs = batch.inputs.to(self.job.device, non_blocking=True)

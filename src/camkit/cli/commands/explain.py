@@ -162,6 +162,7 @@ def explain(
         return None
     order = [str(path) for path in paths]
     manifest = merge(out, head, order, ranks.world, todo=len(todo))
+    shutil.rmtree(out / WINDOWS, ignore_errors=True)  # every video has its record now
     if job.report:
         records = manifest["records"]
         metrics = results.overlay_metrics(records, results.read_rows(out))  # when evaluated
