@@ -4,7 +4,9 @@ and this rank's part of the manifest."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -317,6 +319,24 @@ def data_loader(
         pin_memory=job.device.type == "cuda",
         worker_init_fn=_one_thread,
     )
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (AttributeError, OSError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing where
+    there is none). Called after each batch of a long run: with DataLoader workers, glibc's
+    dynamic mmap threshold otherwise lets freed batch buffers fragment the heap, and the peak
+    memory of a 10-minute video grew by 125 MB (benchmarks/VIDEO.md)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _one_thread(worker: int) -> None:

@@ -37,7 +37,14 @@ import torch
 from tqdm.auto import tqdm
 
 from camkit import io
-from camkit.cli.pipeline import Job, build_explainers, data_loader, top5, unique_stems
+from camkit.cli.pipeline import (
+    Job,
+    build_explainers,
+    data_loader,
+    release_free_memory,
+    top5,
+    unique_stems,
+)
 from camkit.cli.ranks import Ranks
 from camkit.cli.video_windows import (
     VideoFacts,
@@ -98,8 +105,8 @@ def explain_videos(
     facts = run.measure(paths, todo)
     failed = {index: fact for index, fact in facts.items() if isinstance(fact, str)}
     length = loaded.clip_length or 1
-    plans = {}
-    for index, fact in facts.items():
+    plans = {}  # in the inputs' order, the same on every rank
+    for index, fact in sorted(facts.items()):
         if not isinstance(fact, str):
             count, fps = fact
             windows = video.clip_windows(count, length, stride)
@@ -228,6 +235,7 @@ class _Run:
                 self.windows += len(lines)
                 append(self.part, lines + [self.throughput()])
                 shown.update(len(lines))
+                release_free_memory()
         return {index: why for part in self.ranks.gather(failed) for index, why in part.items()}
 
     def predict(self, inputs: torch.Tensor) -> np.ndarray:

@@ -270,7 +270,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument(
         "--resume",
         action="store_true",
-        help="skip the images a killed or finished run with the same settings already did",
+        help="skip the images (a video's clips) a killed or finished run with the same "
+        "settings already did",
     )
     explain.add_argument(
         "--report",
