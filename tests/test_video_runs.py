@@ -242,3 +242,26 @@ def test_windows_of_a_resumed_run_must_still_be_on_disk(videos: list[Path], tmp_
     resumed = run(loaded, first, job(out), resume=True)
     whole = run(loaded, first, job(tmp_path / "whole"))
     same_results(whole, resumed, tmp_path / "whole", out)
+
+
+def test_a_video_that_breaks_while_drawn_leaves_no_file_and_an_error_record(
+    videos: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Decoded well for its windows (predict, maps), then not when drawn (the third decoding):
+    no MP4, GIF or plot of it, one error record; the window files are gone."""
+    first = videos[0]
+    decode, calls = video.iter_frames, []
+
+    def fails_third_time(path, *, start=0, **kw):
+        calls.append(path)
+        for index, frame in enumerate(decode(path, start=start, **kw), start):
+            if len(calls) == 3 and index == 5:
+                raise video.VideoReadError("corrupt frame 5")
+            yield frame
+
+    monkeypatch.setattr(video, "iter_frames", fails_third_time)
+    out = tmp_path / "out"
+    done = run(tiny_loaded(), [first], job(out, workers=0))
+    assert len(calls) == 3 and capsys.readouterr().err.count("corrupt frame 5") == 1
+    assert done["records"] == [{"image": str(first), "error": "corrupt frame 5", "rank": 0}]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]

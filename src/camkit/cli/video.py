@@ -121,17 +121,19 @@ def explain_videos(
     }
     failed |= run.stage(MAPS, {i: plans[i] for i in classes}, done, classes)
     mine = ranks.shard(todo)
-    for index in mine:
-        records, why = None, failed.get(index)
-        if why is None:
-            one = _Video(run, plans[index], stems[index])
-            records, why = one.explain(classes[index], predictions[index])
-        if records is None:
-            records = [{"image": str(paths[index]), "error": why, "rank": ranks.rank}]
-        run.videos += 1
-        append(run.part, [{"record": r} for r in records] + [run.throughput()])
-        if index in plans:
-            plans[index].store.remove()
+    with progress(len(mine), "draw" + run.label, "video", enabled=not job.quiet) as shown:
+        for index in mine:
+            records, why = None, failed.get(index)
+            if why is None:
+                one = _Video(run, plans[index], stems[index])
+                records, why = one.explain(classes[index], predictions[index], shown)
+            if records is None:
+                records = [{"image": str(paths[index]), "error": why, "rank": ranks.rank}]
+            run.videos += 1
+            append(run.part, [{"record": r} for r in records] + [run.throughput()])
+            if index in plans:
+                plans[index].store.remove()
+            shown.update(1)
     if not mine:
         append(run.part, [run.throughput()])
 
@@ -275,7 +277,7 @@ class _Video:
             yield frame, np.mean(np.stack(covering).astype(np.float32), axis=0)
 
     def explain(
-        self, classes: list[int], probabilities: np.ndarray
+        self, classes: list[int], probabilities: np.ndarray, shown: Shown
     ) -> tuple[list[dict] | None, str | None]:
         """Write every method's and class's files -> (their records, None), or (None, why)
         when the video cannot be decoded (nothing written)."""
@@ -293,7 +295,7 @@ class _Video:
                     for (row, column), output in outputs.items():
                         output.add(frame, heat[row, column])
         except video.VideoReadError as error:
-            print(f"camkit: cannot read {self.plan.path}: {error}", file=sys.stderr)
+            shown.write(f"camkit: cannot read {self.plan.path}: {error}", file=sys.stderr)
             return None, str(error)
         chances = torch.from_numpy(probabilities).float()
         records = [
