@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from camkit import models
 from camkit.cli.commands.explain import explain
 from camkit.cli.pipeline import Job
+from camkit.cli.ranks import span
 from camkit.cli.video_windows import VideoWindows, WindowStore, collate_windows
 from camkit.io import video
 from camkit.runs import manifest
@@ -83,6 +84,15 @@ def same_results(one: dict, two: dict, out_one: Path, out_two: Path) -> None:
         gif_one = video.read_video(out_one / a["animation"]).frames.astype(int)
         gif_two = video.read_video(out_two / b["animation"]).frames.astype(int)
         assert np.abs(gif_one - gif_two).mean() < 1.0  # a palette may differ by a level
+
+
+def test_spans_split_items_in_order_into_near_equal_runs() -> None:
+    for count in range(12):
+        items = list(range(count))
+        for parts in range(1, 6):
+            spans = [span(items, parts, index) for index in range(parts)]
+            assert [item for part in spans for item in part] == items
+            assert max(map(len, spans)) - min(map(len, spans)) <= 1
 
 
 def test_the_windows_of_videos_are_shared_by_the_workers_each_video_decoded_once(
