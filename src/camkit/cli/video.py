@@ -219,21 +219,12 @@ class _Run:
                     results = (
                         self.predict(inputs) if stage == PREDICT else self.maps(inputs, targets)
                     )
-                    for index, window, result in zip(
-                        batch.videos, batch.windows, results, strict=True
-                    ):
-                        plans[index].store.save(stage, window, result)
+                    done_now = zip(batch.videos, batch.windows, results, strict=True)
+                    for index, (start, stop), result in done_now:
+                        plans[index].store.save(stage, (start, stop), result)
                         image = str(plans[index].path)
-                        lines.append(
-                            {
-                                "window": {
-                                    "image": image,
-                                    "stage": stage,
-                                    "start": window[0],
-                                    "stop": window[1],
-                                }
-                            }
-                        )
+                        window = {"image": image, "stage": stage, "start": start, "stop": stop}
+                        lines.append({"window": window})
                 self.windows += len(lines)
                 append(self.part, lines + [self.throughput()])
                 shown.update(len(lines))
