@@ -61,7 +61,7 @@ from camkit.metrics.frames import mass_shares
 from camkit.models import LoadedModel
 from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
-from camkit.viz.video import importance_plot, overlay_frames
+from camkit.viz.video import frame_heat, importance_plot, overlay_frames
 
 Shown = tqdm | LogProgress  # a progress bar
 
@@ -260,12 +260,11 @@ class _Video:
             if frame is None:
                 raise video.VideoReadError(why)
             while following is not None and following[0] <= t:
-                loaded[following] = plan.store.load(MAPS, following)
+                loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
                 following = next(upcoming, None)
             for window in [window for window in loaded if window[1] <= t]:
                 del loaded[window]
-            covering = [heat[:, :, t - start] for (start, _), heat in loaded.items()]
-            yield frame, np.mean(np.stack(covering).astype(np.float32), axis=0)
+            yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
 
     def explain(
         self, classes: list[int], probabilities: np.ndarray, shown: Shown

@@ -22,7 +22,7 @@ from torch import Tensor
 from camkit import io, metrics, models
 from camkit.errors import ArgumentError
 from camkit.io import video
-from camkit.viz.video import clip_scale, overlay_frames
+from camkit.viz.video import clip_scale, frame_heat, overlay_frames
 
 READ_ERRORS = (*io.READ_ERRORS, video.VideoReadError)
 """What reading a gallery entry may raise: an image's errors and a video's."""
@@ -94,15 +94,14 @@ def per_entry(values: Tensor, counts: Sequence[int]) -> Tensor:
 
 def video_heat(heat: Tensor, spans: Sequence[tuple[int, int]], count: int) -> Tensor:
     """``(n, K, L, H, W)`` maps of a video's ``n`` windows ``spans`` -> ``(K, count, H, W)``:
-    each frame's map the mean of the windows that hold it (frames past the video, repeated to
-    fill a window, dropped), as ``camkit explain``'s."""
-    total = heat.new_zeros((heat.shape[1], count, *heat.shape[-2:]))
-    seen = heat.new_zeros(count)
-    for row, (start, stop) in enumerate(spans):
-        stop = min(stop, count)
-        total[:, start:stop] += heat[row, :, : stop - start]
-        seen[start:stop] += 1
-    return total / seen[None, :, None, None]
+    each frame's map the mean of the windows that hold it (:func:`~camkit.viz.video.frame_heat`,
+    as ``camkit explain``'s; frames past the video, repeated to fill a window, dropped)."""
+    held = [(start, stop, heat[row].float()) for row, (start, stop) in enumerate(spans)]
+    frames = [
+        frame_heat([(start, part) for start, stop, part in held if start <= t < stop], t)
+        for t in range(count)
+    ]
+    return torch.stack(frames, dim=1)
 
 
 def entry_maps(

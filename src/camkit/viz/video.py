@@ -4,6 +4,7 @@ per-frame importance curve."""
 from __future__ import annotations
 
 from io import BytesIO
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -11,6 +12,8 @@ from matplotlib.figure import Figure
 
 from camkit.errors import InputError
 from camkit.viz import overlay_on_photo
+
+Heat = TypeVar("Heat", np.ndarray, torch.Tensor)
 
 
 def clip_scale(heat: np.ndarray) -> np.ndarray:
@@ -21,6 +24,16 @@ def clip_scale(heat: np.ndarray) -> np.ndarray:
     if low < 0 or high > 1:
         return (heat - low) / (high - low) if high > low else np.zeros_like(heat)
     return heat
+
+
+def frame_heat(covering: list[tuple[int, Heat]], t: int) -> Heat:
+    """Frame ``t``'s heat ``(..., H, W)`` in a video explained window by window: the mean of
+    the windows that hold it, ``covering`` their ``(start, heat (..., L, H, W))`` (numpy or
+    torch, float32). The one rule of ``camkit explain``'s animations and the explorer's."""
+    parts = [heat[..., t - start, :, :] for start, heat in covering]
+    if not parts:
+        raise InputError(f"no window holds frame {t}")
+    return sum(parts[1:], parts[0]) / len(parts)
 
 
 def overlay_frames(
@@ -84,4 +97,4 @@ def importance_plot(
     return buffer.getvalue()
 
 
-__all__ = ["clip_scale", "importance_plot", "overlay_frames"]
+__all__ = ["clip_scale", "frame_heat", "importance_plot", "overlay_frames"]
