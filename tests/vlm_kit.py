@@ -167,3 +167,26 @@ def prompt(image_tokens: int, text: str = "what is in the picture") -> torch.Ten
 def image(batch: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, 3, SIZE, SIZE, generator=generator).to(dtype)
+
+
+def openclip_folder(folder: Path) -> Path:
+    """A tiny OpenCLIP model (2 vision blocks, one text block, the bundled CLIP tokenizer's
+    vocabulary) saved as OpenCLIP models are on the HuggingFace hub: ``open_clip_config.json``
+    (``model_cfg``, ``preprocess_cfg``) and ``open_clip_model.safetensors``; read back with
+    ``open_clip.create_model("local-dir:FOLDER")`` and ``open_clip.get_tokenizer(...)``."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip", reason="open_clip builds the OpenCLIP model")
+    from safetensors.torch import save_file
+
+    vision = dict(image_size=SIZE, layers=2, width=32, head_width=16, patch_size=PATCH)
+    text = dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=1)
+    config = dict(embed_dim=16, vision_cfg=vision, text_cfg=text)
+    torch.manual_seed(0)
+    model = open_clip.CLIP(**config)
+    folder.mkdir(parents=True, exist_ok=True)
+    preprocess = {"mean": [0.5] * 3, "std": [0.5] * 3}
+    settings = {"model_cfg": config, "preprocess_cfg": preprocess}
+    (folder / "open_clip_config.json").write_text(json.dumps(settings))
+    save_file(model.state_dict(), folder / "open_clip_model.safetensors")
+    return folder

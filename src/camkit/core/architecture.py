@@ -3,7 +3,7 @@ grid, channel counts, and the layer to explain in a transformer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torch import Tensor, nn
 
@@ -172,7 +172,7 @@ def has_last_axis_norm(model: nn.Module | None) -> bool:
 # ----------------------------------------------------------------------------- inference
 
 
-def default_token_layer(model: nn.Module) -> str | None:
+def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = None) -> str | None:
     """The layer to explain in a transformer: the first normalisation of its last block.
 
     Per family: timm ViT / DeiT / DINOv2 ``blocks.{-1}.norm1``; timm Swin
@@ -182,13 +182,19 @@ def default_token_layer(model: nn.Module) -> str | None:
     output feeds the last attention, so every patch token reaches the score (the layer
     pytorch-grad-cam recommends). A video transformer whose block norms see frames in the batch
     (TimeSformer) gets :func:`~camkit.core.spacetime.default_video_layer`. None for a model
-    without such blocks (CNNs, ConvNeXt: use the last spatial map).
+    without such blocks (CNNs, ConvNeXt: use the last spatial map). ``ran``: which modules (by
+    name in ``model``) ran in the explained forward; the others are not candidates (OpenCLIP's
+    text tower, named after its image tower, does not run when its image side is explained).
     """
     found = default_video_layer(model)
     if found is not None:
         return found
     for name, module in model.named_modules():
-        if isinstance(module, nn.LayerNorm) and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES:
+        if (
+            isinstance(module, nn.LayerNorm)
+            and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES
+            and (ran is None or ran(name))
+        ):
             found = name
     return found
 

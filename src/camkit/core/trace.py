@@ -316,7 +316,11 @@ def last_spatial_map(
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     usable = {call.name for call in calls if call.skip is None}
-    for known in (vision_feature_layer(model), default_token_layer(model)):
+    ran = usable.__contains__
+    for known in (
+        vision_feature_layer(model),
+        default_token_layer(model, lambda name: ran(user_name(model, name))),
+    ):
         known = known and user_name(model, known)
         if known is not None and known in usable:
             return known

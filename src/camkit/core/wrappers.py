@@ -72,27 +72,34 @@ class KeywordInput(nn.Module):
         return self.module(*args, **{self.key: x}, **kwargs)
 
 
+# a dual encoder's image side: HuggingFace (CLIP, SigLIP) and OpenCLIP
+IMAGE_TOWERS = ("get_image_features", "encode_image")
+
+
 class ImageTower(nn.Module):
     """The image side of a dual encoder (HuggingFace CLIP, SigLIP and the models built like
-    them): ``ImageTower(model)(pixel_values)`` is ``model.get_image_features(pixel_values)``'s
-    ``(B, D)`` image embedding (before normalisation), so the text tower does not run; the
-    texts are a :class:`camkit.targets.PromptTarget`, whose text embeddings are computed once.
-    Layer names are those of ``model`` (``"vision_model.encoder.layers.1"``).
+    them; OpenCLIP): ``ImageTower(model)(pixel_values)`` is ``model.get_image_features(
+    pixel_values)``'s ``(B, D)`` image embedding (before normalisation; OpenCLIP's
+    ``encode_image``), so the text tower does not run; the texts are a
+    :class:`camkit.targets.PromptTarget`, whose text embeddings are computed once. Layer names
+    are those of ``model`` (``"vision_model.encoder.layers.1"``).
     """
 
     wraps_model = True
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        if not callable(getattr(model, "get_image_features", None)):
+        if not any(callable(getattr(model, name, None)) for name in IMAGE_TOWERS):
             raise ArgumentError(
                 f"ImageTower needs a dual encoder with get_image_features (HuggingFace CLIPModel, "
-                f"SiglipModel), got {type(model).__name__}"
+                f"SiglipModel) or encode_image (OpenCLIP), got {type(model).__name__}"
             )
         self.module = model
 
     def forward(self, x: Tensor, **kwargs: object) -> Tensor:
         """``(B, C, H, W) -> (B, D)``: the projected image embedding."""
+        if not callable(getattr(self.module, "get_image_features", None)):
+            return self.module.encode_image(x, **kwargs)
         features = self.module.get_image_features(pixel_values=x, **kwargs)
         return features if isinstance(features, Tensor) else features.pooler_output
 
