@@ -137,3 +137,24 @@ def test_an_hf_run_writes_a_manifest_the_report_shows_with_the_token_page(tmp_pa
     overlays = page_data(answer / "index.html")["images"][0]["overlays"]
     assert [o["tokens"] for o in overlays] == ["photo_gradcam_tokens.html"] * 2
     assert (answer / overlays[0]["tokens"]).is_file()
+
+
+@pytest.mark.parametrize("name", ["internvl", "aya_vision"])
+def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path, name):
+    """InternVL and Aya Vision from a local folder: the prompt holds as many image tokens as the
+    model makes of the image (its 2 x 2 merged patches: 4), and the answer's maps and token
+    relevance equal explain_tokens on the model built in memory."""
+    build, image_tokens = vlm_kit.GENERATIVE[name]
+    model = build()
+    loaded = load_vlm(save_folder(model, tmp_path / name, frame="<bos> $A"))
+    assert loaded.generative and type(loaded.model) is type(model)
+    x = vlm_kit.image()
+    ids = loaded.prompt_ids("what is in the picture", x)
+    torch.testing.assert_close(ids, vlm_kit.prompt(image_tokens))
+    answer = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
+    sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer.tokens]])
+    cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))
+    expected = explain_tokens(cam, x, sequence, prompt_length=ids.shape[1])
+    assert answer.positions == list(range(ids.shape[1], sequence.shape[1]))
+    torch.testing.assert_close(answer.explanation.maps, expected.maps)
+    torch.testing.assert_close(answer.explanation.token_relevance, expected.token_relevance)

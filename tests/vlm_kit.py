@@ -2,8 +2,9 @@
 tokenizer saved in a local folder: nothing is downloaded.
 
 Dual encoders: CLIP, SigLIP. Generative: LLaVA (CLIP vision tower, LLaMA text model with
-grouped-query attention, ``vision_feature_layer=-2``), PaliGemma (SigLIP + Gemma) and Gemma 3
-(SigLIP + Gemma 3, pooled image tokens).
+grouped-query attention, ``vision_feature_layer=-2``), PaliGemma (SigLIP + Gemma), Gemma 3
+(SigLIP + Gemma 3, pooled image tokens), InternVL and Aya Vision (2 x 2 patches merged into one
+image token). OpenCLIP: a folder laid out as on the HuggingFace hub.
 """
 
 from __future__ import annotations
@@ -155,8 +156,46 @@ def gemma3() -> torch.nn.Module:
     return model
 
 
+def internvl() -> torch.nn.Module:
+    """InternVL (Chen et al., CVPR 2024): its own vision tower (a class token, the encoder list
+    named ``layer``), the projector reading ``hidden_states[-2]`` (the output of layer 1 of 3)
+    and merging each 2 x 2 patches into one image token (pixel shuffle, ``downsample_ratio``)."""
+    torch.manual_seed(0)
+    vision = _vision() | {"image_size": [SIZE] * 2, "patch_size": [PATCH] * 2}
+    vision["num_hidden_layers"] = 3
+    config = transformers.InternVLConfig(
+        vision_config=vision,
+        text_config=_text(model_type="qwen2", max_position_embeddings=64),
+        image_token_id=IMAGE,
+        downsample_ratio=0.5,
+        vision_feature_layer=-2,
+        projector_hidden_act="gelu",
+    )
+    return transformers.InternVLForConditionalGeneration(config).eval()
+
+
+def aya_vision() -> torch.nn.Module:
+    """Aya Vision: SigLIP's patches, each 2 x 2 merged into one image token
+    (``downsample_factor``) for a Cohere 2 language model."""
+    torch.manual_seed(0)
+    config = transformers.AyaVisionConfig(
+        vision_config=_vision(model_type="siglip_vision_model"),
+        text_config=_text(model_type="cohere2", max_position_embeddings=64, sliding_window=16),
+        image_token_index=IMAGE,
+        downsample_factor=2,
+        vision_feature_layer=-1,
+    )
+    return transformers.AyaVisionForConditionalGeneration(config).eval()
+
+
 # each generative model and the number of image tokens its prompt holds
-GENERATIVE = {"llava": (llava, PATCHES), "paligemma": (paligemma, PATCHES), "gemma3": (gemma3, 4)}
+GENERATIVE = {
+    "llava": (llava, PATCHES),
+    "paligemma": (paligemma, PATCHES),
+    "gemma3": (gemma3, 4),
+    "internvl": (internvl, PATCHES // 4),
+    "aya_vision": (aya_vision, PATCHES // 4),
+}
 
 
 def prompt(image_tokens: int, text: str = "what is in the picture") -> torch.Tensor:

@@ -35,6 +35,9 @@ _CHANNELS_FIRST_MODULES = (
 # timm ViT/DeiT/Eva/Swin and torchvision Swin ``norm1``, torchvision ViT ``ln_1``, HuggingFace
 # ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
 _BLOCK_NORM_NAMES = ("norm1", "ln_1", "layernorm_before", "layer_norm1")
+# the list of a vision tower's encoder layers: CLIP, SigLIP ``encoder.layers``; InternVL's
+# ``encoder.layer``
+_ENCODER_LISTS = ("layers", "layer")
 
 
 def _pair(value: object) -> tuple[int, int] | None:
@@ -221,7 +224,7 @@ def vision_feature_layer(model: nn.Module) -> str | None:
         (
             (name, m)
             for name, m in module.named_modules()
-            if name.endswith("layers") and isinstance(m, nn.ModuleList) and len(m)
+            if name.endswith(_ENCODER_LISTS) and isinstance(m, nn.ModuleList) and len(m)
         ),
         None,
     )

@@ -115,10 +115,11 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
         )
     settings = json.loads(path.read_text())
     vision = getattr(config, "vision_config", config)
-    size = int(getattr(vision, "image_size", 224))
+    size = getattr(vision, "image_size", 224)  # InternVL: [height, width]
+    height, width = (size, size) if isinstance(size, int) else map(int, size)
     crop = "center" if settings.get("do_center_crop") else "squash"
     return Preprocess(
-        size=(size, size),
+        size=(height, width),
         mean=tuple(settings.get("image_mean", (0.5, 0.5, 0.5))),
         std=tuple(settings.get("image_std", (0.5, 0.5, 0.5))),
         crop_pct=1.0,
