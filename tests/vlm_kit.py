@@ -229,3 +229,23 @@ def openclip_folder(folder: Path) -> Path:
     (folder / "open_clip_config.json").write_text(json.dumps(settings))
     save_file(model.state_dict(), folder / "open_clip_model.safetensors")
     return folder
+
+
+def qwen2_vl() -> torch.nn.Module:
+    """Qwen2-VL (Wang et al. 2024): images as flattened 8 px patches (each repeated over 2
+    frames) with ``image_grid_thw``, 2 x 2 patches merged into one image token after the last
+    vision block, M-RoPE in the language model; ``<bos>`` opens the image (vision start)."""
+    torch.manual_seed(0)
+    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)
+    vision |= dict(patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2]}
+    text = _text(max_position_embeddings=64, rope_parameters=rope)
+    config = transformers.Qwen2VLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=IMAGE,
+        video_token_id=2,
+        vision_start_token_id=1,
+        vision_end_token_id=3,
+    )
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()

@@ -3,11 +3,13 @@ grid, channel counts, and the layer to explain in a transformer."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from camkit.core.spacetime import default_video_layer
+from camkit.core.spacetime import default_video_layer, folded_frames
 
 # attributes that hold tokens prepended to the patch tokens (timm, torchvision, HuggingFace);
 # ``mask_token`` is deliberately absent: it replaces patch tokens, it is not prepended
@@ -36,8 +38,10 @@ _CHANNELS_FIRST_MODULES = (
 # ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
 _BLOCK_NORM_NAMES = ("norm1", "ln_1", "layernorm_before", "layer_norm1")
 # the list of a vision tower's encoder layers: CLIP, SigLIP ``encoder.layers``; InternVL's
-# ``encoder.layer``
-_ENCODER_LISTS = ("layers", "layer")
+# ``encoder.layer``; Qwen2-VL's ``blocks``
+_ENCODER_LISTS = ("layers", "layer", "blocks")
+# a vision config's fields that say its images come as flattened patches (Qwen2-VL)
+_PATCH_ROW_FIELDS = ("patch_size", "temporal_patch_size", "spatial_merge_size")
 
 
 def _pair(value: object) -> tuple[int, int] | None:
@@ -172,6 +176,48 @@ def has_last_axis_norm(model: nn.Module | None) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class PatchRows:
+    """How a model that reads its images as flattened patches (Qwen2-VL: ``pixel_values``
+    ``(sum of t * h * w, C * t * p * p)`` and ``image_grid_thw``) lays them out, from its vision
+    config: ``patch`` pixels a side, ``temporal`` frames per patch (an image repeated),
+    ``merge`` x ``merge`` patches merged into one token after the vision blocks, the patches
+    ordered merge window by merge window (the model's image processor's order), ``channels``
+    of the image."""
+
+    patch: int
+    temporal: int
+    merge: int
+    channels: int
+
+    def grid(self, size: Sequence[int]) -> tuple[int, int]:
+        """The ``(h, w)`` patch grid of an ``(H, W)`` image."""
+        return size[-2] // self.patch, size[-1] // self.patch
+
+
+def patch_rows(model: nn.Module | None) -> PatchRows | None:
+    """:class:`PatchRows` of a model whose vision config names ``patch_size``,
+    ``temporal_patch_size`` and ``spatial_merge_size`` (Qwen2-VL and its kin), else None."""
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        vision = getattr(config, "vision_config", config)
+        values = [getattr(vision, f, None) for f in _PATCH_ROW_FIELDS]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            channels = getattr(vision, "in_channels", getattr(vision, "num_channels", 3))
+            return PatchRows(*values, channels=int(channels))
+    return None
+
+
+def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
+    """How many rows per input a model folds into the first axis of its layers, or None: the
+    frames of a frame-wise video model (:func:`~camkit.core.spacetime.folded_frames`), the
+    patches of a model that reads its images as flattened patches (:func:`patch_rows`: an
+    ``(H, W)`` image gives ``(H / p) * (W / p)`` rows)."""
+    frames = folded_frames(model, input_shape)
+    rows = patch_rows(model) if frames is None and len(input_shape) == 4 else None
+    return frames if rows is None else math.prod(rows.grid(input_shape))
+
+
 # ----------------------------------------------------------------------------- inference
 
 
@@ -206,16 +252,24 @@ def vision_feature_layer(model: nn.Module) -> str | None:
     """Where a generative vision-language model's vision features leave its vision tower for
     the projector that feeds them to the language model, or None for other models.
 
-    LLaVA and its kin (a ``vision_tower`` and a ``config.vision_feature_layer``): the projector
+    The vision tower: a ``vision_tower`` (LLaVA and most), or Qwen2-VL's ``visual`` with its
+    ``merger`` (which merges patches and projects them; OpenCLIP's ``visual`` has none: a dual
+    encoder). LLaVA and its kin (a ``config.vision_feature_layer``): the projector
     reads ``hidden_states[i]`` of the vision tower, the output of encoder layer ``i - 1``
     (``hidden_states[0]`` is the embedding); LLaVA's usual ``-2`` is the second-to-last
     layer's output, not the last block, which the projector never reads. A list of indices
     (features concatenated) gives its deepest layer. Without ``vision_feature_layer``
-    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``): the tower's final normalisation
-    (``post_layernorm``), else its last encoder layer.
+    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``; Qwen2-VL's ``visual``, whose
+    merger reads its last block): the tower's final normalisation (``post_layernorm``), else its
+    last encoder layer.
     """
     tower = next(
-        ((name, m) for name, m in model.named_modules() if name.endswith("vision_tower")), None
+        (
+            (name, m)
+            for name, m in model.named_modules()
+            if name.endswith("vision_tower") or (name.endswith("visual") and hasattr(m, "merger"))
+        ),
+        None,
     )
     if tower is None:
         return None
@@ -224,7 +278,7 @@ def vision_feature_layer(model: nn.Module) -> str | None:
         (
             (name, m)
             for name, m in module.named_modules()
-            if name.endswith(_ENCODER_LISTS) and isinstance(m, nn.ModuleList) and len(m)
+            if name.rsplit(".", 1)[-1] in _ENCODER_LISTS and isinstance(m, nn.ModuleList) and len(m)
         ),
         None,
     )

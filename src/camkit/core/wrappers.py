@@ -1,13 +1,17 @@
 """Wrappers that let camkit explain a model whose input is not one ``(B, C, ...)`` tensor in
 first position: :class:`InputLayout` (5-D clips in another axis order), :class:`KeywordInput`
-(the explained input is a keyword argument) and :class:`ImageTower` (a dual encoder's image
-side). All are ``nn.Module`` s the user wraps the model in; layer names stay those of the
-wrapped model."""
+(the explained input is a keyword argument), :class:`FlatPatches` (images given as flattened
+patches) and :class:`ImageTower` (a dual encoder's image side). All are ``nn.Module`` s the
+user wraps the model in; layer names stay those of the wrapped model."""
 
 from __future__ import annotations
 
+import inspect
+
+import torch
 from torch import Tensor, nn
 
+from camkit.core.architecture import PatchRows, patch_rows
 from camkit.errors import ArgumentError, InputError
 
 
@@ -62,6 +66,12 @@ class KeywordInput(nn.Module):
         super().__init__()
         if not isinstance(key, str) or not key.isidentifier():
             raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
+        if key == "pixel_values" and patch_rows(model) is not None:
+            raise ArgumentError(
+                f"{type(model).__name__} reads its pixel_values as flattened patches with "
+                "image_grid_thw (its vision config names temporal_patch_size and "
+                "spatial_merge_size): explain camkit.FlatPatches(model), which lays images out so"
+            )
         self.module = model
         self.key = key
 
@@ -70,6 +80,74 @@ class KeywordInput(nn.Module):
         if self.key in kwargs:
             raise ArgumentError(f"{self.key!r} is the explained input; do not pass it again")
         return self.module(*args, **{self.key: x}, **kwargs)
+
+
+class FlatPatches(nn.Module):
+    """A generative vision-language model that reads its images as flattened patches (Qwen2-VL,
+    Wang et al. 2024, and its kin): ``FlatPatches(model)(x, input_ids=...)`` lays the images
+    ``x`` ``(B, C, H, W)`` out as the model's image processor does (:func:`image_inputs`:
+    ``pixel_values`` ``(B * h * w, C * t * p * p)`` and ``image_grid_thw``) and calls ``model``
+    with them. The patch size, frames per patch and merge size are read from the model's vision
+    config (:func:`~camkit.core.architecture.patch_rows`). CAMs read its vision blocks' ``(B * h
+    * w, C)`` outputs as ``(B, C, h, w)`` maps; pixel methods attribute ``x``. Layer names are
+    those of ``model``.
+    """
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if patch_rows(model) is None:
+            raise ArgumentError(
+                f"FlatPatches needs a model whose vision config names patch_size, "
+                f"temporal_patch_size and spatial_merge_size (Qwen2-VL); {type(model).__name__} "
+                "has none: explain camkit.KeywordInput(model, 'pixel_values')"
+            )
+        self.module = model
+
+    def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
+        """``model(*args, pixel_values=..., image_grid_thw=..., **kwargs)`` for images ``x``
+        (and ``mm_token_type_ids`` from ``input_ids``, see :func:`image_inputs`)."""
+        ids = kwargs.get("input_ids")
+        inputs = image_inputs(self.module, x, ids if isinstance(ids, Tensor) else None)
+        return self.module(*args, **{**inputs, **kwargs})
+
+
+def image_inputs(model: nn.Module, x: Tensor, input_ids: Tensor | None = None) -> dict[str, Tensor]:
+    """The keyword inputs that give images ``x`` ``(B, C, H, W)`` to a generative model:
+    ``pixel_values=x``, or for a model that reads flattened patches (Qwen2-VL,
+    :func:`~camkit.core.architecture.patch_rows`) the patches as its image processor lays them
+    out (merge window by merge window, each patch repeated over its ``t`` frames, flattened to
+    ``C * t * p * p``) with ``image_grid_thw`` ``(B, 3)``: ``(1, h, w)`` per image; with
+    ``input_ids``, a model whose forward takes ``mm_token_type_ids`` (M-RoPE's positions: 1 at
+    the image tokens, ``config.image_token_id``, 0 elsewhere) gets them, as its processor
+    gives them."""
+    layout = patch_rows(model)
+    if layout is None:
+        return {"pixel_values": x}
+    inputs = _flat_patches(model, x, layout)
+    takes = inspect.signature(model.forward).parameters
+    if input_ids is not None and "mm_token_type_ids" in takes:
+        image = getattr(model.config, "image_token_id", None)
+        inputs["mm_token_type_ids"] = (input_ids == image).int()
+    return inputs
+
+
+def _flat_patches(model: nn.Module, x: Tensor, layout: PatchRows) -> dict[str, Tensor]:
+    """``pixel_values`` and ``image_grid_thw`` of images ``x`` (see :func:`image_inputs`)."""
+    side = layout.patch * layout.merge
+    if x.ndim != 4 or x.shape[1] != layout.channels or x.shape[2] % side or x.shape[3] % side:
+        raise InputError(
+            f"{type(model).__name__} reads images (B, {layout.channels}, H, W) whose sides are "
+            f"multiples of {side} (patch_size {layout.patch} x spatial_merge_size "
+            f"{layout.merge}, from its vision config), got {tuple(x.shape)}: resize them"
+        )
+    (b, c, height, width), (p, m, t) = x.shape, (layout.patch, layout.merge, layout.temporal)
+    h, w = height // p, width // p
+    windows = x.reshape(b, c, h // m, m, p, w // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
+    frames = windows.unsqueeze(6).expand(*windows.shape[:6], t, p, p)
+    grid = torch.tensor([[1, h, w]] * b, device=x.device)
+    return {"pixel_values": frames.reshape(b * h * w, c * t * p * p), "image_grid_thw": grid}
 
 
 # a dual encoder's image side: HuggingFace (CLIP, SigLIP) and OpenCLIP
@@ -104,4 +182,4 @@ class ImageTower(nn.Module):
         return features if isinstance(features, Tensor) else features.pooler_output
 
 
-__all__ = ["ImageTower", "InputLayout", "KeywordInput"]
+__all__ = ["FlatPatches", "ImageTower", "InputLayout", "KeywordInput", "image_inputs"]

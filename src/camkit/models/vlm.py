@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.core.wrappers import ImageTower, KeywordInput
+from camkit.core.architecture import patch_rows
+from camkit.core.wrappers import FlatPatches, ImageTower, KeywordInput, image_inputs
 from camkit.errors import ArgumentError, InputError, UnknownModelError
 from camkit.methods.cam.base import BaseCAM
 from camkit.methods.cam.generation import TokenExplanation, explain_tokens
@@ -20,6 +21,8 @@ from camkit.models.preprocess import Preprocess
 from camkit.targets.prompts import load_tokenizer
 
 PROCESSOR_FILE = "preprocessor_config.json"
+# the config fields naming a generative model's image and video placeholder tokens
+PLACEHOLDER_IDS = ("image_token_id", "video_token_id")
 HF_PREFIX = "hf:"
 """How a model name says "a local HuggingFace folder": ``hf:FOLDER`` (the CLI, the notebook)."""
 
@@ -31,7 +34,8 @@ class LoadedVLM:
     ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
     (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
     :class:`~camkit.targets.PromptTarget` s; ``KeywordInput(model, "pixel_values")`` for a
-    generative model, whose targets are :class:`~camkit.targets.TokenTarget` s);
+    generative model, ``FlatPatches(model)`` for one that reads flattened patches (Qwen2-VL),
+    whose targets are :class:`~camkit.targets.TokenTarget` s);
     ``preprocess``: the image processor's size, mean and std (resize as its
     ``do_center_crop`` says).
     """
@@ -44,9 +48,19 @@ class LoadedVLM:
 
     @property
     def explained(self) -> nn.Module:
-        return (
-            KeywordInput(self.model, "pixel_values") if self.generative else ImageTower(self.model)
-        )
+        if not self.generative:
+            return ImageTower(self.model)
+        if patch_rows(self.model) is not None:
+            return FlatPatches(self.model)
+        return KeywordInput(self.model, "pixel_values")
+
+    @property
+    def placeholders(self) -> list[int]:
+        """The token ids that stand for image (or video) features in a generative model's
+        input (``config.image_token_id``, ``video_token_id``): never generated in an answer
+        (the model reads the answer again, and each such token would take an image's place)."""
+        ids = (getattr(self.model.config, key, None) for key in PLACEHOLDER_IDS)
+        return [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
 
     def prompt_ids(self, text: str, pixel_values: Tensor) -> Tensor:
         """``(1, T)`` ids of a question to a generative model: the tokenizer's ids of ``text``
@@ -60,16 +74,18 @@ class LoadedVLM:
     def answer(
         self, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
     ) -> Answer:
-        """A generative model's greedy answer to ``prompt`` about one image, every generated
-        token explained by ``cam`` (:func:`~camkit.methods.cam.generation.explain_tokens`: one
-        forward, the tokens as targets of batched backward passes)."""
+        """A generative model's greedy answer to ``prompt`` about one image (its
+        :attr:`placeholders` never generated), every generated token explained by ``cam``
+        (:func:`~camkit.methods.cam.generation.explain_tokens`: one forward, the tokens as
+        targets of batched backward passes)."""
         ids = self.prompt_ids(prompt, pixel_values).to(pixel_values.device)
         with torch.no_grad():
             sequence = self.model.generate(
                 input_ids=ids,
-                pixel_values=pixel_values,
+                **image_inputs(self.model, pixel_values, ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                suppress_tokens=self.placeholders,
             )
         if sequence.shape[1] == ids.shape[1]:
             raise InputError("the model generated no token")
@@ -97,9 +113,10 @@ class Answer:
 
 def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
     """How many image tokens a generative model's prompt holds for one image: the features its
-    ``get_image_features`` makes (LLaVA's patches, Gemma 3's pooled tokens)."""
+    ``get_image_features`` makes (LLaVA's patches, Gemma 3's pooled tokens, the merged patches
+    of InternVL, Aya Vision and Qwen2-VL)."""
     with torch.no_grad():
-        features = model.get_image_features(pixel_values=pixel_values[:1])
+        features = model.get_image_features(**image_inputs(model, pixel_values[:1]))
     features = features if isinstance(features, Tensor | list | tuple) else features.pooler_output
     first = features[0]
     return int(first.shape[0])

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from camkit.core.architecture import folded_rows
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Explanation, Reshape
@@ -23,7 +24,6 @@ from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import resolve_reshape
-from camkit.core.spacetime import folded_frames
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.methods.cam.smoothing import augmented, principal_component
 from camkit.targets.base import TargetSpec
@@ -78,11 +78,12 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
-        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+        if folded_rows(self.model, tuple(batch.shape)) and not self.shares_one_pass():
             raise LayerOutputError(
-                f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
-                "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
-                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+                f"{type(self).__name__} does not read the layers of a model that folds frames "
+                "or patches into its batch (a frame-wise model, Qwen2-VL) yet; use a gradient CAM "
+                "that weighs the captured layer (Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, "
+                "Eigen-CAM...) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
@@ -183,10 +184,12 @@ class BaseCAM(Explainer):
     def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
         """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
         w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
-        gives ``(B, K, C, T, h, w)``."""
-        frames = getattr(reader, "frames", 0)
+        gives ``(B, K, C, T, h, w)``, patch rows ``(B * N, K, C)`` ``(B, K, C, h, w)``."""
+        frames, rows = getattr(reader, "frames", 0), getattr(reader, "rows", 0)
         if frames:  # rows b * T + t -> (B, K, T, ...), read frame by frame
             t = t.unflatten(0, (-1, frames)).transpose(1, 2)
+        elif rows:  # rows b * N + n -> (B, K, N, C), N patch tokens
+            t = t.unflatten(0, (-1, rows)).transpose(1, 2)
         lead = t.shape[:2]
         t = t.flatten(0, 2 if frames else 1).float()
         if reader is not None:
