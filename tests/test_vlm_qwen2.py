@@ -166,3 +166,16 @@ def test_explaining_an_answer_leaves_the_model_as_it_was():
     cam = camkit.GradCAM(camkit.FlatPatches(model))
     explain_tokens(cam, x, sequence, prompt_length=prompt_length, token_batch=2)
     assert_untouched(model, before)
+
+
+def test_a_model_that_tiles_its_images_is_refused_by_name():
+    """LLaVA-NeXt (anyres tiles) is not laid out: refused before any forward, naming why."""
+    config = vlm_kit.transformers.LlavaNextConfig(
+        vision_config=vlm_kit._vision(model_type="clip_vision_model"),
+        text_config=vlm_kit._text(model_type="llama"),
+        image_token_id=vlm_kit.IMAGE,
+        image_grid_pinpoints=[[vlm_kit.SIZE, vlm_kit.SIZE]],
+    )
+    model = vlm_kit.transformers.LlavaNextForConditionalGeneration(config)
+    with pytest.raises(ArgumentError, match="tiles"):
+        camkit.KeywordInput(model, "pixel_values")

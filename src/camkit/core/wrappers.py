@@ -66,6 +66,14 @@ class KeywordInput(nn.Module):
         super().__init__()
         if not isinstance(key, str) or not key.isidentifier():
             raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
+        config = getattr(model, "config", None)
+        if key == "pixel_values" and getattr(config, "image_grid_pinpoints", None):
+            raise ArgumentError(
+                f"{type(model).__name__} splits each image into tiles (anyres: "
+                "config.image_grid_pinpoints) and reads them with image_sizes: camkit does not lay "
+                "tiles out yet; explain a model that reads one view per image (LLaVA, PaliGemma, "
+                "InternVL) or flattened patches (Qwen2-VL: camkit.FlatPatches)"
+            )
         if key == "pixel_values" and patch_rows(model) is not None:
             raise ArgumentError(
                 f"{type(model).__name__} reads its pixel_values as flattened patches with "
