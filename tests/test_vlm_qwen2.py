@@ -179,3 +179,20 @@ def test_a_model_that_tiles_its_images_is_refused_by_name():
     model = vlm_kit.transformers.LlavaNextForConditionalGeneration(config)
     with pytest.raises(ArgumentError, match="tiles"):
         camkit.KeywordInput(model, "pixel_values")
+
+
+def test_the_cli_writes_an_overlay_per_generated_token_of_a_saved_qwen2_vl(tmp_path):
+    import numpy as np
+
+    from camkit import io
+    from camkit.cli import main
+
+    photo = tmp_path / "photo.png"
+    rng = np.random.default_rng(0)
+    io.save_image(photo, rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    folder = save_folder(vlm_kit.qwen2_vl(), tmp_path / "qwen2_vl", frame="<bos> $A")
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", f"hf:{folder}", "--out", str(out), "--quiet"]
+    assert main([*argv, "--prompt", "what is in the picture", "--max-new-tokens", "3"]) == 0
+    assert len(list(out.glob("photo_gradcam_*.jpg"))) == 3
+    assert (out / "photo_gradcam_tokens.html").read_text().count('<span class="word">') == 3
