@@ -106,6 +106,8 @@ def test_the_example_runs(capsys):
     runpy.run_path(str(example), run_name="__main__")
     printed = capsys.readouterr().out
     assert "maps (1, 2, 32, 32)" in printed and "the same map (True)" in printed
+    assert "Qwen2-VL: model.visual.blocks.1" in printed
+    assert "OpenCLIP: visual.transformer.resblocks.1.ln_1" in printed
 
 
 def test_an_hf_run_writes_a_manifest_the_report_shows_with_the_token_page(tmp_path, photo):
