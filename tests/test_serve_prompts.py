@@ -143,6 +143,28 @@ def test_a_click_on_word_k_equals_explain_tokens_map_k(llava_loaded, photos):
         assert np.allclose(answer["relevance"][k], relevance[k, :position].numpy(), rtol=0, atol=0)
 
 
+def test_a_qwen2_vl_folder_answers_and_each_word_has_the_answers_map(tmp_path, photos):
+    """Qwen2-VL reads flattened patches: the explorer's image side and answer go through
+    camkit.FlatPatches' layout, and word k's map is map k of LoadedVLM.answer."""
+    loaded = load_vlm(save_folder(vlm_kit.qwen2_vl(), tmp_path / "qwen2_vl", frame="<bos> $A"))
+    client, explorer = client_for(loaded, photos)
+    asked = {"image": 0, "prompt": QUESTION, "max_new_tokens": 3}
+    with client:
+        answer = client.get("/api/answer", params=asked)
+        assert answer.status_code == 200, answer.text
+        words = len(answer.json()["positions"])
+        maps = [
+            npy(client.get("/api/token-map", params={**asked, "word": k, "format": "npy"}))
+            for k in range(words)
+        ]
+    expected = loaded.answer(
+        camkit.GradCAM(loaded.explained), model_input(explorer, 0), QUESTION, 3
+    )
+    assert words == 3 and answer.json()["positions"] == expected.positions
+    for k in range(words):
+        assert np.array_equal(maps[k], expected.explanation.maps[0, k].numpy())
+
+
 def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):
     from tests.test_serve import explorer_for, photo_folder  # a classifier's explorer
 
