@@ -165,6 +165,21 @@ def test_a_qwen2_vl_folder_answers_and_each_word_has_the_answers_map(tmp_path, p
         assert np.array_equal(maps[k], expected.explanation.maps[0, k].numpy())
 
 
+def test_an_openclip_folder_gets_the_prompt_box_and_its_maps(tmp_path, photos):
+    pytest.importorskip("open_clip", reason="open_clip builds the OpenCLIP model")
+    loaded = load_vlm(vlm_kit.openclip_folder(tmp_path / "open_clip"))
+    client, explorer = client_for(loaded, photos)
+    with client:
+        assert client.get("/api/info").json()["prompts"]["kind"] == "dual"
+        asked = {"image": 1, "prompt": "a cat", "format": "npy"}
+        got = npy(client.get("/api/prompt-map", params=asked))
+    assert explorer.default_layer == "visual.transformer.resblocks.1.ln_1"
+    target = PromptTarget(loaded.model, ["a cat"], tokenizer=loaded.tokenizer)
+    x = model_input(explorer, 1)
+    expected = camkit.GradCAM(loaded.explained).explain_batch(x, target).maps
+    assert np.array_equal(got, expected[0, 0].numpy())
+
+
 def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):
     from tests.test_serve import explorer_for, photo_folder  # a classifier's explorer
 

@@ -114,3 +114,46 @@ def test_explaining_leaves_the_model_as_it_was(folder):
     target = PromptTarget(model, PROMPTS, tokenizer=tokenizer)
     camkit.GradCAM(camkit.ImageTower(model))(vlm_kit.image(), target)
     assert_untouched(model, before)
+
+
+def test_the_cli_reads_an_openclip_folder_as_a_dual_encoder(tmp_path, folder):
+    """``--model hf:FOLDER`` on an OpenCLIP folder: an overlay per prompt, equal to the
+    library's map of the model OpenCLIP reads from it (its preprocess_cfg: 32 px, mean 0.5)."""
+    import numpy as np
+
+    from camkit import io
+    from camkit.cli import main
+    from camkit.models.vlm import load_vlm
+
+    photo = tmp_path / "photo.png"
+    io.save_image(photo, np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    path = folder.removeprefix("local-dir:")
+    out = tmp_path / "out"
+    argv = ["explain", str(photo), "--model", f"hf:{path}", "--out", str(out), "--quiet"]
+    assert main([*argv, "--prompt", "a cat", "--prompt", "a dog", "--format", "png"]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "photo_gradcam_0_a-cat.png",
+        "photo_gradcam_1_a-dog.png",
+    ]
+    loaded = load_vlm(path)
+    assert loaded.preprocess.size == (32, 32) and loaded.preprocess.mean == (0.5, 0.5, 0.5)
+    model, tokenizer = load(folder)
+    x = loaded.preprocess(io.read_image(photo)).unsqueeze(0)
+    target = PromptTarget(model, ["a cat", "a dog"], tokenizer=tokenizer)
+    heat = camkit.GradCAM(camkit.ImageTower(model)).explain_batch(x, target).maps
+    region = loaded.preprocess.photo_region(40, 48)
+    expected = camkit.viz.overlay_on_photo(io.read_image(photo), heat[0, 1], region)
+    assert np.array_equal(io.read_image(out / "photo_gradcam_1_a-dog.png"), expected)
+
+
+def test_an_openclip_folder_without_weights_is_refused(tmp_path, folder):
+    from camkit.models.vlm import load_vlm
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config = "open_clip_config.json"
+    (empty / config).write_text(
+        (vlm_kit.Path(folder.removeprefix("local-dir:")) / config).read_text()
+    )
+    with pytest.raises(camkit.errors.UnknownModelError, match="holds no weights"):
+        load_vlm(empty)

@@ -1,6 +1,7 @@
 """Vision-language models from a local HuggingFace folder (config, weights, tokenizer and the
-image processor's settings), read without any download: dual encoders (CLIP, SigLIP) and
-generative models (LLaVA, PaliGemma, Gemma 3 and their kin)."""
+image processor's settings), read without any download: dual encoders (CLIP, SigLIP; OpenCLIP
+in its hub layout) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2-VL and
+their kin)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ from camkit.core.wrappers import FlatPatches, ImageTower, KeywordInput, image_in
 from camkit.errors import ArgumentError, InputError, UnknownModelError
 from camkit.methods.cam.base import BaseCAM
 from camkit.methods.cam.generation import TokenExplanation, explain_tokens
-from camkit.models.preprocess import Preprocess
+from camkit.models.preprocess import INTERPOLATIONS, Preprocess
 from camkit.targets.prompts import load_tokenizer
 
 PROCESSOR_FILE = "preprocessor_config.json"
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+# OpenCLIP's resize modes as camkit's crops: the shorter side then a centre crop, the longer
+# side then padding, or straight to the size
+OPEN_CLIP_RESIZE = {"shortest": "center", "longest": "pad", "squash": "squash"}
 # the config fields naming a generative model's image and video placeholder tokens
 PLACEHOLDER_IDS = ("image_token_id", "video_token_id")
 HF_PREFIX = "hf:"
@@ -145,11 +150,49 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
     )
 
 
+def _open_clip(folder: Path) -> LoadedVLM:
+    """An OpenCLIP model in the layout of its HuggingFace hub folders (``open_clip_config.json``,
+    the weights), read with OpenCLIP's ``local-dir:`` schema with its own tokenizer and its
+    ``preprocess_cfg`` (size, mean, std, interpolation, ``resize_mode``)."""
+    try:
+        import open_clip
+    except ImportError:
+        raise UnknownModelError(
+            f"{str(folder)!r} holds an OpenCLIP model ({OPEN_CLIP_CONFIG}): pip install "
+            "open_clip_torch to read it"
+        ) from None
+    if not any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pth")):
+        raise UnknownModelError(
+            f"the OpenCLIP folder {str(folder)!r} holds no weights (open_clip_model.safetensors "
+            "or open_clip_pytorch_model.bin); OpenCLIP would build a random model"
+        )
+    name = f"local-dir:{folder}"
+    try:
+        model = open_clip.create_model(name).eval()
+        tokenizer = open_clip.get_tokenizer(name)
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise UnknownModelError(f"OpenCLIP cannot read {str(folder)!r}: {error}") from None
+    settings = model.visual.preprocess_cfg
+    interpolation = settings.get("interpolation", "bicubic")
+    preprocess = Preprocess(
+        size=tuple(settings["size"]),
+        mean=tuple(settings["mean"]),
+        std=tuple(settings["std"]),
+        crop_pct=1.0,
+        interpolation=interpolation if interpolation in INTERPOLATIONS else "bicubic",
+        crop_mode=OPEN_CLIP_RESIZE[settings.get("resize_mode", "shortest")],
+    )
+    return LoadedVLM(folder, model, tokenizer, preprocess, generative=False)
+
+
 def load_vlm(folder: str | Path) -> LoadedVLM:
     """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class in
-    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``); clear errors
-    for a folder that lacks one of them."""
+    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``; or an OpenCLIP
+    model as on the hub: ``open_clip_config.json`` and its weights); clear errors for a folder
+    that lacks one of them."""
     folder = Path(folder)
+    if (folder / OPEN_CLIP_CONFIG).is_file():
+        return _open_clip(folder)
     if not (folder / "config.json").is_file():
         raise UnknownModelError(
             f"{str(folder)!r} is not a HuggingFace model folder (no config.json)"
