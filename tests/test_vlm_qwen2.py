@@ -196,3 +196,40 @@ def test_the_cli_writes_an_overlay_per_generated_token_of_a_saved_qwen2_vl(tmp_p
     assert main([*argv, "--prompt", "what is in the picture", "--max-new-tokens", "3"]) == 0
     assert len(list(out.glob("photo_gradcam_*.jpg"))) == 3
     assert (out / "photo_gradcam_tokens.html").read_text().count('<span class="word">') == 3
+
+
+def test_lrp_runs_through_the_flattened_patches_and_the_vision_tower_conserves():
+    """AttnLRP through Qwen2-VL (Achtibat et al., ICML 2024): the relevance that enters the
+    patch merger reaches the last vision block whole and the pixels within 5% (through the
+    vision attention over each image's rows, its rotary embeddings, the 3-D patch embedding and
+    FlatPatches' layout); the image tokens' embeddings get none (the vision features replace
+    them); the language model's final norm passes the logit on."""
+    import warnings
+
+    from camkit.errors import ConservationWarning
+
+    model = vlm_kit.qwen2_vl().double()
+    embeddings, norm = "model.language_model.embed_tokens", "model.language_model.norm"
+    merger, block = "model.visual.merger", LAYER
+    lrp = camkit.LRP(
+        camkit.FlatPatches(model),
+        composite="epsilon-plus",
+        layers=[embeddings, norm, merger, block],
+    )
+    ids = vlm_kit.prompt(4)
+    for token in (5, 17):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConservationWarning)  # the pixels hold a part
+            found = lrp.explain_batch(
+                vlm_kit.image(dtype=torch.float64),
+                TokenTarget(-1, token),
+                additional_forward_args={"input_ids": ids},
+            )
+        score = float(found.scores.sum())
+        assert float(found.layers[norm].sum()) == pytest.approx(score, rel=1e-4)
+        entering = float(found.layers[merger].sum())
+        assert abs(entering) > 1e-3 * abs(score)
+        assert float(found.layers[block].sum()) == pytest.approx(entering, rel=1e-4)
+        assert float(found.input.sum()) == pytest.approx(entering, rel=0.05)
+        tokens = found.layers[embeddings][0, 0]
+        assert float(tokens[ids[0] == vlm_kit.IMAGE].abs().sum()) == 0
