@@ -10,7 +10,7 @@ import vlm_kit
 from vlm_kit import save_folder
 
 import camkit
-from camkit.errors import ArgumentError, InputError
+from camkit.errors import ArgumentError, InputError, LayerOutputError
 from camkit.methods.cam.generation import explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import TokenTarget
@@ -149,6 +149,11 @@ def test_what_cannot_be_laid_out_is_refused_with_what_to_pass():
         camkit.KeywordInput(model, "pixel_values")
     with pytest.raises(ArgumentError, match="spatial_merge_size"):
         camkit.FlatPatches(vlm_kit.llava())
+    extra = {"input_ids": sequence}
+    with pytest.raises(LayerOutputError, match="reads flattened patches"):
+        camkit.ScoreCAM(camkit.FlatPatches(model))(
+            x, TokenTarget(-1, 5), additional_forward_args=extra
+        )
     cam = camkit.GradCAM(camkit.FlatPatches(model))
     with pytest.raises(InputError, match="multiples of 16"):
         cam(

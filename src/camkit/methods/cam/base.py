@@ -80,10 +80,10 @@ class BaseCAM(Explainer):
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
         if folded_rows(self.model, tuple(batch.shape)) and not self.shares_one_pass():
             raise LayerOutputError(
-                f"{type(self).__name__} does not read the layers of a model that folds frames "
-                "or patches into its batch (a frame-wise model, Qwen2-VL) yet; use a gradient CAM "
-                "that weighs the captured layer (Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, "
-                "Eigen-CAM...) or a pixel method"
+                f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
+                "folded into the batch) or of one that reads flattened patches (Qwen2-VL) yet; "
+                "use a gradient CAM that weighs the captured layer (Grad-CAM, Grad-CAM++, "
+                "LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
