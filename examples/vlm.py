@@ -119,7 +119,7 @@ def open_clip_model(root: Path, image: torch.Tensor) -> None:
 
 
 def flat_patches(root: Path, image: torch.Tensor) -> None:
-    """Qwen2-VL: images as flattened patches, 2 x 2 merged into one token (FlatPatches)."""
+    """Qwen2-VL: images as flattened patches, 2 x 2 merged into one token (ImageInput)."""
     torch.manual_seed(0)
     vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8)
     text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, vocab_size=32)

@@ -145,7 +145,7 @@ def test_a_click_on_word_k_equals_explain_tokens_map_k(llava_loaded, photos):
 
 def test_a_qwen2_vl_folder_answers_and_each_word_has_the_answers_map(tmp_path, photos):
     """Qwen2-VL reads flattened patches: the explorer's image side and answer go through
-    camkit.FlatPatches' layout, and word k's map is map k of LoadedVLM.answer."""
+    camkit.ImageInput' layout, and word k's map is map k of LoadedVLM.answer."""
     loaded = load_vlm(save_folder(vlm_kit.qwen2_vl(), tmp_path / "qwen2_vl", frame="<bos> $A"))
     client, explorer = client_for(loaded, photos)
     asked = {"image": 0, "prompt": QUESTION, "max_new_tokens": 3}

@@ -1,5 +1,5 @@
 """Qwen2-VL (Wang et al., "Qwen2-VL", 2024) on a tiny random model: images given as flattened
-patches with ``image_grid_thw`` (camkit.FlatPatches), the vision blocks' ``(B * h * w, C)``
+patches with ``image_grid_thw`` (camkit.ImageInput), the vision blocks' ``(B * h * w, C)``
 rows in 2 x 2 merge windows read as maps, M-RoPE positions; hand references in float64."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def hand_reference(model, x, sequence, position, token):
 
 def test_the_default_layer_is_the_last_vision_block_read_in_merge_windows():
     model, x, _, sequence = answer()
-    cam = camkit.GradCAM(camkit.FlatPatches(model))
+    cam = camkit.GradCAM(camkit.ImageInput(model))
     cam(x, TokenTarget(-1, 5), additional_forward_args={"input_ids": sequence})
     assert cam.layers == [LAYER]
     layout = cam.layouts[LAYER]
@@ -88,7 +88,7 @@ def test_the_default_layer_is_the_last_vision_block_read_in_merge_windows():
 
 def test_a_token_map_and_its_token_relevance_equal_hand_references_in_float64():
     model, x, prompt_length, sequence = answer(torch.float64)
-    cam = camkit.GradCAM(camkit.FlatPatches(model), LAYER)
+    cam = camkit.GradCAM(camkit.ImageInput(model), LAYER)
     result = explain_tokens(cam, x, sequence, prompt_length=prompt_length, **RAW)
     assert result.maps.shape == (1, sequence.shape[1] - prompt_length, 4, 4)
     for k, position in enumerate(range(prompt_length, sequence.shape[1])):
@@ -103,7 +103,7 @@ def test_a_token_map_and_its_token_relevance_equal_hand_references_in_float64():
 
 def test_k_generated_tokens_in_one_call_equal_k_single_calls_and_images_their_own_maps():
     model, x, prompt_length, sequence = answer()
-    cam = camkit.GradCAM(camkit.FlatPatches(model))
+    cam = camkit.GradCAM(camkit.ImageInput(model))
     result = explain_tokens(cam, x, sequence, prompt_length=prompt_length, token_batch=3, **RAW)
     generated = TokenTarget.generated(sequence, prompt_length)
     pair = torch.cat([x, vlm_kit.image(1, seed=1)])  # two images: 32 rows in the vision blocks
@@ -130,14 +130,14 @@ def test_k_generated_tokens_in_one_call_equal_k_single_calls_and_images_their_ow
 def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path):
     model = vlm_kit.qwen2_vl()
     loaded = load_vlm(save_folder(model, tmp_path / "qwen2_vl", frame="<bos> $A"))
-    assert isinstance(loaded.explained, camkit.FlatPatches)
+    assert isinstance(loaded.explained, camkit.ImageInput)
     x = vlm_kit.image()
     ids = loaded.prompt_ids("what is in the picture", x)
     torch.testing.assert_close(ids, vlm_kit.prompt(4))
     answer_ = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
     sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer_.tokens]])
     expected = explain_tokens(
-        camkit.GradCAM(camkit.FlatPatches(model)), x, sequence, prompt_length=ids.shape[1]
+        camkit.GradCAM(camkit.ImageInput(model)), x, sequence, prompt_length=ids.shape[1]
     )
     torch.testing.assert_close(answer_.explanation.maps, expected.maps)
     torch.testing.assert_close(answer_.explanation.token_relevance, expected.token_relevance)
@@ -145,16 +145,14 @@ def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path)
 
 def test_what_cannot_be_laid_out_is_refused_with_what_to_pass():
     model, x, _, sequence = answer()
-    with pytest.raises(ArgumentError, match="camkit.FlatPatches"):
+    with pytest.raises(ArgumentError, match="camkit.ImageInput"):
         camkit.KeywordInput(model, "pixel_values")
-    with pytest.raises(ArgumentError, match="spatial_merge_size"):
-        camkit.FlatPatches(vlm_kit.llava())
     extra = {"input_ids": sequence}
     with pytest.raises(LayerOutputError, match="reads flattened patches"):
-        camkit.ScoreCAM(camkit.FlatPatches(model))(
+        camkit.ScoreCAM(camkit.ImageInput(model))(
             x, TokenTarget(-1, 5), additional_forward_args=extra
         )
-    cam = camkit.GradCAM(camkit.FlatPatches(model))
+    cam = camkit.GradCAM(camkit.ImageInput(model))
     with pytest.raises(InputError, match="multiples of 16"):
         cam(
             vlm_kit.image()[..., :24],
@@ -168,22 +166,9 @@ def test_explaining_an_answer_leaves_the_model_as_it_was():
 
     model, x, prompt_length, sequence = answer()
     before = model_state(model)
-    cam = camkit.GradCAM(camkit.FlatPatches(model))
+    cam = camkit.GradCAM(camkit.ImageInput(model))
     explain_tokens(cam, x, sequence, prompt_length=prompt_length, token_batch=2)
     assert_untouched(model, before)
-
-
-def test_a_model_that_tiles_its_images_is_refused_by_name():
-    """LLaVA-NeXt (anyres tiles) is not laid out: refused before any forward, naming why."""
-    config = vlm_kit.transformers.LlavaNextConfig(
-        vision_config=vlm_kit._vision(model_type="clip_vision_model"),
-        text_config=vlm_kit._text(model_type="llama"),
-        image_token_id=vlm_kit.IMAGE,
-        image_grid_pinpoints=[[vlm_kit.SIZE, vlm_kit.SIZE]],
-    )
-    model = vlm_kit.transformers.LlavaNextForConditionalGeneration(config)
-    with pytest.raises(ArgumentError, match="tiles"):
-        camkit.KeywordInput(model, "pixel_values")
 
 
 def test_the_cli_writes_an_overlay_per_generated_token_of_a_saved_qwen2_vl(tmp_path):
@@ -207,7 +192,7 @@ def test_lrp_runs_through_the_flattened_patches_and_the_vision_tower_conserves()
     """AttnLRP through Qwen2-VL (Achtibat et al., ICML 2024): the relevance that enters the
     patch merger reaches the last vision block whole and the pixels within 5% (through the
     vision attention over each image's rows, its rotary embeddings, the 3-D patch embedding and
-    FlatPatches' layout); the image tokens' embeddings get none (the vision features replace
+    ImageInput' layout); the image tokens' embeddings get none (the vision features replace
     them); the language model's final norm passes the logit on."""
     import warnings
 
@@ -217,7 +202,7 @@ def test_lrp_runs_through_the_flattened_patches_and_the_vision_tower_conserves()
     embeddings, norm = "model.language_model.embed_tokens", "model.language_model.norm"
     merger, block = "model.visual.merger", LAYER
     lrp = camkit.LRP(
-        camkit.FlatPatches(model),
+        camkit.ImageInput(model),
         composite="epsilon-plus",
         layers=[embeddings, norm, merger, block],
     )

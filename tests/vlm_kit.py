@@ -249,3 +249,18 @@ def qwen2_vl() -> torch.nn.Module:
         vision_end_token_id=3,
     )
     return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+def llava_next() -> torch.nn.Module:
+    """LLaVA-NeXt (Liu et al. 2024, anyres): an image at 32x64 or 64x64 is read as the whole
+    image resized to 32 px and its 32 px tiles; the projector reads ``hidden_states[-2]``."""
+    torch.manual_seed(0)
+    vision = _vision(model_type="clip_vision_model") | {"num_hidden_layers": 3}
+    config = transformers.LlavaNextConfig(
+        vision_config=vision,
+        text_config=_text(model_type="llama", max_position_embeddings=256),
+        image_token_id=IMAGE,
+        image_grid_pinpoints=[[SIZE, SIZE], [SIZE, 2 * SIZE], [2 * SIZE, 2 * SIZE]],
+        vision_feature_layer=-2,
+    )
+    return transformers.LlavaNextForConditionalGeneration(config).eval()

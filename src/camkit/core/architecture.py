@@ -208,14 +208,51 @@ def patch_rows(model: nn.Module | None) -> PatchRows | None:
     return None
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """How a model that splits its images into tiles (LLaVA-NeXt's anyres, Liu et al. 2024)
+    reads them, from its config: ``side`` (the vision tower's ``image_size``) and the
+    resolutions it tiles (``image_grid_pinpoints``). An image at one of them is read as views:
+    the image resized to ``side``, then its ``side`` x ``side`` tiles row by row."""
+
+    side: int
+    pinpoints: tuple[tuple[int, int], ...]
+
+    def grid(self, size: Sequence[int]) -> tuple[int, int] | None:
+        """The ``(rows, columns)`` of tiles of an ``(H, W)`` image at one of the resolutions,
+        else None."""
+        height, width = int(size[-2]), int(size[-1])
+        if (height, width) not in self.pinpoints:
+            return None
+        return height // self.side, width // self.side
+
+
+def image_tiles(model: nn.Module | None) -> Tiles | None:
+    """:class:`Tiles` of a model whose config names ``image_grid_pinpoints`` (LLaVA-NeXt and
+    its kin) and a square vision ``image_size``, else None."""
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        pinpoints = getattr(config, "image_grid_pinpoints", None)
+        side = getattr(getattr(config, "vision_config", None), "image_size", None)
+        if pinpoints and isinstance(side, int) and not isinstance(side, bool):
+            return Tiles(side, tuple((int(h), int(w)) for h, w in pinpoints))
+    return None
+
+
 def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
     """How many rows per input a model folds into the first axis of its layers, or None: the
     frames of a frame-wise video model (:func:`~camkit.core.spacetime.folded_frames`), the
     patches of a model that reads its images as flattened patches (:func:`patch_rows`: an
-    ``(H, W)`` image gives ``(H / p) * (W / p)`` rows)."""
+    ``(H, W)`` image gives ``(H / p) * (W / p)`` rows), the views of a model that tiles its
+    images (:func:`image_tiles`: the resized image and its tiles)."""
     frames = folded_frames(model, input_shape)
-    rows = patch_rows(model) if frames is None and len(input_shape) == 4 else None
-    return frames if rows is None else math.prod(rows.grid(input_shape))
+    if frames is not None or len(input_shape) != 4:
+        return frames
+    rows, tiles = patch_rows(model), image_tiles(model)
+    if rows is not None:
+        return math.prod(rows.grid(input_shape))
+    grid = tiles.grid(input_shape) if tiles is not None else None
+    return None if grid is None else 1 + math.prod(grid)
 
 
 # ----------------------------------------------------------------------------- inference

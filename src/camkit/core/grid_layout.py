@@ -37,6 +37,9 @@ class Layout:
             for ``N`` images), read as ``(N, rows, C)`` tokens; 0: not.
         merge: the patch tokens come merge window by merge window (``merge`` x ``merge``
             patches each, row-major inside; Qwen2-VL's order), not row by row; 1: row-major.
+        tiles: ``(rows, columns)`` of a tiled image's views (LLaVA-NeXt): its ``frames`` are
+            the whole image resized, then the tiles row by row; :meth:`place` puts a map of
+            the views back on the image; None: not tiled.
     """
 
     kind: Kind
@@ -49,6 +52,7 @@ class Layout:
     frames: int = 0
     rows: int = 0
     merge: int = 1
+    tiles: tuple[int, int] | None = None
 
     @property
     def channel_axis(self) -> int:
@@ -97,6 +101,17 @@ class Layout:
 
     __call__ = to_grid
 
+    def place(self, cam: Tensor) -> Tensor:
+        """A map over a tiled image's views ``(B, K, 1 + r * c, h, w)`` as a map over the image
+        ``(B, K, r * h, c * w)``: each position gets the sum of the views' values that cover it
+        (the whole image's, nearest-upsampled, and its tile's); other layouts: ``cam``."""
+        if self.tiles is None:
+            return cam
+        (r, c), (h, w) = self.tiles, cam.shape[-2:]
+        whole, parts = cam[:, :, 0], cam[:, :, 1:].unflatten(2, (r, c))
+        tiled = parts.permute(0, 1, 2, 4, 3, 5).reshape(*cam.shape[:2], r * h, c * w)
+        return tiled + whole.repeat_interleave(r, dim=2).repeat_interleave(c, dim=3)
+
     def __str__(self) -> str:
         grid = "x".join(map(str, self.grid))
         out = f"(B, {self.channels}, {', '.join(map(str, self.grid))})"
@@ -109,7 +124,10 @@ class Layout:
             what = f"channels-last (B, {shape_text(self.shape)}) -> {out}"
         else:
             what = f"{self.kind} {out}"
-        if self.frames:
+        if self.tiles:
+            tiles = "x".join(map(str, self.tiles))
+            what = f"{self.frames} views per image (whole, {tiles} tiles): {what}"
+        elif self.frames:
             what = f"frame-wise, {self.frames} frames per sample: {what}"
         if self.rows:
             order = f"{self.merge}x{self.merge} merge windows" if self.merge > 1 else "row-major"

@@ -44,6 +44,7 @@ from camkit.core.architecture import (
     PatchRows,
     channel_counts,
     has_last_axis_norm,
+    image_tiles,
     patch_grid,
     patch_rows,
     prefix_tokens,
@@ -231,7 +232,7 @@ def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]
             f"the {shape[0]} rows of {shape} are not {grid[0]}x{grid[1]} patches per {dims} "
             f"image in {layout.merge}x{layout.merge} merge windows (patch_size {layout.patch}, "
             "spatial_merge_size from the model's vision config): give images whose sides are "
-            f"multiples of {layout.patch * layout.merge} (camkit.FlatPatches lays them out)"
+            f"multiples of {layout.patch * layout.merge} (camkit.ImageInput lays them out)"
         )
     reason = f"{dims} image / patch {layout.patch}, {layout.merge}x{layout.merge} merge windows"
     reason += " (the model's vision config)"
@@ -292,6 +293,14 @@ def infer_layout(
     """
     shape = tuple(int(n) for n in shape)
     size = _size(input_size)
+    tiles = image_tiles(model) if len(size) == 2 and batch is not None else None
+    grid = tiles.grid(size) if tiles is not None else None
+    if grid is not None and shape[0] == batch * (1 + math.prod(grid)):
+        view = infer_layout(shape, model, (tiles.side, tiles.side))
+        reason = f"{size[0]}x{size[1]} image: whole and {grid[0]}x{grid[1]} tiles of {tiles.side}"
+        return replace(
+            view, frames=1 + math.prod(grid), tiles=grid, reason=f"{reason}; {view.reason}"
+        )
     frames = folded_frames(model, (batch or 0, 0, *size))
     if frames and batch is not None and shape[0] == batch * frames != batch:
         frame = infer_layout(shape, model, size[1:])

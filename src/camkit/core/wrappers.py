@@ -1,6 +1,6 @@
 """Wrappers that let camkit explain a model whose input is not one ``(B, C, ...)`` tensor in
 first position: :class:`InputLayout` (5-D clips in another axis order), :class:`KeywordInput`
-(the explained input is a keyword argument), :class:`FlatPatches` (images given as flattened
+(the explained input is a keyword argument), :class:`ImageInput` (images given as flattened
 patches) and :class:`ImageTower` (a dual encoder's image side). All are ``nn.Module`` s the
 user wraps the model in; layer names stay those of the wrapped model."""
 
@@ -9,9 +9,10 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.architecture import PatchRows, patch_rows
+from camkit.core.architecture import PatchRows, Tiles, image_tiles, patch_rows
 from camkit.errors import ArgumentError, InputError
 
 
@@ -66,19 +67,11 @@ class KeywordInput(nn.Module):
         super().__init__()
         if not isinstance(key, str) or not key.isidentifier():
             raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
-        config = getattr(model, "config", None)
-        if key == "pixel_values" and getattr(config, "image_grid_pinpoints", None):
+        if key == "pixel_values" and image_inputs_differ(model):
             raise ArgumentError(
-                f"{type(model).__name__} splits each image into tiles (anyres: "
-                "config.image_grid_pinpoints) and reads them with image_sizes: camkit does not lay "
-                "tiles out yet; explain a model that reads one view per image (LLaVA, PaliGemma, "
-                "InternVL) or flattened patches (Qwen2-VL: camkit.FlatPatches)"
-            )
-        if key == "pixel_values" and patch_rows(model) is not None:
-            raise ArgumentError(
-                f"{type(model).__name__} reads its pixel_values as flattened patches with "
-                "image_grid_thw (its vision config names temporal_patch_size and "
-                "spatial_merge_size): explain camkit.FlatPatches(model), which lays images out so"
+                f"{type(model).__name__} does not read images as pixel_values alone (flattened "
+                "patches with image_grid_thw, or tiles with image_sizes, from its config): "
+                "explain camkit.ImageInput(model), which lays images out as it reads them"
             )
         self.module = model
         self.key = key
@@ -90,32 +83,25 @@ class KeywordInput(nn.Module):
         return self.module(*args, **{self.key: x}, **kwargs)
 
 
-class FlatPatches(nn.Module):
-    """A generative vision-language model that reads its images as flattened patches (Qwen2-VL,
-    Wang et al. 2024, and its kin): ``FlatPatches(model)(x, input_ids=...)`` lays the images
-    ``x`` ``(B, C, H, W)`` out as the model's image processor does (:func:`image_inputs`:
-    ``pixel_values`` ``(B * h * w, C * t * p * p)`` and ``image_grid_thw``) and calls ``model``
-    with them. The patch size, frames per patch and merge size are read from the model's vision
-    config (:func:`~camkit.core.architecture.patch_rows`). CAMs read its vision blocks' ``(B * h
-    * w, C)`` outputs as ``(B, C, h, w)`` maps; pixel methods attribute ``x``. Layer names are
-    those of ``model``.
+class ImageInput(nn.Module):
+    """A generative vision-language model given images ``x`` ``(B, C, H, W)`` as it reads them
+    (:func:`image_inputs`): ``ImageInput(model)(x, input_ids=...)`` calls ``model`` with
+    ``pixel_values=x`` (LLaVA, PaliGemma...), or the flattened patches and ``image_grid_thw`` of
+    a model that reads them (Qwen2-VL, Wang et al. 2024), or the views and ``image_sizes`` of a
+    model that tiles its images (LLaVA-NeXt's anyres, Liu et al. 2024), laid out as its image
+    processor does, from its config. CAMs read the vision layers' rows (``(B * h * w, C)``
+    patches, ``(B * views, N, C)`` views) as one map per image; pixel methods attribute ``x``.
+    Layer names are those of ``model``.
     """
 
     wraps_model = True
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        if patch_rows(model) is None:
-            raise ArgumentError(
-                f"FlatPatches needs a model whose vision config names patch_size, "
-                f"temporal_patch_size and spatial_merge_size (Qwen2-VL); {type(model).__name__} "
-                "has none: explain camkit.KeywordInput(model, 'pixel_values')"
-            )
         self.module = model
 
     def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
-        """``model(*args, pixel_values=..., image_grid_thw=..., **kwargs)`` for images ``x``
-        (and ``mm_token_type_ids`` from ``input_ids``, see :func:`image_inputs`)."""
+        """``model(*args, **image_inputs(model, x, input_ids), **kwargs)``."""
         ids = kwargs.get("input_ids")
         inputs = image_inputs(self.module, x, ids if isinstance(ids, Tensor) else None)
         return self.module(*args, **{**inputs, **kwargs})
@@ -123,14 +109,22 @@ class FlatPatches(nn.Module):
 
 def image_inputs(model: nn.Module, x: Tensor, input_ids: Tensor | None = None) -> dict[str, Tensor]:
     """The keyword inputs that give images ``x`` ``(B, C, H, W)`` to a generative model:
-    ``pixel_values=x``, or for a model that reads flattened patches (Qwen2-VL,
-    :func:`~camkit.core.architecture.patch_rows`) the patches as its image processor lays them
-    out (merge window by merge window, each patch repeated over its ``t`` frames, flattened to
-    ``C * t * p * p``) with ``image_grid_thw`` ``(B, 3)``: ``(1, h, w)`` per image; with
-    ``input_ids``, a model whose forward takes ``mm_token_type_ids`` (M-RoPE's positions: 1 at
-    the image tokens, ``config.image_token_id``, 0 elsewhere) gets them, as its processor
-    gives them."""
-    layout = patch_rows(model)
+
+    * ``pixel_values=x`` for a model that reads whole images;
+    * for a model that reads flattened patches (Qwen2-VL,
+      :func:`~camkit.core.architecture.patch_rows`), the patches as its image processor lays
+      them out (merge window by merge window, each patch repeated over its ``t`` frames,
+      flattened to ``C * t * p * p``) with ``image_grid_thw`` ``(B, 3)``: ``(1, h, w)`` per
+      image; with ``input_ids``, a model whose forward takes ``mm_token_type_ids`` (M-RoPE's
+      positions: 1 at the image tokens, ``config.image_token_id``, 0 elsewhere) gets them, as
+      its processor gives them;
+    * for a model that tiles its images (LLaVA-NeXt, :func:`~camkit.core.architecture.
+      image_tiles`), images at one of its ``image_grid_pinpoints``: per image the whole image
+      resized to the tile side (bicubic, antialiased) and its tiles row by row, stacked as
+      ``pixel_values`` ``(B * views, C, side, side)``, with ``image_sizes`` ``(B, 2)``."""
+    layout, tiles = patch_rows(model), image_tiles(model)
+    if tiles is not None:
+        return _tiles(model, x, tiles)
     if layout is None:
         return {"pixel_values": x}
     inputs = _flat_patches(model, x, layout)
@@ -139,6 +133,32 @@ def image_inputs(model: nn.Module, x: Tensor, input_ids: Tensor | None = None) -
         image = getattr(model.config, "image_token_id", None)
         inputs["mm_token_type_ids"] = (input_ids == image).int()
     return inputs
+
+
+def image_inputs_differ(model: nn.Module) -> bool:
+    """Whether a model takes images other than as ``pixel_values`` alone (:func:`image_inputs`:
+    flattened patches, tiles)."""
+    return patch_rows(model) is not None or image_tiles(model) is not None
+
+
+def _tiles(model: nn.Module, x: Tensor, tiles: Tiles) -> dict[str, Tensor]:
+    """``pixel_values`` (the views) and ``image_sizes`` of images ``x`` (see
+    :func:`image_inputs`)."""
+    grid = tiles.grid(x.shape) if x.ndim == 4 else None
+    if grid is None:
+        sizes = ", ".join(f"{h}x{w}" for h, w in tiles.pinpoints)
+        raise InputError(
+            f"{type(model).__name__} tiles its images (config.image_grid_pinpoints): camkit lays "
+            f"out images (B, C, H, W) at one of its resolutions ({sizes}), got "
+            f"{tuple(x.shape)}: resize them to one"
+        )
+    side, (rows, columns) = tiles.side, grid
+    whole = F.interpolate(x, size=(side, side), mode="bicubic", antialias=True)
+    parts = x.unflatten(2, (rows, side)).unflatten(4, (columns, side))  # (B, C, r, s, c, s)
+    parts = parts.permute(0, 2, 4, 1, 3, 5).flatten(1, 2)  # (B, r * c, C, s, s)
+    views = torch.cat([whole[:, None], parts], dim=1).flatten(0, 1)
+    sizes = torch.tensor([list(x.shape[2:])] * x.shape[0], device=x.device)
+    return {"pixel_values": views, "image_sizes": sizes}
 
 
 def _flat_patches(model: nn.Module, x: Tensor, layout: PatchRows) -> dict[str, Tensor]:
@@ -190,4 +210,4 @@ class ImageTower(nn.Module):
         return features if isinstance(features, Tensor) else features.pooler_output
 
 
-__all__ = ["FlatPatches", "ImageTower", "InputLayout", "KeywordInput", "image_inputs"]
+__all__ = ["ImageInput", "ImageTower", "InputLayout", "KeywordInput", "image_inputs"]

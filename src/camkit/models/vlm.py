@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.core.architecture import patch_rows
-from camkit.core.wrappers import FlatPatches, ImageTower, KeywordInput, image_inputs
+from camkit.core.wrappers import ImageInput, ImageTower, image_inputs
 from camkit.errors import ArgumentError, InputError, UnknownModelError
 from camkit.methods.cam.base import BaseCAM
 from camkit.methods.cam.generation import TokenExplanation, explain_tokens
@@ -38,9 +37,9 @@ class LoadedVLM:
 
     ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
     (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
-    :class:`~camkit.targets.PromptTarget` s; ``KeywordInput(model, "pixel_values")`` for a
-    generative model, ``FlatPatches(model)`` for one that reads flattened patches (Qwen2-VL),
-    whose targets are :class:`~camkit.targets.TokenTarget` s);
+    :class:`~camkit.targets.PromptTarget` s; :class:`~camkit.core.wrappers.ImageInput` for a
+    generative model (images as it reads them: whole, flattened patches, tiles), whose targets
+    are :class:`~camkit.targets.TokenTarget` s);
     ``preprocess``: the image processor's size, mean and std (resize as its
     ``do_center_crop`` says).
     """
@@ -53,11 +52,7 @@ class LoadedVLM:
 
     @property
     def explained(self) -> nn.Module:
-        if not self.generative:
-            return ImageTower(self.model)
-        if patch_rows(self.model) is not None:
-            return FlatPatches(self.model)
-        return KeywordInput(self.model, "pixel_values")
+        return ImageInput(self.model) if self.generative else ImageTower(self.model)
 
     @property
     def placeholders(self) -> list[int]:

@@ -23,7 +23,7 @@ from camkit.core.explainer import Explainer, Explanation, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
-from camkit.core.layouts import resolve_reshape
+from camkit.core.layouts import Layout, resolve_reshape
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.methods.cam.smoothing import augmented, principal_component
 from camkit.targets.base import TargetSpec
@@ -167,6 +167,7 @@ class BaseCAM(Explainer):
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
             cam = self.layer_map(act, grad)
+            cam = reader.place(cam) if isinstance(reader, Layout) else cam  # tiled views
             maps[name] = cam.expand(-1, targets, *cam.shape[2:])
         return maps
 
