@@ -110,7 +110,8 @@ def test_k_generated_tokens_in_one_call_equal_k_single_calls_and_images_their_ow
 def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path):
     model = vlm_kit.llava_next()
     loaded = load_vlm(save_folder(model, tmp_path / "llava_next", frame="<bos> $A"))
-    x = photo(32, 32)  # the folder's image size: one tile
+    assert loaded.preprocess.size == (32, 32)  # the first of its pinpoints
+    x = photo(32, 32)
     answer_ = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
     sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer_.tokens]])
     prompt_length = answer_.positions[0]
@@ -129,3 +130,20 @@ def test_what_cannot_be_laid_out_is_refused_with_what_to_pass():
     ids = vlm_kit.prompt(16)
     with pytest.raises(InputError, match="32x32, 32x64, 64x64"):
         cam(photo(48, 48), TokenTarget(-1, 5), additional_forward_args={"input_ids": ids})
+
+
+def test_the_cli_writes_an_overlay_per_generated_token_of_a_saved_llava_next(tmp_path):
+    import numpy as np
+
+    from camkit import io
+    from camkit.cli import main
+
+    path = tmp_path / "photo.png"
+    io.save_image(path, np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    folder = save_folder(vlm_kit.llava_next(), tmp_path / "llava_next", frame="<bos> $A")
+    out = tmp_path / "out"
+    argv = ["explain", str(path), "--model", f"hf:{folder}", "--out", str(out), "--quiet"]
+    assert main([*argv, "--prompt", "what is in the picture", "--max-new-tokens", "3"]) == 0
+    overlays = len(list(out.glob("photo_gradcam_*.jpg")))  # the answer may end before 3
+    words = (out / "photo_gradcam_tokens.html").read_text().count('<span class="word">')
+    assert 1 <= overlays == words <= 3

@@ -133,6 +133,8 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
     settings = json.loads(path.read_text())
     vision = getattr(config, "vision_config", config)
     size = getattr(vision, "image_size", 224)  # InternVL: [height, width]
+    pinpoints = getattr(config, "image_grid_pinpoints", None)
+    size = pinpoints[0] if pinpoints else size  # a tiled model reads images at its resolutions
     height, width = (size, size) if isinstance(size, int) else map(int, size)
     crop = "center" if settings.get("do_center_crop") else "squash"
     return Preprocess(
