@@ -18,7 +18,7 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import camkit
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget, TokenTarget
 from camkit.viz.text import token_html
@@ -131,7 +131,7 @@ def flat_patches(root: Path, image: torch.Tensor) -> None:
     model = transformers.Qwen2VLForConditionalGeneration(config).eval()
     qwen = load_vlm(save_folder(model, root / "qwen2_vl", "<bos> $A"))
     x = qwen.preprocess(image).unsqueeze(0)
-    answer = qwen.answer(camkit.GradCAM(qwen.explained), x, "what is in the picture", 4)
+    answer = explain_answer(qwen, camkit.GradCAM(qwen.explained), x, "what is in the picture", 4)
     maps = answer.explanation.maps
     print(f"Qwen2-VL: {answer.explanation.layer}, {tuple(maps.shape)} from flattened patches")
 

@@ -17,7 +17,7 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit import io as cio
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
@@ -157,8 +157,8 @@ def test_a_qwen2_vl_folder_answers_and_each_word_has_the_answers_map(tmp_path, p
             npy(client.get("/api/token-map", params={**asked, "word": k, "format": "npy"}))
             for k in range(words)
         ]
-    expected = loaded.answer(
-        camkit.GradCAM(loaded.explained), model_input(explorer, 0), QUESTION, 3
+    expected = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), model_input(explorer, 0), QUESTION, 3
     )
     assert words == 3 and answer.json()["positions"] == expected.positions
     for k in range(words):

@@ -12,7 +12,7 @@ from vlm_kit import save_folder
 import camkit
 from camkit import io
 from camkit.cli import main
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colour, token_html
@@ -153,7 +153,9 @@ def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path,
     x = vlm_kit.image()
     ids = loaded.prompt_ids("what is in the picture", x)
     torch.testing.assert_close(ids, vlm_kit.prompt(image_tokens))
-    answer = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
+    answer = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), x, "what is in the picture", 3
+    )
     sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer.tokens]])
     cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))
     expected = explain_tokens(cam, x, sequence, prompt_length=ids.shape[1])

@@ -11,7 +11,7 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit.errors import ArgumentError, InputError, LayerOutputError
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import TokenTarget
 
@@ -134,7 +134,9 @@ def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path)
     x = vlm_kit.image()
     ids = loaded.prompt_ids("what is in the picture", x)
     torch.testing.assert_close(ids, vlm_kit.prompt(4))
-    answer_ = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
+    answer_ = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), x, "what is in the picture", 3
+    )
     sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer_.tokens]])
     expected = explain_tokens(
         camkit.GradCAM(camkit.ImageInput(model)), x, sequence, prompt_length=ids.shape[1]

@@ -13,7 +13,7 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit.errors import ArgumentError, InputError
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import image_token_count, load_vlm
 from camkit.targets import TokenTarget
 
@@ -112,7 +112,9 @@ def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path)
     loaded = load_vlm(save_folder(model, tmp_path / "llava_next", frame="<bos> $A"))
     assert loaded.preprocess.size == (32, 32)  # the first of its pinpoints
     x = photo(32, 32)
-    answer_ = loaded.answer(camkit.GradCAM(loaded.explained), x, "what is in the picture", 3)
+    answer_ = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), x, "what is in the picture", 3
+    )
     sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer_.tokens]])
     prompt_length = answer_.positions[0]
     expected = explain_tokens(

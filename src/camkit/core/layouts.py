@@ -51,7 +51,7 @@ from camkit.core.architecture import (
     suffix_tokens,
 )
 from camkit.core.grid_layout import Kind, Layout, Reshape, channels_first, shape_text
-from camkit.core.spacetime import folded_frames, token_grids
+from camkit.core.spacetime import folded_frames, message_tokens, token_grids
 from camkit.errors import ArgumentError, LayoutError
 
 #: token counts tried as "prefix" when neither the model nor the patch size tells it
@@ -63,13 +63,16 @@ def layer_layout(
     model: nn.Module | None,
     input_size: int | Sequence[int],
     reshape: str | None = "auto",
+    *,
+    batch: int | None = None,
 ) -> Layout | None:
     """How a layer output of ``shape`` (batch axis included) is read for its channels: None
     where it is taken as it is, channels on axis 1 (``reshape=None``, or a linear layer's
-    ``(B, C)``: neurons, no positions), else :func:`infer_layout`."""
+    ``(B, C)``: neurons, no positions), else :func:`infer_layout` (``batch``: the input's rows,
+    for a frame-wise model's layers)."""
     if reshape is None or len(shape) == 2:
         return None
-    return infer_layout(shape, model, input_size)
+    return infer_layout(shape, model, input_size, batch=batch)
 
 
 def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
@@ -166,13 +169,19 @@ def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     if len(size) == 3:
         return _spacetime_tokens(shape, model, size, (front, back), told)
     grid = patch_grid(model, size)
-    if grid is not None and count in (front + grid[0] * grid[1] + back, grid[0] * grid[1]):
-        every = count == grid[0] * grid[1]
-        ends = (0, 0) if every else (front, back)
+    patches = grid[0] * grid[1] if grid is not None else 0
+    readings = {front + patches + back: ((front, back), f"non-patch tokens: {told}")}
+    readings[patches] = ((0, 0), "every token is a patch")
+    message = message_tokens(model)  # appended inside a block only (X-CLIP)
+    if message is not None:
+        inside = f"non-patch tokens: {told}; {message[0]} after them ({message[1]})"
+        with_message = front + patches + back + message[0]
+        readings.setdefault(with_message, ((front, back + message[0]), inside))
+    if grid is not None and count in readings:
+        ends, which = readings[count]
         sh, sw = size[0] // grid[0], size[1] // grid[1]
         stride = str(sh) if sh == sw else f"{sh}x{sw}"
-        reason = f"grid {dims} input / stride {stride} (the patch embedding's); "
-        reason += "every token is a patch" if every else f"non-patch tokens: {told}"
+        reason = f"grid {dims} input / stride {stride} (the patch embedding's); {which}"
         return Layout("tokens", grid, channels, ends[0], reason, ends[1])
     candidates = [
         Layout("tokens", (gh, gw), channels, front, f"{dims} input / stride {stride}; {told}", back)

@@ -26,7 +26,8 @@ class InputLayout(nn.Module):
     input. A frame-wise model (TSN, TSM, a 2-D backbone run per frame) folds the frames into its
     batch, so its layers have ``B * T`` rows (row ``b * T + t``): declare it with
     ``frame_wise=True`` and CAMs read such layers as ``(B, T, h, w)``, the default layer being
-    the last frame-wise map; undeclared, CAMs refuse them by name.
+    the last frame-wise map; undeclared, CAMs refuse them by name (X-CLIP needs no declaration:
+    its frames are read from its config, :mod:`camkit.core.spacetime`).
     """
 
     wraps_model = True
@@ -210,4 +211,46 @@ class ImageTower(nn.Module):
         return features if isinstance(features, Tensor) else features.pooler_output
 
 
-__all__ = ["ImageInput", "ImageTower", "InputLayout", "KeywordInput", "image_inputs"]
+class VideoPrompts(nn.Module):
+    """A video-text model whose text side depends on the video (HuggingFace ``XCLIPModel``: its
+    prompt generator conditions the text embeddings on the frames' patch features, Ni et al.,
+    ECCV 2022), with its ``K`` prompts held: ``VideoPrompts(model, input_ids)(pixel_values)`` is
+    the model's own ``(B, K)`` ``logits_per_video`` for ``pixel_values (B, T, C, H, W)``; target
+    ``k`` explains prompt ``k``. Wrap it for camkit's clips: ``camkit.InputLayout(VideoPrompts(
+    model, ids), "BTCHW")``. The prompts stay fixed whatever the batch (extra inputs with a
+    first axis of ``B`` would be taken per sample). Layer names are those of ``model``.
+    """
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None):
+        super().__init__()
+        if getattr(getattr(model, "config", None), "model_type", None) != "xclip":
+            raise ArgumentError(
+                f"VideoPrompts takes a HuggingFace XCLIPModel, got {type(model).__name__}; for "
+                "an image-text dual encoder use camkit.ImageTower and a PromptTarget"
+            )
+        ids = input_ids
+        if isinstance(ids, Tensor) and ids.ndim == 1:
+            ids = ids[None]
+        if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.is_floating_point():
+            raise ArgumentError(f"input_ids must be (K, L) token ids, got {ids!r}")
+        self.module = model
+        self.input_ids, self.attention_mask = ids, attention_mask
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        """``(B, T, C, H, W) -> (B, K)``: the model's ``logits_per_video``."""
+        texts = {"input_ids": self.input_ids.to(pixel_values.device)}
+        if self.attention_mask is not None:
+            texts["attention_mask"] = self.attention_mask.to(pixel_values.device)
+        return self.module(pixel_values=pixel_values, **texts).logits_per_video
+
+
+__all__ = [
+    "ImageInput",
+    "ImageTower",
+    "InputLayout",
+    "KeywordInput",
+    "VideoPrompts",
+    "image_inputs",
+]

@@ -14,9 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.wrappers import ImageInput, ImageTower, image_inputs
-from camkit.errors import ArgumentError, InputError, UnknownModelError
-from camkit.methods.cam.base import BaseCAM
-from camkit.methods.cam.generation import TokenExplanation, explain_tokens
+from camkit.errors import ArgumentError, UnknownModelError
 from camkit.models.preprocess import INTERPOLATIONS, Preprocess
 from camkit.targets.prompts import load_tokenizer
 
@@ -70,45 +68,6 @@ class LoadedVLM:
         image = [self.model.config.image_token_id] * image_token_count(self.model, pixel_values)
         start = 1 if ids and ids[0] == self.tokenizer.bos_token_id else 0
         return torch.tensor([ids[:start] + image + ids[start:]])
-
-    def answer(
-        self, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
-    ) -> Answer:
-        """A generative model's greedy answer to ``prompt`` about one image (its
-        :attr:`placeholders` never generated), every generated token explained by ``cam``
-        (:func:`~camkit.methods.cam.generation.explain_tokens`: one forward, the tokens as
-        targets of batched backward passes)."""
-        ids = self.prompt_ids(prompt, pixel_values).to(pixel_values.device)
-        with torch.no_grad():
-            sequence = self.model.generate(
-                input_ids=ids,
-                **image_inputs(self.model, pixel_values, ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                suppress_tokens=self.placeholders,
-            )
-        if sequence.shape[1] == ids.shape[1]:
-            raise InputError("the model generated no token")
-        result = explain_tokens(cam, pixel_values, sequence, prompt_length=ids.shape[1])
-        ids_list = sequence[0].tolist()
-        tokens = [
-            text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
-            for token, text in zip(
-                ids_list, self.tokenizer.convert_ids_to_tokens(ids_list), strict=True
-            )
-        ]
-        return Answer(tokens, list(range(ids.shape[1], sequence.shape[1])), result)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A generated answer explained token by token: ``tokens`` the whole sequence's tokens as
-    text (prompt, image tokens and answer), ``positions`` the generated tokens' positions in
-    it, ``explanation`` their maps ``(1, K, H, W)`` and token relevance ``(1, K, T)``."""
-
-    tokens: list[str]
-    positions: list[int]
-    explanation: TokenExplanation
 
 
 def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
@@ -216,4 +175,4 @@ def load_vlm(folder: str | Path) -> LoadedVLM:
     return LoadedVLM(folder, model, tokenizer, preprocess, generative)
 
 
-__all__ = ["HF_PREFIX", "Answer", "LoadedVLM", "image_token_count", "load_vlm"]
+__all__ = ["HF_PREFIX", "LoadedVLM", "image_token_count", "load_vlm"]

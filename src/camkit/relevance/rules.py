@@ -120,6 +120,14 @@ class Rule:
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`output` and the rule's denominator ``z`` (detached) where it has one (ZPlus,
+        Epsilon), else None: where ``z = 0`` the rule credits no input
+        (:mod:`camkit.relevance.bias_units`)."""
+        return self.output(layer, x, o), None
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -145,8 +153,14 @@ class Epsilon(Rule):
         return proportional(o, self.epsilon)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        return self.output_and_denominator(layer, x, o)[0]
+
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         z = layer(x, layer.weight, self.bias_of(layer))
-        return modified_output(o, z * (o / stabilize(z.detach(), self.epsilon)).detach())
+        zd = z.detach()
+        return modified_output(o, z * (o / stabilize(zd, self.epsilon)).detach()), zd
 
 
 class ZPlus(Rule):
@@ -163,12 +177,18 @@ class ZPlus(Rule):
         self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        return self.output_and_denominator(layer, x, o)[0]
+
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         w, b = layer.weight, self.bias_of(layer)
         xp, xn = signed_parts(x)
         z = layer(xp, w.clamp(min=0), _pos(b))
         if xn is not None:
             z = z + layer(xn, _neg(w), None)
-        return modified_output(o, z * (o / stabilize(z.detach(), self.stabilizer)).detach())
+        zd = z.detach()
+        return modified_output(o, z * (o / stabilize(zd, self.stabilizer)).detach()), zd
 
 
 class AlphaBeta(Rule):

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
+from camkit.relevance.bias_units import BiasUnitTracker
 from camkit.relevance.canonizers import merged_after, merged_before
 from camkit.relevance.composites import Composite
 from camkit.relevance.gates import GateTracker
@@ -50,6 +51,7 @@ class Session:
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer, comp.linear_rule())
         self.gates = GateTracker(comp.gates)
+        self.bias_units = BiasUnitTracker(comp.bias_units)
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}
         self.normalized: dict[int, tuple[Tensor, int, nn.Module, Tensor]] = {}
@@ -114,13 +116,27 @@ class Session:
                     self.pending[id(o)] = self.names[module]
                     return None
                 # o carries the layer's graph (and the BatchNorm's before it) when reused
-                y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
+                y = self._ruled(rule, layer, source, o)
                 self.produced[id(y)] = (y, y._version, layer, rule, source)
                 return y
             finally:
                 self.bypass -= 1
 
         return hook
+
+    def _ruled(
+        self, rule: Rule, layer: Affine, source: Tensor, o: Tensor, reusable: bool = True
+    ) -> Tensor:
+        """The rule's output for a layer ``layer`` whose output is ``o`` from ``source``: the
+        rule reuses ``o`` where it can (``reusable``: ``o`` carries the layer's own graph) and
+        ``source`` has no bias units; else its terms on ``source`` with its bias units left
+        out, the units it credits no input marked (:mod:`camkit.relevance.bias_units`)."""
+        kept = self.bias_units.kept(source)
+        if reusable and rule.reuses_output and kept is source:
+            return rule.reused(o)
+        y, z = rule.output_and_denominator(layer, kept, o)
+        self.bias_units.found(y, z, o)
+        return y
 
     def _affine(self, module: nn.Module) -> Affine:
         """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
@@ -178,9 +194,8 @@ class Session:
             deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
-                if deferred and rule.reuses_output:  # out's graph: the BatchNorm, the layer
-                    return rule.reused(out)
-                return rule.output(merged_after(layer, bn), source, out)
+                # out's graph is the BatchNorm's and the layer's when the rule was deferred
+                return self._ruled(rule, merged_after(layer, bn), source, out, reusable=deferred)
             finally:
                 self.bypass -= 1
         if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
@@ -208,6 +223,7 @@ class Session:
             produced = self.produced.get(id(out))
             if produced is not None and produced[0] is out:  # the copy may be merged in turn
                 self.produced[id(copy)] = (copy, copy._version, *produced[2:])
+            self.bias_units.passed(self.bias_units.mask(out), copy)
             self.passed_on[name] = copy
             return copy
 

@@ -21,9 +21,11 @@ from camkit.core.trace import default_layer
 from camkit.core.wrappers import ImageTower, image_inputs
 from camkit.errors import ArgumentError, TargetError
 from camkit.methods.cam.base import BaseCAM
+from camkit.methods.cam.generation import Answer, explain_answer
 from camkit.models import LoadedModel
-from camkit.models.vlm import Answer, LoadedVLM
-from camkit.serve.explorer import LRU, Explorer
+from camkit.models.vlm import LoadedVLM
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
 
@@ -145,7 +147,9 @@ class Prompts:
         key = (image, prompt, max_new_tokens)
         found = self.answers.get_item(key)
         if found is None:
-            found = self.loaded.answer(self.cam, self._input(image), prompt, max_new_tokens)
+            found = explain_answer(
+                self.loaded, self.cam, self._input(image), prompt, max_new_tokens
+            )
             self.answers.put(key, found)
         return found
 

@@ -71,6 +71,13 @@ def _dual_encoder(model: nn.Module) -> nn.Module:
     inner = model
     while getattr(inner, "wraps_model", False):
         inner = inner.module
+    if getattr(getattr(inner, "config", None), "model_type", None) == "xclip":
+        raise TargetError(
+            "X-CLIP's text embeddings depend on the video (its prompt generator reads the "
+            "frames), so no prompt embedding can be computed once: explain the model's own "
+            "logits_per_video, camkit.InputLayout(camkit.VideoPrompts(model, input_ids), "
+            '"BTCHW"), with target the prompt\'s index'
+        )
     if not any(callable(getattr(inner, name, None)) for name in TEXT_TOWERS):
         raise TargetError(
             f"a prompt needs a model with a text tower (a dual encoder with get_text_features: "

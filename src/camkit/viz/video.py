@@ -13,6 +13,16 @@ from camkit.errors import InputError
 from camkit.viz import overlay_on_photo
 
 
+def clip_scale(heat: np.ndarray) -> np.ndarray:
+    """A clip's heat ``(T, h, w)`` on one scale in [0, 1]: as it is when it lies in [0, 1] (a
+    method's display heat), else min-max rescaled over the whole clip (zeros when flat), so
+    that one frame drawn alone looks as it does among the others."""
+    low, high = float(heat.min()), float(heat.max())
+    if low < 0 or high > 1:
+        return (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    return heat
+
+
 def overlay_frames(
     frames: np.ndarray,
     heat: np.ndarray | torch.Tensor,
@@ -32,9 +42,7 @@ def overlay_frames(
         raise InputError(
             f"expected one heat map per frame, (T, h, w) with T = {len(frames)}, got {heat.shape}"
         )
-    low, high = float(heat.min()), float(heat.max())
-    if low < 0 or high > 1:
-        heat = (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    heat = clip_scale(heat)
     if region is None:
         region = (0.0, 0.0, float(frames.shape[1]), float(frames.shape[2]))
     drawn = [
@@ -76,4 +84,4 @@ def importance_plot(
     return buffer.getvalue()
 
 
-__all__ = ["importance_plot", "overlay_frames"]
+__all__ = ["clip_scale", "importance_plot", "overlay_frames"]

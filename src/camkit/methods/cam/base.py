@@ -24,6 +24,7 @@ from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import Layout, resolve_reshape
+from camkit.core.spacetime import folded_frames
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.methods.cam.smoothing import augmented, principal_component
 from camkit.targets.base import TargetSpec
@@ -78,12 +79,17 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
-        if folded_rows(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+        shape = tuple(batch.shape)
+        frames, rows = folded_frames(self.model, shape), folded_rows(self.model, shape)
+        if (frames and not self.reads_frame_wise()) or (
+            rows and not frames and not self.shares_one_pass()
+        ):
             raise LayerOutputError(
                 f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
-                "folded into the batch) or of one that reads flattened patches (Qwen2-VL) yet; "
-                "use a gradient CAM that weighs the captured layer (Grad-CAM, Grad-CAM++, "
-                "LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+                "folded into the batch) yet, nor of one that reads flattened patches or tiles "
+                "(Qwen2-VL, LLaVA-NeXt); use a gradient CAM that weighs the captured layer "
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...), FullGrad, Score-CAM, "
+                "Ablation-CAM (frame-wise models) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
@@ -108,6 +114,12 @@ class BaseCAM(Explainer):
     def shares_one_pass(cls) -> bool:
         """A gradient CAM that only weighs the captured layer (keeps :meth:`raw_maps`)."""
         return cls.raw_maps is BaseCAM.raw_maps
+
+    @classmethod
+    def reads_frame_wise(cls) -> bool:
+        """Whether the method reads the layers of a frame-wise model (``B * T`` rows, read
+        as ``(B, C, T, h, w)``): the CAMs of the one pass, and those that say so."""
+        return cls.shares_one_pass()
 
     # ------------------------------------------------------------------ what a method says
 
