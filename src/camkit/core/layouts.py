@@ -41,9 +41,12 @@ from dataclasses import replace
 from torch import nn
 
 from camkit.core.architecture import (
+    PatchRows,
     channel_counts,
     has_last_axis_norm,
+    image_tiles,
     patch_grid,
+    patch_rows,
     prefix_tokens,
     suffix_tokens,
 )
@@ -226,6 +229,25 @@ def _spacetime_tokens(
     )
 
 
+def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]) -> Layout:
+    """A ``(N * rows, C)`` output of a model that reads its images as flattened patches
+    (:func:`~camkit.core.architecture.patch_rows`): ``rows`` patch tokens per image, in the
+    model's merge windows, on the ``(H / p, W / p)`` grid."""
+    dims = "x".join(map(str, size))
+    grid = layout.grid(size)
+    count = math.prod(grid)
+    if count == 0 or shape[0] % count or any(n % layout.merge for n in grid):
+        raise LayoutError(
+            f"the {shape[0]} rows of {shape} are not {grid[0]}x{grid[1]} patches per {dims} "
+            f"image in {layout.merge}x{layout.merge} merge windows (patch_size {layout.patch}, "
+            "spatial_merge_size from the model's vision config): give images whose sides are "
+            f"multiples of {layout.patch * layout.merge} (camkit.ImageInput lays them out)"
+        )
+    reason = f"{dims} image / patch {layout.patch}, {layout.merge}x{layout.merge} merge windows"
+    reason += " (the model's vision config)"
+    return Layout("tokens", grid, shape[1], reason=reason, rows=count, merge=layout.merge)
+
+
 def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
     """Without a model: every prefix count up to :data:`MAX_GUESSED_PREFIX` whose remainder is
     a grid that fits the input exactly; one reading, or an error listing them."""
@@ -280,10 +302,21 @@ def infer_layout(
     """
     shape = tuple(int(n) for n in shape)
     size = _size(input_size)
+    tiles = image_tiles(model) if len(size) == 2 and batch is not None else None
+    grid = tiles.grid(size) if tiles is not None else None
+    if grid is not None and shape[0] == batch * (1 + math.prod(grid)):
+        view = infer_layout(shape, model, (tiles.side, tiles.side))
+        reason = f"{size[0]}x{size[1]} image: whole and {grid[0]}x{grid[1]} tiles of {tiles.side}"
+        return replace(
+            view, frames=1 + math.prod(grid), tiles=grid, reason=f"{reason}; {view.reason}"
+        )
     frames = folded_frames(model, (batch or 0, 0, *size))
     if frames and batch is not None and shape[0] == batch * frames != batch:
         frame = infer_layout(shape, model, size[1:])
         return replace(frame, frames=frames, reason=f"frame-wise model; {frame.reason}")
+    rows = patch_rows(model)
+    if len(shape) == 2 and len(size) == 2 and rows is not None:
+        return _patch_rows(shape, rows, size)
     if len(shape) == 3:
         if shape[1] < 2:
             raise LayoutError(

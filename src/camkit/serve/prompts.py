@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from camkit import registry
 from camkit.core.explainer import displayed
 from camkit.core.trace import default_layer
-from camkit.core.wrappers import ImageTower
+from camkit.core.wrappers import ImageTower, image_inputs
 from camkit.errors import ArgumentError, TargetError
 from camkit.methods.cam.base import BaseCAM
 from camkit.methods.cam.generation import Answer, explain_answer
@@ -48,7 +48,7 @@ class ImageFeatures(nn.Module):
         self.module = model
 
     def forward(self, x: Tensor) -> Tensor:
-        features = self.module.get_image_features(pixel_values=x)
+        features = self.module.get_image_features(**image_inputs(self.module, x))
         features = features if isinstance(features, Tensor) else features.pooler_output
         if isinstance(features, list | tuple):
             features = torch.stack([f.reshape(-1, f.shape[-1]).mean(0) for f in features])
