@@ -168,10 +168,11 @@ class ReciproCAM(PerturbationCAM):
         self.kernel = kernel
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One copy per position of the layer's map."""
+        """One copy per position of the layer's map, per frame of a frame-wise layer (its rows
+        per sample, ``layer_shape[0]`` of a one-sample trace: 1 for an image)."""
         if layer_shape is None or len(layer_shape) != 4:
             return 1
-        return layer_shape[-1] * layer_shape[-2]
+        return layer_shape[0] * layer_shape[-1] * layer_shape[-2]
 
     def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
         """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
