@@ -50,6 +50,7 @@ COMPOSITES = {
         "zero_params": "bias",
         "gates": "constant",
     },
+    "epsilon-plus-flat-nobias (default: zero_params=bias, gates=constant, bias_units=bias)": {},
     "epsilon-plus-flat, no canonizer": {"canonizers": []},
     "epsilon-alpha2-beta1-flat, zero_params=bias": {"zero_params": "bias"},
 }
@@ -88,7 +89,7 @@ def _cases(args: argparse.Namespace):
 
 def _measure(model: nn.Module, x: torch.Tensor, name: str, steps: int, stages: list) -> dict:
     options = dict(COMPOSITES[name])
-    base = name.split(",")[0]
+    base = name.split(",")[0].split(" ")[0]
     lrp = LRP(model, composite=composite(base, **options), layers=stages, tolerance=None)
     started = time.perf_counter()
     try:

@@ -1,5 +1,6 @@
-"""Vision-language models: where a dual encoder (CLIP) sees a prompt, and where a generative
-model (LLaVA) looked for each word it said, with the prompt tokens that mattered.
+"""Vision-language models: where a dual encoder (CLIP, OpenCLIP) sees a prompt, and where a
+generative model (LLaVA; Qwen2-VL, which reads flattened patches) looked for each word it said,
+with the prompt tokens that mattered.
 
 No weights exist offline here, so tiny random models are built from transformers configs and
 saved in a local folder with a tiny tokenizer, then loaded back as a real checkpoint would be
@@ -17,7 +18,7 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 import camkit
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget, TokenTarget
 from camkit.viz.text import token_html
@@ -92,6 +93,49 @@ def generative(root: Path, image: torch.Tensor) -> None:
     (root / "tokens.html").write_text(page)
 
 
+def open_clip_model(root: Path, image: torch.Tensor) -> None:
+    """An OpenCLIP model saved as OpenCLIP models are on the HuggingFace hub, read offline."""
+    import json
+
+    import open_clip
+    from safetensors.torch import save_file
+
+    vision = dict(image_size=32, layers=2, width=32, head_width=16, patch_size=8)
+    text = dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=1)
+    config = dict(embed_dim=16, vision_cfg=vision, text_cfg=text)
+    folder = root / "open_clip"
+    folder.mkdir()
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": config}))
+    save_file(open_clip.CLIP(**config).state_dict(), folder / "open_clip_model.safetensors")
+    model = open_clip.create_model(f"local-dir:{folder}").eval()
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+    x = torch.nn.functional.interpolate(
+        torch.as_tensor(image).permute(2, 0, 1)[None].float() / 255, size=(32, 32)
+    )
+    prompts = PromptTarget(model, ["a cat", "a dog"], tokenizer=tokenizer)
+    cam = camkit.GradCAM(camkit.ImageTower(model))
+    maps = cam(x, prompts)  # default layer: the image tower's last block
+    print(f"OpenCLIP: {cam.layers[0]}, maps {tuple(maps.shape)} (one per prompt)")
+
+
+def flat_patches(root: Path, image: torch.Tensor) -> None:
+    """Qwen2-VL: images as flattened patches, 2 x 2 merged into one token (ImageInput)."""
+    torch.manual_seed(0)
+    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8)
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, vocab_size=32)
+    text |= dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    text |= dict(rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2]})
+    config = transformers.Qwen2VLConfig(
+        vision_config=vision, text_config=text, image_token_id=4, video_token_id=2
+    )
+    model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    qwen = load_vlm(save_folder(model, root / "qwen2_vl", "<bos> $A"))
+    x = qwen.preprocess(image).unsqueeze(0)
+    answer = explain_answer(qwen, camkit.GradCAM(qwen.explained), x, "what is in the picture", 4)
+    maps = answer.explanation.maps
+    print(f"Qwen2-VL: {answer.explanation.layer}, {tuple(maps.shape)} from flattened patches")
+
+
 if __name__ == "__main__":
     from skimage import data
 
@@ -99,3 +143,5 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as folder:
         dual_encoder(Path(folder), photo)
         generative(Path(folder), photo)
+        flat_patches(Path(folder), photo)
+        open_clip_model(Path(folder), photo)

@@ -115,6 +115,7 @@ def test_each_method_answers_for_itself(tiny) -> None:
     assert camkit.ScoreCAM(tiny, "conv", top_channels=3).forward_rows(shape) == 3
     assert camkit.SSCAM(tiny, "conv", samples=4).forward_rows(shape) == 32
     assert camkit.ReciproCAM(tiny, "conv").forward_rows(shape) == 30
+    assert camkit.ReciproCAM(tiny, "conv").forward_rows((4, 8, 5, 6)) == 120  # 4 frames' rows
     assert camkit.IntegratedGradients(tiny, steps=16).forward_rows() == 17
     assert camkit.SmoothGrad(tiny, samples=5).forward_rows() == 5
     assert camkit.SmoothGrad(tiny, samples=5, noise_level=0).forward_rows() == 1

@@ -17,7 +17,7 @@ from vlm_kit import save_folder
 
 import camkit
 from camkit import io as cio
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
@@ -141,6 +141,43 @@ def test_a_click_on_word_k_equals_explain_tokens_map_k(llava_loaded, photos):
     for k, position in enumerate(positions):
         assert answer["colours"][k] == colours[k][:position]
         assert np.allclose(answer["relevance"][k], relevance[k, :position].numpy(), rtol=0, atol=0)
+
+
+def test_a_qwen2_vl_folder_answers_and_each_word_has_the_answers_map(tmp_path, photos):
+    """Qwen2-VL reads flattened patches: the explorer's image side and answer go through
+    camkit.ImageInput' layout, and word k's map is map k of LoadedVLM.answer."""
+    loaded = load_vlm(save_folder(vlm_kit.qwen2_vl(), tmp_path / "qwen2_vl", frame="<bos> $A"))
+    client, explorer = client_for(loaded, photos)
+    asked = {"image": 0, "prompt": QUESTION, "max_new_tokens": 3}
+    with client:
+        answer = client.get("/api/answer", params=asked)
+        assert answer.status_code == 200, answer.text
+        words = len(answer.json()["positions"])
+        maps = [
+            npy(client.get("/api/token-map", params={**asked, "word": k, "format": "npy"}))
+            for k in range(words)
+        ]
+    expected = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), model_input(explorer, 0), QUESTION, 3
+    )
+    assert words == 3 and answer.json()["positions"] == expected.positions
+    for k in range(words):
+        assert np.array_equal(maps[k], expected.explanation.maps[0, k].numpy())
+
+
+def test_an_openclip_folder_gets_the_prompt_box_and_its_maps(tmp_path, photos):
+    pytest.importorskip("open_clip", reason="open_clip builds the OpenCLIP model")
+    loaded = load_vlm(vlm_kit.openclip_folder(tmp_path / "open_clip"))
+    client, explorer = client_for(loaded, photos)
+    with client:
+        assert client.get("/api/info").json()["prompts"]["kind"] == "dual"
+        asked = {"image": 1, "prompt": "a cat", "format": "npy"}
+        got = npy(client.get("/api/prompt-map", params=asked))
+    assert explorer.default_layer == "visual.transformer.resblocks.1.ln_1"
+    target = PromptTarget(loaded.model, ["a cat"], tokenizer=loaded.tokenizer)
+    x = model_input(explorer, 1)
+    expected = camkit.GradCAM(loaded.explained).explain_batch(x, target).maps
+    assert np.array_equal(got, expected[0, 0].numpy())
 
 
 def test_bad_prompts_get_clear_errors(clip_loaded, llava_loaded, photos):

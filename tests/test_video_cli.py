@@ -13,6 +13,7 @@ from test_video_io import frames, write_cv2
 
 from camkit import cli, models
 from camkit.io import video
+from camkit.runs import manifest
 
 
 @pytest.fixture(scope="module")
@@ -118,5 +119,5 @@ def test_a_long_video_streams_with_flat_memory(
     monkeypatch.setattr("camkit.cli.video.GIF_MAX_FRAMES", 0)
     short, long = _peak_bytes(tmp_path, 256), _peak_bytes(tmp_path, 1024)
     assert long < 1.3 * short
-    records = json.loads((tmp_path / "o1024" / "manifest.rank0.jsonl").read_text().splitlines()[1])
-    assert records["record"]["frames"] == 1024 and records["record"]["animation"] is None
+    (record,) = manifest.read(tmp_path / "o1024" / "manifest.rank0.jsonl")["records"]
+    assert record["frames"] == 1024 and record["animation"] is None

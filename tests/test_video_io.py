@@ -3,6 +3,7 @@ test videos are written here with cv2.VideoWriter and Pillow, 16 frames of 32x32
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import cv2
@@ -139,3 +140,41 @@ def test_streaming_reads_no_further_than_the_clip_it_gives() -> None:
     for (start, stop), clip in video.stream_clips(source(), windows):
         assert len(pulled) == stop  # a long video is never read ahead of the clip in use
         assert clip[0, 0, 0, 0] == start
+
+
+@pytest.mark.parametrize(("suffix", "codec"), [(".avi", "MJPG"), (".gif", None)])
+def test_frames_from_a_start_and_counted(tmp_path: Path, suffix: str, codec: str | None) -> None:
+    path = tmp_path / f"clip{suffix}"
+    clip = frames()
+    if codec is None:
+        video.save_gif(path, clip, 8.0)
+    else:
+        assert write_cv2(path, codec, clip)
+    whole = video.read_video(path).frames
+    assert video.count_frames(path) == 16
+    later = np.stack(list(video.iter_frames(path, start=5)))
+    np.testing.assert_array_equal(later, whole[5:])
+    assert not list(video.iter_frames(path, start=16))
+    with pytest.raises(video.VideoReadError, match="more than 10 frames"):
+        video.count_frames(path, max_frames=10)
+
+
+def test_windows_of_a_span_cut_from_a_stream_that_starts_there() -> None:
+    """Some windows (those a resumed run still needs), from a stream that starts at the first:
+    the same clips, and the frames between two windows are not kept."""
+    clip = frames(40, 4)
+    windows = video.clip_windows(40, 8, 4)
+    some = [windows[2], windows[3], windows[7]]  # (8, 16), (12, 20), (28, 36)
+    alive: dict[int, weakref.ref] = {}
+
+    def source():
+        for t in range(some[0][0], 40):
+            frame = clip[t].copy()
+            alive[t] = weakref.ref(frame)
+            yield frame
+
+    for window, got in video.stream_clips(source(), some, start=some[0][0]):
+        np.testing.assert_array_equal(got, video.clip_frames(clip, window))
+        if window == some[-1]:
+            assert not [t for t in range(20, 28) if alive[t]() is not None]
+    assert max(alive) == 35  # read no further than the last window

@@ -265,10 +265,10 @@ def test_fullgrad_of_a_frame_wise_clip_is_each_frame_s_fullgrad() -> None:
         torch.testing.assert_close(got[:, t], expected, rtol=1e-4, atol=1e-5)
 
 
-def test_cams_that_do_not_read_frame_wise_layers_yet_refuse_them_by_name() -> None:
+def test_cams_that_do_not_read_frame_wise_layers_refuse_them_by_name() -> None:
     declared = camkit.InputLayout(FrameWise().eval(), "BCTHW", frame_wise=True)
-    with pytest.raises(LayerOutputError, match="ScoreCAM does not read the layers of a frame-wise"):
-        camkit.ScoreCAM(declared, "conv2")(torch.randn(1, 3, 4, 16, 16), target=0)
+    with pytest.raises(LayerOutputError, match="SESS does not read the layers of a frame-wise"):
+        camkit.SESS(declared, "conv2")(torch.randn(1, 3, 4, 16, 16), target=0)
 
 
 def test_saliency_of_a_video_transformer_is_the_clip_gradient() -> None:

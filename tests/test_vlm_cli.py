@@ -12,7 +12,7 @@ from vlm_kit import save_folder
 import camkit
 from camkit import io
 from camkit.cli import main
-from camkit.methods.cam.generation import explain_tokens
+from camkit.methods.cam.generation import explain_answer, explain_tokens
 from camkit.models.vlm import load_vlm
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colour, token_html
@@ -106,6 +106,8 @@ def test_the_example_runs(capsys):
     runpy.run_path(str(example), run_name="__main__")
     printed = capsys.readouterr().out
     assert "maps (1, 2, 32, 32)" in printed and "the same map (True)" in printed
+    assert "Qwen2-VL: model.visual.blocks.1" in printed
+    assert "OpenCLIP: visual.transformer.resblocks.1.ln_1" in printed
 
 
 def test_an_hf_run_writes_a_manifest_the_report_shows_with_the_token_page(tmp_path, photo):
@@ -137,3 +139,26 @@ def test_an_hf_run_writes_a_manifest_the_report_shows_with_the_token_page(tmp_pa
     overlays = page_data(answer / "index.html")["images"][0]["overlays"]
     assert [o["tokens"] for o in overlays] == ["photo_gradcam_tokens.html"] * 2
     assert (answer / overlays[0]["tokens"]).is_file()
+
+
+@pytest.mark.parametrize("name", ["internvl", "aya_vision"])
+def test_a_saved_folder_loads_and_its_answer_is_explained_as_in_memory(tmp_path, name):
+    """InternVL and Aya Vision from a local folder: the prompt holds as many image tokens as the
+    model makes of the image (its 2 x 2 merged patches: 4), and the answer's maps and token
+    relevance equal explain_tokens on the model built in memory."""
+    build, image_tokens = vlm_kit.GENERATIVE[name]
+    model = build()
+    loaded = load_vlm(save_folder(model, tmp_path / name, frame="<bos> $A"))
+    assert loaded.generative and type(loaded.model) is type(model)
+    x = vlm_kit.image()
+    ids = loaded.prompt_ids("what is in the picture", x)
+    torch.testing.assert_close(ids, vlm_kit.prompt(image_tokens))
+    answer = explain_answer(
+        loaded, camkit.GradCAM(loaded.explained), x, "what is in the picture", 3
+    )
+    sequence = torch.tensor([[vlm_kit.WORDS.index(t) for t in answer.tokens]])
+    cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))
+    expected = explain_tokens(cam, x, sequence, prompt_length=ids.shape[1])
+    assert answer.positions == list(range(ids.shape[1], sequence.shape[1]))
+    torch.testing.assert_close(answer.explanation.maps, expected.maps)
+    torch.testing.assert_close(answer.explanation.token_relevance, expected.token_relevance)

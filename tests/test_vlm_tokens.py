@@ -1,6 +1,6 @@
-"""Generated tokens as targets of generative vision-language models (LLaVA, PaliGemma, Gemma 3)
-on tiny random models: the layer the projector reads, hand references in float64, and every
-generated token of an answer from one forward pass."""
+"""Generated tokens as targets of generative vision-language models (LLaVA, PaliGemma, Gemma 3,
+InternVL, Aya Vision) on tiny random models: the layer the projector reads, hand references in
+float64, and every generated token of an answer from one forward pass."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ from camkit.methods.cam.generation import explain_tokens
 from camkit.targets import SpanTarget, TokenTarget
 
 RAW = {"relu": False, "upsample": False, "normalize": False}
+# the layer each model's projector reads and the tokens before its patches there
+FEATURES = {
+    # vision_feature_layer=-2: hidden_states[-2] of 3 layers, the output of layer 1; CLIP's class
+    "llava": ("model.vision_tower.encoder.layers.1", 1),
+    "paligemma": ("model.vision_tower.post_layernorm", 0),
+    "gemma3": ("model.vision_tower.post_layernorm", 0),
+    "internvl": ("model.vision_tower.encoder.layer.1", 1),  # -2 of 3 layers; its class token
+    "aya_vision": ("model.vision_tower.encoder.layers.1", 0),  # -1: the last of 2 layers
+}
 
 
 def answer(name, dtype=torch.float32):
@@ -48,28 +57,26 @@ def hand_reference(model, x, sequence, layer, embeddings, position, token, prefi
     return cam.detach(), relevance.detach()
 
 
-def test_the_default_layer_is_the_one_the_projector_reads():
-    llava = camkit.GradCAM(camkit.KeywordInput(vlm_kit.llava(), "pixel_values"))
-    paligemma = camkit.GradCAM(camkit.KeywordInput(vlm_kit.paligemma(), "pixel_values"))
-    ids = vlm_kit.prompt(vlm_kit.PATCHES)
-    target = TokenTarget(-1, 5)
-    for cam in (llava, paligemma):
-        cam(vlm_kit.image(), target, additional_forward_args={"input_ids": ids})
-    # vision_feature_layer=-2: hidden_states[-2] of 3 layers, the output of layer 1
-    assert llava.layers == ["model.vision_tower.encoder.layers.1"]
-    assert paligemma.layers == ["model.vision_tower.post_layernorm"]
+@pytest.mark.parametrize("name", sorted(FEATURES))
+def test_the_default_layer_is_the_one_the_projector_reads(name):
+    build, image_tokens = vlm_kit.GENERATIVE[name]
+    cam = camkit.GradCAM(camkit.KeywordInput(build(), "pixel_values"))
+    ids = vlm_kit.prompt(image_tokens)
+    cam(vlm_kit.image(), TokenTarget(-1, 5), additional_forward_args={"input_ids": ids})
+    assert cam.layers == [FEATURES[name][0]]
 
 
-@pytest.mark.parametrize("name", ["llava", "paligemma", "gemma3"])
+@pytest.mark.parametrize("name", sorted(FEATURES))
 def test_a_token_map_and_its_token_relevance_equal_hand_references_in_float64(name):
     """The layer LLaVA's projector reads is recorded by transformers' own hooks: camkit's
-    capture must still hand the gradient on (it used to say the score does not depend on it)."""
+    capture must still hand the gradient on (it used to say the score does not depend on it).
+    InternVL and Aya Vision merge 2 x 2 patches into one image token after that layer: the map
+    is the 4 x 4 patch grid, read from the model."""
     model, x, prompt_length, sequence = answer(name, torch.float64)
-    tower = model.model.vision_tower
-    layer = tower.encoder.layers[1] if name == "llava" else tower.post_layernorm
+    layer_name, prefix = FEATURES[name]
+    layer = model.get_submodule(layer_name)
     cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"), layer)
     result = explain_tokens(cam, x, sequence, prompt_length=prompt_length, **RAW)
-    prefix = 1 if name == "llava" else 0  # CLIP's class token
     embeddings = model.get_input_embeddings()
     for k, position in enumerate(range(prompt_length, sequence.shape[1])):
         token = int(sequence[0, position])
@@ -83,7 +90,7 @@ def test_a_token_map_and_its_token_relevance_equal_hand_references_in_float64(na
     assert result.maps.abs().sum() > 0 and result.token_relevance.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", ["llava", "paligemma", "gemma3"])
+@pytest.mark.parametrize("name", sorted(FEATURES))
 def test_k_generated_tokens_in_one_call_equal_k_single_calls(name):
     model, x, prompt_length, sequence = answer(name)
     cam = camkit.GradCAM(camkit.KeywordInput(model, "pixel_values"))

@@ -2,8 +2,9 @@
 tokenizer saved in a local folder: nothing is downloaded.
 
 Dual encoders: CLIP, SigLIP. Generative: LLaVA (CLIP vision tower, LLaMA text model with
-grouped-query attention, ``vision_feature_layer=-2``), PaliGemma (SigLIP + Gemma) and Gemma 3
-(SigLIP + Gemma 3, pooled image tokens).
+grouped-query attention, ``vision_feature_layer=-2``), PaliGemma (SigLIP + Gemma), Gemma 3
+(SigLIP + Gemma 3, pooled image tokens), InternVL and Aya Vision (2 x 2 patches merged into one
+image token). OpenCLIP: a folder laid out as on the HuggingFace hub.
 """
 
 from __future__ import annotations
@@ -155,8 +156,46 @@ def gemma3() -> torch.nn.Module:
     return model
 
 
+def internvl() -> torch.nn.Module:
+    """InternVL (Chen et al., CVPR 2024): its own vision tower (a class token, the encoder list
+    named ``layer``), the projector reading ``hidden_states[-2]`` (the output of layer 1 of 3)
+    and merging each 2 x 2 patches into one image token (pixel shuffle, ``downsample_ratio``)."""
+    torch.manual_seed(0)
+    vision = _vision() | {"image_size": [SIZE] * 2, "patch_size": [PATCH] * 2}
+    vision["num_hidden_layers"] = 3
+    config = transformers.InternVLConfig(
+        vision_config=vision,
+        text_config=_text(model_type="qwen2", max_position_embeddings=64),
+        image_token_id=IMAGE,
+        downsample_ratio=0.5,
+        vision_feature_layer=-2,
+        projector_hidden_act="gelu",
+    )
+    return transformers.InternVLForConditionalGeneration(config).eval()
+
+
+def aya_vision() -> torch.nn.Module:
+    """Aya Vision: SigLIP's patches, each 2 x 2 merged into one image token
+    (``downsample_factor``) for a Cohere 2 language model."""
+    torch.manual_seed(0)
+    config = transformers.AyaVisionConfig(
+        vision_config=_vision(model_type="siglip_vision_model"),
+        text_config=_text(model_type="cohere2", max_position_embeddings=64, sliding_window=16),
+        image_token_index=IMAGE,
+        downsample_factor=2,
+        vision_feature_layer=-1,
+    )
+    return transformers.AyaVisionForConditionalGeneration(config).eval()
+
+
 # each generative model and the number of image tokens its prompt holds
-GENERATIVE = {"llava": (llava, PATCHES), "paligemma": (paligemma, PATCHES), "gemma3": (gemma3, 4)}
+GENERATIVE = {
+    "llava": (llava, PATCHES),
+    "paligemma": (paligemma, PATCHES),
+    "gemma3": (gemma3, 4),
+    "internvl": (internvl, PATCHES // 4),
+    "aya_vision": (aya_vision, PATCHES // 4),
+}
 
 
 def prompt(image_tokens: int, text: str = "what is in the picture") -> torch.Tensor:
@@ -167,3 +206,61 @@ def prompt(image_tokens: int, text: str = "what is in the picture") -> torch.Ten
 def image(batch: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, 3, SIZE, SIZE, generator=generator).to(dtype)
+
+
+def openclip_folder(folder: Path) -> Path:
+    """A tiny OpenCLIP model (2 vision blocks, one text block, the bundled CLIP tokenizer's
+    vocabulary) saved as OpenCLIP models are on the HuggingFace hub: ``open_clip_config.json``
+    (``model_cfg``, ``preprocess_cfg``) and ``open_clip_model.safetensors``; read back with
+    ``open_clip.create_model("local-dir:FOLDER")`` and ``open_clip.get_tokenizer(...)``."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip", reason="open_clip builds the OpenCLIP model")
+    from safetensors.torch import save_file
+
+    vision = dict(image_size=SIZE, layers=2, width=32, head_width=16, patch_size=PATCH)
+    text = dict(context_length=16, vocab_size=49408, width=32, heads=2, layers=1)
+    config = dict(embed_dim=16, vision_cfg=vision, text_cfg=text)
+    torch.manual_seed(0)
+    model = open_clip.CLIP(**config)
+    folder.mkdir(parents=True, exist_ok=True)
+    preprocess = {"mean": [0.5] * 3, "std": [0.5] * 3}
+    settings = {"model_cfg": config, "preprocess_cfg": preprocess}
+    (folder / "open_clip_config.json").write_text(json.dumps(settings))
+    save_file(model.state_dict(), folder / "open_clip_model.safetensors")
+    return folder
+
+
+def qwen2_vl() -> torch.nn.Module:
+    """Qwen2-VL (Wang et al. 2024): images as flattened 8 px patches (each repeated over 2
+    frames) with ``image_grid_thw``, 2 x 2 patches merged into one image token after the last
+    vision block, M-RoPE in the language model; ``<bos>`` opens the image (vision start)."""
+    torch.manual_seed(0)
+    vision = dict(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)
+    vision |= dict(patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    rope = {"rope_type": "default", "mrope_section": [1, 1, 2]}
+    text = _text(max_position_embeddings=64, rope_parameters=rope)
+    config = transformers.Qwen2VLConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=IMAGE,
+        video_token_id=2,
+        vision_start_token_id=1,
+        vision_end_token_id=3,
+    )
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
+def llava_next() -> torch.nn.Module:
+    """LLaVA-NeXt (Liu et al. 2024, anyres): an image at 32x64 or 64x64 is read as the whole
+    image resized to 32 px and its 32 px tiles; the projector reads ``hidden_states[-2]``."""
+    torch.manual_seed(0)
+    vision = _vision(model_type="clip_vision_model") | {"num_hidden_layers": 3}
+    config = transformers.LlavaNextConfig(
+        vision_config=vision,
+        text_config=_text(model_type="llama", max_position_embeddings=256),
+        image_token_id=IMAGE,
+        image_grid_pinpoints=[[SIZE, SIZE], [SIZE, 2 * SIZE], [2 * SIZE, 2 * SIZE]],
+        vision_feature_layer=-2,
+    )
+    return transformers.LlavaNextForConditionalGeneration(config).eval()

@@ -15,7 +15,7 @@ from camkit import errors, models, registry, targets, viz
 from camkit.core.explainer import Explainer, Explanation
 from camkit.core.layers import find_layer
 from camkit.core.record import record
-from camkit.core.wrappers import ImageTower, InputLayout, KeywordInput
+from camkit.core.wrappers import ImageInput, ImageTower, InputLayout, KeywordInput, VideoPrompts
 from camkit.errors import CamkitError, LayerNotFoundError, LayerOutputError, TargetError
 from camkit.methods.attention import AttentionRollout, LeGrad
 from camkit.methods.cam import *  # noqa: F403  (every CAM class, cams)
@@ -67,6 +67,7 @@ __all__ = [
     "GuidedGradCAM",
     "InputLayout",
     "IntegratedGradients",
+    "ImageInput",
     "ImageTower",
     "KeywordInput",
     "LayerNotFoundError",
@@ -77,6 +78,7 @@ __all__ = [
     "SmoothGrad",
     "Target",
     "TargetError",
+    "VideoPrompts",
     "errors",
     "explore",
     "feature_grid",

@@ -128,7 +128,8 @@ def add_loader_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="DataLoader processes decoding images (default: cores - 1, at most 4; 0: none)",
+        help="DataLoader processes decoding images or video clips (default: cores - 1, at "
+        "most 4; 0: none)",
     )
     parser.add_argument(
         "--quiet",

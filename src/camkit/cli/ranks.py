@@ -17,6 +17,12 @@ import torch
 import torch.distributed as dist
 
 
+def span(items: list, parts: int, index: int) -> list:
+    """The ``index``-th of ``parts`` contiguous spans of ``items`` (their sizes differ by one at
+    most; together they are ``items``, in order)."""
+    return items[index * len(items) // parts : (index + 1) * len(items) // parts]
+
+
 @dataclass(frozen=True)
 class Ranks:
     """This process's place among the ``world`` processes of a run."""
@@ -40,6 +46,20 @@ class Ranks:
     def shard(self, items: list) -> list:
         """This rank's items: every ``world``-th from ``rank`` (disjoint, nothing repeated)."""
         return items[self.rank :: self.world]
+
+    def span(self, items: list) -> list:
+        """This rank's items as one run: the ``rank``-th of ``world`` contiguous, near-equal
+        spans (:func:`span`; windows of a video that one process decodes in one pass)."""
+        return span(items, self.world, self.rank)
+
+    def gather(self, value: object) -> list:
+        """Every rank's ``value``, by rank (``torch.distributed.all_gather_object``: every rank
+        must call it, at the same point of the run); ``[value]`` for one process."""
+        if not self.distributed:
+            return [value]
+        found: list = [None] * self.world
+        dist.all_gather_object(found, value)
+        return found
 
     def barrier(self) -> None:
         if self.distributed:

@@ -1,167 +1,298 @@
-"""``camkit explain`` on video files: one rank's videos, clip by clip, streamed.
+"""``camkit explain`` on video files: window by window, across ranks, resumable, streamed.
 
-Each video is decoded frame by frame (:func:`camkit.io.video.iter_frames`) and cut into clips of
-the model's clip length (:func:`camkit.io.video.clip_windows`: every ``stride`` frames, the last
-clip ending on the last frame), each frame preprocessed as an image is. A first pass counts the
-frames and predicts: the video's prediction is the mean of its clips' softmax, the explained
-class its top-1 (or ``--target``) in every clip. A second pass computes the maps; a frame seen
-by several clips gets the mean of their heat, and is drawn and written as soon as no later clip
-covers it, so memory stays that of about one batch of clips however long the video. Written per
-method and class: the animated overlay (MP4, frame by frame, and a GIF for videos of at most
-:data:`GIF_MAX_FRAMES` frames; one frame per input frame, at the video's frame rate) and the
-per-frame importance plot; the manifest record lists the frames, the frame rate, the clips and
-the importance. A video that cannot be read becomes an error record and the run goes on.
+Each video is cut into windows (clips) of the model's clip length
+(:func:`camkit.io.video.clip_windows`: every ``stride`` frames, the last one ending on the last
+frame), each frame preprocessed as an image is. The work runs in stages, each rank taking one
+contiguous span of the windows (:meth:`camkit.cli.ranks.Ranks.span`) and its DataLoader workers
+decoding them (:mod:`camkit.cli.video_windows`) while the model runs:
+
+1. the videos' frames and frame rates are counted (the videos shared by the ranks);
+2. ``predict``: each window's softmax; a video's prediction is the mean over its windows, the
+   explained class its top-1 (or ``--target``);
+3. ``maps``: each window's display heat for that class, every method;
+4. each video (the videos shared by the ranks) is decoded once more, and each frame is drawn with
+   the mean heat of the windows that cover it and appended to the MP4 at once, so memory stays
+   that of a few windows however long the video. Written per method and class: the animated
+   overlay (MP4, and a GIF for videos of at most :data:`GIF_MAX_FRAMES` frames) and the
+   per-frame importance plot; the manifest record lists the frames, frame rate, windows and
+   importance.
+
+A finished window's result is a file (:class:`~camkit.cli.video_windows.WindowStore`) and a line
+of the rank's manifest part; ``--resume`` skips the windows recorded there, so a killed run
+finishes a partly explained video where it stopped. A video that cannot be read, at any stage,
+in any worker or rank, becomes one error record and the run goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import dataclasses
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from camkit import io
-from camkit.cli.pipeline import Job, build_explainers, top5, unique_stems
+from camkit.cli.pipeline import (
+    Job,
+    build_explainers,
+    data_loader,
+    release_free_memory,
+    top5,
+    unique_stems,
+)
 from camkit.cli.ranks import Ranks
+from camkit.cli.video_windows import (
+    VideoFacts,
+    VideoFrames,
+    VideoWindows,
+    WindowStore,
+    as_list,
+    collate_windows,
+)
 from camkit.core.explainer import displayed
-from camkit.core.progress import progress
+from camkit.core.progress import LogProgress, progress
 from camkit.io import video
 from camkit.metrics.frames import mass_shares
 from camkit.models import LoadedModel
 from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
-from camkit.viz.video import importance_plot, overlay_frames
+from camkit.viz.video import frame_heat, importance_plot, overlay_frames
+
+Shown = tqdm | LogProgress  # a progress bar
 
 GIF_MAX_FRAMES = 600
 """Longer videos get no GIF (it holds every frame in memory and weighs megabytes); their MP4 is
 written frame by frame."""
 
+PREDICT, MAPS = "predict", "maps"
+"""The stages whose windows are recorded."""
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One readable video: its file, frame count, frame rate, windows and window files."""
+
+    path: Path
+    count: int
+    fps: float
+    windows: list[tuple[int, int]]
+    store: WindowStore
+
 
 def explain_videos(
     loaded: LoadedModel,
     paths: list[Path],
-    indices: list[int],
+    todo: list[int],
     job: Job,
     ranks: Ranks,
     head: dict,
     stride: int | None = None,
+    finished: Iterable[dict] = (),
 ) -> None:
-    """Explain the videos ``indices`` of ``paths`` on this rank, appending each video's records
-    to this rank's part of the manifest as soon as its files are written."""
+    """Explain the videos ``todo`` (indices of ``paths``) with every rank (each rank calls this
+    with the same arguments), skipping the ``finished`` windows (``{image, stage, start,
+    stop}``, from the manifest of a run resumed) whose files are there; each rank appends its
+    windows and its videos' records to its part of the manifest as they are done."""
     job.out.mkdir(parents=True, exist_ok=True)
+    run = _Run(loaded, job, ranks)
+    append(run.part, [head | {"rank": ranks.rank}])
     stems = unique_stems(paths)
-    part = part_path(job.out, ranks.rank)
-    append(part, [head | {"rank": ranks.rank}])
-    model = loaded.model.to(job.device)
-    explainers = build_explainers(model, job)
-    started, done = time.perf_counter(), 0
-    with progress(len(indices), "explain", "video", enabled=not job.quiet) as shown:
-        for index in indices:
-            path = paths[index]
-            try:
-                one = _Video(loaded, job, model, explainers, path, stride)
-                records = one.explain(stems[index], ranks.rank)
-            except video.VideoReadError as error:
-                shown.write(f"camkit: cannot read {path}: {error}", file=sys.stderr)
-                records = [{"image": str(path), "error": str(error), "rank": ranks.rank}]
-            done += 1
-            append(part, [{"record": r} for r in records] + [_throughput(ranks, done, started)])
-            shown.update(1)
-    if not indices:
-        append(part, [_throughput(ranks, 0, started)])
-
-
-def _throughput(ranks: Ranks, done: int, started: float) -> dict:
-    seconds = time.perf_counter() - started
-    speed = done / seconds if seconds and done else None
-    return {
-        "throughput": {
-            "rank": ranks.rank,
-            "images": done,
-            "seconds": seconds,
-            "images_per_second": speed,
-        }
+    facts = run.measure(paths, todo)
+    failed = {index: fact for index, fact in facts.items() if isinstance(fact, str)}
+    length = loaded.clip_length or 1
+    plans = {}  # in the inputs' order, the same on every rank
+    for index, fact in sorted(facts.items()):
+        if not isinstance(fact, str):
+            count, fps = fact
+            windows = video.clip_windows(count, length, stride)
+            store = WindowStore(job.out, stems[index])
+            plans[index] = _Plan(paths[index], count, fps, windows, store)
+    done = {(w["image"], w["stage"], w["start"], w["stop"]) for w in finished}
+    failed |= run.stage(PREDICT, plans, done, {})
+    predictions = {i: _prediction(plan) for i, plan in plans.items() if i not in failed}
+    classes = {
+        index: [int(p.argmax())] if job.classes is None else list(job.classes)
+        for index, p in predictions.items()
     }
+    failed |= run.stage(MAPS, {i: plans[i] for i in classes}, done, classes)
+    mine = ranks.shard(todo)
+    with progress(len(mine), "draw" + run.label, "video", enabled=not job.quiet) as shown:
+        for index in mine:
+            records, why = None, failed.get(index)
+            if why is None:
+                one = _Video(run, plans[index], stems[index])
+                records, why = one.explain(classes[index], predictions[index], shown)
+            if records is None:
+                records = [{"image": str(paths[index]), "error": why, "rank": ranks.rank}]
+            run.videos += 1
+            append(run.part, [{"record": r} for r in records] + [run.throughput()])
+            if index in plans:
+                plans[index].store.remove()
+            shown.update(1)
+    if not mine:
+        append(run.part, [run.throughput()])
+
+
+def _prediction(plan: _Plan) -> np.ndarray:
+    """The video's softmax: the mean of its windows' (summed in window order)."""
+    total = sum(plan.store.load(PREDICT, window).astype(np.float64) for window in plan.windows)
+    return total / len(plan.windows)
+
+
+class _Run:
+    """This rank's model, methods, manifest part and counts."""
+
+    def __init__(self, loaded: LoadedModel, job: Job, ranks: Ranks):
+        self.loaded, self.job, self.ranks = loaded, job, ranks
+        self.model = loaded.model.to(job.device)
+        self.explainers = build_explainers(self.model, job)
+        self.part = part_path(job.out, ranks.rank)
+        self.started, self.videos, self.windows = time.perf_counter(), 0, 0
+        self.label = f" [rank {ranks.rank}]" if ranks.distributed else ""
+
+    def throughput(self) -> dict:
+        seconds = time.perf_counter() - self.started
+        speed = self.videos / seconds if seconds and self.videos else None
+        return {
+            "throughput": {
+                "rank": self.ranks.rank,
+                "images": self.videos,
+                "windows": self.windows,
+                "seconds": seconds,
+                "images_per_second": speed,
+            }
+        }
+
+    def report(
+        self, failed: dict, index: int, why: str, path: Path, shown: Shown | None = None
+    ) -> None:
+        """Name a video that cannot be read on stderr, once (above the progress bar
+        ``shown``)."""
+        if index not in failed:
+            failed[index] = why
+            (print if shown is None else shown.write)(
+                f"camkit: cannot read {path}: {why}", file=sys.stderr
+            )
+
+    def measure(self, paths: list[Path], todo: list[int]) -> dict[int, tuple[int, float] | str]:
+        """``{index: (frames, fps) or why it cannot be read}`` of every video of ``todo``, each
+        counted by one rank's workers and gathered."""
+        mine = self.ranks.shard(todo)
+        found: dict[int, tuple[int, float] | str] = {}
+        for batch in data_loader(VideoFacts([paths[i] for i in mine]), self.job, as_list):
+            for fact in batch:
+                index = mine[fact["index"]]
+                if fact["error"] is not None:
+                    self.report(found, index, fact["error"], paths[index])
+                else:
+                    found[index] = (fact["frames"], fact["fps"])
+        return {index: fact for part in self.ranks.gather(found) for index, fact in part.items()}
+
+    def stage(
+        self, stage: str, plans: dict[int, _Plan], done: set, classes: dict[int, list[int]]
+    ) -> dict[int, str]:
+        """Run ``stage`` on this rank's span of the windows not ``done``; the videos that
+        could not be read, gathered from every rank."""
+        todo = [
+            (index, str(plan.path), window)
+            for index, plan in plans.items()
+            for window in plan.windows
+            if (str(plan.path), stage, *window) not in done or not plan.store.has(stage, window)
+        ]
+        mine = self.ranks.span(todo)
+        failed: dict[int, str] = {}
+        loader = data_loader(VideoWindows(mine, self.loaded.preprocess), self.job, collate_windows)
+        shown = progress(len(mine), stage + self.label, "window", enabled=not self.job.quiet)
+        with shown:
+            for batch in loader:
+                for index, why in batch.failures:
+                    self.report(failed, index, why, plans[index].path, shown)
+                lines = []
+                if batch.inputs is not None:
+                    inputs = batch.inputs.to(self.job.device, non_blocking=True)
+                    targets = [classes.get(index) for index in batch.videos]
+                    results = (
+                        self.predict(inputs) if stage == PREDICT else self.maps(inputs, targets)
+                    )
+                    done_now = zip(batch.videos, batch.windows, results, strict=True)
+                    for index, (start, stop), result in done_now:
+                        plans[index].store.save(stage, (start, stop), result)
+                        image = str(plans[index].path)
+                        window = {"image": image, "stage": stage, "start": start, "stop": stop}
+                        lines.append({"window": window})
+                self.windows += len(lines)
+                append(self.part, lines + [self.throughput()])
+                shown.update(len(lines))
+                release_free_memory()
+        return {index: why for part in self.ranks.gather(failed) for index, why in part.items()}
+
+    def predict(self, inputs: torch.Tensor) -> np.ndarray:
+        """``(n, classes)`` softmax of a batch of clips."""
+        with torch.inference_mode():
+            return select_output(self.model(inputs)).float().softmax(dim=-1).cpu().numpy()
+
+    def maps(self, inputs: torch.Tensor, targets: list) -> np.ndarray:
+        """``(n, methods, K, L, H, W)`` float16 display heat of a batch of clips."""
+        heats = [displayed(self.explainers[m], inputs, targets)[0] for m in self.job.methods]
+        return torch.stack(heats, dim=1).to(torch.float16).cpu().numpy()
 
 
 class _Video:
-    """One video file, streamed twice (prediction, then maps)."""
+    """One video's animations, plots and records, from its window files."""
 
-    def __init__(
-        self,
-        loaded: LoadedModel,
-        job: Job,
-        model: torch.nn.Module,
-        explainers: dict,
-        path: Path,
-        stride: int | None,
-    ):
-        self.loaded, self.job, self.model, self.explainers = loaded, job, model, explainers
-        self.path = path
-        self.fps = video.frame_rate(path)
-        self.count = sum(1 for _ in video.iter_frames(path))  # decoded once, nothing kept
-        self.windows = video.clip_windows(self.count, loaded.clip_length or 1, stride)
-        # the first frame of the next clip (the frame count after the last): frames before it
-        # are final once a clip has been explained
-        starts = [start for start, _ in self.windows[1:]] + [self.count]
-        self.following = dict(zip(self.windows, starts, strict=True))
+    def __init__(self, run: _Run, plan: _Plan, stem: str):
+        self.run, self.plan, self.stem = run, plan, stem
 
-    def batches(self) -> Iterator[tuple[list[tuple[int, int]], list[np.ndarray], torch.Tensor]]:
-        """``(windows, their frames, inputs (n, 3, L, H, W))``, ``images_per_batch`` clips at a
-        time, from one more pass over the file."""
-        clips = video.stream_clips(video.iter_frames(self.path), self.windows)
-        while chunk := list(itertools.islice(clips, self.job.images_per_batch)):
-            frames = [clip for _, clip in chunk]
-            inputs = torch.stack([self.loaded.preprocess.clip(clip) for clip in frames])
-            yield [window for window, _ in chunk], frames, inputs.to(self.job.device)
+    def heats(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(frame, heat (methods, K, H, W))`` frame by frame, the heat the mean of the windows
+        that cover the frame (a few windows loaded at a time). Raises
+        :class:`~camkit.io.video.VideoReadError` when the video cannot be decoded."""
+        plan, loaded = self.plan, {}
+        upcoming = iter(plan.windows)
+        following = next(upcoming, None)
+        frames = data_loader(VideoFrames(plan.path, plan.count), self.run.job, as_list, workers=1)
+        for t, (frame, why) in enumerate(item for batch in frames for item in batch):
+            if frame is None:
+                raise video.VideoReadError(why)
+            while following is not None and following[0] <= t:
+                loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
+                following = next(upcoming, None)
+            for window in [window for window in loaded if window[1] <= t]:
+                del loaded[window]
+            yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
 
-    def probabilities(self) -> torch.Tensor:
-        """The video's softmax: the mean of its clips'."""
-        parts = []
-        with torch.inference_mode():
-            for _, _, inputs in self.batches():
-                parts.append(select_output(self.model(inputs)).float().softmax(dim=-1).cpu())
-        return torch.cat(parts).mean(dim=0)
-
-    def explain(self, stem: str, rank: int) -> list[dict]:
-        """Write every method's and class's files; their records."""
-        probabilities = self.probabilities()
-        job = self.job
-        classes = [int(probabilities.argmax())] if job.classes is None else list(job.classes)
+    def explain(
+        self, classes: list[int], probabilities: np.ndarray, shown: Shown
+    ) -> tuple[list[dict] | None, str | None]:
+        """Write every method's and class's files -> (their records, None), or (None, why)
+        when the video cannot be decoded (nothing written)."""
+        job = self.run.job
         outputs = {
-            (method, column): _Output(self, f"{stem}_{method}_{target}")
-            for method in job.methods
+            (row, column): _Output(self, f"{self.stem}_{method}_{target}")
+            for row, method in enumerate(job.methods)
             for column, target in enumerate(classes)
         }
-        # frame -> (the frame, {method: summed heat (K, H, W)}, clips that saw it)
-        pending: dict[int, tuple[np.ndarray, dict[str, torch.Tensor], int]] = {}
-        with contextlib.ExitStack() as stack:
-            for output in outputs.values():
-                stack.enter_context(output.mp4)
-            for windows, frames, inputs in self.batches():
-                target = [classes] * len(inputs)
-                heats = {m: displayed(self.explainers[m], inputs, target)[0] for m in job.methods}
-                for row, ((start, stop), clip) in enumerate(zip(windows, frames, strict=True)):
-                    for t in range(start, min(stop, self.count)):
-                        frame, total, seen = pending.get(t, (clip[t - start], {}, 0))
-                        for method, heat in heats.items():
-                            here = heat[row, :, t - start].float().cpu()
-                            total[method] = total[method] + here if method in total else here
-                        pending[t] = (frame, total, seen + 1)
-                following = self.following[windows[-1]]
-                for t in sorted(t for t in pending if t < following):  # no later clip sees t
-                    frame, total, seen = pending.pop(t)
-                    for (method, column), output in outputs.items():
-                        output.add(frame, total[method][column] / seen)
-        return [
-            output.record(method, classes[column], probabilities, rank)
-            for (method, column), output in outputs.items()
+        try:
+            with contextlib.ExitStack() as stack:
+                for output in outputs.values():
+                    stack.enter_context(output.mp4)
+                for frame, heat in self.heats():
+                    for (row, column), output in outputs.items():
+                        output.add(frame, heat[row, column])
+        except video.VideoReadError as error:
+            shown.write(f"camkit: cannot read {self.plan.path}: {error}", file=sys.stderr)
+            return None, str(error)
+        chances = torch.from_numpy(probabilities).float()
+        records = [
+            output.record(job.methods[row], classes[column], chances)
+            for (row, column), output in outputs.items()
         ]
+        return records, None
 
 
 class _Output:
@@ -170,50 +301,50 @@ class _Output:
 
     def __init__(self, owner: _Video, name: str):
         self.owner, self.name = owner, name
-        self.mp4 = video.Mp4Writer(owner.job.out / f"{name}.mp4", owner.fps)
-        self.gif: list[np.ndarray] | None = [] if owner.count <= GIF_MAX_FRAMES else None
+        self.mp4 = video.Mp4Writer(owner.run.job.out / f"{name}.mp4", owner.plan.fps)
+        self.gif: list[np.ndarray] | None = [] if owner.plan.count <= GIF_MAX_FRAMES else None
         self.mass: list[float] = []
         self.size: list[int] = []  # a frame's [width, height]
 
-    def add(self, frame: np.ndarray, heat: torch.Tensor) -> None:
+    def add(self, frame: np.ndarray, heat: np.ndarray) -> None:
         """Draw one frame with its heat ``(H, W)`` (the model's input size) and write it."""
-        job = self.owner.job
-        region = self.owner.loaded.preprocess.photo_region(*frame.shape[:2])
+        job, loaded = self.owner.run.job, self.owner.run.loaded
+        region = loaded.preprocess.photo_region(*frame.shape[:2])
         drawn = overlay_frames(frame[None], heat[None], job.alpha, job.colormap, region)[0]
         self.mp4.write(drawn)
         if self.gif is not None:
             self.gif.append(drawn)
-        self.mass.append(float(heat.sum()))
+        self.mass.append(float(heat.sum(dtype=np.float64)))
         self.size = [frame.shape[1], frame.shape[0]]
 
-    def record(self, method: str, target: int, probabilities: torch.Tensor, rank: int) -> dict:
+    def record(self, method: str, target: int, probabilities: torch.Tensor) -> dict:
         """Write the GIF and the importance plot; the manifest record."""
-        owner, out = self.owner, self.owner.job.out
-        loaded, fps = owner.loaded, owner.fps
+        run, plan = self.owner.run, self.owner.plan
+        out, loaded, fps = run.job.out, run.loaded, plan.fps
         if self.gif is not None:
             video.save_gif(out / f"{self.name}.gif", np.stack(self.gif), fps)
-        importance = mass_shares(torch.tensor(self.mass))
+        importance = mass_shares(torch.tensor(self.mass, dtype=torch.float64))
         label = loaded.labels[target]
-        plot = importance_plot(importance, fps, title=f"{owner.path.name}: {method}, {label}")
+        plot = importance_plot(importance, fps, title=f"{plan.path.name}: {method}, {label}")
         io.write_atomic(out / f"{self.name}_frames.png", plot)
         return {
-            "image": str(owner.path),
+            "image": str(plan.path),
             "output": f"{self.name}.mp4",
             "animation": f"{self.name}.gif" if self.gif is not None else None,
             "frame_plot": f"{self.name}_frames.png",
             "method": method,
-            "layer": owner.job.layer if owner.explainers[method].needs_layer else None,
+            "layer": run.job.layer if run.explainers[method].needs_layer else None,
             "target": target,
             "label": label,
             "probability": probabilities[target].item(),
             "top5": top5(probabilities, loaded.labels),
             "model": loaded.name,
-            "rank": rank,
+            "rank": run.ranks.rank,
             "size": self.size,
-            "frames": owner.count,
+            "frames": plan.count,
             "fps": fps,
             "clip_length": loaded.clip_length,
-            "windows": [list(window) for window in owner.windows],
+            "windows": [list(window) for window in plan.windows],
             "frame_importance": [round(v, 6) for v in importance.tolist()],
         }
 

@@ -28,6 +28,7 @@ from camkit.cli.common import (
 from camkit.core.explainer import Explainer, displayed
 from camkit.errors import CamkitError, InputError
 from camkit.methods.cam.base import BaseCAM
+from camkit.methods.cam.generation import explain_answer
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.runs.manifest import header, write_manifest
 from camkit.targets import PromptTarget
@@ -170,7 +171,9 @@ def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> list[dict]:
     """The answer to the prompt; an overlay per generated token and the token page -> the
     overlays' records (each names the page in ``tokens``)."""
     try:
-        answer = loaded.answer(explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens)
+        answer = explain_answer(
+            loaded, explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens
+        )
     except InputError as error:
         raise UsageError(str(error)) from None
     records = [

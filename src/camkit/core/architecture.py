@@ -3,11 +3,13 @@ grid, channel counts, and the layer to explain in a transformer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from camkit.core.spacetime import default_video_layer
+from camkit.core.spacetime import default_video_layer, folded_frames
 
 # attributes that hold tokens prepended to the patch tokens (timm, torchvision, HuggingFace);
 # ``mask_token`` is deliberately absent: it replaces patch tokens, it is not prepended
@@ -35,6 +37,11 @@ _CHANNELS_FIRST_MODULES = (
 # timm ViT/DeiT/Eva/Swin and torchvision Swin ``norm1``, torchvision ViT ``ln_1``, HuggingFace
 # ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
 _BLOCK_NORM_NAMES = ("norm1", "ln_1", "layernorm_before", "layer_norm1")
+# the list of a vision tower's encoder layers: CLIP, SigLIP ``encoder.layers``; InternVL's
+# ``encoder.layer``; Qwen2-VL's ``blocks``
+_ENCODER_LISTS = ("layers", "layer", "blocks")
+# a vision config's fields that say its images come as flattened patches (Qwen2-VL)
+_PATCH_ROW_FIELDS = ("patch_size", "temporal_patch_size", "spatial_merge_size")
 
 
 def _pair(value: object) -> tuple[int, int] | None:
@@ -169,10 +176,89 @@ def has_last_axis_norm(model: nn.Module | None) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class PatchRows:
+    """How a model that reads its images as flattened patches (Qwen2-VL: ``pixel_values``
+    ``(sum of t * h * w, C * t * p * p)`` and ``image_grid_thw``) lays them out, from its vision
+    config: ``patch`` pixels a side, ``temporal`` frames per patch (an image repeated),
+    ``merge`` x ``merge`` patches merged into one token after the vision blocks, the patches
+    ordered merge window by merge window (the model's image processor's order), ``channels``
+    of the image."""
+
+    patch: int
+    temporal: int
+    merge: int
+    channels: int
+
+    def grid(self, size: Sequence[int]) -> tuple[int, int]:
+        """The ``(h, w)`` patch grid of an ``(H, W)`` image."""
+        return size[-2] // self.patch, size[-1] // self.patch
+
+
+def patch_rows(model: nn.Module | None) -> PatchRows | None:
+    """:class:`PatchRows` of a model whose vision config names ``patch_size``,
+    ``temporal_patch_size`` and ``spatial_merge_size`` (Qwen2-VL and its kin), else None."""
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        vision = getattr(config, "vision_config", config)
+        values = [getattr(vision, f, None) for f in _PATCH_ROW_FIELDS]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+            channels = getattr(vision, "in_channels", getattr(vision, "num_channels", 3))
+            return PatchRows(*values, channels=int(channels))
+    return None
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How a model that splits its images into tiles (LLaVA-NeXt's anyres, Liu et al. 2024)
+    reads them, from its config: ``side`` (the vision tower's ``image_size``) and the
+    resolutions it tiles (``image_grid_pinpoints``). An image at one of them is read as views:
+    the image resized to ``side``, then its ``side`` x ``side`` tiles row by row."""
+
+    side: int
+    pinpoints: tuple[tuple[int, int], ...]
+
+    def grid(self, size: Sequence[int]) -> tuple[int, int] | None:
+        """The ``(rows, columns)`` of tiles of an ``(H, W)`` image at one of the resolutions,
+        else None."""
+        height, width = int(size[-2]), int(size[-1])
+        if (height, width) not in self.pinpoints:
+            return None
+        return height // self.side, width // self.side
+
+
+def image_tiles(model: nn.Module | None) -> Tiles | None:
+    """:class:`Tiles` of a model whose config names ``image_grid_pinpoints`` (LLaVA-NeXt and
+    its kin) and a square vision ``image_size``, else None."""
+    for module in model.modules() if model is not None else ():
+        config = getattr(module, "config", None)
+        pinpoints = getattr(config, "image_grid_pinpoints", None)
+        side = getattr(getattr(config, "vision_config", None), "image_size", None)
+        if pinpoints and isinstance(side, int) and not isinstance(side, bool):
+            return Tiles(side, tuple((int(h), int(w)) for h, w in pinpoints))
+    return None
+
+
+def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
+    """How many rows per input a model folds into the first axis of its layers, or None: the
+    frames of a frame-wise video model (:func:`~camkit.core.spacetime.folded_frames`), the
+    patches of a model that reads its images as flattened patches (:func:`patch_rows`: an
+    ``(H, W)`` image gives ``(H / p) * (W / p)`` rows), the views of a model that tiles its
+    images (:func:`image_tiles`: the resized image and its tiles)."""
+    frames = folded_frames(model, input_shape)
+    if frames is not None or len(input_shape) != 4:
+        return frames
+    rows, tiles = patch_rows(model), image_tiles(model)
+    if rows is not None:
+        return math.prod(rows.grid(input_shape))
+    grid = tiles.grid(input_shape) if tiles is not None else None
+    return None if grid is None else 1 + math.prod(grid)
+
+
 # ----------------------------------------------------------------------------- inference
 
 
-def default_token_layer(model: nn.Module) -> str | None:
+def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = None) -> str | None:
     """The layer to explain in a transformer: the first normalisation of its last block.
 
     Per family: timm ViT / DeiT / DINOv2 ``blocks.{-1}.norm1``; timm Swin
@@ -182,13 +268,19 @@ def default_token_layer(model: nn.Module) -> str | None:
     output feeds the last attention, so every patch token reaches the score (the layer
     pytorch-grad-cam recommends). A video transformer whose block norms see frames in the batch
     (TimeSformer) gets :func:`~camkit.core.spacetime.default_video_layer`. None for a model
-    without such blocks (CNNs, ConvNeXt: use the last spatial map).
+    without such blocks (CNNs, ConvNeXt: use the last spatial map). ``ran``: which modules (by
+    name in ``model``) ran in the explained forward; the others are not candidates (OpenCLIP's
+    text tower, named after its image tower, does not run when its image side is explained).
     """
     found = default_video_layer(model)
     if found is not None:
         return found
     for name, module in model.named_modules():
-        if isinstance(module, nn.LayerNorm) and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES:
+        if (
+            isinstance(module, nn.LayerNorm)
+            and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES
+            and (ran is None or ran(name))
+        ):
             found = name
     return found
 
@@ -197,16 +289,24 @@ def vision_feature_layer(model: nn.Module) -> str | None:
     """Where a generative vision-language model's vision features leave its vision tower for
     the projector that feeds them to the language model, or None for other models.
 
-    LLaVA and its kin (a ``vision_tower`` and a ``config.vision_feature_layer``): the projector
+    The vision tower: a ``vision_tower`` (LLaVA and most), or Qwen2-VL's ``visual`` with its
+    ``merger`` (which merges patches and projects them; OpenCLIP's ``visual`` has none: a dual
+    encoder). LLaVA and its kin (a ``config.vision_feature_layer``): the projector
     reads ``hidden_states[i]`` of the vision tower, the output of encoder layer ``i - 1``
     (``hidden_states[0]`` is the embedding); LLaVA's usual ``-2`` is the second-to-last
     layer's output, not the last block, which the projector never reads. A list of indices
     (features concatenated) gives its deepest layer. Without ``vision_feature_layer``
-    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``): the tower's final normalisation
-    (``post_layernorm``), else its last encoder layer.
+    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``; Qwen2-VL's ``visual``, whose
+    merger reads its last block): the tower's final normalisation (``post_layernorm``), else its
+    last encoder layer.
     """
     tower = next(
-        ((name, m) for name, m in model.named_modules() if name.endswith("vision_tower")), None
+        (
+            (name, m)
+            for name, m in model.named_modules()
+            if name.endswith("vision_tower") or (name.endswith("visual") and hasattr(m, "merger"))
+        ),
+        None,
     )
     if tower is None:
         return None
@@ -215,7 +315,7 @@ def vision_feature_layer(model: nn.Module) -> str | None:
         (
             (name, m)
             for name, m in module.named_modules()
-            if name.endswith("layers") and isinstance(m, nn.ModuleList) and len(m)
+            if name.rsplit(".", 1)[-1] in _ENCODER_LISTS and isinstance(m, nn.ModuleList) and len(m)
         ),
         None,
     )

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core import layers
+from camkit.core.architecture import folded_rows
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
-from camkit.core.spacetime import folded_frames
 from camkit.core.trace import default_layer
 from camkit.errors import (
     GradientError,
@@ -150,7 +150,7 @@ class Capture:
             ):
                 inputs = batch.contiguous(memory_format=memory_format)
                 output = call.forward(self.model, inputs, rows)
-            frames = folded_frames(self.model, tuple(batch.shape))
+            frames = folded_rows(self.model, tuple(batch.shape))
             layers.check_batch_axes(taps, batch.shape[0], frames)
             return output, taps
 

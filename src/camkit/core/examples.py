@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from camkit.core.architecture import patch_rows
 from camkit.errors import ArgumentError
 
 
@@ -44,8 +45,10 @@ model's default, see :func:`default_example`)."""
 
 def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one), ``size`` from ``input_size`` (None: 224x224 for
-    images, 64x64x64 for volumes: a 3-D network's strides divide it, and it stays small)."""
+    convolution (3 channels, 2-D without one; an image for a model that reads flattened
+    patches, :func:`~camkit.core.architecture.patch_rows`), ``size`` from ``input_size``
+    (None: 224x224 for images, 64x64x64 for volumes: a 3-D network's strides divide it, and it
+    stays small)."""
     reference = next(model.parameters(), None)
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
@@ -53,6 +56,9 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
     dims = len(conv.kernel_size) if conv is not None else 2
     channels = conv.in_channels if conv is not None else 3
+    flat = patch_rows(model)  # images as flattened patches: a 3-D convolution over the frames
+    if flat is not None:
+        dims, channels = 2, flat.channels
     if input_size is None:
         input_size = 224 if dims < 3 else 64
     size = (input_size,) * dims if isinstance(input_size, int) else tuple(input_size)

@@ -33,6 +33,13 @@ class Layout:
             (TimeSformer): the grid ``(t, h, w)`` is read from tokens in ``(h, w, t)`` order.
         frames: a frame-wise layer (frames folded into the batch): its ``N * frames`` rows are
             read one by one with this layout and stacked to ``(N, C, frames, h, w)``; 0: not.
+        rows: patch tokens folded into the rows (Qwen2-VL's vision blocks: ``(N * rows, C)``
+            for ``N`` images), read as ``(N, rows, C)`` tokens; 0: not.
+        merge: the patch tokens come merge window by merge window (``merge`` x ``merge``
+            patches each, row-major inside; Qwen2-VL's order), not row by row; 1: row-major.
+        tiles: ``(rows, columns)`` of a tiled image's views (LLaVA-NeXt): its ``frames`` are
+            the whole image resized, then the tiles row by row; :meth:`place` puts a map of
+            the views back on the image; None: not tiled.
     """
 
     kind: Kind
@@ -43,6 +50,9 @@ class Layout:
     suffix: int = 0
     frames_last: bool = False
     frames: int = 0
+    rows: int = 0
+    merge: int = 1
+    tiles: tuple[int, int] | None = None
 
     @property
     def channel_axis(self) -> int:
@@ -63,6 +73,8 @@ class Layout:
         """``(B, *self.shape) -> (B, C, h, w)`` (or ``(B, C, d, h, w)`` for volumes, space-time
         tokens and frame-wise layers, whose ``B * frames`` rows give ``B``); a view when
         possible. Raises :class:`LayoutError` when ``t`` does not have this layout."""
+        if self.rows and isinstance(t, Tensor) and t.ndim == 2 and t.shape[0] % self.rows == 0:
+            t = t.unflatten(0, (-1, self.rows))  # (N * rows, C) -> (N, rows, C)
         rows = t.shape[0] if isinstance(t, Tensor) and t.ndim else 0
         if tuple(getattr(t, "shape", ())[1:]) != self.shape or rows % max(self.frames, 1):
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -78,12 +90,27 @@ class Layout:
             if self.frames_last:  # (h, w, t) order -> (B, C, t, h, w)
                 t_, h, w = self.grid
                 return patches.unflatten(1, (h, w, t_)).permute(0, 4, 3, 1, 2)
+            if self.merge > 1:  # windows (h/m, w/m) of m x m patches -> (h, w)
+                h, w, m = *self.grid, self.merge
+                windows = patches.unflatten(1, (h // m, w // m, m, m)).permute(0, 5, 1, 3, 2, 4)
+                return windows.reshape(*windows.shape[:2], h, w)
             return patches.unflatten(1, self.grid).movedim(-1, 1)
         if self.kind == "channels_last":
             return t.movedim(-1, 1)
         return t
 
     __call__ = to_grid
+
+    def place(self, cam: Tensor) -> Tensor:
+        """A map over a tiled image's views ``(B, K, 1 + r * c, h, w)`` as a map over the image
+        ``(B, K, r * h, c * w)``: each position gets the sum of the views' values that cover it
+        (the whole image's, nearest-upsampled, and its tile's); other layouts: ``cam``."""
+        if self.tiles is None:
+            return cam
+        (r, c), (h, w) = self.tiles, cam.shape[-2:]
+        whole, parts = cam[:, :, 0], cam[:, :, 1:].unflatten(2, (r, c))
+        tiled = parts.permute(0, 1, 2, 4, 3, 5).reshape(*cam.shape[:2], r * h, c * w)
+        return tiled + whole.repeat_interleave(r, dim=2).repeat_interleave(c, dim=3)
 
     def __str__(self) -> str:
         grid = "x".join(map(str, self.grid))
@@ -97,8 +124,14 @@ class Layout:
             what = f"channels-last (B, {shape_text(self.shape)}) -> {out}"
         else:
             what = f"{self.kind} {out}"
-        if self.frames:
+        if self.tiles:
+            tiles = "x".join(map(str, self.tiles))
+            what = f"{self.frames} views per image (whole, {tiles} tiles): {what}"
+        elif self.frames:
             what = f"frame-wise, {self.frames} frames per sample: {what}"
+        if self.rows:
+            order = f"{self.merge}x{self.merge} merge windows" if self.merge > 1 else "row-major"
+            what = f"{self.rows} patch rows per image ({order}): {what}"
         return f"{what} [{self.reason}]" if self.reason else what
 
 

@@ -70,8 +70,10 @@ def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module
     wrapped = next((p for p in _WRAPPER_PREFIXES if layer.startswith(p)), None)
     if layer not in modules and wrapped:  # a name of the wrapped model: "module.layer4"
         layer = layer.removeprefix(wrapped)
-    if layer not in modules and getattr(model, "wraps_model", False):  # camkit.InputLayout
-        layer = f"module.{layer}" if f"module.{layer}" in modules else layer
+    inner, prefix = model, ""
+    while layer not in modules and getattr(inner, "wraps_model", False):  # camkit's wrappers
+        inner, prefix = inner.module, f"{prefix}module."  # nested too: InputLayout(KeywordInput)
+        layer = f"{prefix}{layer}" if f"{prefix}{layer}" in modules else layer
     if layer in modules:
         return user_name(model, layer) or layer, modules[layer]
     names = [user_name(model, name) or name for name in modules if name]

@@ -41,14 +41,17 @@ from dataclasses import replace
 from torch import nn
 
 from camkit.core.architecture import (
+    PatchRows,
     channel_counts,
     has_last_axis_norm,
+    image_tiles,
     patch_grid,
+    patch_rows,
     prefix_tokens,
     suffix_tokens,
 )
 from camkit.core.grid_layout import Kind, Layout, Reshape, channels_first, shape_text
-from camkit.core.spacetime import folded_frames, token_grids
+from camkit.core.spacetime import folded_frames, message_tokens, token_grids
 from camkit.errors import ArgumentError, LayoutError
 
 #: token counts tried as "prefix" when neither the model nor the patch size tells it
@@ -60,13 +63,16 @@ def layer_layout(
     model: nn.Module | None,
     input_size: int | Sequence[int],
     reshape: str | None = "auto",
+    *,
+    batch: int | None = None,
 ) -> Layout | None:
     """How a layer output of ``shape`` (batch axis included) is read for its channels: None
     where it is taken as it is, channels on axis 1 (``reshape=None``, or a linear layer's
-    ``(B, C)``: neurons, no positions), else :func:`infer_layout`."""
+    ``(B, C)``: neurons, no positions), else :func:`infer_layout` (``batch``: the input's rows,
+    for a frame-wise model's layers)."""
     if reshape is None or len(shape) == 2:
         return None
-    return infer_layout(shape, model, input_size)
+    return infer_layout(shape, model, input_size, batch=batch)
 
 
 def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
@@ -163,13 +169,19 @@ def _token_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     if len(size) == 3:
         return _spacetime_tokens(shape, model, size, (front, back), told)
     grid = patch_grid(model, size)
-    if grid is not None and count in (front + grid[0] * grid[1] + back, grid[0] * grid[1]):
-        every = count == grid[0] * grid[1]
-        ends = (0, 0) if every else (front, back)
+    patches = grid[0] * grid[1] if grid is not None else 0
+    readings = {front + patches + back: ((front, back), f"non-patch tokens: {told}")}
+    readings[patches] = ((0, 0), "every token is a patch")
+    message = message_tokens(model)  # appended inside a block only (X-CLIP)
+    if message is not None:
+        inside = f"non-patch tokens: {told}; {message[0]} after them ({message[1]})"
+        with_message = front + patches + back + message[0]
+        readings.setdefault(with_message, ((front, back + message[0]), inside))
+    if grid is not None and count in readings:
+        ends, which = readings[count]
         sh, sw = size[0] // grid[0], size[1] // grid[1]
         stride = str(sh) if sh == sw else f"{sh}x{sw}"
-        reason = f"grid {dims} input / stride {stride} (the patch embedding's); "
-        reason += "every token is a patch" if every else f"non-patch tokens: {told}"
+        reason = f"grid {dims} input / stride {stride} (the patch embedding's); {which}"
         return Layout("tokens", grid, channels, ends[0], reason, ends[1])
     candidates = [
         Layout("tokens", (gh, gw), channels, front, f"{dims} input / stride {stride}; {told}", back)
@@ -215,6 +227,25 @@ def _spacetime_tokens(
         "TimeSformer's config, and never guesses positions from a count); pass reshape= a "
         "function returning (B, C, t, h, w)"
     )
+
+
+def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]) -> Layout:
+    """A ``(N * rows, C)`` output of a model that reads its images as flattened patches
+    (:func:`~camkit.core.architecture.patch_rows`): ``rows`` patch tokens per image, in the
+    model's merge windows, on the ``(H / p, W / p)`` grid."""
+    dims = "x".join(map(str, size))
+    grid = layout.grid(size)
+    count = math.prod(grid)
+    if count == 0 or shape[0] % count or any(n % layout.merge for n in grid):
+        raise LayoutError(
+            f"the {shape[0]} rows of {shape} are not {grid[0]}x{grid[1]} patches per {dims} "
+            f"image in {layout.merge}x{layout.merge} merge windows (patch_size {layout.patch}, "
+            "spatial_merge_size from the model's vision config): give images whose sides are "
+            f"multiples of {layout.patch * layout.merge} (camkit.ImageInput lays them out)"
+        )
+    reason = f"{dims} image / patch {layout.patch}, {layout.merge}x{layout.merge} merge windows"
+    reason += " (the model's vision config)"
+    return Layout("tokens", grid, shape[1], reason=reason, rows=count, merge=layout.merge)
 
 
 def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
@@ -271,10 +302,21 @@ def infer_layout(
     """
     shape = tuple(int(n) for n in shape)
     size = _size(input_size)
+    tiles = image_tiles(model) if len(size) == 2 and batch is not None else None
+    grid = tiles.grid(size) if tiles is not None else None
+    if grid is not None and shape[0] == batch * (1 + math.prod(grid)):
+        view = infer_layout(shape, model, (tiles.side, tiles.side))
+        reason = f"{size[0]}x{size[1]} image: whole and {grid[0]}x{grid[1]} tiles of {tiles.side}"
+        return replace(
+            view, frames=1 + math.prod(grid), tiles=grid, reason=f"{reason}; {view.reason}"
+        )
     frames = folded_frames(model, (batch or 0, 0, *size))
     if frames and batch is not None and shape[0] == batch * frames != batch:
         frame = infer_layout(shape, model, size[1:])
         return replace(frame, frames=frames, reason=f"frame-wise model; {frame.reason}")
+    rows = patch_rows(model)
+    if len(shape) == 2 and len(size) == 2 and rows is not None:
+        return _patch_rows(shape, rows, size)
     if len(shape) == 3:
         if shape[1] < 2:
             raise LayoutError(

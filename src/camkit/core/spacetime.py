@@ -15,7 +15,13 @@ Read from the model, never guessed from a token count:
 * frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019; any
   2-D backbone run per frame): declared by the user (``InputLayout(model, ..., frame_wise=True)``
   sets ``frame_wise`` on the model camkit runs); a layer with ``B * T`` rows is then read as
-  ``(B, T, h, w)``.
+  ``(B, T, h, w)``;
+* X-CLIP (Ni et al., "Expanding Language-Image Pretrained Models for General Video
+  Recognition", ECCV 2022; HuggingFace ``model_type="xclip"``): its vision tower runs a clip's
+  frames as a batch of ``B * T`` images (``pixel_values.reshape(-1, C, H, W)``, row ``b * T +
+  t``), its cross-frame attention viewing them as ``(B, T)`` with ``T`` the config's
+  ``vision_config.num_frames``: read as frame-wise from the model, no declaration needed; a clip
+  of another length is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
+
+from camkit.errors import InputError
 
 _POOLS_3D = (nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d)
 
@@ -86,16 +94,47 @@ def token_grids(model: nn.Module | None, size: tuple[int, int, int]) -> list[Tok
     return found
 
 
+def _xclip_frames(model: nn.Module | None) -> int | None:
+    """The clip length of the HuggingFace X-CLIP inside ``model`` (its config's
+    ``vision_config.num_frames``), or None for another model."""
+    for module in () if model is None else model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "model_type", None) == "xclip":
+            return int(config.vision_config.num_frames)
+    return None
+
+
+def message_tokens(model: nn.Module | None) -> tuple[int, str] | None:
+    """``(count, source)`` of the tokens a frame-wise video transformer appends to a frame's
+    tokens inside its blocks only: X-CLIP's cross-frame block adds one message token after the
+    class and patch tokens before its attention and drops it after (``layer_norm1`` and
+    ``self_attn`` see it, the block's output does not); None for other models."""
+    if _xclip_frames(model) is None:
+        return None
+    return 1, "X-CLIP's message token, inside its cross-frame blocks"
+
+
 def frame_wise(model: nn.Module | None) -> bool:
-    """Whether the model declares that it folds a clip's frames into its batch (``b``-major:
-    row ``b * T + t``), as ``InputLayout(..., frame_wise=True)`` does."""
-    return bool(getattr(model, "frame_wise", False))
+    """Whether the model folds a clip's frames into its batch (``b``-major: row ``b * T + t``):
+    declared, as ``InputLayout(..., frame_wise=True)`` does, or read from it (X-CLIP)."""
+    return bool(getattr(model, "frame_wise", False)) or _xclip_frames(model) is not None
 
 
 def folded_frames(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
     """``T`` for a frame-wise model (:func:`frame_wise`) given a clip ``(B, C, T, H, W)``: its
-    layers may have ``B * T`` rows; else None."""
-    return input_shape[2] if frame_wise(model) and len(input_shape) == 5 else None
+    layers may have ``B * T`` rows; else None. A clip whose length is not X-CLIP's
+    ``num_frames`` is a :class:`~camkit.errors.InputError` (its cross-frame attention would
+    misread the rows)."""
+    if len(input_shape) != 5 or not frame_wise(model):
+        return None
+    frames, built = input_shape[2], _xclip_frames(model)
+    if built is not None and frames != built:
+        raise InputError(
+            f"this X-CLIP runs clips of {built} frames (its config's vision_config.num_frames: "
+            f"the cross-frame attention views the B * T frame rows as (B, {built})), got a clip "
+            f"of {frames}; sample {built} frames per clip"
+        )
+    return frames
 
 
 def default_video_layer(model: nn.Module) -> str | None:
@@ -103,7 +142,12 @@ def default_video_layer(model: nn.Module) -> str | None:
     the batch: TimeSformer's divided attention runs its ``layernorm_before`` on ``B * T`` rows,
     so its default is the last block's ``temporal_dense`` (the temporal attention's output,
     ``(B, h * w * T, C)``, which feeds the last spatial attention and so the class token).
+    X-CLIP gets its vision tower's last cross-frame block's ``layer_norm1`` (whose output, the
+    frame's tokens and its message token, feeds the block's attention, as CLIP's default).
     None for other models."""
+    if _xclip_frames(model) is not None:
+        blocks = [name for name, m in model.named_modules() if hasattr(m, "message_fc")]
+        return f"{blocks[-1]}.layer_norm1" if blocks else None
     if _timesformer(model) is None:
         return None
     found = [name for name, _ in model.named_modules() if name.endswith("temporal_dense")]
@@ -115,6 +159,7 @@ __all__ = [
     "default_video_layer",
     "folded_frames",
     "frame_wise",
+    "message_tokens",
     "pooled_size",
     "token_grids",
 ]

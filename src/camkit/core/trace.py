@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from camkit.core.architecture import default_token_layer, vision_feature_layer
+from camkit.core.architecture import default_token_layer, folded_rows, vision_feature_layer
 from camkit.core.examples import (
     Example,
     InputSize,
@@ -23,7 +23,6 @@ from camkit.core.examples import (
 )
 from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
-from camkit.core.spacetime import folded_frames
 from camkit.errors import CamkitError, InputError, LayerOutputError
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
@@ -78,7 +77,7 @@ def trace(
     given = first_tensor(example)
     batch_rows = given.shape[0] if given is not None and given.ndim else 1
     pair, perturbed = twins(example)
-    frames = folded_frames(model, tuple(given.shape)) if given is not None else None
+    frames = folded_rows(model, tuple(given.shape)) if given is not None else None
 
     calls: list[_Call] = []
     kept: list[tuple[_Call, weakref.ref | None]] = []
@@ -316,7 +315,11 @@ def last_spatial_map(
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     usable = {call.name for call in calls if call.skip is None}
-    for known in (vision_feature_layer(model), default_token_layer(model)):
+    ran = usable.__contains__
+    for known in (
+        vision_feature_layer(model),
+        default_token_layer(model, lambda name: ran(user_name(model, name))),
+    ):
         known = known and user_name(model, known)
         if known is not None and known in usable:
             return known

@@ -1,8 +1,9 @@
 """Video files in and out: decoding frames, choosing clips, writing animations.
 
 * :func:`iter_frames` / :func:`read_video` -- a video file (MP4, AVI, WebM, MKV, MOV: OpenCV's
-  FFmpeg; animated GIF: Pillow) -> ``(H, W, 3)`` uint8 RGB frames one at a time, or all of them
-  and the frame rate (:func:`frame_rate`), with a frame limit checked while decoding;
+  FFmpeg; animated GIF: Pillow) -> ``(H, W, 3)`` uint8 RGB frames one at a time (from any
+  frame on), or all of them and the frame rate (:func:`frame_rate`), with a frame limit
+  checked while decoding; :func:`count_frames` counts them;
 * :func:`clip_windows` -- the clips a model of clip length ``length`` sees in ``count`` frames:
   one clip every ``stride`` frames (sliding windows), the last one ending on the last frame,
   and a video shorter than a clip padded by repeating its last frame; :func:`stream_clips`
@@ -88,21 +89,42 @@ def frame_rate(path: str | os.PathLike[str]) -> float:
 
 
 def iter_frames(
-    path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES
+    path: str | os.PathLike[str], *, start: int = 0, max_frames: int | None = MAX_FRAMES
 ) -> Iterator[np.ndarray]:
-    """The frames of a video file, one ``(H, W, 3)`` uint8 RGB array at a time, decoded as they
-    are asked for (memory stays that of one frame). Raises :class:`VideoReadError` for a
-    missing file, one that yields no frame, and past ``max_frames`` frames (``None``: no
-    limit)."""
+    """The frames of a video file from frame ``start`` on, one ``(H, W, 3)`` uint8 RGB array at
+    a time, decoded as they are asked for (memory stays that of one frame; the frames before
+    ``start`` are decoded, as a video must be, but not converted). Raises
+    :class:`VideoReadError` for a missing file, one that yields no frame, and past
+    ``max_frames`` frames (``None``: no limit)."""
+    for _, frame in _frames(path, start, max_frames):
+        if frame is not None:
+            yield frame
+
+
+def count_frames(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> int:
+    """How many frames :func:`iter_frames` gives (every frame decoded, none converted: a
+    container's own frame count is often wrong). Errors as :func:`iter_frames`."""
+    count = 0
+    for count, _ in _frames(path, None, max_frames):  # noqa: B007
+        pass
+    return count
+
+
+def _frames(
+    path: str | os.PathLike[str], start: int | None, max_frames: int | None
+) -> Iterator[tuple[int, np.ndarray | None]]:
+    """``(count so far, frame)``: RGB frames from ``start`` on, ``None`` before it (``start``
+    None: every frame ``None``, only counted)."""
     path = Path(path)
     if not path.is_file():
         raise VideoReadError(f"{path}: no such file")
     count = 0
-    for frame in _gif_frames(path) if path.suffix.lower() == ".gif" else _cv2_frames(path):
+    gif = path.suffix.lower() == ".gif"
+    for frame in _gif_frames(path, start) if gif else _cv2_frames(path, start):
         count += 1
         if max_frames is not None and count > max_frames:
             raise VideoReadError(f"{path}: more than {max_frames} frames (raise max_frames)")
-        yield frame
+        yield count, frame
     if not count:
         raise VideoReadError(f"{path}: no frame could be decoded (not a video, or no codec)")
 
@@ -114,23 +136,34 @@ def read_video(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRA
     return Video(np.stack(frames), frame_rate(path))
 
 
-def _cv2_frames(path: Path) -> Iterator[np.ndarray]:
+def _kept(index: int, start: int | None) -> bool:
+    return start is not None and index >= start
+
+
+def _cv2_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:
     capture = cv2.VideoCapture(str(path))
     try:
+        index = 0
         while capture.isOpened():
-            ok, frame = capture.read()
-            if not ok:
-                break
-            yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+            if not _kept(index, start):
+                if not capture.grab():  # decoded, not converted
+                    break
+                yield None
+            else:
+                ok, frame = capture.read()
+                if not ok:
+                    break
+                yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+            index += 1
     finally:
         capture.release()
 
 
-def _gif_frames(path: Path) -> Iterator[np.ndarray]:
+def _gif_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:
     try:
         with Image.open(path) as image:
-            for frame in ImageSequence.Iterator(image):
-                yield np.asarray(frame.convert("RGB")).copy()
+            for index, frame in enumerate(ImageSequence.Iterator(image)):
+                yield np.asarray(frame.convert("RGB")).copy() if _kept(index, start) else None
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise VideoReadError(f"{path}: not a readable GIF ({error})") from None
 
@@ -160,26 +193,28 @@ def clip_frames(frames: np.ndarray, window: tuple[int, int]) -> np.ndarray:
 
 
 def stream_clips(
-    frames: Iterable[np.ndarray], windows: Sequence[tuple[int, int]]
+    frames: Iterable[np.ndarray], windows: Sequence[tuple[int, int]], start: int = 0
 ) -> Iterator[tuple[tuple[int, int], np.ndarray]]:
     """``(window, its frames (L, H, W, 3))`` for each of ``windows`` (from
-    :func:`clip_windows`, in order), reading ``frames`` once and keeping only the frames a
-    window still needs: memory stays that of about one clip, however long the video. A window
-    past the last frame repeats it, as :func:`clip_frames` does."""
+    :func:`clip_windows`, in order; some may be left out), reading ``frames`` (frame ``start``
+    first) once and keeping only the frames a window still needs: memory stays that of about
+    one clip, however long the video and however far apart the windows. A window past the last
+    frame repeats it, as :func:`clip_frames` does."""
     kept: dict[int, np.ndarray] = {}
     source = iter(frames)
-    read = 0  # frames read so far
-    for index, (start, stop) in enumerate(windows):
+    read = start  # the index of the next frame
+    for index, (first, stop) in enumerate(windows):
         while read < stop:
             frame = next(source, None)
             if frame is None:
                 break
-            kept[read] = frame
+            if read >= first:  # frames between two windows are not kept
+                kept[read] = frame
             read += 1
-        if not kept or read <= start:
-            raise VideoReadError(f"the video ended after {read} frames, before clip {start}-{stop}")
+        if not kept or read <= first:
+            raise VideoReadError(f"the video ended after {read} frames, before clip {first}-{stop}")
         last = max(kept)
-        yield (start, stop), np.stack([kept[min(t, last)] for t in range(start, stop)])
+        yield (first, stop), np.stack([kept[min(t, last)] for t in range(first, stop)])
         following = windows[index + 1][0] if index + 1 < len(windows) else stop
         for t in [t for t in kept if t < following and t != last]:
             del kept[t]
@@ -255,6 +290,7 @@ __all__ = [
     "VideoReadError",
     "clip_frames",
     "clip_windows",
+    "count_frames",
     "frame_rate",
     "is_video",
     "iter_frames",

@@ -1,6 +1,7 @@
 """Vision-language models from a local HuggingFace folder (config, weights, tokenizer and the
-image processor's settings), read without any download: dual encoders (CLIP, SigLIP) and
-generative models (LLaVA, PaliGemma, Gemma 3 and their kin)."""
+image processor's settings), read without any download: dual encoders (CLIP, SigLIP; OpenCLIP
+in its hub layout) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2-VL and
+their kin)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.core.wrappers import ImageTower, KeywordInput
-from camkit.errors import ArgumentError, InputError, UnknownModelError
-from camkit.methods.cam.base import BaseCAM
-from camkit.methods.cam.generation import TokenExplanation, explain_tokens
-from camkit.models.preprocess import Preprocess
+from camkit.core.wrappers import ImageInput, ImageTower, image_inputs
+from camkit.errors import ArgumentError, UnknownModelError
+from camkit.models.preprocess import INTERPOLATIONS, Preprocess
 from camkit.targets.prompts import load_tokenizer
 
 PROCESSOR_FILE = "preprocessor_config.json"
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+# OpenCLIP's resize modes as camkit's crops: the shorter side then a centre crop, the longer
+# side then padding, or straight to the size
+OPEN_CLIP_RESIZE = {"shortest": "center", "longest": "pad", "squash": "squash"}
+# the config fields naming a generative model's image and video placeholder tokens
+PLACEHOLDER_IDS = ("image_token_id", "video_token_id")
 HF_PREFIX = "hf:"
 """How a model name says "a local HuggingFace folder": ``hf:FOLDER`` (the CLI, the notebook)."""
 
@@ -30,8 +35,9 @@ class LoadedVLM:
 
     ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
     (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
-    :class:`~camkit.targets.PromptTarget` s; ``KeywordInput(model, "pixel_values")`` for a
-    generative model, whose targets are :class:`~camkit.targets.TokenTarget` s);
+    :class:`~camkit.targets.PromptTarget` s; :class:`~camkit.core.wrappers.ImageInput` for a
+    generative model (images as it reads them: whole, flattened patches, tiles), whose targets
+    are :class:`~camkit.targets.TokenTarget` s);
     ``preprocess``: the image processor's size, mean and std (resize as its
     ``do_center_crop`` says).
     """
@@ -44,9 +50,15 @@ class LoadedVLM:
 
     @property
     def explained(self) -> nn.Module:
-        return (
-            KeywordInput(self.model, "pixel_values") if self.generative else ImageTower(self.model)
-        )
+        return ImageInput(self.model) if self.generative else ImageTower(self.model)
+
+    @property
+    def placeholders(self) -> list[int]:
+        """The token ids that stand for image (or video) features in a generative model's
+        input (``config.image_token_id``, ``video_token_id``): never generated in an answer
+        (the model reads the answer again, and each such token would take an image's place)."""
+        ids = (getattr(self.model.config, key, None) for key in PLACEHOLDER_IDS)
+        return [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
 
     def prompt_ids(self, text: str, pixel_values: Tensor) -> Tensor:
         """``(1, T)`` ids of a question to a generative model: the tokenizer's ids of ``text``
@@ -57,49 +69,13 @@ class LoadedVLM:
         start = 1 if ids and ids[0] == self.tokenizer.bos_token_id else 0
         return torch.tensor([ids[:start] + image + ids[start:]])
 
-    def answer(
-        self, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
-    ) -> Answer:
-        """A generative model's greedy answer to ``prompt`` about one image, every generated
-        token explained by ``cam`` (:func:`~camkit.methods.cam.generation.explain_tokens`: one
-        forward, the tokens as targets of batched backward passes)."""
-        ids = self.prompt_ids(prompt, pixel_values).to(pixel_values.device)
-        with torch.no_grad():
-            sequence = self.model.generate(
-                input_ids=ids,
-                pixel_values=pixel_values,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-            )
-        if sequence.shape[1] == ids.shape[1]:
-            raise InputError("the model generated no token")
-        result = explain_tokens(cam, pixel_values, sequence, prompt_length=ids.shape[1])
-        ids_list = sequence[0].tolist()
-        tokens = [
-            text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
-            for token, text in zip(
-                ids_list, self.tokenizer.convert_ids_to_tokens(ids_list), strict=True
-            )
-        ]
-        return Answer(tokens, list(range(ids.shape[1], sequence.shape[1])), result)
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A generated answer explained token by token: ``tokens`` the whole sequence's tokens as
-    text (prompt, image tokens and answer), ``positions`` the generated tokens' positions in
-    it, ``explanation`` their maps ``(1, K, H, W)`` and token relevance ``(1, K, T)``."""
-
-    tokens: list[str]
-    positions: list[int]
-    explanation: TokenExplanation
-
 
 def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
     """How many image tokens a generative model's prompt holds for one image: the features its
-    ``get_image_features`` makes (LLaVA's patches, Gemma 3's pooled tokens)."""
+    ``get_image_features`` makes (LLaVA's patches, Gemma 3's pooled tokens, the merged patches
+    of InternVL, Aya Vision and Qwen2-VL)."""
     with torch.no_grad():
-        features = model.get_image_features(pixel_values=pixel_values[:1])
+        features = model.get_image_features(**image_inputs(model, pixel_values[:1]))
     features = features if isinstance(features, Tensor | list | tuple) else features.pooler_output
     first = features[0]
     return int(first.shape[0])
@@ -115,10 +91,13 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
         )
     settings = json.loads(path.read_text())
     vision = getattr(config, "vision_config", config)
-    size = int(getattr(vision, "image_size", 224))
+    size = getattr(vision, "image_size", 224)  # InternVL: [height, width]
+    pinpoints = getattr(config, "image_grid_pinpoints", None)
+    size = pinpoints[0] if pinpoints else size  # a tiled model reads images at its resolutions
+    height, width = (size, size) if isinstance(size, int) else map(int, size)
     crop = "center" if settings.get("do_center_crop") else "squash"
     return Preprocess(
-        size=(size, size),
+        size=(height, width),
         mean=tuple(settings.get("image_mean", (0.5, 0.5, 0.5))),
         std=tuple(settings.get("image_std", (0.5, 0.5, 0.5))),
         crop_pct=1.0,
@@ -127,11 +106,49 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
     )
 
 
+def _open_clip(folder: Path) -> LoadedVLM:
+    """An OpenCLIP model in the layout of its HuggingFace hub folders (``open_clip_config.json``,
+    the weights), read with OpenCLIP's ``local-dir:`` schema with its own tokenizer and its
+    ``preprocess_cfg`` (size, mean, std, interpolation, ``resize_mode``)."""
+    try:
+        import open_clip
+    except ImportError:
+        raise UnknownModelError(
+            f"{str(folder)!r} holds an OpenCLIP model ({OPEN_CLIP_CONFIG}): pip install "
+            "open_clip_torch to read it"
+        ) from None
+    if not any(any(folder.glob(pattern)) for pattern in ("*.safetensors", "*.bin", "*.pth")):
+        raise UnknownModelError(
+            f"the OpenCLIP folder {str(folder)!r} holds no weights (open_clip_model.safetensors "
+            "or open_clip_pytorch_model.bin); OpenCLIP would build a random model"
+        )
+    name = f"local-dir:{folder}"
+    try:
+        model = open_clip.create_model(name).eval()
+        tokenizer = open_clip.get_tokenizer(name)
+    except (ValueError, KeyError, RuntimeError) as error:
+        raise UnknownModelError(f"OpenCLIP cannot read {str(folder)!r}: {error}") from None
+    settings = model.visual.preprocess_cfg
+    interpolation = settings.get("interpolation", "bicubic")
+    preprocess = Preprocess(
+        size=tuple(settings["size"]),
+        mean=tuple(settings["mean"]),
+        std=tuple(settings["std"]),
+        crop_pct=1.0,
+        interpolation=interpolation if interpolation in INTERPOLATIONS else "bicubic",
+        crop_mode=OPEN_CLIP_RESIZE[settings.get("resize_mode", "shortest")],
+    )
+    return LoadedVLM(folder, model, tokenizer, preprocess, generative=False)
+
+
 def load_vlm(folder: str | Path) -> LoadedVLM:
     """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class in
-    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``); clear errors
-    for a folder that lacks one of them."""
+    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``; or an OpenCLIP
+    model as on the hub: ``open_clip_config.json`` and its weights); clear errors for a folder
+    that lacks one of them."""
     folder = Path(folder)
+    if (folder / OPEN_CLIP_CONFIG).is_file():
+        return _open_clip(folder)
     if not (folder / "config.json").is_file():
         raise UnknownModelError(
             f"{str(folder)!r} is not a HuggingFace model folder (no config.json)"
@@ -158,4 +175,4 @@ def load_vlm(folder: str | Path) -> LoadedVLM:
     return LoadedVLM(folder, model, tokenizer, preprocess, generative)
 
 
-__all__ = ["HF_PREFIX", "Answer", "LoadedVLM", "image_token_count", "load_vlm"]
+__all__ = ["HF_PREFIX", "LoadedVLM", "image_token_count", "load_vlm"]

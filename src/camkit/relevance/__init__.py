@@ -35,12 +35,16 @@ backward (``is_grads_batched=True``).
   attention; Achtibat et al., ICML 2024);
 * :mod:`~camkit.relevance.gates`: the rule of multiplicative gates (``x * sigmoid(s)``), chosen
   in the composite (``gates="uniform"`` or ``"constant"``);
+* :mod:`~camkit.relevance.bias_units`: what units that only their bias drives (a rule credits
+  none of their inputs) are to the layers that read them, chosen in the composite
+  (``bias_units="input"`` or ``"bias"``);
 * :mod:`~camkit.relevance.conservation`: :class:`Conservation`, the share of the score that
   reached the input and each recorded layer, and the step that loses most;
 
 The numbers equal zennit 0.5.1's for its composites and canonizers
 (``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
-the biases from the rules and treats gates as constants (docs/relevance.md says which composite
+the biases from the rules, treats gates as constants and units that only their bias drives as
+biases (docs/relevance.md says which composite
 to choose, with the measured conservation).
 """
 

@@ -28,10 +28,11 @@ Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
 
 ``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT_COMPOSITE`) is
 ``epsilon-plus-flat`` with every rule's ``zero_params="bias"`` (biases and merged BatchNorm
-shifts absorb no relevance) and multiplicative gates treated as constants
-(``gates="constant"``): chosen by measurement (``benchmarks/CONSERVATION.md``,
-docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
-most of it on BatchNorm networks.
+shifts absorb no relevance), multiplicative gates treated as constants (``gates="constant"``)
+and units that only their bias drives treated as biases of the layers that read them
+(``bias_units="bias"``, :mod:`camkit.relevance.bias_units`): chosen by measurement
+(``benchmarks/CONSERVATION.md``, docs/relevance.md), it keeps 50%-150% of the score at the
+input where zennit's composites lose most of it on BatchNorm networks.
 
 The other rule sets of the one backward are composites too (:data:`RULE_SETS`), not strict:
 ``"gradient"`` (the plain gradient), ``"guided"`` and ``"deconvnet"`` (the ReLU rules of
@@ -48,6 +49,7 @@ from typing import Any
 from torch import nn
 
 from camkit.errors import ArgumentError
+from camkit.relevance.bias_units import check_bias_units
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
 from camkit.relevance.gates import check_gates
 from camkit.relevance.layers import CONV_TRANSPOSE
@@ -71,7 +73,9 @@ class Composite:
     """A rule set of the one backward: rules by module type or layer-name pattern (first match
     wins), a special first layer, the stabiliser of the function table's Norm rule, the
     canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
-    ``"constant"``, see :mod:`camkit.relevance.gates`), the ReLU rule (``"guided"``,
+    ``"constant"``, see :mod:`camkit.relevance.gates`), what units that only their bias drives
+    are to the layers that read them (``bias_units``: ``"input"`` or ``"bias"``, see
+    :mod:`camkit.relevance.bias_units`), the ReLU rule (``"guided"``,
     ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
     path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
@@ -84,11 +88,13 @@ class Composite:
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
     gates: str = "uniform"
+    bias_units: str = "input"
     rectifier: ReLURule | None = None
     strict: bool = True
 
     def __post_init__(self) -> None:
         check_gates(self.gates)
+        check_bias_units(self.bias_units)
         if self.rectifier is not None:
             check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
@@ -141,11 +147,13 @@ def _named(
     zero_params: str | Sequence[str] | None = None,
     gates: str | None = None,
     canonizers: Sequence[Canonizer] | None = None,
+    bias_units: str | None = None,
 ) -> Composite:
     label = name
-    if name == DEFAULT_COMPOSITE:  # epsilon-plus-flat, the biases out of every rule, gates constant
+    if name == DEFAULT_COMPOSITE:  # epsilon-plus-flat, the biases out of every rule, gates
         name, zero_params = "epsilon-plus-flat", "bias" if zero_params is None else zero_params
-        gates = "constant" if gates is None else gates
+        gates = "constant" if gates is None else gates  # constant, bias units as biases
+        bias_units = "bias" if bias_units is None else bias_units
     z = {"zero_params": zero_params}
     dense = (DENSE, Epsilon(epsilon, **z))
     zplus, alphabeta = ZPlus(stabilizer, **z), AlphaBeta(2.0, 1.0, stabilizer, **z)
@@ -163,7 +171,10 @@ def _named(
     rules, first = table[name]
     canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
     gates = "uniform" if gates is None else gates
-    return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
+    bias_units = "input" if bias_units is None else bias_units
+    return Composite(
+        rules, first, stabilizer, canonizers, name=label, gates=gates, bias_units=bias_units
+    )
 
 
 def _rule_set(name: str) -> Composite:
@@ -186,7 +197,8 @@ COMPOSITES: tuple[str, ...] = (
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
     ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
-    ``gates``: the rule of multiplicative gates), a :class:`Composite`, or a list of
+    ``gates``: the rule of multiplicative gates; ``bias_units``: what units that only their bias
+    drives are to the layers reading them), a :class:`Composite`, or a list of
     ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
     rules."""
     if isinstance(spec, Composite):

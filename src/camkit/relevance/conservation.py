@@ -124,8 +124,9 @@ class Conservation(Mapping):
             f"outside [{low:g}, {high:g}] (sample {b}, target {k}; {int(off.sum())} "
             f"sample-target pair(s) in all); most of it ({lost:.3g} of the score) is lost "
             f"between {above!r} and {stage!r}{narrow}. Biases and BatchNorm shifts absorb "
-            "relevance, so do units that only their bias drives; see docs/relevance.md for the "
-            "composite to choose",
+            "relevance, so do units that only their bias drives (the default composite's "
+            "bias_units='bias' treats them as biases); see docs/relevance.md for the composite "
+            "to choose",
             ConservationWarning,
         )
 

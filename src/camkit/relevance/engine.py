@@ -97,7 +97,8 @@ def _table() -> dict[Any, str]:
     shape = ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "contiguous")
     shape += ("clone", "squeeze", "unsqueeze", "expand", "expand_as", "repeat", "cat", "concat")
     shape += ("concatenate", "stack", "split", "chunk", "unbind", "narrow", "select", "movedim")
-    shape += ("index_select", "to", "float", "double", "half", "bfloat16", "type_as", "roll")
+    shape += ("index_select", "to", "float", "double", "half", "bfloat16", "type_as", "type")
+    shape += ("roll",)
     shape += ("__getitem__", "neg", "__neg__", "view_as", "reshape_as", "flip", "pad", "tile")
     shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
@@ -171,9 +172,13 @@ class _BackwardMode(TorchFunctionMode):
                 session.log.unmodified[str(getattr(func, "__name__", func))] += 1
         if not session.composite.strict:
             return func(*args, **kwargs)
-        if kind == RECTIFIER:
-            kind = GRADIENT if RECTIFIERS[func].plain_relu else PASS
-        elif kind == ACTIVATION:
+        if kind == RECTIFIER and RECTIFIERS[func].plain_relu and not session.bypass:
+            # the Pass rule is a ReLU's gradient: the ReLU itself, its input's bias units kept
+            units = session.bias_units.mask(RECTIFIERS[func].bind(args, kwargs)["input"])
+            out = func(*args, **kwargs)
+            session.bias_units.passed(units, out)
+            return out
+        if kind in (RECTIFIER, ACTIVATION):  # the bounded rectifiers, the other activations
             kind = PASS
         if session.bypass or kind == GRADIENT:
             return func(*args, **kwargs)
@@ -213,14 +218,17 @@ class _BackwardMode(TorchFunctionMode):
         o = func(first, *args[1:], **kwargs)
         if not isinstance(o, Tensor):
             return o
+        bias_units = None
         if kind == PASS:
+            bias_units = self.session.bias_units.mask(x)  # an activation keeps them
             y = self.session.gates.tagged(func, Pass().output(None, x, o))
         elif kind == BILINEAR:
             y = bilinear(o, self.session.norm.stabilizer)
         else:
             y = self.session.norm.output(None, x, o)
         if in_place and o is first:
-            return x.copy_(y)
+            y = x.copy_(y)
+        self.session.bias_units.passed(bias_units, y)
         return y
 
 
@@ -247,7 +255,10 @@ def rules_applied(
     # the grad mode is restored also when a ruled layer's forward raises (see Session._enter)
     grad_mode = torch.set_grad_enabled(torch.is_grad_enabled())
     with grad_mode, hooked(session.register), _BackwardMode(session):
-        yield session
+        try:
+            yield session
+        finally:
+            session.bias_units.clear()
     if session.pending:
         raise RelevanceError(
             f"layer(s) {sorted(set(session.pending.values()))} come before a BatchNorm in the "

@@ -29,13 +29,7 @@ from torch import Tensor
 
 from camkit.errors import ArgumentError
 from camkit.relevance.affine import Affine, TransposedAffine
-from camkit.relevance.rescale import (
-    proportional,
-    rescaled,
-    self_ratio,
-    stabilize,
-    stabilized_ratio,
-)
+from camkit.relevance.rescale import proportional, rescaled, self_ratio, stabilize, stabilized_ratio
 
 ZeroParams = str | Sequence[str] | None
 
@@ -123,6 +117,14 @@ class Rule:
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`output` and the rule's denominator ``z`` (detached) where it has one (ZPlus,
+        Epsilon), else None: where ``z = 0`` the rule credits no input
+        (:mod:`camkit.relevance.bias_units`)."""
+        return self.output(layer, x, o), None
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -152,8 +154,15 @@ class Epsilon(Rule):
         return rescaled(o, source, self_ratio(o, self.epsilon).mul_(scale))
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        return self.output_and_denominator(layer, x, o)[0]
+
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
+        b = self.bias_of(layer)
         z = layer.op(x, layer.weight)
-        return rescaled(o, z, stabilized_ratio(o, z, self.epsilon, bias=self.bias_of(layer)))
+        zd = z.detach() if b is None else z.detach() + b
+        return rescaled(o, z, stabilized_ratio(o, zd, self.epsilon)), zd
 
 
 class ZPlus(Rule):
@@ -170,14 +179,20 @@ class ZPlus(Rule):
         self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
+        return self.output_and_denominator(layer, x, o)[0]
+
+    def output_and_denominator(
+        self, layer: Affine | None, x: Tensor, o: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         w, b = layer.weight, self.bias_of(layer)
         xp, xn = signed_parts(x)
         z = layer.op(xp, w.clamp(min=0))
         if xn is not None:
             z = z + layer.op(xn, _neg(w))
+        bias = _pos(b)
+        zd = z.detach() if bias is None else z.detach() + bias
         # z+ = x+ w+ + x- w- + b+ >= 0: its stabiliser is + eps
-        ratio = stabilized_ratio(o, z, self.stabilizer, bias=_pos(b), nonnegative=True)
-        return rescaled(o, z, ratio)
+        return rescaled(o, z, stabilized_ratio(o, zd, self.stabilizer, nonnegative=True)), zd
 
 
 class AlphaBeta(Rule):

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
+from camkit.relevance.bias_units import BiasUnitTracker
 from camkit.relevance.canonizers import channel_scale, merged_after, merged_before
 from camkit.relevance.composites import Composite
 from camkit.relevance.gates import GateTracker
@@ -55,6 +56,7 @@ class Session:
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.stabilizer, comp.linear_rule())
         self.gates = GateTracker(comp.gates)
+        self.bias_units = BiasUnitTracker(comp.bias_units)
         self.bypass = 0
         # weak references: the session must not keep the forward's tensors alive
         self.produced: dict[int, tuple[weakref.ref, int, Affine, Rule, Tensor]] = {}
@@ -120,13 +122,35 @@ class Session:
                     self.pending[id(o)] = self.names[module]
                     return None
                 # o carries the layer's graph (and the BatchNorm's before it) when reused
-                y = rule.reused(o) if rule.reuses_output else rule.output(layer, source, o)
+                y = self._ruled(rule, layer, source, o)
                 self.produced[id(y)] = (weakref.ref(y), y._version, layer, rule, source)
                 return y
             finally:
                 self.bypass -= 1
 
         return hook
+
+    def _ruled(
+        self,
+        rule: Rule,
+        layer: Affine,
+        source: Tensor,
+        o: Tensor,
+        reusable: bool = True,
+        via: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """The rule's output for a layer ``layer`` whose output is ``o`` from ``source``: the
+        rule reuses ``o`` where it can (``reusable``: ``o`` carries the layer's own graph, or
+        ``via = (graph, scale)``: ``o = scale * graph + shift`` per channel, a BatchNorm run
+        without a graph after the layer) and ``source`` has no bias units; else its terms on
+        ``source`` with its bias units left out, the units it credits no input marked
+        (:mod:`camkit.relevance.bias_units`)."""
+        kept = self.bias_units.kept(source)
+        if reusable and rule.reuses_output and kept is source:
+            return rule.reused(o) if via is None else rule.reused(o, *via)
+        y, z = rule.output_and_denominator(layer, kept, o)
+        self.bias_units.found(y, z, o)
+        return y
 
     def _affine(self, module: nn.Module) -> Affine:
         """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
@@ -201,11 +225,11 @@ class Session:
             deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
             try:
-                if deferred and rule.reuses_output and type(bn).forward is _BN_FORWARD:
-                    return rule.reused(out, x, channel_scale(bn, out))  # x: the layer's graph
-                if deferred and rule.reuses_output:  # out's graph: the activation, the layer
-                    return rule.reused(out)
-                return rule.output(merged_after(layer, bn), source, out)
+                # a deferred layer's graph: x's for a plain BatchNorm (run without a graph,
+                # reached by its scale), out's (the BatchNorm's, the layer's) for timm's
+                via = (x, channel_scale(bn, out)) if type(bn).forward is _BN_FORWARD else None
+                merged = merged_after(layer, bn)
+                return self._ruled(rule, merged, source, out, reusable=deferred, via=via)
             finally:
                 self.bypass -= 1
         if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
@@ -233,6 +257,7 @@ class Session:
             produced = self.produced.get(id(out))
             if produced is not None and produced[0]() is out:  # the copy may be merged in turn
                 self.produced[id(copy)] = (weakref.ref(copy), copy._version, *produced[2:])
+            self.bias_units.passed(self.bias_units.mask(out), copy)
             self.passed_on[name] = copy
             return copy
 

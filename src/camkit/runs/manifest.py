@@ -6,7 +6,9 @@ one with the throughput so far), after every batch whose files are on disk, and 
 the disk: appending keeps the cost per batch constant however large the run. At the end rank 0
 merges the parts into ``manifest.json``. A run killed at any point leaves parts that list only
 images whose files are written (a line cut by the kill is ignored), so ``--resume`` merges them
-and skips the images already done.
+and skips the images already done. A video's finished windows are lines of their own
+(``{"window": {image, stage, start, stop}}``), kept in ``manifest.json`` until the video has
+its record, so that ``--resume`` skips them.
 
 ``manifest.json`` has one writer (:func:`write_manifest`) and one reader (:func:`read_manifest`,
 a typed :class:`Manifest`); a manifest without a ``version`` is version 0 (camkit 0.2's layout,
@@ -125,29 +127,47 @@ def _manifest_record(data: Any, read: Fields) -> Manifest:
 
 def read(path: Path) -> dict | None:
     """A manifest (``.json``, :func:`read_manifest` as a dictionary) or a part (``.jsonl``: its
-    header, records and last throughput); None when absent. A part's records count only when
-    their batch's throughput line follows them: a kill during a batch's append leaves none of
-    that batch (not one method of an image without the other). A manifest of camkit 0.1 (a bare
-    list of records) has no settings to compare, so it cannot be resumed from."""
+    header, records, finished windows and last throughput); None when absent. A part's records
+    and windows count only when their batch's throughput line follows them: a kill during a
+    batch's append leaves none of that batch (not one method of an image without the other). A
+    manifest of camkit 0.1 (a bare list of records) has no settings to compare, so it cannot be
+    resumed from."""
     if path.suffix == ".json":
         found = read_manifest(path)
         return None if found is None else found.as_dict()
     if not path.is_file():
         return None
-    part: dict = {"records": []}
-    batch: list[dict] = []  # a batch's records count once its closing throughput line is there
+    part: dict = {"records": [], "windows": []}
+    batch: list[tuple[str, dict]] = []  # records count once their throughput line is there
     for text in path.read_text("utf-8").splitlines():
         try:
             line = json.loads(text)
         except json.JSONDecodeError:  # the line a kill cut short: its batch is not recorded
             break
         if "record" in line:
-            batch.append(line["record"])
+            batch.append(("records", line["record"]))
+        elif "window" in line:
+            batch.append(("windows", line["window"]))
         else:
-            part["records"] += batch
+            for key, item in batch:
+                part[key].append(item)
             batch = []
             part.update(line)
     return part
+
+
+def unfinished_windows(pieces: list[dict | None], records: list[dict]) -> dict:
+    """``{"windows": [...]}``: the finished windows (``{image, stage, start, stop}``, once each)
+    that ``pieces`` (manifests and parts) record for videos without a record yet, which a
+    ``--resume`` skips; ``{}`` when there are none."""
+    finished = {record["image"] for record in records}
+    windows = {}
+    for piece in pieces:
+        for window in (piece or {}).get("windows", []):
+            key = (window["image"], window["stage"], window["start"], window["stop"])
+            windows[key] = window
+    kept = [window for window in windows.values() if window["image"] not in finished]
+    return {"windows": kept} if kept else {}
 
 
 def recorded_crop(manifest: dict) -> str:
@@ -168,7 +188,9 @@ def gather(out: Path) -> dict | None:
     for piece in pieces:
         for record in piece["records"]:
             records[(record["image"], record.get("output"))] = record
-    return pieces[0] | {"records": list(records.values())}
+    rows = list(records.values())
+    gathered = {key: value for key, value in pieces[0].items() if key != "windows"}
+    return gathered | {"records": rows} | unfinished_windows(pieces, rows)
 
 
 def consolidate(out: Path) -> None:
@@ -231,15 +253,19 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
     explained = {r["image"] for r in rows if "error" not in r}
     total_images = sum(run["throughput"]["images"] for run in runs)
     total_seconds = sum(run["throughput"]["seconds"] for run in runs)
-    manifest = head | {
-        "started": runs[0]["started"],
-        "explained": len(explained),
-        "unreadable": len({r["image"] for r in rows if "error" in r} - explained),
-        "finished": this_run["finished"],
-        "throughput": _throughput(total_images, total_seconds) | {"ranks": ranks},
-        "runs": runs,
-        "records": rows,
-    }
+    manifest = (
+        head
+        | {
+            "started": runs[0]["started"],
+            "explained": len(explained),
+            "unreadable": len({r["image"] for r in rows if "error" in r} - explained),
+            "finished": this_run["finished"],
+            "throughput": _throughput(total_images, total_seconds) | {"ranks": ranks},
+            "runs": runs,
+            "records": rows,
+        }
+        | unfinished_windows([previous, *parts], rows)
+    )
     if head["settings"].get("save_maps"):
         maps.fold(out, rows, head)
     write_manifest(out, manifest)

@@ -34,7 +34,8 @@ from camkit.methods.concepts import (
     region_weights,
 )
 from camkit.runs.concepts import ConceptsRecord, channel_references
-from camkit.serve.explorer import LRU, Explorer
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_scale
 
 MAX_K = 20
@@ -147,6 +148,7 @@ class ConceptViews:
         :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else for conditions, which on
         a CPU run one after the other (measured on EfficientNet-Lite0: the batched backward
         costs about 1.4x the same conditions one by one there; the results are the same)."""
+        self.images_only()
         key = (checkpoint, layer, images)
         found = self.attributions.get_item(key)
         if found is None:
@@ -157,8 +159,17 @@ class ConceptViews:
             self.attributions.put(key, found)
         return found
 
+    def images_only(self) -> None:
+        """Refuse a video model: the concept views show images."""
+        if self.explorer.clip_length is not None:
+            raise ArgumentError(
+                "the explorer's concepts are for images; explain a video's clips with "
+                "camkit.methods.concepts.ConceptAttribution (heatmaps (B, K, T, H, W))"
+            )
+
     def grid(self, layer: str) -> tuple[int, int]:
         """The ``(h, w)`` grid of a layer the explorer lists (:func:`layer_grid`)."""
+        self.images_only()
         return layer_grid(self.explorer.layer_shapes[layer])
 
     def top(

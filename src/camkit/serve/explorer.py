@@ -12,8 +12,7 @@ from __future__ import annotations
 import io as _io
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,31 +25,8 @@ from camkit.core.layers import find_layer
 from camkit.errors import ArgumentError, InputError, TargetError
 from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
 from camkit.serve import clips
+from camkit.serve.cache import LRU
 from camkit.serve.gallery import Entry, Prediction
-
-
-class LRU(OrderedDict):
-    """A bounded least-recently-used cache (thread-safe)."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-        self.lock = threading.Lock()
-
-    def get_item(self, key: Hashable) -> object | None:
-        with self.lock:
-            if key not in self:
-                return None
-            self.move_to_end(key)
-            return self[key]
-
-    def put(self, key: Hashable, value: object) -> None:
-        with self.lock:
-            self[key] = value
-            self.move_to_end(key)
-            while len(self) > self.size:
-                self.popitem(last=False)
-
 
 # how the explorer builds its methods by default: as ``camkit explain`` does with its defaults
 SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
@@ -145,8 +121,8 @@ class Explorer:
         self.methods = [name for name in registry.METHODS if name not in self.unavailable]
         self.maps = LRU(cache_maps)
         self.measured = LRU(cache_maps)  # what a method measured of a map (LRP: conservation)
-        self.inputs = LRU(256)
-        self.photos = LRU(256)
+        held = 256 if self.clip_length is None else clips.VIDEOS_HELD  # a video is large
+        self.inputs, self.photos = LRU(held), LRU(held)
         self.thumbs = LRU(4096)
         self.explainers = LRU(32)
         self.engine_calls = 0
@@ -166,7 +142,7 @@ class Explorer:
             return len(self.entries) - 1
 
     def photo(self, image: int) -> np.ndarray:
-        """The image as read (``HxWx3`` uint8), a video model's clip (``TxHxWx3``,
+        """The image as read (``HxWx3`` uint8), a video model's video (``NxHxWx3``,
         :func:`camkit.serve.clips.read`); camkit's reading with its limits."""
         cached = self.photos.get_item(image)
         if cached is None:
@@ -183,13 +159,13 @@ class Explorer:
         return cached
 
     def model_view(self, image: int) -> np.ndarray:
-        """What the model sees of the photo (a clip: its first frame), resized and cropped."""
+        """What the model sees of the photo (a video: its first frame), resized and cropped."""
         return self.preprocess.resize_crop(clips.shown_frame(self.photo(image)))
 
     def model_input(self, image: int) -> Tensor:
         cached = self.inputs.get_item(image)
         if cached is None:
-            cached = clips.model_input(self.preprocess, self.photo(image))
+            cached = clips.model_input(self.preprocess, self.photo(image), self.clip_length)
             self.inputs.put(image, cached)
         return cached
 
@@ -205,16 +181,21 @@ class Explorer:
     # ------------------------------------------------------------------ predictions
 
     def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """The model inputs of ``images`` as one batch on the device, in the model's dtype."""
+        """The model inputs of ``images`` as one batch on the device, in the model's dtype: a
+        row per image, a video's windows (:meth:`row_counts`)."""
         model = self.checkpoints[checkpoint].model
         reference = next(model.parameters(), None)
-        batch = torch.stack([self.model_input(i) for i in images]).to(self.device)
+        batch = torch.cat([clips.rows(self.model_input(i)) for i in images]).to(self.device)
         return batch if reference is None else batch.to(dtype=reference.dtype)
 
+    def row_counts(self, images: Sequence[int]) -> list[int]:
+        """The rows of each image in :meth:`batch`: 1, a video's windows."""
+        return [len(clips.rows(self.model_input(i))) for i in images]
+
     def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
-        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (and
-        their thumbnails); an unreadable image gets an empty prediction and its entry the
-        reason."""
+        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (a
+        video model: one per video, its windows), and their thumbnails; an unreadable image
+        gets an empty prediction and its entry the reason."""
         known = self.predictions[checkpoint]
         todo = [i for i in dict.fromkeys(images) if i not in known]
         readable = []
@@ -227,13 +208,10 @@ class Explorer:
                 known[image] = []
         if not readable:
             return
-        model = self.checkpoints[checkpoint].model
-        batch = self.batch(readable, checkpoint)
         started = time.perf_counter()
-        with torch.no_grad():
-            logits = model(batch)
-        self.row_seconds = (time.perf_counter() - started) / len(readable)
-        probabilities = logits.float().softmax(dim=-1).cpu()
+        groups = [[i] for i in readable] if self.clip_length else [readable]  # a video a pass
+        probabilities = torch.cat([self.probabilities_of(group, checkpoint) for group in groups])
+        self.row_seconds = (time.perf_counter() - started) / sum(self.row_counts(readable))
         for image, row in zip(readable, probabilities, strict=True):
             known[image] = models.top_classes(row, self.labels, k)
 
@@ -242,11 +220,12 @@ class Explorer:
         return self.probabilities_of([image], checkpoint)[0]
 
     def probabilities_of(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """All class probabilities of readable images, one forward pass ``(B, num_classes)``."""
+        """All class probabilities of readable images, one forward pass ``(B, num_classes)`` (a
+        video's: the mean of its windows')."""
         model = self.checkpoints[checkpoint].model
         with torch.no_grad():
             logits = model(self.batch(images, checkpoint))
-        return logits.float().softmax(dim=-1).cpu()
+        return clips.per_entry(logits.float().softmax(dim=-1).cpu(), self.row_counts(images))
 
     # ------------------------------------------------------------------ maps
 
@@ -356,6 +335,8 @@ class Explorer:
         images = list(wanted)
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
+        counts = self.row_counts(images)  # a video's windows share its classes
+        targets = targets.repeat_interleave(torch.tensor(counts), dim=0)
         explainer = self.explainer(checkpoint, method, layers, composite)
         batch = self.batch(images, checkpoint)
         options = {"fuse": False} if needs_layer and len(layers) > 1 else {}
@@ -363,21 +344,26 @@ class Explorer:
         shown, _ = displayed(explainer, batch, targets.to(self.device), **options)
         measured = explainer.measured()  # per sample and target, or None
         by_layer = shown if isinstance(shown, dict) else {layers[0]: shown}
+        photos = [self.photo(image) for image in images]
+        firsts = np.cumsum([0, *counts[:-1]])  # each image's first row (a video's first window)
         for layer, heat in by_layer.items():  # the method's one display policy
-            frame = heat.shape[-3:] if self.clip_length else heat.shape[-2:]  # (T,) H, W
-            maps = heat.reshape(len(images), width, *frame).cpu().numpy()  # (B, K, [T,] H, W)
+            frame = heat.shape[-3:] if self.clip_length else heat.shape[-2:]  # (L,) H, W
+            rows = heat.reshape(len(batch), width, *frame)  # (rows, K, [L,] H, W)
+            maps = clips.entry_maps(rows, counts, photos, self.clip_length)  # (K, [N,] H, W)
             for row, image in enumerate(images):
                 for column, target in enumerate(wanted[image]):
                     (key,) = self.keys(checkpoint, method, (layer,), image, target, composite)
-                    self.maps.put(key, maps[row, column])
+                    self.maps.put(key, maps[row][column])
                     if measured is not None:
-                        self.measured.put(key, measured[row][column])
+                        self.measured.put(key, measured[firsts[row]][column])
 
     def curves(self, key: MapKey, steps: int = 20) -> dict[str, dict]:
         """Deletion and insertion curves (Petsiuk et al., RISE, BMVC 2018) of a cached map."""
         heat = self.maps.get_item(key)
         if heat is None:
             raise ArgumentError("compute the map first")
+        if self.clip_length is not None:
+            raise ArgumentError("deletion and insertion curves are for images, not videos")
         model = self.checkpoints[key.checkpoint].model
         x = self.batch([key.image], key.checkpoint)
         maps = torch.from_numpy(heat)[None].to(self.device)

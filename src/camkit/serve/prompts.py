@@ -18,12 +18,14 @@ from torch import Tensor, nn
 from camkit import registry
 from camkit.core.explainer import displayed
 from camkit.core.trace import default_layer
-from camkit.core.wrappers import ImageTower
+from camkit.core.wrappers import ImageTower, image_inputs
 from camkit.errors import ArgumentError, TargetError
 from camkit.methods.cam.base import BaseCAM
+from camkit.methods.cam.generation import Answer, explain_answer
 from camkit.models import LoadedModel
-from camkit.models.vlm import Answer, LoadedVLM
-from camkit.serve.explorer import LRU, Explorer
+from camkit.models.vlm import LoadedVLM
+from camkit.serve.cache import LRU
+from camkit.serve.explorer import Explorer
 from camkit.targets import PromptTarget
 from camkit.viz.text import token_colours
 
@@ -46,7 +48,7 @@ class ImageFeatures(nn.Module):
         self.module = model
 
     def forward(self, x: Tensor) -> Tensor:
-        features = self.module.get_image_features(pixel_values=x)
+        features = self.module.get_image_features(**image_inputs(self.module, x))
         features = features if isinstance(features, Tensor) else features.pooler_output
         if isinstance(features, list | tuple):
             features = torch.stack([f.reshape(-1, f.shape[-1]).mean(0) for f in features])
@@ -145,7 +147,9 @@ class Prompts:
         key = (image, prompt, max_new_tokens)
         found = self.answers.get_item(key)
         if found is None:
-            found = self.loaded.answer(self.cam, self._input(image), prompt, max_new_tokens)
+            found = explain_answer(
+                self.loaded, self.cam, self._input(image), prompt, max_new_tokens
+            )
             self.answers.put(key, found)
         return found
 

@@ -30,6 +30,8 @@ from camkit.targets.outputs import describe
 Texts = str | Sequence[str]
 # the files a saved tokenizer is made of (one is enough); without any, transformers 5 builds an
 # empty tokenizer of the config's class that maps every word to one unknown id
+# a dual encoder's text side: HuggingFace (CLIP, SigLIP) and OpenCLIP (Ilharco et al., 2021)
+TEXT_TOWERS = ("get_text_features", "encode_text")
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -64,17 +66,41 @@ def load_tokenizer(folder: str | Path) -> Any:
 
 
 def _dual_encoder(model: nn.Module) -> nn.Module:
-    """The dual encoder inside camkit's wrappers (ImageTower, KeywordInput), with a text tower."""
+    """The dual encoder inside camkit's wrappers (ImageTower, KeywordInput), with a text tower:
+    HuggingFace's ``get_text_features`` or OpenCLIP's ``encode_text``."""
     inner = model
     while getattr(inner, "wraps_model", False):
         inner = inner.module
-    if not callable(getattr(inner, "get_text_features", None)):
+    if getattr(getattr(inner, "config", None), "model_type", None) == "xclip":
+        raise TargetError(
+            "X-CLIP's text embeddings depend on the video (its prompt generator reads the "
+            "frames), so no prompt embedding can be computed once: explain the model's own "
+            "logits_per_video, camkit.InputLayout(camkit.VideoPrompts(model, input_ids), "
+            '"BTCHW"), with target the prompt\'s index'
+        )
+    if not any(callable(getattr(inner, name, None)) for name in TEXT_TOWERS):
         raise TargetError(
             f"a prompt needs a model with a text tower (a dual encoder with get_text_features: "
-            f"HuggingFace CLIPModel, SiglipModel), but {type(inner).__name__} has none; for a "
-            "generative vision-language model use camkit.targets.TokenTarget"
+            f"HuggingFace CLIPModel, SiglipModel; or encode_text: OpenCLIP), but "
+            f"{type(inner).__name__} has none; for a generative vision-language model use "
+            "camkit.targets.TokenTarget"
         )
     return inner
+
+
+def _open_clip(encoder: nn.Module) -> bool:
+    """Whether ``encoder`` is built the OpenCLIP way (``encode_text``, no HuggingFace config)."""
+    return not callable(getattr(encoder, "get_text_features", None))
+
+
+def _text_limits(encoder: nn.Module) -> tuple[int, int | None]:
+    """``(vocabulary size, positions)`` of the text tower: HuggingFace's ``text_config``
+    (``vocab_size``, ``max_position_embeddings``), OpenCLIP's ``vocab_size`` and
+    ``context_length``."""
+    if _open_clip(encoder):
+        return int(encoder.vocab_size), getattr(encoder, "context_length", None)
+    text = encoder.config.text_config
+    return text.vocab_size, getattr(text, "max_position_embeddings", None)
 
 
 def _tokenized(model: nn.Module, texts: list[str], tokenizer: Any) -> dict[str, Tensor]:
@@ -82,13 +108,18 @@ def _tokenized(model: nn.Module, texts: list[str], tokenizer: Any) -> dict[str, 
     pads to its full length (its text tower pools the last position), CLIP pads to the longest
     (it pools the end-of-text token, the padding masked)."""
     if tokenizer is None:
-        raise TargetError("prompts given as texts need tokenizer= (a tokenizer or its folder)")
+        raise TargetError(
+            "prompts given as texts need tokenizer= (a tokenizer or its folder; for OpenCLIP "
+            "open_clip.get_tokenizer(name))"
+        )
     if isinstance(tokenizer, str | Path):
         tokenizer = load_tokenizer(tokenizer)
     options: dict[str, Any] = {"padding": True}
-    if "siglip" in getattr(model.config, "model_type", ""):
+    if "siglip" in getattr(getattr(model, "config", None), "model_type", ""):
         length = model.config.text_config.max_position_embeddings
         options = {"padding": "max_length", "max_length": length, "truncation": True}
+    if _open_clip(model):  # OpenCLIP's tokenizers pad to the context length, ids only
+        return {"input_ids": torch.as_tensor(tokenizer(texts))}
     encoded = tokenizer(texts, return_tensors="pt", **options)
     return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
 
@@ -217,6 +248,12 @@ def _text_embeddings(
     attention_mask: Tensor | None,
 ) -> Tensor:
     """``(K, D)`` text embeddings of the prompts: the text tower once, without gradient."""
+    vocabulary, positions = _text_limits(encoder)
+    if attention_mask is not None and _open_clip(encoder):
+        raise TargetError(
+            "an OpenCLIP text tower takes no attention_mask (it reads the end-of-text token): "
+            "give input_ids padded with 0, as its tokenizer does"
+        )
     if texts is not None:
         encoded = _tokenized(encoder, texts, tokenizer)
     else:
@@ -225,13 +262,11 @@ def _text_embeddings(
             ids = ids[None]
         if ids.ndim != 2 or ids.is_floating_point() or ids.numel() == 0:
             raise TargetError(f"input_ids must be (K, L) token ids, got {tuple(ids.shape)}")
-        vocabulary = encoder.config.text_config.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocabulary:
             raise TargetError(f"input_ids must be in 0..{vocabulary - 1}, the text vocabulary")
         encoded = {"input_ids": ids}
         if attention_mask is not None:
             encoded["attention_mask"] = torch.as_tensor(attention_mask)
-    positions = getattr(encoder.config.text_config, "max_position_embeddings", None)
     length = encoded["input_ids"].shape[-1]
     if positions is not None and length > positions:
         raise TargetError(
@@ -239,8 +274,12 @@ def _text_embeddings(
             "model's text tower: shorten it"
         )
     device = next(encoder.parameters()).device
+    encoded = {k: v.to(device) for k, v in encoded.items()}
     with torch.no_grad():
-        features = encoder.get_text_features(**{k: v.to(device) for k, v in encoded.items()})
+        if _open_clip(encoder):
+            features = encoder.encode_text(encoded["input_ids"])
+        else:
+            features = encoder.get_text_features(**encoded)
     features = features if isinstance(features, Tensor) else features.pooler_output
     return features.detach()
 

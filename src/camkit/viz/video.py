@@ -4,6 +4,7 @@ per-frame importance curve."""
 from __future__ import annotations
 
 from io import BytesIO
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -11,6 +12,28 @@ from matplotlib.figure import Figure
 
 from camkit.errors import InputError
 from camkit.viz import overlay_on_photo
+
+Heat = TypeVar("Heat", np.ndarray, torch.Tensor)
+
+
+def clip_scale(heat: np.ndarray) -> np.ndarray:
+    """A clip's heat ``(T, h, w)`` on one scale in [0, 1]: as it is when it lies in [0, 1] (a
+    method's display heat), else min-max rescaled over the whole clip (zeros when flat), so
+    that one frame drawn alone looks as it does among the others."""
+    low, high = float(heat.min()), float(heat.max())
+    if low < 0 or high > 1:
+        return (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    return heat
+
+
+def frame_heat(covering: list[tuple[int, Heat]], t: int) -> Heat:
+    """Frame ``t``'s heat ``(..., H, W)`` in a video explained window by window: the mean of
+    the windows that hold it, ``covering`` their ``(start, heat (..., L, H, W))`` (numpy or
+    torch, float32). The one rule of ``camkit explain``'s animations and the explorer's."""
+    parts = [heat[..., t - start, :, :] for start, heat in covering]
+    if not parts:
+        raise InputError(f"no window holds frame {t}")
+    return sum(parts[1:], parts[0]) / len(parts)
 
 
 def overlay_frames(
@@ -32,9 +55,7 @@ def overlay_frames(
         raise InputError(
             f"expected one heat map per frame, (T, h, w) with T = {len(frames)}, got {heat.shape}"
         )
-    low, high = float(heat.min()), float(heat.max())
-    if low < 0 or high > 1:
-        heat = (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    heat = clip_scale(heat)
     if region is None:
         region = (0.0, 0.0, float(frames.shape[1]), float(frames.shape[2]))
     drawn = [
@@ -76,4 +97,4 @@ def importance_plot(
     return buffer.getvalue()
 
 
-__all__ = ["importance_plot", "overlay_frames"]
+__all__ = ["clip_scale", "frame_heat", "importance_plot", "overlay_frames"]

@@ -4,6 +4,7 @@ work of one rank is :mod:`camkit.cli.pipeline`."""
 from __future__ import annotations
 
 import argparse
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from camkit.cli.common import (
 from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
 from camkit.cli.ranks import Ranks
 from camkit.cli.video import explain_videos
+from camkit.cli.video_windows import WINDOWS
 from camkit.errors import LayerOutputError
 from camkit.models.vlm import HF_PREFIX
 from camkit.runs import maps as mapstore
@@ -115,7 +117,8 @@ def explain(
     """Explain ``paths`` (this rank's share of those not done yet, with ``resume``); rank 0
     merges every rank's part and returns the manifest, the others return None. Video files
     (:func:`camkit.io.video.is_video`) are explained clip by clip (:mod:`camkit.cli.video`,
-    clips every ``clip_stride`` frames), in a run of their own."""
+    clips every ``clip_stride`` frames), in a run of their own, the ranks sharing their clips
+    (``resume``: skipping the clips a partly explained video has done)."""
     ranks = ranks or Ranks()
     videos = [io.video.is_video(path) for path in paths]
     if any(videos) and not all(videos):
@@ -139,6 +142,7 @@ def explain(
         else:  # a new run: what an earlier one left is not part of it
             for stale in [out / MANIFEST, *out.glob(PARTS), *mapstore.stale(out)]:
                 stale.unlink(missing_ok=True)
+            shutil.rmtree(out / WINDOWS, ignore_errors=True)  # an earlier run's video windows
     ranks.barrier()
     previous = read(out / MANIFEST) if resume else None
     if previous is not None:
@@ -147,7 +151,8 @@ def explain(
     todo = [index for index, path in enumerate(paths) if str(path) not in done]
     try:
         if any(videos):
-            explain_videos(loaded, paths, ranks.shard(todo), job, ranks, head, clip_stride)
+            finished = previous.get("windows", []) if previous else []
+            explain_videos(loaded, paths, todo, job, ranks, head, clip_stride, finished)
         else:
             explain_files(loaded, paths, ranks.shard(todo), job, ranks, head)
     except LayerOutputError as error:
@@ -157,6 +162,7 @@ def explain(
         return None
     order = [str(path) for path in paths]
     manifest = merge(out, head, order, ranks.world, todo=len(todo))
+    shutil.rmtree(out / WINDOWS, ignore_errors=True)  # every video has its record now
     if job.report:
         records = manifest["records"]
         metrics = results.overlay_metrics(records, results.read_rows(out))  # when evaluated
@@ -264,7 +270,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument(
         "--resume",
         action="store_true",
-        help="skip the images a killed or finished run with the same settings already did",
+        help="skip the images (a video's clips) a killed or finished run with the same "
+        "settings already did",
     )
     explain.add_argument(
         "--report",

@@ -16,13 +16,14 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from camkit.core.architecture import folded_rows
 from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Explanation, Reshape
 from camkit.core.finish import Finishing
 from camkit.core.inputs import boolean
 from camkit.core.layers import LayerSpec
-from camkit.core.layouts import resolve_reshape
+from camkit.core.layouts import Layout, resolve_reshape
 from camkit.core.spacetime import folded_frames
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.methods.cam.smoothing import augmented, principal_component
@@ -78,11 +79,17 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
     ) -> Explanation:
         finishing, batch = Finishing(relu, upsample, normalize, fuse), call.batch
-        if folded_frames(self.model, tuple(batch.shape)) and not self.shares_one_pass():
+        shape = tuple(batch.shape)
+        frames, rows = folded_frames(self.model, shape), folded_rows(self.model, shape)
+        if (frames and not self.reads_frame_wise()) or (
+            rows and not frames and not self.shares_one_pass()
+        ):
             raise LayerOutputError(
                 f"{type(self).__name__} does not read the layers of a frame-wise model (frames "
-                "folded into the batch) yet; use a gradient CAM that weighs the captured layer "
-                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...) or a pixel method"
+                "folded into the batch) yet, nor of one that reads flattened patches or tiles "
+                "(Qwen2-VL, LLaVA-NeXt); use a gradient CAM that weighs the captured layer "
+                "(Grad-CAM, Grad-CAM++, LayerCAM, HiResCAM, Eigen-CAM...), FullGrad, Score-CAM, "
+                "Ablation-CAM (frame-wise models) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
         if boolean("aug_smooth", aug_smooth):
@@ -107,6 +114,12 @@ class BaseCAM(Explainer):
     def shares_one_pass(cls) -> bool:
         """A gradient CAM that only weighs the captured layer (keeps :meth:`raw_maps`)."""
         return cls.raw_maps is BaseCAM.raw_maps
+
+    @classmethod
+    def reads_frame_wise(cls) -> bool:
+        """Whether the method reads the layers of a frame-wise model (``B * T`` rows, read
+        as ``(B, C, T, h, w)``): the CAMs of the one pass, and those that say so."""
+        return cls.shares_one_pass()
 
     # ------------------------------------------------------------------ what a method says
 
@@ -166,6 +179,7 @@ class BaseCAM(Explainer):
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
             cam = self.layer_map(act, grad)
+            cam = reader.place(cam) if isinstance(reader, Layout) else cam  # tiled views
             maps[name] = cam.expand(-1, targets, *cam.shape[2:])
         return maps
 
@@ -183,10 +197,12 @@ class BaseCAM(Explainer):
     def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
         """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
         w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
-        gives ``(B, K, C, T, h, w)``."""
-        frames = getattr(reader, "frames", 0)
+        gives ``(B, K, C, T, h, w)``, patch rows ``(B * N, K, C)`` ``(B, K, C, h, w)``."""
+        frames, rows = getattr(reader, "frames", 0), getattr(reader, "rows", 0)
         if frames:  # rows b * T + t -> (B, K, T, ...), read frame by frame
             t = t.unflatten(0, (-1, frames)).transpose(1, 2)
+        elif rows:  # rows b * N + n -> (B, K, N, C), N patch tokens
+            t = t.unflatten(0, (-1, rows)).transpose(1, 2)
         lead = t.shape[:2]
         t = t.flatten(0, 2 if frames else 1).float()
         if reader is not None:

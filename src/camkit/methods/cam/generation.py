@@ -25,8 +25,10 @@ from camkit.core.finish import Finishing
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import find_layer, single_call
 from camkit.core.state import model_guarded
-from camkit.errors import ArgumentError
+from camkit.core.wrappers import image_inputs
+from camkit.errors import ArgumentError, InputError
 from camkit.methods.cam.base import BaseCAM
+from camkit.models.vlm import LoadedVLM
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import resolve
 from camkit.targets.tokens import TokenTarget
@@ -49,6 +51,17 @@ class TokenExplanation:
     scores: Tensor
     layer: str
     embeddings: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated answer explained token by token: ``tokens`` the whole sequence's tokens as
+    text (prompt, image tokens and answer), ``positions`` the generated tokens' positions in
+    it, ``explanation`` their maps ``(1, K, H, W)`` and token relevance ``(1, K, T)``."""
+
+    tokens: list[str]
+    positions: list[int]
+    explanation: TokenExplanation
 
 
 def embedding_layer(model: nn.Module) -> tuple[str, nn.Module]:
@@ -120,7 +133,9 @@ def explain_tokens(
     grads = [torch.cat([part[i] for part in parts], dim=1) for i in range(len(acts))]
     vision = [act.detach().unsqueeze(1) for act in acts[:-1]]
     size = tuple(batch.shape[2:])
-    raw = cam.maps_from(vision, grads[:-1], count, size, names=cam.capture.names)
+    raw = cam.maps_from(
+        vision, grads[:-1], count, size, names=cam.capture.names, batch=batch.shape[0]
+    )
     maps = Finishing(relu, upsample, normalize)(raw, size)
     relevance = (grads[-1] * acts[-1].detach().unsqueeze(1)).sum(dim=-1)
     return TokenExplanation(
@@ -128,4 +143,32 @@ def explain_tokens(
     )
 
 
-__all__ = ["TokenExplanation", "embedding_layer", "explain_tokens"]
+def explain_answer(
+    vlm: LoadedVLM, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
+) -> Answer:
+    """A generative model's greedy answer to ``prompt`` about one image (its placeholder
+    tokens never generated: :attr:`~camkit.models.vlm.LoadedVLM.placeholders`; the image given
+    as the model reads it: :func:`~camkit.core.wrappers.image_inputs`), every generated token
+    explained by ``cam`` (:func:`explain_tokens`: one forward, the tokens as targets of
+    batched backward passes)."""
+    ids = vlm.prompt_ids(prompt, pixel_values).to(pixel_values.device)
+    with torch.no_grad():
+        sequence = vlm.model.generate(
+            input_ids=ids,
+            **image_inputs(vlm.model, pixel_values, ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            suppress_tokens=vlm.placeholders,
+        )
+    if sequence.shape[1] == ids.shape[1]:
+        raise InputError("the model generated no token")
+    result = explain_tokens(cam, pixel_values, sequence, prompt_length=ids.shape[1])
+    ids_list = sequence[0].tolist()
+    tokens = [
+        text if text is not None else f"[{token}]"  # an id the tokenizer has no text for
+        for token, text in zip(ids_list, vlm.tokenizer.convert_ids_to_tokens(ids_list), strict=True)
+    ]
+    return Answer(tokens, list(range(ids.shape[1], sequence.shape[1])), result)
+
+
+__all__ = ["Answer", "TokenExplanation", "embedding_layer", "explain_answer", "explain_tokens"]

@@ -92,6 +92,13 @@ class PerturbationCAM(BaseCAM):
     def clean_batch_first(cls) -> bool:
         return True  # the clean pass pins the top-1 classes before any copy is scored
 
+    @classmethod
+    def reads_frame_wise(cls) -> bool:
+        """A frame-wise layer is read as a volume ``(B, C, T, h, w)``: Score-CAM's masks are
+        each channel's ``T`` frame maps over the clip, Ablation-CAM zeroes a channel in every
+        frame of the sample's clip."""
+        return True
+
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """One perturbed copy per evaluated channel of the layer (``top_channels`` at most)."""
         if layer_shape is None or len(layer_shape) < 3:
@@ -131,10 +138,11 @@ class PerturbationCAM(BaseCAM):
         maps = {}
         for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
             raw = raw.detach()
-            reader = self.grid_reader(name, raw.unsqueeze(1), tuple(batch.shape[2:]))
+            size, rows = tuple(batch.shape[2:]), batch.shape[0]
+            reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
             self.check_reader(name, reader)
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
-            if grid.ndim != 4 and not self.takes_volumes:
+            if grid.ndim != 4 and not (self.takes_volumes or getattr(reader, "frames", 0)):
                 raise LayerOutputError(
                     f"{type(self).__name__} needs a 2-D layer map (B, C, h, w), layer {name!r} "
                     f"gives {tuple(grid.shape)}; use a gradient CAM for volumes"
@@ -166,6 +174,7 @@ class PerturbationCAM(BaseCAM):
         n: int,
         edit: Callable[[Tensor], Tensor],
         suffix: list[bool],
+        frames: int = 1,
     ) -> Tensor:
         """``(n, K)`` scores of sample ``sample`` with the layer's output ``(n, C, ...)`` of n
         copies replaced by ``edit(output)``.
@@ -175,11 +184,14 @@ class PerturbationCAM(BaseCAM):
         layers combine tensors from before the layer in a way that does not broadcast over that
         batch is detected (an error, or an output of the wrong batch size) and ``suffix[0]`` is
         set False: then (and from then on) full forwards of ``n`` repeated inputs run, the hook
-        editing their output."""
+        editing their output. A frame-wise layer has ``frames`` rows per sample (``raw``:
+        ``(B * frames, C, ...)``): ``edit`` gets the ``n * frames`` rows of ``n`` clips, row
+        ``i * frames + t``, either way."""
         rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
         image = run.batch[sample : sample + 1]
         if suffix[0]:
-            copies = raw[sample].expand(n, *raw.shape[1:])
+            own = raw[sample * frames : (sample + 1) * frames]
+            copies = own.expand(n, *own.shape).flatten(0, 1)  # a view for one frame
 
             def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
                 return edit(copies)
@@ -349,8 +361,10 @@ class AblationCAM(PerturbationCAM):
         batch, channels = grid.shape[:2]
         reader = self.layouts[name]
         axis = reader.channel_axis if isinstance(reader, Layout) else 1
-        channels_first = raw.movedim(axis, 1)  # (B, C, ...), a view
-        kept = kept & (channels_first.flatten(2) != 0).any(dim=-1)
+        frames = max(getattr(reader, "frames", 0), 1)  # a frame-wise layer: B * frames rows
+        channels_first = raw.movedim(axis, 1)  # (B * frames, C, ...), a view
+        live = (channels_first.flatten(2) != 0).any(dim=-1).unflatten(0, (batch, frames))
+        kept = kept & live.any(dim=1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
         suffix = [True]  # reuse the layer's prefix until the model refuses
@@ -359,9 +373,12 @@ class AblationCAM(PerturbationCAM):
                 evaluated = kept[sample].nonzero().squeeze(1)
                 for rows in chunks(evaluated.shape[0], self.batch_size, evaluated.device):
                     part = evaluated[rows]
-                    n, ablate = part.shape[0], partial(self._ablate, channels=part, axis=axis)
+                    n = part.shape[0]
+                    ablate = partial(
+                        self._ablate, channels=part.repeat_interleave(frames), axis=axis
+                    )
                     ablated[sample, part] = self.edited_scores(
-                        run, module, raw, sample, n, ablate, suffix
+                        run, module, raw, sample, n, ablate, suffix, frames
                     )
                     bar.update(n)
         return ablated

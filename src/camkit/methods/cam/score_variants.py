@@ -132,6 +132,10 @@ class ReciproCAM(PerturbationCAM):
     score is used as it is (no softmax). No gradient; ``h * w`` suffix forwards per sample, in
     chunks of ``batch_size``.
 
+    A frame-wise model's layer (frames folded into the batch) is read as the clip's positions
+    ``(t, i, j)``: the feature map kept around ``(i, j)`` in frame ``t`` and zeroed in the other
+    frames, ``T * h * w`` suffix forwards per clip, a map ``(B, T, H, W)``.
+
     The layer's prefix runs once per sample (see
     :meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`: a model that does not
     broadcast a batch of feature maps over its later layers gets full forwards of repeated
@@ -164,10 +168,11 @@ class ReciproCAM(PerturbationCAM):
         self.kernel = kernel
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One copy per position of the layer's map."""
+        """One copy per position of the layer's map, per frame of a frame-wise layer (its rows
+        per sample, ``layer_shape[0]`` of a one-sample trace: 1 for an image)."""
         if layer_shape is None or len(layer_shape) != 4:
             return 1
-        return layer_shape[-1] * layer_shape[-2]
+        return layer_shape[0] * layer_shape[-1] * layer_shape[-2]
 
     def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
         """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
@@ -184,7 +189,8 @@ class ReciproCAM(PerturbationCAM):
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        batch, _, h, w = grid.shape
+        batch, (h, w) = grid.shape[0], grid.shape[-2:]
+        frames = max(getattr(self.layouts[name], "frames", 0), 1)  # a frame-wise layer's T
         if raw.ndim != 4:
             raise LayerOutputError(
                 f"ReciproCAM needs a (B, C, h, w) layer output, {name!r} gives {tuple(raw.shape)}"
@@ -202,20 +208,37 @@ class ReciproCAM(PerturbationCAM):
             )
         maps = []
         suffix = [True]  # reuse the layer's prefix until the model refuses
-        with self._progress(f"Recipro-CAM {name}", batch * h * w) as bar:
+        positions = frames * h * w
+        with self._progress(f"Recipro-CAM {name}", batch * positions) as bar:
             for sample in range(batch):
                 scores = []
-                for part in chunks(h * w, self.batch_size):
-                    masks = self.masks(part, (h, w), raw.device).to(raw.dtype)
+                for part in chunks(positions, self.batch_size):
+                    masks = self.frame_masks(part, frames, (h, w), raw.device).to(raw.dtype)
 
                     def masked(act: Tensor, masks: Tensor = masks) -> Tensor:
                         return act * masks
 
                     n = part.shape[0]
-                    scores.append(self.edited_scores(run, module, raw, sample, n, masked, suffix))
+                    scores.append(
+                        self.edited_scores(run, module, raw, sample, n, masked, suffix, frames)
+                    )
                     bar.update(n)
-                maps.append(torch.cat(scores).T.unflatten(1, (h, w)))  # (K, h, w)
+                grid_shape = (frames, h, w) if frames > 1 else (h, w)
+                maps.append(torch.cat(scores).T.unflatten(1, grid_shape))  # (K, [T,] h, w)
         return torch.stack(maps).float()
+
+    def frame_masks(
+        self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
+    ) -> Tensor:
+        """``(n * frames, 1, h, w)`` masks of a frame-wise layer's ``n`` clips for the flat
+        positions ``t * h * w + i * w + j``: :meth:`masks` at ``(i, j)`` in frame ``t``, zero
+        in the clip's other frames (the feature map kept only around one place of the clip);
+        one frame: :meth:`masks`."""
+        masks = self.masks(positions % (size[0] * size[1]), size, device)
+        if frames == 1:
+            return masks
+        in_frame = F.one_hot(positions.to(device) // (size[0] * size[1]), frames).to(masks)
+        return (in_frame[:, :, None, None, None] * masks[:, None]).flatten(0, 1)
 
 
 __all__ = ["ISCAM", "SSCAM", "ReciproCAM"]

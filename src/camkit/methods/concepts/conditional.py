@@ -32,7 +32,7 @@ from camkit.core.layers import (
     explained_module,
     find_layers,
 )
-from camkit.core.layouts import channels_first, check_reshape
+from camkit.core.layouts import check_reshape
 from camkit.errors import ArgumentError, LayerOutputError
 from camkit.methods.concepts.concepts import (
     Concept,
@@ -58,7 +58,11 @@ class ConceptAttribution:
     relevance per sample), :meth:`heatmaps` (conditional heatmaps of given concepts),
     :meth:`top` (the top-k concepts with their heatmaps), :meth:`graph` (relevances of a lower
     layer's channels given concepts of this one). Inputs: an image ``(C, H, W)`` or a batch
-    ``(B, C, H, W)`` (one image gives results without the batch axis). ``target``: camkit's
+    ``(B, C, H, W)`` (one image gives results without the batch axis), or clips ``(B, C, T, H,
+    W)``: heatmaps ``(B, K, T, H, W)``, one map per frame, for a 3-D CNN's ``(B, C, t, h, w)``
+    layers, video tokens and a frame-wise model's ``(B * T, C, h, w)`` layers (declared:
+    ``camkit.InputLayout(model, layout, frame_wise=True)``), whose channel relevances sum the
+    clip's frames. ``target``: camkit's
     targets, one per sample (None: the predicted class). The model is never modified and no
     ``.grad`` is left anywhere.
 
@@ -315,20 +319,20 @@ class ConceptAttribution:
 
     def _masks(self, run: Pass, layer: str, concepts: list[Concept]) -> list[Mask]:
         """The concepts' masks, each checked against the layer's channel count."""
-        channels = channels_first(run.acts[layer], run.layouts[layer]).shape[1]
+        channels = run.per_sample(run.acts[layer], layer).shape[1]
         for concept in concepts:
             concept.check(channels)
         return [concept.project for concept in concepts]
 
     def _masked(self, run: Pass, layer: str, grad: Tensor, masks: Sequence[Mask]) -> Tensor:
         """``(K, B, *A.shape[1:])``: the gradient ``(B, ...)`` under each condition."""
-        first = channels_first(grad, run.layouts[layer])
+        first = run.per_sample(grad, layer)
         stacked = torch.stack([mask(first) for mask in masks])
-        return channels_first(stacked, run.layouts[layer], dims=2, back=True)
+        return run.per_sample(stacked, layer, dims=2, back=True)
 
     def _per_channel(self, run: Pass, layer: str, relevance: Tensor, dims: int = 1) -> Tensor:
         """Sum a relevance ``(..., *A.shape[1:])`` with ``dims`` leading axes over positions."""
-        first = channels_first(relevance, run.layouts[layer], dims)
+        first = run.per_sample(relevance, layer, dims)
         return first.flatten(dims + 1).sum(dim=-1)
 
     def _channel_relevance(self, run: Pass, region: Tensor | None) -> Tensor:

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from camkit.core.call import Call
 from camkit.core.engine import require_autograd
 from camkit.core.layers import capture_outputs, check_batch_axes, find_layers, single_call
-from camkit.core.layouts import Layout, layer_layout
+from camkit.core.layouts import Layout, channels_first, layer_layout
+from camkit.core.spacetime import folded_frames
 from camkit.core.state import model_guarded
 from camkit.errors import ArgumentError
 from camkit.methods.concepts.rules import Rules
@@ -25,14 +26,31 @@ from camkit.targets.resolver import resolve
 @dataclass
 class Pass:
     """One traced forward: the input leaf, the tapped outputs (in the graph), the scores, and
-    the gradients of the scores at the tapped outputs once computed (``starts``)."""
+    the gradients of the scores at the tapped outputs once computed (``starts``). ``frames``:
+    per layer, its rows per sample (``T`` for a frame-wise model's layer of ``B * T`` rows, row
+    ``b * T + t``; else 1)."""
 
     leaf: Tensor
     acts: dict[str, Tensor]
     layouts: dict[str, Layout | None]
     scores: Tensor
     classes: Tensor | None
+    frames: dict[str, int] = field(default_factory=dict)
     starts: dict[str, Tensor] = field(default_factory=dict)
+
+    def per_sample(self, t: Tensor, layer: str, dims: int = 1, *, back: bool = False) -> Tensor:
+        """``t`` (``dims`` leading axes, the last the rows, then ``layer``'s output axes) with
+        its channels on axis ``dims`` and a frame-wise layer's ``B * T`` rows as ``(B, C, T,
+        ...)``: what a concept masks and sums per sample; ``back`` undoes it."""
+        layout, frames = self.layouts[layer], self.frames.get(layer, 1)
+        if back:
+            if frames > 1:
+                t = t.movedim(dims + 1, dims).flatten(dims - 1, dims)
+            return channels_first(t, layout, dims, back=True)
+        t = channels_first(t, layout, dims)
+        if frames > 1:
+            t = t.unflatten(dims - 1, (-1, frames)).movedim(dims, dims + 1)
+        return t
 
 
 @contextmanager
@@ -62,7 +80,7 @@ def traced(
             capture_outputs(model, modules, start_graph=False) as taps,
         ):
             out = call.forward(model, leaf.clone())
-        check_batch_axes(taps, size)
+        check_batch_axes(taps, size, folded_frames(model, tuple(batch.shape)))
         acts = dict(zip(layers, single_call(taps), strict=True))
         scores = scorer(out, rows)
         if scorer.several:
@@ -73,9 +91,11 @@ def traced(
         classes = scorer.pinned(out).classes[:, 0] if scorer.has_classes else None
         input_size = tuple(batch.shape[2:])
         layouts = {
-            name: layer_layout(act.shape, model, input_size, reshape) for name, act in acts.items()
+            name: layer_layout(act.shape, model, input_size, reshape, batch=size)
+            for name, act in acts.items()
         }
-        yield Pass(leaf, acts, layouts, scores[:, 0], classes)
+        frames = {name: act.shape[0] // size for name, act in acts.items()}
+        yield Pass(leaf, acts, layouts, scores[:, 0], classes, frames)
 
 
 __all__ = ["Pass", "traced"]

@@ -1,7 +1,8 @@
 """The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
 ``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``; a
-video model's map ``(T, H, W)`` is shown one frame at a time (``/api/map?frame=t``), and
-``/api/frames`` gives its per-frame importance (:mod:`camkit.serve.clips`).
+video's map ``(N, H, W)``, over all its frames, is shown one frame at a time
+(``/api/map?frame=t``), and ``/api/frames`` gives its per-frame importance and the windows it
+was explained in (:mod:`camkit.serve.clips`).
 
 A map whose method measured something of it (LRP: its conservation record) comes with it as
 JSON in the ``X-Camkit-Measured`` header."""
@@ -128,11 +129,13 @@ def routes(state: ServerState) -> list[Route]:
             raise ArgumentError("this model takes images: per-frame importance is for clips")
         heat, request = await heat_of(query)
         path = explorer.entries[request[3]].path
+        photo = await asyncio.to_thread(explorer.photo, request[3])
         return JSONResponse(
             {
                 "frames": len(heat),
                 "fps": video.frame_rate(path) if path is not None else None,
                 "importance": clips.frame_importance(heat),
+                "windows": [list(w) for w in clips.windows(photo, explorer.clip_length)],
             }
         )
 

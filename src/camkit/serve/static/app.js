@@ -409,10 +409,11 @@ async function depthStrip() {
 
 // ------------------------------------------------------------------ video clips
 
-// A video model's map is one per frame (api/map?frame=t, all frames on the clip's one colour
-// scale): the clip view plays the overlay frame by frame, and its timeline shows each frame's
-// share of the map (api/frames); clicking a frame shows that frame's map.
-const clip = { urls: [], importance: [], fps: null, frame: 0, timer: null };
+// A video model's map is one per frame of the whole video, explained window by window
+// (api/map?frame=t, all frames on the video's one colour scale): the clip view plays the
+// overlay frame by frame, and its timeline shows each frame's share of the map and where each
+// window starts (api/frames); clicking a frame shows that frame's map.
+const clip = { urls: [], importance: [], windows: [], fps: null, frame: 0, timer: null };
 
 async function updateClip() {
   const view = $("clip-view");
@@ -424,14 +425,15 @@ async function updateClip() {
   try {
     const found = await getJSON("frames", params, signal);
     const urls = await Promise.all(found.importance.map((_, t) => getImage("map", { ...params, frame: t }, signal)));
-    Object.assign(clip, { urls, importance: found.importance, fps: found.fps });
-    $("timeline").replaceChildren(timeline(found.importance));
+    Object.assign(clip, { urls, importance: found.importance, windows: found.windows, fps: found.fps });
+    $("timeline").replaceChildren(timeline(found.importance, found.windows));
     showFrame(0);
   } catch (error) { failed(error); }
 }
 
-// one bar per frame, as high as the frame's share of the map; a click shows that frame
-function timeline(importance) {
+// one bar per frame, as high as the frame's share of the map, a tick where each window starts;
+// a click shows that frame
+function timeline(importance, windows) {
   const width = 480, height = 90, pad = 16, step = (width - 2 * pad) / importance.length;
   const top = Math.max(...importance, 1e-12);
   const svg = svgNode("svg", { width, height, class: "timeline" });
@@ -442,6 +444,12 @@ function timeline(importance) {
     rect.append(svgNode("title", {}, `frame ${t}: ${percent(share)} of the map`));
     rect.addEventListener("click", () => { pauseClip(); showFrame(t); });
     svg.append(rect);
+  });
+  windows.forEach(([start, stop], i) => {
+    const x = pad + start * step;
+    const tick = svgNode("line", { x1: x, x2: x, y1: pad / 2, y2: height - pad, class: "window", "data-window": i });
+    tick.append(svgNode("title", {}, `window ${i}: frames ${start}..${Math.min(stop, importance.length) - 1}`));
+    svg.append(tick);
   });
   svg.append(svgNode("text", { x: pad, y: height - 3, "font-size": 10 }, "frame 0"));
   svg.append(svgNode("text", { x: width - pad, y: height - 3, "font-size": 10, "text-anchor": "end" },
@@ -454,7 +462,8 @@ function showFrame(t) {
   $("clip-frame").src = clip.urls[t];
   $("clip-frame").dataset.frame = String(t);
   const seconds = clip.fps ? ` · ${(t / clip.fps).toFixed(2)} s` : "";
-  $("clip-label").textContent = `frame ${t} of 0..${clip.urls.length - 1}${seconds} · ${percent(clip.importance[t])} of the map`;
+  const part = clip.windows.findLastIndex(([start]) => start <= t);
+  $("clip-label").textContent = `frame ${t} of 0..${clip.urls.length - 1}${seconds} · window ${part} of ${clip.windows.length} · ${percent(clip.importance[t])} of the map`;
   for (const rect of $("timeline").querySelectorAll("rect.frame")) rect.classList.toggle("current", rect.dataset.frame === String(t));
 }
 
