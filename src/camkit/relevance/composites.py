@@ -53,6 +53,7 @@ from camkit.relevance.gates import check_gates
 from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
+from camkit.relevance.transformers import check_attention
 
 Match = type | tuple | str
 # transposed convolutions get the convolutions' rules (camkit.relevance.layers)
@@ -71,7 +72,9 @@ class Composite:
     """A rule set of the one backward: rules by module type or layer-name pattern (first match
     wins), a special first layer, the stabiliser of the function table's Norm rule, the
     canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
-    ``"constant"``, see :mod:`camkit.relevance.gates`), the ReLU rule (``"guided"``,
+    ``"constant"``, see :mod:`camkit.relevance.gates`), the rule of attention weights
+    (``attention``: ``"softmax"``, AttnLRP's, or ``"constant"``, CP-LRP's, see
+    :mod:`camkit.relevance.transformers`), the ReLU rule (``"guided"``,
     ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
     path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
@@ -84,11 +87,13 @@ class Composite:
     canonizers: Sequence[Canonizer] = field(default_factory=lambda: [MergeBatchNorm()])
     name: str = "custom"
     gates: str = "uniform"
+    attention: str = "softmax"
     rectifier: ReLURule | None = None
     strict: bool = True
 
     def __post_init__(self) -> None:
         check_gates(self.gates)
+        check_attention(self.attention)
         if self.rectifier is not None:
             check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
@@ -140,6 +145,7 @@ def _named(
     high: Any = None,
     zero_params: str | Sequence[str] | None = None,
     gates: str | None = None,
+    attention: str = "softmax",
     canonizers: Sequence[Canonizer] | None = None,
 ) -> Composite:
     label = name
@@ -163,7 +169,9 @@ def _named(
     rules, first = table[name]
     canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
     gates = "uniform" if gates is None else gates
-    return Composite(rules, first, stabilizer, canonizers, name=label, gates=gates)
+    return Composite(
+        rules, first, stabilizer, canonizers, name=label, gates=gates, attention=attention
+    )
 
 
 def _rule_set(name: str) -> Composite:
@@ -186,9 +194,9 @@ COMPOSITES: tuple[str, ...] = (
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
     ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
-    ``gates``: the rule of multiplicative gates), a :class:`Composite`, or a list of
-    ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
-    rules."""
+    ``gates``: the rule of multiplicative gates; ``attention``: of attention weights), a
+    :class:`Composite`, or a list of ``(match, rule)``; the names of :data:`RULE_SETS` give the
+    plain gradient and the ReLU rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):

@@ -5,7 +5,15 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
 
 * **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (AttnLRP Prop. 3.1, the Taylor
   decomposition at ``x``): in ``g`` this is ``g_in = s (g - sum_j s_j g_j)``, the softmax's own
-  Jacobian, so the plain gradient implements it exactly;
+  Jacobian, so the plain gradient implements it exactly. The rule is not conservative: its
+  sum is ``sum_i x_i R^out_i - (sum_i x_i s_i) sum_j R^out_j``, the Taylor expansion's
+  zeroth-order term (the softmax's bias) keeps the rest; with near-equal logits (near-uniform
+  attention: random weights) it keeps almost all of it (all of it for equal logits). lxt 2.1's
+  ``softmax`` and its LLaMA patches do the same;
+* **attention weights as constants** (the composite's ``attention="constant"``): CP-LRP (Ali et
+  al., "XAI for Transformers: Better Explanations through Conservative Propagation", ICML 2022;
+  lxt's ``cp_LRP`` patches): the softmax's output is a constant, no relevance enters ``q k^T``
+  and ``attn @ v`` is linear in ``v``, which gets all of it: conservative;
 * **matmul and the element-wise product of two activations** (``q k^T``, ``attn @ v``, gates),
   the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / stab(y)`` (AttnLRP Prop. 3.3, with the
   epsilon stabiliser): half the gradient to each factor, so that ``R_A + R_B = R_y``;
@@ -36,9 +44,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.errors import RelevanceError
+from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.affine import Affine
 from camkit.relevance.rules import Epsilon, modified_output, proportional
+
+# the rules of the attention weights (the composite's ``attention``): AttnLRP's softmax rule, or
+# the weights as constants (CP-LRP)
+ATTENTION: tuple[str, ...] = ("softmax", "constant")
+_SOFTMAXES = [F.softmax, torch.softmax, Tensor.softmax, getattr(torch.special, "softmax", None)]
+
+
+def check_attention(attention: str) -> str:
+    """The attention rule's name, checked."""
+    if attention not in ATTENTION:
+        raise ArgumentError(
+            f"attention must be one of {list(ATTENTION)} (AttnLRP's softmax rule, or the "
+            f"attention weights as constants: CP-LRP), got {attention!r}"
+        )
+    return attention
 
 
 def bilinear(o: Tensor, stabilizer: float) -> Tensor:
@@ -133,14 +156,18 @@ _NORMS = {
 }
 
 
-def handlers(stabilizer: float, linear_rule: Epsilon) -> dict[Any, Callable[..., Any]]:
+def handlers(
+    stabilizer: float, linear_rule: Epsilon, weights: str = "softmax"
+) -> dict[Any, Callable[..., Any]]:
     """The functions these rules replace (looked up by the function mode); ``linear_rule``: the
-    rule of ``F.linear`` outside a ruled module."""
-    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
+    rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
+    (:data:`ATTENTION`)."""
+    constant = check_attention(weights) == "constant"
+    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer, constant=constant)  # noqa: E731
     found: dict[Any, Callable[..., Any]] = {
         F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
         F.multi_head_attention_forward: lambda *a, **k: multi_head_attention(
-            *a, **k, rule=linear_rule
+            *a, **k, rule=linear_rule, constant=constant
         ),
         F.layer_norm: layer_norm,
         F.group_norm: group_norm,
@@ -151,13 +178,25 @@ def handlers(stabilizer: float, linear_rule: Epsilon) -> dict[Any, Callable[...,
         found[F.rms_norm] = rms_norm
     for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
         found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
+    # AttnLRP's softmax rule is the softmax's own gradient; CP-LRP's a constant
+    found.update({f: _detached(f) if constant else f for f in _SOFTMAXES if f is not None})
     return found
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, stab: float):
-    """``(probabilities, probabilities @ v)`` with AttnLRP's rules; ``mask`` additive or None."""
-    logits = bilinear((q * scale) @ k.transpose(-2, -1), stab)
-    probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
+def _detached(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    return lambda *args, **kwargs: func(*args, **kwargs).detach()
+
+
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, stab: float, constant: bool
+):
+    """``(probabilities, probabilities @ v)`` with AttnLRP's rules (``constant``: the
+    probabilities as constants, CP-LRP); ``mask`` additive or None."""
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not constant):
+        logits = bilinear((q * scale) @ k.transpose(-2, -1), stab)
+        probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
+    if constant:
+        return probs, probs @ v
     return probs, bilinear(probs @ v, stab)
 
 
@@ -180,6 +219,7 @@ def attention(
     enable_gqa: bool = False,
     *,
     stabilizer: float,
+    constant: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention`` (no dropout) recomputed from its parts with the rules."""
     out = F.scaled_dot_product_attention(
@@ -194,7 +234,7 @@ def attention(
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         causal = _additive(keep, q.dtype, allowed=True)
         mask = causal if mask is None else mask + causal
-    return modified_output(out, _attend(q, k, v, scale, mask, stabilizer)[1])
+    return modified_output(out, _attend(q, k, v, scale, mask, stabilizer, constant)[1])
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
@@ -265,6 +305,7 @@ def multi_head_attention(
     is_causal: bool = False,
     *,
     rule: Epsilon,
+    constant: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT)
     recomputed from its parts: the projections with :func:`linear`'s Epsilon rule, the attention
@@ -312,7 +353,8 @@ def multi_head_attention(
     if key_padding_mask is not None:
         padding = _additive(key_padding_mask, q.dtype, allowed=False).view(batch, 1, 1, -1)
         mask = padding if mask is None else mask + padding
-    probs, mixed = _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), mask, rule.epsilon)
+    scale = 1 / math.sqrt(q.shape[-1])
+    probs, mixed = _attend(q, k, v, scale, mask, rule.epsilon, constant)
     mixed = mixed.permute(2, 0, 1, 3).reshape(length, batch, dim)
     t = _linear(mixed, out_proj_weight, out_proj_bias, rule)
     if weights is not None:
@@ -321,8 +363,10 @@ def multi_head_attention(
 
 
 __all__ = [
+    "ATTENTION",
     "attention",
     "bilinear",
+    "check_attention",
     "group_norm",
     "handlers",
     "layer_norm",
