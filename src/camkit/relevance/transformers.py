@@ -76,17 +76,32 @@ def layer_norm(
     bias: Tensor | None = None,
     eps: float = 1e-5,
 ) -> Tensor:
-    """``F.layer_norm`` with the identity rule on the normalisation."""
-    dims = tuple(range(-len(tuple(shape) if not isinstance(shape, int) else (shape,)), 0))
-    out = F.layer_norm(x, shape, weight, bias, eps)
-    mean = x.mean(dim=dims, keepdim=True)
-    std = (x.var(dim=dims, keepdim=True, unbiased=False) + eps).sqrt().detach()
-    t = (x - mean) / std
-    if weight is not None:
-        t = t * weight.detach()
-    if bias is not None:
-        t = t + bias.detach()
-    return modified_output(out, t)
+    """``F.layer_norm`` with the identity rule on the normalisation: ``y = w (x - mean(x)) /
+    std + b`` with ``std`` a constant, a linear map of ``x`` whose gradient is
+    ``c - mean(c)``, ``c = g w / std`` (one backward node, :class:`_Centred`)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return _Centred.apply(x, shape, weight, bias, eps)
+
+
+class _Centred(torch.autograd.Function):
+    """``F.layer_norm``'s value (``torch.native_layer_norm``, which ``F.layer_norm`` runs) and
+    the identity rule's gradient (see :func:`layer_norm`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: float) -> Tensor:
+        weight = None if weight is None else weight.detach()
+        out, _, rstd = torch.native_layer_norm(
+            x, shape, weight, None if bias is None else bias.detach(), eps
+        )
+        ctx.save_for_backward(rstd, weight)
+        ctx.dims = tuple(range(-len(shape), 0))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        rstd, weight = ctx.saved_tensors
+        c = grad * rstd if weight is None else grad * weight * rstd
+        return c - c.mean(ctx.dims, keepdim=True), None, None, None, None
 
 
 def rms_norm(
