@@ -212,7 +212,7 @@ class _BackwardMode(TorchFunctionMode):
         if kind == PASS:
             y = self.session.gates.tagged(func, Pass().output(None, x, o))
         elif kind == BILINEAR:
-            y = bilinear(o, self.session.norm.stabilizer)
+            y = bilinear(o)
         else:
             y = self.session.norm.output(None, x, o)
         if in_place and o is first:

@@ -15,8 +15,10 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   lxt's ``cp_LRP`` patches): the softmax's output is a constant, no relevance enters ``q k^T``
   and ``attn @ v`` is linear in ``v``, which gets all of it: conservative;
 * **matmul and the element-wise product of two activations** (``q k^T``, ``attn @ v``, gates),
-  the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / stab(y)`` (AttnLRP Prop. 3.3, with the
-  epsilon stabiliser): half the gradient to each factor, so that ``R_A + R_B = R_y``;
+  the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (AttnLRP Prop. 3.3): half the
+  gradient to each factor, so that ``R_A + R_B = R_y``. No stabiliser: in the modified
+  gradient nothing is divided by ``y`` (lxt's ``divide_gradient``, its LLaMA patches' form;
+  lxt's explicit ``matmul`` adds ``eps`` to ``2 y``, which changes products within ``eps`` of 0);
 * **layer norm** (and RMS norm), the identity rule on the normalisation: the standard deviation
   is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
   (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
@@ -27,9 +29,11 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
   hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
   constants (below), which is the identity rule on the normalisation;
-* ``F.scaled_dot_product_attention`` and ``F.multi_head_attention_forward`` (fused attention,
-  ``nn.MultiheadAttention``: torchvision's ViT): computed again from their parts with the rules
-  above, the forward value being the fused one bitwise;
+* ``F.scaled_dot_product_attention`` (fused attention): the function itself, forward and
+  backward, with the gradient of ``q`` and ``k`` quartered and of ``v`` halved: the rules above
+  in lxt's Gradient x Input form, the uniform rule without its stabiliser;
+* ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision's ViT): computed
+  again from its parts with the rules above, the forward value being the fused one bitwise;
 * ``F.linear`` outside a ruled module (the projections inside fused attention, Swin's
   ``shifted_window_attention``): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
 """
@@ -46,7 +50,7 @@ from torch import Tensor, nn
 
 from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.affine import Affine
-from camkit.relevance.rules import Epsilon, modified_output, proportional
+from camkit.relevance.rules import Epsilon, Rescaled, modified_output
 
 # the rules of the attention weights (the composite's ``attention``): AttnLRP's softmax rule, or
 # the weights as constants (CP-LRP)
@@ -64,9 +68,11 @@ def check_attention(attention: str) -> str:
     return attention
 
 
-def bilinear(o: Tensor, stabilizer: float) -> Tensor:
-    """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance."""
-    return proportional(o, stabilizer, share=0.5)
+def bilinear(o: Tensor) -> Tensor:
+    """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance (the
+    uniform rule, AttnLRP Prop. 3.3, in lxt's Gradient x Input form: half the gradient; the
+    plain gradient of a bilinear product gives each factor all of it)."""
+    return shared(o, 0.5)
 
 
 def layer_norm(
@@ -178,7 +184,7 @@ def handlers(
     rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
     (:data:`ATTENTION`)."""
     constant = check_attention(weights) == "constant"
-    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer, constant=constant)  # noqa: E731
+    sdpa = lambda *a, **k: attention(*a, **k, constant=constant)  # noqa: E731
     found: dict[Any, Callable[..., Any]] = {
         F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
         F.multi_head_attention_forward: lambda *a, **k: multi_head_attention(
@@ -202,17 +208,15 @@ def _detached(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return lambda *args, **kwargs: func(*args, **kwargs).detach()
 
 
-def _attend(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, stab: float, constant: bool
-):
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, constant: bool):
     """``(probabilities, probabilities @ v)`` with AttnLRP's rules (``constant``: the
     probabilities as constants, CP-LRP); ``mask`` additive or None."""
     with torch.set_grad_enabled(torch.is_grad_enabled() and not constant):
-        logits = bilinear((q * scale) @ k.transpose(-2, -1), stab)
+        logits = bilinear((q * scale) @ k.transpose(-2, -1))
         probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
     if constant:
         return probs, probs @ v
-    return probs, bilinear(probs @ v, stab)
+    return probs, bilinear(probs @ v)
 
 
 def _additive(mask: Tensor, dtype: torch.dtype, allowed: bool) -> Tensor:
@@ -233,23 +237,28 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
-    stabilizer: float,
     constant: bool = False,
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` (no dropout) recomputed from its parts with the rules."""
-    out = F.scaled_dot_product_attention(
+    """``F.scaled_dot_product_attention`` with AttnLRP's rules in lxt 2.1's Gradient x Input form
+    (``lxt.efficient``: its LLaMA, Qwen and Gemma patches): the fused function's own forward
+    and backward, the gradient that reaches ``q`` and ``k`` quartered and ``v`` halved. That is
+    the uniform rule on ``q k^T`` and on ``attn @ v`` (:func:`bilinear`: the plain gradient of a
+    bilinear product gives each factor all of the relevance), and the softmax's rule, its own
+    gradient: equal to the function computed from its parts under the rules. ``constant``
+    (CP-LRP): ``q`` and ``k`` constants, ``v`` all of the relevance (lxt's ``cp_LRP``)."""
+    if constant:
+        q, k = q.detach(), k.detach()
+    else:
+        q, k, v = shared(q, 0.25), shared(k, 0.25), shared(v, 0.5)
+    return F.scaled_dot_product_attention(
         q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        repeat = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    mask = None if attn_mask is None else _additive(attn_mask, q.dtype, allowed=True)
-    if is_causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        causal = _additive(keep, q.dtype, allowed=True)
-        mask = causal if mask is None else mask + causal
-    return modified_output(out, _attend(q, k, v, scale, mask, stabilizer, constant)[1])
+
+
+def shared(x: Tensor, share: float) -> Tensor:
+    """A copy of ``x`` whose gradient is ``share`` times the incoming one (lxt's
+    ``divide_gradient``)."""
+    return Rescaled.apply(x, x.detach(), x.new_tensor(share))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
@@ -369,7 +378,7 @@ def multi_head_attention(
         padding = _additive(key_padding_mask, q.dtype, allowed=False).view(batch, 1, 1, -1)
         mask = padding if mask is None else mask + padding
     scale = 1 / math.sqrt(q.shape[-1])
-    probs, mixed = _attend(q, k, v, scale, mask, rule.epsilon, constant)
+    probs, mixed = _attend(q, k, v, scale, mask, constant)
     mixed = mixed.permute(2, 0, 1, 3).reshape(length, batch, dim)
     t = _linear(mixed, out_proj_weight, out_proj_bias, rule)
     if weights is not None:
@@ -389,4 +398,5 @@ __all__ = [
     "multi_head_attention",
     "normalize",
     "rms_norm",
+    "shared",
 ]
