@@ -48,7 +48,7 @@ class Session:
             self.rules = comp.assign(model)
         self.log = ActivationLog(comp.rectifier) if comp.rectifier is not None else None
         self.norm = Norm(comp.stabilizer)
-        self.handlers = handlers(comp.stabilizer, comp.linear_rule(), comp.attention)
+        self.handlers = handlers(comp.linear_rule(), comp.attention)
         self.gates = GateTracker(comp.gates)
         self.bypass = 0
         self.produced: dict[int, tuple[Tensor, int, Affine, Rule, Tensor]] = {}

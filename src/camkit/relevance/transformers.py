@@ -177,9 +177,7 @@ _NORMS = {
 }
 
 
-def handlers(
-    stabilizer: float, linear_rule: Epsilon, weights: str = "softmax"
-) -> dict[Any, Callable[..., Any]]:
+def handlers(linear_rule: Epsilon, weights: str = "softmax") -> dict[Any, Callable[..., Any]]:
     """The functions these rules replace (looked up by the function mode); ``linear_rule``: the
     rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
     (:data:`ATTENTION`)."""
