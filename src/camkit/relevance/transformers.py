@@ -90,17 +90,17 @@ def layer_norm(
 
 
 class _Centred(torch.autograd.Function):
-    """``F.layer_norm``'s value (``torch.native_layer_norm``, which ``F.layer_norm`` runs) and
-    the identity rule's gradient (see :func:`layer_norm`)."""
+    """``F.layer_norm``'s value (under autocast too) and the identity rule's gradient (see
+    :func:`layer_norm`)."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: float) -> Tensor:
         weight = None if weight is None else weight.detach()
-        out, _, rstd = torch.native_layer_norm(
-            x, shape, weight, None if bias is None else bias.detach(), eps
-        )
-        ctx.save_for_backward(rstd, weight)
+        out = F.layer_norm(x, shape, weight, None if bias is None else bias.detach(), eps)
         ctx.dims = tuple(range(-len(shape), 0))
+        same = x.to(out.dtype)  # autocast runs layer norm in float32
+        rstd = (same.var(ctx.dims, keepdim=True, unbiased=False) + eps).rsqrt()
+        ctx.save_for_backward(rstd, weight)
         return out
 
     @staticmethod
