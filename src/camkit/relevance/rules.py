@@ -10,8 +10,10 @@ The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradien
 backward is ``g = R / A`` for every tensor ``A`` (so ``R_A = A * dS/dA`` everywhere). A rule turns
 its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value is ``o``
 bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
-incoming ``g = R / o``. The backward is linear in the incoming gradient (every coefficient is
-detached), so masking ``g`` at a layer (concept relevance) gives the relevance of the masked part.
+incoming ``g = R / o`` (:class:`Rescaled` does it in one autograd node where that gradient is
+the incoming one times a constant coefficient). The backward is linear in the incoming
+gradient (every coefficient is detached), so masking ``g`` at a layer (concept relevance) gives
+the relevance of the masked part.
 
 Rules whose input relevance does not vanish where the input is zero (:class:`Flat`,
 :class:`WSquare`, :class:`ZBox`: the first layer's rules) reach the input through ``x / x``: an
