@@ -5,11 +5,10 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
 
 * **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (AttnLRP Prop. 3.1, the Taylor
   decomposition at ``x``): in ``g`` this is ``g_in = s (g - sum_j s_j g_j)``, the softmax's own
-  Jacobian, so the plain gradient implements it exactly. The rule is not conservative: its
-  sum is ``sum_i x_i R^out_i - (sum_i x_i s_i) sum_j R^out_j``, the Taylor expansion's
-  zeroth-order term (the softmax's bias) keeps the rest; with near-equal logits (near-uniform
-  attention: random weights) it keeps almost all of it (all of it for equal logits). lxt 2.1's
-  ``softmax`` and its LLaMA patches do the same;
+  Jacobian, so the plain gradient implements it exactly. Not conservative: the input gets
+  ``sum_i x_i R^out_i - (sum_i x_i s_i) sum_j R^out_j``, the Taylor expansion's zeroth-order
+  term (the softmax's bias) the rest, all of it for equal logits (near-uniform attention: random
+  weights); lxt 2.1 does the same;
 * **attention weights as constants** (the composite's ``attention="constant"``): CP-LRP (Ali et
   al., "XAI for Transformers: Better Explanations through Conservative Propagation", ICML 2022;
   lxt's ``cp_LRP`` patches): the softmax's output is a constant, no relevance enters ``q k^T``
@@ -237,12 +236,10 @@ def attention(
     *,
     constant: bool = False,
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` with AttnLRP's rules in lxt 2.1's Gradient x Input form
-    (``lxt.efficient``: its LLaMA, Qwen and Gemma patches): the fused function's own forward
-    and backward, the gradient that reaches ``q`` and ``k`` quartered and ``v`` halved. That is
-    the uniform rule on ``q k^T`` and on ``attn @ v`` (:func:`bilinear`: the plain gradient of a
-    bilinear product gives each factor all of the relevance), and the softmax's rule, its own
-    gradient: equal to the function computed from its parts under the rules. ``constant``
+    """``F.scaled_dot_product_attention`` with AttnLRP's rules as lxt 2.1's LLaMA patches apply
+    them: its own forward and backward, the gradient of ``q`` and ``k`` quartered and of ``v``
+    halved (the uniform rule, :func:`bilinear`, on ``q k^T`` and ``attn @ v``; the softmax's
+    rule is its gradient): equal to the attention's parts under the rules. ``constant``
     (CP-LRP): ``q`` and ``k`` constants, ``v`` all of the relevance (lxt's ``cp_LRP``)."""
     if constant:
         q, k = q.detach(), k.detach()
