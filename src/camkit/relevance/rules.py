@@ -65,20 +65,23 @@ def proportional(o: Tensor, stabilizer: float) -> Tensor:
 
 class Rescaled(torch.autograd.Function):
     """``Rescaled.apply(source, value, coefficient)``: a copy of ``value`` in the forward; in the
-    backward, the gradient of ``source`` is the incoming one times ``coefficient`` (a constant).
-    A modified gradient in one backward node and one copy, where :func:`modified_output` with
-    ``source * coefficient`` takes three of each. Batched gradients (``is_grads_batched``) run
-    the backward, one product, under ``vmap``. (A ``setup_context`` Function binds its arguments
-    with ``inspect`` on every call: 5x the cost of this one's.)"""
+    backward, the gradient of ``source`` is the incoming one times ``coefficient`` (a constant
+    tensor or number). A modified gradient in one backward node and one copy, where
+    :func:`modified_output` with ``source * coefficient`` takes three of each. Batched gradients
+    (``is_grads_batched``) run the backward, one product, under ``vmap``. (A ``setup_context``
+    Function binds its arguments with ``inspect`` on every call: 5x the cost of this one's.)"""
 
     @staticmethod
-    def forward(ctx: Any, source: Tensor, value: Tensor, coefficient: Tensor) -> Tensor:
-        ctx.save_for_backward(coefficient)
+    def forward(ctx: Any, source: Tensor, value: Tensor, coefficient: Tensor | float) -> Tensor:
+        if isinstance(coefficient, Tensor):
+            ctx.save_for_backward(coefficient)
+        else:
+            ctx.number = coefficient
         return value.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (coefficient,) = ctx.saved_tensors
+        coefficient = ctx.saved_tensors[0] if ctx.saved_tensors else ctx.number
         return grad * coefficient, None, None
 
 

@@ -253,7 +253,7 @@ def attention(
 def shared(x: Tensor, share: float) -> Tensor:
     """A copy of ``x`` whose gradient is ``share`` times the incoming one (lxt's
     ``divide_gradient``)."""
-    return Rescaled.apply(x, x.detach(), x.new_tensor(share))
+    return Rescaled.apply(x, x.detach(), share)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
