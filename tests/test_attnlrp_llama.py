@@ -205,3 +205,30 @@ def test_the_fast_rules_keep_float32_within_float32_accuracy_of_float64() -> Non
         scale = float(reference.abs().max())
         assert scale > 0
         assert float((ours.double() - reference).abs().max()) <= accuracy * scale
+
+
+def test_cp_lrp_conserves_through_torch_multi_head_attention() -> None:
+    """``nn.MultiheadAttention`` (``F.multi_head_attention_forward``, recomputed from its parts)
+    with the attention weights constant: a bias-free block's input relevance is its score within
+    1e-9 in float64; with AttnLRP's softmax rule it is not."""
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = nn.MultiheadAttention(8, 2, bias=False, batch_first=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.attention(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    block = Block().double().eval()
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    shares = {}
+    for weights in ("constant", "softmax"):
+        leaf = x.clone().requires_grad_(True)
+        with rules_applied(block, exact(attention=weights)):
+            score = block(leaf)[0, -1].sum()
+        (grad,) = torch.autograd.grad(score, leaf)
+        shares[weights] = float((leaf * grad).sum() / score.detach())
+    assert shares["constant"] == pytest.approx(1.0, abs=1e-9)
+    assert abs(shares["softmax"] - 1.0) > 1e-3
