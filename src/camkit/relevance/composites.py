@@ -55,6 +55,7 @@ from camkit.relevance.gates import check_gates
 from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
+from camkit.relevance.transformers import check_attention
 
 Match = type | tuple | str
 # transposed convolutions get the convolutions' rules (camkit.relevance.layers)
@@ -75,7 +76,9 @@ class Composite:
     canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
     ``"constant"``, see :mod:`camkit.relevance.gates`), what units that only their bias drives
     are to the layers that read them (``bias_units``: ``"input"`` or ``"bias"``, see
-    :mod:`camkit.relevance.bias_units`), the ReLU rule (``"guided"``,
+    :mod:`camkit.relevance.bias_units`), the rule of attention weights (``attention``:
+    ``"softmax"``, AttnLRP's, or ``"constant"``, CP-LRP's, see
+    :mod:`camkit.relevance.transformers`), the ReLU rule (``"guided"``,
     ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
     path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
@@ -89,12 +92,14 @@ class Composite:
     name: str = "custom"
     gates: str = "uniform"
     bias_units: str = "input"
+    attention: str = "softmax"
     rectifier: ReLURule | None = None
     strict: bool = True
 
     def __post_init__(self) -> None:
         check_gates(self.gates)
         check_bias_units(self.bias_units)
+        check_attention(self.attention)
         if self.rectifier is not None:
             check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
@@ -146,6 +151,7 @@ def _named(
     high: Any = None,
     zero_params: str | Sequence[str] | None = None,
     gates: str | None = None,
+    attention: str = "softmax",
     canonizers: Sequence[Canonizer] | None = None,
     bias_units: str | None = None,
 ) -> Composite:
@@ -173,7 +179,14 @@ def _named(
     gates = "uniform" if gates is None else gates
     bias_units = "input" if bias_units is None else bias_units
     return Composite(
-        rules, first, stabilizer, canonizers, name=label, gates=gates, bias_units=bias_units
+        rules,
+        first,
+        stabilizer,
+        canonizers,
+        name=label,
+        gates=gates,
+        bias_units=bias_units,
+        attention=attention,
     )
 
 
@@ -198,9 +211,9 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
     ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
     ``gates``: the rule of multiplicative gates; ``bias_units``: what units that only their bias
-    drives are to the layers reading them), a :class:`Composite`, or a list of
-    ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
-    rules."""
+    drives are to the layers reading them; ``attention``: the rule of attention weights), a
+    :class:`Composite`, or a list of ``(match, rule)``; the names of :data:`RULE_SETS` give the
+    plain gradient and the ReLU rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):
