@@ -191,6 +191,7 @@ def summary(row: dict) -> dict | None:
         "spread": spread,
         "verdict": verdict,
         "calls": min(row["calls"]),
+        "slower_in": sum(r > 1 for r in ratios),
     }
 
 
@@ -209,20 +210,23 @@ def table(results: dict[str, dict], args: argparse.Namespace, minutes: float) ->
         "CPU seconds (user + system, `getrusage`) per call, in ms: medians of the rounds; "
         "ratio = after / before of the medians; range = the lowest and highest of the rounds' "
         "paired ratios; spread = the larger max - min of the two versions' rounds. Beyond noise: "
-        "the range leaves out 1 and the medians differ by more than the spread.",
+        "the range leaves out 1 and the medians differ by more than the spread. Slower in: the "
+        "rounds whose paired ratio is above 1.",
         "",
-        "| method | before (ms) | after (ms) | ratio | range | spread (ms) | calls | verdict |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+        "| method | before (ms) | after (ms) | ratio | range | slower in | spread (ms) | calls "
+        "| verdict |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
     ]
     for name, row in results.items():
         s = summary(row)
         if s is None:
             why = row["error"] or f"fewer than {MIN_ROUNDS} rounds"
-            lines.append(f"| {name} | - | - | - | - | - | - | {why} |")
+            lines.append(f"| {name} | - | - | - | - | - | - | - | {why} |")
             continue
         lines.append(
             f"| {name} | {s['before'] * 1e3:.1f} | {s['after'] * 1e3:.1f} | {s['ratio']:.2f} | "
-            f"{s['low']:.2f}-{s['high']:.2f} | {s['spread'] * 1e3:.1f} | {s['calls']} | "
+            f"{s['low']:.2f}-{s['high']:.2f} | {s['slower_in']}/{len(row['after'])} | "
+            f"{s['spread'] * 1e3:.1f} | {s['calls']} | "
             f"{s['verdict']} |"
         )
     return "\n".join(lines) + "\n"
