@@ -2,7 +2,7 @@
 with camkit at this checkout ("after") and at an earlier revision ("before"), alternating.
 
     python benchmarks/before_after.py --before DIR_OR_REV [--rounds 5] [--methods gradcam,lrp]
-                                      [--out benchmarks/BEFORE_AFTER.md]
+                                      [--out benchmarks/BEFORE_AFTER.md] [--operators]
 
 ``--before``: a checkout whose ``src/`` is the code before (``git worktree add DIR <commit>``),
 or a git revision, checked out in a temporary worktree for the run. The methods: every name of
@@ -18,7 +18,11 @@ process's own ``resource.getrusage`` (user + system seconds), on one thread. Bef
 alternate within each round, in the opposite order every other round. Per method: the medians,
 the ratio after / before of the medians, and the range of the rounds' paired ratios. A method
 is beyond noise when that range leaves out 1 *and* the medians differ by more than the larger
-spread (max - min) of the two versions' rounds.
+spread (max - min) of the two versions' rounds. ``--operators`` instead counts the torch
+operators of one call in each version (``torch.profiler``) and lists those whose counts differ:
+the work of a call, free of timing noise. The first row, ``torch-alone``, is a control:
+the same plain forward and input gradient of the ResNet, no camkit call, in the processes of
+both versions; how far it moves is how far the state of a process alone moves the figures.
 
 The model: a torchvision ResNet-18 with seeded random weights (nothing downloaded), a seeded
 batch of 2 images 112x112, target class 3, ``layer4`` for the methods that read a layer
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 3
@@ -60,6 +65,9 @@ OPTIONS: dict[str, dict] = {
 LAYERS: dict[str, object] = {"refinecam": ["layer3", "layer4"]}
 CALL_SECONDS = 1.0  # CPU seconds of timed calls per process (1 to MAX_CALLS calls)
 MAX_CALLS = 20
+# the same torch work (a plain forward and input gradient of the ResNet) in the processes of both
+# versions: how far the process's own state (its imports, its heap) moves the figures
+CONTROL = "torch-alone"
 MIN_ROUNDS = 3  # fewer rounds have no spread to judge noise by
 
 
@@ -83,23 +91,45 @@ def _model(attention: bool):
     return vit
 
 
-def measure(method: str, src: str) -> tuple[float, int]:
-    """In a fresh process: ``(CPU seconds per call, calls timed)`` of ``method`` of the camkit
-    in ``src``, after one warm-up call."""
+def _torch_alone(model, x):
+    """The control: a plain forward and input gradient of the model, no camkit call."""
+    import torch
+
+    def run(x, target: int) -> None:
+        leaf = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            score = model(leaf)[:, target].sum()
+        torch.autograd.grad(score, leaf)
+
+    return run
+
+
+def _explainer(method: str, src: str):
+    """``(explain, x)``: ``method`` of the camkit in ``src`` built on the benchmark's model (or
+    :data:`CONTROL`'s plain pass, camkit imported), and its input."""
     import torch
 
     sys.path.insert(0, src)
     import camkit
 
+    x = torch.randn(2, 3, 112, 112, generator=torch.Generator().manual_seed(1))
+    if method == CONTROL:
+        return _torch_alone(_model(False), x), x
     entry = camkit.registry.METHODS[method]
     model = _model(entry.family == "attention")
-    x = torch.randn(2, 3, 112, 112, generator=torch.Generator().manual_seed(1))
     options = dict(OPTIONS.get(method, {}))
     if entry.seeded:
         options["seed"] = 0
     cls = getattr(camkit, entry.cls.__name__)  # the public name, in both versions
     layer = LAYERS.get(method, "layer4")
     explain = cls(model, layer, **options) if entry.needs_layer else cls(model, **options)
+    return explain, x
+
+
+def measure(method: str, src: str) -> tuple[float, int]:
+    """In a fresh process: ``(CPU seconds per call, calls timed)`` of ``method`` of the camkit
+    in ``src`` (:data:`CONTROL`: torch alone, camkit imported), after one warm-up call."""
+    explain, x = _explainer(method, src)
     start = cpu_seconds()
     explain(x, target=TARGET)
     warm = cpu_seconds() - start
@@ -110,18 +140,31 @@ def measure(method: str, src: str) -> tuple[float, int]:
     return (cpu_seconds() - start) / calls, calls
 
 
-def _child(pipe, method: str, src: str) -> None:
+def operators(method: str, src: str) -> dict[str, int]:
+    """In a fresh process: how many times one call of ``method`` (after a warm-up call) runs
+    each torch operator (``torch.profiler``): the work of a call, free of timing noise."""
+    from torch.profiler import profile
+
+    explain, x = _explainer(method, src)
+    explain(x, target=TARGET)
+    with profile() as profiled:
+        explain(x, target=TARGET)
+    return {event.key: event.count for event in profiled.key_averages()}
+
+
+def _child(pipe, job, method: str, src: str) -> None:
     try:
-        pipe.send(measure(method, src))
+        pipe.send(job(method, src))
     except Exception as error:  # noqa: BLE001 - reported in the table, the run goes on
         pipe.send(f"{type(error).__name__}: {error}".splitlines()[0][:120])
 
 
-def run_one(method: str, src: Path) -> tuple[float, int] | str:
-    """One forked process timing ``method`` with the camkit of ``src``."""
+def run_one(method: str, src: Path, job=measure) -> Any:
+    """One forked process running ``job`` (:func:`measure`, :func:`operators`) on ``method``
+    with the camkit of ``src``; a string if it failed."""
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(send, method, str(src)))
+    process = context.Process(target=_child, args=(send, job, method, str(src)))
     process.start()
     send.close()
     try:
@@ -195,6 +238,29 @@ def summary(row: dict) -> dict | None:
     }
 
 
+def operator_table(names: list[str], after: Path, before: Path) -> str:
+    """Per method, the torch operators whose count per call differs before and after."""
+    lines = [
+        "| method | operators per call that differ (before -> after) |",
+        "| --- | --- |",
+    ]
+    for name in names:
+        counts = {version: run_one(name, src, operators) for version, src in
+                  (("before", before), ("after", after))}  # fmt: skip
+        if any(isinstance(found, str) for found in counts.values()):
+            lines.append(f"| {name} | {counts} |")
+            continue
+        ops = sorted(set(counts["before"]) | set(counts["after"]))
+        differ = [
+            f"`{op}` {counts['before'].get(op, 0)} -> {counts['after'].get(op, 0)}"
+            for op in ops
+            if counts["before"].get(op, 0) != counts["after"].get(op, 0)
+        ]
+        lines.append(f"| {name} | {', '.join(differ) or 'none'} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def table(results: dict[str, dict], args: argparse.Namespace, minutes: float) -> str:
     import torch
 
@@ -238,6 +304,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians)")
     parser.add_argument("--methods", help="comma list (default: every method in both versions)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "BEFORE_AFTER.md")
+    parser.add_argument(
+        "--operators",
+        action="store_true",
+        help="instead of timing: the torch operators of one call whose counts differ",
+    )
     args = parser.parse_args()
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[variable] = "1"
@@ -253,17 +324,20 @@ def main() -> None:
                             str(before), args.before], check=True)  # fmt: skip
         try:
             there = set(registered(before / "src"))
-            names = [name for name in registered(ROOT / "src") if name in there]
+            names = [CONTROL, *(name for name in registered(ROOT / "src") if name in there)]
             if args.methods:
                 names = [name for name in args.methods.split(",") if name in names]
-            start = datetime.datetime.now()
-            results = compare(names, ROOT / "src", before / "src", args.rounds)
-            minutes = (datetime.datetime.now() - start).total_seconds() / 60
+            if args.operators:
+                text = operator_table(names, ROOT / "src", before / "src")
+            else:
+                start = datetime.datetime.now()
+                results = compare(names, ROOT / "src", before / "src", args.rounds)
+                minutes = (datetime.datetime.now() - start).total_seconds() / 60
+                text = table(results, args, minutes)
         finally:
             if before != Path(args.before):
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(before)], check=True)  # fmt: skip
-    text = table(results, args, minutes)
     print(text)
     args.out.write_text(text)
 
