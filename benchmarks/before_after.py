@@ -2,7 +2,7 @@
 with camkit at this checkout ("after") and at an earlier revision ("before"), alternating.
 
     python benchmarks/before_after.py --before DIR_OR_REV [--rounds 5] [--methods gradcam,lrp]
-                                      [--out benchmarks/BEFORE_AFTER.md] [--operators]
+                                      [--out FILE] [--operators]
 
 ``--before``: a checkout whose ``src/`` is the code before (``git worktree add DIR <commit>``),
 or a git revision, checked out in a temporary worktree for the run. The methods: every name of
@@ -303,7 +303,7 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="a checkout (its src/) or a git revision")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (medians)")
     parser.add_argument("--methods", help="comma list (default: every method in both versions)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "BEFORE_AFTER.md")
+    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     parser.add_argument(
         "--operators",
         action="store_true",
@@ -339,7 +339,8 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                                 str(before)], check=True)  # fmt: skip
     print(text)
-    args.out.write_text(text)
+    if args.out:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":
