@@ -63,6 +63,11 @@ CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
 
 
+# what a composite's entry for nn.Linear matches; built once, uninitialised: building one per
+# block drew its initial weights from torch's global generator at every call
+_LINEAR_PROBE = nn.utils.skip_init(nn.Linear, 1, 1)
+
+
 def _matches(match: Match, name: str, module: nn.Module) -> bool:
     if isinstance(match, str):
         return fnmatch.fnmatchcase(name, match)
@@ -135,8 +140,7 @@ class Composite:
         Swin's window attention): the composite's rule for ``nn.Linear`` where that is an
         :class:`~.rules.Epsilon`, else Epsilon with the composite's stabiliser and that rule's
         ``zero_params`` (AttnLRP's rule for linear layers)."""
-        probe = nn.Linear(1, 1)
-        dense = next((r for m, r in self.rules if _matches(m, "", probe)), None)
+        dense = next((r for m, r in self.rules if _matches(m, "", _LINEAR_PROBE)), None)
         if isinstance(dense, Epsilon):
             return dense
         return Epsilon(self.stabilizer, zero_params=getattr(dense, "zero_params", ()))
