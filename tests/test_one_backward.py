@@ -386,3 +386,13 @@ def test_a_gated_channel_has_no_relevance_when_its_gate_is_closed(rules):
     assert collector.found["relevance"].values.shape[0] == 4 and torch.isfinite(scores).all()
     with pytest.raises(TypeError):
         concepts.relevances(x, TARGET)  # without its gate the model cannot run
+
+
+@pytest.mark.parametrize("rules", ["guided", "epsilon-plus-flat"])
+def test_a_rule_set_draws_nothing_from_torchs_random_generator(rules):
+    """A call under a rule set leaves the user's random numbers alone (each block once built a
+    probe ``nn.Linear``, whose initialisation drew from the global generator)."""
+    model, x = small_cnn(), image()
+    state = torch.get_rng_state()
+    ruled_gradient(model, x, rules)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -3,6 +3,7 @@ test videos are written here with cv2.VideoWriter and Pillow, 16 frames of 32x32
 
 from __future__ import annotations
 
+import base64
 import weakref
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from PIL import Image
 
 from camkit.errors import ArgumentError
 from camkit.io import video
-from camkit.viz.video import importance_plot, overlay_frames
+from camkit.viz.video import animate, importance_plot, overlay_frames
 
 
 def frames(count: int = 16, size: int = 32) -> np.ndarray:
@@ -105,6 +106,25 @@ def test_animations_round_trip_with_one_frame_per_input_frame(tmp_path: Path) ->
     assert png.startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="one heat map per frame"):
         overlay_frames(clip, heat[:4])
+
+
+def test_a_notebook_plays_the_animation_camkit_writes(tmp_path: Path) -> None:
+    """``animate`` -> an object a notebook shows as the inline GIF that ``save`` writes, one
+    frame per input frame; a file that is neither MP4 nor GIF is refused."""
+    clip = frames()
+    heat = np.zeros((16, 4, 4), np.float32)
+    heat[5:9] = 1.0
+    animation = animate(clip, heat, 8.0)
+    assert np.array_equal(animation.frames, overlay_frames(clip, heat))
+    html = animation._repr_html_()
+    prefix = '<img src="data:image/gif;base64,'
+    assert html.startswith(prefix)
+    shown = base64.b64decode(html[len(prefix) : html.index('"', len(prefix))])
+    saved = animation.save(tmp_path / "a.gif").read_bytes()
+    assert shown == saved and shown.startswith(b"GIF89a")
+    assert len(video.read_video(animation.save(tmp_path / "a.mp4"))) == 16
+    with pytest.raises(ArgumentError, match=r"\.mp4 or \.gif"):
+        animation.save(tmp_path / "a.avi")
 
 
 def test_streamed_clips_are_the_windows_of_the_whole_video() -> None:

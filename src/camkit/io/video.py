@@ -269,16 +269,22 @@ def save_mp4(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
     return Path(path)
 
 
-def save_gif(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
-    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF looping forever, written
-    atomically (Pillow; each frame quantised to its own 256 colours)."""
+def gif_bytes(frames: object, fps: float) -> bytes:
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF looping forever, as bytes (Pillow;
+    each frame quantised to its own 256 colours)."""
     images = [Image.fromarray(frame) for frame in _checked(frames)]
     buffer = BytesIO()
     duration = max(20, round(1000 / fps))  # browsers show < 20 ms frames at 100 ms
     images[0].save(
         buffer, "GIF", save_all=True, append_images=images[1:], duration=duration, loop=0
     )
-    return write_atomic(Path(path), buffer.getvalue())
+    return buffer.getvalue()
+
+
+def save_gif(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF (:func:`gif_bytes`), written
+    atomically."""
+    return write_atomic(Path(path), gif_bytes(frames, fps))
 
 
 __all__ = [
@@ -292,6 +298,7 @@ __all__ = [
     "clip_windows",
     "count_frames",
     "frame_rate",
+    "gif_bytes",
     "is_video",
     "iter_frames",
     "read_video",

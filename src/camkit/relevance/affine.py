@@ -97,4 +97,18 @@ def transposed_affine(module: nn.Module) -> TransposedAffine:
     )
 
 
-__all__ = ["CONV_TRANSPOSE", "Affine", "Op", "TransposedAffine", "transposed_affine"]
+def single_output(layer: Affine, x: Tensor) -> bool:
+    """Whether a weight with one output unit gives every output of ``layer`` when all its
+    units' weights are equal: a dense layer, or a convolution with one group (not transposed)."""
+    w = layer.weight
+    return not isinstance(layer, TransposedAffine) and (w.dim() == 2 or x.shape[1] == w.shape[1])
+
+
+__all__ = [
+    "CONV_TRANSPOSE",
+    "Affine",
+    "Op",
+    "TransposedAffine",
+    "single_output",
+    "transposed_affine",
+]

@@ -55,11 +55,17 @@ from camkit.relevance.gates import check_gates
 from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
+from camkit.relevance.transformers import check_attention
 
 Match = type | tuple | str
 # transposed convolutions get the convolutions' rules (camkit.relevance.layers)
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
+
+
+# what a composite's entry for nn.Linear matches; built once, uninitialised: building one per
+# block drew its initial weights from torch's global generator at every call
+_LINEAR_PROBE = nn.utils.skip_init(nn.Linear, 1, 1)
 
 
 def _matches(match: Match, name: str, module: nn.Module) -> bool:
@@ -75,7 +81,9 @@ class Composite:
     canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
     ``"constant"``, see :mod:`camkit.relevance.gates`), what units that only their bias drives
     are to the layers that read them (``bias_units``: ``"input"`` or ``"bias"``, see
-    :mod:`camkit.relevance.bias_units`), the ReLU rule (``"guided"``,
+    :mod:`camkit.relevance.bias_units`), the rule of attention weights (``attention``:
+    ``"softmax"``, AttnLRP's, or ``"constant"``, CP-LRP's, see
+    :mod:`camkit.relevance.transformers`), the ReLU rule (``"guided"``,
     ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
     path without a rule raises) or not (an operation without a rule keeps its plain gradient).
 
@@ -89,12 +97,14 @@ class Composite:
     name: str = "custom"
     gates: str = "uniform"
     bias_units: str = "input"
+    attention: str = "softmax"
     rectifier: ReLURule | None = None
     strict: bool = True
 
     def __post_init__(self) -> None:
         check_gates(self.gates)
         check_bias_units(self.bias_units)
+        check_attention(self.attention)
         if self.rectifier is not None:
             check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
@@ -130,8 +140,7 @@ class Composite:
         Swin's window attention): the composite's rule for ``nn.Linear`` where that is an
         :class:`~.rules.Epsilon`, else Epsilon with the composite's stabiliser and that rule's
         ``zero_params`` (AttnLRP's rule for linear layers)."""
-        probe = nn.Linear(1, 1)
-        dense = next((r for m, r in self.rules if _matches(m, "", probe)), None)
+        dense = next((r for m, r in self.rules if _matches(m, "", _LINEAR_PROBE)), None)
         if isinstance(dense, Epsilon):
             return dense
         return Epsilon(self.stabilizer, zero_params=getattr(dense, "zero_params", ()))
@@ -146,6 +155,7 @@ def _named(
     high: Any = None,
     zero_params: str | Sequence[str] | None = None,
     gates: str | None = None,
+    attention: str = "softmax",
     canonizers: Sequence[Canonizer] | None = None,
     bias_units: str | None = None,
 ) -> Composite:
@@ -173,7 +183,14 @@ def _named(
     gates = "uniform" if gates is None else gates
     bias_units = "input" if bias_units is None else bias_units
     return Composite(
-        rules, first, stabilizer, canonizers, name=label, gates=gates, bias_units=bias_units
+        rules,
+        first,
+        stabilizer,
+        canonizers,
+        name=label,
+        gates=gates,
+        bias_units=bias_units,
+        attention=attention,
     )
 
 
@@ -198,9 +215,9 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
     """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
     ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
     ``gates``: the rule of multiplicative gates; ``bias_units``: what units that only their bias
-    drives are to the layers reading them), a :class:`Composite`, or a list of
-    ``(match, rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU
-    rules."""
+    drives are to the layers reading them; ``attention``: the rule of attention weights), a
+    :class:`Composite`, or a list of ``(match, rule)``; the names of :data:`RULE_SETS` give the
+    plain gradient and the ReLU rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):

@@ -26,7 +26,8 @@ composite names) get it through forward hooks; every other operation of the forw
   must move (zennit does the same for these);
 * gathers, embeddings and writes (``masked_scatter``, ``index_put``, ``scatter``): their plain
   gradient; additive scatters: :class:`~.rules.Norm` (:mod:`camkit.relevance.layers`);
-* softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
+* softmax (its gradient, AttnLRP's rule; or a constant, the composite's ``attention``), matmul and
+  products of two activations, layer / RMS / group norm, ``F.normalize``,
   norms and their pieces (``pow``, ``sqrt``: constants), fused attention
   (``scaled_dot_product_attention``, ``multi_head_attention_forward``) and ``F.linear`` outside a
   ruled module (Epsilon): AttnLRP's rules (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the
@@ -104,7 +105,6 @@ def _table() -> dict[Any, str]:
     shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
     shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
     shape += ("permute_copy", "swapaxes", "moveaxis", "unfold", *COPIES)
-    shape += ("softmax",)  # AttnLRP's softmax rule is the softmax's own gradient
     add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
     add(GRADIENT, *named(_N, *shape))
     add(RECTIFIER, *RECTIFIERS)  # relu, relu6, hardtanh, threshold, in place or not
@@ -223,7 +223,7 @@ class _BackwardMode(TorchFunctionMode):
             bias_units = self.session.bias_units.mask(x)  # an activation keeps them
             y = self.session.gates.tagged(func, Pass().output(None, x, o))
         elif kind == BILINEAR:
-            y = bilinear(o, self.session.norm.stabilizer)
+            y = bilinear(o)
         else:
             y = self.session.norm.output(None, x, o)
         if in_place and o is first:

@@ -10,10 +10,11 @@ The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradien
 backward is ``g = R / A`` for every tensor ``A`` (so ``R_A = A * dS/dA`` everywhere). A rule turns
 its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value is ``o``
 bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
-incoming ``g = R / o``. The backward is linear in the incoming gradient (every coefficient is
-detached), so masking ``g`` at a layer (concept relevance) gives the relevance of the masked part.
-Where ``T = source * ratio`` the rules build ``y`` as one autograd node on ``o``'s own memory
-(:func:`~camkit.relevance.rescale.rescaled`, the same numbers without the copies).
+incoming ``g = R / o`` (:class:`Rescaled` does it in one autograd node where that gradient is
+the incoming one times a constant coefficient; :func:`~camkit.relevance.rescale.rescaled` on
+``o``'s own memory, without a copy, for the rules whose ``o`` no backward keeps). The backward
+is linear in the incoming gradient (every coefficient is detached), so masking ``g`` at a layer
+(concept relevance) gives the relevance of the masked part.
 
 Rules whose input relevance does not vanish where the input is zero (:class:`Flat`,
 :class:`WSquare`, :class:`ZBox`: the first layer's rules) reach the input through ``x / x``: an
@@ -28,8 +29,15 @@ import torch
 from torch import Tensor
 
 from camkit.errors import ArgumentError
-from camkit.relevance.affine import Affine, TransposedAffine
-from camkit.relevance.rescale import proportional, rescaled, self_ratio, stabilize, stabilized_ratio
+from camkit.relevance.affine import Affine, single_output
+from camkit.relevance.rescale import (
+    Rescaled,
+    proportional,
+    rescaled,
+    self_ratio,
+    stabilize,
+    stabilized_ratio,
+)
 
 ZeroParams = str | Sequence[str] | None
 
@@ -49,13 +57,6 @@ def unit_path(x: Tensor) -> Tensor:
     """A tensor of value 1 (0 where ``x == 0``) whose gradient with respect to ``x`` is ``1/x``:
     how a rule whose relevance ``R_j`` is not proportional to ``x_j`` reaches ``g = R / x``."""
     return x * safe_divide(torch.ones_like(x), x).detach()
-
-
-def single_output(layer: Affine, x: Tensor) -> bool:
-    """Whether a weight with one output unit gives every output of ``layer`` when all its
-    units' weights are equal: a dense layer, or a convolution with one group (not transposed)."""
-    w = layer.weight
-    return not isinstance(layer, TransposedAffine) and (w.dim() == 2 or x.shape[1] == w.shape[1])
 
 
 def signed_parts(x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -357,7 +358,7 @@ class Pass(Rule):
                 f"the Pass rule needs an element-wise layer, got {tuple(x.shape)} -> "
                 f"{tuple(o.shape)}"
             )
-        return modified_output(o, x * safe_divide(o.detach(), x.detach()))
+        return Rescaled.apply(x, o.detach(), safe_divide(o.detach(), x.detach()))
 
 
 class Norm(Rule):

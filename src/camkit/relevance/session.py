@@ -54,7 +54,7 @@ class Session:
             self.rules = comp.assign(model)
         self.log = ActivationLog(comp.rectifier) if comp.rectifier is not None else None
         self.norm = Norm(comp.stabilizer)
-        self.handlers = handlers(comp.stabilizer, comp.linear_rule())
+        self.handlers = handlers(comp.linear_rule(), comp.attention)
         self.gates = GateTracker(comp.gates)
         self.bias_units = BiasUnitTracker(comp.bias_units)
         self.bypass = 0

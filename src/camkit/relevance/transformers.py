@@ -5,10 +5,19 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
 
 * **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (AttnLRP Prop. 3.1, the Taylor
   decomposition at ``x``): in ``g`` this is ``g_in = s (g - sum_j s_j g_j)``, the softmax's own
-  Jacobian, so the plain gradient implements it exactly;
+  Jacobian, so the plain gradient implements it exactly. Not conservative: the input gets
+  ``sum_i x_i R^out_i - (sum_i x_i s_i) sum_j R^out_j``, the Taylor expansion's zeroth-order
+  term (the softmax's bias) the rest, all of it for equal logits (near-uniform attention: random
+  weights); lxt 2.1 does the same;
+* **attention weights as constants** (the composite's ``attention="constant"``): CP-LRP (Ali et
+  al., "XAI for Transformers: Better Explanations through Conservative Propagation", ICML 2022;
+  lxt's ``cp_LRP`` patches): the softmax's output is a constant, no relevance enters ``q k^T``
+  and ``attn @ v`` is linear in ``v``, which gets all of it: conservative;
 * **matmul and the element-wise product of two activations** (``q k^T``, ``attn @ v``, gates),
-  the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / stab(y)`` (AttnLRP Prop. 3.3, with the
-  epsilon stabiliser): half the gradient to each factor, so that ``R_A + R_B = R_y``;
+  the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (AttnLRP Prop. 3.3): half the
+  gradient to each factor, so that ``R_A + R_B = R_y``. No stabiliser: in the modified
+  gradient nothing is divided by ``y`` (lxt's ``divide_gradient``, its LLaMA patches' form;
+  lxt's explicit ``matmul`` adds ``eps`` to ``2 y``, which changes products within ``eps`` of 0);
 * **layer norm** (and RMS norm), the identity rule on the normalisation: the standard deviation
   is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
   (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
@@ -19,9 +28,11 @@ In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
   repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
   hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
   constants (below), which is the identity rule on the normalisation;
-* ``F.scaled_dot_product_attention`` and ``F.multi_head_attention_forward`` (fused attention,
-  ``nn.MultiheadAttention``: torchvision's ViT): computed again from their parts with the rules
-  above, the forward value being the fused one bitwise;
+* ``F.scaled_dot_product_attention`` (fused attention): the function itself, forward and
+  backward, with the gradient of ``q`` and ``k`` quartered and of ``v`` halved: the rules above
+  in lxt's Gradient x Input form, the uniform rule without its stabiliser;
+* ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision's ViT): computed
+  again from its parts with the rules above, the forward value being the fused one bitwise;
 * ``F.linear`` outside a ruled module (the projections inside fused attention, Swin's
   ``shifted_window_attention``): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
 """
@@ -36,14 +47,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.errors import RelevanceError
+from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.affine import Affine
-from camkit.relevance.rules import Epsilon, modified_output, proportional
+from camkit.relevance.rules import Epsilon, Rescaled, modified_output
+
+# the rules of the attention weights (the composite's ``attention``): AttnLRP's softmax rule, or
+# the weights as constants (CP-LRP)
+ATTENTION: tuple[str, ...] = ("softmax", "constant")
+_SOFTMAXES = [F.softmax, torch.softmax, Tensor.softmax, getattr(torch.special, "softmax", None)]
 
 
-def bilinear(o: Tensor, stabilizer: float) -> Tensor:
-    """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance."""
-    return proportional(o, stabilizer, share=0.5)
+def check_attention(attention: str) -> str:
+    """The attention rule's name, checked."""
+    if attention not in ATTENTION:
+        raise ArgumentError(
+            f"attention must be one of {list(ATTENTION)} (AttnLRP's softmax rule, or the "
+            f"attention weights as constants: CP-LRP), got {attention!r}"
+        )
+    return attention
+
+
+def bilinear(o: Tensor) -> Tensor:
+    """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance (the
+    uniform rule, AttnLRP Prop. 3.3, in lxt's Gradient x Input form: half the gradient; the
+    plain gradient of a bilinear product gives each factor all of it)."""
+    return shared(o, 0.5)
 
 
 def layer_norm(
@@ -53,17 +81,32 @@ def layer_norm(
     bias: Tensor | None = None,
     eps: float = 1e-5,
 ) -> Tensor:
-    """``F.layer_norm`` with the identity rule on the normalisation."""
-    dims = tuple(range(-len(tuple(shape) if not isinstance(shape, int) else (shape,)), 0))
-    out = F.layer_norm(x, shape, weight, bias, eps)
-    mean = x.mean(dim=dims, keepdim=True)
-    std = (x.var(dim=dims, keepdim=True, unbiased=False) + eps).sqrt().detach()
-    t = (x - mean) / std
-    if weight is not None:
-        t = t * weight.detach()
-    if bias is not None:
-        t = t + bias.detach()
-    return modified_output(out, t)
+    """``F.layer_norm`` with the identity rule on the normalisation: ``y = w (x - mean(x)) /
+    std + b`` with ``std`` a constant, a linear map of ``x`` whose gradient is
+    ``c - mean(c)``, ``c = g w / std`` (one backward node, :class:`_Centred`)."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return _Centred.apply(x, shape, weight, bias, eps)
+
+
+class _Centred(torch.autograd.Function):
+    """``F.layer_norm``'s value (under autocast too) and the identity rule's gradient (see
+    :func:`layer_norm`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, shape: tuple, weight: Any, bias: Any, eps: float) -> Tensor:
+        weight = None if weight is None else weight.detach()
+        out = F.layer_norm(x, shape, weight, None if bias is None else bias.detach(), eps)
+        ctx.dims = tuple(range(-len(shape), 0))
+        same = x.to(out.dtype)  # autocast runs layer norm in float32
+        rstd = (same.var(ctx.dims, keepdim=True, unbiased=False) + eps).rsqrt()
+        ctx.save_for_backward(rstd, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        rstd, weight = ctx.saved_tensors
+        c = grad * rstd if weight is None else grad * weight * rstd
+        return c - c.mean(ctx.dims, keepdim=True), None, None, None, None
 
 
 def rms_norm(
@@ -133,14 +176,16 @@ _NORMS = {
 }
 
 
-def handlers(stabilizer: float, linear_rule: Epsilon) -> dict[Any, Callable[..., Any]]:
+def handlers(linear_rule: Epsilon, weights: str = "softmax") -> dict[Any, Callable[..., Any]]:
     """The functions these rules replace (looked up by the function mode); ``linear_rule``: the
-    rule of ``F.linear`` outside a ruled module."""
-    sdpa = lambda *a, **k: attention(*a, **k, stabilizer=stabilizer)  # noqa: E731
+    rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
+    (:data:`ATTENTION`)."""
+    constant = check_attention(weights) == "constant"
+    sdpa = lambda *a, **k: attention(*a, **k, constant=constant)  # noqa: E731
     found: dict[Any, Callable[..., Any]] = {
         F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
         F.multi_head_attention_forward: lambda *a, **k: multi_head_attention(
-            *a, **k, rule=linear_rule
+            *a, **k, rule=linear_rule, constant=constant
         ),
         F.layer_norm: layer_norm,
         F.group_norm: group_norm,
@@ -151,14 +196,24 @@ def handlers(stabilizer: float, linear_rule: Epsilon) -> dict[Any, Callable[...,
         found[F.rms_norm] = rms_norm
     for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
         found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
+    # AttnLRP's softmax rule is the softmax's own gradient; CP-LRP's a constant
+    found.update({f: _detached(f) if constant else f for f in _SOFTMAXES if f is not None})
     return found
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, stab: float):
-    """``(probabilities, probabilities @ v)`` with AttnLRP's rules; ``mask`` additive or None."""
-    logits = bilinear((q * scale) @ k.transpose(-2, -1), stab)
-    probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
-    return probs, bilinear(probs @ v, stab)
+def _detached(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    return lambda *args, **kwargs: func(*args, **kwargs).detach()
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, constant: bool):
+    """``(probabilities, probabilities @ v)`` with AttnLRP's rules (``constant``: the
+    probabilities as constants, CP-LRP); ``mask`` additive or None."""
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not constant):
+        logits = bilinear((q * scale) @ k.transpose(-2, -1))
+        probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
+    if constant:
+        return probs, probs @ v
+    return probs, bilinear(probs @ v)
 
 
 def _additive(mask: Tensor, dtype: torch.dtype, allowed: bool) -> Tensor:
@@ -179,22 +234,26 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
-    stabilizer: float,
+    constant: bool = False,
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` (no dropout) recomputed from its parts with the rules."""
-    out = F.scaled_dot_product_attention(
+    """``F.scaled_dot_product_attention`` with AttnLRP's rules as lxt 2.1's LLaMA patches apply
+    them: its own forward and backward, the gradient of ``q`` and ``k`` quartered and of ``v``
+    halved (the uniform rule, :func:`bilinear`, on ``q k^T`` and ``attn @ v``; the softmax's
+    rule is its gradient): equal to the attention's parts under the rules. ``constant``
+    (CP-LRP): ``q`` and ``k`` constants, ``v`` all of the relevance (lxt's ``cp_LRP``)."""
+    if constant:
+        q, k = q.detach(), k.detach()
+    else:
+        q, k, v = shared(q, 0.25), shared(k, 0.25), shared(v, 0.5)
+    return F.scaled_dot_product_attention(
         q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
-    if enable_gqa and k.shape[-3] != q.shape[-3]:
-        repeat = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(repeat, -3), v.repeat_interleave(repeat, -3)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    mask = None if attn_mask is None else _additive(attn_mask, q.dtype, allowed=True)
-    if is_causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        causal = _additive(keep, q.dtype, allowed=True)
-        mask = causal if mask is None else mask + causal
-    return modified_output(out, _attend(q, k, v, scale, mask, stabilizer)[1])
+
+
+def shared(x: Tensor, share: float) -> Tensor:
+    """A copy of ``x`` whose gradient is ``share`` times the incoming one (lxt's
+    ``divide_gradient``)."""
+    return Rescaled.apply(x, x.detach(), share)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
@@ -265,6 +324,7 @@ def multi_head_attention(
     is_causal: bool = False,
     *,
     rule: Epsilon,
+    constant: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT)
     recomputed from its parts: the projections with :func:`linear`'s Epsilon rule, the attention
@@ -312,7 +372,8 @@ def multi_head_attention(
     if key_padding_mask is not None:
         padding = _additive(key_padding_mask, q.dtype, allowed=False).view(batch, 1, 1, -1)
         mask = padding if mask is None else mask + padding
-    probs, mixed = _attend(q, k, v, 1 / math.sqrt(q.shape[-1]), mask, rule.epsilon)
+    scale = 1 / math.sqrt(q.shape[-1])
+    probs, mixed = _attend(q, k, v, scale, mask, constant)
     mixed = mixed.permute(2, 0, 1, 3).reshape(length, batch, dim)
     t = _linear(mixed, out_proj_weight, out_proj_bias, rule)
     if weights is not None:
@@ -321,8 +382,10 @@ def multi_head_attention(
 
 
 __all__ = [
+    "ATTENTION",
     "attention",
     "bilinear",
+    "check_attention",
     "group_norm",
     "handlers",
     "layer_norm",
@@ -330,4 +393,5 @@ __all__ = [
     "multi_head_attention",
     "normalize",
     "rms_norm",
+    "shared",
 ]

@@ -3,14 +3,19 @@ per-frame importance curve."""
 
 from __future__ import annotations
 
+import base64
+import os
+from dataclasses import dataclass
 from io import BytesIO
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from camkit.errors import InputError
+from camkit.errors import ArgumentError, InputError
+from camkit.io import video
 from camkit.viz import overlay_on_photo
 
 Heat = TypeVar("Heat", np.ndarray, torch.Tensor)
@@ -65,6 +70,40 @@ def overlay_frames(
     return np.stack(drawn)
 
 
+@dataclass(frozen=True)
+class Animation:
+    """A clip's overlay, frame by frame (``frames (T, H, W, 3)`` uint8 RGB at ``fps``), that a
+    notebook plays where it is the cell's value (``_repr_html_``: an inline looping GIF, the
+    one ``camkit explain`` writes) and that :meth:`save` writes as MP4 or GIF."""
+
+    frames: np.ndarray
+    fps: float
+
+    def _repr_html_(self) -> str:
+        data = base64.b64encode(video.gif_bytes(self.frames, self.fps)).decode("ascii")
+        return f'<img src="data:image/gif;base64,{data}" alt="animated overlay"/>'
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the animation: an MP4 for ``.mp4``, a GIF for ``.gif``."""
+        suffix = Path(path).suffix.lower()
+        if suffix not in (".mp4", ".gif"):
+            raise ArgumentError(f"an animation is saved as .mp4 or .gif, got {str(path)!r}")
+        save = video.save_mp4 if suffix == ".mp4" else video.save_gif
+        return save(path, self.frames, self.fps)
+
+
+def animate(
+    frames: np.ndarray,
+    heat: np.ndarray | torch.Tensor,
+    fps: float = video.DEFAULT_FPS,
+    **overlay: Any,
+) -> Animation:
+    """Frames ``(T, H, W, 3)`` uint8 and their heat ``(T, h, w)`` (a method's map of a clip) ->
+    the :class:`Animation` of their overlay (:func:`overlay_frames`, which takes ``overlay``'s
+    ``alpha``, ``colormap`` and ``region``), for a notebook cell or a file."""
+    return Animation(overlay_frames(frames, heat, **overlay), float(fps))
+
+
 def importance_plot(
     importance: np.ndarray | torch.Tensor,
     fps: float,
@@ -97,4 +136,11 @@ def importance_plot(
     return buffer.getvalue()
 
 
-__all__ = ["clip_scale", "frame_heat", "importance_plot", "overlay_frames"]
+__all__ = [
+    "Animation",
+    "animate",
+    "clip_scale",
+    "frame_heat",
+    "importance_plot",
+    "overlay_frames",
+]
