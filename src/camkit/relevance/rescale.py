@@ -24,52 +24,50 @@ def stabilize(z: Tensor, eps: float) -> Tensor:
 
 
 class _Rescaled(torch.autograd.Function):
-    """``carrier`` (the forward value, marked as written in place: no copy) whose backward
-    sends ``g * ratio`` to ``source`` and nothing to ``carrier``'s own history."""
+    """``carrier`` in the forward (marked as written in place, no copy; or a copy with
+    ``copy``), whose backward sends ``g * ratio`` (a constant tensor or number) to ``source``
+    and nothing to ``carrier``'s own history. Batched gradients (``is_grads_batched``) run the
+    backward, one product, under ``vmap``. (A ``setup_context`` Function binds its arguments
+    with ``inspect`` on every call: 5x the cost of this one's.)"""
 
     @staticmethod
-    def forward(ctx: Any, carrier: Tensor, source: Tensor, ratio: Tensor) -> Tensor:
+    def forward(
+        ctx: Any, carrier: Tensor, source: Tensor, ratio: Tensor | float, copy: bool
+    ) -> Tensor:
+        if isinstance(ratio, Tensor):
+            ctx.save_for_backward(ratio)
+        else:
+            ctx.number = ratio
+        if copy:
+            return carrier.clone()
         ctx.mark_dirty(carrier)
-        ctx.save_for_backward(ratio)
         return carrier
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        (ratio,) = ctx.saved_tensors
-        return None, grad * ratio, None
+        ratio = ctx.saved_tensors[0] if ctx.saved_tensors else ctx.number
+        return None, grad * ratio, None, None
 
 
-class Rescaled(torch.autograd.Function):
-    """``Rescaled.apply(source, value, coefficient)``: a copy of ``value`` in the forward; in the
-    backward, the gradient of ``source`` is the incoming one times ``coefficient`` (a constant
-    tensor or number). A modified gradient in one backward node and one copy, where
-    :func:`modified_output` with ``source * coefficient`` takes three of each. Batched gradients
-    (``is_grads_batched``) run the backward, one product, under ``vmap``. (A ``setup_context``
-    Function binds its arguments with ``inspect`` on every call: 5x the cost of this one's.)"""
-
-    @staticmethod
-    def forward(ctx: Any, source: Tensor, value: Tensor, coefficient: Tensor | float) -> Tensor:
-        if isinstance(coefficient, Tensor):
-            ctx.save_for_backward(coefficient)
-        else:
-            ctx.number = coefficient
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        coefficient = ctx.saved_tensors[0] if ctx.saved_tensors else ctx.number
-        return grad * coefficient, None, None
-
-
-def rescaled(o: Tensor, source: Tensor, ratio: Tensor, *, in_place: bool = False) -> Tensor:
-    """``o`` in the forward (the same memory: no copy), in the backward the gradient of
-    ``source * ratio`` with ``ratio`` constant (``g * ratio`` goes to ``source``, broadcast back
-    to its shape): :func:`~camkit.relevance.rules.modified_output` ``(o, source *
-    ratio.detach())`` in one node. ``ratio`` is kept for the backward (do not write it
-    afterwards), and ``o`` must not be kept by its own operation's backward (a linear
-    operation's output is not). ``in_place``: ``o`` is an in-place operation's result, which
-    must stay the same tensor: it is returned, its history now the rule's."""
-    return _Rescaled.apply(o if in_place else o.detach(), source, ratio.detach())
+def rescaled(
+    o: Tensor,
+    source: Tensor,
+    ratio: Tensor | float,
+    *,
+    in_place: bool = False,
+    copy: bool = False,
+) -> Tensor:
+    """``o`` in the forward, in the backward the gradient of ``source * ratio`` with ``ratio``
+    constant (``g * ratio`` goes to ``source``, broadcast back to its shape):
+    :func:`~camkit.relevance.rules.modified_output` ``(o, source * ratio.detach())`` in one
+    node, where that takes three forward tensors and three backward nodes. The forward value is
+    ``o``'s own memory, so ``o`` must not be kept by its own operation's backward (a linear
+    operation's output is not); ``copy``: it is (a softmax's output, a tensor also used as it
+    is), and the forward value is a copy. ``ratio`` is kept for the backward (do not write it
+    afterwards). ``in_place``: ``o`` is an in-place operation's result, which must stay the
+    same tensor: it is returned, its history now the rule's."""
+    ratio = ratio.detach() if isinstance(ratio, Tensor) else ratio
+    return _Rescaled.apply(o if in_place else o.detach(), source, ratio, copy)
 
 
 def stabilized_ratio(
@@ -113,4 +111,4 @@ def proportional(
     return rescaled(o, o, self_ratio(o, stabilizer, share), in_place=in_place)
 
 
-__all__ = ["Rescaled", "proportional", "rescaled", "self_ratio", "stabilize", "stabilized_ratio"]
+__all__ = ["proportional", "rescaled", "self_ratio", "stabilize", "stabilized_ratio"]

@@ -10,9 +10,8 @@ The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradien
 backward is ``g = R / A`` for every tensor ``A`` (so ``R_A = A * dS/dA`` everywhere). A rule turns
 its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value is ``o``
 bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
-incoming ``g = R / o`` (:class:`Rescaled` does it in one autograd node where that gradient is
-the incoming one times a constant coefficient; :func:`~camkit.relevance.rescale.rescaled` on
-``o``'s own memory, without a copy, for the rules whose ``o`` no backward keeps). The backward
+incoming ``g = R / o`` (:func:`~camkit.relevance.rescale.rescaled` does it in one autograd node
+where that gradient is the incoming one times a constant coefficient). The backward
 is linear in the incoming gradient (every coefficient is detached), so masking ``g`` at a layer
 (concept relevance) gives the relevance of the masked part.
 
@@ -31,7 +30,6 @@ from torch import Tensor
 from camkit.errors import ArgumentError
 from camkit.relevance.affine import Affine, single_output
 from camkit.relevance.rescale import (
-    Rescaled,
     proportional,
     rescaled,
     self_ratio,
@@ -358,7 +356,7 @@ class Pass(Rule):
                 f"the Pass rule needs an element-wise layer, got {tuple(x.shape)} -> "
                 f"{tuple(o.shape)}"
             )
-        return Rescaled.apply(x, o.detach(), safe_divide(o.detach(), x.detach()))
+        return rescaled(o, x, safe_divide(o.detach(), x.detach()), copy=True)
 
 
 class Norm(Rule):

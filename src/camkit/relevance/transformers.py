@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from camkit.errors import ArgumentError, RelevanceError
 from camkit.relevance.affine import Affine
-from camkit.relevance.rules import Epsilon, Rescaled, modified_output
+from camkit.relevance.rescale import rescaled
+from camkit.relevance.rules import Epsilon, modified_output
 
 # the rules of the attention weights (the composite's ``attention``): AttnLRP's softmax rule, or
 # the weights as constants (CP-LRP)
@@ -253,7 +254,7 @@ def attention(
 def shared(x: Tensor, share: float) -> Tensor:
     """A copy of ``x`` whose gradient is ``share`` times the incoming one (lxt's
     ``divide_gradient``)."""
-    return Rescaled.apply(x, x.detach(), share)
+    return rescaled(x, x, share, copy=True)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
