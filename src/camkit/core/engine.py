@@ -1,9 +1,10 @@
-"""The tapped forward and the batched vector-Jacobian product that every family shares.
+"""The tapped forward and the K targets' vector-Jacobian products that every family shares.
 
 :class:`Capture` runs the model once with the target layers tapped (autograd starts at the
 layers, so nothing before them is recorded), scores the target with a
 :class:`~camkit.targets.resolver.RowScorer`, and :func:`layer_gradients` takes the gradients of
-``K`` targets per sample in one batched backward pass.
+``K`` targets per sample after that one forward (one batched backward, or ``K`` passes over the
+retained graph where that is faster: :func:`batched_backward`).
 """
 
 from __future__ import annotations
