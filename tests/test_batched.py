@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import Tensor, nn
 
 import camkit
 from camkit import METHODS, AblationCAM, ScoreCAM, cams, registry
+from camkit.core import engine
+from camkit.relevance import rules_applied
 
 
 class SmallNet(nn.Module):
@@ -217,3 +221,39 @@ def test_cuda_cams_and_half_precision(model, x, cuda):
         assert got.device.type == "cuda" and got.dtype == torch.float32
         for a, b in zip(got.cpu().flatten(0, 1), expected[name].flatten(0, 1), strict=True):
             assert pearson(a, b) > 0.99
+
+
+@pytest.mark.parametrize("composite", ["epsilon-plus-flat", None])
+def test_k_backward_passes_equal_the_batched_backward_and_one_target_passes(
+    model, x, composite, monkeypatch
+):
+    """``K`` targets as ``K`` backward passes over one retained graph (the CPU's way,
+    :func:`camkit.core.engine.batched_backward`) equal the batched backward (``is_grads_batched``,
+    a GPU's way) and ``K`` one-target backwards, float64 within 1e-10, under LRP's rules and the
+    plain gradient, for two tensors at once (the input and a layer's output)."""
+    model = model.double()
+    acts: list[Tensor] = []
+    handle = model.block1.register_forward_hook(lambda module, args, out: acts.append(out))
+
+    def gradients(batched: bool, columns: slice) -> list[Tensor]:
+        monkeypatch.setattr(engine, "batched_backward", lambda device: batched)
+        leaf = x.double().requires_grad_(True)
+        with rules_applied(model, composite) if composite else contextlib.nullcontext():
+            output = model(leaf)
+        scores = output.gather(1, torch.tensor(TARGETS))[:, columns]
+        found = engine.layer_gradients(scores, [leaf, acts[-1]], ["input", "block1"])
+        assert all(grad.dtype == torch.float64 for grad in found)
+        return found
+
+    assert engine.batched_backward(torch.device("cpu")) is False  # the loop: the CPU's default
+    try:
+        looped = gradients(False, slice(None))
+        batched = gradients(True, slice(None))
+        singles = [gradients(False, slice(k, k + 1)) for k in range(3)]
+    finally:
+        handle.remove()
+    for i, (one, other) in enumerate(zip(looped, batched, strict=True)):
+        assert one.shape[:2] == (3, 3) and one.abs().max() > 0
+        torch.testing.assert_close(one, other, rtol=0, atol=1e-10)
+        for k in range(3):
+            torch.testing.assert_close(one[:, k], singles[k][i][:, 0], rtol=0, atol=1e-10)

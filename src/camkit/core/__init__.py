@@ -9,7 +9,7 @@
 * the target resolver lives below core, in :mod:`camkit.targets` (core imports it);
 * :mod:`~camkit.core.call`: one call passed down explicitly (``Call``: the batch and the model's
   other inputs; every forward is ``call.forward``), and the one chunking policy (``chunks``);
-* :mod:`~camkit.core.engine`: the tapped forward and the batched vector-Jacobian product;
+* :mod:`~camkit.core.engine`: the tapped forward and the ``K`` targets' vector-Jacobian products;
 * :mod:`~camkit.core.finish`: ReLU, upsampling, normalisation, fusing, dropping axes;
 * :mod:`~camkit.core.progress`: tqdm progress bars;
 * :mod:`~camkit.core.state`: buffers restored after a call on a train-mode model, and

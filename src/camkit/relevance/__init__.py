@@ -16,8 +16,9 @@ Under the block, ordinary autograd computes LRP's *modified gradient*: for every
 of the forward, ``A * dS/dA`` is the relevance of ``A`` (``record=[names]`` keeps layer
 outputs in ``session.recorded``). The backward is linear in the incoming gradient, so scaling or
 masking the gradient at a layer (per channel: a concept) and continuing the backward gives the
-relevance of that part only, conditional relevances add up, and ``K`` targets are one batched
-backward (``is_grads_batched=True``).
+relevance of that part only, conditional relevances add up, and ``K`` targets can be one
+batched backward (``is_grads_batched=True``; on the CPU ``K`` passes over the one graph,
+:func:`camkit.core.engine.batched_backward`).
 
 * :mod:`~camkit.relevance.rules`: Epsilon, ZPlus, AlphaBeta, Gamma, Flat, WSquare, ZBox, Pass,
   Norm, each with its formula and paper; :mod:`~camkit.relevance.rescale`: a rule's modified

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call, chunk_size
+from camkit.core.engine import batched_backward
 from camkit.core.inputs import as_batch, positive_int
 from camkit.core.layers import (
     LayerSpec,
@@ -370,7 +371,7 @@ class ConceptAttribution:
 
 def vmapped(rules: Rules, grads: Tensor) -> bool:
     """Whether the vector-Jacobian products ``grads (K, ...)`` run as one vmapped pass
-    (``is_grads_batched``): where the rules allow it and the graph is on a GPU. On a CPU a loop
-    of passes on the retained graph is faster (VGG-16's 10 conditional heatmaps at 224 px, one
-    thread: 2.4 s vmapped, 2.0 s looped)."""
-    return rules.batched and grads.shape[0] > 1 and grads.device.type != "cpu"
+    (``is_grads_batched``): where the rules allow it and the device prefers it
+    (:func:`~camkit.core.engine.batched_backward`: not the CPU, where a loop of passes on the
+    retained graph is faster)."""
+    return rules.batched and grads.shape[0] > 1 and batched_backward(grads.device)

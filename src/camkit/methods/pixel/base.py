@@ -137,14 +137,15 @@ class PixelAttribution(Explainer):
     def input_gradients(
         self, inputs: Inputs, call: Call, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
     ) -> tuple[Inputs, Tensor]:
-        """One forward, one batched backward: ``(grads (n, K, *input) per input, scores (n,
-        K))``.
+        """One forward, the backward of the ``K`` targets: ``(grads (n, K, *input) per input,
+        scores (n, K))``.
 
         The gradients are taken with respect to detached aliases of ``inputs`` (the caller's
-        tensors are never set to require grad); ``K`` targets are one batched vector-Jacobian
-        product. The model gets copies, the image in ``memory``'s format (channels_last on the
-        CPU), so in-place operations on its inputs stay inside camkit. An input the score does
-        not depend on gets zeros, with a warning.
+        tensors are never set to require grad); ``K`` targets are ``K`` vector-Jacobian products
+        on the one graph (:func:`~camkit.core.engine.layer_gradients`). The model gets copies,
+        the image in ``memory``'s format (channels_last on the CPU), so in-place operations on
+        its inputs stay inside camkit. An input the score does not depend on gets zeros, with a
+        warning.
         """
         leaves = tuple(t.detach().requires_grad_(True) for t in inputs)
 

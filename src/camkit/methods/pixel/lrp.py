@@ -1,9 +1,9 @@
 """LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
 
 The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
-(:func:`~camkit.relevance.engine.rules_applied`); one forward and one batched backward for ``K``
-targets per sample. :meth:`LRP.explain_batch` also returns the relevance of chosen layers and
-the conservation report (:class:`Relevance`).
+(:func:`~camkit.relevance.engine.rules_applied`); one forward and the backward of ``K``
+targets per sample (:func:`~camkit.core.engine.layer_gradients`). :meth:`LRP.explain_batch`
+also returns the relevance of chosen layers and the conservation report (:class:`Relevance`).
 """
 
 from __future__ import annotations
