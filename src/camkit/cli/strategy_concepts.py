@@ -6,8 +6,7 @@ shows what they respond to). Each image is measured once per class (its channel 
 :meth:`~camkit.methods.concepts.ConceptAttribution.relevances`), however many methods' clusters hold
 it; a cluster's numbers are :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` its
 members' relevances. Runs without concepts results skip it: ``camkit explain --report`` and ``camkit
-strategies`` stay as fast as
-they were."""
+strategies`` stay as fast as they were."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from camkit import io, viz
+from camkit.core.engine import batched_backward
 from camkit.errors import ArgumentError
 from camkit.methods.concepts import (
     ChannelObjective,
@@ -144,15 +145,15 @@ class ConceptViews:
         self, checkpoint: str, layer: str, *, images: bool = False
     ) -> ConceptAttribution:
         """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached). ``images``:
-        for
-        :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else for conditions, which on
-        a CPU run one after the other (measured on EfficientNet-Lite0: the batched backward
-        costs about 1.4x the same conditions one by one there; the results are the same)."""
+        for :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else for conditions, one
+        at a time where the device runs vector-Jacobian products one after the other
+        (:func:`~camkit.core.engine.batched_backward`: the CPU), so that one condition's masked
+        gradients are held at a time; the results are the same."""
         self.images_only()
         key = (checkpoint, layer, images)
         found = self.attributions.get_item(key)
         if found is None:
-            one_by_one = self.explorer.device.type == "cpu"
+            one_by_one = not batched_backward(self.explorer.device)
             rows = IMAGES_PER_PASS if images else (1 if one_by_one else None)
             model = self.explorer.checkpoints[checkpoint].model
             found = ConceptAttribution(model, layer, batch_size=rows)
@@ -238,8 +239,7 @@ class ConceptViews:
     ) -> np.ndarray:
         """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
         (:class:`~camkit.methods.concepts.InRegion`, weighed as :meth:`top` counts the region) when
-        one
-        is given (cached; else one forward and one conditional backward)."""
+        one is given (cached; else one forward and one conditional backward)."""
         key = (checkpoint, layer, image, target, channel, region)
         heat = self.heatmaps.get_item(key)
         if heat is None:
