@@ -17,7 +17,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit import LRP
-from camkit.relevance import Composite, Epsilon, Flat, WSquare, ZBox, ZPlus, rules_applied
+from camkit.relevance import (
+    AlphaBeta,
+    Composite,
+    Epsilon,
+    Flat,
+    Gamma,
+    WSquare,
+    ZBox,
+    ZPlus,
+    rules_applied,
+)
 from camkit.relevance.rescale import rescaled, self_ratio, stabilize, stabilized_ratio
 from camkit.relevance.rules import modified_output
 
@@ -287,3 +297,64 @@ def test_an_in_place_sum_into_a_view_gives_the_out_of_place_relevance() -> None:
     ]
     assert maps[0].abs().max() > 0
     torch.testing.assert_close(maps[1], maps[0], rtol=0, atol=1e-12)
+
+
+def _conv_bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.Conv2d(6, 5, 3, padding=1),
+        nn.BatchNorm2d(5),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(5 * 6 * 6, 4),
+    )
+    for bn in (net[1], net[4]):
+        bn.running_mean.uniform_(-0.5, 0.5), bn.running_var.uniform_(0.5, 2.0)
+        bn.weight.data.uniform_(-1.0, 1.0)  # negative scales: merged w+ is not scale * w+
+    return net.eval()
+
+
+def _relevance_and_saved_weights(net: nn.Module, comp: Composite, x: Tensor):
+    x = x.clone().requires_grad_()
+    with rules_applied(net, comp):
+        out = net(x)
+        nodes, todo = [], [out.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is not None and node not in nodes:
+                nodes.append(node)
+                todo.extend(n for n, _ in node.next_functions)
+        convs = [n for n in nodes if type(n).__name__ == "ConvolutionBackward0"]
+        # a kept weight is the same tensor at every reading; a rebuilt one is computed anew
+        readings = [(n._saved_weight, n._saved_weight) for n in convs]  # both alive at once
+        rebuilt = [a.data_ptr() != b.data_ptr() for a, b in readings]
+        (grad,) = torch.autograd.grad(out[:, 1].sum(), x)
+    return x.detach() * grad, rebuilt
+
+
+@pytest.mark.parametrize(
+    "rule", [ZPlus(), AlphaBeta(), Gamma(0.25), Epsilon(zero_params="bias")], ids=repr
+)
+def test_a_rules_weights_are_built_again_in_the_backward_not_kept(rule) -> None:
+    """The rule's weights (``w+``, ``w + gamma w+``, a merged BatchNorm's ``scale w``) are
+    copies of the layer's: kept for the backward they would double the model's weights in
+    memory. The backward builds them again; the relevance is bitwise the one with them kept
+    (under the caller's own saved-tensor hooks, which then see every tensor)."""
+    net, x = _conv_bn_net(), torch.rand(2, 3, 6, 6, generator=_generator(3))
+    comp = Composite([((nn.Conv2d, nn.Linear), rule)])
+    relevance, rebuilt = _relevance_and_saved_weights(net, comp, x)
+    assert len(rebuilt) >= 2 and all(rebuilt)  # AlphaBeta, Gamma: two per layer
+    packed = []
+
+    def pack(t: Tensor) -> Tensor:
+        packed.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        kept, rebuilt = _relevance_and_saved_weights(net, comp, x)
+    assert not any(rebuilt) and torch.Size([5, 6, 3, 3]) in packed
+    assert torch.equal(relevance, kept)
+    assert relevance.abs().sum() > 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.graph import saved_tensors_hooks
 
 from camkit.errors import ArgumentError
 
@@ -14,28 +17,75 @@ CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 Op = Callable[[Tensor, Tensor], Tensor]
+Derive = Callable[[Tensor], Tensor]
+
+
+def same(weight: Tensor) -> Tensor:
+    """The weight as it is (a rule that applies the layer's own weight)."""
+    return weight
+
+
+def lifted(weight: Tensor, gamma: float) -> Tensor:
+    """``w + gamma w+`` (the Gamma rule's weight for positive contributions)."""
+    return weight + gamma * weight.clamp(min=0)
+
+
+def lowered(weight: Tensor, gamma: float) -> Tensor:
+    """``w + gamma w-`` (the Gamma rule's weight for negative contributions)."""
+    return weight + gamma * weight.clamp(max=0)
 
 
 @dataclass(frozen=True)
 class Affine:
     """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
-    parameters detached: what the parametric rules modify."""
+    parameters detached: what the parametric rules modify. ``rebuild``: how ``weight`` is
+    computed again from what the model keeps (a BatchNorm merged in), None where ``weight`` is
+    the model's own."""
 
     op: Op
     weight: Tensor
     bias: Tensor | None
+    rebuild: Callable[[], Tensor] | None = None
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         out = self.op(x, weight)
         return out if bias is None else out + bias
 
-    def scaled_outputs(self, scale: Tensor) -> Tensor:
-        """The weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged after)."""
-        return self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
+    def derived(self, x: Tensor, derive: Derive, bias: Tensor | None = None) -> Tensor:
+        """``op(x, derive(weight)) + bias``, whose backward computes ``derive(weight)`` again
+        instead of keeping it: a rule's weight (``w+``, a merged BatchNorm's ``scale w``) is a
+        copy of the layer's, and kept for every layer it would hold a second copy of the
+        model's weights until the backward. The same numbers (the same operations again)."""
+        weight = derive(self.weight)
+        if weight is self.weight and self.rebuild is None:
+            return self(x, weight, bias)  # the model's own tensor: kept at no cost
+        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+            return self(x, weight, bias)  # the caller's own hooks (checkpointing) decide
+        base, kept = self.rebuild or partial(same, self.weight), id(weight)
 
-    def scaled_inputs(self, scale: Tensor) -> Tensor:
-        """The weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm before)."""
-        return self.weight * scale.view(1, -1, *(1,) * (self.weight.dim() - 2))
+        def pack(t: Tensor) -> object:  # autograd keeps the hooks: they must not hold weight
+            return partial(_built, derive, base) if id(t) == kept else t
+
+        with saved_tensors_hooks(pack, _unpack):
+            return self(x, weight, bias)
+
+    def reweighted(self, derive: Derive, bias: Tensor | None) -> Affine:
+        """This map with weight ``derive(weight)`` and ``bias``, computed again on request from
+        the model's tensors (``rebuild``) rather than kept."""
+        base = self.rebuild or partial(same, self.weight)
+        return replace(
+            self, weight=derive(self.weight), bias=bias, rebuild=partial(_built, derive, base)
+        )
+
+    def scaled_outputs(self, scale: Tensor) -> Derive:
+        """Weight -> the weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged
+        after)."""
+        return partial(_scaled, scale=scale.view(-1, *(1,) * (self.weight.dim() - 1)))
+
+    def scaled_inputs(self, scale: Tensor) -> Derive:
+        """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm
+        before)."""
+        return partial(_scaled, scale=scale.view(1, -1, *(1,) * (self.weight.dim() - 2)))
 
     @staticmethod
     def of(module: nn.Module) -> Affine:
@@ -66,16 +116,34 @@ class TransposedAffine(Affine):
 
     groups: int = 1
 
-    def scaled_outputs(self, scale: Tensor) -> Tensor:
-        """The weight with output channel ``k`` scaled by ``scale[k]`` (``C_out`` entries)."""
-        w, g = self.weight, self.groups
-        grouped = w.unflatten(0, (g, -1))  # (g, C_in / g, C_out / g, *kernel)
-        per_out = scale.view(g, 1, -1, *(1,) * (w.dim() - 2))
-        return (grouped * per_out).flatten(0, 1)
+    def scaled_outputs(self, scale: Tensor) -> Derive:
+        """Weight -> the weight with output channel ``k`` scaled by ``scale[k]`` (``C_out``
+        entries)."""
+        g = self.groups
+        return partial(_grouped_scaled, scale=scale.view(g, 1, -1, *(1,) * (self.weight.dim() - 2)))
 
-    def scaled_inputs(self, scale: Tensor) -> Tensor:
-        """The weight with input channel ``j`` scaled by ``scale[j]`` (``C_in`` entries)."""
-        return self.weight * scale.view(-1, *(1,) * (self.weight.dim() - 1))
+    def scaled_inputs(self, scale: Tensor) -> Derive:
+        """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (``C_in``
+        entries)."""
+        return partial(_scaled, scale=scale.view(-1, *(1,) * (self.weight.dim() - 1)))
+
+
+def _scaled(weight: Tensor, scale: Tensor) -> Tensor:
+    return weight * scale
+
+
+def _grouped_scaled(weight: Tensor, scale: Tensor) -> Tensor:
+    """A transposed convolution's weight ``(C_in, C_out / g, *kernel)`` times ``scale`` shaped
+    ``(g, 1, C_out / g, 1...)``: its groups unflattened, scaled, flattened again."""
+    return (weight.unflatten(0, (scale.shape[0], -1)) * scale).flatten(0, 1)
+
+
+def _built(derive: Derive, base: Callable[[], Tensor]) -> Tensor:
+    return derive(base())
+
+
+def _unpack(saved: object) -> Tensor:
+    return saved() if isinstance(saved, partial) else saved
 
 
 def transposed_affine(module: nn.Module) -> TransposedAffine:
@@ -109,6 +177,9 @@ __all__ = [
     "Affine",
     "Op",
     "TransposedAffine",
+    "lifted",
+    "lowered",
+    "same",
     "single_output",
     "transposed_affine",
 ]

@@ -22,7 +22,6 @@ what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -88,7 +87,7 @@ def merged_after(layer: Affine, bn: nn.Module) -> Affine:
     shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
     scale_out, shift_out = scale.view(shape), shift.view(shape)
     bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
-    return replace(layer, weight=layer.scaled_outputs(scale), bias=bias)
+    return layer.reweighted(layer.scaled_outputs(scale), bias)
 
 
 def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
@@ -99,7 +98,7 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     channel = (1, -1) + (1,) * (x.dim() - 2)
     constant = shift.view(channel).expand((1, *x.shape[1:]))
     bias = layer(constant, layer.weight, layer.bias)
-    return replace(layer, weight=layer.scaled_inputs(scale), bias=bias)
+    return layer.reweighted(layer.scaled_inputs(scale), bias)
 
 
 def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:

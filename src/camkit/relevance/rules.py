@@ -23,12 +23,13 @@ input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from camkit.errors import ArgumentError
-from camkit.relevance.affine import Affine, single_output
+from camkit.relevance.affine import Affine, lifted, lowered, same, single_output
 from camkit.relevance.rescale import (
     proportional,
     rescaled,
@@ -159,7 +160,7 @@ class Epsilon(Rule):
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
         b = self.bias_of(layer)
-        z = layer.op(x, layer.weight)
+        z = layer.derived(x, same)
         zd = z.detach() if b is None else z.detach() + b
         return rescaled(o, z, stabilized_ratio(o, zd, self.epsilon)), zd
 
@@ -183,11 +184,11 @@ class ZPlus(Rule):
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
-        w, b = layer.weight, self.bias_of(layer)
+        b = self.bias_of(layer)
         xp, xn = signed_parts(x)
-        z = layer.op(xp, w.clamp(min=0))
+        z = layer.derived(xp, _pos)
         if xn is not None:
-            z = z + layer.op(xn, _neg(w))
+            z = z + layer.derived(xn, _neg)
         bias = _pos(b)
         zd = z.detach() if bias is None else z.detach() + bias
         # z+ = x+ w+ + x- w- + b+ >= 0: its stabiliser is + eps
@@ -218,11 +219,11 @@ class AlphaBeta(Rule):
         self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b = layer.weight, self.bias_of(layer)
-        (xp, xn), wp, wn = signed_parts(x), w.clamp(min=0), w.clamp(max=0)
-        zp, zn = layer(xp, wp, _pos(b)), layer(xp, wn, _neg(b))
+        b = self.bias_of(layer)
+        xp, xn = signed_parts(x)
+        zp, zn = layer.derived(xp, _pos, _pos(b)), layer.derived(xp, _neg, _neg(b))
         if xn is not None:
-            zp, zn = zp + layer(xn, wn, None), zn + layer(xn, wp, None)
+            zp, zn = zp + layer.derived(xn, _neg), zn + layer.derived(xn, _pos)
         t = self.alpha * zp * (o / stabilize(zp.detach(), self.stabilizer)).detach()
         t = t - self.beta * zn * (o / stabilize(zn.detach(), self.stabilizer)).detach()
         return modified_output(o, t)
@@ -245,14 +246,13 @@ class Gamma(Rule):
         self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w, b, g = layer.weight, self.bias_of(layer), self.gamma
+        b = self.bias_of(layer)
         xp, xn = signed_parts(x)
-        up, down = w + g * w.clamp(min=0), w + g * w.clamp(max=0)
-        bup = None if b is None else b + g * b.clamp(min=0)
-        bdown = None if b is None else b + g * b.clamp(max=0)
-        zp, zn = layer(xp, up, bup), layer(xp, down, bdown)
+        up, down = partial(lifted, gamma=self.gamma), partial(lowered, gamma=self.gamma)
+        bup, bdown = (None, None) if b is None else (up(b), down(b))
+        zp, zn = layer.derived(xp, up, bup), layer.derived(xp, down, bdown)
         if xn is not None:
-            zp, zn = zp + layer(xn, down, None), zn + layer(xn, up, None)
+            zp, zn = zp + layer.derived(xn, down), zn + layer.derived(xn, up)
         od = o.detach()
         t = zp * (od * (od > 0) / stabilize(zp.detach(), self.stabilizer))
         t = t + zn * (od * (od < 0) / stabilize(zn.detach(), self.stabilizer))
