@@ -308,17 +308,18 @@ def test_the_explorer_shows_a_broken_file_and_the_run_without_it(tmp_path: Path)
 
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
+    from camkit.serve.gallery import RunViews
     from camkit.serve.launch import open_gallery
     from tests.test_serve import loaded
 
     run = old_run(tmp_path)
     (run / "strategies" / "strategies.json").write_text('{"images": [')
     gallery = open_gallery([run], None, None)
-    assert gallery.strategies is None and gallery.concepts.layer == "blocks.2"
-    (problem,) = gallery.problems.values()
+    assert gallery.run.strategies is None and gallery.run.concepts.layer == "blocks.2"
+    (problem,) = gallery.run.problems.values()
     assert "strategies.json" in problem and "camkit strategies" in problem
     explorer = Explorer({"a": loaded()}, gallery.entries)
-    app = create_app(explorer, token=None, run_root=run, run_problems=gallery.problems)
+    app = create_app(explorer, token=None, run=RunViews(run, problems=gallery.run.problems))
     with TestClient(app) as client:
         assert client.get("/api/info").json()["run_problems"] == [problem]
         reply = client.get("/api/strategies")
@@ -332,6 +333,7 @@ def test_the_explorer_page_says_which_run_file_is_broken_in_headless_chromium(
 ) -> None:
     from camkit.serve.app import create_app, running
     from camkit.serve.explorer import Explorer
+    from camkit.serve.gallery import RunViews
     from camkit.serve.launch import open_gallery
     from tests.test_serve import loaded
 
@@ -339,7 +341,7 @@ def test_the_explorer_page_says_which_run_file_is_broken_in_headless_chromium(
     (run / concepts.CONCEPTS_FILE).write_text('{"layer": 3, "channels": {}}')
     gallery = open_gallery([run], None, None)
     explorer = Explorer({"a": loaded()}, gallery.entries)
-    app = create_app(explorer, token=None, run_root=run, run_problems=gallery.problems)
+    app = create_app(explorer, token=None, run=RunViews(run, problems=gallery.run.problems))
     with running(app) as base:
         browser = Browser(tmp_path / "profile")
         try:

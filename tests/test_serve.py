@@ -32,7 +32,7 @@ from starlette.testclient import TestClient  # noqa: E402
 from camkit.serve import security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
 from camkit.serve.explorer import Explorer, MapKey, stages  # noqa: E402
-from camkit.serve.gallery import scan  # noqa: E402
+from camkit.serve.gallery import RunViews, scan  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
 
 LABELS = ["tabby", "espresso", "rocket", "astronaut"]
@@ -405,7 +405,7 @@ def test_a_run_folder_reuses_its_predictions_and_serves_its_maps(tmp_path: Path)
     run = write_run(tmp_path)
     entries, header, predictions = read_run(run)
     explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
-    with TestClient(create_app(explorer, token=None, run_root=run, run_header=header)) as client:
+    with TestClient(create_app(explorer, token=None, run=RunViews(run, header))) as client:
         model = explorer.checkpoints["a"].model
         model.calls = 0
         item = client.get("/api/gallery").json()["items"][0]
@@ -440,7 +440,7 @@ def test_the_strategies_of_a_run_link_into_the_image_view(tmp_path: Path) -> Non
     entries, header, predictions = read_run(run)
     strategies = read_strategies(run, entries)
     explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
-    app = create_app(explorer, token=None, run_root=run, strategies=strategies)
+    app = create_app(explorer, token=None, run=RunViews(run, strategies=strategies))
     with TestClient(app) as client:
         assert client.get("/api/info").json()["strategies"] is True
         view = client.get("/api/strategies").json()
@@ -453,7 +453,7 @@ def test_the_strategies_of_a_run_link_into_the_image_view(tmp_path: Path) -> Non
         assert client.get(f"/api/run/{first['prototype']}").status_code == 200
     assert read_strategies(tmp_path, entries) is None
     explorer = Explorer({"a": loaded()}, entries)
-    with TestClient(create_app(explorer, token=None, run_root=run)) as client:
+    with TestClient(create_app(explorer, token=None, run=RunViews(run))) as client:
         reply = client.get("/api/strategies")
         assert reply.status_code == 404 and "camkit strategies" in reply.json()["error"]
 
@@ -491,7 +491,7 @@ def test_only_files_under_the_run_folder_are_served(tmp_path: Path) -> None:
     (run / "sub").mkdir()
     entries, header, predictions = scan([tmp_path / "photos"])[0], None, {}
     explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
-    app = create_app(explorer, token=TOKEN, run_root=run, run_header=header)
+    app = create_app(explorer, token=TOKEN, run=RunViews(run, header))
     with TestClient(app) as client:
         ok = client.get("/api/run/inside.txt", params={"token": TOKEN})
         assert ok.status_code == 200 and ok.text == "fine"

@@ -37,7 +37,7 @@ from camkit.serve.concepts import (  # noqa: E402
     region_of,
 )
 from camkit.serve.explorer import Explorer  # noqa: E402
-from camkit.serve.gallery import read_run, read_strategies  # noqa: E402
+from camkit.serve.gallery import RunViews, read_run, read_strategies  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     TOKEN,
@@ -343,7 +343,9 @@ def run_app(tmp_path: Path, token: str | None = None):
     entries, _, predictions = read_run(run)
     explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
     strategies, concepts = read_strategies(run, entries), read_concepts(run)
-    app = create_app(explorer, token=token, run_root=run, strategies=strategies, concepts=concepts)
+    app = create_app(
+        explorer, token=token, run=RunViews(run, strategies=strategies, concepts=concepts)
+    )
     return explorer, app
 
 
@@ -549,7 +551,7 @@ def test_explain_then_concepts_then_serve_on_the_packaged_model(tmp_path: Path) 
     def serve() -> TestClient:
         gallery = open_gallery([run], loaded_model.name, None, loaded_model.preprocess.crop_mode)
         explorer = Explorer({"a": loaded_model}, gallery.entries, predictions=gallery.predictions)
-        app = create_app(explorer, token=None, run_root=run, concepts=gallery.concepts)
+        app = create_app(explorer, token=None, run=RunViews(run, concepts=gallery.run.concepts))
         return TestClient(app)
 
     where = {"image": 0, "class": 282, "layer": "blocks.5", "k": 2}

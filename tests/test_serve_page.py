@@ -22,6 +22,7 @@ import camkit
 pytest.importorskip("starlette", reason="camkit serve's web stack: pip install 'camkit[serve]'")
 
 from camkit.serve.app import create_app, running  # noqa: E402
+from camkit.serve.gallery import RunViews  # noqa: E402
 from tests.test_report import Browser, needs_browser  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     LABELS,
@@ -210,7 +211,9 @@ def test_concepts_say_why_a_channel_has_no_patches_and_where_patches_are(tmp_pat
     data = json.loads((run / "concepts.json").read_text())
     (run / "concepts.json").write_text(json.dumps(data | {"layer": "act1"}))
     strategies, concepts = read_strategies(run, explorer.entries), read_concepts(run)
-    app = create_app(explorer, token=TOKEN, run_root=run, strategies=strategies, concepts=concepts)
+    app = create_app(
+        explorer, token=TOKEN, run=RunViews(run, strategies=strategies, concepts=concepts)
+    )
     cards = "[...document.querySelectorAll('#concepts .concept')]"
     with opened(app, tmp_path, "#image=0&class=1") as (base, browser):
         choose(browser, "layer", "act1")

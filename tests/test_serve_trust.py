@@ -30,7 +30,7 @@ from camkit.serve import launch, security  # noqa: E402
 from camkit.serve.app import create_app, running  # noqa: E402
 from camkit.serve.compare import Comparison  # noqa: E402
 from camkit.serve.explorer import Explorer  # noqa: E402
-from camkit.serve.gallery import scan  # noqa: E402
+from camkit.serve.gallery import RunViews, scan  # noqa: E402
 from camkit.serve.progress import Jobs, copies_per_image  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
 from tests.test_serve import (  # noqa: E402
@@ -605,7 +605,9 @@ def test_the_strategies_rows_are_labelled_and_not_repeated(tmp_path: Path) -> No
     cio.save_json(run / "strategies" / "strategies.json", data)
     entries, header, predictions = read_run(run)
     explorer = Explorer({"a": loaded()}, entries, predictions=predictions)
-    app = create_app(explorer, token=TOKEN, run_root=run, strategies=read_strategies(run, entries))
+    app = create_app(
+        explorer, token=TOKEN, run=RunViews(run, strategies=read_strategies(run, entries))
+    )
     with running(app) as base:
         browser = Browser(tmp_path / "profile")
         try:

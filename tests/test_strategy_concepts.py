@@ -231,7 +231,7 @@ def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag
     from camkit.runs.concepts import read_concepts
     from camkit.serve.app import create_app
     from camkit.serve.explorer import Explorer
-    from camkit.serve.gallery import read_run, read_strategies
+    from camkit.serve.gallery import RunViews, read_run, read_strategies
 
     out, tagged = planted_run(tmp_path)
     monkeypatch.setattr(strategy_concepts, "load_model", load_planted)
@@ -241,9 +241,7 @@ def test_the_explorer_names_the_tag_channel_of_the_tag_cluster_and_under_the_tag
     app = create_app(
         explorer,
         token=None,
-        run_root=out,
-        strategies=read_strategies(out, entries),
-        concepts=read_concepts(out),
+        run=RunViews(out, strategies=read_strategies(out, entries), concepts=read_concepts(out)),
     )
     with TestClient(app) as client:
         (group,) = client.get("/api/strategies").json()["groups"]

@@ -380,8 +380,9 @@ def merged_signature(cls: type) -> inspect.Signature:
         keywords.pop("seed", None)
     if not cls.needs_layer:  # a layer's reading: only for the methods that read a layer
         keywords.pop("reshape", None)
-    if "batch_size" in keywords:  # the sentinel ... stands for the class's default
-        keywords["batch_size"] = keywords["batch_size"].replace(default=cls.default_batch_size)
+    for name, parameter in keywords.items():  # the sentinel ... stands for the class's default
+        if parameter.default is ...:
+            keywords[name] = parameter.replace(default=getattr(cls, f"default_{name}"))
     return inspect.Signature([*positional, *keywords.values()])
 
 

@@ -273,11 +273,14 @@ def _masked_confidence(
     x: Tensor,
     maps: Tensor,
     target: TargetSpec,
-    batch_size: int,
+    compare: Callable[[Tensor, Tensor], Tensor],
+    *,
+    batch_size: int = 64,
     additional_forward_args: Any = None,
-) -> tuple[Tensor, Tensor, bool]:
-    """``(Y, O, single)``: the target's probability on the images and on the images times
-    their maps (the maps must be in [0, 1])."""
+) -> Tensor:
+    """``compare(Y, O)`` per image, ``(B,)``: ``Y`` the target's probability on the images,
+    ``O`` on the images times their maps (the maps must be in [0, 1]); the two Grad-CAM++
+    scores. ``batch_size``: images per forward pass."""
     batch_size = positive_int("batch_size", batch_size)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
@@ -293,42 +296,32 @@ def _masked_confidence(
         indices = indices.to(batch.device)
         return masked[indices], indices
 
-    return scorer.clean, scorer.scores(batch.shape[0], build), single
+    return unbatched(compare(scorer.clean, scorer.scores(batch.shape[0], build)), single)
 
 
 def average_drop(
-    model: nn.Module,
-    x: Tensor,
-    maps: Tensor,
-    target: TargetSpec = None,
-    *,
-    batch_size: int = 64,
-    additional_forward_args: Any = None,
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor:
     """Average Drop (Chattopadhay et al., Grad-CAM++, WACV 2018): ``max(0, Y - O) / Y`` per
     image, ``(B,)`` in [0, 1] (the paper's "%" is this times 100; torchcam's convention).
     ``Y``: the target's probability on the image, ``O``: on the image times the map. **Lower is
-    better**; the paper's score is the batch mean."""
-    clean, masked, single = _masked_confidence(
-        model, x, maps, target, batch_size, additional_forward_args
-    )
-    drop = (clean - masked).clamp_min(0) / clean.clamp_min(torch.finfo(clean.dtype).tiny)
-    return unbatched(drop, single)
+    better**; the paper's score is the batch mean. Options: ``batch_size=64``,
+    ``additional_forward_args``."""
+
+    def drop(clean: Tensor, masked: Tensor) -> Tensor:
+        return (clean - masked).clamp_min(0) / clean.clamp_min(torch.finfo(clean.dtype).tiny)
+
+    return _masked_confidence(model, x, maps, target, drop, **options)
 
 
 def increase_in_confidence(
-    model: nn.Module,
-    x: Tensor,
-    maps: Tensor,
-    target: TargetSpec = None,
-    *,
-    batch_size: int = 64,
-    additional_forward_args: Any = None,
+    model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor:
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
-    better.**"""
-    clean, masked, single = _masked_confidence(
-        model, x, maps, target, batch_size, additional_forward_args
-    )
-    return unbatched((masked > clean).float(), single)
+    better.** Options as :func:`average_drop`."""
+
+    def rose(clean: Tensor, masked: Tensor) -> Tensor:
+        return (masked > clean).float()
+
+    return _masked_confidence(model, x, maps, target, rose, **options)

@@ -45,7 +45,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -57,10 +56,10 @@ from starlette.responses import Response
 
 from camkit.errors import CamkitError
 from camkit.models.vlm import LoadedVLM
-from camkit.runs.concepts import ConceptsRecord
 from camkit.serve import security
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
+from camkit.serve.gallery import RunViews
 from camkit.serve.http import error
 from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
@@ -72,11 +71,7 @@ def create_app(
     explorer: Explorer,
     *,
     token: str | None,
-    run_root: Path | None = None,
-    run_header: dict | None = None,
-    strategies: dict | None = None,
-    concepts: ConceptsRecord | None = None,
-    run_problems: dict[str, str] | None = None,
+    run: RunViews | None = None,
     hosts: list[str] | None = None,
     background: bool = False,
     window: float = 0.005,
@@ -85,11 +80,8 @@ def create_app(
     vlm: LoadedVLM | None = None,
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
-    token, for loopback only); ``run_root``: the ``camkit explain`` folder whose files may be
-    served; ``strategies``: the run's clusters (:func:`~camkit.serve.gallery.read_strategies`);
-    ``concepts``: the run's ``camkit concepts`` results
-    (:func:`camkit.runs.concepts.read_concepts`); ``run_problems``: the run's broken files
-    (file name -> why), shown on the page;
+    token, for loopback only); ``run``: the ``camkit explain`` run it shows, its files, header,
+    strategies, concepts and broken files (:class:`~camkit.serve.gallery.RunViews`; None: none);
     ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
     image in the background, so filters and sorting cover the whole gallery; ``names``: each
     checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
@@ -99,8 +91,7 @@ def create_app(
     headers; every request is logged (:mod:`camkit.serve.logs`)."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
-    state = ServerState(explorer, batcher, run_root, run_header, strategies, names, concepts)
-    state.run_problems = dict(run_problems or {})
+    state = ServerState(explorer, batcher, run or RunViews(), names)
     state.prompts = None if vlm is None else Prompts(vlm, explorer)
 
     async def answer(request: Request, call_next: Any) -> Response:

@@ -18,6 +18,7 @@ from camkit.errors import ArgumentError
 from camkit.io import IMAGE_SUFFIXES
 from camkit.runs import manifest as run_manifest
 from camkit.runs import strategies as run_strategies
+from camkit.runs.concepts import ConceptsRecord
 from camkit.runs.strategies import STRATEGIES_DIR, cluster_view
 
 Prediction = list[tuple[int, str, float]]
@@ -34,6 +35,21 @@ class Entry:
     pixels: np.ndarray | None = None
     run_maps: list[dict] = field(default_factory=list)  # a run's records of this image
     error: str | None = None  # why the file could not be read
+
+
+@dataclass(frozen=True)
+class RunViews:
+    """What the explorer shows of a ``camkit explain`` run folder (the empty record: no run):
+    ``root``, whose files may be served; ``header``, its manifest's model, settings and
+    versions; ``strategies``, its clusters (:func:`read_strategies`);
+    ``concepts``, its ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`);
+    ``problems``, its broken files (file name -> the error's message), shown on the page."""
+
+    root: Path | None = None
+    header: dict | None = None
+    strategies: dict | None = None
+    concepts: ConceptsRecord | None = None
+    problems: dict[str, str] = field(default_factory=dict)
 
 
 def _is_image(entry: os.DirEntry, suffixes: Collection[str]) -> bool:

@@ -23,11 +23,11 @@ from camkit.errors import ArgumentError, RunFileError
 from camkit.io import IMAGE_SUFFIXES
 from camkit.models.vlm import LoadedVLM
 from camkit.runs import MANIFEST
-from camkit.runs.concepts import CONCEPTS_FILE, ConceptsRecord, read_concepts
+from camkit.runs.concepts import CONCEPTS_FILE, read_concepts
 from camkit.runs.manifest import read_manifest, recorded_crop, sha256
 from camkit.runs.strategies import STRATEGIES_FILE
 from camkit.serve import clips, security
-from camkit.serve.gallery import Entry, Prediction, read_run, read_strategies, scan
+from camkit.serve.gallery import Entry, Prediction, RunViews, read_run, read_strategies, scan
 from camkit.serve.logs import configure
 
 
@@ -37,28 +37,12 @@ class BindError(ArgumentError):
 
 @dataclass
 class Gallery:
-    """What a set of paths gives the explorer: the images, and a run folder's extras."""
+    """What a set of paths gives the explorer: the images, and a run folder's views (none for
+    images; a broken strategies or concepts file is in ``run.problems``)."""
 
     entries: list[Entry]
-    run_root: Path | None = None
-    header: dict | None = None
     predictions: dict[int, Prediction] | None = None
-    strategies: dict | None = None
-    concepts: ConceptsRecord | None = None
-    problems: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Files of the run that are broken (file name -> the error's message): the explorer shows
-    the run without them and says why."""
-
-    def run_views(self) -> dict[str, Any]:
-        """What the app shows of the run folder (:func:`~camkit.serve.app.create_app`'s
-        ``run_root``, ``run_header``, ``strategies``, ``concepts`` and ``run_problems``)."""
-        return {
-            "run_root": self.run_root,
-            "run_header": self.header,
-            "strategies": self.strategies,
-            "concepts": self.concepts,
-            "run_problems": self.problems,
-        }
+    run: RunViews = dataclasses.field(default_factory=RunViews)
 
 
 def check_paths(paths: list[Path]) -> None:
@@ -122,7 +106,8 @@ def open_gallery(
         if made_by != (model, weights_sha, crop or recorded):
             predictions = {}  # made by another model or preprocessing: predict again
         header = {key: header.get(key) for key in ("model", "settings", "started", "camkit")}
-        gallery = Gallery(entries, root, header, predictions, strategies, concepts, problems)
+        run = RunViews(root, header, strategies, concepts, problems)
+        gallery = Gallery(entries, predictions, run)
     else:
         gallery = Gallery(scan(paths, suffixes)[0])
     if not gallery.entries:
@@ -209,7 +194,7 @@ def prepare(
     crop = first.preprocess.crop_mode
     suffixes = clips.suffixes(first.clip_length)
     gallery = open_gallery(paths, model, sha256(weights), crop, suffixes)
-    for problem in gallery.problems.values():
+    for problem in gallery.run.problems.values():
         print(f"camkit serve: warning: {problem}", file=sys.stderr)
     explorer = Explorer(
         checkpoints,
@@ -224,7 +209,7 @@ def prepare(
         hosts=security.allowed_hosts(host),
         background=True,
         names=names,
-        **gallery.run_views(),
+        run=gallery.run,
         vlm=vlm,
     )
     return Prepared(app, token, len(gallery.entries))

@@ -197,7 +197,7 @@ def explore(
         hosts=security.allowed_hosts("127.0.0.1"),
         background=True,
         frame_ancestors=security.NOTEBOOK_FRAMES,
-        **gallery.run_views(),
+        run=gallery.run,
         vlm=vlm,
     )
     sock = bind("127.0.0.1", port)

@@ -21,7 +21,7 @@ from camkit.core.call import Call
 from camkit.core.engine import over_rows
 from camkit.core.explainer import Explainer, Explanation, Reshape
 from camkit.core.finish import Finishing
-from camkit.core.inputs import boolean
+from camkit.core.inputs import boolean, finite_number, positive_int
 from camkit.core.layers import LayerSpec
 from camkit.core.layouts import Layout, resolve_reshape
 from camkit.core.spacetime import folded_frames
@@ -271,6 +271,31 @@ def one_pass_maps(
         }
 
     return over_rows(batch, batch_size, one_pass)
+
+
+class NoisyDraws:
+    """The noise settings of a CAM that averages over noisy draws (SS-CAM, Smooth Grad-CAM++),
+    checked in one place: ``samples`` draws per sample (a whole number >= 1) and the noise's
+    ``std`` (>= 0), each method's defaults in ``default_samples`` and ``default_std``; the draws
+    are seeded (``seed=``). Listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
+
+    seeded = True
+    default_samples: ClassVar[int]
+    default_std: ClassVar[float]
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layer: LayerSpec | None = None,
+        *,
+        samples: int | type[Ellipsis] = ...,
+        std: float | type[Ellipsis] = ...,
+        **options: Any,
+    ):
+        super().__init__(model, layer, **options)
+        samples = self.default_samples if samples is ... else samples
+        self.samples = positive_int("samples", samples)
+        self.std = finite_number("std", self.default_std if std is ... else std, minimum=0.0)
 
 
 def spatial(t: Tensor) -> tuple[int, ...]:

@@ -17,16 +17,17 @@ from torch import Tensor, nn
 
 from camkit.core.call import chunks
 from camkit.core.copies import CopyScorer
-from camkit.core.inputs import finite_number, positive_int
+from camkit.core.inputs import positive_int
 from camkit.core.layers import LayerSpec
 from camkit.core.seeds import call_seed, generator
 from camkit.errors import ArgumentError, LayerOutputError
+from camkit.methods.cam.base import NoisyDraws
 from camkit.methods.cam.perturbation import PerturbationCAM, ScoreCAM
 from camkit.registry import register
 
 
 @register("sscam", "Wang et al., 2020")
-class SSCAM(ScoreCAM):
+class SSCAM(NoisyDraws, ScoreCAM):
     """SS-CAM: Score-CAM with each channel's score averaged over noisy masks.
 
     Wang et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature Localization", 2020
@@ -52,23 +53,14 @@ class SSCAM(ScoreCAM):
     sample.
     """
 
-    seeded = True
-
     label = "SS-CAM"
     shares_masks = False
+    default_samples, default_std = 35, 2.0
 
-    def __init__(
-        self,
-        model: nn.Module,
-        layer: LayerSpec | None = None,
-        *,
-        samples: int = 35,
-        std: float = 2.0,
-        **options: Any,
-    ):
-        super().__init__(model, layer, **options)
-        self.samples = self.draws = positive_int("samples", samples)
-        self.std = finite_number("std", std, minimum=0.0)
+    @property
+    def draws(self) -> int:
+        """One noisy mask per sample."""
+        return self.samples
 
     def generator(self, device: torch.device) -> torch.Generator:
         return generator(device).manual_seed(call_seed(self.seed))

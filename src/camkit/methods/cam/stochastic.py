@@ -14,16 +14,15 @@ from torch import Tensor, nn
 
 from camkit.core.call import Call, chunks
 from camkit.core.engine import over_rows
-from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
 from camkit.core.seeds import call_seed, generator
-from camkit.methods.cam.base import BaseCAM, RawMaps, spatial
+from camkit.methods.cam.base import BaseCAM, NoisyDraws, RawMaps, spatial
 from camkit.registry import register
 from camkit.targets.resolver import RowScorer
 
 
 @register("smoothgradcam++", "Omeiza et al., 2019")
-class SmoothGradCAMPlusPlus(BaseCAM):
+class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
     """Smooth Grad-CAM++: Grad-CAM++ with gradients averaged over noisy copies of the input.
 
     Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique for
@@ -44,20 +43,7 @@ class SmoothGradCAMPlusPlus(BaseCAM):
         batch_size: at most this many rows (clean or noisy) per forward pass.
     """
 
-    seeded = True
-
-    def __init__(
-        self,
-        model: nn.Module,
-        layer: LayerSpec | None = None,
-        *,
-        samples: int = 4,
-        std: float = 0.3,
-        **options: Any,
-    ):
-        super().__init__(model, layer, **options)
-        self.samples = positive_int("samples", samples)
-        self.std = finite_number("std", std, minimum=0.0)
+    default_samples, default_std = 4, 0.3
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """One noisy copy per sample."""

@@ -237,6 +237,14 @@ def as_given(batch: Tensor | Inputs, results: Inputs) -> Tensor | Inputs:
     return results if isinstance(batch, tuple) else results[0]
 
 
+def maps_and_totals(batch: Tensor | Inputs, attrs: Inputs) -> tuple[Tensor | Inputs, Tensor]:
+    """The maps of a method that checks what its map adds up to (IG's completeness, LRP's
+    conservation): the attributions :func:`finished` and :func:`as_given`, and their
+    :func:`summed` totals ``(B, K)``."""
+    found = finished(attrs)
+    return as_given(batch, found), summed(found)
+
+
 __all__ = [
     "HEATMAP_PERCENTILE",
     "RULES",
@@ -246,6 +254,7 @@ __all__ = [
     "as_given",
     "as_tuple",
     "finished",
+    "maps_and_totals",
     "rows_of",
     "summed",
 ]

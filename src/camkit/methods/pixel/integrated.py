@@ -22,9 +22,8 @@ from camkit.methods.pixel.base import (
     Inputs,
     PixelAttribution,
     SampleTotals,
-    as_given,
     as_tuple,
-    finished,
+    maps_and_totals,
     summed,
 )
 from camkit.registry import register
@@ -148,12 +147,11 @@ class IntegratedGradients(PixelAttribution):
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
         ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
         """
-        batch = call.batch
-        attrs, delta = self.integrate(as_tuple(batch), scorer, call, return_error)
-        attrs = finished(attrs)
+        attrs, delta = self.integrate(as_tuple(call.batch), scorer, call, return_error)
+        maps, totals = maps_and_totals(call.batch, attrs)
         if not return_error:
-            return Explanation.of(as_given(batch, attrs), scorer)
-        return Explanation.of((as_given(batch, attrs), (summed(attrs) - delta).abs()), scorer)
+            return Explanation.of(maps, scorer)
+        return Explanation.of((maps, (totals - delta).abs()), scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None

@@ -28,10 +28,8 @@ from camkit.methods.pixel.base import (
     Inputs,
     PixelAttribution,
     SampleTotals,
-    as_given,
     as_tuple,
-    finished,
-    summed,
+    maps_and_totals,
 )
 from camkit.methods.pixel.heatmap import to_heatmap
 from camkit.registry import register
@@ -152,11 +150,10 @@ class LRP(PixelAttribution):
         else:
             relevance, scores = self._input_relevance(inputs, scorer, call)
             layers = {}
-        found = finished(relevance)
-        totals = {INPUT: summed(found)}
+        maps, input_total = maps_and_totals(call.batch, relevance)
+        totals = {INPUT: input_total}
         totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
         conservation = self._conserved(totals, scores)
-        maps = as_given(call.batch, found)
         return Relevance.of(maps, scorer, layers=layers, scores=scores, conservation=conservation)
 
     def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:

@@ -98,7 +98,7 @@ def routes(state: ServerState) -> list[Route]:
 
     async def cluster_concepts(request: Request) -> Response:
         query = Query(request, CLUSTER)
-        if state.strategies is None:
+        if state.run.strategies is None:
             raise ArgumentError("this run has no strategies: run 'camkit strategies RUN_DIR'")
         checkpoint = state.checkpoint_of(query)
         method, target = query.text("method"), query.integer("class")
@@ -106,7 +106,7 @@ def routes(state: ServerState) -> list[Route]:
         group = next(
             (
                 g
-                for g in state.strategies["groups"]
+                for g in state.run.strategies["groups"]
                 if g.get("method") == method and g.get("class") == target
             ),
             None,

@@ -112,7 +112,7 @@ def routes(state: ServerState) -> list[Route]:
                 "checkpoint": checkpoint,
                 "top": [{"index": c, "label": label, "probability": p} for c, label, p in top],
                 "probabilities": [round(p, 6) for p in probabilities.tolist()],
-                "run_maps": entry.run_maps if state.run_root is not None else [],
+                "run_maps": entry.run_maps if state.run.root is not None else [],
             }
         )
 

@@ -95,10 +95,10 @@ def routes(state: ServerState) -> list[Route]:
                 "colormaps": list(COLORMAPS),
                 "composites": list(COMPOSITES),
                 "composite": explorer.settings.composite,
-                "run": state.run_header,
-                "strategies": state.strategies is not None,
-                "concepts": None if state.concepts is None else state.concepts.layer,
-                "run_problems": list(state.run_problems.values()),
+                "run": state.run.header,
+                "strategies": state.run.strategies is not None,
+                "concepts": None if state.run.concepts is None else state.run.concepts.layer,
+                "run_problems": list(state.run.problems.values()),
                 "prompts": None if state.prompts is None else state.prompts.info(),
             }
         )

@@ -18,16 +18,16 @@ def routes(state: ServerState) -> list[Route]:
 
     async def strategies_view(request: Request) -> Response:
         Query(request, ())
-        if STRATEGIES_FILE in state.run_problems:
-            return error(state.run_problems[STRATEGIES_FILE], 422)
-        if state.strategies is None:
+        if STRATEGIES_FILE in state.run.problems:
+            return error(state.run.problems[STRATEGIES_FILE], 422)
+        if state.run.strategies is None:
             return error("this run has no strategies: run 'camkit strategies RUN_DIR'", 404)
-        return JSONResponse(state.strategies)
+        return JSONResponse(state.run.strategies)
 
     async def run_file(request: Request) -> Response:
-        if state.run_root is None:
+        if state.run.root is None:
             return error("not found", 404)
-        found = security.resolve_under(state.run_root, request.path_params["path"])
+        found = security.resolve_under(state.run.root, request.path_params["path"])
         if found is None:
             return error("not found", 404)
         return FileResponse(found)

@@ -4,15 +4,14 @@ that name a checkpoint, an image or a map."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from camkit.errors import ArgumentError
-from camkit.runs.concepts import ConceptsRecord
 from camkit.serve.batcher import MapBatcher
 from camkit.serve.compare import Comparison
 from camkit.serve.concepts import ConceptViews
 from camkit.serve.explorer import Explorer
+from camkit.serve.gallery import RunViews
 from camkit.serve.http import Query
 from camkit.serve.progress import Jobs
 from camkit.serve.prompts import Prompts
@@ -20,23 +19,16 @@ from camkit.serve.prompts import Prompts
 
 @dataclasses.dataclass
 class ServerState:
-    """One app's explorer and batcher; ``run_root``, ``run_header`` and ``strategies``: the
-    ``camkit explain`` run it shows (None: none); ``names``: each checkpoint's name for the
-    page (its file); ``concepts``: the run's ``camkit concepts`` results
-    (:func:`camkit.runs.concepts.read_concepts`); ``uploads``: how many it holds;
-    ``run_problems``: the run's broken files (file name -> the error's message);
+    """One app's explorer and batcher; ``run``: the ``camkit explain`` run it shows;
+    ``names``: each checkpoint's name for the page (its file); ``uploads``: how many it holds;
     ``comparison``: with two checkpoints; ``views``: the concept views; ``prompts``: the
     vision-language model's prompt views (None: the model takes no prompt)."""
 
     explorer: Explorer
     batcher: MapBatcher
-    run_root: Path | None = None
-    run_header: dict | None = None
-    strategies: dict | None = None
+    run: RunViews = dataclasses.field(default_factory=RunViews)
     names: dict[str, str] | None = None
-    concepts: ConceptsRecord | None = None
     uploads: int = 0
-    run_problems: dict[str, str] = dataclasses.field(default_factory=dict)
     checkpoints: list[str] = dataclasses.field(init=False)
     comparison: Comparison | None = dataclasses.field(init=False)
     views: ConceptViews = dataclasses.field(init=False)
@@ -47,7 +39,7 @@ class ServerState:
         self.checkpoints = list(self.explorer.checkpoints)
         self.names = {key: (self.names or {}).get(key, key) for key in self.checkpoints}
         self.comparison = Comparison(self.explorer) if len(self.checkpoints) > 1 else None
-        self.views = ConceptViews(self.explorer, self.concepts)
+        self.views = ConceptViews(self.explorer, self.run.concepts)
 
     def need_comparison(self, what: str) -> Comparison:
         """The comparison of the two checkpoints, or a clear error on a one-checkpoint server."""
