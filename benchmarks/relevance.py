@@ -13,8 +13,14 @@ downloaded) and the same seeded batch, and makes one warm-up call. The parent th
 cases of a setting for one timed call each in turn, ``--rounds`` times (interleaved, so that the
 load of a shared machine falls on every case alike), and reports the medians of the wall time
 and of the CPU time (user + system, ``getrusage``: less sensitive to other processes on a shared
-machine; the ratios use it). Peak memory: the process's peak resident memory during its calls
-above its resident memory before them (``ru_maxrss`` minus the model and the input). Rows:
+machine; the ratios use it). Peak memory, two ways: "peak", the process's peak resident memory
+during its first call above its resident memory before it (``ru_maxrss`` minus the model and
+the input), with glibc's heap as it comes: freed blocks below its (growing) mmap threshold stay
+in the heap, so this includes its fragmentation and moves by 5-10 % from run to run; "tensors'
+peak", a second call's peak resident memory above the memory before it in a process of its own
+(after a warm-up) started with ``MALLOC_MMAP_THRESHOLD_=131072``, where every block over
+128 KiB is its own mapping handed back when freed: the peak of the memory the call's tensors
+hold, the allocator's habits left out. Rows:
 camkit Saliency, camkit LRP, zennit (the same composite, ``ResNetCanonizer``), camkit LRP with
 ``Epsilon`` on every layer, and at ``--targets-at`` only, camkit LRP with 10 targets per image in
 one call and ten one-target LRP calls; with ``--before``, LRP and Epsilon with the older camkit.
@@ -93,26 +99,45 @@ def _cpu_seconds() -> float:
 
 
 def child(case: str, args: argparse.Namespace) -> None:
-    """Serve one case: a warm-up call, then one timed call per line read from stdin."""
+    """Serve one case: a warm-up call, then one timed call per line read from stdin; with
+    ``--tensors``, one call's peak memory above the memory before it, then exit."""
     import torch
 
     torch.set_num_threads(args.threads)
     run = _build(case, args)
     base = _rss_mib()
     run()
-    print("ready", flush=True)
+    if args.tensors:
+        before = _rss_mib()
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # resets the process's peak resident memory (VmHWM) to now
+        run()
+        print(_peak_mib() - before, flush=True)
+        return
+    first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    print(f"ready {first}", flush=True)
     for _ in sys.stdin:
         start, cpu = time.perf_counter(), _cpu_seconds()
         run()
         seconds, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
-        print(f"{seconds} {cpu} {peak}", flush=True)
+        print(f"{seconds} {cpu}", flush=True)
 
 
-def _start(case: str, src: Path, batch: int, threads: int) -> subprocess.Popen:
+def _peak_mib() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def _start(
+    case: str, src: Path, batch: int, threads: int, tensors: bool = False
+) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, __file__, "--child", case, *sys.argv[1:]]
     command += ["--batch", str(batch), "--threads", str(threads)]
+    if tensors:  # every block over 128 KiB its own mapping, handed back when freed
+        env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
+        command.append("--tensors")
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
@@ -126,20 +151,24 @@ def _setting(args: argparse.Namespace, batch: int, threads: int, targets: bool) 
     if args.before:
         runs += [(case, " (before)", args.before / "src") for case in BEFORE_CASES]
     procs = {}
-    for case, tag, src in runs:  # one at a time: the warm-ups do not overlap
+    peaks: dict[str, float] = {}
+    call: dict[str, float] = {}
+    for case, tag, src in runs:  # one at a time: the warm-ups and memory calls do not overlap
+        with _start(case, src, batch, threads, tensors=True) as proc:
+            call[case + tag] = float(proc.communicate()[0])
         procs[case + tag] = proc = _start(case, src, batch, threads)
-        assert proc.stdout.readline().strip() == "ready", f"{case}{tag} did not start"
+        word, first = proc.stdout.readline().split()
+        assert word == "ready", f"{case}{tag} did not start"
+        peaks[case + tag] = float(first)
     walls: dict[str, list[float]] = {name: [] for name in procs}
     cpus: dict[str, list[float]] = {name: [] for name in procs}
-    peaks: dict[str, float] = dict.fromkeys(procs, 0.0)
     for _ in range(args.rounds):
         for name, proc in procs.items():
             proc.stdin.write("go\n")
             proc.stdin.flush()
-            seconds, cpu, peak = map(float, proc.stdout.readline().split())
+            seconds, cpu = map(float, proc.stdout.readline().split())
             walls[name].append(seconds)
             cpus[name].append(cpu)
-            peaks[name] = max(peaks[name], peak)
     for proc in procs.values():
         proc.stdin.close()
         proc.wait()
@@ -152,14 +181,15 @@ def _setting(args: argparse.Namespace, batch: int, threads: int, targets: bool) 
         "interleaved rounds",
         "",
         "| case | wall s | CPU s | x Saliency (CPU) | x zennit (CPU) | peak MiB "
-        "| x Saliency (peak) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| x Saliency (peak) | tensors' peak MiB | x Saliency (tensors) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name in procs:
         lines.append(
             f"| {name} | {wall[name]:.3f} | {cpu[name]:.3f} | {cpu[name] / cpu['saliency']:.2f} | "
             f"{cpu[name] / cpu['zennit']:.2f} | {peaks[name]:.0f} | "
-            f"{peaks[name] / peaks['saliency']:.2f} |"
+            f"{peaks[name] / peaks['saliency']:.2f} | {call[name]:.0f} | "
+            f"{call[name] / call['saliency']:.2f} |"
         )
     if targets:
         ratio = cpu["lrp-10-targets"] / cpu["lrp-10-calls"]
@@ -180,6 +210,7 @@ def main() -> None:
     parser.add_argument("--child", choices=CASES + TARGET_CASES, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=4, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--tensors", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args)

@@ -74,6 +74,10 @@ def _neg(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.clamp(max=0)
 
 
+def _plus(z: Tensor, bias: Tensor | None) -> Tensor:
+    return z if bias is None else z + bias
+
+
 def zeroed_params(zero_params: ZeroParams) -> tuple[str, ...]:
     """zennit's ``zero_params`` checked: ``()`` or ``("bias",)`` (a zeroed weight: nothing left)."""
     names = (zero_params,) if isinstance(zero_params, str) else zero_params or ()
@@ -115,7 +119,10 @@ class Rule:
         raise NotImplementedError
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The rule's output (a rule defines this or :meth:`output_and_denominator`)."""
+        if type(self).output_and_denominator is Rule.output_and_denominator:
+            raise NotImplementedError(f"{type(self).__name__} defines no output")
+        return self.output_and_denominator(layer, x, o)[0]
 
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
@@ -153,15 +160,11 @@ class Epsilon(Rule):
             return proportional(o, self.epsilon)
         return rescaled(o, source, self_ratio(o, self.epsilon).mul_(scale))
 
-    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        return self.output_and_denominator(layer, x, o)[0]
-
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
-        b = self.bias_of(layer)
         z = layer.derived(x, same)
-        zd = z.detach() if b is None else z.detach() + b
+        zd = _plus(z.detach(), self.bias_of(layer))
         return rescaled(o, z, stabilized_ratio(o, zd, self.epsilon)), zd
 
 
@@ -178,19 +181,14 @@ class ZPlus(Rule):
         self.stabilizer = float(stabilizer)
         self.zero_params = zeroed_params(zero_params)
 
-    def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        return self.output_and_denominator(layer, x, o)[0]
-
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
-        b = self.bias_of(layer)
         xp, xn = signed_parts(x)
         z = layer.derived(xp, _pos)
         if xn is not None:
             z = z + layer.derived(xn, _neg)
-        bias = _pos(b)
-        zd = z.detach() if bias is None else z.detach() + bias
+        zd = _plus(z.detach(), _pos(self.bias_of(layer)))
         # z+ = x+ w+ + x- w- + b+ >= 0: its stabiliser is + eps
         return rescaled(o, z, stabilized_ratio(o, zd, self.stabilizer, nonnegative=True)), zd
 
