@@ -358,3 +358,24 @@ def test_a_rules_weights_are_built_again_in_the_backward_not_kept(rule) -> None:
     assert not any(rebuilt) and torch.Size([5, 6, 3, 3]) in packed
     assert torch.equal(relevance, kept)
     assert relevance.abs().sum() > 0
+
+
+def test_a_merged_weight_is_made_in_its_inputs_layout() -> None:
+    """A BatchNorm merged into a convolution gives ``W' = scale W`` in the layout of the
+    convolution's input (channels-last for a channels-last input, so that no convolution
+    applying ``W'`` or its ``w+`` converts it again), with the same numbers."""
+    from camkit.relevance.affine import Affine
+    from camkit.relevance.canonizers import merged_after
+
+    net = _conv_bn_net()
+    conv, bn = net[0], net[1]
+    x = torch.rand(2, 3, 6, 6, generator=_generator(4))
+    scale = bn.weight / (bn.running_var + bn.eps) ** 0.5
+    expected = conv.weight.detach() * scale.detach().view(-1, 1, 1, 1)
+    for given, layout in (
+        (x, torch.contiguous_format),
+        (x.to(memory_format=torch.channels_last), torch.channels_last),
+    ):
+        merged = merged_after(Affine.of(conv), bn, given)
+        assert merged.weight.is_contiguous(memory_format=layout)
+        assert torch.equal(merged.weight, expected) and torch.equal(merged.rebuild(), expected)

@@ -77,15 +77,17 @@ class Affine:
             self, weight=derive(self.weight), bias=bias, rebuild=partial(_built, derive, base)
         )
 
-    def scaled_outputs(self, scale: Tensor) -> Derive:
+    def scaled_outputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
         """Weight -> the weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged
-        after)."""
-        return partial(_scaled, scale=scale.view(-1, *(1,) * (self.weight.dim() - 1)))
+        after), in the memory layout of the layer's input ``x`` (see :func:`_scaled`)."""
+        shaped = scale.view(-1, *(1,) * (self.weight.dim() - 1))
+        return partial(_scaled, scale=shaped, memory_format=_layout(self.weight, x))
 
-    def scaled_inputs(self, scale: Tensor) -> Derive:
+    def scaled_inputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
         """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm
-        before)."""
-        return partial(_scaled, scale=scale.view(1, -1, *(1,) * (self.weight.dim() - 2)))
+        before), in the memory layout of the layer's input ``x``."""
+        shaped = scale.view(1, -1, *(1,) * (self.weight.dim() - 2))
+        return partial(_scaled, scale=shaped, memory_format=_layout(self.weight, x))
 
     @staticmethod
     def of(module: nn.Module) -> Affine:
@@ -116,20 +118,35 @@ class TransposedAffine(Affine):
 
     groups: int = 1
 
-    def scaled_outputs(self, scale: Tensor) -> Derive:
+    def scaled_outputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
         """Weight -> the weight with output channel ``k`` scaled by ``scale[k]`` (``C_out``
         entries)."""
         g = self.groups
         return partial(_grouped_scaled, scale=scale.view(g, 1, -1, *(1,) * (self.weight.dim() - 2)))
 
-    def scaled_inputs(self, scale: Tensor) -> Derive:
+    def scaled_inputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
         """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (``C_in``
         entries)."""
         return partial(_scaled, scale=scale.view(-1, *(1,) * (self.weight.dim() - 1)))
 
 
-def _scaled(weight: Tensor, scale: Tensor) -> Tensor:
-    return weight * scale
+def _layout(weight: Tensor, x: Tensor | None) -> torch.memory_format:
+    """Channels-last for a convolution's weight whose input is channels-last, else the
+    weight's own layout."""
+    channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(weight.dim())
+    if x is None or channels_last is None or x.dim() != weight.dim():
+        return torch.preserve_format
+    ours = x.is_contiguous(memory_format=channels_last) and not x.is_contiguous()
+    return channels_last if ours else torch.preserve_format
+
+
+def _scaled(
+    weight: Tensor, scale: Tensor, memory_format: torch.memory_format = torch.preserve_format
+) -> Tensor:
+    """``weight * scale`` written in ``memory_format``: a convolution given a weight in its
+    input's layout copies nothing (a merged weight, and its ``w+``, made channels-last in the
+    one pass that scales it, not converted again by every convolution that applies it)."""
+    return torch.mul(weight, scale, out=torch.empty_like(weight, memory_format=memory_format))
 
 
 def _grouped_scaled(weight: Tensor, scale: Tensor) -> Tensor:

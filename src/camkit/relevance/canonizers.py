@@ -80,14 +80,14 @@ def mergeable(bn: nn.Module) -> bool:
     return not bn.training and bn.running_var is not None and bn.running_mean is not None
 
 
-def merged_after(layer: Affine, bn: nn.Module) -> Affine:
+def merged_after(layer: Affine, bn: nn.Module, x: Tensor | None = None) -> Affine:
     """``bn(layer(x))`` as one affine map: ``W' = scale W`` (per output), ``b' = scale b +
-    shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``)."""
+    shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``); ``W'`` in ``x``'s memory layout."""
     scale, shift = _scale_shift(bn, layer.weight)
     shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
     scale_out, shift_out = scale.view(shape), shift.view(shape)
     bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
-    return layer.reweighted(layer.scaled_outputs(scale), bias)
+    return layer.reweighted(layer.scaled_outputs(scale, x), bias)
 
 
 def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
@@ -98,7 +98,7 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     channel = (1, -1) + (1,) * (x.dim() - 2)
     constant = shift.view(channel).expand((1, *x.shape[1:]))
     bias = layer(constant, layer.weight, layer.bias)
-    return layer.reweighted(layer.scaled_inputs(scale), bias)
+    return layer.reweighted(layer.scaled_inputs(scale, x), bias)
 
 
 def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:

@@ -228,7 +228,7 @@ class Session:
                 # a deferred layer's graph: x's for a plain BatchNorm (run without a graph,
                 # reached by its scale), out's (the BatchNorm's, the layer's) for timm's
                 via = (x, channel_scale(bn, out)) if type(bn).forward is _BN_FORWARD else None
-                merged = merged_after(layer, bn)
+                merged = merged_after(layer, bn, source)
                 return self._ruled(rule, merged, source, out, reusable=deferred, via=via)
             finally:
                 self.bypass -= 1
