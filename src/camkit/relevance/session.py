@@ -4,7 +4,8 @@ the recorded layer outputs, and the log of the ReLU rules (:func:`~.engine.rules
 from __future__ import annotations
 
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -122,7 +123,7 @@ class Session:
                     self.pending[id(o)] = self.names[module]
                     return None
                 # o carries the layer's graph (and the BatchNorm's before it) when reused
-                y = self._ruled(rule, layer, source, o)
+                y = self._ruled(rule, lambda: layer, source, o)
                 self.produced[id(y)] = (weakref.ref(y), y._version, layer, rule, source)
                 return y
             finally:
@@ -133,22 +134,22 @@ class Session:
     def _ruled(
         self,
         rule: Rule,
-        layer: Affine,
+        layer: Callable[[], Affine],
         source: Tensor,
         o: Tensor,
         reusable: bool = True,
         via: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """The rule's output for a layer ``layer`` whose output is ``o`` from ``source``: the
-        rule reuses ``o`` where it can (``reusable``: ``o`` carries the layer's own graph, or
-        ``via = (graph, scale)``: ``o = scale * graph + shift`` per channel, a BatchNorm run
-        without a graph after the layer) and ``source`` has no bias units; else its terms on
-        ``source`` with its bias units left out, the units it credits no input marked
-        (:mod:`camkit.relevance.bias_units`)."""
+        """The rule's output for the layer ``layer()`` (built only where the rule needs it)
+        whose output is ``o`` from ``source``: the rule reuses ``o`` where it can
+        (``reusable``: ``o`` carries the layer's own graph, or ``via = (graph, scale)``: ``o =
+        scale * graph + shift`` per channel, a BatchNorm run without a graph after the layer)
+        and ``source`` has no bias units; else its terms on ``source`` with its bias units left
+        out, the units it credits no input marked (:mod:`camkit.relevance.bias_units`)."""
         kept = self.bias_units.kept(source)
         if reusable and rule.reuses_output and kept is source:
             return rule.reused(o) if via is None else rule.reused(o, *via)
-        y, z = rule.output_and_denominator(layer, kept, o)
+        y, z = rule.output_and_denominator(layer(), kept, o)
         self.bias_units.found(y, z, o)
         return y
 
@@ -228,7 +229,7 @@ class Session:
                 # a deferred layer's graph: x's for a plain BatchNorm (run without a graph,
                 # reached by its scale), out's (the BatchNorm's, the layer's) for timm's
                 via = (x, channel_scale(bn, out)) if type(bn).forward is _BN_FORWARD else None
-                merged = merged_after(layer, bn, source)
+                merged = partial(merged_after, layer, bn, source)
                 return self._ruled(rule, merged, source, out, reusable=deferred, via=via)
             finally:
                 self.bypass -= 1
