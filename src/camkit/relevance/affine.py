@@ -18,6 +18,8 @@ _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3
 
 Op = Callable[[Tensor, Tensor], Tensor]
 Derive = Callable[[Tensor], Tensor]
+# the saved-tensor hooks in force (torch's own stack; without it, none of ours are pushed)
+_outer_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
 
 
 def same(weight: Tensor) -> Tensor:
@@ -59,7 +61,7 @@ class Affine:
         weight = derive(self.weight)
         if weight is self.weight and self.rebuild is None:
             return self(x, weight, bias)  # the model's own tensor: kept at no cost
-        if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        if _outer_hooks is None or _outer_hooks(False) is not None:
             return self(x, weight, bias)  # the caller's own hooks (checkpointing) decide
         base, kept = self.rebuild or partial(same, self.weight), id(weight)
 
@@ -120,7 +122,7 @@ class TransposedAffine(Affine):
 
     def scaled_outputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
         """Weight -> the weight with output channel ``k`` scaled by ``scale[k]`` (``C_out``
-        entries)."""
+        entries; a transposed convolution's weight keeps its own layout)."""
         g = self.groups
         return partial(_grouped_scaled, scale=scale.view(g, 1, -1, *(1,) * (self.weight.dim() - 2)))
 
