@@ -379,3 +379,24 @@ def test_a_merged_weight_is_made_in_its_inputs_layout() -> None:
         merged = merged_after(Affine.of(conv), bn, given)
         assert merged.weight.is_contiguous(memory_format=layout)
         assert torch.equal(merged.weight, expected) and torch.equal(merged.rebuild(), expected)
+
+
+def test_a_weight_changed_between_forward_and_backward_is_refused() -> None:
+    """The backward builds a rule's weight again from the layer's: a weight changed in place in
+    between would give another map than the forward's, so it raises, as autograd does for a
+    tensor it keeps."""
+    from camkit.errors import RelevanceError
+
+    net = _conv_bn_net()
+    x = torch.rand(2, 3, 6, 6, generator=_generator(5), requires_grad=True)
+    with rules_applied(net, Composite([((nn.Conv2d, nn.Linear), ZPlus())])):
+        out = net(x)
+    weight = net[3].weight.detach().clone()
+    with torch.no_grad():
+        net[3].weight.mul_(2.0)
+    try:
+        with pytest.raises(RelevanceError, match="changed in place"):
+            torch.autograd.grad(out[:, 1].sum(), x)
+    finally:
+        with torch.no_grad():
+            net[3].weight.copy_(weight)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from camkit.errors import ArgumentError
+from camkit.errors import ArgumentError, RelevanceError
 
 CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -63,7 +63,7 @@ class Affine:
             return self(x, weight, bias)  # the model's own tensor: kept at no cost
         if _outer_hooks is None or _outer_hooks(False) is not None:
             return self(x, weight, bias)  # the caller's own hooks (checkpointing) decide
-        base, kept = self.rebuild or partial(same, self.weight), id(weight)
+        base, kept = self.rebuild or self._kept(), id(weight)
 
         def pack(t: Tensor) -> object:  # autograd keeps the hooks: they must not hold weight
             return partial(_built, derive, base) if id(t) == kept else t
@@ -71,10 +71,14 @@ class Affine:
         with saved_tensors_hooks(pack, _unpack):
             return self(x, weight, bias)
 
+    def _kept(self) -> Callable[[], Tensor]:
+        """The model's own weight on request, as it was now (its in-place version checked)."""
+        return partial(_unchanged, self.weight, self.weight._version)
+
     def reweighted(self, derive: Derive, bias: Tensor | None) -> Affine:
         """This map with weight ``derive(weight)`` and ``bias``, computed again on request from
         the model's tensors (``rebuild``) rather than kept."""
-        base = self.rebuild or partial(same, self.weight)
+        base = self.rebuild or self._kept()
         return replace(
             self, weight=derive(self.weight), bias=bias, rebuild=partial(_built, derive, base)
         )
@@ -155,6 +159,16 @@ def _grouped_scaled(weight: Tensor, scale: Tensor) -> Tensor:
     """A transposed convolution's weight ``(C_in, C_out / g, *kernel)`` times ``scale`` shaped
     ``(g, 1, C_out / g, 1...)``: its groups unflattened, scaled, flattened again."""
     return (weight.unflatten(0, (scale.shape[0], -1)) * scale).flatten(0, 1)
+
+
+def _unchanged(weight: Tensor, version: int) -> Tensor:
+    if weight._version != version:
+        raise RelevanceError(
+            "a layer's weight was changed in place between the forward and the backward of an "
+            "LRP rule (the backward builds the rule's weight again from it); run the backward "
+            "before changing the model"
+        )
+    return weight
 
 
 def _built(derive: Derive, base: Callable[[], Tensor]) -> Tensor:
