@@ -14,6 +14,7 @@ from torch.autograd.graph import saved_tensors_hooks
 from camkit.errors import ArgumentError, RelevanceError
 
 CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)  # the affine layers
 _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 Op = Callable[[Tensor, Tensor], Tensor]
@@ -98,29 +99,31 @@ class Affine:
     @staticmethod
     def of(module: nn.Module) -> Affine:
         """The affine map of an ``nn.Linear``, ``nn.Conv1d/2d/3d`` or ``nn.ConvTranspose1d/2d/3d``
-        (:mod:`camkit.relevance.layers`)."""
-        if isinstance(module, CONV_TRANSPOSE):
-            return transposed_affine(module)
+        (called without ``output_size``: its ``output_padding`` attribute is the one used)."""
+        if not isinstance(module, LINEAR):
+            raise ArgumentError(
+                "a parametric LRP rule needs nn.Linear, nn.Conv1d/2d/3d or "
+                f"nn.ConvTranspose1d/2d/3d, got {type(module).__name__}"
+            )
         weight = module.weight.detach()
         bias = None if module.bias is None else module.bias.detach()
         if isinstance(module, nn.Linear):
-            return Affine(lambda x, w: F.linear(x, w), weight, bias)
-        if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
-            shape = (-1,) + (1,) * (weight.dim() - 2)
-            return Affine(
-                lambda x, w: module._conv_forward(x, w, None),
-                weight,
-                None if bias is None else bias.view(shape),
-            )
-        raise ArgumentError(
-            "a parametric LRP rule needs nn.Linear, nn.Conv1d/2d/3d or nn.ConvTranspose1d/2d/3d, "
-            f"got {type(module).__name__}"
-        )
+            return Affine(F.linear, weight, bias)
+        bias = None if bias is None else bias.view((-1,) + (1,) * (weight.dim() - 2))
+        if not isinstance(module, CONV_TRANSPOSE):
+            return Affine(lambda x, w: module._conv_forward(x, w, None), weight, bias)
+        conv, m = _FUNCTIONS[weight.dim() - 2], module
+        args = (m.stride, m.padding, m.output_padding, m.groups, m.dilation)
+        return TransposedAffine(lambda x, w: conv(x, w, None, *args), weight, bias, groups=m.groups)
 
 
 @dataclass(frozen=True)
 class TransposedAffine(Affine):
-    """A transposed convolution's affine map: weight ``(C_in, C_out / groups, *kernel)``."""
+    """A transposed convolution's affine map: weight ``(C_in, C_out / groups, *kernel)`` (the
+    input channels first), to which every parametric rule applies unchanged; what differs is
+    which weight axis holds the output channels, which the BatchNorm merge needs. Segmentation
+    decoders upsample with them (U-Net, Ronneberger et al., MICCAI 2015; captum's issue #712
+    asks LRP for them)."""
 
     groups: int = 1
 
@@ -179,25 +182,6 @@ def _unpack(saved: object) -> Tensor:
     return saved() if isinstance(saved, partial) else saved
 
 
-def transposed_affine(module: nn.Module) -> TransposedAffine:
-    """The affine map of an ``nn.ConvTranspose1d/2d/3d`` called without ``output_size`` (its
-    ``output_padding`` attribute is the one used)."""
-    weight = module.weight.detach()
-    bias = None if module.bias is None else module.bias.detach()
-    conv = _FUNCTIONS[weight.dim() - 2]
-
-    def op(x: Tensor, w: Tensor) -> Tensor:
-        return conv(
-            x, w, None, module.stride, module.padding, module.output_padding, module.groups,
-            module.dilation,
-        )  # fmt: skip
-
-    shape = (-1,) + (1,) * (weight.dim() - 2)
-    return TransposedAffine(
-        op, weight, None if bias is None else bias.view(shape), groups=module.groups
-    )
-
-
 def single_output(layer: Affine, x: Tensor) -> bool:
     """Whether a weight with one output unit gives every output of ``layer`` when all its
     units' weights are equal: a dense layer, or a convolution with one group (not transposed)."""
@@ -207,6 +191,7 @@ def single_output(layer: Affine, x: Tensor) -> bool:
 
 __all__ = [
     "CONV_TRANSPOSE",
+    "LINEAR",
     "Affine",
     "Op",
     "TransposedAffine",
@@ -214,5 +199,4 @@ __all__ = [
     "lowered",
     "same",
     "single_output",
-    "transposed_affine",
 ]

@@ -1,22 +1,16 @@
 """Canonizers: a model put into the form the LRP rules assume, as reversible edits.
 
 :class:`MergeBatchNorm` merges every eval-mode BatchNorm into the adjacent ``nn.Linear`` /
-``nn.Conv`` layer, in either order (``conv -> bn``, as zennit's ``SequentialMergeBatchNorm``, and
-``bn -> conv``), so that the layer's rule sees one affine map ``W' x + b'``
-(Montavon et al. 2019, sec. 10.3; Hui & Binder, "BatchNorm Decomposition for Deep Neural Network
-Interpretation", 2019). The edit is made of hooks that live only inside
-:func:`camkit.relevance.rules_applied` (removed in ``finally``), not of parameter writes: the
-model's parameters and buffers are never written, so they are bitwise what they were after any
-call or fault, and another thread using the model meanwhile sees the plain model.
-
-Adjacency is read from the data flow of the forward being explained, not from the order in
-which modules were assigned: a BatchNorm is merged with a layer only when its input *is* that
-layer's output (or its output is the layer's input). The merged layer's output is the model's
-own forward value; only the rule's backward sees the merged parameters.
-
-Residual additions and concatenations need no canonizer here: ``+``, ``torch.add`` and
-``torch.cat`` get their rule where they are called (:mod:`camkit.relevance.engine`), which is
-what zennit's ``ResNetCanonizer`` achieves by rewriting the blocks.
+``nn.Conv`` layer, in either order (``conv -> bn`` as zennit's ``SequentialMergeBatchNorm``, and
+``bn -> conv``), so that the layer's rule sees one affine map ``W' x + b'`` (Montavon et al. 2019,
+sec. 10.3; Hui & Binder, "BatchNorm Decomposition for Deep Neural Network Interpretation",
+2019). The edit is hooks that live only inside :func:`camkit.relevance.rules_applied`: the
+model's parameters and buffers are never written. Adjacency is read from the data flow of the
+forward (a BatchNorm's input *is* the layer's output, or its output the layer's input); the
+merged layer's output is the model's own forward value, only the rule's backward sees the merged
+parameters. Residual sums and concatenations need no canonizer: ``+``, ``torch.add`` and
+``torch.cat`` get their rule where they are called (what zennit's ``ResNetCanonizer`` achieves by
+rewriting the blocks).
 """
 
 from __future__ import annotations
@@ -27,11 +21,10 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from camkit.relevance.layers import CONV_TRANSPOSE
+from camkit.relevance.affine import LINEAR
 from camkit.relevance.rules import Affine
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 
 
 class Edits(Protocol):

@@ -1,14 +1,11 @@
 """Composites: which LRP rule each layer gets, as data.
 
 A :class:`Composite` is a list of ``(match, rule)`` pairs, the first match winning; ``match`` is
-a module type (or a tuple of types) or a layer-name pattern (``fnmatch``: ``"features.*"``,
-``"classifier"``). ``first`` does the same for the first layer only (the first module, in
-``named_modules()`` order, that one of its entries matches: zennit's
-``SpecialFirstLayerMapComposite``). Activations, sums, average pooling and the other operations
-of the forward get their rule from the function table of :mod:`camkit.relevance.engine`
-(activations: :class:`~camkit.relevance.rules.Pass`, sums and average pooling:
-:class:`~camkit.relevance.rules.Norm` with the composite's ``stabilizer``), whether they are
-modules or functional calls.
+a module type (or a tuple of types) or a layer-name pattern (``fnmatch``: ``"features.*"``).
+``first`` does the same for the first module it matches (zennit's
+``SpecialFirstLayerMapComposite``). Every other operation gets its rule from the table of
+:mod:`camkit.relevance.engine` (activations: :class:`~.rules.Pass`; sums and average pooling:
+:class:`~.rules.Norm` with the composite's ``stabilizer``), module or functional call.
 
 The named composites are zennit 0.5.1's, by the names researchers use in papers (Kohlbrenner et
 al., "Towards Best Practice in Explaining Neural Network Decisions with LRP", IJCNN 2020;
@@ -27,16 +24,11 @@ name                          first layer    convolutions  dense layers
 Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
 
 ``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT_COMPOSITE`) is
-``epsilon-plus-flat`` with every rule's ``zero_params="bias"`` (biases and merged BatchNorm
-shifts absorb no relevance), multiplicative gates treated as constants (``gates="constant"``)
-and units that only their bias drives treated as biases of the layers that read them
-(``bias_units="bias"``, :mod:`camkit.relevance.bias_units`): chosen by measurement
-(``benchmarks/CONSERVATION.md``, docs/relevance.md), it keeps 50%-150% of the score at the
-input where zennit's composites lose most of it on BatchNorm networks.
-
-The other rule sets of the one backward are composites too (:data:`RULE_SETS`), not strict:
-``"gradient"`` (the plain gradient), ``"guided"`` and ``"deconvnet"`` (the ReLU rules of
-:mod:`camkit.relevance.rectifiers`, every other operation keeping its plain gradient).
+``epsilon-plus-flat`` with ``zero_params="bias"`` in every rule, ``gates="constant"`` and
+``bias_units="bias"`` (:mod:`~.bias_units`): chosen by measurement (``benchmarks/CONSERVATION.md``,
+docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
+most of it on BatchNorm networks. The other rule sets are composites too (:data:`RULE_SETS`),
+not strict: ``"gradient"``, ``"guided"`` and ``"deconvnet"`` (:mod:`~.rectifiers`).
 """
 
 from __future__ import annotations
@@ -49,18 +41,19 @@ from typing import Any
 from torch import nn
 
 from camkit.errors import ArgumentError
-from camkit.relevance.bias_units import check_bias_units
+from camkit.relevance.affine import CONV_TRANSPOSE
+from camkit.relevance.bias_units import BIAS_UNITS
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm
-from camkit.relevance.gates import check_gates
-from camkit.relevance.layers import CONV_TRANSPOSE
+from camkit.relevance.gates import GATES
 from camkit.relevance.rectifiers import RULES, ReLURule, check_rule
 from camkit.relevance.rules import AlphaBeta, Epsilon, Flat, Gamma, Rule, ZBox, ZPlus
-from camkit.relevance.transformers import check_attention
+from camkit.relevance.transformers import ATTENTION
 
 Match = type | tuple | str
-# transposed convolutions get the convolutions' rules (camkit.relevance.layers)
+# transposed convolutions get the convolutions' rules (camkit.relevance.affine)
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)
 DENSE = (nn.Linear,)
+_CHOICES = {"gates": GATES, "bias_units": BIAS_UNITS, "attention": ATTENTION}
 
 
 # what a composite's entry for nn.Linear matches; built once, uninitialised: building one per
@@ -76,16 +69,14 @@ def _matches(match: Match, name: str, module: nn.Module) -> bool:
 
 @dataclass
 class Composite:
-    """A rule set of the one backward: rules by module type or layer-name pattern (first match
-    wins), a special first layer, the stabiliser of the function table's Norm rule, the
-    canonizers to apply, the rule of multiplicative gates (``gates``: ``"uniform"`` or
-    ``"constant"``, see :mod:`camkit.relevance.gates`), what units that only their bias drives
-    are to the layers that read them (``bias_units``: ``"input"`` or ``"bias"``, see
-    :mod:`camkit.relevance.bias_units`), the rule of attention weights (``attention``:
-    ``"softmax"``, AttnLRP's, or ``"constant"``, CP-LRP's, see
-    :mod:`camkit.relevance.transformers`), the ReLU rule (``"guided"``,
-    ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on the relevance
-    path without a rule raises) or not (an operation without a rule keeps its plain gradient).
+    """A rule set of the one backward: ``rules`` by module type or layer-name pattern (first
+    match wins), a special ``first`` layer, the ``stabilizer`` of the table's Norm rule, the
+    ``canonizers``, the rule of multiplicative ``gates`` (``"uniform"`` or ``"constant"``,
+    :mod:`~.gates`), what ``bias_units`` are to the layers reading them (``"input"`` or
+    ``"bias"``, :mod:`~.bias_units`), the rule of ``attention`` weights (``"softmax"``,
+    AttnLRP's, or ``"constant"``, CP-LRP's, :mod:`~.transformers`), the ReLU ``rectifier``
+    (``"guided"``, ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on
+    the relevance path without a rule raises; else it keeps its plain gradient).
 
     ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
     """
@@ -102,9 +93,9 @@ class Composite:
     strict: bool = True
 
     def __post_init__(self) -> None:
-        check_gates(self.gates)
-        check_bias_units(self.bias_units)
-        check_attention(self.attention)
+        for option, choices in _CHOICES.items():
+            if (value := getattr(self, option)) not in choices:
+                raise ArgumentError(f"{option} must be one of {list(choices)}, got {value!r}")
         if self.rectifier is not None:
             check_rule(self.rectifier)
         for entry in (*self.rules, *self.first):
@@ -159,44 +150,34 @@ def _named(
     canonizers: Sequence[Canonizer] | None = None,
     bias_units: str | None = None,
 ) -> Composite:
-    label = name
-    if name == DEFAULT_COMPOSITE:  # epsilon-plus-flat, the biases out of every rule, gates
-        name, zero_params = "epsilon-plus-flat", "bias" if zero_params is None else zero_params
-        gates = "constant" if gates is None else gates  # constant, bias units as biases
-        bias_units = "bias" if bias_units is None else bias_units
-    z = {"zero_params": zero_params}
+    # the default: epsilon-plus-flat, the biases out of every rule, gates constant, bias units
+    # as biases
+    nobias = name == DEFAULT_COMPOSITE
+    z = {"zero_params": "bias" if nobias and zero_params is None else zero_params}
     dense = (DENSE, Epsilon(epsilon, **z))
     zplus, alphabeta = ZPlus(stabilizer, **z), AlphaBeta(2.0, 1.0, stabilizer, **z)
     flat = [(CONV + DENSE, Flat(stabilizer, **z))]
-    table = {
+    rules, first = {
         "epsilon-plus": ([(CONV, zplus), dense], []),
         "epsilon-plus-flat": ([(CONV, zplus), dense], flat),
+        DEFAULT_COMPOSITE: ([(CONV, zplus), dense], flat),
         "epsilon-gamma-box": (
             [(CONV, Gamma(gamma, stabilizer, **z)), dense],
             [(CONV, ZBox(low, high, stabilizer, **z))],
         ),
         "epsilon-alpha2-beta1": ([(CONV, alphabeta), dense], []),
         "epsilon-alpha2-beta1-flat": ([(CONV, alphabeta), dense], flat),
-    }
-    rules, first = table[name]
-    canonizers = [MergeBatchNorm()] if canonizers is None else list(canonizers)
-    gates = "uniform" if gates is None else gates
-    bias_units = "input" if bias_units is None else bias_units
+    }[name]
     return Composite(
         rules,
         first,
         stabilizer,
-        canonizers,
-        name=label,
-        gates=gates,
-        bias_units=bias_units,
+        [MergeBatchNorm()] if canonizers is None else list(canonizers),
+        name=name,
+        gates=("constant" if nobias else "uniform") if gates is None else gates,
+        bias_units=("bias" if nobias else "input") if bias_units is None else bias_units,
         attention=attention,
     )
-
-
-def _rule_set(name: str) -> Composite:
-    rectifier = name if name in RULES else None
-    return Composite([], canonizers=[], name=name, rectifier=rectifier, strict=False)
 
 
 RULE_SETS: tuple[str, ...] = ("gradient", *RULES)
@@ -222,7 +203,8 @@ def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: A
         return spec
     if isinstance(spec, str):
         if spec in RULE_SETS and not options:
-            return _rule_set(spec)
+            rectifier = spec if spec in RULES else None
+            return Composite([], canonizers=[], name=spec, rectifier=rectifier, strict=False)
         if spec not in COMPOSITES:
             raise ArgumentError(
                 f"unknown composite {spec!r}; choose from {list(COMPOSITES)} (LRP) or "

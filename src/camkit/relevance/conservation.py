@@ -65,27 +65,17 @@ class Conservation(Mapping):
     def lost(self) -> dict[str, Tensor]:
         """``{stage: (B, K)}``: the share lost between the stage above (the output for the
         deepest) and this one; negative where relevance is created."""
-        above = torch.ones_like(self.input)
-        lost = {}
-        for stage in self.stages:
-            lost[stage] = above - self.shares[stage]
-            above = self.shares[stage]
-        return lost
+        above = [torch.ones_like(self.input), *(self.shares[s] for s in self.stages)]
+        return {s: above[i] - self.shares[s] for i, s in enumerate(self.stages)}
 
     def lossiest(self) -> list[list[tuple[str, str, float]]]:
         """Per sample, per target: ``(above, stage, share lost)``, the step that loses most."""
-        lost = self.lost
-        steps = torch.stack([lost[s].nan_to_num(0.0) for s in self.stages], dim=-1)
-        where = steps.argmax(-1)
-        found = []
-        for b in range(where.shape[0]):
-            row = []
-            for k in range(where.shape[1]):
-                i = int(where[b, k])
-                above = self.stages[i - 1] if i else OUTPUT
-                row.append((above, self.stages[i], float(steps[b, k, i])))
-            found.append(row)
-        return found
+        steps = torch.stack([lost.nan_to_num(0.0) for lost in self.lost.values()], dim=-1)
+        above = (OUTPUT, *self.stages)
+        return [
+            [(above[i], self.stages[i], float(row[k, i])) for k, i in enumerate(worst.tolist())]
+            for row, worst in zip(steps, steps.argmax(-1), strict=True)
+        ]
 
     def summary(self) -> list[list[dict]]:
         """Per sample, per target, as plain JSON: ``{"input": share, "layers": {name: share},

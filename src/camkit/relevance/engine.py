@@ -1,40 +1,28 @@
 """The one backward: under :func:`rules_applied`, ordinary autograd computes a rule set's gradient.
 
-A rule set (a :class:`~.composites.Composite`) is data: the plain gradient, the ReLU rules of
-guided backpropagation and the deconvnet (:mod:`~.rectifiers`), LRP's composites. One
-interception applies every one of them with one operation table; every gradient method (the pixel
-methods, LRP, the concepts) runs its forward inside this block. Under the ReLU rules, the table's
+A rule set (a :class:`~.composites.Composite`: the plain gradient, the ReLU rules of
+:mod:`~.rectifiers`, LRP's composites) is applied by one interception with one operation table;
+every gradient method runs its forward inside this block. Under the ReLU rules the table's
 rectifiers get the rule's backward, its other activations are reported and every other operation
-keeps its plain gradient (the rule set is not strict). Under an LRP composite (strict):
+keeps its plain gradient (not strict). Under an LRP composite (strict), modules the composite
+gives a rule get it through forward hooks, and every other operation of the forward, functional
+calls included, is seen by a :class:`torch.overrides.TorchFunctionMode` and ruled by the table:
 
-Modules that a composite gives a rule (``nn.Linear``, ``nn.Conv``, or any module a user's
-composite names) get it through forward hooks; every other operation of the forward is seen by a
-:class:`torch.overrides.TorchFunctionMode`, functional calls included (``F.relu``, ``x + y``,
-``torch.cat``, ``F.adaptive_avg_pool2d``, ``flatten``), and gets its rule from one table:
-
-* ``relu``: its plain gradient, which is the Pass rule's exactly (``o / x`` is 1 where ``x > 0``
-  and 0 elsewhere), with no copy and no extra operation;
-* the other rectifiers (``relu6``, ``hardtanh``, ``threshold``) and activations (``silu``,
-  ``gelu``, ``sigmoid``, ``tanh``, ``leaky_relu``, ``elu``, ``hardswish``, ``prelu``, ...;
-  in-place forms too): :class:`~.rules.Pass`;
+* ``relu``: its plain gradient, which is the Pass rule's exactly (no copy, no extra operation);
+* the other rectifiers and activations (``relu6``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
+  ...; in-place forms too): :class:`~.rules.Pass`;
 * additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
-  average pooling, resampling (``F.interpolate``): :class:`~.rules.Norm` with the composite's
+  average pooling, resampling, additive scatters: :class:`~.rules.Norm` with the composite's
   stabiliser;
-* structural operations (views, reshapes, ``flatten``, ``cat``, ``stack``, indexing, padding,
-  max pooling, dropout, dtype casts), a tensor plus or times a constant (a bias, a scale), and an
-  un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` exactly as relevance
-  must move (zennit does the same for these);
-* gathers, embeddings and writes (``masked_scatter``, ``index_put``, ``scatter``): their plain
-  gradient; additive scatters: :class:`~.rules.Norm` (:mod:`camkit.relevance.layers`);
-* softmax (its gradient, AttnLRP's rule; or a constant, the composite's ``attention``), matmul and
-  products of two activations, layer / RMS / group norm, ``F.normalize``,
-  norms and their pieces (``pow``, ``sqrt``: constants), fused attention
-  (``scaled_dot_product_attention``, ``multi_head_attention_forward``) and ``F.linear`` outside a
-  ruled module (Epsilon): AttnLRP's rules (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the
-  composite's (:mod:`~.gates`);
-* anything else on the relevance path (``exp``, ``cumsum``, a functional convolution outside
-  a ruled module, ...): :class:`~camkit.errors.RelevanceError` naming the operation and the line
-  that called it, instead of letting relevance through unchecked.
+* structural operations (views, ``cat``, indexing, padding, max pooling, dropout, casts,
+  gathers and writes), a tensor plus or times a constant, an
+  un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` as relevance must
+  move (as zennit does);
+* softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
+  norms (constants), fused attention and ``F.linear`` outside a ruled module: AttnLRP's rules
+  (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the composite's (:mod:`~.gates`);
+* anything else on the relevance path (``exp``, ``cumsum``, a functional convolution, ...):
+  :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it.
 
 A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
 """
@@ -55,7 +43,6 @@ from torch.overrides import TorchFunctionMode
 from camkit.core.layers import explained_module, hooked
 from camkit.errors import RelevanceError
 from camkit.relevance.composites import Composite, Match, composite
-from camkit.relevance.layers import ADDITIVE, COPIES
 from camkit.relevance.rectifiers import RECTIFIERS, rectified
 from camkit.relevance.rescale import proportional
 from camkit.relevance.rules import Pass, Rule
@@ -72,45 +59,38 @@ ACTIVATION = "activation"  # Pass under LRP; its plain gradient (reported) under
 def _table() -> dict[Any, str]:
     table: dict[Any, str] = {}
 
-    def add(kind: str, *funcs: Any) -> None:
-        table.update({f: kind for f in funcs if f is not None})
+    def add(kind: str, names: str, *funcs: Any) -> None:
+        found = [getattr(owner, n, None) for n in names.split() for owner in (torch, _T, F, _N)]
+        table.update({f: kind for f in (*found, *funcs) if f is not None})
 
-    def named(owner: Any, *names: str) -> list:
-        return [getattr(owner, n, None) for n in names]
-
-    gates = ("hardsigmoid", "sigmoid", "tanh", "sigmoid_", "tanh_")
-    add(PASS, *named(F, *gates), *named(torch, *gates), *named(_T, *gates), *named(_N, *gates))
-    acts = ("silu", "gelu", "elu", "elu_", "leaky_relu", "leaky_relu_", "hardswish", "mish")
-    acts += ("softplus", "selu", "selu_", "celu", "celu_", "rrelu", "rrelu_", "prelu")
-    add(ACTIVATION, *named(F, *acts), *named(torch, *acts), *named(_T, *acts), *named(_N, *acts))
-    sums = ("add", "add_", "__add__", "__radd__", "__iadd__", "sub", "sub_", "__sub__")
-    sums += ("__rsub__", "__isub__", "subtract")
-    add(SUMS, *named(torch, *sums), *named(_T, *sums))
-    pools = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
-    pools += ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")
-    add(NORM, *named(torch, "sum", "mean"), *named(_T, "sum", "mean"))
-    add(NORM, *named(F, *pools), *named(torch, *pools), *named(_N, *pools))
-    add(NORM, F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear, F.fold)
-    add(SUMS, *named(torch, *ADDITIVE), *named(_T, *ADDITIVE))
-    scale = ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "div", "div_", "__truediv__")
-    scale += ("__itruediv__", "multiply", "divide", "true_divide")
-    add(SCALE, *named(torch, *scale), *named(_T, *scale))
-    shape = ("view", "reshape", "flatten", "unflatten", "permute", "transpose", "t", "contiguous")
-    shape += ("clone", "squeeze", "unsqueeze", "expand", "expand_as", "repeat", "cat", "concat")
-    shape += ("concatenate", "stack", "split", "chunk", "unbind", "narrow", "select", "movedim")
-    shape += ("index_select", "to", "float", "double", "half", "bfloat16", "type_as", "type")
-    shape += ("roll",)
-    shape += ("__getitem__", "neg", "__neg__", "view_as", "reshape_as", "flip", "pad", "tile")
-    shape += ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "batch_norm")
-    shape += ("max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d")
-    shape += ("adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool2d_with_indices")
-    shape += ("permute_copy", "swapaxes", "moveaxis", "unfold", *COPIES)
-    add(GRADIENT, *named(torch, *shape), *named(_T, *shape), *named(F, *shape))
-    add(GRADIENT, *named(_N, *shape))
-    add(RECTIFIER, *RECTIFIERS)  # relu, relu6, hardtanh, threshold, in place or not
-    add(GRADIENT, *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
-    products = ("matmul", "__matmul__", "__rmatmul__", "bmm", "einsum", "mm")
-    add(BILINEAR, *named(torch, *products), *named(_T, *products))
+    add(PASS, "hardsigmoid sigmoid tanh sigmoid_ tanh_")
+    add(ACTIVATION, "silu gelu elu elu_ leaky_relu leaky_relu_ hardswish mish softplus selu")
+    add(ACTIVATION, "selu_ celu celu_ rrelu rrelu_ prelu")
+    add(SUMS, "add add_ __add__ __radd__ __iadd__ sub sub_ __sub__ __rsub__ __isub__ subtract")
+    add(NORM, "sum mean avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d")
+    add(NORM, "adaptive_avg_pool2d adaptive_avg_pool3d", F.interpolate, F.upsample, F.fold)
+    add(NORM, "", F.upsample_nearest, F.upsample_bilinear)
+    add(SUMS, "scatter_add scatter_add_ index_add index_add_")  # writes that add: their sum
+    add(SCALE, "mul mul_ __mul__ __rmul__ __imul__ div div_ __truediv__ __itruediv__ multiply")
+    add(SCALE, "divide true_divide")
+    add(GRADIENT, "view reshape flatten unflatten permute transpose t contiguous clone squeeze")
+    add(GRADIENT, "unsqueeze expand expand_as repeat cat concat concatenate stack split chunk")
+    add(GRADIENT, "unbind narrow select movedim index_select to float double half bfloat16")
+    add(GRADIENT, "type_as type roll __getitem__ neg __neg__ view_as reshape_as flip pad tile")
+    add(GRADIENT, "dropout dropout1d dropout2d dropout3d alpha_dropout batch_norm max_pool1d")
+    add(GRADIENT, "max_pool2d max_pool3d adaptive_max_pool1d adaptive_max_pool2d")
+    add(GRADIENT, "adaptive_max_pool3d max_pool2d_with_indices permute_copy swapaxes moveaxis")
+    add(GRADIENT, "unfold")
+    # outputs that are copies of input entries, relevance moving with them: gathers, embeddings,
+    # shuffles, and writes (masked_scatter puts a VLM's image features into the text sequence;
+    # index_put, scatter, x[i] = v): the written values get the relevance of their positions
+    add(GRADIENT, "gather take take_along_dim masked_select embedding pixel_shuffle diagonal")
+    add(GRADIENT, "pixel_unshuffle channel_shuffle tril triu where masked_scatter index_put")
+    add(GRADIENT, "masked_scatter_ index_put_ scatter scatter_ index_copy index_copy_ index_fill")
+    add(GRADIENT, "masked_fill masked_fill_ index_fill_ __setitem__")
+    add(RECTIFIER, "", *RECTIFIERS)  # relu, relu6, hardtanh, threshold, in place or not
+    add(GRADIENT, "", *(getattr(_T, name).__get__ for name in ("T", "mT", "H", "mH")))
+    add(BILINEAR, "matmul __matmul__ __rmatmul__ bmm einsum mm")
     return table
 
 

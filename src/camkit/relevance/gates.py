@@ -1,26 +1,19 @@
-"""Multiplicative gates: ``y = x * gate``, the product of two activations, where one factor
-decides how much of the other passes (squeeze-excitation ``x * sigmoid(s)``, SiLU written as
-``x * sigmoid(x)``, gated MLPs ``act(a) * b``, LSTM-style ``tanh`` gates).
-
-A composite chooses the rule for these products as data (``Composite(gates=...)``):
+"""Multiplicative gates: ``y = x * gate`` (squeeze-excitation ``x * sigmoid(s)``, SiLU written
+as ``x * sigmoid(x)``, gated MLPs ``act(a) * b``, LSTM-style ``tanh`` gates), their rule chosen
+by ``Composite(gates=...)``:
 
 * ``"uniform"``: AttnLRP's uniform rule for the product of two activations (Achtibat et al.,
-  ICML 2024, Prop. 3.3): each factor gets half of the relevance, ``R_x = R_gate = R_y / 2``
-  (each scaled by its contribution, ``x (dy/dx) / stab(y)``). The half that enters the gate
-  travels back through the gate's own branch (for squeeze-excitation: a sigmoid, two small
-  convolutions and a global average, which lose it to their biases).
-* ``"constant"``: the gate is a constant of the forward, ``y = x * gate.detach()``: all of the
-  relevance flows through the gated operand, ``R_x = R_y`` (exactly conserved). AttnLRP treats
-  the gate of a gated unit this way where it explains the value and not the gating (its SiLU:
-  the identity rule), as Arras et al. do for the gates of LSTMs ("signal-take-all": Arras et
-  al., "Explaining Recurrent Neural Network Predictions in Sentiment Analysis", WASSA 2017).
+  ICML 2024, Prop. 3.3): each factor gets half of the relevance, ``R_x = R_gate = R_y / 2``;
+  the gate's half travels back through the gate's own branch.
+* ``"constant"``: the gate is a constant of the forward, ``y = x * gate.detach()``, and the
+  gated operand gets all of the relevance (exactly conserved), as AttnLRP treats SiLU and Arras
+  et al. the gates of LSTMs ("signal-take-all": "Explaining Recurrent Neural Network
+  Predictions in Sentiment Analysis", WASSA 2017).
 
-Which factor is the gate, read from the data flow of the forward: the output of a sigmoid-like
-activation (``sigmoid``, ``hardsigmoid``, ``tanh``; out of place) when exactly one factor
-is one; otherwise the output of another smooth activation (``silu``, ``gelu``, ``hardswish``,
-...) when exactly one factor is one (the activated half of a gated MLP). A product where
-neither rule names one factor (``relu(a) * b``, two plain tensors, a gate reshaped on its way)
-keeps the uniform rule.
+The gate is read from the data flow: the one factor that is the output of a sigmoid-like
+activation (``sigmoid``, ``hardsigmoid``, ``tanh``; out of place), else the one factor that is
+the output of another smooth activation (``silu``, ``gelu``, ...: a gated MLP). A product where
+neither names exactly one factor keeps the uniform rule.
 """
 
 from __future__ import annotations
@@ -33,8 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from camkit.errors import ArgumentError
-
 GATES: tuple[str, ...] = ("uniform", "constant")
 _SIGMOIDS = {
     f
@@ -44,19 +35,12 @@ _SIGMOIDS = {
 }
 
 
-def check_gates(gates: str) -> str:
-    """The gate rule's name, checked."""
-    if gates not in GATES:
-        raise ArgumentError(f"gates must be one of {list(GATES)}, got {gates!r}")
-    return gates
-
-
 class GateTracker:
     """The activations of one forward (weakly held: the tracker keeps none alive), and the
     product rule of the composite's ``gates``."""
 
     def __init__(self, gates: str):
-        self.constant = check_gates(gates) == "constant"
+        self.constant = gates == "constant"
         self.sigmoids: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.activated: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -89,4 +73,4 @@ class GateTracker:
         return func(*args, **kwargs)
 
 
-__all__ = ["GATES", "GateTracker", "check_gates"]
+__all__ = ["GATES", "GateTracker"]

@@ -1,23 +1,18 @@
 """The ReLU rules of guided backpropagation and the deconvnet, as rule sets of the one backward.
 
-Under a rule set with a ReLU rule (``composite("guided")``, ``composite("deconvnet")``; applied
-by :func:`camkit.relevance.engine.rules_applied`, the one interception), every ReLU that Python
-code applies -- ``nn.ReLU`` modules (in-place or not, reused or not), ``F.relu``, ``torch.relu``,
-``Tensor.relu`` and their in-place forms -- keeps its forward value but backpropagates by:
+Under ``composite("guided")`` or ``composite("deconvnet")``, every ReLU that Python code applies
+(``nn.ReLU`` modules, ``F.relu``, ``torch.relu``, ``Tensor.relu``, in-place forms) keeps its
+forward value but backpropagates by:
 
 * ``"guided"`` (Springenberg et al., "Striving for Simplicity: The All Convolutional Net",
   ICLR 2015 workshop): ``grad_in = grad_out * (x > 0) * (grad_out > 0)``;
 * ``"deconvnet"`` (Zeiler & Fergus, "Visualizing and Understanding Convolutional Networks",
   ECCV 2014): ``grad_in = grad_out * (grad_out > 0)``, whatever the forward input was.
 
-``ReLU6`` and ``hardtanh(x, 0, max)`` count as rectifiers (guided: ``grad_out * (0 < x < max) *
-(grad_out > 0)``), as does ``threshold(x, 0, 0)``. Other activations (LeakyReLU, GELU, SiLU, ELU,
-Hardswish, ...) keep their plain gradient and are reported by an
-:class:`UnmodifiedActivationWarning`; gates (sigmoid, tanh, softmax) are not rectifiers and keep
-their gradient silently. Code that does not run through Python (TorchScript) cannot be reached;
-scripted submodules are reported too. This module holds the rule's backward and how to read each
-rectifier's arguments (:data:`RECTIFIERS`); which functions are rectifiers is said by the one
-operation table of :mod:`camkit.relevance.engine`.
+``ReLU6``, ``hardtanh(x, 0, max)`` (guided: ``(0 < x < max)``) and ``threshold(x, 0, 0)`` are
+rectifiers too. Other activations keep their plain gradient and are reported
+(:class:`UnmodifiedActivationWarning`), as are scripted submodules, which run outside Python;
+gates (sigmoid, tanh, softmax) keep their gradient silently.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ from camkit.errors import ArgumentError, warn
 
 ReLURule = Literal["guided", "deconvnet"]
 RULES: tuple[str, ...] = ("guided", "deconvnet")
+Backward = Callable[[Tensor, "Tensor | None", float], Tensor]  # (grad, output, upper) -> grad
 
 
 def check_rule(rule: object) -> ReLURule:
@@ -50,36 +46,33 @@ class UnmodifiedActivationWarning(UserWarning):
 
 
 class _RectifierBackward(torch.autograd.Function):
-    """Runs the original rectifier forward; its backward applies the guided or deconvnet rule."""
+    """The original rectifier forward; the backward ``rule(grad, out, upper)``."""
 
     @staticmethod
     def forward(
-        ctx: Any,
-        x: Tensor,
-        call: Callable[[], Tensor],
-        rule: str,
-        upper: float,
-        inplace: bool,
+        ctx: Any, x: Tensor, call: Callable[[], Tensor], rule: Backward, upper: float, inplace: bool
     ) -> Tensor:
         out = call()
         if inplace:
             ctx.mark_dirty(x)
-        ctx.rule = rule
-        ctx.upper = upper
-        if rule == "guided":  # the deconvnet rule ignores the forward
-            ctx.save_for_backward(out)
+        ctx.rule, ctx.upper = rule, upper
+        ctx.save_for_backward(None if rule is _deconvnet else out)  # it ignores the forward
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        grad = grad.clamp(min=0)
-        if ctx.rule == "guided":
-            (out,) = ctx.saved_tensors
-            passed = out > 0
-            if ctx.upper != math.inf:
-                passed = passed & (out < ctx.upper)
-            grad = grad * passed
-        return grad, None, None, None, None
+        return ctx.rule(grad, *ctx.saved_tensors, ctx.upper), None, None, None, None
+
+
+def _guided(grad: Tensor, out: Tensor, upper: float) -> Tensor:
+    passed = out > 0
+    if upper != math.inf:
+        passed = passed & (out < upper)
+    return grad.clamp(min=0) * passed
+
+
+def _deconvnet(grad: Tensor, out: None, upper: float) -> Tensor:
+    return grad.clamp(min=0)
 
 
 def _relu(bound: dict) -> float | None:
@@ -113,45 +106,35 @@ class _Rectifier:
         return self.upper is _relu
 
     def bind(self, args: tuple, kwargs: dict) -> dict:
-        bound = dict(self.defaults)
-        bound.update(zip(self.params, args, strict=False))
-        bound.update(kwargs)
-        return bound
+        return {**self.defaults, **dict(zip(self.params, args, strict=False)), **kwargs}
 
 
 def _rectifier_table() -> dict[Callable, _Rectifier]:
-    unary = ("input",)
-    flag = ("input", "inplace")
-    hardtanh = ("input", "min_val", "max_val")
-    threshold = ("input", "threshold", "value")
-    limits = {"min_val": -1.0, "max_val": 1.0}
-    aten = torch.ops.aten
-    entries: list[tuple[Any, _Rectifier]] = [
-        (F.relu, _Rectifier(flag, {"inplace": False}, _relu)),
-        (torch.relu, _Rectifier(unary, {}, _relu)),
-        (Tensor.relu, _Rectifier(unary, {}, _relu)),
-        (aten.relu, _Rectifier(unary, {}, _relu)),
-        (aten.relu.default, _Rectifier(unary, {}, _relu)),
-        (torch.relu_, _Rectifier(unary, {}, _relu, inplace=True)),
-        (Tensor.relu_, _Rectifier(unary, {}, _relu, inplace=True)),
-        (aten.relu_, _Rectifier(unary, {}, _relu, inplace=True)),
-        (aten.relu_.default, _Rectifier(unary, {}, _relu, inplace=True)),
-        (F.relu6, _Rectifier(flag, {"inplace": False}, _relu6)),
-        (F.hardtanh, _Rectifier((*hardtanh, "inplace"), {**limits, "inplace": False}, _hardtanh)),
-        (torch._C._nn.hardtanh, _Rectifier(hardtanh, limits, _hardtanh)),
-        (torch._C._nn.hardtanh_, _Rectifier(hardtanh, limits, _hardtanh, inplace=True)),
-        (F.threshold, _Rectifier((*threshold, "inplace"), {"inplace": False}, _threshold)),
-        (torch.threshold, _Rectifier(threshold, {}, _threshold)),
-        (torch.threshold_, _Rectifier(threshold, {}, _threshold, inplace=True)),
-    ]
+    unary, flag = ("input",), ("input", "inplace")
+    hardtanh, threshold = ("input", "min_val", "max_val"), ("input", "threshold", "value")
+    limits, off = {"min_val": -1.0, "max_val": 1.0}, {"inplace": False}
+    aten, nn_ = torch.ops.aten, torch._C._nn
+    relu, relu_ = _Rectifier(unary, {}, _relu), _Rectifier(unary, {}, _relu, inplace=True)
+    table = {f: relu for f in (torch.relu, Tensor.relu, aten.relu, aten.relu.default)}
+    table |= {f: relu_ for f in (torch.relu_, Tensor.relu_, aten.relu_, aten.relu_.default)}
+    table |= {
+        F.relu: _Rectifier(flag, off, _relu),
+        F.relu6: _Rectifier(flag, off, _relu6),
+        F.hardtanh: _Rectifier((*hardtanh, "inplace"), {**limits, **off}, _hardtanh),
+        nn_.hardtanh: _Rectifier(hardtanh, limits, _hardtanh),
+        nn_.hardtanh_: _Rectifier(hardtanh, limits, _hardtanh, inplace=True),
+        F.threshold: _Rectifier((*threshold, "inplace"), off, _threshold),
+        torch.threshold: _Rectifier(threshold, {}, _threshold),
+        torch.threshold_: _Rectifier(threshold, {}, _threshold, inplace=True),
+    }
     for name in ("relu6", "relu6_"):
-        if hasattr(torch._C._nn, name):
-            rectifier = _Rectifier(unary, {}, _relu6, inplace=name.endswith("_"))
-            entries.append((getattr(torch._C._nn, name), rectifier))
-    return dict(entries)
+        if hasattr(nn_, name):
+            table[getattr(nn_, name)] = _Rectifier(unary, {}, _relu6, inplace=name[-1] == "_")
+    return table
 
 
 RECTIFIERS = _rectifier_table()
+_BACKWARDS: dict[str, Backward] = {"guided": _guided, "deconvnet": _deconvnet}
 
 
 @dataclass
@@ -195,9 +178,12 @@ def _args(bound: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in bound.items() if k not in ("input", "inplace"))
 
 
-def rectified(func: Callable, args: tuple, kwargs: dict, log: ActivationLog) -> Any:
+def rectified(
+    func: Callable, args: tuple, kwargs: dict, log: ActivationLog, rule: Backward | None = None
+) -> Any:
     """``func(*args, **kwargs)``, a rectifier of :data:`RECTIFIERS`, with ``log.rule``'s
-    backward when its arguments make it one (else its plain gradient, logged)."""
+    backward (or ``rule(grad, out, upper)``) when its arguments make it one (else its plain
+    gradient, logged)."""
     rectifier = RECTIFIERS[func]
     bound = rectifier.bind(args, kwargs)
     upper = rectifier.upper(bound)
@@ -209,9 +195,8 @@ def rectified(func: Callable, args: tuple, kwargs: dict, log: ActivationLog) -> 
         log.rectifiers += 1
         if torch.is_grad_enabled() and x.requires_grad:
             inplace = bool(bound.get("inplace", rectifier.inplace))
-            return _RectifierBackward.apply(
-                x, lambda: func(*args, **kwargs), log.rule, upper, inplace
-            )
+            call = lambda: func(*args, **kwargs)  # noqa: E731
+            return _RectifierBackward.apply(x, call, rule or _BACKWARDS[log.rule], upper, inplace)
     return func(*args, **kwargs)
 
 

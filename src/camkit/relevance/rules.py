@@ -2,22 +2,16 @@
 
 Notation: a layer ``z_k = sum_j x_j w_jk + b_k`` with output ``o = z``, input ``x``, incoming
 relevance ``R_k``; ``x+ = max(x, 0)``, ``x- = min(x, 0)``, likewise ``w+``, ``w-``, ``b+``,
-``b-``; ``stab(z) = z + eps * (sign(z) + [z == 0])`` (zennit's stabiliser: a zero is pushed to
-``+eps``). Each rule gives the relevance ``R_j`` of the layer's input. The numbers follow zennit
-0.5.1 (``zennit.rules``), the reference implementation of these papers.
+``b-``; ``stab(z) = z + eps * (sign(z) + [z == 0])`` (zennit's stabiliser). Each rule gives the
+relevance ``R_j`` of the layer's input; the numbers follow zennit 0.5.1 (``zennit.rules``).
 
 The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradients*: what flows
-backward is ``g = R / A`` for every tensor ``A`` (so ``R_A = A * dS/dA`` everywhere). A rule turns
-its layer's output into ``y = o.detach() + (T - T.detach())``: the forward value is ``o``
-bitwise, and the gradient of ``T`` with respect to ``x`` is the rule's ``R_j / x_j`` for an
-incoming ``g = R / o`` (:func:`~camkit.relevance.rescale.rescaled` does it in one autograd node
-where that gradient is the incoming one times a constant coefficient). The backward
-is linear in the incoming gradient (every coefficient is detached), so masking ``g`` at a layer
-(concept relevance) gives the relevance of the masked part.
-
-Rules whose input relevance does not vanish where the input is zero (:class:`Flat`,
-:class:`WSquare`, :class:`ZBox`: the first layer's rules) reach the input through ``x / x``: an
-input entry exactly equal to zero cannot carry relevance in ``x * grad_x`` and gets none.
+backward is ``g = R / A`` for every tensor ``A``. A rule turns its layer's output into ``y =
+o.detach() + (T - T.detach())`` (:func:`~camkit.relevance.rescale.rescaled`: one autograd node):
+the forward value is ``o`` bitwise, and the gradient of ``T`` is the rule's ``R_j / x_j`` for an
+incoming ``g = R / o``. Every coefficient is detached, so the backward is linear in ``g``.
+The first layer's rules (:class:`Flat`, :class:`WSquare`, :class:`ZBox`) reach the input through
+``x / x``: an input entry exactly zero gets no relevance.
 """
 
 from __future__ import annotations
@@ -100,6 +94,10 @@ class Rule:
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
     zero_params: tuple[str, ...] = ()
 
+    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
+        self.stabilizer = float(stabilizer)
+        self.zero_params = zeroed_params(zero_params)
+
     def bias_of(self, layer: Affine) -> Tensor | None:
         """The layer's bias as the rule sees it: None when ``zero_params`` names it."""
         return None if "bias" in self.zero_params else layer.bias
@@ -135,6 +133,18 @@ class Rule:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
+
+
+def _signed_sums(
+    layer: Affine, x: Tensor, up: Callable, down: Callable, biases: tuple
+) -> tuple[Tensor, Tensor]:
+    """``(z_up, z_down)``: ``x+`` through weights ``up(w)`` (bias ``biases[0]``) plus ``x-``
+    through ``down(w)``, and the same with ``up`` and ``down`` swapped (bias ``biases[1]``)."""
+    xp, xn = signed_parts(x)
+    zp, zn = layer.derived(xp, up, biases[0]), layer.derived(xp, down, biases[1])
+    if xn is not None:
+        zp, zn = zp + layer.derived(xn, down), zn + layer.derived(xn, up)
+    return zp, zn
 
 
 class Epsilon(Rule):
@@ -177,10 +187,6 @@ class ZPlus(Rule):
     accepts negative inputs).
     """
 
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
-        self.stabilizer = float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
-
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
@@ -213,15 +219,12 @@ class AlphaBeta(Rule):
             raise ArgumentError(
                 f"AlphaBeta needs alpha, beta >= 0 and alpha - beta = 1, got {alpha}, {beta}"
             )
-        self.alpha, self.beta, self.stabilizer = float(alpha), float(beta), float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
+        self.alpha, self.beta = float(alpha), float(beta)
+        super().__init__(stabilizer, zero_params=zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         b = self.bias_of(layer)
-        xp, xn = signed_parts(x)
-        zp, zn = layer.derived(xp, _pos, _pos(b)), layer.derived(xp, _neg, _neg(b))
-        if xn is not None:
-            zp, zn = zp + layer.derived(xn, _neg), zn + layer.derived(xn, _pos)
+        zp, zn = _signed_sums(layer, x, _pos, _neg, (_pos(b), _neg(b)))
         t = self.alpha * zp * (o / stabilize(zp.detach(), self.stabilizer)).detach()
         t = t - self.beta * zn * (o / stabilize(zn.detach(), self.stabilizer)).detach()
         return modified_output(o, t)
@@ -240,17 +243,13 @@ class Gamma(Rule):
     def __init__(
         self, gamma: float = 0.25, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None
     ):
-        self.gamma, self.stabilizer = float(gamma), float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
+        self.gamma = float(gamma)
+        super().__init__(stabilizer, zero_params=zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         b = self.bias_of(layer)
-        xp, xn = signed_parts(x)
         up, down = partial(lifted, gamma=self.gamma), partial(lowered, gamma=self.gamma)
-        bup, bdown = (None, None) if b is None else (up(b), down(b))
-        zp, zn = layer.derived(xp, up, bup), layer.derived(xp, down, bdown)
-        if xn is not None:
-            zp, zn = zp + layer.derived(xn, down), zn + layer.derived(xn, up)
+        zp, zn = _signed_sums(layer, x, up, down, (None, None) if b is None else (up(b), down(b)))
         od = o.detach()
         t = zp * (od * (od > 0) / stabilize(zp.detach(), self.stabilizer))
         t = t + zn * (od * (od < 0) / stabilize(zn.detach(), self.stabilizer))
@@ -264,10 +263,6 @@ class Flat(Rule):
     Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really
     learn", Nature Communications 2019. For the first layer; no bias (``zero_params``: no-op).
     """
-
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
-        self.stabilizer = float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w = layer.weight
@@ -286,10 +281,6 @@ class WSquare(Rule):
     Montavon et al., "Explaining nonlinear classification decisions with deep Taylor
     decomposition", Pattern Recognition 2017. For a first layer with unbounded input.
     """
-
-    def __init__(self, stabilizer: float = 1e-6, *, zero_params: ZeroParams = None):
-        self.stabilizer = float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w2, b = layer.weight**2, self.bias_of(layer)
@@ -318,8 +309,8 @@ class ZBox(Rule):
         *,
         zero_params: ZeroParams = None,
     ):
-        self.low, self.high, self.stabilizer = low, high, float(stabilizer)
-        self.zero_params = zeroed_params(zero_params)
+        self.low, self.high = low, high
+        super().__init__(stabilizer, zero_params=zero_params)
 
     def _bound(self, value: float | Tensor | None, x: Tensor, extreme: Callable) -> Tensor:
         if value is None:
@@ -330,14 +321,9 @@ class ZBox(Rule):
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         w, b = layer.weight, self.bias_of(layer)
         low, high = self._bound(self.low, x, torch.amin), self._bound(self.high, x, torch.amax)
-        unit = unit_path(x)
-        t = layer(x, w, b) - layer(low * unit, w.clamp(min=0), _pos(b))
-        t = t - layer(high * unit, w.clamp(max=0), _neg(b))
-        z = (
-            layer(x, w, b)
-            - layer(low, w.clamp(min=0), _pos(b))
-            - layer(high, w.clamp(max=0), _neg(b))
-        )
+        unit, first, wp, wn = unit_path(x), layer(x, w, b), w.clamp(min=0), w.clamp(max=0)
+        t = first - layer(low * unit, wp, _pos(b)) - layer(high * unit, wn, _neg(b))
+        z = first - layer(low, wp, _pos(b)) - layer(high, wn, _neg(b))
         return rescaled(o, t, stabilized_ratio(o, z, self.stabilizer))
 
 
@@ -347,6 +333,9 @@ class Pass(Rule):
     not given relevance of their own)."""
 
     parametric = False
+
+    def __init__(self) -> None:  # no parameters
+        pass
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         if x.shape != o.shape:
@@ -364,9 +353,6 @@ class Norm(Rule):
     Bach et al. 2015)."""
 
     parametric = False
-
-    def __init__(self, stabilizer: float = 1e-6):
-        self.stabilizer = float(stabilizer)
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
         """``o`` must carry the operation's own graph to its inputs (``x`` is not used)."""

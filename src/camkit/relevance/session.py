@@ -13,11 +13,11 @@ from torch import Tensor, nn
 
 from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
-from camkit.relevance.bias_units import BiasUnitTracker
+from camkit.relevance.affine import CONV_TRANSPOSE
+from camkit.relevance.bias_units import BiasUnitTracker, Marks
 from camkit.relevance.canonizers import channel_scale, merged_after, merged_before
 from camkit.relevance.composites import Composite
 from camkit.relevance.gates import GateTracker
-from camkit.relevance.layers import CONV_TRANSPOSE
 from camkit.relevance.rectifiers import ActivationLog
 from camkit.relevance.rules import Affine, Norm, Rule
 from camkit.relevance.transformers import handlers
@@ -25,10 +25,6 @@ from camkit.relevance.transformers import handlers
 _BN_FORWARD = nn.BatchNorm2d.forward
 _PLAIN_FORWARDS = (nn.Linear.forward, nn.Conv1d.forward, nn.Conv2d.forward, nn.Conv3d.forward)
 _PLAIN_FORWARDS += tuple(kind.forward for kind in CONV_TRANSPOSE)
-
-
-def _dead() -> None:
-    return None
 
 
 def on_path(t: object) -> bool:
@@ -59,9 +55,8 @@ class Session:
         self.gates = GateTracker(comp.gates)
         self.bias_units = BiasUnitTracker(comp.bias_units)
         self.bypass = 0
-        # weak references: the session must not keep the forward's tensors alive
-        self.produced: dict[int, tuple[weakref.ref, int, Affine, Rule, Tensor]] = {}
-        self.normalized: dict[int, tuple[weakref.ref, int, nn.Module, Tensor]] = {}
+        self.produced = Marks()  # ruled outputs: (layer, rule, source)
+        self.normalized = Marks()  # BatchNorm outputs: (bn, its input)
         self.grad_modes: list[bool] = []
         self.substitute: dict[int, tuple[Tensor, Tensor | None]] = {}
         self.substituted = 0
@@ -73,19 +68,15 @@ class Session:
         self.pending: dict[int, str] = {}  # their outputs, until that BatchNorm merges them
         self.names = {m: name for name, m in model.named_modules()} if model is not None else {}
 
-    @staticmethod
-    def guard(hook: Any) -> Any:
-        return this_thread(hook)
-
     def register(self) -> list:
         handles = []
         for module, rule in self.rules.values():
-            handles.append(module.register_forward_pre_hook(self.guard(self._enter(rule))))
-            handles.append(module.register_forward_hook(self.guard(self._rule_hook(rule))))
+            handles.append(module.register_forward_pre_hook(this_thread(self._enter(rule))))
+            handles.append(module.register_forward_hook(this_thread(self._rule_hook(rule))))
         for canonizer in self.composite.canonizers:
             handles.extend(canonizer.apply(self.model, self))
         for name, module in find_layers(self.model, self.record) if self.record else ():
-            handles.append(module.register_forward_hook(self.guard(self._record_hook(name))))
+            handles.append(module.register_forward_hook(this_thread(self._record_hook(name))))
         return handles
 
     def _enter(self, rule: Rule):
@@ -113,18 +104,17 @@ class Session:
                 if not rule.parametric:
                     return rule.output(None, x, o)
                 layer, source = self._affine(module), x
-                before = self.normalized.get(id(x))
-                if before is not None and before[0]() is x and before[1] == x._version:
-                    layer = merged_before(before[2], layer, before[3])
-                    source = before[3]
+                before = self.normalized.of(x)
+                if before is not None:
+                    layer, source = merged_before(before[0], layer, before[1]), before[1]
                 if module in self.deferred and source is x:
                     # the BatchNorm right after it merges the rule in: no terms computed twice
-                    self.produced[id(o)] = (weakref.ref(o), o._version, layer, rule, source)
+                    self.produced.put(o, layer, rule, source)
                     self.pending[id(o)] = self.names[module]
                     return None
                 # o carries the layer's graph (and the BatchNorm's before it) when reused
                 y = self._ruled(rule, lambda: layer, source, o)
-                self.produced[id(y)] = (weakref.ref(y), y._version, layer, rule, source)
+                self.produced.put(y, layer, rule, source)
                 return y
             finally:
                 self.bypass -= 1
@@ -156,9 +146,9 @@ class Session:
     def _affine(self, module: nn.Module) -> Affine:
         """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
         first) is run with its weight swapped for the rule's inside the function mode."""
-        if type(module).forward in _PLAIN_FORWARDS:
-            return Affine.of(module)
         plain = Affine.of(module)
+        if type(module).forward in _PLAIN_FORWARDS:
+            return plain
         weight = module.weight
 
         def op(x: Tensor, w: Tensor) -> Tensor:
@@ -195,22 +185,17 @@ class Session:
         """The edits a canonizer asks for (:class:`~.canonizers.Edits`): each BatchNorm merged
         into the rule of the layer next to it in the data flow, by a forward hook."""
         self.deferred.update(followed)
-        enter, hook = self.guard(self._batch_norm_enter), self.guard(self._batch_norm_hook)
+        enter, hook = this_thread(self._batch_norm_enter), this_thread(self._batch_norm_hook)
         handles = [bn.register_forward_pre_hook(enter) for bn in norms]
         return handles + [bn.register_forward_hook(hook) for bn in norms]
 
-    def _merged_into(self, x: object) -> tuple | None:
-        """The layer whose rule a BatchNorm taking ``x`` merges: ``produced``'s entry, if any."""
-        after = self.produced.get(id(x)) if isinstance(x, Tensor) else None
-        return after if after is not None and after[0]() is x and after[1] == x._version else None
-
     def _batch_norm_enter(self, bn: nn.Module, args: tuple) -> None:
         x = args[0] if args else None
-        after = self._merged_into(x)
+        after = self.produced.of(x)  # the layer whose rule the BatchNorm merges
         # a merged BatchNorm needs no graph: the rule's backward reaches past it (by the scale
         # where the rule keeps the layer's graph), unless an activation is inside (timm's)
         plain = type(bn).forward is _BN_FORWARD
-        keeps = after is not None and id(x) in self.pending and after[3].reuses_output
+        keeps = after is not None and id(x) in self.pending and after[1].reuses_output
         self.grad_modes.append(torch.is_grad_enabled())
         torch.set_grad_enabled((after is None or keeps and not plain) and torch.is_grad_enabled())
 
@@ -219,9 +204,10 @@ class Session:
         x = args[0] if args else None
         if not (isinstance(x, Tensor) and isinstance(out, Tensor)):
             return None
-        after = self._merged_into(x)  # a deferred layer's output carries no graph
+        after = self.produced.of(x)  # a deferred layer's output carries no graph
         if after is not None:
-            _, _, layer, rule, source = self.produced.pop(id(x))
+            layer, rule, source = after
+            del self.produced[id(x)]
             self.merged[id(x)] = weakref.ref(x)
             deferred = self.pending.pop(id(x), None) is not None
             self.bypass += 1
@@ -234,14 +220,15 @@ class Session:
             finally:
                 self.bypass -= 1
         if on_path(x) and type(bn).forward is _BN_FORWARD:  # no activation inside (timm's)
-            self.normalized[id(out)] = (weakref.ref(out), out._version, bn, x)
+            self.normalized.put(out, bn, x)
         return None
 
     def merged_away(self, name: str) -> bool:
         """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
         relevance is then the BatchNorm's)."""
         copy = self.passed_on.get(name)
-        return copy is not None and self.merged.get(id(copy), _dead)() is copy
+        merged = self.merged.get(id(copy))
+        return merged is not None and merged() is copy
 
     def _record_hook(self, name: str):
         def hook(module: nn.Module, args: tuple, out: object) -> object:
@@ -255,9 +242,9 @@ class Session:
                     "canonizer): its relevance is at the BatchNorm's output; record that layer"
                 )
             copy = out.clone()  # in-place operations downstream leave the recorded tensor alone
-            produced = self.produced.get(id(out))
-            if produced is not None and produced[0]() is out:  # the copy may be merged in turn
-                self.produced[id(copy)] = (weakref.ref(copy), copy._version, *produced[2:])
+            produced = self.produced.of(out)
+            if produced is not None:  # the copy may be merged in turn
+                self.produced.put(copy, *produced)
             self.bias_units.passed(self.bias_units.mask(out), copy)
             self.passed_on[name] = copy
             return copy

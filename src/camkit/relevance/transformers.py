@@ -1,53 +1,42 @@
 """AttnLRP's rules for the operations of transformers (Achtibat et al., "AttnLRP:
-Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024).
+Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024), in camkit's
+modified gradient ``g = R / A`` (:mod:`camkit.relevance.rules`):
 
-In camkit's modified gradient ``g = R / A`` (see :mod:`camkit.relevance.rules`):
-
-* **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (AttnLRP Prop. 3.1, the Taylor
-  decomposition at ``x``): in ``g`` this is ``g_in = s (g - sum_j s_j g_j)``, the softmax's own
-  Jacobian, so the plain gradient implements it exactly. Not conservative: the input gets
-  ``sum_i x_i R^out_i - (sum_i x_i s_i) sum_j R^out_j``, the Taylor expansion's zeroth-order
-  term (the softmax's bias) the rest, all of it for equal logits (near-uniform attention: random
-  weights); lxt 2.1 does the same;
-* **attention weights as constants** (the composite's ``attention="constant"``): CP-LRP (Ali et
-  al., "XAI for Transformers: Better Explanations through Conservative Propagation", ICML 2022;
-  lxt's ``cp_LRP`` patches): the softmax's output is a constant, no relevance enters ``q k^T``
-  and ``attn @ v`` is linear in ``v``, which gets all of it: conservative;
-* **matmul and the element-wise product of two activations** (``q k^T``, ``attn @ v``, gates),
-  the uniform rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (AttnLRP Prop. 3.3): half the
-  gradient to each factor, so that ``R_A + R_B = R_y``. No stabiliser: in the modified
-  gradient nothing is divided by ``y`` (lxt's ``divide_gradient``, its LLaMA patches' form;
-  lxt's explicit ``matmul`` adds ``eps`` to ``2 y``, which changes products within ``eps`` of 0);
-* **layer norm** (and RMS norm), the identity rule on the normalisation: the standard deviation
-  is taken as a constant, ``y = w (x - mean(x)) / std.detach() + b``, a linear map of ``x``
-  (AttnLRP Prop. 3.4; the centring is linear, the bias absorbs its share);
-* **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`;
-* **rotary position embeddings** (``q cos + rotate_half(q) sin``): products with constants and
-  structural operations, their plain gradient; **gated MLPs** (``act(gate(x)) * up(x)``): the
-  product of two activations, the uniform rule; **grouped-query attention**: keys and values
-  repeated (``expand``, ``reshape``), their plain gradient; HuggingFace's RMS norms written by
-  hand (``LlamaRMSNorm``: ``x * rsqrt(x.pow(2).mean() + eps) * w``): the norm's pieces are
-  constants (below), which is the identity rule on the normalisation;
-* ``F.scaled_dot_product_attention`` (fused attention): the function itself, forward and
-  backward, with the gradient of ``q`` and ``k`` quartered and of ``v`` halved: the rules above
-  in lxt's Gradient x Input form, the uniform rule without its stabiliser;
-* ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision's ViT): computed
-  again from its parts with the rules above, the forward value being the fused one bitwise;
-* ``F.linear`` outside a ruled module (the projections inside fused attention, Swin's
-  ``shifted_window_attention``): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
+* **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (Prop. 3.1): in ``g`` the softmax's
+  own Jacobian, so the plain gradient implements it exactly. Not conservative (the zeroth-order
+  Taylor term, all of it for equal logits, is the softmax's bias); lxt 2.1 does the same;
+* **attention weights as constants** (``attention="constant"``): CP-LRP (Ali et al., "XAI for
+  Transformers: Better Explanations through Conservative Propagation", ICML 2022; lxt's
+  ``cp_LRP``): no relevance enters ``q k^T``, ``attn @ v`` gives ``v`` all of it: conservative;
+* **matmul and the product of two activations** (``q k^T``, ``attn @ v``, gates): the uniform
+  rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (Prop. 3.3), half the gradient to each factor,
+  without stabiliser (lxt's ``divide_gradient``);
+* **layer, RMS and group norm**, ``F.normalize`` and hand-written norms (``x.pow(2).mean()``,
+  ``rsqrt``: constants): the identity rule on the normalisation, the standard deviation a
+  constant (Prop. 3.4);
+* **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`; rotary
+  embeddings and grouped-query attention: products with constants and structural operations,
+  their plain gradient; gated MLPs: the uniform rule;
+* ``F.scaled_dot_product_attention``: the function itself with the gradient of ``q`` and ``k``
+  quartered and of ``v`` halved (the rules above in lxt's Gradient x Input form);
+  ``F.multi_head_attention_forward``: computed again from its parts, bitwise the fused value;
+* ``F.linear`` outside a ruled module (projections inside fused attention, Swin's window
+  attention): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.errors import ArgumentError, RelevanceError
+from camkit.errors import RelevanceError
 from camkit.relevance.affine import Affine
 from camkit.relevance.rescale import rescaled
 from camkit.relevance.rules import Epsilon, modified_output
@@ -56,16 +45,6 @@ from camkit.relevance.rules import Epsilon, modified_output
 # the weights as constants (CP-LRP)
 ATTENTION: tuple[str, ...] = ("softmax", "constant")
 _SOFTMAXES = [F.softmax, torch.softmax, Tensor.softmax, getattr(torch.special, "softmax", None)]
-
-
-def check_attention(attention: str) -> str:
-    """The attention rule's name, checked."""
-    if attention not in ATTENTION:
-        raise ArgumentError(
-            f"attention must be one of {list(ATTENTION)} (AttnLRP's softmax rule, or the "
-            f"attention weights as constants: CP-LRP), got {attention!r}"
-        )
-    return attention
 
 
 def bilinear(o: Tensor) -> Tensor:
@@ -181,7 +160,7 @@ def handlers(linear_rule: Epsilon, weights: str = "softmax") -> dict[Any, Callab
     """The functions these rules replace (looked up by the function mode); ``linear_rule``: the
     rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
     (:data:`ATTENTION`)."""
-    constant = check_attention(weights) == "constant"
+    constant = weights == "constant"
     sdpa = lambda *a, **k: attention(*a, **k, constant=constant)  # noqa: E731
     found: dict[Any, Callable[..., Any]] = {
         F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
@@ -198,31 +177,15 @@ def handlers(linear_rule: Epsilon, weights: str = "softmax") -> dict[Any, Callab
     for owner, names in zip((torch, Tensor, torch.linalg), _NORMS.values(), strict=True):
         found.update({f: _constant(f) for n in names if (f := getattr(owner, n, None))})
     # AttnLRP's softmax rule is the softmax's own gradient; CP-LRP's a constant
-    found.update({f: _detached(f) if constant else f for f in _SOFTMAXES if f is not None})
+    found.update({f: _constant(f) if constant else f for f in _SOFTMAXES if f is not None})
     return found
 
 
-def _detached(func: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    return lambda *args, **kwargs: func(*args, **kwargs).detach()
-
-
-def _attend(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, constant: bool):
-    """``(probabilities, probabilities @ v)`` with AttnLRP's rules (``constant``: the
-    probabilities as constants, CP-LRP); ``mask`` additive or None."""
-    with torch.set_grad_enabled(torch.is_grad_enabled() and not constant):
-        logits = bilinear((q * scale) @ k.transpose(-2, -1))
-        probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
-    if constant:
-        return probs, probs @ v
-    return probs, bilinear(probs @ v)
-
-
-def _additive(mask: Tensor, dtype: torch.dtype, allowed: bool) -> Tensor:
-    """A boolean mask (``True``: ``allowed`` or masked) as ``0`` / ``-inf``; a float one as is."""
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (``True``: masked) as ``0`` / ``-inf``; a float one as it is."""
     if mask.dtype != torch.bool:
         return mask.detach()
-    drop = ~mask if allowed else mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(drop, -math.inf)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, -math.inf)
 
 
 def attention(
@@ -297,53 +260,27 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None, rule: Epsilon) -> Te
     return rule.output(layer, x, o)
 
 
+_MHA = inspect.signature(F.multi_head_attention_forward)
+
+
 def multi_head_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    embed_dim_to_check: int,
-    num_heads: int,
-    in_proj_weight: Tensor | None,
-    in_proj_bias: Tensor | None,
-    bias_k: Tensor | None,
-    bias_v: Tensor | None,
-    add_zero_attn: bool,
-    dropout_p: float,
-    out_proj_weight: Tensor,
-    out_proj_bias: Tensor | None,
-    training: bool = True,
-    key_padding_mask: Tensor | None = None,
-    need_weights: bool = True,
-    attn_mask: Tensor | None = None,
-    use_separate_proj_weight: bool = False,
-    q_proj_weight: Tensor | None = None,
-    k_proj_weight: Tensor | None = None,
-    v_proj_weight: Tensor | None = None,
-    static_k: Tensor | None = None,
-    static_v: Tensor | None = None,
-    average_attn_weights: bool = True,
-    is_causal: bool = False,
-    *,
-    rule: Epsilon,
-    constant: bool = False,
+    *args: Any, rule: Epsilon, constant: bool = False, **kwargs: Any
 ) -> tuple[Tensor, Tensor | None]:
-    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT)
-    recomputed from its parts: the projections with :func:`linear`'s Epsilon rule, the attention
-    with AttnLRP's; the returned values are the fused function's bitwise."""
-    out, weights = F.multi_head_attention_forward(
-        query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
-        bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training,
-        key_padding_mask, need_weights, attn_mask, use_separate_proj_weight, q_proj_weight,
-        k_proj_weight, v_proj_weight, static_k, static_v, average_attn_weights, is_causal,
-    )  # fmt: skip
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT), the
+    same arguments, recomputed from its parts: the projections with :func:`linear`'s Epsilon
+    rule, the attention with AttnLRP's; the returned values are the fused function's bitwise."""
+    out, weights = F.multi_head_attention_forward(*args, **kwargs)
+    bound = _MHA.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = SimpleNamespace(**bound.arguments)
     unsupported = [
         name
         for name, used in (
-            ("bias_k/bias_v", bias_k is not None or bias_v is not None),
-            ("add_zero_attn", add_zero_attn),
-            ("static_k/static_v", static_k is not None or static_v is not None),
-            ("dropout in training", training and dropout_p > 0),
-            ("unbatched input", query.dim() != 3),
+            ("bias_k/bias_v", a.bias_k is not None or a.bias_v is not None),
+            ("add_zero_attn", a.add_zero_attn),
+            ("static_k/static_v", a.static_k is not None or a.static_v is not None),
+            ("dropout in training", a.training and a.dropout_p > 0),
+            ("unbatched input", a.query.dim() != 3),
         )
         if used
     ]
@@ -352,33 +289,35 @@ def multi_head_attention(
             f"torch.nn.functional.multi_head_attention_forward with {', '.join(unsupported)} "
             "has no LRP rule: explain the model in eval mode, batched, without them"
         )
-    length, batch, dim = query.shape
-    if use_separate_proj_weight:
-        weights_qkv = (q_proj_weight, k_proj_weight, v_proj_weight)
+    length, batch, dim = a.query.shape
+    if a.use_separate_proj_weight:
+        weights_qkv = (a.q_proj_weight, a.k_proj_weight, a.v_proj_weight)
     else:
-        weights_qkv = in_proj_weight.chunk(3)
-    biases = (None,) * 3 if in_proj_bias is None else in_proj_bias.chunk(3)
+        weights_qkv = a.in_proj_weight.chunk(3)
+    biases = (None,) * 3 if a.in_proj_bias is None else a.in_proj_bias.chunk(3)
 
     def heads(t: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # (L, B, E) -> (B, H, L, d)
         t = _linear(t, w, b, rule)
-        return t.reshape(t.shape[0], batch, num_heads, -1).permute(1, 2, 0, 3)
+        return t.reshape(t.shape[0], batch, a.num_heads, -1).permute(1, 2, 0, 3)
 
-    q, k, v = (
-        heads(t, w, b) for t, w, b in zip((query, key, value), weights_qkv, biases, strict=True)
-    )
+    inputs = (a.query, a.key, a.value)
+    q, k, v = (heads(t, w, b) for t, w, b in zip(inputs, weights_qkv, biases, strict=True))
     mask = None
-    if attn_mask is not None:
-        mask = _additive(attn_mask, q.dtype, allowed=False)
-        mask = mask.view(batch, num_heads, *mask.shape[-2:]) if mask.dim() == 3 else mask
-    if key_padding_mask is not None:
-        padding = _additive(key_padding_mask, q.dtype, allowed=False).view(batch, 1, 1, -1)
+    if a.attn_mask is not None:
+        mask = _additive(a.attn_mask, q.dtype)
+        mask = mask.view(batch, a.num_heads, *mask.shape[-2:]) if mask.dim() == 3 else mask
+    if a.key_padding_mask is not None:
+        padding = _additive(a.key_padding_mask, q.dtype).view(batch, 1, 1, -1)
         mask = padding if mask is None else mask + padding
-    scale = 1 / math.sqrt(q.shape[-1])
-    probs, mixed = _attend(q, k, v, scale, mask, constant)
+    # AttnLRP's rules (constant: the probabilities as constants, CP-LRP)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not constant):
+        logits = bilinear((q * (1 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1))
+        probs = logits.softmax(dim=-1) if mask is None else (logits + mask).softmax(dim=-1)
+    mixed = probs @ v if constant else bilinear(probs @ v)
     mixed = mixed.permute(2, 0, 1, 3).reshape(length, batch, dim)
-    t = _linear(mixed, out_proj_weight, out_proj_bias, rule)
+    t = _linear(mixed, a.out_proj_weight, a.out_proj_bias, rule)
     if weights is not None:
-        weights = modified_output(weights, probs.mean(1) if average_attn_weights else probs)
+        weights = modified_output(weights, probs.mean(1) if a.average_attn_weights else probs)
     return modified_output(out, t), weights
 
 
@@ -386,7 +325,6 @@ __all__ = [
     "ATTENTION",
     "attention",
     "bilinear",
-    "check_attention",
     "group_norm",
     "handlers",
     "layer_norm",

@@ -20,67 +20,48 @@ model itself is never modified.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from camkit.relevance.rectifiers import RECTIFIERS
+from camkit.relevance.rectifiers import RECTIFIERS, ActivationLog, rectified
 
 
-class _RedirectedBackward(torch.autograd.Function):
-    """The rectifier's own forward; lucid's redirected gradient in the backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, call: Callable[[], Tensor], upper: float, inplace: bool):
-        out = call()
-        if inplace:
-            ctx.mark_dirty(x)
-        ctx.upper = upper
-        ctx.save_for_backward(out)  # out <= 0 where x <= 0, out >= upper where x >= upper
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        (out,) = ctx.saved_tensors
-        low, high = out <= 0, out >= ctx.upper
-        plain = grad * ~(low | high)
-        wrong_way = (low & (grad > 0)) | (high & (grad < 0))
-        redirected = grad * ~wrong_way
-        if plain.dim() == 0:
-            return (redirected if plain == 0 else plain), None, None, None
-        closed = (plain.reshape(len(plain), -1) == 0).all(1)  # per sample (the first axis)
-        closed = closed.view(-1, *(1,) * (plain.dim() - 1))
-        return torch.where(closed, redirected, plain), None, None, None
+def _redirected(grad: Tensor, out: Tensor, upper: float) -> Tensor:
+    """lucid's redirected gradient where a sample's plain gradient is all zero."""
+    low, high = out <= 0, out >= upper  # out <= 0 where x <= 0, out >= upper where x >= upper
+    plain = grad * ~(low | high)
+    wrong_way = (low & (grad > 0)) | (high & (grad < 0))
+    redirected = grad * ~wrong_way
+    if plain.dim() == 0:
+        return redirected if plain == 0 else plain
+    closed = (plain.reshape(len(plain), -1) == 0).all(1)  # per sample (the first axis)
+    return torch.where(closed.view(-1, *(1,) * (plain.dim() - 1)), redirected, plain)
 
 
 class _RedirectMode(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
-        self.rectifiers = 0
+        self.log = ActivationLog("redirected")
+
+    @property
+    def rectifiers(self) -> int:
+        return self.log.rectifiers
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        rectifier = RECTIFIERS.get(func)
-        if rectifier is not None:
-            bound = rectifier.bind(args, kwargs)
-            upper, x = rectifier.upper(bound), bound["input"]
-            if upper is not None and isinstance(x, Tensor) and x.requires_grad:
-                self.rectifiers += 1
-                inplace = bool(bound.get("inplace", rectifier.inplace))
-                return _RedirectedBackward.apply(x, lambda: func(*args, **kwargs), upper, inplace)
-        return func(*args, **kwargs)
+        if func in RECTIFIERS:
+            return rectified(func, args, kwargs or {}, self.log, _redirected)
+        return func(*args, **(kwargs or {}))
 
 
 @contextmanager
 def redirected_relu() -> Iterator[_RedirectMode]:
     """Run the forward inside with every ReLU (and ReLU6) backpropagating lucid's redirected
-    gradient; the mode's ``rectifiers`` counts the calls it redirected."""
-    mode = _RedirectMode()
-    with mode:
+    gradient; the mode's ``rectifiers`` counts the rectifier calls it met."""
+    with _RedirectMode() as mode:
         yield mode
 
 
