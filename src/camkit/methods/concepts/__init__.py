@@ -1,23 +1,17 @@
-"""Concepts: what the model sees where it looks.
+"""Concepts: what the model sees where it looks. Numbers in, numbers out: the CLI, the report
+and the explorer only call these functions.
 
-* :class:`ConceptAttribution` -- Concept Relevance Propagation (Achtibat et al., Nature Machine
-  Intelligence 5, 2023): channel relevances per sample, top-k concepts (in a region), their
-  conditional heatmaps in one batched backward, concepts given a concept of a later layer, the
-  attribution graph between two layers;
+* :class:`ConceptAttribution`: Concept Relevance Propagation (Achtibat et al., Nature Machine
+  Intelligence 5, 2023): channel relevances, top-k concepts (in a region), their conditional
+  heatmaps in one batched backward, concepts given a later layer's, the attribution graph;
 * reference images: :class:`ReferenceCollector` (streaming activation and relevance
-  maximisation over a dataset, :class:`TopK` per channel), :func:`receptive_boxes` (the patch
-  that drives a channel);
-* feature visualisation: :func:`visualize` of a :class:`ChannelObjective`,
-  :class:`NeuronObjective` or :class:`LogitObjective` (Olah et al., Distill 2017), with
-  lucid's redirected ReLU gradient and restarts; :func:`feature_images` also says which images
-  moved (:class:`FeatureImages`);
-* concepts as data: :class:`Channels` (a channel or a group), :class:`Direction` (a user's
-  direction), :class:`InRegion` (a concept in a region of the layer only), :class:`Concept`
-  (the base of one's own);
-* the backward they use (:class:`Rules`): :data:`GRADIENT` (gradient x activation, any model) or
-  :class:`LRPRules` (camkit's LRP composites: CRP proper).
-
-Numbers in, numbers out: the CLI, the report and the explorer only call these functions.
+  maximisation, :class:`TopK` per channel), :func:`receptive_boxes` (the patch that drives a
+  channel);
+* feature visualisation (Olah et al., Distill 2017): :func:`visualize` and
+  :func:`feature_images` of a :class:`ChannelObjective`, :class:`NeuronObjective` or
+  :class:`LogitObjective`;
+* concepts as data: :class:`Channels`, :class:`Direction`, :class:`InRegion`, :class:`Concept`;
+* the backward they use: :data:`GRADIENT` or :class:`LRPRules` (CRP proper), :class:`Rules`.
 """
 
 from camkit.methods.concepts.concepts import Channels, Concept, Direction, InRegion, TopConcepts

@@ -2,20 +2,17 @@
 
 Concept Relevance Propagation (Achtibat et al., "From attribution maps to human-understandable
 explanations through Concept Relevance Propagation", Nature Machine Intelligence 5, 2023)
-conditions the backward pass on a concept by masking the relevance (here: the gradient, which
-the rules make relevance when multiplied by the activation) at the concept's layer. A concept is
-a linear map ``P`` over the channel axis applied at every position, so that the conditional
-backward stays linear in the incoming gradient: concepts whose maps sum to the identity (every
-channel, or an orthonormal basis of directions) give conditional heatmaps that sum to the
-unconditional one.
+conditions the backward pass on a concept by masking the gradient at the concept's layer. A
+concept is a linear map ``P`` over the channel axis at every position, so the conditional
+backward stays linear: concepts whose maps sum to the identity give conditional heatmaps that
+sum to the unconditional one.
 
-* :class:`Channels`: a channel or a group of channels (the paper's default concept, zennit-crp's
-  ``ChannelConcept``): ``P g = g * 1[c in group]``;
-* :class:`Direction`: a direction ``v`` of the channel space (a user's own concept, e.g. a
-  linear probe's weights): ``P g = v (v . g) / |v|^2``, so its layer relevance is
-  ``sum_ij (v . A_ij)(v . g_ij) / |v|^2``;
+* :class:`Channels`: a channel or a group (zennit-crp's ``ChannelConcept``):
+  ``P g = g * 1[c in group]``;
+* :class:`Direction`: a direction ``v`` of the channel space (e.g. a linear probe's weights):
+  ``P g = v (v . g) / |v|^2``;
 * :class:`InRegion`: a concept counted in a region of the layer's grid only (the paper's local
-  analysis): ``P g = w * P_concept g`` with ``w`` the region's weight at each position.
+  analysis): ``P g = w * P_concept g``.
 
 A new kind of concept subclasses :class:`Concept` and implements :meth:`Concept.project`.
 """
@@ -33,12 +30,8 @@ from camkit.errors import ArgumentError
 
 
 class Concept:
-    """Base of the concepts: a linear map over a layer's channels.
-
-    :meth:`project` gets a gradient with its channels on axis 1, ``(n, C, ...)``, and returns
-    the part of it that belongs to the concept, of the same shape; it must be linear in the
-    gradient (the conditional backward of CRP is then exact and batched).
-    """
+    """Base of the concepts: a linear map over a layer's channels (:meth:`project`, which must
+    be linear in the gradient: the conditional backward is then exact and batched)."""
 
     def project(self, grad: Tensor) -> Tensor:
         """``(n, C, ...) -> (n, C, ...)``: the concept's part of the gradient."""
@@ -117,15 +110,12 @@ class Direction(Concept):
 
 
 class InRegion(Concept):
-    """A concept counted inside a region of the layer's grid only, CRP's local analysis
-    (Achtibat et al. 2023, "Local analysis": the relevance of a concept in a region of the
-    layer, followed back to the input): ``P g = w * P_concept g``, ``w`` the region's weight at
-    each position, so that its conditional heatmap shows where in the input the concept gets
-    its relevance *there*; the heatmaps of a concept in the parts of a partition sum to its
-    heatmap. ``weights``: ``(h, w)`` or ``(B, 1, h, w)`` in ``[0, 1]`` at the layer's grid, as
-    :func:`~camkit.methods.concepts.region_weights` gives them from a mask at the input's size. On
-    tokens ``(n, C, N)`` the last ``h * w`` tokens are the grid's (class and register tokens
-    first, weighed 0)."""
+    """A concept counted inside a region of the layer's grid only (CRP's "Local analysis",
+    Achtibat et al. 2023): ``P g = w * P_concept g``, ``w`` the region's weight at each
+    position; the heatmaps of a concept in the parts of a partition sum to its heatmap.
+    ``weights``: ``(h, w)`` or ``(B, 1, h, w)`` in ``[0, 1]`` at the layer's grid
+    (:func:`~camkit.methods.concepts.region_weights`). On tokens ``(n, C, N)`` the last ``h * w``
+    tokens are the grid's (prefix tokens weighed 0)."""
 
     def __init__(self, concept: ConceptSpec, weights: Tensor):
         self.concept = as_concept(concept)

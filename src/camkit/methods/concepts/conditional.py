@@ -3,23 +3,21 @@
 Concept Relevance Propagation (Achtibat et al., "From attribution maps to human-understandable
 explanations through Concept Relevance Propagation", Nature Machine Intelligence 5, 2023): the
 relevance of concept ``c`` of layer ``l`` for the target ``y`` is ``R_c = sum_ij A_cij g_cij``
-(``g = dS_y/dA`` under the rule context, :mod:`camkit.methods.concepts.rules`), and its conditional
-heatmap ``R(x | c) = sum_channels x * d/dx <A, P_c g>``: the backward from the target to the
-layer, the gradient masked by the concept (:mod:`camkit.methods.concepts.concepts`), the backward on
-to the input. The backward is linear, so the heatmaps of all channels sum to the unconditional
-heatmap ``x * dS_y/dx`` (through the layer) and the channel relevances to the layer's total.
+(``g = dS_y/dA`` under the rule context, :mod:`~camkit.methods.concepts.rules`), and its
+conditional heatmap ``R(x | c) = sum_channels x * d/dx <A, P_c g>``: the gradient masked at the
+layer by the concept (:mod:`~camkit.methods.concepts.concepts`), then carried on to the input.
+The backward is linear, so the heatmaps of all channels sum to the unconditional heatmap
+(through the layer) and the channel relevances to the layer's total.
 
-One forward runs with the layers tapped (the graph starts at the input); ``K`` conditions are
-``K`` vector-Jacobian products from the layer to the input on that one graph, one vmapped pass
-on a GPU (``is_grads_batched``; on a CPU, or for rule contexts that cannot be vmapped, one pass
-after the other), ``batch_size`` conditions at a time. Like zennit-crp's
-``exclude_parallel=True``, the conditional backward runs from the layer's output to the input
-only: paths that bypass the layer (a skip connection around it) carry no conditional relevance.
+One forward runs with the layers tapped; ``K`` conditions are ``K`` vector-Jacobian products on
+that one graph (one vmapped pass on a GPU, else one pass after the other), ``batch_size`` at a
+time. Like zennit-crp's ``exclude_parallel=True``, paths that bypass the layer (a skip
+connection around it) carry no conditional relevance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -55,17 +53,13 @@ from camkit.targets.outputs import OutputSelector
 class ConceptAttribution:
     """Concept Relevance Propagation on one layer of any model camkit explains.
 
-    ``ConceptAttribution(model, "features.28")`` then :meth:`relevances` (every channel's
-    relevance per sample), :meth:`heatmaps` (conditional heatmaps of given concepts),
-    :meth:`top` (the top-k concepts with their heatmaps), :meth:`graph` (relevances of a lower
-    layer's channels given concepts of this one). Inputs: an image ``(C, H, W)`` or a batch
-    ``(B, C, H, W)`` (one image gives results without the batch axis), or clips ``(B, C, T, H,
-    W)``: heatmaps ``(B, K, T, H, W)``, one map per frame, for a 3-D CNN's ``(B, C, t, h, w)``
-    layers, video tokens and a frame-wise model's ``(B * T, C, h, w)`` layers (declared:
-    ``camkit.InputLayout(model, layout, frame_wise=True)``), whose channel relevances sum the
-    clip's frames. ``target``: camkit's
-    targets, one per sample (None: the predicted class). The model is never modified and no
-    ``.grad`` is left anywhere.
+    ``ConceptAttribution(model, "features.28")`` then :meth:`relevances`, :meth:`heatmaps`,
+    :meth:`top`, :meth:`dominant` or :meth:`graph`. Inputs: an image ``(C, H, W)`` (results
+    without the batch axis), a batch ``(B, C, H, W)``, or clips ``(B, C, T, H, W)``: heatmaps
+    ``(B, K, T, H, W)`` for a 3-D CNN's layers, video tokens and a frame-wise model's ``(B * T,
+    C, h, w)`` layers (``camkit.InputLayout(model, layout, frame_wise=True)``), whose channel
+    relevances sum the clip's frames. ``target``: camkit's targets, one per sample (None: the
+    predicted class). The model is never modified and no ``.grad`` is left anywhere.
 
     Args:
         model: the model (``eval()`` mode: samples must be independent).
@@ -146,13 +140,12 @@ class ConceptAttribution:
                 raise ArgumentError("given= must name another (later) layer than the concepts'")
             layers.insert(0, upper)
         with self._traced(Call.of(batch, additional_forward_args), target, layers) as run:
-            masks = self._masks(run, self.layer, found)
-            upper_mask = None
-            if given is not None:
-                (upper_mask,) = self._masks(run, layers[0], [as_concept(given[1])])
-            heat = self._conditional(
-                run, masks, upper=layers[0] if given else None, upper_mask=upper_mask
-            )
+            masks, grad = self._masks(run, self.layer, found), None
+            if given is not None:  # the gradient at the layer given the later layer's concept
+                (upper,) = self._masks(run, layers[0], [as_concept(given[1])])
+                top = self._masked(run, layers[0], self._start(run, layers[0]), [upper])
+                grad = self._vjp(run.acts[layers[0]], run.acts[self.layer], top)[0]
+            heat = self._conditional(run, masks, grad)
         return heat[0] if single else heat
 
     def top(
@@ -184,17 +177,10 @@ class ConceptAttribution:
                 masks = [sample_channels(channels[:, i]) for i in range(k)]
                 heat = self._conditional(run, masks)
             classes = run.classes
-        picked = TopConcepts(self.layer, channels, values, share, heat, classes)
+        found = (channels, values, share, heat, classes)
         if single:
-            picked = TopConcepts(
-                self.layer,
-                channels[0],
-                values[0],
-                share[0],
-                None if heat is None else heat[0],
-                None if classes is None else classes[0],
-            )
-        return picked
+            found = tuple(None if t is None else t[0] for t in found)
+        return TopConcepts(self.layer, *found)
 
     def dominant(
         self,
@@ -255,14 +241,8 @@ class ConceptAttribution:
         call = Call.of(batch, additional_forward_args)
         with self._traced(call, target, [self.layer, low]) as run:
             masks = self._masks(run, self.layer, found)
-            upper_grad = self._start(run, self.layer)
-            step = chunk_size(len(masks), self.batch_size)
-            parts = []
-            for start in range(0, len(masks), step):
-                grads = self._masked(run, self.layer, upper_grad, masks[start : start + step])
-                lower_grad = self._vjp(run.acts[self.layer], run.acts[low], grads)
-                lower_relevance = (run.acts[low] * lower_grad).detach()
-                parts.append(self._per_channel(run, low, lower_relevance, dims=2))
+            grads = self._back(run, self._start(run, self.layer), masks, run.acts[low])
+            parts = [self._per_channel(run, low, (run.acts[low] * g).detach(), 2) for g in grads]
             graph = torch.cat(parts).transpose(0, 1)
         return graph[0] if single else graph
 
@@ -346,27 +326,20 @@ class ConceptAttribution:
         weights = region_weights(region, tuple(grid.shape[2:]), run.leaf).to(grid)
         return (grid * weights).flatten(2).sum(dim=-1)
 
-    def _conditional(
-        self,
-        run: Pass,
-        masks: Sequence[Mask],
-        upper: str | None = None,
-        upper_mask: Mask | None = None,
-    ) -> Tensor:
-        """``(B, K, *input spatial)`` heatmaps, one per condition mask at ``self.layer`` (after
-        ``upper_mask`` at the layer ``upper``, when given)."""
-        if upper is None:
-            grad = self._start(run, self.layer)
-        else:
-            top = self._masked(run, upper, self._start(run, upper), [upper_mask])
-            grad = self._vjp(run.acts[upper], run.acts[self.layer], top)[0]
+    def _conditional(self, run: Pass, masks: Sequence[Mask], grad: Tensor | None = None) -> Tensor:
+        """``(B, K, *input spatial)`` heatmaps, one per condition mask on the gradient ``grad``
+        at ``self.layer`` (default: the target's)."""
+        grad = self._start(run, self.layer) if grad is None else grad
+        parts = [(run.leaf * g).sum(dim=2).detach() for g in self._back(run, grad, masks, run.leaf)]
+        return torch.cat(parts).transpose(0, 1)
+
+    def _back(self, run: Pass, grad: Tensor, masks: Sequence[Mask], to: Tensor) -> Iterator[Tensor]:
+        """The gradient ``grad`` at the layer under each mask, carried back to ``to``:
+        ``(k, *to.shape)`` for ``batch_size`` masks at a time."""
         step = chunk_size(len(masks), self.batch_size)
-        parts = []
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
-            input_grad = self._vjp(run.acts[self.layer], run.leaf, grads)
-            parts.append((run.leaf * input_grad).sum(dim=2).detach())
-        return torch.cat(parts).transpose(0, 1)
+            yield self._vjp(run.acts[self.layer], to, grads)
 
 
 def vmapped(rules: Rules, grads: Tensor) -> bool:

@@ -1,20 +1,16 @@
 """Feature visualisation: the image that maximises a channel, a neuron or a class logit.
 
 Olah, Mordvintsev & Schubert, "Feature Visualization", Distill 2017 (and its code, lucid /
-torch-lucent): the image is parameterised in a decorrelated space -- a Fourier spectrum scaled
-by ``1 / frequency`` (so gradient steps are whitened) mapped through the square root of the
-colour correlation of ImageNet and a sigmoid -- and optimised under transformation robustness
-(padding, jitter, random scale, random rotation, jitter again, then back to the model's input
-size, so that a ViT gets its own size; the article's pixel amounts are for a 224-pixel image and
-are scaled to the image's side), with Adam. A diversity term (the negative pairwise
-cosine similarity of the batch's Gram matrices at a layer) makes a batch show different facets.
-Every random draw comes from one seeded generator: the same seed gives the same image. A unit
-closed on the starting image gets lucid's redirected ReLU gradient in each start's first steps
-(:mod:`camkit.methods.concepts.redirect`); an image whose objective still has not moved starts again
-from a new random spectrum, and :func:`visualize` warns when none moved it.
-
-Only the image is differentiated (``torch.autograd.grad`` on it): the model's parameters get no
-``.grad``, and its mode, modules and hooks are left as they were.
+torch-lucent): the image is a Fourier spectrum scaled by ``1 / frequency`` (whitened gradient
+steps), mapped through the square root of ImageNet's colour correlation and a sigmoid, and
+optimised with Adam under transformation robustness (pad, jitter, random scale and rotation,
+jitter, resize to the model's input size; the article's pixel amounts, for 224 pixels, scaled to
+the image's side). A diversity term (minus the pairwise cosine similarity of the batch's Gram
+matrices at a layer) makes a batch show different facets. Every random draw comes from one
+seeded generator. A unit closed on the start gets lucid's redirected ReLU gradient in each
+start's first steps (:mod:`~camkit.methods.concepts.redirect`); an image whose objective still
+has not moved starts again from a new spectrum, and :func:`visualize` warns when none moved it.
+Only the image is differentiated: the model gets no ``.grad`` and is left as it was.
 """
 
 from __future__ import annotations
@@ -212,18 +208,14 @@ def feature_images(
     (:class:`ChannelObjective`, :class:`NeuronObjective`, :class:`LogitObjective`), optimised
     for ``steps`` Adam steps of rate ``lr`` from a seeded random spectrum.
 
-    ``mean``/``std``: the model's input normalisation (e.g. ``loaded.preprocess.mean``;
-    default: what the model carries, its timm ``pretrained_cfg`` or HuggingFace processor, see
-    :func:`camkit.models.preprocess_of`, else none: the image in [0, 1] as it is);
-    ``diversity_weight``: the weight of the diversity term at ``diversity_layer`` (default the
-    objective's layer) for ``batch > 1``; ``transforms=False`` switches the robustness off;
-    ``redirect_steps``: the first steps of each start backpropagate lucid's redirected ReLU
-    gradient (:mod:`camkit.methods.concepts.redirect`), so that a unit closed on the start still
-    gets a gradient (0: never); ``restarts``: how many times an image whose objective has not
-    moved from its start after ``max(redirect_steps, 1)`` steps starts again from a new random
-    spectrum (within the ``steps``); an image still unmoved at the end is returned as its last
-    start and ``moved`` says so. ``progress``: a progress bar on a
-    terminal, a line every few seconds in a log.
+    ``mean``/``std``: the model's input normalisation (default: what the model carries,
+    :func:`camkit.models.preprocess_of`, else none); ``diversity_weight``: the weight of the
+    diversity term at ``diversity_layer`` (default the objective's layer) for ``batch > 1``;
+    ``transforms=False`` switches the robustness off; ``redirect_steps``: the first steps of each
+    start use the redirected ReLU gradient (0: never); ``restarts``: how many times an image whose
+    objective has not moved after ``max(redirect_steps, 1)`` steps starts again from a new
+    spectrum (within the ``steps``; ``moved`` says which never moved); ``progress``: a progress
+    bar on a terminal, a line every few seconds in a log.
     """
     require_autograd("feature visualisation")
     model = explained_module(model)
@@ -233,7 +225,7 @@ def feature_images(
     for name, value in (("redirect_steps", redirect_steps), ("restarts", restarts)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
-    if not isinstance(objective, ChannelObjective | NeuronObjective | LogitObjective):
+    if not isinstance(objective, Objective):
         raise ArgumentError(
             "objective must be a ChannelObjective, NeuronObjective or LogitObjective, got "
             f"{type(objective).__name__}"

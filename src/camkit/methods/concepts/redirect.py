@@ -1,21 +1,14 @@
 """The redirected ReLU gradient of feature visualisation, so that a closed ReLU still points the
-way to opening it.
+way to opening it (Olah, Mordvintsev & Schubert, "Feature Visualization", Distill 2017; lucid's
+``redirected_relu_grad`` / ``redirected_relu6_grad``).
 
-Olah, Mordvintsev & Schubert, "Feature Visualization", Distill 2017, and lucid's
-``redirected_relu_grad`` / ``redirected_relu6_grad`` (``lucid/misc/redirected_relu_grad.py``):
-a ReLU whose input is negative everywhere the objective reads it has a zero gradient, and an
-optimisation that starts there never moves. The redirected backward, for the gradient ``g`` of
-the loss (minus the objective) at the ReLU's output, lets ``g`` through where the ReLU is
-closed as long as it would *open* it (``x < 0`` and ``g <= 0``: a descent step raises ``x``;
-for ReLU6 also ``x > 6`` and ``g >= 0``), and uses this redirected gradient only for the
-samples whose ordinary ReLU gradient is zero everywhere; every other sample keeps the ordinary
-gradient.
-
-The ReLU calls are caught like the guided-backprop rule's, with the same table of rectifier
-functions (:data:`camkit.relevance.rectifiers.RECTIFIERS`: ``nn.ReLU``, ``F.relu``,
-``torch.relu``, in-place forms, ReLU6, ``hardtanh(x, 0, max)``): by a
-:class:`torch.overrides.TorchFunctionMode`, popped on exit even when the forward raises; the
-model itself is never modified.
+A ReLU closed everywhere the objective reads it has a zero gradient, and an optimisation that
+starts there never moves. For samples whose ordinary ReLU gradient is zero everywhere, the
+redirected backward lets the loss gradient ``g`` through where the ReLU is closed as long as it
+would *open* it (``x < 0`` and ``g <= 0``; for ReLU6 also ``x > 6`` and ``g >= 0``); every other
+sample keeps the ordinary gradient. The rectifier calls are caught as the guided-backprop rule's
+(:func:`camkit.relevance.rectifiers.rectified`), by a function mode popped on exit even when the
+forward raises; the model is never modified.
 """
 
 from __future__ import annotations

@@ -3,14 +3,12 @@ active and those in which it is most relevant for the predicted class, each with
 its receptive field that drives it.
 
 Activation and relevance maximisation of Concept Relevance Propagation (Achtibat et al., Nature
-Machine Intelligence 5, 2023, Sec. "Relevance maximization"), as zennit-crp 0.6.0 ranks them
+Machine Intelligence 5, 2023, Sec. "Relevance maximization"), ranked as zennit-crp 0.6.0 does
 (``ChannelConcept.reference_sampling``, ``Maximization``): a channel's score in an image is the
-sum over its positions (``score="sum"``) or its largest position (``"max"``) of the activation
-``A`` or the relevance ``A * g`` (``g``: the rule context's gradient of the predicted class),
-divided by the sum over all channels of the absolute scores of that image (``normalise=True``,
-zennit-crp's ``abs_norm``); the position that drives it is the argmax over its positions. A
-streaming top-k per channel keeps ``top`` entries per channel, so memory does not grow with the
-dataset; two collectors (ranks, resumed parts) merge exactly.
+sum (``score="sum"``) or the largest (``"max"``) over its positions of the activation ``A`` or
+the relevance ``A * g``, divided by the image's sum of absolute channel scores (``normalise``,
+zennit-crp's ``abs_norm``); the driving position is the argmax. A streaming top-k per channel
+keeps memory flat over the dataset; two collectors (ranks, resumed parts) merge exactly.
 """
 
 from __future__ import annotations
@@ -182,9 +180,7 @@ class ReferenceCollector:
 
     def merge(self, other: ReferenceCollector) -> None:
         """Fold in another collector of the same layer (another rank's, a resumed part's)."""
-        if other.layer != self.layer or other.top != self.top:
-            raise ArgumentError("only collectors of the same layer and top merge")
-        self._fold(other.found, other.totals, other.seen)
+        self.load_state(other.state())
 
     def state(self) -> dict[str, object]:
         """What the collector found, as tensors and numbers (``torch.save`` it to resume, or to
@@ -220,8 +216,7 @@ class ReferenceCollector:
 
 def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor, Tensor]:
     """``(n, C, ...) -> (scores (n, C), driving positions (n, C))`` as zennit-crp's
-    ``ChannelConcept.reference_sampling``: the argmax position, the sum (or max) over positions,
-    divided by the sum of absolute scores over channels when ``normalise``."""
+    ``ChannelConcept.reference_sampling`` (see the module docstring)."""
     flat = values.flatten(2) if values.ndim > 2 else values.unsqueeze(-1)
     positions = flat.argmax(dim=-1)
     if score == "sum":
@@ -245,17 +240,14 @@ def receptive_boxes(
     threshold: float = RF_THRESHOLD,
     additional_forward_args: Any = None,
 ) -> Tensor:
-    """``(n, 4)`` boxes ``(top, left, bottom, right)`` (bottom and right exclusive) of the input
-    pixels that drive channel ``channels[i]`` at position ``positions[i]``: where the gradient
-    of that one activation with respect to the input is at least ``threshold`` of its largest
-    value (the effective receptive field; the whole image where it is zero).
-
-    ``image[i]`` says which of ``images`` request ``i`` reads (default: request ``i`` reads
-    image ``i``). Each image runs forward once, however many requests read it (a photo among
-    the references of several channels); a request asked twice (by both rankings) is computed
-    once; the ``k``-th requests of all images share one backward pass, so the passes are as many
-    as the most requests of one image: images read by as many requests are best passed
-    together. ``additional_forward_args``: the model's other inputs for ``images``."""
+    """``(n, 4)`` boxes ``(top, left, bottom, right)`` (bottom, right exclusive) of the input
+    pixels that drive channel ``channels[i]`` at position ``positions[i]``: where the input
+    gradient of that activation is at least ``threshold`` of its largest value (the effective
+    receptive field; the whole image where it is zero). ``image[i]``: which of ``images``
+    request ``i`` reads (default ``i``). Each image runs forward once, a request asked twice is
+    computed once, and the ``k``-th requests of all images share one backward pass (images read
+    by as many requests are best passed together). ``additional_forward_args``: the model's
+    other inputs for ``images``."""
     model = explained_module(model)
     found = find_layers(model, layer)
     batch, _ = as_batch(images, model)

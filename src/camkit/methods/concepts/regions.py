@@ -33,11 +33,8 @@ def region_weights(region: object, grid: tuple[int, ...], like: Tensor) -> Tenso
 def rows_of(value: object, rows: slice, batch: int) -> object:
     """The rows ``rows`` of a per-sample target or region (a tensor or list with one entry per
     sample); anything else (one class, None, a region for every image) as it is."""
-    if isinstance(value, Tensor) and value.ndim > 0 and value.shape[0] == batch and batch > 1:
-        return value[rows]
-    if isinstance(value, list) and len(value) == batch and batch > 1:
-        return value[rows]
-    return value
+    sized = isinstance(value, list) or isinstance(value, Tensor) and value.ndim > 0
+    return value[rows] if sized and batch > 1 and len(value) == batch else value
 
 
 __all__ = ["region_weights", "rows_of"]

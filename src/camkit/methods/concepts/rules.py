@@ -1,35 +1,27 @@
 """Which backward the concepts use: a rule set of the one backward (plain gradients, the ReLU
 rules, LRP's modified gradient).
 
-A rule context is the backward under which conditional relevance is computed. The forward run
-inside ``rules.applied(model)`` records the rule's backward in the autograd graph (the scoring
-and the backward passes run after the block), so that ordinary autograd computes the rule's
-gradient: ``t * dS/dt`` is the relevance of any tensor ``t`` on the path (the input, a layer's
-output) and the backward is linear in the incoming gradient: the conditions of Concept Relevance
-Propagation are masks on that gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
+The forward run inside ``rules.applied(model)`` records the rule's backward in the autograd
+graph, so that ``t * dS/dt`` is the relevance of any tensor ``t`` on the path and the backward
+is linear in the incoming gradient: the conditions of Concept Relevance Propagation are masks on
+that gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
 
-* :data:`GRADIENT` (:class:`GradientRules`): the plain gradient, so the relevance of a layer is
-  gradient x activation and the heatmap gradient x input (Shrikumar et al., "Not Just a Black
-  Box", 2016); it works on every model camkit explains, ViT tokens included, without changing
-  anything in it.
+* :data:`GRADIENT`: the plain gradient, relevance = gradient x activation, heatmap = gradient x
+  input (Shrikumar et al., "Not Just a Black Box", 2016); works on every model camkit explains.
+* :class:`LRPRules`: camkit's Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015) with
+  a named or own composite, Concept Relevance Propagation proper (equal to zennit-crp's with the
+  same composite), or the ReLU rules (``LRPRules("guided")``). Every ``rules=`` also takes the
+  rule set's name or composite (:func:`check_rules`).
 
-* :class:`LRPRules`: a rule set of the one backward (:func:`camkit.relevance.rules_applied`):
-  camkit's Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015) with a named composite
-  (``"epsilon-plus-flat"``, the CRP paper's) or a composite of one's own: Concept Relevance
-  Propagation proper, equal to zennit-crp's with the same composite; or the ReLU rules
-  (``LRPRules("guided")``: concepts under guided backpropagation). Every ``rules=`` also takes
-  the rule set's name or composite directly (:func:`check_rules`).
-
-A rule context of one's own implements :class:`Rules`: ``applied(model)`` a context manager that
-leaves the model exactly as it found it, ``batched`` whether its backward can be vmapped (several
-conditions in one ``is_grads_batched`` call; otherwise they run one after the other on the same
-graph).
+A rule context of one's own implements :class:`Rules`: ``applied(model)`` leaves the model as it
+found it; ``batched``: whether its backward can be vmapped (``is_grads_batched``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from torch import nn
@@ -51,18 +43,15 @@ class Rules(Protocol):
         ...
 
 
+@dataclass(frozen=True)
 class GradientRules:
     """The plain gradient: relevance = gradient x activation (x input for the heatmap)."""
 
     name = "gradient"
     batched = True
 
-    @contextmanager
-    def applied(self, model: nn.Module) -> Iterator[None]:
-        yield
-
-    def __repr__(self) -> str:
-        return "GradientRules()"
+    def applied(self, model: nn.Module) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 GRADIENT = GradientRules()
@@ -79,10 +68,8 @@ class LRPRules:
         self.name = "lrp" if self.composite.strict else self.composite.name
         self.batched = self.composite.rectifier is None
 
-    @contextmanager
-    def applied(self, model: nn.Module) -> Iterator[None]:
-        with rules_applied(model, self.composite):
-            yield
+    def applied(self, model: nn.Module) -> AbstractContextManager[object]:
+        return rules_applied(model, self.composite)
 
     def __repr__(self) -> str:
         return f"LRPRules({self.composite!r})"
@@ -108,8 +95,7 @@ def check_rules(rules: object) -> Rules:
         raise ArgumentError(
             "rules must be a rule context with applied(model) and batched (e.g. "
             "camkit.methods.concepts.GRADIENT or camkit.methods.concepts.LRPRules()) or a rule "
-            "set's name, got "
-            f"{type(rules).__name__}"
+            f"set's name, got {type(rules).__name__}"
         )
     return rules
 
