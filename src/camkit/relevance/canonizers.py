@@ -16,13 +16,13 @@ rewriting the blocks).
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
-from camkit.relevance.affine import LINEAR
-from camkit.relevance.rules import Affine
+from camkit.relevance.affine import LINEAR, Affine
 
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -41,6 +41,7 @@ class Edits(Protocol):
         ...
 
 
+@dataclass(eq=False)  # its repr
 class Canonizer:
     """A reversible model edit for LRP: :meth:`apply` says which edits ``model`` needs, made by
     ``edits`` (the :func:`~camkit.relevance.rules_applied` block); it returns the handles that
@@ -48,9 +49,6 @@ class Canonizer:
 
     def apply(self, model: nn.Module, edits: Edits) -> list:
         raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 def _scale_shift(bn: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,7 +75,7 @@ def merged_after(layer: Affine, bn: nn.Module, x: Tensor | None = None) -> Affin
     """``bn(layer(x))`` as one affine map: ``W' = scale W`` (per output), ``b' = scale b +
     shift`` (zennit's ``MergeBatchNorm.merge_batch_norm``); ``W'`` in ``x``'s memory layout."""
     scale, shift = _scale_shift(bn, layer.weight)
-    shape = (-1,) if layer.weight.dim() == 2 else (-1,) + (1,) * (layer.weight.dim() - 2)
+    shape = (-1,) + (1,) * (layer.weight.dim() - 2)
     scale_out, shift_out = scale.view(shape), shift.view(shape)
     bias = shift_out if layer.bias is None else layer.bias * scale_out + shift_out
     return layer.reweighted(layer.scaled_outputs(scale, x), bias)
@@ -94,24 +92,21 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
     return layer.reweighted(layer.scaled_inputs(scale, x), bias)
 
 
-def _followed_by_batch_norm(model: nn.Module) -> set[nn.Module]:
-    """The linear / convolutional layers right before a mergeable BatchNorm in the module order
-    (zennit's adjacency; the data flow is checked at the call)."""
-    order = [m for m in model.modules() if isinstance(m, BATCH_NORMS) or not any(m.children())]
-    return {
-        before
-        for before, after in zip(order, order[1:], strict=False)
-        if isinstance(before, LINEAR) and isinstance(after, BATCH_NORMS) and mergeable(after)
-    }
-
-
 class MergeBatchNorm(Canonizer):
     """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
     module docstring. BatchNorms in training mode are left as they are (their gradient)."""
 
     def apply(self, model: nn.Module, edits: Edits) -> list:
         norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]
-        return edits.merge_batch_norms(norms, _followed_by_batch_norm(model))
+        # the layers right before a mergeable BatchNorm in the module order (zennit's adjacency;
+        # the data flow is checked at the call)
+        order = [m for m in model.modules() if isinstance(m, BATCH_NORMS) or not any(m.children())]
+        followed = {
+            before
+            for before, after in zip(order, order[1:], strict=False)
+            if isinstance(before, LINEAR) and isinstance(after, BATCH_NORMS) and mergeable(after)
+        }
+        return edits.merge_batch_norms(norms, followed)
 
 
 __all__ = [

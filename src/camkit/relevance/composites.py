@@ -56,15 +56,9 @@ DENSE = (nn.Linear,)
 _CHOICES = {"gates": GATES, "bias_units": BIAS_UNITS, "attention": ATTENTION}
 
 
-# what a composite's entry for nn.Linear matches; built once, uninitialised: building one per
-# block drew its initial weights from torch's global generator at every call
-_LINEAR_PROBE = nn.utils.skip_init(nn.Linear, 1, 1)
-
-
-def _matches(match: Match, name: str, module: nn.Module) -> bool:
-    if isinstance(match, str):
-        return fnmatch.fnmatchcase(name, match)
-    return isinstance(module, match)
+def _matches(match: Match, name: str, kind: type) -> bool:
+    """Whether ``match`` takes a module named ``name`` of type ``kind``."""
+    return fnmatch.fnmatchcase(name, match) if isinstance(match, str) else issubclass(kind, match)
 
 
 @dataclass
@@ -118,10 +112,10 @@ class Composite:
         for name, module in model.named_modules():
             rule = None
             if not first_done:
-                rule = next((r for m, r in self.first if _matches(m, name, module)), None)
+                rule = next((r for m, r in self.first if _matches(m, name, type(module))), None)
                 first_done = rule is not None
             if rule is None:
-                rule = next((r for m, r in self.rules if _matches(m, name, module)), None)
+                rule = next((r for m, r in self.rules if _matches(m, name, type(module))), None)
             if rule is not None:
                 assigned[name] = (module, rule)
         return assigned
@@ -131,7 +125,7 @@ class Composite:
         Swin's window attention): the composite's rule for ``nn.Linear`` where that is an
         :class:`~.rules.Epsilon`, else Epsilon with the composite's stabiliser and that rule's
         ``zero_params`` (AttnLRP's rule for linear layers)."""
-        dense = next((r for m, r in self.rules if _matches(m, "", _LINEAR_PROBE)), None)
+        dense = next((r for m, r in self.rules if _matches(m, "", nn.Linear)), None)
         if isinstance(dense, Epsilon):
             return dense
         return Epsilon(self.stabilizer, zero_params=getattr(dense, "zero_params", ()))
@@ -193,12 +187,10 @@ COMPOSITES: tuple[str, ...] = (
 
 
 def composite(spec: str | Composite | Sequence[tuple[Match, Rule]], **options: Any) -> Composite:
-    """A composite from its name (``options``: ``epsilon``, ``stabilizer``, ``gamma``, ``low``,
-    ``high``, ``zero_params`` (given to every rule), ``canonizers``: zennit's parameters;
-    ``gates``: the rule of multiplicative gates; ``bias_units``: what units that only their bias
-    drives are to the layers reading them; ``attention``: the rule of attention weights), a
-    :class:`Composite`, or a list of ``(match, rule)``; the names of :data:`RULE_SETS` give the
-    plain gradient and the ReLU rules."""
+    """A composite from its name (``options``: zennit's ``epsilon``, ``stabilizer``, ``gamma``,
+    ``low``, ``high``, ``zero_params`` (for every rule), ``canonizers``, and :class:`Composite`'s
+    ``gates``, ``bias_units``, ``attention``), a :class:`Composite`, or a list of ``(match,
+    rule)``; the names of :data:`RULE_SETS` give the plain gradient and the ReLU rules."""
     if isinstance(spec, Composite):
         return spec
     if isinstance(spec, str):

@@ -15,9 +15,8 @@ calls included, is seen by a :class:`torch.overrides.TorchFunctionMode` and rule
   average pooling, resampling, additive scatters: :class:`~.rules.Norm` with the composite's
   stabiliser;
 * structural operations (views, ``cat``, indexing, padding, max pooling, dropout, casts,
-  gathers and writes), a tensor plus or times a constant, an
-  un-merged ``batch_norm``: their plain gradient, which moves ``g = R / A`` as relevance must
-  move (as zennit does);
+  gathers, writes), a tensor plus or times a constant, an un-merged ``batch_norm``: their plain
+  gradient, which moves ``g = R / A`` as relevance must move (as zennit does);
 * softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
   norms (constants), fused attention and ``F.linear`` outside a ruled module: AttnLRP's rules
   (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the composite's (:mod:`~.gates`);
@@ -150,9 +149,9 @@ class _BackwardMode(TorchFunctionMode):
                 return rectified(func, args, kwargs, session.log)
             if kind == ACTIVATION:
                 session.log.unmodified[str(getattr(func, "__name__", func))] += 1
-        if not session.composite.strict:
+        if not session.composite.strict or session.bypass or kind == GRADIENT:
             return func(*args, **kwargs)
-        if kind == RECTIFIER and RECTIFIERS[func].plain_relu and not session.bypass:
+        if kind == RECTIFIER and RECTIFIERS[func].plain_relu:
             # the Pass rule is a ReLU's gradient: the ReLU itself, its input's bias units kept
             units = session.bias_units.mask(RECTIFIERS[func].bind(args, kwargs)["input"])
             out = func(*args, **kwargs)
@@ -160,17 +159,13 @@ class _BackwardMode(TorchFunctionMode):
             return out
         if kind in (RECTIFIER, ACTIVATION):  # the bounded rectifiers, the other activations
             kind = PASS
-        if session.bypass or kind == GRADIENT:
-            return func(*args, **kwargs)
         operands = _operands(args, kwargs)
-        if not operands:
-            return func(*args, **kwargs)
-        if kind in (SCALE, SUMS, BILINEAR) and len(operands) == 1:
-            # a constant scale or matrix: the gradient; a constant added (a bias) absorbs its share
+        # a constant scale or matrix: the gradient; a constant added (a bias) absorbs its share
+        if not operands or kind in (SCALE, SUMS, BILINEAR) and len(operands) == 1:
             return func(*args, **kwargs)
         if kind == SCALE:  # a product of two activations: the gate rule, else AttnLRP's uniform
-            uniform = lambda: self._apply(func, BILINEAR, args, kwargs)  # noqa: E731
-            return self.session.gates.product(func, args, kwargs, operands, uniform)
+            out = session.gates.product(func, args, kwargs, operands)
+            return self._apply(func, BILINEAR, args, kwargs) if out is None else out
         if kind in (PASS, NORM, SUMS, BILINEAR):
             return self._apply(func, kind, args, kwargs)
         handler = self.session.handlers.get(func)

@@ -19,7 +19,6 @@ neither names exactly one factor keeps the uniform rule.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,27 +49,18 @@ class GateTracker:
             (self.sigmoids if func in _SIGMOIDS else self.activated)[id(y)] = y
         return y
 
-    def gate(self, operands: list[Tensor]) -> Tensor | None:
-        """The factor of a product that is a gate, None when no rule names exactly one."""
+    def product(self, func: Any, args: tuple, kwargs: dict, operands: list) -> Tensor | None:
+        """``func(*args)`` with the factor that is a gate detached (a constant); None under the
+        uniform rule or where no rule names exactly one factor."""
         if not self.constant or len(operands) != 2:
             return None
         for seen in (self.sigmoids, self.activated):
             found = [t for t in operands if seen.get(id(t)) is t]
             if len(found) == 1:
-                return found[0]
+                args = tuple(a.detach() if a is found[0] else a for a in args)
+                kwargs = {k: v.detach() if v is found[0] else v for k, v in kwargs.items()}
+                return func(*args, **kwargs)
         return None
-
-    def product(
-        self, func: Any, args: tuple, kwargs: dict, operands: list[Tensor], uniform: Callable
-    ) -> Tensor:
-        """``func(*args)`` with the gate detached (a constant), or ``uniform()`` (the uniform
-        rule) when no factor is a gate."""
-        gate = self.gate(operands)
-        if gate is None:
-            return uniform()
-        args = tuple(a.detach() if a is gate else a for a in args)
-        kwargs = {k: v.detach() if v is gate else v for k, v in kwargs.items()}
-        return func(*args, **kwargs)
 
 
 __all__ = ["GATES", "GateTracker"]

@@ -174,10 +174,6 @@ class ActivationLog:
             )
 
 
-def _args(bound: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in bound.items() if k not in ("input", "inplace"))
-
-
 def rectified(
     func: Callable, args: tuple, kwargs: dict, log: ActivationLog, rule: Backward | None = None
 ) -> Any:
@@ -190,7 +186,8 @@ def rectified(
     x = bound["input"]
     if upper is None:
         name = str(getattr(func, "__name__", func)).lstrip("_")
-        log.unmodified[f"{name}({_args(bound)})"] += 1
+        shown = ", ".join(f"{k}={v}" for k, v in bound.items() if k not in ("input", "inplace"))
+        log.unmodified[f"{name}({shown})"] += 1
     elif isinstance(x, Tensor) and x.is_floating_point():
         log.rectifiers += 1
         if torch.is_grad_enabled() and x.requires_grad:

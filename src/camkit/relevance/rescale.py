@@ -24,11 +24,9 @@ def stabilize(z: Tensor, eps: float) -> Tensor:
 
 
 class _Rescaled(torch.autograd.Function):
-    """``carrier`` in the forward (marked as written in place, no copy; or a copy with
-    ``copy``), whose backward sends ``g * ratio`` (a constant tensor or number) to ``source``
-    and nothing to ``carrier``'s own history. Batched gradients (``is_grads_batched``) run the
-    backward, one product, under ``vmap``. (A ``setup_context`` Function binds its arguments
-    with ``inspect`` on every call: 5x the cost of this one's.)"""
+    """``carrier`` in the forward (marked dirty: no copy; or a copy), whose backward sends ``g *
+    ratio`` to ``source`` only (vmapped under ``is_grads_batched``). Not a ``setup_context``
+    Function: that binds its arguments with ``inspect`` on every call, 5x this one's cost."""
 
     @staticmethod
     def forward(
@@ -57,15 +55,13 @@ def rescaled(
     in_place: bool = False,
     copy: bool = False,
 ) -> Tensor:
-    """``o`` in the forward, in the backward the gradient of ``source * ratio`` with ``ratio``
-    constant (``g * ratio`` goes to ``source``, broadcast back to its shape):
-    :func:`~camkit.relevance.rules.modified_output` ``(o, source * ratio.detach())`` in one
-    node, where that takes three forward tensors and three backward nodes. The forward value is
-    ``o``'s own memory, so ``o`` must not be kept by its own operation's backward (a linear
-    operation's output is not); ``copy``: it is (a softmax's output, a tensor also used as it
-    is), and the forward value is a copy. ``ratio`` is kept for the backward (do not write it
-    afterwards). ``in_place``: ``o`` is an in-place operation's result, which must stay the
-    same tensor: it is returned, its history now the rule's."""
+    """:func:`~camkit.relevance.rules.modified_output` ``(o, source * ratio.detach())`` in one
+    node instead of three: ``o`` in the forward, ``g * ratio`` to ``source`` (broadcast back to
+    its shape) in the backward. The forward value is ``o``'s own memory, so ``o`` must not be
+    kept by its own operation's backward (a linear operation's output is not); ``copy``: it is
+    (a softmax's output, a tensor also used as it is). ``ratio`` is kept for the backward (do
+    not write it afterwards). ``in_place``: ``o`` is an in-place operation's result, returned
+    as the same tensor, its history now the rule's."""
     ratio = ratio.detach() if isinstance(ratio, Tensor) else ratio
     return _Rescaled.apply(o if in_place else o.detach(), source, ratio, copy)
 

@@ -360,7 +360,6 @@ class Norm(Rule):
 
 
 __all__ = [
-    "Affine",
     "AlphaBeta",
     "Epsilon",
     "Flat",
@@ -372,8 +371,6 @@ __all__ = [
     "ZBox",
     "ZPlus",
     "modified_output",
-    "proportional",
     "safe_divide",
-    "stabilize",
     "zeroed_params",
 ]

@@ -13,13 +13,13 @@ from torch import Tensor, nn
 
 from camkit.core.layers import find_layers, this_thread
 from camkit.errors import ArgumentError, RelevanceError
-from camkit.relevance.affine import CONV_TRANSPOSE
+from camkit.relevance.affine import CONV_TRANSPOSE, Affine
 from camkit.relevance.bias_units import BiasUnitTracker, Marks
 from camkit.relevance.canonizers import channel_scale, merged_after, merged_before
 from camkit.relevance.composites import Composite
 from camkit.relevance.gates import GateTracker
 from camkit.relevance.rectifiers import ActivationLog
-from camkit.relevance.rules import Affine, Norm, Rule
+from camkit.relevance.rules import Norm, Rule
 from camkit.relevance.transformers import handlers
 
 _BN_FORWARD = nn.BatchNorm2d.forward
@@ -46,9 +46,7 @@ class Session:
             raise ArgumentError(
                 f"the rule set {comp.name!r} gives modules rules: it needs the model"
             )
-        self.rules: dict[str, tuple[nn.Module, Rule]] = {}
-        if model is not None:
-            self.rules = comp.assign(model)
+        self.rules = comp.assign(model) if model is not None else {}
         self.log = ActivationLog(comp.rectifier) if comp.rectifier is not None else None
         self.norm = Norm(comp.stabilizer)
         self.handlers = handlers(comp.linear_rule(), comp.attention)

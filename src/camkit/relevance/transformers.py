@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -161,16 +162,15 @@ def handlers(linear_rule: Epsilon, weights: str = "softmax") -> dict[Any, Callab
     rule of ``F.linear`` outside a ruled module; ``weights``: the rule of the attention weights
     (:data:`ATTENTION`)."""
     constant = weights == "constant"
-    sdpa = lambda *a, **k: attention(*a, **k, constant=constant)  # noqa: E731
     found: dict[Any, Callable[..., Any]] = {
-        F.linear: lambda *a, **k: linear(*a, **k, rule=linear_rule),
-        F.multi_head_attention_forward: lambda *a, **k: multi_head_attention(
-            *a, **k, rule=linear_rule, constant=constant
+        F.linear: partial(linear, rule=linear_rule),
+        F.multi_head_attention_forward: partial(
+            multi_head_attention, rule=linear_rule, constant=constant
         ),
         F.layer_norm: layer_norm,
         F.group_norm: group_norm,
         F.normalize: normalize,
-        F.scaled_dot_product_attention: sdpa,
+        F.scaled_dot_product_attention: partial(attention, constant=constant),
     }
     if hasattr(F, "rms_norm"):
         found[F.rms_norm] = rms_norm
@@ -189,29 +189,18 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    *,
-    constant: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, *args: Any, constant: bool = False, **kwargs: Any
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` with AttnLRP's rules as lxt 2.1's LLaMA patches apply
-    them: its own forward and backward, the gradient of ``q`` and ``k`` quartered and of ``v``
-    halved (the uniform rule, :func:`bilinear`, on ``q k^T`` and ``attn @ v``; the softmax's
-    rule is its gradient): equal to the attention's parts under the rules. ``constant``
-    (CP-LRP): ``q`` and ``k`` constants, ``v`` all of the relevance (lxt's ``cp_LRP``)."""
+    """``F.scaled_dot_product_attention`` (its arguments) with AttnLRP's rules as lxt 2.1's
+    LLaMA patches apply them: its own forward and backward, the gradient of ``q`` and ``k``
+    quartered and of ``v`` halved (the uniform rule, :func:`bilinear`, on ``q k^T`` and ``attn @
+    v``; the softmax's rule is its gradient). ``constant`` (CP-LRP): ``q`` and ``k`` constants,
+    ``v`` all of the relevance (lxt's ``cp_LRP``)."""
     if constant:
         q, k = q.detach(), k.detach()
     else:
         q, k, v = shared(q, 0.25), shared(k, 0.25), shared(v, 0.5)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
-    )
+    return F.scaled_dot_product_attention(q, k, v, *args, **kwargs)
 
 
 def shared(x: Tensor, share: float) -> Tensor:
