@@ -14,7 +14,14 @@ and the explorer only call these functions.
 * the backward they use: :data:`GRADIENT` or :class:`LRPRules` (CRP proper), :class:`Rules`.
 """
 
-from camkit.methods.concepts.concepts import Channels, Concept, Direction, InRegion, TopConcepts
+from camkit.methods.concepts.concepts import (
+    Channels,
+    Concept,
+    Direction,
+    InRegion,
+    TopConcepts,
+    region_weights,
+)
 from camkit.methods.concepts.conditional import ConceptAttribution
 from camkit.methods.concepts.featurevis import (
     ChannelObjective,
@@ -25,7 +32,6 @@ from camkit.methods.concepts.featurevis import (
     visualize,
 )
 from camkit.methods.concepts.reference import ReferenceCollector, TopK, receptive_boxes
-from camkit.methods.concepts.regions import region_weights
 from camkit.methods.concepts.rules import GRADIENT, GradientRules, LRPRules, Rules
 
 __all__ = [

@@ -217,6 +217,26 @@ def as_concepts(specs: object) -> list[Concept]:
     )
 
 
+def region_weights(region: object, grid: tuple[int, ...], like: Tensor) -> Tensor:
+    """``(B, 1, *grid)`` weights of a region mask given at the input's size (each cell weighs
+    the share of it inside the region) or at the layer grid's size."""
+    if not isinstance(region, Tensor):
+        raise ArgumentError(f"region must be a mask tensor (H, W) or (B, H, W), got {region!r}")
+    size, batch, dims = tuple(like.shape[2:]), like.shape[0], len(grid)
+    r = region.to(like.device, torch.float32)
+    if r.ndim == dims:
+        r = r.expand(batch, *r.shape)
+    if r.ndim != dims + 1 or r.shape[0] != batch or tuple(r.shape[1:]) not in (size, grid):
+        raise ArgumentError(
+            f"region has shape {tuple(region.shape)}; expected a mask of the input's size "
+            f"{size} or of the layer grid's {grid}, alone or with the batch's {batch} first"
+        )
+    if not torch.isfinite(r).all() or r.min() < 0 or r.max() > 1:
+        raise ArgumentError("region must hold weights in [0, 1] (a boolean mask)")
+    r = r.unsqueeze(1)
+    return r if tuple(r.shape[2:]) == grid else F.interpolate(r, size=grid, mode="area")
+
+
 __all__ = [
     "Channels",
     "Concept",
@@ -228,5 +248,6 @@ __all__ = [
     "abs_norm",
     "as_concept",
     "as_concepts",
+    "region_weights",
     "sample_channels",
 ]

@@ -41,9 +41,9 @@ from camkit.methods.concepts.concepts import (
     abs_norm,
     as_concept,
     as_concepts,
+    region_weights,
     sample_channels,
 )
-from camkit.methods.concepts.regions import region_weights, rows_of
 from camkit.methods.concepts.rules import GRADIENT, Rules, RulesSpec, check_rules
 from camkit.methods.concepts.traced import Pass, traced
 from camkit.targets.base import TargetSpec
@@ -340,6 +340,13 @@ class ConceptAttribution:
         for start in range(0, len(masks), step):
             grads = self._masked(run, self.layer, grad, masks[start : start + step])
             yield self._vjp(run.acts[self.layer], to, grads)
+
+
+def rows_of(value: object, rows: slice, batch: int) -> object:
+    """The rows ``rows`` of a per-sample target or region (a tensor or list with one entry per
+    sample); anything else (one class, None, a region for every image) as it is."""
+    sized = isinstance(value, list) or isinstance(value, Tensor) and value.ndim > 0
+    return value[rows] if sized and batch > 1 and len(value) == batch else value
 
 
 def vmapped(rules: Rules, grads: Tensor) -> bool:
