@@ -214,16 +214,13 @@ def rules_applied(
     *,
     record: Sequence[str] = (),
 ) -> Iterator[Session]:
-    """Run the forward inside with a rule set's backward in the autograd graph (see the package
-    docs): an LRP composite, ``"guided"``, ``"deconvnet"`` or ``"gradient"``.
-
-    After ``y = model(x)`` inside the block (``x`` requiring grad), ``x * grad_x`` of the target
-    score is the input relevance and ``A * grad_A`` the relevance of any intermediate tensor
-    ``A``; the backward may run after the block. ``record``: layer names whose outputs are kept
-    in ``session.recorded`` (their downstream gets a copy). Hooks are removed on exit, also
+    """Run the forward inside with a rule set's backward (an LRP composite, ``"guided"``,
+    ``"deconvnet"`` or ``"gradient"``) in the autograd graph: ``A * grad_A`` of the target score
+    is then the relevance of any tensor ``A`` of the forward, the input's included; the backward
+    may run after the block (see the package docs). ``record``: layer names whose outputs are
+    kept in ``session.recorded`` (their downstream gets a copy). Hooks are removed on exit, also
     when the forward raises; the model's parameters and buffers are never written. ``model``
-    may be None for a rule set that gives no module a rule (the ReLU rules).
-    """
+    may be None for a rule set that gives no module a rule (the ReLU rules)."""
     comp = composite(composite_spec)
     module = explained_module(model) if model is not None else None
     session = Session(module, comp, record)

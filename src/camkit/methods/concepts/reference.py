@@ -171,11 +171,9 @@ class ReferenceCollector:
         act, grad = channels_first(act.detach(), layout), channels_first(grad, layout)
         for mode, values in (("activation", act), ("relevance", act * grad)):
             score, positions = channel_scores(values, self.score, self.normalise)
-            if mode not in self.found:
-                self.found[mode] = TopK.empty(score.shape[1], self.top)
-                self.totals[mode] = torch.zeros(score.shape[1], dtype=torch.float64)
-            self.found[mode].update(score, indices, positions, classes)
-            self.totals[mode] += score.detach().double().sum(dim=0).cpu()
+            found = self.found.setdefault(mode, TopK.empty(score.shape[1], self.top))
+            found.update(score, indices, positions, classes)
+            self.totals[mode] = self.totals.get(mode, 0) + score.detach().double().sum(dim=0).cpu()
         self.seen += batch.shape[0]
 
     def merge(self, other: ReferenceCollector) -> None:
@@ -205,12 +203,8 @@ class ReferenceCollector:
 
     def _fold(self, found: dict[Mode, TopK], totals: dict[Mode, Tensor], seen: int) -> None:
         for mode, part in found.items():
-            if mode in self.found:
-                self.found[mode].merge(part)
-                self.totals[mode] += totals[mode]
-            else:
-                self.found[mode] = TopK(**{k: v.clone() for k, v in vars(part).items()})
-                self.totals[mode] = totals[mode].clone()
+            self.found.setdefault(mode, TopK.empty(part.values.shape[0], self.top)).merge(part)
+            self.totals[mode] = self.totals.get(mode, 0) + totals[mode]
         self.seen += seen
 
 

@@ -35,7 +35,6 @@ from camkit.relevance import composite as relevance_composite
 class Rules(Protocol):
     """A backward rule context for conditional relevance (see the module docstring)."""
 
-    name: str
     batched: bool
 
     def applied(self, model: nn.Module) -> AbstractContextManager[object]:
@@ -47,7 +46,6 @@ class Rules(Protocol):
 class GradientRules:
     """The plain gradient: relevance = gradient x activation (x input for the heatmap)."""
 
-    name = "gradient"
     batched = True
 
     def applied(self, model: nn.Module) -> AbstractContextManager[None]:
@@ -65,7 +63,6 @@ class LRPRules:
 
     def __init__(self, composite: object = "epsilon-plus-flat"):
         self.composite = relevance_composite(composite)
-        self.name = "lrp" if self.composite.strict else self.composite.name
         self.batched = self.composite.rectifier is None
 
     def applied(self, model: nn.Module) -> AbstractContextManager[object]:
