@@ -172,12 +172,9 @@ class ConceptAttribution:
             per_channel = self._channel_relevance(run, region)
             values, channels = self._top_channels(per_channel, k)
             share = abs_norm(per_channel).gather(1, channels)
-            heat = None
-            if heatmaps:
-                masks = [sample_channels(channels[:, i]) for i in range(k)]
-                heat = self._conditional(run, masks)
-            classes = run.classes
-        found = (channels, values, share, heat, classes)
+            masks = [sample_channels(c) for c in channels.T]
+            heat = self._conditional(run, masks) if heatmaps else None
+        found = (channels, values, share, heat, run.classes)
         if single:
             found = tuple(None if t is None else t[0] for t in found)
         return TopConcepts(self.layer, *found)

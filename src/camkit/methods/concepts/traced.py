@@ -70,7 +70,6 @@ def traced(
     batch = call.batch
     size = batch.shape[0]
     scorer = resolve(target, size, batch.device, output)
-    rows = torch.arange(size)
     modules = find_layers(model, layers)
     leaf = batch.detach().requires_grad_(True)
     with torch.enable_grad():
@@ -82,16 +81,15 @@ def traced(
             out = call.forward(model, leaf.clone())
         check_batch_axes(taps, size, folded_frames(model, tuple(batch.shape)))
         acts = dict(zip(layers, single_call(taps), strict=True))
-        scores = scorer(out, rows)
+        scores = scorer(out, torch.arange(size))
         if scorer.several:
             raise ArgumentError(
                 "concepts explain one target per sample; pass a class per sample (or None "
                 "for the predicted class), and the concepts as the K axis"
             )
         classes = scorer.pinned(out).classes[:, 0] if scorer.has_classes else None
-        input_size = tuple(batch.shape[2:])
         layouts = {
-            name: layer_layout(act.shape, model, input_size, reshape, batch=size)
+            name: layer_layout(act.shape, model, tuple(batch.shape[2:]), reshape, batch=size)
             for name, act in acts.items()
         }
         frames = {name: act.shape[0] // size for name, act in acts.items()}
