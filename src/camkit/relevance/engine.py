@@ -107,13 +107,8 @@ _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 def _operands(args: tuple, kwargs: dict) -> list[Tensor]:
-    found = []
-    for arg in (*args, *kwargs.values()):
-        if isinstance(arg, list | tuple):
-            found.extend(a for a in arg if on_path(a))
-        elif on_path(arg):
-            found.append(arg)
-    return found
+    listed = (a if isinstance(a, list | tuple) else (a,) for a in (*args, *kwargs.values()))
+    return [a for arg in listed for a in arg if on_path(a)]
 
 
 def _call_site() -> str:

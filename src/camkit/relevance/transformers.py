@@ -279,10 +279,8 @@ def multi_head_attention(
             "has no LRP rule: explain the model in eval mode, batched, without them"
         )
     length, batch, dim = a.query.shape
-    if a.use_separate_proj_weight:
-        weights_qkv = (a.q_proj_weight, a.k_proj_weight, a.v_proj_weight)
-    else:
-        weights_qkv = a.in_proj_weight.chunk(3)
+    separate = (a.q_proj_weight, a.k_proj_weight, a.v_proj_weight)
+    weights_qkv = separate if a.use_separate_proj_weight else a.in_proj_weight.chunk(3)
     biases = (None,) * 3 if a.in_proj_bias is None else a.in_proj_bias.chunk(3)
 
     def heads(t: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # (L, B, E) -> (B, H, L, d)

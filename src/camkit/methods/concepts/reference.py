@@ -213,10 +213,7 @@ def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor,
     ``ChannelConcept.reference_sampling`` (see the module docstring)."""
     flat = values.flatten(2) if values.ndim > 2 else values.unsqueeze(-1)
     positions = flat.argmax(dim=-1)
-    if score == "sum":
-        scores = flat.sum(dim=-1)
-    else:
-        scores = flat.gather(-1, positions.unsqueeze(-1)).squeeze(-1)
+    scores = flat.sum(dim=-1) if score == "sum" else flat.amax(dim=-1)
     if normalise:
         scores = abs_norm(scores)
     return scores, positions
