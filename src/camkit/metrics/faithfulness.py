@@ -114,23 +114,23 @@ class ImageScorer:
         self.copies = CopyScorer.clean(
             model, batch, scorer, call, batch_size=batch_size, probabilities=True
         )
-        self.clean = self._single_target(self.copies.scores)
-
-    @staticmethod
-    def _single_target(scores: Tensor) -> Tensor:
-        if scores.shape[1] != 1:
-            raise TargetError(
-                f"metrics score one target per image, got {scores.shape[1]} per image; "
-                "pass an int, one class per image or a callable returning (B,) scores"
-            )
-        return scores[:, 0]
+        self.clean = _single_target(self.copies.scores)
 
     def scores(
         self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
     ) -> Tensor:
         """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
-        with ``rows`` the image each row belongs to."""
-        return self._single_target(self.copies.over(count, build, bar))
+        with ``rows`` the image each row belongs to (indices on the images' device)."""
+        return _single_target(self.copies.over(count, build, bar))
+
+
+def _single_target(scores: Tensor) -> Tensor:
+    if scores.shape[1] != 1:
+        raise TargetError(
+            f"metrics score one target per image, got {scores.shape[1]} per image; "
+            "pass an int, one class per image or a callable returning (B,) scores"
+        )
+    return scores[:, 0]
 
 
 def unbatched(result: Tensor, single: bool) -> Tensor:
@@ -220,13 +220,12 @@ def curve(
     # point k of the curve: the first (k * pixels) // steps pixels of the order removed/inserted
     counts = torch.arange(steps + 1, device=batch.device) * pixels // steps
     # rows to score: every (image, point) but the clean image (already scored)
-    points = torch.arange(steps) if insert else torch.arange(1, steps + 1)
+    points = torch.arange(steps, device=batch.device) + (0 if insert else 1)
     flat_x, flat_base = batch.flatten(2), base.flatten(2)
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
         rows = indices // steps
-        chosen = ranks[rows] < counts[points.to(batch.device)[indices % steps]][:, None]
+        chosen = ranks[rows] < counts[points[indices % steps]][:, None]
         take_image = chosen if insert else ~chosen
         images = torch.where(take_image[:, None], flat_x[rows], flat_base[rows])
         return images.view(-1, channels, *spatial), rows
@@ -236,10 +235,8 @@ def curve(
         scores = scorer.scores(b * steps, build, bar).view(b, steps)
     clean = scorer.clean[:, None]
     curves = torch.cat([scores, clean] if insert else [clean, scores], dim=1)
-    auc = torch.trapezoid(curves, dx=1.0 / steps, dim=1)
-    if return_curves:
-        return unbatched(auc, single), unbatched(curves, single)
-    return unbatched(auc, single)
+    auc = unbatched(torch.trapezoid(curves, dx=1.0 / steps, dim=1), single)
+    return (auc, unbatched(curves, single)) if return_curves else auc
 
 
 def deletion(
@@ -291,12 +288,8 @@ def _masked_confidence(
         )
     scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
     masked = batch * maps[:, None]
-
-    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
-        return masked[indices], indices
-
-    return unbatched(compare(scorer.clean, scorer.scores(batch.shape[0], build)), single)
+    scores = scorer.scores(batch.shape[0], lambda rows: (masked[rows], rows))
+    return unbatched(compare(scorer.clean, scores), single)
 
 
 def average_drop(
@@ -320,8 +313,4 @@ def increase_in_confidence(
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
     better.** Options as :func:`average_drop`."""
-
-    def rose(clean: Tensor, masked: Tensor) -> Tensor:
-        return (masked > clean).float()
-
-    return _masked_confidence(model, x, maps, target, rose, **options)
+    return _masked_confidence(model, x, maps, target, lambda y, o: (o > y).float(), **options)

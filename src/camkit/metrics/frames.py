@@ -91,7 +91,6 @@ def frame_drop(
     frames = batch.shape[2]
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
         rows, removed = indices // frames, indices % frames
         copies = batch[rows].clone()
         picked = torch.arange(len(indices), device=batch.device)

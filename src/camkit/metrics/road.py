@@ -31,20 +31,9 @@ from camkit.targets.base import TargetSpec
 ROAD_NOISE = 0.01
 """Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""
 ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
-# ROAD's neighbour weights: 1/6 for the 4 direct neighbours, 1/12 for the 4 diagonal ones
-_ROAD_NEIGHBOURS = [
-    ((1, 1), 1 / 12),
-    ((0, 1), 1 / 6),
-    ((-1, 1), 1 / 12),
-    ((1, -1), 1 / 12),
-    ((0, -1), 1 / 6),
-    ((-1, -1), 1 / 12),
-    ((1, 0), 1 / 6),
-    ((-1, 0), 1 / 6),
-]
-
-
-# ----------------------------------------------------------------------------- ROAD
+# ROAD's 8 neighbours, in pytorch-grad-cam's order (the order of the sums): weight
+# 1/6 for the 4 direct ones, 1/12 for the 4 diagonal ones
+_ROAD_NEIGHBOURS = ((1, 1), (0, 1), (-1, 1), (1, -1), (0, -1), (-1, -1), (1, 0), (-1, 0))
 
 
 def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -64,7 +53,8 @@ def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.nd
     rhs = np.zeros((count, image.shape[0]))
     weight_sum = np.zeros(count)
     entries_i, entries_j, entries_w = [], [], []
-    for (dy, dx), weight in _ROAD_NEIGHBOURS:
+    for dy, dx in _ROAD_NEIGHBOURS:
+        weight = 1 / 12 if dy and dx else 1 / 6
         r, c = row + dy, col + dx
         inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
         ids = np.flatnonzero(inside)
@@ -168,10 +158,6 @@ def road(
                 imputed.append(_impute(batch[i], ranks[i] >= removed, noise, generator))
                 bar.update(1)
     stacked = torch.stack(imputed)  # (P * B, C, H, W), percentile major
-
-    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
-        return stacked[indices], indices % b
-
-    scores = scorer.scores(len(percentiles) * b, build).view(len(percentiles), b).t()
+    scores = scorer.scores(len(percentiles) * b, lambda rows: (stacked[rows], rows % b))
+    scores = scores.view(len(percentiles), b).t()
     return unbatched(scores.contiguous(), single)

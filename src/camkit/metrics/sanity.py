@@ -45,10 +45,6 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList)
 # ----------------------------------------------------------------------------- blocks
 
 
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
 def default_blocks(model: nn.Module) -> list[str]:
     """The blocks randomised by default, **top first** (reverse order of definition).
 
@@ -67,20 +63,15 @@ def default_blocks(model: nn.Module) -> list[str]:
         return [
             (f"{prefix}{name}", child)
             for name, child in module.named_children()
-            if _has_parameters(child)
+            if next(child.parameters(), None) is not None
         ]
 
     blocks: list[tuple[str, nn.Module]] = []
     for name, child in children(model, ""):
         inner = list(child.children())
-        if (
-            isinstance(child, _CONTAINERS)
-            and inner
-            and all(isinstance(c, _CONTAINERS) for c in inner)
-        ):
-            blocks += children(child, f"{name}.")
-        else:
-            blocks.append((name, child))
+        stages = isinstance(child, _CONTAINERS) and inner
+        stages = stages and all(isinstance(c, _CONTAINERS) for c in inner)
+        blocks += children(child, f"{name}.") if stages else [(name, child)]
     if len(blocks) < 3:
         split: list[tuple[str, nn.Module]] = []
         for name, child in blocks:
@@ -96,14 +87,11 @@ def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -
     """Re-draw every parameter tensor of ``module`` i.i.d. from a normal distribution with the
     **same mean and standard deviation** as its trained values (per tensor).
 
-    The scale of each layer (weights, biases, batch-norm gains) is kept and its structure is
-    destroyed; buffers (batch-norm running statistics) are kept, so they stay finite and the
-    activations keep their trained scale through the randomised blocks. (``reset_parameters()``
-    instead puts every layer at its default initialisation and resets the running statistics
-    to 0 / 1; on EfficientNet-Lite0 the signal then fades block after block: the cascaded
-    network's logits shrink to about 0.03, nearly constant.) A tensor of one element, or a
-    constant one, is left as it is. Draws are made on the CPU with ``generator``: the same on
-    every device.
+    Each layer's scale is kept and its structure destroyed; buffers (batch-norm running
+    statistics) are kept, so activations keep their trained scale through the randomised blocks
+    (with ``reset_parameters()`` EfficientNet-Lite0's cascaded logits shrink to about 0.03,
+    nearly constant). A tensor of one element, or a constant one, is left as it is. Draws are
+    made on the CPU with ``generator``: the same on every device.
     """
     with torch.no_grad():
         for parameter in module.parameters():
@@ -357,9 +345,9 @@ def randomization_test(
     randomize = randomize_normal if init == "normal" else init
     maps = {"original": original[1].cpu()}
     results = []
+    independent = order == "independent"
     for index, name in enumerate(names):
         module = blocks[name]
-        independent = order == "independent"
         kept = (
             {k: v.detach().clone() for k, v in module.state_dict().items()} if independent else {}
         )
@@ -371,10 +359,8 @@ def randomization_test(
         if independent:  # parameters and buffers back (an init= may reset running statistics)
             module.load_state_dict(kept)
         values = _similarities(names_asked, original, randomised)
-        row: dict[str, Any] = {"layer": name}
-        for key, value in values.items():
-            row[key] = value.tolist() if per_sample else float(value.mean())
-        results.append(row)
+        summary = {k: v.tolist() if per_sample else float(v.mean()) for k, v in values.items()}
+        results.append({"layer": name} | summary)
         maps[name] = randomised[1].cpu()
     return (results, maps) if return_maps else results
 
