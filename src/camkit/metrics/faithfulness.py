@@ -9,13 +9,11 @@
 
 Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
 ``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
-methods accept (``None``: each image's top-1 class, an int, a list or tensor of one class per
-image, a callable or target object). A class target is scored by its softmax probability; a
-callable's scores are used as they are; ``ClassTarget(c)`` is ``c``. Every model
-call runs under ``torch.inference_mode()`` on the input's device, in chunks of ``batch_size``
-rows; the results do not depend on ``batch_size``. ``additional_forward_args`` (keyword) are
-the model's other inputs, as for every method: per-sample tensors follow their image's rows.
-Conventions: docs/metrics.md.
+methods accept (None: each image's top-1 class). A class target is scored by its softmax
+probability, a callable by its own scores. Model calls run under ``torch.inference_mode()`` on
+the input's device, ``batch_size`` rows at a time (the results do not depend on it);
+``additional_forward_args`` are the model's other inputs, per-sample tensors following their
+image's rows. Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -45,12 +43,8 @@ BLUR_SIGMA = 5.0
 BASELINES = ("blur", "zero", "mean")
 
 
-# ----------------------------------------------------------------------------- shared steps
-
-
 def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tensor, bool]:
-    """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False`` for the
-    metrics that perturb 2-D images only."""
+    """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False``: 2-D only."""
     batch, single = as_batch(x, model)
     if batch.ndim != 4 and not volumes:
         raise InputError(
@@ -61,9 +55,8 @@ def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple
 
 
 def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
-    """The maps as ``(B, *spatial)`` float on the input's device: the input's size, or a
-    smaller map upsampled (bilinear, trilinear for volumes; ``align_corners=False``, as
-    camkit's methods)."""
+    """The maps as ``(B, *spatial)`` float on the input's device, a smaller map upsampled
+    (bilinear, trilinear for volumes; ``align_corners=False``, as camkit's methods)."""
     if not isinstance(maps, Tensor):
         raise InputError(f"expected the maps as a tensor (B, H, W), got {type(maps).__name__}")
     b, spatial = batch.shape[0], tuple(batch.shape[2:])
@@ -138,9 +131,6 @@ def unbatched(result: Tensor, single: bool) -> Tensor:
     return result[0] if single else result
 
 
-# ----------------------------------------------------------------------------- deletion / insertion
-
-
 def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
     """The image that removed pixels take, ``(B, C, H, W)``: ``"blur"`` (Gaussian blur, kernel
     ``BLUR_KERNEL`` x ``BLUR_KERNEL``, sigma ``BLUR_SIGMA``, reflected borders), ``"zero"``
@@ -201,11 +191,9 @@ def curve(
 
     Deletion replaces the pixels, in the map's decreasing order (ties: row-major order), by the
     ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts the image's
-    pixels back onto the baseline in the same order. The curve is the target's probability
-    (a callable target's own score) at the ``steps + 1`` points, the AUC its trapezoid over
-    ``x = k / steps`` in [0, 1]. ``batch_size``: rows per forward pass;
-    ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``, per-sample
-    tensors following their image's rows (as for every method).
+    pixels back onto the baseline in the same order. The curve is the target's probability at
+    the ``steps + 1`` points, the AUC its trapezoid over ``x = k / steps`` in [0, 1].
+    ``batch_size``: rows per forward pass; ``additional_forward_args``: the model's other inputs.
     """
     steps = positive_int("steps", steps)
     batch_size = positive_int("batch_size", batch_size)
@@ -262,9 +250,6 @@ def insertion(
     return curve(model, x, maps, target, insert=True, **options)
 
 
-# ----------------------------------------------------------------------------- Grad-CAM++ scores
-
-
 def _masked_confidence(
     model: nn.Module,
     x: Tensor,
@@ -275,9 +260,8 @@ def _masked_confidence(
     batch_size: int = 64,
     additional_forward_args: Any = None,
 ) -> Tensor:
-    """``compare(Y, O)`` per image, ``(B,)``: ``Y`` the target's probability on the images,
-    ``O`` on the images times their maps (the maps must be in [0, 1]); the two Grad-CAM++
-    scores. ``batch_size``: images per forward pass."""
+    """``compare(Y, O) (B,)``: ``Y`` the target's probability on the images, ``O`` on the
+    images times their maps (in [0, 1]): the two Grad-CAM++ scores."""
     batch_size = positive_int("batch_size", batch_size)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)

@@ -9,10 +9,8 @@
   Networks with Perturbation", WACV 2021). It needs no map: it is the model's own answer to
   "which frames matter", to compare :func:`frame_importance` with.
 
-Both take clips ``(B, C, T, H, W)`` as every method does (a 4-D tensor is a batch of images);
-scores are forwarded through the copy scorer every metric shares
-(:class:`~camkit.core.copies.CopyScorer`, in chunks of ``batch_size`` rows; a class target is
-scored by its softmax probability).
+Both take clips ``(B, C, T, H, W)`` as every method does; a class target is scored by its
+softmax probability, ``batch_size`` rows at a time.
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ def frame_importance(maps: Tensor) -> Tensor:
     """Each frame's share of the map's mass: ``(B, T, H, W) -> (B, T)`` (``(T, H, W) -> (T,)``;
     ``(B, K, T, H, W) -> (B, K, T)``), ``sum_hw M_t / sum_thw M``.
 
-    The map must be non-negative (a CAM after its ReLU, a pixel method's display heat, an
-    absolute attribution); a map that is zero or flat everywhere (:func:`~camkit.core.finish.
-    flat`) gives zeros, not a uniform spread it does not have.
+    The map must be non-negative (a CAM after its ReLU, a pixel method's heat, an absolute
+    attribution); a flat map (:func:`~camkit.core.finish.flat`) gives zeros, not a uniform spread.
     """
     if not isinstance(maps, Tensor) or maps.ndim not in (3, 4, 5):
         got = tuple(maps.shape) if isinstance(maps, Tensor) else type(maps).__name__
@@ -53,9 +50,8 @@ def frame_importance(maps: Tensor) -> Tensor:
 
 
 def mass_shares(mass: Tensor) -> Tensor:
-    """Each frame's share of the total: ``(..., T) -> (..., T)``, ``m_t / sum_t m``; zeros
-    where the total is 0. The last step of :func:`frame_importance`, for a map whose frames
-    come one at a time (a streamed video: only each frame's mass is kept)."""
+    """Each frame's share of the total ``(..., T) -> (..., T)``, zeros where the total is 0:
+    :func:`frame_importance`'s last step, for a streamed video (only each frame's mass kept)."""
     total = mass.sum(dim=-1, keepdim=True)
     return torch.where(total == 0, torch.zeros_like(mass), mass / total.masked_fill(total == 0, 1))
 
@@ -72,12 +68,10 @@ def frame_drop(
     """The drop in the target's score when frame ``t`` is removed: ``(B, C, T, H, W) -> (B,
     T)``, ``score(clip) - score(clip with frame t replaced by the baseline's frame t)``.
 
-    ``baseline``: ``"zero"`` (the dataset's mean colour for a normalised clip), ``"mean"``
-    (each clip's per-channel mean) or a tensor broadcastable to the clips
+    ``baseline``: ``"zero"``, ``"mean"`` or a tensor broadcastable to the clips
     (:func:`~camkit.metrics.faithfulness.make_baseline`). ``target``: as for every method
     (None: each clip's clean top-1 class, pinned). Positive values: frames the prediction
-    needs; negative: frames that speak against it. ``batch_size``: rows per forward pass
-    (results do not depend on it).
+    needs; negative: frames that speak against it. ``batch_size``: rows per forward pass.
     """
     batch_size = positive_int("batch_size", batch_size)
     batch, _ = metric_images(x, model)

@@ -1,14 +1,10 @@
 """The model-parameter randomisation test: does the map depend on what the model learnt?
 
-Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018. The blocks of a trained model
-are replaced by random weights, from the top (the classifier) down, and each map is compared
-with the trained model's: a method whose maps stay similar while the model is destroyed
-explains the image, not the model (edge detection). Cascading randomisation keeps the blocks
-randomised so far; independent randomisation randomises one block at a time, the others
-trained.
-
-Everything runs on a deep copy of the model: the user's model is never called, and its
-parameters, buffers and modes stay bit-identical, even when the explainer raises.
+Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018: the blocks of a trained model
+are randomised from the top (the classifier) down, cumulatively (cascade) or one at a time
+(independent), and each map is compared with the trained model's; a method whose maps stay
+similar explains the image, not the model (edge detection). Everything runs on a deep copy: the
+user's model is never called or changed, even when the explainer raises.
 """
 
 from __future__ import annotations
@@ -42,20 +38,15 @@ Init = Literal["normal"] | Callable[[str, nn.Module, torch.Generator], None]
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
-# ----------------------------------------------------------------------------- blocks
-
-
 def default_blocks(model: nn.Module) -> list[str]:
     """The blocks randomised by default, **top first** (reverse order of definition).
 
-    The model's top-level children that hold parameters; a child that is a container of
-    containers (timm's ``blocks``, torchvision EfficientNet's ``features``: stages of blocks) is
-    split into its children. ResNet: ``fc, layer4, layer3, layer2, layer1, bn1, conv1``;
-    timm EfficientNet: ``classifier, bn2, conv_head, blocks.6, ..., blocks.0, bn1, conv_stem``.
-    With fewer than 3 blocks (VGG's ``features, classifier``, a plain ``nn.Sequential``), each
-    container is split into its parameterised children. "Top" is the definition order of the
-    modules, which is the order of the forward pass in these architectures; pass ``layers=``
-    where it is not.
+    The model's top-level children that hold parameters; a container of containers (timm's
+    ``blocks``, torchvision EfficientNet's ``features``) is split into its children. ResNet:
+    ``fc, layer4, ..., layer1, bn1, conv1``; timm EfficientNet: ``classifier, bn2, conv_head,
+    blocks.6, ..., blocks.0, bn1, conv_stem``. With fewer than 3 blocks (VGG, a plain
+    ``nn.Sequential``) each container is split into its parameterised children. Definition
+    order stands for forward order; pass ``layers=`` where it does not.
     """
     model = explained_module(model)
 
@@ -101,9 +92,6 @@ def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -
             mean, std = values.mean(), values.std(unbiased=False)
             draw = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
             parameter.copy_((draw * std.cpu() + mean.cpu()).to(parameter.device, parameter.dtype))
-
-
-# ----------------------------------------------------------------------------- similarities
 
 
 def _correlation(a: Tensor, b: Tensor) -> Tensor:
@@ -200,9 +188,6 @@ def _similarities(
         "hog": lambda: hog_similarity(unit, unit_other),
     }
     return {name: functions[name]().cpu() for name in names}
-
-
-# ----------------------------------------------------------------------------- the test
 
 
 def checked_similarity(similarity: str | Sequence[str], *, with_abs: bool = True) -> list[str]:

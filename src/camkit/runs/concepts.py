@@ -68,16 +68,8 @@ def write_concepts(out: Path, record: ConceptsRecord) -> Path:
         str(channel): {mode: [ref.to_dict() for ref in rows[mode]] for mode in RANKINGS}
         for channel, rows in record.channels.items()
     }
-    head = {
-        "model": record.model,
-        "layer": record.layer,
-        "top": record.top,
-        "images": record.images,
-        "unreadable": record.unreadable,
-        "rules": record.rules,
-        "score": record.score,
-        "run": record.run,
-    }
+    names = ("model", "layer", "top", "images", "unreadable", "rules", "score", "run")
+    head = {name: getattr(record, name) for name in names}
     return write_json(out / CONCEPTS_FILE, KIND, head | {"channels": channels})
 
 

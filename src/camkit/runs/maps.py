@@ -1,7 +1,5 @@
 """The maps file of a run folder: every raw map in one ``maps.npz`` (``camkit explain
---save-maps``).
-
-An uncompressed NumPy ``.npz`` archive, readable with numpy alone::
+--save-maps``), an uncompressed NumPy archive readable with numpy alone::
 
     data = np.load("run/maps.npz")
     data["maps"]        # (N, H, W) float16, the raw maps at the model's input size
@@ -16,19 +14,16 @@ An uncompressed NumPy ``.npz`` archive, readable with numpy alone::
     json.loads(str(data["metadata"]))  # the run: versions, settings, model, class labels,
                                        # and the file's "version" (none: version 0, camkit 0.2)
 
-Row ``i`` is the manifest record whose ``"map"`` field is ``i``. The archive is written by
-streaming rows (never the whole array in memory), and :func:`load_maps` maps ``maps`` from the
-file without reading it (``mmap``), so runs larger than memory can be analysed.
+Row ``i`` is the manifest record whose ``"map"`` is ``i``. One writer (:func:`write_maps`,
+streaming rows, never the whole array in memory), one reader (:func:`load_maps`, which maps
+``maps`` from the file: runs larger than memory can be analysed); a file that is not complete,
+misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
 
-One writer (:func:`write_maps`), one reader (:func:`load_maps`); a file that is not
-complete, misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
-
-Like the manifest, each rank appends its maps to its own part, ``maps.rank<R>.f16`` (raw
-float16 rows at the model's input size, flushed to the disk), before the records that name
-them (``"map_part": [rank, row]``) are appended to its manifest part: a record in a part always
-has its map on the disk. When rank 0 merges the manifest (at the end, or when ``--resume``
-consolidates a killed run) it streams the rows of the earlier ``maps.npz`` and of the parts into
-a new ``maps.npz`` in the manifest's order, and each record's ``"map"`` becomes its row there.
+Each rank appends its maps to its own part ``maps.rank<R>.f16`` (raw float16 rows, flushed to
+the disk) before the manifest records that name them (``"map_part": [rank, row]``): a record
+in a part always has its map on the disk. Merging the manifest (at the end, or on
+``--resume``) streams the earlier ``maps.npz`` and the parts into a new one in the manifest's
+order (:func:`fold`).
 """
 
 from __future__ import annotations
@@ -93,9 +88,8 @@ def write_maps(
     index: Mapping[str, Any],
     metadata: Mapping[str, Any],
 ) -> Path:
-    """Write ``count`` maps of ``shape`` (an iterable of ``(n, H, W)`` blocks) with their
-    ``index`` columns and ``metadata`` (and the file's version) as ``path`` (atomically: a
-    temporary file renamed)."""
+    """Write ``count`` maps of ``shape`` (``(n, H, W)`` blocks), their ``index`` columns and
+    ``metadata`` (with the file's version) as ``path``, atomically."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     header = {"descr": "<f2", "fortran_order": False, "shape": (count, *shape)}
@@ -148,9 +142,8 @@ def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | Non
 
 
 def load_maps(path: str | os.PathLike[str], *, mmap: bool = True) -> MapSet:
-    """Read ``maps.npz`` (or a run folder holding one); ``mmap``: map the maps from the file
-    instead of reading them into memory. No file: :class:`~camkit.errors.InputError`; a file
-    that is not complete, misses a member or is of a newer version:
+    """Read ``maps.npz`` (or a run folder holding one); ``mmap``: map the maps from the file.
+    No file: :class:`~camkit.errors.InputError`; a broken one:
     :class:`~camkit.errors.RunFileError`."""
     path = Path(path)
     if path.is_dir():

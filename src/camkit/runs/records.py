@@ -136,10 +136,3 @@ def write_json(path: Path, kind: FileKind, fields: Mapping[str, Any]) -> Path:
     ``fields`` held) -> its path."""
     fields = {key: value for key, value in fields.items() if key != "version"}
     return io.save_json(path, {"version": kind.version, **fields})
-
-
-def record_fields(record: Any) -> dict[str, Any]:
-    """A record dataclass's fields but its version, for :func:`write_json`."""
-    return {
-        f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "version"
-    }

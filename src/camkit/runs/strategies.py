@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from camkit.runs.records import Fields, FileKind, read_record, record_fields, write_json
+from camkit.runs.records import Fields, FileKind, read_record, write_json
 
 STRATEGIES_DIR = "strategies"
 """The folder of the run where ``camkit strategies RUN_DIR`` writes (without ``--out``)."""
@@ -46,7 +46,7 @@ class StrategiesRecord:
 
 def write_strategies(folder: Path, record: StrategiesRecord) -> Path:
     """Write ``FOLDER/strategies.json`` -> its path."""
-    return write_json(folder / STRATEGIES_FILE, KIND, record_fields(record))
+    return write_json(folder / STRATEGIES_FILE, KIND, dataclasses.asdict(record))
 
 
 def _check_group(read: Fields, group: dict, where: str) -> None:
@@ -85,11 +85,14 @@ def url_path(path: str) -> str:
     return quote(path, safe="/")
 
 
-def relative_urls(out: Path, folder: Path) -> Callable[[str], str]:
-    """Names of files in ``folder`` -> URLs relative to ``out`` (a page written there)."""
+def relative_urls(out: Path, folder: Path) -> Callable[[str | None], str | None]:
+    """Names of files in ``folder`` -> URLs relative to ``out`` (a page written there); None
+    stays None."""
     prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
 
-    def url(name: str) -> str:
+    def url(name: str | None) -> str | None:
+        if name is None:
+            return None
         return url_path(f"{prefix}/{name}" if prefix != "." else name)
 
     return url
@@ -129,21 +132,15 @@ def strategies_data(
     (-1: not on the page), files (relative to ``folder``) -> URLs relative to ``out``."""
     page = {image["path"]: index for index, image in enumerate(images)}
     rows = [page.get(str(image), -1) for image in found.images]
-    file_url = relative_urls(out, folder)
-
-    def url(name: str | None) -> str | None:
-        return None if name is None else file_url(name)
-
-    def indices(members: Sequence[int]) -> list[int]:
-        return [rows[r] for r in members]
-
+    url = relative_urls(out, folder)
+    lists = ("typical", "atypical", "members")
     groups = []
     for group in found.groups:
         clusters = [
             cluster_view(
-                cluster, indices, url, score="score", lists=("typical", "atypical", "members")
+                c, lambda members: [rows[r] for r in members], url, score="score", lists=lists
             )
-            for cluster in group.get("clusters", [])
+            for c in group.get("clusters", [])
         ]
         groups.append(
             {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}

@@ -1,8 +1,5 @@
 """SpRAy on arrays, class by class: :func:`analyze_class` (one class's pooled maps -> its
-strategies) and :func:`find_strategies` (every class of a dataset's maps). The steps live in
-:mod:`~camkit.strategies.pooling` (maps -> small grids), :mod:`~camkit.strategies.spectrum`
-(the nearest-neighbour graph, its Laplacian's spectrum, the eigengap) and
-:mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout).
+strategies) and :func:`find_strategies` (every class of a dataset's maps).
 
 Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really learn",
 Nature Communications 10, 1096 (2019), section "Spectral relevance analysis"; the row
@@ -93,15 +90,12 @@ def analyze_class(
             raise ArgumentError(f"{name} must be a positive int, got {value!r}")
     if n_clusters is not None and (not isinstance(n_clusters, int) or not 1 <= n_clusters < n):
         raise ArgumentError(f"n_clusters must be an int in [1, {n - 1}], got {n_clusters!r}")
-    if n < _fewest(n, n_neighbors):
+    if n < (fewest := _fewest(n, n_neighbors)):
         raise ArgumentError(
             f"class {class_id if class_id is not None else ''} has {n} map(s); the "
-            f"nearest-neighbour graph needs at least {_fewest(n, n_neighbors)} "
-            f"(n_neighbors={n_neighbors} + 1)"
+            f"nearest-neighbour graph needs at least {fewest} (n_neighbors={n_neighbors} + 1)"
         )
-    indices = np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64)
-    if indices.shape != (n,):
-        raise ArgumentError(f"indices must have one value per map ({n},), got {indices.shape}")
+    indices = np.arange(n) if indices is None else _optional(indices, n, "indices", np.int64)
     confidences = _optional(confidences, n, "confidences", np.float64)
     predictions = _optional(predictions, n, "predictions", np.int64)
     truth = _optional(truth, n, "truth", np.int64)

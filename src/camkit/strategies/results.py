@@ -36,18 +36,10 @@ class Cluster:
         return prototype_png(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "size": self.size,
-            "members": self.members.tolist(),
-            "typical": self.typical.tolist(),
-            "atypical": self.atypical.tolist(),
-            "confidence": self.confidence,
-            "accuracy": self.accuracy,
-            "suspiciousness": self.suspiciousness,
-            "distance": self.distance,
-            "concentration": self.concentration,
-        }
+        """JSON-ready summary (the prototype left out: an array)."""
+        lists = {name: getattr(self, name).tolist() for name in ("members", "typical", "atypical")}
+        scores = ("confidence", "accuracy", "suspiciousness", "distance", "concentration")
+        return {"id": self.id, "size": self.size} | lists | {s: getattr(self, s) for s in scores}
 
 
 @dataclasses.dataclass
