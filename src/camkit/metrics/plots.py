@@ -68,9 +68,6 @@ def plot_curves(
     return figure
 
 
-# ----------------------------------------------------------------------------- the figure
-
-
 def plot_randomization(
     results: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]],
     maps_by_layer: Mapping[str, Tensor] | Mapping[str, Mapping[str, Tensor]],

@@ -253,16 +253,14 @@ def randomization_test(
     """Model-parameter randomisation test (Adebayo et al., NeurIPS 2018).
 
     Args:
-        explainer_factory: ``net -> explainer``, called with each network to explain
-            (``lambda net: camkit.GradCAM(net, "layer4")``); the explainer is called as
-            ``explainer(x, target=...)`` and returns ``(B, H, W)`` maps or ``(B, C, H, W)``
+        explainer_factory: ``net -> explainer`` (``lambda net: camkit.GradCAM(net, "layer4")``);
+            ``explainer(x, target=...)`` returns ``(B, H, W)`` maps or ``(B, C, H, W)``
             attributions (summed over channels).
-        model: the trained model. It is deep-copied; the copy is randomised and explained,
-            the model itself is never called or changed.
+        model: the trained model; a deep copy is randomised and explained, the model itself is
+            never called or changed.
         x: images ``(B, C, H, W)`` (or one ``(C, H, W)``).
-        target: one class per sample (int, ``B`` ints, a ``(B,)`` tensor) or a callable
-            target; None: each sample's top-1 class **of the trained model**, kept for every
-            randomised network (the same class is explained throughout).
+        target: one class per sample or a callable target; None: each sample's top-1 class
+            **of the trained model**, explained by every randomised network.
         order: ``"cascade"``: blocks randomised cumulatively, top first; ``"independent"``:
             one block at a time, the others trained.
         similarity: any of ``"spearman"`` (rank correlation of the signed maps; asking it also
@@ -271,8 +269,8 @@ def randomization_test(
         layers: module names to randomise, top first, instead of :func:`default_blocks`.
         init: ``"normal"`` (:func:`randomize_normal`) or a callable
             ``init(name, module, generator)`` that randomises ``module`` in place.
-        seed: seeds the draws; block ``i`` of the list uses the same draw in both orders.
-            None draws the seed from torch's global generator.
+        seed: seeds the draws (block ``i`` draws the same in both orders); None: from torch's
+            global generator.
         per_sample: report a list of ``B`` values per similarity instead of their mean.
         return_maps: also return ``{"original": maps, layer: maps, ...}``, the ``(B, H, W)``
             maps in [0, 1] (on the CPU) that SSIM and HOG compare, for

@@ -106,18 +106,16 @@ def _concepts_record(data: Any, read: Fields) -> ConceptsRecord:
             ]
             for mode in RANKINGS
         }
-    optional = (str, type(None))
+    optional = {"model": str, "top": int, "images": int, "rules": str, "score": str, "run": dict}
     return ConceptsRecord(
         layer=read.get(data, "layer", str),
         channels=channels,
-        model=read.get(data, "model", optional, default=None),
-        top=read.get(data, "top", (int, type(None)), default=None),
-        images=read.get(data, "images", (int, type(None)), default=None),
         unreadable=read.items(data, "unreadable", str, default=[]),
-        rules=read.get(data, "rules", optional, default=None),
-        score=read.get(data, "score", optional, default=None),
-        run=read.get(data, "run", (dict, type(None)), default=None),
         version=read.version,
+        **{
+            key: read.get(data, key, (kind, type(None)), default=None)
+            for key, kind in optional.items()
+        },
     )
 
 

@@ -120,9 +120,8 @@ def write_maps(
     return path
 
 
-def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+def _mapped(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
     """A stored (uncompressed) ``.npy`` member as a read-only memory map; None if compressed."""
-    info = archive.getinfo(name)
     if info.compress_type != zipfile.ZIP_STORED:
         return None
     with open(path, "rb") as handle:
@@ -163,10 +162,7 @@ def load_maps(path: str | os.PathLike[str], *, mmap: bool = True) -> MapSet:
                 raise KIND.error(path, None, "its metadata is not a JSON object")
             version = KIND.version_of(path, metadata)
             columns = {name: data[name] for name in INDEX_FIELDS}
-            maps = None
-            if mmap:
-                with zipfile.ZipFile(path) as archive:
-                    maps = _mapped(path, archive, "maps.npy")
+            maps = _mapped(path, data.zip.getinfo("maps.npy")) if mmap else None
             if maps is None:
                 maps = data["maps"]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
@@ -235,10 +231,9 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
 
     if rows:
         index = {
-            "image": [r["image"] for r in rows],
-            "method": [r["method"] for r in rows],
-            "target": [r["target"] for r in rows],
-            "probability": [r["probability"] for r in rows],
+            key: [r[key] for r in rows] for key in ("image", "method", "target", "probability")
+        }
+        index |= {
             "prediction": [r["top5"][0]["index"] for r in rows],
             "confidence": [r["top5"][0]["probability"] for r in rows],
             "truth": [r.get("truth", -1) for r in rows],

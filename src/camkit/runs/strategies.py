@@ -49,16 +49,6 @@ def write_strategies(folder: Path, record: StrategiesRecord) -> Path:
     return write_json(folder / STRATEGIES_FILE, KIND, dataclasses.asdict(record))
 
 
-def _check_group(read: Fields, group: dict, where: str) -> None:
-    read.get(group, "method", str, where)
-    read.get(group, "class", int, where)
-    for k, cluster in enumerate(read.items(group, "clusters", dict, where)):
-        inside = f"{where}clusters[{k}]."
-        read.get(cluster, "id", int, inside)
-        for name in ("members", "typical", "atypical"):
-            read.items(cluster, name, int, inside, default=[])
-
-
 def read_strategies(folder: Path) -> StrategiesRecord | None:
     """``FOLDER/strategies.json`` (None when the folder has none); a broken file is a
     :class:`~camkit.errors.RunFileError`."""
@@ -69,7 +59,13 @@ def _strategies_record(data: Any, read: Fields) -> StrategiesRecord:
     images = read.items(data, "images", str)
     groups = read.items(data, "groups", dict)
     for k, group in enumerate(groups):
-        _check_group(read, group, f"groups[{k}].")
+        read.get(group, "method", str, f"groups[{k}].")
+        read.get(group, "class", int, f"groups[{k}].")
+        for j, cluster in enumerate(read.items(group, "clusters", dict, f"groups[{k}].")):
+            where = f"groups[{k}].clusters[{j}]."
+            read.get(cluster, "id", int, where)
+            for name in ("members", "typical", "atypical"):
+                read.items(cluster, name, int, where, default=[])
     return StrategiesRecord(
         images=images,
         groups=groups,
