@@ -1,11 +1,8 @@
 """Is the map faithful to the model? Scores that perturb the image where the map points.
 
-* :func:`deletion` / :func:`insertion` -- Petsiuk et al., "RISE", BMVC 2018: pixels removed from
-  (or inserted onto) a baseline in the map's order; the area under the target's probability
-  curve. Deletion: lower is better; insertion: higher is better.
-* :func:`average_drop` / :func:`increase_in_confidence` -- Chattopadhay et al., "Grad-CAM++",
-  WACV 2018: the image multiplied by the map against the image itself.
-* :func:`~camkit.metrics.road.road` (its own module) -- ROAD, Rong et al., ICML 2022.
+:func:`deletion` / :func:`insertion` (Petsiuk et al., "RISE", BMVC 2018) and
+:func:`average_drop` / :func:`increase_in_confidence` (Chattopadhay et al., "Grad-CAM++", WACV
+2018); ROAD (Rong et al., ICML 2022) is :mod:`camkit.metrics.road`.
 
 Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
 ``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the

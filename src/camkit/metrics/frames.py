@@ -1,16 +1,11 @@
 """When, not only where: how a clip's explanation and the model's score spread over its frames.
 
-* :func:`frame_importance` -- the map's mass per frame: a ``(B, T, H, W)`` map (any method's
-  map of a clip ``(B, C, T, H, W)``) ``-> (B, T)`` fractions summing to 1.
-* :func:`frame_drop` -- the drop in the target's score when one frame is removed (replaced by
-  a baseline frame), frame by frame: occlusion (Zeiler & Fergus, "Visualizing and
-  Understanding Convolutional Networks", ECCV 2014) along the time axis, as the temporal
-  occlusion of video explanations (Li et al., "Towards Visually Explaining Video Understanding
-  Networks with Perturbation", WACV 2021). It needs no map: it is the model's own answer to
-  "which frames matter", to compare :func:`frame_importance` with.
-
-Both take clips ``(B, C, T, H, W)`` as every method does; a class target is scored by its
-softmax probability, ``batch_size`` rows at a time.
+:func:`frame_importance` is the map's mass per frame; :func:`frame_drop` the drop in the
+target's score when one frame is replaced by a baseline frame: occlusion (Zeiler & Fergus,
+"Visualizing and Understanding Convolutional Networks", ECCV 2014) along the time axis, as the
+temporal occlusion of video explanations (Li et al., "Towards Visually Explaining Video
+Understanding Networks with Perturbation", WACV 2021). It needs no map: it is the model's own
+answer to "which frames matter", to compare :func:`frame_importance` with.
 """
 
 from __future__ import annotations

@@ -143,8 +143,14 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _per_sample(
-    a: Tensor, b: Tensor, function: Callable[[np.ndarray, np.ndarray], float]
+    a: Tensor, b: Tensor, what: str, side: int, function: Callable[[np.ndarray, np.ndarray], float]
 ) -> Tensor:
+    """``function`` of each pair of maps (at least ``side`` pixels a side) -> ``(B,)``."""
+    _check_pair(a, b, what, dims=3)
+    if min(a.shape[-2:]) < side:
+        raise ArgumentError(
+            f"{what} needs maps of at least {side}x{side} pixels, got {tuple(a.shape[-2:])}"
+        )
     pairs = zip(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy(), strict=True)
     return torch.tensor([function(x, y) for x, y in pairs], dtype=torch.float64)
 
@@ -154,10 +160,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
     ``skimage.metrics.structural_similarity(data_range=1)`` (7x7 window, at least 7x7 maps)."""
     from skimage.metrics import structural_similarity
 
-    _check_pair(a, b, "ssim", dims=3)
-    if min(a.shape[-2:]) < 7:
-        raise ArgumentError(f"ssim needs maps of at least 7x7 pixels, got {tuple(a.shape[-2:])}")
-    return _per_sample(a, b, lambda x, y: structural_similarity(x, y, data_range=1.0))
+    return _per_sample(a, b, "ssim", 7, lambda x, y: structural_similarity(x, y, data_range=1.0))
 
 
 def hog_similarity(a: Tensor, b: Tensor) -> Tensor:
@@ -166,15 +169,11 @@ def hog_similarity(a: Tensor, b: Tensor) -> Tensor:
     (B,)``, as Adebayo et al.; maps of at least 24x24 pixels."""
     from skimage.feature import hog
 
-    _check_pair(a, b, "hog_similarity", dims=3)
-    if min(a.shape[-2:]) < 24:
-        raise ArgumentError(f"hog needs maps of at least 24x24 pixels, got {tuple(a.shape[-2:])}")
-
     def one(x: np.ndarray, y: np.ndarray) -> float:
         hx, hy = (torch.from_numpy(hog(m)).unsqueeze(0) for m in (x, y))
         return float(_correlation(hx, hy)[0])
 
-    return _per_sample(a, b, one)
+    return _per_sample(a, b, "hog_similarity", 24, one)
 
 
 def _similarities(

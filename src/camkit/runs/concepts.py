@@ -23,9 +23,9 @@ RANKINGS = ("activation", "relevance")
 
 @dataclasses.dataclass
 class ConceptReference:
-    """One reference image of a channel: its ``rank`` in its ranking, the ``image`` path, its
-    ``score``, the predicted ``class_index`` and its ``label``, the receptive field's ``box``
-    ``[top, left, bottom, right]`` on the photo and its ``patch`` file (relative to the run)."""
+    """One reference image of a channel: its ``rank``, ``image`` path, ``score``, predicted
+    ``class_index`` and ``label``, the receptive field's ``box`` ``[top, left, bottom, right]``
+    on the photo and its ``patch`` file (relative to the run)."""
 
     rank: int
     image: str
@@ -44,11 +44,10 @@ class ConceptReference:
 @dataclasses.dataclass
 class ConceptsRecord:
     """``concepts.json``: the ``layer``, ``channels[channel][ranking]`` (:data:`RANKINGS`) its
-    references by rank, in the file's order (the most relevant channels over the images first);
-    the ``model``, references per channel and ranking (``top``), the ``images`` ranked, the
-    ``unreadable`` paths, the relevance ``rules``, what the ``score`` is and the ``run`` (the
-    versions, arguments and settings that reproduce it, as a manifest's header). Files written
-    by hand or by early camkit 0.2 may lack all but ``layer`` and ``channels`` (None / [])."""
+    references by rank (the most relevant channels first); the ``model``, references per
+    channel and ranking (``top``), the ``images`` ranked, the ``unreadable`` paths, the
+    relevance ``rules``, what the ``score`` is and the ``run`` (as a manifest's header). Early
+    camkit 0.2 files may lack all but ``layer`` and ``channels`` (None / [])."""
 
     layer: str
     channels: dict[int, dict[str, list[ConceptReference]]]
@@ -130,10 +129,9 @@ def channel_references(
 
 
 def atlas_data(out: Path, found: ConceptsRecord, folder: Path) -> dict[str, Any]:
-    """:func:`read_concepts`'s record (``folder``: where ``concepts.json`` lies) for the
-    report's concept atlas in ``out``: per channel, in the file's order (the most relevant
-    over the images first), its reference patches of each ranking with their image's name,
-    predicted label and score, patch paths -> URLs relative to ``out``."""
+    """:func:`read_concepts`'s record (read from ``folder``) for the report's concept atlas in
+    ``out``: per channel, in the file's order, its reference patches of each ranking with their
+    image's name, predicted label and score, patch paths -> URLs relative to ``out``."""
     url = relative_urls(out, folder)
     channels = []
     for channel, rows in found.channels.items():

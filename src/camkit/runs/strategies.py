@@ -30,11 +30,9 @@ class StrategiesRecord:
     """``strategies.json``: the ``run`` folder analysed, the analysis ``parameters``, the
     ``images`` of the run's map rows (a cluster's members are rows), one group per (method,
     class) (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, its
-    plots' files, relative to the folder, and the embedding's ``points``
-    ``[x, y, cluster, row]``), and the ``skipped`` classes (``{"method", "class", "reason"}``).
-    The reader checks every group's ``method``/``class``/``clusters`` and every cluster's
-    ``id`` and member lists (rows beyond ``images`` are left out by the views); files written by
-    hand or by early camkit 0.2 may lack ``run`` and ``parameters`` (None / {})."""
+    plots' files and the embedding's ``points`` ``[x, y, cluster, row]``), and the ``skipped``
+    classes (``{"method", "class", "reason"}``). Early camkit 0.2 files may lack ``run`` and
+    ``parameters`` (None / {})."""
 
     images: list[str]
     groups: list[dict[str, Any]]

@@ -7,20 +7,15 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
 from camkit import io
 from camkit.strategies.plots import prototype_picture
-
-# the result types of camkit.strategies.results, which imports this module for its rich displays:
-# named here by what they are, not imported (no import circle)
-Strategies = Any  # a ClassStrategies
-ClusterResult = Any  # a Cluster
+from camkit.strategies.results import ClassStrategies, Cluster
 
 
-def prototype_png(cluster: ClusterResult, side: int = 96) -> bytes:
+def prototype_png(cluster: Cluster, side: int = 96) -> bytes:
     """The cluster's prototype (its mean pooled map) as PNG bytes."""
     return io.encode_image(prototype_picture(cluster.prototype, side), "png")
 
@@ -29,7 +24,7 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
 
 
-def class_rows(found: Strategies) -> Iterable[str]:
+def class_rows(found: ClassStrategies) -> Iterable[str]:
     """One table row per cluster, the most suspicious first."""
     for cluster in found.by_suspiciousness():
         picture = base64.b64encode(prototype_png(cluster, 48)).decode("ascii")
@@ -41,7 +36,7 @@ def class_rows(found: Strategies) -> Iterable[str]:
         )
 
 
-def table(classes: Iterable[Strategies], skipped: dict[int, str] | None = None) -> str:
+def table(classes: Iterable[ClassStrategies], skipped: dict[int, str] | None = None) -> str:
     """The clusters of ``classes`` as an HTML table (and the classes skipped, with why)."""
     head = (
         "<tr><th>class</th><th>cluster</th><th>prototype</th><th>size</th>"

@@ -4,17 +4,13 @@ spectrum with its gap, the 2-D embedding coloured by cluster."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import cv2
 import numpy as np
 from matplotlib.figure import Figure
 
 from camkit import viz
-
-# the result types of camkit.strategies.results, which imports this module for its rich displays:
-# named here by what they are, not imported (no import circle)
-Strategies = Any  # a ClassStrategies
+from camkit.strategies.results import ClassStrategies
 
 
 def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:
@@ -43,7 +39,7 @@ def montage(pictures: Sequence[np.ndarray], columns: int = 8, side: int = 96) ->
     return sheet
 
 
-def eigengap_figure(found: Strategies, title: str | None = None) -> Figure:
+def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     """The smallest eigenvalues of the normalised Laplacian, the suggested ``k`` marked."""
     figure = Figure(figsize=(4.2, 3.0), layout="constrained")
     ax = figure.subplots()
@@ -59,7 +55,7 @@ def eigengap_figure(found: Strategies, title: str | None = None) -> Figure:
     return figure
 
 
-def embedding_figure(found: Strategies, title: str | None = None) -> Figure:
+def embedding_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     """The 2-D embedding, one colour per cluster (noise grey)."""
     figure = Figure(figsize=(4.2, 3.6), layout="constrained")
     ax = figure.subplots()
