@@ -99,6 +99,7 @@ class ImageScorer:
         batch_size: int,
         additional_forward_args: Any = None,
     ):
+        batch_size = positive_int("batch_size", batch_size)
         call = Call.of(batch, additional_forward_args)  # rows follow their images
         scorer = resolve(target, batch.shape[0], batch.device)
         self.copies = CopyScorer.clean(
@@ -193,7 +194,6 @@ def curve(
     ``batch_size``: rows per forward pass; ``additional_forward_args``: the model's other inputs.
     """
     steps = positive_int("steps", steps)
-    batch_size = positive_int("batch_size", batch_size)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
     with torch.inference_mode():
@@ -259,7 +259,6 @@ def _masked_confidence(
 ) -> Tensor:
     """``compare(Y, O) (B,)``: ``Y`` the target's probability on the images, ``O`` on the
     images times their maps (in [0, 1]): the two Grad-CAM++ scores."""
-    batch_size = positive_int("batch_size", batch_size)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
     if maps.min() < -1e-6 or maps.max() > 1 + 1e-6:

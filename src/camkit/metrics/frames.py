@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.finish import flat
-from camkit.core.inputs import positive_int
 from camkit.errors import InputError
 from camkit.metrics.faithfulness import ImageScorer, make_baseline, metric_images
 from camkit.targets.base import TargetSpec
@@ -68,7 +67,6 @@ def frame_drop(
     (None: each clip's clean top-1 class, pinned). Positive values: frames the prediction
     needs; negative: frames that speak against it. ``batch_size``: rows per forward pass.
     """
-    batch_size = positive_int("batch_size", batch_size)
     batch, _ = metric_images(x, model)
     if batch.ndim != 5:
         raise InputError(

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from camkit.core.inputs import finite_number, positive_int
+from camkit.core.inputs import finite_number
 from camkit.core.progress import progress_bar
 from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
@@ -135,7 +135,6 @@ def road(
         raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")
     noise = finite_number("noise", noise, minimum=0.0)
     seed = seed_value(seed, optional=True)
-    batch_size = positive_int("batch_size", batch_size)
     if isinstance(percentiles, str | bytes) or not isinstance(percentiles, Sequence):
         raise ArgumentError(f"percentiles must be a sequence of numbers, got {percentiles!r}")
     if not percentiles:

@@ -299,7 +299,6 @@ def randomization_test(
         names = [layers] if isinstance(layers, str) else list(layers)
     if not names or not all(isinstance(name, str) for name in names):
         raise ArgumentError(f"layers must be a non-empty list of module names, got {layers!r}")
-    find_layers(model, names)  # unknown names raise with the closest names
     seed = call_seed(seed)
     try:
         network = copy.deepcopy(model)
@@ -308,7 +307,7 @@ def randomization_test(
             f"the model cannot be deep-copied ({type(err).__name__}: {err}); the randomisation "
             "test needs a copy to randomise"
         ) from err
-    blocks = dict(find_layers(network, names))
+    blocks = dict(find_layers(network, names))  # unknown names raise with the closest names
 
     scorer = resolve(target, batch.shape[0], batch.device)
     if scorer.top1:

@@ -49,8 +49,7 @@ def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     if k < len(values):
         ax.axvspan(k + 0.1, k + 0.9, color="#f4a261", alpha=0.35, label=f"largest gap: k = {k}")
         ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("eigenvalue index")
-    ax.set_ylabel("eigenvalue of the normalised Laplacian")
+    ax.set(xlabel="eigenvalue index", ylabel="eigenvalue of the normalised Laplacian")
     ax.set_title(title or "eigengap", fontsize=10)
     return figure
 
@@ -68,8 +67,7 @@ def embedding_figure(found: ClassStrategies, title: str | None = None) -> Figure
             color = "#999999" if cluster < 0 else f"C{cluster % 10}"
             ax.scatter(points[:, 0], points[:, 1], s=8, color=color, label=name)
         ax.legend(fontsize=7, markerscale=1.5)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     ax.set_title(title or "2-D embedding", fontsize=10)
     return figure
 
