@@ -30,8 +30,8 @@ class Cluster:
         return int(len(self.members))
 
     def _repr_png_(self) -> bytes:
-        """A notebook shows the prototype (:mod:`camkit.strategies.display`)."""
-        from camkit.strategies.display import prototype_png  # pictures only when shown
+        """A notebook shows the prototype (:mod:`camkit.strategies.plots`)."""
+        from camkit.strategies.plots import prototype_png  # pictures only when shown
 
         return prototype_png(self)
 
@@ -68,7 +68,7 @@ class ClassStrategies:
 
     def _repr_html_(self) -> str:
         """A notebook shows the clusters as a table with their prototypes."""
-        from camkit.strategies.display import table
+        from camkit.strategies.plots import table
 
         return table([self])
 
@@ -101,6 +101,6 @@ class Strategies:
 
     def _repr_html_(self) -> str:
         """A notebook shows every class's clusters as a table with their prototypes."""
-        from camkit.strategies.display import table
+        from camkit.strategies.plots import table
 
         return table(self.classes.values(), self.skipped)
