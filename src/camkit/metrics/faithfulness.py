@@ -86,42 +86,27 @@ def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
     return maps
 
 
-class ImageScorer:
-    """Scores images for the resolved target (one per image): a class's softmax probability,
-    or a callable's scores; the clean images' scores in ``clean``. Forwards in ``batch_size``
-    rows (:class:`~camkit.core.copies.CopyScorer`, the copy loop every family shares)."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Tensor,
-        target: TargetSpec,
-        batch_size: int,
-        additional_forward_args: Any = None,
-    ):
-        batch_size = positive_int("batch_size", batch_size)
-        call = Call.of(batch, additional_forward_args)  # rows follow their images
-        scorer = resolve(target, batch.shape[0], batch.device)
-        self.copies = CopyScorer.clean(
-            model, batch, scorer, call, batch_size=batch_size, probabilities=True
-        )
-        self.clean = _single_target(self.copies.scores)
-
-    def scores(
-        self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
-    ) -> Tensor:
-        """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
-        with ``rows`` the image each row belongs to (indices on the images' device)."""
-        return _single_target(self.copies.over(count, build, bar))
-
-
-def _single_target(scores: Tensor) -> Tensor:
-    if scores.shape[1] != 1:
+def image_scorer(
+    model: nn.Module,
+    batch: Tensor,
+    target: TargetSpec,
+    batch_size: int,
+    additional_forward_args: Any = None,
+) -> tuple[CopyScorer, Tensor]:
+    """The copy scorer of ``batch`` for the resolved target, one per image (a class's softmax
+    probability, a callable's own scores; ``batch_size`` rows a pass), and the clean images'
+    scores ``(B,)``. Its rows' scores: ``scorer.over(count, build)[:, 0]``, with ``build(indices
+    on the images' device) -> (images, the image of each row)``."""
+    batch_size = positive_int("batch_size", batch_size)
+    call = Call.of(batch, additional_forward_args)  # rows follow their images
+    scorer = resolve(target, batch.shape[0], batch.device)
+    copies = CopyScorer.clean(model, batch, scorer, call, batch_size=batch_size, probabilities=True)
+    if copies.scores.shape[1] != 1:
         raise TargetError(
-            f"metrics score one target per image, got {scores.shape[1]} per image; "
+            f"metrics score one target per image, got {copies.scores.shape[1]} per image; "
             "pass an int, one class per image or a callable returning (B,) scores"
         )
-    return scores[:, 0]
+    return copies, copies.scores[:, 0]
 
 
 def unbatched(result: Tensor, single: bool) -> Tensor:
@@ -198,7 +183,7 @@ def curve(
     maps = maps_like(maps, batch, single)
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     b, channels, *spatial = batch.shape
     pixels = math.prod(spatial)
     ranks = pixel_ranks(maps, descending=True)
@@ -217,8 +202,8 @@ def curve(
 
     name = "insertion" if insert else "deletion"
     with progress_bar(b * steps, name, "image", enabled=progress) as bar:
-        scores = scorer.scores(b * steps, build, bar).view(b, steps)
-    clean = scorer.clean[:, None]
+        scores = scorer.over(b * steps, build, bar)[:, 0].view(b, steps)
+    clean = clean[:, None]
     curves = torch.cat([scores, clean] if insert else [clean, scores], dim=1)
     auc = unbatched(torch.trapezoid(curves, dx=1.0 / steps, dim=1), single)
     return (auc, unbatched(curves, single)) if return_curves else auc
@@ -266,10 +251,10 @@ def _masked_confidence(
             f"the maps multiply the image, so they must be in [0, 1] (camkit's methods give "
             f"such maps); got values in [{maps.min().item():.3g}, {maps.max().item():.3g}]"
         )
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     masked = batch * maps[:, None]
-    scores = scorer.scores(batch.shape[0], lambda rows: (masked[rows], rows))
-    return unbatched(compare(scorer.clean, scores), single)
+    scores = scorer.over(batch.shape[0], lambda rows: (masked[rows], rows))[:, 0]
+    return unbatched(compare(clean, scores), single)
 
 
 def average_drop(

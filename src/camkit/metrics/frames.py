@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from camkit.core.finish import flat
 from camkit.errors import InputError
-from camkit.metrics.faithfulness import ImageScorer, make_baseline, metric_images
+from camkit.metrics.faithfulness import image_scorer, make_baseline, metric_images
 from camkit.targets.base import TargetSpec
 
 
@@ -74,7 +74,7 @@ def frame_drop(
         )
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     frames = batch.shape[2]
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,8 +84,8 @@ def frame_drop(
         copies[picked, :, removed] = base[rows, :, removed]
         return copies, rows
 
-    scores = scorer.scores(batch.shape[0] * frames, build).view(-1, frames)
-    return scorer.clean[:, None] - scores
+    scores = scorer.over(batch.shape[0] * frames, build)[:, 0].view(-1, frames)
+    return clean[:, None] - scores
 
 
 __all__ = ["frame_drop", "frame_importance", "mass_shares"]

@@ -20,7 +20,7 @@ from camkit.core.progress import progress_bar
 from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
 from camkit.metrics.faithfulness import (
-    ImageScorer,
+    image_scorer,
     maps_like,
     metric_images,
     pixel_ranks,
@@ -144,7 +144,7 @@ def road(
         raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
     batch, single = metric_images(x, model, volumes=False)
     maps = maps_like(maps, batch, single)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, _ = image_scorer(model, batch, target, batch_size, additional_forward_args)
     b, _, height, width = batch.shape
     pixels = height * width
     ranks = pixel_ranks(maps, descending=order == "morf").view(b, height, width)
@@ -157,6 +157,6 @@ def road(
                 imputed.append(_impute(batch[i], ranks[i] >= removed, noise, generator))
                 bar.update(1)
     stacked = torch.stack(imputed)  # (P * B, C, H, W), percentile major
-    scores = scorer.scores(len(percentiles) * b, lambda rows: (stacked[rows], rows % b))
+    scores = scorer.over(len(percentiles) * b, lambda rows: (stacked[rows], rows % b))[:, 0]
     scores = scores.view(len(percentiles), b).t()
     return unbatched(scores.contiguous(), single)
