@@ -126,10 +126,9 @@ def road(
     are replaced by noisy linear imputation: each is the weighted mean of its 8 neighbours (a
     sparse linear system), plus Gaussian noise of standard deviation ``noise``. Returns the
     target's probability on each imputed image. MoRF: **lower is better**; LeRF: **higher is
-    better**. The noise comes from a CPU generator seeded with ``seed`` (None: torch's global
-    generator), drawn percentile by percentile, image by image, as pytorch-grad-cam does, so
-    ``torch.manual_seed(s)`` before its ``ROADMostRelevantFirst(100 - p)`` calls reproduces
-    camkit's ``seed=s``.
+    better**. The noise is drawn on the CPU (``seed``; None: torch's global generator),
+    percentile by percentile, image by image, as pytorch-grad-cam's ``ROADMostRelevantFirst(100
+    - p)`` calls after ``torch.manual_seed(seed)`` draw it.
     """
     if order not in ("morf", "lerf"):
         raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")

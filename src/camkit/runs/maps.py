@@ -33,7 +33,7 @@ import json
 import os
 import struct
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -218,16 +218,11 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
         rank = int(path.name.split(".")[1].removeprefix("rank"))
         parts[rank] = np.memmap(path, dtype="<f2", mode="r").reshape(-1, *shape)
 
-    def blocks() -> Iterator[np.ndarray]:
-        for start in range(0, len(rows), BLOCK):
-            block = []
-            for record in rows[start : start + BLOCK]:
-                if "map_part" in record:
-                    rank, row = record["map_part"]
-                    block.append(parts[rank][row])
-                else:
-                    block.append(previous[record["map"]])
-            yield np.stack(block)
+    def stored(record: dict) -> np.ndarray:
+        if "map_part" in record:
+            rank, row = record["map_part"]
+            return parts[rank][row]
+        return previous[record["map"]]
 
     if rows:
         index = {
@@ -242,7 +237,9 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
         classes |= {str(e["index"]): e["label"] for r in rows for e in r["top5"]}
         keep = ("camkit", "torch", "settings", "model", "weights_sha256", "started")
         metadata = {key: head.get(key) for key in keep} | {"classes": classes}
-        write_maps(out / MAPS_FILE, blocks(), len(rows), shape, index, metadata)
+        starts = range(0, len(rows), BLOCK)
+        blocks = (np.stack([stored(r) for r in rows[s : s + BLOCK]]) for s in starts)
+        write_maps(out / MAPS_FILE, blocks, len(rows), shape, index, metadata)
     for position, record in enumerate(rows):
         record.pop("map_part", None)
         record["map"] = position

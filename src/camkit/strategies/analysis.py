@@ -64,21 +64,18 @@ def analyze_class(
 ) -> ClassStrategies:
     """SpRAy on the pooled maps ``(n, gh, gw)`` of one class (from :func:`pool_maps`).
 
-    ``indices`` name the samples in the results (default ``0..n-1``); ``confidences``,
-    ``predictions`` and ``truth`` (true labels, -1 where unknown) are per sample and give each
-    cluster's mean confidence and accuracy. The graph joins each map to its ``n_neighbors``
-    nearest; the ``max_clusters + 1`` smallest eigenvalues of its normalised Laplacian are kept
-    and the eigengap suggests the number of clusters, used unless ``n_clusters`` is given.
-    ``clustering`` runs on the row-normalised spectral embedding (``kmeans`` and
-    ``agglomerative`` take the number of clusters; ``dbscan``/``hdbscan`` find their own and
-    mark noise -1; ``clustering_options`` go to the scikit-learn class). ``embedding``: the
-    2-D layout for display (``tsne``, ``umap`` with umap-learn installed, ``spectral``, or
-    None), on a seeded subset of ``embedding_limit`` samples above it. The same ``seed`` gives
-    the same result.
+    ``indices`` name the samples (default ``0..n-1``); per-sample ``confidences``,
+    ``predictions`` and ``truth`` (-1: unknown) give each cluster's confidence and accuracy.
+    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its normalised
+    Laplacian's ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters, used
+    unless ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
+    (``dbscan``/``hdbscan`` find their own number and mark noise -1; ``clustering_options`` go
+    to the scikit-learn class). ``embedding``: the 2-D layout for display (``tsne``, ``umap``
+    with umap-learn, ``spectral`` or None) of at most ``embedding_limit`` seeded samples. The
+    same ``seed`` gives the same result.
 
-    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples
-    (11 with the default). When every map is the same the class has one strategy (with a
-    :class:`StrategyWarning`).
+    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples;
+    identical maps give one strategy and a :class:`StrategyWarning`.
     """
     pooled = np.asarray(pooled, dtype=np.float32)
     if pooled.ndim != 3 or not np.isfinite(pooled).all():
@@ -181,11 +178,10 @@ def find_strategies(
     (usually the explained target) -> :class:`Strategies`.
 
     The maps are pooled once (:func:`pool_maps` with ``grid``, ``normalize``, ``positive``);
-    each class (or the classes ``only``) is analysed by :func:`analyze_class` with
-    ``options``. Classes with too few maps for the graph are skipped, with the reason in
-    ``Strategies.skipped``; ``predictions`` and ``truth`` (-1: unknown) give the accuracy.
-    ``rows``: analyse only these maps (the other arguments then have one value per row);
-    results index the rows.
+    each class (or the classes ``only``) is analysed by :func:`analyze_class` with ``options``;
+    a class with too few maps is skipped, with the reason in ``Strategies.skipped``. ``rows``:
+    analyse only these maps (the other arguments then have one value per row; results index
+    the rows).
     """
     pooled = pool_maps(maps, grid, normalize=normalize, positive=positive, rows=rows)
     n = len(pooled)
