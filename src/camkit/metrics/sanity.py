@@ -99,13 +99,11 @@ def _correlation(a: Tensor, b: Tensor) -> Tensor:
 
     A row that is constant in one map and not the other gives 0 (no shared ordering), a row
     constant in both gives 1 (the correlation is undefined there: NaN in scipy)."""
-    a = a.double() - a.double().mean(dim=1, keepdim=True)
-    b = b.double() - b.double().mean(dim=1, keepdim=True)
+    a, b = (t.double() - t.double().mean(dim=1, keepdim=True) for t in (a, b))
     norms = a.norm(dim=1) * b.norm(dim=1)
-    a_flat, b_flat = a.norm(dim=1) == 0, b.norm(dim=1) == 0
-    value = (a * b).sum(dim=1) / torch.where(norms > 0, norms, torch.ones_like(norms))
-    value = torch.where(a_flat & b_flat, torch.ones_like(value), value)
-    return value.clamp(-1, 1)
+    value = (a * b).sum(dim=1) / torch.where(norms > 0, norms, 1.0)
+    both_flat = (a.norm(dim=1) == 0) & (b.norm(dim=1) == 0)
+    return torch.where(both_flat, 1.0, value).clamp(-1, 1)
 
 
 def average_ranks(values: Tensor) -> Tensor:
