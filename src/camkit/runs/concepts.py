@@ -133,22 +133,19 @@ def atlas_data(out: Path, found: ConceptsRecord, folder: Path) -> dict[str, Any]
     ``out``: per channel, in the file's order, its reference patches of each ranking with their
     image's name, predicted label and score, patch paths -> URLs relative to ``out``."""
     url = relative_urls(out, folder)
-    channels = []
-    for channel, rows in found.channels.items():
-        entry: dict[str, Any] = {"channel": channel}
-        for mode in RANKINGS:
-            entry[mode] = [
-                {
-                    "rank": ref.rank,
-                    "src": url(ref.patch),
-                    "image": Path(ref.image).name,
-                    "label": ref.label,
-                    "score": ref.score,
-                }
-                for ref in rows[mode]
-                if ref.patch
-            ]
-        channels.append(entry)
+
+    def patches(refs: list[ConceptReference]) -> list[dict[str, Any]]:
+        return [
+            {"rank": ref.rank, "src": url(ref.patch), "image": Path(ref.image).name}
+            | {"label": ref.label, "score": ref.score}
+            for ref in refs
+            if ref.patch
+        ]
+
+    channels = [
+        {"channel": channel} | {mode: patches(rows[mode]) for mode in RANKINGS}
+        for channel, rows in found.channels.items()
+    ]
     head = {"layer": found.layer, "model": found.model, "rules": found.rules}
     return head | {"images": found.images, "channels": channels}
 
