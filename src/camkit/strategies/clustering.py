@@ -110,10 +110,7 @@ def suspiciousness(pooled: np.ndarray, labels: np.ndarray) -> dict[int, tuple[fl
         p = _unit(flat[inside].mean(axis=0))
         entropy = -np.sum(p[p > 0] * np.log(p[p > 0])) if p.any() else math.log(cells)
         concentration = max(0.0, 1.0 - math.exp(entropy) / cells)
-        if inside.all():
-            scores[cluster] = (0.0, 0.0, concentration)
-            continue
-        q = _unit(flat[~inside].mean(axis=0))
+        q = np.zeros_like(p) if inside.all() else _unit(flat[~inside].mean(axis=0))
         distance = 0.5 * float(np.abs(p - q).sum()) if p.any() and q.any() else 0.0
         scores[cluster] = (distance * concentration, distance, concentration)
     return scores
