@@ -1,21 +1,16 @@
 """Is the map faithful to the model? Scores that perturb the image where the map points.
 
-* :func:`deletion` / :func:`insertion` -- Petsiuk et al., "RISE", BMVC 2018: pixels removed from
-  (or inserted onto) a baseline in the map's order; the area under the target's probability
-  curve. Deletion: lower is better; insertion: higher is better.
-* :func:`average_drop` / :func:`increase_in_confidence` -- Chattopadhay et al., "Grad-CAM++",
-  WACV 2018: the image multiplied by the map against the image itself.
-* :func:`~camkit.metrics.road.road` (its own module) -- ROAD, Rong et al., ICML 2022.
+:func:`deletion` / :func:`insertion` (Petsiuk et al., "RISE", BMVC 2018) and
+:func:`average_drop` / :func:`increase_in_confidence` (Chattopadhay et al., "Grad-CAM++", WACV
+2018); ROAD (Rong et al., ICML 2022) is :mod:`camkit.metrics.road`.
 
 Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
 ``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
-methods accept (``None``: each image's top-1 class, an int, a list or tensor of one class per
-image, a callable or target object). A class target is scored by its softmax probability; a
-callable's scores are used as they are; ``ClassTarget(c)`` is ``c``. Every model
-call runs under ``torch.inference_mode()`` on the input's device, in chunks of ``batch_size``
-rows; the results do not depend on ``batch_size``. ``additional_forward_args`` (keyword) are
-the model's other inputs, as for every method: per-sample tensors follow their image's rows.
-Conventions: docs/metrics.md.
+methods accept (None: each image's top-1 class). A class target is scored by its softmax
+probability, a callable by its own scores. Model calls run under ``torch.inference_mode()`` on
+the input's device, ``batch_size`` rows at a time (the results do not depend on it);
+``additional_forward_args`` are the model's other inputs, per-sample tensors following their
+image's rows. Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -45,12 +40,8 @@ BLUR_SIGMA = 5.0
 BASELINES = ("blur", "zero", "mean")
 
 
-# ----------------------------------------------------------------------------- shared steps
-
-
 def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple[Tensor, bool]:
-    """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False`` for the
-    metrics that perturb 2-D images only."""
+    """``(batch (B, C, H, W) or (B, C, D, H, W), was_single)``; ``volumes=False``: 2-D only."""
     batch, single = as_batch(x, model)
     if batch.ndim != 4 and not volumes:
         raise InputError(
@@ -61,9 +52,8 @@ def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple
 
 
 def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
-    """The maps as ``(B, *spatial)`` float on the input's device: the input's size, or a
-    smaller map upsampled (bilinear, trilinear for volumes; ``align_corners=False``, as
-    camkit's methods)."""
+    """The maps as ``(B, *spatial)`` float on the input's device, a smaller map upsampled
+    (bilinear, trilinear for volumes; ``align_corners=False``, as camkit's methods)."""
     if not isinstance(maps, Tensor):
         raise InputError(f"expected the maps as a tensor (B, H, W), got {type(maps).__name__}")
     b, spatial = batch.shape[0], tuple(batch.shape[2:])
@@ -96,49 +86,32 @@ def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
     return maps
 
 
-class ImageScorer:
-    """Scores images for the resolved target (one per image): a class's softmax probability,
-    or a callable's scores; the clean images' scores in ``clean``. Forwards in ``batch_size``
-    rows (:class:`~camkit.core.copies.CopyScorer`, the copy loop every family shares)."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: Tensor,
-        target: TargetSpec,
-        batch_size: int,
-        additional_forward_args: Any = None,
-    ):
-        call = Call.of(batch, additional_forward_args)  # rows follow their images
-        scorer = resolve(target, batch.shape[0], batch.device)
-        self.copies = CopyScorer.clean(
-            model, batch, scorer, call, batch_size=batch_size, probabilities=True
+def image_scorer(
+    model: nn.Module,
+    batch: Tensor,
+    target: TargetSpec,
+    batch_size: int,
+    additional_forward_args: Any = None,
+) -> tuple[CopyScorer, Tensor]:
+    """The copy scorer of ``batch`` for the resolved target, one per image (a class's softmax
+    probability, a callable's own scores; ``batch_size`` rows a pass), and the clean images'
+    scores ``(B,)``. Its rows' scores: ``scorer.over(count, build)[:, 0]``, with ``build(indices
+    on the images' device) -> (images, the image of each row)``."""
+    batch_size = positive_int("batch_size", batch_size)
+    call = Call.of(batch, additional_forward_args)  # rows follow their images
+    scorer = resolve(target, batch.shape[0], batch.device)
+    copies = CopyScorer.clean(model, batch, scorer, call, batch_size=batch_size, probabilities=True)
+    if copies.scores.shape[1] != 1:
+        raise TargetError(
+            f"metrics score one target per image, got {copies.scores.shape[1]} per image; "
+            "pass an int, one class per image or a callable returning (B,) scores"
         )
-        self.clean = self._single_target(self.copies.scores)
-
-    @staticmethod
-    def _single_target(scores: Tensor) -> Tensor:
-        if scores.shape[1] != 1:
-            raise TargetError(
-                f"metrics score one target per image, got {scores.shape[1]} per image; "
-                "pass an int, one class per image or a callable returning (B,) scores"
-            )
-        return scores[:, 0]
-
-    def scores(
-        self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
-    ) -> Tensor:
-        """The scores of ``count`` rows, built in chunks: ``build(indices) -> (images, rows)``
-        with ``rows`` the image each row belongs to."""
-        return self._single_target(self.copies.over(count, build, bar))
+    return copies, copies.scores[:, 0]
 
 
 def unbatched(result: Tensor, single: bool) -> Tensor:
     """A metric's ``(B, ...)`` result without the batch axis when one image was given."""
     return result[0] if single else result
-
-
-# ----------------------------------------------------------------------------- deletion / insertion
 
 
 def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
@@ -201,45 +174,39 @@ def curve(
 
     Deletion replaces the pixels, in the map's decreasing order (ties: row-major order), by the
     ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts the image's
-    pixels back onto the baseline in the same order. The curve is the target's probability
-    (a callable target's own score) at the ``steps + 1`` points, the AUC its trapezoid over
-    ``x = k / steps`` in [0, 1]. ``batch_size``: rows per forward pass;
-    ``additional_forward_args``: more inputs of a model called as ``model(x, *args)``, per-sample
-    tensors following their image's rows (as for every method).
+    pixels back onto the baseline in the same order. The curve is the target's probability at
+    the ``steps + 1`` points, the AUC its trapezoid over ``x = k / steps`` in [0, 1].
+    ``batch_size``: rows per forward pass; ``additional_forward_args``: the model's other inputs.
     """
     steps = positive_int("steps", steps)
-    batch_size = positive_int("batch_size", batch_size)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     b, channels, *spatial = batch.shape
     pixels = math.prod(spatial)
     ranks = pixel_ranks(maps, descending=True)
     # point k of the curve: the first (k * pixels) // steps pixels of the order removed/inserted
     counts = torch.arange(steps + 1, device=batch.device) * pixels // steps
     # rows to score: every (image, point) but the clean image (already scored)
-    points = torch.arange(steps) if insert else torch.arange(1, steps + 1)
+    points = torch.arange(steps, device=batch.device) + (0 if insert else 1)
     flat_x, flat_base = batch.flatten(2), base.flatten(2)
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
         rows = indices // steps
-        chosen = ranks[rows] < counts[points.to(batch.device)[indices % steps]][:, None]
+        chosen = ranks[rows] < counts[points[indices % steps]][:, None]
         take_image = chosen if insert else ~chosen
         images = torch.where(take_image[:, None], flat_x[rows], flat_base[rows])
         return images.view(-1, channels, *spatial), rows
 
     name = "insertion" if insert else "deletion"
     with progress_bar(b * steps, name, "image", enabled=progress) as bar:
-        scores = scorer.scores(b * steps, build, bar).view(b, steps)
-    clean = scorer.clean[:, None]
+        scores = scorer.over(b * steps, build, bar)[:, 0].view(b, steps)
+    clean = clean[:, None]
     curves = torch.cat([scores, clean] if insert else [clean, scores], dim=1)
-    auc = torch.trapezoid(curves, dx=1.0 / steps, dim=1)
-    if return_curves:
-        return unbatched(auc, single), unbatched(curves, single)
-    return unbatched(auc, single)
+    auc = unbatched(torch.trapezoid(curves, dx=1.0 / steps, dim=1), single)
+    return (auc, unbatched(curves, single)) if return_curves else auc
 
 
 def deletion(
@@ -265,9 +232,6 @@ def insertion(
     return curve(model, x, maps, target, insert=True, **options)
 
 
-# ----------------------------------------------------------------------------- Grad-CAM++ scores
-
-
 def _masked_confidence(
     model: nn.Module,
     x: Tensor,
@@ -278,10 +242,8 @@ def _masked_confidence(
     batch_size: int = 64,
     additional_forward_args: Any = None,
 ) -> Tensor:
-    """``compare(Y, O)`` per image, ``(B,)``: ``Y`` the target's probability on the images,
-    ``O`` on the images times their maps (the maps must be in [0, 1]); the two Grad-CAM++
-    scores. ``batch_size``: images per forward pass."""
-    batch_size = positive_int("batch_size", batch_size)
+    """``compare(Y, O) (B,)``: ``Y`` the target's probability on the images, ``O`` on the
+    images times their maps (in [0, 1]): the two Grad-CAM++ scores."""
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
     if maps.min() < -1e-6 or maps.max() > 1 + 1e-6:
@@ -289,14 +251,10 @@ def _masked_confidence(
             f"the maps multiply the image, so they must be in [0, 1] (camkit's methods give "
             f"such maps); got values in [{maps.min().item():.3g}, {maps.max().item():.3g}]"
         )
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     masked = batch * maps[:, None]
-
-    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
-        return masked[indices], indices
-
-    return unbatched(compare(scorer.clean, scorer.scores(batch.shape[0], build)), single)
+    scores = scorer.over(batch.shape[0], lambda rows: (masked[rows], rows))[:, 0]
+    return unbatched(compare(clean, scores), single)
 
 
 def average_drop(
@@ -320,8 +278,4 @@ def increase_in_confidence(
     """Increase in Confidence (Chattopadhay et al., Grad-CAM++, WACV 2018): ``1[O > Y]`` per
     image as a float ``(B,)`` (0 or 1; the batch mean is the paper's rate). **Higher is
     better.** Options as :func:`average_drop`."""
-
-    def rose(clean: Tensor, masked: Tensor) -> Tensor:
-        return (masked > clean).float()
-
-    return _masked_confidence(model, x, maps, target, rose, **options)
+    return _masked_confidence(model, x, maps, target, lambda y, o: (o > y).float(), **options)

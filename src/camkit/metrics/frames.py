@@ -1,18 +1,11 @@
 """When, not only where: how a clip's explanation and the model's score spread over its frames.
 
-* :func:`frame_importance` -- the map's mass per frame: a ``(B, T, H, W)`` map (any method's
-  map of a clip ``(B, C, T, H, W)``) ``-> (B, T)`` fractions summing to 1.
-* :func:`frame_drop` -- the drop in the target's score when one frame is removed (replaced by
-  a baseline frame), frame by frame: occlusion (Zeiler & Fergus, "Visualizing and
-  Understanding Convolutional Networks", ECCV 2014) along the time axis, as the temporal
-  occlusion of video explanations (Li et al., "Towards Visually Explaining Video Understanding
-  Networks with Perturbation", WACV 2021). It needs no map: it is the model's own answer to
-  "which frames matter", to compare :func:`frame_importance` with.
-
-Both take clips ``(B, C, T, H, W)`` as every method does (a 4-D tensor is a batch of images);
-scores are forwarded through the copy scorer every metric shares
-(:class:`~camkit.core.copies.CopyScorer`, in chunks of ``batch_size`` rows; a class target is
-scored by its softmax probability).
+:func:`frame_importance` is the map's mass per frame; :func:`frame_drop` the drop in the
+target's score when one frame is replaced by a baseline frame: occlusion (Zeiler & Fergus,
+"Visualizing and Understanding Convolutional Networks", ECCV 2014) along the time axis, as the
+temporal occlusion of video explanations (Li et al., "Towards Visually Explaining Video
+Understanding Networks with Perturbation", WACV 2021). It needs no map: it is the model's own
+answer to "which frames matter", to compare :func:`frame_importance` with.
 """
 
 from __future__ import annotations
@@ -23,9 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from camkit.core.finish import flat
-from camkit.core.inputs import positive_int
 from camkit.errors import InputError
-from camkit.metrics.faithfulness import ImageScorer, make_baseline, metric_images
+from camkit.metrics.faithfulness import image_scorer, make_baseline, metric_images
 from camkit.targets.base import TargetSpec
 
 
@@ -33,9 +25,8 @@ def frame_importance(maps: Tensor) -> Tensor:
     """Each frame's share of the map's mass: ``(B, T, H, W) -> (B, T)`` (``(T, H, W) -> (T,)``;
     ``(B, K, T, H, W) -> (B, K, T)``), ``sum_hw M_t / sum_thw M``.
 
-    The map must be non-negative (a CAM after its ReLU, a pixel method's display heat, an
-    absolute attribution); a map that is zero or flat everywhere (:func:`~camkit.core.finish.
-    flat`) gives zeros, not a uniform spread it does not have.
+    The map must be non-negative (a CAM after its ReLU, a pixel method's heat, an absolute
+    attribution); a flat map (:func:`~camkit.core.finish.flat`) gives zeros, not a uniform spread.
     """
     if not isinstance(maps, Tensor) or maps.ndim not in (3, 4, 5):
         got = tuple(maps.shape) if isinstance(maps, Tensor) else type(maps).__name__
@@ -53,9 +44,8 @@ def frame_importance(maps: Tensor) -> Tensor:
 
 
 def mass_shares(mass: Tensor) -> Tensor:
-    """Each frame's share of the total: ``(..., T) -> (..., T)``, ``m_t / sum_t m``; zeros
-    where the total is 0. The last step of :func:`frame_importance`, for a map whose frames
-    come one at a time (a streamed video: only each frame's mass is kept)."""
+    """Each frame's share of the total ``(..., T) -> (..., T)``, zeros where the total is 0:
+    :func:`frame_importance`'s last step, for a streamed video (only each frame's mass kept)."""
     total = mass.sum(dim=-1, keepdim=True)
     return torch.where(total == 0, torch.zeros_like(mass), mass / total.masked_fill(total == 0, 1))
 
@@ -72,14 +62,11 @@ def frame_drop(
     """The drop in the target's score when frame ``t`` is removed: ``(B, C, T, H, W) -> (B,
     T)``, ``score(clip) - score(clip with frame t replaced by the baseline's frame t)``.
 
-    ``baseline``: ``"zero"`` (the dataset's mean colour for a normalised clip), ``"mean"``
-    (each clip's per-channel mean) or a tensor broadcastable to the clips
+    ``baseline``: ``"zero"``, ``"mean"`` or a tensor broadcastable to the clips
     (:func:`~camkit.metrics.faithfulness.make_baseline`). ``target``: as for every method
     (None: each clip's clean top-1 class, pinned). Positive values: frames the prediction
-    needs; negative: frames that speak against it. ``batch_size``: rows per forward pass
-    (results do not depend on it).
+    needs; negative: frames that speak against it. ``batch_size``: rows per forward pass.
     """
-    batch_size = positive_int("batch_size", batch_size)
     batch, _ = metric_images(x, model)
     if batch.ndim != 5:
         raise InputError(
@@ -87,19 +74,18 @@ def frame_drop(
         )
     with torch.inference_mode():
         base = make_baseline(batch, baseline)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, clean = image_scorer(model, batch, target, batch_size, additional_forward_args)
     frames = batch.shape[2]
 
     def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
         rows, removed = indices // frames, indices % frames
         copies = batch[rows].clone()
         picked = torch.arange(len(indices), device=batch.device)
         copies[picked, :, removed] = base[rows, :, removed]
         return copies, rows
 
-    scores = scorer.scores(batch.shape[0] * frames, build).view(-1, frames)
-    return scorer.clean[:, None] - scores
+    scores = scorer.over(batch.shape[0] * frames, build)[:, 0].view(-1, frames)
+    return clean[:, None] - scores
 
 
 __all__ = ["frame_drop", "frame_importance", "mass_shares"]

@@ -101,17 +101,12 @@ def pointing_game(maps: Tensor, masks: Regions, tolerance: float = 15) -> Tensor
     tolerance = finite_number("tolerance", tolerance, minimum=0.0)
     maps = _as_maps(maps)
     regions = _as_regions(masks, maps)
-    b, height, width = maps.shape
+    _, height, width = maps.shape
     top = maps.flatten(1).argmax(dim=1)
-    y0, x0 = (top // width).float(), (top % width).float()
-    ys = torch.arange(height, device=maps.device, dtype=torch.float32)
-    xs = torch.arange(width, device=maps.device, dtype=torch.float32)
-    distance2 = (ys[None, :, None] - y0[:, None, None]) ** 2 + (
-        xs[None, None, :] - x0[:, None, None]
-    ) ** 2
-    near = (regions & (distance2 <= tolerance**2)).flatten(1).any(dim=1)
-    hits = near.float()
-    return torch.where(regions.flatten(1).any(dim=1), hits, torch.nan)
+    rows = torch.arange(height, device=maps.device).view(1, -1, 1) - (top // width).view(-1, 1, 1)
+    columns = torch.arange(width, device=maps.device).view(1, 1, -1) - (top % width).view(-1, 1, 1)
+    near = (regions & (rows**2 + columns**2 <= tolerance**2)).flatten(1).any(dim=1)
+    return torch.where(regions.flatten(1).any(dim=1), near.float(), torch.nan)
 
 
 def energy_pointing_game(maps: Tensor, masks_or_boxes: Regions) -> Tensor:
@@ -124,6 +119,5 @@ def energy_pointing_game(maps: Tensor, masks_or_boxes: Regions) -> Tensor:
     regions = _as_regions(masks_or_boxes, maps)
     total = maps.flatten(1).sum(dim=1)
     inside = (maps * regions).flatten(1).sum(dim=1)
-    share = inside / total
     valid = regions.flatten(1).any(dim=1) & (total > 0)
-    return torch.where(valid, share, torch.nan)
+    return torch.where(valid, inside / total, torch.nan)

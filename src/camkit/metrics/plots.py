@@ -57,18 +57,13 @@ def plot_curves(
         axes.plot(x.numpy(), curves.mean(dim=0).numpy(), label=f"{name} (AUC {auc:.3f})")
     better = "lower" if kind == "deletion" else "higher"
     verb = "removed" if kind == "deletion" else "inserted"
-    axes.set_xlabel(f"share of pixels {verb}")
-    axes.set_ylabel("target probability")
-    axes.set_xlim(0, 1)
+    axes.set(xlabel=f"share of pixels {verb}", ylabel="target probability", xlim=(0, 1))
     axes.set_ylim(bottom=0)
     axes.set_title(f"{kind} curves ({better} AUC is better)")
     axes.legend()
     if path is not None:
         figure.savefig(os.fspath(path))
     return figure
-
-
-# ----------------------------------------------------------------------------- the figure
 
 
 def plot_randomization(
@@ -95,11 +90,9 @@ def plot_randomization(
 
     from camkit.io import to_rgb_uint8
 
-    if isinstance(results, Mapping):
-        runs = dict(results)
-        all_maps = dict(maps_by_layer)
-    else:
-        runs, all_maps = {"": list(results)}, {"": maps_by_layer}
+    several = isinstance(results, Mapping)
+    runs = dict(results) if several else {"": list(results)}
+    all_maps = dict(maps_by_layer) if several else {"": maps_by_layer}
     if set(runs) != set(all_maps):
         raise ArgumentError(
             f"results and maps name different methods: {list(runs)} vs {list(all_maps)}"
@@ -122,21 +115,19 @@ def plot_randomization(
     grid = figure.add_gridspec(len(runs) + 1, columns, height_ratios=[1.0] * len(runs) + [1.5])
     for row_index, (method, rows) in enumerate(runs.items()):
         maps = all_maps[method]
-        column = 0
+        column = int(image is not None)
         if image is not None:
             ax = figure.add_subplot(grid[row_index, 0])
             ax.imshow(to_rgb_uint8(image))
             ax.set_axis_off()
             ax.set_title(method, fontsize=9)
-            column = 1
         panels = [("original", None)] + [(row["layer"], row) for row in rows]
         for offset, (name, row) in enumerate(panels):
             if name not in maps:
                 raise ArgumentError(f"no map for {name!r} in maps_by_layer ({list(maps)})")
             ax = figure.add_subplot(grid[row_index, column + offset])
             ax.imshow(maps[name][sample].numpy(), cmap="jet", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
             ax.set_title(name, fontsize=8)
             if offset == 0 and image is None and method:
                 ax.set_ylabel(method, fontsize=9)

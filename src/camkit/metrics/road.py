@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from camkit.core.inputs import finite_number, positive_int
+from camkit.core.inputs import finite_number
 from camkit.core.progress import progress_bar
 from camkit.core.seeds import seed_value
 from camkit.errors import ArgumentError
 from camkit.metrics.faithfulness import (
-    ImageScorer,
+    image_scorer,
     maps_like,
     metric_images,
     pixel_ranks,
@@ -31,20 +31,9 @@ from camkit.targets.base import TargetSpec
 ROAD_NOISE = 0.01
 """Standard deviation of the noise added to imputed pixels (ROAD's and pytorch-grad-cam's)."""
 ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
-# ROAD's neighbour weights: 1/6 for the 4 direct neighbours, 1/12 for the 4 diagonal ones
-_ROAD_NEIGHBOURS = [
-    ((1, 1), 1 / 12),
-    ((0, 1), 1 / 6),
-    ((-1, 1), 1 / 12),
-    ((1, -1), 1 / 12),
-    ((0, -1), 1 / 6),
-    ((-1, -1), 1 / 12),
-    ((1, 0), 1 / 6),
-    ((-1, 0), 1 / 6),
-]
-
-
-# ----------------------------------------------------------------------------- ROAD
+# ROAD's 8 neighbours, in pytorch-grad-cam's order (the order of the sums): weight
+# 1/6 for the 4 direct ones, 1/12 for the 4 diagonal ones
+_ROAD_NEIGHBOURS = ((1, 1), (0, 1), (-1, 1), (1, -1), (0, -1), (-1, -1), (1, 0), (-1, 0))
 
 
 def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -64,7 +53,8 @@ def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.nd
     rhs = np.zeros((count, image.shape[0]))
     weight_sum = np.zeros(count)
     entries_i, entries_j, entries_w = [], [], []
-    for (dy, dx), weight in _ROAD_NEIGHBOURS:
+    for dy, dx in _ROAD_NEIGHBOURS:
+        weight = 1 / 12 if dy and dx else 1 / 6
         r, c = row + dy, col + dx
         inside = (r >= 0) & (r < height) & (c >= 0) & (c < width)
         ids = np.flatnonzero(inside)
@@ -136,16 +126,14 @@ def road(
     are replaced by noisy linear imputation: each is the weighted mean of its 8 neighbours (a
     sparse linear system), plus Gaussian noise of standard deviation ``noise``. Returns the
     target's probability on each imputed image. MoRF: **lower is better**; LeRF: **higher is
-    better**. The noise comes from a CPU generator seeded with ``seed`` (None: torch's global
-    generator), drawn percentile by percentile, image by image, as pytorch-grad-cam does, so
-    ``torch.manual_seed(s)`` before its ``ROADMostRelevantFirst(100 - p)`` calls reproduces
-    camkit's ``seed=s``.
+    better**. The noise is drawn on the CPU (``seed``; None: torch's global generator),
+    percentile by percentile, image by image, as pytorch-grad-cam's ``ROADMostRelevantFirst(100
+    - p)`` calls after ``torch.manual_seed(seed)`` draw it.
     """
     if order not in ("morf", "lerf"):
         raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")
     noise = finite_number("noise", noise, minimum=0.0)
     seed = seed_value(seed, optional=True)
-    batch_size = positive_int("batch_size", batch_size)
     if isinstance(percentiles, str | bytes) or not isinstance(percentiles, Sequence):
         raise ArgumentError(f"percentiles must be a sequence of numbers, got {percentiles!r}")
     if not percentiles:
@@ -155,7 +143,7 @@ def road(
         raise ArgumentError(f"percentiles must be in (0, 100) (share removed), got {percentiles}")
     batch, single = metric_images(x, model, volumes=False)
     maps = maps_like(maps, batch, single)
-    scorer = ImageScorer(model, batch, target, batch_size, additional_forward_args)
+    scorer, _ = image_scorer(model, batch, target, batch_size, additional_forward_args)
     b, _, height, width = batch.shape
     pixels = height * width
     ranks = pixel_ranks(maps, descending=order == "morf").view(b, height, width)
@@ -168,10 +156,6 @@ def road(
                 imputed.append(_impute(batch[i], ranks[i] >= removed, noise, generator))
                 bar.update(1)
     stacked = torch.stack(imputed)  # (P * B, C, H, W), percentile major
-
-    def build(indices: Tensor) -> tuple[Tensor, Tensor]:
-        indices = indices.to(batch.device)
-        return stacked[indices], indices % b
-
-    scores = scorer.scores(len(percentiles) * b, build).view(len(percentiles), b).t()
+    scores = scorer.over(len(percentiles) * b, lambda rows: (stacked[rows], rows % b))[:, 0]
+    scores = scores.view(len(percentiles), b).t()
     return unbatched(scores.contiguous(), single)

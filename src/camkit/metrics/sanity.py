@@ -1,14 +1,10 @@
 """The model-parameter randomisation test: does the map depend on what the model learnt?
 
-Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018. The blocks of a trained model
-are replaced by random weights, from the top (the classifier) down, and each map is compared
-with the trained model's: a method whose maps stay similar while the model is destroyed
-explains the image, not the model (edge detection). Cascading randomisation keeps the blocks
-randomised so far; independent randomisation randomises one block at a time, the others
-trained.
-
-Everything runs on a deep copy of the model: the user's model is never called, and its
-parameters, buffers and modes stay bit-identical, even when the explainer raises.
+Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018: the blocks of a trained model
+are randomised from the top (the classifier) down, cumulatively (cascade) or one at a time
+(independent), and each map is compared with the trained model's; a method whose maps stay
+similar explains the image, not the model (edge detection). Everything runs on a deep copy: the
+user's model is never called or changed, even when the explainer raises.
 """
 
 from __future__ import annotations
@@ -42,24 +38,15 @@ Init = Literal["normal"] | Callable[[str, nn.Module, torch.Generator], None]
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
-# ----------------------------------------------------------------------------- blocks
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
 def default_blocks(model: nn.Module) -> list[str]:
     """The blocks randomised by default, **top first** (reverse order of definition).
 
-    The model's top-level children that hold parameters; a child that is a container of
-    containers (timm's ``blocks``, torchvision EfficientNet's ``features``: stages of blocks) is
-    split into its children. ResNet: ``fc, layer4, layer3, layer2, layer1, bn1, conv1``;
-    timm EfficientNet: ``classifier, bn2, conv_head, blocks.6, ..., blocks.0, bn1, conv_stem``.
-    With fewer than 3 blocks (VGG's ``features, classifier``, a plain ``nn.Sequential``), each
-    container is split into its parameterised children. "Top" is the definition order of the
-    modules, which is the order of the forward pass in these architectures; pass ``layers=``
-    where it is not.
+    The model's top-level children that hold parameters; a container of containers (timm's
+    ``blocks``, torchvision EfficientNet's ``features``) is split into its children. ResNet:
+    ``fc, layer4, ..., layer1, bn1, conv1``; timm EfficientNet: ``classifier, bn2, conv_head,
+    blocks.6, ..., blocks.0, bn1, conv_stem``. With fewer than 3 blocks (VGG, a plain
+    ``nn.Sequential``) each container is split into its parameterised children. Definition
+    order stands for forward order; pass ``layers=`` where it does not.
     """
     model = explained_module(model)
 
@@ -67,20 +54,15 @@ def default_blocks(model: nn.Module) -> list[str]:
         return [
             (f"{prefix}{name}", child)
             for name, child in module.named_children()
-            if _has_parameters(child)
+            if next(child.parameters(), None) is not None
         ]
 
     blocks: list[tuple[str, nn.Module]] = []
     for name, child in children(model, ""):
         inner = list(child.children())
-        if (
-            isinstance(child, _CONTAINERS)
-            and inner
-            and all(isinstance(c, _CONTAINERS) for c in inner)
-        ):
-            blocks += children(child, f"{name}.")
-        else:
-            blocks.append((name, child))
+        stages = isinstance(child, _CONTAINERS) and inner
+        stages = stages and all(isinstance(c, _CONTAINERS) for c in inner)
+        blocks += children(child, f"{name}.") if stages else [(name, child)]
     if len(blocks) < 3:
         split: list[tuple[str, nn.Module]] = []
         for name, child in blocks:
@@ -96,14 +78,11 @@ def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -
     """Re-draw every parameter tensor of ``module`` i.i.d. from a normal distribution with the
     **same mean and standard deviation** as its trained values (per tensor).
 
-    The scale of each layer (weights, biases, batch-norm gains) is kept and its structure is
-    destroyed; buffers (batch-norm running statistics) are kept, so they stay finite and the
-    activations keep their trained scale through the randomised blocks. (``reset_parameters()``
-    instead puts every layer at its default initialisation and resets the running statistics
-    to 0 / 1; on EfficientNet-Lite0 the signal then fades block after block: the cascaded
-    network's logits shrink to about 0.03, nearly constant.) A tensor of one element, or a
-    constant one, is left as it is. Draws are made on the CPU with ``generator``: the same on
-    every device.
+    Each layer's scale is kept and its structure destroyed; buffers (batch-norm running
+    statistics) are kept, so activations keep their trained scale through the randomised blocks
+    (with ``reset_parameters()`` EfficientNet-Lite0's cascaded logits shrink to about 0.03,
+    nearly constant). A tensor of one element, or a constant one, is left as it is. Draws are
+    made on the CPU with ``generator``: the same on every device.
     """
     with torch.no_grad():
         for parameter in module.parameters():
@@ -115,21 +94,16 @@ def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -
             parameter.copy_((draw * std.cpu() + mean.cpu()).to(parameter.device, parameter.dtype))
 
 
-# ----------------------------------------------------------------------------- similarities
-
-
 def _correlation(a: Tensor, b: Tensor) -> Tensor:
     """Pearson correlation of the rows of ``a`` and ``b`` ``(B, N) -> (B,)``, in float64.
 
     A row that is constant in one map and not the other gives 0 (no shared ordering), a row
     constant in both gives 1 (the correlation is undefined there: NaN in scipy)."""
-    a = a.double() - a.double().mean(dim=1, keepdim=True)
-    b = b.double() - b.double().mean(dim=1, keepdim=True)
+    a, b = (t.double() - t.double().mean(dim=1, keepdim=True) for t in (a, b))
     norms = a.norm(dim=1) * b.norm(dim=1)
-    a_flat, b_flat = a.norm(dim=1) == 0, b.norm(dim=1) == 0
-    value = (a * b).sum(dim=1) / torch.where(norms > 0, norms, torch.ones_like(norms))
-    value = torch.where(a_flat & b_flat, torch.ones_like(value), value)
-    return value.clamp(-1, 1)
+    value = (a * b).sum(dim=1) / torch.where(norms > 0, norms, 1.0)
+    both_flat = (a.norm(dim=1) == 0) & (b.norm(dim=1) == 0)
+    return torch.where(both_flat, 1.0, value).clamp(-1, 1)
 
 
 def average_ranks(values: Tensor) -> Tensor:
@@ -167,8 +141,14 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _per_sample(
-    a: Tensor, b: Tensor, function: Callable[[np.ndarray, np.ndarray], float]
+    a: Tensor, b: Tensor, what: str, side: int, function: Callable[[np.ndarray, np.ndarray], float]
 ) -> Tensor:
+    """``function`` of each pair of maps (at least ``side`` pixels a side) -> ``(B,)``."""
+    _check_pair(a, b, what, dims=3)
+    if min(a.shape[-2:]) < side:
+        raise ArgumentError(
+            f"{what} needs maps of at least {side}x{side} pixels, got {tuple(a.shape[-2:])}"
+        )
     pairs = zip(a.detach().double().cpu().numpy(), b.detach().double().cpu().numpy(), strict=True)
     return torch.tensor([function(x, y) for x, y in pairs], dtype=torch.float64)
 
@@ -178,10 +158,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
     ``skimage.metrics.structural_similarity(data_range=1)`` (7x7 window, at least 7x7 maps)."""
     from skimage.metrics import structural_similarity
 
-    _check_pair(a, b, "ssim", dims=3)
-    if min(a.shape[-2:]) < 7:
-        raise ArgumentError(f"ssim needs maps of at least 7x7 pixels, got {tuple(a.shape[-2:])}")
-    return _per_sample(a, b, lambda x, y: structural_similarity(x, y, data_range=1.0))
+    return _per_sample(a, b, "ssim", 7, lambda x, y: structural_similarity(x, y, data_range=1.0))
 
 
 def hog_similarity(a: Tensor, b: Tensor) -> Tensor:
@@ -190,15 +167,11 @@ def hog_similarity(a: Tensor, b: Tensor) -> Tensor:
     (B,)``, as Adebayo et al.; maps of at least 24x24 pixels."""
     from skimage.feature import hog
 
-    _check_pair(a, b, "hog_similarity", dims=3)
-    if min(a.shape[-2:]) < 24:
-        raise ArgumentError(f"hog needs maps of at least 24x24 pixels, got {tuple(a.shape[-2:])}")
-
     def one(x: np.ndarray, y: np.ndarray) -> float:
         hx, hy = (torch.from_numpy(hog(m)).unsqueeze(0) for m in (x, y))
         return float(_correlation(hx, hy)[0])
 
-    return _per_sample(a, b, one)
+    return _per_sample(a, b, "hog_similarity", 24, one)
 
 
 def _similarities(
@@ -212,9 +185,6 @@ def _similarities(
         "hog": lambda: hog_similarity(unit, unit_other),
     }
     return {name: functions[name]().cpu() for name in names}
-
-
-# ----------------------------------------------------------------------------- the test
 
 
 def checked_similarity(similarity: str | Sequence[str], *, with_abs: bool = True) -> list[str]:
@@ -280,16 +250,14 @@ def randomization_test(
     """Model-parameter randomisation test (Adebayo et al., NeurIPS 2018).
 
     Args:
-        explainer_factory: ``net -> explainer``, called with each network to explain
-            (``lambda net: camkit.GradCAM(net, "layer4")``); the explainer is called as
-            ``explainer(x, target=...)`` and returns ``(B, H, W)`` maps or ``(B, C, H, W)``
+        explainer_factory: ``net -> explainer`` (``lambda net: camkit.GradCAM(net, "layer4")``);
+            ``explainer(x, target=...)`` returns ``(B, H, W)`` maps or ``(B, C, H, W)``
             attributions (summed over channels).
-        model: the trained model. It is deep-copied; the copy is randomised and explained,
-            the model itself is never called or changed.
+        model: the trained model; a deep copy is randomised and explained, the model itself is
+            never called or changed.
         x: images ``(B, C, H, W)`` (or one ``(C, H, W)``).
-        target: one class per sample (int, ``B`` ints, a ``(B,)`` tensor) or a callable
-            target; None: each sample's top-1 class **of the trained model**, kept for every
-            randomised network (the same class is explained throughout).
+        target: one class per sample or a callable target; None: each sample's top-1 class
+            **of the trained model**, explained by every randomised network.
         order: ``"cascade"``: blocks randomised cumulatively, top first; ``"independent"``:
             one block at a time, the others trained.
         similarity: any of ``"spearman"`` (rank correlation of the signed maps; asking it also
@@ -298,8 +266,8 @@ def randomization_test(
         layers: module names to randomise, top first, instead of :func:`default_blocks`.
         init: ``"normal"`` (:func:`randomize_normal`) or a callable
             ``init(name, module, generator)`` that randomises ``module`` in place.
-        seed: seeds the draws; block ``i`` of the list uses the same draw in both orders.
-            None draws the seed from torch's global generator.
+        seed: seeds the draws (block ``i`` draws the same in both orders); None: from torch's
+            global generator.
         per_sample: report a list of ``B`` values per similarity instead of their mean.
         return_maps: also return ``{"original": maps, layer: maps, ...}``, the ``(B, H, W)``
             maps in [0, 1] (on the CPU) that SSIM and HOG compare, for
@@ -329,7 +297,6 @@ def randomization_test(
         names = [layers] if isinstance(layers, str) else list(layers)
     if not names or not all(isinstance(name, str) for name in names):
         raise ArgumentError(f"layers must be a non-empty list of module names, got {layers!r}")
-    find_layers(model, names)  # unknown names raise with the closest names
     seed = call_seed(seed)
     try:
         network = copy.deepcopy(model)
@@ -338,7 +305,7 @@ def randomization_test(
             f"the model cannot be deep-copied ({type(err).__name__}: {err}); the randomisation "
             "test needs a copy to randomise"
         ) from err
-    blocks = dict(find_layers(network, names))
+    blocks = dict(find_layers(network, names))  # unknown names raise with the closest names
 
     scorer = resolve(target, batch.shape[0], batch.device)
     if scorer.top1:
@@ -357,9 +324,9 @@ def randomization_test(
     randomize = randomize_normal if init == "normal" else init
     maps = {"original": original[1].cpu()}
     results = []
+    independent = order == "independent"
     for index, name in enumerate(names):
         module = blocks[name]
-        independent = order == "independent"
         kept = (
             {k: v.detach().clone() for k, v in module.state_dict().items()} if independent else {}
         )
@@ -371,10 +338,8 @@ def randomization_test(
         if independent:  # parameters and buffers back (an init= may reset running statistics)
             module.load_state_dict(kept)
         values = _similarities(names_asked, original, randomised)
-        row: dict[str, Any] = {"layer": name}
-        for key, value in values.items():
-            row[key] = value.tolist() if per_sample else float(value.mean())
-        results.append(row)
+        summary = {k: v.tolist() if per_sample else float(v.mean()) for k, v in values.items()}
+        results.append({"layer": name} | summary)
         maps[name] = randomised[1].cpu()
     return (results, maps) if return_maps else results
 

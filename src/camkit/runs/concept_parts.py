@@ -1,11 +1,11 @@
 """The resume files of a ``camkit concepts`` run in progress: ``concepts.part-<rank>-<id>.pt``,
 each rank's channel rankings so far, saved after every batch so that ``--resume`` continues a
-killed run and rank 0 merges the ranks' parts. One writer (:func:`write_part`) and one reader
-(:func:`read_parts`); :func:`new_part_path` names a rank's part, :data:`PARTS` finds them all.
+killed run and rank 0 merges the ranks' parts. One writer (:func:`write_part`), one reader
+(:func:`read_parts`).
 
 A part is a ``torch.save`` dictionary read back with ``weights_only=True`` (no pickled code
 runs): the run's identity (model, layer, top, rules, images, crop, weights) as top-level keys,
-``done`` (indices of the images ranked), ``unreadable`` (paths) and the collector's ``state``
+``done``, ``unreadable`` and the collector's ``state``
 (:meth:`camkit.methods.concepts.ReferenceCollector.state`)."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ _OWN = ("done", "unreadable", "state", "version")
 @dataclasses.dataclass
 class ConceptsPart:
     """One rank's part: the ``run`` it belongs to (the keys that identify a run), the indices of
-    the images it ranked (``done``), the ``unreadable`` paths, the collector's ``state``; ``path``:
-    the file it was read from (None for one not written yet)."""
+    the images it ranked (``done``), the ``unreadable`` paths, the collector's ``state`` and
+    the file it was read from (``path``)."""
 
     run: dict[str, Any]
     done: list[int]
@@ -45,8 +45,7 @@ class ConceptsPart:
 
 
 def new_part_path(out: Path, rank: int) -> Path:
-    """A new part's file for ``rank`` (a random id: a resumed run never writes over a part it
-    reads)."""
+    """A new part's file for ``rank`` (a random id: a resumed run never overwrites a part)."""
     return out / f"concepts.part-{rank}-{uuid.uuid4().hex[:8]}.pt"
 
 
@@ -70,10 +69,9 @@ def _read_part(path: Path) -> ConceptsPart:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise KIND.error(path, None, f"not a complete torch file ({reason})") from None
     read = Fields(KIND, path, KIND.version_of(path, data))
-    done = read.items(data, "done", int)
     return ConceptsPart(
         run={key: value for key, value in data.items() if key not in _OWN},
-        done=done,
+        done=read.items(data, "done", int),
         unreadable=read.items(data, "unreadable", str),
         state=read.get(data, "state", dict),
         version=read.version,
@@ -82,8 +80,7 @@ def _read_part(path: Path) -> ConceptsPart:
 
 
 def read_parts(out: Path) -> list[ConceptsPart]:
-    """Every part in ``out``, by file name; a broken part is a
-    :class:`~camkit.errors.RunFileError`."""
+    """Every part in ``out``, by file name (a broken one: :class:`~camkit.errors.RunFileError`)."""
     return [_read_part(path) for path in sorted(out.glob(PARTS))]
 
 

@@ -23,9 +23,9 @@ RANKINGS = ("activation", "relevance")
 
 @dataclasses.dataclass
 class ConceptReference:
-    """One reference image of a channel: its ``rank`` in its ranking, the ``image`` path, its
-    ``score``, the predicted ``class_index`` and its ``label``, the receptive field's ``box``
-    ``[top, left, bottom, right]`` on the photo and its ``patch`` file (relative to the run)."""
+    """One reference image of a channel: its ``rank``, ``image`` path, ``score``, predicted
+    ``class_index`` and ``label``, the receptive field's ``box`` ``[top, left, bottom, right]``
+    on the photo and its ``patch`` file (relative to the run)."""
 
     rank: int
     image: str
@@ -44,11 +44,10 @@ class ConceptReference:
 @dataclasses.dataclass
 class ConceptsRecord:
     """``concepts.json``: the ``layer``, ``channels[channel][ranking]`` (:data:`RANKINGS`) its
-    references by rank, in the file's order (the most relevant channels over the images first);
-    the ``model``, references per channel and ranking (``top``), the ``images`` ranked, the
-    ``unreadable`` paths, the relevance ``rules``, what the ``score`` is and the ``run`` (the
-    versions, arguments and settings that reproduce it, as a manifest's header). Files written
-    by hand or by early camkit 0.2 may lack all but ``layer`` and ``channels`` (None / [])."""
+    references by rank (the most relevant channels first); the ``model``, references per
+    channel and ranking (``top``), the ``images`` ranked, the ``unreadable`` paths, the
+    relevance ``rules``, what the ``score`` is and the ``run`` (as a manifest's header). Early
+    camkit 0.2 files may lack all but ``layer`` and ``channels`` (None / [])."""
 
     layer: str
     channels: dict[int, dict[str, list[ConceptReference]]]
@@ -68,16 +67,8 @@ def write_concepts(out: Path, record: ConceptsRecord) -> Path:
         str(channel): {mode: [ref.to_dict() for ref in rows[mode]] for mode in RANKINGS}
         for channel, rows in record.channels.items()
     }
-    head = {
-        "model": record.model,
-        "layer": record.layer,
-        "top": record.top,
-        "images": record.images,
-        "unreadable": record.unreadable,
-        "rules": record.rules,
-        "score": record.score,
-        "run": record.run,
-    }
+    names = ("model", "layer", "top", "images", "unreadable", "rules", "score", "run")
+    head = {name: getattr(record, name) for name in names}
     return write_json(out / CONCEPTS_FILE, KIND, head | {"channels": channels})
 
 
@@ -114,18 +105,16 @@ def _concepts_record(data: Any, read: Fields) -> ConceptsRecord:
             ]
             for mode in RANKINGS
         }
-    optional = (str, type(None))
+    optional = {"model": str, "top": int, "images": int, "rules": str, "score": str, "run": dict}
     return ConceptsRecord(
         layer=read.get(data, "layer", str),
         channels=channels,
-        model=read.get(data, "model", optional, default=None),
-        top=read.get(data, "top", (int, type(None)), default=None),
-        images=read.get(data, "images", (int, type(None)), default=None),
         unreadable=read.items(data, "unreadable", str, default=[]),
-        rules=read.get(data, "rules", optional, default=None),
-        score=read.get(data, "score", optional, default=None),
-        run=read.get(data, "run", (dict, type(None)), default=None),
         version=read.version,
+        **{
+            key: read.get(data, key, (kind, type(None)), default=None)
+            for key, kind in optional.items()
+        },
     )
 
 
@@ -140,27 +129,23 @@ def channel_references(
 
 
 def atlas_data(out: Path, found: ConceptsRecord, folder: Path) -> dict[str, Any]:
-    """:func:`read_concepts`'s record (``folder``: where ``concepts.json`` lies) for the
-    report's concept atlas in ``out``: per channel, in the file's order (the most relevant
-    over the images first), its reference patches of each ranking with their image's name,
-    predicted label and score, patch paths -> URLs relative to ``out``."""
+    """:func:`read_concepts`'s record (read from ``folder``) for the report's concept atlas in
+    ``out``: per channel, in the file's order, its reference patches of each ranking with their
+    image's name, predicted label and score, patch paths -> URLs relative to ``out``."""
     url = relative_urls(out, folder)
-    channels = []
-    for channel, rows in found.channels.items():
-        entry: dict[str, Any] = {"channel": channel}
-        for mode in RANKINGS:
-            entry[mode] = [
-                {
-                    "rank": ref.rank,
-                    "src": url(ref.patch),
-                    "image": Path(ref.image).name,
-                    "label": ref.label,
-                    "score": ref.score,
-                }
-                for ref in rows[mode]
-                if ref.patch
-            ]
-        channels.append(entry)
+
+    def patches(refs: list[ConceptReference]) -> list[dict[str, Any]]:
+        return [
+            {"rank": ref.rank, "src": url(ref.patch), "image": Path(ref.image).name}
+            | {"label": ref.label, "score": ref.score}
+            for ref in refs
+            if ref.patch
+        ]
+
+    channels = [
+        {"channel": channel} | {mode: patches(rows[mode]) for mode in RANKINGS}
+        for channel, rows in found.channels.items()
+    ]
     head = {"layer": found.layer, "model": found.model, "rules": found.rules}
     return head | {"images": found.images, "channels": channels}
 

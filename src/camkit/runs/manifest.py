@@ -1,18 +1,17 @@
 """The manifest of a run folder (``camkit explain``): what reproduces it, one row per output,
 the parts a killed run leaves, merging them.
 
-Each rank appends to its own part, ``manifest.rank<R>.jsonl`` (one JSON line per record, and
-one with the throughput so far), after every batch whose files are on disk, and flushes it to
-the disk: appending keeps the cost per batch constant however large the run. At the end rank 0
-merges the parts into ``manifest.json``. A run killed at any point leaves parts that list only
-images whose files are written (a line cut by the kill is ignored), so ``--resume`` merges them
-and skips the images already done. A video's finished windows are lines of their own
-(``{"window": {image, stage, start, stop}}``), kept in ``manifest.json`` until the video has
-its record, so that ``--resume`` skips them.
+After every batch whose files are on disk, each rank appends to its own part
+``manifest.rank<R>.jsonl`` (a JSON line per record, one with the throughput so far) and
+flushes it: the cost per batch stays constant however large the run. At the end rank 0 merges
+the parts into ``manifest.json``. A killed run's parts list only images whose files are written
+(a line cut by the kill is ignored), so ``--resume`` merges them and skips those images; a
+video's finished windows (``{"window": {image, stage, start, stop}}`` lines) stay in
+``manifest.json`` until the video has its record, so that ``--resume`` skips them too.
 
-``manifest.json`` has one writer (:func:`write_manifest`) and one reader (:func:`read_manifest`,
-a typed :class:`Manifest`); a manifest without a ``version`` is version 0 (camkit 0.2's layout,
-or camkit 0.1's bare list of records); a broken one is a :class:`~camkit.errors.RunFileError`.
+One writer (:func:`write_manifest`), one reader (:func:`read_manifest`, a typed
+:class:`Manifest`); a manifest without a ``version`` is version 0 (camkit 0.2's layout, or 0.1's
+bare list of records); a broken one is a :class:`~camkit.errors.RunFileError`.
 """
 
 from __future__ import annotations
@@ -56,11 +55,8 @@ def sha256(path: str | None) -> str | None:
     """The SHA-256 of a weights file (None for none)."""
     if path is None:
         return None
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 PARTS = "manifest.rank*.jsonl"
@@ -128,10 +124,8 @@ def _manifest_record(data: Any, read: Fields) -> Manifest:
 def read(path: Path) -> dict | None:
     """A manifest (``.json``, :func:`read_manifest` as a dictionary) or a part (``.jsonl``: its
     header, records, finished windows and last throughput); None when absent. A part's records
-    and windows count only when their batch's throughput line follows them: a kill during a
-    batch's append leaves none of that batch (not one method of an image without the other). A
-    manifest of camkit 0.1 (a bare list of records) has no settings to compare, so it cannot be
-    resumed from."""
+    and windows count only once their batch's throughput line follows: a kill mid-append leaves
+    none of that batch. A camkit 0.1 manifest has no settings to compare: no resuming from it."""
     if path.suffix == ".json":
         found = read_manifest(path)
         return None if found is None else found.as_dict()
@@ -176,19 +170,32 @@ def recorded_crop(manifest: dict) -> str:
     return (manifest.get("settings") or {}).get("crop", "squash")
 
 
+def _records(pieces: list[dict | None]) -> list[dict]:
+    """The records of ``pieces`` (manifests and parts), one per (image, output): the last."""
+    records = {}
+    for piece in pieces:
+        for record in piece["records"] if piece else []:
+            records[(record["image"], record.get("output"))] = record
+    return list(records.values())
+
+
+def _write(out: Path, manifest: dict, head: dict, parts: list[Path]) -> None:
+    """Fold the maps of a ``--save-maps`` run, write ``manifest.json``, remove the ``parts``."""
+    if (head.get("settings") or {}).get("save_maps"):
+        maps.fold(out, manifest["records"], head)
+    write_manifest(out, manifest)
+    for path in parts:
+        path.unlink(missing_ok=True)
+
+
 def gather(out: Path) -> dict | None:
     """``manifest.json`` and the parts left by a killed run as one manifest (records of an image
     that two of them hold appear once)."""
-    parts = sorted(out.glob(PARTS))
-    pieces = [read(out / MANIFEST), *(read(path) for path in parts)]
+    pieces = [read(out / MANIFEST), *(read(path) for path in sorted(out.glob(PARTS)))]
     pieces = [piece for piece in pieces if piece is not None]
     if not pieces:
         return None
-    records: dict[tuple, dict] = {}
-    for piece in pieces:
-        for record in piece["records"]:
-            records[(record["image"], record.get("output"))] = record
-    rows = list(records.values())
+    rows = _records(pieces)
     gathered = {key: value for key, value in pieces[0].items() if key != "windows"}
     return gathered | {"records": rows} | unfinished_windows(pieces, rows)
 
@@ -197,13 +204,8 @@ def consolidate(out: Path) -> None:
     """Merge what an earlier run left into ``manifest.json`` and remove its parts (rank 0,
     before the others start)."""
     gathered = gather(out)
-    if gathered is None:
-        return
-    if (gathered.get("settings") or {}).get("save_maps"):
-        maps.fold(out, gathered["records"], gathered)
-    write_manifest(out, gathered)
-    for path in out.glob(PARTS):
-        path.unlink()
+    if gathered is not None:
+        _write(out, gathered, gathered, list(out.glob(PARTS)))
 
 
 def header(settings: dict, model: str, device: str, arguments: list[str]) -> dict:
@@ -221,22 +223,18 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
 
 
 def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
-    """Rank 0, after the barrier: the parts of every rank (and what a resumed run had) as one
+    """Rank 0, after the barrier: every rank's part (and what a resumed run had) as one
     ``manifest.json`` ordered like the inputs; the parts are removed.
 
-    ``explained`` and ``unreadable`` count the images of the whole manifest (every run), so a
-    resumed run never says 0 unreadable while it holds error records; ``runs`` keeps each run's
-    own start, end, throughput and counts (a resumed run appends to the earlier ones), and
-    ``started``/``throughput`` are the first run's start and the sums over the runs. ``todo``:
-    the images this run had to do."""
+    ``explained`` and ``unreadable`` count the images of every run (a resumed run never says 0
+    unreadable while it holds error records); ``runs`` keeps each run's own start, end,
+    throughput and counts; ``started``/``throughput`` are the first run's start and the sums
+    over the runs. ``todo``: the images this run had to do."""
     previous = read(out / MANIFEST)
-    parts = [read(part_path(out, rank)) for rank in range(world)]
-    records = {}
-    for piece in [previous, *parts]:
-        for record in piece["records"] if piece else []:
-            records[(record["image"], record.get("output"))] = record
+    paths = [part_path(out, rank) for rank in range(world)]
+    parts = [read(path) for path in paths]
     position = {image: index for index, image in enumerate(order)}
-    rows = sorted(records.values(), key=lambda r: position.get(r["image"], len(order)))
+    rows = sorted(_records([previous, *parts]), key=lambda r: position.get(r["image"], len(order)))
     ranks = [part["throughput"] for part in parts if part is not None]
     seconds = max((rank["seconds"] for rank in ranks), default=0.0)
     images = sum(rank["images"] for rank in ranks)
@@ -266,11 +264,7 @@ def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dic
         }
         | unfinished_windows([previous, *parts], rows)
     )
-    if head["settings"].get("save_maps"):
-        maps.fold(out, rows, head)
-    write_manifest(out, manifest)
-    for rank in range(world):
-        part_path(out, rank).unlink(missing_ok=True)
+    _write(out, manifest, head, paths)
     return manifest
 
 

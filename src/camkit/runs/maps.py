@@ -1,7 +1,5 @@
 """The maps file of a run folder: every raw map in one ``maps.npz`` (``camkit explain
---save-maps``).
-
-An uncompressed NumPy ``.npz`` archive, readable with numpy alone::
+--save-maps``), an uncompressed NumPy archive readable with numpy alone::
 
     data = np.load("run/maps.npz")
     data["maps"]        # (N, H, W) float16, the raw maps at the model's input size
@@ -16,19 +14,16 @@ An uncompressed NumPy ``.npz`` archive, readable with numpy alone::
     json.loads(str(data["metadata"]))  # the run: versions, settings, model, class labels,
                                        # and the file's "version" (none: version 0, camkit 0.2)
 
-Row ``i`` is the manifest record whose ``"map"`` field is ``i``. The archive is written by
-streaming rows (never the whole array in memory), and :func:`load_maps` maps ``maps`` from the
-file without reading it (``mmap``), so runs larger than memory can be analysed.
+Row ``i`` is the manifest record whose ``"map"`` is ``i``. One writer (:func:`write_maps`,
+streaming rows, never the whole array in memory), one reader (:func:`load_maps`, which maps
+``maps`` from the file: runs larger than memory can be analysed); a file that is not complete,
+misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
 
-One writer (:func:`write_maps`), one reader (:func:`load_maps`); a file that is not
-complete, misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
-
-Like the manifest, each rank appends its maps to its own part, ``maps.rank<R>.f16`` (raw
-float16 rows at the model's input size, flushed to the disk), before the records that name
-them (``"map_part": [rank, row]``) are appended to its manifest part: a record in a part always
-has its map on the disk. When rank 0 merges the manifest (at the end, or when ``--resume``
-consolidates a killed run) it streams the rows of the earlier ``maps.npz`` and of the parts into
-a new ``maps.npz`` in the manifest's order, and each record's ``"map"`` becomes its row there.
+Each rank appends its maps to its own part ``maps.rank<R>.f16`` (raw float16 rows, flushed to
+the disk) before the manifest records that name them (``"map_part": [rank, row]``): a record
+in a part always has its map on the disk. Merging the manifest (at the end, or on
+``--resume``) streams the earlier ``maps.npz`` and the parts into a new one in the manifest's
+order (:func:`fold`).
 """
 
 from __future__ import annotations
@@ -38,7 +33,7 @@ import json
 import os
 import struct
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +88,8 @@ def write_maps(
     index: Mapping[str, Any],
     metadata: Mapping[str, Any],
 ) -> Path:
-    """Write ``count`` maps of ``shape`` (an iterable of ``(n, H, W)`` blocks) with their
-    ``index`` columns and ``metadata`` (and the file's version) as ``path`` (atomically: a
-    temporary file renamed)."""
+    """Write ``count`` maps of ``shape`` (``(n, H, W)`` blocks), their ``index`` columns and
+    ``metadata`` (with the file's version) as ``path``, atomically."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     header = {"descr": "<f2", "fortran_order": False, "shape": (count, *shape)}
@@ -126,9 +120,8 @@ def write_maps(
     return path
 
 
-def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+def _mapped(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
     """A stored (uncompressed) ``.npy`` member as a read-only memory map; None if compressed."""
-    info = archive.getinfo(name)
     if info.compress_type != zipfile.ZIP_STORED:
         return None
     with open(path, "rb") as handle:
@@ -148,9 +141,8 @@ def _mapped(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | Non
 
 
 def load_maps(path: str | os.PathLike[str], *, mmap: bool = True) -> MapSet:
-    """Read ``maps.npz`` (or a run folder holding one); ``mmap``: map the maps from the file
-    instead of reading them into memory. No file: :class:`~camkit.errors.InputError`; a file
-    that is not complete, misses a member or is of a newer version:
+    """Read ``maps.npz`` (or a run folder holding one); ``mmap``: map the maps from the file.
+    No file: :class:`~camkit.errors.InputError`; a broken one:
     :class:`~camkit.errors.RunFileError`."""
     path = Path(path)
     if path.is_dir():
@@ -170,10 +162,7 @@ def load_maps(path: str | os.PathLike[str], *, mmap: bool = True) -> MapSet:
                 raise KIND.error(path, None, "its metadata is not a JSON object")
             version = KIND.version_of(path, metadata)
             columns = {name: data[name] for name in INDEX_FIELDS}
-            maps = None
-            if mmap:
-                with zipfile.ZipFile(path) as archive:
-                    maps = _mapped(path, archive, "maps.npy")
+            maps = _mapped(path, data.zip.getinfo("maps.npy")) if mmap else None
             if maps is None:
                 maps = data["maps"]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
@@ -229,23 +218,17 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
         rank = int(path.name.split(".")[1].removeprefix("rank"))
         parts[rank] = np.memmap(path, dtype="<f2", mode="r").reshape(-1, *shape)
 
-    def blocks() -> Iterator[np.ndarray]:
-        for start in range(0, len(rows), BLOCK):
-            block = []
-            for record in rows[start : start + BLOCK]:
-                if "map_part" in record:
-                    rank, row = record["map_part"]
-                    block.append(parts[rank][row])
-                else:
-                    block.append(previous[record["map"]])
-            yield np.stack(block)
+    def stored(record: dict) -> np.ndarray:
+        if "map_part" in record:
+            rank, row = record["map_part"]
+            return parts[rank][row]
+        return previous[record["map"]]
 
     if rows:
         index = {
-            "image": [r["image"] for r in rows],
-            "method": [r["method"] for r in rows],
-            "target": [r["target"] for r in rows],
-            "probability": [r["probability"] for r in rows],
+            key: [r[key] for r in rows] for key in ("image", "method", "target", "probability")
+        }
+        index |= {
             "prediction": [r["top5"][0]["index"] for r in rows],
             "confidence": [r["top5"][0]["probability"] for r in rows],
             "truth": [r.get("truth", -1) for r in rows],
@@ -254,7 +237,9 @@ def fold(out: Path, records: list[dict], head: dict) -> None:
         classes |= {str(e["index"]): e["label"] for r in rows for e in r["top5"]}
         keep = ("camkit", "torch", "settings", "model", "weights_sha256", "started")
         metadata = {key: head.get(key) for key in keep} | {"classes": classes}
-        write_maps(out / MAPS_FILE, blocks(), len(rows), shape, index, metadata)
+        starts = range(0, len(rows), BLOCK)
+        blocks = (np.stack([stored(r) for r in rows[s : s + BLOCK]]) for s in starts)
+        write_maps(out / MAPS_FILE, blocks, len(rows), shape, index, metadata)
     for position, record in enumerate(rows):
         record.pop("map_part", None)
         record["map"] = position

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from camkit.runs.records import Fields, FileKind, read_record, record_fields, write_json
+from camkit.runs.records import Fields, FileKind, read_record, write_json
 
 METRICS_FILE = "metrics.json"
 KIND = FileKind(METRICS_FILE, 1, "camkit evaluate IMAGES --out RUN")
@@ -36,7 +36,7 @@ class MetricsRecord:
 
 def write_metrics(out: Path, record: MetricsRecord) -> Path:
     """Write ``OUT/metrics.json`` -> its path."""
-    fields = record_fields(record)
+    fields = dataclasses.asdict(record)
     if record.sanity is None:  # as version 0 wrote it: no sanity keys when it did not run
         fields = {key: value for key, value in fields.items() if not key.startswith("sanity")}
     return write_json(out / METRICS_FILE, KIND, fields)

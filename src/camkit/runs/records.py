@@ -37,12 +37,10 @@ class FileKind:
 
     def error(self, path: Path, version: int | None, problem: str) -> RunFileError:
         """The error of a broken file: the file, its version, the problem, what to do."""
-        if version is None:
-            shown = "version unknown"
-        elif version == LEGACY:
-            shown = f"version {LEGACY}: no version field, written by camkit 0.2 or earlier"
-        else:
-            shown = f"version {version}"
+        shown = {
+            None: "version unknown",
+            LEGACY: f"version {LEGACY}: no version field, written by camkit 0.2 or earlier",
+        }.get(version, f"version {version}")
         return RunFileError(
             f"{path} ({self.name}, {shown}): {problem}; run '{self.writes}' again to write it"
         )
@@ -62,11 +60,6 @@ class FileKind:
         return version
 
 
-def _type_names(types: Types) -> str:
-    kinds = types if isinstance(types, tuple) else (types,)
-    return " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
-
-
 @dataclasses.dataclass(frozen=True)
 class Fields:
     """Typed reads of one loaded file's values (``path``: the file, ``version``: its version):
@@ -82,11 +75,10 @@ class Fields:
     def check(self, value: Any, types: Types, where: str) -> Any:
         """``value`` when it is of ``types`` (a bool is not an int, an int is a float)."""
         kinds = types if isinstance(types, tuple) else (types,)
-        if float in kinds:
-            kinds = (*kinds, int)
-        wrong = isinstance(value, bool) and bool not in kinds
-        if wrong or not isinstance(value, kinds):
-            raise self.fail(f"{where} is {type(value).__name__}, expected {_type_names(types)}")
+        accepted = (*kinds, int) if float in kinds else kinds
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, accepted):
+            names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+            raise self.fail(f"{where} is {type(value).__name__}, expected {names}")
         return value
 
     def get(
@@ -136,10 +128,3 @@ def write_json(path: Path, kind: FileKind, fields: Mapping[str, Any]) -> Path:
     ``fields`` held) -> its path."""
     fields = {key: value for key, value in fields.items() if key != "version"}
     return io.save_json(path, {"version": kind.version, **fields})
-
-
-def record_fields(record: Any) -> dict[str, Any]:
-    """A record dataclass's fields but its version, for :func:`write_json`."""
-    return {
-        f.name: getattr(record, f.name) for f in dataclasses.fields(record) if f.name != "version"
-    }

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from camkit.runs.records import Fields, FileKind, read_record, record_fields, write_json
+from camkit.runs.records import Fields, FileKind, read_record, write_json
 
 STRATEGIES_DIR = "strategies"
 """The folder of the run where ``camkit strategies RUN_DIR`` writes (without ``--out``)."""
@@ -30,11 +30,9 @@ class StrategiesRecord:
     """``strategies.json``: the ``run`` folder analysed, the analysis ``parameters``, the
     ``images`` of the run's map rows (a cluster's members are rows), one group per (method,
     class) (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, its
-    plots' files, relative to the folder, and the embedding's ``points``
-    ``[x, y, cluster, row]``), and the ``skipped`` classes (``{"method", "class", "reason"}``).
-    The reader checks every group's ``method``/``class``/``clusters`` and every cluster's
-    ``id`` and member lists (rows beyond ``images`` are left out by the views); files written by
-    hand or by early camkit 0.2 may lack ``run`` and ``parameters`` (None / {})."""
+    plots' files and the embedding's ``points`` ``[x, y, cluster, row]``), and the ``skipped``
+    classes (``{"method", "class", "reason"}``). Early camkit 0.2 files may lack ``run`` and
+    ``parameters`` (None / {})."""
 
     images: list[str]
     groups: list[dict[str, Any]]
@@ -46,17 +44,7 @@ class StrategiesRecord:
 
 def write_strategies(folder: Path, record: StrategiesRecord) -> Path:
     """Write ``FOLDER/strategies.json`` -> its path."""
-    return write_json(folder / STRATEGIES_FILE, KIND, record_fields(record))
-
-
-def _check_group(read: Fields, group: dict, where: str) -> None:
-    read.get(group, "method", str, where)
-    read.get(group, "class", int, where)
-    for k, cluster in enumerate(read.items(group, "clusters", dict, where)):
-        inside = f"{where}clusters[{k}]."
-        read.get(cluster, "id", int, inside)
-        for name in ("members", "typical", "atypical"):
-            read.items(cluster, name, int, inside, default=[])
+    return write_json(folder / STRATEGIES_FILE, KIND, dataclasses.asdict(record))
 
 
 def read_strategies(folder: Path) -> StrategiesRecord | None:
@@ -69,7 +57,13 @@ def _strategies_record(data: Any, read: Fields) -> StrategiesRecord:
     images = read.items(data, "images", str)
     groups = read.items(data, "groups", dict)
     for k, group in enumerate(groups):
-        _check_group(read, group, f"groups[{k}].")
+        read.get(group, "method", str, f"groups[{k}].")
+        read.get(group, "class", int, f"groups[{k}].")
+        for j, cluster in enumerate(read.items(group, "clusters", dict, f"groups[{k}].")):
+            where = f"groups[{k}].clusters[{j}]."
+            read.get(cluster, "id", int, where)
+            for name in ("members", "typical", "atypical"):
+                read.items(cluster, name, int, where, default=[])
     return StrategiesRecord(
         images=images,
         groups=groups,
@@ -85,11 +79,14 @@ def url_path(path: str) -> str:
     return quote(path, safe="/")
 
 
-def relative_urls(out: Path, folder: Path) -> Callable[[str], str]:
-    """Names of files in ``folder`` -> URLs relative to ``out`` (a page written there)."""
+def relative_urls(out: Path, folder: Path) -> Callable[[str | None], str | None]:
+    """Names of files in ``folder`` -> URLs relative to ``out`` (a page written there); None
+    stays None."""
     prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
 
-    def url(name: str) -> str:
+    def url(name: str | None) -> str | None:
+        if name is None:
+            return None
         return url_path(f"{prefix}/{name}" if prefix != "." else name)
 
     return url
@@ -129,21 +126,15 @@ def strategies_data(
     (-1: not on the page), files (relative to ``folder``) -> URLs relative to ``out``."""
     page = {image["path"]: index for index, image in enumerate(images)}
     rows = [page.get(str(image), -1) for image in found.images]
-    file_url = relative_urls(out, folder)
-
-    def url(name: str | None) -> str | None:
-        return None if name is None else file_url(name)
-
-    def indices(members: Sequence[int]) -> list[int]:
-        return [rows[r] for r in members]
-
+    url = relative_urls(out, folder)
+    lists = ("typical", "atypical", "members")
     groups = []
     for group in found.groups:
         clusters = [
             cluster_view(
-                cluster, indices, url, score="score", lists=("typical", "atypical", "members")
+                c, lambda members: [rows[r] for r in members], url, score="score", lists=lists
             )
-            for cluster in group.get("clusters", [])
+            for c in group.get("clusters", [])
         ]
         groups.append(
             {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}

@@ -1,22 +1,17 @@
 """Dataset-wide strategies: clusters of explanations per class (SpRAy).
 
 Spectral Relevance Analysis (Lapuschkin et al., "Unmasking Clever Hans predictors and assessing
-what machines really learn", Nature Communications 10, 1096, 2019): explain every sample of a
-class, pool each map to a small grid, build a k-nearest-neighbour graph of the pooled maps,
-embed it with the graph Laplacian's eigenvectors, read the number of strategies off the
-eigengap, cluster the embedding, and look at each cluster's mean map. A cluster whose maps sit
-on a watermark, a border or a tag is a model reading a shortcut ("Clever Hans").
+what machines really learn", Nature Communications 10, 1096, 2019): pool each map of a class to
+a small grid, build a k-nearest-neighbour graph of the pooled maps, embed it with the graph
+Laplacian's eigenvectors, read the number of strategies off the eigengap, cluster the embedding
+and look at each cluster's mean map. A cluster whose maps sit on a watermark, a border or a tag
+is a model reading a shortcut ("Clever Hans").
 
-Numbers in, numbers out: ``(N, H, W)`` maps (any camkit method; pixel attributions summed over
-channels) and their classes go in; :class:`ClassStrategies` dataclasses (eigenvalues, the
-suggested number of clusters, the clusters with their prototypes, members and scores) come
-out. The steps: :mod:`~camkit.strategies.pooling` (maps -> small grids),
-:mod:`~camkit.strategies.spectrum` (the graph, its Laplacian's spectrum, the eigengap),
-:mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout),
-:mod:`~camkit.strategies.analysis` (per class and over a dataset),
-:mod:`~camkit.strategies.results` (the dataclasses). Figures are in
-:mod:`camkit.strategies.plots`; the saved maps of a run (``camkit explain --save-maps``) are read
-with :func:`load_maps` (:mod:`camkit.runs.maps`, the run folder's file).
+Numbers in, numbers out: ``(N, H, W)`` maps (pixel attributions summed over channels) and their
+classes in, :class:`ClassStrategies` out. The steps: :mod:`~camkit.strategies.pooling`,
+:mod:`~camkit.strategies.spectrum`, :mod:`~camkit.strategies.clustering`,
+:mod:`~camkit.strategies.analysis`; figures: :mod:`camkit.strategies.plots`; a run's saved maps
+(``camkit explain --save-maps``): :func:`load_maps` (:mod:`camkit.runs.maps`).
 """
 
 from camkit.runs.maps import MapSet, load_maps

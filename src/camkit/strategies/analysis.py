@@ -1,8 +1,5 @@
 """SpRAy on arrays, class by class: :func:`analyze_class` (one class's pooled maps -> its
-strategies) and :func:`find_strategies` (every class of a dataset's maps). The steps live in
-:mod:`~camkit.strategies.pooling` (maps -> small grids), :mod:`~camkit.strategies.spectrum`
-(the nearest-neighbour graph, its Laplacian's spectrum, the eigengap) and
-:mod:`~camkit.strategies.clustering` (labels, cluster summaries, suspiciousness, 2-D layout).
+strategies) and :func:`find_strategies` (every class of a dataset's maps).
 
 Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really learn",
 Nature Communications 10, 1096 (2019), section "Spectral relevance analysis"; the row
@@ -67,21 +64,18 @@ def analyze_class(
 ) -> ClassStrategies:
     """SpRAy on the pooled maps ``(n, gh, gw)`` of one class (from :func:`pool_maps`).
 
-    ``indices`` name the samples in the results (default ``0..n-1``); ``confidences``,
-    ``predictions`` and ``truth`` (true labels, -1 where unknown) are per sample and give each
-    cluster's mean confidence and accuracy. The graph joins each map to its ``n_neighbors``
-    nearest; the ``max_clusters + 1`` smallest eigenvalues of its normalised Laplacian are kept
-    and the eigengap suggests the number of clusters, used unless ``n_clusters`` is given.
-    ``clustering`` runs on the row-normalised spectral embedding (``kmeans`` and
-    ``agglomerative`` take the number of clusters; ``dbscan``/``hdbscan`` find their own and
-    mark noise -1; ``clustering_options`` go to the scikit-learn class). ``embedding``: the
-    2-D layout for display (``tsne``, ``umap`` with umap-learn installed, ``spectral``, or
-    None), on a seeded subset of ``embedding_limit`` samples above it. The same ``seed`` gives
-    the same result.
+    ``indices`` name the samples (default ``0..n-1``); per-sample ``confidences``,
+    ``predictions`` and ``truth`` (-1: unknown) give each cluster's confidence and accuracy.
+    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its normalised
+    Laplacian's ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters, used
+    unless ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
+    (``dbscan``/``hdbscan`` find their own number and mark noise -1; ``clustering_options`` go
+    to the scikit-learn class). ``embedding``: the 2-D layout for display (``tsne``, ``umap``
+    with umap-learn, ``spectral`` or None) of at most ``embedding_limit`` seeded samples. The
+    same ``seed`` gives the same result.
 
-    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples
-    (11 with the default). When every map is the same the class has one strategy (with a
-    :class:`StrategyWarning`).
+    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples;
+    identical maps give one strategy and a :class:`StrategyWarning`.
     """
     pooled = np.asarray(pooled, dtype=np.float32)
     if pooled.ndim != 3 or not np.isfinite(pooled).all():
@@ -93,15 +87,12 @@ def analyze_class(
             raise ArgumentError(f"{name} must be a positive int, got {value!r}")
     if n_clusters is not None and (not isinstance(n_clusters, int) or not 1 <= n_clusters < n):
         raise ArgumentError(f"n_clusters must be an int in [1, {n - 1}], got {n_clusters!r}")
-    if n < _fewest(n, n_neighbors):
+    if n < (fewest := _fewest(n, n_neighbors)):
         raise ArgumentError(
             f"class {class_id if class_id is not None else ''} has {n} map(s); the "
-            f"nearest-neighbour graph needs at least {_fewest(n, n_neighbors)} "
-            f"(n_neighbors={n_neighbors} + 1)"
+            f"nearest-neighbour graph needs at least {fewest} (n_neighbors={n_neighbors} + 1)"
         )
-    indices = np.arange(n) if indices is None else np.asarray(indices, dtype=np.int64)
-    if indices.shape != (n,):
-        raise ArgumentError(f"indices must have one value per map ({n},), got {indices.shape}")
+    indices = np.arange(n) if indices is None else _optional(indices, n, "indices", np.int64)
     confidences = _optional(confidences, n, "confidences", np.float64)
     predictions = _optional(predictions, n, "predictions", np.int64)
     truth = _optional(truth, n, "truth", np.int64)
@@ -187,11 +178,10 @@ def find_strategies(
     (usually the explained target) -> :class:`Strategies`.
 
     The maps are pooled once (:func:`pool_maps` with ``grid``, ``normalize``, ``positive``);
-    each class (or the classes ``only``) is analysed by :func:`analyze_class` with
-    ``options``. Classes with too few maps for the graph are skipped, with the reason in
-    ``Strategies.skipped``; ``predictions`` and ``truth`` (-1: unknown) give the accuracy.
-    ``rows``: analyse only these maps (the other arguments then have one value per row);
-    results index the rows.
+    each class (or the classes ``only``) is analysed by :func:`analyze_class` with ``options``;
+    a class with too few maps is skipped, with the reason in ``Strategies.skipped``. ``rows``:
+    analyse only these maps (the other arguments then have one value per row; results index
+    the rows).
     """
     pooled = pool_maps(maps, grid, normalize=normalize, positive=positive, rows=rows)
     n = len(pooled)

@@ -23,22 +23,19 @@ def cluster_labels(
     """Cluster labels by scikit-learn; -1 marks DBSCAN/HDBSCAN noise."""
     from sklearn import cluster
 
-    if method == "kmeans":
-        if k == 1:
-            return np.zeros(len(points), dtype=np.int64)
-        model = cluster.KMeans(n_clusters=k, n_init=10, random_state=seed, **options)
-    elif method == "agglomerative":
-        if k == 1:
-            return np.zeros(len(points), dtype=np.int64)
-        model = cluster.AgglomerativeClustering(n_clusters=k, **options)
-    elif method == "dbscan":
-        model = cluster.DBSCAN(**({"eps": 0.5, "min_samples": 5} | options))
-    elif method == "hdbscan":
-        model = cluster.HDBSCAN(**({"min_cluster_size": 5, "copy": True} | options))
-    else:
+    models = {
+        "kmeans": lambda: cluster.KMeans(n_clusters=k, n_init=10, random_state=seed, **options),
+        "agglomerative": lambda: cluster.AgglomerativeClustering(n_clusters=k, **options),
+        "dbscan": lambda: cluster.DBSCAN(**({"eps": 0.5, "min_samples": 5} | options)),
+        "hdbscan": lambda: cluster.HDBSCAN(**({"min_cluster_size": 5, "copy": True} | options)),
+    }
+    if method not in models:
         raise ArgumentError(
             f"clustering must be 'kmeans', 'agglomerative', 'dbscan' or 'hdbscan', got {method!r}"
         )
+    if k == 1 and method in ("kmeans", "agglomerative"):
+        return np.zeros(len(points), dtype=np.int64)
+    model = models[method]()
     try:
         return np.asarray(model.fit_predict(points), dtype=np.int64)
     except (TypeError, ValueError) as error:
@@ -113,10 +110,7 @@ def suspiciousness(pooled: np.ndarray, labels: np.ndarray) -> dict[int, tuple[fl
         p = _unit(flat[inside].mean(axis=0))
         entropy = -np.sum(p[p > 0] * np.log(p[p > 0])) if p.any() else math.log(cells)
         concentration = max(0.0, 1.0 - math.exp(entropy) / cells)
-        if inside.all():
-            scores[cluster] = (0.0, 0.0, concentration)
-            continue
-        q = _unit(flat[~inside].mean(axis=0))
+        q = np.zeros_like(p) if inside.all() else _unit(flat[~inside].mean(axis=0))
         distance = 0.5 * float(np.abs(p - q).sum()) if p.any() and q.any() else 0.0
         scores[cluster] = (distance * concentration, distance, concentration)
     return scores

@@ -1,20 +1,20 @@
 """Pictures of the strategies of a class: prototypes, montages of members, the eigenvalue
-spectrum with its gap, the 2-D embedding coloured by cluster."""
+spectrum with its gap, the 2-D embedding coloured by cluster; and how a notebook shows them
+(``_repr_png_`` and ``_repr_html_`` of :mod:`camkit.strategies.results`: a prototype as a PNG,
+clusters as an HTML table with their prototypes inline; nothing fetched, nothing written)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import base64
+import html
+from collections.abc import Iterable, Sequence
 
 import cv2
 import numpy as np
 from matplotlib.figure import Figure
 
-from camkit import viz
-
-# the result types of camkit.strategies.results, which imports this module for its rich displays:
-# named here by what they are, not imported (no import circle)
-Strategies = Any  # a ClassStrategies
+from camkit import io, viz
+from camkit.strategies.results import ClassStrategies, Cluster
 
 
 def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:
@@ -43,7 +43,7 @@ def montage(pictures: Sequence[np.ndarray], columns: int = 8, side: int = 96) ->
     return sheet
 
 
-def eigengap_figure(found: Strategies, title: str | None = None) -> Figure:
+def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     """The smallest eigenvalues of the normalised Laplacian, the suggested ``k`` marked."""
     figure = Figure(figsize=(4.2, 3.0), layout="constrained")
     ax = figure.subplots()
@@ -53,13 +53,12 @@ def eigengap_figure(found: Strategies, title: str | None = None) -> Figure:
     if k < len(values):
         ax.axvspan(k + 0.1, k + 0.9, color="#f4a261", alpha=0.35, label=f"largest gap: k = {k}")
         ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("eigenvalue index")
-    ax.set_ylabel("eigenvalue of the normalised Laplacian")
+    ax.set(xlabel="eigenvalue index", ylabel="eigenvalue of the normalised Laplacian")
     ax.set_title(title or "eigengap", fontsize=10)
     return figure
 
 
-def embedding_figure(found: Strategies, title: str | None = None) -> Figure:
+def embedding_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     """The 2-D embedding, one colour per cluster (noise grey)."""
     figure = Figure(figsize=(4.2, 3.6), layout="constrained")
     ax = figure.subplots()
@@ -72,8 +71,7 @@ def embedding_figure(found: Strategies, title: str | None = None) -> Figure:
             color = "#999999" if cluster < 0 else f"C{cluster % 10}"
             ax.scatter(points[:, 0], points[:, 1], s=8, color=color, label=name)
         ax.legend(fontsize=7, markerscale=1.5)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     ax.set_title(title or "2-D embedding", fontsize=10)
     return figure
 
@@ -81,3 +79,38 @@ def embedding_figure(found: Strategies, title: str | None = None) -> Figure:
 def save_figure(figure: Figure, path: str) -> None:
     """A matplotlib figure as a PNG file."""
     figure.savefig(path, dpi=110)
+
+
+def prototype_png(cluster: Cluster, side: int = 96) -> bytes:
+    """The cluster's prototype (its mean pooled map) as PNG bytes."""
+    return io.encode_image(prototype_picture(cluster.prototype, side), "png")
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def class_rows(found: ClassStrategies) -> Iterable[str]:
+    """One table row per cluster, the most suspicious first."""
+    for cluster in found.by_suspiciousness():
+        picture = base64.b64encode(prototype_png(cluster, 48)).decode("ascii")
+        yield (
+            f"<tr><td>{html.escape(str(found.class_id))}</td><td>{cluster.id}</td>"
+            f'<td><img src="data:image/png;base64,{picture}" alt="prototype" width="48"></td>'
+            f"<td>{cluster.size}</td><td>{_number(cluster.suspiciousness, 3)}</td>"
+            f"<td>{_number(cluster.confidence)}</td><td>{_number(cluster.accuracy)}</td></tr>"
+        )
+
+
+def table(classes: Iterable[ClassStrategies], skipped: dict[int, str] | None = None) -> str:
+    """The clusters of ``classes`` as an HTML table (and the classes skipped, with why)."""
+    head = (
+        "<tr><th>class</th><th>cluster</th><th>prototype</th><th>size</th>"
+        "<th>suspiciousness</th><th>confidence</th><th>accuracy</th></tr>"
+    )
+    rows = "".join(row for found in classes for row in class_rows(found))
+    note = ""
+    if skipped:
+        listed = ", ".join(f"{c} ({html.escape(why)})" for c, why in skipped.items())
+        note = f"<p>skipped: {listed}</p>"
+    return f"<table>{head}{rows}</table>{note}"

@@ -30,24 +30,16 @@ class Cluster:
         return int(len(self.members))
 
     def _repr_png_(self) -> bytes:
-        """A notebook shows the prototype (:mod:`camkit.strategies.display`)."""
-        from camkit.strategies.display import prototype_png  # pictures only when shown
+        """A notebook shows the prototype (:mod:`camkit.strategies.plots`)."""
+        from camkit.strategies.plots import prototype_png  # pictures only when shown
 
         return prototype_png(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "size": self.size,
-            "members": self.members.tolist(),
-            "typical": self.typical.tolist(),
-            "atypical": self.atypical.tolist(),
-            "confidence": self.confidence,
-            "accuracy": self.accuracy,
-            "suspiciousness": self.suspiciousness,
-            "distance": self.distance,
-            "concentration": self.concentration,
-        }
+        """JSON-ready summary (the prototype left out: an array)."""
+        lists = {name: getattr(self, name).tolist() for name in ("members", "typical", "atypical")}
+        scores = ("confidence", "accuracy", "suspiciousness", "distance", "concentration")
+        return {"id": self.id, "size": self.size} | lists | {s: getattr(self, s) for s in scores}
 
 
 @dataclasses.dataclass
@@ -76,7 +68,7 @@ class ClassStrategies:
 
     def _repr_html_(self) -> str:
         """A notebook shows the clusters as a table with their prototypes."""
-        from camkit.strategies.display import table
+        from camkit.strategies.plots import table
 
         return table([self])
 
@@ -109,6 +101,6 @@ class Strategies:
 
     def _repr_html_(self) -> str:
         """A notebook shows every class's clusters as a table with their prototypes."""
-        from camkit.strategies.display import table
+        from camkit.strategies.plots import table
 
         return table(self.classes.values(), self.skipped)
