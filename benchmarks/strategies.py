@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from camkit.strategies.mapfile import write_maps
+from camkit.runs.maps import write_maps
 from matplotlib.figure import Figure
 from sklearn.metrics import adjusted_rand_score
 
