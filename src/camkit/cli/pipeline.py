@@ -4,9 +4,7 @@ and this rank's part of the manifest."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import os
 import sys
 import threading
@@ -65,8 +63,7 @@ class Job:
 
     @property
     def build_settings(self) -> registry.Settings:
-        """How the methods are built (:class:`camkit.registry.Settings`): seed 0,
-        ``batch_size`` rows per forward pass, the LRP ``composite``."""
+        """How the methods are built: seed 0, ``batch_size``, the LRP ``composite``."""
         return registry.Settings(batch_size=self.batch_size, composite=self.composite)
 
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
@@ -89,25 +86,18 @@ class Job:
         } | ({"save_maps": True} if self.save_maps else {})
 
 
-def default_workers() -> int:
-    """DataLoader workers: one core is left to the model, at most 4 decode."""
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
-
-
-def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``, built as every front end builds it
-    (:func:`camkit.registry.build`) with ``job.build_settings``."""
-    return registry.build(method, model, job.layer, job.build_settings)
+def loader_workers(requested: int | None) -> int:
+    """``--workers``, else one core left to the model and at most 4 decoding."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1)) if requested is None else requested
 
 
 def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
-    """``{method: explainer}`` of ``job.methods`` on ``model``; a method that cannot explain this
-    model (rollout on a CNN, a layer it cannot read) is a usage error, caught before any image
-    is read."""
+    """``{method: explainer}`` of ``job.methods``, built as every front end builds them; a
+    method that cannot explain this model is a usage error, before any image is read."""
     explainers = {}
     for method in job.methods:
         try:
-            explainers[method] = build_explainer(method, model, job)
+            explainers[method] = registry.build(method, model, job.layer, job.build_settings)
         except CamkitError as error:
             raise UsageError(f"--method {method}: {error}") from None
     return explainers
@@ -127,12 +117,21 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
     return stems
 
 
-def top5(probabilities: Tensor, labels: Sequence[str]) -> list[dict]:
-    """``[{index, label, probability}]`` of the 5 most probable classes of one image."""
-    return [
-        {"index": index, "label": label, "probability": probability}
-        for index, label, probability in models.top_classes(probabilities, labels, 5)
-    ]
+def class_record(
+    loaded: models.LoadedModel, job: Job, method: str, target: int, probabilities: Tensor, rank: int
+) -> dict:
+    """The manifest fields of one map of an image or video: its method, class and prediction."""
+    top5 = models.top_classes(probabilities, loaded.labels, 5)
+    return {
+        "method": method,
+        "layer": job.layer if registry.get(method).needs_layer else None,
+        "target": target,
+        "label": loaded.labels[target],
+        "probability": probabilities[target].item(),
+        "top5": [{"index": i, "label": name, "probability": p} for i, name, p in top5],
+        "model": loaded.name,
+        "rank": rank,
+    }
 
 
 @dataclasses.dataclass
@@ -159,12 +158,8 @@ class BatchExplainer:
         self.model = loaded.model.to(job.device)
         self.explainers = build_explainers(self.model, job)
         # a method whose first forward is the clean batch: its output is also the prediction
-        clean = [m for m in job.methods if self._clean_first(registry.get(m))]
-        self.order = clean[:1] + [m for m in job.methods if m not in clean[:1]]
-
-    @staticmethod
-    def _clean_first(method: registry.Method) -> bool:
-        return method.cls.clean_batch_first()
+        clean = [m for m in job.methods if registry.get(m).cls.clean_batch_first()][:1]
+        self.order = clean + [m for m in job.methods if m not in clean]
 
     def batch(self, batch: ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
         """Explain the readable images of one batch (``batch.indices`` index ``paths``);
@@ -191,7 +186,12 @@ class BatchExplainer:
                 heat, raw, measured = results[method]
                 for column, target in enumerate(classes[row]):
                     name = f"{stems[index]}_{method}_{target}"
-                    record = self.record(paths[index], name, method, target, probabilities[row])
+                    record = {"image": str(paths[index]), "output": f"{name}.{self.job.format}"}
+                    if self.job.save_raw:
+                        record["raw"] = f"{name}.npy"
+                    record |= class_record(
+                        self.loaded, self.job, method, target, probabilities[row], self.rank
+                    )
                     if measured is not None:  # what the method measured (LRP: conservation)
                         record |= measured[row][column]
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
@@ -210,7 +210,7 @@ class BatchExplainer:
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
-            if logits is None and self._clean_first(registry.get(method)):
+            if logits is None and explainer.clean_batch_first():
                 with first_output(self.model) as kept:
                     heat, found = displayed(explainer, inputs, target)
                 logits = select_output(kept[0])
@@ -237,23 +237,6 @@ class BatchExplainer:
         if self.job.report:
             original = image if first else None
             report.save_thumbnails(self.job.out, record, original=original, overlay=overlay)
-
-    def record(
-        self, path: Path, name: str, method: str, target: int, probabilities: Tensor
-    ) -> dict:
-        record = {"image": str(path), "output": f"{name}.{self.job.format}"}
-        if self.job.save_raw:
-            record["raw"] = f"{name}.npy"
-        return record | {
-            "method": method,
-            "layer": self.job.layer if registry.get(method).needs_layer else None,
-            "target": target,
-            "label": self.loaded.labels[target],
-            "probability": probabilities[target].item(),
-            "top5": top5(probabilities, self.loaded.labels),
-            "model": self.loaded.name,
-            "rank": self.rank,
-        }
 
 
 def explain_files(
@@ -319,24 +302,6 @@ def data_loader(
         pin_memory=job.device.type == "cuda",
         worker_init_fn=_one_thread,
     )
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (AttributeError, OSError):
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing where
-    there is none). Called after each batch of a long run: with DataLoader workers, glibc's
-    dynamic mmap threshold otherwise lets freed batch buffers fragment the heap, and the peak
-    memory of a 10-minute video grew by 125 MB (benchmarks/VIDEO.md)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def _one_thread(worker: int) -> None:

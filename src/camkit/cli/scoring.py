@@ -5,16 +5,17 @@ sanity check."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from camkit import io, metrics, models
+from camkit import io, metrics, models, registry
 from camkit.cli.common import UsageError
-from camkit.cli.pipeline import Job, build_explainer
+from camkit.cli.pipeline import Job
 from camkit.io import IMAGE_SUFFIXES
 
 # metric name on the command line -> its columns in metrics.csv (name, higher is better)
@@ -100,12 +101,10 @@ def score_batch(
                 return_curves=True, **rows,
             )  # fmt: skip
             values[kind], curves[kind] = auc, curve
-    if "drop" in settings.metrics:
-        values["average_drop"] = metrics.average_drop(model, inputs, maps, target, **rows)
-    if "increase" in settings.metrics:
-        values["increase_in_confidence"] = metrics.increase_in_confidence(
-            model, inputs, maps, target, **rows
-        )
+    for name in ("drop", "increase"):  # their column is the metric's function
+        if name in settings.metrics:
+            ((column, _),) = COLUMNS[name]
+            values[column] = getattr(metrics, column)(model, inputs, maps, target, **rows)
     if "road" in settings.metrics:  # the mean over the percentiles; seeded noise: reruns agree
         for order in ("morf", "lerf"):
             score = metrics.road(model, inputs, maps, target, order=order, seed=0, **rows)
@@ -124,10 +123,10 @@ def sanity(
     loaded: models.LoadedModel, job: Job, inputs: Tensor, target: list[int], methods: list[str]
 ) -> dict[str, list[dict]]:
     """The cascading randomisation test of each method on ``inputs`` (one batch)."""
-    results = {}
-    for method in methods:
-        factory: Callable = lambda net, m=method: build_explainer(m, net, job)  # noqa: E731
-        results[method] = metrics.randomization_test(
-            factory, loaded.model, inputs, target, order="cascade", seed=0
+    build = functools.partial(registry.build, layer=job.layer, settings=job.build_settings)
+    return {
+        method: metrics.randomization_test(
+            functools.partial(build, method), loaded.model, inputs, target, order="cascade", seed=0
         )
-    return results
+        for method in methods
+    }

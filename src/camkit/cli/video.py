@@ -40,9 +40,8 @@ from camkit import io
 from camkit.cli.pipeline import (
     Job,
     build_explainers,
+    class_record,
     data_loader,
-    release_free_memory,
-    top5,
     unique_stems,
 )
 from camkit.cli.ranks import Ranks
@@ -54,6 +53,7 @@ from camkit.cli.video_windows import (
     as_list,
     collate_windows,
 )
+from camkit.core.copies import trim_heap
 from camkit.core.explainer import displayed
 from camkit.core.progress import LogProgress, progress
 from camkit.io import video
@@ -228,7 +228,9 @@ class _Run:
                 self.windows += len(lines)
                 append(self.part, lines + [self.throughput()])
                 shown.update(len(lines))
-                release_free_memory()
+                # with DataLoader workers, freed batch buffers otherwise fragment glibc's heap:
+                # +125 MB peak on a 10-minute video (benchmarks/VIDEO.md)
+                trim_heap()
         return {index: why for part in self.ranks.gather(failed) for index, why in part.items()}
 
     def predict(self, inputs: torch.Tensor) -> np.ndarray:
@@ -332,14 +334,7 @@ class _Output:
             "output": f"{self.name}.mp4",
             "animation": f"{self.name}.gif" if self.gif is not None else None,
             "frame_plot": f"{self.name}_frames.png",
-            "method": method,
-            "layer": run.job.layer if run.explainers[method].needs_layer else None,
-            "target": target,
-            "label": label,
-            "probability": probabilities[target].item(),
-            "top5": top5(probabilities, loaded.labels),
-            "model": loaded.name,
-            "rank": run.ranks.rank,
+            **class_record(loaded, run.job, method, target, probabilities, run.ranks.rank),
             "size": self.size,
             "frames": plan.count,
             "fps": fps,

@@ -32,7 +32,7 @@ from camkit.cli.common import (
     pick_layer,
 )
 from camkit.cli.dataset import ImageFiles, collate
-from camkit.cli.pipeline import default_workers
+from camkit.cli.pipeline import loader_workers
 from camkit.cli.ranks import Ranks
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
@@ -181,7 +181,7 @@ def rank_images(
     """Rank the channels over the images ``indices`` (this rank's), saving the part after every
     batch (a killed run resumes from there) -> the paths that could not be read."""
     files = Subset(ImageFiles(paths, preprocess, keep_original=False), indices)
-    workers = default_workers() if args.workers is None else args.workers
+    workers = loader_workers(args.workers)
     loader = DataLoader(
         files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
     )
@@ -255,7 +255,7 @@ def write_patches(
         for _, samples in sorted(by_count.items(), reverse=True)
         for start in range(0, len(samples), step)
     ]
-    workers = default_workers() if args.workers is None else args.workers
+    workers = loader_workers(args.workers)
     loader = DataLoader(files, batch_sampler=batches, num_workers=workers, collate_fn=collate)
     folder = out / "patches" / layer
     folder.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from camkit.cli.common import (
     load_run_model,
     wants_report,
 )
-from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
+from camkit.cli.pipeline import Job, build_explainers, explain_files, loader_workers
 from camkit.cli.ranks import Ranks
 from camkit.cli.video import explain_videos
 from camkit.cli.video_windows import WINDOWS
@@ -65,7 +65,7 @@ def run_explain(args: argparse.Namespace) -> int:
             format=args.format,
             max_size=args.max_size,
             save_maps=args.save_maps,
-            workers=default_workers() if args.workers is None else args.workers,
+            workers=loader_workers(args.workers),
             max_pixels=args.max_pixels,
             quiet=args.quiet,
             report=wants_report(args),
