@@ -199,6 +199,18 @@ class RunInputs(NamedTuple):
     checked: Any
 
 
+def image_paths(images: Sequence[str], say_skipped: bool = True) -> list[Path]:
+    """The image files of the command line's files and folders (:func:`find_images`), saying
+    on stderr what a folder held besides (``say_skipped``: on one rank only)."""
+    try:
+        found = find_images(images)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
+    if say_skipped:
+        found.report()
+    return found.paths
+
+
 def check_run_inputs(
     args: argparse.Namespace,
     own_check: Callable[[list[Path], list[str]], Any] | None = None,
@@ -208,13 +220,7 @@ def check_run_inputs(
     """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
     the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
     written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
-    try:
-        found = find_images(args.images)
-    except CamkitError as error:
-        raise UsageError(str(error)) from None
-    if local_rank == 0:
-        found.report()
-    paths = found.paths
+    paths = image_paths(args.images, local_rank == 0)
     methods = parse_methods(args.method)
     checked = None if own_check is None else own_check(paths, methods)
     out = Path(args.out)

@@ -1,26 +1,20 @@
 """``camkit explain`` on video files: window by window, across ranks, resumable, streamed.
 
-Each video is cut into windows (clips) of the model's clip length
-(:func:`camkit.io.video.clip_windows`: every ``stride`` frames, the last one ending on the last
-frame), each frame preprocessed as an image is. The work runs in stages, each rank taking one
-contiguous span of the windows (:meth:`camkit.cli.ranks.Ranks.span`) and its DataLoader workers
-decoding them (:mod:`camkit.cli.video_windows`) while the model runs:
+Each video is cut into clips of the model's clip length (:func:`camkit.io.video.clip_windows`).
+Each stage gives every rank one contiguous span of the windows (:meth:`Ranks.span`), decoded by
+its DataLoader workers (:mod:`camkit.cli.video_windows`) while the model runs:
 
-1. the videos' frames and frame rates are counted (the videos shared by the ranks);
-2. ``predict``: each window's softmax; a video's prediction is the mean over its windows, the
-   explained class its top-1 (or ``--target``);
+1. the videos' frames and frame rates are counted;
+2. ``predict``: each window's softmax; a video's prediction is their mean, the explained class
+   its top-1 (or ``--target``);
 3. ``maps``: each window's display heat for that class, every method;
-4. each video (the videos shared by the ranks) is decoded once more, and each frame is drawn with
-   the mean heat of the windows that cover it and appended to the MP4 at once, so memory stays
-   that of a few windows however long the video. Written per method and class: the animated
-   overlay (MP4, and a GIF for videos of at most :data:`GIF_MAX_FRAMES` frames) and the
-   per-frame importance plot; the manifest record lists the frames, frame rate, windows and
-   importance.
+4. each video is decoded once more and each frame drawn with the mean heat of the windows that
+   cover it, straight into the MP4 (memory: a few windows, however long the video); per method
+   and class, a GIF (at most :data:`GIF_MAX_FRAMES` frames) and the per-frame importance plot.
 
-A finished window's result is a file (:class:`~camkit.cli.video_windows.WindowStore`) and a line
-of the rank's manifest part; ``--resume`` skips the windows recorded there, so a killed run
-finishes a partly explained video where it stopped. A video that cannot be read, at any stage,
-in any worker or rank, becomes one error record and the run goes on.
+A finished window is a file (:class:`~camkit.cli.video_windows.WindowStore`) and a line of the
+rank's manifest part: ``--resume`` skips it. A video that cannot be read, at any stage, becomes
+one error record and the run goes on.
 """
 
 from __future__ import annotations
@@ -65,12 +59,8 @@ from camkit.viz.video import frame_heat, importance_plot, overlay_frames
 
 Shown = tqdm | LogProgress  # a progress bar
 
-GIF_MAX_FRAMES = 600
-"""Longer videos get no GIF (it holds every frame in memory and weighs megabytes); their MP4 is
-written frame by frame."""
-
-PREDICT, MAPS = "predict", "maps"
-"""The stages whose windows are recorded."""
+GIF_MAX_FRAMES = 600  # longer videos get no GIF: it holds every frame in memory
+PREDICT, MAPS = "predict", "maps"  # the stages whose windows are recorded
 
 
 @dataclasses.dataclass
@@ -94,10 +84,9 @@ def explain_videos(
     stride: int | None = None,
     finished: Iterable[dict] = (),
 ) -> None:
-    """Explain the videos ``todo`` (indices of ``paths``) with every rank (each rank calls this
-    with the same arguments), skipping the ``finished`` windows (``{image, stage, start,
-    stop}``, from the manifest of a run resumed) whose files are there; each rank appends its
-    windows and its videos' records to its part of the manifest as they are done."""
+    """Explain the videos ``todo`` (indices of ``paths``); every rank calls this alike. The
+    ``finished`` windows (``{image, stage, start, stop}`` of a resumed run) whose files are
+    there are skipped; each rank appends its windows and records to its manifest part."""
     job.out.mkdir(parents=True, exist_ok=True)
     run = _Run(loaded, job, ranks)
     append(run.part, [head | {"rank": ranks.rank}])

@@ -26,7 +26,7 @@ from camkit.cli.common import (
     UsageError,
     check_out_dir,
     exit_status,
-    find_images,
+    image_paths,
     load_model,
     pick_device,
     pick_layer,
@@ -81,13 +81,7 @@ def run_concepts(args: argparse.Namespace) -> int:
     yet; streaming, memory independent of their number); rank 0 merges every part and writes
     the reference patches of the chosen channels."""
     ranks = Ranks.from_env()
-    try:
-        found = find_images(args.images)
-    except CamkitError as error:
-        raise UsageError(str(error)) from None
-    if ranks.rank == 0:
-        found.report()
-    paths = found.paths
+    paths = image_paths(args.images, ranks.rank == 0)
     out = Path(args.out)
     check_out_dir(out)
     device = pick_device(args.device, ranks.local_rank)
