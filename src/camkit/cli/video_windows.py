@@ -30,11 +30,11 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from camkit import io
+from camkit.cli.dataset import PinsInputs
 from camkit.cli.ranks import span
 from camkit.io import video
 
-WINDOWS = ".windows"
-"""The folder of :class:`WindowStore` in a run's ``--out``."""
+WINDOWS = ".windows"  # the folder of :class:`WindowStore` in a run's ``--out``
 
 DECODE_ERRORS = (
     video.VideoReadError,
@@ -48,8 +48,7 @@ DECODE_ERRORS = (
 """What decoding or preprocessing a video may raise: reported as the video's error."""
 
 Window = tuple[int, int]
-WindowItem = tuple[int, str, Window]
-"""``(video index, path, window)``."""
+WindowItem = tuple[int, str, Window]  # (video index, path, window)
 
 
 class VideoFacts(Dataset):
@@ -106,7 +105,7 @@ class VideoWindows(IterableDataset):
 
 
 @dataclasses.dataclass
-class WindowBatch:
+class WindowBatch(PinsInputs):
     """What :func:`collate_windows` makes of :class:`VideoWindows` items: ``inputs``
     ``(n, 3, L, h, w)`` (None when no item had one), with ``videos`` and ``windows`` along its
     rows; ``failures``: ``(video index, why)``."""
@@ -115,11 +114,6 @@ class WindowBatch:
     videos: list[int]
     windows: list[Window]
     failures: list[tuple[int, str]]
-
-    def pin_memory(self) -> WindowBatch:
-        """Called by ``DataLoader(pin_memory=True)``: pins ``inputs`` only."""
-        inputs = None if self.inputs is None else self.inputs.pin_memory()
-        return dataclasses.replace(self, inputs=inputs)
 
 
 def collate_windows(items: Sequence[dict[str, Any]]) -> WindowBatch:
@@ -171,16 +165,3 @@ class WindowStore:
     def remove(self) -> None:
         """Every window file of the video (once its record is in the manifest)."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-__all__ = [
-    "DECODE_ERRORS",
-    "WINDOWS",
-    "VideoFacts",
-    "VideoFrames",
-    "VideoWindows",
-    "WindowBatch",
-    "WindowStore",
-    "as_list",
-    "collate_windows",
-]
