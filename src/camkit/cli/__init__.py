@@ -27,10 +27,9 @@ from camkit.errors import RunFileError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line and a hint, as camkit's own usage errors: a
-    bad value (``--composite nope``) is not buried under the whole usage block; a missing
-    argument still shows the usage, which says what is needed. Subcommands' parsers are of
-    this class too (argparse makes them of their parent's)."""
+    """argparse's parser whose errors are one line and a hint, as camkit's own usage errors (a
+    missing argument still shows the usage, which says what is needed); subcommands' parsers
+    are of this class too."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):
@@ -53,14 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"camkit {camkit.__version__} (torch {torch.__version__})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    explain.add_parser(commands)
-    evaluate.add_parser(commands)
-    strategies.add_parser(commands)
-    concepts.add_parser(commands)
-    layers.add_parser(commands)
-    demo.add_parser(commands)
-    serve.add_parser(commands)
+    for command in (explain, evaluate, strategies, concepts, layers, demo, serve):
+        command.add_parser(commands)
     return parser
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from camkit import io, models, registry
 from camkit.cli.common import BATCH_SIZE
 from camkit.cli.files import SUFFIXES_SHOWN
+from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
 
 FAMILY_TITLES = {
     "gradient-cam": "CAM family (one forward and backward pass)",
@@ -87,14 +88,14 @@ def add_crop_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_composite_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
+def add_composite_argument(
+    parser: argparse.ArgumentParser, *, what: str, default: str = DEFAULT_COMPOSITE
+) -> None:
     """``--composite``: the LRP composite, one spelling in every command."""
-    from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
-
     parser.add_argument(
         "--composite",
         choices=COMPOSITES,
-        default=DEFAULT_COMPOSITE,
+        default=default,
         help=f"the LRP composite {what} (default %(default)s; docs/relevance.md says which "
         "to choose)",
     )

@@ -124,9 +124,8 @@ def load_model(
     clip_length: int | None = None,
 ) -> models.LoadedModel:
     """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
-    ``labels``: ``--labels FILE``; ``crop`` (``--crop``) replaces the model's own crop (None
-    keeps it: the model's evaluation transform), the one preprocessing every front end uses;
-    ``clip_length``: a video model's frames per clip (``--clip-length``)."""
+    ``crop`` (``--crop``) replaces the model's own crop (None keeps it), the one preprocessing
+    every front end uses; ``clip_length``: a video model's frames per clip."""
     if weights is not None and not Path(weights).is_file():
         raise UsageError(f"--weights {weights}: no such file")
     if labels is not None and not Path(labels).is_file():
@@ -176,8 +175,8 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
 
 
 def check_out_dir(out: Path) -> None:
-    """``--out`` is a folder, or can be made: its nearest existing ancestor is a writable folder
-    (checked before anything is written, so a refused run writes nothing)."""
+    """``--out`` is a folder or can be made (its nearest existing ancestor is a writable
+    folder), checked before anything is written."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     full = out.absolute()
@@ -189,8 +188,7 @@ def check_out_dir(out: Path) -> None:
 
 
 class RunInputs(NamedTuple):
-    """The images, methods, output folder and device of a run, checked; ``checked``: what the
-    command's own check returned."""
+    """A run's checked inputs; ``checked``: what the command's own check returned."""
 
     paths: list[Path]
     methods: list[str]
@@ -231,9 +229,8 @@ def check_run_inputs(
 def load_run_model(
     args: argparse.Namespace, methods: Sequence[str], *, one_class: bool = False
 ) -> tuple[models.LoadedModel, list[int] | None, str]:
-    """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
-    class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
-    the classes and the layer."""
+    """The model, the ``--target`` classes (None: top1; ``one_class``: only one) and the layer
+    of :func:`add_run_arguments`."""
     clip = getattr(args, "clip_length", None)  # camkit explain's, for video models
     loaded = load_model(args.model, args.weights, args.labels, crop=args.crop, clip_length=clip)
     classes = parse_target(args.target, loaded.labels)

@@ -264,10 +264,9 @@ def explain_files(
     maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
     done: set[str] = set()
     started = time.perf_counter()
-    label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
     with (
         ThreadPoolExecutor(max_workers=2, initializer=_lowest_priority) as writer,
-        progress(len(indices), label, "image", enabled=not job.quiet) as shown,
+        progress(len(indices), ranks.label("explain"), "image", enabled=not job.quiet) as shown,
     ):
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []

@@ -110,7 +110,7 @@ def explain_videos(
     }
     failed |= run.stage(MAPS, {i: plans[i] for i in classes}, done, classes)
     mine = ranks.shard(todo)
-    with progress(len(mine), "draw" + run.label, "video", enabled=not job.quiet) as shown:
+    with progress(len(mine), ranks.label("draw"), "video", enabled=not job.quiet) as shown:
         for index in mine:
             records, why = None, failed.get(index)
             if why is None:
@@ -142,7 +142,6 @@ class _Run:
         self.explainers = build_explainers(self.model, job)
         self.part = part_path(job.out, ranks.rank)
         self.started, self.videos, self.windows = time.perf_counter(), 0, 0
-        self.label = f" [rank {ranks.rank}]" if ranks.distributed else ""
 
     def throughput(self) -> dict:
         seconds = time.perf_counter() - self.started
@@ -196,8 +195,8 @@ class _Run:
         mine = self.ranks.span(todo)
         failed: dict[int, str] = {}
         loader = data_loader(VideoWindows(mine, self.loaded.preprocess), self.job, collate_windows)
-        shown = progress(len(mine), stage + self.label, "window", enabled=not self.job.quiet)
-        with shown:
+        label = self.ranks.label(stage)
+        with progress(len(mine), label, "window", enabled=not self.job.quiet) as shown:
             for batch in loader:
                 for index, why in batch.failures:
                     self.report(failed, index, why, plans[index].path, shown)

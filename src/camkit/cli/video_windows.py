@@ -1,16 +1,8 @@
-"""Video files as DataLoader datasets, and the files that hold each finished window's result.
-
-* :class:`VideoFacts` -- a video's frame count and frame rate (or why it cannot be read);
-* :class:`VideoWindows` -- the windows (clips) of videos, decoded and preprocessed in the
-  DataLoader's workers: each worker takes one contiguous span of the windows
-  (:func:`camkit.cli.ranks.span`, as each rank does) and decodes each video it touches once,
-  from its first window on, so decoding overlaps the model and no window is decoded twice;
-* :class:`VideoFrames` -- one video's frames in order (at most one worker keeps the order);
-* :class:`WindowStore` -- ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: each finished
-  window's prediction or maps, written before the manifest records the window, read back when
-  the video's animation is drawn, removed once the video has its record.
-
-None of them raises for a bad video: an item carries the error and the run goes on.
+"""Video files as DataLoader datasets, and the files that hold each finished window's result:
+:class:`VideoFacts` (frame counts and rates), :class:`VideoWindows` (the clips, each worker
+decoding one contiguous span of them, each video it touches once), :class:`VideoFrames` (one
+video's frames in order) and :class:`WindowStore`. None of them raises for a bad video: an item
+carries the error and the run goes on.
 """
 
 from __future__ import annotations
@@ -76,11 +68,9 @@ def as_list(items: list) -> list:
 
 
 class VideoWindows(IterableDataset):
-    """The clips of ``items`` (``(video index, path, window)``, each video's windows in frame
-    order) -> ``{"video": i, "window": (start, stop), "input": preprocess.clip(frames)
-    (3, L, h, w), "error": None}``, or one ``{"video": i, "window": None, "input": None,
-    "error": why}`` when a video cannot be decoded from there on. Use :func:`collate_windows`.
-    """
+    """The clips of ``items`` (each video's windows in frame order) -> ``{"video": i, "window":
+    (start, stop), "input": preprocess.clip(frames) (3, L, h, w), "error": None}``, or one item
+    with ``error`` and None for the rest when a video cannot be decoded from there on."""
 
     def __init__(self, items: Sequence[WindowItem], preprocess: Callable[[Any], Tensor]) -> None:
         self.items = list(items)
@@ -143,8 +133,9 @@ class VideoFrames(IterableDataset):
 
 
 class WindowStore:
-    """One video's finished windows, ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``
-    (written atomically)."""
+    """One video's finished windows' predictions or maps,
+    ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: written (atomically) before the manifest
+    records the window, read when the animation is drawn, removed once the video's record is."""
 
     def __init__(self, out: Path, stem: str) -> None:
         self.folder = out / WINDOWS / stem
@@ -163,5 +154,4 @@ class WindowStore:
         return np.load(self.path(stage, window))
 
     def remove(self) -> None:
-        """Every window file of the video (once its record is in the manifest)."""
         shutil.rmtree(self.folder, ignore_errors=True)

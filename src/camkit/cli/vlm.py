@@ -18,7 +18,6 @@ from camkit import io, registry
 from camkit.cli import report
 from camkit.cli.arguments import positive_int
 from camkit.cli.common import (
-    EXIT_OK,
     UsageError,
     check_colormap,
     check_run_inputs,
@@ -70,10 +69,9 @@ def load_hf(model: str) -> LoadedVLM:
 
 
 def run_vlm(args: argparse.Namespace) -> int:
-    """Explain each image for the prompts; write ``manifest.json`` (a record per overlay,
-    its ``label`` the prompt or the generated token) and, with ``--report`` (default for a
-    folder), the report page; exit 1 naming unreadable images."""
-    check_prompts(args)
+    """Explain each image for the prompts (:func:`check_prompts` passed); write
+    ``manifest.json`` (a record per overlay, its ``label`` the prompt or the generated token)
+    and the report page; exit 1 naming unreadable images."""
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap)
     )
@@ -84,13 +82,12 @@ def run_vlm(args: argparse.Namespace) -> int:
     settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
     explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
     out.mkdir(parents=True, exist_ok=True)
-    failed, records = [], []
+    records: list[dict] = []
     for path in paths:
         try:
             photo = io.read_image(path, max_pixels=args.max_pixels)
         except io.READ_ERRORS as error:
             print(f"camkit: {path}: {io.read_failure(error)}", file=sys.stderr)
-            failed.append(str(path))
             records.append({"image": str(path), "error": io.read_failure(error)})
             continue
         x = loaded.preprocess(photo).unsqueeze(0).to(device)
@@ -98,17 +95,14 @@ def run_vlm(args: argparse.Namespace) -> int:
         for name, explainer in zip(methods, explainers, strict=True):
             shot = Shot(path, photo, x, region, name, args)
             try:
-                records += (
-                    _answer(loaded, explainer, shot)
-                    if loaded.generative
-                    else (_prompts(loaded, explainer, shot))
-                )
+                records += (_answer if loaded.generative else _prompts)(loaded, explainer, shot)
             except CamkitError as error:
                 raise UsageError(f"{name}: {error}") from None
     _record(args, methods, str(device), records)
     written = sum("output" in record for record in records)
+    failed = [record["image"] for record in records if "error" in record]
     print(f"wrote {written} overlay(s) for {len(paths) - len(failed)} image(s) to {out}")
-    return EXIT_OK if not failed else exit_status(failed)
+    return exit_status(failed)
 
 
 def _explainer(

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Subset
 from camkit import io
 from camkit.cli.arguments import (
     add_command,
+    add_composite_argument,
     add_crop_argument,
     add_device_argument,
     add_loader_arguments,
@@ -38,7 +39,6 @@ from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.methods.concepts.reference import MODES, ReferenceCollector, receptive_boxes
 from camkit.methods.concepts.rules import GRADIENT, LRPRules
-from camkit.relevance import COMPOSITES
 from camkit.runs.concept_parts import PARTS, ConceptsPart, new_part_path, write_part
 from camkit.runs.concept_parts import read_parts as read_part_files
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptReference, ConceptsRecord, write_concepts
@@ -77,9 +77,8 @@ def parse_channels(spec: str, channels: int) -> list[int]:
 
 
 def run_concepts(args: argparse.Namespace) -> int:
-    """Rank every channel of the layer over the images (this rank's share of those not done
-    yet; streaming, memory independent of their number); rank 0 merges every part and writes
-    the reference patches of the chosen channels."""
+    """Rank every channel of the layer over this rank's share of the images not done yet
+    (streaming); rank 0 merges every part and writes the chosen channels' reference patches."""
     ranks = Ranks.from_env()
     paths = image_paths(args.images, ranks.rank == 0)
     out = Path(args.out)
@@ -133,6 +132,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
         else:
             channels = parse_channels(args.channels, relevance.numel())
+        files = ImageFiles(paths, loaded.preprocess)
         summary = ConceptsRecord(
             model=loaded.name,
             layer=layer,
@@ -142,15 +142,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             rules=run["rules"],
             score="sum over positions, divided by the image's sum of absolute channel scores",
             run=head | {"channels": channels},
-            channels=write_patches(
-                merged,
-                ImageFiles(paths, loaded.preprocess),
-                model,
-                channels,
-                out,
-                loaded.labels,
-                args,
-            ),
+            channels=write_patches(merged, files, model, channels, out, loaded.labels, args),
         )
         summary.run["finished"] = now()
         write_concepts(out, summary)
@@ -172,8 +164,8 @@ def rank_images(
     run: dict,
     ranks: Ranks,
 ) -> list[str]:
-    """Rank the channels over the images ``indices`` (this rank's), saving the part after every
-    batch (a killed run resumes from there) -> the paths that could not be read."""
+    """Rank the channels over this rank's images ``indices``, saving the part after every batch
+    (a killed run resumes from there) -> the paths that could not be read."""
     files = Subset(ImageFiles(paths, preprocess, keep_original=False), indices)
     workers = loader_workers(args.workers)
     loader = DataLoader(
@@ -183,8 +175,7 @@ def rank_images(
     done: list[int] = []
     unreadable: list[str] = []
     device = next(collector.capture.model.parameters()).device
-    label = f"concepts [rank {ranks.rank}]" if ranks.distributed else "concepts"
-    with progress(len(indices), label, "image", enabled=not args.quiet) as shown:
+    with progress(len(indices), ranks.label("concepts"), "image", enabled=not args.quiet) as shown:
         for batch in loader:
             for index, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
@@ -202,8 +193,7 @@ def rank_images(
 
 
 def read_parts(out: Path, run: dict) -> list[ConceptsPart]:
-    """The saved parts of this run in ``out`` (``--resume``; rank 0's merge); a part of
-    another run (other images, model, layer or top) is a usage error."""
+    """The saved parts of this run in ``out``; a part of another run is a usage error."""
     parts = read_part_files(out)
     for part in parts:
         differs = [key for key in run if part.run.get(key) != run[key]]
@@ -224,9 +214,8 @@ def write_patches(
     labels: list[str],
     args: argparse.Namespace,
 ) -> dict[int, dict[str, list[ConceptReference]]]:
-    """The reference patches of ``channels``, written as PNGs -> their ``concepts.json``
-    entries. Each reference image is decoded and run once, however many channels and rankings
-    it serves (:func:`~camkit.methods.concepts.receptive_boxes`)."""
+    """The reference patches of ``channels`` as PNGs -> their ``concepts.json`` entries; each
+    reference image is decoded and run once (:func:`~camkit.methods.concepts.receptive_boxes`)."""
     layer = collector.layer
     # sample -> (channel, mode, rank, position) of each reference it is
     served: dict[int, list[tuple[int, str, int, int]]] = {}
@@ -343,12 +332,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="how relevance is computed: gradient x activation (default; any model) or LRP "
         "(Concept Relevance Propagation proper; see --composite)",
     )
-    parser.add_argument(
-        "--composite",
-        choices=COMPOSITES,
-        default="epsilon-plus-flat",
-        help="the LRP composite with --rules lrp (default %(default)s)",
-    )
+    add_composite_argument(parser, what="with --rules lrp", default="epsilon-plus-flat")
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -176,6 +176,9 @@ def run_strategies(args: argparse.Namespace) -> int:
         "embedding_limit": args.embedding_limit,
         "n_show": args.show,
         "seed": args.seed,
+        "grid": args.grid,
+        "normalize": args.normalize,
+        "positive": args.positive,
     }
     groups, skipped = [], []
     with progress(len(methods), "clusters", "method", enabled=not args.quiet) as shown:
@@ -192,9 +195,6 @@ def run_strategies(args: argparse.Namespace) -> int:
                         confidences=maps.confidence[rows],
                         predictions=maps.prediction[rows],
                         truth=truth[rows],
-                        grid=args.grid,
-                        normalize=args.normalize,
-                        positive=args.positive,
                         only=wanted,
                         **options,
                     )
@@ -219,8 +219,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         print(done)
     data = StrategiesRecord(
         run=str(run),
-        parameters=options
-        | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
+        parameters=options,
         images=maps.image.tolist(),
         groups=groups,
         skipped=skipped,
