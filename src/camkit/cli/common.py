@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
-from camkit import models, registry, viz
+from camkit import models, registry
 from camkit.cli.files import find_images
 from camkit.errors import CamkitError
+from camkit.viz.colour import colormap_lut
 
 EXIT_OK = 0
 EXIT_UNREADABLE_IMAGES = 1
@@ -97,7 +97,7 @@ def parse_target(spec: str, labels: Sequence[str]) -> list[int] | None:
 def check_colormap(name: str) -> None:
     """Fail early on a colormap name that :func:`camkit.viz.overlay` does not know."""
     try:
-        viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1), np.float32), colormap=name)
+        colormap_lut(name)
     except ValueError as error:
         raise UsageError(f"--colormap: {error}") from None
 

@@ -141,17 +141,13 @@ class Explained:
     records: list[dict]
     writes: list[Future]
     images: int
-    maps: list[np.ndarray | None] = dataclasses.field(default_factory=list)  # --save-maps
+    maps: list[tuple[dict, np.ndarray]] = dataclasses.field(default_factory=list)  # --save-maps
 
 
 class BatchExplainer:
-    """The methods of a run on one rank: batches in, files and records out.
-
-    One forward serves the prediction and the first CAM: a gradient or perturbation CAM starts
-    with a clean forward of the batch, whose output gives the top-5 (otherwise one plain forward
-    in inference mode does). Overlays are written by a small thread pool while the next batch
-    runs.
-    """
+    """The methods of a run on one rank: batches in, files and records out. A method whose
+    first forward is the clean batch also gives the prediction (else one plain forward does);
+    overlays are written by a small thread pool while the next batch runs."""
 
     def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
         self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
@@ -169,10 +165,9 @@ class BatchExplainer:
             {"image": str(paths[index]), "error": reason, "rank": self.rank}
             for index, _, reason in batch.failures
         ]
-        writes: list[Future] = []
-        maps: list[np.ndarray | None] = [None] * len(records)
+        explained = Explained(records, [], len(batch))
         if batch.inputs is None:
-            return Explained(records, writes, len(batch), maps)
+            return explained
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
@@ -197,15 +192,14 @@ class BatchExplainer:
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
                     first = method == self.job.methods[0] and column == 0
                     files = (record, image, heat[row, column], raw[row, column], first)
-                    writes.append(self.writer.submit(self.write, *files))
+                    explained.writes.append(self.writer.submit(self.write, *files))
                     records.append(record)
-                    maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
-        return Explained(records, writes, len(batch), maps)
+                    if self.job.save_maps:
+                        explained.maps.append((record, mapstore.as_map(raw[row, column])))
+        return explained
 
     def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
-        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU (``measured``: the
-        method's :meth:`~camkit.core.explainer.Explainer.measured`), and the softmax
-        ``(B, classes)``."""
+        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU, and the softmax."""
         target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
@@ -247,14 +241,9 @@ def explain_files(
     ranks: Ranks,
     head: dict,
 ) -> None:
-    """Explain the images ``indices`` of ``paths`` on this rank, keeping its part of the
-    manifest up to date after every batch whose files are written.
-
-    Images become the model's input through ``loaded.preprocess`` (``--crop``: the model's
-    own transform unless asked otherwise), and each overlay is drawn on the full photo where
-    the input lies on it (:func:`camkit.viz.overlay_on_photo`; what a centre crop cut is shown
-    dimmed).
-    """
+    """Explain the images ``indices`` of ``paths`` on this rank, appending to its part of the
+    manifest after every batch whose files are written. Each overlay is drawn on the full photo
+    where the model's input lies (:func:`camkit.viz.overlay_on_photo`)."""
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
     files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
@@ -289,10 +278,9 @@ def data_loader(
     collate_fn: Callable[[list], Any],
     workers: int | None = None,
 ) -> DataLoader:
-    """The DataLoader of a run (image files, videos' windows or frames):
-    ``job.images_per_batch`` items a batch, decoded by ``job.workers`` processes (``workers``:
-    at most that many) that run one thread each at the lowest priority while the model runs;
-    batches pinned for a CUDA device."""
+    """The DataLoader of a run: ``job.images_per_batch`` items a batch, decoded by
+    ``job.workers`` (``workers``: at most that many) one-thread processes at the lowest
+    priority; batches pinned for a CUDA device."""
     return DataLoader(
         dataset,
         batch_size=job.images_per_batch,
@@ -309,10 +297,9 @@ def _one_thread(worker: int) -> None:
 
 
 def _lowest_priority() -> None:
-    """Run the calling thread (a decoding worker, an overlay writer) at the lowest CPU priority
-    (nice 19): it fills the cores' idle time and never holds up the model's forward, whose
-    OpenMP threads would otherwise wait for a descheduled peer at every barrier (+9 % images/s
-    on 2 cores, docs/performance.md). A no-op where threads have no priority to lower."""
+    """Run the calling thread at nice 19: it fills idle time and never holds up the model's
+    OpenMP threads, which would wait for it at every barrier (+9 % images/s on 2 cores,
+    docs/performance.md)."""
     setpriority = getattr(os, "setpriority", None)
     if setpriority is not None:
         with contextlib.suppress(OSError):
@@ -333,9 +320,8 @@ def _record(
     for write in batch.writes:
         write.result()
     if maps is not None:
-        kept = [(r, m) for r, m in zip(batch.records, batch.maps, strict=True) if m is not None]
-        rows = maps.append([m for _, m in kept])
-        for (record, _), row in zip(kept, rows, strict=True):
+        rows = maps.append([kept for _, kept in batch.maps])
+        for (record, _), row in zip(batch.maps, rows, strict=True):
             record["map_part"] = row
     done.update(record["image"] for record in batch.records)
     seconds = time.perf_counter() - started

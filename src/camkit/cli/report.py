@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from camkit import io as cio
-from camkit import viz
 from camkit.cli.report_files import (
     SIGNED_COLORMAP,
     THUMB_SIDE,
@@ -41,6 +40,7 @@ from camkit.cli.report_files import (
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import atlas_data, read_concepts
 from camkit.runs.strategies import StrategiesRecord, strategies_data
+from camkit.viz.colour import colormap_lut
 
 __all__ = ["original_thumb_name", "save_thumbnails", "write_report"]
 
@@ -48,13 +48,11 @@ _COLORBAR_STOPS = 17
 
 
 def _gradient(colormap: str) -> str:
-    """A CSS ``linear-gradient`` (left to right) of the colormap, as :func:`viz.overlay` draws."""
-    levels = np.round(np.linspace(0, 255, _COLORBAR_STOPS)).astype(np.float32)
-    ramp = levels[None, :] / 255.0
-    lut = viz.overlay(np.zeros((*ramp.shape, 3), np.uint8), ramp, alpha=1.0, colormap=colormap)[0]
+    """A CSS ``linear-gradient`` (left to right) of the colormap."""
+    levels = np.round(np.linspace(0, 255, _COLORBAR_STOPS)).astype(int)
     stops = [
         f"rgb({r},{g},{b}) {100 * k / (_COLORBAR_STOPS - 1):.1f}%"
-        for k, (r, g, b) in enumerate(lut.tolist())
+        for k, (r, g, b) in enumerate(colormap_lut(colormap)[levels].tolist())
     ]
     return f"linear-gradient(to right, {', '.join(stops)})"
 
@@ -235,7 +233,7 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     grouped = _group(records)
-    viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1)), colormap=colormap)
+    colormap_lut(colormap)  # an unknown name fails before any file is made
     workers = min(4, os.cpu_count() or 1) if workers is None else workers
     scales = make_thumbnails(out, grouped, colormap, thumb_side, workers)
     concepts = read_concepts(out)

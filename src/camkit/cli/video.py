@@ -65,13 +65,15 @@ PREDICT, MAPS = "predict", "maps"  # the stages whose windows are recorded
 
 @dataclasses.dataclass
 class _Plan:
-    """One readable video: its file, frame count, frame rate, windows and window files."""
+    """One readable video: its file, frame count, frame rate, windows, window files and the stem
+    of its outputs."""
 
     path: Path
     count: int
     fps: float
     windows: list[tuple[int, int]]
     store: WindowStore
+    stem: str
 
 
 def explain_videos(
@@ -100,7 +102,7 @@ def explain_videos(
             count, fps = fact
             windows = video.clip_windows(count, length, stride)
             store = WindowStore(job.out, stems[index])
-            plans[index] = _Plan(paths[index], count, fps, windows, store)
+            plans[index] = _Plan(paths[index], count, fps, windows, store, stems[index])
     done = {(w["image"], w["stage"], w["start"], w["stop"]) for w in finished}
     failed |= run.stage(PREDICT, plans, done, {})
     predictions = {i: _prediction(plan) for i, plan in plans.items() if i not in failed}
@@ -114,8 +116,7 @@ def explain_videos(
         for index in mine:
             records, why = None, failed.get(index)
             if why is None:
-                one = _Video(run, plans[index], stems[index])
-                records, why = one.explain(classes[index], predictions[index], shown)
+                records, why = _draw(run, plans[index], classes[index], predictions[index], shown)
             if records is None:
                 records = [{"image": str(paths[index]), "error": why, "rank": ranks.rank}]
             run.videos += 1
@@ -232,73 +233,68 @@ class _Run:
         return torch.stack(heats, dim=1).to(torch.float16).cpu().numpy()
 
 
-class _Video:
-    """One video's animations, plots and records, from its window files."""
+def _heats(run: _Run, plan: _Plan) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(frame, heat (methods, K, H, W))`` frame by frame, the heat the mean of the windows that
+    cover the frame (a few loaded at a time); :class:`~camkit.io.video.VideoReadError` when the
+    video cannot be decoded."""
+    loaded: dict[tuple[int, int], np.ndarray] = {}
+    upcoming = iter(plan.windows)
+    following = next(upcoming, None)
+    frames = data_loader(VideoFrames(plan.path, plan.count), run.job, as_list, workers=1)
+    for t, (frame, why) in enumerate(item for batch in frames for item in batch):
+        if frame is None:
+            raise video.VideoReadError(why)
+        while following is not None and following[0] <= t:
+            loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
+            following = next(upcoming, None)
+        for window in [window for window in loaded if window[1] <= t]:
+            del loaded[window]
+        yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
 
-    def __init__(self, run: _Run, plan: _Plan, stem: str):
-        self.run, self.plan, self.stem = run, plan, stem
 
-    def heats(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(frame, heat (methods, K, H, W))`` frame by frame, the heat the mean of the windows
-        that cover the frame (a few windows loaded at a time). Raises
-        :class:`~camkit.io.video.VideoReadError` when the video cannot be decoded."""
-        plan, loaded = self.plan, {}
-        upcoming = iter(plan.windows)
-        following = next(upcoming, None)
-        frames = data_loader(VideoFrames(plan.path, plan.count), self.run.job, as_list, workers=1)
-        for t, (frame, why) in enumerate(item for batch in frames for item in batch):
-            if frame is None:
-                raise video.VideoReadError(why)
-            while following is not None and following[0] <= t:
-                loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
-                following = next(upcoming, None)
-            for window in [window for window in loaded if window[1] <= t]:
-                del loaded[window]
-            yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
-
-    def explain(
-        self, classes: list[int], probabilities: np.ndarray, shown: Shown
-    ) -> tuple[list[dict] | None, str | None]:
-        """Write every method's and class's files -> (their records, None), or (None, why)
-        when the video cannot be decoded (nothing written)."""
-        job = self.run.job
-        outputs = {
-            (row, column): _Output(self, f"{self.stem}_{method}_{target}")
-            for row, method in enumerate(job.methods)
-            for column, target in enumerate(classes)
-        }
-        try:
-            with contextlib.ExitStack() as stack:
-                for output in outputs.values():
-                    stack.enter_context(output.mp4)
-                for frame, heat in self.heats():
-                    for (row, column), output in outputs.items():
-                        output.add(frame, heat[row, column])
-        except video.VideoReadError as error:
-            shown.write(f"camkit: cannot read {self.plan.path}: {error}", file=sys.stderr)
-            return None, str(error)
-        chances = torch.from_numpy(probabilities).float()
-        records = [
-            output.record(job.methods[row], classes[column], chances)
-            for (row, column), output in outputs.items()
-        ]
-        return records, None
+def _draw(
+    run: _Run, plan: _Plan, classes: list[int], probabilities: np.ndarray, shown: Shown
+) -> tuple[list[dict] | None, str | None]:
+    """Write every method's and class's files of one video -> (their records, None), or
+    (None, why) when the video cannot be decoded."""
+    methods = run.job.methods
+    outputs = {
+        (row, column): _Output(run, plan, f"{plan.stem}_{method}_{target}")
+        for row, method in enumerate(methods)
+        for column, target in enumerate(classes)
+    }
+    try:
+        with contextlib.ExitStack() as stack:
+            for output in outputs.values():
+                stack.enter_context(output.mp4)
+            for frame, heat in _heats(run, plan):
+                for (row, column), output in outputs.items():
+                    output.add(frame, heat[row, column])
+    except video.VideoReadError as error:
+        shown.write(f"camkit: cannot read {plan.path}: {error}", file=sys.stderr)
+        return None, str(error)
+    chances = torch.from_numpy(probabilities).float()
+    records = [
+        output.record(methods[row], classes[column], chances)
+        for (row, column), output in outputs.items()
+    ]
+    return records, None
 
 
 class _Output:
     """One method and class of a video: its MP4 written frame by frame, its GIF's frames (short
     videos only), each frame's map mass."""
 
-    def __init__(self, owner: _Video, name: str):
-        self.owner, self.name = owner, name
-        self.mp4 = video.Mp4Writer(owner.run.job.out / f"{name}.mp4", owner.plan.fps)
-        self.gif: list[np.ndarray] | None = [] if owner.plan.count <= GIF_MAX_FRAMES else None
+    def __init__(self, run: _Run, plan: _Plan, name: str):
+        self.run, self.plan, self.name = run, plan, name
+        self.mp4 = video.Mp4Writer(run.job.out / f"{name}.mp4", plan.fps)
+        self.gif: list[np.ndarray] | None = [] if plan.count <= GIF_MAX_FRAMES else None
         self.mass: list[float] = []
         self.size: list[int] = []  # a frame's [width, height]
 
     def add(self, frame: np.ndarray, heat: np.ndarray) -> None:
         """Draw one frame with its heat ``(H, W)`` (the model's input size) and write it."""
-        job, loaded = self.owner.run.job, self.owner.run.loaded
+        job, loaded = self.run.job, self.run.loaded
         region = loaded.preprocess.photo_region(*frame.shape[:2])
         drawn = overlay_frames(frame[None], heat[None], job.alpha, job.colormap, region)[0]
         self.mp4.write(drawn)
@@ -309,7 +305,7 @@ class _Output:
 
     def record(self, method: str, target: int, probabilities: torch.Tensor) -> dict:
         """Write the GIF and the importance plot; the manifest record."""
-        run, plan = self.owner.run, self.owner.plan
+        run, plan = self.run, self.plan
         out, loaded, fps = run.job.out, run.loaded, plan.fps
         if self.gif is not None:
             video.save_gif(out / f"{self.name}.gif", np.stack(self.gif), fps)
