@@ -65,8 +65,7 @@ def one_line_warning(
     file: TextIO | None = None,
     line: str | None = None,
 ) -> None:
-    """A warning as one readable line on stderr, ``camkit: warning: ZeroGradientWarning: ...``
-    (not Python's ``file:line: Category: message`` and the source line)."""
+    """A warning as one line on stderr: ``camkit: warning: Category: message``."""
     text = " ".join(str(message).split())
     print(f"camkit: warning: {category.__name__}: {text}", file=file or sys.stderr)
 

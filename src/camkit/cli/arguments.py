@@ -29,8 +29,7 @@ def positive_int(text: str) -> int:
 
 
 def pixel_limit(text: str) -> int | None:
-    """``--max-pixels``: a count of pixels; 0 for no limit, read as None (what
-    :func:`camkit.io.read_image` takes for none)."""
+    """``--max-pixels``: a count of pixels; 0 (no limit) is read as None."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
@@ -219,8 +218,7 @@ def add_command(
 
 
 def methods_help() -> str:
-    """Every registered method by family (the registry's families, none left out), for a
-    command's ``--help``."""
+    """Every registered method by family, for a command's ``--help``."""
     families = dict.fromkeys([*FAMILY_TITLES, *(m.family for m in registry.METHODS.values())])
     lines = ["methods:"]
     for family in families:

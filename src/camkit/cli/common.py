@@ -34,8 +34,7 @@ class UsageError(Exception):
 
 
 def exit_status(unreadable: Sequence[str]) -> int:
-    """``EXIT_OK``, or ``EXIT_UNREADABLE_IMAGES`` after naming on stderr the images that could
-    not be read (the others were done)."""
+    """``EXIT_OK``, or ``EXIT_UNREADABLE_IMAGES`` after naming those images on stderr."""
     if not unreadable:
         return EXIT_OK
     count = len(unreadable)
@@ -160,7 +159,7 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
     if not needs_layer:
         return layer
     readable = loaded.layers
-    if readable is None:
+    if readable is None:  # a model whose layers were not mapped when it was loaded
         readable = models.map_layers(loaded.model, loaded.input_size)
     why = readable.get(layer, "no such layer")
     if why is not None:  # refused before any work: the layers that would do instead
@@ -175,8 +174,7 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
 
 
 def check_out_dir(out: Path) -> None:
-    """``--out`` is a folder or can be made (its nearest existing ancestor is a writable
-    folder), checked before anything is written."""
+    """``--out`` is a folder or can be made, checked before anything is written."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     full = out.absolute()

@@ -20,8 +20,7 @@ SUFFIXES_SHOWN = ", ".join(sorted(suffix.lstrip(".") for suffix in IMAGE_SUFFIXE
 
 @dataclass
 class FoundImages:
-    """``paths``: the images to do; ``skipped``: ``(path, reason)`` of a folder's other files;
-    ``notes``: ``(path, note)`` of images done in part (animated GIFs)."""
+    """The images to do, a folder's ``skipped`` files and ``notes`` on animated GIFs."""
 
     paths: list[Path] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)

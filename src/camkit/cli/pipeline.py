@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
-from tqdm.auto import tqdm
 
 from camkit import io, models, registry, viz
 from camkit.cli import report
@@ -27,7 +26,7 @@ from camkit.cli.dataset import ImageBatch, ImageFiles, collate
 from camkit.cli.ranks import Ranks
 from camkit.core.explainer import displayed
 from camkit.core.layers import first_output
-from camkit.core.progress import LogProgress, progress
+from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
@@ -158,8 +157,7 @@ class BatchExplainer:
         self.order = clean + [m for m in job.methods if m not in clean]
 
     def batch(self, batch: ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
-        """Explain the readable images of one batch (``batch.indices`` index ``paths``);
-        unreadable ones become error records."""
+        """One batch's records and files; unreadable images become error records."""
         started = time.perf_counter()
         records = [
             {"image": str(paths[index]), "error": reason, "rank": self.rank}
@@ -219,8 +217,7 @@ class BatchExplainer:
     def write(
         self, record: dict, image: np.ndarray, heat: Tensor, raw: Tensor, first: bool
     ) -> None:
-        """The overlay (and raw map) of one record; with the report, its thumbnails (the
-        photo's with its ``first`` record)."""
+        """The overlay (and raw map, thumbnails) of one record."""
         if self.job.max_size is not None:  # colour and encode only the pixels that are kept
             image = io.thumbnail(image, self.job.max_size)
         region = self.loaded.preprocess.photo_region(*image.shape[:2])
@@ -247,29 +244,44 @@ def explain_files(
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
     files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
-    loader = data_loader(files, job, collate)
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
     maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
     done: set[str] = set()
     started = time.perf_counter()
+
+    def record(batch: Explained) -> None:
+        """Wait for a batch's files; append its maps, records and throughput to the parts."""
+        for write in batch.writes:
+            write.result()
+        if maps is not None:
+            rows = maps.append([kept for _, kept in batch.maps])
+            for (one, _), row in zip(batch.maps, rows, strict=True):
+                one["map_part"] = row
+        done.update(one["image"] for one in batch.records)
+        seconds = time.perf_counter() - started
+        speed = len(done) / seconds if seconds else None
+        throughput = {"rank": ranks.rank, "images": len(done), "seconds": seconds}
+        throughput["images_per_second"] = speed
+        append(part, [{"record": one} for one in batch.records] + [{"throughput": throughput}])
+        shown.update(batch.images)
+
     with (
         ThreadPoolExecutor(max_workers=2, initializer=_lowest_priority) as writer,
         progress(len(indices), ranks.label("explain"), "image", enabled=not job.quiet) as shown,
     ):
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []
-        for batch in loader:  # indices of this rank's list -> indices of all paths
-            batch.indices = [indices[index] for index in batch.indices]
+        for batch in data_loader(files, job, collate):
+            batch.indices = [indices[index] for index in batch.indices]  # -> indices of paths
             batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
-        pending.append(Explained([], [], 0))  # also records a rank with nothing to do
-        while pending:
-            _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
+                record(pending.pop(0))
+        for explained in [*pending, Explained([], [], 0)]:  # the empty one: a rank without images
+            record(explained)
 
 
 def data_loader(
@@ -278,9 +290,8 @@ def data_loader(
     collate_fn: Callable[[list], Any],
     workers: int | None = None,
 ) -> DataLoader:
-    """The DataLoader of a run: ``job.images_per_batch`` items a batch, decoded by
-    ``job.workers`` (``workers``: at most that many) one-thread processes at the lowest
-    priority; batches pinned for a CUDA device."""
+    """A run's DataLoader: ``job.images_per_batch`` items a batch, decoded by ``job.workers``
+    (at most ``workers``) one-thread processes at the lowest priority; pinned for CUDA."""
     return DataLoader(
         dataset,
         batch_size=job.images_per_batch,
@@ -304,32 +315,3 @@ def _lowest_priority() -> None:
     if setpriority is not None:
         with contextlib.suppress(OSError):
             setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def _record(
-    batch: Explained,
-    part: Path,
-    maps: mapstore.MapPart | None,
-    done: set[str],
-    rank: int,
-    shown: tqdm | LogProgress,
-    started: float,
-) -> None:
-    """Wait for a batch's files, then append its maps (with ``--save-maps``) to this rank's
-    map part, and its records (and the throughput so far) to its part of the manifest."""
-    for write in batch.writes:
-        write.result()
-    if maps is not None:
-        rows = maps.append([kept for _, kept in batch.maps])
-        for (record, _), row in zip(batch.maps, rows, strict=True):
-            record["map_part"] = row
-    done.update(record["image"] for record in batch.records)
-    seconds = time.perf_counter() - started
-    throughput = {
-        "rank": rank,
-        "images": len(done),
-        "seconds": seconds,
-        "images_per_second": len(done) / seconds if seconds else None,
-    }
-    append(part, [{"record": record} for record in batch.records] + [{"throughput": throughput}])
-    shown.update(batch.images)

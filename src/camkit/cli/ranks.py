@@ -17,8 +17,7 @@ import torch.distributed as dist
 
 
 def span(items: list, parts: int, index: int) -> list:
-    """The ``index``-th of ``parts`` contiguous spans of ``items`` (their sizes differ by one at
-    most; together they are ``items``, in order)."""
+    """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
     return items[index * len(items) // parts : (index + 1) * len(items) // parts]
 
 
@@ -51,7 +50,7 @@ class Ranks:
         return items[self.rank :: self.world]
 
     def span(self, items: list) -> list:
-        """This rank's contiguous :func:`span` of ``items`` (windows decoded in one pass)."""
+        """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
         return span(items, self.world, self.rank)
 
     def gather(self, value: object) -> list:

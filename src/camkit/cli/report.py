@@ -64,8 +64,7 @@ _KNOWN_KEYS = frozenset(
 
 
 def _conservation_facts(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An LRP record's conservation (:meth:`camkit.relevance.Conservation.summary`) as the
-    detail view's facts: the share of the score at the input and the step that loses most."""
+    """An LRP record's conservation as the detail view's facts."""
     found = row.get("conservation")
     if not isinstance(found, Mapping):
         return {}
@@ -83,8 +82,7 @@ def _url(row: Mapping[str, Any], key: str) -> str | None:
 
 
 def _video_data(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A video record's MP4, GIF (None for a long video), importance plot and values; None for
-    an image's."""
+    """A video record's MP4, GIF, importance plot and values; None for an image's."""
     if "frame_importance" not in row:
         return None
     return {

@@ -117,8 +117,7 @@ def make_thumbnails(
     side: int,
     workers: int,
 ) -> dict[str, dict[str, Any]]:
-    """Missing or stale thumbnails, and the raw-map pictures -> the raw maps' scales by
-    picture name (``thumbs/<name>.raw.png``)."""
+    """Missing or stale thumbnails and raw-map pictures -> the raw maps' scales."""
     (out / THUMBS_DIR).mkdir(parents=True, exist_ok=True)
     jobs: dict[Path, tuple[str, Path, Path]] = {}  # by target: each file made once
     for image, rows in grouped.items():
@@ -137,24 +136,20 @@ def make_thumbnails(
                 target = out / raw_map_name(str(row["raw"]))
                 jobs[target] = ("raw", out / str(row["raw"]), target)
 
-    def run(job: tuple[str, Path, Path]) -> tuple[str, Path, dict[str, Any] | None]:
+    def run(job: tuple[str, Path, Path]) -> dict[str, Any] | None:
         kind, source, target = job
         try:
             if kind == "raw":
-                return kind, target, _render_raw(source, target, colormap)
+                return _render_raw(source, target, colormap)
             if kind == "video":  # its first frame
                 picture = next(cio.video.iter_frames(source))
             else:
                 picture = cio.read_image(source)
-            thumb = cio.thumbnail(picture, side)
-            cio.save_jpeg(target, thumb, _THUMB_QUALITY, durable=False)
+            cio.save_jpeg(target, cio.thumbnail(picture, side), _THUMB_QUALITY, durable=False)
         except (*cio.READ_ERRORS, cio.video.VideoReadError, StopIteration, MemoryError):
             pass  # the page shows the full-size file, or a placeholder
-        return kind, source, None
+        return None
 
-    scales: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for kind, target, scale in pool.map(run, jobs.values()):
-            if kind == "raw" and scale is not None:
-                scales[target.relative_to(out).as_posix()] = scale
-    return scales
+        made = dict(zip(jobs, pool.map(run, jobs.values()), strict=True))
+    return {path.relative_to(out).as_posix(): scale for path, scale in made.items() if scale}

@@ -48,10 +48,8 @@ def read_rows(out: Path) -> list[dict]:
 
 
 def overlay_metrics(records: Sequence[dict], rows: Sequence[dict]) -> dict[str, dict]:
-    """``{overlay output: {metric: value}}``: each ``camkit explain`` manifest record matched to
-    the ``metrics.csv`` row of its image, method and target, for
-    :func:`camkit.cli.report.write_report`.
-    """
+    """``{overlay output: {metric: value}}``: each ``camkit explain`` record matched to the
+    ``metrics.csv`` row of its image, method and target."""
     by_key = {(row["image"], row["method"], str(row["target"])): row for row in rows}
     found = {}
     for record in records:

@@ -54,8 +54,7 @@ def parse_metrics(spec: str) -> tuple[str, ...]:
 
 
 def find_masks(folder: str | None, paths: Sequence[Path], wanted: Sequence[str]) -> dict[int, Path]:
-    """``{image index: mask file}``: the mask of ``photo.jpg`` is the image file ``photo.*`` in
-    ``folder``."""
+    """``{image index: mask file}``: the mask of ``photo.jpg`` is ``folder/photo.*``."""
     if folder is None:
         if any(name in NEEDS_MASKS for name in wanted):
             raise UsageError("--metrics pointing/energy need --masks DIR (one mask per image)")

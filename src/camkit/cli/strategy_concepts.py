@@ -83,8 +83,7 @@ def add_cluster_concepts(
 def _channel_relevances(
     concepts: ConceptAttribution, preprocess: Preprocess, photos: list[str], target: int
 ) -> dict[tuple[str, int], Tensor | None]:
-    """``{(photo, target): (C,) channel relevances}`` of ``photos`` for class ``target``,
-    ``IMAGES_PER_PASS`` photos per pass; None for a photo that cannot be read."""
+    """``{(photo, target): (C,) relevances}``; None for a photo that cannot be read."""
     found: dict[tuple[str, int], Tensor | None] = {}
     inputs, readable = [], []
     for photo in photos:

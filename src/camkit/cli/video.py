@@ -65,8 +65,7 @@ PREDICT, MAPS = "predict", "maps"  # the stages whose windows are recorded
 
 @dataclasses.dataclass
 class _Plan:
-    """One readable video: its file, frame count, frame rate, windows, window files and the stem
-    of its outputs."""
+    """One readable video: file, frames, frame rate, windows, window files, stem."""
 
     path: Path
     count: int
@@ -160,8 +159,7 @@ class _Run:
     def report(
         self, failed: dict, index: int, why: str, path: Path, shown: Shown | None = None
     ) -> None:
-        """Name a video that cannot be read on stderr, once (above the progress bar
-        ``shown``)."""
+        """Name a video that cannot be read on stderr, once."""
         if index not in failed:
             failed[index] = why
             (print if shown is None else shown.write)(
@@ -169,8 +167,7 @@ class _Run:
             )
 
     def measure(self, paths: list[Path], todo: list[int]) -> dict[int, tuple[int, float] | str]:
-        """``{index: (frames, fps) or why it cannot be read}`` of every video of ``todo``, each
-        counted by one rank's workers and gathered."""
+        """``{index: (frames, fps) or why not}`` of the videos ``todo``, from every rank."""
         mine = self.ranks.shard(todo)
         found: dict[int, tuple[int, float] | str] = {}
         for batch in data_loader(VideoFacts([paths[i] for i in mine]), self.job, as_list):
@@ -185,8 +182,7 @@ class _Run:
     def stage(
         self, stage: str, plans: dict[int, _Plan], done: set, classes: dict[int, list[int]]
     ) -> dict[int, str]:
-        """Run ``stage`` on this rank's span of the windows not ``done``; the videos that
-        could not be read, gathered from every rank."""
+        """Run ``stage`` on this rank's windows not ``done`` -> every rank's unreadable videos."""
         todo = [
             (index, str(plan.path), window)
             for index, plan in plans.items()
@@ -234,9 +230,8 @@ class _Run:
 
 
 def _heats(run: _Run, plan: _Plan) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(frame, heat (methods, K, H, W))`` frame by frame, the heat the mean of the windows that
-    cover the frame (a few loaded at a time); :class:`~camkit.io.video.VideoReadError` when the
-    video cannot be decoded."""
+    """``(frame, heat (methods, K, H, W))`` frame by frame: the mean of the windows that cover it
+    (a few loaded at a time); :class:`~camkit.io.video.VideoReadError` if it cannot be decoded."""
     loaded: dict[tuple[int, int], np.ndarray] = {}
     upcoming = iter(plan.windows)
     following = next(upcoming, None)
@@ -255,8 +250,7 @@ def _heats(run: _Run, plan: _Plan) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 def _draw(
     run: _Run, plan: _Plan, classes: list[int], probabilities: np.ndarray, shown: Shown
 ) -> tuple[list[dict] | None, str | None]:
-    """Write every method's and class's files of one video -> (their records, None), or
-    (None, why) when the video cannot be decoded."""
+    """Write one video's files -> (records, None), or (None, why) when it cannot be decoded."""
     methods = run.job.methods
     outputs = {
         (row, column): _Output(run, plan, f"{plan.stem}_{method}_{target}")
@@ -282,8 +276,7 @@ def _draw(
 
 
 class _Output:
-    """One method and class of a video: its MP4 written frame by frame, its GIF's frames (short
-    videos only), each frame's map mass."""
+    """One method and class of a video: its MP4, GIF frames and each frame's map mass."""
 
     def __init__(self, run: _Run, plan: _Plan, name: str):
         self.run, self.plan, self.name = run, plan, name

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -115,9 +114,8 @@ def run_concepts(args: argparse.Namespace) -> int:
         earlier = read_parts(out, run) if args.resume else []
         done = {index for part in earlier for index in part.done}
         todo = [index for index in range(len(paths)) if index not in done]
-        unreadable = rank_images(
-            collector, loaded.preprocess, paths, ranks.shard(todo), args, out, run, ranks
-        )
+        mine = Subset(ImageFiles(paths, loaded.preprocess, keep_original=False), ranks.shard(todo))
+        unreadable = rank_images(collector, mine, args, run, ranks)
         ranks.barrier()
         if ranks.rank != 0:
             return EXIT_OK
@@ -142,7 +140,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             rules=run["rules"],
             score="sum over positions, divided by the image's sum of absolute channel scores",
             run=head | {"channels": channels},
-            channels=write_patches(merged, files, model, channels, out, loaded.labels, args),
+            channels=write_patches(merged, files, channels, loaded.labels, args),
         )
         summary.run["finished"] = now()
         write_concepts(out, summary)
@@ -155,27 +153,18 @@ def run_concepts(args: argparse.Namespace) -> int:
 
 
 def rank_images(
-    collector: ReferenceCollector,
-    preprocess: Callable,
-    paths: list[Path],
-    indices: list[int],
-    args: argparse.Namespace,
-    out: Path,
-    run: dict,
-    ranks: Ranks,
+    collector: ReferenceCollector, files: Subset, args: argparse.Namespace, run: dict, ranks: Ranks
 ) -> list[str]:
-    """Rank the channels over this rank's images ``indices``, saving the part after every batch
-    (a killed run resumes from there) -> the paths that could not be read."""
-    files = Subset(ImageFiles(paths, preprocess, keep_original=False), indices)
+    """Rank the channels over this rank's ``files``, saving the part after every batch."""
     workers = loader_workers(args.workers)
     loader = DataLoader(
         files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
     )
-    part = new_part_path(out, ranks.rank)
+    part = new_part_path(Path(args.out), ranks.rank)
     done: list[int] = []
     unreadable: list[str] = []
     device = next(collector.capture.model.parameters()).device
-    with progress(len(indices), ranks.label("concepts"), "image", enabled=not args.quiet) as shown:
+    with progress(len(files), ranks.label("concepts"), "image", enabled=not args.quiet) as shown:
         for batch in loader:
             for index, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
@@ -208,15 +197,12 @@ def read_parts(out: Path, run: dict) -> list[ConceptsPart]:
 def write_patches(
     collector: ReferenceCollector,
     files: ImageFiles,
-    model: torch.nn.Module,
     channels: list[int],
-    out: Path,
     labels: list[str],
     args: argparse.Namespace,
 ) -> dict[int, dict[str, list[ConceptReference]]]:
-    """The reference patches of ``channels`` as PNGs -> their ``concepts.json`` entries; each
-    reference image is decoded and run once (:func:`~camkit.methods.concepts.receptive_boxes`)."""
-    layer = collector.layer
+    """Write the reference patches of ``channels`` -> their ``concepts.json`` entries."""
+    layer, model = collector.layer, collector.capture.model
     # sample -> (channel, mode, rank, position) of each reference it is
     served: dict[int, list[tuple[int, str, int, int]]] = {}
     for channel in channels:
@@ -240,7 +226,7 @@ def write_patches(
     ]
     workers = loader_workers(args.workers)
     loader = DataLoader(files, batch_sampler=batches, num_workers=workers, collate_fn=collate)
-    folder = out / "patches" / layer
+    folder = Path(args.out) / "patches" / layer
     folder.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     entries: dict[int, dict[str, list[ConceptReference]]] = {

@@ -67,8 +67,7 @@ def demo_photos() -> dict[str, np.ndarray]:
 
 
 def demo_clip(side: int = 224) -> np.ndarray:
-    """``(16, side, side, 3)``: a pan from left to right across the cat (frames 0-7), then across
-    the coffee (frames 8-15), square crops of each photo's full height."""
+    """``(16, side, side, 3)``: a pan across the cat (frames 0-7), then the coffee (8-15)."""
     import cv2
 
     photos = demo_photos()
@@ -89,8 +88,7 @@ def moved(record: dict, folder: str) -> dict:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``camkit demo``: the whole pipeline on scikit-image's sample photos: overlays, the
-    browsable report, a summary grid, and the astronaut explained for a class of our choice."""
+    """``camkit demo``: overlays, report, summary grid, --target, concepts and a clip."""
     started = time.perf_counter()
     out = Path(args.out)
     check_out_dir(out)

@@ -114,11 +114,9 @@ def explain(
     argv: Sequence[str] = (),
     clip_stride: int | None = None,
 ) -> dict | None:
-    """Explain ``paths`` (this rank's share of those not done yet, with ``resume``); rank 0
-    merges every rank's part and returns the manifest, the others return None. Video files
-    (:func:`camkit.io.video.is_video`) are explained clip by clip (:mod:`camkit.cli.video`,
-    clips every ``clip_stride`` frames), in a run of their own, the ranks sharing their clips
-    (``resume``: skipping the clips a partly explained video has done)."""
+    """Explain this rank's share of ``paths`` (with ``resume``: of those not done yet); rank 0
+    merges every rank's part and returns the manifest, the others None. Video files are
+    explained clip by clip (:mod:`camkit.cli.video`, a clip every ``clip_stride`` frames)."""
     ranks = ranks or Ranks()
     videos = [io.video.is_video(path) for path in paths]
     if any(videos) and not all(videos):

@@ -41,8 +41,7 @@ def demo_folder() -> Path:
 
 
 def hf_model(args: argparse.Namespace, device: object) -> LoadedVLM | None:
-    """``--model hf:FOLDER``: the vision-language model on ``device``, loaded as ``camkit
-    explain`` loads it (:func:`camkit.cli.vlm.load_hf`); None for other models."""
+    """``--model hf:FOLDER`` on ``device`` (:func:`~camkit.cli.vlm.load_hf`); else None."""
     if not args.model.startswith(HF_PREFIX):
         return None
     for option, value in (("--weights", args.weights), ("--compare-weights", args.compare_weights)):

@@ -85,8 +85,7 @@ def read_truth(path: str, maps: MapSet) -> np.ndarray:
 
 
 def pictures_of(run: Path, records: dict[int, dict], rows: np.ndarray, maps: MapSet) -> list:
-    """The overlays of map ``rows`` (their files in the run), or the maps coloured where an
-    overlay is missing."""
+    """The overlays of map ``rows``, or the maps coloured where one is missing."""
     pictures = []
     for row in rows.tolist():
         output = records.get(row, {}).get("output")
