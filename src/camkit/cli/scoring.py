@@ -94,12 +94,10 @@ def score_batch(
     rows = {"batch_size": settings.batch_size}
     for kind in ("deletion", "insertion"):
         if kind in settings.metrics:
-            metric = getattr(metrics, kind)
-            auc, curve = metric(
+            values[kind], curves[kind] = getattr(metrics, kind)(
                 model, inputs, maps, target, steps=settings.steps, baseline=settings.baseline,
                 return_curves=True, **rows,
             )  # fmt: skip
-            values[kind], curves[kind] = auc, curve
     for name in ("drop", "increase"):  # their column is the metric's function
         if name in settings.metrics:
             ((column, _),) = COLUMNS[name]

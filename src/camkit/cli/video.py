@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +56,6 @@ from camkit.models import LoadedModel
 from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
 from camkit.viz.video import frame_heat, importance_plot, overlay_frames
-
-Shown = tqdm | LogProgress  # a progress bar
 
 GIF_MAX_FRAMES = 600  # longer videos get no GIF: it holds every frame in memory
 PREDICT, MAPS = "predict", "maps"  # the stages whose windows are recorded
@@ -156,15 +154,11 @@ class _Run:
             }
         }
 
-    def report(
-        self, failed: dict, index: int, why: str, path: Path, shown: Shown | None = None
-    ) -> None:
-        """Name a video that cannot be read on stderr, once."""
+    def report(self, failed: dict, index: int, why: str, path: Path, say: Callable = print) -> None:
+        """Name a video that cannot be read on stderr (``say``: above a progress bar), once."""
         if index not in failed:
             failed[index] = why
-            (print if shown is None else shown.write)(
-                f"camkit: cannot read {path}: {why}", file=sys.stderr
-            )
+            say(f"camkit: cannot read {path}: {why}", file=sys.stderr)
 
     def measure(self, paths: list[Path], todo: list[int]) -> dict[int, tuple[int, float] | str]:
         """``{index: (frames, fps) or why not}`` of the videos ``todo``, from every rank."""
@@ -196,7 +190,7 @@ class _Run:
         with progress(len(mine), label, "window", enabled=not self.job.quiet) as shown:
             for batch in loader:
                 for index, why in batch.failures:
-                    self.report(failed, index, why, plans[index].path, shown)
+                    self.report(failed, index, why, plans[index].path, shown.write)
                 lines = []
                 if batch.inputs is not None:
                     inputs = batch.inputs.to(self.job.device, non_blocking=True)
@@ -248,38 +242,34 @@ def _heats(run: _Run, plan: _Plan) -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 
 def _draw(
-    run: _Run, plan: _Plan, classes: list[int], probabilities: np.ndarray, shown: Shown
+    run: _Run, plan: _Plan, classes: list[int], probabilities: np.ndarray, shown: tqdm | LogProgress
 ) -> tuple[list[dict] | None, str | None]:
     """Write one video's files -> (records, None), or (None, why) when it cannot be decoded."""
-    methods = run.job.methods
-    outputs = {
-        (row, column): _Output(run, plan, f"{plan.stem}_{method}_{target}")
-        for row, method in enumerate(methods)
+    outputs = [
+        (row, column, _Output(run, plan, method, target))
+        for row, method in enumerate(run.job.methods)
         for column, target in enumerate(classes)
-    }
+    ]
     try:
         with contextlib.ExitStack() as stack:
-            for output in outputs.values():
+            for *_, output in outputs:
                 stack.enter_context(output.mp4)
             for frame, heat in _heats(run, plan):
-                for (row, column), output in outputs.items():
+                for row, column, output in outputs:
                     output.add(frame, heat[row, column])
     except video.VideoReadError as error:
         shown.write(f"camkit: cannot read {plan.path}: {error}", file=sys.stderr)
         return None, str(error)
     chances = torch.from_numpy(probabilities).float()
-    records = [
-        output.record(methods[row], classes[column], chances)
-        for (row, column), output in outputs.items()
-    ]
-    return records, None
+    return [output.record(chances) for *_, output in outputs], None
 
 
 class _Output:
     """One method and class of a video: its MP4, GIF frames and each frame's map mass."""
 
-    def __init__(self, run: _Run, plan: _Plan, name: str):
-        self.run, self.plan, self.name = run, plan, name
+    def __init__(self, run: _Run, plan: _Plan, method: str, target: int):
+        self.run, self.plan, self.method, self.target = run, plan, method, target
+        self.name = name = f"{plan.stem}_{method}_{target}"
         self.mp4 = video.Mp4Writer(run.job.out / f"{name}.mp4", plan.fps)
         self.gif: list[np.ndarray] | None = [] if plan.count <= GIF_MAX_FRAMES else None
         self.mass: list[float] = []
@@ -296,9 +286,9 @@ class _Output:
         self.mass.append(float(heat.sum(dtype=np.float64)))
         self.size = [frame.shape[1], frame.shape[0]]
 
-    def record(self, method: str, target: int, probabilities: torch.Tensor) -> dict:
+    def record(self, probabilities: torch.Tensor) -> dict:
         """Write the GIF and the importance plot; the manifest record."""
-        run, plan = self.run, self.plan
+        run, plan, method, target = self.run, self.plan, self.method, self.target
         out, loaded, fps = run.job.out, run.loaded, plan.fps
         if self.gif is not None:
             video.save_gif(out / f"{self.name}.gif", np.stack(self.gif), fps)
@@ -319,6 +309,3 @@ class _Output:
             "windows": [list(window) for window in plan.windows],
             "frame_importance": [round(v, 6) for v in importance.tolist()],
         }
-
-
-__all__ = ["GIF_MAX_FRAMES", "explain_videos"]
