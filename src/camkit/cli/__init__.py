@@ -27,9 +27,8 @@ from camkit.errors import RunFileError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line and a hint, as camkit's own usage errors (a
-    missing argument still shows the usage, which says what is needed); subcommands' parsers
-    are of this class too."""
+    """argparse's parser whose errors are one line and a hint (a missing argument still shows
+    the usage); subcommands' parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):

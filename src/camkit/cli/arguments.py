@@ -203,9 +203,8 @@ def add_command(
     description: str,
     epilog: str | None = None,
 ) -> argparse.ArgumentParser:
-    """The subcommand ``name``, run by ``run(args)`` -> its parser, for its options.
-    ``summary``: its line in ``camkit --help``; with an ``epilog``, the description and the
-    epilog are shown as written (line breaks kept), else the description is wrapped."""
+    """The subcommand ``name``, run by ``run(args)`` -> its parser; with an ``epilog``, the
+    description and epilog are shown as written, else the description is wrapped."""
     parser = commands.add_parser(
         name,
         help=summary,

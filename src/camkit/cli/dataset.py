@@ -18,10 +18,9 @@ from camkit.io import MAX_PIXELS, READ_ERRORS, describe, read_failure, read_imag
 
 
 class ImageFiles(Dataset):
-    """Image files decoded in the DataLoader's workers: ``dataset[i]`` -> ``{"index": i,
-    "path": str, "input": preprocess(rgb) (3, h, w), "image": (H, W, 3) uint8 upright original
-    (only with ``keep_original``), "error": None}``; an unreadable file never raises: ``input``
-    and ``image`` are None and ``error`` says why. Batch them with :func:`collate`."""
+    """Image files decoded in DataLoader workers: ``dataset[i]`` -> ``{index, path, input:
+    preprocess(rgb) (3, h, w), image: the (H, W, 3) uint8 original (``keep_original``), error}``;
+    an unreadable file never raises: its ``error`` says why. Batch them with :func:`collate`."""
 
     def __init__(
         self,
@@ -72,9 +71,8 @@ class PinsInputs:
 
 @dataclasses.dataclass
 class ImageBatch(PinsInputs):
-    """What :func:`collate` makes of :class:`ImageFiles` items: ``inputs`` ``(n, 3, h, w)`` of
-    the readable images (None when none was), ``indices``, ``paths`` and ``images`` (each its own
-    size) along its rows; ``failures``: ``(index, path, reason)`` of each unreadable file."""
+    """What :func:`collate` makes of :class:`ImageFiles` items: ``inputs`` ``(n, 3, h, w)`` (or
+    None), ``indices``, ``paths``, ``images`` along its rows; ``failures``: (index, path, why)."""
 
     inputs: Tensor | None
     indices: list[int]
@@ -87,9 +85,8 @@ class ImageBatch(PinsInputs):
 
 
 def collate(items: Sequence[dict[str, Any]]) -> ImageBatch:
-    """``DataLoader`` ``collate_fn`` for :class:`ImageFiles`: the readable inputs stacked, the
-    originals as a list, the unreadable ones set aside. Inputs of different shapes (a preprocess
-    that does not resize to one size) raise :class:`~camkit.errors.ArgumentError`."""
+    """``collate_fn`` of :class:`ImageFiles`; inputs of different shapes (a preprocess that does
+    not resize to one size) raise :class:`~camkit.errors.ArgumentError`."""
     good = [item for item in items if item["error"] is None]
     failures = [(item["index"], item["path"], item["error"]) for item in items if item["error"]]
     shapes = {tuple(item["input"].shape) for item in good}

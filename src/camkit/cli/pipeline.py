@@ -104,16 +104,14 @@ def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
 
 def unique_stems(paths: Sequence[Path]) -> list[str]:
     """File stems, with ``-2``, ``-3``... added where two inputs share a stem."""
-    stems: list[str] = []
-    used: set[str] = set()
+    used: dict[str, None] = {}  # in the order of the paths
     for path in paths:
         stem, count = path.stem, 1
         while stem in used:
             count += 1
             stem = f"{path.stem}-{count}"
-        used.add(stem)
-        stems.append(stem)
-    return stems
+        used[stem] = None
+    return list(used)
 
 
 def class_record(
@@ -144,9 +142,8 @@ class Explained:
 
 
 class BatchExplainer:
-    """The methods of a run on one rank: batches in, files and records out. A method whose
-    first forward is the clean batch also gives the prediction (else one plain forward does);
-    overlays are written by a small thread pool while the next batch runs."""
+    """The methods of a run on one rank: batches in, files (written by a thread pool while the next
+    batch runs) and records out; the clean batch of the first CAM also gives the prediction."""
 
     def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
         self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
@@ -238,9 +235,8 @@ def explain_files(
     ranks: Ranks,
     head: dict,
 ) -> None:
-    """Explain the images ``indices`` of ``paths`` on this rank, appending to its part of the
-    manifest after every batch whose files are written. Each overlay is drawn on the full photo
-    where the model's input lies (:func:`camkit.viz.overlay_on_photo`)."""
+    """Explain the images ``indices`` of ``paths`` on this rank, appending to its manifest part
+    after every batch whose files are written."""
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
     files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
@@ -308,9 +304,8 @@ def _one_thread(worker: int) -> None:
 
 
 def _lowest_priority() -> None:
-    """Run the calling thread at nice 19: it fills idle time and never holds up the model's
-    OpenMP threads, which would wait for it at every barrier (+9 % images/s on 2 cores,
-    docs/performance.md)."""
+    """Nice 19 for this thread: it never holds up the model's OpenMP threads at a barrier (+9 %
+    images/s on 2 cores, docs/performance.md)."""
     setpriority = getattr(os, "setpriority", None)
     if setpriority is not None:
         with contextlib.suppress(OSError):

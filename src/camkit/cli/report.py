@@ -1,12 +1,10 @@
 """A static HTML page to browse an explained dataset: ``OUT/index.html``.
 
 :func:`write_report` turns the manifest rows of ``camkit explain`` into one self-contained page
-(``camkit/cli/page/report.{html,css,js}`` inlined; nothing fetched from the network): every
-image with its overlays per method, the top-5, the target and metrics; sorted, filtered, and a
-detail view with the original, the full-size overlays, the raw map and its colour bar. It stays
+(``camkit/cli/page/report.{html,css,js}`` inlined, nothing fetched from the network) that stays
 responsive for 10,000 images: the data is one JSON blob, cards are built 60 at a time as the
-reader scrolls, thumbnails (``OUT/thumbs/``) load lazily. Every string from the manifest reaches
-the page as JSON and is put into the document with ``textContent``, never as HTML.
+reader scrolls, thumbnails load lazily. Manifest strings reach the page as JSON and are put into
+the document with ``textContent``, never as HTML.
 """
 
 from __future__ import annotations
@@ -194,9 +192,7 @@ def _asset(name: str) -> str:
 def _json_for_script(value: object) -> str:
     """JSON that is safe inside ``<script type="application/json">`` (no ``</script>``)."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    for character, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(character, escaped)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return text.translate({ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"})
 
 
 def write_report(

@@ -84,10 +84,8 @@ def image_url(image: str, out: Path) -> str:
 
 
 def _render_raw(source: Path, target: Path, colormap: str) -> dict[str, Any]:
-    """A raw map ``.npy`` -> a coloured PNG at its own resolution, and its scale. A CAM uses
-    ``colormap`` on ``[0, 1]`` when its values lie there, else on ``[min, max]``; a signed map
-    (a ``(3, H, W)`` attribution summed over channels) the diverging colormap centred at 0,
-    clipped at +-the 99.5th percentile of ``|values|`` (as :func:`camkit.viz.plot`)."""
+    """A raw map ``.npy`` -> a coloured PNG and its scale: ``colormap`` on ``[0, 1]`` or ``[min,
+    max]``, a signed map (summed over channels) diverging at 0, clipped as :func:`viz.plot` does."""
     values = np.load(source, allow_pickle=False).astype(np.float64)
     while values.ndim > 2 and values.shape[0] == 1:
         values = values[0]

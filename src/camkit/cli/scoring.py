@@ -71,9 +71,8 @@ def find_masks(folder: str | None, paths: Sequence[Path], wanted: Sequence[str])
 
 
 def read_mask(path: Path, preprocess: models.Preprocess) -> Tensor:
-    """A mask file as ``(H, W)`` bool at the model's input size, through the same resize and
-    crop (or padding, with background) as its image (nearest): nonzero pixels are the
-    object."""
+    """A mask file as ``(H, W)`` bool (nonzero: the object) at the model's input size, through
+    its image's resize and crop or padding (nearest)."""
     mask = (io.read_image(path).max(axis=-1) > 0).astype(np.uint8) * 255
     nearest = dataclasses.replace(preprocess, interpolation="nearest")
     placed = nearest.resize_crop(np.repeat(mask[..., None], 3, axis=-1), fill=(0.0, 0.0, 0.0))

@@ -1,9 +1,7 @@
-"""The concepts that dominate each strategies cluster, for ``camkit strategies`` on a run folder
-with ``camkit concepts`` results: :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of`
-the members' channel relevances, for the cluster's class at the run's layer (so that a shortcut
-cluster names its channels and the report's atlas shows what they respond to). Each image is
-measured once per class, however many methods' clusters hold it; runs without concepts results
-skip it."""
+"""The concepts that dominate each strategies cluster (``camkit strategies`` on a run with
+``camkit concepts`` results): :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` the
+members' channel relevances for the cluster's class at the run's layer, so that a shortcut cluster
+names its channels; each image is measured once per class."""
 
 from __future__ import annotations
 
@@ -35,11 +33,9 @@ def add_cluster_concepts(
     quiet: bool = True,
 ) -> str | None:
     """Add ``"concepts": {"layer", "channels": [{"channel", "share", "relevance"}]}`` to every
-    cluster of ``groups`` (``strategies.json``'s; members are rows of ``images``) when ``run``
-    has ``camkit concepts`` results -> a line saying what was done or why not (None: no
-    concepts results). ``manifest``: the run's (its settings name the model, layer and crop);
-    ``weights``: the run's ``--weights`` file (checked against its SHA-256); ``quiet``: no
-    progress (one forward and backward pass per photo and class: the slow stage)."""
+    cluster of ``groups`` (members: rows of ``images``) when ``run`` has ``camkit concepts``
+    results -> a line saying what was done or why not (None: no results). ``manifest`` names the
+    model, layer and crop; ``weights``: the run's ``--weights`` (checked by its SHA-256)."""
     if read_concepts(run) is None:
         return None
     settings = manifest.get("settings") or {}

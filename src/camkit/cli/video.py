@@ -1,20 +1,13 @@
 """``camkit explain`` on video files: window by window, across ranks, resumable, streamed.
 
-Each video is cut into clips of the model's clip length (:func:`camkit.io.video.clip_windows`).
-Each stage gives every rank one contiguous span of the windows (:meth:`Ranks.span`), decoded by
-its DataLoader workers (:mod:`camkit.cli.video_windows`) while the model runs:
-
-1. the videos' frames and frame rates are counted;
-2. ``predict``: each window's softmax; a video's prediction is their mean, the explained class
-   its top-1 (or ``--target``);
-3. ``maps``: each window's display heat for that class, every method;
-4. each video is decoded once more and each frame drawn with the mean heat of the windows that
-   cover it, straight into the MP4 (memory: a few windows, however long the video); per method
-   and class, a GIF (at most :data:`GIF_MAX_FRAMES` frames) and the per-frame importance plot.
-
-A finished window is a file (:class:`~camkit.cli.video_windows.WindowStore`) and a line of the
-rank's manifest part: ``--resume`` skips it. A video that cannot be read, at any stage, becomes
-one error record and the run goes on.
+Each video is cut into clips of the model's clip length (:func:`camkit.io.video.clip_windows`),
+in stages, each rank decoding a contiguous span of the windows in its DataLoader workers: count
+the frames; ``predict`` each window (a video's class: the top-1 of their mean, or ``--target``);
+its ``maps`` for that class; then decode each video once more and draw each frame with the mean
+heat of the windows that cover it straight into the MP4 (and a GIF, up to
+:data:`GIF_MAX_FRAMES` frames), with the per-frame importance plot. A finished window is a file
+(:class:`~camkit.cli.video_windows.WindowStore`) and a manifest line (``--resume`` skips it); a
+video that cannot be read becomes one error record and the run goes on.
 """
 
 from __future__ import annotations
@@ -83,9 +76,8 @@ def explain_videos(
     stride: int | None = None,
     finished: Iterable[dict] = (),
 ) -> None:
-    """Explain the videos ``todo`` (indices of ``paths``); every rank calls this alike. The
-    ``finished`` windows (``{image, stage, start, stop}`` of a resumed run) whose files are
-    there are skipped; each rank appends its windows and records to its manifest part."""
+    """Explain the videos ``todo`` (indices of ``paths``) on every rank, skipping the ``finished``
+    windows of a resumed run whose files are there; each rank appends to its manifest part."""
     job.out.mkdir(parents=True, exist_ok=True)
     run = _Run(loaded, job, ranks)
     append(run.part, [head | {"rank": ranks.rank}])

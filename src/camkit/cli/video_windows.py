@@ -68,9 +68,8 @@ def as_list(items: list) -> list:
 
 
 class VideoWindows(IterableDataset):
-    """The clips of ``items`` (each video's windows in frame order) -> ``{"video": i, "window":
-    (start, stop), "input": preprocess.clip(frames) (3, L, h, w), "error": None}``, or one item
-    with ``error`` and None for the rest when a video cannot be decoded from there on."""
+    """The clips of ``items`` (each video's windows in frame order) -> ``{video, window, input (3,
+    L, h, w), error: None}``, or one item with the ``error`` where a video stops decoding."""
 
     def __init__(self, items: Sequence[WindowItem], preprocess: Callable[[Any], Tensor]) -> None:
         self.items = list(items)
@@ -96,9 +95,8 @@ class VideoWindows(IterableDataset):
 
 @dataclasses.dataclass
 class WindowBatch(PinsInputs):
-    """What :func:`collate_windows` makes of :class:`VideoWindows` items: ``inputs``
-    ``(n, 3, L, h, w)`` (None when no item had one), with ``videos`` and ``windows`` along its
-    rows; ``failures``: ``(video index, why)``."""
+    """What :func:`collate_windows` makes of :class:`VideoWindows` items: ``inputs`` (or None),
+    ``videos`` and ``windows`` along its rows; ``failures``: ``(video index, why)``."""
 
     inputs: Tensor | None
     videos: list[int]
@@ -133,9 +131,8 @@ class VideoFrames(IterableDataset):
 
 
 class WindowStore:
-    """One video's finished windows' predictions or maps,
-    ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: written (atomically) before the manifest
-    records the window, read when the animation is drawn, removed once the video's record is."""
+    """One video's finished windows, ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: written
+    before the manifest records the window, removed once the video's record is."""
 
     def __init__(self, out: Path, stem: str) -> None:
         self.folder = out / WINDOWS / stem

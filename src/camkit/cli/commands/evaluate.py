@@ -57,7 +57,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
     files = ImageFiles(paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels)
-    loader = data_loader(files, job, collate)
     collected = Collected(curves={method: {} for method in methods})
     copies = [0]
 
@@ -67,7 +66,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     shown = progress(len(paths) * len(methods), "evaluate", "map", enabled=not args.quiet)
     with shown, counting_rows(model, scored_copies):
-        for batch in loader:
+        for batch in data_loader(files, job, collate):
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
                 collected.failed.append(path)
@@ -111,11 +110,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
                     "probability": round(float(probabilities[row, target[row]]), 6),
                 }
                 for method, values in scored.items():
-                    collected.rows.append(
-                        image
-                        | {"method": method}
-                        | {name: float(value[row]) for name, value in values.items()}
-                    )
+                    scores = {name: float(value[row]) for name, value in values.items()}
+                    collected.rows.append(image | {"method": method} | scores)
     return write_results(args, collected, loaded, job, wanted)
 
 

@@ -53,9 +53,8 @@ def hf_model(args: argparse.Namespace, device: object) -> LoadedVLM | None:
 
 
 def build(args: argparse.Namespace):
-    """The prepared app (:class:`camkit.serve.launch.Prepared`) from the parsed arguments:
-    everything but listening. ``camkit.serve`` is imported here, lazily: it is the one place the
-    CLI reaches into the explorer (the CLI imports no other module of it)."""
+    """The prepared app (:class:`camkit.serve.launch.Prepared`): everything but listening; the
+    one place the CLI imports the explorer, lazily."""
     from camkit.serve import web_stack_missing
 
     missing = web_stack_missing()

@@ -88,14 +88,11 @@ def pictures_of(run: Path, records: dict[int, dict], rows: np.ndarray, maps: Map
     """The overlays of map ``rows``, or the maps coloured where one is missing."""
     pictures = []
     for row in rows.tolist():
-        output = records.get(row, {}).get("output")
         try:
-            pictures.append(io.read_image(run / output))
-            continue
-        except (TypeError, *io.READ_ERRORS):
-            pass
-        values = np.asarray(maps.maps[row], dtype=np.float32)
-        pictures.append(plots.prototype_picture(np.clip(values, 0, None), side=values.shape[0]))
+            pictures.append(io.read_image(run / records.get(row, {}).get("output")))
+        except (TypeError, *io.READ_ERRORS):  # no overlay (None: a TypeError)
+            values = np.clip(np.asarray(maps.maps[row], dtype=np.float32), 0, None)
+            pictures.append(plots.prototype_picture(values, side=values.shape[0]))
     return pictures
 
 
