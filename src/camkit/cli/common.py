@@ -125,10 +125,9 @@ def load_model(
     """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
     ``crop`` (``--crop``) replaces the model's own crop (None keeps it), the one preprocessing
     every front end uses; ``clip_length``: a video model's frames per clip."""
-    if weights is not None and not Path(weights).is_file():
-        raise UsageError(f"--weights {weights}: no such file")
-    if labels is not None and not Path(labels).is_file():
-        raise UsageError(f"--labels {labels}: no such file")
+    for option, path in (("--weights", weights), ("--labels", labels)):
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"{option} {path}: no such file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", models.RandomWeightsWarning)
         try:

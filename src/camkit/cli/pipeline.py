@@ -223,8 +223,7 @@ class BatchExplainer:
         if self.job.save_raw:
             io.save_npy(self.job.out / record["raw"], raw.numpy())
         if self.job.report:
-            original = image if first else None
-            report.save_thumbnails(self.job.out, record, original=original, overlay=overlay)
+            report.save_thumbnails(self.job.out, record, image if first else None, overlay)
 
 
 def explain_files(
@@ -257,9 +256,9 @@ def explain_files(
         done.update(one["image"] for one in batch.records)
         seconds = time.perf_counter() - started
         speed = len(done) / seconds if seconds else None
-        throughput = {"rank": ranks.rank, "images": len(done), "seconds": seconds}
-        throughput["images_per_second"] = speed
-        append(part, [{"record": one} for one in batch.records] + [{"throughput": throughput}])
+        counts = {"rank": ranks.rank, "images": len(done), "seconds": seconds}
+        throughput = {"throughput": counts | {"images_per_second": speed}}
+        append(part, [{"record": one} for one in batch.records] + [throughput])
         shown.update(batch.images)
 
     with (

@@ -209,18 +209,13 @@ def write_report(
 ) -> Path:
     """Write ``OUT/index.html``, a static page to browse the explained images -> its path.
 
-    ``records``: the manifest rows of ``camkit explain`` (``output``, ``raw`` and ``tokens``, a
-    vision-language model's token page, relative to ``out_dir``; ``image`` as given; ``image``
-    and ``error`` for an unreadable file); any other scalar field is shown in the detail view.
-    ``metrics``: per-overlay (by ``output``) or per-image (by ``image``) ``{metric: number}``,
-    shown on the cards and offered as sort keys. ``colormap``: the overlays' (for the colour bar
-    and the raw maps). Missing or stale thumbnails (longer side ``thumb_side``) and raw-map
-    pictures are made here in ``workers`` threads (default up to 4); the pipeline may write them
-    earlier (:func:`save_thumbnails`). The page is written atomically.
-
-    ``strategies``: ``strategies.json``'s record (files relative to ``strategies_dir``) adds a
-    strategies view per method and class. When ``OUT`` holds ``camkit concepts`` results, the
-    page has a concept atlas: per channel, its reference patches with their scores.
+    ``records``: ``camkit explain``'s manifest rows (``output``, ``raw``, ``tokens`` relative to
+    ``out_dir``; ``image`` and ``error`` for an unreadable file); other scalar fields show in the
+    detail view. ``metrics``: ``{metric: number}`` by ``output`` or by ``image`` (cards, sort
+    keys). ``colormap``: the overlays'. Missing or stale thumbnails (side ``thumb_side``) and
+    raw-map pictures are made in ``workers`` threads. ``strategies`` (``strategies.json``'s
+    record, files in ``strategies_dir``) adds the strategies view; ``camkit concepts`` results in
+    ``OUT`` add the concept atlas.
     """
     import camkit
 

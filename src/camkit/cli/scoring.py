@@ -105,13 +105,10 @@ def score_batch(
         for order in ("morf", "lerf"):
             score = metrics.road(model, inputs, maps, target, order=order, seed=0, **rows)
             values[f"road_{order}"] = score.mean(dim=-1)
-    if masks is not None:
-        if "pointing" in settings.metrics:
-            values["pointing_game"] = metrics.pointing_game(
-                maps, masks, tolerance=settings.tolerance
-            )
-        if "energy" in settings.metrics:
-            values["energy_pointing_game"] = metrics.energy_pointing_game(maps, masks)
+    if masks is not None and "pointing" in settings.metrics:
+        values["pointing_game"] = metrics.pointing_game(maps, masks, tolerance=settings.tolerance)
+    if masks is not None and "energy" in settings.metrics:
+        values["energy_pointing_game"] = metrics.energy_pointing_game(maps, masks)
     return {k: v.float().cpu() for k, v in values.items()}, {k: v.cpu() for k, v in curves.items()}
 
 

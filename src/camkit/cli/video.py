@@ -136,15 +136,8 @@ class _Run:
     def throughput(self) -> dict:
         seconds = time.perf_counter() - self.started
         speed = self.videos / seconds if seconds and self.videos else None
-        return {
-            "throughput": {
-                "rank": self.ranks.rank,
-                "images": self.videos,
-                "windows": self.windows,
-                "seconds": seconds,
-                "images_per_second": speed,
-            }
-        }
+        counts = {"rank": self.ranks.rank, "images": self.videos, "windows": self.windows}
+        return {"throughput": counts | {"seconds": seconds, "images_per_second": speed}}
 
     def report(self, failed: dict, index: int, why: str, path: Path, say: Callable = print) -> None:
         """Name a video that cannot be read on stderr (``say``: above a progress bar), once."""
