@@ -94,7 +94,7 @@ def parse_target(spec: str, labels: Sequence[str]) -> list[int] | None:
 
 
 def check_colormap(name: str) -> None:
-    """Fail early on a colormap name that :func:`camkit.viz.overlay` does not know."""
+    """Fail early on a colormap name that :mod:`camkit.viz` does not know."""
     try:
         colormap_lut(name)
     except ValueError as error:
