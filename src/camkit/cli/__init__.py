@@ -27,10 +27,8 @@ from camkit.errors import RunFileError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line and a hint, as camkit's own usage errors: a
-    bad value (``--composite nope``) is not buried under the whole usage block; a missing
-    argument still shows the usage, which says what is needed. Subcommands' parsers are of
-    this class too (argparse makes them of their parent's)."""
+    """argparse's parser whose errors are one line and a hint (a missing argument still shows
+    the usage); subcommands' parsers are of this class too."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):
@@ -53,14 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"camkit {camkit.__version__} (torch {torch.__version__})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    explain.add_parser(commands)
-    evaluate.add_parser(commands)
-    strategies.add_parser(commands)
-    concepts.add_parser(commands)
-    layers.add_parser(commands)
-    demo.add_parser(commands)
-    serve.add_parser(commands)
+    for command in (explain, evaluate, strategies, concepts, layers, demo, serve):
+        command.add_parser(commands)
     return parser
 
 
@@ -72,8 +64,7 @@ def one_line_warning(
     file: TextIO | None = None,
     line: str | None = None,
 ) -> None:
-    """A warning as one readable line on stderr, ``camkit: warning: ZeroGradientWarning: ...``
-    (not Python's ``file:line: Category: message`` and the source line)."""
+    """A warning as one line on stderr: ``camkit: warning: Category: message``."""
     text = " ".join(str(message).split())
     print(f"camkit: warning: {category.__name__}: {text}", file=file or sys.stderr)
 

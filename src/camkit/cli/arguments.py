@@ -11,6 +11,7 @@ from collections.abc import Callable
 from camkit import io, models, registry
 from camkit.cli.common import BATCH_SIZE
 from camkit.cli.files import SUFFIXES_SHOWN
+from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
 
 FAMILY_TITLES = {
     "gradient-cam": "CAM family (one forward and backward pass)",
@@ -28,8 +29,7 @@ def positive_int(text: str) -> int:
 
 
 def pixel_limit(text: str) -> int | None:
-    """``--max-pixels``: a count of pixels; 0 for no limit, read as None (what
-    :func:`camkit.io.read_image` takes for none)."""
+    """``--max-pixels``: a count of pixels; 0 (no limit) is read as None."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of pixels (0: no limit), got {text}")
@@ -87,14 +87,14 @@ def add_crop_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_composite_argument(parser: argparse.ArgumentParser, *, what: str) -> None:
+def add_composite_argument(
+    parser: argparse.ArgumentParser, *, what: str, default: str = DEFAULT_COMPOSITE
+) -> None:
     """``--composite``: the LRP composite, one spelling in every command."""
-    from camkit.relevance.composites import COMPOSITES, DEFAULT_COMPOSITE
-
     parser.add_argument(
         "--composite",
         choices=COMPOSITES,
-        default=DEFAULT_COMPOSITE,
+        default=default,
         help=f"the LRP composite {what} (default %(default)s; docs/relevance.md says which "
         "to choose)",
     )
@@ -203,9 +203,8 @@ def add_command(
     description: str,
     epilog: str | None = None,
 ) -> argparse.ArgumentParser:
-    """The subcommand ``name``, run by ``run(args)`` -> its parser, for its options.
-    ``summary``: its line in ``camkit --help``; with an ``epilog``, the description and the
-    epilog are shown as written (line breaks kept), else the description is wrapped."""
+    """The subcommand ``name``, run by ``run(args)`` -> its parser; with an ``epilog``, the
+    description and epilog are shown as written, else the description is wrapped."""
     parser = commands.add_parser(
         name,
         help=summary,
@@ -218,8 +217,7 @@ def add_command(
 
 
 def methods_help() -> str:
-    """Every registered method by family (the registry's families, none left out), for a
-    command's ``--help``."""
+    """Every registered method by family, for a command's ``--help``."""
     families = dict.fromkeys([*FAMILY_TITLES, *(m.family for m in registry.METHODS.values())])
     lines = ["methods:"]
     for family in families:

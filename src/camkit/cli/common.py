@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
-from camkit import models, registry, viz
+from camkit import models, registry
 from camkit.cli.files import find_images
 from camkit.errors import CamkitError
+from camkit.viz.colour import colormap_lut
 
 EXIT_OK = 0
 EXIT_UNREADABLE_IMAGES = 1
@@ -34,8 +34,7 @@ class UsageError(Exception):
 
 
 def exit_status(unreadable: Sequence[str]) -> int:
-    """``EXIT_OK``, or ``EXIT_UNREADABLE_IMAGES`` after naming on stderr the images that could
-    not be read (the others were done)."""
+    """``EXIT_OK``, or ``EXIT_UNREADABLE_IMAGES`` after naming those images on stderr."""
     if not unreadable:
         return EXIT_OK
     count = len(unreadable)
@@ -95,9 +94,9 @@ def parse_target(spec: str, labels: Sequence[str]) -> list[int] | None:
 
 
 def check_colormap(name: str) -> None:
-    """Fail early on a colormap name that :func:`camkit.viz.overlay` does not know."""
+    """Fail early on a colormap name that :mod:`camkit.viz` does not know."""
     try:
-        viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1), np.float32), colormap=name)
+        colormap_lut(name)
     except ValueError as error:
         raise UsageError(f"--colormap: {error}") from None
 
@@ -124,13 +123,11 @@ def load_model(
     clip_length: int | None = None,
 ) -> models.LoadedModel:
     """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
-    ``labels``: ``--labels FILE``; ``crop`` (``--crop``) replaces the model's own crop (None
-    keeps it: the model's evaluation transform), the one preprocessing every front end uses;
-    ``clip_length``: a video model's frames per clip (``--clip-length``)."""
-    if weights is not None and not Path(weights).is_file():
-        raise UsageError(f"--weights {weights}: no such file")
-    if labels is not None and not Path(labels).is_file():
-        raise UsageError(f"--labels {labels}: no such file")
+    ``crop`` (``--crop``) replaces the model's own crop (None keeps it), the one preprocessing
+    every front end uses; ``clip_length``: a video model's frames per clip."""
+    for option, path in (("--weights", weights), ("--labels", labels)):
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"{option} {path}: no such file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", models.RandomWeightsWarning)
         try:
@@ -161,7 +158,7 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
     if not needs_layer:
         return layer
     readable = loaded.layers
-    if readable is None:
+    if readable is None:  # a model whose layers were not mapped when it was loaded
         readable = models.map_layers(loaded.model, loaded.input_size)
     why = readable.get(layer, "no such layer")
     if why is not None:  # refused before any work: the layers that would do instead
@@ -176,8 +173,7 @@ def pick_layer(loaded: models.LoadedModel, layer: str | None, methods: Sequence[
 
 
 def check_out_dir(out: Path) -> None:
-    """``--out`` is a folder, or can be made: its nearest existing ancestor is a writable folder
-    (checked before anything is written, so a refused run writes nothing)."""
+    """``--out`` is a folder or can be made, checked before anything is written."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     full = out.absolute()
@@ -189,14 +185,25 @@ def check_out_dir(out: Path) -> None:
 
 
 class RunInputs(NamedTuple):
-    """The images, methods, output folder and device of a run, checked; ``checked``: what the
-    command's own check returned."""
+    """A run's checked inputs; ``checked``: what the command's own check returned."""
 
     paths: list[Path]
     methods: list[str]
     out: Path
     device: torch.device
     checked: Any
+
+
+def image_paths(images: Sequence[str], say_skipped: bool = True) -> list[Path]:
+    """The image files of the command line's files and folders (:func:`find_images`), saying
+    on stderr what a folder held besides (``say_skipped``: on one rank only)."""
+    try:
+        found = find_images(images)
+    except CamkitError as error:
+        raise UsageError(str(error)) from None
+    if say_skipped:
+        found.report()
+    return found.paths
 
 
 def check_run_inputs(
@@ -208,13 +215,7 @@ def check_run_inputs(
     """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
     the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
     written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
-    try:
-        found = find_images(args.images)
-    except CamkitError as error:
-        raise UsageError(str(error)) from None
-    if local_rank == 0:
-        found.report()
-    paths = found.paths
+    paths = image_paths(args.images, local_rank == 0)
     methods = parse_methods(args.method)
     checked = None if own_check is None else own_check(paths, methods)
     out = Path(args.out)
@@ -225,9 +226,8 @@ def check_run_inputs(
 def load_run_model(
     args: argparse.Namespace, methods: Sequence[str], *, one_class: bool = False
 ) -> tuple[models.LoadedModel, list[int] | None, str]:
-    """``--model`` and ``--weights``, ``--target`` (None: top1; ``one_class``: more than one
-    class is a usage error) and ``--layer`` of :func:`add_run_arguments` -> the loaded model,
-    the classes and the layer."""
+    """The model, the ``--target`` classes (None: top1; ``one_class``: only one) and the layer
+    of :func:`add_run_arguments`."""
     clip = getattr(args, "clip_length", None)  # camkit explain's, for video models
     loaded = load_model(args.model, args.weights, args.labels, crop=args.crop, clip_length=clip)
     classes = parse_target(args.target, loaded.labels)

@@ -18,16 +18,9 @@ from camkit.io import MAX_PIXELS, READ_ERRORS, describe, read_failure, read_imag
 
 
 class ImageFiles(Dataset):
-    """Image files as a ``torch.utils.data.Dataset`` that decodes in the DataLoader's workers.
-
-    ``dataset[i]`` -> ``{"index": i, "path": str, "input": Tensor (3, h, w) | None,
-    "image": Tensor (H, W, 3) uint8 | None, "error": str | None}``: ``input`` is
-    ``preprocess(rgb)`` (e.g. ``dataclasses.replace(camkit.models.load(...).preprocess,
-    crop_mode="squash")``, so every image gives the same ``(3, h, w)``), ``image`` the upright
-    original (:func:`read_image`) for overlays at the original size, kept only when
-    ``keep_original``. An unreadable file never raises: ``input`` and ``image`` are ``None``
-    and ``error`` says why. Use :func:`collate` as the DataLoader's ``collate_fn``.
-    """
+    """Image files decoded in DataLoader workers: ``dataset[i]`` -> ``{index, path, input:
+    preprocess(rgb) (3, h, w), image: the (H, W, 3) uint8 original (``keep_original``), error}``;
+    an unreadable file never raises: its ``error`` says why. Batch them with :func:`collate`."""
 
     def __init__(
         self,
@@ -66,15 +59,20 @@ class ImageFiles(Dataset):
         return item | {"input": model_input, "image": image, "error": None}
 
 
-@dataclasses.dataclass
-class ImageBatch:
-    """What :func:`collate` makes of a list of :class:`ImageFiles` items.
+class PinsInputs:
+    """A batch dataclass of which ``DataLoader(pin_memory=True)`` pins ``inputs`` only."""
 
-    ``inputs``: ``(n, 3, h, w)`` model inputs of the ``n`` readable images, ``None`` when none
-    was; ``indices``, ``paths``, ``images`` (``(H_i, W_i, 3)`` uint8 tensors of their own sizes,
-    or ``None`` without ``keep_original``) line up with its rows. ``failures``:
-    ``(index, path, reason)`` of each unreadable file, in dataset order.
-    """
+    inputs: Tensor | None
+
+    def pin_memory(self) -> Any:
+        inputs = None if self.inputs is None else self.inputs.pin_memory()
+        return dataclasses.replace(self, inputs=inputs)  # type: ignore[type-var]
+
+
+@dataclasses.dataclass
+class ImageBatch(PinsInputs):
+    """What :func:`collate` makes of :class:`ImageFiles` items: ``inputs`` ``(n, 3, h, w)`` (or
+    None), ``indices``, ``paths``, ``images`` along its rows; ``failures``: (index, path, why)."""
 
     inputs: Tensor | None
     indices: list[int]
@@ -85,19 +83,10 @@ class ImageBatch:
     def __len__(self) -> int:
         return len(self.indices) + len(self.failures)
 
-    def pin_memory(self) -> ImageBatch:
-        """Called by ``DataLoader(pin_memory=True)``: pins ``inputs`` only."""
-        inputs = None if self.inputs is None else self.inputs.pin_memory()
-        return dataclasses.replace(self, inputs=inputs)
-
 
 def collate(items: Sequence[dict[str, Any]]) -> ImageBatch:
-    """``DataLoader`` ``collate_fn`` for :class:`ImageFiles`: stack the readable images' inputs,
-    keep the originals as a list (their sizes differ), and set the unreadable ones aside.
-
-    Raises ``ValueError`` when the readable inputs differ in shape (a preprocess that does not
-    resize every image to one size).
-    """
+    """``collate_fn`` of :class:`ImageFiles`; inputs of different shapes (a preprocess that does
+    not resize to one size) raise :class:`~camkit.errors.ArgumentError`."""
     good = [item for item in items if item["error"] is None]
     failures = [(item["index"], item["path"], item["error"]) for item in items if item["error"]]
     shapes = {tuple(item["input"].shape) for item in good}

@@ -1,6 +1,5 @@
-"""The image files of ``explain`` and ``evaluate``: files as given and the images of folders
-(not recursive, sorted), with what was left out of a folder and why, and the animated GIFs of
-which only the first frame is explained."""
+"""The image files of a command line: files as given and the images of folders (not recursive,
+sorted), with what was left out of a folder and why."""
 
 from __future__ import annotations
 
@@ -16,21 +15,19 @@ from camkit.errors import ArgumentError
 from camkit.io import IMAGE_SUFFIXES, READ_ERRORS
 
 SHOWN_SKIPS = 10  # names listed in the summary; the rest are counted
-#: The image file suffixes a folder is searched for, as messages and --help list them.
 SUFFIXES_SHOWN = ", ".join(sorted(suffix.lstrip(".") for suffix in IMAGE_SUFFIXES))
 
 
 @dataclass
 class FoundImages:
-    """``paths``: the images to do; ``skipped``: ``(path, reason)`` of the files of a folder
-    that were left out; ``notes``: ``(path, note)`` of images done in part (animated GIFs)."""
+    """The images to do, a folder's ``skipped`` files and ``notes`` on animated GIFs."""
 
     paths: list[Path] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     notes: list[tuple[Path, str]] = field(default_factory=list)
 
     def report(self) -> None:
-        """What was skipped and why, and the notes, on stderr (nothing when there are none)."""
+        """What was skipped and why, and the notes, on stderr."""
         if self.skipped:
             listed = ", ".join(f"{p.name} ({why})" for p, why in self.skipped[:SHOWN_SKIPS])
             more = len(self.skipped) - SHOWN_SKIPS
@@ -71,21 +68,16 @@ def frames(path: Path) -> int:
 
 
 def find_images(paths: Sequence[str]) -> FoundImages:
-    """Files as given, and each folder's image files (not recursive, sorted); what a folder
-    holds besides is listed in ``skipped`` with the reason. An animated GIF is one image, its
-    first frame (a note says so). A missing path or a folder without images:
-    :class:`~camkit.errors.ArgumentError` (the CLI's usage error)."""
+    """Files as given, and each folder's image files (not recursive, sorted), the rest in
+    ``skipped``; an animated GIF is its first frame (a note says so). A missing path or a folder
+    without images: :class:`~camkit.errors.ArgumentError`."""
     found = FoundImages()
     for given in paths:
         path = Path(given)
         if path.is_dir():
-            inside = []
-            for entry in sorted(path.iterdir()):
-                reason = why_not(entry)
-                if reason is None:
-                    inside.append(entry)
-                else:
-                    found.skipped.append((entry, reason))
+            reasons = [(entry, why_not(entry)) for entry in sorted(path.iterdir())]
+            inside = [entry for entry, reason in reasons if reason is None]
+            found.skipped += [(entry, reason) for entry, reason in reasons if reason is not None]
             if not inside:
                 raise ArgumentError(f"no image files ({SUFFIXES_SHOWN}) in directory {given}")
             found.paths.extend(inside)

@@ -4,9 +4,7 @@ and this rank's part of the manifest."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import os
 import sys
 import threading
@@ -20,7 +18,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
-from tqdm.auto import tqdm
 
 from camkit import io, models, registry, viz
 from camkit.cli import report
@@ -29,7 +26,7 @@ from camkit.cli.dataset import ImageBatch, ImageFiles, collate
 from camkit.cli.ranks import Ranks
 from camkit.core.explainer import displayed
 from camkit.core.layers import first_output
-from camkit.core.progress import LogProgress, progress
+from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.relevance.composites import DEFAULT_COMPOSITE
 from camkit.runs import maps as mapstore
@@ -65,8 +62,7 @@ class Job:
 
     @property
     def build_settings(self) -> registry.Settings:
-        """How the methods are built (:class:`camkit.registry.Settings`): seed 0,
-        ``batch_size`` rows per forward pass, the LRP ``composite``."""
+        """How the methods are built: seed 0, ``batch_size``, the LRP ``composite``."""
         return registry.Settings(batch_size=self.batch_size, composite=self.composite)
 
     def settings(self, loaded: models.LoadedModel, weights_sha256: str | None) -> dict:
@@ -89,25 +85,18 @@ class Job:
         } | ({"save_maps": True} if self.save_maps else {})
 
 
-def default_workers() -> int:
-    """DataLoader workers: one core is left to the model, at most 4 decode."""
-    return max(0, min(4, (os.cpu_count() or 1) - 1))
-
-
-def build_explainer(method: str, model: nn.Module, job: Job) -> Any:
-    """The registry's explainer for ``method``, built as every front end builds it
-    (:func:`camkit.registry.build`) with ``job.build_settings``."""
-    return registry.build(method, model, job.layer, job.build_settings)
+def loader_workers(requested: int | None) -> int:
+    """``--workers``, else one core left to the model and at most 4 decoding."""
+    return max(0, min(4, (os.cpu_count() or 1) - 1)) if requested is None else requested
 
 
 def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
-    """``{method: explainer}`` of ``job.methods`` on ``model``; a method that cannot explain this
-    model (rollout on a CNN, a layer it cannot read) is a usage error, caught before any image
-    is read."""
+    """``{method: explainer}`` of ``job.methods``, built as every front end builds them; a
+    method that cannot explain this model is a usage error, before any image is read."""
     explainers = {}
     for method in job.methods:
         try:
-            explainers[method] = build_explainer(method, model, job)
+            explainers[method] = registry.build(method, model, job.layer, job.build_settings)
         except CamkitError as error:
             raise UsageError(f"--method {method}: {error}") from None
     return explainers
@@ -115,24 +104,31 @@ def build_explainers(model: nn.Module, job: Job) -> dict[str, Any]:
 
 def unique_stems(paths: Sequence[Path]) -> list[str]:
     """File stems, with ``-2``, ``-3``... added where two inputs share a stem."""
-    stems: list[str] = []
-    used: set[str] = set()
+    used: dict[str, None] = {}  # in the order of the paths
     for path in paths:
         stem, count = path.stem, 1
         while stem in used:
             count += 1
             stem = f"{path.stem}-{count}"
-        used.add(stem)
-        stems.append(stem)
-    return stems
+        used[stem] = None
+    return list(used)
 
 
-def top5(probabilities: Tensor, labels: Sequence[str]) -> list[dict]:
-    """``[{index, label, probability}]`` of the 5 most probable classes of one image."""
-    return [
-        {"index": index, "label": label, "probability": probability}
-        for index, label, probability in models.top_classes(probabilities, labels, 5)
-    ]
+def class_record(
+    loaded: models.LoadedModel, job: Job, method: str, target: int, probabilities: Tensor, rank: int
+) -> dict:
+    """The manifest fields of one map of an image or video: its method, class and prediction."""
+    top5 = models.top_classes(probabilities, loaded.labels, 5)
+    return {
+        "method": method,
+        "layer": job.layer if registry.get(method).needs_layer else None,
+        "target": target,
+        "label": loaded.labels[target],
+        "probability": probabilities[target].item(),
+        "top5": [{"index": i, "label": name, "probability": p} for i, name, p in top5],
+        "model": loaded.name,
+        "rank": rank,
+    }
 
 
 @dataclasses.dataclass
@@ -142,42 +138,31 @@ class Explained:
     records: list[dict]
     writes: list[Future]
     images: int
-    maps: list[np.ndarray | None] = dataclasses.field(default_factory=list)  # --save-maps
+    maps: list[tuple[dict, np.ndarray]] = dataclasses.field(default_factory=list)  # --save-maps
 
 
 class BatchExplainer:
-    """The methods of a run on one rank: batches in, files and records out.
-
-    One forward serves the prediction and the first CAM: a gradient or perturbation CAM starts
-    with a clean forward of the batch, whose output gives the top-5 (otherwise one plain forward
-    in inference mode does). Overlays are written by a small thread pool while the next batch
-    runs.
-    """
+    """The methods of a run on one rank: batches in, files (written by a thread pool while the next
+    batch runs) and records out; the clean batch of the first CAM also gives the prediction."""
 
     def __init__(self, loaded: models.LoadedModel, job: Job, rank: int, writer: Executor):
         self.loaded, self.job, self.rank, self.writer = loaded, job, rank, writer
         self.model = loaded.model.to(job.device)
         self.explainers = build_explainers(self.model, job)
         # a method whose first forward is the clean batch: its output is also the prediction
-        clean = [m for m in job.methods if self._clean_first(registry.get(m))]
-        self.order = clean[:1] + [m for m in job.methods if m not in clean[:1]]
-
-    @staticmethod
-    def _clean_first(method: registry.Method) -> bool:
-        return method.cls.clean_batch_first()
+        clean = [m for m in job.methods if registry.get(m).cls.clean_batch_first()][:1]
+        self.order = clean + [m for m in job.methods if m not in clean]
 
     def batch(self, batch: ImageBatch, paths: list[Path], stems: list[str]) -> Explained:
-        """Explain the readable images of one batch (``batch.indices`` index ``paths``);
-        unreadable ones become error records."""
+        """One batch's records and files; unreadable images become error records."""
         started = time.perf_counter()
         records = [
             {"image": str(paths[index]), "error": reason, "rank": self.rank}
             for index, _, reason in batch.failures
         ]
-        writes: list[Future] = []
-        maps: list[np.ndarray | None] = [None] * len(records)
+        explained = Explained(records, [], len(batch))
         if batch.inputs is None:
-            return Explained(records, writes, len(batch), maps)
+            return explained
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
         results, probabilities = self.run_methods(inputs)
         if self.job.classes is None:
@@ -191,26 +176,30 @@ class BatchExplainer:
                 heat, raw, measured = results[method]
                 for column, target in enumerate(classes[row]):
                     name = f"{stems[index]}_{method}_{target}"
-                    record = self.record(paths[index], name, method, target, probabilities[row])
+                    record = {"image": str(paths[index]), "output": f"{name}.{self.job.format}"}
+                    if self.job.save_raw:
+                        record["raw"] = f"{name}.npy"
+                    record |= class_record(
+                        self.loaded, self.job, method, target, probabilities[row], self.rank
+                    )
                     if measured is not None:  # what the method measured (LRP: conservation)
                         record |= measured[row][column]
                     record |= {"size": [image.shape[1], image.shape[0]], "seconds": seconds}
                     first = method == self.job.methods[0] and column == 0
                     files = (record, image, heat[row, column], raw[row, column], first)
-                    writes.append(self.writer.submit(self.write, *files))
+                    explained.writes.append(self.writer.submit(self.write, *files))
                     records.append(record)
-                    maps.append(mapstore.as_map(raw[row, column]) if self.job.save_maps else None)
-        return Explained(records, writes, len(batch), maps)
+                    if self.job.save_maps:
+                        explained.maps.append((record, mapstore.as_map(raw[row, column])))
+        return explained
 
     def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
-        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU (``measured``: the
-        method's :meth:`~camkit.core.explainer.Explainer.measured`), and the softmax
-        ``(B, classes)``."""
+        """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU, and the softmax."""
         target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
-            if logits is None and self._clean_first(registry.get(method)):
+            if logits is None and explainer.clean_batch_first():
                 with first_output(self.model) as kept:
                     heat, found = displayed(explainer, inputs, target)
                 logits = select_output(kept[0])
@@ -225,8 +214,7 @@ class BatchExplainer:
     def write(
         self, record: dict, image: np.ndarray, heat: Tensor, raw: Tensor, first: bool
     ) -> None:
-        """The overlay (and raw map) of one record; with the report, its thumbnails (the
-        photo's with its ``first`` record)."""
+        """The overlay (and raw map, thumbnails) of one record."""
         if self.job.max_size is not None:  # colour and encode only the pixels that are kept
             image = io.thumbnail(image, self.job.max_size)
         region = self.loaded.preprocess.photo_region(*image.shape[:2])
@@ -235,25 +223,7 @@ class BatchExplainer:
         if self.job.save_raw:
             io.save_npy(self.job.out / record["raw"], raw.numpy())
         if self.job.report:
-            original = image if first else None
-            report.save_thumbnails(self.job.out, record, original=original, overlay=overlay)
-
-    def record(
-        self, path: Path, name: str, method: str, target: int, probabilities: Tensor
-    ) -> dict:
-        record = {"image": str(path), "output": f"{name}.{self.job.format}"}
-        if self.job.save_raw:
-            record["raw"] = f"{name}.npy"
-        return record | {
-            "method": method,
-            "layer": self.job.layer if registry.get(method).needs_layer else None,
-            "target": target,
-            "label": self.loaded.labels[target],
-            "probability": probabilities[target].item(),
-            "top5": top5(probabilities, self.loaded.labels),
-            "model": self.loaded.name,
-            "rank": self.rank,
-        }
+            report.save_thumbnails(self.job.out, record, image if first else None, overlay)
 
 
 def explain_files(
@@ -264,41 +234,49 @@ def explain_files(
     ranks: Ranks,
     head: dict,
 ) -> None:
-    """Explain the images ``indices`` of ``paths`` on this rank, keeping its part of the
-    manifest up to date after every batch whose files are written.
-
-    Images become the model's input through ``loaded.preprocess`` (``--crop``: the model's
-    own transform unless asked otherwise), and each overlay is drawn on the full photo where
-    the input lies on it (:func:`camkit.viz.overlay_on_photo`; what a centre crop cut is shown
-    dimmed).
-    """
+    """Explain the images ``indices`` of ``paths`` on this rank, appending to its manifest part
+    after every batch whose files are written."""
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
     files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
-    loader = data_loader(files, job, collate)
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
     maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
     done: set[str] = set()
     started = time.perf_counter()
-    label = f"explain [rank {ranks.rank}]" if ranks.distributed else "explain"
+
+    def record(batch: Explained) -> None:
+        """Wait for a batch's files; append its maps, records and throughput to the parts."""
+        for write in batch.writes:
+            write.result()
+        if maps is not None:
+            rows = maps.append([kept for _, kept in batch.maps])
+            for (one, _), row in zip(batch.maps, rows, strict=True):
+                one["map_part"] = row
+        done.update(one["image"] for one in batch.records)
+        seconds = time.perf_counter() - started
+        speed = len(done) / seconds if seconds else None
+        counts = {"rank": ranks.rank, "images": len(done), "seconds": seconds}
+        throughput = {"throughput": counts | {"images_per_second": speed}}
+        append(part, [{"record": one} for one in batch.records] + [throughput])
+        shown.update(batch.images)
+
     with (
         ThreadPoolExecutor(max_workers=2, initializer=_lowest_priority) as writer,
-        progress(len(indices), label, "image", enabled=not job.quiet) as shown,
+        progress(len(indices), ranks.label("explain"), "image", enabled=not job.quiet) as shown,
     ):
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []
-        for batch in loader:  # indices of this rank's list -> indices of all paths
-            batch.indices = [indices[index] for index in batch.indices]
+        for batch in data_loader(files, job, collate):
+            batch.indices = [indices[index] for index in batch.indices]  # -> indices of paths
             batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
             if len(pending) > 1:  # the previous batch's files were written meanwhile
-                _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
-        pending.append(Explained([], [], 0))  # also records a rank with nothing to do
-        while pending:
-            _record(pending.pop(0), part, maps, done, ranks.rank, shown, started)
+                record(pending.pop(0))
+        for explained in [*pending, Explained([], [], 0)]:  # the empty one: a rank without images
+            record(explained)
 
 
 def data_loader(
@@ -307,10 +285,8 @@ def data_loader(
     collate_fn: Callable[[list], Any],
     workers: int | None = None,
 ) -> DataLoader:
-    """The DataLoader of a run (image files, videos' windows or frames):
-    ``job.images_per_batch`` items a batch, decoded by ``job.workers`` processes (``workers``:
-    at most that many) that run one thread each at the lowest priority while the model runs;
-    batches pinned for a CUDA device."""
+    """A run's DataLoader: ``job.images_per_batch`` items a batch, decoded by ``job.workers``
+    (at most ``workers``) one-thread processes at the lowest priority; pinned for CUDA."""
     return DataLoader(
         dataset,
         batch_size=job.images_per_batch,
@@ -321,65 +297,15 @@ def data_loader(
     )
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (AttributeError, OSError):
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing where
-    there is none). Called after each batch of a long run: with DataLoader workers, glibc's
-    dynamic mmap threshold otherwise lets freed batch buffers fragment the heap, and the peak
-    memory of a 10-minute video grew by 125 MB (benchmarks/VIDEO.md)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
 def _one_thread(worker: int) -> None:
     torch.set_num_threads(1)  # decoding workers leave the cores to the model
     _lowest_priority()
 
 
 def _lowest_priority() -> None:
-    """Run the calling thread (a decoding worker, an overlay writer) at the lowest CPU priority
-    (nice 19): it fills the cores' idle time and never holds up the model's forward, whose
-    OpenMP threads would otherwise wait for a descheduled peer at every barrier (+9 % images/s
-    on 2 cores, docs/performance.md). A no-op where threads have no priority to lower."""
+    """Nice 19 for this thread: it never holds up the model's OpenMP threads at a barrier (+9 %
+    images/s on 2 cores, docs/performance.md)."""
     setpriority = getattr(os, "setpriority", None)
     if setpriority is not None:
         with contextlib.suppress(OSError):
             setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def _record(
-    batch: Explained,
-    part: Path,
-    maps: mapstore.MapPart | None,
-    done: set[str],
-    rank: int,
-    shown: tqdm | LogProgress,
-    started: float,
-) -> None:
-    """Wait for a batch's files, then append its maps (with ``--save-maps``) to this rank's
-    map part, and its records (and the throughput so far) to its part of the manifest."""
-    for write in batch.writes:
-        write.result()
-    if maps is not None:
-        kept = [(r, m) for r, m in zip(batch.records, batch.maps, strict=True) if m is not None]
-        rows = maps.append([m for _, m in kept])
-        for (record, _), row in zip(kept, rows, strict=True):
-            record["map_part"] = row
-    done.update(record["image"] for record in batch.records)
-    seconds = time.perf_counter() - started
-    throughput = {
-        "rank": rank,
-        "images": len(done),
-        "seconds": seconds,
-        "images_per_second": len(done) / seconds if seconds else None,
-    }
-    append(part, [{"record": record} for record in batch.records] + [{"throughput": throughput}])
-    shown.update(batch.images)

@@ -1,9 +1,8 @@
 """Many processes through ``torchrun``: which rank this is, its device, barriers.
 
 ``torchrun --nproc_per_node=N -m camkit explain ...`` starts N copies of the command with
-``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set (and ``--nnodes`` / rendezvous flags across
-machines); camkit joins them with ``torch.distributed`` (NCCL on GPUs, gloo on the CPU). A
-plain ``camkit explain`` is rank 0 of 1 and starts no process group.
+``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set; camkit joins them with ``torch.distributed``
+(NCCL on GPUs, gloo on the CPU). A plain ``camkit explain`` is rank 0 of 1, without a group.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import torch.distributed as dist
 
 
 def span(items: list, parts: int, index: int) -> list:
-    """The ``index``-th of ``parts`` contiguous spans of ``items`` (their sizes differ by one at
-    most; together they are ``items``, in order)."""
+    """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
     return items[index * len(items) // parts : (index + 1) * len(items) // parts]
 
 
@@ -43,13 +41,16 @@ class Ranks:
     def distributed(self) -> bool:
         return self.world > 1
 
+    def label(self, stage: str) -> str:
+        """A progress bar's label: ``stage``, and the rank when there are several."""
+        return f"{stage} [rank {self.rank}]" if self.distributed else stage
+
     def shard(self, items: list) -> list:
         """This rank's items: every ``world``-th from ``rank`` (disjoint, nothing repeated)."""
         return items[self.rank :: self.world]
 
     def span(self, items: list) -> list:
-        """This rank's items as one run: the ``rank``-th of ``world`` contiguous, near-equal
-        spans (:func:`span`; windows of a video that one process decodes in one pass)."""
+        """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
         return span(items, self.world, self.rank)
 
     def gather(self, value: object) -> list:

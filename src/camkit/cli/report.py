@@ -1,23 +1,15 @@
 """A static HTML page to browse an explained dataset: ``OUT/index.html``.
 
 :func:`write_report` turns the manifest rows of ``camkit explain`` into one self-contained page
-(inline CSS and JavaScript, no server, no CDN, nothing fetched from the network) that opens from
-the file system: a gallery of every image with its overlays side by side per method, the
-predicted top-5, the target, metrics when given; sorted by confidence (or name, or a metric),
-filtered by predicted class, method and file name; a detail view per image with the original,
-the full-size overlays, the raw map and its colour bar.
-
-The page is ``camkit/cli/page/report.html`` with ``report.css`` and ``report.js`` inlined.
-It stays responsive for 10,000 images: the data is one JSON blob rendered by the page's
-script, cards are built 60 at a time as the reader scrolls, and thumbnails (small JPEGs in
-``OUT/thumbs/``) are loaded lazily (``loading="lazy"``). Every string from the manifest reaches
-the page as JSON text and is put into the document with ``textContent``, never as HTML.
+(``camkit/cli/page/report.{html,css,js}`` inlined, nothing fetched from the network) that stays
+responsive for 10,000 images: the data is one JSON blob, cards are built 60 at a time as the
+reader scrolls, thumbnails load lazily. Manifest strings reach the page as JSON and are put into
+the document with ``textContent``, never as HTML.
 """
 
 from __future__ import annotations
 
 import datetime
-import functools
 import html
 import json
 import math
@@ -31,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from camkit import io as cio
-from camkit import viz
 from camkit.cli.report_files import (
     SIGNED_COLORMAP,
     THUMB_SIDE,
@@ -47,41 +38,21 @@ from camkit.cli.report_files import (
 from camkit.errors import ArgumentError
 from camkit.runs.concepts import atlas_data, read_concepts
 from camkit.runs.strategies import StrategiesRecord, strategies_data
+from camkit.viz.colour import colormap_lut
 
-__all__ = [
-    "THUMB_SIDE",
-    "THUMBS_DIR",
-    "original_thumb_name",
-    "overlay_thumb_name",
-    "raw_map_name",
-    "save_thumbnails",
-    "write_report",
-]
+__all__ = ["original_thumb_name", "save_thumbnails", "write_report"]
 
 _COLORBAR_STOPS = 17
 
 
-# ----------------------------------------------------------------------------- colours
-
-
-def _colormap_ramp(colormap: str) -> np.ndarray:
-    """``256x3`` uint8 RGB of ``colormap`` at 0, 1/255, ..., 1, by :func:`viz.overlay`."""
-    ramp = np.arange(256, dtype=np.float32)[None, :] / 255.0
-    return viz.overlay(np.zeros((1, 256, 3), np.uint8), ramp, alpha=1.0, colormap=colormap)[0]
-
-
 def _gradient(colormap: str) -> str:
     """A CSS ``linear-gradient`` (left to right) of the colormap."""
-    lut = _colormap_ramp(colormap)
-    stops = []
-    for k in range(_COLORBAR_STOPS):
-        level = round(k * 255 / (_COLORBAR_STOPS - 1))
-        red, green, blue = (int(v) for v in lut[level])
-        stops.append(f"rgb({red},{green},{blue}) {100 * k / (_COLORBAR_STOPS - 1):.1f}%")
+    levels = np.round(np.linspace(0, 255, _COLORBAR_STOPS)).astype(int)
+    stops = [
+        f"rgb({r},{g},{b}) {100 * k / (_COLORBAR_STOPS - 1):.1f}%"
+        for k, (r, g, b) in enumerate(colormap_lut(colormap)[levels].tolist())
+    ]
     return f"linear-gradient(to right, {', '.join(stops)})"
-
-
-# ----------------------------------------------------------------------------- page data
 
 
 _KNOWN_KEYS = frozenset(
@@ -91,8 +62,7 @@ _KNOWN_KEYS = frozenset(
 
 
 def _conservation_facts(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An LRP record's conservation (:meth:`camkit.relevance.Conservation.summary`) as the
-    detail view's facts: the share of the score at the input and the step that loses most."""
+    """An LRP record's conservation as the detail view's facts."""
     found = row.get("conservation")
     if not isinstance(found, Mapping):
         return {}
@@ -104,15 +74,19 @@ def _conservation_facts(row: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
+def _url(row: Mapping[str, Any], key: str) -> str | None:
+    """The URL of the file ``row[key]`` names, relative to the output folder (None: no file)."""
+    return url_path(str(row[key])) if row.get(key) else None
+
+
 def _video_data(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A video record's animation (GIF; None past :data:`camkit.cli.video.GIF_MAX_FRAMES`
-    frames), MP4, per-frame importance plot and values for the page; None for an image's."""
+    """A video record's MP4, GIF, importance plot and values; None for an image's."""
     if "frame_importance" not in row:
         return None
     return {
-        "mp4": url_path(str(row["output"])),
-        "gif": url_path(str(row["animation"])) if row.get("animation") else None,
-        "plot": url_path(str(row["frame_plot"])) if row.get("frame_plot") else None,
+        "mp4": _url(row, "output"),
+        "gif": _url(row, "animation"),
+        "plot": _url(row, "frame_plot"),
         "importance": [float(v) for v in row["frame_importance"]],
         "fps": row.get("fps"),
     }
@@ -124,10 +98,10 @@ def _scalars(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     kept: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, bool) or value is None or isinstance(value, str):
+        if isinstance(value, (bool, str)) or value is None:
             kept[str(key)] = value
         elif isinstance(value, (int, float, np.integer, np.floating)):
-            number = float(value) if isinstance(value, (float, np.floating)) else int(value)
+            number = value.item() if isinstance(value, np.generic) else value
             kept[str(key)] = number if math.isfinite(number) else str(number)
     return kept or None
 
@@ -150,43 +124,25 @@ def _page_data(
     resolved = out.resolve()
     folder = out / THUMBS_DIR
     made = {f"{THUMBS_DIR}/{name}" for name in os.listdir(folder)} if folder.is_dir() else set()
-    overlay_thumb = functools.lru_cache(maxsize=None)(overlay_thumb_name)
     images = []
     for image, rows in grouped.items():
         first = rows[0]
         thumb = original_thumb_name(image)
         extra = {k for row in rows for k in row if k not in _KNOWN_KEYS}
         shared = {k for k in extra if all(k in row and row[k] == first.get(k) for row in rows)}
-        entry: dict[str, Any] = {
-            "name": Path(image).name,
-            "path": image,
-            "src": image_url(image, resolved),
-            "thumb": url_path(thumb) if thumb in made else None,
-            "error": next((str(r["error"]) for r in rows if "error" in r), None),
-            "size": first.get("size"),
-            "model": first.get("model"),
-            "top5": [
-                [entry.get("index"), str(entry.get("label")), entry.get("probability")]
-                for entry in first.get("top5") or []
-            ],
-            "metrics": _scalars(metrics.get(image)),
-            "info": _scalars({k: v for k, v in first.items() if k in shared}),
-            "overlays": [],
-        }
+        overlays = []
         for row in rows:
             if "error" in row or not row.get("output"):
                 continue
             output = str(row["output"])
-            raw = str(row["raw"]) if row.get("raw") else None
             clip = _video_data(row)
-            thumb = overlay_thumb(output)
             if clip is not None:  # the GIF animates in the card; a long video shows its plot
-                thumb = clip["gif"] or clip["plot"]
-            elif thumb in made:
-                thumb = url_path(thumb)
+                small = clip["gif"] or clip["plot"]
             else:
-                thumb = url_path(output)
-            entry["overlays"].append(
+                made_thumb = overlay_thumb_name(output)
+                small = url_path(made_thumb if made_thumb in made else output)
+            raw = raw_map_name(str(row["raw"])) if row.get("raw") else None
+            overlays.append(
                 {
                     "method": str(row.get("method")),
                     "layer": row.get("layer"),
@@ -194,21 +150,37 @@ def _page_data(
                     "label": str(row.get("label")),
                     "p": row.get("probability"),
                     "src": url_path(output),
-                    "thumb": thumb,
+                    "thumb": small,
                     "video": clip,
-                    "raw": None
-                    if raw is None or raw_map_name(raw) not in raw_scales
-                    else {"src": url_path(raw_map_name(raw)), "file": url_path(raw)}
-                    | raw_scales[raw_map_name(raw)],
+                    "raw": {"src": url_path(raw), "file": _url(row, "raw")} | raw_scales[raw]
+                    if raw in raw_scales
+                    else None,
                     "metrics": _scalars(metrics.get(output)),
-                    "tokens": url_path(str(row["tokens"])) if row.get("tokens") else None,
+                    "tokens": _url(row, "tokens"),
                     "info": _scalars(
                         {k: v for k, v in row.items() if k in extra - shared}
                         | _conservation_facts(row)
                     ),
                 }
             )
-        images.append(entry)
+        images.append(
+            {
+                "name": Path(image).name,
+                "path": image,
+                "src": image_url(image, resolved),
+                "thumb": url_path(thumb) if thumb in made else None,
+                "error": next((str(r["error"]) for r in rows if "error" in r), None),
+                "size": first.get("size"),
+                "model": first.get("model"),
+                "top5": [
+                    [entry.get("index"), str(entry.get("label")), entry.get("probability")]
+                    for entry in first.get("top5") or []
+                ],
+                "metrics": _scalars(metrics.get(image)),
+                "info": _scalars({k: v for k, v in first.items() if k in shared}),
+                "overlays": overlays,
+            }
+        )
     return images
 
 
@@ -220,9 +192,7 @@ def _asset(name: str) -> str:
 def _json_for_script(value: object) -> str:
     """JSON that is safe inside ``<script type="application/json">`` (no ``</script>``)."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    for character, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(character, escaped)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return text.translate({ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"})
 
 
 def write_report(
@@ -239,36 +209,20 @@ def write_report(
 ) -> Path:
     """Write ``OUT/index.html``, a static page to browse the explained images -> its path.
 
-    ``records``: the manifest rows of ``camkit explain`` (``image``, ``output``, ``method``,
-    ``layer``, ``target``, ``label``, ``probability``, ``top5``, ``model``, ``size``, optional
-    ``raw``, ``tokens``: a vision-language model's token page, linked under the overlay; or
-    ``image`` and ``error`` for an unreadable file). ``output``/``raw`` are relative
-    to ``out_dir``; ``image`` is the input's path as given (relative to the current directory or
-    absolute). Any other scalar field (``rank``, timings...) is shown in the detail view.
-    ``metrics``: per-overlay (keyed by ``output``) or per-image (keyed by ``image``) mappings of
-    metric name -> number, shown on the cards and offered as sort keys. ``colormap``: the one the
-    overlays were drawn with (for the colour bar and the raw maps).
-
-    Thumbnails (``OUT/thumbs/*.jpg``, longer side ``thumb_side``) and raw-map pictures are made
-    here when missing or older than their source (``workers`` threads, default up to 4); the
-    pipeline can write them earlier with :func:`save_thumbnails`. The page is written
-    atomically; rerunning updates it.
-
-    ``strategies``: the record of ``strategies.json`` written by ``camkit strategies`` (files
-    named relative to ``strategies_dir``): the page then has a strategies view per method and
-    class (clusters side by side, the embedding, links from members to their cards; each
-    cluster's dominant concepts when ``camkit strategies`` found them).
-
-    When ``OUT`` holds ``camkit concepts`` results (``concepts.json``), the page has a concept
-    atlas: per channel of their layer, its reference patches (most relevant, most active) with
-    their scores.
+    ``records``: ``camkit explain``'s manifest rows (``output``, ``raw``, ``tokens`` relative to
+    ``out_dir``; ``image`` and ``error`` for an unreadable file); other scalar fields show in the
+    detail view. ``metrics``: ``{metric: number}`` by ``output`` or by ``image`` (cards, sort
+    keys). ``colormap``: the overlays'. Missing or stale thumbnails (side ``thumb_side``) and
+    raw-map pictures are made in ``workers`` threads. ``strategies`` (``strategies.json``'s
+    record, files in ``strategies_dir``) adds the strategies view; ``camkit concepts`` results in
+    ``OUT`` add the concept atlas.
     """
     import camkit
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     grouped = _group(records)
-    viz.overlay(np.zeros((1, 1, 3), np.uint8), np.zeros((1, 1)), colormap=colormap)
+    colormap_lut(colormap)  # an unknown name fails before any file is made
     workers = min(4, os.cpu_count() or 1) if workers is None else workers
     scales = make_thumbnails(out, grouped, colormap, thumb_side, workers)
     concepts = read_concepts(out)

@@ -19,23 +19,15 @@ from camkit.errors import ArgumentError
 from camkit.runs.strategies import url_path
 from camkit.viz.colour import DIVERGING_COLORMAP, signed_limit
 
-THUMB_SIDE = 256
-"""Longer side of the thumbnails, in pixels."""
-THUMBS_DIR = "thumbs"
-"""Folder of the thumbnails and raw-map pictures, inside the output folder."""
-SIGNED_COLORMAP = DIVERGING_COLORMAP
-"""The colormap of signed raw maps (pixel attributions), centred at 0."""
+THUMB_SIDE = 256  # longer side of the thumbnails, in pixels
+THUMBS_DIR = "thumbs"  # the thumbnails and raw-map pictures, in the output folder
+SIGNED_COLORMAP = DIVERGING_COLORMAP  # of signed raw maps (pixel attributions), centred at 0
 _THUMB_QUALITY = 82
 
 
-# ----------------------------------------------------------------------------- file names
-
-
 def original_thumb_name(image: str) -> str:
-    """Thumbnail of an input image, relative to the output folder: ``thumbs/<hash>.jpg``.
-
-    Named by a hash of the image path as the manifest gives it (two inputs may share a name).
-    """
+    """Thumbnail of an input image, relative to the output folder: ``thumbs/img-<hash>.jpg``,
+    a hash of its path as the manifest gives it (two inputs may share a name)."""
     digest = hashlib.sha1(image.encode("utf-8", "surrogatepass")).hexdigest()[:20]
     return f"{THUMBS_DIR}/img-{digest}.jpg"
 
@@ -57,23 +49,16 @@ def save_thumbnails(
     overlay: object | None = None,
     side: int = THUMB_SIDE,
 ) -> None:
-    """Write the thumbnails of one manifest row from pictures already in memory.
-
-    For the pipeline's writer, which holds the decoded ``original`` (``HxWx3`` uint8) and the
-    ``overlay`` it has just saved: :func:`write_report` then finds them and decodes nothing.
-    """
+    """Write the thumbnails of one manifest row from the decoded ``original`` (``HxWx3``
+    uint8) and the ``overlay`` the pipeline's writer holds: the report then decodes nothing."""
     out = Path(out_dir)
     (out / THUMBS_DIR).mkdir(parents=True, exist_ok=True)
     if original is not None:
-        thumb = cio.thumbnail(original, side)
-        cio.save_jpeg(
-            out / original_thumb_name(str(record["image"])), thumb, _THUMB_QUALITY, durable=False
-        )
+        name = original_thumb_name(str(record["image"]))
+        cio.save_jpeg(out / name, cio.thumbnail(original, side), _THUMB_QUALITY, durable=False)
     if overlay is not None and record.get("output"):
-        thumb = cio.thumbnail(overlay, side)
-        cio.save_jpeg(
-            out / overlay_thumb_name(str(record["output"])), thumb, _THUMB_QUALITY, durable=False
-        )
+        name = overlay_thumb_name(str(record["output"]))
+        cio.save_jpeg(out / name, cio.thumbnail(overlay, side), _THUMB_QUALITY, durable=False)
 
 
 def _fresh(target: Path, source: Path) -> bool:
@@ -89,10 +74,8 @@ def _fresh(target: Path, source: Path) -> bool:
 
 
 def image_url(image: str, out: Path) -> str:
-    """The input image's URL relative to the output folder (a ``file:`` URI across drives).
-
-    ``out`` must be absolute and resolved.
-    """
+    """The input image's URL relative to ``out`` (absolute and resolved; a ``file:`` URI
+    across drives)."""
     absolute = Path(os.path.realpath(image))
     try:
         return url_path(Path(os.path.relpath(absolute, out)).as_posix())
@@ -101,13 +84,8 @@ def image_url(image: str, out: Path) -> str:
 
 
 def _render_raw(source: Path, target: Path, colormap: str) -> dict[str, Any]:
-    """A raw map ``.npy`` -> a coloured PNG at the map's own resolution, and its scale.
-
-    ``(H, W)`` maps (CAMs) use ``colormap`` on ``[0, 1]`` when their values lie there, else on
-    ``[min, max]``; ``(3, H, W)`` pixel attributions are summed over channels and drawn with
-    the diverging ``bwr`` colormap centred at 0, clipped at +-the 99.5th percentile of
-    ``|values|`` (as :func:`camkit.viz.plot` draws them).
-    """
+    """A raw map ``.npy`` -> a coloured PNG and its scale: ``colormap`` on ``[0, 1]`` or ``[min,
+    max]``, a signed map (summed over channels) diverging at 0, clipped as :func:`viz.plot` does."""
     values = np.load(source, allow_pickle=False).astype(np.float64)
     while values.ndim > 2 and values.shape[0] == 1:
         values = values[0]
@@ -137,8 +115,7 @@ def make_thumbnails(
     side: int,
     workers: int,
 ) -> dict[str, dict[str, Any]]:
-    """Missing or stale thumbnails, and the raw-map pictures -> the raw maps' scales by
-    picture name (``thumbs/<name>.raw.png``)."""
+    """Missing or stale thumbnails and raw-map pictures -> the raw maps' scales."""
     (out / THUMBS_DIR).mkdir(parents=True, exist_ok=True)
     jobs: dict[Path, tuple[str, Path, Path]] = {}  # by target: each file made once
     for image, rows in grouped.items():
@@ -157,24 +134,20 @@ def make_thumbnails(
                 target = out / raw_map_name(str(row["raw"]))
                 jobs[target] = ("raw", out / str(row["raw"]), target)
 
-    def run(job: tuple[str, Path, Path]) -> tuple[str, Path, dict[str, Any] | None]:
+    def run(job: tuple[str, Path, Path]) -> dict[str, Any] | None:
         kind, source, target = job
         try:
             if kind == "raw":
-                return kind, target, _render_raw(source, target, colormap)
+                return _render_raw(source, target, colormap)
             if kind == "video":  # its first frame
                 picture = next(cio.video.iter_frames(source))
             else:
                 picture = cio.read_image(source)
-            thumb = cio.thumbnail(picture, side)
-            cio.save_jpeg(target, thumb, _THUMB_QUALITY, durable=False)
+            cio.save_jpeg(target, cio.thumbnail(picture, side), _THUMB_QUALITY, durable=False)
         except (*cio.READ_ERRORS, cio.video.VideoReadError, StopIteration, MemoryError):
             pass  # the page shows the full-size file, or a placeholder
-        return kind, source, None
+        return None
 
-    scales: dict[str, dict[str, Any]] = {}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for kind, target, scale in pool.map(run, jobs.values()):
-            if kind == "raw" and scale is not None:
-                scales[target.relative_to(out).as_posix()] = scale
-    return scales
+        made = dict(zip(jobs, pool.map(run, jobs.values()), strict=True))
+    return {path.relative_to(out).as_posix(): scale for path, scale in made.items() if scale}

@@ -48,10 +48,8 @@ def read_rows(out: Path) -> list[dict]:
 
 
 def overlay_metrics(records: Sequence[dict], rows: Sequence[dict]) -> dict[str, dict]:
-    """``{overlay output: {metric: value}}``: each ``camkit explain`` manifest record matched to
-    the ``metrics.csv`` row of its image, method and target, for
-    :func:`camkit.cli.report.write_report`.
-    """
+    """``{overlay output: {metric: value}}``: each ``camkit explain`` record matched to the
+    ``metrics.csv`` row of its image, method and target."""
     by_key = {(row["image"], row["method"], str(row["target"])): row for row in rows}
     found = {}
     for record in records:
@@ -78,19 +76,15 @@ def bootstrap(values: Sequence[float], resamples: int = 1000, seed: int = 0) -> 
 
 def summary_table(summary: dict[str, dict[str, dict]], columns: list[str]) -> str:
     """Methods x metrics: ``mean [low, high]``."""
+
+    def cell(entry: dict) -> str:
+        if entry["mean"] is None:
+            return "n/a"
+        return "{:.3f} [{:.3f}, {:.3f}]".format(entry["mean"], *entry["ci95"])
+
     head = ["method", *columns]
-    lines = [" | ".join(head), " | ".join("---" for _ in head)]
-    for method, by_metric in summary.items():
-        cells = [method]
-        for column in columns:
-            entry = by_metric[column]
-            if entry["mean"] is None:
-                cells.append("n/a")
-            else:
-                low, high = entry["ci95"]
-                cells.append(f"{entry['mean']:.3f} [{low:.3f}, {high:.3f}]")
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
+    rows = [[method, *(cell(by[c]) for c in columns)] for method, by in summary.items()]
+    return "\n".join(" | ".join(row) for row in [head, ["---"] * len(head), *rows])
 
 
 def write_results(

@@ -5,16 +5,17 @@ sanity check."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from camkit import io, metrics, models
+from camkit import io, metrics, models, registry
 from camkit.cli.common import UsageError
-from camkit.cli.pipeline import Job, build_explainer
+from camkit.cli.pipeline import Job
 from camkit.io import IMAGE_SUFFIXES
 
 # metric name on the command line -> its columns in metrics.csv (name, higher is better)
@@ -53,8 +54,7 @@ def parse_metrics(spec: str) -> tuple[str, ...]:
 
 
 def find_masks(folder: str | None, paths: Sequence[Path], wanted: Sequence[str]) -> dict[int, Path]:
-    """``{image index: mask file}``: the mask of ``photo.jpg`` is the image file ``photo.*`` in
-    ``folder``."""
+    """``{image index: mask file}``: the mask of ``photo.jpg`` is ``folder/photo.*``."""
     if folder is None:
         if any(name in NEEDS_MASKS for name in wanted):
             raise UsageError("--metrics pointing/energy need --masks DIR (one mask per image)")
@@ -71,9 +71,8 @@ def find_masks(folder: str | None, paths: Sequence[Path], wanted: Sequence[str])
 
 
 def read_mask(path: Path, preprocess: models.Preprocess) -> Tensor:
-    """A mask file as ``(H, W)`` bool at the model's input size, through the same resize and
-    crop (or padding, with background) as its image (nearest): nonzero pixels are the
-    object."""
+    """A mask file as ``(H, W)`` bool (nonzero: the object) at the model's input size, through
+    its image's resize and crop or padding (nearest)."""
     mask = (io.read_image(path).max(axis=-1) > 0).astype(np.uint8) * 255
     nearest = dataclasses.replace(preprocess, interpolation="nearest")
     placed = nearest.resize_crop(np.repeat(mask[..., None], 3, axis=-1), fill=(0.0, 0.0, 0.0))
@@ -94,29 +93,22 @@ def score_batch(
     rows = {"batch_size": settings.batch_size}
     for kind in ("deletion", "insertion"):
         if kind in settings.metrics:
-            metric = getattr(metrics, kind)
-            auc, curve = metric(
+            values[kind], curves[kind] = getattr(metrics, kind)(
                 model, inputs, maps, target, steps=settings.steps, baseline=settings.baseline,
                 return_curves=True, **rows,
             )  # fmt: skip
-            values[kind], curves[kind] = auc, curve
-    if "drop" in settings.metrics:
-        values["average_drop"] = metrics.average_drop(model, inputs, maps, target, **rows)
-    if "increase" in settings.metrics:
-        values["increase_in_confidence"] = metrics.increase_in_confidence(
-            model, inputs, maps, target, **rows
-        )
+    for name in ("drop", "increase"):  # their column is the metric's function
+        if name in settings.metrics:
+            ((column, _),) = COLUMNS[name]
+            values[column] = getattr(metrics, column)(model, inputs, maps, target, **rows)
     if "road" in settings.metrics:  # the mean over the percentiles; seeded noise: reruns agree
         for order in ("morf", "lerf"):
             score = metrics.road(model, inputs, maps, target, order=order, seed=0, **rows)
             values[f"road_{order}"] = score.mean(dim=-1)
-    if masks is not None:
-        if "pointing" in settings.metrics:
-            values["pointing_game"] = metrics.pointing_game(
-                maps, masks, tolerance=settings.tolerance
-            )
-        if "energy" in settings.metrics:
-            values["energy_pointing_game"] = metrics.energy_pointing_game(maps, masks)
+    if masks is not None and "pointing" in settings.metrics:
+        values["pointing_game"] = metrics.pointing_game(maps, masks, tolerance=settings.tolerance)
+    if masks is not None and "energy" in settings.metrics:
+        values["energy_pointing_game"] = metrics.energy_pointing_game(maps, masks)
     return {k: v.float().cpu() for k, v in values.items()}, {k: v.cpu() for k, v in curves.items()}
 
 
@@ -124,10 +116,10 @@ def sanity(
     loaded: models.LoadedModel, job: Job, inputs: Tensor, target: list[int], methods: list[str]
 ) -> dict[str, list[dict]]:
     """The cascading randomisation test of each method on ``inputs`` (one batch)."""
-    results = {}
-    for method in methods:
-        factory: Callable = lambda net, m=method: build_explainer(m, net, job)  # noqa: E731
-        results[method] = metrics.randomization_test(
-            factory, loaded.model, inputs, target, order="cascade", seed=0
+    build = functools.partial(registry.build, layer=job.layer, settings=job.build_settings)
+    return {
+        method: metrics.randomization_test(
+            functools.partial(build, method), loaded.model, inputs, target, order="cascade", seed=0
         )
-    return results
+        for method in methods
+    }

@@ -1,17 +1,11 @@
-"""The concepts that dominate each strategies cluster, for ``camkit strategies`` when the run
-folder holds ``camkit concepts`` results:
-:meth:`camkit.methods.concepts.ConceptAttribution.dominant` over the cluster's images, for its
-class, at the run's layer (so that a shortcut cluster names its channels, and the report's atlas
-shows what they respond to). Each image is measured once per class (its channel relevances,
-:meth:`~camkit.methods.concepts.ConceptAttribution.relevances`), however many methods' clusters hold
-it; a cluster's numbers are :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` its
-members' relevances. Runs without concepts results skip it: ``camkit explain --report`` and ``camkit
-strategies`` stay as fast as they were."""
+"""The concepts that dominate each strategies cluster (``camkit strategies`` on a run with
+``camkit concepts`` results): :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` the
+members' channel relevances for the cluster's class at the run's layer, so that a shortcut cluster
+names its channels; each image is measured once per class."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,13 +33,9 @@ def add_cluster_concepts(
     quiet: bool = True,
 ) -> str | None:
     """Add ``"concepts": {"layer", "channels": [{"channel", "share", "relevance"}]}`` to every
-    cluster of ``groups`` (``strategies.json``'s; members are rows of ``images``) when ``run``
-    has ``camkit concepts`` results -> a line saying what was done or why not (None: no
-    concepts results, nothing to do). ``manifest``: the run's (its settings name the model,
-    the layer and the crop the photos were preprocessed with); ``weights``: the weights file
-    of a run made with ``--weights`` (checked against its SHA-256); ``quiet``: no progress
-    (else ``cluster concepts: n/N images``, the slow stage of ``camkit strategies``: one
-    forward and backward pass per photo and class)."""
+    cluster of ``groups`` (members: rows of ``images``) when ``run`` has ``camkit concepts``
+    results -> a line saying what was done or why not (None: no results). ``manifest`` names the
+    model, layer and crop; ``weights``: the run's ``--weights`` (checked by its SHA-256)."""
     if read_concepts(run) is None:
         return None
     settings = manifest.get("settings") or {}
@@ -62,59 +52,34 @@ def add_cluster_concepts(
         concepts = ConceptAttribution(loaded.model, layer)
     except CamkitError as error:
         raise UsageError(f"cluster concepts at layer {layer}: {error}") from None
-    # (photo, class) -> its channel relevances: a photo is read and measured once per class,
-    # however many methods' clusters hold it (map rows are photo x method)
+    # (photo, class) -> its channel relevances, measured once (map rows are photo x method)
     found: dict[tuple[str, int], Tensor | None] = {}
-    total = len(
-        {
-            (images[row], int(group["class"]))
-            for group in groups
-            for cluster in group["clusters"]
-            for row in cluster["members"]
-        }
-    )
+    clusters = [(int(group["class"]), cluster) for group in groups for cluster in group["clusters"]]
+    total = len({(images[row], target) for target, c in clusters for row in c["members"]})
     with progress(total, "cluster concepts", "image", enabled=not quiet) as shown:
-        for group in groups:
-            _add_group_concepts(group, images, concepts, layer, loaded.preprocess, found, shown)
+        for target, cluster in clusters:
+            photos = [images[row] for row in cluster["members"]]
+            new = [photo for photo in dict.fromkeys(photos) if (photo, target) not in found]
+            found |= _channel_relevances(concepts, loaded.preprocess, new, target)
+            shown.update(len(new))
+            # photos gone since the run are left out
+            rows = [found[photo, target] for photo in photos if found[photo, target] is not None]
+            if not rows:
+                continue
+            stacked = torch.stack(rows)
+            top = concepts.dominant_of(stacked, k=min(DOMINANT, stacked.shape[1]))
+            channels = [
+                {"channel": c, "share": float(s), "relevance": float(r)}
+                for c, s, r in zip(top.channels.tolist(), top.share, top.relevance, strict=True)
+            ]
+            cluster["concepts"] = {"layer": layer, "channels": channels}
     return f"dominant concepts of each cluster at {layer} (camkit concepts results found)"
-
-
-def _add_group_concepts(
-    group: dict,
-    images: list[str],
-    concepts: ConceptAttribution,
-    layer: str,
-    preprocess: Preprocess,
-    found: dict[tuple[str, int], Tensor | None],
-    shown: Any,
-) -> None:
-    """The dominant concepts of each cluster of one (method, class) group, measuring the
-    photos not in ``found`` yet (and adding them to it)."""
-    target = int(group["class"])
-    for cluster in group["clusters"]:
-        photos = [images[row] for row in cluster["members"]]
-        new = [photo for photo in dict.fromkeys(photos) if (photo, target) not in found]
-        found |= _channel_relevances(concepts, preprocess, new, target)
-        shown.update(len(new))
-        rows = [found[photo, target] for photo in photos]
-        relevance = [row for row in rows if row is not None]  # photos gone since the run
-        if not relevance:
-            continue
-        stacked = torch.stack(relevance)
-        top = concepts.dominant_of(stacked, k=min(DOMINANT, stacked.shape[1]))
-        channels = [
-            {"channel": c, "share": float(s), "relevance": float(r)}
-            for c, s, r in zip(top.channels.tolist(), top.share, top.relevance, strict=True)
-        ]
-        cluster["concepts"] = {"layer": layer, "channels": channels}
 
 
 def _channel_relevances(
     concepts: ConceptAttribution, preprocess: Preprocess, photos: list[str], target: int
 ) -> dict[tuple[str, int], Tensor | None]:
-    """``{(photo, target): (C,) channel relevances}`` of ``photos`` for class ``target``,
-    ``IMAGES_PER_PASS`` photos per pass; None for a photo that cannot be read (gone since the
-    run: its cluster's other members count)."""
+    """``{(photo, target): (C,) relevances}``; None for a photo that cannot be read."""
     found: dict[tuple[str, int], Tensor | None] = {}
     inputs, readable = [], []
     for photo in photos:
@@ -128,6 +93,3 @@ def _channel_relevances(
         rows = concepts.relevances(torch.stack(inputs[part]), target=target)
         found |= {(photo, target): row for photo, row in zip(readable[part], rows, strict=True)}
     return found
-
-
-__all__ = ["add_cluster_concepts"]

@@ -1,26 +1,13 @@
 """``camkit explain`` on video files: window by window, across ranks, resumable, streamed.
 
-Each video is cut into windows (clips) of the model's clip length
-(:func:`camkit.io.video.clip_windows`: every ``stride`` frames, the last one ending on the last
-frame), each frame preprocessed as an image is. The work runs in stages, each rank taking one
-contiguous span of the windows (:meth:`camkit.cli.ranks.Ranks.span`) and its DataLoader workers
-decoding them (:mod:`camkit.cli.video_windows`) while the model runs:
-
-1. the videos' frames and frame rates are counted (the videos shared by the ranks);
-2. ``predict``: each window's softmax; a video's prediction is the mean over its windows, the
-   explained class its top-1 (or ``--target``);
-3. ``maps``: each window's display heat for that class, every method;
-4. each video (the videos shared by the ranks) is decoded once more, and each frame is drawn with
-   the mean heat of the windows that cover it and appended to the MP4 at once, so memory stays
-   that of a few windows however long the video. Written per method and class: the animated
-   overlay (MP4, and a GIF for videos of at most :data:`GIF_MAX_FRAMES` frames) and the
-   per-frame importance plot; the manifest record lists the frames, frame rate, windows and
-   importance.
-
-A finished window's result is a file (:class:`~camkit.cli.video_windows.WindowStore`) and a line
-of the rank's manifest part; ``--resume`` skips the windows recorded there, so a killed run
-finishes a partly explained video where it stopped. A video that cannot be read, at any stage,
-in any worker or rank, becomes one error record and the run goes on.
+Each video is cut into clips of the model's clip length (:func:`camkit.io.video.clip_windows`),
+in stages, each rank decoding a contiguous span of the windows in its DataLoader workers: count
+the frames; ``predict`` each window (a video's class: the top-1 of their mean, or ``--target``);
+its ``maps`` for that class; then decode each video once more and draw each frame with the mean
+heat of the windows that cover it straight into the MP4 (and a GIF, up to
+:data:`GIF_MAX_FRAMES` frames), with the per-frame importance plot. A finished window is a file
+(:class:`~camkit.cli.video_windows.WindowStore`) and a manifest line (``--resume`` skips it); a
+video that cannot be read becomes one error record and the run goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +27,8 @@ from camkit import io
 from camkit.cli.pipeline import (
     Job,
     build_explainers,
+    class_record,
     data_loader,
-    release_free_memory,
-    top5,
     unique_stems,
 )
 from camkit.cli.ranks import Ranks
@@ -54,6 +40,7 @@ from camkit.cli.video_windows import (
     as_list,
     collate_windows,
 )
+from camkit.core.copies import trim_heap
 from camkit.core.explainer import displayed
 from camkit.core.progress import LogProgress, progress
 from camkit.io import video
@@ -63,25 +50,20 @@ from camkit.runs.manifest import append, part_path
 from camkit.targets.resolver import select_output
 from camkit.viz.video import frame_heat, importance_plot, overlay_frames
 
-Shown = tqdm | LogProgress  # a progress bar
-
-GIF_MAX_FRAMES = 600
-"""Longer videos get no GIF (it holds every frame in memory and weighs megabytes); their MP4 is
-written frame by frame."""
-
-PREDICT, MAPS = "predict", "maps"
-"""The stages whose windows are recorded."""
+GIF_MAX_FRAMES = 600  # longer videos get no GIF: it holds every frame in memory
+PREDICT, MAPS = "predict", "maps"  # the stages whose windows are recorded
 
 
 @dataclasses.dataclass
 class _Plan:
-    """One readable video: its file, frame count, frame rate, windows and window files."""
+    """One readable video: file, frames, frame rate, windows, window files, stem."""
 
     path: Path
     count: int
     fps: float
     windows: list[tuple[int, int]]
     store: WindowStore
+    stem: str
 
 
 def explain_videos(
@@ -94,10 +76,8 @@ def explain_videos(
     stride: int | None = None,
     finished: Iterable[dict] = (),
 ) -> None:
-    """Explain the videos ``todo`` (indices of ``paths``) with every rank (each rank calls this
-    with the same arguments), skipping the ``finished`` windows (``{image, stage, start,
-    stop}``, from the manifest of a run resumed) whose files are there; each rank appends its
-    windows and its videos' records to its part of the manifest as they are done."""
+    """Explain the videos ``todo`` (indices of ``paths``) on every rank, skipping the ``finished``
+    windows of a resumed run whose files are there; each rank appends to its manifest part."""
     job.out.mkdir(parents=True, exist_ok=True)
     run = _Run(loaded, job, ranks)
     append(run.part, [head | {"rank": ranks.rank}])
@@ -111,7 +91,7 @@ def explain_videos(
             count, fps = fact
             windows = video.clip_windows(count, length, stride)
             store = WindowStore(job.out, stems[index])
-            plans[index] = _Plan(paths[index], count, fps, windows, store)
+            plans[index] = _Plan(paths[index], count, fps, windows, store, stems[index])
     done = {(w["image"], w["stage"], w["start"], w["stop"]) for w in finished}
     failed |= run.stage(PREDICT, plans, done, {})
     predictions = {i: _prediction(plan) for i, plan in plans.items() if i not in failed}
@@ -121,12 +101,11 @@ def explain_videos(
     }
     failed |= run.stage(MAPS, {i: plans[i] for i in classes}, done, classes)
     mine = ranks.shard(todo)
-    with progress(len(mine), "draw" + run.label, "video", enabled=not job.quiet) as shown:
+    with progress(len(mine), ranks.label("draw"), "video", enabled=not job.quiet) as shown:
         for index in mine:
             records, why = None, failed.get(index)
             if why is None:
-                one = _Video(run, plans[index], stems[index])
-                records, why = one.explain(classes[index], predictions[index], shown)
+                records, why = _draw(run, plans[index], classes[index], predictions[index], shown)
             if records is None:
                 records = [{"image": str(paths[index]), "error": why, "rank": ranks.rank}]
             run.videos += 1
@@ -153,35 +132,21 @@ class _Run:
         self.explainers = build_explainers(self.model, job)
         self.part = part_path(job.out, ranks.rank)
         self.started, self.videos, self.windows = time.perf_counter(), 0, 0
-        self.label = f" [rank {ranks.rank}]" if ranks.distributed else ""
 
     def throughput(self) -> dict:
         seconds = time.perf_counter() - self.started
         speed = self.videos / seconds if seconds and self.videos else None
-        return {
-            "throughput": {
-                "rank": self.ranks.rank,
-                "images": self.videos,
-                "windows": self.windows,
-                "seconds": seconds,
-                "images_per_second": speed,
-            }
-        }
+        counts = {"rank": self.ranks.rank, "images": self.videos, "windows": self.windows}
+        return {"throughput": counts | {"seconds": seconds, "images_per_second": speed}}
 
-    def report(
-        self, failed: dict, index: int, why: str, path: Path, shown: Shown | None = None
-    ) -> None:
-        """Name a video that cannot be read on stderr, once (above the progress bar
-        ``shown``)."""
+    def report(self, failed: dict, index: int, why: str, path: Path, say: Callable = print) -> None:
+        """Name a video that cannot be read on stderr (``say``: above a progress bar), once."""
         if index not in failed:
             failed[index] = why
-            (print if shown is None else shown.write)(
-                f"camkit: cannot read {path}: {why}", file=sys.stderr
-            )
+            say(f"camkit: cannot read {path}: {why}", file=sys.stderr)
 
     def measure(self, paths: list[Path], todo: list[int]) -> dict[int, tuple[int, float] | str]:
-        """``{index: (frames, fps) or why it cannot be read}`` of every video of ``todo``, each
-        counted by one rank's workers and gathered."""
+        """``{index: (frames, fps) or why not}`` of the videos ``todo``, from every rank."""
         mine = self.ranks.shard(todo)
         found: dict[int, tuple[int, float] | str] = {}
         for batch in data_loader(VideoFacts([paths[i] for i in mine]), self.job, as_list):
@@ -196,8 +161,7 @@ class _Run:
     def stage(
         self, stage: str, plans: dict[int, _Plan], done: set, classes: dict[int, list[int]]
     ) -> dict[int, str]:
-        """Run ``stage`` on this rank's span of the windows not ``done``; the videos that
-        could not be read, gathered from every rank."""
+        """Run ``stage`` on this rank's windows not ``done`` -> every rank's unreadable videos."""
         todo = [
             (index, str(plan.path), window)
             for index, plan in plans.items()
@@ -207,11 +171,11 @@ class _Run:
         mine = self.ranks.span(todo)
         failed: dict[int, str] = {}
         loader = data_loader(VideoWindows(mine, self.loaded.preprocess), self.job, collate_windows)
-        shown = progress(len(mine), stage + self.label, "window", enabled=not self.job.quiet)
-        with shown:
+        label = self.ranks.label(stage)
+        with progress(len(mine), label, "window", enabled=not self.job.quiet) as shown:
             for batch in loader:
                 for index, why in batch.failures:
-                    self.report(failed, index, why, plans[index].path, shown)
+                    self.report(failed, index, why, plans[index].path, shown.write)
                 lines = []
                 if batch.inputs is not None:
                     inputs = batch.inputs.to(self.job.device, non_blocking=True)
@@ -228,7 +192,9 @@ class _Run:
                 self.windows += len(lines)
                 append(self.part, lines + [self.throughput()])
                 shown.update(len(lines))
-                release_free_memory()
+                # with DataLoader workers, freed batch buffers otherwise fragment glibc's heap:
+                # +125 MB peak on a 10-minute video (benchmarks/VIDEO.md)
+                trim_heap()
         return {index: why for part in self.ranks.gather(failed) for index, why in part.items()}
 
     def predict(self, inputs: torch.Tensor) -> np.ndarray:
@@ -242,73 +208,61 @@ class _Run:
         return torch.stack(heats, dim=1).to(torch.float16).cpu().numpy()
 
 
-class _Video:
-    """One video's animations, plots and records, from its window files."""
+def _heats(run: _Run, plan: _Plan) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(frame, heat (methods, K, H, W))`` frame by frame: the mean of the windows that cover it
+    (a few loaded at a time); :class:`~camkit.io.video.VideoReadError` if it cannot be decoded."""
+    loaded: dict[tuple[int, int], np.ndarray] = {}
+    upcoming = iter(plan.windows)
+    following = next(upcoming, None)
+    frames = data_loader(VideoFrames(plan.path, plan.count), run.job, as_list, workers=1)
+    for t, (frame, why) in enumerate(item for batch in frames for item in batch):
+        if frame is None:
+            raise video.VideoReadError(why)
+        while following is not None and following[0] <= t:
+            loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
+            following = next(upcoming, None)
+        for window in [window for window in loaded if window[1] <= t]:
+            del loaded[window]
+        yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
 
-    def __init__(self, run: _Run, plan: _Plan, stem: str):
-        self.run, self.plan, self.stem = run, plan, stem
 
-    def heats(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(frame, heat (methods, K, H, W))`` frame by frame, the heat the mean of the windows
-        that cover the frame (a few windows loaded at a time). Raises
-        :class:`~camkit.io.video.VideoReadError` when the video cannot be decoded."""
-        plan, loaded = self.plan, {}
-        upcoming = iter(plan.windows)
-        following = next(upcoming, None)
-        frames = data_loader(VideoFrames(plan.path, plan.count), self.run.job, as_list, workers=1)
-        for t, (frame, why) in enumerate(item for batch in frames for item in batch):
-            if frame is None:
-                raise video.VideoReadError(why)
-            while following is not None and following[0] <= t:
-                loaded[following] = plan.store.load(MAPS, following).astype(np.float32)
-                following = next(upcoming, None)
-            for window in [window for window in loaded if window[1] <= t]:
-                del loaded[window]
-            yield frame, frame_heat([(start, heat) for (start, _), heat in loaded.items()], t)
-
-    def explain(
-        self, classes: list[int], probabilities: np.ndarray, shown: Shown
-    ) -> tuple[list[dict] | None, str | None]:
-        """Write every method's and class's files -> (their records, None), or (None, why)
-        when the video cannot be decoded (nothing written)."""
-        job = self.run.job
-        outputs = {
-            (row, column): _Output(self, f"{self.stem}_{method}_{target}")
-            for row, method in enumerate(job.methods)
-            for column, target in enumerate(classes)
-        }
-        try:
-            with contextlib.ExitStack() as stack:
-                for output in outputs.values():
-                    stack.enter_context(output.mp4)
-                for frame, heat in self.heats():
-                    for (row, column), output in outputs.items():
-                        output.add(frame, heat[row, column])
-        except video.VideoReadError as error:
-            shown.write(f"camkit: cannot read {self.plan.path}: {error}", file=sys.stderr)
-            return None, str(error)
-        chances = torch.from_numpy(probabilities).float()
-        records = [
-            output.record(job.methods[row], classes[column], chances)
-            for (row, column), output in outputs.items()
-        ]
-        return records, None
+def _draw(
+    run: _Run, plan: _Plan, classes: list[int], probabilities: np.ndarray, shown: tqdm | LogProgress
+) -> tuple[list[dict] | None, str | None]:
+    """Write one video's files -> (records, None), or (None, why) when it cannot be decoded."""
+    outputs = [
+        (row, column, _Output(run, plan, method, target))
+        for row, method in enumerate(run.job.methods)
+        for column, target in enumerate(classes)
+    ]
+    try:
+        with contextlib.ExitStack() as stack:
+            for *_, output in outputs:
+                stack.enter_context(output.mp4)
+            for frame, heat in _heats(run, plan):
+                for row, column, output in outputs:
+                    output.add(frame, heat[row, column])
+    except video.VideoReadError as error:
+        shown.write(f"camkit: cannot read {plan.path}: {error}", file=sys.stderr)
+        return None, str(error)
+    chances = torch.from_numpy(probabilities).float()
+    return [output.record(chances) for *_, output in outputs], None
 
 
 class _Output:
-    """One method and class of a video: its MP4 written frame by frame, its GIF's frames (short
-    videos only), each frame's map mass."""
+    """One method and class of a video: its MP4, GIF frames and each frame's map mass."""
 
-    def __init__(self, owner: _Video, name: str):
-        self.owner, self.name = owner, name
-        self.mp4 = video.Mp4Writer(owner.run.job.out / f"{name}.mp4", owner.plan.fps)
-        self.gif: list[np.ndarray] | None = [] if owner.plan.count <= GIF_MAX_FRAMES else None
+    def __init__(self, run: _Run, plan: _Plan, method: str, target: int):
+        self.run, self.plan, self.method, self.target = run, plan, method, target
+        self.name = name = f"{plan.stem}_{method}_{target}"
+        self.mp4 = video.Mp4Writer(run.job.out / f"{name}.mp4", plan.fps)
+        self.gif: list[np.ndarray] | None = [] if plan.count <= GIF_MAX_FRAMES else None
         self.mass: list[float] = []
         self.size: list[int] = []  # a frame's [width, height]
 
     def add(self, frame: np.ndarray, heat: np.ndarray) -> None:
         """Draw one frame with its heat ``(H, W)`` (the model's input size) and write it."""
-        job, loaded = self.owner.run.job, self.owner.run.loaded
+        job, loaded = self.run.job, self.run.loaded
         region = loaded.preprocess.photo_region(*frame.shape[:2])
         drawn = overlay_frames(frame[None], heat[None], job.alpha, job.colormap, region)[0]
         self.mp4.write(drawn)
@@ -317,9 +271,9 @@ class _Output:
         self.mass.append(float(heat.sum(dtype=np.float64)))
         self.size = [frame.shape[1], frame.shape[0]]
 
-    def record(self, method: str, target: int, probabilities: torch.Tensor) -> dict:
+    def record(self, probabilities: torch.Tensor) -> dict:
         """Write the GIF and the importance plot; the manifest record."""
-        run, plan = self.owner.run, self.owner.plan
+        run, plan, method, target = self.run, self.plan, self.method, self.target
         out, loaded, fps = run.job.out, run.loaded, plan.fps
         if self.gif is not None:
             video.save_gif(out / f"{self.name}.gif", np.stack(self.gif), fps)
@@ -332,14 +286,7 @@ class _Output:
             "output": f"{self.name}.mp4",
             "animation": f"{self.name}.gif" if self.gif is not None else None,
             "frame_plot": f"{self.name}_frames.png",
-            "method": method,
-            "layer": run.job.layer if run.explainers[method].needs_layer else None,
-            "target": target,
-            "label": label,
-            "probability": probabilities[target].item(),
-            "top5": top5(probabilities, loaded.labels),
-            "model": loaded.name,
-            "rank": run.ranks.rank,
+            **class_record(loaded, run.job, method, target, probabilities, run.ranks.rank),
             "size": self.size,
             "frames": plan.count,
             "fps": fps,
@@ -347,6 +294,3 @@ class _Output:
             "windows": [list(window) for window in plan.windows],
             "frame_importance": [round(v, 6) for v in importance.tolist()],
         }
-
-
-__all__ = ["GIF_MAX_FRAMES", "explain_videos"]

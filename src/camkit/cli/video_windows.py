@@ -1,16 +1,8 @@
-"""Video files as DataLoader datasets, and the files that hold each finished window's result.
-
-* :class:`VideoFacts` -- a video's frame count and frame rate (or why it cannot be read);
-* :class:`VideoWindows` -- the windows (clips) of videos, decoded and preprocessed in the
-  DataLoader's workers: each worker takes one contiguous span of the windows
-  (:func:`camkit.cli.ranks.span`, as each rank does) and decodes each video it touches once,
-  from its first window on, so decoding overlaps the model and no window is decoded twice;
-* :class:`VideoFrames` -- one video's frames in order (at most one worker keeps the order);
-* :class:`WindowStore` -- ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: each finished
-  window's prediction or maps, written before the manifest records the window, read back when
-  the video's animation is drawn, removed once the video has its record.
-
-None of them raises for a bad video: an item carries the error and the run goes on.
+"""Video files as DataLoader datasets, and the files that hold each finished window's result:
+:class:`VideoFacts` (frame counts and rates), :class:`VideoWindows` (the clips, each worker
+decoding one contiguous span of them, each video it touches once), :class:`VideoFrames` (one
+video's frames in order) and :class:`WindowStore`. None of them raises for a bad video: an item
+carries the error and the run goes on.
 """
 
 from __future__ import annotations
@@ -30,11 +22,11 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from camkit import io
+from camkit.cli.dataset import PinsInputs
 from camkit.cli.ranks import span
 from camkit.io import video
 
-WINDOWS = ".windows"
-"""The folder of :class:`WindowStore` in a run's ``--out``."""
+WINDOWS = ".windows"  # the folder of :class:`WindowStore` in a run's ``--out``
 
 DECODE_ERRORS = (
     video.VideoReadError,
@@ -48,8 +40,7 @@ DECODE_ERRORS = (
 """What decoding or preprocessing a video may raise: reported as the video's error."""
 
 Window = tuple[int, int]
-WindowItem = tuple[int, str, Window]
-"""``(video index, path, window)``."""
+WindowItem = tuple[int, str, Window]  # (video index, path, window)
 
 
 class VideoFacts(Dataset):
@@ -77,11 +68,8 @@ def as_list(items: list) -> list:
 
 
 class VideoWindows(IterableDataset):
-    """The clips of ``items`` (``(video index, path, window)``, each video's windows in frame
-    order) -> ``{"video": i, "window": (start, stop), "input": preprocess.clip(frames)
-    (3, L, h, w), "error": None}``, or one ``{"video": i, "window": None, "input": None,
-    "error": why}`` when a video cannot be decoded from there on. Use :func:`collate_windows`.
-    """
+    """The clips of ``items`` (each video's windows in frame order) -> ``{video, window, input (3,
+    L, h, w), error: None}``, or one item with the ``error`` where a video stops decoding."""
 
     def __init__(self, items: Sequence[WindowItem], preprocess: Callable[[Any], Tensor]) -> None:
         self.items = list(items)
@@ -106,20 +94,14 @@ class VideoWindows(IterableDataset):
 
 
 @dataclasses.dataclass
-class WindowBatch:
-    """What :func:`collate_windows` makes of :class:`VideoWindows` items: ``inputs``
-    ``(n, 3, L, h, w)`` (None when no item had one), with ``videos`` and ``windows`` along its
-    rows; ``failures``: ``(video index, why)``."""
+class WindowBatch(PinsInputs):
+    """What :func:`collate_windows` makes of :class:`VideoWindows` items: ``inputs`` (or None),
+    ``videos`` and ``windows`` along its rows; ``failures``: ``(video index, why)``."""
 
     inputs: Tensor | None
     videos: list[int]
     windows: list[Window]
     failures: list[tuple[int, str]]
-
-    def pin_memory(self) -> WindowBatch:
-        """Called by ``DataLoader(pin_memory=True)``: pins ``inputs`` only."""
-        inputs = None if self.inputs is None else self.inputs.pin_memory()
-        return dataclasses.replace(self, inputs=inputs)
 
 
 def collate_windows(items: Sequence[dict[str, Any]]) -> WindowBatch:
@@ -149,8 +131,8 @@ class VideoFrames(IterableDataset):
 
 
 class WindowStore:
-    """One video's finished windows, ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``
-    (written atomically)."""
+    """One video's finished windows, ``OUT/.windows/<stem>/<stage>-<start>-<stop>.npy``: written
+    before the manifest records the window, removed once the video's record is."""
 
     def __init__(self, out: Path, stem: str) -> None:
         self.folder = out / WINDOWS / stem
@@ -169,18 +151,4 @@ class WindowStore:
         return np.load(self.path(stage, window))
 
     def remove(self) -> None:
-        """Every window file of the video (once its record is in the manifest)."""
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-__all__ = [
-    "DECODE_ERRORS",
-    "WINDOWS",
-    "VideoFacts",
-    "VideoFrames",
-    "VideoWindows",
-    "WindowBatch",
-    "WindowStore",
-    "as_list",
-    "collate_windows",
-]

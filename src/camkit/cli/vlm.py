@@ -18,7 +18,6 @@ from camkit import io, registry
 from camkit.cli import report
 from camkit.cli.arguments import positive_int
 from camkit.cli.common import (
-    EXIT_OK,
     UsageError,
     check_colormap,
     check_run_inputs,
@@ -60,9 +59,8 @@ def check_prompts(args: argparse.Namespace) -> None:
 
 
 def load_hf(model: str) -> LoadedVLM:
-    """``--model hf:FOLDER``: the model in the local HuggingFace folder
-    (:func:`camkit.models.vlm.load_vlm`), its errors as usage errors. ``camkit explain`` and
-    ``camkit serve`` load ``hf:`` models through this one function."""
+    """``--model hf:FOLDER`` (:func:`camkit.models.vlm.load_vlm`), its errors as usage errors:
+    ``camkit explain`` and ``camkit serve`` load ``hf:`` models through this one function."""
     try:
         return load_vlm(model.removeprefix(HF_PREFIX))
     except (CamkitError, OSError) as error:
@@ -70,10 +68,8 @@ def load_hf(model: str) -> LoadedVLM:
 
 
 def run_vlm(args: argparse.Namespace) -> int:
-    """Explain each image for the prompts; write ``manifest.json`` (a record per overlay,
-    its ``label`` the prompt or the generated token) and, with ``--report`` (default for a
-    folder), the report page; exit 1 naming unreadable images."""
-    check_prompts(args)
+    """Explain each image for the prompts (:func:`check_prompts` passed): the overlays, the
+    manifest (each record's ``label`` the prompt or generated token) and the report page."""
     paths, methods, out, device, _ = check_run_inputs(
         args, lambda paths, methods: check_colormap(args.colormap)
     )
@@ -81,16 +77,15 @@ def run_vlm(args: argparse.Namespace) -> int:
     loaded.model.to(device)
     if loaded.generative and len(args.prompt) != 1:
         raise UsageError("--prompt: a generative model answers one prompt; give it once")
-    settings = registry.Settings(batch_size=args.batch_size, composite=args.composite)
-    explainers = [_explainer(loaded, name, args.layer, settings) for name in methods]
+    built = registry.Settings(batch_size=args.batch_size, composite=args.composite)
+    explainers = [_explainer(loaded, name, args.layer, built) for name in methods]
     out.mkdir(parents=True, exist_ok=True)
-    failed, records = [], []
+    records: list[dict] = []
     for path in paths:
         try:
             photo = io.read_image(path, max_pixels=args.max_pixels)
         except io.READ_ERRORS as error:
             print(f"camkit: {path}: {io.read_failure(error)}", file=sys.stderr)
-            failed.append(str(path))
             records.append({"image": str(path), "error": io.read_failure(error)})
             continue
         x = loaded.preprocess(photo).unsqueeze(0).to(device)
@@ -98,17 +93,19 @@ def run_vlm(args: argparse.Namespace) -> int:
         for name, explainer in zip(methods, explainers, strict=True):
             shot = Shot(path, photo, x, region, name, args)
             try:
-                records += (
-                    _answer(loaded, explainer, shot)
-                    if loaded.generative
-                    else (_prompts(loaded, explainer, shot))
-                )
+                records += (_answer if loaded.generative else _prompts)(loaded, explainer, shot)
             except CamkitError as error:
                 raise UsageError(f"{name}: {error}") from None
-    _record(args, methods, str(device), records)
+    settings = {"methods": methods, "prompts": list(args.prompt), "layer": args.layer}
+    settings |= {"max_new_tokens": args.max_new_tokens, "colormap": args.colormap}
+    head = header(settings, args.model, str(device), list(getattr(args, "argv", None) or []))
+    write_manifest(out, head | {"records": records})
+    if wants_report(args):
+        report.write_report(out, records, colormap=args.colormap)
     written = sum("output" in record for record in records)
+    failed = [record["image"] for record in records if "error" in record]
     print(f"wrote {written} overlay(s) for {len(paths) - len(failed)} image(s) to {out}")
-    return EXIT_OK if not failed else exit_status(failed)
+    return exit_status(failed)
 
 
 def _explainer(
@@ -138,25 +135,13 @@ class Shot:
     args: argparse.Namespace
 
     def save(self, k: int, label: str, heat: Tensor) -> dict:
-        """The overlay ``<stem>_<method>_<k>_<label>.<format>`` of map ``heat`` -> its
-        manifest record."""
+        """The overlay ``<stem>_<method>_<k>_<label>`` of ``heat`` -> its manifest record."""
         args = self.args
         name = f"{self.path.stem}_{self.method}_{k}_{slug(label)}.{args.format}"
         picture = overlay_on_photo(self.photo, heat.cpu(), self.region, args.alpha, args.colormap)
         io.save_image(Path(args.out) / name, picture)
         record = {"image": str(self.path), "output": name, "method": self.method}
         return record | {"target": k, "label": label, "model": args.model}
-
-
-def _record(args: argparse.Namespace, methods: list[str], device: str, records: list) -> None:
-    """``manifest.json`` of the run and, with ``--report`` (default for a folder), the page."""
-    out = Path(args.out)
-    settings = {"methods": methods, "prompts": list(args.prompt), "layer": args.layer}
-    settings |= {"max_new_tokens": args.max_new_tokens, "colormap": args.colormap}
-    head = header(settings, args.model, device, list(getattr(args, "argv", None) or []))
-    write_manifest(out, head | {"records": records})
-    if wants_report(args):
-        report.write_report(out, records, colormap=args.colormap)
 
 
 def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> list[dict]:
@@ -168,8 +153,7 @@ def _prompts(loaded: LoadedVLM, explainer: Explainer, shot: Shot) -> list[dict]:
 
 
 def _answer(loaded: LoadedVLM, explainer: BaseCAM, shot: Shot) -> list[dict]:
-    """The answer to the prompt; an overlay per generated token and the token page -> the
-    overlays' records (each names the page in ``tokens``)."""
+    """The answer's overlays, one per generated token, and the token page -> records."""
     try:
         answer = explain_answer(
             loaded, explainer, shot.x, shot.args.prompt[0], shot.args.max_new_tokens

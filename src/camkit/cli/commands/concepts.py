@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader, Subset
 from camkit import io
 from camkit.cli.arguments import (
     add_command,
+    add_composite_argument,
     add_crop_argument,
     add_device_argument,
     add_loader_arguments,
@@ -26,19 +26,18 @@ from camkit.cli.common import (
     UsageError,
     check_out_dir,
     exit_status,
-    find_images,
+    image_paths,
     load_model,
     pick_device,
     pick_layer,
 )
 from camkit.cli.dataset import ImageFiles, collate
-from camkit.cli.pipeline import default_workers
+from camkit.cli.pipeline import loader_workers
 from camkit.cli.ranks import Ranks
 from camkit.core.progress import progress
 from camkit.errors import CamkitError
 from camkit.methods.concepts.reference import MODES, ReferenceCollector, receptive_boxes
 from camkit.methods.concepts.rules import GRADIENT, LRPRules
-from camkit.relevance import COMPOSITES
 from camkit.runs.concept_parts import PARTS, ConceptsPart, new_part_path, write_part
 from camkit.runs.concept_parts import read_parts as read_part_files
 from camkit.runs.concepts import CONCEPTS_FILE, ConceptReference, ConceptsRecord, write_concepts
@@ -77,17 +76,10 @@ def parse_channels(spec: str, channels: int) -> list[int]:
 
 
 def run_concepts(args: argparse.Namespace) -> int:
-    """Rank every channel of the layer over the images (this rank's share of those not done
-    yet; streaming, memory independent of their number); rank 0 merges every part and writes
-    the reference patches of the chosen channels."""
+    """Rank every channel of the layer over this rank's share of the images not done yet
+    (streaming); rank 0 merges every part and writes the chosen channels' reference patches."""
     ranks = Ranks.from_env()
-    try:
-        found = find_images(args.images)
-    except CamkitError as error:
-        raise UsageError(str(error)) from None
-    if ranks.rank == 0:
-        found.report()
-    paths = found.paths
+    paths = image_paths(args.images, ranks.rank == 0)
     out = Path(args.out)
     check_out_dir(out)
     device = pick_device(args.device, ranks.local_rank)
@@ -122,9 +114,8 @@ def run_concepts(args: argparse.Namespace) -> int:
         earlier = read_parts(out, run) if args.resume else []
         done = {index for part in earlier for index in part.done}
         todo = [index for index in range(len(paths)) if index not in done]
-        unreadable = rank_images(
-            collector, loaded.preprocess, paths, ranks.shard(todo), args, out, run, ranks
-        )
+        mine = Subset(ImageFiles(paths, loaded.preprocess, keep_original=False), ranks.shard(todo))
+        unreadable = rank_images(collector, mine, args, run, ranks)
         ranks.barrier()
         if ranks.rank != 0:
             return EXIT_OK
@@ -139,6 +130,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             channels = relevance.topk(min(DEFAULT_CHANNELS, relevance.numel())).indices.tolist()
         else:
             channels = parse_channels(args.channels, relevance.numel())
+        files = ImageFiles(paths, loaded.preprocess)
         summary = ConceptsRecord(
             model=loaded.name,
             layer=layer,
@@ -148,15 +140,7 @@ def run_concepts(args: argparse.Namespace) -> int:
             rules=run["rules"],
             score="sum over positions, divided by the image's sum of absolute channel scores",
             run=head | {"channels": channels},
-            channels=write_patches(
-                merged,
-                ImageFiles(paths, loaded.preprocess),
-                model,
-                channels,
-                out,
-                loaded.labels,
-                args,
-            ),
+            channels=write_patches(merged, files, channels, loaded.labels, args),
         )
         summary.run["finished"] = now()
         write_concepts(out, summary)
@@ -169,28 +153,18 @@ def run_concepts(args: argparse.Namespace) -> int:
 
 
 def rank_images(
-    collector: ReferenceCollector,
-    preprocess: Callable,
-    paths: list[Path],
-    indices: list[int],
-    args: argparse.Namespace,
-    out: Path,
-    run: dict,
-    ranks: Ranks,
+    collector: ReferenceCollector, files: Subset, args: argparse.Namespace, run: dict, ranks: Ranks
 ) -> list[str]:
-    """Rank the channels over the images ``indices`` (this rank's), saving the part after every
-    batch (a killed run resumes from there) -> the paths that could not be read."""
-    files = Subset(ImageFiles(paths, preprocess, keep_original=False), indices)
-    workers = default_workers() if args.workers is None else args.workers
+    """Rank the channels over this rank's ``files``, saving the part after every batch."""
+    workers = loader_workers(args.workers)
     loader = DataLoader(
         files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
     )
-    part = new_part_path(out, ranks.rank)
+    part = new_part_path(Path(args.out), ranks.rank)
     done: list[int] = []
     unreadable: list[str] = []
     device = next(collector.capture.model.parameters()).device
-    label = f"concepts [rank {ranks.rank}]" if ranks.distributed else "concepts"
-    with progress(len(indices), label, "image", enabled=not args.quiet) as shown:
+    with progress(len(files), ranks.label("concepts"), "image", enabled=not args.quiet) as shown:
         for batch in loader:
             for index, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
@@ -208,8 +182,7 @@ def rank_images(
 
 
 def read_parts(out: Path, run: dict) -> list[ConceptsPart]:
-    """The saved parts of this run in ``out`` (``--resume``; rank 0's merge); a part of
-    another run (other images, model, layer or top) is a usage error."""
+    """The saved parts of this run in ``out``; a part of another run is a usage error."""
     parts = read_part_files(out)
     for part in parts:
         differs = [key for key in run if part.run.get(key) != run[key]]
@@ -224,16 +197,12 @@ def read_parts(out: Path, run: dict) -> list[ConceptsPart]:
 def write_patches(
     collector: ReferenceCollector,
     files: ImageFiles,
-    model: torch.nn.Module,
     channels: list[int],
-    out: Path,
     labels: list[str],
     args: argparse.Namespace,
 ) -> dict[int, dict[str, list[ConceptReference]]]:
-    """The reference patches of ``channels``, written as PNGs -> their ``concepts.json``
-    entries. Each reference image is decoded and run once, however many channels and rankings
-    it serves (:func:`~camkit.methods.concepts.receptive_boxes`)."""
-    layer = collector.layer
+    """Write the reference patches of ``channels`` -> their ``concepts.json`` entries."""
+    layer, model = collector.layer, collector.capture.model
     # sample -> (channel, mode, rank, position) of each reference it is
     served: dict[int, list[tuple[int, str, int, int]]] = {}
     for channel in channels:
@@ -255,9 +224,9 @@ def write_patches(
         for _, samples in sorted(by_count.items(), reverse=True)
         for start in range(0, len(samples), step)
     ]
-    workers = default_workers() if args.workers is None else args.workers
+    workers = loader_workers(args.workers)
     loader = DataLoader(files, batch_sampler=batches, num_workers=workers, collate_fn=collate)
-    folder = out / "patches" / layer
+    folder = Path(args.out) / "patches" / layer
     folder.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
     entries: dict[int, dict[str, list[ConceptReference]]] = {
@@ -349,12 +318,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="how relevance is computed: gradient x activation (default; any model) or LRP "
         "(Concept Relevance Propagation proper; see --composite)",
     )
-    parser.add_argument(
-        "--composite",
-        choices=COMPOSITES,
-        default="epsilon-plus-flat",
-        help="the LRP composite with --rules lrp (default %(default)s)",
-    )
+    add_composite_argument(parser, what="with --rules lrp", default="epsilon-plus-flat")
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -33,13 +33,8 @@ CONCEPT_LAYER, CONCEPT_TOP = "blocks.5", 3
 TARGET_PHOTO, TARGET_CLASS, TARGET_DIR = "astronaut", "space shuttle", "target"
 # a clip: a pan across the cat (frames 0-7), then across the coffee (8-15), explained with the
 # demo model run on every frame (camkit.models.frame_wise): when each class's evidence is there
-CLIP_NAME, CLIP_CLASSES, CLIP_DIR, CLIP_FPS, CLIP_PAN = (
-    "clip.mp4",
-    ("tabby", "espresso"),
-    "clip",
-    8.0,
-    8,
-)
+CLIP_NAME, CLIP_DIR, CLIP_FPS, CLIP_PAN = "clip.mp4", "clip", 8.0, 8
+CLIP_CLASSES = ("tabby", "espresso")
 LEGEND = (
     "Each row: a photo and the maps of the class named on the left (the model's top-1 with its "
     "probability; the last row: a class chosen with --target). Red: where the evidence for "
@@ -72,8 +67,7 @@ def demo_photos() -> dict[str, np.ndarray]:
 
 
 def demo_clip(side: int = 224) -> np.ndarray:
-    """``(16, side, side, 3)``: a pan from left to right across the cat (frames 0-7), then across
-    the coffee (frames 8-15), square crops of each photo's full height."""
+    """``(16, side, side, 3)``: a pan across the cat (frames 0-7), then the coffee (8-15)."""
     import cv2
 
     photos = demo_photos()
@@ -94,8 +88,7 @@ def moved(record: dict, folder: str) -> dict:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """``camkit demo``: the whole pipeline on scikit-image's sample photos: overlays, the
-    browsable report, a summary grid, and the astronaut explained for a class of our choice."""
+    """``camkit demo``: overlays, report, summary grid, --target, concepts and a clip."""
     started = time.perf_counter()
     out = Path(args.out)
     check_out_dir(out)
@@ -145,11 +138,14 @@ def run_demo(args: argparse.Namespace) -> int:
         best = mine[0]["top5"][0]
         title = f"{path.stem}\n{best['label']} ({percent(best['probability'])})"
         print(f"{path.stem:<12} top-1: {best['label']} ({percent(best['probability'])})")
-        rows.append((title, [io.read_image(path), *(read(out, r) for r in mine)]))
+        rows.append(
+            (title, [io.read_image(path), *(io.read_image(out / r["output"]) for r in mine)])
+        )
     first = extra[0]
     title = f"{TARGET_PHOTO}, --target\n{first['label']} ({percent(first['probability'])})"
     print(f"{TARGET_PHOTO:<12} --target {TARGET_CLASS!r} ({percent(first['probability'])})")
-    rows.append((title, [io.read_image(astronaut), *(read(out, r) for r in extra)]))
+    overlays = [io.read_image(out / record["output"]) for record in extra]
+    rows.append((title, [io.read_image(astronaut), *overlays]))
     grid = viz.picture_grid(rows, ["photo", *DEMO_METHODS], colormap=job.colormap, legend=LEGEND)
     summary = io.save_png(out / "summary.png", grid)
     print(f"inputs:    {inputs}/")
@@ -172,9 +168,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def concepts_arguments(arguments: list[str]) -> argparse.Namespace:
     """``camkit concepts ARGUMENTS`` parsed as the command line would parse them."""
-    parser = argparse.ArgumentParser(prog="camkit")
-    concepts.add_parser(parser.add_subparsers(dest="command"))
-    parsed = parser.parse_args(["concepts", *arguments])
+    from camkit.cli import build_parser  # the parser holds this command: imported on use
+
+    parsed = build_parser().parse_args(["concepts", *arguments])
     parsed.argv = ["concepts", *arguments]
     return parsed
 
@@ -182,11 +178,6 @@ def concepts_arguments(arguments: list[str]) -> argparse.Namespace:
 def percent(probability: float) -> str:
     """``0.77`` -> ``77%``; a small one keeps two significant digits: ``0.00045`` -> ``0.045%``."""
     return f"{probability:.0%}" if probability >= 0.01 else f"{probability * 100:.2g}%"
-
-
-def read(out: Path, record: dict) -> np.ndarray:
-    """The overlay of a manifest record."""
-    return io.read_image(out / record["output"])
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

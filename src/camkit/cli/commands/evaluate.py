@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from camkit.cli.arguments import add_command, add_run_arguments, methods_help, positive_int
 from camkit.cli.common import UsageError, check_run_inputs, load_run_model
 from camkit.cli.dataset import ImageFiles, collate
-from camkit.cli.pipeline import Job, build_explainers, default_workers
+from camkit.cli.pipeline import Job, build_explainers, data_loader, loader_workers
 from camkit.cli.results import Collected, write_results
 from camkit.cli.scoring import METRICS, Settings, find_masks, parse_metrics, read_mask, score_batch
 from camkit.core.explainer import displayed
@@ -45,8 +44,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
         None,
         out,
         device,
+        images_per_batch=args.images_per_batch,
         batch_size=args.batch_size,
         composite=args.composite,
+        workers=loader_workers(args.workers),
         quiet=True,
     )
     settings = Settings(
@@ -55,12 +56,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
-    loader = DataLoader(
-        ImageFiles(paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels),
-        batch_size=args.images_per_batch,
-        num_workers=default_workers() if args.workers is None else args.workers,
-        collate_fn=collate,
-    )
+    files = ImageFiles(paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels)
     collected = Collected(curves={method: {} for method in methods})
     copies = [0]
 
@@ -70,7 +66,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     shown = progress(len(paths) * len(methods), "evaluate", "map", enabled=not args.quiet)
     with shown, counting_rows(model, scored_copies):
-        for batch in loader:
+        for batch in data_loader(files, job, collate):
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
                 collected.failed.append(path)
@@ -114,11 +110,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
                     "probability": round(float(probabilities[row, target[row]]), 6),
                 }
                 for method, values in scored.items():
-                    collected.rows.append(
-                        image
-                        | {"method": method}
-                        | {name: float(value[row]) for name, value in values.items()}
-                    )
+                    scores = {name: float(value[row]) for name, value in values.items()}
+                    collected.rows.append(image | {"method": method} | scores)
     return write_results(args, collected, loaded, job, wanted)
 
 

@@ -26,7 +26,7 @@ from camkit.cli.common import (
     load_run_model,
     wants_report,
 )
-from camkit.cli.pipeline import Job, build_explainers, default_workers, explain_files
+from camkit.cli.pipeline import Job, build_explainers, explain_files, loader_workers
 from camkit.cli.ranks import Ranks
 from camkit.cli.video import explain_videos
 from camkit.cli.video_windows import WINDOWS
@@ -65,7 +65,7 @@ def run_explain(args: argparse.Namespace) -> int:
             format=args.format,
             max_size=args.max_size,
             save_maps=args.save_maps,
-            workers=default_workers() if args.workers is None else args.workers,
+            workers=loader_workers(args.workers),
             max_pixels=args.max_pixels,
             quiet=args.quiet,
             report=wants_report(args),
@@ -114,11 +114,9 @@ def explain(
     argv: Sequence[str] = (),
     clip_stride: int | None = None,
 ) -> dict | None:
-    """Explain ``paths`` (this rank's share of those not done yet, with ``resume``); rank 0
-    merges every rank's part and returns the manifest, the others return None. Video files
-    (:func:`camkit.io.video.is_video`) are explained clip by clip (:mod:`camkit.cli.video`,
-    clips every ``clip_stride`` frames), in a run of their own, the ranks sharing their clips
-    (``resume``: skipping the clips a partly explained video has done)."""
+    """Explain this rank's share of ``paths`` (with ``resume``: of those not done yet); rank 0
+    merges every rank's part and returns the manifest, the others None. Video files are
+    explained clip by clip (:mod:`camkit.cli.video`, a clip every ``clip_stride`` frames)."""
     ranks = ranks or Ranks()
     videos = [io.video.is_video(path) for path in paths]
     if any(videos) and not all(videos):

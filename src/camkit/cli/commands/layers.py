@@ -19,8 +19,7 @@ DESCRIPTION = (
 
 
 def run_layers(args: argparse.Namespace) -> int:
-    """``camkit layers``: every module call with its output shape; ``*`` marks the default layer,
-    and a layer that cannot be explained says why."""
+    """``camkit layers``: every layer call and its output shape, the default marked."""
     loaded = load_model(args.model, args.weights, args.labels)
     size = loaded.input_size if args.input_size is None else (args.input_size, args.input_size)
     try:
@@ -63,8 +62,7 @@ def run_layers(args: argparse.Namespace) -> int:
 
 
 def matches(name: str, pattern: str) -> bool:
-    """``--match``: a glob (``layer4.*``) when the pattern has ``*?[``, else a part of the name;
-    case-insensitive."""
+    """``--match``: a glob when the pattern has ``*?[``, else a part; case-insensitive."""
     name, pattern = name.lower(), pattern.lower()
     if any(c in pattern for c in "*?["):
         return fnmatch.fnmatchcase(name, pattern)

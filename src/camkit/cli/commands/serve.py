@@ -19,7 +19,7 @@ from camkit.cli.arguments import (
 from camkit.cli.common import EXIT_OK, UsageError, load_model, pick_device
 from camkit.cli.vlm import load_hf
 from camkit.errors import CamkitError
-from camkit.models.vlm import HF_PREFIX, LoadedVLM
+from camkit.models.vlm import HF_PREFIX
 
 SUMMARY = "explore a model's maps live in the browser"
 DESCRIPTION = (
@@ -40,23 +40,9 @@ def demo_folder() -> Path:
     return folder
 
 
-def hf_model(args: argparse.Namespace, device: object) -> LoadedVLM | None:
-    """``--model hf:FOLDER``: the vision-language model on ``device``, loaded as ``camkit
-    explain`` loads it (:func:`camkit.cli.vlm.load_hf`); None for other models."""
-    if not args.model.startswith(HF_PREFIX):
-        return None
-    for option, value in (("--weights", args.weights), ("--compare-weights", args.compare_weights)):
-        if value:
-            raise UsageError(f"{option}: an hf: folder holds its own weights")
-    loaded = load_hf(args.model)
-    loaded.model.to(device)
-    return loaded
-
-
 def build(args: argparse.Namespace):
-    """The prepared app (:class:`camkit.serve.launch.Prepared`) from the parsed arguments:
-    everything but listening. ``camkit.serve`` is imported here, lazily: it is the one place the
-    CLI reaches into the explorer (the CLI imports no other module of it)."""
+    """The prepared app (:class:`camkit.serve.launch.Prepared`): everything but listening; the
+    one place the CLI imports the explorer, lazily."""
     from camkit.serve import web_stack_missing
 
     missing = web_stack_missing()
@@ -69,9 +55,14 @@ def build(args: argparse.Namespace):
         token = check_start(paths, args.host, args.token)  # before any model is loaded
         device = pick_device(args.device)
         crop = args.crop or run_crop(paths)  # a run folder's own preprocessing by default
-        vlm = hf_model(args, device)  # prepare shows its image side
-        checkpoints = {}
-        if vlm is None:
+        vlm, checkpoints = None, {}
+        if args.model.startswith(HF_PREFIX):  # loaded as camkit explain loads it
+            if args.weights or args.compare_weights:
+                option = "--weights" if args.weights else "--compare-weights"
+                raise UsageError(f"{option}: an hf: folder holds its own weights")
+            vlm = load_hf(args.model)  # prepare shows its image side
+            vlm.model.to(device)
+        else:
             checkpoints["a"] = load_model(args.model, args.weights, args.labels, crop=crop)
         if args.compare_weights:
             checkpoints["b"] = load_model(args.model, args.compare_weights, args.labels, crop=crop)

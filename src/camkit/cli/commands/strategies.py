@@ -85,18 +85,14 @@ def read_truth(path: str, maps: MapSet) -> np.ndarray:
 
 
 def pictures_of(run: Path, records: dict[int, dict], rows: np.ndarray, maps: MapSet) -> list:
-    """The overlays of map ``rows`` (their files in the run), or the maps coloured where an
-    overlay is missing."""
+    """The overlays of map ``rows``, or the maps coloured where one is missing."""
     pictures = []
     for row in rows.tolist():
-        output = records.get(row, {}).get("output")
         try:
-            pictures.append(io.read_image(run / output))
-            continue
-        except (TypeError, *io.READ_ERRORS):
-            pass
-        values = np.asarray(maps.maps[row], dtype=np.float32)
-        pictures.append(plots.prototype_picture(np.clip(values, 0, None), side=values.shape[0]))
+            pictures.append(io.read_image(run / records.get(row, {}).get("output")))
+        except (TypeError, *io.READ_ERRORS):  # no overlay (None: a TypeError)
+            values = np.clip(np.asarray(maps.maps[row], dtype=np.float32), 0, None)
+            pictures.append(plots.prototype_picture(values, side=values.shape[0]))
     return pictures
 
 
@@ -176,6 +172,9 @@ def run_strategies(args: argparse.Namespace) -> int:
         "embedding_limit": args.embedding_limit,
         "n_show": args.show,
         "seed": args.seed,
+        "grid": args.grid,
+        "normalize": args.normalize,
+        "positive": args.positive,
     }
     groups, skipped = [], []
     with progress(len(methods), "clusters", "method", enabled=not args.quiet) as shown:
@@ -192,9 +191,6 @@ def run_strategies(args: argparse.Namespace) -> int:
                         confidences=maps.confidence[rows],
                         predictions=maps.prediction[rows],
                         truth=truth[rows],
-                        grid=args.grid,
-                        normalize=args.normalize,
-                        positive=args.positive,
                         only=wanted,
                         **options,
                     )
@@ -219,8 +215,7 @@ def run_strategies(args: argparse.Namespace) -> int:
         print(done)
     data = StrategiesRecord(
         run=str(run),
-        parameters=options
-        | {"grid": args.grid, "normalize": args.normalize, "positive": args.positive},
+        parameters=options,
         images=maps.image.tolist(),
         groups=groups,
         skipped=skipped,
