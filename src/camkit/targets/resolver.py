@@ -112,8 +112,7 @@ class RowScorer:
 
     @property
     def explained(self) -> Tensor | None:
-        """The classes explained ``(B, K)``: the fixed ones, or the top-1 ones once scored;
-        None for a callable target."""
+        """The classes explained ``(B, K)``: fixed, or top-1 once scored; None for a callable."""
         return self.classes if self.classes is not None else self.learned.top1
 
     @property
@@ -178,8 +177,9 @@ class RowScorer:
         return self._each("for_relevance")
 
     def _each(self, form: str) -> RowScorer:
-        """This scorer with each target object replaced by its ``form()``."""
-        if isinstance(self.function, Target | PerSample):
+        if isinstance(self.function, PerSample):
+            return replace(self, function=self.function.each(form))
+        if isinstance(self.function, Target):
             return replace(self, function=getattr(self.function, form)())
         return self
 
@@ -270,11 +270,8 @@ def _user_code(what: str) -> Iterator[None]:
 
 
 def _has_bool(target: object) -> bool:
-    if isinstance(target, bool):
-        return True
-    if isinstance(target, Sequence) and not isinstance(target, str):
-        return any(_has_bool(item) for item in target)
-    return False
+    nested = isinstance(target, Sequence) and not isinstance(target, str)
+    return isinstance(target, bool) or (nested and any(map(_has_bool, target)))
 
 
 def _class_targets(target: object) -> tuple[list, bool] | None:
@@ -301,21 +298,17 @@ def resolve(
         return target
     if target is None:
         return RowScorer(selector, samples=batch)
+    probability = False
     if isinstance(target, Target) and target.classes() is not None:
-        classes, several = _class_tensor(target.classes(), batch, device)
-        probability = target.probability
-        return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
-    if callable(target) and not isinstance(target, Tensor):
+        target, probability = target.classes(), target.probability
+    elif (listed := _class_targets(target)) is not None:  # ClassTarget(c) per sample
+        target, probability = listed
+    elif callable(target) and not isinstance(target, Tensor):
         return RowScorer(selector, function=target, samples=batch)
-    classes = _class_targets(target)
-    if classes is not None:  # ClassTarget(c) per sample: the classes themselves
-        scorer = resolve(classes[0], batch, device, selector)
-        return replace(scorer, probability=classes[1])
-    per_sample = PerSample.of(target, batch)
-    if per_sample is not None:
+    elif (per_sample := PerSample.of(target, batch)) is not None:
         return RowScorer(selector, function=per_sample, asked_k=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
-    return RowScorer(selector, classes=classes, asked_k=several)
+    return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
 
 
 __all__ = ["PerSample", "RowScorer", "resolve"]
