@@ -20,6 +20,7 @@ output's type or declared (``scoring=``), and :attr:`BoxTarget.used` says which 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from torchvision.ops import box_convert, box_iou
 
 from camkit.errors import TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import describe
+from camkit.targets.outputs import describe, field
 
 Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
 Layout = Literal["auto", "rows", "columns"]
@@ -47,37 +48,17 @@ _DETECTIONS = (
 )
 
 
-def _field(output: Any, key: str) -> object:
-    return output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
-
-
-def _detr_scoring(output: Any, scoring: str) -> tuple[str, str]:
-    """``(scoring, why)`` for a DETR-style output."""
-    if scoring != "auto":
-        return scoring, "declared"
-    kind = type(output).__name__
-    if kind.startswith(_SIGMOID_HEADS):
-        return "sigmoid", f"{kind}: a sigmoid per class, no 'no object' class"
-    return "softmax", (
-        f"{kind}: DETR's softmax with a last 'no object' class (pass scoring='sigmoid' for a "
-        "focal-loss head such as Conditional or Deformable DETR)"
-    )
-
-
 def _ultralytics(output: Any) -> bool:
     """ultralytics' eval output: ``(y (B, 4 + C, N), [feature maps (B, no, h, w)])`` (8.0 to
     8.3) or ``(y, {"boxes", "scores", "feats"})`` (8.4)."""
     if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], Tensor)):
         return False
     rest = output[1]
+    if output[0].ndim != 3 or not isinstance(rest, Mapping | list | tuple) or not rest:
+        return False
     if isinstance(rest, Mapping):
-        return output[0].ndim == 3 and {"boxes", "scores", "feats"} <= set(rest)
-    return (
-        output[0].ndim == 3
-        and isinstance(rest, list | tuple)
-        and bool(rest)
-        and all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
-    )
+        return {"boxes", "scores", "feats"} <= set(rest)
+    return all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
 
 
 def detections(
@@ -85,7 +66,7 @@ def detections(
 ) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
     """Each sample's detections ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
     (N,))``, and a sentence saying how they were read and scored."""
-    logits, pred_boxes = _field(output, "logits"), _field(output, "pred_boxes")
+    logits, pred_boxes = field(output, "logits"), field(output, "pred_boxes")
     if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
         return _detr(output, logits, pred_boxes, image_size, scoring)
     if _ultralytics(output):
@@ -125,7 +106,15 @@ def _detr(
         )
     if logits.ndim != 3 or pred_boxes.shape != (*logits.shape[:2], 4):
         raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {describe(output)}")
-    scoring, why = _detr_scoring(output, scoring)
+    kind, why = type(output).__name__, "declared"
+    if scoring == "auto" and kind.startswith(_SIGMOID_HEADS):
+        scoring, why = "sigmoid", f"{kind}: a sigmoid per class, no 'no object' class"
+    elif scoring == "auto":
+        scoring = "softmax"
+        why = (
+            f"{kind}: DETR's softmax with a last 'no object' class (pass scoring='sigmoid' for "
+            "a focal-loss head such as Conditional or Deformable DETR)"
+        )
     if scoring == "softmax":
         scores, labels = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
     elif scoring == "sigmoid":
@@ -215,10 +204,9 @@ class BoxTarget(Target):
         scoring: Scoring = "auto",
         layout: Layout = "auto",
     ):
-        self.several = not (
-            isinstance(labels, int) or (isinstance(labels, Tensor) and labels.ndim == 0)
-        )
-        label_tensor = torch.as_tensor(labels).reshape(-1)
+        label_tensor = torch.as_tensor(labels)
+        self.several = label_tensor.ndim > 0
+        label_tensor = label_tensor.reshape(-1)
         box_tensor = torch.as_tensor(boxes, dtype=torch.float32)
         box_tensor = box_tensor.reshape(1, 4) if box_tensor.shape == (4,) else box_tensor
         if label_tensor.is_floating_point() or label_tensor.numel() == 0:
@@ -250,9 +238,9 @@ class BoxTarget(Target):
     def for_copies(self) -> BoxTarget:
         """In perturbed copies a lost detection scores 0 (it has no confidence left), as in
         pytorch-grad-cam; on the explained images themselves it stays an error."""
-        copy = BoxTarget.__new__(BoxTarget)
-        copy.__dict__.update(self.__dict__, lost="zero")
-        return copy
+        twin = copy.copy(self)
+        twin.lost = "zero"
+        return twin
 
     def __call__(self, output: Any) -> Tensor:
         found, self.used = detections(output, self.image_size, self.scoring, self.layout)
