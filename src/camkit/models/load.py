@@ -3,6 +3,7 @@ nothing is downloaded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -110,10 +111,10 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     import timm
     from torchvision.models import list_models
 
-    suggestions = suggest(spec, list_models(), "torchvision:") + suggest(
+    close = suggest(spec, list_models(), "torchvision:") + suggest(
         spec, timm.list_models(), "timm:"
     )
-    raise unknown(spec, suggestions[:6])
+    raise unknown(spec, close[:6])
 
 
 def load(
@@ -144,11 +145,15 @@ def load(
     then ``(T, H, W)``, the preprocessing that of one frame.
     """
     spec = os.fspath(name)
-    state, own_labels = None, None
-    if spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec):
-        if weights is not None:
-            raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
-        state, arch, own_labels = read_checkpoint_labels(spec)
+    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec)
+    if checkpoint and weights is not None:
+        raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
+    weights = spec if checkpoint else weights
+    state, arch, own_labels = None, None, None
+    if weights is not None:
+        state, arch, own_labels = read_checkpoint_labels(weights)
+    architecture = spec
+    if checkpoint:
         if arch is None:
             raise CheckpointError(
                 f"{spec} holds a state dict ({len(state)} tensors) but does not name its "
@@ -156,12 +161,7 @@ def load(
                 f"load('timm:<arch>', weights={spec!r}), or save it as "
                 "{'arch': 'timm:<arch>', 'state_dict': ...}"
             )
-        weights = spec
         architecture = arch if arch.startswith(_SOURCES) else f"timm:{arch}"
-    else:
-        architecture = spec
-        if weights is not None:
-            state, _, own_labels = read_checkpoint_labels(weights)
     build = _resolve(architecture)
     if spec == DEFAULT_MODEL and weights is None and num_classes not in (None, 1000):
         raise ArgumentError(
@@ -210,23 +210,17 @@ def _clip_size(
             raise ArgumentError(f"{spec} takes images, not clips: it takes no clip_length")
         return size
     if clip_length is None:
-        clip_length = max(CLIP_LENGTH, _min_temporal_size(spec))
+        clip_length = CLIP_LENGTH
+        source, _, arch = spec.partition(":")
+        if source == "torchvision":  # or its published weights' minimum (metadata only)
+            from torchvision import models as tv_models
+
+            with contextlib.suppress(ValueError, KeyError, AttributeError, TypeError):
+                meta = tv_models.get_model_weights(arch).DEFAULT.meta
+                clip_length = max(CLIP_LENGTH, int(meta.get("min_temporal_size", 1)))
     if not isinstance(clip_length, int) or clip_length < 1:
         raise ArgumentError(f"clip_length must be a positive int, got {clip_length!r}")
     return (clip_length, *size)
-
-
-def _min_temporal_size(spec: str) -> int:
-    """The published torchvision weights' ``min_temporal_size`` (metadata only), else 1."""
-    source, _, arch = spec.partition(":")
-    if source != "torchvision":
-        return 1
-    from torchvision import models as tv_models
-
-    try:
-        return int(tv_models.get_model_weights(arch).DEFAULT.meta.get("min_temporal_size", 1))
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return 1
 
 
 def class_names(

@@ -31,15 +31,11 @@ HF_PREFIX = "hf:"
 
 @dataclass
 class LoadedVLM:
-    """A vision-language model ready to explain.
-
-    ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
-    (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
-    :class:`~camkit.targets.PromptTarget` s; :class:`~camkit.core.wrappers.ImageInput` for a
-    generative model (images as it reads them: whole, flattened patches, tiles), whose targets
-    are :class:`~camkit.targets.TokenTarget` s);
-    ``preprocess``: the image processor's size, mean and std (resize as its
-    ``do_center_crop`` says).
+    """A vision-language model ready to explain: ``model`` (eval mode), ``preprocess`` (its
+    image processor's size, mean, std and crop), and :attr:`explained`, what the methods run:
+    :class:`~camkit.core.wrappers.ImageTower` for a dual encoder (targets:
+    :class:`~camkit.targets.PromptTarget`), :class:`~camkit.core.wrappers.ImageInput` for a
+    generative model (images as it reads them; targets: :class:`~camkit.targets.TokenTarget`).
     """
 
     folder: Path
@@ -77,8 +73,7 @@ def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
     with torch.no_grad():
         features = model.get_image_features(**image_inputs(model, pixel_values[:1]))
     features = features if isinstance(features, Tensor | list | tuple) else features.pooler_output
-    first = features[0]
-    return int(first.shape[0])
+    return int(features[0].shape[0])
 
 
 def _preprocess(folder: Path, config: Any) -> Preprocess:
