@@ -28,9 +28,7 @@ def _is_safetensors(path: Path) -> bool:
 
 
 def _describe_value(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"tensor {tuple(value.shape)}"
-    return type(value).__name__
+    return f"tensor {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
 
 
 def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
@@ -64,21 +62,17 @@ def _unpickling_reason(message: str) -> str:
 
 
 def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
-    """Read a state dict from a ``torch.save`` file or a ``.safetensors`` file, on the CPU.
-
-    Only tensors and plain containers are accepted (``torch.load(weights_only=True)``); a whole
-    pickled model or any pickle needing other code raises :class:`UnsafeCheckpointError` without
-    running it. A state dict nested under ``state_dict``/``model_state_dict``/``model``/``module``
-    is unwrapped.
-    """
+    """Read a state dict from a ``torch.save`` file or a ``.safetensors`` file, on the CPU:
+    only tensors and plain containers (``torch.load(weights_only=True)``); a pickle needing
+    other code raises :class:`UnsafeCheckpointError` without running it. A state dict nested
+    under ``state_dict``/``model_state_dict``/``model``/``module`` is unwrapped."""
     return read_checkpoint(path)[0]
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], str | None]:
     """:func:`read_state_dict`, and the architecture the file names, if any: the string under
     ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
-    entry of a safetensors file's metadata. Class names are not read
-    (:func:`read_checkpoint_labels` reads them)."""
+    entry of a safetensors file's metadata."""
     state, arch, _ = _read(Path(path))
     return state, arch
 
@@ -113,13 +107,10 @@ def _read(path: Path) -> tuple[dict[str, Tensor], str | None, Mapping[str, objec
         try:
             with safe_open(path, framework="pt") as handle:
                 metadata = handle.metadata() or {}
-            return (
-                _unwrap_state_dict(load_file(path, device="cpu"), path),
-                metadata.get("arch"),
-                metadata,
-            )
+            state = load_file(path, device="cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+        return _unwrap_state_dict(state, path), metadata.get("arch"), metadata
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:

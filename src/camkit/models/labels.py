@@ -65,8 +65,7 @@ def read_labels(path: str | os.PathLike[str]) -> list[str]:
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ArgumentError(f"labels file {path}: cannot be read ({error})") from None
-    stripped = text.lstrip()
-    if stripped.startswith(("[", "{")):
+    if text.lstrip().startswith(("[", "{")):
         try:
             found = json.loads(text)
         except json.JSONDecodeError as error:

@@ -204,19 +204,12 @@ _WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # one warning per modul
 
 def preprocess_of(model: nn.Module, size: int | tuple[int, int] | None = None) -> Preprocess:
     """The preprocessing a module carries, the one reader wherever camkit is given a bare
-    module (the explorer, the notebook, :func:`camkit.models.load`'s builders):
-
-    1. a timm-style ``pretrained_cfg`` mapping (``input_size``, ``mean``, ``std``,
-       ``interpolation``, ``crop_pct``, ``crop_mode``): every timm model has one, and
-       :func:`camkit.models.load` attaches one to the torchvision models it builds;
-    2. a HuggingFace model's image processor: ``preprocessor_config.json`` in the local folder
-       its ``config`` was read from (``image_mean``, ``image_std``, ``size``, ``crop_size``,
-       ``do_center_crop``, ``resample``, ``crop_pct``).
-
-    Wrappers are looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
-    :class:`InputLayout`). Where nothing says, ImageNet's defaults (:class:`Preprocess`'s) and
-    one :class:`AssumedPreprocessWarning` per module that names them. ``size``: the input size
-    to use instead of the model's own (default: the model's, else 224).
+    module: a timm-style ``pretrained_cfg`` (every timm model's; :func:`camkit.models.load`
+    attaches one to the torchvision models it builds), else a HuggingFace model's
+    ``preprocessor_config.json`` in the local folder its ``config`` was read from. Wrappers are
+    looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
+    :class:`InputLayout`). Where nothing says, :class:`Preprocess`'s ImageNet defaults and one
+    :class:`AssumedPreprocessWarning` per module. ``size``: instead of the model's own.
     """
     carried = carried_preprocess(model, size)
     if carried is not None:

@@ -170,27 +170,20 @@ class BoxTarget(Target):
 
     For each given box and label, among the sample's detections with that label and
     IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
-    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` sums the IoU and the score; camkit keeps the
-    score alone, the model's confidence, so the map explains the detection's class score).
+    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU to the score; camkit keeps the
+    model's confidence alone, so the map explains the detection's class score).
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
-    in the input's pixels; the same boxes are looked for in every sample of the batch.
-
-    ``scoring``: how a detection's score is computed (module docstring): ``"auto"`` (default)
-    reads it from the output's type (HuggingFace Conditional / Deformable DETR, RT-DETR:
-    ``"sigmoid"``; other DETR-style outputs: ``"softmax"`` with a "no object" class; YOLO
-    tensors: ``"raw"``), or declare ``"softmax"``, ``"sigmoid"``, ``"raw"``, ``"objectness"``.
-    After a call :attr:`used` says how the detections were read and scored.
-
-    ``layout``: for a YOLO-style tensor, ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"``
-    ``(B, 4 + C, N)`` (ultralytics YOLOv8); ``"auto"``: columns for ultralytics' eval output
-    ``(y, feature maps)``, rows for a plain tensor (never guessed from the sizes).
-
-    ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
-    naming the row and the best IoU found; ``"zero"`` scores 0. Perturbed copies (Score-CAM,
-    Ablation-CAM, the deletion metric) are always scored with ``"zero"`` (:meth:`for_copies`):
-    a lost detection has no confidence left. Integrated Gradients scores its path points with
-    the target itself: near the baseline the detection is lost, so pass ``lost="zero"``.
+    in the input's pixels, looked for in every sample of the batch. ``scoring``: how a
+    detection is scored (module docstring); ``"auto"`` reads it from the output's type, and
+    after a call :attr:`used` says how the detections were read and scored. ``layout``: a YOLO
+    tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"`` ``(B, 4 + C, N)`` (ultralytics
+    YOLOv8); ``"auto"``: columns for ultralytics' eval output ``(y, feature maps)``, else rows.
+    ``lost``: when no detection matches, ``"raise"`` a :class:`TargetError` naming the row and
+    the best IoU, or ``"zero"``: score 0. Perturbed copies (Score-CAM, Ablation-CAM, deletion)
+    always score a lost detection 0 (:meth:`for_copies`); Integrated Gradients scores its path
+    points with the target itself, and loses the detection near the baseline: pass
+    ``lost="zero"`` there.
     """
 
     def __init__(
@@ -211,7 +204,7 @@ class BoxTarget(Target):
         box_tensor = box_tensor.reshape(1, 4) if box_tensor.shape == (4,) else box_tensor
         if label_tensor.is_floating_point() or label_tensor.numel() == 0:
             raise TargetError("labels must be an int or a non-empty sequence of ints")
-        if box_tensor.ndim != 2 or box_tensor.shape != (label_tensor.numel(), 4):
+        if box_tensor.shape != (label_tensor.numel(), 4):
             raise TargetError(
                 f"boxes must be (M, 4) (x1, y1, x2, y2) for M = {label_tensor.numel()} labels, "
                 f"got shape {tuple(box_tensor.shape)}"

@@ -129,9 +129,8 @@ class RowScorer:
 
     def classes_of(self, output: Any, rows: Tensor) -> Tensor:
         """The classes ``(n, K)`` that score the output's rows (the fixed classes of samples
-        ``rows``, or each row's top-1), checked against the logits. For methods that use the
-        classes themselves (a classifier's rows, the closest classes); a callable target has
-        none: :class:`~camkit.errors.TargetError`."""
+        ``rows``, or each row's top-1), checked against the logits; a callable target has none:
+        :class:`~camkit.errors.TargetError`."""
         if not self.has_classes:
             raise TargetError("this method needs class targets (class indices), not a callable")
         self(output, rows)  # checks the logits and the class range
@@ -178,9 +177,8 @@ class RowScorer:
         return self
 
     def probabilities(self, output: Any, rows: Tensor) -> Tensor:
-        """As calling the scorer, but a class target scores its softmax probability (as the
-        metrics and the perturbation methods that compare images need); a callable target
-        keeps its own scores. Float32, detached."""
+        """As calling the scorer, but a class target scores its softmax probability (a callable
+        target keeps its own scores); float32, detached."""
         if not self.has_classes:
             scores = self(output, rows)
         else:

@@ -1,13 +1,12 @@
 """Tokens of a generative model's output as targets: the logit of a token at a position, the
 log-probability of a span, one token against another.
 
-A causal language model (and a generative vision-language model: LLaVA, PaliGemma, Gemma 3)
-returns ``logits (B, T, V)``: row ``t`` predicts the token at position ``t + 1``. A target names
-the position of the token it explains in the sequence the model reads (the prompt followed by
-the generated tokens, as ``generate()`` returns it), so its score is read at row
-``position - 1``. The logit is the score Grad-CAM uses for a class (Selvaraju et al., ICCV
-2017, eq. 1); the log-probability is the span score of sequence attribution (the sum of the
-tokens' log-probabilities, the quantity a language model's likelihood is made of).
+A causal (vision-)language model returns ``logits (B, T, V)``: row ``t`` predicts the token at
+position ``t + 1``. A target names the position of its token in the sequence the model reads
+(the prompt, then the generated tokens, as ``generate()`` returns it). The logit is the score
+Grad-CAM uses for a class (Selvaraju et al., ICCV 2017, eq. 1); the log-probability is the span
+score of sequence attribution (the sum of the tokens' log-probabilities, of which a language
+model's likelihood is made).
 """
 
 from __future__ import annotations
@@ -96,10 +95,9 @@ class TokenTarget(Target):
         self, position: Ints, token: Ints, *, against: Ints | None = None, log_prob: bool = False
     ):
         self.positions, self.single = _ints("position", position)
-        self.tokens = _per_position("token", token, len(self.positions))
-        self.against = None
-        if against is not None:
-            self.against = _per_position("token against", against, len(self.positions))
+        count = len(self.positions)
+        self.tokens = _per_position("token", token, count)
+        self.against = None if against is None else _per_position("token against", against, count)
         self.log_prob = bool(log_prob)
 
     @classmethod
@@ -108,8 +106,7 @@ class TokenTarget(Target):
         whose first ``prompt_length`` tokens are the prompt: ``K = T - prompt_length`` targets
         (the sequence is the input the model is explained with)."""
         sequence = torch.as_tensor(sequence)
-        if sequence.ndim == 2 and sequence.shape[0] == 1:
-            sequence = sequence[0]
+        sequence = sequence[0] if sequence.ndim == 2 and sequence.shape[0] == 1 else sequence
         if sequence.ndim != 1:
             raise TargetError(
                 f"generated() takes one sequence (T,) or (1, T), got {tuple(sequence.shape)}; "
