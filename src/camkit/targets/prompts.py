@@ -88,32 +88,6 @@ def _dual_encoder(model: nn.Module) -> nn.Module:
     return inner
 
 
-def _open_clip(encoder: nn.Module) -> bool:
-    """Whether ``encoder`` is built the OpenCLIP way (``encode_text``, no HuggingFace config)."""
-    return not callable(getattr(encoder, "get_text_features", None))
-
-
-def _tokenized(model: nn.Module, texts: list[str], tokenizer: Any) -> dict[str, Tensor]:
-    """``texts`` through ``tokenizer`` (an object or a folder) as the model was trained: SigLIP
-    pads to its full length (its text tower pools the last position), CLIP pads to the longest
-    (it pools the end-of-text token, the padding masked)."""
-    if tokenizer is None:
-        raise TargetError(
-            "prompts given as texts need tokenizer= (a tokenizer or its folder; for OpenCLIP "
-            "open_clip.get_tokenizer(name))"
-        )
-    if isinstance(tokenizer, str | Path):
-        tokenizer = load_tokenizer(tokenizer)
-    if _open_clip(model):  # OpenCLIP's tokenizers pad to the context length, ids only
-        return {"input_ids": torch.as_tensor(tokenizer(texts))}
-    options: dict[str, Any] = {"padding": True}
-    if "siglip" in model.config.model_type:
-        length = model.config.text_config.max_position_embeddings
-        options = {"padding": "max_length", "max_length": length, "truncation": True}
-    encoded = tokenizer(texts, return_tensors="pt", **options)
-    return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
-
-
 class PromptTarget(Target):
     """The similarity of an image to ``K`` text prompts: ``(B, D) image embeddings -> (B, K)``
     (``(B,)`` for one prompt given as a string or 1-D ids).
@@ -225,7 +199,7 @@ def _text_embeddings(
     """The prompts (:func:`_prompts`) and their ``(K, D)`` text embeddings: the text tower once,
     without gradient."""
     texts = _prompts(texts, input_ids)
-    open_clip = _open_clip(encoder)
+    open_clip = not callable(getattr(encoder, "get_text_features", None))  # encode_text only
     if open_clip:  # its vocab_size and context_length
         vocabulary, positions = int(encoder.vocab_size), getattr(encoder, "context_length", None)
     else:
@@ -237,7 +211,22 @@ def _text_embeddings(
             "give input_ids padded with 0, as its tokenizer does"
         )
     if texts is not None:
-        encoded = _tokenized(encoder, texts, tokenizer)
+        if tokenizer is None:
+            raise TargetError(
+                "prompts given as texts need tokenizer= (a tokenizer or its folder; for OpenCLIP "
+                "open_clip.get_tokenizer(name))"
+            )
+        tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
+        if open_clip:  # OpenCLIP's tokenizers pad to the context length, ids only
+            encoded = {"input_ids": torch.as_tensor(tokenizer(texts))}
+        else:
+            # as trained: SigLIP pads to its full length (its text tower pools the last
+            # position), CLIP to the longest (it pools the end-of-text token, padding masked)
+            options: dict[str, Any] = {"padding": True}
+            if "siglip" in encoder.config.model_type:
+                options = {"padding": "max_length", "max_length": positions, "truncation": True}
+            encoded = tokenizer(texts, return_tensors="pt", **options)
+            encoded = {k: encoded[k] for k in ("input_ids", "attention_mask") if k in encoded}
     else:
         ids = torch.as_tensor(input_ids)
         ids = ids[None] if ids.ndim == 1 else ids
