@@ -85,15 +85,12 @@ def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:
             f"{path} holds {len(stored)} tensors but timm's tf_efficientnet_lite0 has "
             f"{len(target)}; the installed timm or weights package does not match"
         )
-    renamed = {}
-    for index, ((stored_name, tensor), (name, expected)) in enumerate(
-        zip(stored.items(), target.items(), strict=True)
-    ):
+    pairs = zip(stored.items(), target.items(), strict=True)
+    for index, ((stored_name, tensor), (name, expected)) in enumerate(pairs):
         if tensor.shape != expected.shape:
             raise CheckpointMismatchError(
                 f"{path}: tensor #{index} {stored_name} {tuple(tensor.shape)} does not line up "
                 f"with timm's {name} {tuple(expected.shape)}; the installed timm or weights "
                 "package does not match"
             )
-        renamed[name] = tensor
-    return renamed
+    return dict(zip(target, stored.values(), strict=True))

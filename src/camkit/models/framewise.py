@@ -1,8 +1,6 @@
-"""An image classifier as a video model: run on every frame of a clip, its scores averaged
-(the segmental consensus of Temporal Segment Networks: Wang et al., "Temporal Segment
-Networks: Towards Good Practices for Deep Action Recognition", ECCV 2016), declared frame-wise
-(:class:`camkit.InputLayout` with ``frame_wise=True``) so that CAMs read its layers per frame
-and give one map per frame ``(B, T, H, W)``."""
+"""An image classifier as a video model: run on every frame of a clip, its scores averaged (the
+segmental consensus of Wang et al., "Temporal Segment Networks: Towards Good Practices for Deep
+Action Recognition", ECCV 2016), declared frame-wise so that CAMs give one map per frame."""
 
 from __future__ import annotations
 

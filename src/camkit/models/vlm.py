@@ -89,10 +89,9 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
     size = getattr(vision, "image_size", 224)  # InternVL: [height, width]
     pinpoints = getattr(config, "image_grid_pinpoints", None)
     size = pinpoints[0] if pinpoints else size  # a tiled model reads images at its resolutions
-    height, width = (size, size) if isinstance(size, int) else map(int, size)
     crop = "center" if settings.get("do_center_crop") else "squash"
     return Preprocess(
-        size=(height, width),
+        size=size,
         mean=tuple(settings.get("image_mean", (0.5, 0.5, 0.5))),
         std=tuple(settings.get("image_std", (0.5, 0.5, 0.5))),
         crop_pct=1.0,

@@ -1,9 +1,5 @@
-"""Detection targets: a detector's score for a given box, scored the way the detector does.
-
-:class:`BoxTarget` finds, in each sample's detections, the one that best matches a given box and
-label and returns its score. Detectors score a detection in different ways, and the score a map
-explains must be the model's own (its post-processing's), so the scoring is read from the
-output's type or declared (``scoring=``), and :attr:`BoxTarget.used` says which one was used:
+"""Detection targets: a detector's score for a given box, scored the way the detector does
+(its post-processing's score), read from the output's type or declared (``scoring=``):
 
 * ``"softmax"``: DETR (Carion et al., ECCV 2020), YOLOS (Fang et al., NeurIPS 2021): a softmax
   over ``C + 1`` logits whose last is "no object"; a query's label is its most probable real

@@ -74,13 +74,12 @@ class SegmentationTarget(Target):
     """Sum of category ``category``'s logits inside a boolean pixel mask: ``(B, K, H, W) ->
     (B,)``, volumes ``(B, K, D, H, W)`` likewise (Vinogradova et al., "Towards interpretable
     semantic segmentation via gradient-weighted class activation mapping", AAAI 2020;
-    pytorch-grad-cam's ``SemanticSegmentationTarget``).
+    pytorch-grad-cam's ``SemanticSegmentationTarget``). Outputs: a tensor, a torchvision dict
+    ``{"out": ...}`` or an object/dict with ``logits``.
 
-    ``mask``: ``(H, W)`` for every sample or ``(B, H, W)`` (volumes: ``(D, H, W)`` or ``(B, D,
-    H, W)``), bool (or 0/1); None means the whole image. A mask of another size than the
-    logits (drawn on the input, while the model gives logits at a lower resolution) is
-    resized to the logits' grid by nearest neighbour (pixel centres, ``nearest-exact``).
-    Outputs: a tensor, a torchvision dict ``{"out": ...}`` or an object/dict with ``logits``.
+    ``mask``: ``([B,] H, W)`` or ``([B,] D, H, W)``, bool or 0/1, None for the whole image; one
+    of another size than the logits (drawn on the input) is resized to their grid by nearest
+    neighbour (pixel centres, ``nearest-exact``).
     """
 
     def __init__(self, category: int, mask: Tensor | None = None):
@@ -171,14 +170,12 @@ _EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")
 
 
 class EmbeddingTarget(Target):
-    """Cosine similarity to a reference embedding: ``(B, D) -> (B,)``.
-
-    ``reference``: ``(D,)`` for every sample or ``(B, D)``. The embedding is ``output=`` of the
-    model's output when given (a key, attribute, index or callable, as the methods' ``output=``);
-    else a ``(B, D)`` tensor (or ``(B, D, 1, 1)`` pooled maps, flattened), the first of
-    ``image_embeds`` (CLIP), ``pooler_output`` (HuggingFace ViT / ConvNeXt / DINOv2 models),
-    ``embeddings`` found on a dict or object, else its ``logits`` or first element.
-    Re-identification and CLIP-style image towers.
+    """Cosine similarity to a reference embedding ``(D,)`` or ``(B, D)``: ``(B, D) -> (B,)``,
+    for re-identification and CLIP-style image towers. The embedding: ``output=`` (a key,
+    attribute, index or callable, as the methods' ``output=``), else a ``(B, D)`` tensor (or
+    ``(B, D, 1, 1)`` pooled maps), else the first of ``image_embeds`` (CLIP), ``pooler_output``
+    (HuggingFace ViT / ConvNeXt / DINOv2), ``embeddings`` on a dict or object, else its
+    ``logits`` or first element.
     """
 
     def __init__(self, reference: Tensor, output: OutputSelector = None):

@@ -21,11 +21,9 @@ def _got(value: object) -> object:
 @dataclass
 class PerSample:
     """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
-
-    A camkit :class:`Target` gets the whole output and its ``(n,)`` scores are kept for the
-    rows of its sample only; any other callable (pytorch-grad-cam's targets) gets each of its
-    sample's rows of the output (``output[i]``) and returns one score. Copies of several
-    samples in one forward (perturbation methods) are each scored by their own sample's.
+    A camkit :class:`Target` scores the whole output, of which its sample's rows are kept; any
+    other callable (pytorch-grad-cam's targets) gets each of its sample's rows (``output[i]``)
+    and returns one score. Copies of several samples in one forward are each scored by theirs.
     """
 
     targets: list[list[Callable[[Any], Tensor]]]

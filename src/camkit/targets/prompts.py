@@ -7,9 +7,7 @@ visual models from natural language supervision", ICML 2021, fig. 3), SigLIP's
 ``exp(t) cos(image, text) + b`` (Zhai et al., "Sigmoid loss for language image pre-training",
 ICCV 2023, algorithm 1): the ``logits_per_image`` the model itself returns. ``K`` prompts are
 ``K`` targets of one backward pass; a contrast subtracts another prompt's similarity ("a cat"
-against "a dog": where the image is more cat than dog).
-
-:func:`load_tokenizer` reads a tokenizer from a local folder (nothing is downloaded).
+against "a dog": where the image is more cat than dog). Tokenizers are read from local folders.
 """
 
 from __future__ import annotations

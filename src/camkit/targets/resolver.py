@@ -155,11 +155,7 @@ class RowScorer:
             return self.classes[rows.to(self.classes.device), k]
         if self.top1:
             raise TargetError("pin the top-1 classes on a clean pass before splitting them")
-
-        def column(output: Any) -> Tensor:
-            return self._scores(output, rows)[:, k]
-
-        return column
+        return lambda output: self._scores(output, rows)[:, k]
 
     def for_copies(self) -> RowScorer:
         """The scorer of perturbed copies: each target object's :meth:`Target.for_copies`."""
@@ -180,12 +176,10 @@ class RowScorer:
         """As calling the scorer, but a class target scores its softmax probability (a callable
         target keeps its own scores); float32, detached."""
         if not self.has_classes:
-            scores = self(output, rows)
-        else:
-            classes = self.classes_of(output, rows)
-            logits = select_output(output, self.selector).float()
-            scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
-        return scores.detach().float()
+            return self(output, rows).detach().float()
+        classes = self.classes_of(output, rows)
+        logits = select_output(output, self.selector).float()
+        return logits.softmax(dim=1).gather(1, classes.to(logits.device)).detach()
 
     def __call__(self, output: Any, rows: Tensor) -> Tensor:
         scores = self._scores(output, rows)

@@ -83,12 +83,10 @@ def _gather(picked: Tensor, tokens: list[int]) -> Tensor:
 
 class TokenTarget(Target):
     """The logit of token ``token`` at sequence position ``position``: ``(B, T, V) -> (B,)``;
-    ``K`` positions (with one token each, or one token for all) give ``(B, K)``, ``K``
-    targets of one backward pass.
-
-    ``against``: a token (or one per position) whose logit is subtracted (``"cat"`` against
-    ``"dog"`` at the same position; the softmax's normaliser cancels, so it is also the
-    log-probability ratio). ``log_prob=True`` scores ``log softmax`` instead of the logit.
+    ``K`` positions (one token each, or one for all) give ``(B, K)``, ``K`` targets of one
+    backward pass. ``against``: a token (or one per position) whose logit is subtracted (the
+    softmax's normaliser cancels: also the log-probability ratio). ``log_prob=True`` scores
+    ``log softmax`` instead of the logit.
     """
 
     def __init__(
