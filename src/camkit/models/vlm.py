@@ -50,16 +50,14 @@ class LoadedVLM:
 
     @property
     def placeholders(self) -> list[int]:
-        """The token ids that stand for image (or video) features in a generative model's
-        input (``config.image_token_id``, ``video_token_id``): never generated in an answer
-        (the model reads the answer again, and each such token would take an image's place)."""
+        """The ids standing for image (or video) features in a generative model's input: never
+        generated (the model reads the answer again, and each would take an image's place)."""
         ids = (getattr(self.model.config, key, None) for key in PLACEHOLDER_IDS)
         return [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
 
     def prompt_ids(self, text: str, pixel_values: Tensor) -> Tensor:
-        """``(1, T)`` ids of a question to a generative model: the tokenizer's ids of ``text``
-        with the model's image tokens after the beginning-of-text token (one per image feature
-        the model makes of ``pixel_values``: :func:`image_token_count`)."""
+        """``(1, T)`` ids of ``text`` with :func:`image_token_count` image tokens after the
+        beginning-of-text token: a question to a generative model."""
         ids = self.tokenizer(text, return_tensors="pt")["input_ids"][0].tolist()
         image = [self.model.config.image_token_id] * image_token_count(self.model, pixel_values)
         start = 1 if ids and ids[0] == self.tokenizer.bos_token_id else 0
@@ -136,10 +134,9 @@ def _open_clip(folder: Path) -> LoadedVLM:
 
 
 def load_vlm(folder: str | Path) -> LoadedVLM:
-    """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class in
-    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``; or an OpenCLIP
-    model as on the hub: ``open_clip_config.json`` and its weights); clear errors for a folder
-    that lacks one of them."""
+    """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class, the
+    weights, the tokenizer, ``preprocessor_config.json``; or OpenCLIP's hub layout), with a
+    clear error for a folder that lacks one of them."""
     folder = Path(folder)
     if (folder / OPEN_CLIP_CONFIG).is_file():
         return _open_clip(folder)

@@ -60,8 +60,8 @@ def _ultralytics(output: Any) -> bool:
 def detections(
     output: Any, image_size: tuple[int, int] | None, scoring: str, layout: str
 ) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
-    """Each sample's detections ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
-    (N,))``, and a sentence saying how they were read and scored."""
+    """Each sample's ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores (N,))``, and
+    how they were read and scored."""
     logits, pred_boxes = field(output, "logits"), field(output, "pred_boxes")
     if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
         return _detr(output, logits, pred_boxes, image_size, scoring)

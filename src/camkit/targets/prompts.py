@@ -41,8 +41,7 @@ TOKENIZER_FILES = (
 
 
 def load_tokenizer(folder: str | Path) -> Any:
-    """The tokenizer saved in a local HuggingFace folder (``tokenizer.json`` or the files
-    ``save_pretrained`` writes), read without any download; a clear
+    """The tokenizer ``save_pretrained`` wrote in a local folder, read without any download; a
     :class:`~camkit.errors.TargetError` when the folder holds none."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -64,8 +63,7 @@ def load_tokenizer(folder: str | Path) -> Any:
 
 
 def _dual_encoder(model: nn.Module) -> nn.Module:
-    """The dual encoder inside camkit's wrappers (ImageTower, KeywordInput), with a text tower:
-    HuggingFace's ``get_text_features`` or OpenCLIP's ``encode_text``."""
+    """The dual encoder inside camkit's wrappers, checked to have a text tower."""
     inner = model
     while getattr(inner, "wraps_model", False):
         inner = inner.module
@@ -137,10 +135,9 @@ class PromptTarget(Target):
         self.bias = None if bias is None else bias.detach().reshape(())
 
     def for_relevance(self) -> PromptTarget:
-        """The same scores with the image embedding's norm taken as a constant (AttnLRP's
-        identity rule on a normalisation; lxt's ``normalize``): the embedding's relevance then
-        sums to ``exp(logit_scale) cos``, where the plain cosine's gradient, orthogonal to the
-        embedding, would give it none."""
+        """The same scores, the image embedding's norm a constant (AttnLRP's identity rule on a
+        normalisation; lxt's ``normalize``): the embedding's relevance then sums to the score,
+        where the cosine's gradient, orthogonal to the embedding, would give it none."""
         twin = copy.copy(self)
         twin.constant_norm = True
         return twin
@@ -194,8 +191,7 @@ def _text_embeddings(
     tokenizer: Any,
     attention_mask: Tensor | None = None,
 ) -> tuple[list[str] | None, Tensor]:
-    """The prompts (:func:`_prompts`) and their ``(K, D)`` text embeddings: the text tower once,
-    without gradient."""
+    """The prompts and their ``(K, D)`` text embeddings: the text tower once, without gradient."""
     texts = _prompts(texts, input_ids)
     open_clip = not callable(getattr(encoder, "get_text_features", None))  # encode_text only
     if open_clip:  # its vocab_size and context_length

@@ -148,9 +148,8 @@ class RowScorer:
         return best
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
-        """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows
-        (e.g. patches or copies of those samples): their ``(n,)`` fixed classes, or the
-        callable reduced to its ``k``-th score. Top-1 targets must be :meth:`pinned` first."""
+        """Target ``k`` of samples ``rows`` as the target of a batch of ``n`` rows: ``(n,)``
+        classes, or the callable's ``k``-th score; top-1 targets must be :meth:`pinned`."""
         if self.classes is not None:
             return self.classes[rows.to(self.classes.device), k]
         if self.top1:
@@ -242,8 +241,7 @@ class RowScorer:
 
 @contextmanager
 def _user_code(what: str) -> Iterator[None]:
-    """Turn an indexing/type error raised inside the user's callable into a TargetError that
-    says what the callable receives."""
+    """An error inside the user's callable as a TargetError saying what the callable gets."""
     try:
         yield
     except (IndexError, KeyError, TypeError, AttributeError) as err:
@@ -261,8 +259,7 @@ def _has_bool(target: object) -> bool:
 
 
 def _class_targets(target: object) -> tuple[list, bool] | None:
-    """``(classes, probability)`` of a list of class target objects with int classes, one per
-    sample (``[ClassTarget(3), ClassTarget(5)]`` is ``[3, 5]``), else None."""
+    """``[ClassTarget(3), ClassTarget(5)]`` as ``([3, 5], probability)``, else None."""
     if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
         return None
     if not all(isinstance(item, Target) and isinstance(item.classes(), int) for item in target):

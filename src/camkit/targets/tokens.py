@@ -56,8 +56,7 @@ def sequence_logits(output: Any, who: str) -> Tensor:
 
 
 def _rows(logits: Tensor, positions: list[int], tokens: list[int], who: str) -> Tensor:
-    """The logit rows ``position - 1`` of ``positions`` (negative: from the end), checked, as
-    are ``tokens`` against the vocabulary."""
+    """The logit rows ``position - 1`` (negative: from the end), ``tokens`` checked too."""
     length, size = logits.shape[1:]
     rows = []
     for position in positions:
@@ -101,8 +100,7 @@ class TokenTarget(Target):
     @classmethod
     def generated(cls, sequence: Tensor, prompt_length: int, **options: Any) -> TokenTarget:
         """Every generated token of a ``generate()`` output ``sequence`` ``(1, T)`` or ``(T,)``
-        whose first ``prompt_length`` tokens are the prompt: ``K = T - prompt_length`` targets
-        (the sequence is the input the model is explained with)."""
+        after its ``prompt_length`` prompt tokens: ``K = T - prompt_length`` targets."""
         sequence = torch.as_tensor(sequence)
         sequence = sequence[0] if sequence.ndim == 2 and sequence.shape[0] == 1 else sequence
         if sequence.ndim != 1:
