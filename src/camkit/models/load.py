@@ -111,9 +111,8 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     import timm
     from torchvision.models import list_models
 
-    close = suggest(spec, list_models(), "torchvision:") + suggest(
-        spec, timm.list_models(), "timm:"
-    )
+    close = suggest(spec, list_models(), "torchvision:")
+    close += suggest(spec, timm.list_models(), "timm:")
     raise unknown(spec, close[:6])
 
 

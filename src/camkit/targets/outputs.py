@@ -20,13 +20,10 @@ def field(output: Any, key: str) -> Any:
 
 
 def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
-    """Pick the logits from a model's output.
-
-    ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
-    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, one
-    with ``logits_per_image`` (a dual encoder's image-text similarities: HuggingFace CLIP,
-    SigLIP; ``(B images, T texts)``, so class ``t`` is text ``t``) gives those, and a tuple or
-    list gives its first element.
+    """Pick the logits from a model's output by ``selector``: a key (dict key or attribute), an
+    index, or a callable. Without one: a tensor as is, else an object's or dict's ``logits``,
+    else its ``logits_per_image`` (a dual encoder's ``(B images, T texts)`` similarities: class
+    ``t`` is text ``t``), else a tuple's or list's first element.
     """
     if callable(selector):
         picked = selector(output)

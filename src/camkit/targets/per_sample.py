@@ -18,7 +18,7 @@ def _got(value: object) -> object:
     return tuple(value.shape) if isinstance(value, Tensor) else type(value)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a RowScorer holding one stays hashable
 class PerSample:
     """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
     A camkit :class:`Target` scores the whole output, of which its sample's rows are kept; any

@@ -86,19 +86,17 @@ def _dual_encoder(model: nn.Module) -> nn.Module:
 
 class PromptTarget(Target):
     """The similarity of an image to ``K`` text prompts: ``(B, D) image embeddings -> (B, K)``
-    (``(B,)`` for one prompt given as a string or 1-D ids).
+    (``(B,)`` for one prompt given as a string or 1-D ids). The output explained is the image
+    embedding (explain ``camkit.ImageTower(model)``: the text tower never runs again) or one
+    with ``image_embeds``.
 
     Args:
-        model: a dual encoder (HuggingFace ``CLIPModel``, ``SiglipModel``, or one of camkit's
-            wrappers around it: explain ``camkit.ImageTower(model)``, whose output is the image
-            embedding, so the text tower never runs again).
-        texts: one prompt or ``K``, tokenized by ``tokenizer`` (a tokenizer object or the local
-            folder it was saved in); or ``input_ids`` ``(K, L)`` (with ``attention_mask``).
-        contrast: prompts (or ``input_ids``) subtracted: one for every prompt or one each;
-            the score is ``s(text_k) - s(contrast_k)``.
-
-    The model's output may be the image embedding ``(B, D)``
-    (:class:`~camkit.core.wrappers.ImageTower`) or an output with ``image_embeds``.
+        model: a dual encoder (HuggingFace ``CLIPModel``, ``SiglipModel``; OpenCLIP), or one of
+            camkit's wrappers around it.
+        texts: one prompt or ``K``, tokenized by ``tokenizer`` (an object or its local folder);
+            or ``input_ids`` ``(K, L)`` (with ``attention_mask``).
+        contrast: prompts (or ``input_ids``) subtracted, one for all or one each: the score is
+            ``s(text_k) - s(contrast_k)``.
     """
 
     def __init__(

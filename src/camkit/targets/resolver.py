@@ -39,9 +39,7 @@ from camkit.targets.ranking import top1
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
     """An explicit class target as ``(classes (B, K), several)``; type and shape checked."""
-    if isinstance(target, bool) or (
-        not isinstance(target, int | Tensor | Sequence) or isinstance(target, str)
-    ):
+    if isinstance(target, bool | str) or not isinstance(target, int | Tensor | Sequence):
         raise TargetError(
             "target must be None, an int, a list of ints, a list of lists, a tensor or a "
             f"callable, got {type(target).__name__}"
