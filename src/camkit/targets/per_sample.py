@@ -37,17 +37,16 @@ class PerSample:
         items = [
             list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
         ]
-        several = all(isinstance(item, list) for item in items)
-        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
-        calls = [callable(t) and not isinstance(t, Tensor) for t in flat]
+        rows = [item if isinstance(item, list) else [item] for item in items]
+        calls = [callable(t) and not isinstance(t, Tensor) for row in rows for t in row]
         if not any(calls):
             return None
+        several = all(isinstance(item, list) for item in items)
         if not all(calls) or (any(isinstance(item, list) for item in items) and not several):
             raise TargetError(
                 "a list of target objects must hold only callables: B of them (one per sample) "
                 "or B lists of K (K per sample), not mixed with classes"
             )
-        rows = [item if several else [item] for item in items]
         if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
             raise TargetError(
                 f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
