@@ -166,9 +166,6 @@ class FrameSpanTarget(Target):
         return logits[:, self.start : self.stop, self.category].mean(dim=1)
 
 
-_EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")
-
-
 class EmbeddingTarget(Target):
     """Cosine similarity to a reference embedding ``(D,)`` or ``(B, D)``: ``(B, D) -> (B,)``,
     for re-identification and CLIP-style image towers. The embedding: ``output=`` (a key,
@@ -193,7 +190,7 @@ class EmbeddingTarget(Target):
                 return select_output(output, self.output)
             except OutputError as err:
                 raise TargetError(f"EmbeddingTarget(output={self.output!r}): {err}") from None
-        for key in _EMBEDDING_KEYS:
+        for key in ("image_embeds", "pooler_output", "embeddings"):
             if isinstance(found := field(output, key), Tensor):
                 return found
         try:
