@@ -51,10 +51,8 @@ class RandomWeightsWarning(UserWarning):
 @dataclass
 class LoadedModel:
     """A model ready to explain, with what is needed to feed it and read its answers.
-
-    ``layers``: ``{layer name: None if a CAM can read it, else why not}``, what
-    :func:`~camkit.core.trace.map_layers` answers at ``input_size``, kept from the trace
-    :func:`load` made; None when not known (a LoadedModel built by hand)."""
+    ``layers``: :func:`~camkit.core.trace.map_layers`' answer at ``input_size`` (``{name: None
+    if a CAM can read it, else why not}``) from :func:`load`'s trace; None when not known."""
 
     name: str
     model: nn.Module
