@@ -132,6 +132,11 @@ class PromptTarget(Target):
         bias = getattr(encoder, "logit_bias", None)
         self.bias = None if bias is None else bias.detach().reshape(())
 
+    @property
+    def count(self) -> int:
+        """``K``: the number of prompts (targets per image)."""
+        return self.embeddings.shape[0]
+
     def for_relevance(self) -> PromptTarget:
         """The same scores, the image embedding's norm a constant (AttnLRP's identity rule on a
         normalisation; lxt's ``normalize``): the embedding's relevance then sums to the score,
