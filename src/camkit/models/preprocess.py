@@ -26,8 +26,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # torchvision InterpolationMode values
 #: How a photo becomes the model's input size, the one choice of every front end (``--crop``):
-#: ``center`` (the model's own evaluation transform), ``squash`` (resized to the input size, the
-#: aspect ratio changes), ``pad`` (the whole photo, letterboxed with the mean colour).
+#: the model's own ``center`` crop, ``squash`` (aspect ratio lost), ``pad`` (letterboxed).
 CROPS = ("center", "squash", "pad")
 
 
@@ -154,10 +153,9 @@ STRIP_PIXELS = 1 << 20  # a photo is made float this many pixels at a time (4 MB
 
 def _resize(pixels: Tensor, size: list[int], interpolation: str) -> Tensor:
     """``(3, H, W)`` uint8 or float [0, 1] -> ``(3, *size)`` float32, antialiased, without a
-    float copy of the whole photo: the rows are made float and resized across in strips of
-    :data:`STRIP_PIXELS`, then the ``(3, H, w)`` result is resized down the columns. The
-    antialiased resize is separable (one axis, then the other), so the result is the one-step
-    resize's within float32 rounding (tested against a float64 reference)."""
+    float copy of the whole photo: :data:`STRIP_PIXELS` at a time made float and resized across,
+    then down the columns; separable, so the one-step resize's result within float32 rounding
+    (tested against a float64 reference)."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
 

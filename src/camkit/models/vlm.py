@@ -1,7 +1,6 @@
-"""Vision-language models from a local HuggingFace folder (config, weights, tokenizer and the
-image processor's settings), read without any download: dual encoders (CLIP, SigLIP; OpenCLIP
-in its hub layout) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2-VL and
-their kin)."""
+"""Vision-language models from a local HuggingFace folder, read without any download: dual
+encoders (CLIP, SigLIP; OpenCLIP) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL,
+Qwen2-VL and their kin)."""
 
 from __future__ import annotations
 

@@ -79,13 +79,11 @@ class Learned:
 
 @dataclass(frozen=True)
 class RowScorer:
-    """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
-
-    ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
-    belongs to sample ``rows[i]``: the logits (softmax probabilities with ``probability``) of
-    the fixed ``classes (B, K)``, each row's top-1 logit (``classes is None``: see
-    :meth:`pinned`), or the callable's scores. Methods ask it questions rather than reading
-    its fields.
+    """A target resolved for a batch of ``B`` samples (see :func:`resolve`): ``scorer(output,
+    rows)`` gives the scores ``(n, K)`` of an output whose row ``i`` belongs to sample
+    ``rows[i]``: the logits (softmax probabilities with ``probability``) of the fixed ``classes
+    (B, K)``, each row's top-1 logit (``classes is None``: see :meth:`pinned`), or the
+    callable's scores. Methods ask it questions rather than reading its fields.
     """
 
     selector: OutputSelector = None
