@@ -1,9 +1,6 @@
-"""Models to explain: the default pretrained model, builders, safe checkpoints, labels, inputs.
-
-``camkit.models.load("efficientnet_lite0")`` is a ready pretrained model (weights from a pip
-package, nothing downloaded); ``load("torchvision:resnet50", weights="r50.pth")`` and
-``load("timm:convnext_tiny", weights=...)`` build any architecture offline.
-"""
+"""Models to explain: the default pretrained model, builders, safe checkpoints, labels, inputs;
+``load("efficientnet_lite0")``, ``load("torchvision:resnet50", weights="r50.pth")``,
+``load("timm:convnext_tiny", weights=...)``, all offline (nothing is downloaded)."""
 
 from camkit.core.trace import (
     default_layer,

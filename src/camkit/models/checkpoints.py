@@ -28,17 +28,13 @@ def _is_safetensors(path: Path) -> bool:
 
 
 def _describe_value(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"tensor {tuple(value.shape)}"
-    return type(value).__name__
+    return f"tensor {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
 
 
 def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
     if isinstance(loaded, Mapping) and not all(isinstance(v, Tensor) for v in loaded.values()):
-        for key in _NESTED_STATE_DICT_KEYS:
-            if isinstance(loaded.get(key), Mapping):
-                loaded = loaded[key]
-                break
+        nested = (loaded[key] for key in _NESTED_STATE_DICT_KEYS if key in loaded)
+        loaded = next((value for value in nested if isinstance(value, Mapping)), loaded)
     if not isinstance(loaded, Mapping) or not loaded:
         raise CheckpointError(
             f"{path}: expected a state dict (a mapping of names to tensors, possibly under "
@@ -66,21 +62,17 @@ def _unpickling_reason(message: str) -> str:
 
 
 def read_state_dict(path: str | os.PathLike[str]) -> dict[str, Tensor]:
-    """Read a state dict from a ``torch.save`` file or a ``.safetensors`` file, on the CPU.
-
-    Only tensors and plain containers are accepted (``torch.load(weights_only=True)``); a whole
-    pickled model or any pickle needing other code raises :class:`UnsafeCheckpointError` without
-    running it. A state dict nested under ``state_dict``/``model_state_dict``/``model``/``module``
-    is unwrapped.
-    """
+    """Read a state dict from a ``torch.save`` file or a ``.safetensors`` file, on the CPU:
+    only tensors and plain containers (``torch.load(weights_only=True)``); a pickle needing
+    other code raises :class:`UnsafeCheckpointError` without running it. A state dict nested
+    under ``state_dict``/``model_state_dict``/``model``/``module`` is unwrapped."""
     return read_checkpoint(path)[0]
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Tensor], str | None]:
     """:func:`read_state_dict`, and the architecture the file names, if any: the string under
     ``"arch"`` of a ``torch.save``d dict (as timm's training script writes), or the ``"arch"``
-    entry of a safetensors file's metadata. Class names are not read
-    (:func:`read_checkpoint_labels` reads them)."""
+    entry of a safetensors file's metadata."""
     state, arch, _ = _read(Path(path))
     return state, arch
 
@@ -115,13 +107,10 @@ def _read(path: Path) -> tuple[dict[str, Tensor], str | None, Mapping[str, objec
         try:
             with safe_open(path, framework="pt") as handle:
                 metadata = handle.metadata() or {}
-            return (
-                _unwrap_state_dict(load_file(path, device="cpu"), path),
-                metadata.get("arch"),
-                metadata,
-            )
+            state = load_file(path, device="cpu")
         except SafetensorError as error:
             raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+        return _unwrap_state_dict(state, path), metadata.get("arch"), metadata
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -150,10 +139,8 @@ def _optional_key(name: str) -> bool:
 
 
 def strip_shared_prefix(state: dict[str, Tensor], expected: Iterable[str]) -> dict[str, Tensor]:
-    """Drop wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``...) shared by every key.
-
-    Only done, up to twice, when the stripped names then match the model's exactly.
-    """
+    """Drop wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``...) shared by every key,
+    up to twice, where the stripped names then match the model's exactly."""
     wanted = {name for name in expected if not _optional_key(name)}
     for _ in range(2):
         present = {name for name in state if not _optional_key(name)}
@@ -183,15 +170,14 @@ def check_fits(model: nn.Module, state: Mapping[str, Tensor], source: str) -> No
         for k in expected
         if k in state and state[k].shape != expected[k].shape
     ]
-    if not (missing or unexpected or wrong_shape):
+    found = [
+        ("missing from the file", missing, 5),
+        ("not in the model", unexpected, 5),
+        ("different shapes", wrong_shape, 3),
+    ]
+    parts = [f"{what}: {_few(names, limit)}" for what, names, limit in found if names]
+    if not parts:
         return
-    parts = []
-    if missing:
-        parts.append(f"missing from the file: {_few(missing)}")
-    if unexpected:
-        parts.append(f"not in the model: {_few(unexpected)}")
-    if wrong_shape:
-        parts.append(f"different shapes: {_few(wrong_shape, 3)}")
     raise CheckpointMismatchError(
         f"{source} does not fit {type(model).__name__}: "
         + "; ".join(parts)
@@ -200,10 +186,8 @@ def check_fits(model: nn.Module, state: Mapping[str, Tensor], source: str) -> No
 
 
 def classifier_classes(model: nn.Module, state: Mapping[str, Tensor]) -> int | None:
-    """Classes of the checkpoint's head when only its size differs from the model's, else None.
-
-    The head is the last ``nn.Linear`` / ``nn.Conv2d`` registered in the model.
-    """
+    """Classes of the checkpoint's head (the model's last ``nn.Linear`` / ``nn.Conv2d``) when
+    only its size differs from the model's, else None."""
     heads = [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
     if not heads:
         return None

@@ -1,8 +1,6 @@
-"""An image classifier as a video model: run on every frame of a clip, its scores averaged
-(the segmental consensus of Temporal Segment Networks: Wang et al., "Temporal Segment
-Networks: Towards Good Practices for Deep Action Recognition", ECCV 2016), declared frame-wise
-(:class:`camkit.InputLayout` with ``frame_wise=True``) so that CAMs read its layers per frame
-and give one map per frame ``(B, T, H, W)``."""
+"""An image classifier as a video model: run on every frame of a clip, its scores averaged (the
+segmental consensus of Wang et al., "Temporal Segment Networks: Towards Good Practices for Deep
+Action Recognition", ECCV 2016), declared frame-wise so that CAMs give one map per frame."""
 
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ class FrameConsensus(nn.Module):
 def frame_wise(loaded: LoadedModel, clip_length: int = CLIP_LENGTH) -> LoadedModel:
     """``loaded`` (an image model) as a video model over clips of ``clip_length`` frames: its
     module wrapped, unchanged, in :class:`FrameConsensus` and a frame-wise
-    :class:`~camkit.InputLayout`; same preprocessing per frame, same labels; its default layer
-    is ``net.<the image model's>``. For ``camkit explain`` on videos, the explorer and
-    :func:`camkit.metrics.frame_importance`."""
+    :class:`~camkit.InputLayout`; same preprocessing per frame, same labels and layer."""
     if loaded.clip_length is not None:
         raise ArgumentError(f"{loaded.name} takes clips already: frame_wise wraps image models")
     if not isinstance(clip_length, int) or clip_length < 1:

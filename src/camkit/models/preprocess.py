@@ -26,24 +26,20 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # torchvision InterpolationMode values
 #: How a photo becomes the model's input size, the one choice of every front end (``--crop``):
-#: ``center`` (the model's own evaluation transform), ``squash`` (resized to the input size, the
-#: aspect ratio changes), ``pad`` (the whole photo, letterboxed with the mean colour).
+#: the model's own ``center`` crop, ``squash`` (aspect ratio lost), ``pad`` (letterboxed).
 CROPS = ("center", "squash", "pad")
 
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Image -> normalised model input ``(3, H, W)`` float32, the usual evaluation transform.
+    """Image (what :func:`camkit.viz.to_rgb_uint8` accepts) -> normalised model input ``(3, H,
+    W)`` float32, the usual evaluation transform; ``size`` may be an int for a square input.
 
     ``crop_mode="center"``: resize (keeping the aspect ratio, antialiased) so the image covers
-    ``floor(size / crop_pct)`` on both sides, i.e. the shorter side for a square ``size``, then
-    center-crop ``size``. ``crop_mode="squash"``: resize straight to ``size`` (no crop; the
-    aspect ratio changes, ``crop_pct`` is ignored). ``crop_mode="pad"``: resize (keeping the
-    aspect ratio) so the whole image fits ``size``, centred on the mean colour (0 once
-    normalised; ``crop_pct`` is ignored). :meth:`photo_region` says where the input lies on
-    the photo, so a map can be drawn on the full photo. Then
-    ``(x - mean) / std`` with ``x`` in [0, 1]. Accepts what :func:`camkit.viz.to_rgb_uint8` accepts.
-    ``size`` may be given as an int for a square input.
+    ``floor(size / crop_pct)`` on both sides, then center-crop ``size``; ``"squash"``: resize
+    straight to ``size``; ``"pad"``: resize so the whole image fits ``size``, centred on the mean
+    colour (0 once normalised). Then ``(x - mean) / std`` with ``x`` in [0, 1].
+    :meth:`photo_region` says where the input lies on the photo.
     """
 
     size: tuple[int, int] = (224, 224)
@@ -65,12 +61,9 @@ class Preprocess:
             )
         if not 0.0 < self.crop_pct <= 1.0:
             raise ArgumentError(f"expected crop_pct in (0, 1], got {self.crop_pct}")
-        if self.interpolation not in INTERPOLATIONS:
-            raise ArgumentError(
-                f"expected interpolation in {INTERPOLATIONS}, got {self.interpolation!r}"
-            )
-        if self.crop_mode not in CROPS:
-            raise ArgumentError(f"expected crop_mode in {CROPS}, got {self.crop_mode!r}")
+        for name, allowed in (("interpolation", INTERPOLATIONS), ("crop_mode", CROPS)):
+            if getattr(self, name) not in allowed:
+                raise ArgumentError(f"expected {name} in {allowed}, got {getattr(self, name)!r}")
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
         """The size a ``height x width`` photo is resized to before the crop or the padding."""
@@ -89,9 +82,7 @@ class Preprocess:
 
     def photo_region(self, height: int, width: int) -> tuple[float, float, float, float]:
         """Where the model's input lies on a ``height x width`` photo: ``(top, left, bottom,
-        right)`` in the photo's pixels. The whole photo for ``squash``; the crop window for
-        ``center`` (inside the photo: the model did not see the rest); beyond the photo for
-        ``pad`` (the letterbox)."""
+        right)`` in its pixels; the crop window for ``center``, beyond the photo for ``pad``."""
         new_h, new_w = self.resized_size(height, width)
         size_h, size_w = self.size
         if self.crop_mode == "pad":  # the resized photo's offsets on the canvas, negated
@@ -99,12 +90,7 @@ class Preprocess:
         else:  # torchvision's center_crop: int(round(excess / 2))
             top, left = int(round((new_h - size_h) / 2)), int(round((new_w - size_w) / 2))
         scale_h, scale_w = height / new_h, width / new_w
-        return (
-            top * scale_h,
-            left * scale_w,
-            (top + size_h) * scale_h,
-            (left + size_w) * scale_w,
-        )
+        return top * scale_h, left * scale_w, (top + size_h) * scale_h, (left + size_w) * scale_w
 
     def box_on_photo(
         self, box: tuple[float, float, float, float], height: int, width: int
@@ -122,8 +108,7 @@ class Preprocess:
         return top, left, bottom, right
 
     def _pad_offsets(self, height: int, width: int) -> tuple[int, int]:
-        """Where ``pad`` puts a photo resized to ``height x width`` on the input-size canvas:
-        its ``(top, left)``, half the margin on each side (rounded down)."""
+        """``(top, left)`` of a resized photo on ``pad``'s canvas: half the margins (floor)."""
         return (self.size[0] - height) // 2, (self.size[1] - width) // 2
 
     def _resize_crop_float(self, image: object, fill: tuple[float, ...] | None = None) -> Tensor:
@@ -147,19 +132,15 @@ class Preprocess:
         self, image: object, *, fill: tuple[float, float, float] | None = None
     ) -> np.ndarray:
         """The image as the model sees it (resized and cropped or padded, not normalised):
-        ``HxWx3`` uint8; ``fill`` is the padding's colour in [0, 1] (default: the mean).
-
-        Use it as the background of overlays so a heatmap lines up with the pixels it is about.
-        """
-        pixels = self._resize_crop_float(image, fill)
-        return to_rgb_uint8(pixels)
+        ``HxWx3`` uint8, the background of overlays; ``fill``: the padding's colour in [0, 1]
+        (default: the mean)."""
+        return to_rgb_uint8(self._resize_crop_float(image, fill))
 
     def __call__(self, image: object) -> Tensor:
         """Image -> ``(3, H, W)`` float32 normalised tensor on the CPU."""
         from torchvision.transforms.v2 import functional as TF
 
-        pixels = self._resize_crop_float(image)
-        return TF.normalize(pixels, list(self.mean), list(self.std))
+        return TF.normalize(self._resize_crop_float(image), list(self.mean), list(self.std))
 
     def clip(self, frames: object) -> Tensor:
         """Frames ``(T, H, W, 3)`` uint8 -> a video model's input ``(3, T, h, w)`` (channels,
@@ -172,10 +153,9 @@ STRIP_PIXELS = 1 << 20  # a photo is made float this many pixels at a time (4 MB
 
 def _resize(pixels: Tensor, size: list[int], interpolation: str) -> Tensor:
     """``(3, H, W)`` uint8 or float [0, 1] -> ``(3, *size)`` float32, antialiased, without a
-    float copy of the whole photo: the rows are made float and resized across in strips of
-    :data:`STRIP_PIXELS`, then the ``(3, H, w)`` result is resized down the columns. The
-    antialiased resize is separable (one axis, then the other), so the result is the one-step
-    resize's within float32 rounding (tested against a float64 reference)."""
+    float copy of the whole photo: :data:`STRIP_PIXELS` at a time made float and resized across,
+    then down the columns; separable, so the one-step resize's result within float32 rounding
+    (tested against a float64 reference)."""
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
 
@@ -205,8 +185,7 @@ def preprocess(
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear",
 ) -> Tensor:
     """Image -> normalised ``(3, H, W)`` float32 tensor; see :class:`Preprocess` for the steps."""
-    transform = Preprocess(size, mean, std, crop_pct, interpolation)
-    return transform(image)
+    return Preprocess(size, mean, std, crop_pct, interpolation)(image)
 
 
 class AssumedPreprocessWarning(UserWarning):
@@ -220,19 +199,12 @@ _WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # one warning per modul
 
 def preprocess_of(model: nn.Module, size: int | tuple[int, int] | None = None) -> Preprocess:
     """The preprocessing a module carries, the one reader wherever camkit is given a bare
-    module (the explorer, the notebook, :func:`camkit.models.load`'s builders):
-
-    1. a timm-style ``pretrained_cfg`` mapping (``input_size``, ``mean``, ``std``,
-       ``interpolation``, ``crop_pct``, ``crop_mode``): every timm model has one, and
-       :func:`camkit.models.load` attaches one to the torchvision models it builds;
-    2. a HuggingFace model's image processor: ``preprocessor_config.json`` in the local folder
-       its ``config`` was read from (``image_mean``, ``image_std``, ``size``, ``crop_size``,
-       ``do_center_crop``, ``resample``, ``crop_pct``).
-
-    Wrappers are looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
-    :class:`InputLayout`). Where nothing says, ImageNet's defaults (:class:`Preprocess`'s) and
-    one :class:`AssumedPreprocessWarning` per module that names them. ``size``: the input size
-    to use instead of the model's own (default: the model's, else 224).
+    module: a timm-style ``pretrained_cfg`` (every timm model's; :func:`camkit.models.load`
+    attaches one to the torchvision models it builds), else a HuggingFace model's
+    ``preprocessor_config.json`` in the local folder its ``config`` was read from. Wrappers are
+    looked through (``DataParallel``, ``torch.compile``, :class:`KeywordInput`,
+    :class:`InputLayout`). Where nothing says, :class:`Preprocess`'s ImageNet defaults and one
+    :class:`AssumedPreprocessWarning` per module. ``size``: instead of the model's own.
     """
     carried = carried_preprocess(model, size)
     if carried is not None:
@@ -259,7 +231,8 @@ def carried_preprocess(
 ) -> Preprocess | None:
     """The preprocessing ``model`` carries (see :func:`preprocess_of`), at ``size`` when given;
     None when it carries none (no default, no warning)."""
-    settings = next(filter(None, map(_carried, _unwrapped(model))), None)
+    found = (_from_pretrained_cfg(m) or _from_huggingface_folder(m) for m in _unwrapped(model))
+    settings = next(filter(None, found), None)
     if settings is None:
         return None
     return Preprocess(**(settings if size is None else settings | {"size": size}))
@@ -275,10 +248,6 @@ def _unwrapped(model: nn.Module) -> Iterator[nn.Module]:
         if inner is model:
             inner = model.module if getattr(model, "wraps_model", False) else None
         model = inner
-
-
-def _carried(module: nn.Module) -> dict[str, Any] | None:
-    return _from_pretrained_cfg(module) or _from_huggingface_folder(module)
 
 
 def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
@@ -300,10 +269,9 @@ def _from_pretrained_cfg(module: nn.Module) -> dict[str, Any] | None:
 
 
 def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
-    """A HuggingFace model read from a local folder: its ``preprocessor_config.json`` ->
-    settings, as its image processor resizes (ViT: straight to ``size``; ConvNeXT: the shorter
-    side to ``shortest_edge / crop_pct``, then a center crop; CLIP: the shorter side to
-    ``size``, then a center crop of ``crop_size``)."""
+    """A local HuggingFace model's ``preprocessor_config.json`` -> settings, resizing as its
+    image processor does (ViT: to ``size``; ConvNeXT: the shorter side to ``shortest_edge /
+    crop_pct``, then a center crop; CLIP: the shorter side to ``size``, crop ``crop_size``)."""
     config = getattr(module, "config", None)
     folder = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
     if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
@@ -336,8 +304,7 @@ def _from_huggingface_folder(module: nn.Module) -> dict[str, Any] | None:
 
 def _sides(size: int | Mapping[str, int]) -> tuple[int, int]:
     """A HuggingFace size (an int, ``{"height", "width"}`` or ``{"shortest_edge"}``)."""
-    if isinstance(size, Mapping):
-        if "height" in size and "width" in size:
-            return int(size["height"]), int(size["width"])
-        return int(size["shortest_edge"]), int(size["shortest_edge"])
-    return int(size), int(size)
+    if isinstance(size, Mapping) and "height" in size and "width" in size:
+        return int(size["height"]), int(size["width"])
+    side = int(size["shortest_edge"] if isinstance(size, Mapping) else size)
+    return side, side

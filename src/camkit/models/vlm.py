@@ -1,7 +1,6 @@
-"""Vision-language models from a local HuggingFace folder (config, weights, tokenizer and the
-image processor's settings), read without any download: dual encoders (CLIP, SigLIP; OpenCLIP
-in its hub layout) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2-VL and
-their kin)."""
+"""Vision-language models from a local HuggingFace folder, read without any download: dual
+encoders (CLIP, SigLIP; OpenCLIP) and generative models (LLaVA, PaliGemma, Gemma 3, InternVL,
+Qwen2-VL and their kin)."""
 
 from __future__ import annotations
 
@@ -31,15 +30,11 @@ HF_PREFIX = "hf:"
 
 @dataclass
 class LoadedVLM:
-    """A vision-language model ready to explain.
-
-    ``model``: the HuggingFace model (eval mode); ``explained``: what the methods run
-    (:class:`~camkit.core.wrappers.ImageTower` for a dual encoder, whose targets are
-    :class:`~camkit.targets.PromptTarget` s; :class:`~camkit.core.wrappers.ImageInput` for a
-    generative model (images as it reads them: whole, flattened patches, tiles), whose targets
-    are :class:`~camkit.targets.TokenTarget` s);
-    ``preprocess``: the image processor's size, mean and std (resize as its
-    ``do_center_crop`` says).
+    """A vision-language model ready to explain: ``model`` (eval mode), ``preprocess`` (its
+    image processor's size, mean, std and crop), and :attr:`explained`, what the methods run:
+    :class:`~camkit.core.wrappers.ImageTower` for a dual encoder (targets:
+    :class:`~camkit.targets.PromptTarget`), :class:`~camkit.core.wrappers.ImageInput` for a
+    generative model (images as it reads them; targets: :class:`~camkit.targets.TokenTarget`).
     """
 
     folder: Path
@@ -54,16 +49,14 @@ class LoadedVLM:
 
     @property
     def placeholders(self) -> list[int]:
-        """The token ids that stand for image (or video) features in a generative model's
-        input (``config.image_token_id``, ``video_token_id``): never generated in an answer
-        (the model reads the answer again, and each such token would take an image's place)."""
+        """The ids standing for image (or video) features in a generative model's input: never
+        generated (the model reads the answer again, and each would take an image's place)."""
         ids = (getattr(self.model.config, key, None) for key in PLACEHOLDER_IDS)
         return [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
 
     def prompt_ids(self, text: str, pixel_values: Tensor) -> Tensor:
-        """``(1, T)`` ids of a question to a generative model: the tokenizer's ids of ``text``
-        with the model's image tokens after the beginning-of-text token (one per image feature
-        the model makes of ``pixel_values``: :func:`image_token_count`)."""
+        """``(1, T)`` ids of ``text`` with :func:`image_token_count` image tokens after the
+        beginning-of-text token: a question to a generative model."""
         ids = self.tokenizer(text, return_tensors="pt")["input_ids"][0].tolist()
         image = [self.model.config.image_token_id] * image_token_count(self.model, pixel_values)
         start = 1 if ids and ids[0] == self.tokenizer.bos_token_id else 0
@@ -77,8 +70,7 @@ def image_token_count(model: nn.Module, pixel_values: Tensor) -> int:
     with torch.no_grad():
         features = model.get_image_features(**image_inputs(model, pixel_values[:1]))
     features = features if isinstance(features, Tensor | list | tuple) else features.pooler_output
-    first = features[0]
-    return int(first.shape[0])
+    return int(features[0].shape[0])
 
 
 def _preprocess(folder: Path, config: Any) -> Preprocess:
@@ -94,10 +86,9 @@ def _preprocess(folder: Path, config: Any) -> Preprocess:
     size = getattr(vision, "image_size", 224)  # InternVL: [height, width]
     pinpoints = getattr(config, "image_grid_pinpoints", None)
     size = pinpoints[0] if pinpoints else size  # a tiled model reads images at its resolutions
-    height, width = (size, size) if isinstance(size, int) else map(int, size)
     crop = "center" if settings.get("do_center_crop") else "squash"
     return Preprocess(
-        size=(height, width),
+        size=size,
         mean=tuple(settings.get("image_mean", (0.5, 0.5, 0.5))),
         std=tuple(settings.get("image_std", (0.5, 0.5, 0.5))),
         crop_pct=1.0,
@@ -142,10 +133,9 @@ def _open_clip(folder: Path) -> LoadedVLM:
 
 
 def load_vlm(folder: str | Path) -> LoadedVLM:
-    """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class in
-    ``architectures``, the weights, the tokenizer, ``preprocessor_config.json``; or an OpenCLIP
-    model as on the hub: ``open_clip_config.json`` and its weights); clear errors for a folder
-    that lacks one of them."""
+    """The model saved in a local HuggingFace ``folder`` (``config.json`` naming its class, the
+    weights, the tokenizer, ``preprocessor_config.json``; or OpenCLIP's hub layout), with a
+    clear error for a folder that lacks one of them."""
     folder = Path(folder)
     if (folder / OPEN_CLIP_CONFIG).is_file():
         return _open_clip(folder)

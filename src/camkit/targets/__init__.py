@@ -1,12 +1,8 @@
-"""What "target" means, in one package: the target objects a user builds (:mod:`.kinds`,
-:mod:`.boxes`; a dual encoder's prompts :mod:`.prompts`, a language model's tokens
-:mod:`.tokens`), their base (:mod:`.base`), the one resolver every family and metric uses
-(:mod:`.resolver`: any ``target=`` -> a :class:`~camkit.targets.resolver.RowScorer`), and how
-the scores are read from any model output (:mod:`.outputs`).
-
-The package sits below :mod:`camkit.core`: it imports nothing of camkit but
-:mod:`camkit.errors` (transformers, for a tokenizer, only when a prompt is tokenized), and the
-engine imports it (the arrows run downward).
+"""What "target" means, in one package: the target objects (:mod:`.kinds`, :mod:`.boxes`,
+:mod:`.prompts`, :mod:`.tokens`) and their base, the one resolver every family and metric uses
+(any ``target=`` -> a :class:`~camkit.targets.resolver.RowScorer`), and how scores are read
+from any model output (:mod:`.outputs`). Below :mod:`camkit.core`: it imports nothing of camkit
+but :mod:`camkit.errors`.
 """
 
 from camkit.errors import TargetError

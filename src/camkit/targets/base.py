@@ -12,15 +12,12 @@ from torch import Tensor
 class Target:
     """Base of the target objects: what score a map explains.
 
-    A new kind of target subclasses this and implements ``__call__(output) -> scores``: it gets
-    the model's whole output (a tensor, tuple, dict, list of detections...) and returns ``(B,)``
-    scores, or ``(B, K)`` for ``K`` maps per sample, row ``i`` scored from sample ``i`` only
-    (perturbation methods call it on batches of perturbed copies). It should check the output's
-    structure and raise :class:`~camkit.errors.TargetError` saying what it expected.
-
-    Class targets are data rather than code: they return their class indices from
-    :meth:`classes` (and ``probability = True`` scores the softmax probability instead of the
-    logit), so every method and metric treats them exactly as the plain class indices.
+    A subclass implements ``__call__(output) -> scores``: from the model's whole output (a
+    tensor, tuple, dict, list of detections...) ``(B,)`` scores, or ``(B, K)`` for ``K`` maps
+    per sample, row ``i`` from sample ``i`` only (perturbation methods call it on batches of
+    copies); on an output of another structure, a :class:`~camkit.errors.TargetError` saying
+    what it expected. Class targets are data: :meth:`classes` gives their indices (scored as
+    softmax probabilities with ``probability = True``), read exactly as plain class indices.
     """
 
     probability: bool = False
@@ -30,15 +27,14 @@ class Target:
         return None
 
     def for_copies(self) -> Target:
-        """The target as perturbed copies of a sample are scored (masked, ablated, noisy
-        inputs): the same by default; a detection target scores a lost detection 0 there."""
+        """The target as perturbed copies of a sample are scored: the same by default; a
+        detection target scores a lost detection 0 there."""
         return self
 
     def for_relevance(self) -> Target:
         """The target as LRP scores it: the same by default; one that normalises (a
-        :class:`~camkit.targets.prompts.PromptTarget`'s cosine) takes the norm as a constant,
-        AttnLRP's identity rule on a normalisation (Achtibat et al., ICML 2024, Prop. 3.4),
-        so that the relevance of what it scores sums to the score."""
+        :class:`~camkit.targets.prompts.PromptTarget`'s cosine) takes the norm as a constant
+        (AttnLRP's identity rule on a normalisation, Achtibat et al., ICML 2024, Prop. 3.4)."""
         return self
 
     def __call__(self, output: Any) -> Tensor:

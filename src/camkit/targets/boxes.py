@@ -1,9 +1,5 @@
-"""Detection targets: a detector's score for a given box, scored the way the detector does.
-
-:class:`BoxTarget` finds, in each sample's detections, the one that best matches a given box and
-label and returns its score. Detectors score a detection in different ways, and the score a map
-explains must be the model's own (its post-processing's), so the scoring is read from the
-output's type or declared (``scoring=``), and :attr:`BoxTarget.used` says which one was used:
+"""Detection targets: a detector's score for a given box, scored the way the detector does
+(its post-processing's score), read from the output's type or declared (``scoring=``):
 
 * ``"softmax"``: DETR (Carion et al., ECCV 2020), YOLOS (Fang et al., NeurIPS 2021): a softmax
   over ``C + 1`` logits whose last is "no object"; a query's label is its most probable real
@@ -20,6 +16,7 @@ output's type or declared (``scoring=``), and :attr:`BoxTarget.used` says which 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -29,7 +26,7 @@ from torchvision.ops import box_convert, box_iou
 
 from camkit.errors import TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import describe
+from camkit.targets.outputs import describe, field
 
 Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
 Layout = Literal["auto", "rows", "columns"]
@@ -47,45 +44,25 @@ _DETECTIONS = (
 )
 
 
-def _field(output: Any, key: str) -> object:
-    return output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
-
-
-def _detr_scoring(output: Any, scoring: str) -> tuple[str, str]:
-    """``(scoring, why)`` for a DETR-style output."""
-    if scoring != "auto":
-        return scoring, "declared"
-    kind = type(output).__name__
-    if kind.startswith(_SIGMOID_HEADS):
-        return "sigmoid", f"{kind}: a sigmoid per class, no 'no object' class"
-    return "softmax", (
-        f"{kind}: DETR's softmax with a last 'no object' class (pass scoring='sigmoid' for a "
-        "focal-loss head such as Conditional or Deformable DETR)"
-    )
-
-
 def _ultralytics(output: Any) -> bool:
     """ultralytics' eval output: ``(y (B, 4 + C, N), [feature maps (B, no, h, w)])`` (8.0 to
     8.3) or ``(y, {"boxes", "scores", "feats"})`` (8.4)."""
     if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[0], Tensor)):
         return False
     rest = output[1]
+    if output[0].ndim != 3 or not isinstance(rest, Mapping | list | tuple) or not rest:
+        return False
     if isinstance(rest, Mapping):
-        return output[0].ndim == 3 and {"boxes", "scores", "feats"} <= set(rest)
-    return (
-        output[0].ndim == 3
-        and isinstance(rest, list | tuple)
-        and bool(rest)
-        and all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
-    )
+        return {"boxes", "scores", "feats"} <= set(rest)
+    return all(isinstance(t, Tensor) and t.ndim == 4 for t in rest)
 
 
 def detections(
     output: Any, image_size: tuple[int, int] | None, scoring: str, layout: str
 ) -> tuple[list[tuple[Tensor, Tensor, Tensor]], str]:
-    """Each sample's detections ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores
-    (N,))``, and a sentence saying how they were read and scored."""
-    logits, pred_boxes = _field(output, "logits"), _field(output, "pred_boxes")
+    """Each sample's ``(boxes (N, 4) x1 y1 x2 y2 in pixels, labels (N,), scores (N,))``, and
+    how they were read and scored."""
+    logits, pred_boxes = field(output, "logits"), field(output, "pred_boxes")
     if isinstance(logits, Tensor) and isinstance(pred_boxes, Tensor):
         return _detr(output, logits, pred_boxes, image_size, scoring)
     if _ultralytics(output):
@@ -125,7 +102,15 @@ def _detr(
         )
     if logits.ndim != 3 or pred_boxes.shape != (*logits.shape[:2], 4):
         raise TargetError(f"BoxTarget needs {_DETECTIONS}, got {describe(output)}")
-    scoring, why = _detr_scoring(output, scoring)
+    kind, why = type(output).__name__, "declared"
+    if scoring == "auto" and kind.startswith(_SIGMOID_HEADS):
+        scoring, why = "sigmoid", f"{kind}: a sigmoid per class, no 'no object' class"
+    elif scoring == "auto":
+        scoring = "softmax"
+        why = (
+            f"{kind}: DETR's softmax with a last 'no object' class (pass scoring='sigmoid' for "
+            "a focal-loss head such as Conditional or Deformable DETR)"
+        )
     if scoring == "softmax":
         scores, labels = logits.softmax(dim=-1)[..., :-1].max(dim=-1)
     elif scoring == "sigmoid":
@@ -181,27 +166,20 @@ class BoxTarget(Target):
 
     For each given box and label, among the sample's detections with that label and
     IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
-    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` sums the IoU and the score; camkit keeps the
-    score alone, the model's confidence, so the map explains the detection's class score).
+    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU to the score; camkit keeps the
+    model's confidence alone, so the map explains the detection's class score).
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
-    in the input's pixels; the same boxes are looked for in every sample of the batch.
-
-    ``scoring``: how a detection's score is computed (module docstring): ``"auto"`` (default)
-    reads it from the output's type (HuggingFace Conditional / Deformable DETR, RT-DETR:
-    ``"sigmoid"``; other DETR-style outputs: ``"softmax"`` with a "no object" class; YOLO
-    tensors: ``"raw"``), or declare ``"softmax"``, ``"sigmoid"``, ``"raw"``, ``"objectness"``.
-    After a call :attr:`used` says how the detections were read and scored.
-
-    ``layout``: for a YOLO-style tensor, ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"``
-    ``(B, 4 + C, N)`` (ultralytics YOLOv8); ``"auto"``: columns for ultralytics' eval output
-    ``(y, feature maps)``, rows for a plain tensor (never guessed from the sizes).
-
-    ``lost``: when no detection matches, ``"raise"`` (default) raises :class:`TargetError`
-    naming the row and the best IoU found; ``"zero"`` scores 0. Perturbed copies (Score-CAM,
-    Ablation-CAM, the deletion metric) are always scored with ``"zero"`` (:meth:`for_copies`):
-    a lost detection has no confidence left. Integrated Gradients scores its path points with
-    the target itself: near the baseline the detection is lost, so pass ``lost="zero"``.
+    in the input's pixels, looked for in every sample of the batch. ``scoring``: how a
+    detection is scored (module docstring); ``"auto"`` reads it from the output's type, and
+    after a call :attr:`used` says how the detections were read and scored. ``layout``: a YOLO
+    tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"`` ``(B, 4 + C, N)`` (ultralytics
+    YOLOv8); ``"auto"``: columns for ultralytics' eval output ``(y, feature maps)``, else rows.
+    ``lost``: when no detection matches, ``"raise"`` a :class:`TargetError` naming the row and
+    the best IoU, or ``"zero"``: score 0. Perturbed copies (Score-CAM, Ablation-CAM, deletion)
+    always score a lost detection 0 (:meth:`for_copies`); Integrated Gradients scores its path
+    points with the target itself, and loses the detection near the baseline: pass
+    ``lost="zero"`` there.
     """
 
     def __init__(
@@ -215,15 +193,14 @@ class BoxTarget(Target):
         scoring: Scoring = "auto",
         layout: Layout = "auto",
     ):
-        self.several = not (
-            isinstance(labels, int) or (isinstance(labels, Tensor) and labels.ndim == 0)
-        )
-        label_tensor = torch.as_tensor(labels).reshape(-1)
+        label_tensor = torch.as_tensor(labels)
+        self.several = label_tensor.ndim > 0
+        label_tensor = label_tensor.reshape(-1)
         box_tensor = torch.as_tensor(boxes, dtype=torch.float32)
         box_tensor = box_tensor.reshape(1, 4) if box_tensor.shape == (4,) else box_tensor
         if label_tensor.is_floating_point() or label_tensor.numel() == 0:
             raise TargetError("labels must be an int or a non-empty sequence of ints")
-        if box_tensor.ndim != 2 or box_tensor.shape != (label_tensor.numel(), 4):
+        if box_tensor.shape != (label_tensor.numel(), 4):
             raise TargetError(
                 f"boxes must be (M, 4) (x1, y1, x2, y2) for M = {label_tensor.numel()} labels, "
                 f"got shape {tuple(box_tensor.shape)}"
@@ -250,9 +227,9 @@ class BoxTarget(Target):
     def for_copies(self) -> BoxTarget:
         """In perturbed copies a lost detection scores 0 (it has no confidence left), as in
         pytorch-grad-cam; on the explained images themselves it stays an error."""
-        copy = BoxTarget.__new__(BoxTarget)
-        copy.__dict__.update(self.__dict__, lost="zero")
-        return copy
+        twin = copy.copy(self)
+        twin.lost = "zero"
+        return twin
 
     def __call__(self, output: Any) -> Tensor:
         found, self.used = detections(output, self.image_size, self.scoring, self.layout)

@@ -1,22 +1,8 @@
-"""Target objects: what score a map explains, for outputs other than one logit vector.
-
-Each target is a callable ``output -> scores`` on the model's whole output (a tensor, a dict, a
-list of detections) returning ``(B,)`` scores, or ``(B, K)`` for ``K`` maps per sample; so each
-works wherever camkit accepts a callable target. Every target checks the output's structure and
-says what it expected.
-
-* :class:`ClassTarget` / :class:`SoftmaxTarget`: a class's logit (as in Grad-CAM, Selvaraju et
-  al., ICCV 2017) or its softmax probability;
-* :class:`SegmentationTarget`: the sum of a category's logits inside a pixel mask (the
-  semantic-segmentation Grad-CAM of Vinogradova et al., AAAI 2020; pytorch-grad-cam's
-  ``SemanticSegmentationTarget``);
-* :class:`BoxTarget` (:mod:`camkit.targets.boxes`): a detector's score for the detection that best
-  matches a given box and label, scored as the detector's own post-processing does;
-* :class:`FrameSpanTarget`: a class's mean logit over a span of frames of a model with
-  per-frame outputs ``(B, T, K)`` (temporal action localisation, a frame-wise model without
-  its consensus);
-* :class:`EmbeddingTarget`: cosine similarity to a reference embedding (the "similarity to
-  concept" target used for re-identification and CLIP-style towers).
+"""Target objects for outputs other than one logit vector: each is a callable on the model's
+whole output returning ``(B,)`` scores (``(B, K)`` for ``K`` maps per sample) that checks the
+output's structure and says what it expected. A class's logit or probability, a segmentation
+mask's logits, a span of frames, a reference embedding's cosine; detections are
+:class:`~camkit.targets.boxes.BoxTarget`'s.
 """
 
 from __future__ import annotations
@@ -30,15 +16,10 @@ from torch import Tensor
 
 from camkit.errors import OutputError, TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import OutputSelector, describe, select_output, target_logits
+from camkit.targets.outputs import OutputSelector, describe, field, select_output, target_logits
 from camkit.targets.resolver import resolve
 
 ClassSpec = int | Sequence[int] | Sequence[Sequence[int]] | Tensor
-
-
-def _logits(output: Any, who: str) -> Tensor:
-    hint = "for dense outputs use SegmentationTarget, for embeddings EmbeddingTarget"
-    return target_logits(output, who, "(B, num_classes)", hint)
 
 
 class ClassTarget(Target):
@@ -56,13 +37,13 @@ class ClassTarget(Target):
         """The class indices: methods and metrics read them as data (exactly as ``idx``)."""
         return self.idx
 
-    def _scores(self, logits: Tensor) -> Tensor:
-        scorer = resolve(self.idx, logits.shape[0], logits.device)
-        scores = scorer(logits, torch.arange(logits.shape[0]))
-        return scores if scorer.several else scores[:, 0]
-
     def __call__(self, output: Any) -> Tensor:
-        return self._scores(_logits(output, type(self).__name__))
+        hint = "for dense outputs use SegmentationTarget, for embeddings EmbeddingTarget"
+        logits = target_logits(output, type(self).__name__, "(B, num_classes)", hint)
+        scorer = resolve(self.idx, logits.shape[0], logits.device)
+        scored = logits.softmax(dim=1) if self.probability else logits
+        scores = scorer(scored, torch.arange(logits.shape[0]))
+        return scores if scorer.several else scores[:, 0]
 
 
 class SoftmaxTarget(ClassTarget):
@@ -72,22 +53,17 @@ class SoftmaxTarget(ClassTarget):
 
     probability = True
 
-    def __call__(self, output: Any) -> Tensor:
-        logits = _logits(output, type(self).__name__)
-        return self._scores(logits.softmax(dim=1))
-
 
 def _dense_logits(output: Any) -> Tensor:
-    picked = output
     expected = "(B, K, H, W) or (B, K, D, H, W) logits or a dict with 'out' (torchvision)"
+    picked = output
     if isinstance(output, Mapping):
-        key = "out" if "out" in output else "logits" if "logits" in output else None
-        if key is None:
+        picked = next((output[key] for key in ("out", "logits") if key in output), None)
+        if picked is None:
             raise TargetError(
                 f"SegmentationTarget needs {expected} or 'logits', got {describe(output)}"
             )
-        picked = output[key]
-    elif not isinstance(output, Tensor) and isinstance(getattr(output, "logits", None), Tensor):
+    elif isinstance(field(output, "logits"), Tensor):
         picked = output.logits  # HuggingFace segmentation outputs
     if not isinstance(picked, Tensor) or picked.ndim not in (4, 5):
         raise TargetError(f"SegmentationTarget needs {expected}, got {describe(picked)}")
@@ -97,13 +73,13 @@ def _dense_logits(output: Any) -> Tensor:
 class SegmentationTarget(Target):
     """Sum of category ``category``'s logits inside a boolean pixel mask: ``(B, K, H, W) ->
     (B,)``, volumes ``(B, K, D, H, W)`` likewise (Vinogradova et al., "Towards interpretable
-    semantic segmentation via gradient-weighted class activation mapping", AAAI 2020).
+    semantic segmentation via gradient-weighted class activation mapping", AAAI 2020;
+    pytorch-grad-cam's ``SemanticSegmentationTarget``). Outputs: a tensor, a torchvision dict
+    ``{"out": ...}`` or an object/dict with ``logits``.
 
-    ``mask``: ``(H, W)`` for every sample or ``(B, H, W)`` (volumes: ``(D, H, W)`` or ``(B, D,
-    H, W)``), bool (or 0/1); None means the whole image. A mask of another size than the
-    logits (drawn on the input, while the model gives logits at a lower resolution) is
-    resized to the logits' grid by nearest neighbour (pixel centres, ``nearest-exact``).
-    Outputs: a tensor, a torchvision dict ``{"out": ...}`` or an object/dict with ``logits``.
+    ``mask``: ``([B,] H, W)`` or ``([B,] D, H, W)``, bool or 0/1, None for the whole image; one
+    of another size than the logits (drawn on the input) is resized to their grid by nearest
+    neighbour (pixel centres, ``nearest-exact``).
     """
 
     def __init__(self, category: int, mask: Tensor | None = None):
@@ -134,11 +110,9 @@ class SegmentationTarget(Target):
                 f"categories (0..{classes - 1})"
             )
         plane = logits[:, self.category]
-        axes = tuple(range(1, plane.ndim))
-        if self.mask is None:
-            return plane.sum(dim=axes)
-        mask = self._fitted(self.mask.to(plane.device), batch, tuple(grid))
-        return (plane * mask).sum(dim=axes)
+        if self.mask is not None:
+            plane = plane * self._fitted(self.mask.to(plane.device), batch, tuple(grid))
+        return plane.sum(dim=tuple(range(1, plane.ndim)))
 
     @staticmethod
     def _fitted(mask: Tensor, batch: int, grid: tuple[int, ...]) -> Tensor:
@@ -178,8 +152,8 @@ class FrameSpanTarget(Target):
         self.category, self.start, self.stop = category, start, stop
 
     def __call__(self, output: Any) -> Tensor:
-        logits = select_output(output) if not isinstance(output, Tensor) else output
-        if not isinstance(logits, Tensor) or logits.ndim != 3:
+        logits = select_output(output)
+        if logits.ndim != 3:
             raise TargetError(
                 f"FrameSpanTarget needs per-frame logits (B, T, K), got {describe(output)}"
             )
@@ -192,18 +166,13 @@ class FrameSpanTarget(Target):
         return logits[:, self.start : self.stop, self.category].mean(dim=1)
 
 
-_EMBEDDING_KEYS = ("image_embeds", "pooler_output", "embeddings")
-
-
 class EmbeddingTarget(Target):
-    """Cosine similarity to a reference embedding: ``(B, D) -> (B,)``.
-
-    ``reference``: ``(D,)`` for every sample or ``(B, D)``. The embedding is ``output=`` of the
-    model's output when given (a key, attribute, index or callable, as the methods' ``output=``);
-    else a ``(B, D)`` tensor (or ``(B, D, 1, 1)`` pooled maps, flattened), the first of
-    ``image_embeds`` (CLIP), ``pooler_output`` (HuggingFace ViT / ConvNeXt / DINOv2 models),
-    ``embeddings`` found on a dict or object, else its ``logits`` or first element.
-    Re-identification and CLIP-style image towers.
+    """Cosine similarity to a reference embedding ``(D,)`` or ``(B, D)``: ``(B, D) -> (B,)``,
+    for re-identification and CLIP-style image towers. The embedding: ``output=`` (a key,
+    attribute, index or callable, as the methods' ``output=``), else a ``(B, D)`` tensor (or
+    ``(B, D, 1, 1)`` pooled maps), else the first of ``image_embeds`` (CLIP), ``pooler_output``
+    (HuggingFace ViT / ConvNeXt / DINOv2), ``embeddings`` on a dict or object, else its
+    ``logits`` or first element.
     """
 
     def __init__(self, reference: Tensor, output: OutputSelector = None):
@@ -221,11 +190,8 @@ class EmbeddingTarget(Target):
                 return select_output(output, self.output)
             except OutputError as err:
                 raise TargetError(f"EmbeddingTarget(output={self.output!r}): {err}") from None
-        if isinstance(output, Tensor):
-            return output
-        for key in _EMBEDDING_KEYS:
-            found = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
-            if isinstance(found, Tensor):
+        for key in ("image_embeds", "pooler_output", "embeddings"):
+            if isinstance(found := field(output, key), Tensor):
                 return found
         try:
             return select_output(output)

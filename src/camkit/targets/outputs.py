@@ -12,28 +12,28 @@ from camkit.errors import OutputError, TargetError
 OutputSelector = str | int | Callable[[Any], Tensor] | None
 
 
-def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
-    """Pick the logits from a model's output.
+def field(output: Any, key: str) -> Any:
+    """``output[key]`` of a mapping holding it, else the attribute ``key``, else None."""
+    if isinstance(output, Mapping) and key in output:
+        return output[key]
+    return getattr(output, key, None)
 
-    ``selector`` is a key (dict key or attribute), an index, or a callable. Without one: a tensor
-    is used as is, an object or dict with ``logits`` (HuggingFace style) gives its logits, one
-    with ``logits_per_image`` (a dual encoder's image-text similarities: HuggingFace CLIP,
-    SigLIP; ``(B images, T texts)``, so class ``t`` is text ``t``) gives those, and a tuple or
-    list gives its first element.
+
+def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
+    """Pick the logits from a model's output by ``selector``: a key (dict key or attribute), an
+    index, or a callable. Without one: a tensor as is, else an object's or dict's ``logits``,
+    else its ``logits_per_image`` (a dual encoder's ``(B images, T texts)`` similarities: class
+    ``t`` is text ``t``), else a tuple's or list's first element.
     """
     if callable(selector):
         picked = selector(output)
     elif isinstance(selector, str):
-        if isinstance(output, Mapping) and selector in output:
-            picked = output[selector]
-        elif hasattr(output, selector):
-            picked = getattr(output, selector)
-        else:
-            keys = list(output) if isinstance(output, Mapping) else None
+        if not (isinstance(output, Mapping) and selector in output or hasattr(output, selector)):
+            keys = f"; its keys are {list(output)}" if isinstance(output, Mapping) else ""
             raise OutputError(
-                f"the model's output ({type(output).__name__}) has no {selector!r}"
-                + (f"; its keys are {keys}" if keys is not None else "")
+                f"the model's output ({type(output).__name__}) has no {selector!r}{keys}"
             )
+        picked = field(output, selector)
     elif isinstance(selector, int):
         try:
             picked = output[selector]
@@ -43,11 +43,9 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
             ) from None
     elif isinstance(output, Tensor):
         picked = output
-    elif isinstance(output, Mapping) and "logits" in output:
-        picked = output["logits"]
-    elif hasattr(output, "logits"):
-        picked = output.logits
-    elif (similarities := _similarities(output)) is not None:
+    elif (logits := field(output, "logits")) is not None:
+        picked = logits
+    elif (similarities := field(output, "logits_per_image")) is not None:  # CLIP, SigLIP...
         picked = similarities
     elif isinstance(output, tuple | list) and output:
         picked = output[0]
@@ -61,20 +59,9 @@ def select_output(output: Any, selector: OutputSelector = None) -> Tensor:
     return picked
 
 
-_SIMILARITY_KEY = "logits_per_image"  # HuggingFace dual encoders: CLIP, SigLIP, AltCLIP...
-
-
-def _similarities(output: Any) -> Tensor | None:
-    """A dual encoder's ``(B, texts)`` image-text similarities, or None."""
-    if isinstance(output, Mapping):
-        return output.get(_SIMILARITY_KEY)
-    return getattr(output, _SIMILARITY_KEY, None)
-
-
 def target_logits(output: Any, who: str, shape: str, hint: str) -> Tensor:
-    """The logits target ``who`` reads (:func:`select_output` without a selector), of
-    ``shape`` (``"(B, num_classes)"``: 2 axes), else a TargetError saying what came and
-    ``hint`` (what to use instead)."""
+    """The logits target ``who`` reads, of ``shape`` (its commas say the axes), else a
+    TargetError saying what came and ``hint`` (what to use instead)."""
     try:
         logits = select_output(output)
     except OutputError as err:
@@ -92,8 +79,7 @@ def _detections(output: Any) -> str | None:
     first = output[0] if isinstance(output, list | tuple) and output else None
     if isinstance(first, Mapping) and "boxes" in first:
         return "a list of detections (dicts with 'boxes', as torchvision detectors give)"
-    boxes = output.get("pred_boxes") if isinstance(output, Mapping) else None
-    if isinstance(boxes if boxes is not None else getattr(output, "pred_boxes", None), Tensor):
+    if isinstance(field(output, "pred_boxes"), Tensor):
         return f"DETR-style detections ({type(output).__name__} with 'pred_boxes')"
     return None
 
@@ -119,16 +105,6 @@ def class_logits(output: Any, selector: OutputSelector) -> Tensor:
     return logits
 
 
-def sample_output(output: Any, i: int) -> Any:
-    """Sample ``i`` of a batched output: a tensor's row or a list's (detections) item."""
-    if isinstance(output, Tensor | list | tuple):
-        return output[i]
-    raise TargetError(
-        f"a list of per-sample callables needs a tensor or list output, got "
-        f"{type(output).__name__}; pass one callable on the whole output instead"
-    )
-
-
 def describe(output: object) -> str:
     """A short description of a model output for error messages."""
     if isinstance(output, Tensor):
@@ -145,7 +121,7 @@ __all__ = [
     "OutputSelector",
     "class_logits",
     "describe",
-    "sample_output",
+    "field",
     "select_output",
     "target_logits",
 ]

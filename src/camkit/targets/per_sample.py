@@ -4,6 +4,7 @@ lists of ``K``, each sample's rows scored by its own."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,21 +12,22 @@ from torch import Tensor
 
 from camkit.errors import TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import sample_output
 
 
+def _got(value: object) -> object:
+    return tuple(value.shape) if isinstance(value, Tensor) else type(value)
+
+
+@dataclass(eq=False)  # identity: a RowScorer holding one stays hashable
 class PerSample:
     """Target objects per sample: ``B`` callables, or ``B`` lists of ``K`` (the target axis).
-
-    A camkit :class:`Target` gets the whole output and its ``(n,)`` scores are kept for the
-    rows of its sample only; any other callable (pytorch-grad-cam's targets) gets each of its
-    sample's rows of the output (``output[i]``) and returns one score. Copies of several
-    samples in one forward (perturbation methods) are each scored by their own sample's.
+    A camkit :class:`Target` scores the whole output, of which its sample's rows are kept; any
+    other callable (pytorch-grad-cam's targets) gets each of its sample's rows (``output[i]``)
+    and returns one score. Copies of several samples in one forward are each scored by theirs.
     """
 
-    def __init__(self, targets: list[list[Callable[[Any], Tensor]]], several: bool):
-        self.targets = targets
-        self.several = several
+    targets: list[list[Callable[[Any], Tensor]]]
+    several: bool
 
     @classmethod
     def of(cls, target: object, batch: int) -> PerSample | None:
@@ -35,18 +37,16 @@ class PerSample:
         items = [
             list(t) if isinstance(t, Sequence) and not isinstance(t, str) else t for t in target
         ]
-        several = all(isinstance(item, list) for item in items)
-        flat = [t for item in items for t in (item if isinstance(item, list) else [item])]
-        if not any(callable(t) and not isinstance(t, Tensor) for t in flat):
+        rows = [item if isinstance(item, list) else [item] for item in items]
+        calls = [callable(t) and not isinstance(t, Tensor) for row in rows for t in row]
+        if not any(calls):
             return None
-        if not all(callable(t) and not isinstance(t, Tensor) for t in flat) or (
-            any(isinstance(item, list) for item in items) and not several
-        ):
+        several = all(isinstance(item, list) for item in items)
+        if not all(calls) or (any(isinstance(item, list) for item in items) and not several):
             raise TargetError(
                 "a list of target objects must hold only callables: B of them (one per sample) "
                 "or B lists of K (K per sample), not mixed with classes"
             )
-        rows = [item if several else [item] for item in items]
         if len(rows) != batch or len({len(row) for row in rows}) != 1 or not rows[0]:
             raise TargetError(
                 f"a list of target objects needs one per sample ({batch}) or {batch} lists of K "
@@ -55,15 +55,8 @@ class PerSample:
             )
         return cls(rows, several)
 
-    def for_copies(self) -> PerSample:
-        """The same with each target object's :meth:`Target.for_copies`."""
-        return self._each("for_copies")
-
-    def for_relevance(self) -> PerSample:
-        """The same with each target object's :meth:`Target.for_relevance`."""
-        return self._each("for_relevance")
-
-    def _each(self, form: str) -> PerSample:
+    def each(self, form: str) -> PerSample:
+        """The same with each target object's ``form()`` (:meth:`Target.for_copies`...)."""
         targets = [
             [getattr(t, form)() if isinstance(t, Target) else t for t in row]
             for row in self.targets
@@ -81,21 +74,24 @@ class PerSample:
                 if isinstance(target, Target):  # camkit's targets score the whole output
                     values = target(output)
                     if not isinstance(values, Tensor) or values.shape != (n,):
-                        got = tuple(values.shape) if isinstance(values, Tensor) else type(values)
                         raise TargetError(
                             f"target {target!r} of sample {sample} must return ({n},) scores "
-                            f"for the {n} rows of the output, got {got}"
+                            f"for the {n} rows of the output, got {_got(values)}"
                         )
                     for i in picked:
                         columns[k][i] = values[i]
                     continue
+                if not isinstance(output, Tensor | list | tuple):
+                    raise TargetError(
+                        f"a list of per-sample callables needs a tensor or list output, got "
+                        f"{type(output).__name__}; pass one callable on the whole output instead"
+                    )
                 for i in picked:  # pytorch-grad-cam's form: the sample's own output
-                    value = target(sample_output(output, i))
+                    value = target(output[i])
                     if not isinstance(value, Tensor) or value.numel() != 1:
-                        got = tuple(value.shape) if isinstance(value, Tensor) else type(value)
                         raise TargetError(
                             f"target {target!r} of sample {sample} gets that sample's output "
-                            f"(output[i]) and must return one score, got {got}"
+                            f"(output[i]) and must return one score, got {_got(value)}"
                         )
                     columns[k][i] = value.reshape(())
         return torch.stack([torch.stack(column) for column in columns], dim=1)

@@ -7,9 +7,7 @@ visual models from natural language supervision", ICML 2021, fig. 3), SigLIP's
 ``exp(t) cos(image, text) + b`` (Zhai et al., "Sigmoid loss for language image pre-training",
 ICCV 2023, algorithm 1): the ``logits_per_image`` the model itself returns. ``K`` prompts are
 ``K`` targets of one backward pass; a contrast subtracts another prompt's similarity ("a cat"
-against "a dog": where the image is more cat than dog).
-
-:func:`load_tokenizer` reads a tokenizer from a local folder (nothing is downloaded).
+against "a dog": where the image is more cat than dog). Tokenizers are read from local folders.
 """
 
 from __future__ import annotations
@@ -25,13 +23,13 @@ from torch import Tensor, nn
 
 from camkit.errors import TargetError
 from camkit.targets.base import Target
-from camkit.targets.outputs import describe
+from camkit.targets.outputs import describe, field
 
 Texts = str | Sequence[str]
-# the files a saved tokenizer is made of (one is enough); without any, transformers 5 builds an
-# empty tokenizer of the config's class that maps every word to one unknown id
 # a dual encoder's text side: HuggingFace (CLIP, SigLIP) and OpenCLIP (Ilharco et al., 2021)
 TEXT_TOWERS = ("get_text_features", "encode_text")
+# the files a saved tokenizer is made of (one is enough); without any, transformers 5 builds an
+# empty tokenizer of the config's class that maps every word to one unknown id
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -43,8 +41,7 @@ TOKENIZER_FILES = (
 
 
 def load_tokenizer(folder: str | Path) -> Any:
-    """The tokenizer saved in a local HuggingFace folder (``tokenizer.json`` or the files
-    ``save_pretrained`` writes), read without any download; a clear
+    """The tokenizer ``save_pretrained`` wrote in a local folder, read without any download; a
     :class:`~camkit.errors.TargetError` when the folder holds none."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -66,8 +63,7 @@ def load_tokenizer(folder: str | Path) -> Any:
 
 
 def _dual_encoder(model: nn.Module) -> nn.Module:
-    """The dual encoder inside camkit's wrappers (ImageTower, KeywordInput), with a text tower:
-    HuggingFace's ``get_text_features`` or OpenCLIP's ``encode_text``."""
+    """The dual encoder inside camkit's wrappers, checked to have a text tower."""
     inner = model
     while getattr(inner, "wraps_model", False):
         inner = inner.module
@@ -88,59 +84,19 @@ def _dual_encoder(model: nn.Module) -> nn.Module:
     return inner
 
 
-def _open_clip(encoder: nn.Module) -> bool:
-    """Whether ``encoder`` is built the OpenCLIP way (``encode_text``, no HuggingFace config)."""
-    return not callable(getattr(encoder, "get_text_features", None))
-
-
-def _text_limits(encoder: nn.Module) -> tuple[int, int | None]:
-    """``(vocabulary size, positions)`` of the text tower: HuggingFace's ``text_config``
-    (``vocab_size``, ``max_position_embeddings``), OpenCLIP's ``vocab_size`` and
-    ``context_length``."""
-    if _open_clip(encoder):
-        return int(encoder.vocab_size), getattr(encoder, "context_length", None)
-    text = encoder.config.text_config
-    return text.vocab_size, getattr(text, "max_position_embeddings", None)
-
-
-def _tokenized(model: nn.Module, texts: list[str], tokenizer: Any) -> dict[str, Tensor]:
-    """``texts`` through ``tokenizer`` (an object or a folder) as the model was trained: SigLIP
-    pads to its full length (its text tower pools the last position), CLIP pads to the longest
-    (it pools the end-of-text token, the padding masked)."""
-    if tokenizer is None:
-        raise TargetError(
-            "prompts given as texts need tokenizer= (a tokenizer or its folder; for OpenCLIP "
-            "open_clip.get_tokenizer(name))"
-        )
-    if isinstance(tokenizer, str | Path):
-        tokenizer = load_tokenizer(tokenizer)
-    options: dict[str, Any] = {"padding": True}
-    if "siglip" in getattr(getattr(model, "config", None), "model_type", ""):
-        length = model.config.text_config.max_position_embeddings
-        options = {"padding": "max_length", "max_length": length, "truncation": True}
-    if _open_clip(model):  # OpenCLIP's tokenizers pad to the context length, ids only
-        return {"input_ids": torch.as_tensor(tokenizer(texts))}
-    encoded = tokenizer(texts, return_tensors="pt", **options)
-    return {key: encoded[key] for key in ("input_ids", "attention_mask") if key in encoded}
-
-
 class PromptTarget(Target):
     """The similarity of an image to ``K`` text prompts: ``(B, D) image embeddings -> (B, K)``
-    (``(B,)`` for one prompt given as a string or 1-D ids).
+    (``(B,)`` for one prompt given as a string or 1-D ids). The output explained is the image
+    embedding (explain ``camkit.ImageTower(model)``: the text tower never runs again) or one
+    with ``image_embeds``.
 
     Args:
-        model: a dual encoder (HuggingFace ``CLIPModel``, ``SiglipModel``, or one of camkit's
-            wrappers around it: explain ``camkit.ImageTower(model)``, whose output is the image
-            embedding, so the text tower never runs again).
-        texts: one prompt or ``K``, tokenized by ``tokenizer`` (a tokenizer object or the local
-            folder it was saved in); or ``input_ids`` ``(K, L)`` (with ``attention_mask``).
-        contrast: prompts (or ``input_ids``) subtracted: one for every prompt or one each;
-            the score is ``s(text_k) - s(contrast_k)``.
-
-    The text tower runs once here, without gradient; the embeddings are kept. The score of an
-    image is the model's ``logits_per_image`` entry (cosine similarity times ``exp(logit_scale)``,
-    plus ``logit_bias`` for SigLIP). The model's output may be the image embedding ``(B, D)``
-    (:class:`~camkit.core.wrappers.ImageTower`) or an output with ``image_embeds``.
+        model: a dual encoder (HuggingFace ``CLIPModel``, ``SiglipModel``; OpenCLIP), or one of
+            camkit's wrappers around it.
+        texts: one prompt or ``K``, tokenized by ``tokenizer`` (an object or its local folder);
+            or ``input_ids`` ``(K, L)`` (with ``attention_mask``).
+        contrast: prompts (or ``input_ids``) subtracted, one for all or one each: the score is
+            ``s(text_k) - s(contrast_k)``.
     """
 
     def __init__(
@@ -154,17 +110,16 @@ class PromptTarget(Target):
         contrast: Texts | Tensor | None = None,
     ):
         encoder = _dual_encoder(model)
-        self.texts = _prompts(texts, input_ids)
         # one prompt given alone (a string, 1-D ids) scores (B,): maps without a target axis
         self.single = isinstance(texts, str) or (input_ids is not None and input_ids.ndim == 1)
-        self.embeddings = _text_embeddings(
-            encoder, self.texts, tokenizer, input_ids, attention_mask
+        self.texts, self.embeddings = _text_embeddings(
+            encoder, texts, input_ids, tokenizer, attention_mask
         )
         self.against = None
         if contrast is not None:
             ids = contrast if isinstance(contrast, Tensor) else None
-            against = _text_embeddings(
-                encoder, _prompts(None if ids is not None else contrast, ids), tokenizer, ids, None
+            _, against = _text_embeddings(
+                encoder, None if ids is not None else contrast, ids, tokenizer
             )
             if against.shape[0] not in (1, self.embeddings.shape[0]):
                 raise TargetError(
@@ -173,10 +128,9 @@ class PromptTarget(Target):
                 )
             self.against = against.expand_as(self.embeddings)
         self.constant_norm = False  # True in the form LRP scores (for_relevance)
-        with torch.no_grad():
-            self.scale = encoder.logit_scale.detach().exp().reshape(())
-            bias = getattr(encoder, "logit_bias", None)
-            self.bias = None if bias is None else bias.detach().reshape(())
+        self.scale = encoder.logit_scale.detach().exp().reshape(())
+        bias = getattr(encoder, "logit_bias", None)
+        self.bias = None if bias is None else bias.detach().reshape(())
 
     @property
     def count(self) -> int:
@@ -184,30 +138,23 @@ class PromptTarget(Target):
         return self.embeddings.shape[0]
 
     def for_relevance(self) -> PromptTarget:
-        """The same scores with the image embedding's norm taken as a constant (AttnLRP's
-        identity rule on a normalisation; lxt's ``normalize``): the embedding's relevance then
-        sums to ``exp(logit_scale) cos``, where the plain cosine's gradient, orthogonal to the
-        embedding, would give it none."""
+        """The same scores, the image embedding's norm a constant (AttnLRP's identity rule on a
+        normalisation; lxt's ``normalize``): the embedding's relevance then sums to the score,
+        where the cosine's gradient, orthogonal to the embedding, would give it none."""
         twin = copy.copy(self)
         twin.constant_norm = True
         return twin
 
     def similarities(self, image: Tensor, texts: Tensor) -> Tensor:
         """``(B, D), (K, D) -> (B, K)``: the model's image-text logits."""
-        texts = texts.to(image.device, image.dtype)
-        if self.constant_norm:
-            norm = image.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
-            cosine = (image / norm) @ F.normalize(texts, dim=-1).T
-        else:
-            cosine = F.normalize(image, dim=-1) @ F.normalize(texts, dim=-1).T
+        norm = (image.detach() if self.constant_norm else image).norm(dim=-1, keepdim=True)
+        texts = F.normalize(texts.to(image.device, image.dtype), dim=-1)
+        cosine = (image / norm.clamp_min(1e-12)) @ texts.T
         logits = cosine * self.scale.to(image.device, image.dtype)
         return logits if self.bias is None else logits + self.bias.to(image.device, image.dtype)
 
     def __call__(self, output: Any) -> Tensor:
-        image = output
-        if not isinstance(output, Tensor):
-            image = output.get("image_embeds") if hasattr(output, "get") else None
-            image = getattr(output, "image_embeds", None) if image is None else image
+        image = output if isinstance(output, Tensor) else field(output, "image_embeds")
         if not isinstance(image, Tensor) or image.ndim != 2:
             raise TargetError(
                 f"PromptTarget needs (B, {self.embeddings.shape[1]}) image embeddings (explain "
@@ -242,24 +189,44 @@ def _prompts(texts: Texts | None, input_ids: Tensor | None) -> list[str] | None:
 
 def _text_embeddings(
     encoder: nn.Module,
-    texts: list[str] | None,
-    tokenizer: Any,
+    texts: Texts | None,
     input_ids: Tensor | None,
-    attention_mask: Tensor | None,
-) -> Tensor:
-    """``(K, D)`` text embeddings of the prompts: the text tower once, without gradient."""
-    vocabulary, positions = _text_limits(encoder)
-    if attention_mask is not None and _open_clip(encoder):
+    tokenizer: Any,
+    attention_mask: Tensor | None = None,
+) -> tuple[list[str] | None, Tensor]:
+    """The prompts and their ``(K, D)`` text embeddings: the text tower once, without gradient."""
+    texts = _prompts(texts, input_ids)
+    open_clip = not callable(getattr(encoder, "get_text_features", None))  # encode_text only
+    if open_clip:  # its vocab_size and context_length
+        vocabulary, positions = int(encoder.vocab_size), getattr(encoder, "context_length", None)
+    else:
+        text = encoder.config.text_config
+        vocabulary, positions = text.vocab_size, getattr(text, "max_position_embeddings", None)
+    if attention_mask is not None and open_clip:
         raise TargetError(
             "an OpenCLIP text tower takes no attention_mask (it reads the end-of-text token): "
             "give input_ids padded with 0, as its tokenizer does"
         )
     if texts is not None:
-        encoded = _tokenized(encoder, texts, tokenizer)
+        if tokenizer is None:
+            raise TargetError(
+                "prompts given as texts need tokenizer= (a tokenizer or its folder; for OpenCLIP "
+                "open_clip.get_tokenizer(name))"
+            )
+        tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, str | Path) else tokenizer
+        if open_clip:  # OpenCLIP's tokenizers pad to the context length, ids only
+            encoded = {"input_ids": torch.as_tensor(tokenizer(texts))}
+        else:
+            # as trained: SigLIP pads to its full length (its text tower pools the last
+            # position), CLIP to the longest (it pools the end-of-text token, padding masked)
+            options: dict[str, Any] = {"padding": True}
+            if "siglip" in encoder.config.model_type:
+                options = {"padding": "max_length", "max_length": positions, "truncation": True}
+            encoded = tokenizer(texts, return_tensors="pt", **options)
+            encoded = {k: encoded[k] for k in ("input_ids", "attention_mask") if k in encoded}
     else:
         ids = torch.as_tensor(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
+        ids = ids[None] if ids.ndim == 1 else ids
         if ids.ndim != 2 or ids.is_floating_point() or ids.numel() == 0:
             raise TargetError(f"input_ids must be (K, L) token ids, got {tuple(ids.shape)}")
         if int(ids.min()) < 0 or int(ids.max()) >= vocabulary:
@@ -276,12 +243,12 @@ def _text_embeddings(
     device = next(encoder.parameters()).device
     encoded = {k: v.to(device) for k, v in encoded.items()}
     with torch.no_grad():
-        if _open_clip(encoder):
+        if open_clip:
             features = encoder.encode_text(encoded["input_ids"])
         else:
             features = encoder.get_text_features(**encoded)
     features = features if isinstance(features, Tensor) else features.pooler_output
-    return features.detach()
+    return texts, features.detach()
 
 
 __all__ = ["PromptTarget", "load_tokenizer"]

@@ -8,15 +8,13 @@ from torch import Tensor
 
 
 def top1(scores: Tensor, *, keepdim: bool = False) -> Tensor:
-    """The index of the highest score along the last axis, the lowest index among equal ones
-    (``torch.argmax``'s documented rule): ``(..., C) -> (...)`` (``(..., 1)`` with
-    ``keepdim``)."""
+    """The index of the highest score along the last axis, the lowest among equal ones
+    (``torch.argmax``'s documented rule): ``(..., C) -> (...)``, ``(..., 1)`` with ``keepdim``."""
     return scores.argmax(dim=-1, keepdim=keepdim)
 
 
 def ranked(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The ``k`` highest scores along the last axis and their indices, highest first, equal
-    scores lowest index first (a stable sort; ``torch.topk`` leaves ties in no set order):
-    ``(..., C) -> ((..., k), (..., k))``; its first index is :func:`top1`'s."""
+    """The ``k`` highest scores along the last axis and their indices ``(..., C) -> ((..., k),
+    (..., k))``, ties lowest index first (a stable sort; ``torch.topk``'s order is not set)."""
     values, indices = scores.sort(dim=-1, descending=True, stable=True)
     return values[..., :k], indices[..., :k]

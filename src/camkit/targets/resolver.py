@@ -7,22 +7,17 @@ Accepted targets, for a batch of ``B`` images:
 * a list of ``B`` ints or a ``(B,)`` tensor -- one class per sample;
 * a list of ``B`` lists of ``K`` ints or a ``(B, K)`` tensor -- ``K`` classes per sample,
   answered from one forward pass;
-* a callable ``f(output) -> (B,)`` or ``(B, K)`` scores -- any other objective; it receives the
-  model's whole output (a tensor, tuple, dict or object), row ``i`` scored from row ``i``;
-* a :class:`~camkit.targets.base.Target` object (:mod:`camkit.targets.kinds`): class targets
-  (``ClassTarget(3)``, ``SoftmaxTarget(3)``) are read as data, so ``ClassTarget(3)`` behaves
-  exactly as ``3`` everywhere; other kinds are callables as above;
-* a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K`` (``K``
-  per sample, the target axis): sample ``i``'s rows are scored by its own. A camkit
-  :class:`Target` gets the whole output, as above; any other callable (pytorch-grad-cam's
-  ``ClassifierOutputTarget(281)``, ``lambda row: row[281]``) gets sample ``i``'s own output
-  (``output[i]``) and returns a scalar, as in pytorch-grad-cam.
+* a callable ``f(output) -> (B,)`` or ``(B, K)`` scores, on the model's whole output (a
+  tensor, tuple, dict or object), row ``i`` scored from row ``i``;
+* a :class:`~camkit.targets.base.Target` object: class targets (``ClassTarget(3)``) are read as
+  data, exactly as ``3``; other kinds are callables as above;
+* a list of ``B`` target objects or callables (one per sample) or ``B`` lists of ``K``: a camkit
+  :class:`Target` gets the whole output, any other callable (pytorch-grad-cam's
+  ``ClassifierOutputTarget(281)``) sample ``i``'s own output ``output[i]`` and returns a scalar.
 
-Class scores are the selected logits (before softmax), as in the Grad-CAM paper.
-
-:func:`resolve` gives a :class:`RowScorer`, used by every family: the gradient CAMs score the
-clean pass, the perturbation CAMs and pixel methods score perturbed copies whose row ``i``
-belongs to sample ``rows[i]`` (top-1 classes are pinned on the clean pass first).
+Class scores are the logits before softmax, as in the Grad-CAM paper. Every family uses the
+:class:`RowScorer`, on the clean pass or on perturbed copies whose row ``i`` belongs to sample
+``rows[i]`` (top-1 classes pinned on the clean pass first).
 """
 
 from __future__ import annotations
@@ -44,9 +39,7 @@ from camkit.targets.ranking import top1
 
 def _class_tensor(target: TargetSpec, batch: int, device: torch.device) -> tuple[Tensor, bool]:
     """An explicit class target as ``(classes (B, K), several)``; type and shape checked."""
-    if isinstance(target, bool) or (
-        not isinstance(target, int | Tensor | Sequence) or isinstance(target, str)
-    ):
+    if isinstance(target, bool | str) or not isinstance(target, int | Tensor | Sequence):
         raise TargetError(
             "target must be None, an int, a list of ints, a list of lists, a tensor or a "
             f"callable, got {type(target).__name__}"
@@ -86,14 +79,11 @@ class Learned:
 
 @dataclass(frozen=True)
 class RowScorer:
-    """A target resolved for a batch of ``B`` samples (see :func:`resolve`).
-
-    ``scorer(output, rows)`` gives the scores ``(n, K)`` of a model output whose row ``i``
-    belongs to sample ``rows[i]``: the logits (or, with ``probability``, the softmax
-    probabilities) of the fixed classes (``classes (B, K)``), the top-1 logit of each row
-    (``classes is None``: see :meth:`pinned`), or the callable's scores. Methods ask it
-    questions (:attr:`several`, :attr:`explained`, :attr:`has_classes`, :attr:`top1`,
-    :meth:`classes_of`, :meth:`target_of`) rather than reading its fields.
+    """A target resolved for a batch of ``B`` samples (see :func:`resolve`): ``scorer(output,
+    rows)`` gives the scores ``(n, K)`` of an output whose row ``i`` belongs to sample
+    ``rows[i]``: the logits (softmax probabilities with ``probability``) of the fixed ``classes
+    (B, K)``, each row's top-1 logit (``classes is None``: see :meth:`pinned`), or the
+    callable's scores. Methods ask it questions rather than reading its fields.
     """
 
     selector: OutputSelector = None
@@ -112,8 +102,7 @@ class RowScorer:
 
     @property
     def explained(self) -> Tensor | None:
-        """The classes explained ``(B, K)``: the fixed ones, or the top-1 ones once scored;
-        None for a callable target."""
+        """The classes explained ``(B, K)``: fixed, or top-1 once scored; None for a callable."""
         return self.classes if self.classes is not None else self.learned.top1
 
     @property
@@ -136,9 +125,8 @@ class RowScorer:
 
     def classes_of(self, output: Any, rows: Tensor) -> Tensor:
         """The classes ``(n, K)`` that score the output's rows (the fixed classes of samples
-        ``rows``, or each row's top-1), checked against the logits. For methods that use the
-        classes themselves (a classifier's rows, the closest classes); a callable target has
-        none: :class:`~camkit.errors.TargetError`."""
+        ``rows``, or each row's top-1), checked against the logits; a callable target has none:
+        :class:`~camkit.errors.TargetError`."""
         if not self.has_classes:
             raise TargetError("this method needs class targets (class indices), not a callable")
         self(output, rows)  # checks the logits and the class range
@@ -156,18 +144,13 @@ class RowScorer:
         return best
 
     def target_of(self, rows: Tensor, k: int) -> Tensor | Callable[[Any], Tensor]:
-        """Target ``k`` of samples ``rows`` as a target of its own for a batch of ``n`` rows
-        (e.g. patches or copies of those samples): their ``(n,)`` fixed classes, or the
-        callable reduced to its ``k``-th score. Top-1 targets must be :meth:`pinned` first."""
+        """Target ``k`` of samples ``rows`` as the target of a batch of ``n`` rows: ``(n,)``
+        classes, or the callable's ``k``-th score; top-1 targets must be :meth:`pinned`."""
         if self.classes is not None:
             return self.classes[rows.to(self.classes.device), k]
         if self.top1:
             raise TargetError("pin the top-1 classes on a clean pass before splitting them")
-
-        def column(output: Any) -> Tensor:
-            return self._scores(output, rows)[:, k]
-
-        return column
+        return lambda output: self._scores(output, rows)[:, k]
 
     def for_copies(self) -> RowScorer:
         """The scorer of perturbed copies: each target object's :meth:`Target.for_copies`."""
@@ -178,22 +161,20 @@ class RowScorer:
         return self._each("for_relevance")
 
     def _each(self, form: str) -> RowScorer:
-        """This scorer with each target object replaced by its ``form()``."""
-        if isinstance(self.function, Target | PerSample):
+        if isinstance(self.function, PerSample):
+            return replace(self, function=self.function.each(form))
+        if isinstance(self.function, Target):
             return replace(self, function=getattr(self.function, form)())
         return self
 
     def probabilities(self, output: Any, rows: Tensor) -> Tensor:
-        """As calling the scorer, but a class target scores its softmax probability (as the
-        metrics and the perturbation methods that compare images need); a callable target
-        keeps its own scores. Float32, detached."""
+        """As calling the scorer, but a class target scores its softmax probability (a callable
+        target keeps its own scores); float32, detached."""
         if not self.has_classes:
-            scores = self(output, rows)
-        else:
-            classes = self.classes_of(output, rows)
-            logits = select_output(output, self.selector).float()
-            scores = logits.softmax(dim=1).gather(1, classes.to(logits.device))
-        return scores.detach().float()
+            return self(output, rows).detach().float()
+        classes = self.classes_of(output, rows)
+        logits = select_output(output, self.selector).float()
+        return logits.softmax(dim=1).gather(1, classes.to(logits.device)).detach()
 
     def __call__(self, output: Any, rows: Tensor) -> Tensor:
         scores = self._scores(output, rows)
@@ -256,8 +237,7 @@ class RowScorer:
 
 @contextmanager
 def _user_code(what: str) -> Iterator[None]:
-    """Turn an indexing/type error raised inside the user's callable into a TargetError that
-    says what the callable receives."""
+    """An error inside the user's callable as a TargetError saying what the callable gets."""
     try:
         yield
     except (IndexError, KeyError, TypeError, AttributeError) as err:
@@ -270,16 +250,12 @@ def _user_code(what: str) -> Iterator[None]:
 
 
 def _has_bool(target: object) -> bool:
-    if isinstance(target, bool):
-        return True
-    if isinstance(target, Sequence) and not isinstance(target, str):
-        return any(_has_bool(item) for item in target)
-    return False
+    nested = isinstance(target, Sequence) and not isinstance(target, str)
+    return isinstance(target, bool) or (nested and any(map(_has_bool, target)))
 
 
 def _class_targets(target: object) -> tuple[list, bool] | None:
-    """``(classes, probability)`` of a list of class target objects with int classes, one per
-    sample (``[ClassTarget(3), ClassTarget(5)]`` is ``[3, 5]``), else None."""
+    """``[ClassTarget(3), ClassTarget(5)]`` as ``([3, 5], probability)``, else None."""
     if isinstance(target, Tensor | str) or not isinstance(target, Sequence) or not target:
         return None
     if not all(isinstance(item, Target) and isinstance(item.classes(), int) for item in target):
@@ -301,21 +277,17 @@ def resolve(
         return target
     if target is None:
         return RowScorer(selector, samples=batch)
+    probability = False
     if isinstance(target, Target) and target.classes() is not None:
-        classes, several = _class_tensor(target.classes(), batch, device)
-        probability = target.probability
-        return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
-    if callable(target) and not isinstance(target, Tensor):
+        target, probability = target.classes(), target.probability
+    elif (listed := _class_targets(target)) is not None:  # ClassTarget(c) per sample
+        target, probability = listed
+    elif callable(target) and not isinstance(target, Tensor):
         return RowScorer(selector, function=target, samples=batch)
-    classes = _class_targets(target)
-    if classes is not None:  # ClassTarget(c) per sample: the classes themselves
-        scorer = resolve(classes[0], batch, device, selector)
-        return replace(scorer, probability=classes[1])
-    per_sample = PerSample.of(target, batch)
-    if per_sample is not None:
+    elif (per_sample := PerSample.of(target, batch)) is not None:
         return RowScorer(selector, function=per_sample, asked_k=per_sample.several)
     classes, several = _class_tensor(target, batch, device)
-    return RowScorer(selector, classes=classes, asked_k=several)
+    return RowScorer(selector, classes=classes, asked_k=several, probability=probability)
 
 
 __all__ = ["PerSample", "RowScorer", "resolve"]

@@ -1,13 +1,12 @@
 """Tokens of a generative model's output as targets: the logit of a token at a position, the
 log-probability of a span, one token against another.
 
-A causal language model (and a generative vision-language model: LLaVA, PaliGemma, Gemma 3)
-returns ``logits (B, T, V)``: row ``t`` predicts the token at position ``t + 1``. A target names
-the position of the token it explains in the sequence the model reads (the prompt followed by
-the generated tokens, as ``generate()`` returns it), so its score is read at row
-``position - 1``. The logit is the score Grad-CAM uses for a class (Selvaraju et al., ICCV
-2017, eq. 1); the log-probability is the span score of sequence attribution (the sum of the
-tokens' log-probabilities, the quantity a language model's likelihood is made of).
+A causal (vision-)language model returns ``logits (B, T, V)``: row ``t`` predicts the token at
+position ``t + 1``. A target names the position of its token in the sequence the model reads
+(the prompt, then the generated tokens, as ``generate()`` returns it). The logit is the score
+Grad-CAM uses for a class (Selvaraju et al., ICCV 2017, eq. 1); the log-probability is the span
+score of sequence attribution (the sum of the tokens' log-probabilities, of which a language
+model's likelihood is made).
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ def _ints(name: str, value: Ints) -> tuple[list[int], bool]:
     if isinstance(value, Tensor):
         if value.is_floating_point() or value.ndim > 1:
             raise TargetError(f"{name} must be an int or a 1-D list of ints, got {value!r}")
-        single = value.ndim == 0
-        value = value.reshape(-1).tolist()
-        return value, single
+        return value.reshape(-1).tolist(), value.ndim == 0
     if isinstance(value, int) and not isinstance(value, bool):
         return [value], True
     if (
@@ -44,14 +41,23 @@ def _ints(name: str, value: Ints) -> tuple[list[int], bool]:
     raise TargetError(f"{name} must be an int or a non-empty list of ints, got {value!r}")
 
 
+def _per_position(what: str, value: Ints, count: int) -> list[int]:
+    """One token for every position, or one per position: ``count`` tokens."""
+    values, _ = _ints(what, value)
+    if len(values) not in (1, count):
+        raise TargetError(f"give one {what} or one per position ({count}), got {len(values)}")
+    return values * count if len(values) == 1 else values
+
+
 def sequence_logits(output: Any, who: str) -> Tensor:
     """The ``(B, T, V)`` next-token logits of a causal (vision-)language model's output."""
     hint = "token targets read a language model's next-token logits"
     return target_logits(output, who, "(B, T, vocabulary)", hint)
 
 
-def _rows(positions: list[int], length: int, who: str) -> Tensor:
-    """The logit rows ``position - 1`` of positions (negative: from the end), checked."""
+def _rows(logits: Tensor, positions: list[int], tokens: list[int], who: str) -> Tensor:
+    """The logit rows ``position - 1`` (negative: from the end), ``tokens`` checked too."""
+    length, size = logits.shape[1:]
     rows = []
     for position in positions:
         index = position + length if position < 0 else position
@@ -62,54 +68,41 @@ def _rows(positions: list[int], length: int, who: str) -> Tensor:
                 f"1..{length - 1} (or -{length - 1}..-1 from the end) can be explained"
             )
         rows.append(index - 1)
-    return torch.tensor(rows)
-
-
-def _vocabulary(tokens: list[int], size: int, who: str) -> None:
     bad = [token for token in tokens if not 0 <= token < size]
     if bad:
         raise TargetError(f"{who}: token {bad[0]} is outside the vocabulary 0..{size - 1}")
+    return torch.tensor(rows, device=logits.device)
+
+
+def _gather(picked: Tensor, tokens: list[int]) -> Tensor:
+    """``(B, K, V)`` -> ``(B, K)``: entry ``tokens[k]`` of each row ``k``."""
+    ids = torch.tensor(tokens, device=picked.device)
+    return picked.gather(2, ids.expand(picked.shape[0], -1)[..., None])[..., 0]
 
 
 class TokenTarget(Target):
     """The logit of token ``token`` at sequence position ``position``: ``(B, T, V) -> (B,)``;
-    ``K`` positions (with one token each, or one token for all) give ``(B, K)``, ``K``
-    targets of one backward pass.
-
-    ``against``: a token (or one per position) whose logit is subtracted (``"cat"`` against
-    ``"dog"`` at the same position; the softmax's normaliser cancels, so it is also the
-    log-probability ratio). ``log_prob=True`` scores ``log softmax`` instead of the logit.
+    ``K`` positions (one token each, or one for all) give ``(B, K)``, ``K`` targets of one
+    backward pass. ``against``: a token (or one per position) whose logit is subtracted (the
+    softmax's normaliser cancels: also the log-probability ratio). ``log_prob=True`` scores
+    ``log softmax`` instead of the logit.
     """
 
     def __init__(
         self, position: Ints, token: Ints, *, against: Ints | None = None, log_prob: bool = False
     ):
-        self.positions, single = _ints("position", position)
-        tokens, _ = _ints("token", token)
-        if len(tokens) not in (1, len(self.positions)):
-            raise TargetError(
-                f"give one token or one per position ({len(self.positions)}), got {len(tokens)}"
-            )
-        self.tokens = tokens * len(self.positions) if len(tokens) == 1 else tokens
-        self.against = None
-        if against is not None:
-            others, _ = _ints("against", against)
-            if len(others) not in (1, len(self.positions)):
-                raise TargetError(
-                    f"give one token against or one per position ({len(self.positions)})"
-                )
-            self.against = others * len(self.positions) if len(others) == 1 else others
+        self.positions, self.single = _ints("position", position)
+        count = len(self.positions)
+        self.tokens = _per_position("token", token, count)
+        self.against = None if against is None else _per_position("token against", against, count)
         self.log_prob = bool(log_prob)
-        self.single = single
 
     @classmethod
     def generated(cls, sequence: Tensor, prompt_length: int, **options: Any) -> TokenTarget:
         """Every generated token of a ``generate()`` output ``sequence`` ``(1, T)`` or ``(T,)``
-        whose first ``prompt_length`` tokens are the prompt: ``K = T - prompt_length`` targets
-        (the sequence is the input the model is explained with)."""
+        after its ``prompt_length`` prompt tokens: ``K = T - prompt_length`` targets."""
         sequence = torch.as_tensor(sequence)
-        if sequence.ndim == 2 and sequence.shape[0] == 1:
-            sequence = sequence[0]
+        sequence = sequence[0] if sequence.ndim == 2 and sequence.shape[0] == 1 else sequence
         if sequence.ndim != 1:
             raise TargetError(
                 f"generated() takes one sequence (T,) or (1, T), got {tuple(sequence.shape)}; "
@@ -125,18 +118,13 @@ class TokenTarget(Target):
 
     def __call__(self, output: Any) -> Tensor:
         logits = sequence_logits(output, type(self).__name__)
-        rows = _rows(self.positions, logits.shape[1], type(self).__name__).to(logits.device)
-        _vocabulary(self.tokens + (self.against or []), logits.shape[2], type(self).__name__)
-        picked = logits[:, rows]  # (B, K, V)
+        tokens = self.tokens + (self.against or [])
+        picked = logits[:, _rows(logits, self.positions, tokens, type(self).__name__)]
         if self.log_prob:
             picked = picked.log_softmax(dim=-1)
-        tokens = torch.tensor(self.tokens, device=logits.device)
-        scores = picked.gather(2, tokens.expand(logits.shape[0], -1)[..., None])[..., 0]
+        scores = _gather(picked, self.tokens)
         if self.against is not None:
-            others = torch.tensor(self.against, device=logits.device)
-            scores = (
-                scores - picked.gather(2, others.expand(logits.shape[0], -1)[..., None])[..., 0]
-            )
+            scores = scores - _gather(picked, self.against)
         return scores[:, 0] if self.single else scores
 
 
@@ -153,14 +141,10 @@ class SpanTarget(Target):
 
     def __call__(self, output: Any) -> Tensor:
         logits = sequence_logits(output, type(self).__name__)
-        length = logits.shape[1]
-        first = self.start + length if self.start < 0 else self.start
+        first = self.start + logits.shape[1] if self.start < 0 else self.start
         positions = list(range(first, first + len(self.tokens)))
-        rows = _rows(positions, length, type(self).__name__).to(logits.device)
-        _vocabulary(self.tokens, logits.shape[2], type(self).__name__)
-        tokens = torch.tensor(self.tokens, device=logits.device)
-        picked = logits[:, rows].log_softmax(dim=-1)
-        return picked.gather(2, tokens.expand(logits.shape[0], -1)[..., None])[..., 0].sum(dim=1)
+        rows = _rows(logits, positions, self.tokens, type(self).__name__)
+        return _gather(logits[:, rows].log_softmax(dim=-1), self.tokens).sum(dim=1)
 
 
 __all__ = ["SpanTarget", "TokenTarget", "sequence_logits"]
