@@ -1,10 +1,7 @@
 """What the explorer computes, through camkit's public API only: predictions, the methods and
 layers that fit a model, maps for many (image, class) pairs of one method in one engine call,
-the depth strip (one method at several layers from one pass), deletion/insertion curves.
-
-Every call here runs on the one model thread of :class:`~camkit.serve.batcher.MapBatcher`
-(hooks of two calls on the same model must never overlap); none changes the model: camkit's
-methods leave no hooks, ``.grad`` or mode behind, also after an error.
+the depth strip, deletion/insertion curves. Every call runs on the one model thread of
+:class:`~camkit.serve.batcher.MapBatcher` (hooks of two calls must never overlap).
 """
 
 from __future__ import annotations
@@ -46,12 +43,10 @@ class MapKey:
 
 
 def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
-    """The depth strip's layers, at most ``count``, deepest last.
-
-    CNNs: for each spatial resolution, the last of the shallowest layers at that resolution
-    (``layer1``..``layer4`` of a ResNet, ``blocks.N`` of an EfficientNet, ``features.N`` of a
-    VGG): the end of each stage; the default layer stands for its own resolution. Token models:
-    ``count`` evenly spaced layers ending at the default."""
+    """The depth strip's layers, at most ``count``, deepest last. CNNs: per spatial resolution,
+    the last of the shallowest layers there (the end of each stage: ``layer1``..``layer4`` of a
+    ResNet), the default layer standing for its own; token models: ``count`` evenly spaced
+    layers ending at the default."""
     maps = [(name, shape) for name, _, shape in layers if len(shape) == 4]
     if not maps:
         names = [name for name, _, _ in layers]
@@ -74,10 +69,8 @@ def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 
 
 class Explorer:
     """One or two checkpoints of one model, the images, and the caches of what was computed.
-
-    ``settings``: how its methods are built (:func:`camkit.registry.build`; by default the
-    CLI's: seed 0, its batch size, its default composite), so that a map here equals
-    ``camkit explain``'s; a map request may choose another LRP composite."""
+    ``settings``: how methods are built (:func:`camkit.registry.build`; default: the CLI's),
+    so that a map here equals ``camkit explain``'s."""
 
     def __init__(
         self,
@@ -106,7 +99,6 @@ class Explorer:
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
-        # the layers a CAM can read (camkit.models.map_layers, the CLI's --layer check)
         self.layers = [
             (name, kind, tuple(shape))
             for name, kind, shape in models.map_layer_shapes(first.model, self.size)
@@ -143,40 +135,34 @@ class Explorer:
 
     def photo(self, image: int) -> np.ndarray:
         """The image as read (``HxWx3`` uint8), a video model's video (``NxHxWx3``,
-        :func:`camkit.serve.clips.read`); camkit's reading with its limits."""
-        cached = self.photos.get_item(image)
-        if cached is None:
-            entry = self.entry(image)
-            if entry.pixels is not None:
-                cached = entry.pixels
-            else:
-                try:
-                    cached = clips.read(entry.path, self.clip_length, self.max_pixels)
-                except clips.READ_ERRORS as error:
-                    entry.error = io.read_failure(error)
-                    raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
-            self.photos.put(image, cached)
-        return cached
+        :func:`camkit.serve.clips.read`), with camkit's reading limits."""
+        return self.photos.fetch(image, lambda: self._read(self.entry(image)))
+
+    def _read(self, entry: Entry) -> np.ndarray:
+        if entry.pixels is not None:
+            return entry.pixels
+        try:
+            return clips.read(entry.path, self.clip_length, self.max_pixels)
+        except clips.READ_ERRORS as error:
+            entry.error = io.read_failure(error)
+            raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
 
     def model_view(self, image: int) -> np.ndarray:
         """What the model sees of the photo (a video: its first frame), resized and cropped."""
         return self.preprocess.resize_crop(clips.shown_frame(self.photo(image)))
 
     def model_input(self, image: int) -> Tensor:
-        cached = self.inputs.get_item(image)
-        if cached is None:
-            cached = clips.model_input(self.preprocess, self.photo(image), self.clip_length)
-            self.inputs.put(image, cached)
-        return cached
+        return self.inputs.fetch(
+            image, lambda: clips.model_input(self.preprocess, self.photo(image), self.clip_length)
+        )
 
     def thumbnail(self, image: int, side: int = 160) -> bytes:
         """A JPEG thumbnail of the photo (cached)."""
-        cached = self.thumbs.get_item(image)
-        if cached is None:
-            small = io.thumbnail(clips.shown_frame(self.photo(image)), side)
-            cached = io.encode_image(small, "jpg")
-            self.thumbs.put(image, cached)
-        return cached
+
+        def jpeg() -> bytes:
+            return io.encode_image(io.thumbnail(clips.shown_frame(self.photo(image)), side), "jpg")
+
+        return self.thumbs.fetch(image, jpeg)
 
     # ------------------------------------------------------------------ predictions
 
@@ -193,9 +179,9 @@ class Explorer:
         return [len(clips.rows(self.model_input(i))) for i in images]
 
     def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
-        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (a
-        video model: one per video, its windows), and their thumbnails; an unreadable image
-        gets an empty prediction and its entry the reason."""
+        """Top-``k`` of the images not predicted yet, one forward pass per checkpoint (a video
+        model: one per video), and their thumbnails; an unreadable image gets an empty
+        prediction and its entry the reason."""
         known = self.predictions[checkpoint]
         todo = [i for i in dict.fromkeys(images) if i not in known]
         readable = []
@@ -253,9 +239,8 @@ class Explorer:
         return layer
 
     def check_composite(self, method: str, composite: str | None) -> str | None:
-        """The LRP composite a map of ``method`` is computed with: ``composite`` (one of
-        :data:`~camkit.relevance.COMPOSITES`) or the explorer's default; None for a method
-        that takes no composite."""
+        """The LRP composite a map of ``method`` is computed with: ``composite`` or the
+        explorer's default; None for a method that takes none."""
         if composite is not None and composite not in COMPOSITES:
             raise ArgumentError(
                 f"unknown composite {composite!r}; choose from {', '.join(COMPOSITES)}"
@@ -273,8 +258,8 @@ class Explorer:
         target: int,
         composite: str | None = None,
     ) -> list[MapKey]:
-        """The cache keys of one (image, class)'s maps at each of ``layers`` (one key with
-        layer None for methods without a layer)."""
+        """The cache keys of one (image, class)'s maps at each of ``layers`` (layer None for
+        methods without a layer)."""
         layers = layers if registry.get(method).needs_layer else (None,)
         composite = self.check_composite(method, composite)
         return [MapKey(checkpoint, method, layer, image, target, composite) for layer in layers]
@@ -289,16 +274,14 @@ class Explorer:
         """The method on ``checkpoint``'s model at ``layers``, built once with the explorer's
         settings (and ``composite``) by :func:`camkit.registry.build`, then kept."""
         composite = self.check_composite(method, composite)
-        key = (checkpoint, method, layers, composite)
-        explainer = self.explainers.get_item(key)
-        if explainer is None:
-            entry = registry.get(method)
-            layer = (list(layers) if len(layers) > 1 else layers[0]) if entry.needs_layer else None
-            settings = replace(self.settings, composite=composite)
-            model = self.checkpoints[checkpoint].model
-            explainer = registry.build(method, model, layer, settings)
-            self.explainers.put(key, explainer)
-        return explainer
+        needs_layer = registry.get(method).needs_layer
+        layer = (list(layers) if len(layers) > 1 else layers[0]) if needs_layer else None
+        model = self.checkpoints[checkpoint].model
+        settings = replace(self.settings, composite=composite)
+        return self.explainers.fetch(
+            (checkpoint, method, layers, composite),
+            lambda: registry.build(method, model, layer, settings),
+        )
 
     def compute(
         self,
@@ -310,11 +293,9 @@ class Explorer:
     ) -> None:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
         ONE call of the method: the images as one batch, each with its classes as ``K``
-        targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
-        dropped), all layers from one pass (``fuse=False``). The maps go to the cache; pairs
-        whose maps are cached at every layer are not computed again (two routes may queue the
-        same map before either has computed it). ``composite``: the LRP composite of a method
-        that takes one (None: the explorer's default)."""
+        targets (``(B, K)``; a shorter list padded with its last class, the extra maps
+        dropped), all layers from one pass (``fuse=False``), into the cache. Pairs cached at
+        every layer are skipped (two routes may queue the same map before either computed it)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
         pairs = [
@@ -328,10 +309,8 @@ class Explorer:
         if not pairs:
             return
         wanted: dict[int, list[int]] = {}
-        for image, target in pairs:
-            classes = wanted.setdefault(image, [])
-            if target not in classes:
-                classes.append(target)
+        for image, target in dict.fromkeys(pairs):
+            wanted.setdefault(image, []).append(target)
         images = list(wanted)
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
