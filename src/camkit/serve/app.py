@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +60,7 @@ from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.gallery import RunViews
 from camkit.serve.http import error
+from camkit.serve.launch import bind, serve_in_thread
 from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.prompts import Prompts
@@ -152,21 +152,10 @@ def create_app(
 def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """A real uvicorn serving ``app`` in a thread (``port=0``: a free one) -> its base URL;
     stopped on exit. For tests, benchmarks and screenshots."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name="camkit-serve")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    bound = server.servers[0].sockets[0].getsockname()[1]
+    sock = bind(host, port)
+    server, thread = serve_in_thread(app, sock, "camkit-serve")
     try:
-        yield f"http://{host}:{bound}"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import os
 import threading
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from camkit.models.load import class_names
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.serve import clips, security, web_stack_missing
 from camkit.serve.gallery import Entry
-from camkit.serve.launch import Gallery, bind, open_gallery, url_of
+from camkit.serve.launch import Gallery, app_for, bind, open_gallery, serve_in_thread, url_of
 
-START_SECONDS = 30.0  # the server must listen within this
+LOOPBACK = "127.0.0.1"
 
 
 class Exploration:
@@ -167,10 +166,6 @@ def explore(
     missing = web_stack_missing()
     if missing:
         raise ArgumentError(missing)
-    import uvicorn
-
-    from camkit.serve.app import create_app
-    from camkit.serve.explorer import Explorer
     from camkit.serve.prompts import image_side
 
     vlm = as_vlm(model)
@@ -182,40 +177,15 @@ def explore(
         first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
     checkpoints = {"a": first}
     if compare is not None:
-        other = as_loaded(
+        checkpoints["b"] = as_loaded(
             compare, labels=first.labels, input_size=None, layer=layer, preprocess=first.preprocess
         )
-        checkpoints["b"] = other
     gallery = gallery_of(images_or_run, clips.suffixes(first.clip_length))
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
-    explorer = Explorer(checkpoints, gallery.entries, device=device)
     token = security.new_token()
-    app = create_app(
-        explorer,
-        token=token,
-        hosts=security.allowed_hosts("127.0.0.1"),
-        background=True,
-        frame_ancestors=security.NOTEBOOK_FRAMES,
-        run=gallery.run,
-        vlm=vlm,
-    )
-    sock = bind("127.0.0.1", port)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-
-    def serve() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=serve, daemon=True, name="camkit-explore")
-    thread.start()
-    deadline = time.monotonic() + START_SECONDS
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise ArgumentError("the explorer did not start (see the log above)")
-        time.sleep(0.02)
-    return Exploration(server, thread, url_of("127.0.0.1", sock.getsockname()[1], token), height)
+    frames = security.NOTEBOOK_FRAMES
+    app = app_for(gallery, checkpoints, device, LOOPBACK, token, frame_ancestors=frames, vlm=vlm)
+    sock = bind(LOOPBACK, port)
+    server, thread = serve_in_thread(app, sock, "camkit-explore")
+    return Exploration(server, thread, url_of(LOOPBACK, sock.getsockname()[1], token), height)
