@@ -34,8 +34,7 @@ Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`)
 ``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
 =============================  ============================================================
 
-The routes themselves are in :mod:`camkit.serve.routes`, by concern. An unknown query parameter
-or value is a 422.
+An unknown query parameter or value is a 422.
 """
 
 from __future__ import annotations
@@ -79,16 +78,13 @@ def create_app(
     frame_ancestors: str = "'self'",
     vlm: LoadedVLM | None = None,
 ) -> Starlette:
-    """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
-    token, for loopback only); ``run``: the ``camkit explain`` run it shows, its files, header,
-    strategies, concepts and broken files (:class:`~camkit.serve.gallery.RunViews`; None: none);
-    ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
-    image in the background, so filters and sorting cover the whole gallery; ``names``: each
-    checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
-    in a frame (:func:`~camkit.serve.security.headers`); ``vlm``: the vision-language model
-    whose image side ``explorer`` shows (:func:`~camkit.serve.prompts.image_side`): the
-    prompt views (:mod:`camkit.serve.prompts`). Every response carries the security
-    headers; every request is logged (:mod:`camkit.serve.logs`)."""
+    """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: none, for
+    loopback only); ``run``: the ``camkit explain`` run it shows; ``hosts``: accepted ``Host``
+    headers (None: any); ``background``: predict every image in the background, so filters and
+    sorting cover the whole gallery; ``names``: each checkpoint's name on the page;
+    ``frame_ancestors``: who may frame the page (:func:`~camkit.serve.security.headers`);
+    ``vlm``: the vision-language model whose image side ``explorer`` shows, for the prompt
+    views. Every response carries the security headers; every request is logged."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run or RunViews(), names)

@@ -1,8 +1,5 @@
-"""The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts`` (the top concepts of an
-image for a class, in the whole image, a clicked cell or a dragged box), ``/api/concept-map``
-(a concept's conditional heatmap, PNG, in the same region), ``/api/feature`` (a channel's
-feature visualisation, PNG, computed on demand) and ``/api/cluster-concepts`` (the concepts
-that dominate a strategies cluster). Every computation runs on the batcher's model thread."""
+"""The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts``, ``/api/concept-map``,
+``/api/feature`` and ``/api/cluster-concepts``."""
 
 from __future__ import annotations
 

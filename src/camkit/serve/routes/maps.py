@@ -1,11 +1,7 @@
-"""The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
-``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``; a
-video's map ``(N, H, W)``, over all its frames, is shown one frame at a time
-(``/api/map?frame=t``), and ``/api/frames`` gives its per-frame importance and the windows it
-was explained in (:mod:`camkit.serve.clips`).
-
-A map whose method measured something of it (LRP: its conservation record) comes with it as
-JSON in the ``X-Camkit-Measured`` header."""
+"""The maps: ``/api/map`` (PNG overlay, a video's one frame at a time, or ``.npy``; what the
+method measured of it, LRP's conservation, as JSON in ``X-Camkit-Measured``),
+``/api/difference``, ``/api/depth``, ``/api/curve``, ``/api/frames`` (a video's per-frame
+importance and windows), ``/api/progress`` and ``/api/cancel``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The prompt views of a vision-language model (:mod:`camkit.serve.prompts`):
-``/api/prompt-map`` (a dual encoder's map of a prompt), ``/api/answer`` (a generative model's
-answer, its tokens and the prompt tokens' relevance to each) and ``/api/token-map`` (the map
-of one generated token). A prompt on a model without a text tower is a 422."""
+``/api/prompt-map``, ``/api/answer`` and ``/api/token-map``."""
 
 from __future__ import annotations
 
