@@ -25,14 +25,13 @@ from camkit.serve import clips
 from camkit.serve.cache import LRU
 from camkit.serve.gallery import Entry, Prediction
 
-# how the explorer builds its methods by default: as ``camkit explain`` does with its defaults
 SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
 
 
 @dataclass(frozen=True)
 class MapKey:
-    """One map: checkpoint, method, layer (None for layer-free methods), image, class, and the
-    LRP composite of a method that takes one (None for the others)."""
+    """One map: checkpoint, method, layer and LRP composite (None for methods without), image,
+    class."""
 
     checkpoint: str
     method: str
@@ -53,18 +52,12 @@ def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 
         end = names.index(default) + 1 if default in names else len(names)
         picks = np.linspace(0, end - 1, min(count, end)).round().astype(int)
         return [names[i] for i in dict.fromkeys(picks.tolist())]
-    last: dict[tuple, tuple[int, str]] = {}  # resolution -> (depth, name)
-    for name, shape in maps:
-        resolution, depth = tuple(shape[-2:]), name.count(".")
-        if resolution not in last or depth <= last[resolution][0]:
-            last[resolution] = (depth, name)
-    last = {resolution: name for resolution, (_, name) in last.items()}
-    default_shape = next((tuple(s[-2:]) for n, s in maps if n == default), None)
-    if default_shape is not None:
-        last[default_shape] = default
+    ends = {}  # resolution -> its stage's end; deepest first, so the shallowest is written last
+    for name, shape in sorted(maps, key=lambda item: -item[0].count(".")):
+        ends[tuple(shape[-2:])] = name
+    ends.update({tuple(shape[-2:]): name for name, shape in maps if name == default})
     order = [name for name, _ in maps]
-    chosen = sorted(last.values(), key=order.index)
-    return chosen[-count:]
+    return sorted(ends.values(), key=order.index)[-count:]
 
 
 class Explorer:

@@ -1,6 +1,6 @@
-"""The explorer inside a notebook: :func:`explore` starts the same app as ``camkit serve`` in a
-background thread, on loopback with a fresh token, and the object it returns shows the page
-inline (an ``<iframe>``, Captum Insights' way) until :meth:`Exploration.stop`."""
+"""The explorer inside a notebook: :func:`explore` starts ``camkit serve``'s app in a background
+thread on loopback, and the object it returns shows the page inline (an ``<iframe>``, Captum
+Insights' way)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ LOOPBACK = "127.0.0.1"
 
 
 class Exploration:
-    """A running explorer: ``url`` (with its token), shown inline by a notebook
-    (``_repr_html_``: an ``<iframe>`` of ``height`` pixels); :meth:`stop` ends it (also on
-    leaving a ``with`` block)."""
+    """A running explorer at ``url`` (with its token), shown inline by a notebook (an
+    ``<iframe>`` of ``height`` pixels); :meth:`stop` or leaving a ``with`` block ends it."""
 
     def __init__(self, server: Any, thread: threading.Thread, url: str, height: int) -> None:
         self.server, self.thread, self.url, self.height = server, thread, url, height
@@ -76,9 +75,7 @@ def as_loaded(
 ) -> models.LoadedModel:
     """What :func:`explore` is given as a model -> a :class:`~camkit.models.LoadedModel`: a
     name or checkpoint through :func:`camkit.models.load`; a module with the preprocessing it
-    carries (:func:`~camkit.models.preprocess_of`, at ``input_size`` when given), its default
-    layer and ``class <i>`` names unless given; ``preprocess``: how to feed the module instead
-    (a compared checkpoint is fed as the first one)."""
+    carries (or ``preprocess``), its default layer and ``class <i>`` names unless given."""
     if isinstance(model, models.LoadedModel):
         return model
     if isinstance(model, (str, os.PathLike)):
@@ -102,10 +99,8 @@ def as_loaded(
 
 
 def as_vlm(model: object) -> LoadedVLM | None:
-    """A vision-language model given to :func:`explore`: a
-    :class:`~camkit.models.vlm.LoadedVLM`, or ``"hf:FOLDER"`` loaded by
-    :func:`~camkit.models.vlm.load_vlm` (as ``camkit explain`` and ``camkit serve`` load it);
-    None for any other model."""
+    """A vision-language model given to :func:`explore` (a :class:`~camkit.models.vlm.LoadedVLM`
+    or ``"hf:FOLDER"``, :func:`~camkit.models.vlm.load_vlm`); None for any other model."""
     if isinstance(model, LoadedVLM):
         return model
     if isinstance(model, str) and model.startswith(HF_PREFIX):
@@ -115,8 +110,7 @@ def as_vlm(model: object) -> LoadedVLM | None:
 
 def gallery_of(images: object, suffixes: Collection[str] = io.IMAGE_SUFFIXES) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
-    PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
-    broken files); ``suffixes``: the files a folder lists (a video model's: videos)."""
+    PIL images) -> the gallery; ``suffixes``: the files a folder lists."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
@@ -146,18 +140,15 @@ def explore(
     a ``camkit explain`` run folder, or pictures in memory), in a background thread on
     127.0.0.1 with a fresh token; display the result in a notebook to see it inline.
 
-    ``model``: a module (fed as it says: its timm ``pretrained_cfg`` or HuggingFace
-    ``preprocessor_config.json``, see :func:`~camkit.models.preprocess_of`, else ImageNet's
-    defaults and an :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another
-    input size than its own; ``layer``: its CAM layer, default: the one ``camkit layers``
-    marks), a :class:`~camkit.models.LoadedModel`, a name
-    for :func:`camkit.models.load`, or a vision-language model (``"hf:FOLDER"``, a local
-    HuggingFace folder, or a :class:`~camkit.models.vlm.LoadedVLM`): the page then has a
-    prompt box (:mod:`camkit.serve.prompts`); ``labels``: class names (a list or a labels file);
-    ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
-    free one. The model is used as it is: no mode switch, no lasting hook. A video model (a
-    :class:`~camkit.models.LoadedModel` or name with a ``clip_length``, e.g.
-    ``"torchvision:r3d_18"``) lists the folders' videos and plays each map frame by frame.
+    ``model``: a module (fed as its timm or HuggingFace config says,
+    :func:`~camkit.models.preprocess_of`, else ImageNet's defaults with an
+    :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another size; ``layer``:
+    its CAM layer, default ``camkit layers``' mark), a :class:`~camkit.models.LoadedModel`, a
+    name for :func:`camkit.models.load`, or a vision-language model (``"hf:FOLDER"`` or a
+    :class:`~camkit.models.vlm.LoadedVLM`: the page then has a prompt box); ``labels``: class
+    names (a list or a labels file); ``compare``: a second checkpoint of the same model, shown
+    beside it; ``port``: 0 for a free one. The model is used as it is: no mode switch, no
+    lasting hook. A video model (with a ``clip_length``) lists videos and plays maps per frame.
 
     >>> view = camkit.explore(model, "photos/")   # doctest: +SKIP
     >>> view                                      # the page, inline
