@@ -73,9 +73,7 @@ def routes(state: ServerState) -> list[Route]:
         channel, alpha = query.integer("channel"), query.number("alpha", 0.5)
         region = region_in(query, layer)
         heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel, region)
-        view = await asyncio.to_thread(explorer.model_view, image)
-        data = await asyncio.to_thread(concept_png, view, heat, alpha)
-        return Response(data, media_type="image/png")
+        return await state.drawn(image, concept_png, heat, alpha)
 
     async def feature(request: Request) -> Response:
         query = Query(request, FEATURE)

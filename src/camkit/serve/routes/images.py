@@ -90,9 +90,7 @@ def routes(state: ServerState) -> list[Route]:
 
     async def photo(request: Request) -> Response:
         Query(request, ())
-        image = state.image_of(request.path_params["id"])
-        view = await asyncio.to_thread(explorer.model_view, image)
-        return Response(await asyncio.to_thread(io.encode_image, view), media_type="image/png")
+        return await state.drawn(state.image_of(request.path_params["id"]), io.encode_image)
 
     async def image_info(request: Request) -> Response:
         query = Query(request, ("checkpoint", "k"))

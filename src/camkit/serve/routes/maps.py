@@ -77,9 +77,7 @@ def routes(state: ServerState) -> list[Route]:
             data = await asyncio.to_thread(clips.frame_overlay, *drawing)
             response = Response(data, media_type="image/png")
         else:
-            view = await asyncio.to_thread(explorer.model_view, image)
-            data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
-            response = Response(data, media_type="image/png")
+            response = await state.drawn(image, overlay_png, heat, alpha, colormap)
         if measured is not None:
             response.headers["X-Camkit-Measured"] = json.dumps(measured, separators=(",", ":"))
         return response
@@ -98,10 +96,8 @@ def routes(state: ServerState) -> list[Route]:
         diff = difference(*heats)
         if shown == "npy":
             return download(npy_bytes(diff), image, f"{method}_{target}_difference", ".npy")
-        view = await asyncio.to_thread(explorer.model_view, image)
         shown_heat = difference_for_display(diff)  # red: the first looks more; blue: the second
-        data = await asyncio.to_thread(overlay_png, view, shown_heat, alpha, DIVERGING_COLORMAP)
-        return Response(data, media_type="image/png")
+        return await state.drawn(image, overlay_png, shown_heat, alpha, DIVERGING_COLORMAP)
 
     async def depth(request: Request) -> Response:
         query = Query(request, MAP + SHOWN)  # the page sends its display settings with each

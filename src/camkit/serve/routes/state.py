@@ -3,8 +3,12 @@ that name a checkpoint, an image or a map."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+from starlette.responses import Response
 
 from camkit.errors import ArgumentError
 from camkit.serve.batcher import MapBatcher
@@ -83,6 +87,11 @@ class ServerState:
         checkpoint, layer, image, target = self.image_request(query)
         composite = self.explorer.check_composite(method, query.text("composite"))
         return checkpoint, method, (layer,), image, target, composite
+
+    async def drawn(self, image: int, draw: Callable[..., bytes], *args: Any) -> Response:
+        """The PNG ``draw(model view of image, *args)`` makes, both off the event loop."""
+        view = await asyncio.to_thread(self.explorer.model_view, image)
+        return Response(await asyncio.to_thread(draw, view, *args), media_type="image/png")
 
     def run_layer(self, method: str, images: list[int]) -> str:
         """The layer the run explained ``images`` with ``method`` at (its manifest's records),
