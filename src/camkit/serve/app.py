@@ -1,40 +1,7 @@
-"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API.
-
-Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`):
-
-=============================  ============================================================
-``GET /``                      the page (``static/index.html``; no build step, nothing remote)
-``GET /api/info``              model, labels, the methods that fit, layers, depth-strip stages
-``GET /api/gallery``           a page of images with predictions: ``offset``, ``limit``,
-                               ``predicted``, ``truth``, ``wrong``, ``order``, ``checkpoint``,
-                               ``changed`` (two checkpoints: where they disagree)
-``GET /api/thumb/{id}``        a JPEG thumbnail
-``GET /api/photo/{id}``        the model's view of the photo (resized and cropped), PNG
-``GET /api/image/{id}``        a checkpoint's top-k and every class's probability; a run's maps
-``GET /api/map``               one map: ``image``, ``class``, ``method``, ``layer``,
-                               ``checkpoint``, ``alpha``, ``colormap``, ``format=png|npy``,
-                               ``job`` (progress and cancel)
-``GET /api/difference``        checkpoint a's map minus b's (``format=png|npy``)
-``GET /api/progress``          a long map's copies scored (``job``); ``POST /api/cancel`` stops it
-``GET /api/depth``             the depth strip: the method at every stage from one pass
-``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
-                               ``class``: everywhere, in the cell under ``x``, ``y`` or in
-                               ``box``; ``k``; their shares and reference images
-``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG: of its
-                               relevance in ``x``, ``y`` or ``box`` when given
-``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
-``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
-``GET /api/curve``             the deletion/insertion curves of a map
-``GET /api/prompt-map``        a dual encoder's map of ``prompt`` over ``image`` (PNG or npy)
-``GET /api/answer``            a generative model's answer to ``prompt`` about ``image``: its
-                               tokens, each generated token's prompt-token colours and values
-``GET /api/token-map``         the map of generated ``word`` k of that answer (PNG or npy)
-``POST /api/upload``           an image file as the body -> its id
-``GET /api/strategies``        the run's clusters per class (``camkit strategies``), as ids
-``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
-=============================  ============================================================
-
-An unknown query parameter or value is a 422.
+"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API (every route
+listed in ``docs/serve.md``; the routes themselves, by concern, in :mod:`camkit.serve.routes`).
+Every ``/api/`` route needs the token (:mod:`camkit.serve.security`); an unknown query parameter
+or value is a 422.
 """
 
 from __future__ import annotations

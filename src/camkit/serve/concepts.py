@@ -13,6 +13,7 @@ Every call runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,10 +180,7 @@ class ConceptViews:
             "layer": layer,
             "class": target,
             "size": list(self.explorer.size),
-            "region": {
-                "kind": region.kind,
-                "box": None if region.box is None else list(region.box),
-            },
+            "region": dataclasses.asdict(region),
             "concepts": self.rows(layer, found.channels[0], found.relevance[0], found.share[0]),
             "references": self.references is not None and self.references.layer == layer,
         }
