@@ -64,7 +64,6 @@ def frame_rate(path: str | os.PathLike[str]) -> float:
     """The frames per second a video file declares (a GIF: from its first frame's duration),
     else :data:`DEFAULT_FPS`."""
     path = Path(path)
-    fps: float | None = None
     if path.suffix.lower() == ".gif":
         try:
             with Image.open(path) as image:

@@ -1,16 +1,10 @@
 """``camkit serve``: an interactive explorer of a model's maps, live in the browser.
 
-A gallery of images with their predictions (filters, misclassified only, low confidence first),
-and for each image the maps of any class, method, layer and checkpoint computed on demand: the
-depth strip, two classes or two checkpoints side by side, deletion/insertion curves, downloads,
-and the concepts where the user clicks. Modules: :mod:`~camkit.serve.app` (the ASGI app) and
-:mod:`~camkit.serve.routes`; :mod:`~camkit.serve.batcher` (concurrent map requests -> one
-engine call); :mod:`~camkit.serve.explorer` (what is computed, through camkit's public API);
-:mod:`~camkit.serve.concepts`, :mod:`~camkit.serve.prompts`, :mod:`~camkit.serve.compare`,
-:mod:`~camkit.serve.clips` (videos); :mod:`~camkit.serve.gallery` (the images);
-:mod:`~camkit.serve.progress`; :mod:`~camkit.serve.security` (every safety check);
-:mod:`~camkit.serve.logs`; :mod:`~camkit.serve.launch` (the one module ``camkit serve``
-imports, lazily); :mod:`~camkit.serve.notebook` (:func:`camkit.explore`); ``static/``: the page.
+A gallery of images with their predictions, and for each image the maps of any class, method,
+layer and checkpoint computed on demand: the depth strip, two classes or two checkpoints side by
+side, deletion/insertion curves, downloads, and the concepts where the user clicks. The app
+(:mod:`~camkit.serve.app`) calls :mod:`~camkit.serve.explorer`, which uses camkit's public API
+only; ``camkit serve`` imports :mod:`~camkit.serve.launch` only, lazily.
 
 The web stack is an optional extra: ``pip install 'camkit[serve]'``.
 """

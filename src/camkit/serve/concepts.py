@@ -140,11 +140,9 @@ class ConceptViews:
     def attribution(
         self, checkpoint: str, layer: str, *, images: bool = False
     ) -> ConceptAttribution:
-        """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached). ``images``:
-        for :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else one condition at a
-        time where the device runs vector-Jacobian products one after the other
-        (:func:`~camkit.core.engine.batched_backward`), holding one condition's masked
-        gradients at a time; the results are the same."""
+        """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached): for
+        :meth:`dominant` (``images``), :data:`IMAGES_PER_PASS` images a pass; else one condition
+        at a time where the device runs vector-Jacobian products one by one (the CPU)."""
         self.images_only()
         one_by_one = not batched_backward(self.explorer.device)
         rows = IMAGES_PER_PASS if images else (1 if one_by_one else None)
@@ -280,13 +278,3 @@ class ConceptViews:
             return self.rows(layer, top.channels, top.relevance, top.share)
 
         return self.dominants.fetch((checkpoint, layer, tuple(images), target, k), make)
-
-
-__all__ = [
-    "ConceptViews",
-    "Region",
-    "check_k",
-    "concept_png",
-    "layer_grid",
-    "region_of",
-]

@@ -160,8 +160,8 @@ class Explorer:
     # ------------------------------------------------------------------ predictions
 
     def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """The model inputs of ``images`` as one batch on the device, in the model's dtype: a
-        row per image, a video's windows (:meth:`row_counts`)."""
+        """The model inputs of ``images`` as one batch on the device in the model's dtype (a
+        video: a row per window)."""
         model = self.checkpoints[checkpoint].model
         reference = next(model.parameters(), None)
         batch = torch.cat([clips.rows(self.model_input(i)) for i in images]).to(self.device)
@@ -199,8 +199,8 @@ class Explorer:
         return self.probabilities_of([image], checkpoint)[0]
 
     def probabilities_of(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """All class probabilities of readable images, one forward pass ``(B, num_classes)`` (a
-        video's: the mean of its windows')."""
+        """All class probabilities of readable images, ``(B, num_classes)``, in one forward pass
+        (a video's: the mean of its windows')."""
         model = self.checkpoints[checkpoint].model
         with torch.no_grad():
             logits = model(self.batch(images, checkpoint))
@@ -285,9 +285,8 @@ class Explorer:
         composite: str | None = None,
     ) -> None:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
-        ONE call of the method: the images as one batch, each with its classes as ``K``
-        targets (``(B, K)``; a shorter list padded with its last class, the extra maps
-        dropped), all layers from one pass (``fuse=False``), into the cache. Pairs cached at
+        ONE call into the cache: the images as one batch, their classes as ``K`` targets (a
+        shorter list padded with its last class), all layers from one pass. Pairs cached at
         every layer are skipped (two routes may queue the same map before either computed it)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
@@ -347,8 +346,7 @@ class Explorer:
 
 
 def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:
-    """The map over the model's view of the photo, as PNG bytes (:func:`camkit.viz.overlay`;
-    a signed map is shown on its absolute values)."""
+    """The map over the model's view of the photo, PNG (a signed map on its absolute values)."""
     return io.encode_image(viz.overlay(photo, np.abs(heat), alpha=alpha, colormap=colormap))
 
 

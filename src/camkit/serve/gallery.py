@@ -92,8 +92,8 @@ def scan(
 
 
 def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
-    """A ``camkit explain`` folder: its images (in the manifest's order), the manifest's header
-    and the predictions it recorded (``top5``), by entry index."""
+    """A ``camkit explain`` folder's images (in the manifest's order), header and recorded
+    predictions by entry index."""
     loaded = run_manifest.gather(run)
     if loaded is None:
         raise FileNotFoundError(f"no {run_manifest.MANIFEST} in {run}")
@@ -123,8 +123,7 @@ def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
 
 
 def _wrong(entry: Entry, prediction: Prediction | None) -> bool:
-    """Whether the top-1 class differs from the folder's true class (by name, or by index when
-    the folder is named by a number)."""
+    """Whether the top-1 class differs from the folder's true class (its name or number)."""
     if entry.truth is None or not prediction:
         return False
     index, label, _ = prediction[0]

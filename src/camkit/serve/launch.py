@@ -56,8 +56,8 @@ def check_paths(paths: list[Path]) -> None:
 
 
 def run_crop(paths: Sequence[Path]) -> str | None:
-    """The ``--crop`` a ``camkit explain`` run folder was made with (runs before ``--crop``
-    squashed), so that the explorer preprocesses its photos as the run did; None for images."""
+    """The ``--crop`` a ``camkit explain`` run folder was made with, so that the explorer
+    preprocesses its photos as the run did; None for images."""
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         return read_manifest(paths[0]).crop
     return None
@@ -172,11 +172,10 @@ def prepare(
     max_pixels: int | None = io.MAX_PIXELS,
     vlm: LoadedVLM | None = None,
 ) -> Prepared:
-    """Read the gallery and build the app (everything but listening), once :func:`check_start`
-    has checked the paths, the address and the token ('' for none). ``names``: each
-    checkpoint's name on the page; ``max_pixels``: the largest image read (None: any); ``vlm``:
-    a vision-language model, whose image side (:func:`~camkit.serve.prompts.image_side`) the
-    explorer then shows instead of ``checkpoints``."""
+    """Read the gallery and build the app, once :func:`check_start` has checked the paths, the
+    address and the token ('' for none). ``names``: each checkpoint's name on the page;
+    ``max_pixels``: the largest image read (None: any); ``vlm``: a vision-language model, whose
+    image side the explorer then shows instead of ``checkpoints``."""
     from camkit.serve.prompts import image_side
 
     if vlm is not None:

@@ -140,15 +140,13 @@ def explore(
     a ``camkit explain`` run folder, or pictures in memory), in a background thread on
     127.0.0.1 with a fresh token; display the result in a notebook to see it inline.
 
-    ``model``: a module (fed as its timm or HuggingFace config says,
-    :func:`~camkit.models.preprocess_of`, else ImageNet's defaults with an
-    :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another size; ``layer``:
-    its CAM layer, default ``camkit layers``' mark), a :class:`~camkit.models.LoadedModel`, a
-    name for :func:`camkit.models.load`, or a vision-language model (``"hf:FOLDER"`` or a
-    :class:`~camkit.models.vlm.LoadedVLM`: the page then has a prompt box); ``labels``: class
-    names (a list or a labels file); ``compare``: a second checkpoint of the same model, shown
-    beside it; ``port``: 0 for a free one. The model is used as it is: no mode switch, no
-    lasting hook. A video model (with a ``clip_length``) lists videos and plays maps per frame.
+    ``model``: a module (fed as :func:`~camkit.models.preprocess_of` says; ``input_size``:
+    another size; ``layer``: its CAM layer, default ``camkit layers``' mark), a
+    :class:`~camkit.models.LoadedModel`, a name for :func:`camkit.models.load`, or a
+    vision-language model (``"hf:FOLDER"`` or a :class:`~camkit.models.vlm.LoadedVLM`: the page
+    then has a prompt box); ``labels``: class names (a list or a file); ``compare``: a second
+    checkpoint of the same model; ``port``: 0 for a free one. The model is used as it is. A
+    video model (with a ``clip_length``) lists videos and plays maps per frame.
 
     >>> view = camkit.explore(model, "photos/")   # doctest: +SKIP
     >>> view                                      # the page, inline

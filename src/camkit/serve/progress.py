@@ -1,9 +1,8 @@
 """Long maps on the page: progress, cancelling, and how long a method takes on this model.
 
-A map request may name a ``job`` (an id the page makes up). While the map is computed, a
-forward pre-hook on the model counts the rows it scores (:func:`watching`); ``/api/cancel``
-marks the job, and the hook then raises :class:`Cancelled` at the model's next forward pass
-(camkit's methods remove their hooks in ``finally``, as this pre-hook is).
+A map request may name a ``job`` (an id the page makes up): while the map is computed, a
+forward pre-hook counts the rows the model scores, and raises :class:`Cancelled` at the next
+forward pass once ``/api/cancel`` marked the job (:func:`watching`).
 """
 
 from __future__ import annotations

@@ -171,6 +171,3 @@ def no_text_model() -> TargetError:
         "this model has no text tower and generates no text: a prompt cannot be explained on "
         "it; start the explorer with a vision-language model (camkit serve --model hf:FOLDER)"
     )
-
-
-__all__ = ["MAX_PROMPT_CHARS", "ImageFeatures", "Prompts", "check_prompt", "image_side"]

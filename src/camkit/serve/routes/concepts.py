@@ -98,13 +98,9 @@ def routes(state: ServerState) -> list[Route]:
         checkpoint = state.checkpoint_of(query)
         method, target = query.text("method"), query.integer("class")
         cluster_id, k = query.integer("cluster"), check_k(query.integer("k", 5))
+        groups = state.run.strategies["groups"]
         group = next(
-            (
-                g
-                for g in state.run.strategies["groups"]
-                if g.get("method") == method and g.get("class") == target
-            ),
-            None,
+            (g for g in groups if (g.get("method"), g.get("class")) == (method, target)), None
         )
         if group is None:
             raise ArgumentError(f"the run has no strategies for method {method!r}, class {target}")

@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from camkit import io, models
 from camkit.serve import clips
-from camkit.serve.gallery import ORDERS, select
+from camkit.serve.gallery import ORDERS, Prediction, select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
 
@@ -22,13 +22,16 @@ DISAGREEMENT = {"confidence-moved": "confidence_moved", "map-moved": "map_moved"
 USER_ORDERS = tuple(order for order in ORDERS if order != "ranking")
 
 
+def as_rows(prediction: Prediction) -> list[dict]:
+    return [{"index": c, "label": label, "probability": p} for c, label, p in prediction]
+
+
 def routes(state: ServerState) -> list[Route]:
     """The gallery's pages, thumbnails, the model's view of a photo and an image's classes."""
     explorer, batcher = state.explorer, state.batcher
 
     def top(index: int, checkpoint: str) -> list[dict]:
-        prediction = explorer.predictions[checkpoint].get(index)
-        return [{"index": c, "label": label, "probability": p} for c, label, p in prediction or []]
+        return as_rows(explorer.predictions[checkpoint].get(index) or [])
 
     def item(index: int, checkpoint: str) -> dict:
         entry = explorer.entries[index]
@@ -108,7 +111,7 @@ def routes(state: ServerState) -> list[Route]:
                 "truth": entry.truth,
                 "size": [int(photo.shape[1]), int(photo.shape[0])],
                 "checkpoint": checkpoint,
-                "top": [{"index": c, "label": label, "probability": p} for c, label, p in top],
+                "top": as_rows(top),
                 "probabilities": [round(p, 6) for p in probabilities.tolist()],
                 "run_maps": entry.run_maps if state.run.root is not None else [],
             }
