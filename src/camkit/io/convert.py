@@ -85,18 +85,6 @@ def _check_unit_range(array: np.ndarray) -> np.ndarray:
     return np.clip(array, 0.0, 1.0)
 
 
-def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
-    if array.dtype == np.uint16:
-        return np.round(array / 257.0).astype(np.uint8)
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high > 255:
-        raise ArgumentError(
-            f"expected integer image values in 0..255 (or uint16), got {array.dtype} values in "
-            f"[{low}, {high}]"
-        )
-    return array.astype(np.uint8)
-
-
 def to_rgb_uint8(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
 
@@ -113,9 +101,19 @@ def to_rgb_uint8(image: object) -> np.ndarray:
         return array.astype(np.uint8) * 255
     if np.issubdtype(array.dtype, np.floating):
         return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
-    if np.issubdtype(array.dtype, np.integer):
-        return _integer_as_uint8(array)
-    raise ArgumentError(f"expected a uint8, integer, bool or float image, got {describe(image)}")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ArgumentError(
+            f"expected a uint8, integer, bool or float image, got {describe(image)}"
+        )
+    if array.dtype == np.uint16:
+        return np.round(array / 257.0).astype(np.uint8)
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high > 255:
+        raise ArgumentError(
+            f"expected integer image values in 0..255 (or uint16), got {array.dtype} values in "
+            f"[{low}, {high}]"
+        )
+    return array.astype(np.uint8)
 
 
 def rgb_pixels(image: object) -> np.ndarray:

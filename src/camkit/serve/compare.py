@@ -32,18 +32,13 @@ class Disagreement:
     map_moved: float  # 1 - Spearman(map_first, map_second) of class c
 
 
-def map_method(explorer: Explorer) -> str:
-    """The method whose maps are compared: Grad-CAM when it fits, else the first that does."""
-    return "gradcam" if "gradcam" in explorer.methods else explorer.methods[0]
-
-
 class Comparison:
     """The disagreements of the explorer's first two checkpoints, measured on demand and kept."""
 
     def __init__(self, explorer: Explorer) -> None:
         self.explorer = explorer
         self.first, self.second = list(explorer.checkpoints)[:2]
-        self.method = map_method(explorer)
+        self.method = "gradcam" if "gradcam" in explorer.methods else explorer.methods[0]
         self.found: dict[int, Disagreement] = {}
 
     def measure(self, images: Sequence[int]) -> dict[int, Disagreement]:
@@ -89,14 +84,3 @@ class Comparison:
                 confidence_moved=abs(float(first[top] - second[top])),
                 map_moved=float(moved[row]),
             )
-
-
-def difference(heat_first: np.ndarray, heat_second: np.ndarray) -> np.ndarray:
-    """The first checkpoint's displayed heat minus the second's, ``(H, W)`` in [-1, 1]."""
-    return heat_first.astype(np.float32) - heat_second.astype(np.float32)
-
-
-def difference_for_display(diff: np.ndarray) -> np.ndarray:
-    """A difference in [-1, 1] -> [0, 1] for a diverging colormap (linear): 0.5 where the maps
-    agree, 1 where only the first checkpoint looks, 0 where only the second does."""
-    return np.clip((diff + 1.0) / 2.0, 0.0, 1.0)

@@ -91,6 +91,9 @@ def scan(
     return entries, roots
 
 
+RUN_MAP_FIELDS = ("output", "raw", "method", "layer", "target", "label")
+
+
 def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
     """A ``camkit explain`` folder's images (in the manifest's order), header and recorded
     predictions by entry index."""
@@ -112,12 +115,7 @@ def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
                 for row in record["top5"]
             ]
         if record.get("output"):
-            entries[index].run_maps.append(
-                {
-                    key: record.get(key)
-                    for key in ("output", "raw", "method", "layer", "target", "label")
-                }
-            )
+            entries[index].run_maps.append({key: record.get(key) for key in RUN_MAP_FIELDS})
     header = {key: value for key, value in loaded.items() if key != "records"}
     return entries, header, predictions
 

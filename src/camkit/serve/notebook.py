@@ -98,16 +98,6 @@ def as_loaded(
     )
 
 
-def as_vlm(model: object) -> LoadedVLM | None:
-    """A vision-language model given to :func:`explore` (a :class:`~camkit.models.vlm.LoadedVLM`
-    or ``"hf:FOLDER"``, :func:`~camkit.models.vlm.load_vlm`); None for any other model."""
-    if isinstance(model, LoadedVLM):
-        return model
-    if isinstance(model, str) and model.startswith(HF_PREFIX):
-        return load_vlm(model.removeprefix(HF_PREFIX))
-    return None
-
-
 def gallery_of(images: object, suffixes: Collection[str] = io.IMAGE_SUFFIXES) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
     PIL images) -> the gallery; ``suffixes``: the files a folder lists."""
@@ -157,7 +147,9 @@ def explore(
         raise ArgumentError(missing)
     from camkit.serve.prompts import image_side
 
-    vlm = as_vlm(model)
+    vlm = model if isinstance(model, LoadedVLM) else None
+    if isinstance(model, str) and model.startswith(HF_PREFIX):  # as camkit serve loads it
+        vlm = load_vlm(model.removeprefix(HF_PREFIX))
     if vlm is not None and compare is not None:
         raise ArgumentError("compare= is for two checkpoints of a classifier, not a VLM")
     if vlm is not None:

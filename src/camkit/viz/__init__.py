@@ -138,12 +138,6 @@ def _grid_tiles(maps: object) -> np.ndarray:
     return finite_values(array, maps, "maps")
 
 
-def _min_max(array: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
-    low = array.min(axis=axes, keepdims=True)
-    span = array.max(axis=axes, keepdims=True) - low
-    return np.divide(array - low, span, out=np.zeros_like(array), where=span > 0)
-
-
 def feature_grid(
     maps: np.ndarray | torch.Tensor,
     ncols: int | None = None,
@@ -177,7 +171,10 @@ def feature_grid(
         raise ArgumentError(f"expected pad_value in [0, 1], got {pad_value}")
     count = tiles.shape[0]
     if normalize in ("tile", "all"):
-        tiles = _min_max(tiles, tuple(range(1, tiles.ndim)) if normalize == "tile" else None)
+        axes = tuple(range(1, tiles.ndim)) if normalize == "tile" else None
+        low = tiles.min(axis=axes, keepdims=True)
+        span = tiles.max(axis=axes, keepdims=True) - low
+        tiles = np.divide(tiles - low, span, out=np.zeros_like(tiles), where=span > 0)
     elif normalize == "none":
         low, high = float(tiles.min()), float(tiles.max())
         if low < 0.0 or high > 1.0:

@@ -17,7 +17,6 @@ from camkit import registry
 from camkit.errors import ArgumentError
 from camkit.io import video
 from camkit.serve import clips
-from camkit.serve.compare import difference, difference_for_display
 from camkit.serve.explorer import npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
 from camkit.serve.progress import copies_per_image, watching
@@ -93,10 +92,11 @@ def routes(state: ServerState) -> list[Route]:
             next(iter((await batcher.maps(c, method, layers, image, target, composite)).values()))
             for c in (first, second)
         ]
-        diff = difference(*heats)
+        diff = heats[0].astype(np.float32) - heats[1].astype(np.float32)  # (H, W) in [-1, 1]
         if shown == "npy":
             return download(npy_bytes(diff), image, f"{method}_{target}_difference", ".npy")
-        shown_heat = difference_for_display(diff)  # red: the first looks more; blue: the second
+        # 0.5 where the maps agree, 1 (red) where only the first looks, 0 (blue) only the second
+        shown_heat = np.clip((diff + 1.0) / 2.0, 0.0, 1.0)
         return await state.drawn(image, overlay_png, shown_heat, alpha, DIVERGING_COLORMAP)
 
     async def depth(request: Request) -> Response:
