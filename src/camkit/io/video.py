@@ -49,10 +49,8 @@ def is_video(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is read as a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF with
     more than one frame."""
     suffix = Path(path).suffix.lower()
-    if suffix in VIDEO_SUFFIXES:
-        return True
     if suffix != ".gif":
-        return False
+        return suffix in VIDEO_SUFFIXES
     try:
         with Image.open(path) as image:
             return getattr(image, "n_frames", 1) > 1
@@ -85,43 +83,35 @@ def iter_frames(
     a time, decoded as asked for (those before ``start`` decoded, not converted).
     :class:`VideoReadError` for a missing file, one without frames, and past ``max_frames``
     frames (``None``: no limit)."""
-    for _, frame in _frames(path, start, max_frames):
-        if frame is not None:
-            yield frame
+    yield from (frame for frame in _frames(path, start, max_frames) if frame is not None)
 
 
 def count_frames(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> int:
     """How many frames :func:`iter_frames` gives (every frame decoded, none converted: a
     container's own count is often wrong)."""
-    count = 0
-    for count, _ in _frames(path, None, max_frames):  # noqa: B007
-        pass
-    return count
+    return sum(1 for _ in _frames(path, None, max_frames))
 
 
 def _frames(
     path: str | os.PathLike[str], start: int | None, max_frames: int | None
-) -> Iterator[tuple[int, np.ndarray | None]]:
-    """``(count so far, frame)``: RGB frames from ``start`` on, ``None`` before it (``start``
-    None: only counted)."""
+) -> Iterator[np.ndarray | None]:
+    """RGB frames from ``start`` on, ``None`` before it (``start`` None: only counted)."""
     path = Path(path)
     if not path.is_file():
         raise VideoReadError(f"{path}: no such file")
     count = 0
     gif = path.suffix.lower() == ".gif"
-    for frame in _gif_frames(path, start) if gif else _cv2_frames(path, start):
-        count += 1
+    for count, frame in enumerate(_gif_frames(path, start) if gif else _cv2_frames(path, start), 1):
         if max_frames is not None and count > max_frames:
             raise VideoReadError(f"{path}: more than {max_frames} frames (raise max_frames)")
-        yield count, frame
+        yield frame
     if not count:
         raise VideoReadError(f"{path}: no frame could be decoded (not a video, or no codec)")
 
 
 def read_video(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> Video:
     """A video file -> :class:`Video`, every frame in memory (long videos: :func:`iter_frames`)."""
-    frames = list(iter_frames(path, max_frames=max_frames))
-    return Video(np.stack(frames), frame_rate(path))
+    return Video(np.stack(list(iter_frames(path, max_frames=max_frames))), frame_rate(path))
 
 
 def _cv2_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:

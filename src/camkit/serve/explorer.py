@@ -194,10 +194,6 @@ class Explorer:
         for image, row in zip(readable, probabilities, strict=True):
             known[image] = models.top_classes(row, self.labels, k)
 
-    def probabilities(self, image: int, checkpoint: str) -> Tensor:
-        """All class probabilities of one image ``(num_classes,)``."""
-        return self.probabilities_of([image], checkpoint)[0]
-
     def probabilities_of(self, images: Sequence[int], checkpoint: str) -> Tensor:
         """All class probabilities of readable images, ``(B, num_classes)``, in one forward pass
         (a video's: the mean of its windows')."""

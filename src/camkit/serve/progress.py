@@ -119,10 +119,6 @@ class Cost:
     copies: int
     needs_gradients: bool
 
-    @classmethod
-    def of(cls, explainer: Explainer, layer_shape: tuple | None) -> Cost:
-        return cls(copies_per_image(explainer, layer_shape), explainer.needs_gradients)
-
     @property
     def slow(self) -> bool:
         """Whether the method scores many copies of an image (``forward_rows`` above 1)."""

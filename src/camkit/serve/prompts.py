@@ -163,11 +163,3 @@ class Prompts:
                 f"tokens, 0..{len(answer.positions) - 1}"
             )
         return answer.explanation.maps[0, k].detach().cpu().numpy()
-
-
-def no_text_model() -> TargetError:
-    """The error of a prompt request on a server whose model takes no prompt."""
-    return TargetError(
-        "this model has no text tower and generates no text: a prompt cannot be explained on "
-        "it; start the explorer with a vision-language model (camkit serve --model hf:FOLDER)"
-    )

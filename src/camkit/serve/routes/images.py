@@ -100,7 +100,7 @@ def routes(state: ServerState) -> list[Route]:
         checkpoint = state.checkpoint_of(query)
         image = state.image_of(request.path_params["id"])
         k = min(20, max(1, query.integer("k", 5)))
-        probabilities = await batcher.run(explorer.probabilities, image, checkpoint)
+        probabilities = (await batcher.run(explorer.probabilities_of, [image], checkpoint))[0]
         top = models.top_classes(probabilities, explorer.labels, k)
         entry = explorer.entries[image]
         photo = clips.shown_frame(await asyncio.to_thread(explorer.photo, image))

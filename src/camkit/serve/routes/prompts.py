@@ -8,9 +8,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from camkit.errors import TargetError
 from camkit.serve.explorer import npy_bytes, overlay_png
 from camkit.serve.http import Query
-from camkit.serve.prompts import MAX_NEW_TOKENS, Prompts, check_prompt, no_text_model
+from camkit.serve.prompts import MAX_NEW_TOKENS, Prompts, check_prompt
 from camkit.serve.routes.state import ServerState
 
 SHOWN = ("alpha", "colormap", "format")
@@ -30,7 +31,11 @@ def routes(state: ServerState) -> list[Route]:
     def asked(query: Query) -> tuple[Prompts, int, str, int]:
         """The prompt views, and the image, prompt and answer length a request names."""
         if state.prompts is None:
-            raise no_text_model()
+            raise TargetError(
+                "this model has no text tower and generates no text: a prompt cannot be explained "
+                "on it; start the explorer with a vision-language model (camkit serve --model "
+                "hf:FOLDER)"
+            )
         image = state.image_of(query.integer("image"))
         tokens = query.integer("max_new_tokens", min(8, MAX_NEW_TOKENS))
         return state.prompts, image, check_prompt(query.text("prompt")), tokens
