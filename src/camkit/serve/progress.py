@@ -66,12 +66,9 @@ class Jobs:
 
     def _forget(self) -> None:
         """Beyond ``MAX_JOBS``: the oldest finished jobs first, then the oldest of any."""
-        extra = len(self.jobs) - MAX_JOBS
-        if extra > 0:
-            finished = [key for key, job in self.jobs.items() if job.finished]
-            others = [key for key in self.jobs if key not in set(finished)]
-            for key in (finished + others)[:extra]:
-                del self.jobs[key]
+        extra = max(0, len(self.jobs) - MAX_JOBS)
+        for key in sorted(self.jobs, key=lambda key: not self.jobs[key].finished)[:extra]:
+            del self.jobs[key]
 
     def get(self, job_id: str) -> Job | None:
         with self.lock:

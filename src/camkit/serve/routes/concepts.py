@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,7 +30,7 @@ CLUSTER = ("method", "class", "cluster", "layer", "checkpoint", "k")
 
 def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
     """Numbers given as separate parameters (``x``, ``y``) or one comma list (``box``); None
-    when none is given."""
+    for none."""
     texts = [query.text(name) for name in names]
     if len(names) == 1 and texts[0] is not None:
         texts = texts[0].split(",")
@@ -41,13 +40,10 @@ def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
         return None
     if any(text is None for text in texts):
         raise ArgumentError(f"give {' and '.join(names)} together (fractions in [0, 1])")
-    try:
-        values = tuple(float(text) for text in texts)
+    try:  # region_of checks that they are finite fractions
+        return tuple(float(text) for text in texts)
     except ValueError:
         raise ArgumentError(f"{', '.join(names)} must be numbers, got {texts}") from None
-    if not all(math.isfinite(v) for v in values):
-        raise ArgumentError(f"{', '.join(names)} must be finite numbers, got {texts}")
-    return values
 
 
 def routes(state: ServerState) -> list[Route]:
