@@ -26,12 +26,9 @@ def leftover_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
-    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
-
-    Readers never see a half-written file, and a killed writer leaves none behind.
-    ``durable``: ``fsync`` before the rename, so the file survives a power cut too (leave it
-    off for files that are cheap to remake, such as thumbnails: an fsync costs milliseconds).
-    """
+    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``:
+    readers never see a half-written file. ``durable``: ``fsync`` before the rename, so the file
+    survives a power cut too (off for files cheap to remake: an fsync costs milliseconds)."""
     target = Path(path)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)

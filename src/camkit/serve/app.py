@@ -47,11 +47,9 @@ def create_app(
 ) -> Starlette:
     """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: none, for
     loopback only); ``run``: the ``camkit explain`` run it shows; ``hosts``: accepted ``Host``
-    headers (None: any); ``background``: predict every image in the background, so filters and
-    sorting cover the whole gallery; ``names``: each checkpoint's name on the page;
-    ``frame_ancestors``: who may frame the page (:func:`~camkit.serve.security.headers`);
-    ``vlm``: the vision-language model whose image side ``explorer`` shows, for the prompt
-    views. Every response carries the security headers; every request is logged."""
+    headers (None: any); ``background``: predict every image in the background; ``names``: each
+    checkpoint's name on the page; ``frame_ancestors``: who may frame the page; ``vlm``: the
+    vision-language model whose image side ``explorer`` shows, for the prompt views."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run or RunViews(), names)
