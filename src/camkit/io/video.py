@@ -46,8 +46,7 @@ class Video:
 
 
 def is_video(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is read as a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF with
-    more than one frame."""
+    """Whether ``path`` is a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF of several frames."""
     suffix = Path(path).suffix.lower()
     if suffix != ".gif":
         return suffix in VIDEO_SUFFIXES
@@ -59,8 +58,7 @@ def is_video(path: str | os.PathLike[str]) -> bool:
 
 
 def frame_rate(path: str | os.PathLike[str]) -> float:
-    """The frames per second a video file declares (a GIF: from its first frame's duration),
-    else :data:`DEFAULT_FPS`."""
+    """The frame rate a video file declares (a GIF: its first frame's), else :data:`DEFAULT_FPS`."""
     path = Path(path)
     if path.suffix.lower() == ".gif":
         try:
@@ -87,8 +85,7 @@ def iter_frames(
 
 
 def count_frames(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> int:
-    """How many frames :func:`iter_frames` gives (every frame decoded, none converted: a
-    container's own count is often wrong)."""
+    """How many frames :func:`iter_frames` gives, all decoded (a container's count may lie)."""
     return sum(1 for _ in _frames(path, None, max_frames))
 
 
@@ -239,8 +236,7 @@ def save_mp4(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
 
 
 def gif_bytes(frames: object, fps: float) -> bytes:
-    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF looping forever, as bytes (Pillow;
-    each frame quantised to its own 256 colours)."""
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> a looping animated GIF's bytes (256 colours a frame)."""
     images = [Image.fromarray(frame) for frame in _checked(frames)]
     buffer = BytesIO()
     duration = max(20, round(1000 / fps))  # browsers show < 20 ms frames at 100 ms

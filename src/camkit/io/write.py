@@ -20,8 +20,7 @@ TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")  # what write_atomic writes f
 
 
 def leftover_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
-    """The temporary files of :func:`write_atomic` that a killed process left under
-    ``folder`` (a kill by signal 9 runs no cleanup)."""
+    """The temporary files of :func:`write_atomic` a killed process left under ``folder``."""
     return [path for path in Path(folder).rglob(".*.tmp") if TEMPORARY.fullmatch(path.name)]
 
 
@@ -78,8 +77,7 @@ def _save(path: str | os.PathLike[str], image: object, format: str, quality: int
 
 
 def save_png(path: str | os.PathLike[str], rgb_uint8: object, *, durable: bool = True) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically
-    (``durable``: see :func:`write_atomic`)."""
+    """Write an image to a ``.png`` file atomically (``durable``: see :func:`write_atomic`)."""
     return _save(path, rgb_uint8, "png", 90, durable)
 
 

@@ -111,8 +111,7 @@ def create_app(
 
 @contextlib.contextmanager
 def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """A real uvicorn serving ``app`` in a thread (``port=0``: a free one) -> its base URL;
-    stopped on exit. For tests, benchmarks and screenshots."""
+    """A real uvicorn serving ``app`` in a thread (``port=0``: a free one) -> its base URL."""
     sock = bind(host, port)
     server, thread = serve_in_thread(app, sock, "camkit-serve")
     try:

@@ -42,8 +42,7 @@ class Comparison:
         self.found: dict[int, Disagreement] = {}
 
     def measure(self, images: Sequence[int]) -> dict[int, Disagreement]:
-        """The disagreement on each readable one of ``images``: per chunk of images, one forward
-        pass and one map call per checkpoint."""
+        """The disagreement on each readable one of ``images``, chunk by chunk."""
         todo = [i for i in dict.fromkeys(images) if i not in self.found]
         for start in range(0, len(todo), CHUNK):
             self._measure(todo[start : start + CHUNK])

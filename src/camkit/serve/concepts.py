@@ -119,15 +119,13 @@ def check_k(k: int) -> int:
 
 
 def concept_png(photo: np.ndarray, heat: np.ndarray, alpha: float) -> bytes:
-    """A conditional heatmap over the model's view of the photo, PNG, coloured as
-    :func:`camkit.viz.plot` colours signed attributions (red positive, blue negative)."""
+    """A conditional heatmap over the model's view, PNG, coloured as :func:`viz.plot` colours."""
     shown, _ = signed_scale(heat)
     return io.encode_image(viz.overlay(photo, shown, alpha=alpha, colormap=DIVERGING_COLORMAP))
 
 
 class ConceptViews:
-    """The concept views of an explorer; ``references``: the served run's ``camkit concepts``
-    results (:func:`camkit.runs.concepts.read_concepts`)."""
+    """The concept views of an explorer, with the served run's ``camkit concepts`` results."""
 
     def __init__(self, explorer: Explorer, references: ConceptsRecord | None = None) -> None:
         self.explorer = explorer
@@ -265,8 +263,7 @@ class ConceptViews:
     def dominant(
         self, checkpoint: str, layer: str, images: Sequence[int], target: int, k: int
     ) -> list[dict]:
-        """The ``k`` channels that dominate ``images`` for class ``target`` (each image's
-        shares averaged), with their reference images; cached."""
+        """The ``k`` channels that dominate ``images`` for class ``target`` (mean shares)."""
 
         def make() -> list[dict]:
             if not images:

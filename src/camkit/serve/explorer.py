@@ -160,8 +160,7 @@ class Explorer:
     # ------------------------------------------------------------------ predictions
 
     def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """The model inputs of ``images`` as one batch on the device in the model's dtype (a
-        video: a row per window)."""
+        """The model inputs of ``images`` as one batch on the device, in the model's dtype."""
         model = self.checkpoints[checkpoint].model
         reference = next(model.parameters(), None)
         batch = torch.cat([clips.rows(self.model_input(i)) for i in images]).to(self.device)
@@ -247,8 +246,7 @@ class Explorer:
         target: int,
         composite: str | None = None,
     ) -> list[MapKey]:
-        """The cache keys of one (image, class)'s maps at each of ``layers`` (layer None for
-        methods without a layer)."""
+        """The cache keys of one (image, class)'s maps at each of ``layers`` (None: no layer)."""
         layers = layers if registry.get(method).needs_layer else (None,)
         composite = self.check_composite(method, composite)
         return [MapKey(checkpoint, method, layer, image, target, composite) for layer in layers]
@@ -260,8 +258,7 @@ class Explorer:
         layers: tuple[str, ...],
         composite: str | None = None,
     ) -> object:
-        """The method on ``checkpoint``'s model at ``layers``, built once with the explorer's
-        settings (and ``composite``) by :func:`camkit.registry.build`, then kept."""
+        """The method at ``layers`` of ``checkpoint``'s model, built once and kept."""
         composite = self.check_composite(method, composite)
         needs_layer = registry.get(method).needs_layer
         layer = (list(layers) if len(layers) > 1 else layers[0]) if needs_layer else None

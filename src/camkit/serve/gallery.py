@@ -95,8 +95,7 @@ RUN_MAP_FIELDS = ("output", "raw", "method", "layer", "target", "label")
 
 
 def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
-    """A ``camkit explain`` folder's images (in the manifest's order), header and recorded
-    predictions by entry index."""
+    """A ``camkit explain`` folder's images, manifest header and recorded predictions by index."""
     loaded = run_manifest.gather(run)
     if loaded is None:
         raise FileNotFoundError(f"no {run_manifest.MANIFEST} in {run}")

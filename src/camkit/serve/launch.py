@@ -220,8 +220,7 @@ def app_for(
 
 
 def serve_in_thread(app: Any, sock: socket.socket, name: str) -> tuple[Any, threading.Thread]:
-    """uvicorn serving ``app`` on the listening ``sock`` in a daemon thread, once started ->
-    ``(server, thread)``; the socket is closed when it stops."""
+    """uvicorn serving ``app`` on ``sock`` in a daemon thread, once started -> (server, thread)."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

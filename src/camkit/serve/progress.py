@@ -75,8 +75,7 @@ class Jobs:
             return self.jobs.get(job_id)
 
     def cancel(self, job_id: str) -> Job:
-        """Mark a job cancelled (one not started yet is created cancelled: a cancel that
-        overtakes its map request still stops it)."""
+        """Mark a job cancelled; a cancel that overtakes its map request still stops it."""
         with self.lock:
             job = self.jobs.setdefault(job_id, Job(job_id))
             job.cancelled = True

@@ -103,8 +103,7 @@ def allowed_hosts(host: str) -> list[str]:
 
 
 def resolve_under(root: Path, relative: str) -> Path | None:
-    """The file ``root / relative`` if it is a file under ``root`` once symlinks and ``..`` are
-    resolved; None otherwise."""
+    """The file ``root / relative`` if it is one under ``root`` once resolved; else None."""
     if not relative or "\0" in relative or "\\" in relative:
         return None
     candidate = Path(relative)
@@ -115,9 +114,7 @@ def resolve_under(root: Path, relative: str) -> Path | None:
         resolved = (base / candidate).resolve(strict=True)
     except (OSError, RuntimeError):
         return None
-    if not resolved.is_relative_to(base) or not resolved.is_file():
-        return None
-    return resolved
+    return resolved if resolved.is_relative_to(base) and resolved.is_file() else None
 
 
 def read_upload(

@@ -29,8 +29,7 @@ CLUSTER = ("method", "class", "cluster", "layer", "checkpoint", "k")
 
 
 def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
-    """Numbers given as separate parameters (``x``, ``y``) or one comma list (``box``); None
-    for none."""
+    """Numbers given as parameters (``x``, ``y``) or a comma list (``box``); None for none."""
     texts = [query.text(name) for name in names]
     if len(names) == 1 and texts[0] is not None:
         texts = texts[0].split(",")

@@ -28,8 +28,7 @@ SHOWN = ("alpha", "colormap", "format", "frame")
 
 
 def routes(state: ServerState) -> list[Route]:
-    """One map, the difference of two checkpoints' maps, the depth strip, the curves, and the
-    progress and cancelling of a long map; all through the batcher."""
+    """The map routes, all through the batcher."""
     explorer, batcher = state.explorer, state.batcher
 
     async def heat_of(query: Query) -> tuple[np.ndarray, tuple]:

@@ -76,8 +76,7 @@ class ServerState:
         return checkpoint, layer, image, target
 
     def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int, str | None]:
-        """checkpoint, method, (layer,), image, class and LRP composite of a map request (the
-        method checked after the checkpoint, before the rest)."""
+        """checkpoint, method, (layer,), image, class and LRP composite of a map request."""
         self.checkpoint_of(query)
         method = self.explorer.check_method(query.text("method", "gradcam"))
         checkpoint, layer, image, target = self.image_request(query)
@@ -90,8 +89,7 @@ class ServerState:
         return Response(await asyncio.to_thread(draw, view, *args), media_type="image/png")
 
     def run_layer(self, method: str, images: list[int]) -> str:
-        """The layer the run explained ``images`` with ``method`` at (its manifest's records),
-        else the model's default layer."""
+        """The layer the run explained ``images`` with ``method`` at, else the default layer."""
         for image in images:
             for record in self.explorer.entry(image).run_maps:
                 if record.get("method") == method and record.get("layer"):
