@@ -66,9 +66,7 @@ def _image_hwc(image: object) -> np.ndarray:
 
 
 def _rgb_channels(array: np.ndarray) -> np.ndarray:
-    if array.shape[2] == 1:
-        return np.repeat(array, 3, axis=2)
-    return array[:, :, :3]
+    return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array[:, :, :3]
 
 
 def _check_unit_range(array: np.ndarray) -> np.ndarray:

@@ -1,10 +1,7 @@
-"""Map requests that arrive together become one engine call.
-
-Requests wait on a small queue; the model thread takes what has gathered (requests that arrive
-together wait ``window`` seconds for each other, a lone click for nothing), groups it by
-checkpoint, method, layers and LRP composite, and answers each group with ONE call of the method
-(:meth:`~camkit.serve.explorer.Explorer.compute`). One thread runs every model call, so hooks of
-two calls never overlap.
+"""Map requests that arrive together (within ``window`` seconds; a lone click waits for nothing)
+become one engine call per checkpoint, method, layers and LRP composite
+(:meth:`~camkit.serve.explorer.Explorer.compute`), on the one thread that runs every model call,
+so hooks of two calls never overlap.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only:
-
-* the top concepts (channels of a layer) of an image for a class, in the whole image, the layer
-  cell under a click or a dragged box, with their shares, conditional heatmaps (Concept
-  Relevance Propagation, Achtibat et al., Nature Machine Intelligence 5, 2023) and the served
-  run's reference patches (:mod:`camkit.runs.concepts`);
-* a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017),
-  small, seeded, cached;
-* the concepts that dominate a set of images (a strategies cluster).
-
-Every call runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`.
+"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only: the
+top concepts (channels of a layer) of an image for a class, in the whole image, a clicked cell or
+a dragged box, with their shares, conditional heatmaps (Concept Relevance Propagation, Achtibat
+et al., Nature Machine Intelligence 5, 2023) and the run's reference patches; a channel's feature
+visualisation (Olah et al., "Feature Visualization", Distill 2017); the concepts that dominate
+a strategies cluster. Every call runs on the batcher's model thread.
 """
 
 from __future__ import annotations

@@ -233,9 +233,8 @@ class Explorer:
             raise ArgumentError(
                 f"unknown composite {composite!r}; choose from {', '.join(COMPOSITES)}"
             )
-        if not registry.get(method).takes_composite:
-            return None
-        return composite or self.settings.composite
+        takes = registry.get(method).takes_composite
+        return (composite or self.settings.composite) if takes else None
 
     def keys(
         self,

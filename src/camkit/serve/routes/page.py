@@ -27,11 +27,8 @@ def routes(state: ServerState) -> list[Route]:
     """``/``, ``/static/{name}`` and ``/api/info``."""
     explorer, checkpoints = state.explorer, state.checkpoints
 
-    async def page(request: Request) -> Response:
-        return Response(_static("index.html"), media_type="text/html", headers=NO_STORE)
-
-    async def static(request: Request) -> Response:
-        name = request.path_params["name"]
+    async def static(request: Request) -> Response:  # "/": the page
+        name = request.path_params.get("name", "index.html")
         if name not in STATIC:
             return error("not found", 404)
         return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
@@ -102,4 +99,4 @@ def routes(state: ServerState) -> list[Route]:
             }
         )
 
-    return [Route("/", page), Route("/static/{name}", static), Route("/api/info", info)]
+    return [Route("/", static), Route("/static/{name}", static), Route("/api/info", info)]
