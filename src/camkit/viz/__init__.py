@@ -302,12 +302,10 @@ def picture_grid(
     )
     axes = figure.subplots(len(rows), len(columns), squeeze=False)
     for row_axes, (title, pictures) in zip(axes, rows, strict=True):
-        for column, (ax, picture) in enumerate(zip(row_axes, pictures, strict=True)):
+        row_axes[0].set_ylabel(title, fontsize=9)
+        for ax, picture in zip(row_axes, pictures, strict=True):
             ax.imshow(picture)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if column == 0:
-                ax.set_ylabel(title, fontsize=9)
+            ax.set(xticks=[], yticks=[])
     for ax, name in zip(axes[0], columns, strict=True):
         ax.set_title(name, fontsize=10)
     if colormap is not None:
