@@ -91,8 +91,7 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
     if mode == "RGB":
         return np.asarray(image).copy()
     if mode == "L":  # Pillow's L -> RGB repeats the gray; this makes no 4-byte RGB image first
-        gray = np.asarray(image)
-        return np.repeat(gray[:, :, None], 3, axis=2)
+        return np.repeat(np.asarray(image)[:, :, None], 3, axis=2)
     # L, LA, 1, P, PA, RGBA, RGBX, CMYK, YCbCr...: Pillow's conversion; alpha is dropped as in
     # torchvision's ImageFolder loader, so the model sees what it was trained on
     return np.asarray(image.convert("RGB")).copy()
