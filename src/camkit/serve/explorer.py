@@ -113,8 +113,6 @@ class Explorer:
         self.engine_calls = 0
         self.row_seconds: float | None = None  # one forward row, measured by predict
 
-    # ------------------------------------------------------------------ images
-
     def entry(self, image: int) -> Entry:
         if not 0 <= image < len(self.entries):
             raise KeyError(image)
@@ -157,8 +155,6 @@ class Explorer:
 
         return self.thumbs.fetch(image, jpeg)
 
-    # ------------------------------------------------------------------ predictions
-
     def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
         """The model inputs of ``images`` as one batch on the device, in the model's dtype."""
         model = self.checkpoints[checkpoint].model
@@ -200,8 +196,6 @@ class Explorer:
         with torch.no_grad():
             logits = model(self.batch(images, checkpoint))
         return clips.per_entry(logits.float().softmax(dim=-1).cpu(), self.row_counts(images))
-
-    # ------------------------------------------------------------------ maps
 
     def check_target(self, target: int) -> int:
         if not 0 <= target < len(self.labels):
