@@ -29,8 +29,8 @@ def as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.asarray(array)
 
 
-def _image_hwc(image: object) -> np.ndarray:
-    """Any supported image -> numpy ``HxWxC`` (C in 1, 3, 4), dtype unchanged."""
+def _image_rgb(image: object) -> np.ndarray:
+    """Any supported image -> numpy ``HxWx3`` (gray repeated, alpha dropped), dtype unchanged."""
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
     if isinstance(image, torch.Tensor):
@@ -62,10 +62,6 @@ def _image_hwc(image: object) -> np.ndarray:
         )
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ArgumentError(f"the image is empty: {describe(image)}")
-    return array
-
-
-def _rgb_channels(array: np.ndarray) -> np.ndarray:
     return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array[:, :, :3]
 
 
@@ -92,7 +88,7 @@ def to_rgb_uint8(image: object) -> np.ndarray:
     0/255, float in [0, 1] scaled by 255 and rounded, uint16 divided by 257 and rounded; other
     integers must lie in 0..255.
     """
-    array = _rgb_channels(_image_hwc(image))
+    array = _image_rgb(image)
     if array.dtype == np.uint8:
         return array.copy()
     if array.dtype == np.bool_:
@@ -118,7 +114,7 @@ def rgb_pixels(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` RGB without a float copy: uint8 (not copied when it
     already is), or float32 in [0, 1] for a float image. For work that converts to float in
     parts (a resize in strips), so that memory follows the output's size, not the photo's."""
-    array = _rgb_channels(_image_hwc(image))
+    array = _image_rgb(image)
     if np.issubdtype(array.dtype, np.floating):
         return _check_unit_range(array)
     return array if array.dtype == np.uint8 else to_rgb_uint8(array)
@@ -126,7 +122,7 @@ def rgb_pixels(image: object) -> np.ndarray:
 
 def to_rgb_float(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` float32 RGB in [0, 1] (float input keeps its precision)."""
-    array = _rgb_channels(_image_hwc(image))
+    array = _image_rgb(image)
     if np.issubdtype(array.dtype, np.floating):
         return _check_unit_range(array).copy()
     return to_rgb_uint8(array).astype(np.float32) / 255.0
