@@ -15,12 +15,7 @@ import torch
 
 from camkit.errors import ArgumentError
 from camkit.io import FLOAT_TOLERANCE, describe, to_rgb_uint8
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-
-from camkit.viz.colour import (  # noqa: E402
+from camkit.viz.colour import (
     DIVERGING_COLORMAP,
     OPENCV_COLORMAPS,
     SIGNED_CLIP_PERCENTILE,
@@ -32,7 +27,10 @@ from camkit.viz.colour import (  # noqa: E402
     heatmap_2d,
     signed_scale,
 )
-from camkit.viz.concepts import concept_colors, concept_image, plot_concepts  # noqa: E402
+from camkit.viz.concepts import concept_colors, concept_image, plot_concepts
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "concept_colors",
