@@ -1,24 +1,14 @@
-"""Image files in and out: safe decoding, conversion to RGB, atomic writes.
-
-Reading (:func:`read_image`) gives every file the same shape: ``HxWx3`` uint8 RGB, upright
-(EXIF orientation applied), first frame only, whatever the file holds (grayscale, palette,
-RGBA/LA, 16-bit, CMYK JPEG). The image size is checked from the header *before* any pixel is
-decoded, so a decompression bomb or a forged ``100000x100000`` header is refused without
-allocating its pixels (:class:`ImageTooLargeError`).
-
-Writing goes through :func:`write_atomic`: a hidden temporary file next to the target, renamed
-over it, so readers (and a resumed run) never see a half-written file.
-
-The modules: :mod:`camkit.io.convert` (any image -> RGB, thumbnails), :mod:`camkit.io.read`
-(files -> RGB, limits before decoding), :mod:`camkit.io.write` (atomic writes, encoders); every
-name is imported from ``camkit.io`` as before.
+"""Image files in and out: safe decoding (:mod:`~camkit.io.read`: ``HxWx3`` uint8 RGB, upright,
+the size checked from the header before any pixel is decoded), conversion to RGB and thumbnails
+(:mod:`~camkit.io.convert`), atomic writes (:mod:`~camkit.io.write`: a hidden temporary file
+renamed over the target, so readers never see a half-written file); videos: :mod:`camkit.io.video`.
 """
 
 from __future__ import annotations
 
 from camkit.io import video  # noqa: F401 -- camkit.io.video: video files in and out
 from camkit.io.convert import (
-    FLOAT_TOLERANCE,  # noqa: F401 -- for camkit's own modules (viz), as before the split
+    FLOAT_TOLERANCE,  # noqa: F401 -- for camkit's own modules (viz)
     as_numpy,  # noqa: F401
     describe,  # noqa: F401
     rgb_pixels,

@@ -1,5 +1,5 @@
-"""Image conversion: any image (PIL, numpy, torch; uint8, uint16, bool or float) to ``HxWx3``
-RGB uint8 or float, checked, and thumbnails."""
+"""Image conversion: any image (PIL, numpy, torch; uint8, uint16, bool or float) to checked
+``HxWx3`` RGB uint8 or float, and thumbnails."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def as_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.asarray(array)
 
 
-def _image_hwc(image: object) -> np.ndarray:
-    """Any supported image -> numpy ``HxWxC`` (C in 1/3/4), dtype unchanged."""
+def _image_rgb(image: object) -> np.ndarray:
+    """Any supported image -> numpy ``HxWx3`` (gray repeated, alpha dropped), dtype unchanged."""
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
     if isinstance(image, torch.Tensor):
@@ -48,7 +48,7 @@ def _image_hwc(image: object) -> np.ndarray:
         array = array[:, :, None]
     elif array.ndim == 3:
         first_ok, last_ok = array.shape[0] in _CHANNEL_COUNTS, array.shape[2] in _CHANNEL_COUNTS
-        if (channels_first and first_ok) or (not last_ok and first_ok):
+        if first_ok and (channels_first or not last_ok):
             array = np.moveaxis(array, 0, 2)
         elif not last_ok:
             raise ArgumentError(
@@ -62,13 +62,7 @@ def _image_hwc(image: object) -> np.ndarray:
         )
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise ArgumentError(f"the image is empty: {describe(image)}")
-    return array
-
-
-def _rgb_channels(array: np.ndarray) -> np.ndarray:
-    if array.shape[2] == 1:
-        return np.repeat(array, 3, axis=2)
-    return array[:, :, :3]
+    return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array[:, :, :3]
 
 
 def _check_unit_range(array: np.ndarray) -> np.ndarray:
@@ -85,7 +79,26 @@ def _check_unit_range(array: np.ndarray) -> np.ndarray:
     return np.clip(array, 0.0, 1.0)
 
 
-def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
+def to_rgb_uint8(image: object) -> np.ndarray:
+    """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
+
+    PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``; read channels-last) or
+    torch tensors (``HxW``, ``CxHxW``, ``1xCxHxW``; read channels-first), unless only the other
+    reading has 1, 3 or 4 channels. Gray is repeated, alpha dropped (not composited). bool ->
+    0/255, float in [0, 1] scaled by 255 and rounded, uint16 divided by 257 and rounded; other
+    integers must lie in 0..255.
+    """
+    array = _image_rgb(image)
+    if array.dtype == np.uint8:
+        return array.copy()
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8) * 255
+    if np.issubdtype(array.dtype, np.floating):
+        return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ArgumentError(
+            f"expected a uint8, integer, bool or float image, got {describe(image)}"
+        )
     if array.dtype == np.uint16:
         return np.round(array / 257.0).astype(np.uint8)
     low, high = int(array.min()), int(array.max())
@@ -97,34 +110,11 @@ def _integer_as_uint8(array: np.ndarray) -> np.ndarray:
     return array.astype(np.uint8)
 
 
-def to_rgb_uint8(image: object) -> np.ndarray:
-    """Any supported image -> ``HxWx3`` uint8 RGB (a new array).
-
-    Images may be PIL images, numpy arrays (``HxW``, ``HxWx1``, ``HxWx3``, ``HxWx4``) or torch
-    tensors (``HxW``, ``CxHxW`` with C in 1/3/4, or ``1xCxHxW``). Numpy arrays are read
-    channels-last and tensors channels-first, unless only the other reading has 1, 3 or 4
-    channels. Gray is repeated to RGB and an alpha channel is dropped (not composited).
-    uint8 is kept as is, bool maps to 0/255, float in [0, 1] is scaled by 255 and rounded, uint16 is
-    divided by 257 and rounded; other integer types must already lie in 0..255.
-    """
-    array = _rgb_channels(_image_hwc(image))
-    if array.dtype == np.uint8:
-        return array.copy()
-    if array.dtype == np.bool_:
-        return array.astype(np.uint8) * 255
-    if np.issubdtype(array.dtype, np.floating):
-        return np.round(_check_unit_range(array) * 255.0).astype(np.uint8)
-    if np.issubdtype(array.dtype, np.integer):
-        return _integer_as_uint8(array)
-    raise ArgumentError(f"expected a uint8, integer, bool or float image, got {describe(image)}")
-
-
 def rgb_pixels(image: object) -> np.ndarray:
-    """Any supported image -> ``HxWx3`` RGB without a float copy: uint8 (the image's own array,
-    not copied, when it already is 3-channel uint8), or float32 in [0, 1] for a float image
-    (checked as :func:`to_rgb_float`). For work that converts to float in parts (a resize in
-    strips), so that memory follows the output's size, not the photo's."""
-    array = _rgb_channels(_image_hwc(image))
+    """Any supported image -> ``HxWx3`` RGB without a float copy: uint8 (not copied when it
+    already is), or float32 in [0, 1] for a float image. For work that converts to float in
+    parts (a resize in strips), so that memory follows the output's size, not the photo's."""
+    array = _image_rgb(image)
     if np.issubdtype(array.dtype, np.floating):
         return _check_unit_range(array)
     return array if array.dtype == np.uint8 else to_rgb_uint8(array)
@@ -132,20 +122,17 @@ def rgb_pixels(image: object) -> np.ndarray:
 
 def to_rgb_float(image: object) -> np.ndarray:
     """Any supported image -> ``HxWx3`` float32 RGB in [0, 1] (float input keeps its precision)."""
-    array = _rgb_channels(_image_hwc(image))
+    array = _image_rgb(image)
     if np.issubdtype(array.dtype, np.floating):
         return _check_unit_range(array).copy()
     return to_rgb_uint8(array).astype(np.float32) / 255.0
 
 
 def thumbnail(image: object, max_side: int = 256) -> np.ndarray:
-    """An image shrunk so its longer side is at most ``max_side`` -> ``hxwx3`` uint8 RGB.
-
-    Area interpolation (``cv2.INTER_AREA``, no aliasing), in two steps for speed: first by the
-    largest whole factor ``k`` that keeps the image at least the final size (each output pixel
-    the mean of a ``k x k`` block; the last ``< k`` rows/columns are dropped), then to the
-    final size. An image already small enough is
-    returned unchanged (as uint8 RGB). The aspect ratio is kept; each side is at least 1.
+    """An image shrunk so its longer side is at most ``max_side`` -> ``hxwx3`` uint8 RGB, the
+    aspect ratio kept (an image small enough: unchanged). Area interpolation (no aliasing), in
+    two steps for speed: by the largest whole factor ``k`` that keeps the final size (each pixel
+    the mean of a ``k x k`` block, the last ``< k`` rows/columns dropped), then to the size.
     """
     if max_side < 1:
         raise ArgumentError(f"expected max_side >= 1, got {max_side}")

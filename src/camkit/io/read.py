@@ -1,6 +1,4 @@
-"""Reading image files: the size checked from the header before any pixel is decoded, then
-every kind of file (gray, palette, RGBA/LA, 16-bit, CMYK JPEG, EXIF-rotated) as ``HxWx3`` uint8
-RGB."""
+"""Reading image files as ``HxWx3`` uint8 RGB, the size checked from the header first."""
 
 from __future__ import annotations
 
@@ -93,8 +91,7 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
     if mode == "RGB":
         return np.asarray(image).copy()
     if mode == "L":  # Pillow's L -> RGB repeats the gray; this makes no 4-byte RGB image first
-        gray = np.asarray(image)
-        return np.repeat(gray[:, :, None], 3, axis=2)
+        return np.repeat(np.asarray(image)[:, :, None], 3, axis=2)
     # L, LA, 1, P, PA, RGBA, RGBX, CMYK, YCbCr...: Pillow's conversion; alpha is dropped as in
     # torchvision's ImageFolder loader, so the model sees what it was trained on
     return np.asarray(image.convert("RGB")).copy()
@@ -103,19 +100,12 @@ def _pil_to_rgb(image: Image.Image) -> np.ndarray:
 def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = MAX_PIXELS) -> np.ndarray:
     """An image file -> ``HxWx3`` uint8 RGB, upright (EXIF orientation applied), first frame.
 
-    * gray, palette and 1-bit images are expanded to RGB; RGBA/LA/PA drop their alpha channel
-      (not composited, as torchvision's loader does);
-    * 16-bit gray (``I;16`` PNG/TIFF) is divided by 257 and rounded; 16-bit RGB(A) PNG is
-      reduced to 8 bits by Pillow, which keeps the high byte (``v >> 8``, at most one level
-      below ``round(v / 257)``);
-    * CMYK JPEG (Adobe, inverted or not) is converted by Pillow's CMYK -> RGB formula (embedded
-      ICC profiles are not applied);
-    * EXIF orientations 2-8 are undone, so the array is as the photo is meant to be seen.
-
-    The size is checked from the header before decoding: more than ``max_pixels`` pixels
-    (``None``: no limit of camkit's own) raises :class:`ImageTooLargeError`; Pillow's
-    ``Image.MAX_IMAGE_PIXELS`` bomb check also applies. Errors are those in :data:`READ_ERRORS`;
-    :func:`read_failure` makes a one-line reason of them.
+    Gray, palette and 1-bit images are expanded; alpha is dropped (not composited, as
+    torchvision's loader does); 16-bit gray is divided by 257 and rounded (16-bit RGB(A) PNG:
+    Pillow keeps the high byte); CMYK JPEG goes through Pillow's formula (no ICC profile).
+    More than ``max_pixels`` pixels in the header (``None``: no limit of camkit's own) raises
+    :class:`ImageTooLargeError` before decoding; Pillow's bomb check also applies. Errors are
+    those in :data:`READ_ERRORS` (:func:`read_failure`: a one-line reason).
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies

@@ -1,16 +1,7 @@
-"""Video files in and out: decoding frames, choosing clips, writing animations.
-
-* :func:`iter_frames` / :func:`read_video` -- a video file (MP4, AVI, WebM, MKV, MOV: OpenCV's
-  FFmpeg; animated GIF: Pillow) -> ``(H, W, 3)`` uint8 RGB frames one at a time (from any
-  frame on), or all of them and the frame rate (:func:`frame_rate`), with a frame limit
-  checked while decoding; :func:`count_frames` counts them;
-* :func:`clip_windows` -- the clips a model of clip length ``length`` sees in ``count`` frames:
-  one clip every ``stride`` frames (sliding windows), the last one ending on the last frame,
-  and a video shorter than a clip padded by repeating its last frame; :func:`stream_clips`
-  cuts them from frames read once, keeping about one clip in memory;
-* :class:`Mp4Writer`, :func:`save_mp4` / :func:`save_gif` -- frames -> an animation
-  (``cv2.VideoWriter`` with the ``mp4v`` codec, frame by frame; Pillow's GIF writer), written
-  atomically as every camkit file.
+"""Video files in and out: decoding frames (MP4, AVI, WebM, MKV, MOV through OpenCV's FFmpeg;
+animated GIF through Pillow) one at a time with a frame limit, choosing the clips a model of a
+given clip length sees (:func:`clip_windows`), cutting them from frames read once
+(:func:`stream_clips`), and writing animations (MP4 ``mp4v``, GIF) atomically.
 """
 
 from __future__ import annotations
@@ -55,13 +46,10 @@ class Video:
 
 
 def is_video(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is read as a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF with
-    more than one frame."""
+    """Whether ``path`` is a video: a :data:`VIDEO_SUFFIXES` ending, or a GIF of several frames."""
     suffix = Path(path).suffix.lower()
-    if suffix in VIDEO_SUFFIXES:
-        return True
     if suffix != ".gif":
-        return False
+        return suffix in VIDEO_SUFFIXES
     try:
         with Image.open(path) as image:
             return getattr(image, "n_frames", 1) > 1
@@ -70,10 +58,8 @@ def is_video(path: str | os.PathLike[str]) -> bool:
 
 
 def frame_rate(path: str | os.PathLike[str]) -> float:
-    """The frames per second a video file declares (a GIF: from its first frame's duration),
-    else :data:`DEFAULT_FPS`."""
+    """The frame rate a video file declares (a GIF: its first frame's), else :data:`DEFAULT_FPS`."""
     path = Path(path)
-    fps: float | None = None
     if path.suffix.lower() == ".gif":
         try:
             with Image.open(path) as image:
@@ -92,52 +78,37 @@ def iter_frames(
     path: str | os.PathLike[str], *, start: int = 0, max_frames: int | None = MAX_FRAMES
 ) -> Iterator[np.ndarray]:
     """The frames of a video file from frame ``start`` on, one ``(H, W, 3)`` uint8 RGB array at
-    a time, decoded as they are asked for (memory stays that of one frame; the frames before
-    ``start`` are decoded, as a video must be, but not converted). Raises
-    :class:`VideoReadError` for a missing file, one that yields no frame, and past
-    ``max_frames`` frames (``None``: no limit)."""
-    for _, frame in _frames(path, start, max_frames):
-        if frame is not None:
-            yield frame
+    a time, decoded as asked for (those before ``start`` decoded, not converted).
+    :class:`VideoReadError` for a missing file, one without frames, and past ``max_frames``
+    frames (``None``: no limit)."""
+    yield from (frame for frame in _frames(path, start, max_frames) if frame is not None)
 
 
 def count_frames(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> int:
-    """How many frames :func:`iter_frames` gives (every frame decoded, none converted: a
-    container's own frame count is often wrong). Errors as :func:`iter_frames`."""
-    count = 0
-    for count, _ in _frames(path, None, max_frames):  # noqa: B007
-        pass
-    return count
+    """How many frames :func:`iter_frames` gives, all decoded (a container's count may lie)."""
+    return sum(1 for _ in _frames(path, None, max_frames))
 
 
 def _frames(
     path: str | os.PathLike[str], start: int | None, max_frames: int | None
-) -> Iterator[tuple[int, np.ndarray | None]]:
-    """``(count so far, frame)``: RGB frames from ``start`` on, ``None`` before it (``start``
-    None: every frame ``None``, only counted)."""
+) -> Iterator[np.ndarray | None]:
+    """RGB frames from ``start`` on, ``None`` before it (``start`` None: only counted)."""
     path = Path(path)
     if not path.is_file():
         raise VideoReadError(f"{path}: no such file")
     count = 0
     gif = path.suffix.lower() == ".gif"
-    for frame in _gif_frames(path, start) if gif else _cv2_frames(path, start):
-        count += 1
+    for count, frame in enumerate(_gif_frames(path, start) if gif else _cv2_frames(path, start), 1):
         if max_frames is not None and count > max_frames:
             raise VideoReadError(f"{path}: more than {max_frames} frames (raise max_frames)")
-        yield count, frame
+        yield frame
     if not count:
         raise VideoReadError(f"{path}: no frame could be decoded (not a video, or no codec)")
 
 
 def read_video(path: str | os.PathLike[str], *, max_frames: int | None = MAX_FRAMES) -> Video:
-    """A video file -> :class:`Video` (every frame, RGB, in memory: for long videos iterate
-    :func:`iter_frames`). Errors as :func:`iter_frames`."""
-    frames = list(iter_frames(path, max_frames=max_frames))
-    return Video(np.stack(frames), frame_rate(path))
-
-
-def _kept(index: int, start: int | None) -> bool:
-    return start is not None and index >= start
+    """A video file -> :class:`Video`, every frame in memory (long videos: :func:`iter_frames`)."""
+    return Video(np.stack(list(iter_frames(path, max_frames=max_frames))), frame_rate(path))
 
 
 def _cv2_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:
@@ -145,15 +116,11 @@ def _cv2_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:
     try:
         index = 0
         while capture.isOpened():
-            if not _kept(index, start):
-                if not capture.grab():  # decoded, not converted
-                    break
-                yield None
-            else:
-                ok, frame = capture.read()
-                if not ok:
-                    break
-                yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+            kept = start is not None and index >= start
+            ok, frame = capture.read() if kept else (capture.grab(), None)  # grab: not converted
+            if not ok:
+                break
+            yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB) if kept else None
             index += 1
     finally:
         capture.release()
@@ -163,16 +130,16 @@ def _gif_frames(path: Path, start: int | None) -> Iterator[np.ndarray | None]:
     try:
         with Image.open(path) as image:
             for index, frame in enumerate(ImageSequence.Iterator(image)):
-                yield np.asarray(frame.convert("RGB")).copy() if _kept(index, start) else None
+                kept = start is not None and index >= start
+                yield np.asarray(frame.convert("RGB")).copy() if kept else None
     except (OSError, ValueError, SyntaxError, EOFError) as error:
         raise VideoReadError(f"{path}: not a readable GIF ({error})") from None
 
 
 def clip_windows(count: int, length: int, stride: int | None = None) -> list[tuple[int, int]]:
     """``(start, stop)`` frame ranges of the clips of ``length`` frames over ``count`` frames:
-    starts ``0, stride, 2 * stride...`` (``stride`` None: ``length``, clips side by side), the
-    last clip ending on the last frame so every frame is seen; one clip ``(0, length)`` when the
-    video is shorter (:func:`clip_frames` repeats its last frame)."""
+    starts ``0, stride, 2 * stride...`` (``stride`` None: ``length``), the last clip ending on
+    the last frame; one clip ``(0, length)`` for a shorter video."""
     stride = length if stride is None else stride
     for name, value in (("count", count), ("length", length), ("stride", stride)):
         if not isinstance(value, int) or value < 1:
@@ -197,9 +164,8 @@ def stream_clips(
 ) -> Iterator[tuple[tuple[int, int], np.ndarray]]:
     """``(window, its frames (L, H, W, 3))`` for each of ``windows`` (from
     :func:`clip_windows`, in order; some may be left out), reading ``frames`` (frame ``start``
-    first) once and keeping only the frames a window still needs: memory stays that of about
-    one clip, however long the video and however far apart the windows. A window past the last
-    frame repeats it, as :func:`clip_frames` does."""
+    first) once and keeping only the frames a window still needs (about one clip in memory).
+    A window past the last frame repeats it, as :func:`clip_frames` does."""
     kept: dict[int, np.ndarray] = {}
     source = iter(frames)
     read = start  # the index of the next frame
@@ -222,8 +188,8 @@ def stream_clips(
 
 class Mp4Writer:
     """Frames ``(H, W, 3)`` uint8 RGB written one at a time to an MP4 (``mp4v``) that appears
-    at ``path`` only when closed without an error (a hidden folder next to it holds it
-    meanwhile): ``with Mp4Writer(path, fps) as out: out.write(frame)``."""
+    at ``path`` only when closed without an error: ``with Mp4Writer(path, fps) as out:
+    out.write(frame)``."""
 
     def __init__(self, path: str | os.PathLike[str], fps: float):
         self.path, self.fps = Path(path), fps
@@ -270,8 +236,7 @@ def save_mp4(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
 
 
 def gif_bytes(frames: object, fps: float) -> bytes:
-    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF looping forever, as bytes (Pillow;
-    each frame quantised to its own 256 colours)."""
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> a looping animated GIF's bytes (256 colours a frame)."""
     images = [Image.fromarray(frame) for frame in _checked(frames)]
     buffer = BytesIO()
     duration = max(20, round(1000 / fps))  # browsers show < 20 ms frames at 100 ms
@@ -282,8 +247,7 @@ def gif_bytes(frames: object, fps: float) -> bytes:
 
 
 def save_gif(path: str | os.PathLike[str], frames: object, fps: float) -> Path:
-    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF (:func:`gif_bytes`), written
-    atomically."""
+    """Frames ``(T, H, W, 3)`` uint8 RGB -> an animated GIF file, written atomically."""
     return write_atomic(Path(path), gif_bytes(frames, fps))
 
 

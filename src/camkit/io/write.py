@@ -20,18 +20,14 @@ TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")  # what write_atomic writes f
 
 
 def leftover_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
-    """The temporary files of :func:`write_atomic` that a killed process left under
-    ``folder`` (a kill by signal 9 runs no cleanup)."""
+    """The temporary files of :func:`write_atomic` a killed process left under ``folder``."""
     return [path for path in Path(folder).rglob(".*.tmp") if TEMPORARY.fullmatch(path.name)]
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, durable: bool = True) -> Path:
-    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``.
-
-    Readers never see a half-written file, and a killed writer leaves none behind.
-    ``durable``: ``fsync`` before the rename, so the file survives a power cut too (leave it
-    off for files that are cheap to remake, such as thumbnails: an fsync costs milliseconds).
-    """
+    """Write ``data`` to a hidden temporary file next to ``path``, then rename it over ``path``:
+    readers never see a half-written file. ``durable``: ``fsync`` before the rename, so the file
+    survives a power cut too (off for files cheap to remake: an fsync costs milliseconds)."""
     target = Path(path)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
@@ -68,42 +64,35 @@ def encode_image(image: object, format: str = "png", quality: int = 90) -> bytes
     return encoded.tobytes()
 
 
-def _checked_suffix(path: str | os.PathLike[str], suffixes: tuple[str, ...]) -> Path:
+IMAGE_FORMATS = {"png": (".png",), "jpg": (".jpg", ".jpeg"), "webp": (".webp",)}
+"""The formats :func:`save_image` writes -> the file suffixes each takes."""
+
+
+def _save(path: str | os.PathLike[str], image: object, format: str, quality: int, durable: bool):
     target = Path(path)
-    if target.suffix.lower() not in suffixes:
-        raise ArgumentError(f"expected a path ending in {' or '.join(suffixes)}, got {str(path)!r}")
-    return target
+    if target.suffix.lower() not in IMAGE_FORMATS[format]:
+        expected = " or ".join(IMAGE_FORMATS[format])
+        raise ArgumentError(f"expected a path ending in {expected}, got {str(path)!r}")
+    return write_atomic(target, encode_image(image, format, quality), durable=durable)
 
 
 def save_png(path: str | os.PathLike[str], rgb_uint8: object, *, durable: bool = True) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.png`` file atomically
-    (``durable``: see :func:`write_atomic`)."""
-    target = _checked_suffix(path, (".png",))
-    return write_atomic(target, encode_image(rgb_uint8, "png"), durable=durable)
+    """Write an image to a ``.png`` file atomically (``durable``: see :func:`write_atomic`)."""
+    return _save(path, rgb_uint8, "png", 90, durable)
 
 
 def save_jpeg(
     path: str | os.PathLike[str], image: object, quality: int = 85, *, durable: bool = True
 ) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.jpg`` file atomically
-    (``durable``: see :func:`write_atomic`)."""
-    data = encode_image(image, "jpg", quality)
-    target = _checked_suffix(path, (".jpg", ".jpeg"))
-    return write_atomic(target, data, durable=durable)
+    """Write an image to a ``.jpg`` file atomically, as :func:`save_png`."""
+    return _save(path, image, "jpg", quality, durable)
 
 
 def save_webp(
     path: str | os.PathLike[str], image: object, quality: int = 90, *, durable: bool = True
 ) -> Path:
-    """Write an image (anything :func:`to_rgb_uint8` takes) to a ``.webp`` file atomically
-    (``durable``: see :func:`write_atomic`); ``quality`` 1..100 (lossy WebP)."""
-    data = encode_image(image, "webp", quality)
-    target = _checked_suffix(path, (".webp",))
-    return write_atomic(target, data, durable=durable)
-
-
-# the formats :func:`save_image` writes: file suffix -> writer
-IMAGE_FORMATS = {"png": save_png, "jpg": save_jpeg, "webp": save_webp}
+    """Write an image to a ``.webp`` file atomically, as :func:`save_png`; ``quality`` 1..100."""
+    return _save(path, image, "webp", quality, durable)
 
 
 def save_image(
@@ -111,15 +100,13 @@ def save_image(
 ) -> Path:
     """Write an image atomically in the format its suffix names: ``.png`` (lossless),
     ``.jpg``/``.jpeg`` or ``.webp`` (lossy, ``quality`` 1..100)."""
-    suffix = Path(path).suffix.lower().lstrip(".")
-    suffix = "jpg" if suffix == "jpeg" else suffix
-    if suffix not in IMAGE_FORMATS:
+    suffix = Path(path).suffix.lower()
+    found = [name for name, suffixes in IMAGE_FORMATS.items() if suffix in suffixes]
+    if not found:
         raise ArgumentError(
             f"expected a path ending in .{', .'.join(IMAGE_FORMATS)} or .jpeg, got {str(path)!r}"
         )
-    if suffix == "png":
-        return save_png(path, image, durable=durable)
-    return IMAGE_FORMATS[suffix](path, image, quality, durable=durable)
+    return _save(path, image, found[0], quality, durable)
 
 
 def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> Path:

@@ -1,40 +1,6 @@
-"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API.
-
-Routes (every ``/api/`` route needs the token, see :mod:`camkit.serve.security`):
-
-=============================  ============================================================
-``GET /``                      the page (``static/index.html``; no build step, nothing remote)
-``GET /api/info``              model, labels, the methods that fit, layers, depth-strip stages
-``GET /api/gallery``           a page of images with predictions: ``offset``, ``limit``,
-                               ``predicted``, ``truth``, ``wrong``, ``order``, ``checkpoint``,
-                               ``changed`` (two checkpoints: where they disagree)
-``GET /api/thumb/{id}``        a JPEG thumbnail
-``GET /api/photo/{id}``        the model's view of the photo (resized and cropped), PNG
-``GET /api/image/{id}``        a checkpoint's top-k and every class's probability; a run's maps
-``GET /api/map``               one map: ``image``, ``class``, ``method``, ``layer``,
-                               ``checkpoint``, ``alpha``, ``colormap``, ``format=png|npy``,
-                               ``job`` (progress and cancel)
-``GET /api/difference``        checkpoint a's map minus b's (``format=png|npy``)
-``GET /api/progress``          a long map's copies scored (``job``); ``POST /api/cancel`` stops it
-``GET /api/depth``             the depth strip: the method at every stage from one pass
-``GET /api/concepts``          the top concepts (channels of ``layer``) of ``image`` for
-                               ``class``: everywhere, in the cell under ``x``, ``y`` or in
-                               ``box``; ``k``; their shares and reference images
-``GET /api/concept-map``       a concept's conditional heatmap (``channel``), PNG: of its
-                               relevance in ``x``, ``y`` or ``box`` when given
-``GET /api/feature``           a channel's feature visualisation (computed, seeded), PNG
-``GET /api/cluster-concepts``  the concepts that dominate a strategies cluster
-``GET /api/curve``             the deletion/insertion curves of a map
-``GET /api/prompt-map``        a dual encoder's map of ``prompt`` over ``image`` (PNG or npy)
-``GET /api/answer``            a generative model's answer to ``prompt`` about ``image``: its
-                               tokens, each generated token's prompt-token colours and values
-``GET /api/token-map``         the map of generated ``word`` k of that answer (PNG or npy)
-``POST /api/upload``           an image file as the body -> its id
-``GET /api/strategies``        the run's clusters per class (``camkit strategies``), as ids
-``GET /api/run/{path}``        a file of the ``camkit explain`` run (only under its folder)
-=============================  ============================================================
-
-The routes themselves are in :mod:`camkit.serve.routes`, by concern. An unknown query parameter
+"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API (every route
+listed in ``docs/serve.md``; the routes themselves, by concern, in :mod:`camkit.serve.routes`).
+Every ``/api/`` route needs the token (:mod:`camkit.serve.security`); an unknown query parameter
 or value is a 422.
 """
 
@@ -42,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +26,7 @@ from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.gallery import RunViews
 from camkit.serve.http import error
+from camkit.serve.launch import bind, serve_in_thread
 from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.prompts import Prompts
@@ -79,16 +45,11 @@ def create_app(
     frame_ancestors: str = "'self'",
     vlm: LoadedVLM | None = None,
 ) -> Starlette:
-    """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: no
-    token, for loopback only); ``run``: the ``camkit explain`` run it shows, its files, header,
-    strategies, concepts and broken files (:class:`~camkit.serve.gallery.RunViews`; None: none);
-    ``hosts``: accepted ``Host`` headers (None: any); ``background``: predict every
-    image in the background, so filters and sorting cover the whole gallery; ``names``: each
-    checkpoint's name on the page (default: its key); ``frame_ancestors``: who may show the page
-    in a frame (:func:`~camkit.serve.security.headers`); ``vlm``: the vision-language model
-    whose image side ``explorer`` shows (:func:`~camkit.serve.prompts.image_side`): the
-    prompt views (:mod:`camkit.serve.prompts`). Every response carries the security
-    headers; every request is logged (:mod:`camkit.serve.logs`)."""
+    """The explorer's ASGI app. ``token``: required on every ``/api/`` request (None: none, for
+    loopback only); ``run``: the ``camkit explain`` run it shows; ``hosts``: accepted ``Host``
+    headers (None: any); ``background``: predict every image in the background; ``names``: each
+    checkpoint's name on the page; ``frame_ancestors``: who may frame the page; ``vlm``: the
+    vision-language model whose image side ``explorer`` shows, for the prompt views."""
     sent = security.headers(frame_ancestors)
     batcher = MapBatcher(explorer, window=window)
     state = ServerState(explorer, batcher, run or RunViews(), names)
@@ -150,23 +111,11 @@ def create_app(
 
 @contextlib.contextmanager
 def running(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """A real uvicorn serving ``app`` in a thread (``port=0``: a free one) -> its base URL;
-    stopped on exit. For tests, benchmarks and screenshots."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name="camkit-serve")
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    bound = server.servers[0].sockets[0].getsockname()[1]
+    """A real uvicorn serving ``app`` in a thread (``port=0``: a free one) -> its base URL."""
+    sock = bind(host, port)
+    server, thread = serve_in_thread(app, sock, "camkit-serve")
     try:
-        yield f"http://{host}:{bound}"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

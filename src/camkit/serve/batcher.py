@@ -1,13 +1,7 @@
-"""Map requests that arrive together become one engine call.
-
-Every request for a map waits on a small queue; the model thread takes what has gathered
-(when requests arrive together, waiting ``window`` seconds after the first for the others; a
-lone request, a click, waits for nothing; and whatever arrives while the thread is busy),
-groups it by checkpoint, method, layers and LRP composite, and answers each group with ONE call
-of the method: the group's images as one batch, each image's classes as ``K`` targets, the
-layers from one pass (:meth:`~camkit.serve.explorer.Explorer.compute`). Maps are cached
-(bounded LRU), so a map asked twice is computed once. One thread runs every model call: hooks
-of two calls on the same model never overlap.
+"""Map requests that arrive together (within ``window`` seconds; a lone click waits for nothing)
+become one engine call per checkpoint, method, layers and LRP composite
+(:meth:`~camkit.serve.explorer.Explorer.compute`), on the one thread that runs every model call,
+so hooks of two calls never overlap.
 """
 
 from __future__ import annotations
@@ -60,8 +54,7 @@ class MapBatcher:
         composite: str | None = None,
     ) -> dict[str | None, np.ndarray]:
         """The maps of one (image, class) at each of ``layers`` (``{None: map}`` for methods
-        without a layer), from the cache or the next grouped engine call; ``composite``: the
-        LRP composite of a method that takes one."""
+        without a layer), from the cache or the next grouped engine call."""
         keys = self.explorer.keys(checkpoint, method, layers, image, target, composite)
         found = {key.layer: self.explorer.maps.get_item(key) for key in keys}
         if all(value is not None for value in found.values()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 
 class LRU(OrderedDict):
@@ -28,6 +28,14 @@ class LRU(OrderedDict):
             self.move_to_end(key)
             while len(self) > self.size:
                 self.popitem(last=False)
+
+    def fetch(self, key: Hashable, make: Callable[[], object]) -> object:
+        """The value of ``key``; when missing, ``make()``'s, kept (made outside the lock)."""
+        found = self.get_item(key)
+        if found is None:
+            found = make()
+            self.put(key, found)
+        return found
 
 
 __all__ = ["LRU"]

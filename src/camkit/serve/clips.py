@@ -1,13 +1,9 @@
-"""The explorer's videos, for a video model (one whose ``clip_length`` is set): the gallery lists
-video files, each explained over its whole length, window by window as ``camkit explain`` does
-(:func:`camkit.io.video.clip_windows`: clips of the model's length side by side, the last one
-ending on the last frame; a video shorter than a clip repeats its last frame). Its prediction
-is the mean of its windows' softmax; its map is ``(N, H, W)``, one per frame of the video, each
-frame's the mean of the windows that hold it, shown one frame at a time with one colour scale
-for the whole video (:func:`camkit.viz.video.clip_scale`); its per-frame importance is
-:func:`camkit.metrics.frame_importance`. The explorer holds a video in memory: up to
-:data:`MAX_FRAMES` frames (``camkit explain`` streams any length). Decoding is
-:mod:`camkit.io.video`'s."""
+"""The explorer's videos, for a video model (one with a ``clip_length``): each video explained
+over its whole length, window by window as ``camkit explain`` does
+(:func:`camkit.io.video.clip_windows`); its prediction the mean of its windows' softmax, its map
+``(N, H, W)`` one per frame (the mean of the windows that hold it), shown a frame at a time on
+one colour scale for the video. The explorer holds a video in memory: up to :data:`MAX_FRAMES`.
+"""
 
 from __future__ import annotations
 
@@ -24,22 +20,19 @@ from camkit.errors import ArgumentError
 from camkit.io import video
 from camkit.viz.video import clip_scale, frame_heat, overlay_frames
 
-READ_ERRORS = (*io.READ_ERRORS, video.VideoReadError)
-"""What reading a gallery entry may raise: an image's errors and a video's."""
+READ_ERRORS = (*io.READ_ERRORS, video.VideoReadError)  # what reading an entry may raise
 
 MAX_FRAMES = 600  # camkit explain's longest video with a GIF: what one page holds in memory
 VIDEOS_HELD = 8  # videos (frames and model inputs) the explorer keeps decoded
 
 
 def suffixes(clip_length: int | None) -> frozenset[str]:
-    """The file endings the gallery lists: images for an image model, videos (and GIFs) for a
-    video model."""
+    """The file endings the gallery lists: images, or a video model's videos (and GIFs)."""
     return io.IMAGE_SUFFIXES if clip_length is None else video.VIDEO_SUFFIXES | {".gif"}
 
 
 def read(path: Path, clip_length: int | None, max_pixels: int | None) -> np.ndarray:
-    """An image ``(H, W, 3)`` for an image model, every frame ``(N, H, W, 3)`` of a video for a
-    video model (at most :data:`MAX_FRAMES`), both uint8 RGB."""
+    """An image ``(H, W, 3)``, or a video model's every frame ``(N, H, W, 3)``, uint8 RGB."""
     if clip_length is None:
         return io.read_image(path, max_pixels=max_pixels)
     if not video.is_video(path):
@@ -66,8 +59,7 @@ def windows(photo: np.ndarray, clip_length: int) -> list[tuple[int, int]]:
 
 
 def shown_frame(photo: np.ndarray) -> np.ndarray:
-    """The picture that stands for an entry (thumbnail, the model's view): an image, or a
-    video's first frame."""
+    """The picture that stands for an entry: an image, or a video's first frame."""
     return photo[0] if photo.ndim == 4 else photo
 
 
@@ -77,8 +69,8 @@ def model_input(
     """An image's input ``(3, H, W)``, or a video's windows ``(n, 3, L, H, W)``."""
     if photo.ndim != 4 or clip_length is None:
         return preprocess(photo)
-    clips = [video.clip_frames(photo, window) for window in windows(photo, clip_length)]
-    return torch.stack([preprocess.clip(clip) for clip in clips])
+    spans = windows(photo, clip_length)
+    return torch.stack([preprocess.clip(video.clip_frames(photo, span)) for span in spans])
 
 
 def rows(x: Tensor) -> Tensor:
@@ -87,35 +79,27 @@ def rows(x: Tensor) -> Tensor:
 
 
 def per_entry(values: Tensor, counts: Sequence[int]) -> Tensor:
-    """``(rows, ...) -> (entries, ...)``: the mean of each entry's ``counts`` rows (a video's
-    prediction: the mean of its windows' softmax, as ``camkit explain``'s)."""
+    """``(rows, ...) -> (entries, ...)``: the mean of each entry's ``counts`` rows."""
     return torch.stack([part.mean(dim=0) for part in values.split(list(counts))])
-
-
-def video_heat(heat: Tensor, spans: Sequence[tuple[int, int]], count: int) -> Tensor:
-    """``(n, K, L, H, W)`` maps of a video's ``n`` windows ``spans`` -> ``(K, count, H, W)``:
-    each frame's map the mean of the windows that hold it (:func:`~camkit.viz.video.frame_heat`,
-    as ``camkit explain``'s; frames past the video, repeated to fill a window, dropped)."""
-    held = [(start, stop, heat[row].float()) for row, (start, stop) in enumerate(spans)]
-    frames = [
-        frame_heat([(start, part) for start, stop, part in held if start <= t < stop], t)
-        for t in range(count)
-    ]
-    return torch.stack(frames, dim=1)
 
 
 def entry_maps(
     heat: Tensor, counts: Sequence[int], photos: Sequence[np.ndarray], clip_length: int | None
 ) -> list[np.ndarray]:
     """A batch's maps ``(rows, K, [L,] H, W)`` -> one ``(K, [N,] H, W)`` per entry: an image's
-    row, a video's windows laid out over its frames (:func:`video_heat`)."""
+    row; a video's windows laid out over its frames, each frame's map the mean of the windows
+    that hold it (:func:`~camkit.viz.video.frame_heat`; frames repeated past the end dropped)."""
     if clip_length is None:
         return list(heat.cpu().numpy())
-    parts = heat.split(list(counts))
-    return [
-        video_heat(part, windows(photo, clip_length), len(photo)).cpu().numpy()
-        for part, photo in zip(parts, photos, strict=True)
-    ]
+    maps = []
+    for part, photo in zip(heat.split(list(counts)), photos, strict=True):
+        held = list(zip(windows(photo, clip_length), part.float(), strict=True))
+        frames = [
+            frame_heat([(start, row) for (start, stop), row in held if start <= t < stop], t)
+            for t in range(len(photo))
+        ]
+        maps.append(torch.stack(frames, dim=1).cpu().numpy())
+    return maps
 
 
 def frame_overlay(
@@ -126,9 +110,8 @@ def frame_overlay(
     alpha: float,
     colormap: str,
 ) -> bytes:
-    """Frame ``frame`` of a video's map ``(N, H, W)`` over the model's view of that frame, as
-    PNG, on the video's one colour scale (:func:`~camkit.viz.video.clip_scale`; a signed map
-    on its absolute values, as single images are shown): what
+    """Frame ``frame`` of a video's map ``(N, H, W)`` over the model's view of it, PNG, on the
+    video's one colour scale (a signed map on its absolute values): what
     :func:`~camkit.viz.video.overlay_frames` of the whole video draws there."""
     if not 0 <= frame < len(heat):
         raise ArgumentError(
@@ -143,21 +126,3 @@ def frame_importance(heat: np.ndarray) -> list[float]:
     """Each frame's share of a video's map ``(N, H, W)`` (absolute values)."""
     maps = torch.from_numpy(np.abs(heat).astype(np.float32))[None]
     return metrics.frame_importance(maps)[0].tolist()
-
-
-__all__ = [
-    "MAX_FRAMES",
-    "READ_ERRORS",
-    "VIDEOS_HELD",
-    "entry_maps",
-    "frame_importance",
-    "frame_overlay",
-    "model_input",
-    "per_entry",
-    "read",
-    "rows",
-    "shown_frame",
-    "suffixes",
-    "video_heat",
-    "windows",
-]

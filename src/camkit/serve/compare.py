@@ -1,12 +1,8 @@
 """Two checkpoints of one model compared image by image: whether the top-1 class changed, how
-far the probability of the first checkpoint's top-1 class moved, and how far its map moved.
-
-The map distance is ``1 - Spearman rank correlation`` (:func:`camkit.metrics.spearman`, as in
-the model-randomisation sanity check of Adebayo et al., NeurIPS 2018) between the two
-checkpoints' maps of the first checkpoint's top-1 class, with Grad-CAM (Selvaraju et al., ICCV
-2017) at the default layer: 0 for maps ranked alike, 1 for unrelated, 2 for reversed.
-
-Everything here runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`.
+far the probability of the first checkpoint's top-1 class moved, and how far its map moved:
+``1 - Spearman rank correlation`` (as in the model-randomisation sanity check of Adebayo et al.,
+NeurIPS 2018) of the two maps at the default layer, Grad-CAM's (Selvaraju et al., ICCV 2017)
+where it fits: 0 for maps ranked alike, 1 for unrelated, 2 for reversed.
 """
 
 from __future__ import annotations
@@ -36,23 +32,17 @@ class Disagreement:
     map_moved: float  # 1 - Spearman(map_first, map_second) of class c
 
 
-def map_method(explorer: Explorer) -> str:
-    """The method whose maps are compared: Grad-CAM when it fits, else the first that does."""
-    return "gradcam" if "gradcam" in explorer.methods else explorer.methods[0]
-
-
 class Comparison:
     """The disagreements of the explorer's first two checkpoints, measured on demand and kept."""
 
     def __init__(self, explorer: Explorer) -> None:
         self.explorer = explorer
         self.first, self.second = list(explorer.checkpoints)[:2]
-        self.method = map_method(explorer)
+        self.method = "gradcam" if "gradcam" in explorer.methods else explorer.methods[0]
         self.found: dict[int, Disagreement] = {}
 
     def measure(self, images: Sequence[int]) -> dict[int, Disagreement]:
-        """The disagreement on each of ``images`` (unreadable images are left out): one forward
-        pass per checkpoint and one map call per checkpoint for each chunk of images."""
+        """The disagreement on each readable one of ``images``, chunk by chunk."""
         todo = [i for i in dict.fromkeys(images) if i not in self.found]
         for start in range(0, len(todo), CHUNK):
             self._measure(todo[start : start + CHUNK])
@@ -93,15 +83,3 @@ class Comparison:
                 confidence_moved=abs(float(first[top] - second[top])),
                 map_moved=float(moved[row]),
             )
-
-
-def difference(heat_first: np.ndarray, heat_second: np.ndarray) -> np.ndarray:
-    """The first checkpoint's displayed heat minus the second's, ``(H, W)`` in [-1, 1]."""
-    return heat_first.astype(np.float32) - heat_second.astype(np.float32)
-
-
-def difference_for_display(diff: np.ndarray) -> np.ndarray:
-    """A difference in [-1, 1] -> [0, 1] for a diverging colormap: 0.5 where the maps agree,
-    1 where only the first checkpoint looks, 0 where only the second does (linear, no
-    stretching)."""
-    return np.clip((diff + 1.0) / 2.0, 0.0, 1.0)

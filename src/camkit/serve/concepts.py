@@ -1,28 +1,21 @@
-"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only.
-
-* where the user looks: the top concepts (channels of a layer) of an image for a class, in the
-  whole image, in the layer cell under a click or in a dragged box, with their share and their
-  conditional heatmaps (Concept Relevance Propagation, Achtibat et al., Nature Machine
-  Intelligence 5, 2023: :meth:`camkit.methods.concepts.ConceptAttribution.top`, one forward and one
-  batched backward), and their reference patches when the served run has ``camkit concepts``
-  results (:mod:`camkit.runs.concepts`);
-* a channel's feature visualisation (Olah et al., "Feature Visualization", Distill 2017:
-  :func:`camkit.methods.concepts.feature_images`), computed on demand: small, seeded, cached;
-* the concepts that dominate a set of images (a strategies cluster):
-  :meth:`~camkit.methods.concepts.ConceptAttribution.dominant`.
-
-Every call runs on the model thread of :class:`~camkit.serve.batcher.MapBatcher`; none changes
-the model (camkit.methods.concepts leaves no hooks, ``.grad`` or mode behind).
+"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only: the
+top concepts (channels of a layer) of an image for a class, in the whole image, a clicked cell or
+a dragged box, with their shares, conditional heatmaps (Concept Relevance Propagation, Achtibat
+et al., Nature Machine Intelligence 5, 2023) and the run's reference patches; a channel's feature
+visualisation (Olah et al., "Feature Visualization", Distill 2017); the concepts that dominate
+a strategies cluster. Every call runs on the batcher's model thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from camkit import io, viz
 from camkit.core.engine import batched_backward
@@ -49,9 +42,8 @@ FEATURE_SIDE = 128  # the largest side a feature visualisation is optimised at
 
 @dataclass(frozen=True)
 class Region:
-    """Where relevance is counted: ``kind`` ``"image"`` (everywhere), ``"cell"`` (the layer
-    cell under a click) or ``"box"`` (a dragged box); ``box``: ``(top, left, bottom, right)``
-    in the model input's pixels (None for the whole image)."""
+    """Where relevance is counted: ``kind`` ``"image"``, ``"cell"`` (under a click) or ``"box"``
+    (dragged); ``box``: ``(top, left, bottom, right)`` in input pixels (None: everywhere)."""
 
     kind: str
     box: tuple[int, int, int, int] | None = None
@@ -67,14 +59,12 @@ class Region:
 
 
 WHOLE = Region("image")
-"""The whole image: relevance counted everywhere."""
 
 
 def layer_grid(shape: Sequence[int]) -> tuple[int, int]:
-    """The ``(h, w)`` grid of a layer the explorer lists: a map ``(1, C, h, w)``, a
-    channels-last map ``(1, h, w, C)`` (a square grid before a different last axis, as Swin's
-    stages give) or tokens ``(1, N, C)`` on a square grid (a class or register token left
-    out)."""
+    """The ``(h, w)`` grid of a layer's shape: a map ``(1, C, h, w)``, a channels-last map
+    ``(1, h, w, C)`` (Swin's stages) or tokens ``(1, N, C)`` on a square grid (a class or
+    register token left out)."""
     if len(shape) == 3:
         side = max(math.isqrt(int(shape[1])), 1)
         return side, side
@@ -90,8 +80,8 @@ def region_of(
     grid: tuple[int, int],
 ) -> Region:
     """A click ``point = (x, y)`` or a dragged ``box = (x0, y0, x1, y1)``, in fractions of the
-    image's width and height, -> the :class:`Region` in input pixels; a click selects the whole
-    cell of the layer's ``grid`` under it (the finest place the layer can tell apart)."""
+    image's width and height -> the :class:`Region` in input pixels; a click selects the whole
+    cell of the layer's ``grid`` under it."""
     height, width = size
     if point is not None and box is not None:
         raise ArgumentError("give a point (x, y) or a box, not both")
@@ -107,31 +97,30 @@ def region_of(
         row, column = min(int(y * grid[0]), grid[0] - 1), min(int(x * grid[1]), grid[1] - 1)
         top, bottom = round(row * height / grid[0]), round((row + 1) * height / grid[0])
         left, right = round(column * width / grid[1]), round((column + 1) * width / grid[1])
-        return Region("cell", (top, left, max(bottom, top + 1), max(right, left + 1)))
-    x0, y0, x1, y1 = box
-    top, bottom = sorted((round(y0 * height), round(y1 * height)))
-    left, right = sorted((round(x0 * width), round(x1 * width)))
-    return Region("box", (top, left, max(bottom, top + 1), max(right, left + 1)))
+        kind = "cell"
+    else:
+        x0, y0, x1, y1 = box
+        top, bottom = sorted((round(y0 * height), round(y1 * height)))
+        left, right = sorted((round(x0 * width), round(x1 * width)))
+        kind = "box"
+    return Region(kind, (top, left, max(bottom, top + 1), max(right, left + 1)))
 
 
 def check_k(k: int) -> int:
-    """``k``, the number of concepts asked for, when it is between 1 and :data:`MAX_K`."""
+    """``k``, the number of concepts asked for, when in 1..:data:`MAX_K`."""
     if not 1 <= k <= MAX_K:
         raise ArgumentError(f"k must be between 1 and {MAX_K}, got {k}")
     return k
 
 
 def concept_png(photo: np.ndarray, heat: np.ndarray, alpha: float) -> bytes:
-    """A conditional heatmap over the model's view of the photo (red positive, blue negative),
-    coloured as :func:`camkit.viz.plot` colours signed attributions
-    (:func:`camkit.viz.colour.signed_scale`)."""
+    """A conditional heatmap over the model's view, PNG, coloured as :func:`viz.plot` colours."""
     shown, _ = signed_scale(heat)
     return io.encode_image(viz.overlay(photo, shown, alpha=alpha, colormap=DIVERGING_COLORMAP))
 
 
 class ConceptViews:
-    """The concept views of an :class:`~camkit.serve.explorer.Explorer`; ``references``: the
-    served run's ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`)."""
+    """The concept views of an explorer, with the served run's ``camkit concepts`` results."""
 
     def __init__(self, explorer: Explorer, references: ConceptsRecord | None = None) -> None:
         self.explorer = explorer
@@ -144,24 +133,18 @@ class ConceptViews:
     def attribution(
         self, checkpoint: str, layer: str, *, images: bool = False
     ) -> ConceptAttribution:
-        """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached). ``images``:
-        for :meth:`dominant`, :data:`IMAGES_PER_PASS` images a pass; else for conditions, one
-        at a time where the device runs vector-Jacobian products one after the other
-        (:func:`~camkit.core.engine.batched_backward`: the CPU), so that one condition's masked
-        gradients are held at a time; the results are the same."""
+        """The layer's :class:`~camkit.methods.concepts.ConceptAttribution` (cached): for
+        :meth:`dominant` (``images``), :data:`IMAGES_PER_PASS` images a pass; else one condition
+        at a time where the device runs vector-Jacobian products one by one (the CPU)."""
         self.images_only()
-        key = (checkpoint, layer, images)
-        found = self.attributions.get_item(key)
-        if found is None:
-            one_by_one = not batched_backward(self.explorer.device)
-            rows = IMAGES_PER_PASS if images else (1 if one_by_one else None)
-            model = self.explorer.checkpoints[checkpoint].model
-            found = ConceptAttribution(model, layer, batch_size=rows)
-            self.attributions.put(key, found)
-        return found
+        one_by_one = not batched_backward(self.explorer.device)
+        rows = IMAGES_PER_PASS if images else (1 if one_by_one else None)
+        model = self.explorer.checkpoints[checkpoint].model
+        return self.attributions.fetch(
+            (checkpoint, layer, images), lambda: ConceptAttribution(model, layer, batch_size=rows)
+        )
 
     def images_only(self) -> None:
-        """Refuse a video model: the concept views show images."""
         if self.explorer.clip_length is not None:
             raise ArgumentError(
                 "the explorer's concepts are for images; explain a video's clips with "
@@ -169,7 +152,6 @@ class ConceptViews:
             )
 
     def grid(self, layer: str) -> tuple[int, int]:
-        """The ``(h, w)`` grid of a layer the explorer lists (:func:`layer_grid`)."""
         self.images_only()
         return layer_grid(self.explorer.layer_shapes[layer])
 
@@ -177,43 +159,40 @@ class ConceptViews:
         self, checkpoint: str, layer: str, image: int, target: int, region: Region, k: int
     ) -> dict:
         """The ``k`` most relevant channels of ``layer`` for class ``target`` in ``region``,
-        with their reference images: one forward and one backward to the layer, about one map
-        request. Each channel's conditional heatmap is one more backward to the input, computed
-        when the page asks for it (:meth:`heatmap`), so the list answers first."""
+        with their reference images: one forward and one backward to the layer. Each channel's
+        conditional heatmap is one more backward, made when the page asks (:meth:`heatmap`)."""
         check_k(k)
         concepts = self.attribution(checkpoint, layer)
         x = self.explorer.batch([image], checkpoint)
         mask = region.mask(self.explorer.size)
         target_row = torch.tensor([target], device=x.device)
         found = concepts.top(x, k=k, target=target_row, region=mask, heatmaps=False)
-        rows = []
-        for i, channel in enumerate(found.channels[0].tolist()):
-            rows.append(
-                {
-                    "channel": channel,
-                    "relevance": float(found.relevance[0, i]),
-                    "share": float(found.share[0, i]),
-                    "references": channel_references(self.references, layer, channel),
-                    "no_references": self.why_no_references(layer, channel),
-                }
-            )
         return {
             "layer": layer,
             "class": target,
             "size": list(self.explorer.size),
-            "region": {
-                "kind": region.kind,
-                "box": None if region.box is None else list(region.box),
-            },
-            "concepts": rows,
+            "region": dataclasses.asdict(region),
+            "concepts": self.rows(layer, found.channels[0], found.relevance[0], found.share[0]),
             "references": self.references is not None and self.references.layer == layer,
         }
 
+    def rows(self, layer: str, channels: Tensor, relevance: Tensor, share: Tensor) -> list[dict]:
+        """The page's rows of channels with their relevance, share and reference patches."""
+        return [
+            {
+                "channel": channel,
+                "relevance": float(value),
+                "share": float(part),
+                "references": channel_references(self.references, layer, channel),
+                "no_references": self.why_no_references(layer, channel),
+            }
+            for channel, value, part in zip(channels.tolist(), relevance, share, strict=True)
+        ]
+
     def why_no_references(self, layer: str, channel: int) -> str | None:
-        """Why ``channel`` of ``layer`` has no reference patches although the run's
-        ``camkit concepts`` results are of that layer: they hold the channels it was told
-        (``--channels``) or its most relevant ones over the images; None where it has them, or
-        where the results are of another layer or absent (the page says that once)."""
+        """Why ``channel`` has no reference patches although the run's ``camkit concepts``
+        results are of ``layer`` (they hold the ``--channels`` told or the most relevant ones);
+        None where it has them, or the results are of another layer or absent."""
         found = self.references
         if found is None or found.layer != layer or channel in found.channels:
             return None
@@ -237,12 +216,11 @@ class ConceptViews:
         channel: int,
         region: Region = WHOLE,
     ) -> np.ndarray:
-        """``(H, W)`` conditional heatmap of one channel, of its relevance in ``region`` only
-        (:class:`~camkit.methods.concepts.InRegion`, weighed as :meth:`top` counts the region) when
-        one is given (cached; else one forward and one conditional backward)."""
-        key = (checkpoint, layer, image, target, channel, region)
-        heat = self.heatmaps.get_item(key)
-        if heat is None:
+        """``(H, W)`` conditional heatmap of one channel (cached), of its relevance in
+        ``region`` only (:class:`~camkit.methods.concepts.InRegion`, weighed as :meth:`top`
+        counts the region) when one is given."""
+
+        def make() -> np.ndarray:
             x = self.explorer.batch([image], checkpoint)
             mask = region.mask(self.explorer.size)
             concept = channel if mask is None else InRegion(
@@ -251,23 +229,19 @@ class ConceptViews:
             maps = self.attribution(checkpoint, layer).heatmaps(
                 x, [concept], torch.tensor([target], device=x.device)
             )
-            heat = maps[0, 0].float().cpu().numpy()
-            self.heatmaps.put(key, heat)
-        return heat
+            return maps[0, 0].float().cpu().numpy()
+
+        return self.heatmaps.fetch((checkpoint, layer, image, target, channel, region), make)
 
     def feature(self, checkpoint: str, layer: str, channel: int) -> tuple[np.ndarray, bool]:
-        """``(H, W, 3)`` uint8: the image that maximises the channel's mean activation,
-        :data:`FEATURE_STEPS` Adam steps of rate :data:`FEATURE_RATE` from seed
-        :data:`FEATURE_SEED` (cached), and whether its objective moved from its start (with
-        the redirected ReLU gradient and restarts of :func:`feature_images`; an unmoved image
-        is its grey start)."""
-        key = (checkpoint, layer, channel)
-        found = self.features.get_item(key)
-        if found is None:
-            loaded = self.explorer.checkpoints[checkpoint]
+        """``(H, W, 3)`` uint8: the image that maximises the channel's mean activation
+        (:data:`FEATURE_STEPS` Adam steps of rate :data:`FEATURE_RATE` from seed
+        :data:`FEATURE_SEED`; cached), and whether its objective moved from its grey start."""
+
+        def make() -> tuple[np.ndarray, bool]:
             side = min(max(self.explorer.size), FEATURE_SIDE)
             result = feature_images(
-                loaded.model,
+                self.explorer.checkpoints[checkpoint].model,
                 ChannelObjective(layer, channel),
                 size=side,
                 steps=FEATURE_STEPS,
@@ -276,48 +250,23 @@ class ConceptViews:
                 mean=self.explorer.preprocess.mean,
                 std=self.explorer.preprocess.std,
             )
-            image, moved = result.images, bool(result.moved.all())
-            pixels = (image[0].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().cpu().numpy()
-            found = (pixels, moved)
-            self.features.put(key, found)
-        return found
+            pixels = result.images[0].permute(1, 2, 0).clamp(0, 1) * 255
+            return pixels.round().byte().cpu().numpy(), bool(result.moved.all())
+
+        return self.features.fetch((checkpoint, layer, channel), make)
 
     def dominant(
         self, checkpoint: str, layer: str, images: Sequence[int], target: int, k: int
     ) -> list[dict]:
-        """The ``k`` channels that dominate ``images`` for class ``target`` (each image's
-        shares averaged), with their reference images; cached."""
-        key = (checkpoint, layer, tuple(images), target, k)
-        found = self.dominants.get_item(key)
-        if found is None:
+        """The ``k`` channels that dominate ``images`` for class ``target`` (mean shares)."""
+
+        def make() -> list[dict]:
             if not images:
                 raise ArgumentError("the cluster has no image in this gallery")
             x = self.explorer.batch(list(images), checkpoint)
             target_rows = torch.full((len(images),), target, device=x.device)
-            top = self.attribution(checkpoint, layer, images=True).dominant(
-                x, k=k, target=target_rows
-            )
-            found = [
-                {
-                    "channel": channel,
-                    "relevance": float(relevance),
-                    "share": float(share),
-                    "references": channel_references(self.references, layer, channel),
-                    "no_references": self.why_no_references(layer, channel),
-                }
-                for channel, relevance, share in zip(
-                    top.channels.tolist(), top.relevance, top.share, strict=True
-                )
-            ]
-            self.dominants.put(key, found)
-        return found
+            attribution = self.attribution(checkpoint, layer, images=True)
+            top = attribution.dominant(x, k=k, target=target_rows)
+            return self.rows(layer, top.channels, top.relevance, top.share)
 
-
-__all__ = [
-    "ConceptViews",
-    "Region",
-    "check_k",
-    "concept_png",
-    "layer_grid",
-    "region_of",
-]
+        return self.dominants.fetch((checkpoint, layer, tuple(images), target, k), make)

@@ -1,10 +1,7 @@
 """What the explorer computes, through camkit's public API only: predictions, the methods and
 layers that fit a model, maps for many (image, class) pairs of one method in one engine call,
-the depth strip (one method at several layers from one pass), deletion/insertion curves.
-
-Every call here runs on the one model thread of :class:`~camkit.serve.batcher.MapBatcher`
-(hooks of two calls on the same model must never overlap); none changes the model: camkit's
-methods leave no hooks, ``.grad`` or mode behind, also after an error.
+the depth strip, deletion/insertion curves. Every call runs on the one model thread of
+:class:`~camkit.serve.batcher.MapBatcher` (hooks of two calls must never overlap).
 """
 
 from __future__ import annotations
@@ -28,14 +25,13 @@ from camkit.serve import clips
 from camkit.serve.cache import LRU
 from camkit.serve.gallery import Entry, Prediction
 
-# how the explorer builds its methods by default: as ``camkit explain`` does with its defaults
 SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
 
 
 @dataclass(frozen=True)
 class MapKey:
-    """One map: checkpoint, method, layer (None for layer-free methods), image, class, and the
-    LRP composite of a method that takes one (None for the others)."""
+    """One map: checkpoint, method, layer and LRP composite (None for methods without), image,
+    class."""
 
     checkpoint: str
     method: str
@@ -46,38 +42,28 @@ class MapKey:
 
 
 def stages(layers: Sequence[tuple[str, str, tuple]], default: str, count: int = 5) -> list[str]:
-    """The depth strip's layers, at most ``count``, deepest last.
-
-    CNNs: for each spatial resolution, the last of the shallowest layers at that resolution
-    (``layer1``..``layer4`` of a ResNet, ``blocks.N`` of an EfficientNet, ``features.N`` of a
-    VGG): the end of each stage; the default layer stands for its own resolution. Token models:
-    ``count`` evenly spaced layers ending at the default."""
+    """The depth strip's layers, at most ``count``, deepest last. CNNs: per spatial resolution,
+    the last of the shallowest layers there (the end of each stage: ``layer1``..``layer4`` of a
+    ResNet), the default layer standing for its own; token models: ``count`` evenly spaced
+    layers ending at the default."""
     maps = [(name, shape) for name, _, shape in layers if len(shape) == 4]
     if not maps:
         names = [name for name, _, _ in layers]
         end = names.index(default) + 1 if default in names else len(names)
         picks = np.linspace(0, end - 1, min(count, end)).round().astype(int)
         return [names[i] for i in dict.fromkeys(picks.tolist())]
-    last: dict[tuple, tuple[int, str]] = {}  # resolution -> (depth, name)
-    for name, shape in maps:
-        resolution, depth = tuple(shape[-2:]), name.count(".")
-        if resolution not in last or depth <= last[resolution][0]:
-            last[resolution] = (depth, name)
-    last = {resolution: name for resolution, (_, name) in last.items()}
-    default_shape = next((tuple(s[-2:]) for n, s in maps if n == default), None)
-    if default_shape is not None:
-        last[default_shape] = default
+    ends = {}  # resolution -> its stage's end; deepest first, so the shallowest is written last
+    for name, shape in sorted(maps, key=lambda item: -item[0].count(".")):
+        ends[tuple(shape[-2:])] = name
+    ends.update({tuple(shape[-2:]): name for name, shape in maps if name == default})
     order = [name for name, _ in maps]
-    chosen = sorted(last.values(), key=order.index)
-    return chosen[-count:]
+    return sorted(ends.values(), key=order.index)[-count:]
 
 
 class Explorer:
     """One or two checkpoints of one model, the images, and the caches of what was computed.
-
-    ``settings``: how its methods are built (:func:`camkit.registry.build`; by default the
-    CLI's: seed 0, its batch size, its default composite), so that a map here equals
-    ``camkit explain``'s; a map request may choose another LRP composite."""
+    ``settings``: how methods are built (:func:`camkit.registry.build`; default: the CLI's),
+    so that a map here equals ``camkit explain``'s."""
 
     def __init__(
         self,
@@ -106,7 +92,6 @@ class Explorer:
         self.entries_lock = threading.Lock()
         self.predictions: dict[str, dict[int, Prediction]] = {key: {} for key in checkpoints}
         self.predictions[next(iter(checkpoints))].update(predictions or {})
-        # the layers a CAM can read (camkit.models.map_layers, the CLI's --layer check)
         self.layers = [
             (name, kind, tuple(shape))
             for name, kind, shape in models.map_layer_shapes(first.model, self.size)
@@ -128,8 +113,6 @@ class Explorer:
         self.engine_calls = 0
         self.row_seconds: float | None = None  # one forward row, measured by predict
 
-    # ------------------------------------------------------------------ images
-
     def entry(self, image: int) -> Entry:
         if not 0 <= image < len(self.entries):
             raise KeyError(image)
@@ -143,46 +126,37 @@ class Explorer:
 
     def photo(self, image: int) -> np.ndarray:
         """The image as read (``HxWx3`` uint8), a video model's video (``NxHxWx3``,
-        :func:`camkit.serve.clips.read`); camkit's reading with its limits."""
-        cached = self.photos.get_item(image)
-        if cached is None:
-            entry = self.entry(image)
-            if entry.pixels is not None:
-                cached = entry.pixels
-            else:
-                try:
-                    cached = clips.read(entry.path, self.clip_length, self.max_pixels)
-                except clips.READ_ERRORS as error:
-                    entry.error = io.read_failure(error)
-                    raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
-            self.photos.put(image, cached)
-        return cached
+        :func:`camkit.serve.clips.read`), with camkit's reading limits."""
+        return self.photos.fetch(image, lambda: self._read(self.entry(image)))
+
+    def _read(self, entry: Entry) -> np.ndarray:
+        if entry.pixels is not None:
+            return entry.pixels
+        try:
+            return clips.read(entry.path, self.clip_length, self.max_pixels)
+        except clips.READ_ERRORS as error:
+            entry.error = io.read_failure(error)
+            raise InputError(f"{entry.name} cannot be read: {entry.error}") from None
 
     def model_view(self, image: int) -> np.ndarray:
         """What the model sees of the photo (a video: its first frame), resized and cropped."""
         return self.preprocess.resize_crop(clips.shown_frame(self.photo(image)))
 
     def model_input(self, image: int) -> Tensor:
-        cached = self.inputs.get_item(image)
-        if cached is None:
-            cached = clips.model_input(self.preprocess, self.photo(image), self.clip_length)
-            self.inputs.put(image, cached)
-        return cached
+        return self.inputs.fetch(
+            image, lambda: clips.model_input(self.preprocess, self.photo(image), self.clip_length)
+        )
 
     def thumbnail(self, image: int, side: int = 160) -> bytes:
         """A JPEG thumbnail of the photo (cached)."""
-        cached = self.thumbs.get_item(image)
-        if cached is None:
-            small = io.thumbnail(clips.shown_frame(self.photo(image)), side)
-            cached = io.encode_image(small, "jpg")
-            self.thumbs.put(image, cached)
-        return cached
 
-    # ------------------------------------------------------------------ predictions
+        def jpeg() -> bytes:
+            return io.encode_image(io.thumbnail(clips.shown_frame(self.photo(image)), side), "jpg")
+
+        return self.thumbs.fetch(image, jpeg)
 
     def batch(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """The model inputs of ``images`` as one batch on the device, in the model's dtype: a
-        row per image, a video's windows (:meth:`row_counts`)."""
+        """The model inputs of ``images`` as one batch on the device, in the model's dtype."""
         model = self.checkpoints[checkpoint].model
         reference = next(model.parameters(), None)
         batch = torch.cat([clips.rows(self.model_input(i)) for i in images]).to(self.device)
@@ -193,9 +167,9 @@ class Explorer:
         return [len(clips.rows(self.model_input(i))) for i in images]
 
     def predict(self, images: Sequence[int], checkpoint: str, k: int = 5) -> None:
-        """Top-``k`` of the images not predicted yet, in one forward pass per checkpoint (a
-        video model: one per video, its windows), and their thumbnails; an unreadable image
-        gets an empty prediction and its entry the reason."""
+        """Top-``k`` of the images not predicted yet, one forward pass per checkpoint (a video
+        model: one per video), and their thumbnails; an unreadable image gets an empty
+        prediction and its entry the reason."""
         known = self.predictions[checkpoint]
         todo = [i for i in dict.fromkeys(images) if i not in known]
         readable = []
@@ -215,19 +189,13 @@ class Explorer:
         for image, row in zip(readable, probabilities, strict=True):
             known[image] = models.top_classes(row, self.labels, k)
 
-    def probabilities(self, image: int, checkpoint: str) -> Tensor:
-        """All class probabilities of one image ``(num_classes,)``."""
-        return self.probabilities_of([image], checkpoint)[0]
-
     def probabilities_of(self, images: Sequence[int], checkpoint: str) -> Tensor:
-        """All class probabilities of readable images, one forward pass ``(B, num_classes)`` (a
-        video's: the mean of its windows')."""
+        """All class probabilities of readable images, ``(B, num_classes)``, in one forward pass
+        (a video's: the mean of its windows')."""
         model = self.checkpoints[checkpoint].model
         with torch.no_grad():
             logits = model(self.batch(images, checkpoint))
         return clips.per_entry(logits.float().softmax(dim=-1).cpu(), self.row_counts(images))
-
-    # ------------------------------------------------------------------ maps
 
     def check_target(self, target: int) -> int:
         if not 0 <= target < len(self.labels):
@@ -253,16 +221,14 @@ class Explorer:
         return layer
 
     def check_composite(self, method: str, composite: str | None) -> str | None:
-        """The LRP composite a map of ``method`` is computed with: ``composite`` (one of
-        :data:`~camkit.relevance.COMPOSITES`) or the explorer's default; None for a method
-        that takes no composite."""
+        """The LRP composite a map of ``method`` is computed with: ``composite`` or the
+        explorer's default; None for a method that takes none."""
         if composite is not None and composite not in COMPOSITES:
             raise ArgumentError(
                 f"unknown composite {composite!r}; choose from {', '.join(COMPOSITES)}"
             )
-        if not registry.get(method).takes_composite:
-            return None
-        return composite or self.settings.composite
+        takes = registry.get(method).takes_composite
+        return (composite or self.settings.composite) if takes else None
 
     def keys(
         self,
@@ -273,8 +239,7 @@ class Explorer:
         target: int,
         composite: str | None = None,
     ) -> list[MapKey]:
-        """The cache keys of one (image, class)'s maps at each of ``layers`` (one key with
-        layer None for methods without a layer)."""
+        """The cache keys of one (image, class)'s maps at each of ``layers`` (None: no layer)."""
         layers = layers if registry.get(method).needs_layer else (None,)
         composite = self.check_composite(method, composite)
         return [MapKey(checkpoint, method, layer, image, target, composite) for layer in layers]
@@ -286,19 +251,16 @@ class Explorer:
         layers: tuple[str, ...],
         composite: str | None = None,
     ) -> object:
-        """The method on ``checkpoint``'s model at ``layers``, built once with the explorer's
-        settings (and ``composite``) by :func:`camkit.registry.build`, then kept."""
+        """The method at ``layers`` of ``checkpoint``'s model, built once and kept."""
         composite = self.check_composite(method, composite)
-        key = (checkpoint, method, layers, composite)
-        explainer = self.explainers.get_item(key)
-        if explainer is None:
-            entry = registry.get(method)
-            layer = (list(layers) if len(layers) > 1 else layers[0]) if entry.needs_layer else None
-            settings = replace(self.settings, composite=composite)
-            model = self.checkpoints[checkpoint].model
-            explainer = registry.build(method, model, layer, settings)
-            self.explainers.put(key, explainer)
-        return explainer
+        needs_layer = registry.get(method).needs_layer
+        layer = (list(layers) if len(layers) > 1 else layers[0]) if needs_layer else None
+        model = self.checkpoints[checkpoint].model
+        settings = replace(self.settings, composite=composite)
+        return self.explainers.fetch(
+            (checkpoint, method, layers, composite),
+            lambda: registry.build(method, model, layer, settings),
+        )
 
     def compute(
         self,
@@ -309,12 +271,9 @@ class Explorer:
         composite: str | None = None,
     ) -> None:
         """Maps of one method for many ``(image, class)`` pairs, at one or several layers, in
-        ONE call of the method: the images as one batch, each with its classes as ``K``
-        targets (``(B, K)``; a shorter list is padded with its last class and the extra maps
-        dropped), all layers from one pass (``fuse=False``). The maps go to the cache; pairs
-        whose maps are cached at every layer are not computed again (two routes may queue the
-        same map before either has computed it). ``composite``: the LRP composite of a method
-        that takes one (None: the explorer's default)."""
+        ONE call into the cache: the images as one batch, their classes as ``K`` targets (a
+        shorter list padded with its last class), all layers from one pass. Pairs cached at
+        every layer are skipped (two routes may queue the same map before either computed it)."""
         needs_layer = registry.get(method).needs_layer
         layers = layers if needs_layer else (None,)
         pairs = [
@@ -328,10 +287,8 @@ class Explorer:
         if not pairs:
             return
         wanted: dict[int, list[int]] = {}
-        for image, target in pairs:
-            classes = wanted.setdefault(image, [])
-            if target not in classes:
-                classes.append(target)
+        for image, target in dict.fromkeys(pairs):
+            wanted.setdefault(image, []).append(target)
         images = list(wanted)
         width = max(len(classes) for classes in wanted.values())
         targets = torch.tensor([c + [c[-1]] * (width - len(c)) for c in wanted.values()])
@@ -375,8 +332,7 @@ class Explorer:
 
 
 def overlay_png(photo: np.ndarray, heat: np.ndarray, alpha: float, colormap: str) -> bytes:
-    """The map over the model's view of the photo, as PNG bytes (:func:`camkit.viz.overlay`;
-    a signed map is shown on its absolute values)."""
+    """The map over the model's view of the photo, PNG (a signed map on its absolute values)."""
     return io.encode_image(viz.overlay(photo, np.abs(heat), alpha=alpha, colormap=colormap))
 
 

@@ -1,8 +1,6 @@
 """The images the explorer shows: found in folders (ImageFolder layout gives true labels) or in
-a ``camkit explain`` run's manifest, plus uploads; filtered, sorted and paged.
-
-Images are known by their index (an ``id``), never by a path from the web: the browser can only
-ask for images that are in the list.
+a ``camkit explain`` run's manifest, plus uploads; filtered and sorted. Images are known by their
+index, never by a path from the web: the browser can only ask for images in the list.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class Entry:
 class RunViews:
     """What the explorer shows of a ``camkit explain`` run folder (the empty record: no run):
     ``root``, whose files may be served; ``header``, its manifest's model, settings and
-    versions; ``strategies``, its clusters (:func:`read_strategies`);
-    ``concepts``, its ``camkit concepts`` results (:func:`camkit.runs.concepts.read_concepts`);
-    ``problems``, its broken files (file name -> the error's message), shown on the page."""
+    versions; ``strategies`` (:func:`read_strategies`); ``concepts``, its ``camkit concepts``
+    results; ``problems``, its broken files (file name -> the error's message)."""
 
     root: Path | None = None
     header: dict | None = None
@@ -52,24 +49,27 @@ class RunViews:
     problems: dict[str, str] = field(default_factory=dict)
 
 
-def _is_image(entry: os.DirEntry, suffixes: Collection[str]) -> bool:
-    return (
-        not entry.name.startswith(".")
-        and Path(entry.name).suffix.lower() in suffixes
-        and entry.is_file()
-    )
+def _images(folder: str | Path, root: Path, suffixes: Collection[str]) -> list[os.DirEntry]:
+    """The visible files of ``folder`` with one of ``suffixes`` that resolve under ``root``."""
+    with os.scandir(folder) as listing:
+        found = [
+            item
+            for item in listing
+            if not item.name.startswith(".")
+            and Path(item.name).suffix.lower() in suffixes
+            and item.is_file()
+            and Path(item.path).resolve().is_relative_to(root)
+        ]
+    return sorted(found, key=lambda item: item.name)
 
 
 def scan(
     paths: Sequence[Path], suffixes: Collection[str] = IMAGE_SUFFIXES
 ) -> tuple[list[Entry], list[Path]]:
-    """The images of files and folders, and the roots they lie under (``suffixes``: the file
-    endings listed; a video model's gallery lists videos).
-
-    A folder's own images have no true class; the images in its subfolders (one level, as
-    torchvision's ``ImageFolder``: ``root/<class>/<image>``) have the subfolder's name as theirs.
-    Links that lead out of a folder are skipped.
-    """
+    """The images of files and folders (``suffixes``: the file endings listed), and the roots
+    they lie under. A folder's own images have no true class; those in its subfolders (one
+    level, torchvision's ``ImageFolder``: ``root/<class>/<image>``) have the subfolder's name.
+    Links that lead out of a folder are skipped."""
     entries: list[Entry] = []
     roots: list[Path] = []
     for path in paths:
@@ -79,29 +79,23 @@ def scan(
             continue
         root = path.resolve()
         roots.append(root)
+        entries += [Entry(item.name, Path(item.path)) for item in _images(root, root, suffixes)]
         with os.scandir(root) as listing:
-            found = sorted(listing, key=lambda e: e.name)
-        for item in found:
-            if _is_image(item, suffixes) and Path(item.path).resolve().is_relative_to(root):
-                entries.append(Entry(item.name, Path(item.path)))
-        for sub in found:
-            if sub.name.startswith(".") or not sub.is_dir():
-                continue
-            if not Path(sub.path).resolve().is_relative_to(root):
-                continue
-            with os.scandir(sub.path) as listing:
-                inside = sorted(
-                    (e for e in listing if _is_image(e, suffixes)), key=lambda e: e.name
-                )
-            for item in inside:
-                if Path(item.path).resolve().is_relative_to(root):
-                    entries.append(Entry(f"{sub.name}/{item.name}", Path(item.path), sub.name))
+            subs = sorted((e for e in listing if not e.name.startswith(".")), key=lambda e: e.name)
+        for sub in subs:
+            if sub.is_dir() and Path(sub.path).resolve().is_relative_to(root):
+                entries += [
+                    Entry(f"{sub.name}/{item.name}", Path(item.path), sub.name)
+                    for item in _images(sub.path, root, suffixes)
+                ]
     return entries, roots
 
 
+RUN_MAP_FIELDS = ("output", "raw", "method", "layer", "target", "label")
+
+
 def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
-    """A ``camkit explain`` folder: its images (in the manifest's order), the manifest's header
-    and the predictions it recorded (``top5``), by entry index."""
+    """A ``camkit explain`` folder's images, manifest header and recorded predictions by index."""
     loaded = run_manifest.gather(run)
     if loaded is None:
         raise FileNotFoundError(f"no {run_manifest.MANIFEST} in {run}")
@@ -120,19 +114,13 @@ def read_run(run: Path) -> tuple[list[Entry], dict, dict[int, Prediction]]:
                 for row in record["top5"]
             ]
         if record.get("output"):
-            entries[index].run_maps.append(
-                {
-                    key: record.get(key)
-                    for key in ("output", "raw", "method", "layer", "target", "label")
-                }
-            )
+            entries[index].run_maps.append({key: record.get(key) for key in RUN_MAP_FIELDS})
     header = {key: value for key, value in loaded.items() if key != "records"}
     return entries, header, predictions
 
 
 def _wrong(entry: Entry, prediction: Prediction | None) -> bool:
-    """Whether the top-1 class differs from the folder's true class (by name, or by index when
-    the folder is named by a number)."""
+    """Whether the top-1 class differs from the folder's true class (its name or number)."""
     if entry.truth is None or not prediction:
         return False
     index, label, _ = prediction[0]
@@ -154,13 +142,10 @@ def select(
     only: Collection[int] | None = None,
     ranking: Mapping[int, float] | None = None,
 ) -> list[int]:
-    """Entry indices that pass the filters, in the asked order.
-
-    ``predicted``: top-1 label; ``truth``: folder class; ``wrong``: misclassified only;
-    ``only``: these indices only; ``order``: ``"name"`` (as found), ``"confidence"`` (low
-    confidence first; images without a prediction yet or unreadable come last),
-    ``"-confidence"``, or ``"ranking"`` (highest ``ranking`` value first, images without one
-    last).
+    """Entry indices that pass the filters, in the asked order. ``predicted``: top-1 label;
+    ``truth``: folder class; ``wrong``: misclassified only; ``only``: these indices only;
+    ``order``: ``"name"`` (as found), ``"confidence"`` (low first), ``"-confidence"``, or
+    ``"ranking"`` (highest ``ranking`` first); images without a value come last.
     """
     if order not in ORDERS:
         raise ArgumentError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
@@ -176,27 +161,20 @@ def select(
         if only is not None and index not in only:
             continue
         chosen.append(index)
-    if order in ("confidence", "-confidence"):
-        sign = 1.0 if order == "confidence" else -1.0
-
-        def key(index: int) -> tuple[bool, float]:
-            prediction = predictions.get(index)
-            return (not prediction, sign * prediction[0][2] if prediction else 0.0)
-
-        chosen.sort(key=key)
-    elif order == "ranking":
-        ranks = ranking or {}
+    if order != "name":
+        sign = {"confidence": -1.0, "-confidence": 1.0}.get(order)
+        if sign is None:
+            ranks = ranking or {}
+        else:
+            ranks = {i: sign * found[0][2] for i, found in predictions.items() if found}
         chosen.sort(key=lambda index: (index not in ranks, -ranks.get(index, 0.0)))
     return chosen
 
 
 def read_strategies(run: Path, entries: Sequence[Entry]) -> dict | None:
     """The run's ``strategies/strategies.json`` (the clusters of each class's maps, SpRAy) with
-    its members as gallery ids and its pictures as paths under the run folder; None without one
-    (a broken file: :class:`~camkit.errors.RunFileError`).
-
-    The file lists, per (method, class), the clusters with their members as rows of the run's
-    map file; its ``images`` gives each row's image, which is found among the gallery's."""
+    its members (rows of the run's map file) as gallery ids and its pictures as paths under the
+    run folder; None without one (a broken file: :class:`~camkit.errors.RunFileError`)."""
     found = run_strategies.read_strategies(run / STRATEGIES_DIR)
     if found is None:
         return None

@@ -4,6 +4,7 @@ names safe to send back."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -46,26 +47,21 @@ class Query:
         return default if value in (None, "") else value
 
     def integer(self, name: str, default: int | None = None) -> int:
+        return self._parsed(name, default, int, "an integer")
+
+    def number(self, name: str, default: float) -> float:
+        return self._parsed(name, default, float, "a number")
+
+    def _parsed(self, name: str, default: Any, kind: type, what: str) -> Any:
         value = self.params.get(name)
         if value in (None, ""):
             if default is None:
-                raise ArgumentError(f"missing query parameter {name!r} (an integer)")
+                raise ArgumentError(f"missing query parameter {name!r} ({what})")
             return default
         try:
-            return int(value)
+            return kind(value)
         except ValueError:
-            raise ArgumentError(
-                f"query parameter {name!r} must be an integer, got {value!r}"
-            ) from None
-
-    def number(self, name: str, default: float) -> float:
-        value = self.params.get(name)
-        try:
-            return default if value in (None, "") else float(value)
-        except ValueError:
-            raise ArgumentError(
-                f"query parameter {name!r} must be a number, got {value!r}"
-            ) from None
+            raise ArgumentError(f"query parameter {name!r} must be {what}, got {value!r}") from None
 
 
 def safe_name(name: str) -> str:

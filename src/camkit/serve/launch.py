@@ -1,9 +1,7 @@
-"""Starting the explorer: the gallery from paths, the app, binding the address, and listening.
-
-Used by ``camkit serve`` (which parses its arguments and loads the checkpoints, then calls
-:func:`prepare` and :func:`listen` through a lazy import: the CLI imports nothing else of this
-package) and by :func:`camkit.serve.notebook.explore`. The address is bound *before* the URL is
-printed, so a busy port or a refused address fails with one line (:class:`BindError`), no URL.
+"""Starting the explorer: the gallery from paths, the app, binding the address, and listening;
+for ``camkit serve`` (the one module of this package the CLI imports, lazily) and
+:func:`camkit.serve.notebook.explore`. The address is bound *before* the URL is printed, so a
+busy port or a refused address fails with one line (:class:`BindError`), no URL.
 """
 
 from __future__ import annotations
@@ -11,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,8 @@ from camkit.serve import clips, security
 from camkit.serve.gallery import Entry, Prediction, RunViews, read_run, read_strategies, scan
 from camkit.serve.logs import configure
 
+START_SECONDS = 30.0  # a server in a thread must listen within this
+
 
 class BindError(ArgumentError):
     """The address cannot be listened on (a busy port, an address this machine does not have)."""
@@ -37,8 +39,7 @@ class BindError(ArgumentError):
 
 @dataclass
 class Gallery:
-    """What a set of paths gives the explorer: the images, and a run folder's views (none for
-    images; a broken strategies or concepts file is in ``run.problems``)."""
+    """What a set of paths gives the explorer: the images, and a run folder's views."""
 
     entries: list[Entry]
     predictions: dict[int, Prediction] | None = None
@@ -55,17 +56,16 @@ def check_paths(paths: list[Path]) -> None:
 
 
 def run_crop(paths: Sequence[Path]) -> str | None:
-    """The ``--crop`` a ``camkit explain`` run folder was made with (runs before ``--crop``
-    squashed), so that the explorer preprocesses its photos as the run did; None for images."""
+    """The ``--crop`` a ``camkit explain`` run folder was made with, so that the explorer
+    preprocesses its photos as the run did; None for images."""
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         return read_manifest(paths[0]).crop
     return None
 
 
 def check_start(paths: list[Path], host: str, token: str | None) -> str:
-    """What can be refused before any model is loaded: the paths, and listening on ``host``
-    without a token (:func:`~camkit.serve.security.check_bind`) -> the token (a new one for
-    None; '' for none)."""
+    """Refuse, before any model is loaded, bad paths and listening on ``host`` without a token
+    -> the token (a new one for None; '' for none)."""
     check_paths(paths)
     token = security.new_token() if token is None else token
     try:
@@ -83,11 +83,9 @@ def open_gallery(
     suffixes: Collection[str] = IMAGE_SUFFIXES,
 ) -> Gallery:
     """Images, folders, or one ``camkit explain`` run folder -> the gallery. A run made by
-    another model, other weights or another crop (``model``/``weights_sha``/``crop`` differ)
-    keeps its images and maps but not its predictions. A broken strategies or concepts file
-    (:class:`~camkit.errors.RunFileError`) leaves that view out and is in ``problems``; a broken
-    manifest is raised (there is no run to show). ``suffixes``: the files a folder lists
-    (:func:`camkit.serve.clips.suffixes`: videos for a video model)."""
+    another model, other weights or another crop keeps its images and maps but not its
+    predictions. A broken strategies or concepts file leaves that view out and is in
+    ``run.problems``; a broken manifest is raised. ``suffixes``: the files a folder lists."""
     check_paths(paths)
     if len(paths) == 1 and (paths[0] / MANIFEST).is_file():
         root = paths[0].resolve()
@@ -116,8 +114,7 @@ def open_gallery(
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`BindError`
-    with one line saying why."""
+    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`BindError`."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as failed:
@@ -175,27 +172,40 @@ def prepare(
     max_pixels: int | None = io.MAX_PIXELS,
     vlm: LoadedVLM | None = None,
 ) -> Prepared:
-    """Read the gallery and build the app (everything but listening), once
-    :func:`check_start` has checked the paths, the address and the token: ``token`` is its
-    answer ('' for none); ``names``: each checkpoint's name on the page
-    (:func:`checkpoint_names`); ``max_pixels``: the largest image read, a file or an upload
-    (None: any); ``vlm``: a vision-language model, for the prompt views: ``checkpoints`` is
-    then empty and the explorer shows its image side
-    (:func:`~camkit.serve.prompts.image_side`). Bad input raises a camkit error before anything
-    listens."""
-    from camkit.serve.app import create_app
-    from camkit.serve.explorer import Explorer
+    """Read the gallery and build the app, once :func:`check_start` has checked the paths, the
+    address and the token ('' for none). ``names``: each checkpoint's name on the page;
+    ``max_pixels``: the largest image read (None: any); ``vlm``: a vision-language model, whose
+    image side the explorer then shows instead of ``checkpoints``."""
     from camkit.serve.prompts import image_side
 
     if vlm is not None:
         checkpoints = {"a": image_side(vlm)}
-
     first = next(iter(checkpoints.values()))
-    crop = first.preprocess.crop_mode
     suffixes = clips.suffixes(first.clip_length)
+    crop = first.preprocess.crop_mode
     gallery = open_gallery(paths, model, sha256(weights), crop, suffixes)
     for problem in gallery.run.problems.values():
         print(f"camkit serve: warning: {problem}", file=sys.stderr)
+    app = app_for(
+        gallery, checkpoints, device, host, token or None, max_pixels, names=names, vlm=vlm
+    )
+    return Prepared(app, token, len(gallery.entries))
+
+
+def app_for(
+    gallery: Gallery,
+    checkpoints: dict[str, models.LoadedModel],
+    device: torch.device,
+    host: str,
+    token: str | None,
+    max_pixels: int | None = io.MAX_PIXELS,
+    **options: Any,
+) -> Any:
+    """The explorer of ``gallery`` and its app, predicting in the background and taking the
+    ``Host`` headers of ``host`` (``options``: :func:`~camkit.serve.app.create_app`'s)."""
+    from camkit.serve.app import create_app
+    from camkit.serve.explorer import Explorer
+
     explorer = Explorer(
         checkpoints,
         gallery.entries,
@@ -203,16 +213,34 @@ def prepare(
         device=device,
         max_pixels=max_pixels,
     )
-    app = create_app(
-        explorer,
-        token=token or None,
-        hosts=security.allowed_hosts(host),
-        background=True,
-        names=names,
-        run=gallery.run,
-        vlm=vlm,
+    hosts = security.allowed_hosts(host)
+    return create_app(
+        explorer, token=token, hosts=hosts, background=True, run=gallery.run, **options
     )
-    return Prepared(app, token, len(gallery.entries))
+
+
+def serve_in_thread(app: Any, sock: socket.socket, name: str) -> tuple[Any, threading.Thread]:
+    """uvicorn serving ``app`` on ``sock`` in a daemon thread, once started -> (server, thread)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+
+    def serve() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True, name=name)
+    thread.start()
+    deadline = time.monotonic() + START_SECONDS
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise ArgumentError("the explorer did not start (see the log above)")
+        time.sleep(0.02)
+    return server, thread
 
 
 def listen(

@@ -22,9 +22,8 @@ def configure(level: int = logging.INFO) -> None:
 
 
 def printable(text: str) -> str:
-    """``text`` with every character that is not printable (NUL, terminal escape sequences,
-    line breaks) and the backslash written as its Python escape (``\\x1b``, ``\\x00``,
-    ``\\\\``): what a web page puts in a request's path reaches the log, never the terminal."""
+    """``text`` with the backslash and every unprintable character (NUL, terminal escapes, line
+    breaks) as its Python escape: a request's path reaches the log, never the terminal."""
     return "".join(
         c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii")
         for c in text

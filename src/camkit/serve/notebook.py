@@ -1,13 +1,12 @@
-"""The explorer inside a notebook: :func:`explore` starts the same app as ``camkit serve`` in a
-background thread, on loopback with a fresh token, and the object it returns shows the page
-inline (an ``<iframe>``, Captum Insights' way) until :meth:`Exploration.stop`."""
+"""The explorer inside a notebook: :func:`explore` starts ``camkit serve``'s app in a background
+thread on loopback, and the object it returns shows the page inline (an ``<iframe>``, Captum
+Insights' way)."""
 
 from __future__ import annotations
 
 import html
 import os
 import threading
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,14 @@ from camkit.models.load import class_names
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.serve import clips, security, web_stack_missing
 from camkit.serve.gallery import Entry
-from camkit.serve.launch import Gallery, bind, open_gallery, url_of
+from camkit.serve.launch import Gallery, app_for, bind, open_gallery, serve_in_thread, url_of
 
-START_SECONDS = 30.0  # the server must listen within this
+LOOPBACK = "127.0.0.1"
 
 
 class Exploration:
-    """A running explorer: ``url`` (with its token), shown inline by a notebook
-    (``_repr_html_``: an ``<iframe>`` of ``height`` pixels); :meth:`stop` ends it (also on
-    leaving a ``with`` block)."""
+    """A running explorer at ``url`` (with its token), shown inline by a notebook (an
+    ``<iframe>`` of ``height`` pixels); :meth:`stop` or leaving a ``with`` block ends it."""
 
     def __init__(self, server: Any, thread: threading.Thread, url: str, height: int) -> None:
         self.server, self.thread, self.url, self.height = server, thread, url, height
@@ -77,9 +75,7 @@ def as_loaded(
 ) -> models.LoadedModel:
     """What :func:`explore` is given as a model -> a :class:`~camkit.models.LoadedModel`: a
     name or checkpoint through :func:`camkit.models.load`; a module with the preprocessing it
-    carries (:func:`~camkit.models.preprocess_of`, at ``input_size`` when given), its default
-    layer and ``class <i>`` names unless given; ``preprocess``: how to feed the module instead
-    (a compared checkpoint is fed as the first one)."""
+    carries (or ``preprocess``), its default layer and ``class <i>`` names unless given."""
     if isinstance(model, models.LoadedModel):
         return model
     if isinstance(model, (str, os.PathLike)):
@@ -102,22 +98,9 @@ def as_loaded(
     )
 
 
-def as_vlm(model: object) -> LoadedVLM | None:
-    """A vision-language model given to :func:`explore`: a
-    :class:`~camkit.models.vlm.LoadedVLM`, or ``"hf:FOLDER"`` loaded by
-    :func:`~camkit.models.vlm.load_vlm` (as ``camkit explain`` and ``camkit serve`` load it);
-    None for any other model."""
-    if isinstance(model, LoadedVLM):
-        return model
-    if isinstance(model, str) and model.startswith(HF_PREFIX):
-        return load_vlm(model.removeprefix(HF_PREFIX))
-    return None
-
-
 def gallery_of(images: object, suffixes: Collection[str] = io.IMAGE_SUFFIXES) -> Gallery:
     """Paths (files, folders, a ``camkit explain`` run) or pictures in memory (arrays, tensors,
-    PIL images) -> the gallery (entries, and a run folder's header, strategies, concepts and
-    broken files); ``suffixes``: the files a folder lists (a video model's: videos)."""
+    PIL images) -> the gallery; ``suffixes``: the files a folder lists."""
     if isinstance(images, (str, os.PathLike)):
         images = [images]
     if isinstance(images, (list, tuple)) and all(isinstance(i, (str, os.PathLike)) for i in images):
@@ -147,18 +130,13 @@ def explore(
     a ``camkit explain`` run folder, or pictures in memory), in a background thread on
     127.0.0.1 with a fresh token; display the result in a notebook to see it inline.
 
-    ``model``: a module (fed as it says: its timm ``pretrained_cfg`` or HuggingFace
-    ``preprocessor_config.json``, see :func:`~camkit.models.preprocess_of`, else ImageNet's
-    defaults and an :class:`~camkit.models.AssumedPreprocessWarning`; ``input_size``: another
-    input size than its own; ``layer``: its CAM layer, default: the one ``camkit layers``
-    marks), a :class:`~camkit.models.LoadedModel`, a name
-    for :func:`camkit.models.load`, or a vision-language model (``"hf:FOLDER"``, a local
-    HuggingFace folder, or a :class:`~camkit.models.vlm.LoadedVLM`): the page then has a
-    prompt box (:mod:`camkit.serve.prompts`); ``labels``: class names (a list or a labels file);
-    ``compare``: a second checkpoint of the same model, shown beside it; ``port``: 0 for a
-    free one. The model is used as it is: no mode switch, no lasting hook. A video model (a
-    :class:`~camkit.models.LoadedModel` or name with a ``clip_length``, e.g.
-    ``"torchvision:r3d_18"``) lists the folders' videos and plays each map frame by frame.
+    ``model``: a module (fed as :func:`~camkit.models.preprocess_of` says; ``input_size``:
+    another size; ``layer``: its CAM layer, default ``camkit layers``' mark), a
+    :class:`~camkit.models.LoadedModel`, a name for :func:`camkit.models.load`, or a
+    vision-language model (``"hf:FOLDER"`` or a :class:`~camkit.models.vlm.LoadedVLM`: the page
+    then has a prompt box); ``labels``: class names (a list or a file); ``compare``: a second
+    checkpoint of the same model; ``port``: 0 for a free one. The model is used as it is. A
+    video model (with a ``clip_length``) lists videos and plays maps per frame.
 
     >>> view = camkit.explore(model, "photos/")   # doctest: +SKIP
     >>> view                                      # the page, inline
@@ -167,13 +145,11 @@ def explore(
     missing = web_stack_missing()
     if missing:
         raise ArgumentError(missing)
-    import uvicorn
-
-    from camkit.serve.app import create_app
-    from camkit.serve.explorer import Explorer
     from camkit.serve.prompts import image_side
 
-    vlm = as_vlm(model)
+    vlm = model if isinstance(model, LoadedVLM) else None
+    if isinstance(model, str) and model.startswith(HF_PREFIX):  # as camkit serve loads it
+        vlm = load_vlm(model.removeprefix(HF_PREFIX))
     if vlm is not None and compare is not None:
         raise ArgumentError("compare= is for two checkpoints of a classifier, not a VLM")
     if vlm is not None:
@@ -182,40 +158,15 @@ def explore(
         first = as_loaded(model, labels=labels, input_size=input_size, layer=layer)
     checkpoints = {"a": first}
     if compare is not None:
-        other = as_loaded(
+        checkpoints["b"] = as_loaded(
             compare, labels=first.labels, input_size=None, layer=layer, preprocess=first.preprocess
         )
-        checkpoints["b"] = other
     gallery = gallery_of(images_or_run, clips.suffixes(first.clip_length))
     reference = next(first.model.parameters(), None)
     device = reference.device if reference is not None else torch.device("cpu")
-    explorer = Explorer(checkpoints, gallery.entries, device=device)
     token = security.new_token()
-    app = create_app(
-        explorer,
-        token=token,
-        hosts=security.allowed_hosts("127.0.0.1"),
-        background=True,
-        frame_ancestors=security.NOTEBOOK_FRAMES,
-        run=gallery.run,
-        vlm=vlm,
-    )
-    sock = bind("127.0.0.1", port)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-
-    def serve() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=serve, daemon=True, name="camkit-explore")
-    thread.start()
-    deadline = time.monotonic() + START_SECONDS
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise ArgumentError("the explorer did not start (see the log above)")
-        time.sleep(0.02)
-    return Exploration(server, thread, url_of("127.0.0.1", sock.getsockname()[1], token), height)
+    frames = security.NOTEBOOK_FRAMES
+    app = app_for(gallery, checkpoints, device, LOOPBACK, token, frame_ancestors=frames, vlm=vlm)
+    sock = bind(LOOPBACK, port)
+    server, thread = serve_in_thread(app, sock, "camkit-explore")
+    return Exploration(server, thread, url_of(LOOPBACK, sock.getsockname()[1], token), height)

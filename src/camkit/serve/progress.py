@@ -1,12 +1,8 @@
 """Long maps on the page: progress, cancelling, and how long a method takes on this model.
 
-A map request may name a ``job`` (an id the page makes up). While the map is computed, a
-forward pre-hook on the checkpoint's model counts the copies it scores (the rows of each
-forward pass: Score-CAM's masked inputs, Integrated Gradients' path points...); ``/api/progress``
-reads the count and ``/api/cancel`` marks the job, after which the hook raises
-:class:`Cancelled` at the model's next forward pass: the engine stops there (camkit's methods
-remove their hooks in ``finally``) and the pre-hook is removed in ``finally`` too. The model is
-not changed: the hook only reads the input's batch size.
+A map request may name a ``job`` (an id the page makes up): while the map is computed, a
+forward pre-hook counts the rows the model scores, and raises :class:`Cancelled` at the next
+forward pass once ``/api/cancel`` marked the job (:func:`watching`).
 """
 
 from __future__ import annotations
@@ -70,20 +66,16 @@ class Jobs:
 
     def _forget(self) -> None:
         """Beyond ``MAX_JOBS``: the oldest finished jobs first, then the oldest of any."""
-        extra = len(self.jobs) - MAX_JOBS
-        if extra > 0:
-            finished = [key for key, job in self.jobs.items() if job.finished]
-            others = [key for key in self.jobs if key not in set(finished)]
-            for key in (finished + others)[:extra]:
-                del self.jobs[key]
+        extra = max(0, len(self.jobs) - MAX_JOBS)
+        for key in sorted(self.jobs, key=lambda key: not self.jobs[key].finished)[:extra]:
+            del self.jobs[key]
 
     def get(self, job_id: str) -> Job | None:
         with self.lock:
             return self.jobs.get(job_id)
 
     def cancel(self, job_id: str) -> Job:
-        """Mark a job cancelled (one not started yet is created cancelled: a cancel that
-        overtakes its map request still stops it)."""
+        """Mark a job cancelled; a cancel that overtakes its map request still stops it."""
         with self.lock:
             job = self.jobs.setdefault(job_id, Job(job_id))
             job.cancelled = True
@@ -94,16 +86,14 @@ class Jobs:
 @contextlib.contextmanager
 def watching(model: nn.Module, job: Job) -> Iterator[None]:
     """Count the rows ``model`` scores into ``job`` and stop at its next forward pass once the
-    job is cancelled (:func:`camkit.core.progress.counting_rows`: the pre-hook is removed on
-    exit, also after an error)."""
+    job is cancelled (:func:`camkit.core.progress.counting_rows`)."""
 
     def seen(rows: int) -> None:
         if job.cancelled:
             raise Cancelled("cancelled: the server stopped computing this map")
         job.done += rows
 
-    if job.cancelled:
-        raise Cancelled("cancelled: the server stopped computing this map")
+    seen(0)
     try:
         with counting_rows(model, seen):
             yield
@@ -112,24 +102,18 @@ def watching(model: nn.Module, job: Job) -> Iterator[None]:
 
 
 def copies_per_image(explainer: Explainer, layer_shape: tuple | None) -> int:
-    """About how many rows of forward passes one image costs ``explainer`` (the method's own
-    answer, :meth:`~camkit.core.explainer.Explainer.forward_rows`, plus the clean pass): for
-    the progress bar and the time estimate."""
+    """About how many rows of forward passes one image costs ``explainer``: the method's own
+    :meth:`~camkit.core.explainer.Explainer.forward_rows`, plus the clean pass."""
     return explainer.forward_rows(layer_shape) + 1
 
 
 @dataclass(frozen=True)
 class Cost:
-    """What one map of a method costs on a model, by the method's own answers: ``copies``, the
-    rows of forward passes per image (:func:`copies_per_image`), and ``needs_gradients``,
-    whether it also runs backward passes."""
+    """What one map of a method costs on a model: the rows of forward passes per image
+    (:func:`copies_per_image`), and whether it also runs backward passes."""
 
     copies: int
     needs_gradients: bool
-
-    @classmethod
-    def of(cls, explainer: Explainer, layer_shape: tuple | None) -> Cost:
-        return cls(copies_per_image(explainer, layer_shape), explainer.needs_gradients)
 
     @property
     def slow(self) -> bool:
@@ -137,8 +121,7 @@ class Cost:
         return self.copies > 2
 
     def seconds(self, row_seconds: float) -> float:
-        """Roughly how long one map takes: its rows times the measured seconds of one forward
-        row, times 3 when it also runs backward passes (a backward costs about two
-        forwards)."""
+        """Roughly how long one map takes: its rows times the seconds of one forward row, times 3
+        with backward passes (a backward costs about two forwards)."""
         backward = 3 if self.needs_gradients else 1
         return self.copies * row_seconds * backward

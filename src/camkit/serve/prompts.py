@@ -1,10 +1,7 @@
 """Prompts in the explorer: a dual encoder's map of a typed prompt, a generative model's answer
-with a map per generated word and the prompt tokens' relevance to it.
-
-The model comes from a local HuggingFace folder (:func:`camkit.models.vlm.load_vlm`, the loader
-of ``camkit explain --model hf:FOLDER``). The gallery's class views see the model's image side
-(:func:`image_side`: a class is an image-feature dimension). Every call here runs on the model
-thread of :class:`~camkit.serve.batcher.MapBatcher`.
+with a map per generated word and the prompt tokens' relevance to it. The model comes from a
+local HuggingFace folder (:func:`camkit.models.vlm.load_vlm`); the gallery's class views see
+its image side (:func:`image_side`). Every call runs on the batcher's model thread.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ METHOD = "gradcam"
 
 class ImageFeatures(nn.Module):
     """A generative model's image side for the gallery's class views: the mean over the image
-    tokens of ``get_image_features`` (what the projector hands the language model), ``(B, D)``.
-    Layer names are the model's."""
+    tokens of ``get_image_features`` (what the projector hands the language model), ``(B, D)``."""
 
     wraps_model = True
 
@@ -56,9 +52,9 @@ class ImageFeatures(nn.Module):
 
 
 def image_side(loaded: LoadedVLM) -> LoadedModel:
-    """The model's image side as a :class:`~camkit.models.LoadedModel` for the explorer's
-    gallery and class views: :class:`~camkit.core.wrappers.ImageTower` of a dual encoder,
-    :class:`ImageFeatures` of a generative model; its "classes" are the feature dimensions."""
+    """The model's image side as a :class:`~camkit.models.LoadedModel` whose "classes" are the
+    feature dimensions: a dual encoder's :class:`~camkit.core.wrappers.ImageTower`, a generative
+    model's :class:`ImageFeatures`."""
     side = ImageFeatures(loaded.model) if loaded.generative else ImageTower(loaded.model)
     size = loaded.preprocess.size
     reference = next(loaded.model.parameters())
@@ -66,8 +62,7 @@ def image_side(loaded: LoadedVLM) -> LoadedModel:
         width = side(torch.zeros(1, 3, *size, dtype=reference.dtype, device=reference.device))
     labels = [f"image feature {k}" for k in range(width.shape[-1])]
     layer = default_layer(side, size)
-    name = f"hf:{loaded.folder}"
-    return LoadedModel(name, side, loaded.preprocess, labels, layer, tuple(size))
+    return LoadedModel(f"hf:{loaded.folder}", side, loaded.preprocess, labels, layer, tuple(size))
 
 
 def check_prompt(prompt: str | None) -> str:
@@ -83,9 +78,8 @@ def check_prompt(prompt: str | None) -> str:
 
 @dataclass
 class Prompts:
-    """The vision-language model of an explorer and the caches of its prompts: the
-    :class:`~camkit.targets.PromptTarget` of each prompt (the text tower runs once per prompt),
-    the maps, and the explained answers."""
+    """The vision-language model of an explorer and the caches of its prompts' targets (the
+    text tower runs once per prompt), maps and explained answers."""
 
     loaded: LoadedVLM
     explorer: Explorer
@@ -97,15 +91,10 @@ class Prompts:
         self.maps = LRU(256)
         self.answers = LRU(32)
 
-    @property
-    def kind(self) -> str:
-        """``"generative"`` or ``"dual"``."""
-        return "generative" if self.loaded.generative else "dual"
-
     def info(self) -> dict:
         """What the page needs to show the prompt box."""
         return {
-            "kind": self.kind,
+            "kind": "generative" if self.loaded.generative else "dual",
             "method": METHOD,
             "max_prompt": MAX_PROMPT_CHARS,
             "max_new_tokens": MAX_NEW_TOKENS,
@@ -123,17 +112,16 @@ class Prompts:
                 "this model generates text: it has no text tower to score a prompt against the "
                 "image; ask it the prompt (/api/answer) and click a generated word"
             )
-        key = (image, prompt)
-        heat = self.maps.get_item(key)
-        if heat is None:
-            target = self.targets.get_item(prompt)
-            if target is None:
-                target = PromptTarget(self.loaded.model, [prompt], tokenizer=self.loaded.tokenizer)
-                self.targets.put(prompt, target)
+
+        def make() -> np.ndarray:
+            model, tokenizer = self.loaded.model, self.loaded.tokenizer
+            target = self.targets.fetch(
+                prompt, lambda: PromptTarget(model, [prompt], tokenizer=tokenizer)
+            )
             maps, _ = displayed(self.cam, self._input(image), target)  # (1, 1, H, W), as the CLI
-            heat = maps[0, 0].detach().cpu().numpy()
-            self.maps.put(key, heat)
-        return heat
+            return maps[0, 0].detach().cpu().numpy()
+
+        return self.maps.fetch((image, prompt), make)
 
     def answer(self, image: int, prompt: str, max_new_tokens: int) -> Answer:
         """A generative model's explained answer to ``prompt`` about ``image`` (cached)."""
@@ -144,19 +132,17 @@ class Prompts:
             )
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise ArgumentError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
-        key = (image, prompt, max_new_tokens)
-        found = self.answers.get_item(key)
-        if found is None:
-            found = explain_answer(
+        return self.answers.fetch(
+            (image, prompt, max_new_tokens),
+            lambda: explain_answer(
                 self.loaded, self.cam, self._input(image), prompt, max_new_tokens
-            )
-            self.answers.put(key, found)
-        return found
+            ),
+        )
 
     def answer_json(self, answer: Answer) -> dict:
         """The answer for the page: the tokens, the generated ones' positions, and for each
-        generated token the colours of the tokens before it (one scale,
-        :func:`~camkit.viz.text.token_colours`) and their values."""
+        generated token the colours (:func:`~camkit.viz.text.token_colours`) and values of the
+        tokens before it."""
         relevance = answer.explanation.token_relevance[0].detach().cpu().double()
         colours = token_colours(relevance, len(answer.tokens), len(answer.positions))
         return {
@@ -177,14 +163,3 @@ class Prompts:
                 f"tokens, 0..{len(answer.positions) - 1}"
             )
         return answer.explanation.maps[0, k].detach().cpu().numpy()
-
-
-def no_text_model() -> TargetError:
-    """The error of a prompt request on a server whose model takes no prompt."""
-    return TargetError(
-        "this model has no text tower and generates no text: a prompt cannot be explained on "
-        "it; start the explorer with a vision-language model (camkit serve --model hf:FOLDER)"
-    )
-
-
-__all__ = ["MAX_PROMPT_CHARS", "ImageFeatures", "Prompts", "check_prompt", "image_side"]

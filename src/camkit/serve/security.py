@@ -1,14 +1,8 @@
-"""Every check that keeps ``camkit serve`` safe, in one place: the API token, the hosts it may
-listen on, the files it may serve (only under the given roots) and the uploads it accepts.
-
-* **Token**: a random token (``secrets.token_urlsafe``) printed in the start-up URL, as Jupyter
-  does; every ``/api/`` request carries it (``?token=`` or the ``X-Camkit-Token`` header) and it
-  is compared in constant time. Serving on a non-loopback address without one is refused.
-* **Paths**: a relative path is served only when it resolves, symlinks followed, to a file
-  under its root: ``..``, absolute paths, NUL bytes and symlinks that lead out are "not found".
-* **Uploads**: at most :data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES` each, decoded
-  by :func:`camkit.io.read_image` with the explorer's pixel limit (the one of its files, ``camkit
-  serve --max-pixels``) checked from the header before any pixel is decoded.
+"""Every check that keeps ``camkit serve`` safe, in one place: the API token (random, printed
+in the start-up URL as Jupyter does, compared in constant time; a non-loopback address without
+one is refused), the hosts it answers, the files it may serve (only under their root, symlinks
+followed) and the uploads it accepts (:data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES`,
+decoded by :func:`camkit.io.read_image` with the explorer's pixel limit).
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ NOTEBOOK_FRAMES = (
 
 def headers(frame_ancestors: str = "'self'") -> dict[str, str]:
     """Sent with every response: only this server's own scripts, styles and images; framed by
-    ``frame_ancestors`` only (default: no other site; ``X-Frame-Options`` too, for old
-    browsers); the token never leaks in a ``Referer``."""
+    ``frame_ancestors`` only (default: no other site); the token never leaks in a ``Referer``."""
     found = {
         "Content-Security-Policy": (
             "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; "
@@ -84,10 +77,10 @@ def token_matches(expected: str | None, given: str | None) -> bool:
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address or ``localhost``."""
-    if host.strip("[]") in LOOPBACK_NAMES:
-        return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return (
+            host.strip("[]") in LOOPBACK_NAMES or ipaddress.ip_address(host.strip("[]")).is_loopback
+        )
     except ValueError:
         return False
 
@@ -102,7 +95,7 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def allowed_hosts(host: str) -> list[str]:
-    """``Host`` headers accepted: the loopback names when bound to loopback (which defeats DNS
+    """``Host`` headers accepted: the loopback names when bound to loopback (against DNS
     rebinding), any otherwise (the token protects it)."""
     if is_loopback(host):
         return ["localhost", "127.0.0.1", "[::1]", "::1"]
@@ -110,8 +103,7 @@ def allowed_hosts(host: str) -> list[str]:
 
 
 def resolve_under(root: Path, relative: str) -> Path | None:
-    """The file ``root / relative`` if it is a file under ``root`` after resolving symlinks and
-    ``..``; None otherwise (absolute paths, NUL bytes, traversal, links that lead out)."""
+    """The file ``root / relative`` if it is one under ``root`` once resolved; else None."""
     if not relative or "\0" in relative or "\\" in relative:
         return None
     candidate = Path(relative)
@@ -122,17 +114,14 @@ def resolve_under(root: Path, relative: str) -> Path | None:
         resolved = (base / candidate).resolve(strict=True)
     except (OSError, RuntimeError):
         return None
-    if not resolved.is_relative_to(base) or not resolved.is_file():
-        return None
-    return resolved
+    return resolved if resolved.is_relative_to(base) and resolved.is_file() else None
 
 
 def read_upload(
     data: bytes, *, max_pixels: int | None = io.MAX_PIXELS, max_bytes: int = MAX_UPLOAD_BYTES
 ) -> np.ndarray:
     """An uploaded file's bytes -> ``HxWx3`` uint8 RGB, through camkit's image reading and its
-    limits (``max_pixels``: None for none); :class:`UploadError` (413 too large, 400
-    unreadable) otherwise."""
+    limits; :class:`UploadError` (413 too large, 400 unreadable) otherwise."""
     if len(data) > max_bytes:
         raise UploadError(f"the upload is {len(data):,} bytes, more than {max_bytes:,}", 413)
     if not data:

@@ -15,12 +15,7 @@ import torch
 
 from camkit.errors import ArgumentError
 from camkit.io import FLOAT_TOLERANCE, describe, to_rgb_uint8
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-
-from camkit.viz.colour import (  # noqa: E402
+from camkit.viz.colour import (
     DIVERGING_COLORMAP,
     OPENCV_COLORMAPS,
     SIGNED_CLIP_PERCENTILE,
@@ -32,7 +27,10 @@ from camkit.viz.colour import (  # noqa: E402
     heatmap_2d,
     signed_scale,
 )
-from camkit.viz.concepts import concept_colors, concept_image, plot_concepts  # noqa: E402
+from camkit.viz.concepts import concept_colors, concept_image, plot_concepts
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "concept_colors",
@@ -57,21 +55,14 @@ def overlay(
 ) -> np.ndarray:
     """Blend a colored heatmap onto an image -> ``HxWx3`` uint8 RGB at the image's own size.
 
-    Exactly what happens:
-
-    1. the image becomes uint8 RGB (:func:`to_rgb_uint8`);
-    2. the heatmap (2-D ``(h, w)``, any size; leading size-1 axes are dropped) is used as is when
-       its values lie in [0, 1]; otherwise it is min-max rescaled to [0, 1] (a constant map -> 0);
-    3. it is resized to the image size with bilinear interpolation (``cv2.resize``);
-    4. it is quantised to 0..255 (rounded) and colored by ``colormap``: an OpenCV name (``"jet"``,
-       ``"turbo"``, ``"inferno"``, ... case-insensitive, looked up first) or a matplotlib name;
-    5. ``out = round((1 - alpha) * image + alpha * colored)`` (``cv2.addWeighted``: float
-       arithmetic, so a level can differ by 1 from a float64 computation).
-
-    The heatmap must cover the same region as the image: for a model input made by a
-    center-cropping preprocess, overlay on the cropped image (``preprocess.resize_crop(image)``).
-    For volumes, ``depth`` picks slice ``depth`` of a ``(D, H, W)`` heatmap (and of a ``(D, H,
-    W)`` or ``(C, D, H, W)`` image).
+    The image becomes uint8 RGB (:func:`to_rgb_uint8`); the heatmap (``(h, w)``, leading size-1
+    axes dropped) is used as is when in [0, 1], else min-max rescaled (a constant map -> 0),
+    resized to the image (bilinear), quantised to 0..255 (rounded) and coloured by
+    ``colormap`` (an OpenCV name, case-insensitive, looked up first, or a matplotlib name);
+    ``out = round((1 - alpha) * image + alpha * colored)`` (``cv2.addWeighted``: a level may
+    differ by 1 from float64). The heatmap must cover the image: for a centre-cropping
+    preprocess, overlay on ``preprocess.resize_crop(image)``. ``depth``: slice ``depth`` of a
+    ``(D, H, W)`` heatmap (and of a ``(D, H, W)`` or ``(C, D, H, W)`` image).
     """
     alpha = checked_alpha(alpha)
     if depth is not None:
@@ -88,13 +79,11 @@ def overlay_on_photo(
     alpha: float = 0.5,
     colormap: str = "jet",
 ) -> np.ndarray:
-    """A map of the model's input drawn on the full photo -> ``HxWx3`` uint8 RGB.
-
-    ``region`` is where the model's input lies on the photo, ``(top, left, bottom, right)`` in
-    its pixels (:meth:`camkit.models.Preprocess.photo_region`): the map is resampled onto that
-    window (bilinear, pixel centres aligned as in :func:`overlay`), and the part of the photo
-    the model did not see (outside a centre crop) is shown dimmed, without heat. A region that
-    is the whole photo gives exactly :func:`overlay`."""
+    """A map of the model's input drawn on the full photo -> ``HxWx3`` uint8 RGB. ``region``:
+    where the input lies on the photo, ``(top, left, bottom, right)`` in its pixels
+    (:meth:`camkit.models.Preprocess.photo_region`); the map is resampled onto it (bilinear,
+    pixel centres aligned as in :func:`overlay`) and the rest of the photo shown dimmed. The
+    whole photo as ``region`` gives exactly :func:`overlay`."""
     rgb = to_rgb_uint8(photo)
     height, width = rgb.shape[:2]
     if tuple(region) == (0.0, 0.0, float(height), float(width)):
@@ -121,8 +110,7 @@ def overlay_on_photo(
 
 
 def _slice(volume: object, depth: int, spatial: int) -> object:
-    """Slice ``depth`` of the depth axis (the ``spatial``-th last axis) of a volume; a 2-D
-    picture (no depth axis) is returned as it is."""
+    """Slice ``depth`` of the ``spatial``-th last axis of a volume; a 2-D picture as it is."""
     if not isinstance(volume, np.ndarray | torch.Tensor) or volume.ndim < spatial:
         return volume
     axis = volume.ndim - spatial
@@ -148,12 +136,6 @@ def _grid_tiles(maps: object) -> np.ndarray:
     return finite_values(array, maps, "maps")
 
 
-def _min_max(array: np.ndarray, axes: tuple[int, ...] | None) -> np.ndarray:
-    low = array.min(axis=axes, keepdims=True)
-    span = array.max(axis=axes, keepdims=True) - low
-    return np.divide(array - low, span, out=np.zeros_like(array), where=span > 0)
-
-
 def feature_grid(
     maps: np.ndarray | torch.Tensor,
     ncols: int | None = None,
@@ -166,18 +148,13 @@ def feature_grid(
 ) -> np.ndarray:
     """Tile many small maps into one picture (the classic ``vis_square``) -> float in [0, 1].
 
-    ``maps``: ``(C, H, W)`` (one sample's activations or gradients), ``(1, C, H, W)``, one map
-    ``(H, W)``, or conv weights ``(out, in, kh, kw)``: with ``in == 3`` each filter is an RGB tile,
-    otherwise each tile is the filter's mean over its input channels (slice ``w[:, i]`` yourself
-    to see one input channel). Tiles are laid out row by row, ``ncols`` per row (default
-    ``ceil(sqrt(n))``) and as many rows as needed, with ``padding`` pixels of ``pad_value``
-    between tiles and in unused cells; only the first ``max_tiles`` maps are shown.
-
-    ``normalize``: ``"tile"`` min-max scales each tile on its own (RGB tiles over all 3 channels),
-    ``"all"`` scales all shown tiles together, ``"none"`` expects values already in [0, 1].
-    A constant tile becomes 0. Returns ``(rows*H + (rows-1)*padding, ncols*W + (ncols-1)*padding)``
-    and a trailing axis of 3 for RGB tiles. For 3-D feature maps ``(C, D, H, W)``, ``depth``
-    picks the slice to tile.
+    ``maps``: ``(C, H, W)``, ``(1, C, H, W)``, one map ``(H, W)``, or conv weights ``(out, in,
+    kh, kw)`` (an RGB tile per filter when ``in == 3``, else its mean over input channels).
+    Tiles go row by row, ``ncols`` per row (default ``ceil(sqrt(n))``), ``padding`` pixels of
+    ``pad_value`` between them and in unused cells; the first ``max_tiles`` maps only.
+    ``normalize``: ``"tile"`` min-max scales each tile (a constant one -> 0), ``"all"`` all
+    together, ``"none"`` expects [0, 1]. Returns ``(rows*H + (rows-1)*padding, ncols*W +
+    (ncols-1)*padding[, 3])``. ``depth``: the slice of 3-D feature maps ``(C, D, H, W)``.
     """
     if depth is not None:
         maps = _slice(maps, depth, 3)
@@ -191,11 +168,11 @@ def feature_grid(
     if not 0.0 <= pad_value <= 1.0:
         raise ArgumentError(f"expected pad_value in [0, 1], got {pad_value}")
     count = tiles.shape[0]
-    tile_axes = tuple(range(1, tiles.ndim))
-    if normalize == "tile":
-        tiles = _min_max(tiles, tile_axes)
-    elif normalize == "all":
-        tiles = _min_max(tiles, None)
+    if normalize in ("tile", "all"):
+        axes = tuple(range(1, tiles.ndim)) if normalize == "tile" else None
+        low = tiles.min(axis=axes, keepdims=True)
+        span = tiles.max(axis=axes, keepdims=True) - low
+        tiles = np.divide(tiles - low, span, out=np.zeros_like(tiles), where=span > 0)
     elif normalize == "none":
         low, high = float(tiles.min()), float(tiles.max())
         if low < 0.0 or high > 1.0:
@@ -213,8 +190,7 @@ def feature_grid(
     grid_shape = (nrows * height + (nrows - 1) * padding, ncols * width + (ncols - 1) * padding)
     grid = np.full(grid_shape + tiles.shape[3:], pad_value, dtype=np.float32)
     for index, tile in enumerate(tiles):
-        top = (index // ncols) * (height + padding)
-        left = (index % ncols) * (width + padding)
+        top, left = (index // ncols) * (height + padding), (index % ncols) * (width + padding)
         grid[top : top + height, left : left + width] = tile
     return grid
 
@@ -243,20 +219,15 @@ def plot(
     signed: bool | None = None,
     clip_percentile: float = SIGNED_CLIP_PERCENTILE,
 ) -> Figure:
-    """Three panels, image | map | overlay -> a ``matplotlib.figure.Figure`` (no pyplot involved).
+    """Three panels, image | map | overlay -> a ``matplotlib.figure.Figure`` (no pyplot).
 
-    ``heatmap_or_attr``: a 2-D map ``(H, W)`` or a per-channel attribution ``(3, H, W)``, which is
-    summed over channels. ``signed=None`` means signed when any value is negative.
-
-    * Unsigned: the map is treated as in :func:`overlay` (used as is in [0, 1], else min-max
-      rescaled) and drawn with ``colormap`` on a 0..1 scale.
-    * Signed: drawn with the diverging ``"bwr"`` colormap, centred at 0, limits ``±L`` where ``L``
-      is the ``clip_percentile`` percentile of ``|values|`` (values beyond are clipped); the
-      overlay blends ``(clip(v, -L, L) / L + 1) / 2`` in ``"bwr"``
-      (:func:`camkit.viz.colour.signed_scale`).
-
-    The middle panel shows the map at its own resolution (nearest neighbour) stretched over the
-    image; the overlay uses :func:`overlay` (bilinear). Each has a colorbar.
+    ``heatmap_or_attr``: a map ``(H, W)`` or a per-channel attribution ``(3, H, W)`` (summed
+    over channels); ``signed=None``: signed when any value is negative. Unsigned: as in
+    :func:`overlay`, drawn with ``colormap`` on 0..1. Signed: ``"bwr"`` centred at 0, limits
+    ``±L`` with ``L`` the ``clip_percentile`` percentile of ``|values|``, the overlay blending
+    ``(clip(v, -L, L) / L + 1) / 2`` (:func:`camkit.viz.colour.signed_scale`). The middle
+    panel shows the map at its own resolution (nearest neighbour), the overlay is
+    :func:`overlay`'s; each has a colorbar.
     """
     alpha = checked_alpha(alpha)
     if not 0.0 < clip_percentile <= 100.0:
@@ -277,13 +248,10 @@ def plot(
     else:
         unit = shown = heatmap_2d(values)
         low, high, cmap_name = 0.0, 1.0, colormap
-        in_range = values.min() >= -FLOAT_TOLERANCE and values.max() <= 1 + FLOAT_TOLERANCE
-        map_title = "heatmap" if in_range else "heatmap (min-max rescaled)"
-        bar_label = (
-            "heatmap (0..1)"
-            if in_range
-            else f"min-max rescaled from [{values.min():.3g}, {values.max():.3g}]"
-        )
+        map_title, bar_label = "heatmap", "heatmap (0..1)"
+        if values.min() < -FLOAT_TOLERANCE or values.max() > 1 + FLOAT_TOLERANCE:
+            map_title = "heatmap (min-max rescaled)"
+            bar_label = f"min-max rescaled from [{values.min():.3g}, {values.max():.3g}]"
     cmap = ListedColormap(colormap_lut(cmap_name) / 255.0, name=cmap_name)
     height, width = rgb.shape[:2]
 
@@ -317,12 +285,9 @@ def picture_grid(
     colormap: str | None = None,
     legend: str | None = None,
 ) -> np.ndarray:
-    """Pictures in a titled grid, one row per ``(title, [picture, ...])`` -> ``HxWx3`` uint8 RGB.
-
-    ``columns`` names the columns; every row has one picture per column (e.g. a photo and
-    its overlays, as in ``camkit demo``'s summary). ``colormap``: a colour bar of the overlays'
-    colormap (the very colours :func:`overlay` uses, map value 0 to 1) at the right;
-    ``legend``: a line of text under the grid.
+    """Pictures in a titled grid, one row per ``(title, [picture, ...])``, one picture per
+    named column -> ``HxWx3`` uint8 RGB. ``colormap``: a colour bar of the overlays' colormap
+    at the right; ``legend``: a line of text under the grid.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
@@ -335,12 +300,10 @@ def picture_grid(
     )
     axes = figure.subplots(len(rows), len(columns), squeeze=False)
     for row_axes, (title, pictures) in zip(axes, rows, strict=True):
-        for column, (ax, picture) in enumerate(zip(row_axes, pictures, strict=True)):
+        row_axes[0].set_ylabel(title, fontsize=9)
+        for ax, picture in zip(row_axes, pictures, strict=True):
             ax.imshow(picture)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if column == 0:
-                ax.set_ylabel(title, fontsize=9)
+            ax.set(xticks=[], yticks=[])
     for ax, name in zip(axes[0], columns, strict=True):
         ax.set_title(name, fontsize=10)
     if colormap is not None:

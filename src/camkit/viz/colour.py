@@ -1,6 +1,5 @@
-"""Turning maps into colours, shared by the overlays, grids and figures of :mod:`camkit.viz`:
-checked float arrays, a heatmap as a 2-D [0, 1] array, colormap lookup tables (OpenCV names
-first, then matplotlib's), colouring at a size."""
+"""Turning maps into colours for :mod:`camkit.viz`: checked float arrays, a heatmap as a 2-D
+[0, 1] array, colormap lookup tables (OpenCV names first, then matplotlib's)."""
 
 from __future__ import annotations
 
@@ -97,7 +96,7 @@ def colorize(heat: np.ndarray, size_hw: tuple[int, int], colormap: str) -> np.nd
 
 def signed_limit(values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCENTILE) -> float:
     """``L`` of a signed map's colour scale ``[-L, L]``: the ``clip_percentile`` percentile of
-    ``|values|``, their largest value when that is 0 (0 for no values or only zeros)."""
+    ``|values|``, else their largest (0 for no values or only zeros)."""
     if not values.size:
         return 0.0
     magnitude = np.abs(values)
@@ -107,11 +106,9 @@ def signed_limit(values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCEN
 def signed_scale(
     values: np.ndarray, clip_percentile: float = SIGNED_CLIP_PERCENTILE
 ) -> tuple[np.ndarray, float]:
-    """A signed map -> ``(unit, L)``: ``unit``, float32 in [0, 1] for
-    :data:`DIVERGING_COLORMAP`, is ``(clip(v, -L, L) / L + 1) / 2`` (0.5 where ``v`` is 0), with
-    ``L`` the ``clip_percentile`` percentile of ``|v|`` (their largest value when that is 0).
-    Pixel relevance is spiky; without the clipping a handful of pixels would take the whole
-    range. ``L`` is 0 for a map of zeros or of no values, and ``unit`` 0.5 everywhere when
+    """A signed map -> ``(unit, L)``: ``unit = (clip(v, -L, L) / L + 1) / 2``, float32 in [0, 1]
+    for :data:`DIVERGING_COLORMAP`, with ``L`` from :func:`signed_limit` (pixel relevance is
+    spiky: unclipped, a handful of pixels would take the whole range); 0.5 everywhere when
     ``L`` is 0 or not finite."""
     limit = signed_limit(values, clip_percentile)
     if limit == 0.0 or not math.isfinite(limit):

@@ -28,12 +28,10 @@ def concept_colors(count: int) -> Tensor:
 def concept_image(
     image: Tensor, maps: Tensor, *, colors: Tensor | None = None, image_weight: float = 0.3
 ) -> Tensor:
-    """Colour each pixel by its strongest concept, brightness its map value, over the image.
-
-    ``image (3, H, W)`` in [0, 1], ``maps (k, H, W)`` in [0, 1] -> ``(3, H, W)`` in [0, 1]:
-    ``image_weight * image + (1 - image_weight) * color_c * map_c / max(color_c)`` with ``c`` the
-    argmax concept of the pixel (pytorch-grad-cam's ``show_factorization_on_image``, which sets
-    the HSV value of the colour to the map, without its uint8 rounding).
+    """Colour each pixel by its strongest concept ``c``, brightness its map value, over the
+    image: ``image (3, H, W)``, ``maps (k, H, W)`` in [0, 1] -> ``(3, H, W)`` in [0, 1],
+    ``image_weight * image + (1 - image_weight) * color_c * map_c / max(color_c)``
+    (pytorch-grad-cam's ``show_factorization_on_image`` without its uint8 rounding).
     """
     if image.ndim != 3 or image.shape[0] != 3 or maps.ndim != 3:
         raise InputError(
@@ -63,10 +61,8 @@ def plot_concepts(
 ) -> Figure:
     """Image | coloured concept map with a legend of each concept's top classes, as
     pytorch-grad-cam's ``run_dff_on_image`` -> a ``matplotlib.figure.Figure`` (no pyplot).
-
-    ``image (3, H, W)`` in [0, 1] at the maps' size, ``concepts`` of one image (maps
-    ``(k, H, W)``); ``labels`` names the classes (legend lines ``"label:probability"``), without
-    them the legend gives the class indices.
+    ``image (3, H, W)`` in [0, 1] at the maps' size, ``concepts`` of one image; ``labels``
+    names the classes (else the legend gives their indices).
     """
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D

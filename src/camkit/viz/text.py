@@ -21,17 +21,12 @@ def token_colour(value: float, limit: float) -> str:
     return f"rgba({red}, 40, {blue}, {strength:.3f})"
 
 
-def relevance_rows(relevance: object) -> np.ndarray:
-    """``relevance`` as a float64 array (any array-like or tensor)."""
-    return float_array(relevance, "relevance", np.float64)
-
-
 def token_colours(relevance: object, tokens: int, explained: int) -> list[list[str]]:
-    """The CSS backgrounds of a ``(K, T)`` token relevance (``K = explained`` tokens, ``T =
-    tokens`` columns), one colour scale for all: ``[-L, L]`` with ``L`` the 99.5th percentile
-    of ``|relevance|`` (:func:`~camkit.viz.colour.signed_limit`), :func:`token_colour` each.
-    The token page and the explorer colour tokens through this one function."""
-    values = relevance_rows(relevance)
+    """The CSS backgrounds (:func:`token_colour`) of a ``(K, T)`` token relevance (``K =
+    explained``, ``T = tokens``) on one scale ``[-L, L]``, ``L`` the 99.5th percentile of
+    ``|relevance|`` (:func:`~camkit.viz.colour.signed_limit`): for the token page and the
+    explorer alike."""
+    values = float_array(relevance, "relevance", np.float64)
     if values.ndim != 2 or values.shape != (explained, tokens):
         raise ArgumentError(
             f"relevance must be ({explained}, {tokens}): one row per explained token, "
@@ -44,20 +39,16 @@ def token_colours(relevance: object, tokens: int, explained: int) -> list[list[s
 def token_html(
     tokens: Sequence[str], answer: Sequence[int], relevance: object, title: str = ""
 ) -> str:
-    """An HTML page: for each explained token (``answer``: their positions in ``tokens``), a
-    line with the tokens before it coloured by their relevance to it and the token itself
-    underlined.
-
-    ``tokens``: the sequence's tokens as text (prompt and answer); ``relevance``: ``(K, T)``
-    for ``K = len(answer)`` explained tokens, e.g.
-    :attr:`camkit.methods.cam.generation.TokenExplanation.token_relevance` of one image. One colour
-    scale for the page: ``[-L, L]`` with ``L`` the 99.5th percentile of ``|relevance|``
-    (:func:`~camkit.viz.colour.signed_limit`), red positive, blue negative; each token's value
-    is in its ``title``.
+    """An HTML page: for each explained token (``answer``: their positions in ``tokens``, the
+    sequence's tokens as text), a line with the tokens before it coloured by their relevance to
+    it (:func:`token_colours`; red positive, blue negative; each value in its ``title``) and
+    the token itself underlined. ``relevance``: ``(K, T)`` for ``K = len(answer)``, e.g.
+    :attr:`camkit.methods.cam.generation.TokenExplanation.token_relevance` of one image.
     """
     colours = token_colours(relevance, len(tokens), len(answer))
+    values = float_array(relevance, "relevance", np.float64)
     lines = []
-    for row, shades, position in zip(relevance_rows(relevance), colours, answer, strict=True):
+    for row, shades, position in zip(values, colours, answer, strict=True):
         spans = [
             f'<span class="t" style="background:{shade}" '
             f'title="{value:.4g}">{html.escape(token)}</span>'

@@ -15,16 +15,15 @@ import torch
 from matplotlib.figure import Figure
 
 from camkit.errors import ArgumentError, InputError
-from camkit.io import video
+from camkit.io import as_numpy, video
 from camkit.viz import overlay_on_photo
 
 Heat = TypeVar("Heat", np.ndarray, torch.Tensor)
 
 
 def clip_scale(heat: np.ndarray) -> np.ndarray:
-    """A clip's heat ``(T, h, w)`` on one scale in [0, 1]: as it is when it lies in [0, 1] (a
-    method's display heat), else min-max rescaled over the whole clip (zeros when flat), so
-    that one frame drawn alone looks as it does among the others."""
+    """A clip's heat ``(T, h, w)`` on one scale in [0, 1]: as it is when in [0, 1], else min-max
+    rescaled over the whole clip (zeros when flat), so a frame alone looks as among the others."""
     low, high = float(heat.min()), float(heat.max())
     if low < 0 or high > 1:
         return (heat - low) / (high - low) if high > low else np.zeros_like(heat)
@@ -33,8 +32,8 @@ def clip_scale(heat: np.ndarray) -> np.ndarray:
 
 def frame_heat(covering: list[tuple[int, Heat]], t: int) -> Heat:
     """Frame ``t``'s heat ``(..., H, W)`` in a video explained window by window: the mean of
-    the windows that hold it, ``covering`` their ``(start, heat (..., L, H, W))`` (numpy or
-    torch, float32). The one rule of ``camkit explain``'s animations and the explorer's."""
+    the windows that hold it, ``covering`` their ``(start, heat (..., L, H, W))``; the one rule
+    of ``camkit explain``'s animations and the explorer's."""
     parts = [heat[..., t - start, :, :] for start, heat in covering]
     if not parts:
         raise InputError(f"no window holds frame {t}")
@@ -50,12 +49,9 @@ def overlay_frames(
 ) -> np.ndarray:
     """Frames ``(T, H, W, 3)`` uint8 and their heat ``(T, h, w)`` -> ``(T, H, W, 3)`` uint8:
     :func:`camkit.viz.overlay_on_photo` frame by frame (``region``: where the model's input
-    lies on a frame, :meth:`camkit.models.Preprocess.photo_region`; None: the whole frame).
-    The heat is one scale for the whole clip: values in [0, 1] (a method's display heat) are
-    coloured as they are; otherwise the clip's heat is min-max rescaled once (never frame by
-    frame, which would make a quiet frame look hot)."""
-    heat = heat.detach().float().cpu().numpy() if isinstance(heat, torch.Tensor) else heat
-    heat = np.asarray(heat, dtype=np.float32)
+    lies on a frame; None: all of it), on one scale for the clip (:func:`clip_scale`; never
+    frame by frame, which would make a quiet frame look hot)."""
+    heat = np.asarray(as_numpy(heat), dtype=np.float32)
     if heat.ndim != 3 or len(heat) != len(frames):
         raise InputError(
             f"expected one heat map per frame, (T, h, w) with T = {len(frames)}, got {heat.shape}"
@@ -72,9 +68,8 @@ def overlay_frames(
 
 @dataclass(frozen=True)
 class Animation:
-    """A clip's overlay, frame by frame (``frames (T, H, W, 3)`` uint8 RGB at ``fps``), that a
-    notebook plays where it is the cell's value (``_repr_html_``: an inline looping GIF, the
-    one ``camkit explain`` writes) and that :meth:`save` writes as MP4 or GIF."""
+    """A clip's overlay (``frames (T, H, W, 3)`` uint8 RGB at ``fps``) that a notebook plays
+    as an inline looping GIF and :meth:`save` writes as MP4 or GIF."""
 
     frames: np.ndarray
     fps: float
@@ -98,9 +93,9 @@ def animate(
     fps: float = video.DEFAULT_FPS,
     **overlay: Any,
 ) -> Animation:
-    """Frames ``(T, H, W, 3)`` uint8 and their heat ``(T, h, w)`` (a method's map of a clip) ->
-    the :class:`Animation` of their overlay (:func:`overlay_frames`, which takes ``overlay``'s
-    ``alpha``, ``colormap`` and ``region``), for a notebook cell or a file."""
+    """Frames ``(T, H, W, 3)`` uint8 and their heat ``(T, h, w)`` -> the :class:`Animation` of
+    their overlay (:func:`overlay_frames`, which takes ``overlay``'s ``alpha``, ``colormap``
+    and ``region``)."""
     return Animation(overlay_frames(frames, heat, **overlay), float(fps))
 
 
@@ -111,9 +106,8 @@ def importance_plot(
     drop: np.ndarray | torch.Tensor | None = None,
     title: str | None = None,
 ) -> bytes:
-    """The per-frame importance (the map's mass per frame,
-    :func:`camkit.metrics.frame_importance`) as a PNG: one step per frame, time in seconds on a
-    second axis; ``drop`` (:func:`camkit.metrics.frame_drop`) drawn as a line when given."""
+    """The per-frame importance (:func:`camkit.metrics.frame_importance`) as a PNG: a step per
+    frame, seconds on a second axis; ``drop`` (:func:`camkit.metrics.frame_drop`) as a line."""
     values = np.asarray(torch.as_tensor(importance).float().cpu())
     figure = Figure(figsize=(6.4, 2.8), layout="constrained")
     axes = figure.subplots()

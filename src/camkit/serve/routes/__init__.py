@@ -1,10 +1,5 @@
-"""The routes of :mod:`camkit.serve.app`, by concern: the page and ``/api/info``
-(:mod:`~camkit.serve.routes.page`), the gallery and one image
-(:mod:`~camkit.serve.routes.images`), the maps (:mod:`~camkit.serve.routes.maps`), the concept
-views (:mod:`~camkit.serve.routes.concepts`), the prompts of a vision-language model
-(:mod:`~camkit.serve.routes.prompts`), uploads
-(:mod:`~camkit.serve.routes.uploads`) and the run's files (:mod:`~camkit.serve.routes.run`);
-what they share is :class:`~camkit.serve.routes.state.ServerState`."""
+"""The routes of :mod:`camkit.serve.app`, a module per concern; what they share is
+:class:`~camkit.serve.routes.state.ServerState`."""
 
 from __future__ import annotations
 
@@ -15,16 +10,9 @@ from camkit.serve.routes.state import ServerState
 
 
 def all_routes(state: ServerState) -> list[Route]:
-    """Every route of the app, in the order the module docstring of the app lists them."""
-    return [
-        *page.routes(state),
-        *images.routes(state),
-        *maps.routes(state),
-        *prompts.routes(state),
-        *concepts.routes(state),
-        *uploads.routes(state),
-        *run.routes(state),
-    ]
+    """Every route of the app, in the order the app's docstring lists them."""
+    modules = (page, images, maps, prompts, concepts, uploads, run)
+    return [route for module in modules for route in module.routes(state)]
 
 
 __all__ = ["ServerState", "all_routes"]

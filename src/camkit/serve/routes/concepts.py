@@ -1,13 +1,9 @@
-"""The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts`` (the top concepts of an
-image for a class, in the whole image, a clicked cell or a dragged box), ``/api/concept-map``
-(a concept's conditional heatmap, PNG, in the same region), ``/api/feature`` (a channel's
-feature visualisation, PNG, computed on demand) and ``/api/cluster-concepts`` (the concepts
-that dominate a strategies cluster). Every computation runs on the batcher's model thread."""
+"""The concept views (:mod:`camkit.serve.concepts`): ``/api/concepts``, ``/api/concept-map``,
+``/api/feature`` and ``/api/cluster-concepts``."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,8 +29,7 @@ CLUSTER = ("method", "class", "cluster", "layer", "checkpoint", "k")
 
 
 def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
-    """Numbers given as separate parameters (``x``, ``y``) or one comma list (``box``); None
-    when none is given."""
+    """Numbers given as parameters (``x``, ``y``) or a comma list (``box``); None for none."""
     texts = [query.text(name) for name in names]
     if len(names) == 1 and texts[0] is not None:
         texts = texts[0].split(",")
@@ -44,13 +39,10 @@ def fractions(query: Query, names: tuple[str, ...]) -> tuple[float, ...] | None:
         return None
     if any(text is None for text in texts):
         raise ArgumentError(f"give {' and '.join(names)} together (fractions in [0, 1])")
-    try:
-        values = tuple(float(text) for text in texts)
+    try:  # region_of checks that they are finite fractions
+        return tuple(float(text) for text in texts)
     except ValueError:
         raise ArgumentError(f"{', '.join(names)} must be numbers, got {texts}") from None
-    if not all(math.isfinite(v) for v in values):
-        raise ArgumentError(f"{', '.join(names)} must be finite numbers, got {texts}")
-    return values
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -76,9 +68,7 @@ def routes(state: ServerState) -> list[Route]:
         channel, alpha = query.integer("channel"), query.number("alpha", 0.5)
         region = region_in(query, layer)
         heat = await batcher.run(views.heatmap, checkpoint, layer, image, target, channel, region)
-        view = await asyncio.to_thread(explorer.model_view, image)
-        data = await asyncio.to_thread(concept_png, view, heat, alpha)
-        return Response(data, media_type="image/png")
+        return await state.drawn(image, concept_png, heat, alpha)
 
     async def feature(request: Request) -> Response:
         query = Query(request, FEATURE)
@@ -103,13 +93,9 @@ def routes(state: ServerState) -> list[Route]:
         checkpoint = state.checkpoint_of(query)
         method, target = query.text("method"), query.integer("class")
         cluster_id, k = query.integer("cluster"), check_k(query.integer("k", 5))
+        groups = state.run.strategies["groups"]
         group = next(
-            (
-                g
-                for g in state.run.strategies["groups"]
-                if g.get("method") == method and g.get("class") == target
-            ),
-            None,
+            (g for g in groups if (g.get("method"), g.get("class")) == (method, target)), None
         )
         if group is None:
             raise ArgumentError(f"the run has no strategies for method {method!r}, class {target}")

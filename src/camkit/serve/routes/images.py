@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from camkit import io, models
 from camkit.serve import clips
-from camkit.serve.gallery import ORDERS, select
+from camkit.serve.gallery import ORDERS, Prediction, select
 from camkit.serve.http import Query
 from camkit.serve.routes.state import ServerState
 
@@ -22,13 +22,16 @@ DISAGREEMENT = {"confidence-moved": "confidence_moved", "map-moved": "map_moved"
 USER_ORDERS = tuple(order for order in ORDERS if order != "ranking")
 
 
+def as_rows(prediction: Prediction) -> list[dict]:
+    return [{"index": c, "label": label, "probability": p} for c, label, p in prediction]
+
+
 def routes(state: ServerState) -> list[Route]:
     """The gallery's pages, thumbnails, the model's view of a photo and an image's classes."""
     explorer, batcher = state.explorer, state.batcher
 
     def top(index: int, checkpoint: str) -> list[dict]:
-        prediction = explorer.predictions[checkpoint].get(index)
-        return [{"index": c, "label": label, "probability": p} for c, label, p in prediction or []]
+        return as_rows(explorer.predictions[checkpoint].get(index) or [])
 
     def item(index: int, checkpoint: str) -> dict:
         entry = explorer.entries[index]
@@ -90,16 +93,14 @@ def routes(state: ServerState) -> list[Route]:
 
     async def photo(request: Request) -> Response:
         Query(request, ())
-        image = state.image_of(request.path_params["id"])
-        view = await asyncio.to_thread(explorer.model_view, image)
-        return Response(await asyncio.to_thread(io.encode_image, view), media_type="image/png")
+        return await state.drawn(state.image_of(request.path_params["id"]), io.encode_image)
 
     async def image_info(request: Request) -> Response:
         query = Query(request, ("checkpoint", "k"))
         checkpoint = state.checkpoint_of(query)
         image = state.image_of(request.path_params["id"])
         k = min(20, max(1, query.integer("k", 5)))
-        probabilities = await batcher.run(explorer.probabilities, image, checkpoint)
+        probabilities = (await batcher.run(explorer.probabilities_of, [image], checkpoint))[0]
         top = models.top_classes(probabilities, explorer.labels, k)
         entry = explorer.entries[image]
         photo = clips.shown_frame(await asyncio.to_thread(explorer.photo, image))
@@ -110,7 +111,7 @@ def routes(state: ServerState) -> list[Route]:
                 "truth": entry.truth,
                 "size": [int(photo.shape[1]), int(photo.shape[0])],
                 "checkpoint": checkpoint,
-                "top": [{"index": c, "label": label, "probability": p} for c, label, p in top],
+                "top": as_rows(top),
                 "probabilities": [round(p, 6) for p in probabilities.tolist()],
                 "run_maps": entry.run_maps if state.run.root is not None else [],
             }

@@ -1,11 +1,7 @@
-"""The maps: ``/api/map`` (PNG overlay or ``.npy``), ``/api/difference`` (two checkpoints),
-``/api/depth``, ``/api/curve``, and a long map's ``/api/progress`` and ``/api/cancel``; a
-video's map ``(N, H, W)``, over all its frames, is shown one frame at a time
-(``/api/map?frame=t``), and ``/api/frames`` gives its per-frame importance and the windows it
-was explained in (:mod:`camkit.serve.clips`).
-
-A map whose method measured something of it (LRP: its conservation record) comes with it as
-JSON in the ``X-Camkit-Measured`` header."""
+"""The maps: ``/api/map`` (PNG overlay, a video's one frame at a time, or ``.npy``; what the
+method measured of it, LRP's conservation, as JSON in ``X-Camkit-Measured``),
+``/api/difference``, ``/api/depth``, ``/api/curve``, ``/api/frames`` (a video's per-frame
+importance and windows), ``/api/progress`` and ``/api/cancel``."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from camkit import registry
 from camkit.errors import ArgumentError
 from camkit.io import video
 from camkit.serve import clips
-from camkit.serve.compare import difference, difference_for_display
 from camkit.serve.explorer import npy_bytes, overlay_png
 from camkit.serve.http import Query, safe_name
 from camkit.serve.progress import copies_per_image, watching
@@ -33,8 +28,7 @@ SHOWN = ("alpha", "colormap", "format", "frame")
 
 
 def routes(state: ServerState) -> list[Route]:
-    """One map, the difference of two checkpoints' maps, the depth strip, the curves, and the
-    progress and cancelling of a long map; all through the batcher."""
+    """The map routes, all through the batcher."""
     explorer, batcher = state.explorer, state.batcher
 
     async def heat_of(query: Query) -> tuple[np.ndarray, tuple]:
@@ -81,9 +75,7 @@ def routes(state: ServerState) -> list[Route]:
             data = await asyncio.to_thread(clips.frame_overlay, *drawing)
             response = Response(data, media_type="image/png")
         else:
-            view = await asyncio.to_thread(explorer.model_view, image)
-            data = await asyncio.to_thread(overlay_png, view, heat, alpha, colormap)
-            response = Response(data, media_type="image/png")
+            response = await state.drawn(image, overlay_png, heat, alpha, colormap)
         if measured is not None:
             response.headers["X-Camkit-Measured"] = json.dumps(measured, separators=(",", ":"))
         return response
@@ -99,13 +91,12 @@ def routes(state: ServerState) -> list[Route]:
             next(iter((await batcher.maps(c, method, layers, image, target, composite)).values()))
             for c in (first, second)
         ]
-        diff = difference(*heats)
+        diff = heats[0].astype(np.float32) - heats[1].astype(np.float32)  # (H, W) in [-1, 1]
         if shown == "npy":
             return download(npy_bytes(diff), image, f"{method}_{target}_difference", ".npy")
-        view = await asyncio.to_thread(explorer.model_view, image)
-        shown_heat = difference_for_display(diff)  # red: the first looks more; blue: the second
-        data = await asyncio.to_thread(overlay_png, view, shown_heat, alpha, DIVERGING_COLORMAP)
-        return Response(data, media_type="image/png")
+        # 0.5 where the maps agree, 1 (red) where only the first looks, 0 (blue) only the second
+        shown_heat = np.clip((diff + 1.0) / 2.0, 0.0, 1.0)
+        return await state.drawn(image, overlay_png, shown_heat, alpha, DIVERGING_COLORMAP)
 
     async def depth(request: Request) -> Response:
         query = Query(request, MAP + SHOWN)  # the page sends its display settings with each

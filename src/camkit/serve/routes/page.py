@@ -12,7 +12,7 @@ from camkit import registry
 from camkit.errors import CamkitError
 from camkit.relevance.composites import COMPOSITES
 from camkit.serve.http import NO_STORE, Query, error
-from camkit.serve.progress import Cost
+from camkit.serve.progress import Cost, copies_per_image
 from camkit.serve.routes.state import ServerState
 
 STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
@@ -27,11 +27,8 @@ def routes(state: ServerState) -> list[Route]:
     """``/``, ``/static/{name}`` and ``/api/info``."""
     explorer, checkpoints = state.explorer, state.checkpoints
 
-    async def page(request: Request) -> Response:
-        return Response(_static("index.html"), media_type="text/html", headers=NO_STORE)
-
-    async def static(request: Request) -> Response:
-        name = request.path_params["name"]
+    async def static(request: Request) -> Response:  # "/": the page
+        name = request.path_params.get("name", "index.html")
         if name not in STATIC:
             return error("not found", 404)
         return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
@@ -39,10 +36,8 @@ def routes(state: ServerState) -> list[Route]:
     costs: dict[str, Cost | None] = {}  # the same for the server's life: measured once
 
     def cost(name: str, entry: registry.Method) -> Cost | None:
-        """What a map of the method costs at the default layer: the method's own answers
-        (``forward_rows``, ``needs_gradients``), asked once of a fresh instance built as the
-        maps are (the explorer's cache of explainers is kept for the maps); None when it needs
-        more than the default layer (RefineCAM)."""
+        """What a map of the method costs at the default layer, asked once of a fresh instance
+        built as the maps are; None when it needs more than the default layer (RefineCAM)."""
         if name not in costs:
             layer = explorer.default_layer if entry.needs_layer else None
             model = explorer.checkpoints[checkpoints[0]].model
@@ -51,7 +46,8 @@ def routes(state: ServerState) -> list[Route]:
             except CamkitError:
                 costs[name] = None
             else:
-                costs[name] = Cost.of(explainer, explorer.layer_shapes.get(explorer.default_layer))
+                shape = explorer.layer_shapes.get(explorer.default_layer)
+                costs[name] = Cost(copies_per_image(explainer, shape), explainer.needs_gradients)
         return costs[name]
 
     async def info(request: Request) -> Response:
@@ -103,4 +99,4 @@ def routes(state: ServerState) -> list[Route]:
             }
         )
 
-    return [Route("/", page), Route("/static/{name}", static), Route("/api/info", info)]
+    return [Route("/", static), Route("/static/{name}", static), Route("/api/info", info)]

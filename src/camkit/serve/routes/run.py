@@ -25,12 +25,9 @@ def routes(state: ServerState) -> list[Route]:
         return JSONResponse(state.run.strategies)
 
     async def run_file(request: Request) -> Response:
-        if state.run.root is None:
-            return error("not found", 404)
-        found = security.resolve_under(state.run.root, request.path_params["path"])
-        if found is None:
-            return error("not found", 404)
-        return FileResponse(found)
+        root, relative = state.run.root, request.path_params["path"]
+        found = None if root is None else security.resolve_under(root, relative)
+        return error("not found", 404) if found is None else FileResponse(found)
 
     return [
         Route("/api/strategies", strategies_view),

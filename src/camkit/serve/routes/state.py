@@ -3,8 +3,12 @@ that name a checkpoint, an image or a map."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+from starlette.responses import Response
 
 from camkit.errors import ArgumentError
 from camkit.serve.batcher import MapBatcher
@@ -19,10 +23,8 @@ from camkit.serve.prompts import Prompts
 
 @dataclasses.dataclass
 class ServerState:
-    """One app's explorer and batcher; ``run``: the ``camkit explain`` run it shows;
-    ``names``: each checkpoint's name for the page (its file); ``uploads``: how many it holds;
-    ``comparison``: with two checkpoints; ``views``: the concept views; ``prompts``: the
-    vision-language model's prompt views (None: the model takes no prompt)."""
+    """One app's explorer, batcher, the run it shows, each checkpoint's name on the page, its
+    uploads' count, comparison (two checkpoints), concept and prompt views (None: no prompt)."""
 
     explorer: Explorer
     batcher: MapBatcher
@@ -65,8 +67,7 @@ class ServerState:
         return image
 
     def image_request(self, query: Query) -> tuple[str, str, int, int]:
-        """checkpoint, layer, image and class of a request about one image (a map, its
-        concepts)."""
+        """checkpoint, layer, image and class of a request about one image."""
         explorer = self.explorer
         checkpoint = self.checkpoint_of(query)
         layer = explorer.check_layer(query.text("layer", explorer.default_layer))
@@ -75,18 +76,20 @@ class ServerState:
         return checkpoint, layer, image, target
 
     def map_request(self, query: Query) -> tuple[str, str, tuple[str, ...], int, int, str | None]:
-        """checkpoint, method, (layer,), image, class and LRP composite (None for a method that
-        takes none) of a map request (the method checked after the checkpoint, before the
-        rest)."""
+        """checkpoint, method, (layer,), image, class and LRP composite of a map request."""
         self.checkpoint_of(query)
         method = self.explorer.check_method(query.text("method", "gradcam"))
         checkpoint, layer, image, target = self.image_request(query)
         composite = self.explorer.check_composite(method, query.text("composite"))
         return checkpoint, method, (layer,), image, target, composite
 
+    async def drawn(self, image: int, draw: Callable[..., bytes], *args: Any) -> Response:
+        """The PNG ``draw(model view of image, *args)`` makes, both off the event loop."""
+        view = await asyncio.to_thread(self.explorer.model_view, image)
+        return Response(await asyncio.to_thread(draw, view, *args), media_type="image/png")
+
     def run_layer(self, method: str, images: list[int]) -> str:
-        """The layer the run explained ``images`` with ``method`` at (its manifest's records),
-        else the model's default layer."""
+        """The layer the run explained ``images`` with ``method`` at, else the default layer."""
         for image in images:
             for record in self.explorer.entry(image).run_maps:
                 if record.get("method") == method and record.get("layer"):

@@ -15,8 +15,7 @@ from camkit.serve.routes.state import ServerState
 
 
 def routes(state: ServerState) -> list[Route]:
-    """The upload route: at most ``MAX_UPLOADS`` per server, ``MAX_UPLOAD_BYTES`` each, the
-    explorer's ``max_pixels`` (as its files)."""
+    """The upload route, within :mod:`camkit.serve.security`'s limits."""
 
     async def upload(request: Request) -> Response:
         Query(request, ("name",))
