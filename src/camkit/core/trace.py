@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,10 +43,8 @@ class _Call:
 
     @property
     def unreadable(self) -> str | None:
-        """Why a CAM cannot read this call's output (None: it can): skipped, or not a ``(B, C,
-        h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N, C)``
-        tokens. The one rule of the CLI's ``--layer`` check, ``camkit layers`` and the
-        explorer's layer menu."""
+        """Why a CAM cannot read this call's output (None: it can): the one rule of the CLI's
+        ``--layer`` check, ``camkit layers`` and the explorer's layer menu."""
         if self.skip is not None:
             return self.skip
         shape = tuple(self.shape)
@@ -62,15 +61,11 @@ def trace(
 ) -> tuple[list[_Call], object]:
     """Run the model (eval mode, no grad) on two inputs: every module call, and the output.
 
-    The two inputs are ``example``'s first sample and a noisy copy of it (``example``: an input
-    as the model takes it, batch axis first: a tensor of any shape and dtype, a tuple of
-    positional inputs or a dict of keyword inputs); without one, random noise of
-    ``input_size`` with the channels of the model's first convolution. Each call records why it
-    cannot be a layer to explain (``skip``): an output that is not a tensor, a first axis that
-    is not the batch's, an output the same for both inputs (it does not depend on the input:
-    a position embedding), the model's own output, or a module called at several shapes (a head
-    shared by pyramid levels). Shapes are given for the example's batch (one sample by default).
-    The model's train/eval flags are restored and every hook removed, even on error.
+    The inputs: ``example``'s first sample (a tensor, a tuple of positional inputs or a dict of
+    keyword inputs, batch first; default: noise of ``input_size``) and a noisy copy. Each call
+    records why it cannot be a layer to explain (``skip``: not a tensor, a first axis that is
+    not the batch's, the same output for both inputs, the model's output, several calls).
+    Shapes are given for the example's batch. Modes and hooks are restored, even on error.
     """
     if example is None:
         example = default_example(model, input_size)
@@ -173,10 +168,9 @@ def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: obj
 
 
 def _skip_shared_heads(calls: list[_Call]) -> None:
-    counts: dict[str, int] = {}
+    counts = Counter(call.name for call in calls)
     shapes: dict[str, set[tuple[int, ...]]] = {}
     for call in calls:
-        counts[call.name] = counts.get(call.name, 0) + 1
         shapes.setdefault(call.name, set()).add(call.shape)
     for call in calls:
         if call.skip is None and counts[call.name] > 1:
@@ -190,14 +184,9 @@ def _skip_shared_heads(calls: list[_Call]) -> None:
 def layer_shapes(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
-    """``(name, type name, output shape)`` for every module call, in the order the calls start.
-
-    Traces ``example`` (an input as the model takes it: any shape, dtype, a tuple or a dict; see
-    :func:`trace`) or random noise of ``input_size`` (eval mode, no grad; the model's modes are
-    restored). A module called twice appears twice. For a non-tensor output (tuple, dict) the
-    shape is that of its first tensor, or ``()`` when it holds none. The model itself is not
-    listed. :func:`skipped_layers` says which layers cannot be explained, and why.
-    """
+    """``(name, type name, output shape)`` for every module call (the model itself not), in
+    the order the calls start, from :func:`trace`. A non-tensor output gives its first tensor's
+    shape, or ``()``."""
     calls = _ordered_calls(model, input_size, example)
     return [(call.name, call.type_name, call.shape) for call in calls]
 
@@ -205,10 +194,8 @@ def layer_shapes(
 def skipped_layers(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> dict[str, str]:
-    """``{layer name: why it cannot be explained}`` for the layers :func:`default_layer` never
-    picks and whose maps camkit refuses or would not mean anything: non-tensor outputs, a first
-    axis that is not the batch (detection proposals, frames), outputs that do not depend on the
-    input (position embeddings), the model's own output, heads shared by pyramid levels."""
+    """``{layer name: why it cannot be explained}`` for the layers whose :func:`trace` call
+    is skipped."""
     calls = trace(model, input_size, example=example)[0]
     return {call.name: call.skip for call in calls if call.skip is not None}
 
@@ -217,10 +204,9 @@ def map_layers(
     model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> dict[str, str | None]:
     """``{layer name: None if a CAM can read it, else why not}`` for every called layer, in the
-    order the calls start: the one answer the CLI's ``--layer`` check, the explorer's layer
-    menu and ``camkit layers`` give. Readable: not skipped (:func:`skipped_layers`) and a
-    ``(B, C, h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N,
-    C)`` tokens."""
+    order the calls start: the one answer of the CLI's ``--layer`` check, the explorer's layer
+    menu and ``camkit layers``. Readable: not skipped, and a ``(B, C, h, w)`` map of more than
+    one position, a ``(B, C, d, h, w)`` volume or ``(B, N, C)`` tokens."""
     return readable_layers(trace(model, input_size, example=example)[0])
 
 
@@ -249,29 +235,17 @@ def default_layer(
 ) -> str:
     """The dotted name of the layer to explain by default.
 
-    A generative vision-language model gets the vision features its projector reads
-    (:func:`~camkit.core.architecture.vision_feature_layer`: LLaVA's ``vision_feature_layer``).
-    A transformer (ViT, DeiT, Swin: :func:`~camkit.core.architecture.default_token_layer`) gets the
-    first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
-    ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
-    a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: trace
-    ``example`` (or noise of ``input_size`` shaped for the model's first convolution, see
-    :func:`trace`) and, among the modules whose output is a tensor with as many axes as the
-    input, more than one spatial position, spatial axes that are the input's divided by a common
-    stride (channels first or last: a box decoder's ``(B, 1, 4, anchors)``, ultralytics' DFL, is
-    not a map), a first axis that follows the batch and values that depend on the input, take
-    the one that *finishes* last. Global pooling (1x1), the classifier,
-    detection heads (proposal rows), position embeddings and the model's own output are
-    thereby excluded; when a container and its last child return the same map the container
-    finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
-    A model made of a ``backbone`` or ``features`` and a ``classifier`` head (torchvision
-    DeepLabV3, LR-ASPP, FCN, SqueezeNet) gets its backbone's last stage, an ultralytics detector
-    the last layer before its ``Detect`` head: the head's layers compute logits or box sides, and
-    which of them finishes last must not depend on the weights.
-    Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
-    channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
-    map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
-    embedding).
+    A generative vision-language model: the vision features its projector reads
+    (:func:`~camkit.core.architecture.vision_feature_layer`). A transformer: the first
+    normalisation of its last block (:func:`~camkit.core.architecture.default_token_layer`).
+    Otherwise, of the :func:`trace` calls not skipped, not pass-through (``nn.Identity``,
+    dropout), with as many axes as the input, more than one position and spatial axes that are
+    the input's divided by a common stride (a box decoder's ``(B, 1, 4, anchors)`` is no map),
+    the one that *finishes* last (a container beats its last child: ``"layer4"`` for a
+    ResNet). A ``backbone`` / ``features`` + ``classifier`` model (DeepLabV3, SqueezeNet) or an
+    ultralytics detector is searched before its head only: which head layer finishes last
+    depends on the weights. Raises :class:`~camkit.errors.LayerOutputError` when no module
+    gives such a map, and warns when later layers work on token sequences.
     """
     calls, _ = trace(model, input_size, example=example)
     return last_spatial_map(calls, model, input_size, example=example)
@@ -286,19 +260,15 @@ def _input_shape(model: nn.Module, input_size: object, example: Example | None) 
 
 
 def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
-    """Whether an output's spatial axes, channels first or last, are the input's divided by a
-    common stride (a box decoder's ``(B, 1, 4, anchors)`` is not a map of the image)."""
+    """Whether an output's spatial axes, channels first or last, fit the input's size."""
     return fits_input(shape[2:], size) or fits_input(shape[1:-1], size)
 
 
 def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
     """Which layers may be the default of a model whose head is known by its structure, else
-    None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
-    the backbone's layers; torchvision classifiers made of ``features`` + ``classifier`` (VGG,
-    MobileNet, SqueezeNet, whose classifier is a convolution making class maps): the features;
-    ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
-    ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
-    on the weights and the head's layers compute logits or box sides, not features."""
+    None: the ``backbone`` / ``features`` of one with a ``classifier`` (torchvision DeepLabV3,
+    LR-ASPP, FCN, VGG, SqueezeNet), the layers before an ultralytics ``Detect`` head (its
+    ``dfl`` box decoder)."""
     children = dict(model.named_children())
     for body in ("backbone", "features"):
         if body in children and "classifier" in children:
