@@ -100,6 +100,11 @@ def _token_attributes(model: nn.Module, attributes: Sequence[str]) -> tuple[int,
     return None
 
 
+def first_conv(model: nn.Module) -> nn.Module | None:
+    """The model's first convolution (in registration order), or None."""
+    return next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+
+
 def patch_size(model: nn.Module | None) -> tuple[int, int] | None:
     """The patch size ``(ph, pw)``: timm ``patch_embed.patch_size``, torchvision ``patch_size``,
     HuggingFace ``config.patch_size`` (or any submodule's ``patch_size``), else None."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from camkit.core.architecture import patch_rows
+from camkit.core.architecture import first_conv, patch_rows
 from camkit.errors import ArgumentError
 
 
@@ -53,7 +53,7 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
     dtype = reference.dtype if reference.is_floating_point() else torch.float32
-    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    conv = first_conv(model)
     dims = len(conv.kernel_size) if conv is not None else 2
     channels = conv.in_channels if conv is not None else 3
     flat = patch_rows(model)  # images as flattened patches: a 3-D convolution over the frames
