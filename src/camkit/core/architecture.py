@@ -25,8 +25,6 @@ _PREFIX_ATTRIBUTES = (
 # attributes that hold tokens appended after the patch tokens: HuggingFace YOLOS
 # ``detection_tokens``, the YOLOS authors' ``det_token`` (Fang et al., NeurIPS 2021)
 _SUFFIX_ATTRIBUTES = ("detection_tokens", "det_token")
-# config fields that count tokens appended after the patches
-_SUFFIX_CONFIG = ("num_detection_tokens",)
 # last name component of the first normalisation in a transformer block, per family:
 # timm ViT/DeiT/Eva/Swin and torchvision Swin ``norm1``, torchvision ViT ``ln_1``, HuggingFace
 # ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
@@ -63,8 +61,7 @@ def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
     for name, module in model.named_modules():
         count = getattr(module, "num_prefix_tokens", None)
         if isinstance(count, int) and not isinstance(count, bool):
-            where = f"{name}.num_prefix_tokens" if name else "num_prefix_tokens"
-            return count, where
+            return count, f"{name + '.' if name else ''}num_prefix_tokens"
     return _token_attributes(model, _PREFIX_ATTRIBUTES)
 
 
@@ -77,11 +74,9 @@ def suffix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
     if found is not None:
         return found
     for name, module in model.named_modules():
-        config = getattr(module, "config", None)
-        for field in _SUFFIX_CONFIG:
-            count = getattr(config, field, None)
-            if _count(count):
-                return count, f"{name + '.' if name else ''}config.{field}"
+        count = getattr(getattr(module, "config", None), "num_detection_tokens", None)
+        if _count(count):
+            return count, f"{name + '.' if name else ''}config.num_detection_tokens"
     return None
 
 
@@ -292,13 +287,9 @@ def vision_feature_layer(model: nn.Module) -> str | None:
     blocks, layers = f"{prefix}.{encoder[0]}", encoder[1]
     index = _feature_index(model)
     if index is None:
-        norm = getattr(module, "post_layernorm", None)
-        if norm is None:  # the norm of the tower inside its wrapper (vision_model.post_layernorm)
-            norm = next(
-                (m for n, m in module.named_modules() if n.endswith("post_layernorm")), None
-            )
-        if norm is not None:
-            return next(f"{prefix}.{n}" for n, m in module.named_modules() if m is norm)
+        norms = [n for n, _ in module.named_modules() if n.endswith("post_layernorm")]
+        if norms:  # the tower's own, else the one inside its wrapper (vision_model.post_layernorm)
+            return f"{prefix}.{'post_layernorm' if 'post_layernorm' in norms else norms[0]}"
         return f"{blocks}.{len(layers) - 1}"
     states = len(layers) + 1
     index = index % states if -states <= index < states else None

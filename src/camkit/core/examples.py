@@ -45,10 +45,8 @@ model's default, see :func:`default_example`)."""
 
 def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one; an image for a model that reads flattened
-    patches, :func:`~camkit.core.architecture.patch_rows`), ``size`` from ``input_size``
-    (None: 224x224 for images, 64x64x64 for volumes: a 3-D network's strides divide it, and it
-    stays small)."""
+    convolution (an image for a flattened-patch model), ``size`` from ``input_size`` (None:
+    224x224, volumes 64x64x64: a 3-D network's strides divide it, and it stays small)."""
     reference = next(model.parameters(), None)
     if reference is None:
         reference = next(model.buffers(), torch.zeros(()))
@@ -73,8 +71,8 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
 
 
 def twins(example: Example) -> tuple[Example, bool]:
-    """The example's first sample and a noisy copy as a batch of two (every tensor whose first
-    axis is the example's batch; only floating-point ones get noise), and whether they differ."""
+    """The example's first sample and a noisy copy as a batch of two (in every tensor with the
+    example's batch; floating-point ones get noise), and whether they differ."""
     first = first_tensor(example)
     if first is None or first.ndim == 0:
         raise ArgumentError(

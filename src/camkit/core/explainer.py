@@ -312,19 +312,17 @@ def merged_signature(cls: type) -> inspect.Signature:
     through ``**options``, so that ``inspect.signature`` and ``help()`` show every option."""
     positional: list[inspect.Parameter] = []
     keywords: dict[str, inspect.Parameter] = {}
-    forwards = True
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or not forwards:
-            continue
+    inits = [klass.__dict__["__init__"] for klass in cls.__mro__ if "__init__" in klass.__dict__]
+    for depth, init in enumerate(inits):
         parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
-        forwards = any(p.kind is p.VAR_KEYWORD for p in parameters)
         for parameter in parameters:
             if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-                if klass is next(k for k in cls.__mro__ if "__init__" in k.__dict__):
-                    positional.append(parameter)  # the most derived constructor's own
+                if depth == 0:  # the most derived constructor's own
+                    positional.append(parameter)
             elif parameter.kind is parameter.KEYWORD_ONLY:
                 keywords.setdefault(parameter.name, parameter)
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
     if not cls.seeded:  # refused by the methods that draw nothing
         keywords.pop("seed", None)
     if not cls.needs_layer:  # a layer's reading: only for the methods that read a layer

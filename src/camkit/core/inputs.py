@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from numbers import Real
 
 import torch
@@ -13,7 +12,7 @@ from torch.nn.modules.dropout import _DropoutNd
 
 from camkit.core.architecture import first_conv
 from camkit.core.wrappers import InputLayout, KeywordInput
-from camkit.errors import ArgumentError, InputError
+from camkit.errors import ArgumentError, InputError, warn
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
 VOLUME_LAYERS = (
@@ -70,12 +69,11 @@ def as_batch(x: object, model: nn.Module, *, vectors: bool = False) -> tuple[Ten
             f"x.to({param.dtype}) (or keep a float32 model and use the methods' dtype= autocast)"
         )
     if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
-        warnings.warn(
+        warn(
             "the model is in training mode: dropout and batch-norm statistics make the maps "
             "random and batch-dependent (camkit restores the running statistics and other "
             "buffers after the call, the model is not changed); call model.eval() first",
             UserWarning,
-            stacklevel=3,
         )
     x = detached(x)
     return (x.unsqueeze(0), True) if x.ndim == (1 if vector else 3) else (x, False)

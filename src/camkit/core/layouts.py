@@ -3,11 +3,10 @@ shape, the model and the input size (instead of pytorch-grad-cam's hand-written
 ``reshape_transform``):
 
 * ``"grid"`` ``(B, C, h, w)`` and ``"volume"`` ``(B, C, d, h, w)``: as they are;
-* ``"tokens"`` ``(B, prefix + h * w + suffix, C)`` (ViT, DeiT, DINOv2 with registers; YOLOS's
-  detection tokens after the patches, Fang et al., NeurIPS 2021): the non-patch tokens dropped,
-  the patches row-major on the patch grid (Dosovitskiy et al., ICLR 2021). The non-patch
-  counts are read from the model, never inferred from the count; only without a model are
-  prefix counts tried;
+* ``"tokens"`` ``(B, prefix + h * w + suffix, C)`` (ViT, DeiT, DINOv2; YOLOS's detection
+  tokens after the patches, Fang et al., NeurIPS 2021): the patches row-major on the patch grid
+  (Dosovitskiy et al., ICLR 2021), the non-patch tokens, counted by the model (without one:
+  tried), dropped;
 * space-time tokens of a video transformer: grid and order read from the model
   (:mod:`camkit.core.spacetime`), laid out as a volume; a frame-wise model's ``B * T`` rows are
   read frame by frame and stacked as ``(B, C, T, h, w)``;
@@ -299,9 +298,8 @@ def infer_layout(
         return _token_layout(shape, model, size)
     if len(shape) == 2 + len(size):
         return _dense_layout(shape, model, size)
-    expected = "(B, C, h, w), (B, h, w, C) or tokens (B, N, C)"
-    if len(size) == 3:
-        expected = "(B, C, d, h, w), (B, d, h, w, C) or tokens (B, N, C)"
+    axes = "d, h, w" if len(size) == 3 else "h, w"
+    expected = f"(B, C, {axes}), (B, {axes}, C) or tokens (B, N, C)"
     raise LayoutError(
         f"cannot read a layer output of shape {shape} as a spatial map for a "
         f"{'x'.join(map(str, size))} input: expected {expected}; pass reshape= a function "

@@ -20,12 +20,9 @@ from camkit.core.layers import (
 
 @dataclass
 class Recording:
-    """What :func:`record` captured.
-
-    ``activations[name]`` and ``gradients[name]`` are a tensor when the layer ran once, and a
-    list of tensors in call order when the module ran several times (a shared ``ReLU``).
-    Tensors are detached; gradients appear after the user's own backward pass.
-    """
+    """What :func:`record` captured: ``activations[name]`` and ``gradients[name]`` (after the
+    user's backward), detached, a tensor per layer, or a list in call order for a module that
+    ran several times."""
 
     calls: dict[str, list[Tensor]] = field(default_factory=dict)
     grads: dict[str, list[Tensor | None]] = field(default_factory=dict)
@@ -49,16 +46,14 @@ class Recording:
 
 @contextmanager
 def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Iterator[Recording]:
-    """Capture ``layers``' outputs during any forward, and their gradients during any backward.
-
-    The hand-written ``LayerActivations`` of every tutorial, done once::
+    """Capture ``layers``' outputs during any forward, and their gradients during any backward::
 
         with camkit.record(model, ["conv1", "layer4"]) as rec:
             model(x)[0, 281].backward()
         rec.activations["conv1"], rec.gradients["layer4"]
 
-    Outputs are kept detached and protected from later in-place operations; every hook is
-    removed on exit, also when the code inside raises.
+    Outputs are kept detached, safe from later in-place operations; every hook is removed on
+    exit, also when the code inside raises.
     """
     found = find_layers(explained_module(model), layers)
     rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from camkit.core.examples import (
 )
 from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
-from camkit.errors import CamkitError, InputError, LayerOutputError
+from camkit.errors import CamkitError, InputError, LayerOutputError, warn
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
 _TWINS = 2  # the trace runs two different inputs, to see which layers follow them
@@ -184,9 +183,8 @@ def _skip_shared_heads(calls: list[_Call]) -> None:
 def layer_shapes(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
-    """``(name, type name, output shape)`` for every module call (the model itself not), in
-    the order the calls start, from :func:`trace`. A non-tensor output gives its first tensor's
-    shape, or ``()``."""
+    """``(name, type name, output shape)`` for every module call but the model's, in the order
+    the calls start (a non-tensor output: its first tensor's shape, or ``()``)."""
     calls = _ordered_calls(model, input_size, example)
     return [(call.name, call.type_name, call.shape) for call in calls]
 
@@ -203,15 +201,13 @@ def skipped_layers(
 def map_layers(
     model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> dict[str, str | None]:
-    """``{layer name: None if a CAM can read it, else why not}`` for every called layer, in the
-    order the calls start: the one answer of the CLI's ``--layer`` check, the explorer's layer
-    menu and ``camkit layers``. Readable: not skipped, and a ``(B, C, h, w)`` map of more than
-    one position, a ``(B, C, d, h, w)`` volume or ``(B, N, C)`` tokens."""
+    """``{layer name: None if a CAM can read it, else why not}`` (``_Call.unreadable``) for every
+    called layer, in the order the calls start."""
     return readable_layers(trace(model, input_size, example=example)[0])
 
 
 def readable_layers(calls: Sequence[_Call]) -> dict[str, str | None]:
-    """:func:`map_layers`' answer from a trace's calls (:func:`trace`), without tracing again."""
+    """:func:`map_layers`' answer from a trace's calls, without tracing again."""
     answer: dict[str, str | None] = {}
     for call in sorted(calls, key=lambda call: call.started):
         answer.setdefault(call.name, call.unreadable)
@@ -326,12 +322,11 @@ def last_spatial_map(
         and call.shape[1] > 1
     ]
     if token_layers:
-        warnings.warn(
+        warn(
             f"the last spatial map of {type(model).__name__} is {chosen.name!r}, but "
             f"{len(token_layers)} later layers work on token sequences (e.g. "
             f"{token_layers[-1].name!r} {token_layers[-1].shape}): for a transformer, choose a "
             "layer by name and reshape its tokens to a map",
             UserWarning,
-            stacklevel=3,
         )
     return chosen.name
