@@ -56,30 +56,28 @@ class Call:
         explained = inputs if isinstance(inputs, tuple) else (inputs,)
         if not self.has_extra:
             return model(*explained)
-        if rows is None and explained[0].shape[0] == self.size:
+        if rows is None:
+            extra = (*self.args, *self.kwargs.values())
+            if explained[0].shape[0] != self.size and any(map(self._per_sample, extra)):
+                raise ArgumentError(
+                    f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
+                    f"per-sample additional_forward_args of a batch of {self.size}"
+                )
             rows = torch.arange(self.size)
-
-        def pick(arg: Any) -> Any:
-            if self._per_sample(arg):
-                if rows is None:
-                    raise ArgumentError(
-                        f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
-                        f"per-sample additional_forward_args of a batch of {self.size}"
-                    )
-                arg = arg[rows.to(arg.device)]
-            return arg
-
-        args = (*explained, *map(pick, self.args))
-        return call_model(model, Inputs(args, {key: pick(a) for key, a in self.kwargs.items()}))
+        args, kwargs = self._extra(rows)
+        return call_model(model, Inputs((*explained, *args), kwargs))
 
     def following(self, samples: Tensor, batch: Tensor) -> Call:
         """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]``."""
+        return Call(batch, *self._extra(samples))
+
+    def _extra(self, rows: Tensor) -> tuple[tuple, dict[str, Any]]:
+        """The extra inputs of the samples ``rows``: per-sample tensors indexed, others as is."""
 
         def pick(arg: Any) -> Any:
-            return arg[samples.to(arg.device)] if self._per_sample(arg) else arg
+            return arg[rows.to(arg.device)] if self._per_sample(arg) else arg
 
-        kwargs = {key: pick(arg) for key, arg in self.kwargs.items()}
-        return Call(batch, tuple(map(pick, self.args)), kwargs)
+        return tuple(map(pick, self.args)), {key: pick(a) for key, a in self.kwargs.items()}
 
     def example(self, batch: Tensor) -> Example:
         """The call's inputs for tracing the model with ``batch``."""

@@ -10,6 +10,7 @@ import difflib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -156,19 +157,16 @@ def capture_outputs(
     taps: dict[str, list[Tensor]] = {name: [] for name, _ in layers}
     grad_mode = torch.is_grad_enabled()
 
-    def tap(name: str):
-        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = tensor_output(name, output)
-            if start_graph and not output.requires_grad:
-                torch.set_grad_enabled(True)
-                output = output.detach().requires_grad_(True)
-            taps[name].append(output)
-            return output.clone()
-
-        return hook
+    def tap(name: str, module: nn.Module, inputs: tuple, output: object) -> Tensor:
+        output = tensor_output(name, output)
+        if start_graph and not output.requires_grad:
+            torch.set_grad_enabled(True)
+            output = output.detach().requires_grad_(True)
+        taps[name].append(output)
+        return output.clone()
 
     try:
-        with hooked(lambda: [replacing_output(m, tap(n)) for n, m in layers]):
+        with hooked(lambda: [replacing_output(m, partial(tap, n)) for n, m in layers]):
             yield taps
     finally:
         torch.set_grad_enabled(grad_mode)

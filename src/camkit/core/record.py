@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -58,21 +59,18 @@ def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Itera
     found = find_layers(explained_module(model), layers)
     rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})
 
-    def tap(name: str):
-        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = tensor_output(name, output)
-            call = len(rec.calls[name])
-            rec.calls[name].append(output.detach())
-            rec.grads[name].append(None)
-            if gradients and output.requires_grad:
+    def tap(name: str, module: nn.Module, inputs: tuple, output: object) -> Tensor:
+        output = tensor_output(name, output)
+        call = len(rec.calls[name])
+        rec.calls[name].append(output.detach())
+        rec.grads[name].append(None)
+        if gradients and output.requires_grad:
 
-                def keep(grad: Tensor) -> None:
-                    rec.grads[name][call] = grad.detach()
+            def keep(grad: Tensor) -> None:
+                rec.grads[name][call] = grad.detach()
 
-                output.register_hook(keep)
-            return output.clone()
+            output.register_hook(keep)
+        return output.clone()
 
-        return hook
-
-    with hooked(lambda: [replacing_output(m, tap(n)) for n, m in found]):
+    with hooked(lambda: [replacing_output(m, partial(tap, n)) for n, m in found]):
         yield rec

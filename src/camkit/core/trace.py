@@ -7,6 +7,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -78,32 +79,26 @@ def trace(
     open_calls: dict[str, list[int]] = {}
     counter = iter(range(1 << 62))
 
-    def before(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple) -> None:
-            open_calls.setdefault(name, []).append(next(counter))
+    def before(name: str, module: nn.Module, args: tuple) -> None:
+        open_calls.setdefault(name, []).append(next(counter))
 
-        return hook
-
-    def after(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            tensor = first_tensor(output)
-            call = _Call(
-                name=name,
-                type_name=type(module).__name__,
-                shape=tuple(tensor.shape) if tensor is not None else (),
-                started=open_calls[name].pop(),
-                finished=next(counter),
-                passes_through=isinstance(module, _PASS_THROUGH_MODULES),
-                skip=_skip_reason(output, perturbed, frames),
-            )
-            if call.skip is None and call.shape[0] == _TWINS:
-                call.shape = (batch_rows, *call.shape[1:])
-            elif call.skip is None:  # a frame-wise layer: _TWINS * frames rows
-                call.shape, call.frames = (batch_rows * frames, *call.shape[1:]), frames
-            calls.append(call)
-            kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
-
-        return hook
+    def after(name: str, module: nn.Module, args: tuple, output: object) -> None:
+        tensor = first_tensor(output)
+        call = _Call(
+            name=name,
+            type_name=type(module).__name__,
+            shape=tuple(tensor.shape) if tensor is not None else (),
+            started=open_calls[name].pop(),
+            finished=next(counter),
+            passes_through=isinstance(module, _PASS_THROUGH_MODULES),
+            skip=_skip_reason(output, perturbed, frames),
+        )
+        if call.skip is None and call.shape[0] == _TWINS:
+            call.shape = (batch_rows, *call.shape[1:])
+        elif call.skip is None:  # a frame-wise layer: _TWINS * frames rows
+            call.shape, call.frames = (batch_rows * frames, *call.shape[1:]), frames
+        calls.append(call)
+        kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
 
     def register() -> list:
         named = ((user_name(model, name), module) for name, module in model.named_modules())
@@ -112,8 +107,8 @@ def trace(
             for name, module in named
             if name
             for handle in (
-                module.register_forward_pre_hook(before(name)),
-                module.register_forward_hook(after(name)),
+                module.register_forward_pre_hook(partial(before, name)),
+                module.register_forward_hook(partial(after, name)),
             )
         ]
 
