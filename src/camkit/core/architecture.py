@@ -49,9 +49,6 @@ def _pair(value: object) -> tuple[int, int] | None:
     return None
 
 
-# ----------------------------------------------------------------------------- model facts
-
-
 def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
     """``(count, source)`` of the tokens a transformer prepends to its patch tokens, or None:
     timm's ``num_prefix_tokens``, else the first module's token parameters
@@ -81,8 +78,7 @@ def suffix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
 
 
 def _token_attributes(model: nn.Module, attributes: Sequence[str]) -> tuple[int, str] | None:
-    """The tokens held by the first module with any of ``attributes``: ``(1, n, C)`` counts
-    ``n``, ``(1, C)`` and ``(C,)`` one."""
+    """The tokens of the first module with any of ``attributes`` (``(1, n, C)``: ``n``, else 1)."""
     for name, module in model.named_modules():
         found = []
         for attr in attributes:
@@ -230,9 +226,6 @@ def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | 
     return None if grid is None else 1 + math.prod(grid)
 
 
-# ----------------------------------------------------------------------------- inference
-
-
 def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = None) -> str | None:
     """The layer to explain in a transformer: the first normalisation of its last block
     (``_BLOCK_NORM_NAMES``), whose output feeds the last attention, so every patch token
@@ -297,8 +290,7 @@ def vision_feature_layer(model: nn.Module) -> str | None:
 
 
 def _feature_index(model: nn.Module) -> int | None:
-    """The hidden-state index of the first ``config.vision_feature_layer`` (the deepest of a
-    list), or None."""
+    """The first ``config.vision_feature_layer`` (the deepest of a list), or None."""
     configs = (getattr(m, "config", None) for m in model.modules())
     value = next(
         (c.vision_feature_layer for c in configs if hasattr(c, "vision_feature_layer")), None

@@ -27,8 +27,7 @@ def _is_timm_attention(module: nn.Module) -> bool:
 
 
 def _is_hf_attention(module: nn.Module) -> bool:
-    """A HuggingFace attention (ViT, DeiT, DINOv2): ``q/k/v/o_proj`` and a config naming its
-    kernel; the eager one returns ``(output, probabilities)``."""
+    """A HuggingFace attention (ViT, DeiT, DINOv2), whose eager kernel returns probabilities."""
     config = getattr(module, "config", None)
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
     return hasattr(config, "_attn_implementation") and all(hasattr(module, a) for a in projections)
@@ -47,18 +46,15 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
                 "cover one window, not the image; the attention methods need global "
                 "self-attention (ViT, DeiT); use a CAM for this model"
             )
+        hf, mha = getattr(module, "attention", None), getattr(module, "self_attention", None)
         if isinstance(attn, nn.Module) and _is_timm_attention(attn):
             found.append((name, module, attn))
-            continue
-        attn = getattr(module, "attention", None)
-        if isinstance(attn, nn.Module) and _is_hf_attention(attn):
-            found.append((name, module, attn))
-            continue
-        attn = getattr(module, "self_attention", None)
-        if isinstance(attn, nn.MultiheadAttention):
-            if not attn.batch_first or not attn._qkv_same_embed_dim:
+        elif isinstance(hf, nn.Module) and _is_hf_attention(hf):
+            found.append((name, module, hf))
+        elif isinstance(mha, nn.MultiheadAttention):
+            if not mha.batch_first or not mha._qkv_same_embed_dim:
                 raise AttentionError(f"{name}.self_attention must be batch-first self-attention")
-            found.append((name, module, attn))
+            found.append((name, module, mha))
     if not found:
         raise AttentionError(
             f"{type(model).__name__} has no supported attention blocks (timm Attention with "
@@ -79,8 +75,7 @@ def _mha_pre(module: nn.MultiheadAttention, args: tuple, kwargs: dict) -> tuple[
 
 
 def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any):
-    """The attention output recomputed from the per-head probabilities (so gradients reach
-    them), as ``(output, None)``: the block asked for no weights."""
+    """The output recomputed from the per-head probabilities (so gradients reach them)."""
     weights = out[1]
     value = args[2] if len(args) > 2 else kwargs["value"]
     batch, length, dim = value.shape
@@ -128,11 +123,10 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
                 keep = this_thread(lambda module, args, out, store=store: store.append(out[1]))
                 registered.append(attn.register_forward_hook(keep))
             elif isinstance(attn, nn.MultiheadAttention):
-                pre = attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
-                post = partial(_mha_post, store)
+                post = this_thread(partial(_mha_post, store))
                 registered += [
-                    pre,
-                    attn.register_forward_hook(this_thread(post), with_kwargs=True),
+                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True),
+                    attn.register_forward_hook(post, with_kwargs=True),
                 ]
             else:
                 keep = this_thread(lambda module, args, out, store=store: store.append(out))

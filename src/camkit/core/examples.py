@@ -30,10 +30,7 @@ def first_tensor(value: object) -> Tensor | None:
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
+        return next((t for t in map(first_tensor, value) if t is not None), None)
     return None
 
 

@@ -118,8 +118,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
 
 
 def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
-    """``(h, w, stride)`` with ``h * w == count >= 2`` and ``(h, w) = size / stride`` exactly
-    (a guess without the patch size: no rounding allowed)."""
+    """``(h, w, stride)`` with ``h * w == count >= 2`` and ``(h, w) = size / stride`` exactly."""
     found = []
     for h in range(1, math.isqrt(count) + 1):
         if count % h or count < 2:
@@ -183,8 +182,8 @@ def _spacetime_tokens(
     ends: tuple[int, int],
     told: str,
 ) -> Layout:
-    """Video tokens: the model's space-time grid whose size, with or without the non-patch
-    tokens, is the token count."""
+    """Video tokens: the model's space-time grid that fits the count (with or without the
+    non-patch tokens)."""
     count, dims = shape[1], "x".join(map(str, size))
     grids = token_grids(model, size)  # type: ignore[arg-type]
     for found in grids:
@@ -206,8 +205,7 @@ def _spacetime_tokens(
 
 
 def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]) -> Layout:
-    """A ``(N * rows, C)`` output of a model reading flattened patches: ``rows`` patch tokens
-    per image, in the model's merge windows, on the ``(H / p, W / p)`` grid."""
+    """A flattened-patch model's ``(N * rows, C)`` output: ``rows`` patch tokens per image."""
     dims = "x".join(map(str, size))
     grid = layout.grid(size)
     count = math.prod(grid)
@@ -224,8 +222,7 @@ def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]
 
 
 def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
-    """Without a model: the one prefix count up to :data:`MAX_GUESSED_PREFIX` whose remainder
-    is a grid that fits the input exactly."""
+    """Without a model: the one prefix count whose remainder is a grid fitting the input."""
     _, count, channels = shape
     dims = "x".join(map(str, size))
     candidates = [

@@ -130,7 +130,10 @@ def trace(
     finally:
         for module, training in training_flags.items():
             module.train(training)
-    _skip_model_output(kept, output)
+    final = first_tensor(output)
+    for call, ref in kept:
+        if call.skip is None and ref is not None and final is not None and ref() is final:
+            call.skip = "its output is the model's output (the logits), not a feature map"
     _skip_shared_heads(calls)
     return calls, output
 
@@ -152,13 +155,6 @@ def _skip_reason(output: object, perturbed: bool, frames: int | None = None) -> 
     if perturbed and torch.equal(output[0], output[1]):
         return "its output is the same for two different inputs: it does not depend on the input"
     return None
-
-
-def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: object) -> None:
-    final = first_tensor(output)
-    for call, ref in kept:
-        if call.skip is None and ref is not None and final is not None and ref() is final:
-            call.skip = "its output is the model's output (the logits), not a feature map"
 
 
 def _skip_shared_heads(calls: list[_Call]) -> None:
@@ -256,10 +252,8 @@ def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
 
 
 def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
-    """Which layers may be the default of a model whose head is known by its structure, else
-    None: the ``backbone`` / ``features`` of one with a ``classifier`` (torchvision DeepLabV3,
-    LR-ASPP, FCN, VGG, SqueezeNet), the layers before an ultralytics ``Detect`` head (its
-    ``dfl`` box decoder)."""
+    """Which layers may be the default of a model whose head is known by its structure (the
+    ``backbone`` / ``features`` beside a ``classifier``, before an ultralytics head), else None."""
     children = dict(model.named_children())
     for body in ("backbone", "features"):
         if body in children and "classifier" in children:
