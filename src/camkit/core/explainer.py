@@ -231,9 +231,7 @@ class Explainer:
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse call options the method does not take, naming those it takes."""
-        if not options:  # the common call: no signature to read
-            return
-        takes = self.call_options()
+        takes = self.call_options() if options else ()  # the common call: no signature to read
         unknown = [name for name in options if name not in takes]
         if unknown:
             takes = ", ".join(takes) or "none"

@@ -13,7 +13,17 @@ from camkit.core.architecture import PatchRows, Tiles, image_tiles, patch_rows
 from camkit.errors import ArgumentError, InputError
 
 
-class InputLayout(nn.Module):
+class _Wrapper(nn.Module):
+    """A wrapper of the user's ``model`` (``.module``), whose layer names stay ``model``'s."""
+
+    wraps_model = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.module = model
+
+
+class InputLayout(_Wrapper):
     """A model that takes 5-D clips in another layout, declared: ``InputLayout(model, "BTCHW")``
     is called with ``(B, C, T, H, W)`` (camkit's reading) and calls ``model`` with the axes in
     the declared order (VideoMAE, frame-wise models). CAMs map ``(B, C, T, H, W) -> (B, T, H,
@@ -22,17 +32,15 @@ class InputLayout(nn.Module):
     w)``; undeclared, CAMs refuse such layers by name.
     """
 
-    wraps_model = True
     CANONICAL = "BCTHW"
 
     def __init__(self, model: nn.Module, layout: str, *, frame_wise: bool = False):
-        super().__init__()
+        super().__init__(model)
         order = layout.upper().replace("D", "T") if isinstance(layout, str) else None
         if order is None or sorted(order) != sorted(self.CANONICAL):
             raise ArgumentError(
                 f'layout must order the letters B, C, T (or D), H, W, e.g. "BTCHW", got {layout!r}'
             )
-        self.module = model
         self.layout = order
         self.frame_wise = bool(frame_wise)
         self.permutation = [self.CANONICAL.index(axis) for axis in order]
@@ -44,16 +52,14 @@ class InputLayout(nn.Module):
         return self.module(x.permute(self.permutation), *args, **kwargs)
 
 
-class KeywordInput(nn.Module):
+class KeywordInput(_Wrapper):
     """A model whose explained input is a keyword argument: ``KeywordInput(model,
     "pixel_values")(x, *args, **kwargs)`` calls ``model(*args, pixel_values=x, **kwargs)``
     (HuggingFace models). The other inputs come as the methods' ``additional_forward_args``.
     """
 
-    wraps_model = True
-
     def __init__(self, model: nn.Module, key: str):
-        super().__init__()
+        super().__init__(model)
         if not isinstance(key, str) or not key.isidentifier():
             raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
         if key == "pixel_values" and image_inputs_differ(model):
@@ -62,7 +68,6 @@ class KeywordInput(nn.Module):
                 "patches with image_grid_thw, or tiles with image_sizes, from its config): "
                 "explain camkit.ImageInput(model), which lays images out as it reads them"
             )
-        self.module = model
         self.key = key
 
     def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
@@ -72,17 +77,11 @@ class KeywordInput(nn.Module):
         return self.module(*args, **{self.key: x}, **kwargs)
 
 
-class ImageInput(nn.Module):
+class ImageInput(_Wrapper):
     """A generative vision-language model given images ``x`` ``(B, C, H, W)`` as it reads them:
     ``ImageInput(model)(x, input_ids=...)`` calls ``model`` with :func:`image_inputs`. CAMs
     read the vision layers' rows (patches, views) as one map per image.
     """
-
-    wraps_model = True
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.module = model
 
     def forward(self, x: Tensor, *args: object, **kwargs: object) -> object:
         """``model(*args, **image_inputs(model, x, input_ids), **kwargs)``."""
@@ -160,23 +159,20 @@ def _flat_patches(model: nn.Module, x: Tensor, layout: PatchRows) -> dict[str, T
 IMAGE_TOWERS = ("get_image_features", "encode_image")
 
 
-class ImageTower(nn.Module):
+class ImageTower(_Wrapper):
     """The image side of a dual encoder (HuggingFace CLIP, SigLIP; OpenCLIP):
     ``ImageTower(model)(pixel_values)`` is ``model.get_image_features``'s ``(B, D)`` embedding
     (OpenCLIP's ``encode_image``), so the text tower does not run; the texts are a
     :class:`camkit.targets.PromptTarget`.
     """
 
-    wraps_model = True
-
     def __init__(self, model: nn.Module):
-        super().__init__()
+        super().__init__(model)
         if not any(callable(getattr(model, name, None)) for name in IMAGE_TOWERS):
             raise ArgumentError(
                 f"ImageTower needs a dual encoder with get_image_features (HuggingFace CLIPModel, "
                 f"SiglipModel) or encode_image (OpenCLIP), got {type(model).__name__}"
             )
-        self.module = model
 
     def forward(self, x: Tensor, **kwargs: object) -> Tensor:
         """``(B, C, H, W) -> (B, D)``: the projected image embedding."""
@@ -186,7 +182,7 @@ class ImageTower(nn.Module):
         return features if isinstance(features, Tensor) else features.pooler_output
 
 
-class VideoPrompts(nn.Module):
+class VideoPrompts(_Wrapper):
     """A video-text model whose text side depends on the video (HuggingFace ``XCLIPModel``,
     Ni et al., ECCV 2022), with its ``K`` prompts held (as extra inputs they would follow the
     samples): ``VideoPrompts(model, input_ids)(pixel_values (B, T, C, H, W))`` is the model's
@@ -194,10 +190,8 @@ class VideoPrompts(nn.Module):
     ``camkit.InputLayout(VideoPrompts(model, ids), "BTCHW")``.
     """
 
-    wraps_model = True
-
     def __init__(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None):
-        super().__init__()
+        super().__init__(model)
         if getattr(getattr(model, "config", None), "model_type", None) != "xclip":
             raise ArgumentError(
                 f"VideoPrompts takes a HuggingFace XCLIPModel, got {type(model).__name__}; for "
@@ -208,7 +202,6 @@ class VideoPrompts(nn.Module):
             ids = ids[None]
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.is_floating_point():
             raise ArgumentError(f"input_ids must be (K, L) token ids, got {ids!r}")
-        self.module = model
         self.input_ids, self.attention_mask = ids, attention_mask
 
     def forward(self, pixel_values: Tensor) -> Tensor:
