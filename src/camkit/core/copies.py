@@ -23,7 +23,6 @@ from camkit.core.state import buffers_kept
 from camkit.targets.outputs import class_logits
 from camkit.targets.resolver import RowScorer
 
-PIN = ("dtype", "batch_size")  # the options of pin_top1
 TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwarding
 
 
@@ -107,7 +106,7 @@ class CopyScorer:
         cls, model: nn.Module, batch: Tensor, scorer: RowScorer, call: Call, **options: Any
     ) -> CopyScorer:
         """A scorer with top-1 classes pinned and the clean batch's ``scores``."""
-        pin = {k: v for k, v in options.items() if k in PIN}
+        pin = {k: v for k, v in options.items() if k in ("dtype", "batch_size")}
         pinned = pin_top1(model, batch, scorer, call, **pin)
         clean = cls(model, batch, pinned, call, **options)
         clean.scorer = pinned  # the clean images themselves: a lost detection is an error

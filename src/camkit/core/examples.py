@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from torch import Tensor, nn
@@ -44,9 +45,7 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
     convolution (an image for a flattened-patch model), ``size`` from ``input_size`` (None:
     224x224, volumes 64x64x64: a 3-D network's strides divide it, and it stays small)."""
-    reference = next(model.parameters(), None)
-    if reference is None:
-        reference = next(model.buffers(), torch.zeros(()))
+    reference = next(chain(model.parameters(), model.buffers()), torch.zeros(()))
     dtype = reference.dtype if reference.is_floating_point() else torch.float32
     conv = first_conv(model)
     dims = len(conv.kernel_size) if conv is not None else 2

@@ -123,9 +123,8 @@ class Explainer:
         self.model = explained_module(model)
         self.output = output
         self.dtype = dtype
-        if batch_size is ...:
-            batch_size = self.default_batch_size
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        size = self.default_batch_size if batch_size is ... else batch_size
+        self.batch_size = positive_int("batch_size", size, optional=True)
         if seed is not None and not self.seeded:
             raise ArgumentError(f"{type(self).__name__} draws nothing at random: it takes no seed")
         self.seed = seed_value(seed, optional=True)

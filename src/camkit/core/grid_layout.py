@@ -22,19 +22,16 @@ class Layout:
 
     Attributes:
         kind: ``"grid"`` ``(B, C, h, w)``, ``"volume"`` ``(B, C, d, h, w)``, ``"tokens"``
-            ``(B, prefix + h*w (or t*h*w) + suffix, C)`` or ``"channels_last"``
-            ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
-        grid: the spatial size ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``).
-        channels: ``C``.
-        prefix, suffix: tokens before / after the patch tokens, dropped.
+            ``(B, N, C)`` or ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
+        grid, channels: ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``), and ``C``.
+        prefix, suffix: non-patch tokens before / after the patch tokens, dropped.
         reason: how the layout was decided (for ``str``; not part of equality).
         frames_last: space-time tokens in ``(h, w, t)`` order (TimeSformer).
-        frames: a frame-wise layer's ``N * frames`` rows, read one by one and stacked to
-            ``(N, C, frames, h, w)``; 0: not.
-        rows: patch tokens folded into the rows, ``(N * rows, C)`` (Qwen2-VL); 0: not.
-        merge: the patch tokens come in ``merge`` x ``merge`` windows (Qwen2-VL); 1: row-major.
-        tiles: ``(rows, columns)`` of a tiled image's views (LLaVA-NeXt), its ``frames`` being
-            the whole image then the tiles (:meth:`place`); None: not tiled.
+        frames: a frame-wise layer's ``N * frames`` rows, stacked to ``(N, C, frames, h, w)``.
+        rows, merge: patch tokens folded into ``(N * rows, C)``, in ``merge`` x ``merge``
+            windows (Qwen2-VL); 0 and 1: not.
+        tiles: ``(rows, columns)`` of a tiled image's views, the whole image first
+            (LLaVA-NeXt, :meth:`place`).
     """
 
     kind: Kind

@@ -99,8 +99,7 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
             chosen, reason=f"spatial axes {shape_text(chosen.grid)} fit the {dims} input"
         )
     known_first, known_last = channel_counts(model)
-    first_known = first.channels in known_first
-    last_known = last.channels in known_last
+    first_known, last_known = first.channels in known_first, last.channels in known_last
     evidence = "both fit" if fit_first else "neither fits"
     if first_known != last_known:
         chosen = first if first_known else last

@@ -176,8 +176,7 @@ def layer_shapes(
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``(name, type name, output shape)`` for every module call but the model's, in the order
     the calls start (a non-tensor output: its first tensor's shape, or ``()``)."""
-    calls = _ordered_calls(model, input_size, example)
-    return [(call.name, call.type_name, call.shape) for call in calls]
+    return [(c.name, c.type_name, c.shape) for c in _ordered_calls(model, input_size, example)]
 
 
 def skipped_layers(
@@ -185,8 +184,7 @@ def skipped_layers(
 ) -> dict[str, str]:
     """``{layer name: why it cannot be explained}`` for the layers whose :func:`trace` call
     is skipped."""
-    calls = trace(model, input_size, example=example)[0]
-    return {call.name: call.skip for call in calls if call.skip is not None}
+    return {c.name: c.skip for c in trace(model, input_size, example=example)[0] if c.skip}
 
 
 def map_layers(
@@ -220,19 +218,15 @@ def _ordered_calls(model: nn.Module, input_size: InputSize, example: Example | N
 def default_layer(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> str:
-    """The dotted name of the layer to explain by default.
-
-    A generative vision-language model: the vision features its projector reads
-    (:func:`~camkit.core.architecture.vision_feature_layer`). A transformer: the first
-    normalisation of its last block (:func:`~camkit.core.architecture.default_token_layer`).
-    Otherwise, of the :func:`trace` calls not skipped, not pass-through (``nn.Identity``,
-    dropout), with as many axes as the input, more than one position and spatial axes that are
-    the input's divided by a common stride (a box decoder's ``(B, 1, 4, anchors)`` is no map),
-    the one that *finishes* last (a container beats its last child: ``"layer4"`` for a
-    ResNet). A ``backbone`` / ``features`` + ``classifier`` model (DeepLabV3, SqueezeNet) or an
-    ultralytics detector is searched before its head only: which head layer finishes last
-    depends on the weights. Raises :class:`~camkit.errors.LayerOutputError` when no module
-    gives such a map, and warns when later layers work on token sequences.
+    """The dotted name of the layer to explain by default: a vision-language model's vision
+    features (:func:`~camkit.core.architecture.vision_feature_layer`), a transformer's last
+    block norm (:func:`~camkit.core.architecture.default_token_layer`), else the :func:`trace`
+    call that *finishes* last (a container beats its last child: ``"layer4"`` of a ResNet) of
+    those not skipped, not pass-through, with more than one position on spatial axes that are
+    the input's divided by a common stride (a box decoder's ``(B, 1, 4, anchors)`` is no map);
+    before the head of a model whose head is known (its layers depend on the weights). Raises
+    :class:`~camkit.errors.LayerOutputError` without such a map, warns when later layers work on
+    token sequences.
     """
     calls, _ = trace(model, input_size, example=example)
     return last_spatial_map(calls, model, input_size, example=example)
