@@ -5,9 +5,8 @@ A method registers itself with one line above its class::
     @register("gradcam", "Selvaraju et al., ICCV 2017")
     class GradCAM(BaseCAM): ...
 
-What the registry knows of a method comes from the class's own attributes. Every front end
-builds a method one way, :func:`build` from the model, the layer and one :class:`Settings`
-record, so the same settings give the same map everywhere.
+What it knows of a method comes from the class's attributes; every front end builds a method
+with :func:`build` and one :class:`Settings` record, so the same settings give the same map.
 """
 
 from __future__ import annotations

@@ -78,11 +78,10 @@ def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: d
     """The output recomputed from the per-head probabilities (so gradients reach them)."""
     weights = out[1]
     value = args[2] if len(args) > 2 else kwargs["value"]
-    batch, length, dim = value.shape
-    heads = module.num_heads
+    batch, _, dim = value.shape
     bias = None if module.in_proj_bias is None else module.in_proj_bias[2 * dim :]
     v = F.linear(value, module.in_proj_weight[2 * dim :], bias)
-    v = v.reshape(batch, length, heads, dim // heads).transpose(1, 2)
+    v = v.unflatten(-1, (module.num_heads, -1)).transpose(1, 2)
     mixed = (weights @ v).transpose(1, 2).reshape(batch, weights.shape[-2], dim)
     store.append(weights)
     return module.out_proj(mixed), None

@@ -37,8 +37,7 @@ def first_tensor(value: object) -> Tensor | None:
 
 Example = Tensor | tuple | list | Mapping | Inputs
 InputSize = int | Sequence[int] | None
-"""The spatial size of random noise to trace a model with: one side, every side, or None (the
-model's default, see :func:`default_example`)."""
+"""The spatial size of the noise a model is traced with (None: :func:`default_example`'s)."""
 
 
 def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
@@ -61,8 +60,7 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
             f"{type(model).__name__} starts with a {dims}-D convolution: input_size must be "
             f"an int or {dims} ints, got {input_size!r}; or pass example= an input it takes"
         )
-    generator = torch.Generator().manual_seed(0)
-    noise = torch.randn(1, channels, *size, generator=generator, dtype=dtype)
+    noise = torch.randn(1, channels, *size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     return noise.to(reference.device)
 
 

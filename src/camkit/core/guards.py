@@ -51,9 +51,6 @@ def batchnorm_gradients_guarded(model: nn.Module) -> Iterator[None]:
     is made contiguous too (what its backward computes correctly), at the cost of a copy of
     its output while gradients are recorded."""
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    if not norms:
-        yield
-        return
     with hooked(lambda: [m.register_forward_hook(this_thread(_guard)) for m in norms]):
         yield
 

@@ -8,6 +8,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import IO, Any
 
 from torch import Tensor, nn
@@ -28,25 +29,23 @@ def progress_bar(total: int, description: str, unit: str, *, enabled: bool = Tru
     return tqdm(total=total, desc=description, unit=unit, disable=None if enabled else True)
 
 
+@dataclass(eq=False)
 class LogProgress:
     """Progress as lines for a log: ``explain: 12/43 images (28%), 1.3 images/s, 24 s left``,
     at most one per ``interval`` seconds and a last one when done; the calls of a tqdm bar."""
 
-    def __init__(
-        self,
-        total: int,
-        description: str,
-        unit: str,
-        *,
-        interval: float = LOG_INTERVAL,
-        file: IO[str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.total, self.description, self.unit = total, description, unit
-        self.interval, self.file, self.clock = interval, file, clock
+    total: int
+    description: str
+    unit: str
+    _: KW_ONLY
+    interval: float = LOG_INTERVAL
+    file: IO[str] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
         self.done = self.shown = 0
         self.note = self.note_shown = ""
-        self.started = self.last = clock()
+        self.started = self.last = self.clock()
         self.closed = False
 
     def line(self) -> str:

@@ -1,18 +1,14 @@
-"""What a video model says about its space-time layers, read from the model, never guessed from
-a token count:
+"""What a video model says about its space-time layers, read from the model, never guessed:
 
-* tubelet tokens (VideoMAE, Tong et al., NeurIPS 2022; ViViT, Arnab et al., ICCV 2021;
-  torchvision MViT's ``conv_proj``, Fan et al., ICCV 2021): the first ``nn.Conv3d``'s output
-  grid, flattened time-major ``(t, h, w)``; MViT's ``pool_q`` poolings pool the later grids;
-* TimeSformer (Bertasius et al., ICML 2021; HuggingFace, divided or joint attention): tokens
-  patch by patch, each patch's frames together, on a ``(T, H / p, W / p)`` grid;
-* frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019):
-  declared by ``InputLayout(..., frame_wise=True)``; a layer's ``B * T`` rows read as
-  ``(B, T, h, w)``;
+* tubelet tokens (VideoMAE, Tong et al., NeurIPS 2022; ViViT, Arnab et al., ICCV 2021; MViT,
+  Fan et al., ICCV 2021): the first ``nn.Conv3d``'s output grid, time-major; MViT's ``pool_q``
+  pool the later grids;
+* TimeSformer (Bertasius et al., ICML 2021): tokens patch by patch, each patch's frames
+  together, on a ``(T, H / p, W / p)`` grid;
+* frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019),
+  declared by ``InputLayout(..., frame_wise=True)``: ``B * T`` rows read as ``(B, T, h, w)``;
 * X-CLIP (Ni et al., "Expanding Language-Image Pretrained Models for General Video
-  Recognition", ECCV 2022): its vision tower runs ``B * T`` frames (row ``b * T + t``, ``T``
-  its config's ``vision_config.num_frames``): frame-wise without a declaration; a clip of
-  another length is refused.
+  Recognition", ECCV 2022): frame-wise by its config's ``vision_config.num_frames``.
 """
 
 from __future__ import annotations
