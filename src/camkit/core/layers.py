@@ -183,10 +183,7 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
         )
     for name, calls in taps.items():
         if len(calls) > 1:
-            listed = ", ".join(
-                f"call {i}: {tuple(out.shape) if isinstance(out, Tensor) else '?'}"
-                for i, out in enumerate(calls)
-            )
+            listed = ", ".join(f"call {i}: {tuple(out.shape)}" for i, out in enumerate(calls))
             raise LayerOutputError(
                 f"layer {name!r} runs {len(calls)} times in one forward pass ({listed}); a map "
                 "of one call would silently leave the others out. Choose a layer that runs "

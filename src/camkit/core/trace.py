@@ -47,7 +47,7 @@ class _Call:
         ``--layer`` check, ``camkit layers`` and the explorer's layer menu."""
         if self.skip is not None:
             return self.skip
-        shape = tuple(self.shape)
+        shape = self.shape
         if len(shape) in (3, 5) or (len(shape) == 4 and shape[-1] * shape[-2] > 1):
             return None
         return (
@@ -232,14 +232,6 @@ def default_layer(
     return last_spatial_map(calls, model, input_size, example=example)
 
 
-def _input_shape(model: nn.Module, input_size: object, example: Example | None) -> tuple:
-    """The shape of the explained input (the first tensor of the example)."""
-    if example is None:
-        example = default_example(model, input_size)
-    first = first_tensor(example)
-    return tuple(first.shape) if first is not None else (1, 3, 224, 224)
-
-
 def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
     """Whether an output's spatial axes, channels first or last, fit the input's size."""
     return fits_input(shape[2:], size) or fits_input(shape[1:-1], size)
@@ -264,15 +256,15 @@ def last_spatial_map(
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     usable = {call.name for call in calls if call.skip is None}
-    ran = usable.__contains__
     for known in (
         vision_feature_layer(model),
-        default_token_layer(model, lambda name: ran(user_name(model, name))),
+        default_token_layer(model, lambda name: user_name(model, name) in usable),
     ):
         known = known and user_name(model, known)
         if known is not None and known in usable:
             return known
-    shape = _input_shape(model, input_size, example)
+    first = first_tensor(default_example(model, input_size) if example is None else example)
+    shape = tuple(first.shape) if first is not None else (1, 3, 224, 224)
     dims = len(shape)
     candidates = [
         call

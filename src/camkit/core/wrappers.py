@@ -62,7 +62,7 @@ class KeywordInput(_Wrapper):
         super().__init__(model)
         if not isinstance(key, str) or not key.isidentifier():
             raise ArgumentError(f"key must be the name of a keyword argument, got {key!r}")
-        if key == "pixel_values" and image_inputs_differ(model):
+        if key == "pixel_values" and (patch_rows(model) or image_tiles(model)):
             raise ArgumentError(
                 f"{type(model).__name__} does not read images as pixel_values alone (flattened "
                 "patches with image_grid_thw, or tiles with image_sizes, from its config): "
@@ -112,11 +112,6 @@ def image_inputs(model: nn.Module, x: Tensor, input_ids: Tensor | None = None) -
         image = getattr(model.config, "image_token_id", None)
         inputs["mm_token_type_ids"] = (input_ids == image).int()
     return inputs
-
-
-def image_inputs_differ(model: nn.Module) -> bool:
-    """Whether a model takes images other than as ``pixel_values`` alone."""
-    return patch_rows(model) is not None or image_tiles(model) is not None
 
 
 def _tiles(model: nn.Module, x: Tensor, tiles: Tiles) -> dict[str, Tensor]:
