@@ -11,7 +11,7 @@ import ctypes
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -117,9 +117,7 @@ class CopyScorer:
         """``(n, K)`` scores of ``inputs`` whose row ``i`` is a copy of sample ``samples[i]``
         (buffers restored: the metrics call this outside any method)."""
         with buffers_kept(self.model):
-            return self.memory.run(
-                lambda memory_format: self._score(inputs, samples, memory_format)
-            )
+            return self.memory.run(partial(self._score, inputs, samples))
 
     def over(
         self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
