@@ -81,9 +81,6 @@ class CheckpointMismatchError(CheckpointError):
     """A checkpoint whose tensors do not fit the architecture."""
 
 
-# ----------------------------------------------------------------------------- warnings
-
-
 class EmptyMapWarning(UserWarning):
     """A map that is zero everywhere: the method found nothing to show for that target."""
 

@@ -134,10 +134,9 @@ def check_clip_layout(x: Tensor, model: nn.Module) -> None:
         return
     shape = tuple(x.shape)
     conv = first_conv(model)
-    channels = None if conv is None else conv.in_channels
-    if channels is not None and shape[2] == channels != shape[1]:
+    if conv is not None and shape[2] == conv.in_channels != shape[1]:
         raise InputError(
-            f"the 5-D input {shape} has the model's {channels} input channels on axis 2, so it "
+            f"the 5-D input {shape} has the model's {shape[2]} input channels on axis 2, so it "
             "looks like clips (B, T, C, H, W); camkit reads 5-D inputs as (B, C, T, H, W) and "
             "would take the channels for time. Declare the layout the model takes: "
             'camkit.InputLayout(model, "BTCHW") is called with x.transpose(1, 2)'

@@ -27,7 +27,6 @@ def buffers_kept(model: nn.Module) -> Iterator[None]:
         (module, name, buffer, buffer.detach().clone())
         for module in model.modules()
         for name, buffer in module.named_buffers(recurse=False)
-        if buffer is not None
     ]
     try:
         yield
