@@ -1,12 +1,7 @@
 """camkit: where a PyTorch vision model looks.
 
-``GradCAM(model, "features.28")(img, target=281)`` gives an ``(H, W)`` heatmap in [0, 1].
-
-Every method is a :class:`~camkit.core.explainer.Explainer`. Layout: :mod:`camkit.core` (the
-engine: the Explainer base, layers and hooks, targets, the tapped forward, copies, finishing),
-:mod:`camkit.registry` (which methods exist), :mod:`camkit.methods.cam` and
-:mod:`camkit.methods.pixel` (the methods), :mod:`camkit.models`, :mod:`camkit.viz`,
-:mod:`camkit.cli`; errors in :mod:`camkit.errors`.
+``GradCAM(model, "features.28")(img, target=281)`` gives an ``(H, W)`` heatmap in [0, 1]. Every
+method is a :class:`~camkit.core.explainer.Explainer`; :mod:`camkit.registry` lists them.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,7 +1,5 @@
-"""The errors camkit raises on purpose: catch :class:`CamkitError` for all of them.
-
-Each is also a ``ValueError``, so code written for the built-in type keeps working. Messages say
-what was expected and what came.
+"""The errors camkit raises on purpose: catch :class:`CamkitError` for all of them; each is also
+a ``ValueError``. Messages say what was expected and what came.
 """
 
 from __future__ import annotations
@@ -67,9 +65,8 @@ class UnknownModelError(CamkitError):
 
 
 class RunFileError(CamkitError):
-    """A file of a run folder (manifest, maps, strategies, concepts, metrics) that is partial,
-    corrupt, of the wrong shape or of a version newer than this camkit: the message names the
-    file, its version and the command that writes it again."""
+    """A run folder's file that is partial, corrupt, misshapen or of a newer version: the
+    message names the file, its version and the command that writes it again."""
 
 
 class CheckpointError(CamkitError):
@@ -82,9 +79,6 @@ class UnsafeCheckpointError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint whose tensors do not fit the architecture."""
-
-
-# ----------------------------------------------------------------------------- warnings
 
 
 class EmptyMapWarning(UserWarning):
@@ -101,7 +95,7 @@ class ZeroGradientWarning(UserWarning):
 
 class IllConditionedWarning(UserWarning):
     """A formula evaluated where it is ill-conditioned (Grad-CAM++'s alphas whose denominator
-    nearly cancels): small changes of the activations or gradients change the map a lot."""
+    nearly cancels): the map is sensitive to small changes."""
 
 
 class ConservationWarning(UserWarning):
@@ -109,8 +103,8 @@ class ConservationWarning(UserWarning):
 
 
 class UnmovedObjectiveWarning(UserWarning):
-    """Feature visualisation could not move its objective from the starting value on every
-    start it tried (a unit closed for every image it met): the image is an unoptimised start."""
+    """Feature visualisation could not move its objective from any start it tried (a unit
+    closed for every image): the image is an unoptimised start."""
 
 
 def warn(message: str, category: type[Warning]) -> None:

@@ -5,14 +5,8 @@ A method registers itself with one line above its class::
     @register("gradcam", "Selvaraju et al., ICCV 2017")
     class GradCAM(BaseCAM): ...
 
-What the registry knows of a method (its family, whether it needs a layer or gradients, whether
-it can share :func:`camkit.cams`' single pass) comes from the class's own attributes, so it can
-never disagree with the class.
-
-One way to build a method for every front end (the CLI, the report, the explorer, the
-notebook): :func:`build` from the model, the layer and one :class:`Settings` record. Which of
-the settings a method takes is decided once, by :meth:`Method.options`, from the class's own
-answers, so the same settings give the same map everywhere.
+What it knows of a method comes from the class's attributes; every front end builds a method
+with :func:`build` and one :class:`Settings` record, so the same settings give the same map.
 """
 
 from __future__ import annotations
@@ -33,13 +27,9 @@ BATCH_SIZE = 32  # rows per forward pass, in every front end and every method th
 
 @dataclass(frozen=True)
 class Settings:
-    """How a front end builds every method: one record, read by :meth:`Method.options`.
-
-    ``seed``: the random draws of the seeded methods (SmoothGrad, SS-CAM, ...), so that reruns
-    and front ends agree; ``batch_size``: rows per forward pass in the methods that run passes
-    of their own (results do not depend on it); ``composite``: the LRP composite of the methods
-    that take one (None: the method's own default).
-    """
+    """How a front end builds every method, read by :meth:`Method.options`: the ``seed`` of the
+    seeded methods, ``batch_size`` (rows per forward pass) and the LRP ``composite`` of the
+    methods that take one (None: the method's own default)."""
 
     seed: int = 0
     batch_size: int | None = BATCH_SIZE
@@ -56,10 +46,8 @@ class Method:
 
     @property
     def capabilities(self) -> Any:
-        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`): ``family``
-        (``"gradient-cam"``, ``"perturbation-cam"``, ``"pixel"`` or ``"attention"``),
-        ``needs_layer``, ``needs_gradients``, ``seeded`` (takes ``seed=``) and ``target_free``
-        (the same map for every target); each is also an attribute of the entry."""
+        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`), each also an
+        attribute of the entry."""
         return self.cls.capabilities()
 
     def __getattr__(self, flag: str) -> Any:
@@ -72,22 +60,18 @@ class Method:
 
     @property
     def shares_pass(self) -> bool:
-        """Whether :func:`camkit.cams` computes it from the one shared forward/backward pass
-        (the class's own answer, :meth:`~camkit.core.explainer.Explainer.shares_one_pass`)."""
+        """:meth:`~camkit.core.explainer.Explainer.shares_one_pass` of the class."""
         return self.cls.shares_one_pass()
 
     @property
     def takes_composite(self) -> bool:
-        """Whether it runs an LRP composite by default, the one the front ends' composite
-        (``--composite``, the explorer's menu) names: asked of its class (``default_composite``),
-        not of its constructor (every pixel method takes ``composite=``, the plain gradient or
-        its ReLU rule being its own by default)."""
+        """Whether it runs an LRP composite by default (its class's ``default_composite``), the
+        one the front ends' ``--composite`` names (every pixel method takes ``composite=``)."""
         return getattr(self.cls, "default_composite", None) is not None
 
     def options(self, settings: Settings) -> dict[str, Any]:
         """The constructor options ``settings`` gives this method, exactly those it takes:
-        ``batch_size`` unless it shares the one plain pass (which explains a batch in one
-        forward, whose output is also the prediction), ``seed`` if it is ``seeded``, and
+        ``batch_size`` unless it shares the one plain pass, ``seed`` if ``seeded``, and
         ``composite`` if it takes one (and one is set)."""
         options: dict[str, Any] = {}
         if not self.shares_pass:
@@ -105,10 +89,8 @@ class Method:
         settings: Settings | None = None,
         **options: Any,
     ) -> Callable:
-        """The explainer ``cls(model, layer, **options)`` (``layer`` None: the model's default
-        layer, or all attention blocks; methods that take no layer are built without it).
-        ``settings``: the options it gives this method (:meth:`options`) come first, ``options``
-        add to them (None: the class's own defaults)."""
+        """The explainer ``cls(model, layer, **options)`` (without ``layer`` if it takes none),
+        with :meth:`options` of ``settings`` under ``options``."""
         if settings is not None:
             options = self.options(settings) | options
         if self.cls.takes_layer():
@@ -144,8 +126,7 @@ def get(name: str) -> Method:
 def build(
     name: str, model: nn.Module, layer: Any = None, settings: Settings = Settings()
 ) -> Callable:
-    """The method called ``name`` on ``model`` (and ``layer``), built with ``settings``: the one
-    way every front end builds a method (:meth:`Method.build`)."""
+    """The method called ``name`` on ``model`` (and ``layer``), built with ``settings``."""
     return get(name).build(model, layer, settings)
 
 

@@ -25,14 +25,6 @@ _PREFIX_ATTRIBUTES = (
 # attributes that hold tokens appended after the patch tokens: HuggingFace YOLOS
 # ``detection_tokens``, the YOLOS authors' ``det_token`` (Fang et al., NeurIPS 2021)
 _SUFFIX_ATTRIBUTES = ("detection_tokens", "det_token")
-# config fields that count tokens appended after the patches
-_SUFFIX_CONFIG = ("num_detection_tokens",)
-_CHANNELS_FIRST_MODULES = (
-    nn.modules.conv._ConvNd,
-    nn.modules.batchnorm._BatchNorm,
-    nn.GroupNorm,
-    nn.modules.instancenorm._InstanceNorm,
-)
 # last name component of the first normalisation in a transformer block, per family:
 # timm ViT/DeiT/Eva/Swin and torchvision Swin ``norm1``, torchvision ViT ``ln_1``, HuggingFace
 # ViT/DeiT ``layernorm_before``, HuggingFace CLIP ``layer_norm1``
@@ -44,58 +36,49 @@ _ENCODER_LISTS = ("layers", "layer", "blocks")
 _PATCH_ROW_FIELDS = ("patch_size", "temporal_patch_size", "spatial_merge_size")
 
 
+def _count(value: object) -> bool:
+    """Whether ``value`` is an int > 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def _pair(value: object) -> tuple[int, int] | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if _count(value):
         return value, value
     if isinstance(value, Sequence) and len(value) == 2 and all(isinstance(v, int) for v in value):
         return int(value[0]), int(value[1])
     return None
 
 
-# ----------------------------------------------------------------------------- model facts
-
-
 def prefix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
-    """``(count, source)`` of the tokens a transformer prepends to its patch tokens, or None.
-
-    timm's ``num_prefix_tokens``; else the first module holding ``cls_token`` / ``class_token``
-    (torchvision) / ``dist_token`` / ``distillation_token`` / ``reg_token`` / ``register_tokens``
-    / ``class_embedding`` (HuggingFace CLIP) parameters, each counting its token axis
-    (``(1, n, C)``: ``n``).
-    """
+    """``(count, source)`` of the tokens a transformer prepends to its patch tokens, or None:
+    timm's ``num_prefix_tokens``, else the first module's token parameters
+    (``_PREFIX_ATTRIBUTES``)."""
     if model is None:
         return None
     for name, module in model.named_modules():
         count = getattr(module, "num_prefix_tokens", None)
         if isinstance(count, int) and not isinstance(count, bool):
-            where = f"{name}.num_prefix_tokens" if name else "num_prefix_tokens"
-            return count, where
+            return count, f"{name + '.' if name else ''}num_prefix_tokens"
     return _token_attributes(model, _PREFIX_ATTRIBUTES)
 
 
 def suffix_tokens(model: nn.Module | None) -> tuple[int, str] | None:
-    """``(count, source)`` of the tokens a transformer appends after its patch tokens, or None.
-
-    HuggingFace YOLOS ``detection_tokens`` / the YOLOS authors' ``det_token`` parameters
-    (``(1, n, C)``: ``n``), else a ``config.num_detection_tokens`` on the model or a submodule.
-    """
+    """``(count, source)`` of the tokens a transformer appends after its patch tokens, or None:
+    YOLOS's token parameters, else a ``config.num_detection_tokens``."""
     if model is None:
         return None
     found = _token_attributes(model, _SUFFIX_ATTRIBUTES)
     if found is not None:
         return found
     for name, module in model.named_modules():
-        config = getattr(module, "config", None)
-        for field in _SUFFIX_CONFIG:
-            count = getattr(config, field, None)
-            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-                return count, f"{name + '.' if name else ''}config.{field}"
+        count = getattr(getattr(module, "config", None), "num_detection_tokens", None)
+        if _count(count):
+            return count, f"{name + '.' if name else ''}config.num_detection_tokens"
     return None
 
 
 def _token_attributes(model: nn.Module, attributes: Sequence[str]) -> tuple[int, str] | None:
-    """The tokens held by the first module with any of ``attributes``: ``(1, n, C)`` counts
-    ``n``, ``(1, C)`` and ``(C,)`` one."""
+    """The tokens of the first module with any of ``attributes`` (``(1, n, C)``: ``n``, else 1)."""
     for name, module in model.named_modules():
         found = []
         for attr in attributes:
@@ -108,26 +91,24 @@ def _token_attributes(model: nn.Module, attributes: Sequence[str]) -> tuple[int,
     return None
 
 
+def first_conv(model: nn.Module) -> nn.Module | None:
+    """The model's first convolution (in registration order), or None."""
+    return next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+
+
 def patch_size(model: nn.Module | None) -> tuple[int, int] | None:
     """The patch size ``(ph, pw)``: timm ``patch_embed.patch_size``, torchvision ``patch_size``,
     HuggingFace ``config.patch_size`` (or any submodule's ``patch_size``), else None."""
     if model is None:
         return None
-    config = getattr(model, "config", None)
-    for module in (getattr(model, "patch_embed", None), model, config):
-        found = _pair(getattr(module, "patch_size", None)) if module is not None else None
-        if found:
-            return found
-    for module in model.modules():
-        found = _pair(getattr(module, "patch_size", None))
-        if found:
-            return found
-    return None
+    first = (getattr(model, "patch_embed", None), model, getattr(model, "config", None))
+    found = (_pair(getattr(m, "patch_size", None)) for m in (*first, *model.modules()))
+    return next(filter(None, found), None)
 
 
 def patch_grid(model: nn.Module | None, size: tuple[int, int]) -> tuple[int, int] | None:
-    """The patch grid for an input ``(H, W)``: timm's ``patch_embed.dynamic_feat_size`` (which
-    knows about dynamic padding), else ``(H // ph, W // pw)``; None without a patch size."""
+    """The patch grid for an input ``(H, W)``: timm's ``patch_embed.dynamic_feat_size`` (it
+    knows dynamic padding), else ``(H // ph, W // pw)``; None without a patch size."""
     embed = getattr(model, "patch_embed", None)
     feat_size = getattr(embed, "dynamic_feat_size", None)
     if callable(feat_size):
@@ -144,12 +125,9 @@ def patch_grid(model: nn.Module | None, size: tuple[int, int]) -> tuple[int, int
 
 
 def channel_counts(model: nn.Module | None) -> tuple[set[int], set[int]]:
-    """``(channels-first counts, channels-last counts)`` of the model's modules.
-
-    Channels-first: convolutions (in/out), batch/group/instance norms, and normalisations whose
-    class name ends in ``2d`` (timm ``LayerNorm2d``). Channels-last: ``nn.LayerNorm`` over the
-    last axis and ``nn.Linear`` (in/out features).
-    """
+    """``(channels-first counts, channels-last counts)`` of the model's modules: convolutions,
+    batch/group/instance norms and ``*2d`` layer norms (timm ``LayerNorm2d``); other
+    ``nn.LayerNorm`` s and ``nn.Linear``."""
     first: set[int] = set()
     last: set[int] = set()
     for module in model.modules() if model is not None else ():
@@ -180,10 +158,8 @@ def has_last_axis_norm(model: nn.Module | None) -> bool:
 class PatchRows:
     """How a model that reads its images as flattened patches (Qwen2-VL: ``pixel_values``
     ``(sum of t * h * w, C * t * p * p)`` and ``image_grid_thw``) lays them out, from its vision
-    config: ``patch`` pixels a side, ``temporal`` frames per patch (an image repeated),
-    ``merge`` x ``merge`` patches merged into one token after the vision blocks, the patches
-    ordered merge window by merge window (the model's image processor's order), ``channels``
-    of the image."""
+    config: ``patch`` pixels a side, ``temporal`` frames per patch, ``merge`` x ``merge``
+    patches per token after the vision blocks (patches ordered window by window)."""
 
     patch: int
     temporal: int
@@ -202,7 +178,7 @@ def patch_rows(model: nn.Module | None) -> PatchRows | None:
         config = getattr(module, "config", None)
         vision = getattr(config, "vision_config", config)
         values = [getattr(vision, f, None) for f in _PATCH_ROW_FIELDS]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        if all(map(_count, values)):
             channels = getattr(vision, "in_channels", getattr(vision, "num_channels", 3))
             return PatchRows(*values, channels=int(channels))
     return None
@@ -211,16 +187,14 @@ def patch_rows(model: nn.Module | None) -> PatchRows | None:
 @dataclass(frozen=True)
 class Tiles:
     """How a model that splits its images into tiles (LLaVA-NeXt's anyres, Liu et al. 2024)
-    reads them, from its config: ``side`` (the vision tower's ``image_size``) and the
-    resolutions it tiles (``image_grid_pinpoints``). An image at one of them is read as views:
-    the image resized to ``side``, then its ``side`` x ``side`` tiles row by row."""
+    reads them, from its config: an image at one of the ``pinpoints`` resolutions is read as
+    views, the image resized to ``side``, then its ``side`` x ``side`` tiles row by row."""
 
     side: int
     pinpoints: tuple[tuple[int, int], ...]
 
     def grid(self, size: Sequence[int]) -> tuple[int, int] | None:
-        """The ``(rows, columns)`` of tiles of an ``(H, W)`` image at one of the resolutions,
-        else None."""
+        """The ``(rows, columns)`` of tiles of an ``(H, W)`` image at a pinpoint, else None."""
         height, width = int(size[-2]), int(size[-1])
         if (height, width) not in self.pinpoints:
             return None
@@ -228,8 +202,8 @@ class Tiles:
 
 
 def image_tiles(model: nn.Module | None) -> Tiles | None:
-    """:class:`Tiles` of a model whose config names ``image_grid_pinpoints`` (LLaVA-NeXt and
-    its kin) and a square vision ``image_size``, else None."""
+    """:class:`Tiles` of a model whose config names ``image_grid_pinpoints`` and a square
+    vision ``image_size``, else None."""
     for module in model.modules() if model is not None else ():
         config = getattr(module, "config", None)
         pinpoints = getattr(config, "image_grid_pinpoints", None)
@@ -240,11 +214,8 @@ def image_tiles(model: nn.Module | None) -> Tiles | None:
 
 
 def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
-    """How many rows per input a model folds into the first axis of its layers, or None: the
-    frames of a frame-wise video model (:func:`~camkit.core.spacetime.folded_frames`), the
-    patches of a model that reads its images as flattened patches (:func:`patch_rows`: an
-    ``(H, W)`` image gives ``(H / p) * (W / p)`` rows), the views of a model that tiles its
-    images (:func:`image_tiles`: the resized image and its tiles)."""
+    """How many rows per input a model folds into the first axis of its layers, or None: a
+    frame-wise model's frames, a flattened-patch model's patches, a tiling model's views."""
     frames = folded_frames(model, input_shape)
     if frames is not None or len(input_shape) != 4:
         return frames
@@ -255,22 +226,12 @@ def folded_rows(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | 
     return None if grid is None else 1 + math.prod(grid)
 
 
-# ----------------------------------------------------------------------------- inference
-
-
 def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = None) -> str | None:
-    """The layer to explain in a transformer: the first normalisation of its last block.
-
-    Per family: timm ViT / DeiT / DINOv2 ``blocks.{-1}.norm1``; timm Swin
-    ``layers.{-1}.blocks.{-1}.norm1``; torchvision ``vit_b_16``
-    ``encoder.layers.encoder_layer_{-1}.ln_1``; torchvision ``swin_t`` ``features.7.{-1}.norm1``;
-    HuggingFace ViT ``...layer.{-1}.layernorm_before``; CLIP ``...layers.{-1}.layer_norm1``. Its
-    output feeds the last attention, so every patch token reaches the score (the layer
-    pytorch-grad-cam recommends). A video transformer whose block norms see frames in the batch
-    (TimeSformer) gets :func:`~camkit.core.spacetime.default_video_layer`. None for a model
-    without such blocks (CNNs, ConvNeXt: use the last spatial map). ``ran``: which modules (by
-    name in ``model``) ran in the explained forward; the others are not candidates (OpenCLIP's
-    text tower, named after its image tower, does not run when its image side is explained).
+    """The layer to explain in a transformer: the first normalisation of its last block
+    (``_BLOCK_NORM_NAMES``), whose output feeds the last attention, so every patch token
+    reaches the score (pytorch-grad-cam's advice); a video transformer's
+    :func:`~camkit.core.spacetime.default_video_layer`; None without such blocks (CNNs).
+    ``ran``: which module names ran in the explained forward (OpenCLIP's text tower does not).
     """
     found = default_video_layer(model)
     if found is not None:
@@ -286,19 +247,14 @@ def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = No
 
 
 def vision_feature_layer(model: nn.Module) -> str | None:
-    """Where a generative vision-language model's vision features leave its vision tower for
-    the projector that feeds them to the language model, or None for other models.
+    """Where a generative vision-language model's vision features leave its vision tower
+    (a ``vision_tower``, or Qwen2-VL's ``visual`` with its ``merger``) for the projector, or
+    None for other models.
 
-    The vision tower: a ``vision_tower`` (LLaVA and most), or Qwen2-VL's ``visual`` with its
-    ``merger`` (which merges patches and projects them; OpenCLIP's ``visual`` has none: a dual
-    encoder). LLaVA and its kin (a ``config.vision_feature_layer``): the projector
-    reads ``hidden_states[i]`` of the vision tower, the output of encoder layer ``i - 1``
-    (``hidden_states[0]`` is the embedding); LLaVA's usual ``-2`` is the second-to-last
-    layer's output, not the last block, which the projector never reads. A list of indices
-    (features concatenated) gives its deepest layer. Without ``vision_feature_layer``
-    (PaliGemma, Gemma 3: the tower's ``last_hidden_state``; Qwen2-VL's ``visual``, whose
-    merger reads its last block): the tower's final normalisation (``post_layernorm``), else its
-    last encoder layer.
+    With a ``config.vision_feature_layer`` (LLaVA): the projector reads ``hidden_states[i]``,
+    the output of encoder layer ``i - 1`` (``hidden_states[0]`` is the embedding; of a list,
+    the deepest). Without (PaliGemma, Qwen2-VL): the tower's ``post_layernorm``, else its last
+    encoder layer.
     """
     tower = next(
         (
@@ -324,13 +280,9 @@ def vision_feature_layer(model: nn.Module) -> str | None:
     blocks, layers = f"{prefix}.{encoder[0]}", encoder[1]
     index = _feature_index(model)
     if index is None:
-        norm = getattr(module, "post_layernorm", None)
-        if norm is None:  # the norm of the tower inside its wrapper (vision_model.post_layernorm)
-            norm = next(
-                (m for n, m in module.named_modules() if n.endswith("post_layernorm")), None
-            )
-        if norm is not None:
-            return next(f"{prefix}.{n}" for n, m in module.named_modules() if m is norm)
+        norms = [n for n, _ in module.named_modules() if n.endswith("post_layernorm")]
+        if norms:  # the tower's own, else the one inside its wrapper (vision_model.post_layernorm)
+            return f"{prefix}.{'post_layernorm' if 'post_layernorm' in norms else norms[0]}"
         return f"{blocks}.{len(layers) - 1}"
     states = len(layers) + 1
     index = index % states if -states <= index < states else None
@@ -338,8 +290,7 @@ def vision_feature_layer(model: nn.Module) -> str | None:
 
 
 def _feature_index(model: nn.Module) -> int | None:
-    """The hidden-state index LLaVA-style configs name (the deepest of a list), or None; read
-    from the first module with such a config (a wrapper has none of its own)."""
+    """The first ``config.vision_feature_layer`` (the deepest of a list), or None."""
     configs = (getattr(m, "config", None) for m in model.modules())
     value = next(
         (c.vision_feature_layer for c in configs if hasattr(c, "vision_feature_layer")), None

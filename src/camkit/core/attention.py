@@ -1,18 +1,11 @@
-"""Capturing a vision transformer's attention probabilities: a reversible model edit.
+"""Capturing a vision transformer's post-softmax attention probabilities ``(B, heads, N, N)``:
+:func:`captured_attention`, a reversible model edit for a ``with`` block only:
 
-The attention methods (:mod:`camkit.methods.attention`) read the post-softmax attention
-probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks (timm ``Attention`` modules, torchvision
-``EncoderBlock.self_attention``). :func:`captured_attention` is the engine's reversible edit
-that makes them exist, for the duration of a ``with`` block only, on the same hook handling as
-every other capture (:func:`~camkit.core.layers.hooked`: removed in ``finally``):
-
-* timm: the attention's ``fused_attn`` flag is switched off so that the probabilities exist as a
-  tensor (the output of its ``attn_drop``, identity in eval mode), then switched back;
-* HuggingFace ViT / DeiT / DINOv2: the config's attention kernel is set to ``"eager"``, whose
-  attention returns its probabilities (SDPA returns None), then set back;
-* torchvision: ``nn.MultiheadAttention`` is asked for per-head weights (``need_weights=True,
-  average_attn_weights=False``) and its output is recomputed from them, so that gradients reach
-  the probabilities (the same replay as torchcam 0.5.0); what the block receives is unchanged.
+* timm: ``fused_attn`` switched off, so the probabilities exist (its ``attn_drop``'s output);
+* HuggingFace ViT / DeiT / DINOv2: the config's kernel set to ``"eager"`` (SDPA returns none);
+* torchvision: ``nn.MultiheadAttention`` asked for per-head weights and its output recomputed
+  from them, so that gradients reach them (torchcam 0.5.0's replay); the block's input is
+  unchanged.
 """
 
 from __future__ import annotations
@@ -34,19 +27,16 @@ def _is_timm_attention(module: nn.Module) -> bool:
 
 
 def _is_hf_attention(module: nn.Module) -> bool:
-    """A HuggingFace attention (ViT, DeiT, DINOv2): ``q/k/v/o_proj`` and a config naming the
-    attention kernel; it returns ``(output, probabilities)`` with the eager kernel."""
+    """A HuggingFace attention (ViT, DeiT, DINOv2), whose eager kernel returns probabilities."""
     config = getattr(module, "config", None)
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
     return hasattr(config, "_attn_implementation") and all(hasattr(module, a) for a in projections)
 
 
 def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]:
-    """``(name, block, attention)`` for every transformer block, in order: timm blocks with an
-    ``attn`` child (timm ``Attention``), torchvision blocks with ``self_attention``
-    (``nn.MultiheadAttention``, batch-first), HuggingFace ViT / DeiT / DINOv2 layers with an
-    ``attention`` child. Windowed attention (Swin) is refused: its
-    probabilities cover one window each, not the image's tokens."""
+    """``(name, block, attention)`` for every transformer block, in order (timm ``attn``,
+    HuggingFace ``attention``, torchvision batch-first ``self_attention``). Windowed attention
+    (Swin) is refused: its probabilities cover one window each, not the image."""
     found = []
     for name, module in model.named_modules():
         attn = getattr(module, "attn", None)
@@ -56,18 +46,15 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
                 "cover one window, not the image; the attention methods need global "
                 "self-attention (ViT, DeiT); use a CAM for this model"
             )
+        hf, mha = getattr(module, "attention", None), getattr(module, "self_attention", None)
         if isinstance(attn, nn.Module) and _is_timm_attention(attn):
             found.append((name, module, attn))
-            continue
-        attn = getattr(module, "attention", None)
-        if isinstance(attn, nn.Module) and _is_hf_attention(attn):
-            found.append((name, module, attn))
-            continue
-        attn = getattr(module, "self_attention", None)
-        if isinstance(attn, nn.MultiheadAttention):
-            if not attn.batch_first or not attn._qkv_same_embed_dim:
+        elif isinstance(hf, nn.Module) and _is_hf_attention(hf):
+            found.append((name, module, hf))
+        elif isinstance(mha, nn.MultiheadAttention):
+            if not mha.batch_first or not mha._qkv_same_embed_dim:
                 raise AttentionError(f"{name}.self_attention must be batch-first self-attention")
-            found.append((name, module, attn))
+            found.append((name, module, mha))
     if not found:
         raise AttentionError(
             f"{type(model).__name__} has no supported attention blocks (timm Attention with "
@@ -79,28 +66,22 @@ def attention_blocks(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module]]
 
 def _mha_pre(module: nn.MultiheadAttention, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     args = list(args)
-    if len(args) > 4:
-        args[4] = True
-    else:
-        kwargs["need_weights"] = True
-    if len(args) > 6:
-        args[6] = False
-    else:
-        kwargs["average_attn_weights"] = False
+    for index, key, value in ((4, "need_weights", True), (6, "average_attn_weights", False)):
+        if len(args) > index:
+            args[index] = value
+        else:
+            kwargs[key] = value
     return tuple(args), kwargs
 
 
 def _mha_post(store: list, module: nn.MultiheadAttention, args: tuple, kwargs: dict, out: Any):
-    """Recompute the attention output from the per-head probabilities (so gradients reach
-    them) and return ``(output, None)`` as the block asked (torchvision passes need_weights=False
-    and ignores the weights)."""
+    """The output recomputed from the per-head probabilities (so gradients reach them)."""
     weights = out[1]
     value = args[2] if len(args) > 2 else kwargs["value"]
-    batch, length, dim = value.shape
-    heads = module.num_heads
+    batch, _, dim = value.shape
     bias = None if module.in_proj_bias is None else module.in_proj_bias[2 * dim :]
     v = F.linear(value, module.in_proj_weight[2 * dim :], bias)
-    v = v.reshape(batch, length, heads, dim // heads).transpose(1, 2)
+    v = v.unflatten(-1, (module.num_heads, -1)).transpose(1, 2)
     mixed = (weights @ v).transpose(1, 2).reshape(batch, weights.shape[-2], dim)
     store.append(weights)
     return module.out_proj(mixed), None
@@ -141,11 +122,10 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
                 keep = this_thread(lambda module, args, out, store=store: store.append(out[1]))
                 registered.append(attn.register_forward_hook(keep))
             elif isinstance(attn, nn.MultiheadAttention):
-                pre = attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True)
-                post = partial(_mha_post, store)
+                post = this_thread(partial(_mha_post, store))
                 registered += [
-                    pre,
-                    attn.register_forward_hook(this_thread(post), with_kwargs=True),
+                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True),
+                    attn.register_forward_hook(post, with_kwargs=True),
                 ]
             else:
                 keep = this_thread(lambda module, args, out, store=store: store.append(out))

@@ -1,13 +1,6 @@
-"""One call of a method, passed down explicitly: the samples and the model's other inputs.
-
-:class:`Call` is built once per call (:meth:`camkit.core.explainer.Explainer.__call__`, the
-metrics, :func:`camkit.methods.cam.cams`) and handed to every function that runs the model, so a
-reader follows a call's data path by reading the arguments: every forward camkit runs is
-``call.forward(model, inputs, rows)``, where ``rows`` names the sample each input row comes
-from (noisy copies, path points, masked images, patches).
-
-:func:`chunks` is the one chunking policy: ``batch_size`` rows per forward pass, all at once
-for None.
+"""One call of a method, passed down explicitly: every forward camkit runs is
+``call.forward(model, inputs, rows)``, ``rows`` naming the sample each input row comes from.
+:func:`chunks` is the one chunking policy.
 """
 
 from __future__ import annotations
@@ -25,13 +18,9 @@ from camkit.errors import ArgumentError
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """The samples of one call and the model's other inputs.
-
-    ``batch``: the explained samples ``(B, ...)`` (a tuple of explained inputs for the
-    methods that attribute several). ``args`` / ``kwargs``: captum's
-    ``additional_forward_args``, the model is called as ``model(x, *args, **kwargs)``; a
-    tensor whose first axis has ``B`` rows is per sample (every forward gets the rows of the
-    samples it holds), anything else is passed as it is.
+    """The samples of one call (``batch``, or a tuple of explained inputs) and the model's
+    other inputs (captum's ``additional_forward_args``): ``model(x, *args, **kwargs)``; a
+    tensor with ``B`` rows is per sample (each forward gets its samples' rows).
     """
 
     batch: Tensor | tuple[Tensor, ...]
@@ -40,15 +29,14 @@ class Call:
 
     @classmethod
     def of(cls, batch: Tensor | tuple[Tensor, ...], additional_forward_args: Any = None) -> Call:
-        """The call of ``batch`` with ``additional_forward_args`` (None: none; a dict: keyword
-        inputs; a tuple: positional inputs; anything else: one positional input)."""
-        if additional_forward_args is None:
+        """The call of ``batch`` with ``additional_forward_args`` (a dict: keyword inputs; a
+        tuple: positional ones; else one positional input)."""
+        extra = additional_forward_args
+        if extra is None:
             return cls(batch)
-        if isinstance(additional_forward_args, dict):
-            return cls(batch, kwargs=dict(additional_forward_args))
-        if isinstance(additional_forward_args, tuple):
-            return cls(batch, args=additional_forward_args)
-        return cls(batch, args=(additional_forward_args,))
+        if isinstance(extra, dict):
+            return cls(batch, kwargs=dict(extra))
+        return cls(batch, args=extra if isinstance(extra, tuple) else (extra,))
 
     @property
     def size(self) -> int:
@@ -63,37 +51,33 @@ class Call:
     def forward(
         self, model: nn.Module, inputs: Tensor | tuple[Tensor, ...], rows: Tensor | None = None
     ) -> Any:
-        """``model(inputs, *args, **kwargs)`` (a tuple of explained inputs: ``model(*inputs,
-        ...)``), with the per-sample extra inputs of the samples ``rows`` (the sample index of
-        each row of ``inputs``; None: the inputs are the call's samples)."""
+        """``model(*inputs, *args, **kwargs)`` with the per-sample extra inputs of ``rows`` (the
+        sample of each row of ``inputs``; None: the call's samples)."""
         explained = inputs if isinstance(inputs, tuple) else (inputs,)
         if not self.has_extra:
             return model(*explained)
-        if rows is None and explained[0].shape[0] == self.size:
+        if rows is None:
+            extra = (*self.args, *self.kwargs.values())
+            if explained[0].shape[0] != self.size and any(map(self._per_sample, extra)):
+                raise ArgumentError(
+                    f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
+                    f"per-sample additional_forward_args of a batch of {self.size}"
+                )
             rows = torch.arange(self.size)
-
-        def pick(arg: Any) -> Any:
-            if self._per_sample(arg):
-                if rows is None:
-                    raise ArgumentError(
-                        f"a forward of {explained[0].shape[0]} rows cannot be matched to the "
-                        f"per-sample additional_forward_args of a batch of {self.size}"
-                    )
-                arg = arg[rows.to(arg.device)]
-            return arg
-
-        args = (*explained, *map(pick, self.args))
-        return call_model(model, Inputs(args, {key: pick(a) for key, a in self.kwargs.items()}))
+        args, kwargs = self._extra(rows)
+        return call_model(model, Inputs((*explained, *args), kwargs))
 
     def following(self, samples: Tensor, batch: Tensor) -> Call:
-        """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]`` of this
-        one (patches, crops): the per-sample extra inputs are those samples' rows."""
+        """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]``."""
+        return Call(batch, *self._extra(samples))
+
+    def _extra(self, rows: Tensor) -> tuple[tuple, dict[str, Any]]:
+        """The extra inputs of the samples ``rows``: per-sample tensors indexed, others as is."""
 
         def pick(arg: Any) -> Any:
-            return arg[samples.to(arg.device)] if self._per_sample(arg) else arg
+            return arg[rows.to(arg.device)] if self._per_sample(arg) else arg
 
-        kwargs = {key: pick(arg) for key, arg in self.kwargs.items()}
-        return Call(batch, tuple(map(pick, self.args)), kwargs)
+        return tuple(map(pick, self.args)), {key: pick(a) for key, a in self.kwargs.items()}
 
     def example(self, batch: Tensor) -> Example:
         """The call's inputs for tracing the model with ``batch``."""

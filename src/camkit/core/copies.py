@@ -1,16 +1,8 @@
-"""Scoring many copies of a batch: the one loop that perturbation CAMs, SESS, the metrics and the
-pixel methods share.
-
-A copy is any input built from one of the ``B`` samples (a masked image, a patch, a noisy or
-blurred image, a path point); row ``i`` of a forward belongs to sample ``samples[i]``, so:
-
-* the target is the sample's own: fixed classes per sample, or each sample's **clean** top-1
-  class (:func:`pin_top1`: one clean pass, in chunks, fixes it, so that every copy explains
-  the clean prediction);
-* per-sample ``additional_forward_args`` follow the rows (:meth:`~camkit.core.call.Call.forward`);
-* forwards take ``batch_size`` rows at a time (:func:`chunks`), results do not depend on it;
-* on the CPU copies are forwarded ``channels_last`` (:class:`~camkit.core.formats.MemoryFormat`)
-  and large chunks give the C heap's free pages back first (:func:`trim_heap`).
+"""Scoring many copies of a batch (masked images, patches, noisy images, path points): the one
+loop that perturbation CAMs, SESS, the metrics and the pixel methods share. Row ``i`` of a
+forward is a copy of sample ``samples[i]``: it is scored for that sample's target (its
+**clean** top-1 class, :func:`pin_top1`) with that sample's extra inputs, ``batch_size`` rows
+at a time, ``channels_last`` on the CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ import ctypes
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -31,7 +23,6 @@ from camkit.core.state import buffers_kept
 from camkit.targets.outputs import class_logits
 from camkit.targets.resolver import RowScorer
 
-PIN = ("dtype", "batch_size")  # the options of pin_top1
 TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwarding
 
 
@@ -49,13 +40,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
 def trim_heap() -> None:
     """Give the C heap's free pages back to the OS before a forward of copies on the CPU.
 
-    glibc keeps the memory that the previous chunk's forward freed (tensors under its dynamic
-    mmap threshold come from the heap and leave holes); the next forward then adds its own
-    peak on top. Measured on ResNet-18 layer4, batch 32 (benchmarks/MEMORY_SCORECAM.md): the
-    peak RSS of Score-CAM drops from about 300 MB to the tensors' own 214 MB, at no
-    measurable cost in time. Smaller chunks (under ``TRIM_BYTES``, e.g. 32 images of
-    112x112) skip it: there the re-faulted pages cost more time (about 10 %) than the memory
-    is worth. Only frees memory nothing uses.
+    glibc keeps what the previous chunk's forward freed, and the next forward adds its own
+    peak on top: Score-CAM's peak RSS on ResNet-18 layer4, batch 32, drops from about 300 MB
+    to the tensors' own 214 MB (benchmarks/MEMORY_SCORECAM.md). Chunks under ``TRIM_BYTES``
+    skip it: there the re-faulted pages cost more time (about 10 %) than the memory is worth.
     """
     trim = _malloc_trim()
     if trim is not None:
@@ -71,9 +59,8 @@ def pin_top1(
     dtype: torch.dtype | None = None,
     batch_size: int | None = None,
 ) -> RowScorer:
-    """``scorer`` with top-1 classes fixed on a clean pass over ``call``'s ``B`` samples (a
-    batch, or a tuple of explained inputs; in chunks of ``batch_size``), so that copies keep
-    explaining the clean prediction; other targets as they are."""
+    """``scorer`` with top-1 classes fixed on a clean pass over ``call``'s samples ``batch`` (or
+    tuple of inputs), so that copies keep explaining the clean prediction."""
     if not scorer.top1:
         return scorer
     inputs = batch if isinstance(batch, tuple) else (batch,)
@@ -88,15 +75,11 @@ def pin_top1(
 
 
 class CopyScorer:
-    """Scores copies of the samples of ``batch`` (those of ``call``) for the target of their own
-    sample.
-
-    ``score(inputs, samples)`` forwards ``n`` rows (whatever hooks edit during the forward) and
-    returns ``(n, K)`` float32 scores; :meth:`over` builds and scores ``count`` rows chunk by
-    chunk. ``probabilities=True`` scores a class target by its softmax probability (a callable
-    keeps its own scores), as the metrics and SESS compare images. ``scores``: the clean
-    batch's ``(B, K)`` scores when the caller already has them (else :meth:`clean` computes
-    them). Callable targets must score each row of the output on its own.
+    """Scores copies of the samples of ``batch`` (those of ``call``) for their own sample's
+    target, as ``(n, K)`` float32. ``probabilities=True`` scores a class target by its softmax
+    probability (as the metrics and SESS compare images). ``scores``: the clean batch's
+    ``(B, K)`` scores, if known (:meth:`clean` computes them). Callable targets must score
+    each row of the output on its own.
     """
 
     def __init__(
@@ -122,9 +105,8 @@ class CopyScorer:
     def clean(
         cls, model: nn.Module, batch: Tensor, scorer: RowScorer, call: Call, **options: Any
     ) -> CopyScorer:
-        """A scorer whose top-1 classes are pinned and whose ``scores`` are the clean batch's,
-        from one clean pass in chunks."""
-        pin = {k: v for k, v in options.items() if k in PIN}
+        """A scorer with top-1 classes pinned and the clean batch's ``scores``."""
+        pin = {k: v for k, v in options.items() if k in ("dtype", "batch_size")}
         pinned = pin_top1(model, batch, scorer, call, **pin)
         clean = cls(model, batch, pinned, call, **options)
         clean.scorer = pinned  # the clean images themselves: a lost detection is an error
@@ -132,19 +114,16 @@ class CopyScorer:
         return cls(model, batch, pinned, call, scores=scores, memory=clean.memory, **options)
 
     def score(self, inputs: Tensor, samples: Tensor) -> Tensor:
-        """``(n, K)`` float32 scores of ``inputs`` whose row ``i`` is a copy of sample
-        ``samples[i]``. A train-mode model's buffers are restored after the forward (the
-        metrics call this outside any method)."""
+        """``(n, K)`` scores of ``inputs`` whose row ``i`` is a copy of sample ``samples[i]``
+        (buffers restored: the metrics call this outside any method)."""
         with buffers_kept(self.model):
-            return self.memory.run(
-                lambda memory_format: self._score(inputs, samples, memory_format)
-            )
+            return self.memory.run(partial(self._score, inputs, samples))
 
     def over(
         self, count: int, build: Callable[[Tensor], tuple[Tensor, Tensor]], bar: Any = None
     ) -> Tensor:
-        """The ``(count, K)`` scores of ``count`` rows built chunk by chunk:
-        ``build(indices) -> (inputs, samples)``."""
+        """The ``(count, K)`` scores of rows built chunk by chunk: ``build(indices) -> (inputs,
+        samples)``."""
         parts = []
         for indices in chunks(count, self.batch_size, self.batch.device):
             inputs, samples = build(indices)

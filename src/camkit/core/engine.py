@@ -1,11 +1,6 @@
-"""The tapped forward and the K targets' vector-Jacobian products that every family shares.
-
-:class:`Capture` runs the model once with the target layers tapped (autograd starts at the
-layers, so nothing before them is recorded), scores the target with a
-:class:`~camkit.targets.resolver.RowScorer`, and :func:`layer_gradients` takes the gradients of
-``K`` targets per sample after that one forward (one batched backward, or ``K`` passes over the
-retained graph where that is faster: :func:`batched_backward`).
-"""
+"""The tapped forward and the K targets' vector-Jacobian products that every family shares:
+:class:`Capture` runs the model once with the layers tapped (autograd starts at them) and
+scores the target; :func:`layer_gradients` takes the ``K`` targets' gradients after it."""
 
 from __future__ import annotations
 
@@ -20,12 +15,7 @@ from camkit.core.architecture import folded_rows
 from camkit.core.call import Call, chunks
 from camkit.core.formats import MemoryFormat, autocast
 from camkit.core.trace import default_layer
-from camkit.errors import (
-    GradientError,
-    LayerOutputError,
-    ZeroGradientWarning,
-    warn,
-)
+from camkit.errors import GradientError, LayerOutputError, ZeroGradientWarning, warn
 from camkit.targets.outputs import OutputSelector
 from camkit.targets.resolver import RowScorer
 
@@ -50,11 +40,9 @@ def layer_gradients(
     """``d scores / d acts`` for ``scores (B, K)``: one ``(B, K, *act.shape[1:])`` per layer.
 
     Samples are independent, so the batch is summed; the ``K`` targets are one batched
-    vector-Jacobian product (``is_grads_batched``) or ``K`` backward passes over the one
-    retained graph, as :func:`batched_backward` decides (the same numbers). A tensor the scores
-    do not depend on is an error, or gives None with ``allow_unused=True`` (then the caller
-    also judges blank gradients: no zero-gradient warning). ``retain_graph`` keeps the graph
-    for another backward of other targets (:func:`camkit.methods.cam.generation.explain_tokens`).
+    vector-Jacobian product or ``K`` backward passes, as :func:`batched_backward` decides. A
+    tensor the scores do not depend on is an error, or gives None with ``allow_unused=True``
+    (then no zero-gradient warning either). ``retain_graph`` keeps the graph for other targets.
     """
     if not scores.requires_grad:
         raise LayerOutputError(
@@ -62,12 +50,7 @@ def layer_gradients(
             "reach the model's output"
         )
     k = scores.shape[1]
-    if k == 1:
-        with torch.enable_grad():
-            grads = torch.autograd.grad(
-                scores.sum(), acts, allow_unused=True, retain_graph=retain_graph
-            )
-    elif not batched_backward(scores.device):
+    if k == 1 or not batched_backward(scores.device):
         with torch.enable_grad():
             passes = [
                 torch.autograd.grad(
@@ -92,8 +75,9 @@ def layer_gradients(
             allow_unused=True,
             retain_graph=retain_graph,
         )
+    grads = [None if grad is None else grad.transpose(0, 1) for grad in grads]  # (B, K, ...)
     if allow_unused:
-        return [_targets_second(grad, k) for grad in grads]
+        return grads
     unused = [name for name, grad in zip(names, grads, strict=True) if grad is None]
     if unused:
         raise LayerOutputError(f"the target score does not depend on layer(s) {unused}")
@@ -105,26 +89,16 @@ def layer_gradients(
             "or every ReLU closed), so the gradient map is blank",
             ZeroGradientWarning,
         )
-    return [_targets_second(grad, k) for grad in grads]
+    return grads
 
 
 def batched_backward(device: torch.device) -> bool:
     """Whether ``K`` vector-Jacobian products on one graph run as one vmapped backward
     (``is_grads_batched``) rather than ``K`` backward passes over the retained graph: not on
-    the CPU, where the vmapped backward is the slower one (measured at one thread, ResNet-50
-    with random weights, batch 4, 224 px, 10 targets after one forward: 7.1 s against 4.9 s
-    with the plain gradient, 6.4 s against 5.1 s under LRP's ``epsilon-plus-flat``; VGG-16's
-    10 conditional heatmaps: 2.4 s against 2.0 s; on a two-layer MLP the loop costs 0.8 ms
-    against 0.2 ms, noise beside any image model). Elsewhere (CUDA) the batched one is kept:
-    it was not measured here (no GPU was lent), and one wide pass is what a GPU is good at."""
+    the CPU, where the vmapped one is slower (one thread, ResNet-50, batch 4, 224 px, 10
+    targets: 7.1 s against 4.9 s; under LRP's ``epsilon-plus-flat`` 6.4 s against 5.1 s).
+    Elsewhere (CUDA, not measured here) one wide pass is what a GPU is good at."""
     return device.type != "cpu"
-
-
-def _targets_second(grad: Tensor | None, k: int) -> Tensor | None:
-    """A gradient ``(B, ...)`` (one target) or ``(K, B, ...)`` (batched) as ``(B, K, ...)``."""
-    if grad is None:
-        return None
-    return grad.unsqueeze(1) if k == 1 else grad.transpose(0, 1)
 
 
 class Capture:
@@ -139,12 +113,13 @@ class Capture:
 
     @property
     def names(self) -> list[str]:
+        """The tapped layers' names."""
         return [name for name, _ in self.layers]
 
     def resolve(self, batch: Tensor, call: Call) -> None:
-        """Without a layer given: the model's default layer traced with ``batch`` and the
-        call's own extra inputs, positional or keyword
-        (:func:`~camkit.core.trace.default_layer`), found once, at the first call."""
+        """Without a layer given: the model's default layer
+        (:func:`~camkit.core.trace.default_layer`) traced with ``batch`` and the call's extra
+        inputs, once, at the first call."""
         if not self.layers:
             example = call.example(batch)
             self.layers = layers.find_layers(self.model, default_layer(self.model, example=example))
@@ -159,15 +134,10 @@ class Capture:
         memory: MemoryFormat | None = None,
         rows: Tensor | None = None,
     ) -> tuple[Any, dict[str, list[Tensor]]]:
-        """One forward pass of ``call``'s samples ``rows`` (None: all of them) with the layers
-        tapped: ``(model output, {layer: outputs})``.
-
-        Runs under ``torch.no_grad()`` (see :func:`~camkit.core.layers.capture_outputs` for
-        ``start_graph``); the model sees the batch in the memory format of
-        :class:`~camkit.core.formats.MemoryFormat` (channels_last on the CPU: a copy, the
-        caller's tensor is not converted); pass ``memory`` to share what it learns with later
-        forwards.
-        """
+        """One forward pass of ``call``'s samples ``rows`` (None: all) with the layers tapped
+        (:func:`~camkit.core.layers.capture_outputs`): ``(model output, {layer: outputs})``, in
+        ``memory``'s format (share one :class:`~camkit.core.formats.MemoryFormat` with later
+        forwards)."""
 
         def attempt(memory_format: torch.memory_format) -> tuple[Any, dict[str, list[Tensor]]]:
             with (
@@ -193,12 +163,9 @@ class Capture:
         gradients: bool,
         dtype: torch.dtype | None = None,
     ) -> tuple[list[Tensor], list[Tensor] | None, Tensor]:
-        """``(activations (B, 1, ...), gradients (B, K, ...) or None, scores (B, K))``, with one
-        activation and gradient per layer.
-
-        ``rows`` are the samples' indices in the scorer's batch. The target is scored even when
-        no gradient is needed, so it is checked and its ``K`` is known for every method.
-        """
+        """``(activations (B, 1, ...), gradients (B, K, ...) or None, scores (B, K))``, one
+        activation and gradient per layer; ``rows``: the samples' indices in the scorer's batch.
+        The target is scored even without gradients, so it is checked and its ``K`` known."""
         output, taps = self.forward(batch, call, start_graph=gradients, dtype=dtype, rows=rows)
         acts = layers.single_call(taps)
         with torch.set_grad_enabled(gradients):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from torch import Tensor, nn
 
-from camkit.core.architecture import patch_rows
+from camkit.core.architecture import first_conv, patch_rows
 from camkit.errors import ArgumentError
 
 
@@ -30,30 +31,22 @@ def first_tensor(value: object) -> Tensor | None:
     if isinstance(value, Mapping):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
+        return next((t for t in map(first_tensor, value) if t is not None), None)
     return None
 
 
 Example = Tensor | tuple | list | Mapping | Inputs
 InputSize = int | Sequence[int] | None
-"""The spatial size of random noise to trace a model with: one side, every side, or None (the
-model's default, see :func:`default_example`)."""
+"""The spatial size of the noise a model is traced with (None: :func:`default_example`'s)."""
 
 
 def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     """One random input ``(1, C, *size)``: ``C`` and 2-D or 3-D from the model's first
-    convolution (3 channels, 2-D without one; an image for a model that reads flattened
-    patches, :func:`~camkit.core.architecture.patch_rows`), ``size`` from ``input_size``
-    (None: 224x224 for images, 64x64x64 for volumes: a 3-D network's strides divide it, and it
-    stays small)."""
-    reference = next(model.parameters(), None)
-    if reference is None:
-        reference = next(model.buffers(), torch.zeros(()))
+    convolution (an image for a flattened-patch model), ``size`` from ``input_size`` (None:
+    224x224, volumes 64x64x64: a 3-D network's strides divide it, and it stays small)."""
+    reference = next(chain(model.parameters(), model.buffers()), torch.zeros(()))
     dtype = reference.dtype if reference.is_floating_point() else torch.float32
-    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    conv = first_conv(model)
     dims = len(conv.kernel_size) if conv is not None else 2
     channels = conv.in_channels if conv is not None else 3
     flat = patch_rows(model)  # images as flattened patches: a 3-D convolution over the frames
@@ -67,14 +60,13 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
             f"{type(model).__name__} starts with a {dims}-D convolution: input_size must be "
             f"an int or {dims} ints, got {input_size!r}; or pass example= an input it takes"
         )
-    generator = torch.Generator().manual_seed(0)
-    noise = torch.randn(1, channels, *size, generator=generator, dtype=dtype)
+    noise = torch.randn(1, channels, *size, generator=torch.Generator().manual_seed(0), dtype=dtype)
     return noise.to(reference.device)
 
 
 def twins(example: Example) -> tuple[Example, bool]:
-    """The example's first sample and a noisy copy as a batch of two (every tensor whose first
-    axis is the example's batch; only floating-point ones get noise), and whether they differ."""
+    """The example's first sample and a noisy copy as a batch of two (in every tensor with the
+    example's batch; floating-point ones get noise), and whether they differ."""
     first = first_tensor(example)
     if first is None or first.ndim == 0:
         raise ArgumentError(

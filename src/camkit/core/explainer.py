@@ -1,25 +1,17 @@
-"""The one base of every camkit method: :class:`Explainer`.
+"""The one base of every camkit method: :class:`Explainer`, over one template::
 
-Every family (gradient and perturbation CAMs, pixel methods, attention methods, FullGrad and the
-wrapper CAMs) is an ``Explainer``: the model (unwrapped), ``output=``, ``dtype=``,
-``batch_size=`` (rows per forward pass, one meaning everywhere), ``reshape=`` and the layer
-(for methods that read one; ``None`` picks the model's default layer at the first call), and
-two entries, the call and :meth:`Explainer.explain_batch`, over one template::
-
-    check the input -> the call (:class:`~camkit.core.call.Call`: the samples and
-    additional_forward_args) -> the target resolved once (a RowScorer) ->
-    _explain(call, scorer) -> Explanation (maps (B, K, ...), targets (B, K))
+    check the input -> Call (samples, additional_forward_args) -> target resolved once
+    (a RowScorer) -> _explain(call, scorer) -> Explanation (maps (B, K, ...), targets (B, K))
     -> the call drops the axes the caller did not ask for
 
-A family implements :meth:`Explainer._explain`; a method inside a family overrides the family's
-steps, never the template. What the registry, the CLI and the conformance tests know of a
-method comes from its typed class flags (:class:`Capabilities`).
+A family implements :meth:`Explainer._explain`; a method overrides the family's steps, never
+the template. Front ends read a method's typed class flags (:class:`Capabilities`).
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -56,15 +48,13 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Explanation:
-    """What :meth:`Explainer.explain_batch` returns (a family that finds more returns a
-    subclass: LRP's :class:`~camkit.methods.pixel.lrp.Relevance`).
+    """What :meth:`Explainer.explain_batch` returns (LRP returns a subclass,
+    :class:`~camkit.methods.pixel.lrp.Relevance`).
 
-    ``maps``: ``(B, K, ...)`` (a CAM's ``(B, K, H, W)``, a pixel method's ``(B, K, C, H, W)``),
-    ``{layer: (B, K, ...)}`` for unfused layers, or a tuple of them (one per input of a tuple of
-    inputs; Integrated Gradients' attribution and error). ``targets``: the classes explained
-    ``(B, K)`` (top-1 ones resolved; None for a callable target). ``several``: whether ``K``
-    targets per sample were asked (a 2-D target, a callable returning ``(B, K)``); ``single``:
-    whether one sample came without its batch axis."""
+    ``maps``: ``(B, K, ...)``, ``{layer: (B, K, ...)}`` for unfused layers, or a tuple of them
+    (one per input of a tuple of inputs). ``targets``: the classes explained ``(B, K)`` (None
+    for a callable target). ``several``: whether ``K`` targets per sample were asked;
+    ``single``: whether one sample came without its batch axis."""
 
     maps: Any
     targets: Tensor | None
@@ -73,12 +63,11 @@ class Explanation:
 
     @classmethod
     def of(cls, maps: Any, scorer: RowScorer, **extra: Any) -> Explanation:
-        """The result ``maps`` for the target ``scorer`` scored (it knows what was asked)."""
+        """The result ``maps`` for the target ``scorer`` scored."""
         return cls(maps, scorer.explained, scorer.several, **extra)
 
     def shaped(self) -> Any:
-        """The maps as a call returns them: without the target axis unless ``K`` targets were
-        asked, without the batch axis for a ``single`` sample."""
+        """The maps as a call returns them (:func:`~camkit.core.finish.drop_axes`)."""
         return drop_axes(self.maps, self.single, self.several)
 
 
@@ -86,28 +75,23 @@ class Explainer:
     """Base of every method: ``Method(model, layer)(x, target)``.
 
     Args:
-        model: any ``nn.Module`` (DataParallel / DDP / compiled models are unwrapped); it is
-            never modified: no mode switch, no lasting hooks, no ``.grad``; in train mode its
-            buffers (batch-norm running statistics) are restored after every call.
-        layer: for the methods that read a layer (``needs_layer``): a dotted name as in
-            ``model.named_modules()``, a submodule, or a list of either; ``None`` (or
-            ``"auto"``) picks the model's default layer (:func:`camkit.core.trace.default_layer`,
-            the one ``camkit layers`` marks) at the first call; ``self.layers`` names it.
-            Methods without a layer refuse one.
+        model: any ``nn.Module`` (DataParallel / DDP / compiled models are unwrapped); never
+            modified: no mode switch, no lasting hooks, no ``.grad``; in train mode its buffers
+            are restored after every call.
+        layer: for the methods that read a layer (``needs_layer``): a dotted name, a submodule,
+            or a list of either; ``None`` (or ``"auto"``) picks the model's default layer
+            (:func:`camkit.core.trace.default_layer`) at the first call. Others refuse one.
         output: picks the logits from a tuple/dict/object output (key, index or callable).
-        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid: ``"auto"`` (default:
-            ViT tokens, channels-last outputs, raising rather than guessing), a callable, or
-            None (the output as it is). Only for methods that read a layer.
+        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid: ``"auto"`` (ViT tokens,
+            channels-last outputs, raising rather than guessing), a callable, or None (as it
+            is). Only for methods that read a layer.
         dtype: run the forwards under ``torch.autocast`` in this dtype; results stay float32.
-        batch_size: rows per forward pass (samples, noisy copies, path points, perturbed
-            inputs: whatever the method forwards); None runs all at once, the class's
-            ``default_batch_size`` applies when not given. Results do not depend on it.
+        batch_size: rows per forward pass, whatever the method forwards; None runs all at once,
+            not given: the class's ``default_batch_size``. Results do not depend on it.
         seed: for the methods that draw at random (``seeded``): the call's draws depend only
-            on it (None draws a seed from torch's global generator at each call); the others
-            refuse it.
+            on it (None draws one from torch's global generator); the others refuse it.
 
-    ``with Method(model, layer) as cam:`` works as in pytorch-grad-cam (hooks only live during
-    a call, so leaving the block has nothing to undo).
+    ``with Method(model, layer) as cam:`` works as in pytorch-grad-cam (nothing to undo).
     """
 
     name: ClassVar[str]
@@ -139,9 +123,8 @@ class Explainer:
         self.model = explained_module(model)
         self.output = output
         self.dtype = dtype
-        if batch_size is ...:
-            batch_size = self.default_batch_size
-        self.batch_size = positive_int("batch_size", batch_size, optional=True)
+        size = self.default_batch_size if batch_size is ... else batch_size
+        self.batch_size = positive_int("batch_size", size, optional=True)
         if seed is not None and not self.seeded:
             raise ArgumentError(f"{type(self).__name__} draws nothing at random: it takes no seed")
         self.seed = seed_value(seed, optional=True)
@@ -165,33 +148,23 @@ class Explainer:
     @classmethod
     def capabilities(cls) -> Capabilities:
         """The class's typed flags, as the registry reports them."""
-        return Capabilities(
-            cls.family,
-            cls.needs_layer,
-            cls.needs_gradients,
-            cls.seeded,
-            cls.target_free,
-            cls.several_inputs,
-        )
+        return Capabilities(*(getattr(cls, flag.name) for flag in fields(Capabilities)))
 
     # ------------------------------------------------------------------ what a front end asks
 
     @classmethod
     def fits(cls, model: nn.Module) -> str | None:
-        """Why the method cannot explain ``model`` (None: it can). The attention methods need
-        attention blocks, CAM a classifier it can find; the rest fit any model."""
+        """Why the method cannot explain ``model`` (None: it can)."""
         return None
 
     @classmethod
     def takes_layer(cls) -> bool:
-        """Whether its constructor takes a ``layer`` (the layered methods need one; the
-        attention methods take their blocks as an optional one)."""
+        """Whether its constructor takes a ``layer``."""
         return cls.needs_layer
 
     @classmethod
     def shares_one_pass(cls) -> bool:
-        """Whether :func:`camkit.cams` can compute it from the one shared forward/backward pass
-        (a gradient CAM that only weighs the captured layer)."""
+        """Whether :func:`camkit.cams` can compute it from the one shared forward/backward pass."""
         return False
 
     @classmethod
@@ -202,9 +175,7 @@ class Explainer:
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
         """About how many rows of forward passes one sample costs, the clean pass not counted
-        (progress bars and time estimates): 1 for a one-pass method; the copies it scores
-        otherwise (a perturbation CAM's channels or positions of a layer output of
-        ``layer_shape``, noisy samples, path points)."""
+        (for progress bars): 1, or the copies it scores for a layer output of ``layer_shape``."""
         return 1
 
     @property
@@ -227,17 +198,13 @@ class Explainer:
         additional_forward_args: Any = None,
         **options: Any,
     ) -> Explanation:
-        """Explain ``x`` (one sample without the batch axis, or a batch) for ``target`` (see
-        :mod:`camkit.targets`): the :class:`Explanation`, maps with their batch and target axes
-        ``(B, K, ...)``, the classes explained ``(B, K)`` and what the family adds (LRP's layer
-        relevance). ``additional_forward_args``: more inputs of a model called as ``model(x,
-        *args)`` (per-sample tensors follow their samples). ``options`` are the family's call
-        options (e.g. ``relu``/``normalize``/``fuse`` for CAMs). Methods with
-        ``several_inputs`` (the pixel methods) also take a tuple ``(image, *others)`` for a
-        model called as ``model(image, *others)``: one attribution per input, as captum's.
-
-        The template of both entries: check the options, the input and autograd, resolve the
-        layer and the target once, run the family's :meth:`_explain` with the model guarded."""
+        """Explain ``x`` (one sample, or a batch) for ``target`` (see :mod:`camkit.targets`):
+        the :class:`Explanation` with maps ``(B, K, ...)``. ``additional_forward_args``: more
+        inputs of a model called as ``model(x, *args)`` (per-sample tensors follow their
+        samples). ``options``: the family's call options (e.g. ``fuse`` for CAMs). Methods with
+        ``several_inputs`` also take a tuple ``(image, *others)``: one attribution per input,
+        as captum's. The template: check, resolve the layer and the target once, run the
+        family's :meth:`_explain` with the model guarded."""
         self.check_options(options)
         batch, single = self.checked_input(x)
         self.check_autograd()
@@ -257,16 +224,13 @@ class Explainer:
 
     @classmethod
     def call_options(cls) -> tuple[str, ...]:
-        """The options a call takes besides ``additional_forward_args``: the keyword-only
-        parameters of the family's :meth:`_explain`."""
+        """The call options besides ``additional_forward_args``: :meth:`_explain`'s keywords."""
         parameters = inspect.signature(cls._explain).parameters.values()
         return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
 
     def check_options(self, options: dict[str, Any]) -> None:
         """Refuse call options the method does not take, naming those it takes."""
-        if not options:  # the common call: no signature to read
-            return
-        takes = self.call_options()
+        takes = self.call_options() if options else ()  # the common call: no signature to read
         unknown = [name for name in options if name not in takes]
         if unknown:
             takes = ", ".join(takes) or "none"
@@ -277,8 +241,7 @@ class Explainer:
             )
 
     def checked_input(self, x: object) -> tuple[Tensor | tuple[Tensor, ...], bool]:
-        """``(batch, was_single)`` for a tensor, ``(tuple of inputs, was_single)`` for a tuple
-        (methods with ``several_inputs`` only)."""
+        """``(batch or tuple of inputs, was_single)``; tuples for ``several_inputs`` only."""
         if not isinstance(x, tuple | list):
             return as_batch(x, self.model, vectors=self.takes_vectors)
         if not self.several_inputs:
@@ -290,35 +253,24 @@ class Explainer:
         return as_inputs(x, self.model, vectors=self.takes_vectors)
 
     def _explain(self, call: Call, scorer: RowScorer, **options: Any) -> Explanation:
-        """The family's step on ``call.batch`` for the resolved target ``scorer``: the result
-        with its batch and target axes (:meth:`Explanation.of`); every forward goes through
-        ``call.forward``."""
+        """The family's step: the result for ``call.batch`` and ``scorer``, axes ``(B, K, ...)``."""
         raise NotImplementedError
 
     def measured(self) -> list[list[dict]] | None:
-        """What the last call measured about its own result, per sample and target, as plain
-        JSON dicts (LRP: ``{"conservation": ...}``, its conservation record); None for a method
-        that measures nothing. The CLI's manifest records it as it is."""
+        """What the last call measured about its result, per sample and target, as JSON dicts
+        (LRP's conservation); None for a method that measures nothing."""
         return None
 
     def display_heat(self, result: Tensor) -> Tensor:
-        """How this method's result is shown: a call's result with its target axis kept
-        (``(B, K, ...)``) -> heat ``(B, K, H, W)`` (volumes ``(B, K, D, H, W)``) in [0, 1].
-
-        The one display policy of a method: the CLI, the report and the explorer all colour
-        what it returns for the maps of :meth:`explain_batch` under :attr:`display_options`, so
-        one map has one colour scale everywhere. Maps (the CAMs, the attention methods) are
-        shown as they are; the pixel methods override it (``max_c |attribution|`` over its
-        99th percentile), FullGrad normalises its raw saliency."""
+        """The one display policy of a method, read by every front end: maps ``(B, K, ...)``
+        under :attr:`display_options` -> heat ``(B, K, H, W)`` (volumes ``(B, K, D, H, W)``) in
+        [0, 1]. Maps are shown as they are; the pixel methods and FullGrad override it."""
         return result.detach().float()
 
     def pinned(
         self, batch: Tensor | tuple[Tensor, ...], scorer: RowScorer, call: Call
     ) -> RowScorer:
-        """``scorer`` with its top-1 classes fixed on one clean pass over ``batch`` (the samples
-        of ``call``, or its tuple of inputs), in this method's ``dtype`` and ``batch_size``
-        (:func:`~camkit.core.copies.pin_top1`), so that copies of the samples (augmented,
-        noisy, patches) explain the clean prediction."""
+        """:func:`~camkit.core.copies.pin_top1` in this method's ``dtype`` and ``batch_size``."""
         return pin_top1(
             self.model, batch, scorer, call, dtype=self.dtype, batch_size=self.batch_size
         )
@@ -327,8 +279,6 @@ class Explainer:
         """Refuse ``torch.inference_mode()`` for a method that needs gradients."""
         if self.needs_gradients:
             require_autograd(type(self).__name__)
-
-    # ------------------------------------------------------------------ conveniences
 
     def __enter__(self) -> Explainer:
         return self
@@ -345,11 +295,8 @@ def displayed(
     explainer: Explainer, x: Any, target: TargetSpec = None, **options: Any
 ) -> tuple[Any, Explanation]:
     """The one way a front end shows a method's maps: ``(heat, explanation)``, the
-    :class:`Explanation` of :meth:`Explainer.explain_batch` under the method's
-    :attr:`~Explainer.display_options` (the raw map its display policy colours) and
-    :meth:`~Explainer.display_heat` of its maps (``(B, K, H, W)``, volumes and clips with their
-    depth; a dict per layer when the call does not fuse them). ``options``: more call options
-    (``additional_forward_args``, ``fuse``)."""
+    :meth:`~Explainer.explain_batch` result under :attr:`~Explainer.display_options` (plus
+    ``options``) and its :meth:`~Explainer.display_heat` (a dict per layer when unfused)."""
     found = explainer.explain_batch(x, target, **{**explainer.display_options, **options})
     maps = found.maps
     if isinstance(maps, dict):
@@ -358,24 +305,21 @@ def displayed(
 
 
 def merged_signature(cls: type) -> inspect.Signature:
-    """The constructor's whole signature: a method's own parameters, then the keyword options
-    it passes on to its bases through ``**options`` (``batch_size``, ``output``, ``dtype``...),
-    so that ``inspect.signature(ScoreCAM)``, ``help()`` and a notebook show every option."""
+    """The constructor's own parameters, then the keyword options it passes on to its bases
+    through ``**options``, so that ``inspect.signature`` and ``help()`` show every option."""
     positional: list[inspect.Parameter] = []
     keywords: dict[str, inspect.Parameter] = {}
-    forwards = True
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or not forwards:
-            continue
+    inits = [klass.__dict__["__init__"] for klass in cls.__mro__ if "__init__" in klass.__dict__]
+    for depth, init in enumerate(inits):
         parameters = list(inspect.signature(init).parameters.values())[1:]  # without self
-        forwards = any(p.kind is p.VAR_KEYWORD for p in parameters)
         for parameter in parameters:
             if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-                if klass is next(k for k in cls.__mro__ if "__init__" in k.__dict__):
-                    positional.append(parameter)  # the most derived constructor's own
+                if depth == 0:  # the most derived constructor's own
+                    positional.append(parameter)
             elif parameter.kind is parameter.KEYWORD_ONLY:
                 keywords.setdefault(parameter.name, parameter)
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
     if not cls.seeded:  # refused by the methods that draw nothing
         keywords.pop("seed", None)
     if not cls.needs_layer:  # a layer's reading: only for the methods that read a layer

@@ -1,8 +1,5 @@
-"""Finishing raw maps: ReLU, upsampling to the input, min-max normalisation, fusing layers.
-
-Written once for 2-D ``(h, w)`` and 3-D ``(d, h, w)`` maps; results keep the batch and target
-axes ``(B, K, ...)`` until :func:`drop_axes` removes what the caller did not ask for.
-"""
+"""Finishing raw maps, 2-D or 3-D: ReLU, upsampling to the input, min-max normalisation, fusing
+layers; results keep the axes ``(B, K, ...)`` until :func:`drop_axes`."""
 
 from __future__ import annotations
 
@@ -19,27 +16,22 @@ RESAMPLING = {2: "bilinear", 3: "trilinear"}
 
 
 #: The flat-map policy (:func:`flat`): a map whose values span less than this fraction of their
-#: magnitude is flat. Min-max normalisation divides the values' rounding error by their spread:
-#: float32 values carry about 1e-7 of their magnitude per operation, 1e-6 to 1e-5 after a
-#: network's depth, so below a spread of 1e-3 the normalised entries are uncertain at the 1e-3
-#: to 1e-2 level and change with the batch's composition (other kernels): a pattern of noise,
-#: not a map. Recipro-CAM's probabilities on a near-uniform random classifier vary by 1e-4 to
-#: 6e-4 of their value; the least varied real maps of the conformance matrix by 5e-3.
+#: magnitude is flat. float32 values carry 1e-6 to 1e-5 of their magnitude in rounding after a
+#: network's depth, so below a spread of 1e-3 min-max normalised entries are noise at the 1e-3
+#: to 1e-2 level (and change with the batch's kernels). Recipro-CAM on a near-uniform random
+#: classifier varies by 1e-4 to 6e-4; the least varied real maps of the conformance matrix 5e-3.
 FLAT_SPREAD = 1e-3
 
 
 def flat(maps: Tensor, dims: int = 2) -> Tensor:
-    """Which maps are flat: ``(B, K, *spatial) -> (B, K, 1, ...)`` booleans, True where the
-    map's spread (max - min over its last ``dims`` dims) is at most :data:`FLAT_SPREAD` of its
-    largest magnitude (a constant map, an all-zero map, or float noise around a value). The one
-    test every method applies before normalising: flat maps become zeros, and :func:`checked`
-    reports them with one :class:`~camkit.errors.EmptyMapWarning`."""
+    """Which maps are flat: ``(B, K, *spatial) -> (B, K, 1, ...)``, True where the spread over
+    the last ``dims`` dims is at most :data:`FLAT_SPREAD` of the largest magnitude. The one
+    test every method applies before normalising: flat maps become zeros."""
     return flat_between(*extremes(maps, dims))
 
 
 def extremes(maps: Tensor, dims: int = 2) -> tuple[Tensor, Tensor]:
-    """``(low, high)``: each map's min and max over its last ``dims`` dims, kept as size-1
-    dims."""
+    """``(low, high)``: each map's min and max over its last ``dims`` dims (kept)."""
     axes = tuple(range(-dims, 0))
     return maps.amin(dim=axes, keepdim=True), maps.amax(dim=axes, keepdim=True)
 
@@ -51,8 +43,7 @@ def flat_between(low: Tensor, high: Tensor) -> Tensor:
 
 def checked(maps: Tensor, *, warn_empty: bool = True) -> Tensor:
     """``(B, K, ...)`` maps with non-finite entries set to 0, warning about those and (unless
-    ``warn_empty`` is False) about maps that are zero everywhere (empty, or flat and zeroed by
-    :func:`minmax`): never a NaN map, never a silently empty one, never stretched noise."""
+    not ``warn_empty``) about maps that are zero everywhere: never a NaN or silently empty map."""
     finite = torch.isfinite(maps)
     if not finite.all():
         warn(
@@ -88,15 +79,12 @@ FUSIONS = ("mean", "max", "tanh")
 
 @dataclass(frozen=True)
 class Finishing:
-    """How raw ``(B, K, *spatial)`` maps are finished: ``relu``, ``upsample`` (bilinear, or
-    trilinear for volumes, ``align_corners=False``) to the input size, min-max ``normalize``
-    per map to [0, 1], and ``fuse`` several layers into one map (the mean of their finished
-    maps, normalised again) or keep them apart as ``{layer: map}``.
-
-    ``fuse``: ``True`` or ``"mean"`` (the mean of the finished maps, as pytorch-grad-cam),
-    ``"max"`` (their element-wise maximum, as torchcam), ``"tanh"`` (torchcam's LayerCAM
-    fusion: each finished map ``M`` scaled by ``tanh(2 M)`` before the maximum, Jiang et al.,
-    TIP 2021, eq. 9; gamma = 2 as torchcam), or ``False`` (one map per layer)."""
+    """How raw ``(B, K, *spatial)`` maps are finished: ``relu``, ``upsample`` to the input size
+    (bilinear or trilinear, ``align_corners=False``), min-max ``normalize`` to [0, 1], and
+    ``fuse`` several layers' finished maps (normalised again): ``True`` or ``"mean"`` (as
+    pytorch-grad-cam), ``"max"`` (as torchcam), ``"tanh"`` (torchcam's LayerCAM fusion:
+    ``tanh(2 M)`` before the maximum, Jiang et al., TIP 2021, eq. 9), or ``False`` (one map
+    per layer, ``{layer: map}``)."""
 
     relu: bool = True
     upsample: bool = True
@@ -140,9 +128,8 @@ class Finishing:
 
 
 def drop_axes(result: Any, single: bool, several: bool) -> Any:
-    """Drop the target axis (1) unless K targets were asked, and the batch axis (0) for one
-    image; the result is detached (a dict of maps, one per layer, and each part of a tuple
-    likewise)."""
+    """Drop the target axis (1) unless K targets were asked and the batch axis (0) for one
+    image, detached (in each map of a dict or tuple)."""
     if isinstance(result, tuple):
         return tuple(drop_axes(part, single, several) for part in result)
     if isinstance(result, dict):

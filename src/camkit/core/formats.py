@@ -1,5 +1,5 @@
-"""How camkit runs its own forwards: the memory format of the inputs it builds (copies, noisy
-or masked images) and ``autocast`` for ``dtype=``."""
+"""How camkit runs its own forwards: the memory format of the inputs it builds, and
+``autocast`` for ``dtype=``."""
 
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 class MemoryFormat:
-    """The memory format of the inputs camkit builds itself (copies, noisy or masked images).
-
-    On the CPU a 4-D batch is built ``channels_last``: oneDNN runs CNNs 1.2-2x faster so,
-    forward and backward (docs/performance.md). A model that refuses it (an error, e.g. from a
-    ``.view``) gets the format of the caller's input instead, from then on. The caller's own
-    tensor is never converted.
+    """The memory format of the inputs camkit builds itself: ``channels_last`` for a 4-D batch
+    on the CPU (oneDNN runs CNNs 1.2-2x faster so, docs/performance.md); for a model that
+    refuses it, the caller's input's format from then on. The caller's tensor is not converted.
     """
 
     def __init__(self, like: Tensor):

@@ -1,5 +1,5 @@
-"""The record of how a layer output is read as a grid: :class:`Layout` (decided by
-:func:`camkit.core.layouts.infer_layout`), and moving its channels to axis 1."""
+"""How a layer output is read as a grid: :class:`Layout` (decided by
+:func:`camkit.core.layouts.infer_layout`)."""
 
 from __future__ import annotations
 
@@ -22,24 +22,16 @@ class Layout:
 
     Attributes:
         kind: ``"grid"`` ``(B, C, h, w)``, ``"volume"`` ``(B, C, d, h, w)``, ``"tokens"``
-            ``(B, prefix + h*w, C)`` (space-time tokens: ``prefix + t*h*w``) or
-            ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
-        grid: the spatial size ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``).
-        channels: ``C``.
-        prefix: tokens before the patch tokens (class, distillation, registers), dropped.
-        suffix: tokens after the patch tokens (YOLOS detection tokens), dropped.
+            ``(B, N, C)`` or ``"channels_last"`` ``(B, h, w, C)`` / ``(B, d, h, w, C)``.
+        grid, channels: ``(h, w)`` or ``(d, h, w)`` (a clip's ``(t, h, w)``), and ``C``.
+        prefix, suffix: non-patch tokens before / after the patch tokens, dropped.
         reason: how the layout was decided (for ``str``; not part of equality).
-        frames_last: space-time tokens ordered patch by patch, each patch's frames together
-            (TimeSformer): the grid ``(t, h, w)`` is read from tokens in ``(h, w, t)`` order.
-        frames: a frame-wise layer (frames folded into the batch): its ``N * frames`` rows are
-            read one by one with this layout and stacked to ``(N, C, frames, h, w)``; 0: not.
-        rows: patch tokens folded into the rows (Qwen2-VL's vision blocks: ``(N * rows, C)``
-            for ``N`` images), read as ``(N, rows, C)`` tokens; 0: not.
-        merge: the patch tokens come merge window by merge window (``merge`` x ``merge``
-            patches each, row-major inside; Qwen2-VL's order), not row by row; 1: row-major.
-        tiles: ``(rows, columns)`` of a tiled image's views (LLaVA-NeXt): its ``frames`` are
-            the whole image resized, then the tiles row by row; :meth:`place` puts a map of
-            the views back on the image; None: not tiled.
+        frames_last: space-time tokens in ``(h, w, t)`` order (TimeSformer).
+        frames: a frame-wise layer's ``N * frames`` rows, stacked to ``(N, C, frames, h, w)``.
+        rows, merge: patch tokens folded into ``(N * rows, C)``, in ``merge`` x ``merge``
+            windows (Qwen2-VL); 0 and 1: not.
+        tiles: ``(rows, columns)`` of a tiled image's views, the whole image first
+            (LLaVA-NeXt, :meth:`place`).
     """
 
     kind: Kind
@@ -56,8 +48,7 @@ class Layout:
 
     @property
     def channel_axis(self) -> int:
-        """The axis of the layer output that holds the channels: 1, or -1 for tokens and
-        channels-last outputs."""
+        """The layer output's channel axis: 1, or -1 for tokens and channels-last outputs."""
         return -1 if self.kind in ("tokens", "channels_last") else 1
 
     @property
@@ -70,9 +61,8 @@ class Layout:
         return (self.channels, *self.grid)
 
     def to_grid(self, t: Tensor) -> Tensor:
-        """``(B, *self.shape) -> (B, C, h, w)`` (or ``(B, C, d, h, w)`` for volumes, space-time
-        tokens and frame-wise layers, whose ``B * frames`` rows give ``B``); a view when
-        possible. Raises :class:`LayoutError` when ``t`` does not have this layout."""
+        """``(B, *self.shape) -> (B, C, h, w)`` (``(B, C, d, h, w)`` for volumes, space-time
+        tokens and frame-wise layers), a view when possible; LayoutError for another shape."""
         if self.rows and isinstance(t, Tensor) and t.ndim == 2 and t.shape[0] % self.rows == 0:
             t = t.unflatten(0, (-1, self.rows))  # (N * rows, C) -> (N, rows, C)
         rows = t.shape[0] if isinstance(t, Tensor) and t.ndim else 0
@@ -103,8 +93,8 @@ class Layout:
 
     def place(self, cam: Tensor) -> Tensor:
         """A map over a tiled image's views ``(B, K, 1 + r * c, h, w)`` as a map over the image
-        ``(B, K, r * h, c * w)``: each position gets the sum of the views' values that cover it
-        (the whole image's, nearest-upsampled, and its tile's); other layouts: ``cam``."""
+        ``(B, K, r * h, c * w)``: the sum of the views covering each position (the whole
+        image's nearest-upsampled); other layouts: ``cam``."""
         if self.tiles is None:
             return cam
         (r, c), (h, w) = self.tiles, cam.shape[-2:]
@@ -138,10 +128,8 @@ class Layout:
 def channels_first(
     t: Tensor, layout: Layout | None, dims: int = 1, *, back: bool = False
 ) -> Tensor:
-    """``t`` (``dims`` leading axes, then a layer output's axes as ``layout`` reads them) with
-    the channel axis moved to position ``dims`` (``back``: moved back to the layer's
-    :attr:`Layout.channel_axis`); tokens keep their prefix and suffix tokens. For None (the
-    output taken as it is, :func:`layer_layout`) or channels on axis 1: ``t`` as it is."""
+    """``t`` (``dims`` leading axes, then a layer output's axes) with ``layout``'s channel axis
+    moved to position ``dims`` (``back``: moved back); ``t`` for None or channels on axis 1."""
     if layout is None or layout.channel_axis == 1:
         return t
     return t.movedim(dims, -1) if back else t.movedim(-1, dims)

@@ -1,11 +1,8 @@
-"""Checking what a caller hands camkit, once: images, inputs, sizes, counts and numbers (the model
-wrappers are in :mod:`camkit.core.wrappers`, seeds in :mod:`camkit.core.seeds`, the memory format
-and autocast in :mod:`camkit.core.formats`)."""
+"""Checking what a caller hands camkit, once: images, inputs, sizes, counts and numbers."""
 
 from __future__ import annotations
 
 import math
-import warnings
 from numbers import Real
 
 import torch
@@ -13,8 +10,9 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from camkit.core.architecture import first_conv
 from camkit.core.wrappers import InputLayout, KeywordInput
-from camkit.errors import ArgumentError, InputError
+from camkit.errors import ArgumentError, InputError, warn
 
 MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
 VOLUME_LAYERS = (
@@ -29,18 +27,16 @@ VOLUME_LAYERS = (
 
 
 def as_batch(x: object, model: nn.Module, *, vectors: bool = False) -> tuple[Tensor, bool]:
-    """Validate an image ``(C, H, W)``, a batch ``(B, C, H, W)`` or a batch of volumes / clips
-    ``(B, C, D, H, W)`` (a 4-D tensor is always a batch of images), and with ``vectors`` also
-    one vector ``(F,)`` or a batch of vectors ``(B, F)`` for a model without convolutions (an
-    MLP); return
-    ``(batch, was_single)``."""
+    """Validate an image ``(C, H, W)``, a batch ``(B, C, H, W)`` or volumes / clips ``(B, C, D,
+    H, W)``, and with ``vectors`` also ``(F,)`` or ``(B, F)`` for a model without convolutions
+    (an MLP): ``(batch, was_single)``."""
     if not isinstance(x, Tensor):
         raise InputError(
             f"expected an image tensor (3, H, W) or a batch (B, 3, H, W), got {type(x).__name__}; "
             "turn images into tensors with camkit.models.load(...).preprocess"
         )
     # vectors go to a model without convolutions (an MLP), as wide as its first linear layer
-    vectors = vectors and input_channels(model) is None
+    vectors = vectors and first_conv(model) is None
     linear = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
     width = "F" if linear is None else linear.in_features
     vector = vectors and x.ndim in (1, 2) and (linear is None or x.shape[-1] == width)
@@ -73,21 +69,19 @@ def as_batch(x: object, model: nn.Module, *, vectors: bool = False) -> tuple[Ten
             f"x.to({param.dtype}) (or keep a float32 model and use the methods' dtype= autocast)"
         )
     if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
-        warnings.warn(
+        warn(
             "the model is in training mode: dropout and batch-norm statistics make the maps "
             "random and batch-dependent (camkit restores the running statistics and other "
             "buffers after the call, the model is not changed); call model.eval() first",
             UserWarning,
-            stacklevel=3,
         )
     x = detached(x)
     return (x.unsqueeze(0), True) if x.ndim == (1 if vector else 3) else (x, False)
 
 
 def detached(x: Tensor) -> Tensor:
-    """``x`` without autograd history (camkit never differentiates through, or into, the
-    caller's graph); a tensor made under ``torch.inference_mode()`` as a normal copy autograd
-    can use."""
+    """``x`` without autograd history (camkit never differentiates into the caller's graph);
+    an inference tensor as a normal copy autograd can use."""
     x = x.detach()
     return x.clone() if x.is_inference() and not torch.is_inference_mode_enabled() else x
 
@@ -95,14 +89,10 @@ def detached(x: Tensor) -> Tensor:
 def as_inputs(
     x: tuple | list, model: nn.Module, *, vectors: bool = False
 ) -> tuple[tuple[Tensor, ...], bool]:
-    """Validate a tuple of explained inputs ``(image, *others)`` (captum's tuples: the model is
-    called as ``model(image, *others)``); return ``(inputs with a batch axis, was_single)``.
-
-    The first is an image, a batch or volumes as for :func:`as_batch`, and decides: for one
-    image ``(C, H, W)`` every other input is one sample without the batch axis, else each has
-    the batch's size on axis 0. Every input is a floating-point tensor (gradients are taken
-    with respect to each) on the image's device.
-    """
+    """Validate a tuple of explained inputs ``(image, *others)`` for ``model(image, *others)``
+    (captum's tuples): ``(inputs with a batch axis, was_single)``. The image (:func:`as_batch`)
+    decides whether the others are one sample or a batch; each is floating-point, on the
+    image's device."""
     if len(x) == 0 or not all(isinstance(t, Tensor) for t in x):
         kinds = ", ".join(type(t).__name__ for t in x) or "nothing"
         raise InputError(
@@ -134,30 +124,19 @@ def as_inputs(
     return tuple(inputs), single
 
 
-def input_channels(model: nn.Module) -> int | None:
-    """The input channels of the model's first convolution (in registration order), or None."""
-    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
-    return None if conv is None else conv.in_channels
-
-
 def check_clip_layout(x: Tensor, model: nn.Module) -> None:
-    """Refuse a 5-D input camkit would misread.
-
-    camkit reads a 5-D input as ``(B, C, D, H, W)`` (volumes; clips as ``(B, C, T, H, W)``, the
-    layout of ``Conv3d`` and torchvision's video models). A clip in ``(B, T, C, H, W)`` (VideoMAE,
-    frame-wise models) read that way would take the colour channels for time. When axis 2 has
-    the model's input channel count and axis 1 does not, the input is such a clip: it must be
-    declared with :class:`InputLayout`. A model with no 3-D layer cannot take ``(B, C, D, H, W)``.
-    """
+    """Refuse a 5-D input camkit would misread as ``(B, C, D, H, W)``: a ``(B, T, C, H, W)``
+    clip (the model's channel count on axis 2, not 1) must be declared with
+    :class:`InputLayout`; a model with no 3-D layer takes no volumes."""
     while isinstance(model, KeywordInput):
         model = model.module
     if isinstance(model, InputLayout):
         return
     shape = tuple(x.shape)
-    channels = input_channels(model)
-    if channels is not None and shape[2] == channels != shape[1]:
+    conv = first_conv(model)
+    if conv is not None and shape[2] == conv.in_channels != shape[1]:
         raise InputError(
-            f"the 5-D input {shape} has the model's {channels} input channels on axis 2, so it "
+            f"the 5-D input {shape} has the model's {shape[2]} input channels on axis 2, so it "
             "looks like clips (B, T, C, H, W); camkit reads 5-D inputs as (B, C, T, H, W) and "
             "would take the channels for time. Declare the layout the model takes: "
             'camkit.InputLayout(model, "BTCHW") is called with x.transpose(1, 2)'
@@ -181,8 +160,7 @@ def positive_int(name: str, value: object, *, optional: bool = False) -> int | N
 
 
 def boolean(name: str, value: object) -> bool:
-    """``value`` when it is ``True`` or ``False`` (not merely truthy), else
-    :class:`ArgumentError`."""
+    """``value`` when it is ``True`` or ``False`` (not merely truthy), else ArgumentError."""
     if not isinstance(value, bool):
         raise ArgumentError(f"{name} must be True or False, got {value!r}")
     return value

@@ -10,6 +10,7 @@ import difflib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -21,10 +22,9 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 def explained_module(model: nn.Module) -> nn.Module:
-    """The module camkit runs: ``nn.DataParallel`` / ``DistributedDataParallel`` are explained
-    through their ``.module`` (an explanation needs no replica or gradient sync), and a
-    ``torch.compile``d model through its eager original (hooks on a compiled graph can be
-    skipped silently, so its maps would not be trustworthy): the maps equal the eager model's."""
+    """The module camkit runs: DataParallel / DDP's ``.module`` (no replica or gradient sync
+    needed), a ``torch.compile``d model's eager original (hooks on a compiled graph can be
+    skipped silently)."""
     while True:
         if isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
             model = model.module
@@ -35,10 +35,8 @@ def explained_module(model: nn.Module) -> nn.Module:
 
 
 def user_name(model: nn.Module, name: str) -> str | None:
-    """A module's dotted name in ``model`` as the user's own model names it: camkit's input
-    wrappers (:class:`~camkit.core.wrappers.KeywordInput`, :class:`InputLayout`, nested too)
-    add no ``module.`` prefix (``"module.blocks.3"`` -> ``"blocks.3"``); None for the wrapped
-    model itself (``"module"``: it is the model, not one of its layers)."""
+    """A module's dotted name as the user's own model names it, without the ``module.`` of
+    camkit's input wrappers (nested too); None for the wrapped model itself."""
     while getattr(model, "wraps_model", False):
         if name == "module":
             return None
@@ -49,11 +47,9 @@ def user_name(model: nn.Module, name: str) -> str | None:
 
 
 def find_layer(model: nn.Module, layer: str | nn.Module) -> tuple[str, nn.Module]:
-    """Resolve a dotted name (as in ``model.named_modules()``) or a submodule to ``(name, module)``;
-    the name is the user's (:func:`user_name`: a wrapped model's layers without ``module.``).
-
-    A misspelt name raises :class:`LayerNotFoundError` naming the closest real layer names.
-    """
+    """Resolve a dotted name (as in ``model.named_modules()``) or a submodule to the user's
+    ``(name, module)`` (:func:`user_name`); a misspelt name raises
+    :class:`LayerNotFoundError` naming the closest real ones."""
     if isinstance(layer, nn.Module):
         for name, module in model.named_modules(remove_duplicate=False):
             if module is layer:
@@ -110,12 +106,8 @@ def hooked(handles_factory: Callable[[], list]) -> Iterator[None]:
 
 
 def this_thread(hook: Callable) -> Callable:
-    """``hook``, firing only in the thread that registers it (per-call hook state).
-
-    Hooks live on the shared model while a call runs; another thread's forward through the same
-    modules must neither be captured nor altered by them, so concurrent calls on one model get
-    exactly their one-by-one results, without a lock.
-    """
+    """``hook``, firing only in the thread that registers it: concurrent calls on one model
+    get exactly their one-by-one results, without a lock."""
     owner = threading.get_ident()
 
     def guarded(*args: object) -> object:
@@ -128,13 +120,9 @@ def this_thread(hook: Callable) -> Callable:
 def replacing_output(module: nn.Module, hook: Callable) -> torch.utils.hooks.RemovableHandle:
     """Register a forward ``hook`` that replaces ``module``'s output, for this thread only.
 
-    It runs after camkit's own hooks already on the module (an LRP rule's output is what gets
-    replaced) and before every other forward hook: a hook that keeps the output for later use --
-    transformers 5 collects ``hidden_states`` through its own forward hooks, and LLaVA's
-    projector reads those -- then keeps camkit's replacement, so what is computed from the
-    recorded tensor depends on the tapped one (with the hook last, the recorder kept the
-    original output and the gradient never reached the layer). The other hooks keep their
-    order among themselves.
+    It runs after camkit's own hooks on the module and before every other one: a hook that
+    keeps the output (transformers 5 collects ``hidden_states`` so, LLaVA's projector reads
+    them) then keeps camkit's replacement, so the gradient reaches the tapped layer.
     """
     handle = module.register_forward_hook(this_thread(hook))
     hooks = module._forward_hooks
@@ -162,41 +150,31 @@ def capture_outputs(
 ) -> Iterator[dict[str, list[Tensor]]]:
     """Keep the outputs of ``layers`` (every call, in order) during the forward passes inside.
 
-    With ``start_graph=True`` the caller runs the forward under ``torch.no_grad()``; the first
-    captured output turns autograd on and becomes a leaf, so the graph (and its memory) starts at
-    the target layers: gradients of any later score reach exactly the captured tensors and
-    nothing before them. Downstream modules receive a clone, so in-place operations after the
-    layer (``ReLU(inplace=True)``, ``out += identity``) cannot alter what was captured.
+    With ``start_graph=True`` (the forward under ``torch.no_grad()``) the first captured output
+    turns autograd on and becomes a leaf, so the graph starts at the target layers. Downstream
+    modules receive a clone, so later in-place operations cannot alter what was captured.
     """
     taps: dict[str, list[Tensor]] = {name: [] for name, _ in layers}
     grad_mode = torch.is_grad_enabled()
 
-    def tap(name: str):
-        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = tensor_output(name, output)
-            if start_graph and not output.requires_grad:
-                torch.set_grad_enabled(True)
-                output = output.detach().requires_grad_(True)
-            taps[name].append(output)
-            return output.clone()
-
-        return hook
+    def tap(name: str, module: nn.Module, inputs: tuple, output: object) -> Tensor:
+        output = tensor_output(name, output)
+        if start_graph and not output.requires_grad:
+            torch.set_grad_enabled(True)
+            output = output.detach().requires_grad_(True)
+        taps[name].append(output)
+        return output.clone()
 
     try:
-        with hooked(lambda: [replacing_output(m, tap(n)) for n, m in layers]):
+        with hooked(lambda: [replacing_output(m, partial(tap, n)) for n, m in layers]):
             yield taps
     finally:
         torch.set_grad_enabled(grad_mode)
 
 
 def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
-    """The one call's output of each tapped layer.
-
-    A layer that never ran is an error, and so is a layer that ran several times in one
-    forward pass (a head shared by pyramid levels, a ``ReLU`` module reused in a block): a map
-    of one of its calls would leave the others out without a word, so every method refuses it
-    and the error lists the calls.
-    """
+    """The one call's output of each tapped layer; a layer that never ran, or ran several
+    times (a map of one call would silently leave the others out), is an error."""
     missing = [name for name, calls in taps.items() if not calls]
     if missing:
         raise LayerOutputError(
@@ -205,10 +183,7 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
         )
     for name, calls in taps.items():
         if len(calls) > 1:
-            listed = ", ".join(
-                f"call {i}: {tuple(out.shape) if isinstance(out, Tensor) else '?'}"
-                for i, out in enumerate(calls)
-            )
+            listed = ", ".join(f"call {i}: {tuple(out.shape)}" for i, out in enumerate(calls))
             raise LayerOutputError(
                 f"layer {name!r} runs {len(calls)} times in one forward pass ({listed}); a map "
                 "of one call would silently leave the others out. Choose a layer that runs "
@@ -220,17 +195,14 @@ def single_call(taps: dict[str, list[Tensor]]) -> list[Tensor]:
     return [calls[0] for calls in taps.values()]
 
 
-def check_batch_axis(name: str, output: Tensor, batch: int, frames: int | None = None) -> None:
-    """Raise :class:`LayerOutputError` unless layer ``name``'s output has the input's ``batch``
-    rows on its first axis (or ``batch * frames`` for a model that declares its clips' frames
-    folded into its batch, :func:`camkit.core.spacetime.frame_wise`).
-
-    A layer inside a detection head (RoI pooling: one row per proposal), a frame-wise video model
-    (``(B * T, C, h, w)``) or a position embedding (one row for every image) has another leading
-    axis; reading it as the batch would give one map per proposal or frame, silently wrong.
-    """
-    rows = output.shape[0] if output.ndim else None
-    if rows != batch and not (frames and rows == batch * frames):
+def check_batch_axes(taps: dict[str, list[Tensor]], batch: int, frames: int | None = None) -> None:
+    """Raise :class:`LayerOutputError` unless the last call of every tapped layer that ran has
+    the input's ``batch`` rows on its first axis (``batch * frames`` for a frame-wise model):
+    a detection head's proposals or a shared position embedding would give wrong maps."""
+    for name, calls in taps.items():
+        rows = calls[-1].shape[0] if calls and calls[-1].ndim else None
+        if not calls or rows == batch or (frames and rows == batch * frames):
+            continue
         raise LayerOutputError(
             f"layer {name!r} gives {rows} rows on its first axis for an input batch of {batch}: "
             "its leading axis is not the input's batch (proposals of a detection head, frames "
@@ -242,17 +214,10 @@ def check_batch_axis(name: str, output: Tensor, batch: int, frames: int | None =
         )
 
 
-def check_batch_axes(taps: dict[str, list[Tensor]], batch: int, frames: int | None = None) -> None:
-    """:func:`check_batch_axis` on the last call of every tapped layer that ran."""
-    for name, calls in taps.items():
-        if calls:
-            check_batch_axis(name, calls[-1], batch, frames)
-
-
 @contextmanager
 def first_output(model: nn.Module) -> Iterator[list]:
-    """Keep the output of the model's first forward pass inside (a list that holds it, detached
-    where it is a tensor): the clean pass of a method also gives the prediction."""
+    """Keep the output of the model's first forward pass inside (in a list, detached where a
+    tensor): the clean pass of a method also gives the prediction."""
     kept: list = []
 
     def keep(module: nn.Module, inputs: tuple, output: object) -> None:

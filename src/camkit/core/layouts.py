@@ -1,35 +1,22 @@
-"""Reading a layer's output as a spatial grid: CNN maps, 3-D volumes, ViT tokens, channels-last.
+"""Reading a layer's output as a spatial grid, decided by :func:`infer_layout` from the output
+shape, the model and the input size (instead of pytorch-grad-cam's hand-written
+``reshape_transform``):
 
-A CAM needs activations ``(B, C, h, w)`` (or ``(B, C, d, h, w)`` for volumes). Transformers give
-other layouts, and pytorch-grad-cam / torchcam make the user write the conversion by hand
-(``reshape_transform`` with a hard-coded 14x14 grid). :func:`infer_layout` decides it from the
-layer's output shape, the model's attributes and the input size:
+* ``"grid"`` ``(B, C, h, w)`` and ``"volume"`` ``(B, C, d, h, w)``: as they are;
+* ``"tokens"`` ``(B, prefix + h * w + suffix, C)`` (ViT, DeiT, DINOv2; YOLOS's detection
+  tokens after the patches, Fang et al., NeurIPS 2021): the patches row-major on the patch grid
+  (Dosovitskiy et al., ICLR 2021), the non-patch tokens, counted by the model (without one:
+  tried), dropped;
+* space-time tokens of a video transformer: grid and order read from the model
+  (:mod:`camkit.core.spacetime`), laid out as a volume; a frame-wise model's ``B * T`` rows are
+  read frame by frame and stacked as ``(B, C, T, h, w)``;
+* ``"channels_last"`` ``(B, h, w, C)`` (Swin, Liu et al., ICCV 2021; ConvNeXt, Liu et al.,
+  CVPR 2022): channels moved to axis 1.
 
-* ``"grid"`` ``(B, C, h, w)`` and ``"volume"`` ``(B, C, d, h, w)``: used as they are;
-* ``"tokens"`` ``(B, N, C)`` with ``N = prefix + h * w + suffix`` (ViT, DeiT, DINOv2 with
-  registers, HuggingFace hidden states; YOLOS appends its detection tokens after the patches,
-  Fang et al., NeurIPS 2021): the tokens that are not patches (class, distillation, register,
-  detection) are dropped and the patch tokens laid out row-major on the ``(h, w)`` patch grid,
-  as the patch embedding flattens them (Dosovitskiy et al., ICLR 2021). How many tokens come
-  before and after the patches is read from the model (its token parameters, timm's
-  ``num_prefix_tokens``, its config), never inferred from the count: a count that does not
-  match is refused. Only without a model (geometry alone) are prefix counts tried;
-* space-time tokens ``(B, N, C)`` of a video transformer, for a clip ``(T, H, W)``: the grid
-  ``(t, h, w)`` and the token order read from the model (:mod:`camkit.core.spacetime`:
-  tubelets, MViT's pooled grids, TimeSformer's patch-major order), laid out as a volume;
-* frames folded into the batch (a model declared ``frame_wise``): a layer with ``B * T`` rows
-  is read frame by frame as above and stacked as ``(B, C, T, h, w)``;
-* ``"channels_last"`` ``(B, h, w, C)`` (Swin blocks, Liu et al., ICCV 2021; ConvNeXt blocks
-  with a linear MLP, Liu et al., CVPR 2022; torchvision ``swin_t``): channels moved to axis 1.
-
-How a 4-D (or 5-D) output is told apart from its channels-last reading: the spatial axes of the
-right reading are the input's axes divided by one common stride (each within one pixel, equal
-axes for equal input axes); when both or neither readings fit, the model's channel counts
-decide (channels-first modules: convolutions and batch/group norms; channels-last modules:
-``nn.LayerNorm`` over the last axis and ``nn.Linear``). A case still undecided raises
-:class:`LayoutError` naming every candidate. The one exception is a model without any
-``nn.LayerNorm``: PyTorch's channels-first convention is then taken, since nothing in such a
-model can produce channels-last activations without a permute that it does not have.
+A dense output and its channels-last reading: the right one's spatial axes are the input's
+divided by one common stride; when both or neither fit, the model's channel counts decide;
+a model without a last-axis ``nn.LayerNorm`` is channels-first (nothing in it could make
+channels-last activations); else :class:`LayoutError` names every candidate.
 """
 
 from __future__ import annotations
@@ -66,10 +53,8 @@ def layer_layout(
     *,
     batch: int | None = None,
 ) -> Layout | None:
-    """How a layer output of ``shape`` (batch axis included) is read for its channels: None
-    where it is taken as it is, channels on axis 1 (``reshape=None``, or a linear layer's
-    ``(B, C)``: neurons, no positions), else :func:`infer_layout` (``batch``: the input's rows,
-    for a frame-wise model's layers)."""
+    """How a layer output of ``shape`` is read for its channels: None (as it is) for
+    ``reshape=None`` or a linear layer's ``(B, C)``, else :func:`infer_layout`."""
     if reshape is None or len(shape) == 2:
         return None
     return infer_layout(shape, model, input_size, batch=batch)
@@ -85,21 +70,16 @@ def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def fits_input(spatial: Sequence[int], size: Sequence[int]) -> bool:
-    """Whether a spatial shape can be the input ``size`` divided by one common stride.
-
-    Each axis within one unit of ``size / stride`` for a common real stride >= 1 (padding,
-    valid convolutions and odd sizes round either way), and equal input axes give equal axes.
-    For a volume ``(D, H, W)`` the depth only has to be in ``1..D`` (video and 3-D networks
-    often stride time differently); ``(h, w)`` follow the rule above.
-    """
+    """Whether a spatial shape can be the input ``size`` divided by one common stride: each
+    axis within one unit of ``size / stride`` for a real stride >= 1 (padding rounds either
+    way), equal input axes giving equal axes. A volume's depth only has to be in ``1..D``
+    (video and 3-D networks often stride time differently)."""
     if len(spatial) != len(size) or any(s < 1 or s > n for s, n in zip(spatial, size, strict=True)):
         return False
     if len(size) == 3:
         return fits_input(spatial[1:], size[1:])
-    for i in range(len(size)):
-        for j in range(len(size)):
-            if size[i] == size[j] and spatial[i] != spatial[j]:
-                return False
+    if len(set(zip(size, spatial, strict=True))) != len(set(size)):
+        return False
     # stride interval per axis: size / stride in (s - 1, s + 1)
     low = max(n / (s + 1) for s, n in zip(spatial, size, strict=True))
     high = min(n / (s - 1) if s > 1 else math.inf for s, n in zip(spatial, size, strict=True))
@@ -115,20 +95,19 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     dims = "x".join(map(str, size))
     if fit_first != fit_last:
         chosen = first if fit_first else last
-        return _with_reason(chosen, f"spatial axes {shape_text(chosen.grid)} fit the {dims} input")
+        return replace(
+            chosen, reason=f"spatial axes {shape_text(chosen.grid)} fit the {dims} input"
+        )
     known_first, known_last = channel_counts(model)
-    first_known = first.channels in known_first
-    last_known = last.channels in known_last
+    first_known, last_known = first.channels in known_first, last.channels in known_last
     evidence = "both fit" if fit_first else "neither fits"
     if first_known != last_known:
         chosen = first if first_known else last
         side = "channels-first" if first_known else "channels-last"
-        return _with_reason(
-            chosen,
-            f"{evidence} the {dims} input; {chosen.channels} is a {side} channel count",
-        )
+        reason = f"{evidence} the {dims} input; {chosen.channels} is a {side} channel count"
+        return replace(chosen, reason=reason)
     if fit_first and not has_last_axis_norm(model):
-        return _with_reason(first, "channels-first: the model has no channels-last normalisation")
+        return replace(first, reason="channels-first: the model has no channels-last normalisation")
     raise LayoutError(
         f"cannot tell how to read the layer output {shape} for a {dims} input: it could be "
         f"{first} or {last} ({evidence} the input's size; channel counts do not decide); pass "
@@ -137,13 +116,8 @@ def _dense_layout(shape: tuple[int, ...], model: nn.Module | None, size: tuple[i
     )
 
 
-def _with_reason(layout: Layout, reason: str) -> Layout:
-    return replace(layout, reason=reason)
-
-
 def _grids(count: int, size: tuple[int, int]) -> list[tuple[int, int, int]]:
-    """``(h, w, stride)`` with ``h * w == count >= 2`` and ``(h, w) = size / stride`` exactly
-    (a guess without the patch size: no rounding allowed)."""
+    """``(h, w, stride)`` with ``h * w == count >= 2`` and ``(h, w) = size / stride`` exactly."""
     found = []
     for h in range(1, math.isqrt(count) + 1):
         if count % h or count < 2:
@@ -207,8 +181,8 @@ def _spacetime_tokens(
     ends: tuple[int, int],
     told: str,
 ) -> Layout:
-    """Video tokens: the model's space-time grid (:func:`~camkit.core.spacetime.token_grids`)
-    whose size, with or without the non-patch tokens, is the token count."""
+    """Video tokens: the model's space-time grid that fits the count (with or without the
+    non-patch tokens)."""
     count, dims = shape[1], "x".join(map(str, size))
     grids = token_grids(model, size)  # type: ignore[arg-type]
     for found in grids:
@@ -230,9 +204,7 @@ def _spacetime_tokens(
 
 
 def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]) -> Layout:
-    """A ``(N * rows, C)`` output of a model that reads its images as flattened patches
-    (:func:`~camkit.core.architecture.patch_rows`): ``rows`` patch tokens per image, in the
-    model's merge windows, on the ``(H / p, W / p)`` grid."""
+    """A flattened-patch model's ``(N * rows, C)`` output: ``rows`` patch tokens per image."""
     dims = "x".join(map(str, size))
     grid = layout.grid(size)
     count = math.prod(grid)
@@ -249,8 +221,7 @@ def _patch_rows(shape: tuple[int, ...], layout: PatchRows, size: tuple[int, ...]
 
 
 def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
-    """Without a model: every prefix count up to :data:`MAX_GUESSED_PREFIX` whose remainder is
-    a grid that fits the input exactly; one reading, or an error listing them."""
+    """Without a model: the one prefix count whose remainder is a grid fitting the input."""
     _, count, channels = shape
     dims = "x".join(map(str, size))
     candidates = [
@@ -271,8 +242,7 @@ def _geometric_tokens(shape: tuple[int, ...], size: tuple[int, ...]) -> Layout:
 def _one_reading(
     candidates: list[Layout], shape: tuple[int, ...], dims: str, no_reading: str
 ) -> Layout:
-    """The only reading of the tokens of ``shape``; none (``no_reading`` says why) or several
-    are a :class:`LayoutError`."""
+    """The only reading of the tokens of ``shape``; none (``no_reading``) or several raise."""
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
@@ -293,12 +263,10 @@ def infer_layout(
 ) -> Layout:
     """Decide how a layer output of ``shape`` (batch axis included) is read as a grid.
 
-    ``input_size``: the input's spatial size ``(H, W)`` (or ``(D, H, W)``, ``(T, H, W)`` for a
-    clip). ``model`` gives the prefix tokens, the patch size, the space-time grids and the
-    channel counts (may be None: geometry only). ``batch``: the input's rows; a layer with
-    ``batch * T`` rows of a frame-wise model is read frame by frame. See the module docstring
-    for the rules; raises :class:`LayoutError` naming the candidate readings when the layout
-    is ambiguous or cannot be read.
+    ``input_size``: ``(H, W)``, ``(D, H, W)`` or a clip's ``(T, H, W)``. ``model``: what the
+    architecture declares (None: geometry only). ``batch``: the input's rows, for frame-wise
+    and tiling models. Rules in the module docstring; raises :class:`LayoutError` naming the
+    candidates when ambiguous or unreadable.
     """
     shape = tuple(int(n) for n in shape)
     size = _size(input_size)
@@ -326,9 +294,8 @@ def infer_layout(
         return _token_layout(shape, model, size)
     if len(shape) == 2 + len(size):
         return _dense_layout(shape, model, size)
-    expected = "(B, C, h, w), (B, h, w, C) or tokens (B, N, C)"
-    if len(size) == 3:
-        expected = "(B, C, d, h, w), (B, d, h, w, C) or tokens (B, N, C)"
+    axes = "d, h, w" if len(size) == 3 else "h, w"
+    expected = f"(B, C, {axes}), (B, {axes}, C) or tokens (B, N, C)"
     raise LayoutError(
         f"cannot read a layer output of shape {shape} as a spatial map for a "
         f"{'x'.join(map(str, size))} input: expected {expected}; pass reshape= a function "
@@ -343,13 +310,8 @@ def resolve_reshape(
     shape: Sequence[int],
     batch: int | None = None,
 ) -> Reshape | None:
-    """The function a CAM applies to a layer output of ``shape`` (batch included; ``batch``:
-    the input's rows, see :func:`infer_layout`).
-
-    ``"auto"`` (the default): the :class:`Layout` from :func:`infer_layout` (callable; its
-    ``str`` tells the choice); a callable: itself (the user's reshape wins); None: no reshape
-    (the output must already be ``(B, C, h, w)``).
-    """
+    """The function a CAM applies to a layer output of ``shape``: for ``"auto"`` the
+    :class:`Layout` of :func:`infer_layout`, else ``reshape`` itself (a callable, or None)."""
     check_reshape(reshape)
     if reshape == "auto":
         return infer_layout(shape, model, input_size, batch=batch)
@@ -359,9 +321,7 @@ def resolve_reshape(
 def check_reshape(reshape: object) -> None:
     """Raise :class:`~camkit.errors.ArgumentError` unless ``reshape`` is ``"auto"``, None or a
     callable."""
-    if not (reshape is None or reshape == "auto" or callable(reshape)) or (
-        isinstance(reshape, str) and reshape != "auto"
-    ):
+    if not (reshape is None or reshape == "auto" or callable(reshape)):
         raise ArgumentError(
             f'reshape must be "auto", None or a callable (B, ...) -> (B, C, h, w), got {reshape!r}'
         )

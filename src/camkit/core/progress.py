@@ -1,5 +1,5 @@
-"""Progress: a tqdm bar on a terminal; in a log (stderr not a terminal), one line at a steady
-interval, as training loops print, so a long run redirected to a file still says how far it is."""
+"""Progress: a tqdm bar on a terminal; in a log, one line at a steady interval, as training
+loops print."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import IO, Any
 
 from torch import Tensor, nn
@@ -23,31 +24,28 @@ LOG_INTERVAL = 10.0  # seconds between two progress lines in a log
 
 
 def progress_bar(total: int, description: str, unit: str, *, enabled: bool = True) -> tqdm:
-    """A tqdm bar of ``total`` ``unit`` s; silent when ``enabled`` is False or stderr is not a
-    terminal. Use it as a context manager and call ``update(n)``."""
+    """A tqdm bar of ``total`` ``unit`` s; silent when not ``enabled`` or stderr is not a
+    terminal."""
     return tqdm(total=total, desc=description, unit=unit, disable=None if enabled else True)
 
 
+@dataclass(eq=False)
 class LogProgress:
     """Progress as lines for a log: ``explain: 12/43 images (28%), 1.3 images/s, 24 s left``,
-    at most one per ``interval`` seconds, and a last one when done. The same calls as a tqdm
-    bar (``update``, ``write``, ``close``, a context manager)."""
+    at most one per ``interval`` seconds and a last one when done; the calls of a tqdm bar."""
 
-    def __init__(
-        self,
-        total: int,
-        description: str,
-        unit: str,
-        *,
-        interval: float = LOG_INTERVAL,
-        file: IO[str] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.total, self.description, self.unit = total, description, unit
-        self.interval, self.file, self.clock = interval, file, clock
+    total: int
+    description: str
+    unit: str
+    _: KW_ONLY
+    interval: float = LOG_INTERVAL
+    file: IO[str] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
         self.done = self.shown = 0
         self.note = self.note_shown = ""
-        self.started = self.last = clock()
+        self.started = self.last = self.clock()
         self.closed = False
 
     def line(self) -> str:
@@ -62,15 +60,18 @@ class LogProgress:
         return text + (f" [{self.note}]" if self.note else "")
 
     def set_postfix_str(self, note: str = "", refresh: bool = True) -> None:
-        """A note on the work inside a step (as tqdm's): shown with the next line, and a line
-        when ``interval`` seconds passed since the last one (``refresh``)."""
+        """A note on the work inside a step (as tqdm's), shown with the next line."""
         self.note = note
-        if refresh and self.clock() - self.last >= self.interval:
-            self._print(self.line())
+        if refresh:
+            self._due()
 
     def update(self, n: int = 1) -> None:
-        """``n`` more done; a line when ``interval`` seconds passed since the last one."""
+        """``n`` more done."""
         self.done += n
+        self._due()
+
+    def _due(self) -> None:
+        """A line when ``interval`` seconds passed since the last one."""
         if self.clock() - self.last >= self.interval:
             self._print(self.line())
 
@@ -80,17 +81,13 @@ class LogProgress:
 
     def close(self) -> None:
         """The last line, unless nothing was to do or it is already shown."""
-        if (
-            not self.closed
-            and self.total
-            and (self.shown, self.note_shown) != (self.done, self.note)
-        ):
+        shown = (self.shown, self.note_shown) == (self.done, self.note)
+        if not self.closed and self.total and not shown:
             self._print(self.line())
         self.closed = True
 
     def _print(self, text: str) -> None:
-        self.last, self.shown = self.clock(), self.done
-        self.note_shown = self.note
+        self.last, self.shown, self.note_shown = self.clock(), self.done, self.note
         print(text, file=self.file or sys.stderr, flush=True)
 
     def __enter__(self) -> LogProgress:
@@ -122,11 +119,8 @@ def progress(
 
 @contextlib.contextmanager
 def counting_rows(model: nn.Module, seen: Callable[[int], None]) -> Iterator[None]:
-    """Call ``seen(rows)`` before each forward pass of ``model`` with the rows of its first
-    input (the copies scored: Score-CAM's masked images, a metric's perturbed steps...).
-    ``seen`` may raise to stop the work at that pass. The pre-hook only reads the batch size,
-    counts only the forwards of the thread that entered (another thread's passes through the
-    same model are neither counted nor stopped) and is removed on exit, also after an error."""
+    """Call ``seen(rows)`` before each forward pass of ``model`` (this thread's only) with the
+    rows of its first input; ``seen`` may raise to stop the work at that pass."""
 
     def count(module: nn.Module, args: tuple) -> None:
         first = args[0] if args and isinstance(args[0], Tensor) else None

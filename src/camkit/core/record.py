@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from torch import Tensor, nn
 
@@ -20,12 +21,9 @@ from camkit.core.layers import (
 
 @dataclass
 class Recording:
-    """What :func:`record` captured.
-
-    ``activations[name]`` and ``gradients[name]`` are a tensor when the layer ran once, and a
-    list of tensors in call order when the module ran several times (a shared ``ReLU``).
-    Tensors are detached; gradients appear after the user's own backward pass.
-    """
+    """What :func:`record` captured: ``activations[name]`` and ``gradients[name]`` (after the
+    user's backward), detached, a tensor per layer, or a list in call order for a module that
+    ran several times."""
 
     calls: dict[str, list[Tensor]] = field(default_factory=dict)
     grads: dict[str, list[Tensor | None]] = field(default_factory=dict)
@@ -49,35 +47,30 @@ class Recording:
 
 @contextmanager
 def record(model: nn.Module, layers: LayerSpec, gradients: bool = True) -> Iterator[Recording]:
-    """Capture ``layers``' outputs during any forward, and their gradients during any backward.
-
-    The hand-written ``LayerActivations`` of every tutorial, done once::
+    """Capture ``layers``' outputs during any forward, and their gradients during any backward::
 
         with camkit.record(model, ["conv1", "layer4"]) as rec:
             model(x)[0, 281].backward()
         rec.activations["conv1"], rec.gradients["layer4"]
 
-    Outputs are kept detached and protected from later in-place operations; every hook is
-    removed on exit, also when the code inside raises.
+    Outputs are kept detached, safe from later in-place operations; every hook is removed on
+    exit, also when the code inside raises.
     """
     found = find_layers(explained_module(model), layers)
     rec = Recording({name: [] for name, _ in found}, {name: [] for name, _ in found})
 
-    def tap(name: str):
-        def hook(module: nn.Module, inputs: tuple, output: object) -> Tensor:
-            output = tensor_output(name, output)
-            call = len(rec.calls[name])
-            rec.calls[name].append(output.detach())
-            rec.grads[name].append(None)
-            if gradients and output.requires_grad:
+    def tap(name: str, module: nn.Module, inputs: tuple, output: object) -> Tensor:
+        output = tensor_output(name, output)
+        call = len(rec.calls[name])
+        rec.calls[name].append(output.detach())
+        rec.grads[name].append(None)
+        if gradients and output.requires_grad:
 
-                def keep(grad: Tensor) -> None:
-                    rec.grads[name][call] = grad.detach()
+            def keep(grad: Tensor) -> None:
+                rec.grads[name][call] = grad.detach()
 
-                output.register_hook(keep)
-            return output.clone()
+            output.register_hook(keep)
+        return output.clone()
 
-        return hook
-
-    with hooked(lambda: [replacing_output(m, tap(n)) for n, m in found]):
+    with hooked(lambda: [replacing_output(m, partial(tap, n)) for n, m in found]):
         yield rec

@@ -1,27 +1,14 @@
-"""What a video model says about its space-time layers: tubelet and space-time token grids,
-their order, frames folded into the batch, and the layer to explain.
+"""What a video model says about its space-time layers, read from the model, never guessed:
 
-Read from the model, never guessed from a token count:
-
-* tubelet tokens (VideoMAE, Tong et al., NeurIPS 2022; ViViT, Arnab et al., ICCV 2021;
-  torchvision MViT's ``conv_proj``, Fan et al., ICCV 2021): the model's first ``nn.Conv3d`` is
-  its tubelet embedding, flattened time-major ``(t, h, w)``; its output grid for a clip
-  ``(T, H, W)`` is the convolution's arithmetic;
-* MViT's pooled tokens: each attention's ``pool_q`` (torchvision) pools the grid of the tokens
-  that follow it, so the grids after each pooling are read from those poolings' arithmetic;
-* TimeSformer (Bertasius et al., ICML 2021; HuggingFace ``model_type="timesformer"`` with
-  divided or joint space-time attention): ``TimesformerEmbeddings`` orders the tokens patch by
-  patch, each patch's frames together, on a ``(T, H / p, W / p)`` grid;
-* frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019; any
-  2-D backbone run per frame): declared by the user (``InputLayout(model, ..., frame_wise=True)``
-  sets ``frame_wise`` on the model camkit runs); a layer with ``B * T`` rows is then read as
-  ``(B, T, h, w)``;
+* tubelet tokens (VideoMAE, Tong et al., NeurIPS 2022; ViViT, Arnab et al., ICCV 2021; MViT,
+  Fan et al., ICCV 2021): the first ``nn.Conv3d``'s output grid, time-major; MViT's ``pool_q``
+  pool the later grids;
+* TimeSformer (Bertasius et al., ICML 2021): tokens patch by patch, each patch's frames
+  together, on a ``(T, H / p, W / p)`` grid;
+* frames folded into the batch (TSN, Wang et al., ECCV 2016; TSM, Lin et al., ICCV 2019),
+  declared by ``InputLayout(..., frame_wise=True)``: ``B * T`` rows read as ``(B, T, h, w)``;
 * X-CLIP (Ni et al., "Expanding Language-Image Pretrained Models for General Video
-  Recognition", ECCV 2022; HuggingFace ``model_type="xclip"``): its vision tower runs a clip's
-  frames as a batch of ``B * T`` images (``pixel_values.reshape(-1, C, H, W)``, row ``b * T +
-  t``), its cross-frame attention viewing them as ``(B, T)`` with ``T`` the config's
-  ``vision_config.num_frames``: read as frame-wise from the model, no declaration needed; a clip
-  of another length is refused.
+  Recognition", ECCV 2022): frame-wise by its config's ``vision_config.num_frames``.
 """
 
 from __future__ import annotations
@@ -37,8 +24,7 @@ _POOLS_3D = (nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d)
 
 @dataclass(frozen=True)
 class TokenGrid:
-    """A space-time token grid ``(t, h, w)`` as the map lays it out; ``frames_last``: the
-    tokens are ordered patch by patch with each patch's frames together (``(h, w, t)``);
+    """A space-time token grid ``(t, h, w)``; ``frames_last``: tokens in ``(h, w, t)`` order;
     ``source``: where the model says so."""
 
     grid: tuple[int, int, int]
@@ -70,8 +56,8 @@ def _timesformer(model: nn.Module) -> nn.Module | None:
 
 
 def token_grids(model: nn.Module | None, size: tuple[int, int, int]) -> list[TokenGrid]:
-    """The space-time token grids a video transformer has for a clip ``size`` ``(T, H, W)``, in
-    the order its layers see them (see the module docstring); [] when the model declares none."""
+    """The space-time token grids a video transformer has for a clip ``(T, H, W)``, in the
+    order its layers see them; [] when the model declares none."""
     if model is None:
         return []
     timesformer = _timesformer(model)
@@ -95,8 +81,7 @@ def token_grids(model: nn.Module | None, size: tuple[int, int, int]) -> list[Tok
 
 
 def _xclip_frames(model: nn.Module | None) -> int | None:
-    """The clip length of the HuggingFace X-CLIP inside ``model`` (its config's
-    ``vision_config.num_frames``), or None for another model."""
+    """The clip length of the HuggingFace X-CLIP inside ``model``, or None."""
     for module in () if model is None else model.modules():
         config = getattr(module, "config", None)
         if getattr(config, "model_type", None) == "xclip":
@@ -105,26 +90,23 @@ def _xclip_frames(model: nn.Module | None) -> int | None:
 
 
 def message_tokens(model: nn.Module | None) -> tuple[int, str] | None:
-    """``(count, source)`` of the tokens a frame-wise video transformer appends to a frame's
-    tokens inside its blocks only: X-CLIP's cross-frame block adds one message token after the
-    class and patch tokens before its attention and drops it after (``layer_norm1`` and
-    ``self_attn`` see it, the block's output does not); None for other models."""
+    """``(count, source)`` of the tokens a frame-wise video transformer appends inside its
+    blocks only (X-CLIP's message token: ``layer_norm1`` sees it, the block's output not);
+    None for other models."""
     if _xclip_frames(model) is None:
         return None
     return 1, "X-CLIP's message token, inside its cross-frame blocks"
 
 
 def frame_wise(model: nn.Module | None) -> bool:
-    """Whether the model folds a clip's frames into its batch (``b``-major: row ``b * T + t``):
-    declared, as ``InputLayout(..., frame_wise=True)`` does, or read from it (X-CLIP)."""
+    """Whether the model folds a clip's frames into its batch (row ``b * T + t``): declared
+    (``frame_wise``) or read from it (X-CLIP)."""
     return bool(getattr(model, "frame_wise", False)) or _xclip_frames(model) is not None
 
 
 def folded_frames(model: nn.Module | None, input_shape: tuple[int, ...]) -> int | None:
-    """``T`` for a frame-wise model (:func:`frame_wise`) given a clip ``(B, C, T, H, W)``: its
-    layers may have ``B * T`` rows; else None. A clip whose length is not X-CLIP's
-    ``num_frames`` is a :class:`~camkit.errors.InputError` (its cross-frame attention would
-    misread the rows)."""
+    """``T`` for a frame-wise model given a clip ``(B, C, T, H, W)`` (its layers may have
+    ``B * T`` rows), else None; a clip of another length than X-CLIP's raises InputError."""
     if len(input_shape) != 5 or not frame_wise(model):
         return None
     frames, built = input_shape[2], _xclip_frames(model)
@@ -138,13 +120,9 @@ def folded_frames(model: nn.Module | None, input_shape: tuple[int, ...]) -> int 
 
 
 def default_video_layer(model: nn.Module) -> str | None:
-    """The layer to explain in a video transformer whose block norms see frames or patches in
-    the batch: TimeSformer's divided attention runs its ``layernorm_before`` on ``B * T`` rows,
-    so its default is the last block's ``temporal_dense`` (the temporal attention's output,
-    ``(B, h * w * T, C)``, which feeds the last spatial attention and so the class token).
-    X-CLIP gets its vision tower's last cross-frame block's ``layer_norm1`` (whose output, the
-    frame's tokens and its message token, feeds the block's attention, as CLIP's default).
-    None for other models."""
+    """The layer to explain in a video transformer whose block norms see frames in the batch:
+    TimeSformer's last ``temporal_dense`` (``(B, h * w * T, C)``, feeding the last spatial
+    attention), X-CLIP's last cross-frame block's ``layer_norm1`` (as CLIP's); else None."""
     if _xclip_frames(model) is not None:
         blocks = [name for name, m in model.named_modules() if hasattr(m, "message_fc")]
         return f"{blocks[-1]}.layer_norm1" if blocks else None

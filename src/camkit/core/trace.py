@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -23,7 +24,7 @@ from camkit.core.examples import (
 )
 from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
-from camkit.errors import CamkitError, InputError, LayerOutputError
+from camkit.errors import CamkitError, InputError, LayerOutputError, warn
 
 _PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
 _TWINS = 2  # the trace runs two different inputs, to see which layers follow them
@@ -42,13 +43,11 @@ class _Call:
 
     @property
     def unreadable(self) -> str | None:
-        """Why a CAM cannot read this call's output (None: it can): skipped, or not a ``(B, C,
-        h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N, C)``
-        tokens. The one rule of the CLI's ``--layer`` check, ``camkit layers`` and the
-        explorer's layer menu."""
+        """Why a CAM cannot read this call's output (None: it can): the one rule of the CLI's
+        ``--layer`` check, ``camkit layers`` and the explorer's layer menu."""
         if self.skip is not None:
             return self.skip
-        shape = tuple(self.shape)
+        shape = self.shape
         if len(shape) in (3, 5) or (len(shape) == 4 and shape[-1] * shape[-2] > 1):
             return None
         return (
@@ -62,15 +61,11 @@ def trace(
 ) -> tuple[list[_Call], object]:
     """Run the model (eval mode, no grad) on two inputs: every module call, and the output.
 
-    The two inputs are ``example``'s first sample and a noisy copy of it (``example``: an input
-    as the model takes it, batch axis first: a tensor of any shape and dtype, a tuple of
-    positional inputs or a dict of keyword inputs); without one, random noise of
-    ``input_size`` with the channels of the model's first convolution. Each call records why it
-    cannot be a layer to explain (``skip``): an output that is not a tensor, a first axis that
-    is not the batch's, an output the same for both inputs (it does not depend on the input:
-    a position embedding), the model's own output, or a module called at several shapes (a head
-    shared by pyramid levels). Shapes are given for the example's batch (one sample by default).
-    The model's train/eval flags are restored and every hook removed, even on error.
+    The inputs: ``example``'s first sample (a tensor, a tuple of positional inputs or a dict of
+    keyword inputs, batch first; default: noise of ``input_size``) and a noisy copy. Each call
+    records why it cannot be a layer to explain (``skip``: not a tensor, a first axis that is
+    not the batch's, the same output for both inputs, the model's output, several calls).
+    Shapes are given for the example's batch. Modes and hooks are restored, even on error.
     """
     if example is None:
         example = default_example(model, input_size)
@@ -84,32 +79,26 @@ def trace(
     open_calls: dict[str, list[int]] = {}
     counter = iter(range(1 << 62))
 
-    def before(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple) -> None:
-            open_calls.setdefault(name, []).append(next(counter))
+    def before(name: str, module: nn.Module, args: tuple) -> None:
+        open_calls.setdefault(name, []).append(next(counter))
 
-        return hook
-
-    def after(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple, output: object) -> None:
-            tensor = first_tensor(output)
-            call = _Call(
-                name=name,
-                type_name=type(module).__name__,
-                shape=tuple(tensor.shape) if tensor is not None else (),
-                started=open_calls[name].pop(),
-                finished=next(counter),
-                passes_through=isinstance(module, _PASS_THROUGH_MODULES),
-                skip=_skip_reason(output, perturbed, frames),
-            )
-            if call.skip is None and call.shape[0] == _TWINS:
-                call.shape = (batch_rows, *call.shape[1:])
-            elif call.skip is None:  # a frame-wise layer: _TWINS * frames rows
-                call.shape, call.frames = (batch_rows * frames, *call.shape[1:]), frames
-            calls.append(call)
-            kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
-
-        return hook
+    def after(name: str, module: nn.Module, args: tuple, output: object) -> None:
+        tensor = first_tensor(output)
+        call = _Call(
+            name=name,
+            type_name=type(module).__name__,
+            shape=tuple(tensor.shape) if tensor is not None else (),
+            started=open_calls[name].pop(),
+            finished=next(counter),
+            passes_through=isinstance(module, _PASS_THROUGH_MODULES),
+            skip=_skip_reason(output, perturbed, frames),
+        )
+        if call.skip is None and call.shape[0] == _TWINS:
+            call.shape = (batch_rows, *call.shape[1:])
+        elif call.skip is None:  # a frame-wise layer: _TWINS * frames rows
+            call.shape, call.frames = (batch_rows * frames, *call.shape[1:]), frames
+        calls.append(call)
+        kept.append((call, weakref.ref(output) if isinstance(output, Tensor) else None))
 
     def register() -> list:
         named = ((user_name(model, name), module) for name, module in model.named_modules())
@@ -118,8 +107,8 @@ def trace(
             for name, module in named
             if name
             for handle in (
-                module.register_forward_pre_hook(before(name)),
-                module.register_forward_hook(after(name)),
+                module.register_forward_pre_hook(partial(before, name)),
+                module.register_forward_hook(partial(after, name)),
             )
         ]
 
@@ -141,7 +130,10 @@ def trace(
     finally:
         for module, training in training_flags.items():
             module.train(training)
-    _skip_model_output(kept, output)
+    final = first_tensor(output)
+    for call, ref in kept:
+        if call.skip is None and ref is not None and final is not None and ref() is final:
+            call.skip = "its output is the model's output (the logits), not a feature map"
     _skip_shared_heads(calls)
     return calls, output
 
@@ -165,18 +157,10 @@ def _skip_reason(output: object, perturbed: bool, frames: int | None = None) -> 
     return None
 
 
-def _skip_model_output(kept: list[tuple[_Call, weakref.ref | None]], output: object) -> None:
-    final = first_tensor(output)
-    for call, ref in kept:
-        if call.skip is None and ref is not None and final is not None and ref() is final:
-            call.skip = "its output is the model's output (the logits), not a feature map"
-
-
 def _skip_shared_heads(calls: list[_Call]) -> None:
-    counts: dict[str, int] = {}
+    counts = Counter(call.name for call in calls)
     shapes: dict[str, set[tuple[int, ...]]] = {}
     for call in calls:
-        counts[call.name] = counts.get(call.name, 0) + 1
         shapes.setdefault(call.name, set()).add(call.shape)
     for call in calls:
         if call.skip is None and counts[call.name] > 1:
@@ -190,42 +174,29 @@ def _skip_shared_heads(calls: list[_Call]) -> None:
 def layer_shapes(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
-    """``(name, type name, output shape)`` for every module call, in the order the calls start.
-
-    Traces ``example`` (an input as the model takes it: any shape, dtype, a tuple or a dict; see
-    :func:`trace`) or random noise of ``input_size`` (eval mode, no grad; the model's modes are
-    restored). A module called twice appears twice. For a non-tensor output (tuple, dict) the
-    shape is that of its first tensor, or ``()`` when it holds none. The model itself is not
-    listed. :func:`skipped_layers` says which layers cannot be explained, and why.
-    """
-    calls = _ordered_calls(model, input_size, example)
-    return [(call.name, call.type_name, call.shape) for call in calls]
+    """``(name, type name, output shape)`` for every module call but the model's, in the order
+    the calls start (a non-tensor output: its first tensor's shape, or ``()``)."""
+    return [(c.name, c.type_name, c.shape) for c in _ordered_calls(model, input_size, example)]
 
 
 def skipped_layers(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> dict[str, str]:
-    """``{layer name: why it cannot be explained}`` for the layers :func:`default_layer` never
-    picks and whose maps camkit refuses or would not mean anything: non-tensor outputs, a first
-    axis that is not the batch (detection proposals, frames), outputs that do not depend on the
-    input (position embeddings), the model's own output, heads shared by pyramid levels."""
-    calls = trace(model, input_size, example=example)[0]
-    return {call.name: call.skip for call in calls if call.skip is not None}
+    """``{layer name: why it cannot be explained}`` for the layers whose :func:`trace` call
+    is skipped."""
+    return {c.name: c.skip for c in trace(model, input_size, example=example)[0] if c.skip}
 
 
 def map_layers(
     model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> dict[str, str | None]:
-    """``{layer name: None if a CAM can read it, else why not}`` for every called layer, in the
-    order the calls start: the one answer the CLI's ``--layer`` check, the explorer's layer
-    menu and ``camkit layers`` give. Readable: not skipped (:func:`skipped_layers`) and a
-    ``(B, C, h, w)`` map of more than one position, a ``(B, C, d, h, w)`` volume or ``(B, N,
-    C)`` tokens."""
+    """``{layer name: None if a CAM can read it, else why not}`` (``_Call.unreadable``) for every
+    called layer, in the order the calls start."""
     return readable_layers(trace(model, input_size, example=example)[0])
 
 
 def readable_layers(calls: Sequence[_Call]) -> dict[str, str | None]:
-    """:func:`map_layers`' answer from a trace's calls (:func:`trace`), without tracing again."""
+    """:func:`map_layers`' answer from a trace's calls, without tracing again."""
     answer: dict[str, str | None] = {}
     for call in sorted(calls, key=lambda call: call.started):
         answer.setdefault(call.name, call.unreadable)
@@ -247,58 +218,28 @@ def _ordered_calls(model: nn.Module, input_size: InputSize, example: Example | N
 def default_layer(
     model: nn.Module, input_size: InputSize = None, *, example: Example | None = None
 ) -> str:
-    """The dotted name of the layer to explain by default.
-
-    A generative vision-language model gets the vision features its projector reads
-    (:func:`~camkit.core.architecture.vision_feature_layer`: LLaVA's ``vision_feature_layer``).
-    A transformer (ViT, DeiT, Swin: :func:`~camkit.core.architecture.default_token_layer`) gets the
-    first normalisation of its last block (timm ViT ``blocks.{-1}.norm1``, Swin
-    ``layers.{-1}.blocks.{-1}.norm1``, torchvision ViT ``...encoder_layer_{-1}.ln_1``), read as
-    a grid by the CAMs' ``reshape="auto"``. Otherwise the last spatial feature map. Rule: trace
-    ``example`` (or noise of ``input_size`` shaped for the model's first convolution, see
-    :func:`trace`) and, among the modules whose output is a tensor with as many axes as the
-    input, more than one spatial position, spatial axes that are the input's divided by a common
-    stride (channels first or last: a box decoder's ``(B, 1, 4, anchors)``, ultralytics' DFL, is
-    not a map), a first axis that follows the batch and values that depend on the input, take
-    the one that *finishes* last. Global pooling (1x1), the classifier,
-    detection heads (proposal rows), position embeddings and the model's own output are
-    thereby excluded; when a container and its last child return the same map the container
-    finishes later and wins (``"layer4"`` for a ResNet, ``"bn2"`` for timm's EfficientNet).
-    A model made of a ``backbone`` or ``features`` and a ``classifier`` head (torchvision
-    DeepLabV3, LR-ASPP, FCN, SqueezeNet) gets its backbone's last stage, an ultralytics detector
-    the last layer before its ``Detect`` head: the head's layers compute logits or box sides, and
-    which of them finishes last must not depend on the weights.
-    Pass-through modules (``nn.Identity``, dropout) are skipped. Maps are assumed to be
-    channels-first. Raises :class:`~camkit.errors.LayerOutputError` when no module gives such a
-    map, and warns when later layers work on 3-D token sequences (a ViT's only map is its patch
-    embedding).
+    """The dotted name of the layer to explain by default: a vision-language model's vision
+    features (:func:`~camkit.core.architecture.vision_feature_layer`), a transformer's last
+    block norm (:func:`~camkit.core.architecture.default_token_layer`), else the :func:`trace`
+    call that *finishes* last (a container beats its last child: ``"layer4"`` of a ResNet) of
+    those not skipped, not pass-through, with more than one position on spatial axes that are
+    the input's divided by a common stride (a box decoder's ``(B, 1, 4, anchors)`` is no map);
+    before the head of a model whose head is known (its layers depend on the weights). Raises
+    :class:`~camkit.errors.LayerOutputError` without such a map, warns when later layers work on
+    token sequences.
     """
     calls, _ = trace(model, input_size, example=example)
     return last_spatial_map(calls, model, input_size, example=example)
 
 
-def _input_shape(model: nn.Module, input_size: object, example: Example | None) -> tuple:
-    """The shape of the explained input (the first tensor of the example)."""
-    if example is None:
-        example = default_example(model, input_size)
-    first = first_tensor(example)
-    return tuple(first.shape) if first is not None else (1, 3, 224, 224)
-
-
 def _spatial(shape: tuple[int, ...], size: tuple[int, ...]) -> bool:
-    """Whether an output's spatial axes, channels first or last, are the input's divided by a
-    common stride (a box decoder's ``(B, 1, 4, anchors)`` is not a map of the image)."""
+    """Whether an output's spatial axes, channels first or last, fit the input's size."""
     return fits_input(shape[2:], size) or fits_input(shape[1:-1], size)
 
 
 def _before_the_head(model: nn.Module) -> Callable[[str], bool] | None:
-    """Which layers may be the default of a model whose head is known by its structure, else
-    None. torchvision segmentation (``backbone`` + ``classifier``: DeepLabV3, LR-ASPP, FCN):
-    the backbone's layers; torchvision classifiers made of ``features`` + ``classifier`` (VGG,
-    MobileNet, SqueezeNet, whose classifier is a convolution making class maps): the features;
-    ultralytics (a ``model`` sequence ending in a ``Detect`` head with a
-    ``dfl`` box decoder): the layers before the head. Which head layer finishes last depends
-    on the weights and the head's layers compute logits or box sides, not features."""
+    """Which layers may be the default of a model whose head is known by its structure (the
+    ``backbone`` / ``features`` beside a ``classifier``, before an ultralytics head), else None."""
     children = dict(model.named_children())
     for body in ("backbone", "features"):
         if body in children and "classifier" in children:
@@ -315,15 +256,15 @@ def last_spatial_map(
 ) -> str:
     """The default layer from a trace (see :func:`default_layer`)."""
     usable = {call.name for call in calls if call.skip is None}
-    ran = usable.__contains__
     for known in (
         vision_feature_layer(model),
-        default_token_layer(model, lambda name: ran(user_name(model, name))),
+        default_token_layer(model, lambda name: user_name(model, name) in usable),
     ):
         known = known and user_name(model, known)
         if known is not None and known in usable:
             return known
-    shape = _input_shape(model, input_size, example)
+    first = first_tensor(default_example(model, input_size) if example is None else example)
+    shape = tuple(first.shape) if first is not None else (1, 3, 224, 224)
     dims = len(shape)
     candidates = [
         call
@@ -356,12 +297,11 @@ def last_spatial_map(
         and call.shape[1] > 1
     ]
     if token_layers:
-        warnings.warn(
+        warn(
             f"the last spatial map of {type(model).__name__} is {chosen.name!r}, but "
             f"{len(token_layers)} later layers work on token sequences (e.g. "
             f"{token_layers[-1].name!r} {token_layers[-1].shape}): for a transformer, choose a "
             "layer by name and reshape its tokens to a map",
             UserWarning,
-            stacklevel=3,
         )
     return chosen.name
