@@ -120,12 +120,11 @@ class FinerCAM(WrapperCAM):
         weighting: Literal["mean", "softmax"] = "mean",
         **options: Any,
     ):
-        super().__init__(model, layer, **options)
         if not (isinstance(base, type) and issubclass(base, BaseCAM)) or not base.needs_gradients:
             raise ArgumentError(f"base must be a gradient CAM class such as GradCAM, got {base!r}")
         if weighting not in ("mean", "softmax"):
             raise ArgumentError(f"weighting must be 'mean' or 'softmax', got {weighting!r}")
-        self.wrap(base, model, layer, options)
+        super().__init__(model, layer, base=base, **options)
         self.gamma = finite_number("gamma", gamma, minimum=0.0)
         self.references = positive_int("references", references)
         self.weighting = weighting
