@@ -1,8 +1,5 @@
-"""The CAMs that change what is differentiated, with passes of their own: Shapley-CAM (a
-second-order correction of the gradient) and Finer-CAM (the contrast with the closest classes).
-
-Both override ``raw_maps``, so :func:`camkit.cams` runs them apart (the registry reads it from
-the class). Notation as in :mod:`camkit.methods.cam.gradient`.
+"""The CAMs that change what is differentiated, with passes of their own (so :func:`camkit.cams`
+runs them apart): Shapley-CAM and Finer-CAM. Notation as in :mod:`camkit.methods.cam.gradient`.
 """
 
 from __future__ import annotations
@@ -35,24 +32,18 @@ class ShapleyCAM(BaseCAM):
     ``ShapleyCAM``). A second-order approximation of the Shapley values of the channels gives
     ``w_c = mean_ij (g - H A / 2)_cij`` with ``H = d^2 S / dA^2``, map ``= sum_c w_c A_c``. ``H A``
     is one double-backward per target (0 where the score is piecewise linear in ``A``, e.g. a
-    logit after ReLU layers: then Shapley-CAM equals Grad-CAM; the paper pairs it with the
-    ``logit - cross-entropy`` target, pass that as a callable target).
-    ``(B, 1, C, h, w) -> (B, K, h, w)``.
+    logit after ReLU layers: then it equals Grad-CAM; the paper pairs it with the ``logit -
+    cross-entropy`` target, a callable target).
     """
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        return over_rows(
-            batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
-        )
+        with unfused_attention(self.model):  # fused attention kernels have no double backward
+            return over_rows(
+                batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
+            )
 
     def _pass(self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> dict[str, Tensor]:
         names = self.capture.names
-        with unfused_attention(self.model):  # fused attention kernels have no double backward
-            return self._second_order(part, call, scorer, rows, names)
-
-    def _second_order(
-        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor, names: list[str]
-    ) -> dict[str, Tensor]:
         output, taps = self.capture.forward(
             part, call, start_graph=True, dtype=self.dtype, rows=rows
         )
@@ -101,8 +92,7 @@ class FinerCAM(WrapperCAM):
       ``sum_t p_t (y_c - gamma y_{d_t}) / sum_t p_t`` with the softmax probabilities ``p``
       (differentiated too, as there).
 
-    Class targets only (``None`` = top-1, ``(B, K)`` for K classes per sample); ``gamma=0``
-    gives the base method's map. ``(C, H, W) -> (H, W)`` as every CAM.
+    Class targets only; ``gamma=0`` gives the base method's map.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`, also given to ``base``):
         base: a gradient CAM class; gamma: the weight of the references (>= 0);
@@ -130,8 +120,7 @@ class FinerCAM(WrapperCAM):
         self.weighting = weighting
 
     def objective(self, scorer: RowScorer, rows: Tensor) -> Callable[[Any], Tensor]:
-        """The contrastive score of samples ``rows`` as a callable target: ``output -> (n,)`` or
-        ``(n, K)``."""
+        """The contrastive score of samples ``rows``: ``output -> (n,)`` or ``(n, K)``."""
 
         def contrast(output: Any) -> Tensor:
             logits = select_output(output, self.output)
