@@ -29,10 +29,9 @@ def to_heatmap(
     * ``"norm"``: the L2 norm over channels, in [0, 1];
     * ``"sum"``: the signed sum over channels, in [-1, 1] (the sign is kept).
 
-    Each map is divided by its largest absolute value (not min-max stretched: 0 stays "no
-    attribution" and ratios are kept); an all-zero map stays zero. ``percentile < 100`` divides
-    by that percentile of the absolute values instead and clips above it -- gradients are
-    spiky, and Smilkov et al. clip at the 99th percentile for display.
+    Each map is divided by its largest absolute value (0 stays "no attribution"); an all-zero
+    map stays zero. ``percentile < 100`` divides by that percentile instead and clips above it
+    (Smilkov et al. clip at the 99th for display).
     """
     spatial = 3 if volume else 2
     if not isinstance(attr, Tensor) or attr.ndim < spatial + 1:
@@ -52,10 +51,8 @@ def to_heatmap(
     else:
         heat = attr.sum(dim=channels)
     magnitude = heat.abs().flatten(-spatial)
-    if percentile == 100:
-        scale = magnitude.amax(dim=-1)
-    else:
-        scale = magnitude.quantile(percentile / 100, dim=-1)
+    full = percentile == 100
+    scale = magnitude.amax(dim=-1) if full else magnitude.quantile(percentile / 100, dim=-1)
     scale = scale.view(*scale.shape, *[1] * spatial)
     scaled = heat / torch.where(scale > 0, scale, torch.ones_like(scale))
     return scaled.clamp(-1, 1)

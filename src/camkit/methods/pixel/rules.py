@@ -1,9 +1,5 @@
-"""The ReLU rules of guided backpropagation and the deconvnet as a context of their own.
-
-The rules are rule sets of the one backward (:mod:`camkit.relevance.rectifiers`, applied by
-:func:`camkit.relevance.engine.rules_applied`); :func:`rectifier_rule` runs a block under one of
-them without naming the model. Pixel methods take ``rule=`` or ``composite=`` instead.
-"""
+"""The ReLU rules of guided backpropagation and the deconvnet (:mod:`camkit.relevance.rectifiers`)
+as a context of their own, for code that is not a camkit method."""
 
 from __future__ import annotations
 
