@@ -25,10 +25,8 @@ from camkit.targets.resolver import RowScorer
 
 
 def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
-    blocks = attention_blocks(model)
-    if layers is None:
-        return [(name, attn) for name, _, attn in blocks]
-    by_name = {name: attn for name, _, attn in blocks}
+    by_name = {name: attn for name, _, attn in attention_blocks(model)}
+    layers = list(by_name) if layers is None else layers
     missing = [name for name in layers if name not in by_name]
     if missing:
         raise AttentionError(

@@ -35,17 +35,13 @@ from camkit.targets.resolver import RowScorer, resolve
 def effective_bias(module: nn.Module) -> Tensor | None:
     """The bias ``(C,)`` a conv or batch-norm layer adds per channel, or None without one: a
     batch norm's (evaluation mode) is ``beta - mu gamma / sqrt(var + eps)``."""
-    if isinstance(module, nn.Conv2d):
-        return None if module.bias is None else module.bias.detach()
-    if isinstance(module, nn.BatchNorm2d):
-        if module.bias is None:
-            return None
-        bias = module.bias.detach()
-        if module.running_mean is None or module.running_var is None:
-            return bias
-        scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
-        return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
-    return None
+    if not isinstance(module, nn.Conv2d | nn.BatchNorm2d) or module.bias is None:
+        return None
+    bias = module.bias.detach()
+    if isinstance(module, nn.Conv2d) or module.running_mean is None or module.running_var is None:
+        return bias
+    scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
+    return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
 
 
 def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:

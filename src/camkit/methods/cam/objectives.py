@@ -92,11 +92,8 @@ class FinerCAM(WrapperCAM):
       ``sum_t p_t (y_c - gamma y_{d_t}) / sum_t p_t`` with the softmax probabilities ``p``
       (differentiated too, as there).
 
-    Class targets only; ``gamma=0`` gives the base method's map.
-
-    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`, also given to ``base``):
-        base: a gradient CAM class; gamma: the weight of the references (>= 0);
-        references: how many closest classes; weighting: ``"mean"`` or ``"softmax"``.
+    Class targets only; ``gamma >= 0`` (0 gives the base method's map); the other options go to
+    ``base`` too.
     """
 
     def __init__(

@@ -245,12 +245,10 @@ class SESS(WrapperCAM):
 
 def _pair(name: str, value: object) -> tuple[int, int]:
     """An int or ``(h, w)`` of positive ints, else :class:`ArgumentError`."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        return (positive_int(name, value[0]), positive_int(name, value[1]))
-    if isinstance(value, Sequence) and not isinstance(value, str):
+    pair = value if isinstance(value, Sequence) and not isinstance(value, str) else (value, value)
+    if len(pair) != 2:
         raise ArgumentError(f"{name} must be a positive int or (h, w), got {value!r}")
-    size = positive_int(name, value)
-    return (size, size)
+    return (positive_int(name, pair[0]), positive_int(name, pair[1]))
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:

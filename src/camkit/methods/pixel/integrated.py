@@ -50,16 +50,13 @@ def quadrature_rule(
     """``(alphas, weights)`` (in ``dtype``) of the path integral ``int_0^1 g(a) da ~ sum_i w_i
     g(a_i)``.
 
-    * ``"trapezoid"`` (camkit's): ``steps`` equal intervals, ``steps + 1`` points ``k / steps``
-      weighted ``1/2, 1, ..., 1, 1/2`` over ``steps``;
-    * captum's rules on ``steps`` points (``IntegratedGradients.attribute(method=...)``):
-      ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"`` ``linspace(1/n, 1,
-      n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``, each weighted ``1/n``;
-      ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` weighted ``1/n`` with both ends halved (as
-      captum does; they sum to ``1 - 1/n``); ``"gausslegendre"`` the Gauss-Legendre nodes and
-      weights mapped onto ``[0, 1]``;
-    * ``"zennit"``: zennit 0.5.1's ``IntegratedGradients(n_iter=steps)``, ``a = linspace(1/n,
-      1, n)`` weighted ``1/n`` (captum's ``riemann_right``).
+    ``"trapezoid"`` (camkit's): ``n = steps`` equal intervals, ``n + 1`` points ``k / n``
+    weighted ``1/2, 1, ..., 1, 1/2`` over ``n``. captum's rules on ``n`` points, each weighted
+    ``1/n``: ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"``
+    ``linspace(1/n, 1, n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``,
+    ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` with both ends halved (summing to ``1 -
+    1/n``, as captum), ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``. ``"zennit"``:
+    zennit 0.5.1's ``IntegratedGradients(n_iter=n)``, captum's ``riemann_right``.
     """
     if method not in QUADRATURES:
         raise ArgumentError(f"unknown quadrature {method!r}; choose from {list(QUADRATURES)}")

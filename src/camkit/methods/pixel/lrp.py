@@ -199,8 +199,7 @@ class LRP(PixelAttribution):
     def _scored(
         self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
     ) -> tuple[Tensor, Session]:
-        """The scores of rows ``rows`` (input ``leaf``, given to the model in ``memory``) and the
-        session of their forward, which recorded the layers."""
+        """The scores of rows ``rows`` and the session of their forward (the recorded layers)."""
         with torch.enable_grad(), autocast(leaf.device, self.dtype):
             with rules_applied(self.model, self.composite, record=self.record) as session:
                 output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
