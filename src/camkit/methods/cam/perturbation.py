@@ -117,15 +117,17 @@ class PerturbationCAM(BaseCAM):
         run = CopyScorer(
             self.model, batch, scorer, call, dtype=self.dtype, scores=scores, memory=memory
         )
-        grads: list[Tensor | None] = [None] * len(acts)
-        if ranked:
-            grads = list(layer_gradients(scores, acts, self.capture.names))
+        grads = layer_gradients(scores, acts, self.capture.names) if ranked else [None] * len(acts)
         maps = {}
         for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
             raw = raw.detach()
             size, rows = tuple(batch.shape[2:]), batch.shape[0]
             reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
-            self.check_reader(name, reader)
+            kind = getattr(reader, "kind", None)  # a layout it can perturb, or refused
+            if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
+                raise LayerOutputError(
+                    f"{self.reshape_refused} (layer {name!r} is read as {reader})"
+                )
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
             if grid.ndim != 4 and not (self.takes_volumes or getattr(reader, "frames", 0)):
                 raise LayerOutputError(
@@ -182,12 +184,6 @@ class PerturbationCAM(BaseCAM):
         inputs = image.expand(n, *image.shape[1:]).contiguous(memory_format=run.memory.preferred)
         with hooked(lambda: [replacing_output(module, lambda _, __, output: edit(output))]):
             return run.score(inputs, rows)
-
-    def check_reader(self, name: str, reader: object) -> None:
-        """Refuse a layer read in a layout it cannot perturb (not in ``perturbed_layouts``)."""
-        kind = getattr(reader, "kind", None)
-        if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
-            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
         """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest

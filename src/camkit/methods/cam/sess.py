@@ -124,10 +124,7 @@ class SESS(WrapperCAM):
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
         scorer = self.pinned(batch, scorer, call)  # the whole image's prediction
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
-        scores = self._scores(batch, call, scorer, grid)  # (B, P, K)
-        best = scores.amax(dim=1, keepdim=True)
-        weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
-        fused = self._fused(batch, call, scorer, grid, weights, self._kept(scores))
+        fused = self._fused(batch, call, scorer, grid, self._scores(batch, call, scorer, grid))
         if self.smooth:
             fused = _gaussian_blur(fused)
         return {"sess": fused}
@@ -178,22 +175,17 @@ class SESS(WrapperCAM):
         """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
         scores of each image and target (ties: the earlier patch ranks higher)."""
         total = scores.shape[1]
-        order = scores.argsort(dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order)
-        ranks = torch.arange(total, device=scores.device).view(1, -1, 1).expand_as(order)
-        rank.scatter_(1, order, ranks)
+        rank = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
         return rank < total - int(total * self.pre_filter_ratio)
 
     def _fused(
-        self,
-        batch: Tensor,
-        call: Call,
-        scorer: RowScorer,
-        grid: list[_Scale],
-        weights: Tensor,
-        kept: Tensor,
+        self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale], scores: Tensor
     ) -> Tensor:
-        """``(B, K, H, W)``: the mean, at each pixel, of the positive calibrated patch maps."""
+        """``(B, K, H, W)``: the mean, at each pixel, of the positive patch maps of the kept
+        patches, calibrated by their ``(B, P, K)`` scores."""
+        best = scores.amax(dim=1, keepdim=True)
+        weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
+        kept = self._kept(scores)
         size, targets = batch.shape[0], weights.shape[2]
         out_size = tuple(batch.shape[2:])
         total = torch.zeros(size, targets, *out_size, device=batch.device)

@@ -134,9 +134,13 @@ class LRP(PixelAttribution):
             relevance, scores = self._input_relevance(inputs, scorer, call)
             layers = {}
         maps, input_total = finished(call.batch, relevance)
-        totals = {INPUT: input_total}
-        totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
-        conservation = self._conserved(totals, scores)
+        totals = {INPUT: input_total, **{name: r.flatten(2).sum(-1) for name, r in layers.items()}}
+        order = [name for name, _ in self.model.named_modules() if name in totals]
+        conservation = Conservation.of(totals, scores.to(input_total.dtype), order)
+        self.conservation = conservation
+        if self.tolerance is not None and self.composite.strict:  # an LRP composite, no ReLU rule
+            bounds = (1 - self.tolerance, 1 + self.tolerance)
+            conservation.check(*bounds, f"LRP ({self.composite.name})")
         return Relevance.of(maps, scorer, layers=layers, scores=scores, conservation=conservation)
 
     def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
@@ -204,17 +208,6 @@ class LRP(PixelAttribution):
             with rules_applied(self.model, self.composite, record=self.record) as session:
                 output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
             return scorer(output, rows), session
-
-    def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
-        """The conservation record of the relevance sums ``{"input" or layer: (B, K)}``, kept as
-        :attr:`conservation`, checked against the tolerance under an LRP composite (the ReLU
-        rules do not redistribute the score)."""
-        order = [name for name, _ in self.model.named_modules() if name in totals]
-        self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
-        if self.tolerance is not None and self.composite.strict:
-            bounds = (1 - self.tolerance, 1 + self.tolerance)
-            self.conservation.check(*bounds, f"LRP ({self.composite.name})")
-        return self.conservation
 
     def measured(self) -> list[list[dict]] | None:
         """The last call's conservation, per sample and target."""
