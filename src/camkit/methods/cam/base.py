@@ -22,7 +22,7 @@ from camkit.core.layers import LayerSpec
 from camkit.core.layouts import Layout, resolve_reshape
 from camkit.core.spacetime import folded_frames
 from camkit.errors import ArgumentError, LayerOutputError
-from camkit.methods.cam.smoothing import augmented, principal_component
+from camkit.methods.cam.smoothing import explained, principal_component
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer
 
@@ -41,7 +41,7 @@ class BaseCAM(Explainer):
     (torchcam), ``"tanh"`` (torchcam's LayerCAM fusion, each map scaled by ``tanh(2 M)``, Jiang
     et al., TIP 2021, before the maximum) or ``False`` for ``{layer: map}``.
     ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
-    (:func:`~camkit.methods.cam.smoothing.augmented`). ``eigen_smooth=True``: each layer's map is
+    (:func:`~camkit.methods.cam.smoothing.explained`). ``eigen_smooth=True``: each layer's map is
     the first principal component of ``w_c A_c`` instead of their sum
     (:func:`~camkit.methods.cam.smoothing.principal_component`); unchanged for Eigen-CAM and its
     kin, refused where the map is no weighted sum of channels (Recipro-CAM).
@@ -78,10 +78,7 @@ class BaseCAM(Explainer):
                 "Ablation-CAM (frame-wise models) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
-        if boolean("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, scorer, call)
-            return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
-        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
+        return explained(method, call, scorer, finishing, aug_smooth)
 
     def smoothed(self) -> BaseCAM:
         """A shallow copy with ``eigen_smooth`` on (concurrent calls do not interfere)."""

@@ -26,7 +26,7 @@ from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
 from camkit.core.spacetime import folded_frames
 from camkit.errors import GradientError, LayerOutputError
-from camkit.methods.cam.smoothing import augmented
+from camkit.methods.cam.smoothing import explained
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
@@ -77,7 +77,7 @@ class FullGrad(Explainer):
     targets per sample ``-> (B, K, H, W)``; min-max normalised unless ``normalize=False``. No
     layer: every conv and batch-norm bias contributes (a layer's channel maps are summed, then
     upsampled once, which equals upsampling each: bilinear upsampling is linear). Call options:
-    ``normalize``, ``aug_smooth`` (:func:`camkit.methods.cam.smoothing.augmented`); no
+    ``normalize``, ``aug_smooth`` (:func:`camkit.methods.cam.smoothing.explained`); no
     ``eigen_smooth``: the map is no sum of channels ``w_c A_c``.
     """
 
@@ -97,11 +97,7 @@ class FullGrad(Explainer):
     def _explain(
         self, call: Call, scorer: RowScorer, *, normalize: bool = True, aug_smooth: bool = False
     ) -> Explanation:
-        finishing, batch = Finishing(normalize=normalize), call.batch
-        if aug_smooth:
-            pinned = self.pinned(batch, scorer, call)
-            return Explanation.of(augmented(self.maps, batch, pinned, finishing, call), scorer)
-        return Explanation.of(self.maps(batch, scorer, finishing, call), scorer)
+        return explained(self, call, scorer, Finishing(normalize=normalize), aug_smooth)
 
     def maps(
         self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call

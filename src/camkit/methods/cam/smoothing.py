@@ -1,5 +1,5 @@
 """The two smoothings of pytorch-grad-cam, as call options of every CAM: ``eigen_smooth``
-(:func:`principal_component`) and ``aug_smooth`` (:func:`augmented`)."""
+(:func:`principal_component`) and ``aug_smooth`` (:func:`explained`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import torch
 from torch import Tensor
 
 from camkit.core.call import Call
+from camkit.core.explainer import Explanation
 from camkit.core.finish import Finishing, minmax
+from camkit.core.inputs import boolean
+from camkit.targets.resolver import RowScorer
 
 FLIPS = (False, True)  # ttach.HorizontalFlip
 FACTORS = (0.9, 1.0, 1.1)  # ttach.Multiply(factors=[0.9, 1, 1.1]): intensities, not sizes
@@ -38,23 +41,23 @@ def principal_component(weighted: Tensor) -> Tensor:
     return projection.unflatten(-1, grid)
 
 
-def augmented(
-    maps: Callable[[Tensor, Any, Finishing, Call], Maps],
-    batch: Tensor,
-    target: Any,
-    finishing: Finishing,
-    call: Call,
-) -> Maps:
-    """pytorch-grad-cam's ``aug_smooth`` (its default ``ttach`` transforms): the mean of ``maps(x',
-    target, finishing, call)`` over the six batches ``x' = flip(x) * factor`` (the identity or
-    the horizontal mirror; intensities times 0.9, 1, 1.1), each map mirrored back; min-max
-    normalised again with ``finishing.normalize`` (pytorch-grad-cam does not: the same map up
-    to an affine scale). ``target``: with its top-1 classes pinned on the clean batch."""
+def explained(
+    method: Any, call: Call, scorer: RowScorer, finishing: Finishing, aug_smooth: bool
+) -> Explanation:
+    """``method.maps`` of ``call``'s batch, with ``aug_smooth`` pytorch-grad-cam's (its default
+    ``ttach`` transforms): the mean of the maps of the six batches ``x' = flip(x) * factor`` (the
+    identity or the horizontal mirror; intensities times 0.9, 1, 1.1), each mirrored back, for
+    the clean batch's top-1 target; min-max normalised again with ``finishing.normalize``
+    (pytorch-grad-cam does not: the same map up to an affine scale)."""
+    batch = call.batch
+    if not boolean("aug_smooth", aug_smooth):
+        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
+    target = method.pinned(batch, scorer, call)
     total: Maps | None = None
     for flip in FLIPS:
         for factor in FACTORS:
             view = batch.flip(-1) if flip else batch
-            result = maps(view * factor, target, finishing, call)
+            result = method.maps(view * factor, target, finishing, call)
             if flip:
                 result = _each(result, lambda m: m.flip(-1))
             total = result if total is None else _each(total, torch.add, result)
@@ -62,7 +65,7 @@ def augmented(
     mean = _each(total, lambda m: m / count)
     if finishing.normalize:
         mean = _each(mean, lambda m: minmax(m, m.ndim - 2))
-    return mean
+    return Explanation.of(mean, scorer)
 
 
 def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> Maps:
@@ -75,4 +78,4 @@ def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> M
     return fn(maps) if other is None else fn(maps, other)
 
 
-__all__ = ["FACTORS", "FLIPS", "augmented", "principal_component"]
+__all__ = ["FACTORS", "FLIPS", "explained", "principal_component"]
