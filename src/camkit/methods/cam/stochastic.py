@@ -50,13 +50,10 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
             output, taps = self.capture.forward(
                 part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
-            acts = {
-                name: act.unsqueeze(1)
-                for name, act in zip(self.capture.names, single_call(taps), strict=True)
-            }
-            if not scorer.has_classes:
-                return {"acts": acts}
-            return {"acts": acts, "classes": scorer.classes_of(output, rows)}
+            found = {"acts": dict(zip(self.capture.names, single_call(taps), strict=True))}
+            if scorer.has_classes:
+                found["classes"] = scorer.classes_of(output, rows)
+            return found
 
         first = over_rows(batch, self.batch_size, clean)
         if scorer.top1:  # explain the clean prediction in every noisy copy
@@ -78,8 +75,8 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
                 moments[name].index_add_(1, rows.to(sums.device), sums)
         maps = {}
         for name, act in first["acts"].items():
-            reader = self.grid_reader(name, act, input_size)
-            act = self.as_grid(act, reader)
+            reader = self.grid_reader(name, act.unsqueeze(1), input_size)
+            act = self.as_grid(act.unsqueeze(1), reader)
             d1, d2, d3 = (self.as_grid(d / self.samples, reader) for d in moments[name])
             denominator = 2 * d2 + act.sum(dim=spatial(act), keepdim=True) * d3
             safe = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
@@ -106,8 +103,7 @@ class _Noise:
                 self.shape, generator=self.random, device=self.random.device
             )
             self.next += 1
-        for old in [m for m in self.drawn if m < first]:
-            del self.drawn[old]
+        self.drawn = {m: noise for m, noise in self.drawn.items() if m >= first}
         return torch.stack([self.drawn[int(m)][int(r)] for m, r in zip(copy, rows, strict=True)])
 
 

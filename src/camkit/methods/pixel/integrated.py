@@ -132,9 +132,7 @@ class IntegratedGradients(PixelAttribution):
         ``|sum(attr) - (f(x) - f(x'))|`` per sample."""
         attrs, delta = self.integrate(as_tuple(call.batch), scorer, call, return_error)
         maps, totals = finished(call.batch, attrs)
-        if not return_error:
-            return Explanation.of(maps, scorer)
-        return Explanation.of((maps, (totals - delta).abs()), scorer)
+        return Explanation.of((maps, (totals - delta).abs()) if return_error else maps, scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
