@@ -145,16 +145,22 @@ class ReciproCAM(PerturbationCAM):
             return 1
         return layer_shape[0] * layer_shape[-1] * layer_shape[-2]
 
-    def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
-        """``(n, 1, h, w)`` float32 masks centred at the flat ``positions`` ``i * w + j``."""
-        h, w = size
-        masks = torch.zeros((positions.shape[0], 1, h * w), device=device)
-        masks[torch.arange(positions.shape[0]), 0, positions.to(device)] = 1
+    def masks(
+        self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
+    ) -> Tensor:
+        """``(n * frames, 1, h, w)`` float32 masks of ``n`` clips for the flat positions ``t * h *
+        w + i * w + j``: the kernel centred at ``(i, j)`` in frame ``t``, zero in other frames."""
+        (h, w), n = size, positions.shape[0]
+        masks = torch.zeros((n, 1, h * w), device=device)
+        masks[torch.arange(n), 0, (positions % (h * w)).to(device)] = 1
         masks = masks.view(-1, 1, h, w)
-        if self.kernel == "point":
+        if self.kernel == "gaussian":
+            gaussian = torch.tensor(GAUSSIAN, device=device).view(1, 1, 3, 3)
+            masks = F.conv2d(masks, gaussian, padding=1)
+        if frames == 1:
             return masks
-        gaussian = torch.tensor(GAUSSIAN, device=device).view(1, 1, 3, 3)
-        return F.conv2d(masks, gaussian, padding=1)  # the kernel centred at each position
+        in_frame = F.one_hot(positions.to(device) // (h * w), frames).to(masks)
+        return (in_frame[:, :, None, None, None] * masks[:, None]).flatten(0, 1)
 
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
@@ -175,7 +181,7 @@ class ReciproCAM(PerturbationCAM):
             for sample in range(batch):
                 scores = []
                 for part in chunks(positions, self.batch_size):
-                    masks = self.frame_masks(part, frames, (h, w), raw.device).to(raw.dtype)
+                    masks = self.masks(part, frames, (h, w), raw.device).to(raw.dtype)
                     masked = partial(torch.mul, other=masks)
                     n = part.shape[0]
                     scores.append(
@@ -185,17 +191,6 @@ class ReciproCAM(PerturbationCAM):
                 grid_shape = (frames, h, w) if frames > 1 else (h, w)
                 maps.append(torch.cat(scores).T.unflatten(1, grid_shape))  # (K, [T,] h, w)
         return torch.stack(maps).float()
-
-    def frame_masks(
-        self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
-    ) -> Tensor:
-        """``(n * frames, 1, h, w)`` masks of ``n`` clips for the flat positions ``t * h * w + i
-        * w + j``: :meth:`masks` at ``(i, j)`` in frame ``t``, zero in the other frames."""
-        masks = self.masks(positions % (size[0] * size[1]), size, device)
-        if frames == 1:
-            return masks
-        in_frame = F.one_hot(positions.to(device) // (size[0] * size[1]), frames).to(masks)
-        return (in_frame[:, :, None, None, None] * masks[:, None]).flatten(0, 1)
 
 
 __all__ = ["ISCAM", "SSCAM", "ReciproCAM"]
