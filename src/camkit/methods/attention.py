@@ -178,8 +178,7 @@ class AttentionRollout(AttentionMethod):
 
 
 def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
-    """The block's last captured tensor; with ``batch``, an image-wide attention ``(batch,
-    heads, N, N)``."""
+    """The block's last captured tensor; with ``batch``, checked as ``(batch, heads, N, N)``."""
     if not store:
         raise AttentionError(f"the attention of block {name!r} did not run during the forward")
     found = store[-1]

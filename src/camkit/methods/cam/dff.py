@@ -78,8 +78,7 @@ def nmf(
 
 
 def _hals_step(x: Tensor, w: Tensor, ht: Tensor) -> Tensor:
-    """One pass of coordinate descent over the columns of ``w`` (in place) for ``x ~ w ht^T``;
-    returns the projected-gradient violation."""
+    """Update ``w``'s columns in place for ``x ~ w ht^T``; the projected-gradient violation."""
     hht = ht.T @ ht
     xht = x @ ht
     violation = x.new_zeros(())

@@ -154,8 +154,7 @@ class FullGrad(Explainer):
         return total.float()
 
     def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
-        """A frame-wise layer's ``(n * T, K, h, w)`` saliency (row ``b * T + t``) as ``(n, K, T,
-        h, w)``; other row counts are refused."""
+        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``."""
         frames = folded_frames(self.model, tuple(part.shape))
         if not frames or channels.shape[0] != part.shape[0] * frames:
             raise LayerOutputError(

@@ -382,8 +382,7 @@ class AblationCAM(PerturbationCAM):
 
     @staticmethod
     def _ablate(act: Tensor, channels: Tensor, axis: int = 1) -> Tensor:
-        """Row ``i`` of the layer output ``act`` with channel ``channels[i]`` (on ``axis``)
-        zeroed, a new tensor."""
+        """A copy of ``act`` whose row ``i`` has channel ``channels[i]`` (on ``axis``) zeroed."""
         act = act.clone()
         act.movedim(axis, 1)[torch.arange(act.shape[0], device=act.device), channels] = 0
         return act

@@ -37,8 +37,7 @@ class _Scale:
 
 
 def _starts(length: int, window: int, stride: int) -> list[int]:
-    """Window starts along one axis: ``0, stride, ...`` and a last window flush with the end
-    (the authors' ``sliding_window``), so every pixel is covered."""
+    """Starts ``0, stride, ...`` and one flush with the end (the authors' ``sliding_window``)."""
     return [*range(0, length - window, stride), length - window]
 
 
@@ -151,8 +150,7 @@ class SESS(WrapperCAM):
         return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
 
     def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
-        """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
-        the callable's score), all scales in order."""
+        """Every patch's target score ``(B, P, K)``, all scales in order."""
         size, parts = batch.shape[0], []
         copies = CopyScorer(
             self.model,
@@ -217,8 +215,8 @@ class SESS(WrapperCAM):
     def _patch_maps(
         self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
     ) -> Tensor:
-        """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
-        their samples ``sample`` (the patches carry their samples' extra inputs)."""
+        """The base method's finished maps ``(n, h, w)`` of ``patches`` of ``sample`` for target
+        ``k``."""
         target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
@@ -244,9 +242,8 @@ def _pair(name: str, value: object) -> tuple[int, int]:
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
-    """``(B, K, H, W)`` blurred by a ``size x size`` Gaussian (torchvision's ``gaussian_blur``:
-    reflected borders, as OpenCV's ``GaussianBlur`` in the authors' code); maps smaller than
-    the kernel's reach are left as they are."""
+    """``(B, K, H, W)`` blurred with reflected borders, as OpenCV's ``GaussianBlur`` in the
+    authors' code; maps smaller than the kernel's reach are left as they are."""
     if min(maps.shape[-2:]) <= size // 2:
         return maps
     flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])

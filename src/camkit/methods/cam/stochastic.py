@@ -87,8 +87,7 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
 
 
 class _Noise:
-    """Standard normal draws ``(B, C, H, W)`` per copy, drawn in copy order as they are needed
-    (forgotten once passed), so that chunking does not change them."""
+    """Standard normal ``(B, C, H, W)`` per copy, drawn in copy order whatever the chunks."""
 
     def __init__(self, shape: torch.Size, random: torch.Generator):
         self.shape, self.random = shape, random

@@ -170,8 +170,7 @@ class LRP(PixelAttribution):
     def _propagate(
         self, x: Tensor, scorer: RowScorer, call: Call
     ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
-        """``((input relevance,), {layer: relevance}, scores (B, K))`` of one input tensor and
-        the recorded layers, one backward per chunk."""
+        """``((input relevance,), {layer: relevance}, scores (B, K))``, one backward per chunk."""
         record = self.record
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         memory = MemoryFormat(x)  # channels_last on the CPU, as every pixel method
