@@ -113,17 +113,15 @@ class AttentionMethod(Explainer):
             batch, self.batch_size, lambda part, rows: self._keys(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
-        grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
+        layout = _patch_layout(self.model, raw.shape[-1], size)  # prefix keys dropped
+        grids = torch.stack(
+            [layout.to_grid(raw[:, k, :, None])[:, 0] for k in range(raw.shape[1])], 1
+        )
         return Explanation.of(finishing({"attention": grids}, size), scorer)
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         """The method's step: ``(B, K, N)`` relevance of the ``N`` keys for the targets."""
         raise NotImplementedError
-
-    def _grid(self, relevance: Tensor, size: tuple[int, int]) -> Tensor:
-        """``(B, N)`` key relevances -> ``(B, h, w)`` (prefix keys dropped)."""
-        layout = _patch_layout(self.model, relevance.shape[-1], size)
-        return layout.to_grid(relevance[..., None])[:, 0]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.layers})"

@@ -101,10 +101,12 @@ class SmoothGrad(PixelAttribution):
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         size = inputs[0].shape[0]
-        copies = self.samples if self.noise_level > 0 else 1
+        copies = self.forward_rows()
         flat = [t.reshape(size, -1) for t in inputs]
         sigmas = [self.noise_level * (f.amax(dim=1) - f.amin(dim=1)) for f in flat]
-        seeds = self._seeds(size, copies)
+        # row s * B + b is copy s of sample b; seeds drawn sample-major do not depend on B
+        drawn = torch.Generator().manual_seed(call_seed(self.seed))
+        seeds = torch.randint(2**62, (size, copies), generator=drawn).t().flatten().tolist()
         generator = random_generator(inputs[0].device)
         sums, squares = SampleTotals(size), SampleTotals(size)
 
@@ -139,13 +141,6 @@ class SmoothGrad(PixelAttribution):
             return mean_squares
         pairs = zip(mean_squares, means, strict=True)
         return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs)
-
-    def _seeds(self, size: int, copies: int) -> list[int]:
-        """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
-        sample b's seeds do not depend on the batch size."""
-        generator = torch.Generator().manual_seed(call_seed(self.seed))
-        table = torch.randint(2**62, (size, copies), generator=generator)
-        return table.t().flatten().tolist()
 
     def __repr__(self) -> str:
         return (
