@@ -24,18 +24,6 @@ from camkit.registry import register
 from camkit.targets.resolver import RowScorer
 
 
-def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
-    by_name = {name: attn for name, _, attn in attention_blocks(model)}
-    layers = list(by_name) if layers is None else layers
-    missing = [name for name in layers if name not in by_name]
-    if missing:
-        raise AttentionError(
-            f"{missing} are not attention blocks of {type(model).__name__}; "
-            f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
-        )
-    return [(name, by_name[name]) for name in layers]
-
-
 def _patch_layout(model: nn.Module, tokens: int, size: tuple[int, int]):
     try:
         return infer_layout((1, tokens, 1), model, size)
@@ -85,7 +73,15 @@ class AttentionMethod(Explainer):
 
     def __init__(self, model: nn.Module, layer: Sequence[str] | None = None, **options: Any):
         super().__init__(model, **options)
-        self.blocks = _select_blocks(self.model, [layer] if isinstance(layer, str) else layer)
+        by_name = {name: attn for name, _, attn in attention_blocks(self.model)}
+        layers = list(by_name) if layer is None else [layer] if isinstance(layer, str) else layer
+        missing = [name for name in layers if name not in by_name]
+        if missing:
+            raise AttentionError(
+                f"{missing} are not attention blocks of {type(self.model).__name__}; "
+                f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
+            )
+        self.blocks = [(name, by_name[name]) for name in layers]
 
     @classmethod
     def takes_layer(cls) -> bool:

@@ -17,7 +17,7 @@ from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
 from camkit.errors import ArgumentError, LayerOutputError, TargetError
-from camkit.methods.cam.base import BaseCAM, RawMaps, WrapperCAM, spatial
+from camkit.methods.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.methods.cam.gradient import GradCAM
 from camkit.registry import register
 from camkit.targets.outputs import select_output
@@ -25,7 +25,7 @@ from camkit.targets.resolver import RowScorer, resolve
 
 
 @register("shapleycam", "Cai, 2025")
-class ShapleyCAM(BaseCAM):
+class ShapleyCAM(GradCAM):
     """Shapley-CAM: Grad-CAM with the gradient corrected by the Hessian-vector product.
 
     Cai, "CAMs as Shapley Value-based Explainers", 2025 (arXiv:2501.06261; pytorch-grad-cam's
@@ -73,9 +73,6 @@ class ShapleyCAM(BaseCAM):
         grads = [torch.stack(per_target, dim=1) for per_target in corrected]
         acts = [act.detach().unsqueeze(1) for act in acts]
         return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
-
-    def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
-        return grad.mean(dim=spatial(grad), keepdim=True)
 
 
 @register("finercam", "Zhang et al., CVPR 2025")
