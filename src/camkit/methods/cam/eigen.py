@@ -115,12 +115,8 @@ class KPCACAM(BaseCAM):
         positions = act.double().flatten(3).transpose(-1, -2)  # (..., hw, C)
         centred = positions - positions.mean(dim=-2, keepdim=True)
         kernel = self.kernel_matrix(centred)
-        kernel = (
-            kernel
-            - kernel.mean(dim=-2, keepdim=True)
-            - kernel.mean(dim=-1, keepdim=True)
-            + kernel.mean(dim=(-2, -1), keepdim=True)
-        )
+        rows, columns = kernel.mean(dim=-2, keepdim=True), kernel.mean(dim=-1, keepdim=True)
+        kernel = kernel - rows - columns + kernel.mean(dim=(-2, -1), keepdim=True)
         values, vectors = torch.linalg.eigh(kernel)  # ascending
         projection = vectors[..., -1] * values[..., -1:].clamp_min(0).sqrt()  # (..., hw)
         agreement = (projection * positions.mean(dim=-1)).sum(dim=-1, keepdim=True)

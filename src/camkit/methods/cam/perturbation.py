@@ -92,8 +92,6 @@ class PerturbationCAM(BaseCAM):
         top_channels: evaluate only the ``top_channels`` channels of largest
             ``|sum_ij g_cij A_cij|`` per sample (others weigh 0); ``None``: all (exact).
         progress: show a progress bar of the forward passes (on a terminal).
-
-    Each layer must run once per forward pass (a shared module that runs twice is refused).
     """
 
     family = "perturbation-cam"
