@@ -127,7 +127,6 @@ class DeepFeatureFactorization:
     batch, factorised together (the batch shares the concepts); maps upsampled bilinearly.
 
     Args:
-        model: any ``nn.Module``; it is never modified.
         layer: the layer to factorise (dotted name or module), e.g. the last conv block.
         classifier: names the ``(k, C)`` concept embeddings: a module or callable, ``"auto"``
             for the model's classifier (:func:`~camkit.methods.cam.classifier.find_classifier`,

@@ -64,21 +64,17 @@ def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
 def _psi(t: Tensor) -> Tensor:
     """Absolute value, then each channel map rescaled to [0, 1] (``1e-7`` guards a flat map)."""
     t = t.abs()
-    low = t.amin(dim=(-2, -1), keepdim=True)
-    t = t - low
+    t = t - t.amin(dim=(-2, -1), keepdim=True)
     return t / (t.amax(dim=(-2, -1), keepdim=True) + 1e-7)
 
 
 @register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
 class FullGrad(Explainer):
-    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019); see the module docstring.
-
-    ``FullGrad(model)(x, target)``: ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``K``
-    targets per sample ``-> (B, K, H, W)``; min-max normalised unless ``normalize=False``. No
-    layer: every conv and batch-norm bias contributes (a layer's channel maps are summed, then
-    upsampled once, which equals upsampling each: bilinear upsampling is linear). Call options:
-    ``normalize``, ``aug_smooth`` (:func:`camkit.methods.cam.smoothing.explained`); no
-    ``eigen_smooth``: the map is no sum of channels ``w_c A_c``.
+    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019; see the module docstring), shaped as
+    a CAM's, no layer. A layer's channel maps are summed, then upsampled once (bilinear
+    upsampling is linear). Call options: ``normalize``, ``aug_smooth``
+    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth``: the map is no sum of
+    channels ``w_c A_c``.
     """
 
     family: ClassVar[str] = "gradient-cam"

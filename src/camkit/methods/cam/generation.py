@@ -2,11 +2,9 @@
 token a map over the image (a gradient CAM at the vision layer) and the relevance of each
 token of the sequence before it (gradient x input on the input embeddings, Shrikumar et al.,
 "Not just a black box", 2016; the token relevance of Li et al., "Visualizing and understanding
-neural models in NLP", NAACL 2016, summed over the embedding's features).
-
-The tokens are ``K`` targets (:class:`~camkit.targets.tokens.TokenTarget`) whose gradients come
-from backward passes of ``token_batch`` targets each over the one graph, so memory does not grow
-with the answer's length.
+neural models in NLP", NAACL 2016, summed over the embedding's features). The tokens are ``K``
+targets whose gradients come from backward passes of ``token_batch`` targets each, so memory
+does not grow with the answer's length.
 """
 
 from __future__ import annotations

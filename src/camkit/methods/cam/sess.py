@@ -60,16 +60,13 @@ class SESS(WrapperCAM):
     4. **Saliency extraction**: the base method maps the kept patches, each map finished as
        usual (ReLU, upsampled to the patch, min-max normalised).
     5. **Fusion**: each patch map is multiplied by its score over the image's best score
-       (calibration), placed in a zero canvas of its scale, and the canvas resized (bilinear)
-       to the input; each pixel gets the mean of the canvas values above ``1e-6`` there (0 where
-       none is): the authors' ``mean_pool`` with ``theta=0``, over all patches of all scales.
-       Then finished as every CAM (already at the input size). A patch scoring 0 or less
-       weighs 0.
+       (calibration; 0 for a score <= 0), placed in a zero canvas of its scale resized
+       (bilinear) to the input; each pixel gets the mean of the canvas values above ``1e-6``
+       there (0 where none is): the authors' ``mean_pool`` with ``theta=0``, over all scales.
 
-    The top-1 target (``target=None``) is the whole image's prediction, used for every patch.
-    ``K`` targets run steps 3-5 per target, so map ``k`` equals the single-target call for
-    target ``k``. Results do not depend on ``batch_size`` or on the batch's other images;
-    per-sample ``additional_forward_args`` follow the patches of their sample.
+    The top-1 target is the whole image's prediction, for every patch; ``K`` targets run steps
+    3-5 per target (map ``k`` is the single-target call's). Per-sample
+    ``additional_forward_args`` follow the patches of their sample.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         base: any CAM class or its registry name; ``**options`` go to its constructor

@@ -1,15 +1,11 @@
 """The base of the pixel methods: forwards, input gradients, copies, and the heatmap policy.
 
 A pixel method maps ``(C, H, W) -> (C, H, W)``, ``(B, C, H, W) -> (B, C, H, W)`` and ``(B, K)``
-targets ``-> (B, K, C, H, W)``: signed float32 attributions without autograd history. A tuple of
-inputs ``(image, *others)`` (``model(image, *others)``) gives a tuple of attributions, one per
-input, as captum's; inside, a single tensor is a tuple of one.
-
-Gradients are taken with respect to a detached copy of the input, so the user's tensor and the
-parameters' ``.grad`` are never touched, inside ``torch.no_grad()`` too. ``composite=`` runs the
-forward under a rule set of the one backward (:func:`camkit.relevance.rules_applied`): an LRP
-composite or the ReLU rules that ``rule=`` names, so guided SmoothGrad or Integrated Gradients
-over LRP's modified gradient come for free (zennit's attributors taking a composite).
+targets ``-> (B, K, C, H, W)``, signed float32; a tuple of inputs ``(image, *others)`` gives a
+tuple of attributions, as captum's (inside, a single tensor is a tuple of one). Gradients are
+taken on a detached copy, inside ``torch.no_grad()`` too. ``composite=`` runs the forward under a
+rule set of the one backward (:func:`camkit.relevance.rules_applied`), so SmoothGrad or IG over
+guided or LRP gradients come for free (zennit's attributors taking a composite).
 """
 
 from __future__ import annotations

@@ -87,8 +87,7 @@ class LRP(PixelAttribution):
     Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
     An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
     merged; residual sums get the Norm rule where they are written). Input x gradient under the
-    composite, on the pixel base: it takes what :class:`~camkit.methods.pixel.methods.Saliency`
-    takes (vectors, volumes, a tuple of inputs, ``K`` targets...).
+    composite, on the pixel base (vectors, volumes, a tuple of inputs, ``K`` targets...).
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
