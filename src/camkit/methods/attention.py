@@ -239,9 +239,8 @@ class LeGrad(AttentionMethod):
         **options: Any,
     ):
         super().__init__(model, layer, **options)
-        self.score_projection = score_projection or default_projection(model)
-        modules = dict(model.named_modules())
-        self._block_modules = [modules[name] for name in self.layers]
+        self.score_projection = score_projection or default_projection(self.model)
+        self._block_modules = [self.model.get_submodule(name) for name in self.layers]
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         if not scorer.has_classes:

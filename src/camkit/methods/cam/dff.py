@@ -106,10 +106,8 @@ class Concepts:
         if self.scores is None:
             raise ArgumentError("no classifier was applied to the concepts (pass classifier=)")
         values, indices = self.scores.topk(min(k, self.scores.shape[1]), dim=1)
-        return [
-            [(int(i), float(v)) for i, v in zip(row_i, row_v, strict=True)]
-            for row_i, row_v in zip(indices, values, strict=True)
-        ]
+        rows = zip(indices.tolist(), values.tolist(), strict=True)
+        return [list(zip(classes, probabilities, strict=True)) for classes, probabilities in rows]
 
     def legend(self, labels: list[str], k: int = 2) -> list[str]:
         """One line per concept: ``"label:0.91\\nlabel:0.03"`` (first three comma-separated

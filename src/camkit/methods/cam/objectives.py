@@ -118,8 +118,7 @@ class FinerCAM(WrapperCAM):
 
         def contrast(output: Any) -> Tensor:
             logits = select_output(output, self.output)
-            classes = scorer.classes_of(output, rows)
-            classes = classes.to(logits.device)
+            classes = scorer.classes_of(output, rows).to(logits.device)
             count = min(self.references, logits.shape[1] - 1)
             if count < 1:
                 raise TargetError("Finer-CAM needs a model with at least two classes")
@@ -133,9 +132,8 @@ class FinerCAM(WrapperCAM):
             else:
                 probs = logits.softmax(dim=1)[:, None, :].expand(-1, refs.shape[1], -1)
                 p = probs.gather(2, refs)
-                score = (p * (chosen[..., None] - self.gamma * ref_logits)).sum(2) / (
-                    p.sum(2) + 1e-9
-                )
+                weighted = (p * (chosen[..., None] - self.gamma * ref_logits)).sum(2)
+                score = weighted / (p.sum(2) + 1e-9)
             return score if scorer.several else score[:, 0]
 
         return contrast
