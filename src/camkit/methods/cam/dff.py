@@ -163,9 +163,8 @@ class DeepFeatureFactorization:
         with buffers_kept(self.model):  # a forward without gradients: no batch-norm guard
             _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
         (act,) = single_call(taps)
-        act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)
-        act = act.float() if reader is None else reader(act).float()
+        act = (act if reader is None else reader(act)).detach().float()
         if act.ndim != 4:
             raise LayerOutputError(
                 f"DFF needs layer outputs of shape (B, C, h, w), got {tuple(act.shape)}; "

@@ -124,9 +124,7 @@ def explain_tokens(
     grads = [torch.cat([part[i] for part in parts], dim=1) for i in range(len(acts))]
     vision = [act.detach().unsqueeze(1) for act in acts[:-1]]
     size = tuple(batch.shape[2:])
-    raw = cam.maps_from(
-        vision, grads[:-1], count, size, names=cam.capture.names, batch=batch.shape[0]
-    )
+    raw = cam.maps_from(vision, grads[:-1], count, size, batch=batch.shape[0])
     maps = Finishing(relu, upsample, normalize)(raw, size)
     relevance = (grads[-1] * acts[-1].detach().unsqueeze(1)).sum(dim=-1)
     return TokenExplanation(

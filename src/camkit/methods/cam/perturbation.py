@@ -69,8 +69,7 @@ class MaskedBuffer:
         self.buffer = self._allocate()
 
     def _allocate(self) -> Tensor:
-        batch = self.run.batch
-        self.format = self.run.memory.preferred
+        batch, self.format = self.run.batch, self.run.memory.preferred
         shape = (self.rows, *batch.shape[1:])
         return torch.empty(shape, dtype=batch.dtype, device=batch.device, memory_format=self.format)
 
@@ -80,8 +79,7 @@ class MaskedBuffer:
         if self.format != self.run.memory.preferred:  # the model refused channels_last
             self.buffer = self._allocate()
         images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
-        out = self.buffer[: samples.shape[0]]
-        return torch.mul(images, masks.to(batch.dtype), out=out)
+        return torch.mul(images, masks.to(batch.dtype), out=self.buffer[: samples.shape[0]])
 
 
 class PerturbationCAM(BaseCAM):
@@ -352,8 +350,7 @@ class AblationCAM(PerturbationCAM):
         reader = self.layouts[name]
         axis = reader.channel_axis if isinstance(reader, Layout) else 1
         frames = max(getattr(reader, "frames", 0), 1)  # a frame-wise layer: B * frames rows
-        channels_first = raw.movedim(axis, 1)  # (B * frames, C, ...), a view
-        live = (channels_first.flatten(2) != 0).any(dim=-1).unflatten(0, (batch, frames))
+        live = (raw.movedim(axis, 1).flatten(2) != 0).any(dim=-1).unflatten(0, (batch, frames))
         kept = kept & live.any(dim=1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
@@ -364,9 +361,8 @@ class AblationCAM(PerturbationCAM):
                 for rows in chunks(evaluated.shape[0], self.batch_size, evaluated.device):
                     part = evaluated[rows]
                     n = part.shape[0]
-                    ablate = partial(
-                        self._ablate, channels=part.repeat_interleave(frames), axis=axis
-                    )
+                    repeated = part.repeat_interleave(frames)  # the channel in each frame
+                    ablate = partial(self._ablate, channels=repeated, axis=axis)
                     ablated[sample, part] = self.edited_scores(
                         run, module, raw, sample, n, ablate, suffix, frames
                     )
