@@ -226,12 +226,9 @@ def one_pass_maps(
         acts, grads, scores = first.capture.run(
             part, call, scorer, rows, gradients=gradients, dtype=first.dtype
         )
-        targets, size, names = scores.shape[1], tuple(part.shape[2:]), first.capture.names
-        rows = part.shape[0]  # a frame-wise model's layers have rows * T
-        return {
-            n: cam.maps_from(acts, grads, targets, size, names, batch=rows)
-            for n, cam in cams.items()
-        }
+        captured = (acts, grads, scores.shape[1], tuple(part.shape[2:]), first.capture.names)
+        # batch: the input's rows (a frame-wise model's layers have rows * T)
+        return {n: cam.maps_from(*captured, batch=part.shape[0]) for n, cam in cams.items()}
 
     return over_rows(batch, batch_size, one_pass)
 

@@ -71,8 +71,7 @@ class GradCAMPlusPlus(BaseCAM):
                 "transformer blocks); Grad-CAM or LayerCAM are stable there",
                 IllConditionedWarning,
             )
-        weights = (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True)
-        return weights.to(grad.dtype)
+        return (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True).to(grad.dtype)
 
 
 @register("xgradcam", "Fu et al., BMVC 2020")

@@ -287,11 +287,9 @@ class ScoreCAM(PerturbationCAM):
             keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
             unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
             del keys
+            order = torch.arange(rows.shape[0], device=grid.device)
             first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
-            first.scatter_reduce_(
-                0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin"
-            )
-            jobs = rows[first]
+            jobs = rows[first.scatter_reduce_(0, inverse, order, "amin")]
         else:
             jobs, inverse = rows, torch.arange(rows.shape[0], device=grid.device)
         count = jobs.shape[0]
