@@ -1,9 +1,6 @@
-"""Attention maps for vision transformers: Attention Rollout and LeGrad.
-
-Both read the post-softmax attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks,
-captured by the engine's reversible edit (:func:`camkit.core.attention.captured_attention`),
-drop the prefix keys (class, distillation, register tokens) and lay the patch keys out on the
-patch grid (:func:`camkit.core.layouts.infer_layout`).
+"""Attention maps for vision transformers, Attention Rollout and LeGrad, from the post-softmax
+attention probabilities ``A_l (B, heads, N, N)`` of a ViT's blocks
+(:func:`camkit.core.attention.captured_attention`), the patch keys laid out on the patch grid.
 """
 
 from __future__ import annotations
@@ -27,20 +24,6 @@ from camkit.registry import register
 from camkit.targets.resolver import RowScorer
 
 
-def _select_blocks(model: nn.Module, layers: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
-    blocks = attention_blocks(model)
-    if layers is None:
-        return [(name, attn) for name, _, attn in blocks]
-    by_name = {name: attn for name, _, attn in blocks}
-    missing = [name for name in layers if name not in by_name]
-    if missing:
-        raise AttentionError(
-            f"{missing} are not attention blocks of {type(model).__name__}; "
-            f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
-        )
-    return [(name, by_name[name]) for name in layers]
-
-
 def _patch_layout(model: nn.Module, tokens: int, size: tuple[int, int]):
     try:
         return infer_layout((1, tokens, 1), model, size)
@@ -54,11 +37,9 @@ def rollout(
     discard_ratio: float = 0.0,
 ) -> Tensor:
     """Attention rollout (Abnar & Zuidema, ACL 2020, eq. 1): ``R = Â_L ... Â_1`` with
-    ``Â_l = 0.5 A_l + 0.5 I`` (residual connection), ``A_l`` fused over heads.
-
-    ``attentions``: ``L`` tensors ``(B, heads, N, N)``; returns ``(B, N, N)``. ``discard_ratio``
-    zeroes that fraction of the lowest fused attentions per row before adding the identity (the
-    optional filtering of Gildenblat's vit-explain); rows are renormalised to sum to 1.
+    ``Â_l = 0.5 A_l + 0.5 I`` (residual connection), ``A_l`` fused over heads, rows
+    renormalised: ``L`` tensors ``(B, heads, N, N) -> (B, N, N)``. ``discard_ratio`` zeroes that
+    fraction of the lowest fused attentions per row first (Gildenblat's vit-explain).
     """
     if not attentions:
         raise AttentionError("rollout needs at least one attention matrix")
@@ -82,12 +63,9 @@ def rollout(
 
 
 class AttentionMethod(Explainer):
-    """Base of the attention maps: the blocks read, the per-chunk passes, finishing.
-
-    ``Method(model, layer=None)(x, target)``: ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H,
-    W)``, or ``(B, K, H, W)`` for K targets per sample, like every CAM. ``layer``: the attention
-    blocks read (names; default all); ``output``, ``dtype`` and ``batch_size`` (samples per
-    forward) as for every method. Call options: ``upsample``, ``normalize``.
+    """Base of the attention maps: ``Method(model, layer=None)(x, target)``, shaped as every
+    CAM's. ``layer``: the attention blocks read (names; default all). Call options:
+    ``upsample``, ``normalize``.
     """
 
     family = "attention"
@@ -95,11 +73,19 @@ class AttentionMethod(Explainer):
 
     def __init__(self, model: nn.Module, layer: Sequence[str] | None = None, **options: Any):
         super().__init__(model, **options)
-        self.blocks = _select_blocks(self.model, [layer] if isinstance(layer, str) else layer)
+        by_name = {name: attn for name, _, attn in attention_blocks(self.model)}
+        layers = list(by_name) if layer is None else [layer] if isinstance(layer, str) else layer
+        missing = [name for name in layers if name not in by_name]
+        if missing:
+            raise AttentionError(
+                f"{missing} are not attention blocks of {type(self.model).__name__}; "
+                f"blocks are {list(by_name)[:3]}...{list(by_name)[-1:]}"
+            )
+        self.blocks = [(name, by_name[name]) for name in layers]
 
     @classmethod
     def takes_layer(cls) -> bool:
-        return True  # the attention blocks read (default: all)
+        return True
 
     @classmethod
     def fits(cls, model: nn.Module) -> str | None:
@@ -118,23 +104,20 @@ class AttentionMethod(Explainer):
     def _explain(
         self, call: Call, scorer: RowScorer, *, upsample: bool = True, normalize: bool = True
     ) -> Explanation:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` of the samples of ``call``."""
         batch, finishing = call.batch, Finishing(True, upsample, normalize)
         raw = over_rows(
             batch, self.batch_size, lambda part, rows: self._keys(part, call, scorer, rows)
         )
         size = tuple(batch.shape[-2:])
-        grids = torch.stack([self._grid(raw[:, k], size) for k in range(raw.shape[1])], dim=1)
+        layout = _patch_layout(self.model, raw.shape[-1], size)  # prefix keys dropped
+        grids = torch.stack(
+            [layout.to_grid(raw[:, k, :, None])[:, 0] for k in range(raw.shape[1])], 1
+        )
         return Explanation.of(finishing({"attention": grids}, size), scorer)
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         """The method's step: ``(B, K, N)`` relevance of the ``N`` keys for the targets."""
         raise NotImplementedError
-
-    def _grid(self, relevance: Tensor, size: tuple[int, int]) -> Tensor:
-        """``(B, N)`` key relevances -> ``(B, h, w)`` patch maps (prefix keys dropped)."""
-        layout = _patch_layout(self.model, relevance.shape[-1], size)
-        return layout.to_grid(relevance[..., None])[:, 0]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(layers={self.layers})"
@@ -143,9 +126,8 @@ class AttentionMethod(Explainer):
 @register("rollout", "Abnar & Zuidema, ACL 2020")
 class AttentionRollout(AttentionMethod):
     """Attention Rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL
-    2020): the class token's row of the rolled-out attention (:func:`rollout`), over the patch
-    keys. Class-agnostic: the map is the same for every target (repeated along the target
-    axis). Models without a class token use the mean over all query rows.
+    2020): the class token's row of the rolled-out attention (:func:`rollout`; without a class
+    token the mean row) over the patch keys, the same for every target.
     """
 
     target_free = True
@@ -190,8 +172,7 @@ class AttentionRollout(AttentionMethod):
 
 
 def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
-    """The block's last captured tensor; with ``batch``, an attention that must be image-wide:
-    ``(batch, heads, N, N)`` (windowed attention folds its windows into the first axis)."""
+    """The block's last captured tensor; with ``batch``, checked as ``(batch, heads, N, N)``."""
     if not store:
         raise AttentionError(f"the attention of block {name!r} did not run during the forward")
     found = store[-1]
@@ -209,11 +190,9 @@ def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
 
 def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """Block tokens ``(B, N, C)`` -> class logits ``(B, classes)``: the mean token through the
-    model's final norm and head, as in the LeGrad authors' code and torchcam 0.5.0.
-
-    timm: ``head(fc_norm(norm(mean)))``; torchvision: ``heads(encoder.ln(mean))``; HuggingFace
-    ViT / DeiT: ``classifier(layernorm(mean))``; DINOv2, whose classifier reads the class token
-    and the mean patch token side by side: ``classifier([norm(t)_0, mean_i>0 norm(t)_i])``.
+    model's final norm and head, as the LeGrad authors' code and torchcam 0.5.0: timm's
+    ``head(fc_norm(norm(mean)))``, torchvision's ``heads(encoder.ln(mean))``, HuggingFace's
+    ``classifier(layernorm(mean))``; DINOv2's classifier reads ``[norm(t)_0, mean_i>0 norm(t)_i]``.
     """
     if all(hasattr(model, a) for a in ("norm", "fc_norm", "head")):
         return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
@@ -243,13 +222,10 @@ class LeGrad(AttentionMethod):
     """LeGrad (Bousselham et al., "LeGrad: An Explainability Method for Vision Transformers via
     Feature Formation Sensitivity", 2024).
 
-    For each block ``l``: the block's tokens go through the score projection to logits ``s^l``;
-    the map is ``mean_{heads, queries} relu(d s^l_c / d A_l)`` over the patch keys; the maps of
-    the blocks are averaged (paper eq. 5-7; the attention values are not multiplied in).
-    ``target``: None (each sample's top class of the model's output), an int, ``B`` ints, or
-    ``(B, K)`` classes; the per-block scores are class logits, so a callable target is refused.
-    ``score_projection``: block tokens ``(B, N, C)`` -> logits (default
-    :func:`default_projection`).
+    For each block ``l``, the block's tokens go through ``score_projection`` (default
+    :func:`default_projection`) to logits ``s^l``; the map is ``mean_{heads, queries} relu(d
+    s^l_c / d A_l)`` over the patch keys, averaged over the blocks (paper eq. 5-7). Class
+    targets only.
     """
 
     needs_gradients = True
@@ -263,9 +239,8 @@ class LeGrad(AttentionMethod):
         **options: Any,
     ):
         super().__init__(model, layer, **options)
-        self.score_projection = score_projection or default_projection(model)
-        modules = dict(model.named_modules())
-        self._block_modules = [modules[name] for name in self.layers]
+        self.score_projection = score_projection or default_projection(self.model)
+        self._block_modules = [self.model.get_submodule(name) for name in self.layers]
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         if not scorer.has_classes:
@@ -276,15 +251,11 @@ class LeGrad(AttentionMethod):
         outputs: list[list[Tensor]] = [[] for _ in self.blocks]
 
         def keep(store: list[Tensor]) -> Callable:
-            return lambda module, args, out: store.append(out)
+            return this_thread(lambda module, args, out: store.append(out))
 
         hooks = zip(outputs, self._block_modules, strict=True)
         with (
-            hooked(
-                lambda: [
-                    block.register_forward_hook(this_thread(keep(store))) for store, block in hooks
-                ]
-            ),
+            hooked(lambda: [block.register_forward_hook(keep(store)) for store, block in hooks]),
             torch.enable_grad(),
             autocast(batch.device, self.dtype),
             captured_attention([a for _, a in self.blocks]) as stores,

@@ -21,15 +21,9 @@ class GuidedGradCAM(PixelAttribution):
     """Guided Grad-CAM: guided backpropagation times the upsampled Grad-CAM map.
 
     Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks via Gradient-based
-    Localization", ICCV 2017. The Grad-CAM map (ReLU, bilinear upsampling to the input size,
-    min-max normalisation, as :class:`camkit.GradCAM` gives it) multiplies every channel of the
-    guided backpropagation: ``(C, H, W) -> (C, H, W)``, batches and K targets likewise. Two
-    passes: Grad-CAM needs the plain ReLU gradients.
-
-    Args:
-        layer, reshape: Grad-CAM's layer(s) and their reading, as for :class:`camkit.GradCAM`
-            (default: the model's default layer, ``reshape="auto"``).
-        output, dtype, batch_size: as for every method.
+    Localization", ICCV 2017: the finished :class:`camkit.GradCAM` map (``layer`` and
+    ``reshape`` are its) multiplies every channel of the guided backpropagation, ``(C, H, W) ->
+    (C, H, W)``. Two passes: Grad-CAM needs the plain ReLU gradients.
     """
 
     needs_layer = True

@@ -62,13 +62,11 @@ def cams(
     fuse: bool | str = True,
     additional_forward_args: Any = None,
 ) -> dict[str, Tensor | dict[str, Tensor]]:
-    """Several CAM methods on the same input: ``{method name: map}``.
+    """Several CAM methods on the same input: ``{method name: map}``, each equal to what the
+    method's class returns for the same arguments.
 
     The gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``: Grad-CAM,
-    Grad-CAM++, ...) share ONE forward and ONE backward pass; other CAMs of the registry (the
-    perturbation CAMs, and those with passes of their own such as Shapley-CAM) run their own.
-    Each entry equals what the method's class returns for the same arguments; ``layer=None``
-    is the model's default layer.
+    Grad-CAM++, ...) share ONE forward and ONE backward pass; the others run their own.
     """
     entries = [registry.get(name) for name in dict.fromkeys(methods)]
     not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
@@ -84,37 +82,23 @@ def cams(
     finishing = {"relu": relu, "upsample": upsample, "normalize": normalize, "fuse": fuse}
     shared = {name: cam for name, cam in explainers.items() if registry.get(name).shares_pass}
     args, results = additional_forward_args, {}
-    if shared:
-        results = _shared_pass(shared, model, x, target, Finishing(**finishing), args, batch_size)
+    if shared:  # one tapped pass for all: the first method's capture
+        first = next(iter(shared.values()))
+        batch, single = as_batch(x, model)
+        call = Call.of(batch, args)
+        if any(cam.needs_gradients for cam in shared.values()):
+            require_autograd("cams")
+        with model_guarded(first.model):
+            first.capture.resolve(batch, call)
+            scorer = resolve(target, batch.shape[0], batch.device, first.output)
+            raw = one_pass_maps(shared, batch, scorer, call, batch_size)
+        size, finish = tuple(batch.shape[2:]), Finishing(**finishing)
+        for name, maps in raw.items():
+            results[name] = Explanation.of(finish(maps, size), scorer, single=single).shaped()
     for name, explainer in explainers.items():
         if name not in shared:  # its own passes, through the one entry
             results[name] = explainer(x, target, additional_forward_args=args, **finishing)
     return {name: results[name] for name in explainers}
-
-
-def _shared_pass(
-    cams: dict[str, BaseCAM],
-    model: nn.Module,
-    x: Tensor,
-    target: TargetSpec,
-    finishing: Finishing,
-    args: Any,
-    batch_size: int | None,
-) -> dict[str, Tensor | dict[str, Tensor]]:
-    """The gradient CAMs' maps from one tapped forward and one backward per chunk, shaped as
-    their calls return them."""
-    first = next(iter(cams.values()))
-    batch, single = as_batch(x, model)
-    call = Call.of(batch, args)
-    if any(cam.needs_gradients for cam in cams.values()):
-        require_autograd("cams")
-    with model_guarded(first.model):
-        first.capture.resolve(batch, call)  # one tapped pass for all: the first method's capture
-        scorer = resolve(target, batch.shape[0], batch.device, first.output)
-        raw = one_pass_maps(cams, batch, scorer, call, batch_size)
-    size = tuple(batch.shape[2:])
-    found = {n: Explanation.of(finishing(m, size), scorer, single=single) for n, m in raw.items()}
-    return {name: explanation.shaped() for name, explanation in found.items()}
 
 
 __all__ = [

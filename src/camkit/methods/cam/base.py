@@ -1,9 +1,5 @@
-"""The base of every class activation map: a method only says how it weighs a layer.
-
-A gradient CAM implements :meth:`BaseCAM.channel_weights` (or :meth:`BaseCAM.layer_map` for maps
-that are not a weighted sum of channels); the engine (:mod:`camkit.core`) does the tapped
-forward, the target scores, the batched gradients and the finishing; the call template is the
-one of every method (:class:`~camkit.core.explainer.Explainer`).
+"""The base of every class activation map: a method only says how it weighs a layer
+(:meth:`BaseCAM.channel_weights`, or :meth:`BaseCAM.layer_map`); the engine does the rest.
 
 Shapes inside: activations ``(B, 1, C, h, w)`` and gradients ``(B, K, C, h, w)`` for ``K``
 targets per sample, so methods broadcast over the target axis.
@@ -26,7 +22,7 @@ from camkit.core.layers import LayerSpec
 from camkit.core.layouts import Layout, resolve_reshape
 from camkit.core.spacetime import folded_frames
 from camkit.errors import ArgumentError, LayerOutputError
-from camkit.methods.cam.smoothing import augmented, principal_component
+from camkit.methods.cam.smoothing import explained, principal_component
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer
 
@@ -36,29 +32,19 @@ RawMaps = dict[str, Tensor]  # unfinished maps {layer: (B, K, h, w)}
 class BaseCAM(Explainer):
     """Base class of the class-activation-map methods.
 
-    ``Method(model, layer)(x, target)`` maps an image ``(C, H, W) -> (H, W)``, a batch
-    ``(B, C, H, W) -> (B, H, W)``, or ``K`` targets per sample ``-> (B, K, H, W)``.
-    Constructor arguments are those of :class:`~camkit.core.explainer.Explainer` (``layer=None``
-    picks the model's default layer; ``reshape="auto"`` reads ViT tokens and channels-last
-    outputs; the reading of the last call is in ``cam.layouts``; ``batch_size``: samples per
-    forward pass).
+    ``Method(model, layer)(x, target)``: ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``,
+    ``K`` targets per sample ``-> (B, K, H, W)``. Constructor arguments: those of
+    :class:`~camkit.core.explainer.Explainer`; the last call's layer readings are in ``layouts``.
 
-    Call options: ``relu``, ``upsample`` (to x's size) and ``normalize`` (min-max per map to
-    [0, 1]) can be switched off for the raw map; ``fuse`` says how the maps of several layers
-    become one: ``"mean"`` (``True``, pytorch-grad-cam's mean of the finished maps), ``"max"``
-    (torchcam's element-wise maximum), ``"tanh"`` (torchcam's LayerCAM fusion: each layer's map
-    scaled by ``tanh(2 M)`` (Jiang et al., TIP 2021) before the maximum), or
-    ``False`` for ``{layer: map}``.
-
-    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation (see
-    :func:`camkit.methods.cam.smoothing.augmented`): the maps of the image and of its mirror image,
-    each with its intensities scaled by 0.9, 1 and 1.1, aligned back and averaged (the top-1 target
-    is the clean image's). ``eigen_smooth=True``: each layer's map is the first principal
-    component of the weighted activations ``w_c A_c`` instead of their sum over channels
-    (pytorch-grad-cam's ``get_2d_projection``; see
-    :func:`~camkit.methods.cam.smoothing.principal_component` for the sign); a method whose map
-    already is such a component (Eigen-CAM and its kin) is unchanged, one whose map is no weighted
-    sum of channels (Recipro-CAM) refuses it.
+    Call options: ``relu``, ``upsample`` and ``normalize`` (min-max to [0, 1]) can be switched
+    off; ``fuse`` combines several layers: ``"mean"`` (``True``, pytorch-grad-cam), ``"max"``
+    (torchcam), ``"tanh"`` (torchcam's LayerCAM fusion, each map scaled by ``tanh(2 M)``, Jiang
+    et al., TIP 2021, before the maximum) or ``False`` for ``{layer: map}``.
+    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
+    (:func:`~camkit.methods.cam.smoothing.explained`). ``eigen_smooth=True``: each layer's map is
+    the first principal component of ``w_c A_c`` instead of their sum
+    (:func:`~camkit.methods.cam.smoothing.principal_component`); unchanged for Eigen-CAM and its
+    kin, refused where the map is no weighted sum of channels (Recipro-CAM).
     """
 
     family: ClassVar[str] = "gradient-cam"
@@ -92,14 +78,10 @@ class BaseCAM(Explainer):
                 "Ablation-CAM (frame-wise models) or a pixel method"
             )
         method = self.smoothed() if boolean("eigen_smooth", eigen_smooth) else self
-        if boolean("aug_smooth", aug_smooth):
-            pinned = method.pinned(batch, scorer, call)
-            return Explanation.of(augmented(method.maps, batch, pinned, finishing, call), scorer)
-        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
+        return explained(method, call, scorer, finishing, aug_smooth)
 
     def smoothed(self) -> BaseCAM:
-        """This method with ``eigen_smooth`` on: a shallow copy sharing the capture (the
-        instance itself is never changed, so concurrent calls do not interfere)."""
+        """A shallow copy with ``eigen_smooth`` on (concurrent calls do not interfere)."""
         if self.eigen_refused:
             options = [o for o in self.call_options() if o != "eigen_smooth"]
             raise ArgumentError(
@@ -117,11 +99,8 @@ class BaseCAM(Explainer):
 
     @classmethod
     def reads_frame_wise(cls) -> bool:
-        """Whether the method reads the layers of a frame-wise model (``B * T`` rows, read
-        as ``(B, C, T, h, w)``): the CAMs of the one pass, and those that say so."""
+        """Whether it reads a frame-wise model's layers (``B * T`` rows as ``(B, C, T, h, w)``)."""
         return cls.shares_one_pass()
-
-    # ------------------------------------------------------------------ what a method says
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
         """Weights broadcastable to ``act (B, K, C, h, w)``: ``(B, K, C, 1, 1)`` or element-wise."""
@@ -133,8 +112,7 @@ class BaseCAM(Explainer):
         return self.channel_weights(act, grad) * act
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``: the weighted activations
-        combined over channels (:meth:`combine`)."""
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``."""
         return self.combine(self.weighted_activations(act, grad))
 
     def combine(self, weighted: Tensor) -> Tensor:
@@ -142,18 +120,15 @@ class BaseCAM(Explainer):
         ``eigen_smooth`` their first principal component."""
         return principal_component(weighted) if self.eigen_smooth else weighted.sum(dim=2)
 
-    # ------------------------------------------------------------------ the pipeline
-
     def maps(
         self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
     ) -> Tensor | dict[str, Tensor]:
-        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``) of the
-        samples ``batch`` of ``call``, with the target axis always kept."""
+        """``(B, C, H, W) ->`` finished maps ``(B, K, H, W)`` (or ``{layer: map}``)."""
         raw = self.raw_maps(batch, self.target_scorer(target, batch), call)
         return finishing(raw, tuple(batch.shape[2:]))
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        """The unfinished maps ``{layer: (B, K, h, w)}`` of ``call``'s samples ``batch``."""
+        """The unfinished maps ``{layer: (B, K, h, w)}``."""
         return one_pass_maps({"": self}, batch, scorer, call, self.batch_size)[""]
 
     def maps_from(
@@ -166,15 +141,14 @@ class BaseCAM(Explainer):
         *,
         batch: int | None = None,
     ) -> dict[str, Tensor]:
-        """Apply :meth:`layer_map` to captured activations and gradients, layer by layer; a
-        map that does not depend on the target is repeated for the ``targets`` targets.
-        ``names``: the captured layers' names (default: this method's capture's; another
-        capture's when :func:`camkit.cams` shares its pass); ``batch``: the input's rows (a
-        frame-wise model's layers have ``batch * T``)."""
+        """:meth:`layer_map` of each captured layer, repeated for the ``targets`` targets when it
+        does not depend on them. ``names``: the layers (default: this capture's); ``batch``: the
+        input's rows (a frame-wise model's layers have ``batch * T``)."""
         grads = grads if grads is not None else [None] * len(acts)
         maps = {}
-        names = self.capture.names if names is None else names
-        for name, act, grad in zip(names, acts, grads, strict=True):
+        for name, act, grad in zip(
+            self.capture.names if names is None else names, acts, grads, strict=True
+        ):
             reader = self.grid_reader(name, act, input_size, batch)
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
@@ -186,8 +160,7 @@ class BaseCAM(Explainer):
     def grid_reader(
         self, name: str, act: Tensor, input_size: tuple[int, ...], batch: int | None = None
     ) -> Reshape | None:
-        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``);
-        ``batch``: the input's rows, when the layer may have more (frames folded in)."""
+        """How layer ``name``'s output ``(B, 1, ...)`` becomes a grid (kept in ``layouts``)."""
         shape = (act.shape[0], *act.shape[2:])
         reader = resolve_reshape(self.reshape, self.model, input_size, shape, batch)
         self.layouts[name] = reader
@@ -198,11 +171,10 @@ class BaseCAM(Explainer):
         """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
         w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
         gives ``(B, K, C, T, h, w)``, patch rows ``(B * N, K, C)`` ``(B, K, C, h, w)``."""
-        frames, rows = getattr(reader, "frames", 0), getattr(reader, "rows", 0)
-        if frames:  # rows b * T + t -> (B, K, T, ...), read frame by frame
-            t = t.unflatten(0, (-1, frames)).transpose(1, 2)
-        elif rows:  # rows b * N + n -> (B, K, N, C), N patch tokens
-            t = t.unflatten(0, (-1, rows)).transpose(1, 2)
+        frames = getattr(reader, "frames", 0)
+        folded = frames or getattr(reader, "rows", 0)
+        if folded:  # rows b * T + t (frames) or b * N + n (patches) -> (B, K, T or N, ...)
+            t = t.unflatten(0, (-1, folded)).transpose(1, 2)
         lead = t.shape[:2]
         t = t.flatten(0, 2 if frames else 1).float()
         if reader is not None:
@@ -220,24 +192,15 @@ class BaseCAM(Explainer):
 
 class WrapperCAM(BaseCAM):
     """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
-    ``_CAMWrapper``: :meth:`wrap` builds the wrapped method ``self.base`` from the same model,
-    layer and options; the wrapper shares its capture (the default layer resolves once) and
-    layouts, asks it whether gradients are needed, and passes ``eigen_smooth`` on to it."""
+    ``_CAMWrapper``: ``self.base`` is built from the same model, layer and options; the wrapper
+    keeps the options of every method, shares the base's capture (the default layer resolves
+    once) and layouts, and passes ``check_autograd`` and ``eigen_smooth`` on to it."""
 
-    base: BaseCAM
-
-    @staticmethod
-    def own_options(options: dict[str, Any]) -> dict[str, Any]:
-        """The options of every method (``output``, ``reshape``, ``dtype``, ``batch_size``) in
-        ``options``: those the wrapper keeps for itself."""
-        return {
-            k: v for k, v in options.items() if k in ("output", "reshape", "dtype", "batch_size")
-        }
-
-    def wrap(
-        self, base: type[BaseCAM], model: nn.Module, layer: LayerSpec | None, options: dict
-    ) -> None:
-        """Build the wrapped method and share its capture and layouts."""
+    def __init__(
+        self, model: nn.Module, layer: LayerSpec | None, *, base: type[BaseCAM], **options: Any
+    ):
+        own = ("output", "reshape", "dtype", "batch_size")
+        super().__init__(model, layer, **{k: v for k, v in options.items() if k in own})
         self.base = base(model, layer, **options)
         self.capture, self.layouts = self.base.capture, self.base.layouts  # one capture
 
@@ -255,7 +218,7 @@ def one_pass_maps(
     cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
 ) -> dict[str, RawMaps]:
     """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
-    and one backward per chunk of ``batch_size`` samples (the first CAM's capture)."""
+    (the first CAM's capture) and one backward per chunk of ``batch_size`` samples."""
     first = next(iter(cams.values()))
     gradients = any(cam.needs_gradients for cam in cams.values())
 
@@ -263,21 +226,17 @@ def one_pass_maps(
         acts, grads, scores = first.capture.run(
             part, call, scorer, rows, gradients=gradients, dtype=first.dtype
         )
-        targets, size, names = scores.shape[1], tuple(part.shape[2:]), first.capture.names
-        rows = part.shape[0]  # a frame-wise model's layers have rows * T
-        return {
-            n: cam.maps_from(acts, grads, targets, size, names, batch=rows)
-            for n, cam in cams.items()
-        }
+        captured = (acts, grads, scores.shape[1], tuple(part.shape[2:]), first.capture.names)
+        # batch: the input's rows (a frame-wise model's layers have rows * T)
+        return {n: cam.maps_from(*captured, batch=part.shape[0]) for n, cam in cams.items()}
 
     return over_rows(batch, batch_size, one_pass)
 
 
 class NoisyDraws:
-    """The noise settings of a CAM that averages over noisy draws (SS-CAM, Smooth Grad-CAM++),
-    checked in one place: ``samples`` draws per sample (a whole number >= 1) and the noise's
-    ``std`` (>= 0), each method's defaults in ``default_samples`` and ``default_std``; the draws
-    are seeded (``seed=``). Listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
+    """The seeded noise settings of SS-CAM and Smooth Grad-CAM++: ``samples`` draws per sample
+    (>= 1) and the noise's ``std`` (>= 0), defaulting to ``default_samples`` and ``default_std``.
+    Listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
 
     seeded = True
     default_samples: ClassVar[int]

@@ -1,8 +1,5 @@
-"""CAM, the original class activation map: the classifier's weights of the target class.
-
-:func:`find_classifier` finds the linear layer after the global pooling (torchvision and timm
-heads, or a name); :class:`CAM` weighs the layer's channels with its rows.
-"""
+"""CAM, the original class activation map: the layer's channels weighed by the classifier's
+row of the target class, and :func:`find_classifier`, which finds that classifier."""
 
 from __future__ import annotations
 
@@ -25,33 +22,27 @@ def find_classifier(model: nn.Module, fc: str | nn.Module | None = None) -> tupl
     """The classifier after the global pooling and its weight matrix ``(num_classes, C)``.
 
     ``fc`` names it (a dotted name or the module); without it, timm's ``get_classifier()`` is
-    asked, then the usual head names (``fc``, ``classifier``, ``head``, ``head.fc``, ...) are
-    tried, then the model's only ``nn.Linear``. A container is accepted when it holds exactly one
-    ``nn.Linear`` (``Sequential(Dropout, Linear)``); a 1x1 ``nn.Conv2d`` works as well. Raises
-    :class:`~camkit.errors.ClassifierNotFoundError` (a
-    :class:`~camkit.errors.LayerNotFoundError`) when there is none or several.
+    asked, then the usual head names (:data:`CLASSIFIER_NAMES`) are tried, then the model's only
+    ``nn.Linear``. A container holding exactly one ``nn.Linear`` (``Sequential(Dropout,
+    Linear)``) or a 1x1 ``nn.Conv2d`` work as well. Raises
+    :class:`~camkit.errors.ClassifierNotFoundError` when there is none or several.
     """
     if fc is not None:
         name, module = find_layer(model, fc)
-        linear = _single_linear(name, module, explicit=True)
-        linear_name, _ = find_layer(model, linear)
-        return linear_name, _classifier_weight(linear_name, linear)
+        return _classifier_weight(model, _single_linear(name, module, explicit=True))
     getter = getattr(model, "get_classifier", None)
-    if callable(getter):
-        head = getter()
-        if isinstance(head, nn.Linear | nn.Conv2d):
-            name, module = find_layer(model, head)
-            return name, _classifier_weight(name, module)
+    head = getter() if callable(getter) else None
+    if isinstance(head, nn.Linear | nn.Conv2d):
+        return _classifier_weight(model, head)
     modules = dict(model.named_modules())
     for name in CLASSIFIER_NAMES:
         if name in modules:
             linear = _single_linear(name, modules[name], explicit=False)
             if linear is not None:
-                linear_name, _ = find_layer(model, linear)
-                return linear_name, _classifier_weight(linear_name, linear)
+                return _classifier_weight(model, linear)
     linears = [name for name, m in modules.items() if isinstance(m, nn.Linear)]
     if len(linears) == 1:
-        return linears[0], _classifier_weight(linears[0], modules[linears[0]])
+        return _classifier_weight(model, modules[linears[0]])
     found = f"the model has {len(linears)} nn.Linear layers" + (
         f" ({', '.join(linears[:5])}{', ...' if len(linears) > 5 else ''})" if linears else ""
     )
@@ -78,7 +69,9 @@ def _single_linear(name: str, module: nn.Module, *, explicit: bool) -> nn.Module
     return None
 
 
-def _classifier_weight(name: str, module: nn.Module) -> Tensor:
+def _classifier_weight(model: nn.Module, module: nn.Module) -> tuple[str, Tensor]:
+    """The classifier's name in ``model`` and its weight matrix ``(num_classes, C)``."""
+    name, _ = find_layer(model, module)
     weight = getattr(module, "weight", None)
     if isinstance(module, nn.Conv2d) and module.kernel_size != (1, 1):
         raise ClassifierNotFoundError(
@@ -87,7 +80,7 @@ def _classifier_weight(name: str, module: nn.Module) -> Tensor:
         )
     if not isinstance(weight, Tensor):
         raise ClassifierNotFoundError(f"the classifier {name!r} has no weight matrix")
-    return weight.detach().flatten(1)
+    return name, weight.detach().flatten(1)
 
 
 @register("cam", "Zhou et al., CVPR 2016")
@@ -96,14 +89,12 @@ class CAM(BaseCAM):
 
     Zhou et al., "Learning Deep Features for Discriminative Localization", CVPR 2016. For a
     network ending in global average pooling and a linear classifier ``W (N, C)``, the map of
-    class ``k`` is ``M_k = sum_c W_kc A_c`` (the bias does not depend on the position).
-    ``(C, H, W) -> (H, W)``, batches and ``(B, K)`` targets as every CAM; class targets only
-    (the weights are rows of ``W``), no gradient is computed. Finished as every camkit CAM (ReLU,
-    upsampling, min-max); the paper (and torchcam) show the signed map: ``relu=False``.
+    class ``k`` is ``M_k = sum_c W_kc A_c``. Class targets only; no gradient. Finished as every
+    camkit CAM; the paper (and torchcam) show the signed map: ``relu=False``.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
-        fc: the classifier (dotted name or module); found automatically for torchvision/timm
-            heads (see :func:`find_classifier`). Its input features must be the layer's channels.
+        fc: the classifier (dotted name or module), whose input features are the layer's
+            channels; default :func:`find_classifier`'s.
     """
 
     needs_gradients = False

@@ -1,12 +1,11 @@
 """Deep Feature Factorization: a layer's activations as a few concepts, each with a map.
 
-Collins et al., "Deep Feature Factorization for Concept Discovery", ECCV 2018, as in
-pytorch-grad-cam's ``DeepFeatureFactorization`` and ``run_dff_on_image``: the activations of a
-batch ``(B, C, h, w)`` form a ``(C, B h w)`` matrix, shifted per channel to be non-negative
-(``A - min``), and factorised ``A - min ~ W H`` with non-negative ``W (C, k)`` (the concepts, one
-embedding per column, the shift added back) and ``H (k, B h w)`` (where each concept is).
-The classifier applied to each concept embedding gives its top classes; the maps, coloured one
-colour per concept, give the concept picture (:func:`camkit.viz.plot_concepts`).
+Collins et al., "Deep Feature Factorization for Concept Discovery", ECCV 2018, as
+pytorch-grad-cam's ``DeepFeatureFactorization``: the activations of a batch ``(B, C, h, w)``
+form a ``(C, B h w)`` matrix, shifted per channel to be non-negative, and factorised ``A - min ~
+W H`` with non-negative ``W (C, k)`` (the concept embeddings, the shift added back) and ``H (k,
+B h w)`` (where each concept is). The classifier names each concept by its top classes;
+:func:`camkit.viz.plot_concepts` draws the maps.
 """
 
 from __future__ import annotations
@@ -41,13 +40,12 @@ def nmf(
 ) -> tuple[Tensor, Tensor]:
     """Non-negative matrix factorisation ``x (n, m) ~ W (n, k) H (k, m)``, Frobenius loss.
 
-    Lee & Seung's problem solved by coordinate descent (HALS, Cichocki & Phan 2009), the
-    algorithm of scikit-learn's ``NMF(solver="cd")``: each iteration updates the columns of
-    ``W`` one after the other with ``W_t <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then
-    the rows of ``H`` likewise; it stops when the projected-gradient violation falls below
-    ``tol`` times the first one, or after ``max_iter`` iterations. The default initialisation is
-    scikit-learn's ``"random"``: ``sqrt(mean(x) / k) |N(0, 1)|`` (seeded); pass ``init=(W, H)``
-    for another. Computed in float64 on ``x``'s device.
+    Lee & Seung's problem solved by coordinate descent (HALS, Cichocki & Phan 2009), as
+    scikit-learn's ``NMF(solver="cd")``: each iteration updates the columns of ``W`` with ``W_t
+    <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then the rows of ``H`` likewise, until the
+    projected-gradient violation is below ``tol`` times the first one, or ``max_iter``. The
+    default initialisation is scikit-learn's ``"random"``, ``sqrt(mean(x) / k) |N(0, 1)|``
+    (seeded); or ``init=(W, H)``. In float64 on ``x``'s device.
     """
     if x.ndim != 2:
         raise InputError(f"nmf needs a matrix (n, m), got shape {tuple(x.shape)}")
@@ -80,8 +78,7 @@ def nmf(
 
 
 def _hals_step(x: Tensor, w: Tensor, ht: Tensor) -> Tensor:
-    """One pass of coordinate descent over the columns of ``w`` (in place) for ``x ~ w ht^T``;
-    returns the projected-gradient violation."""
+    """Update ``w``'s columns in place for ``x ~ w ht^T``; the projected-gradient violation."""
     hht = ht.T @ ht
     xht = x @ ht
     violation = x.new_zeros(())
@@ -96,14 +93,9 @@ def _hals_step(x: Tensor, w: Tensor, ht: Tensor) -> Tensor:
 
 @dataclass
 class Concepts:
-    """What :class:`DeepFeatureFactorization` found.
-
-    Attributes:
-        embeddings: ``(k, C)`` the concept vectors in the layer's channel space.
-        maps: ``(B, k, H, W)`` where each concept is, each map min-max normalised to [0, 1]
-            (``(k, H, W)`` for a single image).
-        scores: ``(k, num_classes)`` softmax of the classifier on each embedding, or None.
-    """
+    """What :class:`DeepFeatureFactorization` found: ``embeddings (k, C)`` in the layer's
+    channel space, ``maps (B, k, H, W)`` (``(k, H, W)`` for one image) where each concept is,
+    min-max normalised, and ``scores (k, num_classes)``, the classifier's softmax, or None."""
 
     embeddings: Tensor
     maps: Tensor
@@ -114,10 +106,8 @@ class Concepts:
         if self.scores is None:
             raise ArgumentError("no classifier was applied to the concepts (pass classifier=)")
         values, indices = self.scores.topk(min(k, self.scores.shape[1]), dim=1)
-        return [
-            [(int(i), float(v)) for i, v in zip(row_i, row_v, strict=True)]
-            for row_i, row_v in zip(indices, values, strict=True)
-        ]
+        rows = zip(indices.tolist(), values.tolist(), strict=True)
+        return [list(zip(classes, probabilities, strict=True)) for classes, probabilities in rows]
 
     def legend(self, labels: list[str], k: int = 2) -> list[str]:
         """One line per concept: ``"label:0.91\\nlabel:0.03"`` (first three comma-separated
@@ -131,19 +121,15 @@ class Concepts:
 class DeepFeatureFactorization:
     """Deep Feature Factorization (Collins et al., ECCV 2018); see the module docstring.
 
-    ``DeepFeatureFactorization(model, layer)(x, components=5) -> Concepts``: ``x`` an image
-    ``(C, H, W)`` or a batch ``(B, C, H, W)`` (factorised together: the concepts are shared by
-    the batch). Maps are upsampled bilinearly to the input size.
+    ``DeepFeatureFactorization(model, layer)(x, components=5) -> Concepts``: an image or a
+    batch, factorised together (the batch shares the concepts); maps upsampled bilinearly.
 
     Args:
-        model: any ``nn.Module``; it is never modified.
         layer: the layer to factorise (dotted name or module), e.g. the last conv block.
-        classifier: applied to the ``(k, C)`` concept embeddings to name them: a module or a
-            callable, ``"auto"`` (default) for the model's classifier found as for CAM
-            (:func:`~camkit.methods.cam.classifier.find_classifier`, with its bias), or None for no
-            scores.
-        reshape: how a layer's output becomes a ``(B, C, h, w)`` grid, as for every CAM:
-            ``"auto"`` reads tokens and channels-last outputs, a callable, or None.
+        classifier: names the ``(k, C)`` concept embeddings: a module or callable, ``"auto"``
+            for the model's classifier (:func:`~camkit.methods.cam.classifier.find_classifier`,
+            with its bias), or None.
+        reshape: a layer output's reading as a ``(B, C, h, w)`` grid, as for every CAM.
         seed: seeds the NMF initialisation.
     """
 
@@ -177,9 +163,8 @@ class DeepFeatureFactorization:
         with buffers_kept(self.model):  # a forward without gradients: no batch-norm guard
             _, taps = self.capture.forward(batch, Call(batch), start_graph=False)
         (act,) = single_call(taps)
-        act = act.detach()
         reader = resolve_reshape(self.reshape, self.model, tuple(batch.shape[2:]), act.shape)
-        act = act.float() if reader is None else reader(act).float()
+        act = (act if reader is None else reader(act)).detach().float()
         if act.ndim != 4:
             raise LayerOutputError(
                 f"DFF needs layer outputs of shape (B, C, h, w), got {tuple(act.shape)}; "
@@ -201,8 +186,4 @@ class DeepFeatureFactorization:
         return Concepts(embeddings, maps[0] if single else maps, scores)
 
 
-__all__ = [
-    "Concepts",
-    "DeepFeatureFactorization",
-    "nmf",
-]
+__all__ = ["Concepts", "DeepFeatureFactorization", "nmf"]

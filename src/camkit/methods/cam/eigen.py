@@ -1,10 +1,6 @@
-"""The CAMs built on principal components of the weighted activations, beside Eigen-CAM
-(:class:`~camkit.methods.cam.gradient.EigenCAM`): Eigen-Grad-CAM, Seg-Eigen-CAM and KPCA-CAM.
-
-Notation as in :mod:`camkit.methods.cam.gradient`: ``A`` is the layer's activation ``(B, 1, C, h,
-w)``, ``g = dS/dA`` the gradients ``(B, K, C, h, w)`` of the ``K`` target scores per sample.
-:class:`KPCACAM` does not depend on the target: its map is repeated along the target axis, as
-Eigen-CAM's.
+"""The CAMs built on principal components, beside Eigen-CAM: Eigen-Grad-CAM, Seg-Eigen-CAM and
+KPCA-CAM; each is a principal component already, so ``eigen_smooth`` changes nothing (as in
+pytorch-grad-cam). Notation as in :mod:`camkit.methods.cam.gradient`.
 """
 
 from __future__ import annotations
@@ -29,11 +25,9 @@ KPCA_KERNELS = ("linear", "poly", "rbf", "sigmoid", "cosine")
 class EigenGradCAM(EigenCAM):
     """Eigen-Grad-CAM: the first principal component of ``g * A`` (pytorch-grad-cam).
 
-    Eigen-CAM of Muhammad & Yeasin (IJCNN 2020) applied to the element-wise product of gradients
-    and activations, as in pytorch-grad-cam's ``EigenGradCAM``: the ``(hw, C)`` matrix of
-    ``g * A`` is centred per channel and projected on its first right singular vector, whose
-    sign is fixed to correlate positively with ``sum_c g_c A_c``. One map per target; a
-    principal component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
+    Eigen-CAM of Muhammad & Yeasin (IJCNN 2020) on the element-wise product of gradients and
+    activations, as pytorch-grad-cam's ``EigenGradCAM``; the sign correlates positively with
+    ``sum_c g_c A_c``. One map per target.
     """
 
     needs_gradients = True
@@ -49,12 +43,9 @@ class SegEigenCAM(BaseCAM):
 
     Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic
     Segmentation Models", Applied Sciences 15(13), 7562, 2025 (pytorch-grad-cam's
-    ``SegEigenCAM``). Gradient weighting (eq. 10): the element-wise ``|g_c| * A_c``; the
-    ``(hw, C)`` matrix of it is centred per channel and projected on its first right singular
-    vector (eq. 11-12); sign correction (eq. 13): the projection is negated where
-    ``|min| > |max|``, so the stronger extreme is positive. One map per target; a principal
-    component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
-    ``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``.
+    ``SegEigenCAM``): the first principal component (eq. 11-12) of ``|g_c| * A_c`` (eq. 10),
+    negated where ``|min| > |max|`` so that the stronger extreme is positive (eq. 13). One map
+    per target.
     """
 
     def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
@@ -77,15 +68,10 @@ class KPCACAM(BaseCAM):
     PCA", IEEE MMSP 2024 (pytorch-grad-cam's ``KPCA_CAM``). The ``hw`` positions (rows of the
     ``(hw, C)`` activation matrix, centred per channel) give a kernel matrix ``K (hw, hw)``,
     centred in feature space (``K - 1K - K1 + 1K1``); the map is the first eigenvector scaled by
-    the square root of its eigenvalue (the projection of each position), its sign fixed to
-    correlate positively with the channel-mean activation, as :class:`~camkit.EigenCAM`.
-    Kernels as scikit-learn's: ``sigmoid`` ``tanh(gamma <x, y> + coef0)`` (default), ``rbf``
-    ``exp(-gamma |x - y|^2)``, ``poly`` ``(gamma <x, y> + coef0)^degree``, ``linear``, ``cosine``;
-    ``gamma=None`` is ``1 / C``. No gradients; the same map for every target; a (kernel)
-    principal component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
-
-    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`): ``kernel``, ``gamma``,
-    ``degree``, ``coef0`` as above.
+    the square root of its eigenvalue, its sign as :class:`~camkit.EigenCAM`'s. ``kernel`` as
+    scikit-learn's: ``sigmoid`` ``tanh(gamma <x, y> + coef0)`` (default), ``rbf`` ``exp(-gamma
+    |x - y|^2)``, ``poly`` ``(gamma <x, y> + coef0)^degree``, ``linear``, ``cosine``;
+    ``gamma=None`` is ``1 / C``. No gradients; the same map for every target.
     """
 
     needs_gradients = False
@@ -114,28 +100,23 @@ class KPCACAM(BaseCAM):
         """``(..., n, C) -> (..., n, n)``: the kernel between the rows of ``x``."""
         gamma = 1.0 / x.shape[-1] if self.gamma is None else self.gamma
         dot = x @ x.transpose(-1, -2)
-        if self.kernel == "linear":
-            return dot
-        if self.kernel == "poly":
-            return (gamma * dot + self.coef0) ** self.degree
-        if self.kernel == "sigmoid":
-            return torch.tanh(gamma * dot + self.coef0)
-        if self.kernel == "rbf":
-            return torch.exp(-gamma * torch.cdist(x, x).square())
-        unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        return unit @ unit.transpose(-1, -2)
+        if self.kernel == "cosine":
+            unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+            return unit @ unit.transpose(-1, -2)
+        return {
+            "linear": lambda: dot,
+            "poly": lambda: (gamma * dot + self.coef0) ** self.degree,
+            "sigmoid": lambda: torch.tanh(gamma * dot + self.coef0),
+            "rbf": lambda: torch.exp(-gamma * torch.cdist(x, x).square()),
+        }[self.kernel]()
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         grid = act.shape[3:]
         positions = act.double().flatten(3).transpose(-1, -2)  # (..., hw, C)
         centred = positions - positions.mean(dim=-2, keepdim=True)
         kernel = self.kernel_matrix(centred)
-        kernel = (
-            kernel
-            - kernel.mean(dim=-2, keepdim=True)
-            - kernel.mean(dim=-1, keepdim=True)
-            + kernel.mean(dim=(-2, -1), keepdim=True)
-        )
+        rows, columns = kernel.mean(dim=-2, keepdim=True), kernel.mean(dim=-1, keepdim=True)
+        kernel = kernel - rows - columns + kernel.mean(dim=(-2, -1), keepdim=True)
         values, vectors = torch.linalg.eigh(kernel)  # ascending
         projection = vectors[..., -1] * values[..., -1:].clamp_min(0).sqrt()  # (..., hw)
         agreement = (projection * positions.mean(dim=-1)).sum(dim=-1, keepdim=True)

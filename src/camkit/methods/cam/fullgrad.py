@@ -2,14 +2,10 @@
 
 Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
 2019. A ReLU network's output is ``f(x) = grad_x f . x + sum_l grad_{b_l} f . b_l`` exactly;
-the saliency map keeps the spatial structure of every term:
-
-``S(x) = psi(|grad_x f * x|) + sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)``
-
-where ``z_l`` is the output of layer ``l`` (its bias-gradient is the gradient at ``z_l`` times
-the bias), and ``psi`` takes the absolute value, rescales each channel map to [0, 1] and upsamples
-it bilinearly to the input size. Biases are those of every ``nn.Conv2d`` and of every
-``nn.BatchNorm2d`` in evaluation mode (``beta - mu * gamma / sqrt(var + eps)``), as in the
+the saliency map keeps the spatial structure of every term, ``S(x) = psi(|grad_x f * x|) +
+sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)`` with ``z_l`` the output of layer ``l`` and ``psi``
+the absolute value, each channel map rescaled to [0, 1] and upsampled bilinearly to the input.
+Biases are those of every ``nn.Conv2d`` and ``nn.BatchNorm2d`` (in evaluation mode), as in the
 authors' code and pytorch-grad-cam's ``FullGrad``.
 """
 
@@ -30,37 +26,28 @@ from camkit.core.formats import autocast
 from camkit.core.layers import capture_outputs
 from camkit.core.spacetime import folded_frames
 from camkit.errors import GradientError, LayerOutputError
-from camkit.methods.cam.smoothing import augmented
+from camkit.methods.cam.smoothing import explained
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
 from camkit.targets.resolver import RowScorer, resolve
 
 
 def effective_bias(module: nn.Module) -> Tensor | None:
-    """The bias a conv or batch-norm layer adds per channel ``(C,)``, or None without one.
-
-    Batch norm in evaluation mode is ``gamma (z - mu) / sqrt(var + eps) + beta``: its bias is
-    ``beta - mu gamma / sqrt(var + eps)``.
-    """
-    if isinstance(module, nn.Conv2d):
-        return None if module.bias is None else module.bias.detach()
-    if isinstance(module, nn.BatchNorm2d):
-        if module.bias is None:
-            return None
-        bias = module.bias.detach()
-        if module.running_mean is None or module.running_var is None:
-            return bias
-        scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
-        return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
-    return None
+    """The bias ``(C,)`` a conv or batch-norm layer adds per channel, or None without one: a
+    batch norm's (evaluation mode) is ``beta - mu gamma / sqrt(var + eps)``."""
+    if not isinstance(module, nn.Conv2d | nn.BatchNorm2d) or module.bias is None:
+        return None
+    bias = module.bias.detach()
+    if isinstance(module, nn.Conv2d) or module.running_mean is None or module.running_var is None:
+        return bias
+    scale = module.weight.detach() if module.weight is not None else torch.ones_like(bias)
+    return bias - module.running_mean * scale / torch.sqrt(module.running_var + module.eps)
 
 
 def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
-    """``(name, tapped module, bias (C,))`` of every conv / batch norm with a bias.
-
-    A batch norm fused with its activation (timm's ``BatchNormAct2d``: ``act(drop(bn(z)))``) is
-    tapped at its ``drop`` submodule, whose output is the batch norm's, before the activation.
-    """
+    """``(name, tapped module, bias (C,))`` of every conv / batch norm with a bias; a batch norm
+    fused with its activation (timm's ``BatchNormAct2d``: ``act(drop(bn(z)))``) is tapped at its
+    ``drop``, before the activation."""
     found = []
     for name, module in model.named_modules():
         bias = effective_bias(module)
@@ -77,28 +64,17 @@ def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
 def _psi(t: Tensor) -> Tensor:
     """Absolute value, then each channel map rescaled to [0, 1] (``1e-7`` guards a flat map)."""
     t = t.abs()
-    low = t.amin(dim=(-2, -1), keepdim=True)
-    t = t - low
+    t = t - t.amin(dim=(-2, -1), keepdim=True)
     return t / (t.amax(dim=(-2, -1), keepdim=True) + 1e-7)
 
 
 @register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
 class FullGrad(Explainer):
-    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019); see the module docstring.
-
-    ``FullGrad(model)(x, target)``: an image ``(C, H, W) -> (H, W)``, a batch
-    ``(B, C, H, W) -> (B, H, W)``, ``K`` targets per sample ``-> (B, K, H, W)``; min-max
-    normalised to [0, 1] unless ``normalize=False``. No layer is chosen: every conv and batch-norm
-    bias contributes (their channel maps are summed at the layer's resolution, then upsampled
-    once: bilinear upsampling is linear, so this equals upsampling every channel).
-
-    Constructor arguments are those of every method
-    (:class:`~camkit.core.explainer.Explainer`; no layer); ``batch_size``: samples per forward
-    pass. Call options: ``normalize``; ``aug_smooth`` (pytorch-grad-cam's test-time
-    augmentation, :func:`camkit.methods.cam.smoothing.augmented`: the maps of the image and its
-    mirror at intensities 0.9, 1 and 1.1, each normalised, mirrored back and averaged).
-    ``eigen_smooth`` is not taken: FullGrad's map is a sum of per-layer saliencies, not of channels
-    ``w_c A_c``.
+    """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019; see the module docstring), shaped as
+    a CAM's, no layer. A layer's channel maps are summed, then upsampled once (bilinear
+    upsampling is linear). Call options: ``normalize``, ``aug_smooth``
+    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth``: the map is no sum of
+    channels ``w_c A_c``.
     """
 
     family: ClassVar[str] = "gradient-cam"
@@ -117,19 +93,13 @@ class FullGrad(Explainer):
     def _explain(
         self, call: Call, scorer: RowScorer, *, normalize: bool = True, aug_smooth: bool = False
     ) -> Explanation:
-        finishing, batch = Finishing(normalize=normalize), call.batch
-        if aug_smooth:
-            pinned = self.pinned(batch, scorer, call)
-            return Explanation.of(augmented(self.maps, batch, pinned, finishing, call), scorer)
-        return Explanation.of(self.maps(batch, scorer, finishing, call), scorer)
+        return explained(self, call, scorer, Finishing(normalize=normalize), aug_smooth)
 
     def maps(
         self, batch: Tensor, target: TargetSpec | RowScorer, finishing: Finishing, call: Call
     ) -> Tensor:
-        """``(B, C, H, W) ->`` the summed saliency ``(B, K, H, W)`` of the samples ``batch`` of
-        ``call``, chunk by chunk of ``batch_size`` samples, min-max normalised where
-        ``finishing.normalize`` (its other steps do not apply: the map is at the input's size,
-        and non-negative)."""
+        """``(B, C, H, W) ->`` the summed saliency ``(B, K, H, W)``, min-max normalised where
+        ``finishing.normalize`` (its other steps do not apply)."""
         scorer = resolve(target, batch.shape[0], batch.device, self.output)
         maps = over_rows(
             batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
@@ -180,8 +150,7 @@ class FullGrad(Explainer):
         return total.float()
 
     def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
-        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``, the
-        clip's frames in order (row ``b * T + t``); other row counts are refused."""
+        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``."""
         frames = folded_frames(self.model, tuple(part.shape))
         if not frames or channels.shape[0] != part.shape[0] * frames:
             raise LayerOutputError(

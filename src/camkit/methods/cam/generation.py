@@ -2,13 +2,9 @@
 token a map over the image (a gradient CAM at the vision layer) and the relevance of each
 token of the sequence before it (gradient x input on the input embeddings, Shrikumar et al.,
 "Not just a black box", 2016; the token relevance of Li et al., "Visualizing and understanding
-neural models in NLP", NAACL 2016, summed over the embedding's features).
-
-The model reads the whole sequence ``generate()`` returned (prompt and answer) once; its
-tokens are ``K`` targets (:class:`~camkit.targets.tokens.TokenTarget`), whose gradients at the
-vision layer and at the embeddings come from batched backward passes of ``token_batch``
-targets each over the one graph (memory: the forward's graph plus ``token_batch`` copies of
-the two captured tensors, whatever the answer's length).
+neural models in NLP", NAACL 2016, summed over the embedding's features). The tokens are ``K``
+targets whose gradients come from backward passes of ``token_batch`` targets each, so memory
+does not grow with the answer's length.
 """
 
 from __future__ import annotations
@@ -38,12 +34,10 @@ from camkit.targets.tokens import TokenTarget
 class TokenExplanation:
     """What :func:`explain_tokens` gives for ``B`` images and ``K`` explained tokens.
 
-    ``maps``: ``(B, K, H, W)`` the CAM's finished maps (one per token); ``token_relevance``:
-    ``(B, K, T)`` gradient x input on the input embeddings, summed over their features, for
-    every position of the sequence (0 at the image tokens, whose embeddings the vision
-    features replace, and at and after the explained token, which a causal model does not
-    read for it; PaliGemma's prompt attends both ways); ``scores``: ``(B, K)`` the targets'
-    scores; ``layer`` and ``embeddings``: the layers read.
+    ``maps``: ``(B, K, H, W)`` the CAM's finished maps; ``token_relevance``: ``(B, K, T)``
+    gradient x input on the input embeddings, summed over their features (0 at the image
+    tokens, whose embeddings the vision features replace, and from the explained token on for a
+    causal model); ``scores``: ``(B, K)``; ``layer`` and ``embeddings``: the layers read.
     """
 
     maps: Tensor
@@ -55,9 +49,8 @@ class TokenExplanation:
 
 @dataclass(frozen=True)
 class Answer:
-    """A generated answer explained token by token: ``tokens`` the whole sequence's tokens as
-    text (prompt, image tokens and answer), ``positions`` the generated tokens' positions in
-    it, ``explanation`` their maps ``(1, K, H, W)`` and token relevance ``(1, K, T)``."""
+    """A generated answer explained token by token: ``tokens`` the whole sequence as text,
+    ``positions`` the generated tokens' positions in it, ``explanation`` theirs."""
 
     tokens: list[str]
     positions: list[int]
@@ -95,13 +88,11 @@ def explain_tokens(
     """Explain tokens of ``input_ids`` ``(B, T)`` (e.g. a ``generate()`` output) for images
     ``pixel_values`` ``(B, C, H, W)`` in one forward pass.
 
-    ``cam``: a gradient CAM on ``camkit.KeywordInput(model, "pixel_values")`` (its layer, or the
-    model's default: the vision features the projector reads). ``target``: the tokens, e.g. a
-    :class:`~camkit.targets.tokens.TokenTarget`; None with ``prompt_length``: every token after
-    the prompt (``TokenTarget.generated``, one sequence). ``token_batch``: targets per backward
-    pass (bounds the memory; None: all at once). ``inputs``: the model's other keyword inputs
-    (``attention_mask``, ``token_type_ids``). The maps equal the CAM's own call with each
-    token's target; ``relu``/``upsample``/``normalize`` as there.
+    ``cam``: a gradient CAM on ``camkit.KeywordInput(model, "pixel_values")``. ``target``: the
+    tokens (a :class:`~camkit.targets.tokens.TokenTarget`); None with ``prompt_length``: every
+    token after the prompt. ``token_batch``: targets per backward pass (None: all at once).
+    ``inputs``: the model's other keyword inputs (``attention_mask``...). The maps equal the
+    CAM's own call with each token's target.
     """
     if not isinstance(cam, BaseCAM) or not cam.shares_one_pass():
         raise ArgumentError(
@@ -133,9 +124,7 @@ def explain_tokens(
     grads = [torch.cat([part[i] for part in parts], dim=1) for i in range(len(acts))]
     vision = [act.detach().unsqueeze(1) for act in acts[:-1]]
     size = tuple(batch.shape[2:])
-    raw = cam.maps_from(
-        vision, grads[:-1], count, size, names=cam.capture.names, batch=batch.shape[0]
-    )
+    raw = cam.maps_from(vision, grads[:-1], count, size, batch=batch.shape[0])
     maps = Finishing(relu, upsample, normalize)(raw, size)
     relevance = (grads[-1] * acts[-1].detach().unsqueeze(1)).sum(dim=-1)
     return TokenExplanation(
@@ -146,11 +135,8 @@ def explain_tokens(
 def explain_answer(
     vlm: LoadedVLM, cam: BaseCAM, pixel_values: Tensor, prompt: str, max_new_tokens: int
 ) -> Answer:
-    """A generative model's greedy answer to ``prompt`` about one image (its placeholder
-    tokens never generated: :attr:`~camkit.models.vlm.LoadedVLM.placeholders`; the image given
-    as the model reads it: :func:`~camkit.core.wrappers.image_inputs`), every generated token
-    explained by ``cam`` (:func:`explain_tokens`: one forward, the tokens as targets of
-    batched backward passes)."""
+    """A generative model's greedy answer to ``prompt`` about one image (never generating its
+    image placeholders), every generated token explained by ``cam`` (:func:`explain_tokens`)."""
     ids = vlm.prompt_ids(prompt, pixel_values).to(pixel_values.device)
     with torch.no_grad():
         sequence = vlm.model.generate(

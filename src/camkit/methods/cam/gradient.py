@@ -37,18 +37,16 @@ class GradCAMPlusPlus(BaseCAM):
 
     Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
     Networks", WACV 2018, eq. 19 with the exponential score of the authors' code, where the
-    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``. As in the paper and
-    pytorch-grad-cam, the alphas are not rescaled afterwards (the authors' TF script also divides
-    them by their sum).
+    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, not rescaled
+    afterwards (as the paper and pytorch-grad-cam; the authors' TF script also divides them by
+    their sum). Exactly, in float64 (float32 where a device lacks it), with ``alpha = 0`` only
+    where the denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
 
-    The formula exactly, in float64 (float32 on devices without it): the only stabiliser is
-    ``alpha = 0`` where the denominator is exactly 0, i.e. where ``g = 0`` (pytorch-grad-cam
-    adds ``1e-6`` to every denominator instead). On layers whose activations sum to values of
-    either sign (LayerNorm outputs of ViT / Swin blocks) the denominator can nearly cancel
-    (``sum(A) g`` close to ``-2``): then the alpha changes a lot with tiny changes of ``A`` or
-    ``g``, and an :class:`~camkit.errors.IllConditionedWarning` says so (condition number of the
-    denominator, ``(2 g^2 + |sum(A) g^3|) / |2 g^2 + sum(A) g^3|``, above
-    :attr:`ill_conditioned`, at a position whose positive gradient counts).
+    Where activations sum to values of either sign (LayerNorm outputs of ViT / Swin blocks) the
+    denominator can nearly cancel and the alpha changes a lot with tiny changes of ``A`` or
+    ``g``: an :class:`~camkit.errors.IllConditionedWarning` says so when the denominator's
+    condition number ``(2 g^2 + |sum(A) g^3|) / |2 g^2 + sum(A) g^3|`` exceeds
+    :attr:`ill_conditioned` at a position whose positive gradient counts.
     """
 
     #: condition number of an alpha's denominator above which the map is called ill-conditioned
@@ -73,8 +71,7 @@ class GradCAMPlusPlus(BaseCAM):
                 "transformer blocks); Grad-CAM or LayerCAM are stable there",
                 IllConditionedWarning,
             )
-        weights = (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True)
-        return weights.to(grad.dtype)
+        return (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True).to(grad.dtype)
 
 
 @register("xgradcam", "Fu et al., BMVC 2020")
@@ -95,7 +92,7 @@ class HiResCAM(BaseCAM):
     """HiResCAM: the element-wise product of gradients and activations, ``sum_c g_c * A_c``.
 
     Draelos & Carin, "Use HiResCAM instead of Grad-CAM for faithful explanations of
-    convolutional neural networks", 2020. Provably shows the locations the score used.
+    convolutional neural networks", 2020.
     """
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
@@ -107,7 +104,7 @@ class LayerCAM(BaseCAM):
     """LayerCAM: activations weighted element-wise by positive gradients, ``sum_c ReLU(g_c) A_c``.
 
     Jiang et al., "LayerCAM: Exploring Hierarchical Class Activation Maps for Localization",
-    IEEE TIP 2021. Works at shallow layers too; fuse several layers for finer maps.
+    IEEE TIP 2021.
     """
 
     def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
@@ -118,12 +115,10 @@ class LayerCAM(BaseCAM):
 class EigenCAM(BaseCAM):
     """Eigen-CAM: the activations projected on their first principal component (no gradients).
 
-    Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020.
-    The ``(hw, C)`` activation matrix is centred per channel (as pytorch-grad-cam does) and
-    projected on its first right singular vector. The sign of a singular vector is arbitrary,
-    so it is fixed to correlate positively with the channel-mean activation: maps do not flip.
-    The map is the same for every target (repeated along the target axis); it is a principal
-    component already, so ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
+    Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020:
+    :func:`~camkit.methods.cam.smoothing.principal_component` of the activations (centred per
+    channel as pytorch-grad-cam, the sign fixed so that maps do not flip). The same map for
+    every target; ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
     """
 
     needs_gradients = False
@@ -137,9 +132,8 @@ class EigenCAM(BaseCAM):
 class GradCAMElementWise(BaseCAM):
     """Grad-CAM element-wise: ``sum_c ReLU(g_c * A_c)`` (pytorch-grad-cam's ``GradCAMElementWise``).
 
-    The ReLU is applied to each product before the channel sum, so negative evidence of one
-    channel cannot cancel positive evidence of another (a variant of HiResCAM, Draelos & Carin
-    2020). ``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, h, w)``.
+    A variant of HiResCAM (Draelos & Carin 2020) where negative evidence of one channel cannot
+    cancel positive evidence of another.
     """
 
     def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
@@ -151,11 +145,10 @@ class FEM(BaseCAM):
     """FEM, the feature explanation method: channels weighted by their share of strong positions.
 
     Ahmed Fuad et al., "Features understanding in 3D CNNs for actions recognition in video",
-    IPTA 2020 (pytorch-grad-cam's ``FEM``). With the per-channel mean ``mu_c`` and population
-    standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c +
-    k sigma_c]`` (the k-sigma rule, ``k=2``), map ``= sum_c w_c A_c``. No gradients; the same
-    map for every target. ``eigen_smooth`` projects ``w_c A_c`` as for every weighted sum
-    (pytorch-grad-cam's ``FEM`` ignores the option).
+    IPTA 2020 (pytorch-grad-cam's ``FEM``): with each channel's mean ``mu_c`` and population
+    standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c + k
+    sigma_c]`` (the k-sigma rule), map ``= sum_c w_c A_c``. No gradients; the same map for every
+    target; ``eigen_smooth`` applies (pytorch-grad-cam's ``FEM`` ignores it).
     """
 
     needs_gradients = False

@@ -1,8 +1,5 @@
-"""The CAMs that change what is differentiated, with passes of their own: Shapley-CAM (a
-second-order correction of the gradient) and Finer-CAM (the contrast with the closest classes).
-
-Both override ``raw_maps``, so :func:`camkit.cams` runs them apart (the registry reads it from
-the class). Notation as in :mod:`camkit.methods.cam.gradient`.
+"""The CAMs that change what is differentiated, with passes of their own (so :func:`camkit.cams`
+runs them apart): Shapley-CAM and Finer-CAM. Notation as in :mod:`camkit.methods.cam.gradient`.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from camkit.core.engine import over_rows
 from camkit.core.inputs import finite_number, positive_int
 from camkit.core.layers import LayerSpec, single_call
 from camkit.errors import ArgumentError, LayerOutputError, TargetError
-from camkit.methods.cam.base import BaseCAM, RawMaps, WrapperCAM, spatial
+from camkit.methods.cam.base import BaseCAM, RawMaps, WrapperCAM
 from camkit.methods.cam.gradient import GradCAM
 from camkit.registry import register
 from camkit.targets.outputs import select_output
@@ -28,31 +25,25 @@ from camkit.targets.resolver import RowScorer, resolve
 
 
 @register("shapleycam", "Cai, 2025")
-class ShapleyCAM(BaseCAM):
+class ShapleyCAM(GradCAM):
     """Shapley-CAM: Grad-CAM with the gradient corrected by the Hessian-vector product.
 
     Cai, "CAMs as Shapley Value-based Explainers", 2025 (arXiv:2501.06261; pytorch-grad-cam's
     ``ShapleyCAM``). A second-order approximation of the Shapley values of the channels gives
     ``w_c = mean_ij (g - H A / 2)_cij`` with ``H = d^2 S / dA^2``, map ``= sum_c w_c A_c``. ``H A``
     is one double-backward per target (0 where the score is piecewise linear in ``A``, e.g. a
-    logit after ReLU layers: then Shapley-CAM equals Grad-CAM; the paper pairs it with the
-    ``logit - cross-entropy`` target, pass that as a callable target).
-    ``(B, 1, C, h, w) -> (B, K, h, w)``.
+    logit after ReLU layers: then it equals Grad-CAM; the paper pairs it with the ``logit -
+    cross-entropy`` target, a callable target).
     """
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        return over_rows(
-            batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
-        )
+        with unfused_attention(self.model):  # fused attention kernels have no double backward
+            return over_rows(
+                batch, self.batch_size, lambda part, rows: self._pass(part, call, scorer, rows)
+            )
 
     def _pass(self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> dict[str, Tensor]:
         names = self.capture.names
-        with unfused_attention(self.model):  # fused attention kernels have no double backward
-            return self._second_order(part, call, scorer, rows, names)
-
-    def _second_order(
-        self, part: Tensor, call: Call, scorer: RowScorer, rows: Tensor, names: list[str]
-    ) -> dict[str, Tensor]:
         output, taps = self.capture.forward(
             part, call, start_graph=True, dtype=self.dtype, rows=rows
         )
@@ -83,9 +74,6 @@ class ShapleyCAM(BaseCAM):
         acts = [act.detach().unsqueeze(1) for act in acts]
         return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
 
-    def channel_weights(self, act: Tensor, grad: Tensor) -> Tensor:
-        return grad.mean(dim=spatial(grad), keepdim=True)
-
 
 @register("finercam", "Zhang et al., CVPR 2025")
 class FinerCAM(WrapperCAM):
@@ -101,12 +89,8 @@ class FinerCAM(WrapperCAM):
       ``sum_t p_t (y_c - gamma y_{d_t}) / sum_t p_t`` with the softmax probabilities ``p``
       (differentiated too, as there).
 
-    Class targets only (``None`` = top-1, ``(B, K)`` for K classes per sample); ``gamma=0``
-    gives the base method's map. ``(C, H, W) -> (H, W)`` as every CAM.
-
-    Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`, also given to ``base``):
-        base: a gradient CAM class; gamma: the weight of the references (>= 0);
-        references: how many closest classes; weighting: ``"mean"`` or ``"softmax"``.
+    Class targets only; ``gamma >= 0`` (0 gives the base method's map); the other options go to
+    ``base`` too.
     """
 
     def __init__(
@@ -120,24 +104,21 @@ class FinerCAM(WrapperCAM):
         weighting: Literal["mean", "softmax"] = "mean",
         **options: Any,
     ):
-        super().__init__(model, layer, **options)
         if not (isinstance(base, type) and issubclass(base, BaseCAM)) or not base.needs_gradients:
             raise ArgumentError(f"base must be a gradient CAM class such as GradCAM, got {base!r}")
         if weighting not in ("mean", "softmax"):
             raise ArgumentError(f"weighting must be 'mean' or 'softmax', got {weighting!r}")
-        self.wrap(base, model, layer, options)
+        super().__init__(model, layer, base=base, **options)
         self.gamma = finite_number("gamma", gamma, minimum=0.0)
         self.references = positive_int("references", references)
         self.weighting = weighting
 
     def objective(self, scorer: RowScorer, rows: Tensor) -> Callable[[Any], Tensor]:
-        """The contrastive score of samples ``rows`` as a callable target: ``output -> (n,)`` or
-        ``(n, K)``."""
+        """The contrastive score of samples ``rows``: ``output -> (n,)`` or ``(n, K)``."""
 
         def contrast(output: Any) -> Tensor:
             logits = select_output(output, self.output)
-            classes = scorer.classes_of(output, rows)
-            classes = classes.to(logits.device)
+            classes = scorer.classes_of(output, rows).to(logits.device)
             count = min(self.references, logits.shape[1] - 1)
             if count < 1:
                 raise TargetError("Finer-CAM needs a model with at least two classes")
@@ -151,9 +132,8 @@ class FinerCAM(WrapperCAM):
             else:
                 probs = logits.softmax(dim=1)[:, None, :].expand(-1, refs.shape[1], -1)
                 p = probs.gather(2, refs)
-                score = (p * (chosen[..., None] - self.gamma * ref_logits)).sum(2) / (
-                    p.sum(2) + 1e-9
-                )
+                weighted = (p * (chosen[..., None] - self.gamma * ref_logits)).sum(2)
+                score = weighted / (p.sum(2) + 1e-9)
             return score if scorer.several else score[:, 0]
 
         return contrast

@@ -1,33 +1,21 @@
 """Perturbation CAMs: channel weights measured with masked or ablated forward passes.
 
 Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
-of the layer's output; both then read the target score. That is one forward per channel, so:
+of the layer's output; both read the target score, one forward per channel:
 
-* the forwards run in chunks of ``batch_size`` (masks are built chunk by chunk, normalised in
-  place, and written into one reused buffer of ``batch_size`` masked images: memory is bounded
-  by ``batch_size``, and results do not depend on it);
-* identical perturbations run once: in Score-CAM every constant channel (e.g. all zero after a
-  ReLU) gives the same all-zero mask, and channels whose min-max normalised maps are equal give
-  the same mask; in Ablation-CAM zeroing an all-zero channel changes nothing, so its weight is
-  0 without a forward;
+* the forwards run in chunks of ``batch_size`` through one reused buffer of masked images
+  (memory bounded by ``batch_size``; results do not depend on it);
+* identical perturbations run once: equal normalised masks (constant channels all give the
+  zero mask) share a forward, and an all-zero channel weighs 0 in Ablation-CAM without one;
 * ``top_channels=k`` (opt-in) evaluates only the ``k`` channels of largest
-  ``|sum_ij g_cij A_cij|`` per sample (one extra backward pass ranks them), the others weigh 0;
-  its agreement with the exact map is measured in docs/performance.md;
-* on the CPU the perturbed images are built ``channels_last``, as every input camkit forwards
-  (:class:`camkit.core.formats.MemoryFormat`: faster there; the caller's input is never
-  converted);
-* ``progress=True`` shows a tqdm bar of the forward passes on a terminal.
+  ``|sum_ij g_cij A_cij|`` per sample, ranked by one extra backward pass (the others weigh 0;
+  agreement with the exact map in docs/performance.md);
+* ``progress=True`` shows a tqdm bar of the forward passes.
 
-A method is three steps: the perturbations (masks or ablations) and their scores
-(:meth:`PerturbationCAM.perturbed_scores`), then the channel weights from those scores
-(:meth:`PerturbationCAM.score_weights`); a variant overrides one step (Score-CAM's variants in
-:mod:`camkit.methods.cam.score_variants` only change the masks: :meth:`ScoreCAM.perturb`, with
-``draws`` masked inputs per mask whose scores are averaged). Forwards that replace the layer's
-output (Ablation-CAM, Recipro-CAM) share :meth:`PerturbationCAM.edited_scores`. Every forward
-goes through the call's :meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args``
-reach the perturbed passes too (the rows of the samples each pass holds). The finishing (ReLU,
-upsampling, normalisation, fusing layers, ``(B, K)`` targets, ``dtype``) is the one of every
-CAM.
+A method is two steps, :meth:`PerturbationCAM.perturbed_scores` and
+:meth:`PerturbationCAM.score_weights`; a variant overrides one (Score-CAM's variants only their
+masks, :meth:`ScoreCAM.perturb`). Every forward goes through the call's
+:meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args`` reach the perturbed passes.
 """
 
 from __future__ import annotations
@@ -37,12 +25,13 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from camkit.core.call import Call, chunk_size, chunks
 from camkit.core.copies import CopyScorer
 from camkit.core.engine import layer_gradients, require_autograd
-from camkit.core.finish import minmax
+from camkit.core.finish import RESAMPLING, extremes, flat_between, minmax
 from camkit.core.formats import MemoryFormat
 from camkit.core.inputs import positive_int
 from camkit.core.layers import LayerSpec, hooked, replacing_output, single_call
@@ -50,23 +39,57 @@ from camkit.core.layouts import Layout
 from camkit.core.progress import progress_bar
 from camkit.errors import LayerOutputError, TargetError
 from camkit.methods.cam.base import BaseCAM, RawMaps
-from camkit.methods.cam.masks import MaskedBuffer, score_masks
 from camkit.registry import register
 from camkit.targets.resolver import RowScorer
+
+
+def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
+    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` (volumes ``(n, 1,
+    D, H, W)``, trilinear) in [0, 1] at the size of ``like``, normalised in place (no temporary
+    of the masks' size)."""
+    dims = grid.ndim - 2
+    masks = F.interpolate(
+        grid[samples, channels].unsqueeze(1),
+        size=tuple(like.shape[-dims:]),
+        mode=RESAMPLING[dims],
+        align_corners=False,
+    )
+    low, high = extremes(masks, dims)
+    is_flat = flat_between(low, high)  # the flat-map policy of core.finish.minmax
+    span = high.sub_(low)
+    return masks.sub_(low).div_(span.masked_fill_(is_flat, 1)).masked_fill_(is_flat, 0)
+
+
+class MaskedBuffer:
+    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
+    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
+
+    def __init__(self, run: CopyScorer, rows: int):
+        self.run, self.rows = run, rows
+        self.buffer = self._allocate()
+
+    def _allocate(self) -> Tensor:
+        batch, self.format = self.run.batch, self.run.memory.preferred
+        shape = (self.rows, *batch.shape[1:])
+        return torch.empty(shape, dtype=batch.dtype, device=batch.device, memory_format=self.format)
+
+    def masked(self, masks: Tensor, samples: Tensor) -> Tensor:
+        """``x[samples[i]] * masks[i]`` in the buffer (overwritten by the next chunk)."""
+        batch = self.run.batch
+        if self.format != self.run.memory.preferred:  # the model refused channels_last
+            self.buffer = self._allocate()
+        images = batch if batch.shape[0] == 1 else batch[samples]  # one image: broadcast
+        return torch.mul(images, masks.to(batch.dtype), out=self.buffer[: samples.shape[0]])
 
 
 class PerturbationCAM(BaseCAM):
     """Base of the CAMs whose channel weights come from perturbed forward passes.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
-        batch_size: rows per forward pass, here perturbed inputs (the memory knob; default
-            32); results do not depend on it.
+        batch_size: perturbed inputs per forward pass (default 32).
         top_channels: evaluate only the ``top_channels`` channels of largest
-            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0; see the module docstring for
-            the measured agreement); ``None`` evaluates every channel (exact).
+            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0); ``None``: all (exact).
         progress: show a progress bar of the forward passes (on a terminal).
-
-    Each layer must run once per forward pass (a shared module that runs twice is refused).
     """
 
     family = "perturbation-cam"
@@ -94,9 +117,8 @@ class PerturbationCAM(BaseCAM):
 
     @classmethod
     def reads_frame_wise(cls) -> bool:
-        """A frame-wise layer is read as a volume ``(B, C, T, h, w)``: Score-CAM's masks are
-        each channel's ``T`` frame maps over the clip, Ablation-CAM zeroes a channel in every
-        frame of the sample's clip."""
+        """A frame-wise layer is read as a volume ``(B, C, T, h, w)`` (a channel's mask or
+        ablation spans the clip's frames)."""
         return True
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
@@ -109,8 +131,8 @@ class PerturbationCAM(BaseCAM):
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        """``(B, C, K)`` target scores of the perturbed passes of one layer, from its raw
-        output, its ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
+        """``(B, C, K)`` target scores of one layer's perturbed passes, from its raw output, its
+        ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
         raise NotImplementedError
 
     def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
@@ -132,15 +154,17 @@ class PerturbationCAM(BaseCAM):
         run = CopyScorer(
             self.model, batch, scorer, call, dtype=self.dtype, scores=scores, memory=memory
         )
-        grads: list[Tensor | None] = [None] * len(acts)
-        if ranked:
-            grads = list(layer_gradients(scores, acts, self.capture.names))
+        grads = layer_gradients(scores, acts, self.capture.names) if ranked else [None] * len(acts)
         maps = {}
         for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
             raw = raw.detach()
             size, rows = tuple(batch.shape[2:]), batch.shape[0]
             reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
-            self.check_reader(name, reader)
+            kind = getattr(reader, "kind", None)  # a layout it can perturb, or refused
+            if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
+                raise LayerOutputError(
+                    f"{self.reshape_refused} (layer {name!r} is read as {reader})"
+                )
             grid = self.as_grid(raw.unsqueeze(1), reader).squeeze(1)
             if grid.ndim != 4 and not (self.takes_volumes or getattr(reader, "frames", 0)):
                 raise LayerOutputError(
@@ -155,8 +179,7 @@ class PerturbationCAM(BaseCAM):
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
         """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
-        :meth:`score_weights` from :meth:`perturbed_scores` (a method whose map is not a
-        weighted sum of channels overrides this)."""
+        :meth:`score_weights` from :meth:`perturbed_scores`."""
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
         if self.eigen_smooth:
@@ -176,50 +199,33 @@ class PerturbationCAM(BaseCAM):
         suffix: list[bool],
         frames: int = 1,
     ) -> Tensor:
-        """``(n, K)`` scores of sample ``sample`` with the layer's output ``(n, C, ...)`` of n
-        copies replaced by ``edit(output)``.
+        """``(n, K)`` scores of sample ``sample`` with the layer's output of ``n`` copies
+        replaced by ``edit(output)``.
 
-        The layer's prefix runs once: a hook replaces the output of a one-image forward by
-        ``edit`` of ``n`` copies of its captured output ``raw[sample]``. A model whose later
-        layers combine tensors from before the layer in a way that does not broadcast over that
-        batch is detected (an error, or an output of the wrong batch size) and ``suffix[0]`` is
-        set False: then (and from then on) full forwards of ``n`` repeated inputs run, the hook
-        editing their output. A frame-wise layer has ``frames`` rows per sample (``raw``:
-        ``(B * frames, C, ...)``): ``edit`` gets the ``n * frames`` rows of ``n`` clips, row
-        ``i * frames + t``, either way."""
+        The layer's prefix runs once: a hook replaces a one-image forward's output by ``edit``
+        of ``n`` copies of ``raw[sample]``. A model whose later layers do not broadcast over
+        that batch (a ``torch.cat`` skip, a reshape by the input's batch size) raises or gives
+        the wrong batch size; then ``suffix[0]`` is set False and from then on full forwards of
+        ``n`` repeated inputs run. A frame-wise layer has ``frames`` rows per sample: ``edit``
+        gets the ``n * frames`` rows of ``n`` clips, row ``i * frames + t``."""
         rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
         image = run.batch[sample : sample + 1]
         if suffix[0]:
             own = raw[sample * frames : (sample + 1) * frames]
             copies = own.expand(n, *own.shape).flatten(0, 1)  # a view for one frame
-
-            def replace(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
-                return edit(copies)
-
             try:
-                with hooked(lambda: [replacing_output(module, replace)]):
+                with hooked(lambda: [replacing_output(module, lambda *_: edit(copies))]):
                     return run.score(image, rows)
             except (RuntimeError, TargetError):
                 suffix[0] = False
-
-        def edited(mod: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
-            return edit(output)
-
         inputs = image.expand(n, *image.shape[1:]).contiguous(memory_format=run.memory.preferred)
-        with hooked(lambda: [replacing_output(module, edited)]):
+        with hooked(lambda: [replacing_output(module, lambda _, __, output: edit(output))]):
             return run.score(inputs, rows)
-
-    def check_reader(self, name: str, reader: object) -> None:
-        """Refuse a layer read in a layout the method cannot perturb in the layer's own output
-        (``reshape_refused``; the layouts it can are ``perturbed_layouts``)."""
-        kind = getattr(reader, "kind", None)
-        if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
-            raise LayerOutputError(f"{self.reshape_refused} (layer {name!r} is read as {reader})")
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
         """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
-        ``|sum_ij g_cij A_cij|`` (summed over the K targets), the first-order estimate of the
-        score change when channel ``c`` is removed, from one backward pass."""
+        ``|sum_ij g_cij A_cij|`` (summed over targets), the first-order estimate of the score
+        change when channel ``c`` is removed."""
         if self.top_channels is None or self.top_channels >= grid.shape[1]:
             return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
         importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
@@ -236,23 +242,17 @@ class ScoreCAM(PerturbationCAM):
 
     Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural
     Networks", CVPRW 2020, Algorithm 1. Per channel ``c`` of ``A (B, C, h, w)``: the mask
-    ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` in [0, 1] (a constant map gives zeros), the
-    score ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map
-    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` for K targets
-    (the masked forwards are shared by all K targets).
+    ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` (a constant map gives zeros), the score
+    ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map ``= ReLU(sum_c w_c
+    A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` (the K targets share the forwards).
 
-    As in the paper's Algorithm 1, pytorch-grad-cam and torchcam, the softmax is over channels
-    of the target *logits* (the paper's baseline term ``- y(X_b)`` cancels in the softmax). The
-    authors' repository instead weighs by the softmax-over-classes probability of the target
-    and skips constant channels; that is not what is computed here. Masks are upsampled
+    As in the paper, pytorch-grad-cam and torchcam, the softmax is over the channels' target
+    *logits* (the baseline term ``- y(X_b)`` cancels in it); the authors' repository instead
+    uses the target's class probability and skips constant channels. Masks are upsampled
     (``align_corners=False``) before normalising, as in the paper (torchcam normalises first,
-    pytorch-grad-cam upsamples with ``align_corners=True``).
-
-    ``top_channels=k`` evaluates only the ``k`` channels of largest ``|sum_ij g_cij A_cij|``
-    (softmax over those, the rest weigh 0; agreement in docs/performance.md).
-
-    Volumes ``(B, C, D, H, W)``: the same steps with the layer's ``(d, h, w)`` maps upsampled
-    trilinearly and normalised over the volume (pytorch-grad-cam's Score-CAM is 2-D only).
+    pytorch-grad-cam upsamples with ``align_corners=True``). With ``top_channels=k`` the softmax
+    is over those channels. Volumes ``(B, C, D, H, W)``: trilinear masks normalised over the
+    volume (pytorch-grad-cam's Score-CAM is 2-D only).
     """
 
     label = "Score-CAM"  # in the progress bar
@@ -265,9 +265,8 @@ class ScoreCAM(PerturbationCAM):
     shares_masks = True  # whether channels with equal masks share their forwards
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
-        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place);
-        Score-CAM uses them as they are. ``random``: the call's generator (see
-        :meth:`generator`), drawn in row order."""
+        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place),
+        drawing from ``random`` (:meth:`generator`) in row order; Score-CAM's as they are."""
         return masks
 
     def generator(self, device: torch.device) -> torch.Generator | None:
@@ -288,11 +287,9 @@ class ScoreCAM(PerturbationCAM):
             keys = torch.cat([sample[:, None, None].expand(-1, channels, 1), keys], dim=-1)
             unique, inverse = torch.unique(keys.flatten(0, 1)[rows], dim=0, return_inverse=True)
             del keys
+            order = torch.arange(rows.shape[0], device=grid.device)
             first = torch.full((unique.shape[0],), rows.shape[0], device=grid.device)
-            first.scatter_reduce_(
-                0, inverse, torch.arange(rows.shape[0], device=grid.device), "amin"
-            )
-            jobs = rows[first]
+            jobs = rows[first.scatter_reduce_(0, inverse, order, "amin")]
         else:
             jobs, inverse = rows, torch.arange(rows.shape[0], device=grid.device)
         count = jobs.shape[0]
@@ -325,27 +322,16 @@ class AblationCAM(PerturbationCAM):
 
     Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
     Gradient-free Localization", WACV 2020: ``w_c = (y - y_c) / y`` with ``y`` the target score
-    (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0; map
-    ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. A score of
-    exactly 0 is not divided by (the weights are then ``y - y_c``).
+    (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0 (``y - y_c``
+    where ``y`` is exactly 0); map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or
+    ``(B, K, H, W)``. As in the paper, ablation is zeroing (pytorch-grad-cam sets ``min - 1e7``
+    when the layer's minimum is not 0). ``top_channels=k`` ablates only the ``k`` channels of
+    largest ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c``.
 
-    As in the paper, ablation is zeroing (pytorch-grad-cam does the same when the layer's
-    minimum is 0, as after a ReLU; otherwise it sets ``min - 1e7``). All-zero channels weigh 0
-    without a forward. ``top_channels=k`` ablates only the ``k`` channels of largest
-    ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c`` (the rest weigh 0;
-    agreement in docs/performance.md).
-
-    Speed: the layer's prefix is computed once per sample: a hook replaces the layer's output
-    by a batch of ablated copies of its captured output. A model whose later layers combine
-    tensors from before the layer in a way that does not broadcast over that batch (a
-    ``torch.cat`` skip connection, a reshape by the input's batch size) is detected (an error
-    or an output of the wrong batch size) and the layer falls back to full forward passes of
-    repeated inputs. Layers must run once per forward.
-
-    Token and channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in the layer's
-    own layout, as pytorch-grad-cam's ``AblationLayerVit``: channel ``c`` is the last axis of
-    the output, zeroed in every token (the class token too), and the map is read through the
-    same layout as every CAM's. A ``reshape=`` function cannot be undone and is refused.
+    The layer's prefix runs once per sample (:meth:`PerturbationCAM.edited_scores`). Token and
+    channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in their own layout, as
+    pytorch-grad-cam's ``AblationLayerVit`` (channel ``c`` zeroed in every token, the class
+    token too); a ``reshape=`` function cannot be undone and is refused.
     """
 
     reshape_refused = (
@@ -362,8 +348,7 @@ class AblationCAM(PerturbationCAM):
         reader = self.layouts[name]
         axis = reader.channel_axis if isinstance(reader, Layout) else 1
         frames = max(getattr(reader, "frames", 0), 1)  # a frame-wise layer: B * frames rows
-        channels_first = raw.movedim(axis, 1)  # (B * frames, C, ...), a view
-        live = (channels_first.flatten(2) != 0).any(dim=-1).unflatten(0, (batch, frames))
+        live = (raw.movedim(axis, 1).flatten(2) != 0).any(dim=-1).unflatten(0, (batch, frames))
         kept = kept & live.any(dim=1)
         # channels not ablated keep the clean score: zeroing an all-zero channel changes nothing
         ablated = run.scores[:, None, :].repeat(1, channels, 1)  # y_c
@@ -374,9 +359,8 @@ class AblationCAM(PerturbationCAM):
                 for rows in chunks(evaluated.shape[0], self.batch_size, evaluated.device):
                     part = evaluated[rows]
                     n = part.shape[0]
-                    ablate = partial(
-                        self._ablate, channels=part.repeat_interleave(frames), axis=axis
-                    )
+                    repeated = part.repeat_interleave(frames)  # the channel in each frame
+                    ablate = partial(self._ablate, channels=repeated, axis=axis)
                     ablated[sample, part] = self.edited_scores(
                         run, module, raw, sample, n, ablate, suffix, frames
                     )
@@ -390,8 +374,7 @@ class AblationCAM(PerturbationCAM):
 
     @staticmethod
     def _ablate(act: Tensor, channels: Tensor, axis: int = 1) -> Tensor:
-        """Row ``i`` of the layer output ``act`` with channel ``channels[i]`` (on ``axis``)
-        zeroed, a new tensor."""
+        """A copy of ``act`` whose row ``i`` has channel ``channels[i]`` (on ``axis``) zeroed."""
         act = act.clone()
         act.movedim(axis, 1)[torch.arange(act.shape[0], device=act.device), channels] = 0
         return act

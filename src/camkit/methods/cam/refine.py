@@ -22,12 +22,10 @@ class RefineCAM(WrapperCAM):
     """RefineCAM: the product of the normalised maps of several layers (torchcam's ``RefineCAM``).
 
     "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
-    method (Grad-CAM++ by default) maps every layer, each map ``M_l`` is rectified and min-max
-    normalised, resized (bilinear, trilinear for volumes) to the largest layer resolution and
-    the maps are multiplied,
-    ``M = prod_l minmax(ReLU(M_l))``: a position stays only if every layer agrees. The product
-    is then finished as every CAM (upsampled to the input, min-max normalised).
-    ``(C, H, W) -> (H, W)``, batches and ``(B, K)`` targets as the base method.
+    method (Grad-CAM++ by default) maps every layer; each map is rectified, min-max normalised
+    and resized (bilinear, trilinear for volumes) to the largest layer resolution, and
+    ``M = prod_l minmax(ReLU(M_l))``: a position stays only if every layer agrees. Then
+    finished as every CAM; shapes as the base method.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         layer: at least two layers (names or modules).
@@ -48,8 +46,7 @@ class RefineCAM(WrapperCAM):
             raise ArgumentError(
                 "RefineCAM multiplies the maps of several layers: give at least two"
             )
-        super().__init__(model, layer, **self.own_options(options))
-        self.wrap(base, model, layer, options)
+        super().__init__(model, layer, base=base, **options)
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         maps = self.base.raw_maps(batch, scorer, call)

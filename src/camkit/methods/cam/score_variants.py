@@ -1,14 +1,12 @@
-"""Score-CAM's variants (SS-CAM, IS-CAM) and Recipro-CAM, on the machinery of perturbation.py.
-
-SS-CAM and IS-CAM change one step of Score-CAM, the masks of each channel (:meth:`ScoreCAM.perturb`,
-several draws per mask whose scores are averaged); they keep its chunked, bounded-memory
-forwards (one reused buffer of ``batch_size`` masked images) and, for IS-CAM, its sharing of
-equal masks. Recipro-CAM masks the layer's feature map around each spatial position and runs
-only the part of the network after the layer (the suffix forward Ablation-CAM uses).
+"""Score-CAM's variants (SS-CAM, IS-CAM), which change only the masks of each channel
+(:meth:`ScoreCAM.perturb`, several draws per mask whose scores are averaged), and Recipro-CAM,
+which masks the layer's feature map around each position and runs only the network after it.
 """
 
 from __future__ import annotations
 
+import copy
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,25 +30,20 @@ class SSCAM(NoisyDraws, ScoreCAM):
 
     Wang et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature Localization", 2020
     (arXiv:2006.14255), noise on the masks, as torchcam 0.5's ``SSCAM``: with Score-CAM's mask
-    ``H_c`` (upsampled, min-max normalised), ``w = softmax_c(mean_m y(x * (H_c + d_mc)))``,
-    ``d_mc ~ N(0, std^2)`` of the input's size ``(H, W)`` (shared by the input's channels),
-    map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. The
-    baseline score ``y(X_b)`` of torchcam's formula cancels in the softmax.
+    ``H_c``, ``w = softmax_c(mean_m y(x * (H_c + d_mc)))``, ``d_mc ~ N(0, std^2)`` of size
+    ``(H, W)`` (shared by the input's channels), map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) ->
+    (B, H, W)`` or ``(B, K, H, W)``. Noisy masks are all distinct: ``samples * C`` forwards per
+    sample.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
-        samples: noisy masks per channel (torchcam's ``num_samples``); one forward each.
+        samples: noisy masks per channel (torchcam's ``num_samples``).
         std: standard deviation of the noise added to the [0, 1] masks (torchcam's default).
-        seed: seeds the noise (a generator on the input's device; each layer starts from the
-            seed). The noise of row ``(m, b, c)`` (draw ``m``, sample ``b``, channel ``c``) is
-            one ``(H, W)`` standard normal draw, drawn in that order, as torchcam draws
-            ``(B, C, H, W)`` per ``m`` from the global generator: on the CPU, for float32 inputs
-            with ``H * W`` a multiple of 16, ``seed=s`` draws torchcam's noise after
-            ``torch.manual_seed(s)``. None draws the seed from torch's global generator.
-
-    As in torchcam, a row's noise depends on its sample's place in the batch (a sample explained
-    alone draws other noise than in a batch); it does not depend on ``batch_size``. Noisy masks
-    are all distinct, so, unlike Score-CAM, no forward is shared: ``samples * C`` forwards per
-    sample.
+        seed: seeds the noise (None: from torch's global generator). Row ``(m, b, c)`` (draw,
+            sample, channel) gets one ``(H, W)`` standard normal draw, in that order, as
+            torchcam draws ``(B, C, H, W)`` per ``m``: on the CPU, for float32 inputs with
+            ``H * W`` a multiple of 16, ``seed=s`` gives torchcam's noise after
+            ``torch.manual_seed(s)``. As there, a row's noise depends on its sample's place in
+            the batch, not on ``batch_size``.
     """
 
     label = "SS-CAM"
@@ -59,15 +52,13 @@ class SSCAM(NoisyDraws, ScoreCAM):
 
     @property
     def draws(self) -> int:
-        """One noisy mask per sample."""
         return self.samples
 
     def generator(self, device: torch.device) -> torch.Generator:
         return generator(device).manual_seed(call_seed(self.seed))
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
-        """``H + std * z`` with one ``(H, W)`` standard normal draw ``z`` per row, in row order
-        (so the draws do not depend on ``batch_size``)."""
+        """``H + std * z``, one ``(H, W)`` standard normal ``z`` per row, in row order."""
         for row in masks:
             noise = torch.randn(row.shape, generator=random, device=random.device)
             row.add_(noise.mul_(self.std).to(row.device))
@@ -79,15 +70,13 @@ class ISCAM(ScoreCAM):
     """IS-CAM: Score-CAM with each channel's score integrated over scaled masks.
 
     Naidu et al., "IS-CAM: Integrated Score-CAM for axiomatic-based explanations", 2020
-    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c`` and
-    ``N = samples``, ``w = softmax_c(mean_i y(x * s_i H_c))`` with the cumulative scales
-    ``s_i = sum_{j=1..i} j / N = i (i + 1) / (2N)``, ``i = 1..N`` (torchcam's running
-    ``coeff``; they exceed 1 from ``i`` about ``sqrt(2N)``), map ``= ReLU(sum_c w_c A_c)``;
-    ``(B, C, H, W) -> (B, H, W)`` or ``(B, K, H, W)``. Deterministic; equal masks share their
-    ``N`` forwards as in Score-CAM.
+    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c`` and ``N =
+    samples``, ``w = softmax_c(mean_i y(x * s_i H_c))`` with torchcam's cumulative scales ``s_i =
+    i (i + 1) / (2N)``, ``i = 1..N`` (above 1 from ``i`` about ``sqrt(2N)``), map ``= ReLU(sum_c
+    w_c A_c)``. Deterministic; equal masks share their ``N`` forwards as in Score-CAM.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
-        samples: scaled masks per channel (torchcam's ``num_samples``); one forward each.
+        samples: scaled masks per channel (torchcam's ``num_samples``).
     """
 
     label = "IS-CAM"
@@ -113,28 +102,19 @@ class ReciproCAM(PerturbationCAM):
     feature map is kept only around that position.
 
     Byun & Lee, "Recipro-CAM: Fast gradient-free visual explanations for convolutional neural
-    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output
-    ``A (C, h, w)``: the masked feature map ``A * M_ij`` with ``M_ij`` the 3x3 Gaussian kernel
-    ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
-    ``kernel="gaussian"``, the Gaussian spatial mask of the authors' code) or the one-hot
-    position (``kernel="point"``, the plain spatial mask of the paper's first form, as in
-    OpenVINO's ``ReciproCAM``), is run through the network after the
-    layer; map ``(i, j) = softmax(logits)[target]``; ``(B, C, H, W) -> (B, H, W)`` or
-    ``(B, K, H, W)`` (then ReLU, upsampling and min-max as every CAM). A callable target's
-    score is used as it is (no softmax). No gradient; ``h * w`` suffix forwards per sample, in
-    chunks of ``batch_size``.
+    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output ``A
+    (C, h, w)``, ``A * M_ij`` runs through the network after the layer, with ``M_ij`` the 3x3
+    Gaussian ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
+    ``kernel="gaussian"``, the authors' code) or the one-hot position (``kernel="point"``, the
+    paper's first form, as OpenVINO's ``ReciproCAM``); map ``(i, j) = softmax(logits)[target]``
+    (a callable target's score as it is), then finished as every CAM. ``h * w`` suffix forwards
+    per sample (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`), in
+    chunks of ``batch_size``; no gradient, no ``reshape``.
 
-    A frame-wise model's layer (frames folded into the batch) is read as the clip's positions
-    ``(t, i, j)``: the feature map kept around ``(i, j)`` in frame ``t`` and zeroed in the other
-    frames, ``T * h * w`` suffix forwards per clip, a map ``(B, T, H, W)``.
+    A frame-wise model's layer is read as the clip's positions ``(t, i, j)``: the feature map
+    kept around ``(i, j)`` in frame ``t`` and zeroed in the other frames, a map ``(B, T, H, W)``.
 
-    The layer's prefix runs once per sample (see
-    :meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`: a model that does not
-    broadcast a batch of feature maps over its later layers gets full forwards of repeated
-    inputs). Layers must run once per forward and ``reshape`` is not supported.
-
-    Args (besides ``batch_size``, ``progress``, ``output``, ``dtype`` of
-    :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
+    Args (besides ``batch_size``, ``progress``, ``output``, ``dtype``):
         kernel: ``"gaussian"`` or ``"point"``, the spatial mask.
     """
 
@@ -160,23 +140,27 @@ class ReciproCAM(PerturbationCAM):
         self.kernel = kernel
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One copy per position of the layer's map, per frame of a frame-wise layer (its rows
-        per sample, ``layer_shape[0]`` of a one-sample trace: 1 for an image)."""
+        """One copy per position (and frame: ``layer_shape[0]`` of a one-sample trace)."""
         if layer_shape is None or len(layer_shape) != 4:
             return 1
         return layer_shape[0] * layer_shape[-1] * layer_shape[-2]
 
-    def masks(self, positions: Tensor, size: tuple[int, int], device: torch.device) -> Tensor:
-        """``(n, 1, h, w)`` float32 spatial masks ``M`` centred at the flat ``positions``
-        (``i * w + j``)."""
-        h, w = size
-        masks = torch.zeros((positions.shape[0], 1, h * w), device=device)
-        masks[torch.arange(positions.shape[0]), 0, positions.to(device)] = 1
+    def masks(
+        self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
+    ) -> Tensor:
+        """``(n * frames, 1, h, w)`` float32 masks of ``n`` clips for the flat positions ``t * h *
+        w + i * w + j``: the kernel centred at ``(i, j)`` in frame ``t``, zero in other frames."""
+        (h, w), n = size, positions.shape[0]
+        masks = torch.zeros((n, 1, h * w), device=device)
+        masks[torch.arange(n), 0, (positions % (h * w)).to(device)] = 1
         masks = masks.view(-1, 1, h, w)
-        if self.kernel == "point":
+        if self.kernel == "gaussian":
+            gaussian = torch.tensor(GAUSSIAN, device=device).view(1, 1, 3, 3)
+            masks = F.conv2d(masks, gaussian, padding=1)
+        if frames == 1:
             return masks
-        gaussian = torch.tensor(GAUSSIAN, device=device).view(1, 1, 3, 3)
-        return F.conv2d(masks, gaussian, padding=1)  # the kernel centred at each position
+        in_frame = F.one_hot(positions.to(device) // (h * w), frames).to(masks)
+        return (in_frame[:, :, None, None, None] * masks[:, None]).flatten(0, 1)
 
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
@@ -188,16 +172,8 @@ class ReciproCAM(PerturbationCAM):
                 f"ReciproCAM needs a (B, C, h, w) layer output, {name!r} gives {tuple(raw.shape)}"
             )
         if run.scorer.has_classes:  # class targets: their softmax probability
-            run = CopyScorer(
-                run.model,
-                run.batch,
-                run.scorer,
-                run.call,
-                dtype=run.dtype,
-                probabilities=True,
-                scores=run.scores,
-                memory=run.memory,
-            )
+            run = copy.copy(run)
+            run.probabilities = True
         maps = []
         suffix = [True]  # reuse the layer's prefix until the model refuses
         positions = frames * h * w
@@ -205,11 +181,8 @@ class ReciproCAM(PerturbationCAM):
             for sample in range(batch):
                 scores = []
                 for part in chunks(positions, self.batch_size):
-                    masks = self.frame_masks(part, frames, (h, w), raw.device).to(raw.dtype)
-
-                    def masked(act: Tensor, masks: Tensor = masks) -> Tensor:
-                        return act * masks
-
+                    masks = self.masks(part, frames, (h, w), raw.device).to(raw.dtype)
+                    masked = partial(torch.mul, other=masks)
                     n = part.shape[0]
                     scores.append(
                         self.edited_scores(run, module, raw, sample, n, masked, suffix, frames)
@@ -218,19 +191,6 @@ class ReciproCAM(PerturbationCAM):
                 grid_shape = (frames, h, w) if frames > 1 else (h, w)
                 maps.append(torch.cat(scores).T.unflatten(1, grid_shape))  # (K, [T,] h, w)
         return torch.stack(maps).float()
-
-    def frame_masks(
-        self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
-    ) -> Tensor:
-        """``(n * frames, 1, h, w)`` masks of a frame-wise layer's ``n`` clips for the flat
-        positions ``t * h * w + i * w + j``: :meth:`masks` at ``(i, j)`` in frame ``t``, zero
-        in the clip's other frames (the feature map kept only around one place of the clip);
-        one frame: :meth:`masks`."""
-        masks = self.masks(positions % (size[0] * size[1]), size, device)
-        if frames == 1:
-            return masks
-        in_frame = F.one_hot(positions.to(device) // (size[0] * size[1]), frames).to(masks)
-        return (in_frame[:, :, None, None, None] * masks[:, None]).flatten(0, 1)
 
 
 __all__ = ["ISCAM", "SSCAM", "ReciproCAM"]

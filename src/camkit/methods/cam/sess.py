@@ -37,8 +37,7 @@ class _Scale:
 
 
 def _starts(length: int, window: int, stride: int) -> list[int]:
-    """Window starts along one axis: ``0, stride, ...`` and a last window flush with the end
-    (the authors' ``sliding_window``), so every pixel is covered."""
+    """Starts ``0, stride, ...`` and one flush with the end (the authors' ``sliding_window``)."""
     return [*range(0, length - window, stride), length - window]
 
 
@@ -47,57 +46,38 @@ class SESS(WrapperCAM):
     """SESS: Saliency Enhancing with Scaling and Sliding.
 
     Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
-    ECCV 2022 (arXiv:2207.01769, code: github.com/neouyghur/SESS). A method- and
-    model-agnostic wrapper: the ``base`` CAM maps window-sized patches of the image at several
-    scales, and the patch maps are fused into one map. ``(C, H, W) -> (H, W)``, ``(B, C, H, W)
-    -> (B, H, W)``, ``(B, K)`` targets ``-> (B, K, H, W)``.
+    ECCV 2022 (arXiv:2207.01769, code: github.com/neouyghur/SESS). The ``base`` CAM maps
+    window-sized patches of the image at several scales and the patch maps are fused:
+    ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K)`` targets ``-> (B, K, H, W)``.
 
     1. **Scaling**: the image is resized (bilinear) so that its shorter side is each of
-       ``scales`` (the longer side keeps the aspect ratio, rounded down as torchvision's
-       ``Resize(int)``); a scale equal to the image's shorter side leaves it as it is.
+       ``scales`` (the longer side rounded down as torchvision's ``Resize(int)``).
     2. **Sliding**: ``window``-sized patches every ``stride`` pixels, plus a last patch flush
        with the right and bottom edges, so every pixel is covered.
-    3. **Pre-filtering**: every patch is scored by the model in batches (no gradients): for a
-       class target, the softmax probability of the class (as the authors' code); for a
-       callable target, its score. The ``int(P * pre_filter_ratio)`` lowest-scoring of the
-       ``P`` patches of an image are dropped (the authors' ``pre_filter_ratio``: the fraction
-       *removed*; 0 keeps all).
-    4. **Saliency extraction**: the base method maps the kept patches (in batches), each map
-       finished as usual (ReLU, upsampled to the patch, min-max normalised to [0, 1]).
-    5. **Fusion**: *calibration*, each patch map is multiplied by its patch's score divided by
-       the best score among all the image's patches (the channel-wise weight); each weighted
-       map is placed in a zero canvas of its scale, and the canvas resized (bilinear) to the
-       input; the *spatial weighted average* at each pixel is the mean of the canvas values
-       there that are above 0 (above ``1e-6``: float32 noise of a map in [0, 1] does not
-       count; 0 where none is): the authors' ``mean_pool`` with ``theta=0``,
-       over all patches of all scales at once. The fused map is then finished as every CAM
-       (min-max normalised to [0, 1]; ``relu``/``normalize`` apply to it, ``upsample`` is a
-       no-op: it is at the input size already). A callable target's scores should be
-       positive, as probabilities are: a patch scoring 0 or less weighs 0 (every patch does
-       when the best score is not positive).
+    3. **Pre-filtering**: every patch is scored without gradients (a class target's softmax
+       probability, as the authors' code, or a callable's score); the ``int(P *
+       pre_filter_ratio)`` lowest of an image's ``P`` patches are dropped.
+    4. **Saliency extraction**: the base method maps the kept patches, each map finished as
+       usual (ReLU, upsampled to the patch, min-max normalised).
+    5. **Fusion**: each patch map is multiplied by its score over the image's best score
+       (calibration; 0 for a score <= 0), placed in a zero canvas of its scale resized
+       (bilinear) to the input; each pixel gets the mean of the canvas values above ``1e-6``
+       there (0 where none is): the authors' ``mean_pool`` with ``theta=0``, over all scales.
 
-    The top-1 target (``target=None``) is the class the model predicts for the whole image,
-    used for every patch (as the authors' code). ``K`` targets per sample run steps 3-5 for
-    each target (the ranking and the weights are the target's own), so map ``k`` equals the
-    single-target call for target ``k``. Results do not depend on ``batch_size`` or on the
-    other images of the batch.
+    The top-1 target is the whole image's prediction, for every patch; ``K`` targets run steps
+    3-5 per target (map ``k`` is the single-target call's). Per-sample
+    ``additional_forward_args`` follow the patches of their sample.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
-        layer: the base method's layer(s).
-        base: any CAM class (gradient or not) or its registry name; ``**options`` go to its
-            constructor (``batch_size`` also bounds the patches scored per forward pass).
-        scales: shorter-side sizes, each at least the window; default 6 scales from the window
-            size up in steps of 64 (``224, 288, ..., 544`` for a 224 window: the authors'
-            spacing; their code defaults to 12 such scales).
-        window: patch size, an int or ``(h, w)``; the base model's input size (default 224).
-        stride: step between patches, an int or ``(h, w)``; default the window (no overlap
-            but the edge-flush last patches, as the authors' default).
+        base: any CAM class or its registry name; ``**options`` go to its constructor
+            (``batch_size`` also bounds the patches scored per forward pass).
+        scales: shorter-side sizes, each at least the window; default 6 from the window size up
+            in steps of 64 (the authors' spacing; their code defaults to 12 such scales).
+        window: patch size, an int or ``(h, w)``: the base model's input size.
+        stride: step between patches, an int or ``(h, w)``; default the window.
         pre_filter_ratio: fraction of each image's patches dropped before mapping, in [0, 1).
         smooth: blur the fused map with an 11x11 Gaussian of sigma 5 (reflected borders), as
-            the authors' code does by default (``smooth=True`` there); not part of the
-            fusion the paper describes, so off by default.
-
-    Per-sample ``additional_forward_args`` follow the patches of their sample.
+            the authors' code does by default; not part of the paper's fusion, so off.
     """
 
     def __init__(
@@ -113,13 +93,13 @@ class SESS(WrapperCAM):
         smooth: bool = False,
         **options: Any,
     ):
-        super().__init__(model, layer, **self.own_options(options))
         if isinstance(base, str):
             base = registry.get(base).cls
         if not (isinstance(base, type) and issubclass(base, BaseCAM)) or base is SESS:
             raise ArgumentError(
                 f"base must be a CAM class (or its registry name) such as GradCAM, got {base!r}"
             )
+        super().__init__(model, layer, base=base, **options)
         self.window = _pair("window", window)
         self.stride = self.window if stride is None else _pair("stride", stride)
         if scales is None:
@@ -134,20 +114,13 @@ class SESS(WrapperCAM):
             )
         self.pre_filter_ratio = ratio
         self.smooth = boolean("smooth", smooth)
-        self.wrap(base, model, layer, options)
-
-    # ------------------------------------------------------------------ the steps
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
         if batch.ndim != 4:
             raise InputError(f"SESS maps images (B, C, H, W), got shape {tuple(batch.shape)}")
-        # the whole image's prediction, for every patch
-        scorer = self.pinned(batch, scorer, call)
+        scorer = self.pinned(batch, scorer, call)  # the whole image's prediction
         grid = [self._scale(tuple(batch.shape[2:]), s) for s in self.scales]
-        scores = self._scores(batch, call, scorer, grid)  # (B, P, K)
-        best = scores.amax(dim=1, keepdim=True)
-        weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
-        fused = self._fused(batch, call, scorer, grid, weights, self._kept(scores))
+        fused = self._fused(batch, call, scorer, grid, self._scores(batch, call, scorer, grid))
         if self.smooth:
             fused = _gaussian_blur(fused)
         return {"sess": fused}
@@ -174,8 +147,7 @@ class SESS(WrapperCAM):
         return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
 
     def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
-        """Every patch's target score ``(B, P, K)`` (softmax probability of a class target, or
-        the callable's score), all scales in order."""
+        """Every patch's target score ``(B, P, K)``, all scales in order."""
         size, parts = batch.shape[0], []
         copies = CopyScorer(
             self.model,
@@ -198,22 +170,17 @@ class SESS(WrapperCAM):
         """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
         scores of each image and target (ties: the earlier patch ranks higher)."""
         total = scores.shape[1]
-        order = scores.argsort(dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order)
-        ranks = torch.arange(total, device=scores.device).view(1, -1, 1).expand_as(order)
-        rank.scatter_(1, order, ranks)
+        rank = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
         return rank < total - int(total * self.pre_filter_ratio)
 
     def _fused(
-        self,
-        batch: Tensor,
-        call: Call,
-        scorer: RowScorer,
-        grid: list[_Scale],
-        weights: Tensor,
-        kept: Tensor,
+        self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale], scores: Tensor
     ) -> Tensor:
-        """``(B, K, H, W)``: the mean, at each pixel, of the positive calibrated patch maps."""
+        """``(B, K, H, W)``: the mean, at each pixel, of the positive patch maps of the kept
+        patches, calibrated by their ``(B, P, K)`` scores."""
+        best = scores.amax(dim=1, keepdim=True)
+        weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
+        kept = self._kept(scores)
         size, targets = batch.shape[0], weights.shape[2]
         out_size = tuple(batch.shape[2:])
         total = torch.zeros(size, targets, *out_size, device=batch.device)
@@ -245,8 +212,8 @@ class SESS(WrapperCAM):
     def _patch_maps(
         self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
     ) -> Tensor:
-        """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k`` of
-        their samples ``sample`` (the patches carry their samples' extra inputs)."""
+        """The base method's finished maps ``(n, h, w)`` of ``patches`` of ``sample`` for target
+        ``k``."""
         target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
@@ -265,18 +232,15 @@ class SESS(WrapperCAM):
 
 def _pair(name: str, value: object) -> tuple[int, int]:
     """An int or ``(h, w)`` of positive ints, else :class:`ArgumentError`."""
-    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
-        return (positive_int(name, value[0]), positive_int(name, value[1]))
-    if isinstance(value, Sequence) and not isinstance(value, str):
+    pair = value if isinstance(value, Sequence) and not isinstance(value, str) else (value, value)
+    if len(pair) != 2:
         raise ArgumentError(f"{name} must be a positive int or (h, w), got {value!r}")
-    size = positive_int(name, value)
-    return (size, size)
+    return (positive_int(name, pair[0]), positive_int(name, pair[1]))
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
-    """``(B, K, H, W)`` blurred by a ``size x size`` Gaussian (torchvision's ``gaussian_blur``:
-    reflected borders, as OpenCV's ``GaussianBlur`` in the authors' code); maps smaller than
-    the kernel's reach are left as they are."""
+    """``(B, K, H, W)`` blurred with reflected borders, as OpenCV's ``GaussianBlur`` in the
+    authors' code; maps smaller than the kernel's reach are left as they are."""
     if min(maps.shape[-2:]) <= size // 2:
         return maps
     flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])

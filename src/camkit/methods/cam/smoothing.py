@@ -1,14 +1,5 @@
-"""The two smoothings of pytorch-grad-cam, as call options of every CAM.
-
-* :func:`principal_component` (``eigen_smooth=True``): a layer's map is the first principal
-  component of its weighted activations ``w_c A_c`` instead of their sum over channels
-  (pytorch-grad-cam's ``get_2d_projection``; Eigen-CAM's projection, Muhammad & Yeasin,
-  IJCNN 2020).
-* :func:`augmented` (``aug_smooth=True``): test-time augmentation as pytorch-grad-cam's
-  ``forward_augmentation_smoothing`` with its default ``ttach`` transforms: the image and its
-  horizontal mirror, each with its intensities multiplied by 0.9, 1 and 1.1; each finished map
-  is aligned back (mirrored again) and the six are averaged.
-"""
+"""The two smoothings of pytorch-grad-cam, as call options of every CAM: ``eigen_smooth``
+(:func:`principal_component`) and ``aug_smooth`` (:func:`explained`)."""
 
 from __future__ import annotations
 
@@ -19,7 +10,10 @@ import torch
 from torch import Tensor
 
 from camkit.core.call import Call
+from camkit.core.explainer import Explanation
 from camkit.core.finish import Finishing, minmax
+from camkit.core.inputs import boolean
+from camkit.targets.resolver import RowScorer
 
 FLIPS = (False, True)  # ttach.HorizontalFlip
 FACTORS = (0.9, 1.0, 1.1)  # ttach.Multiply(factors=[0.9, 1, 1.1]): intensities, not sizes
@@ -31,11 +25,11 @@ def principal_component(weighted: Tensor) -> Tensor:
     """``(B, K, C, *spatial) -> (B, K, *spatial)``: the positions' projection on the first
     principal component of the channels (2-D maps or volumes).
 
-    As pytorch-grad-cam's ``get_2d_projection``: the ``(positions, C)`` matrix is centred per
-    channel and projected on its first right singular vector. That vector's sign is arbitrary
-    (pytorch-grad-cam keeps whatever LAPACK returns); camkit fixes it so that the projection
-    correlates positively with the channel mean of the uncentred matrix, i.e. with the plain
-    map ``sum_c w_c A_c``: the smoothed map never flips to the complement of the map it smooths.
+    As pytorch-grad-cam's ``get_2d_projection`` (Eigen-CAM's projection, Muhammad & Yeasin,
+    IJCNN 2020): the ``(positions, C)`` matrix is centred per channel and projected on its first
+    right singular vector, whose arbitrary sign (pytorch-grad-cam keeps LAPACK's) is fixed so
+    that the projection correlates positively with the channel mean of the uncentred matrix: the
+    map never flips to its complement.
     """
     grid = weighted.shape[3:]
     positions = weighted.flatten(3).transpose(-1, -2)  # (B, K, n, C)
@@ -47,25 +41,23 @@ def principal_component(weighted: Tensor) -> Tensor:
     return projection.unflatten(-1, grid)
 
 
-def augmented(
-    maps: Callable[[Tensor, Any, Finishing, Call], Maps],
-    batch: Tensor,
-    target: Any,
-    finishing: Finishing,
-    call: Call,
-) -> Maps:
-    """pytorch-grad-cam's ``aug_smooth``: ``maps(x', target, finishing, call)`` of the six augmented
-    batches ``x' = flip(x) * factor`` (``flip`` the identity or the mirror along the last axis,
-    ``factor`` in 0.9, 1, 1.1), each finished map mirrored back, then averaged. With
-    ``finishing.normalize`` the mean is min-max normalised again (pytorch-grad-cam returns the
-    mean of the normalised maps as it is: the same map up to an affine scale). ``target``
-    should be resolved with its top-1 classes pinned on the clean batch, so that every copy
-    explains the same class."""
+def explained(
+    method: Any, call: Call, scorer: RowScorer, finishing: Finishing, aug_smooth: bool
+) -> Explanation:
+    """``method.maps`` of ``call``'s batch, with ``aug_smooth`` pytorch-grad-cam's (its default
+    ``ttach`` transforms): the mean of the maps of the six batches ``x' = flip(x) * factor`` (the
+    identity or the horizontal mirror; intensities times 0.9, 1, 1.1), each mirrored back, for
+    the clean batch's top-1 target; min-max normalised again with ``finishing.normalize``
+    (pytorch-grad-cam does not: the same map up to an affine scale)."""
+    batch = call.batch
+    if not boolean("aug_smooth", aug_smooth):
+        return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
+    target = method.pinned(batch, scorer, call)
     total: Maps | None = None
     for flip in FLIPS:
         for factor in FACTORS:
             view = batch.flip(-1) if flip else batch
-            result = maps(view * factor, target, finishing, call)
+            result = method.maps(view * factor, target, finishing, call)
             if flip:
                 result = _each(result, lambda m: m.flip(-1))
             total = result if total is None else _each(total, torch.add, result)
@@ -73,11 +65,11 @@ def augmented(
     mean = _each(total, lambda m: m / count)
     if finishing.normalize:
         mean = _each(mean, lambda m: minmax(m, m.ndim - 2))
-    return mean
+    return Explanation.of(mean, scorer)
 
 
 def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> Maps:
-    """``fn`` on a map, or on each layer's map of ``{layer: map}`` (with ``other``'s likewise)."""
+    """``fn`` on a map, or on each map of ``{layer: map}`` (with ``other``'s likewise)."""
     if isinstance(maps, dict):
         return {
             name: fn(m) if other is None else fn(m, other[name])  # type: ignore[index]
@@ -86,4 +78,4 @@ def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> M
     return fn(maps) if other is None else fn(maps, other)
 
 
-__all__ = ["FACTORS", "FLIPS", "augmented", "principal_component"]
+__all__ = ["FACTORS", "FLIPS", "explained", "principal_component"]

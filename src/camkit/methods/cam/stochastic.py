@@ -1,8 +1,5 @@
-"""CAMs that draw random numbers: Smooth Grad-CAM++ (noisy copies) and the Random-CAM baseline.
-
-Both are seeded with a generator on the input's device, and their results do not depend on
-``batch_size`` (rows per forward pass).
-"""
+"""CAMs that draw random numbers, seeded, on the input's device: Smooth Grad-CAM++ and the
+Random-CAM baseline. Their results do not depend on ``batch_size``."""
 
 from __future__ import annotations
 
@@ -27,26 +24,22 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
 
     Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique for
     Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``). With
-    ``n = samples`` copies ``x + N(0, std^2)`` and their gradients ``g_m`` at the layer:
-    ``D1 = mean_m g_m``, ``D2 = mean_m g_m^2``, ``D3 = mean_m g_m^3``,
-    ``alpha = D2 / (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is 0), ``w_c = sum_ij
-    alpha_cij ReLU(D1_cij)``, map ``= sum_c w_c A_c`` with ``A`` the clean activations. Class
-    targets (``None`` = top-1) are fixed on the clean image; ``(B, K)`` targets work; a callable
-    target scores each noisy row from its own output row.
+    ``samples`` copies ``x + N(0, std^2)`` and their gradients ``g_m`` at the layer: ``D_p =
+    mean_m g_m^p``, ``alpha = D2 / (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is 0),
+    ``w_c = sum_ij alpha_cij ReLU(D1_cij)``, map ``= sum_c w_c A_c`` with the clean activations.
+    The top-1 class is the clean image's; a callable target scores each noisy row on its own.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         samples: noisy copies per image.
         std: standard deviation of the Gaussian noise, in input units.
-        seed: seeds the noise (a generator on the input's device: copy ``m`` of the batch is its
-            ``m``-th ``(B, C, H, W)`` standard normal draw, as torchcam's draws from the global
-            generator). None draws the seed from torch's global generator.
-        batch_size: at most this many rows (clean or noisy) per forward pass.
+        seed: seeds the noise: copy ``m`` of the batch is the ``m``-th ``(B, C, H, W)`` standard
+            normal draw, as torchcam's from the global generator (None: a seed from it).
+        batch_size: rows (clean or noisy) per forward pass.
     """
 
     default_samples, default_std = 4, 0.3
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One noisy copy per sample."""
         return self.samples
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
@@ -57,13 +50,10 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
             output, taps = self.capture.forward(
                 part, call, start_graph=False, dtype=self.dtype, rows=rows
             )
-            acts = {
-                name: act.unsqueeze(1)
-                for name, act in zip(self.capture.names, single_call(taps), strict=True)
-            }
-            if not scorer.has_classes:
-                return {"acts": acts}
-            return {"acts": acts, "classes": scorer.classes_of(output, rows)}
+            found = {"acts": dict(zip(self.capture.names, single_call(taps), strict=True))}
+            if scorer.has_classes:
+                found["classes"] = scorer.classes_of(output, rows)
+            return found
 
         first = over_rows(batch, self.batch_size, clean)
         if scorer.top1:  # explain the clean prediction in every noisy copy
@@ -85,8 +75,8 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
                 moments[name].index_add_(1, rows.to(sums.device), sums)
         maps = {}
         for name, act in first["acts"].items():
-            reader = self.grid_reader(name, act, input_size)
-            act = self.as_grid(act, reader)
+            reader = self.grid_reader(name, act.unsqueeze(1), input_size)
+            act = self.as_grid(act.unsqueeze(1), reader)
             d1, d2, d3 = (self.as_grid(d / self.samples, reader) for d in moments[name])
             denominator = 2 * d2 + act.sum(dim=spatial(act), keepdim=True) * d3
             safe = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
@@ -97,8 +87,7 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
 
 
 class _Noise:
-    """Standard normal draws ``(B, C, H, W)`` per copy, drawn in copy order as they are needed
-    (and forgotten once passed), so chunking the rows does not change them."""
+    """Standard normal ``(B, C, H, W)`` per copy, drawn in copy order whatever the chunks."""
 
     def __init__(self, shape: torch.Size, random: torch.Generator):
         self.shape, self.random = shape, random
@@ -113,8 +102,7 @@ class _Noise:
                 self.shape, generator=self.random, device=self.random.device
             )
             self.next += 1
-        for old in [m for m in self.drawn if m < first]:
-            del self.drawn[old]
+        self.drawn = {m: noise for m, noise in self.drawn.items() if m >= first}
         return torch.stack([self.drawn[int(m)][int(r)] for m, r in zip(copy, rows, strict=True)])
 
 
@@ -122,13 +110,10 @@ class _Noise:
 class RandomCAM(BaseCAM):
     """Random-CAM: channels weighted by seeded uniform random weights, a baseline for metrics.
 
-    As pytorch-grad-cam's ``RandomCAM``: ``w_c ~ U(-1, 1)`` drawn independently for every
-    sample and target, map ``= sum_c w_c A_c`` (then ReLU and min-max as every CAM). The map has
-    the right shape and the layer's spatial structure but no relation to the target. The same
-    ``seed`` gives the same weights on every call (the ``(B, K, C)`` draw of a generator on the
-    input's device, per layer). ``(B, K)`` targets give ``K`` independent maps (so, unlike every
-    other method, map ``k`` of a ``(B, K)`` target is not the map of that class alone); no
-    gradient is computed.
+    As pytorch-grad-cam's ``RandomCAM``: ``w_c ~ U(-1, 1)`` drawn for every sample and target,
+    map ``= sum_c w_c A_c``: the layer's spatial structure, no relation to the target. The same
+    ``seed`` gives the same weights (one ``(B, K, C)`` draw per layer); ``(B, K)`` targets give
+    ``K`` independent maps (unlike every other method, not the map of that class alone).
     """
 
     seeded = True

@@ -5,12 +5,7 @@ LRP composite included), and :func:`to_heatmap` for display."""
 from camkit.methods.pixel.base import PixelAttribution
 from camkit.methods.pixel.heatmap import to_heatmap
 from camkit.methods.pixel.integrated import QUADRATURES, IntegratedGradients, quadrature_rule
-from camkit.methods.pixel.methods import (
-    Deconvnet,
-    GuidedBackprop,
-    Saliency,
-    SmoothGrad,
-)
+from camkit.methods.pixel.methods import Deconvnet, GuidedBackprop, Saliency, SmoothGrad
 from camkit.methods.pixel.rules import UnmodifiedActivationWarning, rectifier_rule
 
 __all__ = [

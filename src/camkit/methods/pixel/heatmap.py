@@ -19,20 +19,13 @@ def to_heatmap(
     percentile: float = 100.0,
     volume: bool = False,
 ) -> Tensor:
-    """Reduce an attribution over its channel axis (-3) to a map for display.
+    """Reduce an attribution ``(..., C, H, W) -> (..., H, W)`` over its channel axis for display
+    (``volume=True``: ``(..., C, D, H, W) -> (..., D, H, W)``, each volume one map).
 
-    ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K, C, H, W) -> (B, K, H, W)``.
-    ``volume=True``: volumes and clips, channels on axis -4: ``(..., C, D, H, W) -> (..., D, H,
-    W)``, each volume scaled as one map.
-
-    * ``"abs-max"``: ``max_c |attr|`` (Simonyan et al.), in [0, 1];
-    * ``"norm"``: the L2 norm over channels, in [0, 1];
-    * ``"sum"``: the signed sum over channels, in [-1, 1] (the sign is kept).
-
-    Each map is divided by its largest absolute value (not min-max stretched: 0 stays "no
-    attribution" and ratios are kept); an all-zero map stays zero. ``percentile < 100`` divides
-    by that percentile of the absolute values instead and clips above it -- gradients are
-    spiky, and Smilkov et al. clip at the 99th percentile for display.
+    ``reduce``: ``"abs-max"`` ``max_c |attr|`` (Simonyan et al.) or ``"norm"`` (L2 over the
+    channels), in [0, 1], or ``"sum"``, signed in [-1, 1]. Each map is divided by its largest
+    absolute value, or by that ``percentile`` of them and clipped (Smilkov et al. clip at the
+    99th for display); an all-zero map stays zero.
     """
     spatial = 3 if volume else 2
     if not isinstance(attr, Tensor) or attr.ndim < spatial + 1:
@@ -52,10 +45,8 @@ def to_heatmap(
     else:
         heat = attr.sum(dim=channels)
     magnitude = heat.abs().flatten(-spatial)
-    if percentile == 100:
-        scale = magnitude.amax(dim=-1)
-    else:
-        scale = magnitude.quantile(percentile / 100, dim=-1)
+    full = percentile == 100
+    scale = magnitude.amax(dim=-1) if full else magnitude.quantile(percentile / 100, dim=-1)
     scale = scale.view(*scale.shape, *[1] * spatial)
     scaled = heat / torch.where(scale > 0, scale, torch.ones_like(scale))
     return scaled.clamp(-1, 1)

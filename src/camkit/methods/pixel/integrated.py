@@ -23,7 +23,7 @@ from camkit.methods.pixel.base import (
     PixelAttribution,
     SampleTotals,
     as_tuple,
-    maps_and_totals,
+    finished,
     summed,
 )
 from camkit.registry import register
@@ -50,25 +50,17 @@ def quadrature_rule(
     """``(alphas, weights)`` (in ``dtype``) of the path integral ``int_0^1 g(a) da ~ sum_i w_i
     g(a_i)``.
 
-    * ``"trapezoid"`` (camkit's): ``steps`` equal intervals, ``steps + 1`` points ``k / steps``
-      weighted ``1/2, 1, ..., 1, 1/2`` over ``steps``;
-    * captum's rules on ``steps`` points (``IntegratedGradients.attribute(method=...)``):
-      ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"`` ``linspace(1/n, 1,
-      n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``, each weighted ``1/n``;
-      ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` weighted ``1/n`` with both ends halved (as
-      captum does; they sum to ``1 - 1/n``); ``"gausslegendre"`` the Gauss-Legendre nodes and
-      weights mapped onto ``[0, 1]``;
-    * ``"zennit"``: zennit 0.5.1's ``IntegratedGradients(n_iter=steps)``, ``a = linspace(1/n,
-      1, n)`` weighted ``1/n`` (captum's ``riemann_right``).
+    ``"trapezoid"`` (camkit's): ``n = steps`` equal intervals, ``n + 1`` points ``k / n``
+    weighted ``1/2, 1, ..., 1, 1/2`` over ``n``. captum's rules on ``n`` points, each weighted
+    ``1/n``: ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"``
+    ``linspace(1/n, 1, n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``,
+    ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` with both ends halved (summing to ``1 -
+    1/n``, as captum), ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``. ``"zennit"``:
+    zennit 0.5.1's ``IntegratedGradients(n_iter=n)``, captum's ``riemann_right``.
     """
     if method not in QUADRATURES:
         raise ArgumentError(f"unknown quadrature {method!r}; choose from {list(QUADRATURES)}")
     n = steps
-    if method == "trapezoid":
-        alphas = torch.linspace(0, 1, n + 1, dtype=dtype)
-        weights = torch.full_like(alphas, 1 / n)
-        weights[[0, -1]] /= 2
-        return alphas, weights
     if method == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(n)
         return torch.from_numpy(0.5 * (nodes + 1)).to(dtype), torch.from_numpy(0.5 * weights).to(
@@ -76,16 +68,17 @@ def quadrature_rule(
         )
     if n < 2 and method == "riemann_trapezoid":
         raise ArgumentError("the riemann_trapezoid quadrature needs steps >= 2 (captum's)")
-    start, end = {
-        "riemann_left": (0.0, 1 - 1 / n),
-        "riemann_right": (1 / n, 1.0),
-        "zennit": (1 / n, 1.0),
-        "riemann_middle": (1 / (2 * n), 1 - 1 / (2 * n)),
-        "riemann_trapezoid": (0.0, 1.0),
+    start, end, points = {
+        "trapezoid": (0, 1, n + 1),
+        "riemann_left": (0.0, 1 - 1 / n, n),
+        "riemann_right": (1 / n, 1.0, n),
+        "zennit": (1 / n, 1.0, n),
+        "riemann_middle": (1 / (2 * n), 1 - 1 / (2 * n), n),
+        "riemann_trapezoid": (0.0, 1.0, n),
     }[method]
-    alphas = torch.linspace(start, end, n, dtype=dtype)
+    alphas = torch.linspace(start, end, points, dtype=dtype)
     weights = torch.full_like(alphas, 1 / n)
-    if method == "riemann_trapezoid":
+    if method in ("trapezoid", "riemann_trapezoid"):
         weights[[0, -1]] /= 2
     return alphas, weights
 
@@ -95,33 +88,24 @@ class IntegratedGradients(PixelAttribution):
     """Integrated Gradients: ``(x - x') * mean of the gradients on the path from x' to x``.
 
     Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. The path integral
-    is by default the trapezoid rule on ``steps`` equal intervals: the gradients at ``x' + (k /
-    steps) (x - x')``, ``k = 0..steps`` (``steps + 1`` points), weighted ``1/2, 1, ..., 1, 1/2``
-    over ``steps``; ``quadrature`` picks captum's or zennit's rule instead
-    (:func:`quadrature_rule`).
-    Completeness: ``sum(attr) ~ f(x) - f(x')``; ``return_error=True`` also gives the gap.
-    ``(C, H, W) -> (C, H, W)``, batches and K targets likewise. With ``composite=`` the
-    gradients are the rule set's (an LRP composite: zennit's ``IntegratedGradients`` with a
-    composite; ``rule="guided"``: guided IG).
+    is by default the trapezoid rule on ``steps`` equal intervals; ``quadrature`` picks captum's
+    or zennit's rule instead (:func:`quadrature_rule`). Completeness: ``sum(attr) ~ f(x) -
+    f(x')``; ``return_error=True`` also gives the gap. With ``composite=`` the gradients are the
+    rule set's (an LRP composite: zennit's ``IntegratedGradients`` with a composite;
+    ``rule="guided"``: guided IG).
 
-    Args:
-        steps: intervals of the path for ``"trapezoid"`` (``steps + 1`` gradient evaluations
-            per sample); the number of points for the other rules (captum's ``n_steps``,
-            zennit's ``n_iter``).
+    Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
+        steps: intervals of the path for ``"trapezoid"`` (``steps + 1`` points); the number of
+            points for the other rules (captum's ``n_steps``, zennit's ``n_iter``).
         quadrature: the rule of the path integral, one of :data:`QUADRATURES`.
         integrand: ``"gradient"`` integrates the (rule set's) gradient ``g(x_a)``;
             ``"relevance"`` the relevance at the path point with the target's relevance 1,
-            ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``): what zennit's
-            ``IntegratedGradients`` integrates over an LRP composite, whose hooks pass
-            relevance (``quadrature="zennit", integrand="relevance"`` gives its numbers).
-        baseline: ``x'``: None (zeros), a number, a tensor shaped like one sample ``(C, H, W)``
-            or like the batch ``(B, C, H, W)`` (or broadcastable to it), or a callable
-            ``f(batch) -> baseline``. It must be finite. For a tuple of inputs: a tuple of
-            baselines, one per input (None or a number applies to every input; a callable
+            ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``), as zennit's
+            ``IntegratedGradients`` over an LRP composite (with ``quadrature="zennit"``).
+        baseline: ``x'``: None (zeros), a finite number, a tensor shaped like one sample or
+            broadcastable to the batch, or a callable ``f(batch) -> baseline``. For a tuple of
+            inputs: a tuple of baselines (None or a number applies to every input; a callable
             gets the tuple).
-        rule, composite, output, dtype, batch_size: as for every pixel method
-            (:class:`~camkit.methods.pixel.base.PixelAttribution`); ``batch_size`` counts path
-            points.
     """
 
     def __init__(
@@ -145,13 +129,10 @@ class IntegratedGradients(PixelAttribution):
 
     def _explain(self, call: Call, scorer: RowScorer, *, return_error: bool = False) -> Explanation:
         """Attribution shaped like ``x``; with ``return_error=True`` also the completeness error
-        ``|sum(attr) - (f(x) - f(x'))|`` per sample: ``()`` for one image, ``(B,)`` or ``(B, K)``.
-        """
+        ``|sum(attr) - (f(x) - f(x'))|`` per sample."""
         attrs, delta = self.integrate(as_tuple(call.batch), scorer, call, return_error)
-        maps, totals = maps_and_totals(call.batch, attrs)
-        if not return_error:
-            return Explanation.of(maps, scorer)
-        return Explanation.of((maps, (totals - delta).abs()), scorer)
+        maps, totals = finished(call.batch, attrs)
+        return Explanation.of((maps, (totals - delta).abs()) if return_error else maps, scorer)
 
     def completeness(
         self, x: Tensor, target: TargetSpec = None, *, additional_forward_args: Any = None
@@ -159,11 +140,9 @@ class IntegratedGradients(PixelAttribution):
         """How well the attribution meets the completeness axiom ``sum(attr) = f(x) - f(x')``.
 
         ``{"delta": f(x) - f(x'), "abs": |sum(attr) - delta|, "relative": abs / |delta|,
-        "relative_to_batch": abs / mean |delta|}``, each ``(B,)`` (or ``(B, K)``). The
-        per-sample ``relative`` error is meaningless where ``delta`` is close to 0 (it is
-        ``inf`` there); ``relative_to_batch`` divides by the batch's mean ``|delta|`` instead,
-        the scale at which the error can be judged. docs/reliability.md has the convergence in
-        ``steps`` next to captum's rules.
+        "relative_to_batch": abs / mean |delta|}``, each ``(B,)`` (or ``(B, K)``);
+        ``relative_to_batch`` still means something where ``delta`` is close to 0.
+        docs/reliability.md has the convergence in ``steps`` next to captum's rules.
         """
         batch, single = self.checked_input(x)
         inputs = as_tuple(batch)
@@ -183,7 +162,6 @@ class IntegratedGradients(PixelAttribution):
         return {key: drop_axes(value, single, scorer.several) for key, value in report.items()}
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One copy per point of the path (``steps + 1`` points for the trapezoid)."""
         return len(quadrature_rule(self.quadrature, self.steps)[0])
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
@@ -192,8 +170,8 @@ class IntegratedGradients(PixelAttribution):
     def integrate(
         self, inputs: Inputs, target: TargetSpec, call: Call, with_delta: bool = False
     ) -> tuple[Inputs, Tensor]:
-        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``; a rule without
-        the path's ends gets them with weight 0 when ``with_delta`` (else the delta is 0)."""
+        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``; with ``with_delta`` a rule
+        without the path's ends gets them with weight 0 (else the delta is 0)."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
         first = inputs[0]
@@ -235,10 +213,7 @@ class IntegratedGradients(PixelAttribution):
         return attrs, end.totals[0] - start.totals[0]
 
     def baselines_for(self, inputs: Inputs) -> Inputs:
-        """One finite baseline per input, shaped like it (broadcast views).
-
-        A callable gets the batch (the tuple of inputs when there are several); a tuple gives
-        one baseline per input; None and numbers apply to every input."""
+        """One finite baseline per input, shaped like it (broadcast views)."""
         given = self.baseline
         if callable(given):
             given = given(inputs[0] if len(inputs) == 1 else inputs)
@@ -259,14 +234,13 @@ class IntegratedGradients(PixelAttribution):
     def __repr__(self) -> str:
         return (
             f"IntegratedGradients(steps={self.steps}, quadrature={self.quadrature!r}, "
-            f"batch_size={self.batch_size}, "
-            f"composite={self.backward_name()!r})"
+            f"batch_size={self.batch_size}, composite={self.backward_name()!r})"
         )
 
 
 def baseline_like(baseline: object, batch: Tensor) -> Tensor:
-    """``baseline`` (None: zeros, a number or a tensor) as a finite tensor shaped like ``batch``
-    (a broadcast view)."""
+    """``baseline`` (None: zeros, a number or a tensor) as a finite broadcast view of ``batch``'s
+    shape."""
     if baseline is None:
         return torch.zeros_like(batch)
     if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):

@@ -1,10 +1,7 @@
-"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``.
-
-The input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules
-(:func:`~camkit.relevance.engine.rules_applied`); one forward and the backward of ``K``
-targets per sample (:func:`~camkit.core.engine.layer_gradients`). :meth:`LRP.explain_batch`
-also returns the relevance of chosen layers and the conservation report (:class:`Relevance`).
-"""
+"""LRP as a camkit method: ``LRP(model, composite="epsilon-plus-flat-nobias")(x, target)``, the
+input relevance ``R = x * dS/dx`` with the gradient modified by the composite's rules, and with
+:meth:`LRP.explain_batch` the relevance of chosen layers and the conservation report
+(:class:`Relevance`)."""
 
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ from camkit.methods.pixel.base import (
     PixelAttribution,
     SampleTotals,
     as_tuple,
-    maps_and_totals,
+    finished,
 )
 from camkit.methods.pixel.heatmap import to_heatmap
 from camkit.registry import register
@@ -46,14 +43,13 @@ from camkit.targets.resolver import RowScorer
 class Relevance(Explanation):
     """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
-    ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (a tuple of them, one per input, for a
-    tuple of inputs); ``layers``: ``{name: (B, K, *A.shape[1:])}`` (``A * dS/dA`` at the
-    layer's output; one input tensor only, empty for a tuple of inputs); ``scores``: ``(B, K)``
-    the target scores; ``conservation``: the
-    :class:`~camkit.relevance.conservation.Conservation` record, ``{"input" or layer name: (B,
-    K)}`` the share of each score that reached it (1 when relevance is conserved; biases and
-    the stabiliser absorb some, the ``Flat``/``ZBox``/``WSquare`` first layers and
-    ``AlphaBeta`` do not conserve sample by sample), and the step that loses most."""
+    ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (one per input for a tuple of inputs);
+    ``layers``: ``{name: (B, K, *A.shape[1:])}``, ``A * dS/dA`` at the layer's output (empty for
+    a tuple of inputs); ``scores``: ``(B, K)``; ``conservation``: the
+    :class:`~camkit.relevance.conservation.Conservation` record, the share of each score that
+    reached the input and each layer (1 when conserved; biases and the stabiliser absorb some,
+    the ``Flat``/``ZBox``/``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by
+    sample), and the step that loses most."""
 
     layers: dict[str, Tensor]
     scores: Tensor
@@ -65,9 +61,8 @@ class Relevance(Explanation):
         return self.maps
 
     def layer_map(self, name: str, size: tuple[int, ...] | None = None) -> Tensor:
-        """Layer ``name``'s relevance as a map, like a CAM: ``(B, K, C, h, w) -> (B, K, h, w)``,
-        summed over the channels (signed: it sums to the layer's share of the score), resized
-        bilinearly to ``size`` (e.g. the input's ``(H, W)``) when given."""
+        """Layer ``name``'s relevance summed over channels (signed), ``(B, K, C, h, w) -> (B, K,
+        h, w)``, resized bilinearly to ``size`` when given."""
         if name not in self.layers:
             raise ArgumentError(f"no relevance recorded at {name!r}; recorded: {list(self.layers)}")
         relevance = self.layers[name]
@@ -86,39 +81,26 @@ class Relevance(Explanation):
 @register("lrp", "Bach et al., PLOS ONE 2015")
 class LRP(PixelAttribution):
     """Layer-wise Relevance Propagation: the target score redistributed layer by layer onto the
-    input pixels by the composite's rules, ``(C, H, W) -> (C, H, W)`` signed relevance (batches
-    and ``K`` targets likewise).
+    input by the composite's rules, ``(C, H, W) -> (C, H, W)`` signed relevance.
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
     An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
-    merged; residual sums get the Norm rule where they are written).
+    merged; residual sums get the Norm rule where they are written). Input x gradient under the
+    composite, on the pixel base (vectors, volumes, a tuple of inputs, ``K`` targets...).
 
-    LRP is input x gradient under the composite (the one backward,
-    :func:`~camkit.relevance.rules_applied`), on the pixel base: it takes what
-    :class:`~camkit.methods.pixel.methods.Saliency` takes (vectors ``(B, F)``, sequences, volumes, a
-    tuple of inputs, each getting its relevance ``x_i * dS/dx_i``, ``additional_forward_args``,
-    ``K`` targets).
-
-    Args:
+    Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
             :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`
-            (``"epsilon-plus-flat-nobias"``), or the ReLU rule ``rule`` names (guided or
-            deconvnet input x gradient).
-        layers: layer names whose relevance :meth:`explain_batch` returns with the input's
-            (:class:`Relevance`), with their shares of the score in its conservation record (of
-            one input tensor; for a tuple of inputs the record has the input's share only).
+            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`, or the ReLU rule that
+            ``rule`` names.
+        layers: layer names whose relevance and share of the score :meth:`explain_batch`
+            returns too (one input tensor only).
         tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
-            loses most) when the input relevance of a sample (summed over the inputs) differs
-            from its score by more than this fraction of it (0.5: outside 50%-150%); None:
-            never.
-        rule, output, dtype, batch_size: as for every pixel method.
+            loses most) when a sample's input relevance differs from its score by more than
+            this fraction of it; None: never.
 
-    After each call, :attr:`conservation` is that call's
-    :class:`~camkit.relevance.conservation.Conservation` record (per sample and target: the
-    share of the score that reached the input and each recorded layer, and where most of it
-    was lost), the one its :class:`Relevance` carries.
+    After each call, :attr:`conservation` is that call's record.
     """
 
     default_composite = DEFAULT_COMPOSITE
@@ -150,14 +132,18 @@ class LRP(PixelAttribution):
         else:
             relevance, scores = self._input_relevance(inputs, scorer, call)
             layers = {}
-        maps, input_total = maps_and_totals(call.batch, relevance)
-        totals = {INPUT: input_total}
-        totals.update({name: r.flatten(2).sum(-1) for name, r in layers.items()})
-        conservation = self._conserved(totals, scores)
+        maps, input_total = finished(call.batch, relevance)
+        totals = {INPUT: input_total, **{name: r.flatten(2).sum(-1) for name, r in layers.items()}}
+        order = [name for name, _ in self.model.named_modules() if name in totals]
+        conservation = Conservation.of(totals, scores.to(input_total.dtype), order)
+        self.conservation = conservation
+        if self.tolerance is not None and self.composite.strict:  # an LRP composite, no ReLU rule
+            bounds = (1 - self.tolerance, 1 + self.tolerance)
+            conservation.check(*bounds, f"LRP ({self.composite.name})")
         return Relevance.of(maps, scorer, layers=layers, scores=scores, conservation=conservation)
 
     def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
-        """The pixel base's step: each input's relevance ``x_i * dS/dx_i`` ``(B, K, ...)``."""
+        """Each input's relevance ``x_i * dS/dx_i`` ``(B, K, ...)``."""
         return self._input_relevance(inputs, target, call)[0]
 
     def _input_relevance(
@@ -175,17 +161,15 @@ class LRP(PixelAttribution):
         return relevance.totals, scores.totals[0]
 
     def display_heat(self, result: Tensor) -> Tensor:
-        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part of the
-        relevance summed over the channels, divided by its 99th percentile and clipped at 1
-        (LRP maps are signed; the evidence for the target is shown)."""
+        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part (the evidence
+        for the target) of the channels' sum over its 99th percentile, clipped at 1."""
         heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
         return heat.clamp(min=0)
 
     def _propagate(
         self, x: Tensor, scorer: RowScorer, call: Call
     ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
-        """``((input relevance (B, K, ...),), {layer: relevance (B, K, ...)}, scores (B, K))``
-        of one input tensor ``x`` and the recorded layers, in one backward per chunk."""
+        """``((input relevance,), {layer: relevance}, scores (B, K))``, one backward per chunk."""
         record = self.record
         parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
         memory = MemoryFormat(x)  # channels_last on the CPU, as every pixel method
@@ -217,27 +201,14 @@ class LRP(PixelAttribution):
     def _scored(
         self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
     ) -> tuple[Tensor, Session]:
-        """The scores of rows ``rows`` (input ``leaf``, given to the model in ``memory``) and the
-        session of their forward, which recorded the layers."""
+        """The scores of rows ``rows`` and the session of their forward (the recorded layers)."""
         with torch.enable_grad(), autocast(leaf.device, self.dtype):
             with rules_applied(self.model, self.composite, record=self.record) as session:
                 output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
             return scorer(output, rows), session
 
-    def _conserved(self, totals: dict[str, Tensor], scores: Tensor) -> Conservation:
-        """The conservation record of relevance sums ``{"input" or layer: (B, K)}`` and scores
-        ``(B, K)``, kept as :attr:`conservation` and checked against the tolerance under an LRP
-        composite (the ReLU rules' input x gradient does not redistribute the score)."""
-        order = [name for name, _ in self.model.named_modules() if name in totals]
-        self.conservation = Conservation.of(totals, scores.to(totals[INPUT].dtype), order)
-        if self.tolerance is not None and self.composite.strict:
-            bounds = (1 - self.tolerance, 1 + self.tolerance)
-            self.conservation.check(*bounds, f"LRP ({self.composite.name})")
-        return self.conservation
-
     def measured(self) -> list[list[dict]] | None:
-        """The last call's conservation record, per sample and target (see
-        :meth:`~camkit.relevance.conservation.Conservation.summary`)."""
+        """The last call's conservation, per sample and target."""
         if self.conservation is None:
             return None
         return [[{"conservation": c} for c in row] for row in self.conservation.summary()]

@@ -1,34 +1,22 @@
-"""Pixel-space attributions: gradients of the target score with respect to the input image.
-
-Every method maps ``(C, H, W) -> (C, H, W)``, batches and ``K`` targets per sample likewise (see
-:mod:`camkit.methods.pixel.base`); :func:`~camkit.methods.pixel.heatmap.to_heatmap` turns an
-attribution into a displayable map.
-"""
+"""Pixel-space attributions: gradients of the target score with respect to the input image,
+``(C, H, W) -> (C, H, W)`` (see :mod:`camkit.methods.pixel.base`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from numbers import Real
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from camkit.core.call import Call
-from camkit.core.inputs import positive_int
+from camkit.core.inputs import finite_number, positive_int
 from camkit.core.seeds import call_seed
 from camkit.core.seeds import generator as random_generator
 from camkit.errors import ArgumentError
-from camkit.methods.pixel.base import (
-    Inputs,
-    PixelAttribution,
-    SampleTotals,
-)
+from camkit.methods.pixel.base import Inputs, PixelAttribution, SampleTotals
 from camkit.registry import register
 from camkit.targets.base import TargetSpec
 
-Baseline = Tensor | float | tuple | Callable[[Tensor], Tensor] | None
 SMOOTHGRAD_KINDS = ("mean", "square", "var")
 
 
@@ -37,17 +25,13 @@ class Saliency(PixelAttribution):
     """Saliency: the signed gradient of the target score with respect to the input pixels.
 
     Simonyan et al., "Deep Inside Convolutional Networks: Visualising Image Classification
-    Models and Saliency Maps", ICLR 2014 workshop. ``(C, H, W) -> (C, H, W)`` (batches and K
-    targets likewise); the paper's map is ``to_heatmap(attr, "abs-max")``.
+    Models and Saliency Maps", ICLR 2014 workshop; the paper's map is ``to_heatmap(attr,
+    "abs-max")``.
     """
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         grads = SampleTotals(inputs[0].shape[0])
-
-        def keep(rows: Tensor, values: Inputs, scores: Tensor) -> None:
-            grads.add(rows, *values)
-
-        self.over_copies(inputs, target, call, 1, None, keep)
+        self.over_copies(inputs, target, call, 1, None, lambda rows, g, _: grads.add(rows, *g))
         return grads.totals
 
 
@@ -58,8 +42,7 @@ class GuidedBackprop(Saliency):
 
     Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR 2015
     workshop. Reaches ``nn.ReLU`` modules (in-place, reused) and functional ReLUs alike; ReLU6
-    passes where ``0 < x < 6``. ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
-    The same as ``Saliency(model, rule="guided")``.
+    passes where ``0 < x < 6``. The same as ``Saliency(model, rule="guided")``.
     """
 
     default_rule = "guided"
@@ -71,8 +54,7 @@ class Deconvnet(Saliency):
     ``grad_in = grad_out * (grad_out > 0)``.
 
     Zeiler & Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014, as a
-    backward rule (Springenberg et al. 2015). ``(C, H, W) -> (C, H, W)``, batches and K targets
-    likewise. The same as ``Saliency(model, rule="deconvnet")``.
+    backward rule (Springenberg et al. 2015). The same as ``Saliency(model, rule="deconvnet")``.
     """
 
     default_rule = "deconvnet"
@@ -83,22 +65,17 @@ class SmoothGrad(PixelAttribution):
     """SmoothGrad: gradients averaged over noisy copies of the input.
 
     Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
-    ``samples`` copies ``x + N(0, sigma^2)`` with ``sigma = noise_level * (max(x) - min(x))`` of
-    that sample (of each input of a tuple, for its own range). ``kind`` = ``"mean"``
-    (SmoothGrad), ``"square"`` (mean of squared gradients, SmoothGrad^2) or ``"var"``
-    (population variance of the gradients, VarGrad).
-    ``(C, H, W) -> (C, H, W)``, batches and K targets likewise.
+    ``samples`` copies ``x + N(0, sigma^2)``, ``sigma = noise_level * (max(x) - min(x))`` of that
+    sample (each input of a tuple by its own range).
 
-    Args:
-        noise_level: noise standard deviation as a fraction of each sample's value range; 0 gives
-            exactly :class:`Saliency` (one pass, all copies would be equal).
+    Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
+        noise_level: the noise's standard deviation as a fraction of each sample's value range;
+            0 gives exactly :class:`Saliency` (one pass).
         samples: noisy copies per input sample.
-        seed: seeds the noise: the noise of copy ``s`` of sample ``b`` depends only on
-            ``(seed, s, b)``. None draws the seed from torch's global generator.
-        kind: the statistic of the gradients, see above.
-        rule, output, dtype, batch_size: as for every pixel method
-            (:class:`~camkit.methods.pixel.base.PixelAttribution`); ``batch_size`` counts noisy
-            copies.
+        seed: seeds the noise: copy ``s`` of sample ``b`` depends only on ``(seed, s, b)``.
+            None draws the seed from torch's global generator.
+        kind: ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients, SmoothGrad^2)
+            or ``"var"`` (population variance of the gradients, VarGrad).
     """
 
     seeded = True
@@ -113,31 +90,27 @@ class SmoothGrad(PixelAttribution):
         **options: Any,
     ):
         super().__init__(model, **options)
-        if isinstance(noise_level, bool) or not isinstance(noise_level, Real):
-            raise ArgumentError(f"noise_level must be a number, got {type(noise_level).__name__}")
-        if not math.isfinite(noise_level) or noise_level < 0:
-            raise ArgumentError(f"noise_level must be a finite number >= 0, got {noise_level}")
         if kind not in SMOOTHGRAD_KINDS:
             raise ArgumentError(f"unknown SmoothGrad kind {kind!r}; choose from {SMOOTHGRAD_KINDS}")
-        self.noise_level = float(noise_level)
+        self.noise_level = finite_number("noise_level", noise_level, minimum=0.0)
         self.samples = positive_int("samples", samples)
         self.kind = kind
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
-        """One noisy copy per sample (one plain copy without noise)."""
         return self.samples if self.noise_level > 0 else 1
 
     def attribute(self, inputs: Inputs, target: TargetSpec, call: Call) -> Inputs:
         size = inputs[0].shape[0]
-        copies = self.samples if self.noise_level > 0 else 1
+        copies = self.forward_rows()
         flat = [t.reshape(size, -1) for t in inputs]
         sigmas = [self.noise_level * (f.amax(dim=1) - f.amin(dim=1)) for f in flat]
-        seeds = self._seeds(size, copies)
+        # row s * B + b is copy s of sample b; seeds drawn sample-major do not depend on B
+        drawn = torch.Generator().manual_seed(call_seed(self.seed))
+        seeds = torch.randint(2**62, (size, copies), generator=drawn).t().flatten().tolist()
         generator = random_generator(inputs[0].device)
         sums, squares = SampleTotals(size), SampleTotals(size)
 
-        def noise(seed: int) -> Inputs:
-            """One copy's noise for every input, drawn in order from the copy's seed."""
+        def noise(seed: int) -> Inputs:  # one copy's noise for every input
             generator.manual_seed(seed)
             device = generator.device
             return tuple(
@@ -168,13 +141,6 @@ class SmoothGrad(PixelAttribution):
             return mean_squares
         pairs = zip(mean_squares, means, strict=True)
         return tuple((square - mean.square()).clamp(min=0) for square, mean in pairs)
-
-    def _seeds(self, size: int, copies: int) -> list[int]:
-        """Seed of each row ``s * B + b`` (copy s of sample b), drawn sample-major so that
-        sample b's seeds are the same whatever the batch size."""
-        generator = torch.Generator().manual_seed(call_seed(self.seed))
-        table = torch.randint(2**62, (size, copies), generator=generator)
-        return table.t().flatten().tolist()
 
     def __repr__(self) -> str:
         return (

@@ -1,9 +1,5 @@
-"""The ReLU rules of guided backpropagation and the deconvnet as a context of their own.
-
-The rules are rule sets of the one backward (:mod:`camkit.relevance.rectifiers`, applied by
-:func:`camkit.relevance.engine.rules_applied`); :func:`rectifier_rule` runs a block under one of
-them without naming the model. Pixel methods take ``rule=`` or ``composite=`` instead.
-"""
+"""The ReLU rules of guided backpropagation and the deconvnet (:mod:`camkit.relevance.rectifiers`)
+as a context of their own, for code that is not a camkit method."""
 
 from __future__ import annotations
 
@@ -23,10 +19,8 @@ from camkit.relevance.rectifiers import (
 
 @contextmanager
 def rectifier_rule(rule: ReLURule) -> Iterator[ActivationLog]:
-    """Run the code inside with every ReLU backpropagating by ``rule`` (guided or deconvnet).
-
-    Only the forward pass needs to run inside; the rule is recorded in the autograd graph, so a
-    later ``torch.autograd.grad`` uses it. Yields an :class:`ActivationLog` of what was met::
+    """Run the forward inside with every ReLU backpropagating by ``rule`` (guided or deconvnet)
+    when a later ``torch.autograd.grad`` runs; yields an :class:`ActivationLog` of what was met::
 
         with camkit.methods.pixel.rules.rectifier_rule("guided") as log:
             score = model(x.requires_grad_())[0, 281]
