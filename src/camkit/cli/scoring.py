@@ -94,9 +94,15 @@ def score_batch(
     for kind in ("deletion", "insertion"):
         if kind in settings.metrics:
             values[kind], curves[kind] = getattr(metrics, kind)(
-                model, inputs, maps, target, steps=settings.steps, baseline=settings.baseline,
-                return_curves=True, **rows,
-            )  # fmt: skip
+                model,
+                inputs,
+                maps,
+                target,
+                steps=settings.steps,
+                baseline=settings.baseline,
+                return_curves=True,
+                **rows,
+            )
     for name in ("drop", "increase"):  # their column is the metric's function
         if name in settings.metrics:
             ((column, _),) = COLUMNS[name]

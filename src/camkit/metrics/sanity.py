@@ -120,8 +120,9 @@ def average_ranks(values: Tensor) -> Tensor:
 def _check_pair(a: Tensor, b: Tensor, what: str, dims: int | None = None) -> None:
     """Two batches of maps to compare: tensors of one shape ``(B, ...)`` (``dims`` axes)."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
-        raise ArgumentError(f"{what} compares two tensors, got {type(a).__name__} and "
-                            f"{type(b).__name__}")  # fmt: skip
+        raise ArgumentError(
+            f"{what} compares two tensors, got {type(a).__name__} and {type(b).__name__}"
+        )
     if a.shape != b.shape or a.ndim < 2 or (dims is not None and a.ndim != dims):
         shape = "(B, H, W)" if dims == 3 else "(B, ...)"
         raise ArgumentError(

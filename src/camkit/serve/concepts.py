@@ -223,9 +223,11 @@ class ConceptViews:
         def make() -> np.ndarray:
             x = self.explorer.batch([image], checkpoint)
             mask = region.mask(self.explorer.size)
-            concept = channel if mask is None else InRegion(
-                channel, region_weights(mask, self.grid(layer), x)
-            )  # fmt: skip
+            concept = (
+                channel
+                if mask is None
+                else InRegion(channel, region_weights(mask, self.grid(layer), x))
+            )
             maps = self.attribution(checkpoint, layer).heatmaps(
                 x, [concept], torch.tensor([target], device=x.device)
             )

@@ -51,9 +51,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         quiet=True,
     )
     settings = Settings(
-        tuple(n for n in wanted if n != "sanity"), args.steps, args.baseline, args.batch_size,
+        tuple(n for n in wanted if n != "sanity"),
+        args.steps,
+        args.baseline,
+        args.batch_size,
         args.tolerance,
-    )  # fmt: skip
+    )
     model = loaded.model.to(device)
     explainers = build_explainers(model, job)
     files = ImageFiles(paths, loaded.preprocess, keep_original=False, max_pixels=args.max_pixels)

@@ -65,9 +65,12 @@ class ShapleyCAM(GradCAM):
                     hvp = None
                     if grad.requires_grad:
                         (hvp,) = torch.autograd.grad(
-                            grad, act, grad_outputs=act.detach(), retain_graph=True,
+                            grad,
+                            act,
+                            grad_outputs=act.detach(),
+                            retain_graph=True,
                             allow_unused=True,
-                        )  # fmt: skip
+                        )
                     hvp = torch.zeros_like(grad) if hvp is None else hvp
                     corrected[i].append((grad - 0.5 * hvp).detach())
         grads = [torch.stack(per_target, dim=1) for per_target in corrected]
