@@ -166,3 +166,13 @@ def test_attention_errors():
         LeGrad(model)(torch.randn(3, 32, 32), target=lambda out: out[:, 0])
     with pytest.raises(AttentionError, match="score_projection"):
         LeGrad(nn.Sequential(model.blocks[0]))
+
+
+def test_legrad_on_a_data_parallel_vit_gives_the_unwrapped_models_map(vit):
+    """The blocks and the default score projection are read from the explained module, so a
+    ``DataParallel`` wrapper (names under ``module.``) gives the plain model's map."""
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 64, 64)
+    expected = LeGrad(vit)(x, upsample=False, normalize=False)
+    wrapped = nn.DataParallel(vit)
+    torch.testing.assert_close(LeGrad(wrapped)(x, upsample=False, normalize=False), expected)

@@ -151,3 +151,5 @@ def test_options_a_method_does_not_take_are_refused_with_the_ones_it_takes(tiny)
     assert "aug_smooth" in ReciproCAM.call_options()
     with pytest.raises(ArgumentError, match="its call options are: normalize, aug_smooth"):
         camkit.FullGrad(tiny)(X, 0, eigen_smooth=True)
+    with pytest.raises(ArgumentError, match="aug_smooth must be True or False"):
+        camkit.FullGrad(tiny)(X, 0, aug_smooth=1)
