@@ -11,25 +11,16 @@ The interface other code builds on (concept relevance, class-artifact compensati
     (grad,) = torch.autograd.grad(score, x)      # the backward may run after it
     relevance = x * grad                         # the input relevance
 
-Under the block, autograd computes LRP's *modified gradient*: for every tensor ``A`` of the
-forward, ``A * dS/dA`` is the relevance of ``A`` (``record=[names]`` keeps layer outputs in
-``session.recorded``). The backward is linear in the incoming gradient, so masking the gradient
-at a layer (per channel: a concept) gives the relevance of that part only, and ``K`` targets
-can be one batched backward (:func:`camkit.core.engine.batched_backward`).
+Under the block, ``A * dS/dA`` is the relevance of every tensor ``A`` of the forward
+(``record=[names]`` keeps layer outputs in ``session.recorded``). The backward is linear in the
+incoming gradient: masking it at a layer (per channel: a concept) gives the relevance of that
+part only, and ``K`` targets can be one batched backward.
 
-Modules: :mod:`~.rules` (the rules, each with its formula and paper), :mod:`~.rescale` (a rule's
-modified gradient as one autograd node), :mod:`~.composites` (which layer gets which rule),
-:mod:`~.canonizers` (BatchNorm merged, as hooks living only inside the block), :mod:`~.engine`
-(the block and the one table of rules for functional operations), :mod:`~.session` (one block's
-state), :mod:`~.rectifiers` (the ReLU rules, guided and deconvnet), :mod:`~.transformers`
-(AttnLRP's rules; Achtibat et al., ICML 2024), :mod:`~.gates` (multiplicative gates),
-:mod:`~.bias_units` (units only their bias drives), :mod:`~.conservation` (the share of the
-score that reached each layer).
-
-The numbers equal zennit 0.5.1's for its composites and canonizers
+AttnLRP's rules for transformers (Achtibat et al., ICML 2024) are in :mod:`~.transformers`. The
+numbers equal zennit 0.5.1's for its composites and canonizers
 (``tests/test_relevance_references.py``); camkit's default, ``epsilon-plus-flat-nobias``, drops
 the biases from the rules, treats gates as constants and units that only their bias drives as
-biases (docs/relevance.md says which composite to choose, with the measured conservation).
+biases (docs/relevance.md says which composite to choose).
 """
 
 from camkit.relevance.canonizers import Canonizer, MergeBatchNorm

@@ -17,7 +17,6 @@ CONV_TRANSPOSE = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, *CONV_TRANSPOSE)  # the affine layers
 _FUNCTIONS = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
-Op = Callable[[Tensor, Tensor], Tensor]
 Derive = Callable[[Tensor], Tensor]
 # the saved-tensor hooks in force (torch's own stack; without it, none of ours are pushed)
 _outer_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
@@ -45,7 +44,7 @@ class Affine:
     computed again from what the model keeps (a BatchNorm merged in), None where ``weight`` is
     the model's own."""
 
-    op: Op
+    op: Callable[[Tensor, Tensor], Tensor]
     weight: Tensor
     bias: Tensor | None
     rebuild: Callable[[], Tensor] | None = None
@@ -56,9 +55,7 @@ class Affine:
 
     def derived(self, x: Tensor, derive: Derive, bias: Tensor | None = None) -> Tensor:
         """``op(x, derive(weight)) + bias``, whose backward computes ``derive(weight)`` again
-        instead of keeping it: a rule's weight (``w+``, a merged BatchNorm's ``scale w``) is a
-        copy of the layer's, and kept for every layer it would hold a second copy of the
-        model's weights until the backward. The same numbers (the same operations again)."""
+        (the same operations) instead of keeping a second copy of the model's weights."""
         weight = derive(self.weight)
         if weight is self.weight and self.rebuild is None:
             return self(x, weight, bias)  # the model's own tensor: kept at no cost
@@ -119,29 +116,24 @@ class Affine:
 
 @dataclass(frozen=True)
 class TransposedAffine(Affine):
-    """A transposed convolution's affine map: weight ``(C_in, C_out / groups, *kernel)`` (the
-    input channels first), to which every parametric rule applies unchanged; what differs is
-    which weight axis holds the output channels, which the BatchNorm merge needs. Segmentation
-    decoders upsample with them (U-Net, Ronneberger et al., MICCAI 2015; captum's issue #712
-    asks LRP for them)."""
+    """A transposed convolution's affine map: weight ``(C_in, C_out / groups, *kernel)``; the
+    rules apply unchanged, the BatchNorm merge finds the output channels on another axis
+    (segmentation decoders: U-Net, Ronneberger et al., MICCAI 2015)."""
 
     groups: int = 1
 
     def scaled_outputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
-        """Weight -> the weight with output channel ``k`` scaled by ``scale[k]`` (``C_out``
-        entries; a transposed convolution's weight keeps its own layout)."""
+        """Weight -> the weight with output channel ``k`` scaled by ``scale[k]``."""
         g = self.groups
         return partial(_grouped_scaled, scale=scale.view(g, 1, -1, *(1,) * (self.weight.dim() - 2)))
 
     def scaled_inputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
-        """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (``C_in``
-        entries)."""
+        """Weight -> the weight with input channel ``j`` scaled by ``scale[j]``."""
         return partial(_scaled, scale=scale.view(-1, *(1,) * (self.weight.dim() - 1)))
 
 
 def _layout(weight: Tensor, x: Tensor | None) -> torch.memory_format:
-    """Channels-last for a convolution's weight whose input is channels-last, else the
-    weight's own layout."""
+    """Channels-last for a convolution whose input is channels-last, else the weight's own."""
     channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(weight.dim())
     if x is None or channels_last is None or x.dim() != weight.dim():
         return torch.preserve_format
@@ -152,9 +144,8 @@ def _layout(weight: Tensor, x: Tensor | None) -> torch.memory_format:
 def _scaled(
     weight: Tensor, scale: Tensor, memory_format: torch.memory_format = torch.preserve_format
 ) -> Tensor:
-    """``weight * scale`` written in ``memory_format``: a convolution given a weight in its
-    input's layout copies nothing (a merged weight, and its ``w+``, made channels-last in the
-    one pass that scales it, not converted again by every convolution that applies it)."""
+    """``weight * scale`` written in ``memory_format`` (a weight in its input's layout is not
+    converted again by every convolution that applies it)."""
     return torch.mul(weight, scale, out=torch.empty_like(weight, memory_format=memory_format))
 
 
@@ -193,7 +184,6 @@ __all__ = [
     "CONV_TRANSPOSE",
     "LINEAR",
     "Affine",
-    "Op",
     "TransposedAffine",
     "lifted",
     "lowered",

@@ -28,24 +28,21 @@ BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 class Edits(Protocol):
-    """What a canonizer may ask of the block it runs in (the engine's side, which the canonizer
-    knows by these methods only): the reversible edits themselves, each returning the handles
-    that undo it."""
+    """The reversible edits a canonizer may ask of its block, each returning its undo handles."""
 
     def merge_batch_norms(
         self, norms: Collection[nn.Module], followed: Collection[nn.Module]
     ) -> list:
-        """Merge each BatchNorm of ``norms`` into the layer whose output it takes or whose input
-        it gives, for that layer's rule; ``followed``: the layers a BatchNorm follows in the
-        module order (their rule waits for the BatchNorm)."""
+        """Merge each BatchNorm of ``norms`` into the layer it takes from or gives to;
+        ``followed``: the layers a BatchNorm follows in the module order."""
         ...
 
 
 @dataclass(eq=False)  # its repr
 class Canonizer:
-    """A reversible model edit for LRP: :meth:`apply` says which edits ``model`` needs, made by
-    ``edits`` (the :func:`~camkit.relevance.rules_applied` block); it returns the handles that
-    undo them, which the block removes on exit, also after an exception."""
+    """A reversible model edit for LRP: :meth:`apply` asks ``edits`` (the
+    :func:`~camkit.relevance.rules_applied` block) for what ``model`` needs and returns the
+    handles that undo it (removed on exit, also after an exception)."""
 
     def apply(self, model: nn.Module, edits: Edits) -> list:
         raise NotImplementedError
@@ -61,8 +58,7 @@ def _scale_shift(bn: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def channel_scale(bn: nn.Module, like: Tensor) -> Tensor:
-    """The eval-mode BatchNorm's per-channel factor ``scale``, shaped to broadcast over the
-    channel axis (1) of ``like``."""
+    """The eval-mode BatchNorm's ``scale``, shaped for the channel axis (1) of ``like``."""
     return _scale_shift(bn, like)[0].view(-1, *(1,) * (like.dim() - 2))
 
 
@@ -93,8 +89,8 @@ def merged_before(bn: nn.Module, layer: Affine, x: Tensor) -> Affine:
 
 
 class MergeBatchNorm(Canonizer):
-    """BatchNorm merged into the adjacent linear or convolutional layer (either order); see the
-    module docstring. BatchNorms in training mode are left as they are (their gradient)."""
+    """BatchNorm merged into the adjacent linear or convolutional layer (see the module
+    docstring); one in training mode keeps its gradient."""
 
     def apply(self, model: nn.Module, edits: Edits) -> list:
         norms = [m for m in model.modules() if isinstance(m, BATCH_NORMS) and mergeable(m)]

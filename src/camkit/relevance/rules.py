@@ -84,12 +84,10 @@ def zeroed_params(zero_params: ZeroParams) -> tuple[str, ...]:
 
 
 class Rule:
-    """An LRP rule: :meth:`output` maps a layer's output ``o`` (input ``x``) to ``y``, equal to
-    ``o`` in the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module
-    docstring).
-
+    """An LRP rule: :meth:`output` maps a layer's output ``o`` (input ``x``) to ``y``, ``o`` in
+    the forward, whose gradient is the rule's ``g_x = R_x / x`` (see the module docstring).
     zennit's ``zero_params="bias"`` drops the bias (a merged BatchNorm's shift too) from every
-    term: it absorbs no relevance (``sum_j R_j = sum_k R_k`` wherever ``z_k != 0``)."""
+    term: it absorbs no relevance."""
 
     parametric = True  # needs the layer's weight and bias (nn.Linear, nn.Conv)
     zero_params: tuple[str, ...] = ()
@@ -104,16 +102,14 @@ class Rule:
 
     @property
     def reuses_output(self) -> bool:
-        """Whether the rule's ``z`` is the layer's own output ``o`` (BatchNorm merged or not), so
-        that :meth:`reused` can keep the layer's own graph instead of computing ``z`` again."""
+        """Whether the rule's ``z`` is the layer's own output ``o`` (:meth:`reused` applies)."""
         return False
 
     def reused(
         self, o: Tensor, source: Tensor | None = None, scale: Tensor | None = None
     ) -> Tensor:
-        """The rule's output from ``o``, which carries the layer's own graph (see
-        :attr:`reuses_output`); or from ``o = scale * source + shift`` (a BatchNorm merged
-        after the layer, run without a graph), ``source`` carrying the layer's graph."""
+        """The rule's output from ``o`` carrying the layer's graph; or from ``o = scale * source
+        + shift`` (a BatchNorm merged after, run without a graph), ``source`` carrying it."""
         raise NotImplementedError
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
@@ -125,9 +121,8 @@ class Rule:
     def output_and_denominator(
         self, layer: Affine | None, x: Tensor, o: Tensor
     ) -> tuple[Tensor, Tensor | None]:
-        """:meth:`output` and the rule's denominator ``z`` (detached) where it has one (ZPlus,
-        Epsilon), else None: where ``z = 0`` the rule credits no input
-        (:mod:`camkit.relevance.bias_units`)."""
+        """:meth:`output` and the rule's detached denominator ``z`` where it has one (ZPlus,
+        Epsilon), else None (:mod:`camkit.relevance.bias_units`)."""
         return self.output(layer, x, o), None
 
     def __repr__(self) -> str:
@@ -138,8 +133,8 @@ class Rule:
 def _signed_sums(
     layer: Affine, x: Tensor, up: Callable, down: Callable, biases: tuple
 ) -> tuple[Tensor, Tensor]:
-    """``(z_up, z_down)``: ``x+`` through weights ``up(w)`` (bias ``biases[0]``) plus ``x-``
-    through ``down(w)``, and the same with ``up`` and ``down`` swapped (bias ``biases[1]``)."""
+    """``(z_up, z_down)``: ``x+`` through ``up(w)`` plus ``x-`` through ``down(w)`` (bias
+    ``biases[0]``), and with ``up`` and ``down`` swapped (bias ``biases[1]``)."""
     xp, xn = signed_parts(x)
     zp, zn = layer.derived(xp, up, biases[0]), layer.derived(xp, down, biases[1])
     if xn is not None:

@@ -33,12 +33,10 @@ def on_path(t: object) -> bool:
 
 
 class Session:
-    """One :func:`~.engine.rules_applied` block: the rules of the modules, what the canonizers
-    track, the recorded layer outputs (``recorded[name]``: every call's output, in order) and,
-    under a ReLU rule, ``log``: the :class:`~.rectifiers.ActivationLog` of what was met.
-
-    ``model`` may be None for a rule set that names no module (the ReLU rules, the gradient).
-    """
+    """One :func:`~.engine.rules_applied` block: the modules' rules, what the canonizers track,
+    the recorded layer outputs (``recorded[name]``: every call's, in order) and, under a ReLU
+    rule, ``log`` (:class:`~.rectifiers.ActivationLog`). ``model``: None for a rule set that
+    names no module."""
 
     def __init__(self, model: nn.Module | None, comp: Composite, record: Sequence[str]):
         self.model, self.composite = model, comp
@@ -128,12 +126,10 @@ class Session:
         reusable: bool = True,
         via: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """The rule's output for the layer ``layer()`` (built only where the rule needs it)
-        whose output is ``o`` from ``source``: the rule reuses ``o`` where it can
-        (``reusable``: ``o`` carries the layer's own graph, or ``via = (graph, scale)``: ``o =
-        scale * graph + shift`` per channel, a BatchNorm run without a graph after the layer)
-        and ``source`` has no bias units; else its terms on ``source`` with its bias units left
-        out, the units it credits no input marked (:mod:`camkit.relevance.bias_units`)."""
+        """The rule's output for ``layer()`` (built only where needed), ``o`` from ``source``:
+        ``o`` reused where ``reusable`` (it carries the layer's graph, or ``via = (graph,
+        scale)``: a BatchNorm run without a graph after it) and ``source`` has no bias units;
+        else the rule's terms on ``source`` without them (:mod:`camkit.relevance.bias_units`)."""
         kept = self.bias_units.kept(source)
         if reusable and rule.reuses_output and kept is source:
             return rule.reused(o) if via is None else rule.reused(o, *via)
@@ -142,8 +138,8 @@ class Session:
         return y
 
     def _affine(self, module: nn.Module) -> Affine:
-        """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame`` pads
-        first) is run with its weight swapped for the rule's inside the function mode."""
+        """The module's affine map; a subclass with its own forward (timm's ``Conv2dSame``) runs
+        with its weight swapped for the rule's inside the function mode."""
         plain = Affine.of(module)
         if type(module).forward in _PLAIN_FORWARDS:
             return plain
@@ -180,8 +176,7 @@ class Session:
     def merge_batch_norms(
         self, norms: Collection[nn.Module], followed: Collection[nn.Module]
     ) -> list:
-        """The edits a canonizer asks for (:class:`~.canonizers.Edits`): each BatchNorm merged
-        into the rule of the layer next to it in the data flow, by a forward hook."""
+        """:class:`~.canonizers.Edits`: each BatchNorm merged into its neighbour layer's rule."""
         self.deferred.update(followed)
         enter, hook = this_thread(self._batch_norm_enter), this_thread(self._batch_norm_hook)
         handles = [bn.register_forward_pre_hook(enter) for bn in norms]
@@ -222,8 +217,7 @@ class Session:
         return None
 
     def merged_away(self, name: str) -> bool:
-        """Whether recorded layer ``name``'s output was merged into the BatchNorm after it (its
-        relevance is then the BatchNorm's)."""
+        """Whether recorded layer ``name``'s output was merged into the BatchNorm after it."""
         copy = self.passed_on.get(name)
         merged = self.merged.get(id(copy))
         return merged is not None and merged() is copy

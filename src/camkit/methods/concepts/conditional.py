@@ -101,8 +101,6 @@ class ConceptAttribution:
         self.reshape = reshape
         self.batch_size = positive_int("batch_size", batch_size, optional=True)
 
-    # ------------------------------------------------------------------ public questions
-
     def relevances(
         self,
         x: Tensor,
@@ -249,8 +247,6 @@ class ConceptAttribution:
         if k > scores.shape[-1]:
             raise ArgumentError(f"k={k} but layer {self.layer!r} has {scores.shape[-1]} channels")
         return scores.topk(k, dim=-1)
-
-    # ------------------------------------------------------------------ the passes
 
     def _traced(self, call: Call, target: TargetSpec, layers: list[str]):
         """The one traced forward of ``call`` (:func:`~camkit.methods.concepts.traced.traced`)."""

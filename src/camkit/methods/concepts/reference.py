@@ -198,14 +198,11 @@ class ReferenceCollector:
                 f"a collector state of layer {state.get('layer')!r}, top {state.get('top')} "
                 f"cannot join one of layer {self.layer!r}, top {self.top}"
             )
-        found = {mode: TopK(**fields) for mode, fields in state["found"].items()}
-        self._fold(found, state["totals"], int(state["seen"]))
-
-    def _fold(self, found: dict[Mode, TopK], totals: dict[Mode, Tensor], seen: int) -> None:
-        for mode, part in found.items():
+        for mode, fields in state["found"].items():
+            part = TopK(**fields)
             self.found.setdefault(mode, TopK.empty(part.values.shape[0], self.top)).merge(part)
-            self.totals[mode] = self.totals.get(mode, 0) + totals[mode]
-        self.seen += seen
+            self.totals[mode] = self.totals.get(mode, 0) + state["totals"][mode]
+        self.seen += int(state["seen"])
 
 
 def channel_scores(values: Tensor, score: str, normalise: bool) -> tuple[Tensor, Tensor]:
