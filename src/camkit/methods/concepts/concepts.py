@@ -3,18 +3,9 @@
 Concept Relevance Propagation (Achtibat et al., "From attribution maps to human-understandable
 explanations through Concept Relevance Propagation", Nature Machine Intelligence 5, 2023)
 conditions the backward pass on a concept by masking the gradient at the concept's layer. A
-concept is a linear map ``P`` over the channel axis at every position, so the conditional
-backward stays linear: concepts whose maps sum to the identity give conditional heatmaps that
-sum to the unconditional one.
-
-* :class:`Channels`: a channel or a group (zennit-crp's ``ChannelConcept``):
-  ``P g = g * 1[c in group]``;
-* :class:`Direction`: a direction ``v`` of the channel space (e.g. a linear probe's weights):
-  ``P g = v (v . g) / |v|^2``;
-* :class:`InRegion`: a concept counted in a region of the layer's grid only (the paper's local
-  analysis): ``P g = w * P_concept g``.
-
-A new kind of concept subclasses :class:`Concept` and implements :meth:`Concept.project`.
+concept is a linear map ``P`` over the channel axis at every position (:meth:`Concept.project`),
+so the conditional backward stays linear: concepts whose maps sum to the identity give
+conditional heatmaps that sum to the unconditional one.
 """
 
 from __future__ import annotations
@@ -30,8 +21,7 @@ from camkit.errors import ArgumentError
 
 
 class Concept:
-    """Base of the concepts: a linear map over a layer's channels (:meth:`project`, which must
-    be linear in the gradient: the conditional backward is then exact and batched)."""
+    """Base of the concepts: a linear map over a layer's channels (:meth:`project`)."""
 
     def project(self, grad: Tensor) -> Tensor:
         """``(n, C, ...) -> (n, C, ...)``: the concept's part of the gradient."""
@@ -46,7 +36,8 @@ class Concept:
 
 
 class Channels(Concept):
-    """A channel (``Channels(7)``) or a group of channels (``Channels([3, 7, 9])``) of a layer."""
+    """A channel (``Channels(7)``) or a group (``Channels([3, 7, 9])``), zennit-crp's
+    ``ChannelConcept``: ``P g = g * 1[c in group]``."""
 
     def __init__(self, channels: int | Sequence[int]):
         group = [channels] if isinstance(channels, int) else list(channels)
@@ -78,8 +69,8 @@ class Channels(Concept):
 
 
 class Direction(Concept):
-    """A direction ``v (C,)`` of the layer's channel space: ``P g = v (v . g) / |v|^2`` at
-    every position (the projection on ``v``; its scale does not matter)."""
+    """A direction ``v (C,)`` of the layer's channel space (a linear probe's weights): ``P g =
+    v (v . g) / |v|^2`` at every position."""
 
     def __init__(self, vector: Tensor | Sequence[float]):
         v = torch.as_tensor(vector)
@@ -111,11 +102,9 @@ class Direction(Concept):
 
 class InRegion(Concept):
     """A concept counted inside a region of the layer's grid only (CRP's "Local analysis",
-    Achtibat et al. 2023): ``P g = w * P_concept g``, ``w`` the region's weight at each
-    position; the heatmaps of a concept in the parts of a partition sum to its heatmap.
-    ``weights``: ``(h, w)`` or ``(B, 1, h, w)`` in ``[0, 1]`` at the layer's grid
-    (:func:`~camkit.methods.concepts.region_weights`). On tokens ``(n, C, N)`` the last ``h * w``
-    tokens are the grid's (prefix tokens weighed 0)."""
+    Achtibat et al. 2023): ``P g = w * P_concept g``, ``weights`` ``(h, w)`` or ``(B, 1, h,
+    w)`` in ``[0, 1]`` at the layer's grid (:func:`~camkit.methods.concepts.region_weights`).
+    On tokens ``(n, C, N)`` the last ``h * w`` tokens are the grid's (prefix tokens weighed 0)."""
 
     def __init__(self, concept: ConceptSpec, weights: Tensor):
         self.concept = as_concept(concept)
@@ -164,8 +153,7 @@ def sample_channels(channels: Tensor) -> Mask:
 
 
 def abs_norm(scores: Tensor) -> Tensor:
-    """``(n, C, ...)``: each sample's scores divided by the sum of their absolute values over
-    the channels (axis 1), zennit-crp's ``abs_norm``: ``x / (|x|.sum(1) + 1e-10)``."""
+    """zennit-crp's ``abs_norm`` over the channels: ``x / (|x|.sum(1) + 1e-10)``."""
     return scores / (scores.abs().sum(dim=1, keepdim=True) + 1e-10)
 
 

@@ -10,9 +10,8 @@ The backward is linear, so the heatmaps of all channels sum to the unconditional
 (through the layer) and the channel relevances to the layer's total.
 
 One forward runs with the layers tapped; ``K`` conditions are ``K`` vector-Jacobian products on
-that one graph (one vmapped pass on a GPU, else one pass after the other), ``batch_size`` at a
-time. Like zennit-crp's ``exclude_parallel=True``, paths that bypass the layer (a skip
-connection around it) carry no conditional relevance.
+that graph, ``batch_size`` at a time. As zennit-crp's ``exclude_parallel=True``, paths that
+bypass the layer carry no conditional relevance.
 """
 
 from __future__ import annotations
@@ -53,13 +52,10 @@ from camkit.targets.outputs import OutputSelector
 class ConceptAttribution:
     """Concept Relevance Propagation on one layer of any model camkit explains.
 
-    ``ConceptAttribution(model, "features.28")`` then :meth:`relevances`, :meth:`heatmaps`,
-    :meth:`top`, :meth:`dominant` or :meth:`graph`. Inputs: an image ``(C, H, W)`` (results
-    without the batch axis), a batch ``(B, C, H, W)``, or clips ``(B, C, T, H, W)``: heatmaps
-    ``(B, K, T, H, W)`` for a 3-D CNN's layers, video tokens and a frame-wise model's ``(B * T,
-    C, h, w)`` layers (``camkit.InputLayout(model, layout, frame_wise=True)``), whose channel
-    relevances sum the clip's frames. ``target``: camkit's targets, one per sample (None: the
-    predicted class). The model is never modified and no ``.grad`` is left anywhere.
+    Inputs: an image ``(C, H, W)`` (results without the batch axis), a batch ``(B, C, H, W)``,
+    or clips ``(B, C, T, H, W)`` (heatmaps ``(B, K, T, H, W)`` for a 3-D CNN's layers, video
+    tokens and a frame-wise model's ``(B * T, C, h, w)`` layers, whose channel relevances sum
+    the clip's frames). ``target``: one per sample (None: the predicted class).
 
     Args:
         model: the model (``eval()`` mode: samples must be independent).
@@ -68,11 +64,10 @@ class ConceptAttribution:
             gradient x activation, gradient x input), or a rule set of the one backward by
             name or composite (``"guided"``, ``"epsilon-plus-flat"``, ...).
         output: which part of the model's output holds the logits (as for every method).
-        reshape: ``"auto"`` reads token ``(B, N, C)`` and channels-last outputs (channels on the
-            last axis; a ViT's prefix tokens count in channel relevances but have no place in
-            the image), None takes the output as ``(B, C, ...)``.
-        batch_size: rows per pass: conditions per backward pass, images per pass in
-            :meth:`dominant` (None: all at once). Results do not depend on it.
+        reshape: ``"auto"`` reads token ``(B, N, C)`` and channels-last outputs (a ViT's prefix
+            tokens count in channel relevances), None takes the output as ``(B, C, ...)``.
+        batch_size: conditions per backward pass, images per pass in :meth:`dominant` (None:
+            all at once). Results do not depend on it.
     """
 
     def __init__(
@@ -110,7 +105,7 @@ class ConceptAttribution:
         additional_forward_args: Any = None,
     ) -> Tensor:
         """``(B, C)``: each channel's relevance ``sum A * g`` for the target (inside
-        ``region``: see :meth:`top`); an image gives ``(C,)``. One backward pass."""
+        ``region``: see :meth:`top`); an image gives ``(C,)``."""
         batch, single = as_batch(x, self.model)
         with self._traced(Call.of(batch, additional_forward_args), target, [self.layer]) as run:
             per_channel = self._channel_relevance(run, region)
@@ -157,13 +152,9 @@ class ConceptAttribution:
         additional_forward_args: Any = None,
     ) -> TopConcepts:
         """The ``k`` channels most relevant for the target, per sample, with their conditional
-        heatmaps (one forward, one backward to the layer, one batched backward for the ``k``).
-
-        ``region``: where to count relevance, a mask ``(H, W)`` or ``(B, H, W)`` at the input's
-        size (averaged over each layer cell: the share of the cell inside it) or at the layer
-        grid's size (used as it is): the channels that matter *there* (zennit-crp's
-        ``ChannelConcept.attribute(relevance, mask)``: the region is applied at the layer).
-        """
+        heatmaps. ``region``: where to count relevance, a mask ``(H, W)`` or ``(B, H, W)`` at
+        the input's size (averaged over each layer cell) or at the layer grid's size, applied
+        at the layer (zennit-crp's ``ChannelConcept.attribute(relevance, mask)``)."""
         k = positive_int("k", k)
         batch, single = as_batch(x, self.model)
         with self._traced(Call.of(batch, additional_forward_args), target, [self.layer]) as run:
@@ -187,10 +178,8 @@ class ConceptAttribution:
         additional_forward_args: Any = None,
     ) -> TopConcepts:
         """The ``k`` channels that dominate a set of images (a strategy's cluster): each
-        image's channel relevances divided by their absolute sum (its shares), averaged over
-        the images -> ``channels (k,)``, mean ``relevance (k,)``, mean ``share (k,)``; no
-        heatmaps (ask :meth:`heatmaps` for the images you show). ``batch_size`` images per
-        pass."""
+        image's channel relevances divided by their absolute sum, averaged over the images ->
+        ``channels (k,)``, mean ``relevance (k,)``, mean ``share (k,)``; no heatmaps."""
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
         call = Call.of(batch, additional_forward_args)
@@ -206,9 +195,8 @@ class ConceptAttribution:
         return self.dominant_of(torch.cat(relevance), k)
 
     def dominant_of(self, relevance: Tensor, k: int = 10) -> TopConcepts:
-        """:meth:`dominant` of images whose channel relevances are ``relevance (n, C)`` (rows of
-        :meth:`relevances`, e.g. kept for images that several sets share): the ``k`` channels
-        of the largest mean share, their mean ``relevance (k,)`` and mean ``share (k,)``."""
+        """:meth:`dominant` of images whose channel relevances (:meth:`relevances`) are
+        ``relevance (n, C)``."""
         k = positive_int("k", k)
         mean_share = abs_norm(relevance).mean(dim=0)
         values, channels = self._top_channels(mean_share, k)
@@ -225,9 +213,8 @@ class ConceptAttribution:
         additional_forward_args: Any = None,
     ) -> Tensor:
         """``(B, K, C_lower)``: the relevance of every channel of the earlier layer ``lower``
-        given each concept of this layer (the attribution graph of the paper: how the concepts
-        of ``lower`` compose concept ``k``); for each ``k`` the row sums to concept ``k``'s
-        relevance when the rules conserve it. An image gives ``(K, C_lower)``."""
+        given each concept of this layer (the paper's attribution graph); each row sums to
+        concept ``k``'s relevance when the rules conserve it. An image gives ``(K, C_lower)``."""
         batch, single = as_batch(x, self.model)
         found = as_concepts(concepts)
         low = find_layers(self.model, lower)[0][0]
@@ -242,19 +229,16 @@ class ConceptAttribution:
         return graph[0] if single else graph
 
     def _top_channels(self, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """The ``k`` largest ``scores (..., C)`` over the channels -> ``(values, channels)``;
-        ``k`` above the layer's channels is an error."""
+        """The ``k`` largest ``scores (..., C)`` over the channels -> ``(values, channels)``."""
         if k > scores.shape[-1]:
             raise ArgumentError(f"k={k} but layer {self.layer!r} has {scores.shape[-1]} channels")
         return scores.topk(k, dim=-1)
 
     def _traced(self, call: Call, target: TargetSpec, layers: list[str]):
-        """The one traced forward of ``call`` (:func:`~camkit.methods.concepts.traced.traced`)."""
         return traced(self.model, self.rules, call, target, layers, self.output, self.reshape)
 
     def _start(self, run: Pass, layer: str) -> Tensor:
-        """``dS/dA`` of the layer for the samples' targets: ``(B, *A.shape[1:])``, one backward
-        pass per layer and forward."""
+        """``dS/dA`` of the layer for the samples' targets, once per layer and forward."""
         if layer in run.starts:
             return run.starts[layer]
         if not run.scores.requires_grad:
@@ -271,8 +255,7 @@ class ConceptAttribution:
         return grad
 
     def _vjp(self, outputs: Tensor, inputs: Tensor, grads: Tensor) -> Tensor:
-        """``(K, *outputs.shape) -> (K, *inputs.shape)``: K vector-Jacobian products on the
-        retained graph (see :func:`vmapped`)."""
+        """``(K, *outputs.shape) -> (K, *inputs.shape)``: K vector-Jacobian products."""
         if vmapped(self.rules, grads):
             (out,) = torch.autograd.grad(
                 outputs, inputs, grads, is_grads_batched=True, retain_graph=True, allow_unused=True
@@ -336,15 +319,12 @@ class ConceptAttribution:
 
 
 def rows_of(value: object, rows: slice, batch: int) -> object:
-    """The rows ``rows`` of a per-sample target or region (a tensor or list with one entry per
-    sample); anything else (one class, None, a region for every image) as it is."""
+    """The rows ``rows`` of a per-sample target or region; anything else as it is."""
     sized = isinstance(value, list) or isinstance(value, Tensor) and value.ndim > 0
     return value[rows] if sized and batch > 1 and len(value) == batch else value
 
 
 def vmapped(rules: Rules, grads: Tensor) -> bool:
-    """Whether the vector-Jacobian products ``grads (K, ...)`` run as one vmapped pass
-    (``is_grads_batched``): where the rules allow it and the device prefers it
-    (:func:`~camkit.core.engine.batched_backward`: not the CPU, where a loop of passes on the
-    retained graph is faster)."""
+    """Whether the products ``grads (K, ...)`` run as one vmapped pass: where the rules allow
+    it and the device prefers it (:func:`~camkit.core.engine.batched_backward`)."""
     return rules.batched and grads.shape[0] > 1 and batched_backward(grads.device)

@@ -7,10 +7,8 @@ optimised with Adam under transformation robustness (pad, jitter, random scale a
 jitter, resize to the model's input size; the article's pixel amounts, for 224 pixels, scaled to
 the image's side). A diversity term (minus the pairwise cosine similarity of the batch's Gram
 matrices at a layer) makes a batch show different facets. Every random draw comes from one
-seeded generator. A unit closed on the start gets lucid's redirected ReLU gradient in each
-start's first steps (:mod:`~camkit.methods.concepts.redirect`); an image whose objective still
-has not moved starts again from a new spectrum, and :func:`visualize` warns when none moved it.
-Only the image is differentiated: the model gets no ``.grad`` and is left as it was.
+seeded generator. Each start's first steps use lucid's redirected ReLU gradient
+(:mod:`~camkit.methods.concepts.redirect`); an image whose objective has not moved starts again.
 """
 
 from __future__ import annotations
@@ -155,9 +153,8 @@ def diversity(act: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class FeatureImages:
     """What :func:`feature_images` found: ``images`` ``(B, 3, H, W)`` in [0, 1]; ``moved``
-    ``(B,)`` whether each image's objective moved from its value at its start (an unmoved image
-    is returned as that start, unoptimised); ``start_scores`` ``(B,)`` those starting values;
-    ``starts``: how many random starts were drawn (1 + the restarts used)."""
+    ``(B,)`` whether each image's objective moved from its start (else the image is that start);
+    ``start_scores`` ``(B,)`` the starting values; ``starts``: 1 + the restarts used."""
 
     images: Tensor
     moved: Tensor
@@ -166,10 +163,8 @@ class FeatureImages:
 
 
 def visualize(model: nn.Module, objective: Objective, **options: Any) -> Tensor:
-    """``(batch, 3, H, W)`` images in [0, 1] that maximise ``objective``: the images of
-    :func:`feature_images` (same options), with an
-    :class:`~camkit.errors.UnmovedObjectiveWarning` when an image's objective never moved from
-    its start, however many restarts (the image is then a grey start, not a feature)."""
+    """The images of :func:`feature_images` (same options), with an
+    :class:`~camkit.errors.UnmovedObjectiveWarning` when an image's objective never moved."""
     found = feature_images(model, objective, **options)
     if not found.moved.all():
         rows = found.moved.logical_not().nonzero().flatten().tolist()
@@ -212,10 +207,9 @@ def feature_images(
     :func:`camkit.models.preprocess_of`, else none); ``diversity_weight``: the weight of the
     diversity term at ``diversity_layer`` (default the objective's layer) for ``batch > 1``;
     ``transforms=False`` switches the robustness off; ``redirect_steps``: the first steps of each
-    start use the redirected ReLU gradient (0: never); ``restarts``: how many times an image whose
-    objective has not moved after ``max(redirect_steps, 1)`` steps starts again from a new
-    spectrum (within the ``steps``; ``moved`` says which never moved); ``progress``: a progress
-    bar on a terminal, a line every few seconds in a log.
+    start use the redirected ReLU gradient (0: never); ``restarts``: how many times an image
+    unmoved after ``max(redirect_steps, 1)`` steps starts again (within the ``steps``);
+    ``progress``: a progress bar.
     """
     require_autograd("feature visualisation")
     model = explained_module(model)
@@ -293,8 +287,8 @@ def _start(shape: tuple[int, ...], generator: torch.Generator, device: torch.dev
 
 
 class _Tracker:
-    """Whether each image's objective has moved from its value at the first step of its start,
-    and when to start an image again: after ``patience`` steps unmoved, ``restarts`` times."""
+    """Whether each image's objective has moved since its start, and when to start it again:
+    after ``patience`` steps unmoved, ``restarts`` times."""
 
     def __init__(self, batch: int, patience: int, restarts: int, device: torch.device):
         self.patience, self.left, self.used = patience, restarts, 0

@@ -45,9 +45,8 @@ RF_THRESHOLD = 0.01  # share of the largest input gradient that still counts as 
 @dataclass
 class TopK:
     """The ``top`` largest scores per channel seen so far, largest first, each ``(C, top)``:
-    ``values``, ``samples`` (dataset indices; -1 where fewer images were seen), ``positions``
-    (flat index of the driving position among the layer's positions, channels first: the
-    ``h * w`` grid, or a ViT's token index) and ``classes`` (the predicted class of the image)."""
+    ``values``, ``samples`` (dataset indices; -1: none yet), ``positions`` (flat index of the
+    driving position among the layer's) and ``classes`` (the image's predicted class)."""
 
     values: Tensor
     samples: Tensor
@@ -65,8 +64,8 @@ class TopK:
         )
 
     def update(self, values: Tensor, samples: Tensor, positions: Tensor, classes: Tensor) -> None:
-        """Fold in the scores ``values (n, C)`` of dataset samples ``samples (n,)`` (predicted
-        ``classes (n,)``) driven by ``positions (n, C)``; equal scores keep the lower index."""
+        """Fold in the scores ``values (n, C)`` of samples ``samples (n,)``; equal scores keep
+        the lower index."""
         channels = values.shape[1]
         self._keep(
             values.detach().double().cpu().T,
@@ -96,8 +95,7 @@ class TopK:
 class ReferenceCollector:
     """Streaming activation and relevance maximisation over a dataset, for one layer.
 
-    ``collector.update(images, indices)`` for each batch (one forward and one backward from the
-    predicted class to the layer, nothing before the layer recorded), then ``collector.found``:
+    ``collector.update(images, indices)`` for each batch, then ``collector.found``:
     ``{"activation": TopK, "relevance": TopK}``. Memory is ``O(channels * top)``.
 
     Args:
@@ -181,8 +179,7 @@ class ReferenceCollector:
         self.load_state(other.state())
 
     def state(self) -> dict[str, object]:
-        """What the collector found, as tensors and numbers (``torch.save`` it to resume, or to
-        merge another rank's part with :meth:`load_state`)."""
+        """What the collector found, as tensors and numbers (``torch.save`` it to resume)."""
         return {
             "layer": self.layer,
             "top": self.top,
@@ -232,10 +229,8 @@ def receptive_boxes(
     pixels that drive channel ``channels[i]`` at position ``positions[i]``: where the input
     gradient of that activation is at least ``threshold`` of its largest value (the effective
     receptive field; the whole image where it is zero). ``image[i]``: which of ``images``
-    request ``i`` reads (default ``i``). Each image runs forward once, a request asked twice is
-    computed once, and the ``k``-th requests of all images share one backward pass (images read
-    by as many requests are best passed together). ``additional_forward_args``: the model's
-    other inputs for ``images``."""
+    request ``i`` reads (default ``i``). The ``k``-th requests of all images share one backward
+    pass. ``additional_forward_args``: the model's other inputs for ``images``."""
     model = explained_module(model)
     found = find_layers(model, layer)
     batch, _ = as_batch(images, model)

@@ -1,10 +1,7 @@
-"""Which backward the concepts use: a rule set of the one backward (plain gradients, the ReLU
-rules, LRP's modified gradient).
-
-The forward run inside ``rules.applied(model)`` records the rule's backward in the autograd
-graph, so that ``t * dS/dt`` is the relevance of any tensor ``t`` on the path and the backward
-is linear in the incoming gradient: the conditions of Concept Relevance Propagation are masks on
-that gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
+"""Which backward the concepts use. The forward inside ``rules.applied(model)`` records the
+rule's backward, so that ``t * dS/dt`` is the relevance of any tensor ``t`` on the path, linear in
+the incoming gradient: the conditions of Concept Relevance Propagation are masks on that
+gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
 
 * :data:`GRADIENT`: the plain gradient, relevance = gradient x activation, heatmap = gradient x
   input (Shrikumar et al., "Not Just a Black Box", 2016); works on every model camkit explains.
@@ -56,10 +53,8 @@ GRADIENT = GradientRules()
 
 
 class LRPRules:
-    """A rule set of the one backward (:func:`camkit.relevance.rules_applied`): under an LRP
-    composite ``A * dS/dA`` is the LRP relevance of ``A``; ``"guided"`` / ``"deconvnet"``
-    give the ReLU rules' gradients. ``batched``: an LRP composite's backward can be vmapped
-    (the ReLU rules' autograd function is run one pass after the other)."""
+    """A rule set of the one backward (:func:`camkit.relevance.rules_applied`): an LRP
+    composite, or ``"guided"`` / ``"deconvnet"`` (whose backward cannot be vmapped)."""
 
     def __init__(self, composite: object = "epsilon-plus-flat"):
         self.composite = relevance_composite(composite)
