@@ -25,10 +25,9 @@ Convolutions are ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose1d/2d/3d`` alike.
 
 ``epsilon-plus-flat-nobias`` (camkit's default, :data:`DEFAULT_COMPOSITE`) is
 ``epsilon-plus-flat`` with ``zero_params="bias"`` in every rule, ``gates="constant"`` and
-``bias_units="bias"`` (:mod:`~.bias_units`): chosen by measurement (``benchmarks/CONSERVATION.md``,
-docs/relevance.md), it keeps 50%-150% of the score at the input where zennit's composites lose
-most of it on BatchNorm networks. The other rule sets are composites too (:data:`RULE_SETS`),
-not strict: ``"gradient"``, ``"guided"`` and ``"deconvnet"`` (:mod:`~.rectifiers`).
+``bias_units="bias"``: it keeps 50%-150% of the score at the input where zennit's composites lose
+most of it on BatchNorm networks (``benchmarks/CONSERVATION.md``). The other rule sets
+(:data:`RULE_SETS`) are composites too, not strict: ``"gradient"``, ``"guided"``, ``"deconvnet"``.
 """
 
 from __future__ import annotations
@@ -121,10 +120,9 @@ class Composite:
         return assigned
 
     def linear_rule(self) -> Epsilon:
-        """The rule of ``F.linear`` outside a ruled module (the projections of fused attention,
-        Swin's window attention): the composite's rule for ``nn.Linear`` where that is an
-        :class:`~.rules.Epsilon`, else Epsilon with the composite's stabiliser and that rule's
-        ``zero_params`` (AttnLRP's rule for linear layers)."""
+        """The rule of ``F.linear`` outside a ruled module (fused attention's projections): the
+        composite's rule for ``nn.Linear`` if an :class:`~.rules.Epsilon`, else Epsilon with the
+        stabiliser and that rule's ``zero_params`` (AttnLRP's rule for linear layers)."""
         dense = next((r for m, r in self.rules if _matches(m, "", nn.Linear)), None)
         if isinstance(dense, Epsilon):
             return dense
@@ -144,8 +142,6 @@ def _named(
     canonizers: Sequence[Canonizer] | None = None,
     bias_units: str | None = None,
 ) -> Composite:
-    # the default: epsilon-plus-flat, the biases out of every rule, gates constant, bias units
-    # as biases
     nobias = name == DEFAULT_COMPOSITE
     z = {"zero_params": "bias" if nobias and zero_params is None else zero_params}
     dense = (DENSE, Epsilon(epsilon, **z))

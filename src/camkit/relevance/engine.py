@@ -1,12 +1,11 @@
 """The one backward: under :func:`rules_applied`, ordinary autograd computes a rule set's gradient.
 
-A rule set (a :class:`~.composites.Composite`: the plain gradient, the ReLU rules of
-:mod:`~.rectifiers`, LRP's composites) is applied by one interception with one operation table;
-every gradient method runs its forward inside this block. Under the ReLU rules the table's
-rectifiers get the rule's backward, its other activations are reported and every other operation
-keeps its plain gradient (not strict). Under an LRP composite (strict), modules the composite
-gives a rule get it through forward hooks, and every other operation of the forward, functional
-calls included, is seen by a :class:`torch.overrides.TorchFunctionMode` and ruled by the table:
+A rule set (a :class:`~.composites.Composite`: the plain gradient, the ReLU rules, LRP's
+composites) is applied by one :class:`torch.overrides.TorchFunctionMode` with one operation
+table. Under the ReLU rules the rectifiers get the rule's backward, other activations are
+reported, the rest keeps its plain gradient. Under an LRP composite (strict), modules the
+composite gives a rule get it through forward hooks, and every other operation is ruled by the
+table:
 
 * ``relu``: its plain gradient, which is the Pass rule's exactly (no copy, no extra operation);
 * the other rectifiers and activations (``relu6``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
@@ -211,11 +210,10 @@ def rules_applied(
 ) -> Iterator[Session]:
     """Run the forward inside with a rule set's backward (an LRP composite, ``"guided"``,
     ``"deconvnet"`` or ``"gradient"``) in the autograd graph: ``A * grad_A`` of the target score
-    is then the relevance of any tensor ``A`` of the forward, the input's included; the backward
-    may run after the block (see the package docs). ``record``: layer names whose outputs are
-    kept in ``session.recorded`` (their downstream gets a copy). Hooks are removed on exit, also
-    when the forward raises; the model's parameters and buffers are never written. ``model``
-    may be None for a rule set that gives no module a rule (the ReLU rules)."""
+    is then the relevance of any tensor ``A`` of the forward; the backward may run after the
+    block. ``record``: layer names whose outputs are kept in ``session.recorded``. Hooks are
+    removed on exit, also when the forward raises. ``model``: None for a rule set that gives no
+    module a rule (the ReLU rules)."""
     comp = composite(composite_spec)
     module = explained_module(model) if model is not None else None
     session = Session(module, comp, record)

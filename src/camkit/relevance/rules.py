@@ -263,11 +263,7 @@ class Flat(Rule):
         w = layer.weight
         if single_output(layer, x):  # every output unit has the same sums: one computed
             w = w[:1]
-        ones = torch.ones_like(w)
-        with torch.no_grad():  # the counts: the same for every sample
-            z = layer.op(torch.ones_like(x[:1]), ones)
-        t = layer.op(unit_path(x), ones).expand_as(o)
-        return rescaled(o, t, stabilized_ratio(o, z, self.stabilizer, nonnegative=True))
+        return _input_free(self, layer, x, o, torch.ones_like(w))
 
 
 class WSquare(Rule):
@@ -278,12 +274,18 @@ class WSquare(Rule):
     """
 
     def output(self, layer: Affine | None, x: Tensor, o: Tensor) -> Tensor:
-        w2, b = layer.weight**2, self.bias_of(layer)
-        with torch.no_grad():  # the same for every sample
-            z = layer.op(torch.ones_like(x[:1]), w2)
-        bias = None if b is None else b**2
-        ratio = stabilized_ratio(o, z, self.stabilizer, bias=bias, nonnegative=True)
-        return rescaled(o, layer.op(unit_path(x), w2), ratio)
+        b = self.bias_of(layer)
+        return _input_free(self, layer, x, o, layer.weight**2, None if b is None else b**2)
+
+
+def _input_free(
+    rule: Rule, layer: Affine, x: Tensor, o: Tensor, w: Tensor, bias: Tensor | None = None
+) -> Tensor:
+    """Flat's and WSquare's ``R_j = sum_k w_jk / stab(sum_i w_ik + bias_k) R_k``, ``w >= 0``."""
+    with torch.no_grad():  # the same for every sample
+        z = layer.op(torch.ones_like(x[:1]), w)
+    ratio = stabilized_ratio(o, z, rule.stabilizer, bias=bias, nonnegative=True)
+    return rescaled(o, layer.op(unit_path(x), w).expand_as(o), ratio)
 
 
 class ZBox(Rule):

@@ -3,25 +3,20 @@ Attention-Aware Layer-Wise Relevance Propagation for Transformers", ICML 2024), 
 modified gradient ``g = R / A`` (:mod:`camkit.relevance.rules`):
 
 * **softmax**, ``R_i = x_i (R^out_i - s_i sum_j R^out_j)`` (Prop. 3.1): in ``g`` the softmax's
-  own Jacobian, so the plain gradient implements it exactly. Not conservative (the zeroth-order
-  Taylor term, all of it for equal logits, is the softmax's bias); lxt 2.1 does the same;
+  own Jacobian, its plain gradient. Not conservative (its zeroth-order Taylor term is a bias);
+  lxt 2.1 does the same;
 * **attention weights as constants** (``attention="constant"``): CP-LRP (Ali et al., "XAI for
   Transformers: Better Explanations through Conservative Propagation", ICML 2022; lxt's
-  ``cp_LRP``): no relevance enters ``q k^T``, ``attn @ v`` gives ``v`` all of it: conservative;
+  ``cp_LRP``): ``attn @ v`` gives ``v`` all the relevance;
 * **matmul and the product of two activations** (``q k^T``, ``attn @ v``, gates): the uniform
-  rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (Prop. 3.3), half the gradient to each factor,
-  without stabiliser (lxt's ``divide_gradient``);
-* **layer, RMS and group norm**, ``F.normalize`` and hand-written norms (``x.pow(2).mean()``,
-  ``rsqrt``: constants): the identity rule on the normalisation, the standard deviation a
-  constant (Prop. 3.4);
-* **GELU, SiLU and the other activations**: the identity rule, :class:`~.rules.Pass`; rotary
-  embeddings and grouped-query attention: products with constants and structural operations,
-  their plain gradient; gated MLPs: the uniform rule;
-* ``F.scaled_dot_product_attention``: the function itself with the gradient of ``q`` and ``k``
-  quartered and of ``v`` halved (the rules above in lxt's Gradient x Input form);
-  ``F.multi_head_attention_forward``: computed again from its parts, bitwise the fused value;
-* ``F.linear`` outside a ruled module (projections inside fused attention, Swin's window
-  attention): the Epsilon rule, AttnLRP's (and lxt's) rule for linear layers.
+  rule, ``R_A = R_B = 1/2 * A (dy/dA) R / y`` (Prop. 3.3), half the gradient to each factor
+  (lxt's ``divide_gradient``);
+* **layer, RMS and group norm**, ``F.normalize`` and hand-written norms: the identity rule, the
+  standard deviation a constant (Prop. 3.4); activations: :class:`~.rules.Pass`;
+* ``F.scaled_dot_product_attention``: itself with the gradient of ``q`` and ``k`` quartered and
+  of ``v`` halved (lxt's Gradient x Input form); ``F.multi_head_attention_forward``: computed
+  again from its parts, bitwise the fused value;
+* ``F.linear`` outside a ruled module: the Epsilon rule, AttnLRP's (and lxt's) for linear layers.
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ _SOFTMAXES = [F.softmax, torch.softmax, Tensor.softmax, getattr(torch.special, "
 
 def bilinear(o: Tensor) -> Tensor:
     """``o = f(a, b)`` bilinear, carrying its graph: each factor gets half of the relevance (the
-    uniform rule, AttnLRP Prop. 3.3, in lxt's Gradient x Input form: half the gradient; the
-    plain gradient of a bilinear product gives each factor all of it)."""
+    uniform rule, AttnLRP Prop. 3.3, in lxt's Gradient x Input form)."""
     return shared(o, 0.5)
 
 
@@ -191,11 +185,10 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 def attention(
     q: Tensor, k: Tensor, v: Tensor, *args: Any, constant: bool = False, **kwargs: Any
 ) -> Tensor:
-    """``F.scaled_dot_product_attention`` (its arguments) with AttnLRP's rules as lxt 2.1's
-    LLaMA patches apply them: its own forward and backward, the gradient of ``q`` and ``k``
-    quartered and of ``v`` halved (the uniform rule, :func:`bilinear`, on ``q k^T`` and ``attn @
-    v``; the softmax's rule is its gradient). ``constant`` (CP-LRP): ``q`` and ``k`` constants,
-    ``v`` all of the relevance (lxt's ``cp_LRP``)."""
+    """``F.scaled_dot_product_attention`` with AttnLRP's rules as lxt 2.1's LLaMA patches apply
+    them: the gradient of ``q`` and ``k`` quartered and of ``v`` halved (the uniform rule on
+    ``q k^T`` and ``attn @ v``). ``constant`` (CP-LRP): ``q`` and ``k`` constants (lxt's
+    ``cp_LRP``)."""
     if constant:
         q, k = q.detach(), k.detach()
     else:
@@ -210,10 +203,8 @@ def shared(x: Tensor, share: float) -> Tensor:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsilon) -> Tensor:
-    """``F.linear`` outside a ruled module (inside attention functions: torchvision's
-    ``multi_head_attention_forward``, Swin's ``shifted_window_attention``) with the Epsilon rule,
-    as AttnLRP and lxt treat every linear layer (``lxt.explicit.functional.linear_epsilon``):
-    ``R_j = sum_k x_j w_kj / stab(z_k) R_k``, the weight and bias constants."""
+    """``F.linear`` outside a ruled module (inside attention functions) with the Epsilon rule,
+    as AttnLRP and lxt treat every linear layer (``lxt.explicit.functional.linear_epsilon``)."""
     if isinstance(weight, Tensor) and not _from_parameters(weight):
         raise RelevanceError(
             "F.linear with a weight computed from the input (a product of two activations) has "
@@ -223,8 +214,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, rule: Epsil
 
 
 def _from_parameters(t: Tensor, limit: int = 64) -> bool:
-    """Whether ``t`` is a constant or computed from parameters only (a slice of a packed
-    projection), not from the input: its graph (at most ``limit`` steps) ends in parameters."""
+    """Whether ``t``'s graph (at most ``limit`` steps) ends in parameters only, not the input."""
     if not t.requires_grad or isinstance(t, nn.Parameter):
         return True
     seen, todo = 0, [t.grad_fn]
@@ -255,9 +245,8 @@ _MHA = inspect.signature(F.multi_head_attention_forward)
 def multi_head_attention(
     *args: Any, rule: Epsilon, constant: bool = False, **kwargs: Any
 ) -> tuple[Tensor, Tensor | None]:
-    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, torchvision's ViT), the
-    same arguments, recomputed from its parts: the projections with :func:`linear`'s Epsilon
-    rule, the attention with AttnLRP's; the returned values are the fused function's bitwise."""
+    """``F.multi_head_attention_forward`` recomputed from its parts: the projections with the
+    Epsilon rule, the attention with AttnLRP's; the values are the fused function's bitwise."""
     out, weights = F.multi_head_attention_forward(*args, **kwargs)
     bound = _MHA.bind(*args, **kwargs)
     bound.apply_defaults()
