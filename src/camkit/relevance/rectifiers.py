@@ -1,8 +1,7 @@
 """The ReLU rules of guided backpropagation and the deconvnet, as rule sets of the one backward.
 
 Under ``composite("guided")`` or ``composite("deconvnet")``, every ReLU that Python code applies
-(``nn.ReLU`` modules, ``F.relu``, ``torch.relu``, ``Tensor.relu``, in-place forms) keeps its
-forward value but backpropagates by:
+(modules, functions, in-place forms) keeps its forward value but backpropagates by:
 
 * ``"guided"`` (Springenberg et al., "Striving for Simplicity: The All Convolutional Net",
   ICLR 2015 workshop): ``grad_in = grad_out * (x > 0) * (grad_out > 0)``;
@@ -11,8 +10,7 @@ forward value but backpropagates by:
 
 ``ReLU6``, ``hardtanh(x, 0, max)`` (guided: ``(0 < x < max)``) and ``threshold(x, 0, 0)`` are
 rectifiers too. Other activations keep their plain gradient and are reported
-(:class:`UnmodifiedActivationWarning`), as are scripted submodules, which run outside Python;
-gates (sigmoid, tanh, softmax) keep their gradient silently.
+(:class:`UnmodifiedActivationWarning`), as are scripted submodules; gates keep it silently.
 """
 
 from __future__ import annotations
@@ -177,9 +175,8 @@ class ActivationLog:
 def rectified(
     func: Callable, args: tuple, kwargs: dict, log: ActivationLog, rule: Backward | None = None
 ) -> Any:
-    """``func(*args, **kwargs)``, a rectifier of :data:`RECTIFIERS`, with ``log.rule``'s
-    backward (or ``rule(grad, out, upper)``) when its arguments make it one (else its plain
-    gradient, logged)."""
+    """``func(*args, **kwargs)`` (of :data:`RECTIFIERS`) with ``log.rule``'s backward (or
+    ``rule(grad, out, upper)``) when its arguments make it a rectifier, else logged."""
     rectifier = RECTIFIERS[func]
     bound = rectifier.bind(args, kwargs)
     upper = rectifier.upper(bound)

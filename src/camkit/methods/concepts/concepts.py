@@ -192,8 +192,7 @@ def as_concept(spec: object) -> Concept:
 
 
 def as_concepts(specs: object) -> list[Concept]:
-    """A list of concepts: one spec, a list of channel indices (one concept each), or a list of
-    concepts / groups; ``range(C)`` gives every channel of the layer."""
+    """A list of concepts: one spec or a list of them; ``range(C)``: every channel."""
     if isinstance(specs, Concept | int) and not isinstance(specs, bool):
         return [as_concept(specs)]
     if isinstance(specs, Tensor):
@@ -206,8 +205,8 @@ def as_concepts(specs: object) -> list[Concept]:
 
 
 def region_weights(region: object, grid: tuple[int, ...], like: Tensor) -> Tensor:
-    """``(B, 1, *grid)`` weights of a region mask given at the input's size (each cell weighs
-    the share of it inside the region) or at the layer grid's size."""
+    """``(B, 1, *grid)`` weights of a region mask at the input's size (each cell: its share
+    inside the region) or at the layer grid's."""
     if not isinstance(region, Tensor):
         raise ArgumentError(f"region must be a mask tensor (H, W) or (B, H, W), got {region!r}")
     size, batch, dims = tuple(like.shape[2:]), like.shape[0], len(grid)

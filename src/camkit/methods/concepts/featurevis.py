@@ -63,7 +63,6 @@ class NeuronObjective:
     position: int | None = None
 
     def score(self, act: Tensor, logits: Tensor) -> Tensor:
-        """``(B, C, ...)`` activations (channels first), the logits -> ``(B,)``."""
         flat = _channel(act, self.channel, self.layer).flatten(1)
         position = flat.shape[1] // 2 if self.position is None else self.position
         if not 0 <= position < flat.shape[1]:
@@ -135,7 +134,6 @@ def _draw(n: int, generator: torch.Generator) -> int:
 
 
 def _jitter(image: Tensor, shift: int, generator: torch.Generator) -> Tensor:
-    """A random crop that removes up to ``shift - 1`` pixels on each axis."""
     dy, dx = _draw(shift, generator), _draw(shift, generator)
     h, w = image.shape[-2:]
     return image[..., dy : h - shift + dy + 1, dx : w - shift + dx + 1]

@@ -143,8 +143,7 @@ class ReferenceCollector:
         *,
         additional_forward_args: Any = None,
     ) -> None:
-        """Rank the channels on a batch ``(n, C, H, W)`` of dataset samples ``indices (n,)``
-        (``additional_forward_args``: the model's other inputs for these samples)."""
+        """Rank the channels on a batch ``(n, C, H, W)`` of dataset samples ``indices (n,)``."""
         require_autograd("reference images")
         batch, _ = as_batch(images, self.capture.model)
         indices = torch.as_tensor(indices, dtype=torch.long)
@@ -189,7 +188,7 @@ class ReferenceCollector:
         }
 
     def load_state(self, state: dict) -> None:
-        """Fold in a :meth:`state` (a resumed part, another rank's), exactly as :meth:`merge`."""
+        """Fold in a :meth:`state` (a resumed part, another rank's)."""
         if state.get("layer") != self.layer or state.get("top") != self.top:
             raise ArgumentError(
                 f"a collector state of layer {state.get('layer')!r}, top {state.get('top')} "

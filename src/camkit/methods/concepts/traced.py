@@ -25,10 +25,9 @@ from camkit.targets.resolver import resolve
 
 @dataclass
 class Pass:
-    """One traced forward: the input leaf, the tapped outputs (in the graph), the scores, and
-    the gradients of the scores at the tapped outputs once computed (``starts``). ``frames``:
-    per layer, its rows per sample (``T`` for a frame-wise model's layer of ``B * T`` rows, row
-    ``b * T + t``; else 1)."""
+    """One traced forward: the input leaf, the tapped outputs, the scores, their gradients at
+    the tapped outputs once computed (``starts``) and per layer its rows per sample
+    (``frames``: ``T`` for a frame-wise model's layer of ``B * T`` rows, else 1)."""
 
     leaf: Tensor
     acts: dict[str, Tensor]
@@ -63,9 +62,8 @@ def traced(
     output: OutputSelector,
     reshape: str | None,
 ) -> Iterator[Pass]:
-    """One forward of ``call.batch`` (``call.forward``: its ``additional_forward_args`` reach
-    the model) with ``layers`` tapped, the input a leaf, under ``rules``; the target is scored
-    and the backward passes run after it (inside the ``with`` of the caller)."""
+    """One forward of ``call`` with ``layers`` tapped, the input a leaf, under ``rules``, the
+    target scored; the backward passes run inside the caller's ``with``."""
     require_autograd("concept relevance")
     batch = call.batch
     size = batch.shape[0]
