@@ -5,13 +5,11 @@ relevance ``R_k``; ``x+ = max(x, 0)``, ``x- = min(x, 0)``, likewise ``w+``, ``w-
 ``b-``; ``stab(z) = z + eps * (sign(z) + [z == 0])`` (zennit's stabiliser). Each rule gives the
 relevance ``R_j`` of the layer's input; the numbers follow zennit 0.5.1 (``zennit.rules``).
 
-The rules run inside :func:`camkit.relevance.rules_applied` as *modified gradients*: what flows
-backward is ``g = R / A`` for every tensor ``A``. A rule turns its layer's output into ``y =
-o.detach() + (T - T.detach())`` (:func:`~camkit.relevance.rescale.rescaled`: one autograd node):
-the forward value is ``o`` bitwise, and the gradient of ``T`` is the rule's ``R_j / x_j`` for an
-incoming ``g = R / o``. Every coefficient is detached, so the backward is linear in ``g``.
-The first layer's rules (:class:`Flat`, :class:`WSquare`, :class:`ZBox`) reach the input through
-``x / x``: an input entry exactly zero gets no relevance.
+The rules run as *modified gradients*: what flows backward is ``g = R / A`` for every tensor
+``A``. A rule turns its layer's output into ``y = o.detach() + (T - T.detach())``
+(:func:`~camkit.relevance.rescale.rescaled`): ``o`` bitwise in the forward, and the gradient of
+``T`` is ``R_j / x_j`` for an incoming ``g = R / o``, linear in ``g``. The first layer's rules
+reach the input through ``x / x``: an input entry exactly zero gets no relevance.
 """
 
 from __future__ import annotations

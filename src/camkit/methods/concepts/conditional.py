@@ -182,16 +182,13 @@ class ConceptAttribution:
         ``channels (k,)``, mean ``relevance (k,)``, mean ``share (k,)``; no heatmaps."""
         k = positive_int("k", k)
         batch, _ = as_batch(x, self.model)
-        call = Call.of(batch, additional_forward_args)
-        step = chunk_size(batch.shape[0], self.batch_size)
-        relevance = []
-        for start in range(0, batch.shape[0], step):
+        call, n = Call.of(batch, additional_forward_args), batch.shape[0]
+        step, relevance = chunk_size(n, self.batch_size), []
+        for start in range(0, n, step):
             rows = slice(start, start + step)
-            part_target = rows_of(target, rows, batch.shape[0])
-            part_region = rows_of(region, rows, batch.shape[0])
-            part = call.following(torch.arange(batch.shape[0])[rows], batch[rows])
-            with self._traced(part, part_target, [self.layer]) as run:
-                relevance.append(self._channel_relevance(run, part_region))
+            part = call.following(torch.arange(n)[rows], batch[rows])
+            with self._traced(part, rows_of(target, rows, n), [self.layer]) as run:
+                relevance.append(self._channel_relevance(run, rows_of(region, rows, n)))
         return self.dominant_of(torch.cat(relevance), k)
 
     def dominant_of(self, relevance: Tensor, k: int = 10) -> TopConcepts:

@@ -3,15 +3,10 @@ rule's backward, so that ``t * dS/dt`` is the relevance of any tensor ``t`` on t
 the incoming gradient: the conditions of Concept Relevance Propagation are masks on that
 gradient (Achtibat et al., Nature Machine Intelligence 5, 2023).
 
-* :data:`GRADIENT`: the plain gradient, relevance = gradient x activation, heatmap = gradient x
-  input (Shrikumar et al., "Not Just a Black Box", 2016); works on every model camkit explains.
-* :class:`LRPRules`: camkit's Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015) with
-  a named or own composite, Concept Relevance Propagation proper (equal to zennit-crp's with the
-  same composite), or the ReLU rules (``LRPRules("guided")``). Every ``rules=`` also takes the
-  rule set's name or composite (:func:`check_rules`).
-
-A rule context of one's own implements :class:`Rules`: ``applied(model)`` leaves the model as it
-found it; ``batched``: whether its backward can be vmapped (``is_grads_batched``).
+* :data:`GRADIENT`: relevance = gradient x activation (Shrikumar et al., "Not Just a Black
+  Box", 2016); works on every model camkit explains.
+* :class:`LRPRules`: Layer-wise Relevance Propagation (Bach et al., PLOS ONE 2015), Concept
+  Relevance Propagation proper (zennit-crp's with the same composite), or the ReLU rules.
 """
 
 from __future__ import annotations
@@ -30,7 +25,8 @@ from camkit.relevance import composite as relevance_composite
 
 @runtime_checkable
 class Rules(Protocol):
-    """A backward rule context for conditional relevance (see the module docstring)."""
+    """A backward rule context: ``applied(model)`` leaves the model as it found it;
+    ``batched``: whether its backward can be vmapped (``is_grads_batched``)."""
 
     batched: bool
 
