@@ -28,8 +28,7 @@ class Concept:
         raise NotImplementedError
 
     def check(self, channels: int) -> None:
-        """Raise :class:`~camkit.errors.ArgumentError` unless the concept fits a layer of
-        ``channels`` channels."""
+        """Raise :class:`~camkit.errors.ArgumentError` unless it fits ``channels`` channels."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

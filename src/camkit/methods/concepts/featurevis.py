@@ -99,9 +99,8 @@ def _channel(act: Tensor, channel: int, layer: str) -> Tensor:
 
 
 def fourier_image(spectrum: Tensor, size: tuple[int, int]) -> Tensor:
-    """``(B, 3, h, w // 2 + 1)`` complex spectrum -> ``(B, 3, h, w)`` image in [0, 1]: each
-    frequency scaled by ``1 / max(f, 1 / max(h, w))`` (lucid's ``fft_image``, decay power 1),
-    the inverse FFT divided by 4, decorrelated colours, a sigmoid."""
+    """``(B, 3, h, w // 2 + 1)`` complex spectrum -> ``(B, 3, h, w)`` image in [0, 1] (lucid's
+    ``fft_image``, decay power 1, then decorrelated colours and a sigmoid)."""
     h, w = size
     fy = torch.fft.fftfreq(h, device=spectrum.device)[:, None]
     fx = torch.fft.rfftfreq(w, device=spectrum.device)[None, :]
@@ -112,9 +111,8 @@ def fourier_image(spectrum: Tensor, size: tuple[int, int]) -> Tensor:
 
 
 def robust(image: Tensor, size: tuple[int, int], generator: torch.Generator) -> Tensor:
-    """lucid's standard transformations, drawn from ``generator``: pad 12 (grey), jitter 8,
-    random scale, random rotation, jitter 4 (pixel amounts for a 224-pixel side, scaled to the
-    image's side), then resized to ``size``."""
+    """lucid's standard transformations drawn from ``generator`` (see the module docstring),
+    then resized to ``size``."""
     side = max(size) / 224
     pad, first, last = round(12 * side), max(round(8 * side), 1), max(round(4 * side), 1)
     image = F.pad(image, (pad, pad, pad, pad), value=0.5)

@@ -1,14 +1,11 @@
 """Reference images: for every channel of a layer, the dataset images in which it is most
-active and those in which it is most relevant for the predicted class, each with the patch of
-its receptive field that drives it.
-
-Activation and relevance maximisation of Concept Relevance Propagation (Achtibat et al., Nature
-Machine Intelligence 5, 2023, Sec. "Relevance maximization"), ranked as zennit-crp 0.6.0 does
-(``ChannelConcept.reference_sampling``, ``Maximization``): a channel's score in an image is the
-sum (``score="sum"``) or the largest (``"max"``) over its positions of the activation ``A`` or
-the relevance ``A * g``, divided by the image's sum of absolute channel scores (``normalise``,
-zennit-crp's ``abs_norm``); the driving position is the argmax. A streaming top-k per channel
-keeps memory flat over the dataset; two collectors (ranks, resumed parts) merge exactly.
+active or relevant, and the patch that drives it. Activation and relevance maximisation of
+Concept Relevance Propagation (Achtibat et al., Nature Machine Intelligence 5, 2023, Sec.
+"Relevance maximization"), ranked as zennit-crp 0.6.0 does (``ChannelConcept.reference_sampling``,
+``Maximization``): a channel's score in an image is the sum (``score="sum"``) or the largest
+(``"max"``) over its positions of the activation ``A`` or the relevance ``A * g``, divided by the
+image's sum of absolute channel scores (``normalise``, zennit-crp's ``abs_norm``); the driving
+position is the argmax. Collectors (ranks, resumed parts) merge exactly.
 """
 
 from __future__ import annotations
