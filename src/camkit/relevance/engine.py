@@ -7,22 +7,16 @@ reported, the rest keeps its plain gradient. Under an LRP composite (strict), mo
 composite gives a rule get it through forward hooks, and every other operation is ruled by the
 table:
 
-* ``relu``: its plain gradient, which is the Pass rule's exactly (no copy, no extra operation);
-* the other rectifiers and activations (``relu6``, ``silu``, ``gelu``, ``sigmoid``, ``tanh``,
-  ...; in-place forms too): :class:`~.rules.Pass`;
-* additions and subtractions of two tensors on the relevance path (residual sums), sums, means,
-  average pooling, resampling, additive scatters: :class:`~.rules.Norm` with the composite's
-  stabiliser;
-* structural operations (views, ``cat``, indexing, padding, max pooling, dropout, casts,
-  gathers, writes), a tensor plus or times a constant, an un-merged ``batch_norm``: their plain
-  gradient, which moves ``g = R / A`` as relevance must move (as zennit does);
-* softmax, matmul and products of two activations, layer / RMS / group norm, ``F.normalize``,
-  norms (constants), fused attention and ``F.linear`` outside a ruled module: AttnLRP's rules
-  (:mod:`~.transformers`); gates (``x * sigmoid(s)``): the composite's (:mod:`~.gates`);
-* anything else on the relevance path (``exp``, ``cumsum``, a functional convolution, ...):
+* ``relu``: its plain gradient, the Pass rule's exactly; other activations: :class:`~.rules.Pass`;
+* residual sums of two tensors on the relevance path (one that requires grad and is not an
+  ``nn.Parameter``), sums, means, average pooling, resampling, additive scatters:
+  :class:`~.rules.Norm` with the composite's stabiliser;
+* structural operations, a tensor plus or times a constant, an un-merged ``batch_norm``: their
+  plain gradient, which moves ``g = R / A`` as relevance must move (as zennit does);
+* softmax, matmul and products of two activations, norms, fused attention and ``F.linear``
+  outside a ruled module: AttnLRP's rules (:mod:`~.transformers`); gates: :mod:`~.gates`;
+* anything else on the relevance path (``exp``, ``cumsum``, ...): a
   :class:`~camkit.errors.RelevanceError` naming the operation and the line that called it.
-
-A tensor is on the relevance path when it requires grad and is not an ``nn.Parameter``.
 """
 
 from __future__ import annotations
