@@ -39,10 +39,8 @@ def lowered(weight: Tensor, gamma: float) -> Tensor:
 
 @dataclass(frozen=True)
 class Affine:
-    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), the
-    parameters detached: what the parametric rules modify. ``rebuild``: how ``weight`` is
-    computed again from what the model keeps (a BatchNorm merged in), None where ``weight`` is
-    the model's own."""
+    """A layer ``op(x, weight) + bias`` (``bias`` broadcast to the output, or None), detached.
+    ``rebuild``: how ``weight`` is computed again from the model's (None: it is the model's)."""
 
     op: Callable[[Tensor, Tensor], Tensor]
     weight: Tensor
@@ -74,22 +72,19 @@ class Affine:
         return partial(_unchanged, self.weight, self.weight._version)
 
     def reweighted(self, derive: Derive, bias: Tensor | None) -> Affine:
-        """This map with weight ``derive(weight)`` and ``bias``, computed again on request from
-        the model's tensors (``rebuild``) rather than kept."""
+        """This map with weight ``derive(weight)`` (rebuilt on request) and ``bias``."""
         base = self.rebuild or self._kept()
         return replace(
             self, weight=derive(self.weight), bias=bias, rebuild=partial(_built, derive, base)
         )
 
     def scaled_outputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
-        """Weight -> the weight with output ``k`` scaled by ``scale[k]`` (a BatchNorm merged
-        after), in the memory layout of the layer's input ``x`` (see :func:`_scaled`)."""
+        """Weight -> the weight with output ``k`` scaled by ``scale[k]``, in ``x``'s layout."""
         shaped = scale.view(-1, *(1,) * (self.weight.dim() - 1))
         return partial(_scaled, scale=shaped, memory_format=_layout(self.weight, x))
 
     def scaled_inputs(self, scale: Tensor, x: Tensor | None = None) -> Derive:
-        """Weight -> the weight with input channel ``j`` scaled by ``scale[j]`` (a BatchNorm
-        before), in the memory layout of the layer's input ``x``."""
+        """Weight -> the weight with input ``j`` scaled by ``scale[j]``, in ``x``'s layout."""
         shaped = scale.view(1, -1, *(1,) * (self.weight.dim() - 2))
         return partial(_scaled, scale=shaped, memory_format=_layout(self.weight, x))
 
@@ -150,8 +145,8 @@ def _scaled(
 
 
 def _grouped_scaled(weight: Tensor, scale: Tensor) -> Tensor:
-    """A transposed convolution's weight ``(C_in, C_out / g, *kernel)`` times ``scale`` shaped
-    ``(g, 1, C_out / g, 1...)``: its groups unflattened, scaled, flattened again."""
+    """A transposed convolution's weight ``(C_in, C_out / g, ...)`` times ``scale`` shaped
+    ``(g, 1, C_out / g, ...)``."""
     return (weight.unflatten(0, (scale.shape[0], -1)) * scale).flatten(0, 1)
 
 

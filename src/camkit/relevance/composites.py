@@ -62,17 +62,13 @@ def _matches(match: Match, name: str, kind: type) -> bool:
 
 @dataclass
 class Composite:
-    """A rule set of the one backward: ``rules`` by module type or layer-name pattern (first
-    match wins), a special ``first`` layer, the ``stabilizer`` of the table's Norm rule, the
-    ``canonizers``, the rule of multiplicative ``gates`` (``"uniform"`` or ``"constant"``,
-    :mod:`~.gates`), what ``bias_units`` are to the layers reading them (``"input"`` or
-    ``"bias"``, :mod:`~.bias_units`), the rule of ``attention`` weights (``"softmax"``,
-    AttnLRP's, or ``"constant"``, CP-LRP's, :mod:`~.transformers`), the ReLU ``rectifier``
-    (``"guided"``, ``"deconvnet"`` or None) and whether it is ``strict`` (LRP: an operation on
-    the relevance path without a rule raises; else it keeps its plain gradient).
-
-    ``Composite([(nn.Conv2d, Gamma(0.25)), ("classifier.*", Epsilon())])``.
-    """
+    """A rule set of the one backward, e.g. ``Composite([(nn.Conv2d, Gamma(0.25)),
+    ("classifier.*", Epsilon())])``: ``rules`` by module type or layer-name pattern (first match
+    wins), a special ``first`` layer, the ``stabilizer`` of the table's Norm rule, the
+    ``canonizers``, the rule of ``gates`` (``"uniform"``, ``"constant"``), what ``bias_units``
+    are (``"input"``, ``"bias"``), the rule of ``attention`` weights (``"softmax"``, AttnLRP's,
+    or ``"constant"``, CP-LRP's), the ReLU ``rectifier`` (``"guided"``, ``"deconvnet"`` or None)
+    and whether it is ``strict`` (an operation on the relevance path without a rule raises)."""
 
     rules: Sequence[tuple[Match, Rule]]
     first: Sequence[tuple[Match, Rule]] = ()
