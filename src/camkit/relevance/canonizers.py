@@ -4,13 +4,9 @@
 ``nn.Conv`` layer, in either order (``conv -> bn`` as zennit's ``SequentialMergeBatchNorm``, and
 ``bn -> conv``), so that the layer's rule sees one affine map ``W' x + b'`` (Montavon et al. 2019,
 sec. 10.3; Hui & Binder, "BatchNorm Decomposition for Deep Neural Network Interpretation",
-2019). The edit is hooks that live only inside :func:`camkit.relevance.rules_applied`: the
-model's parameters and buffers are never written. Adjacency is read from the data flow of the
-forward (a BatchNorm's input *is* the layer's output, or its output the layer's input); the
-merged layer's output is the model's own forward value, only the rule's backward sees the merged
-parameters. Residual sums and concatenations need no canonizer: ``+``, ``torch.add`` and
-``torch.cat`` get their rule where they are called (what zennit's ``ResNetCanonizer`` achieves by
-rewriting the blocks).
+2019). The edit is hooks inside :func:`camkit.relevance.rules_applied`; adjacency is read from
+the forward's data flow, and only the rule's backward sees the merged parameters. Residual sums
+need no canonizer (zennit's ``ResNetCanonizer``): ``+`` gets its rule where it is called.
 """
 
 from __future__ import annotations

@@ -5,13 +5,10 @@ explanations through Concept Relevance Propagation", Nature Machine Intelligence
 relevance of concept ``c`` of layer ``l`` for the target ``y`` is ``R_c = sum_ij A_cij g_cij``
 (``g = dS_y/dA`` under the rule context, :mod:`~camkit.methods.concepts.rules`), and its
 conditional heatmap ``R(x | c) = sum_channels x * d/dx <A, P_c g>``: the gradient masked at the
-layer by the concept (:mod:`~camkit.methods.concepts.concepts`), then carried on to the input.
-The backward is linear, so the heatmaps of all channels sum to the unconditional heatmap
-(through the layer) and the channel relevances to the layer's total.
-
-One forward runs with the layers tapped; ``K`` conditions are ``K`` vector-Jacobian products on
-that graph, ``batch_size`` at a time. As zennit-crp's ``exclude_parallel=True``, paths that
-bypass the layer carry no conditional relevance.
+layer by the concept (:mod:`~camkit.methods.concepts.concepts`), then carried on to the input
+(linear: the heatmaps of all channels sum to the unconditional one through the layer). ``K``
+conditions are ``K`` vector-Jacobian products on one forward's graph. As zennit-crp's
+``exclude_parallel=True``, paths that bypass the layer carry no conditional relevance.
 """
 
 from __future__ import annotations
