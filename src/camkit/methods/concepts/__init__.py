@@ -2,11 +2,8 @@
 and the explorer only call these functions.
 
 * :class:`ConceptAttribution`: Concept Relevance Propagation (Achtibat et al., Nature Machine
-  Intelligence 5, 2023): channel relevances, top-k concepts (in a region), their conditional
-  heatmaps in one batched backward, concepts given a later layer's, the attribution graph;
-* reference images: :class:`ReferenceCollector` (streaming activation and relevance
-  maximisation, :class:`TopK` per channel), :func:`receptive_boxes` (the patch that drives a
-  channel);
+  Intelligence 5, 2023): channel relevances, top-k concepts, conditional heatmaps, the graph;
+* reference images: :class:`ReferenceCollector`, :class:`TopK`, :func:`receptive_boxes`;
 * feature visualisation (Olah et al., Distill 2017): :func:`visualize` and
   :func:`feature_images` of a :class:`ChannelObjective`, :class:`NeuronObjective` or
   :class:`LogitObjective`;

@@ -99,7 +99,7 @@ class ReferenceCollector:
         model, layer: the model and the layer whose channels are ranked.
         top: images kept per channel.
         rules: the rule context of the relevance (default: gradient x activation), or a rule
-            set of the one backward by name or composite (``"guided"``, an LRP composite).
+            set's name or composite.
         score: ``"sum"`` over the channel's positions or its ``"max"`` position.
         normalise: divide by the image's sum of absolute channel scores (zennit-crp's
             ``abs_norm``, its default).
