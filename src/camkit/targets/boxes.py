@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -30,8 +30,6 @@ from camkit.targets.outputs import describe, field
 
 Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
 Layout = Literal["auto", "rows", "columns"]
-SCORINGS = ("auto", "softmax", "sigmoid", "raw", "objectness")
-LAYOUTS = ("auto", "rows", "columns")
 # HuggingFace output classes whose heads score with a sigmoid per class (focal loss)
 _SIGMOID_HEADS = ("ConditionalDetr", "DeformableDetr", "DabDetr", "RTDetr", "GroundingDino")
 
@@ -209,12 +207,10 @@ class BoxTarget(Target):
             raise TargetError("each box must have x2 > x1 and y2 > y1")
         if not 0 < iou_threshold <= 1:
             raise TargetError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
-        if lost not in ("raise", "zero"):
-            raise TargetError(f'lost must be "raise" or "zero", got {lost!r}')
-        if scoring not in SCORINGS:
-            raise TargetError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
-        if layout not in LAYOUTS:
-            raise TargetError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        choices = (("lost", lost, ("raise", "zero")), ("scoring", scoring, get_args(Scoring)))
+        for name, value, allowed in (*choices, ("layout", layout, get_args(Layout))):
+            if value not in allowed:
+                raise TargetError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         self.labels = label_tensor.long()
         self.boxes = box_tensor
         self.iou_threshold = float(iou_threshold)
@@ -242,29 +238,26 @@ class BoxTarget(Target):
         ious = box_iou(wanted, boxes.detach()) if len(boxes) else boxes.new_zeros(len(wanted), 0)
         same = labels.to(self.labels.device)[None, :] == self.labels[:, None]
         ious = ious.where(same.to(ious.device), ious.new_tensor(-1.0))
-        picked = []
-        for m in range(len(wanted)):
-            best = int(ious[m].argmax()) if ious.shape[1] else -1
-            iou = float(ious[m, best]) if best >= 0 else -1.0
-            if iou >= self.iou_threshold:
-                picked.append(scores[best])
-            elif self.lost == "zero":
-                picked.append(scores.sum() * 0)  # lost: 0, still part of the graph
-            else:
-                where = f"row {row} of the {total} scored (sample {row} of the batch, or"
-                where = "the image (or" if total == 1 else where
-                hint = f"; {_LAYOUT_HINT}" if "tensor" in self.used or "ultra" in self.used else ""
-                raise TargetError(
-                    f"{where} a copy that the method scores): no detection of label "
-                    f"{int(self.labels[m])} overlaps box {self.boxes[m].tolist()} with IoU >= "
-                    f"{self.iou_threshold} (best IoU among the {int(same[m].sum())} detections "
-                    f"of that label: {max(iou, 0.0):.2f}; {len(boxes)} detections in all; read "
-                    f"as {self.used}). Methods that score copies of the image with the target "
-                    "itself (Integrated Gradients' path points, SmoothGrad's noise) lose "
-                    "detections near the baseline: pass BoxTarget(..., lost='zero') to score a "
-                    f"lost detection 0{hint}"
-                )
-        return torch.stack(picked)
+        ious = torch.cat([ious, ious.new_full((len(wanted), 1), -1.0)], dim=1)  # none found
+        best_iou, best = ious.max(dim=1)  # ties: the first detection
+        found = best_iou >= self.iou_threshold
+        if self.lost == "raise" and not found.all():
+            m = int((~found).nonzero()[0])
+            where = f"row {row} of the {total} scored (sample {row} of the batch, or"
+            where = "the image (or" if total == 1 else where
+            hint = f"; {_LAYOUT_HINT}" if "tensor" in self.used or "ultra" in self.used else ""
+            raise TargetError(
+                f"{where} a copy that the method scores): no detection of label "
+                f"{int(self.labels[m])} overlaps box {self.boxes[m].tolist()} with IoU >= "
+                f"{self.iou_threshold} (best IoU among the {int(same[m].sum())} detections "
+                f"of that label: {max(float(best_iou[m]), 0.0):.2f}; {len(boxes)} detections in "
+                f"all; read as {self.used}). Methods that score copies of the image with the "
+                "target itself (Integrated Gradients' path points, SmoothGrad's noise) lose "
+                "detections near the baseline: pass BoxTarget(..., lost='zero') to score a "
+                f"lost detection 0{hint}"
+            )
+        lost = scores.sum()[None] * 0  # a lost detection scores 0, still part of the graph
+        return torch.cat([scores, lost])[best.where(found, len(scores)).to(scores.device)]
 
     def __repr__(self) -> str:
         return (
