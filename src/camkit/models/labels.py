@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -25,12 +25,6 @@ def _imagenet_labels() -> tuple[str, ...]:
 def imagenet_labels() -> list[str]:
     """The 1000 ImageNet-1k class names in index order (torchvision's names: 281 is 'tabby')."""
     return list(_imagenet_labels())
-
-
-def labels_for(num_classes: int) -> list[str]:
-    if num_classes == 1000:
-        return imagenet_labels()
-    return [f"class {index}" for index in range(num_classes)]  # 0 classes: no labels
 
 
 LABEL_KEYS = ("labels", "classes", "id2label")
@@ -95,13 +89,3 @@ def checkpoint_labels(entries: Mapping[str, object], source: str) -> list[str] |
                         raise ArgumentError(f"{source}: {key!r} is not JSON text") from None
                 return as_labels(found, f"{source} ({key})")
     return None
-
-
-def fit_labels(labels: Sequence[str], classes: int, source: str) -> list[str]:
-    """``labels`` checked against the model's number of classes."""
-    if len(labels) != classes:
-        raise ArgumentError(
-            f"{source} has {len(labels)} class names but the model has {classes} classes; "
-            "give one name per class, in index order"
-        )
-    return list(labels)

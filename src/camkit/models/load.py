@@ -31,7 +31,7 @@ from camkit.models.checkpoints import (
     read_checkpoint_labels,
     strip_shared_prefix,
 )
-from camkit.models.labels import fit_labels, labels_for, read_labels
+from camkit.models.labels import imagenet_labels, read_labels
 from camkit.models.preprocess import Preprocess
 from camkit.targets.ranking import ranked
 
@@ -226,14 +226,21 @@ def class_names(
     own: list[str] | None = None,
     weights: object = None,
 ) -> list[str]:
-    """The names of a model's ``classes`` classes: those ``given`` (names, or a labels file
-    for :func:`~camkit.models.labels.read_labels`), else the checkpoint ``weights``' ``own``,
-    else the defaults (:func:`~camkit.models.labels.labels_for`); given or own names must be
-    one per class (:func:`~camkit.models.labels.fit_labels`)."""
-    if given is not None:
-        if isinstance(given, (str, os.PathLike)):
-            return fit_labels(read_labels(given), classes, f"labels file {os.fspath(given)}")
-        return fit_labels(given, classes, "labels")
-    if own is not None:
-        return fit_labels(own, classes, f"the checkpoint {os.fspath(weights)}")
-    return labels_for(classes)
+    """The names of a model's ``classes`` classes, one per class in index order: those
+    ``given`` (names, or a labels file for :func:`~camkit.models.labels.read_labels`), else
+    the checkpoint ``weights``' ``own``, else ImageNet's for 1000 classes, ``class <i>``
+    otherwise."""
+    if given is None and own is None:
+        return imagenet_labels() if classes == 1000 else [f"class {i}" for i in range(classes)]
+    if given is None:
+        names, source = own, f"the checkpoint {os.fspath(weights)}"
+    elif isinstance(given, (str, os.PathLike)):
+        names, source = read_labels(given), f"labels file {os.fspath(given)}"
+    else:
+        names, source = given, "labels"
+    if len(names) != classes:
+        raise ArgumentError(
+            f"{source} has {len(names)} class names but the model has {classes} classes; "
+            "give one name per class, in index order"
+        )
+    return list(names)

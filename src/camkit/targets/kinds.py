@@ -7,7 +7,7 @@ mask's logits, a span of frames, a reference embedding's cosine; detections are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -55,18 +55,14 @@ class SoftmaxTarget(ClassTarget):
 
 
 def _dense_logits(output: Any) -> Tensor:
-    expected = "(B, K, H, W) or (B, K, D, H, W) logits or a dict with 'out' (torchvision)"
-    picked = output
-    if isinstance(output, Mapping):
-        picked = next((output[key] for key in ("out", "logits") if key in output), None)
-        if picked is None:
-            raise TargetError(
-                f"SegmentationTarget needs {expected} or 'logits', got {describe(output)}"
-            )
-    elif isinstance(field(output, "logits"), Tensor):
-        picked = output.logits  # HuggingFace segmentation outputs
+    keys = ("out", "logits")  # torchvision's dict, HuggingFace's segmentation outputs
+    found = (value for key in keys if isinstance(value := field(output, key), Tensor))
+    picked = next(found, output)
     if not isinstance(picked, Tensor) or picked.ndim not in (4, 5):
-        raise TargetError(f"SegmentationTarget needs {expected}, got {describe(picked)}")
+        raise TargetError(
+            "SegmentationTarget needs (B, K, H, W) or (B, K, D, H, W) logits, a dict with 'out' "
+            f"(torchvision) or a dict or object with 'logits', got {describe(picked)}"
+        )
     return picked
 
 
