@@ -21,7 +21,6 @@ from camkit.models.builders import (
     build_timm,
     build_torchvision,
     packaged_lite0_state,
-    suggest,
     unknown,
 )
 from camkit.models.checkpoints import (
@@ -90,15 +89,6 @@ def top_classes(
     ]
 
 
-def _looks_like_path(spec: str) -> bool:
-    return (
-        os.path.exists(spec)
-        or Path(spec).suffix.lower() in CHECKPOINT_SUFFIXES
-        or os.sep in spec
-        or "/" in spec
-    )
-
-
 def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     """Model name -> a builder taking ``num_classes`` (None: the architecture's default)."""
     if spec == DEFAULT_MODEL:
@@ -109,9 +99,7 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     import timm
     from torchvision.models import list_models
 
-    close = suggest(spec, list_models(), "torchvision:")
-    close += suggest(spec, timm.list_models(), "timm:")
-    raise unknown(spec, close[:6])
+    raise unknown(spec, spec, torchvision=list_models(), timm=timm.list_models())
 
 
 def load(
@@ -142,7 +130,9 @@ def load(
     then ``(T, H, W)``, the preprocessing that of one frame.
     """
     spec = os.fspath(name)
-    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec)
+    path_like = os.path.exists(spec) or "/" in spec or os.sep in spec
+    path_like = path_like or Path(spec).suffix.lower() in CHECKPOINT_SUFFIXES
+    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and path_like
     if checkpoint and weights is not None:
         raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
     weights = spec if checkpoint else weights
