@@ -181,20 +181,16 @@ class EmbeddingTarget(Target):
         self.output = output
 
     def _embedding(self, output: Any) -> Tensor:
-        if self.output is not None:
-            try:
-                return select_output(output, self.output)
-            except OutputError as err:
-                raise TargetError(f"EmbeddingTarget(output={self.output!r}): {err}") from None
-        for key in ("image_embeds", "pooler_output", "embeddings"):
-            if isinstance(found := field(output, key), Tensor):
-                return found
+        keys = ("image_embeds", "pooler_output", "embeddings")
+        found = (value for key in keys if isinstance(value := field(output, key), Tensor))
         try:
-            return select_output(output)
-        except OutputError:
+            if self.output is None and (embedding := next(found, None)) is not None:
+                return embedding
+            return select_output(output, self.output)
+        except OutputError as err:
             raise TargetError(
-                f"EmbeddingTarget needs (B, D) embeddings, got {describe(output)}; pass "
-                "output= the key or a callable that picks them"
+                f"EmbeddingTarget(output={self.output!r}) needs (B, D) embeddings, got "
+                f"{describe(output)} ({err}); pass output= the key or a callable that picks them"
             ) from None
 
     def __call__(self, output: Any) -> Tensor:
