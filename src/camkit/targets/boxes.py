@@ -160,24 +160,20 @@ _LAYOUT_HINT = (
 
 
 class BoxTarget(Target):
-    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes.
-
-    For each given box and label, among the sample's detections with that label and
-    IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
-    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU to the score; camkit keeps the
-    model's confidence alone, so the map explains the detection's class score).
+    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes:
+    that of the sample's detection with the box's label and the highest IoU (at least
+    ``iou_threshold``). pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU; camkit
+    keeps the model's confidence alone, so the map explains the detection's class score.
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
-    in the input's pixels, looked for in every sample of the batch. ``scoring``: how a
-    detection is scored (module docstring); ``"auto"`` reads it from the output's type, and
-    after a call :attr:`used` says how the detections were read and scored. ``layout``: a YOLO
-    tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"`` ``(B, 4 + C, N)`` (ultralytics
-    YOLOv8); ``"auto"``: columns for ultralytics' eval output ``(y, feature maps)``, else rows.
-    ``lost``: when no detection matches, ``"raise"`` a :class:`TargetError` naming the row and
-    the best IoU, or ``"zero"``: score 0. Perturbed copies (Score-CAM, Ablation-CAM, deletion)
-    always score a lost detection 0 (:meth:`for_copies`); Integrated Gradients scores its path
-    points with the target itself, and loses the detection near the baseline: pass
-    ``lost="zero"`` there.
+    in input pixels, looked for in every sample. ``scoring``: see the module docstring;
+    ``"auto"`` reads it from the output's type; :attr:`used` then says how the last call read
+    and scored. ``layout``: a YOLO tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"``
+    ``(B, 4 + C, N)`` (ultralytics YOLOv8); ``"auto"``: columns for ultralytics' eval output
+    ``(y, feature maps)``, else rows. ``lost``: no matching detection ``"raise"``s a
+    :class:`TargetError` (row, best IoU) or scores ``"zero"``. Perturbed copies (Score-CAM,
+    Ablation-CAM, deletion) always score it 0 (:meth:`for_copies`); Integrated Gradients'
+    path points lose the detection near the baseline: pass ``lost="zero"`` there.
     """
 
     def __init__(

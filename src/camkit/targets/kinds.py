@@ -40,9 +40,8 @@ class ClassTarget(Target):
     def __call__(self, output: Any) -> Tensor:
         hint = "for dense outputs use SegmentationTarget, for embeddings EmbeddingTarget"
         logits = target_logits(output, type(self).__name__, "(B, num_classes)", hint)
-        scorer = resolve(self.idx, logits.shape[0], logits.device)
-        scored = logits.softmax(dim=1) if self.probability else logits
-        scores = scorer(scored, torch.arange(logits.shape[0]))
+        scorer = resolve(self, logits.shape[0], logits.device)  # softmax when probability
+        scores = scorer(logits, torch.arange(logits.shape[0]))
         return scores if scorer.several else scores[:, 0]
 
 
