@@ -185,13 +185,9 @@ def classifier_classes(model: nn.Module, state: Mapping[str, Tensor]) -> int | N
     """Classes of the checkpoint's head (the model's last ``nn.Linear`` / ``nn.Conv2d``) when
     only its size differs from the model's, else None."""
     heads = [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    if not heads:
-        return None
-    key = f"{heads[-1]}.weight"
-    current = model.state_dict().get(key)
-    stored = state.get(key)
+    key = f"{heads[-1]}.weight" if heads else None
+    current, stored = model.state_dict().get(key), state.get(key)
     if current is None or stored is None or stored.ndim != current.ndim:
         return None
-    if stored.shape[0] != current.shape[0] and stored.shape[1:] == current.shape[1:]:
-        return int(stored.shape[0])
-    return None
+    resized = stored.shape[0] != current.shape[0] and stored.shape[1:] == current.shape[1:]
+    return int(stored.shape[0]) if resized else None
