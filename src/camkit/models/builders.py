@@ -16,13 +16,15 @@ from camkit.models.preprocess import INTERPOLATIONS, Preprocess, preprocess_of
 DEFAULT_MODEL = "efficientnet_lite0"
 
 
-def suggest(name: str, candidates: Iterable[str], prefix: str) -> list[str]:
-    close = difflib.get_close_matches(name, list(candidates), n=5, cutoff=0.6)
-    return [f"{prefix}{match}" for match in close]
-
-
-def unknown(spec: str, suggestions: list[str]) -> UnknownModelError:
-    hint = f"; did you mean {', '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+def unknown(spec: str, name: str, **sources: Iterable[str]) -> UnknownModelError:
+    """The error for an unknown model, suggesting up to 6 names of ``sources`` close to
+    ``name`` (keyword: the source's prefix, value: its architectures)."""
+    close = [
+        f"{source}:{match}"
+        for source, names in sources.items()
+        for match in difflib.get_close_matches(name, list(names), n=5, cutoff=0.6)
+    ][:6]
+    hint = f"; did you mean {', '.join(repr(s) for s in close)}?" if close else ""
     return UnknownModelError(
         f"unknown model {spec!r}{hint} Use {DEFAULT_MODEL!r}, 'torchvision:<arch>' or "
         "'timm:<arch>' (see torchvision.models.list_models() / timm.list_models())"
@@ -34,7 +36,7 @@ def build_torchvision(arch: str, num_classes: int | None) -> tuple[nn.Module, Pr
 
     names = tv_models.list_models()
     if arch not in names:
-        raise unknown(f"torchvision:{arch}", suggest(arch, names, "torchvision:"))
+        raise unknown(f"torchvision:{arch}", arch, torchvision=names)
     extra: dict[str, object] = {} if num_classes is None else {"num_classes": num_classes}
     if "weights_backbone" in inspect.signature(tv_models.get_model_builder(arch)).parameters:
         extra["weights_backbone"] = None  # detection/segmentation: else it downloads a backbone
@@ -63,7 +65,7 @@ def build_timm(arch: str, num_classes: int | None) -> tuple[nn.Module, Preproces
     import timm
 
     if not timm.is_model(arch):
-        raise unknown(f"timm:{arch}", suggest(arch, timm.list_models(), "timm:"))
+        raise unknown(f"timm:{arch}", arch, timm=timm.list_models())
     extra = {} if num_classes is None else {"num_classes": num_classes}
     model = timm.create_model(arch, pretrained=False, **extra)
     return model, preprocess_of(model)  # its pretrained_cfg

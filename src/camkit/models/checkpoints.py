@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from camkit.errors import CheckpointError, CheckpointMismatchError, UnsafeCheckpointError
 from camkit.models.labels import checkpoint_labels
+from camkit.targets.outputs import describe
 
 CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors"}
 _NESTED_STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model", "module")
@@ -27,10 +28,6 @@ def _is_safetensors(path: Path) -> bool:
     return int.from_bytes(head[:8], "little") < path.stat().st_size
 
 
-def _describe_value(value: object) -> str:
-    return f"tensor {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
-
-
 def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
     if isinstance(loaded, Mapping) and not all(isinstance(v, Tensor) for v in loaded.values()):
         nested = (loaded[key] for key in _NESTED_STATE_DICT_KEYS if key in loaded)
@@ -38,15 +35,14 @@ def _unwrap_state_dict(loaded: object, path: Path) -> dict[str, Tensor]:
     if not isinstance(loaded, Mapping) or not loaded:
         raise CheckpointError(
             f"{path}: expected a state dict (a mapping of names to tensors, possibly under "
-            f"{'/'.join(_NESTED_STATE_DICT_KEYS)}), got {_describe_value(loaded)}"
-            + (" (empty)" if isinstance(loaded, Mapping) else "")
+            f"{'/'.join(_NESTED_STATE_DICT_KEYS)}), got {describe(loaded)}"
         )
     bad = [(k, v) for k, v in loaded.items() if not (isinstance(k, str) and isinstance(v, Tensor))]
     if bad:
         key, value = bad[0]
         raise CheckpointError(
             f"{path}: expected a state dict of names -> tensors, but {len(bad)} entries are not "
-            f"(e.g. {key!r}: {_describe_value(value)})"
+            f"(e.g. {key!r}: {describe(value)})"
         )
     return dict(loaded)
 
@@ -189,13 +185,9 @@ def classifier_classes(model: nn.Module, state: Mapping[str, Tensor]) -> int | N
     """Classes of the checkpoint's head (the model's last ``nn.Linear`` / ``nn.Conv2d``) when
     only its size differs from the model's, else None."""
     heads = [name for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    if not heads:
-        return None
-    key = f"{heads[-1]}.weight"
-    current = model.state_dict().get(key)
-    stored = state.get(key)
+    key = f"{heads[-1]}.weight" if heads else None
+    current, stored = model.state_dict().get(key), state.get(key)
     if current is None or stored is None or stored.ndim != current.ndim:
         return None
-    if stored.shape[0] != current.shape[0] and stored.shape[1:] == current.shape[1:]:
-        return int(stored.shape[0])
-    return None
+    resized = stored.shape[0] != current.shape[0] and stored.shape[1:] == current.shape[1:]
+    return int(stored.shape[0]) if resized else None

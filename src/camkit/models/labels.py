@@ -1,36 +1,23 @@
-"""Class names: a labels file or the checkpoint's own names when there are some; else ImageNet's
-for 1000-class models, ``class <i>`` otherwise."""
+"""Class names: ImageNet's, a labels file's, a checkpoint's (``load.class_names`` picks)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
 from camkit.errors import ArgumentError
 
 
-@lru_cache(maxsize=1)
-def _imagenet_labels() -> tuple[str, ...]:
+def imagenet_labels() -> list[str]:
+    """The 1000 ImageNet-1k class names in index order (torchvision's names: 281 is 'tabby')."""
     text = resources.files("camkit").joinpath("data/imagenet_classes.txt").read_text("utf-8")
-    labels = tuple(line.strip() for line in text.splitlines() if line.strip())
+    labels = [line.strip() for line in text.splitlines() if line.strip()]
     if len(labels) != 1000:
         raise RuntimeError(f"camkit/data/imagenet_classes.txt has {len(labels)} labels, not 1000")
     return labels
-
-
-def imagenet_labels() -> list[str]:
-    """The 1000 ImageNet-1k class names in index order (torchvision's names: 281 is 'tabby')."""
-    return list(_imagenet_labels())
-
-
-def labels_for(num_classes: int) -> list[str]:
-    if num_classes == 1000:
-        return imagenet_labels()
-    return [f"class {index}" for index in range(num_classes)]  # 0 classes: no labels
 
 
 LABEL_KEYS = ("labels", "classes", "id2label")
@@ -95,13 +82,3 @@ def checkpoint_labels(entries: Mapping[str, object], source: str) -> list[str] |
                         raise ArgumentError(f"{source}: {key!r} is not JSON text") from None
                 return as_labels(found, f"{source} ({key})")
     return None
-
-
-def fit_labels(labels: Sequence[str], classes: int, source: str) -> list[str]:
-    """``labels`` checked against the model's number of classes."""
-    if len(labels) != classes:
-        raise ArgumentError(
-            f"{source} has {len(labels)} class names but the model has {classes} classes; "
-            "give one name per class, in index order"
-        )
-    return list(labels)

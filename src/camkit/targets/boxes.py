@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -30,8 +30,6 @@ from camkit.targets.outputs import describe, field
 
 Scoring = Literal["auto", "softmax", "sigmoid", "raw", "objectness"]
 Layout = Literal["auto", "rows", "columns"]
-SCORINGS = ("auto", "softmax", "sigmoid", "raw", "objectness")
-LAYOUTS = ("auto", "rows", "columns")
 # HuggingFace output classes whose heads score with a sigmoid per class (focal loss)
 _SIGMOID_HEADS = ("ConditionalDetr", "DeformableDetr", "DabDetr", "RTDetr", "GroundingDino")
 
@@ -162,24 +160,20 @@ _LAYOUT_HINT = (
 
 
 class BoxTarget(Target):
-    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes.
-
-    For each given box and label, among the sample's detections with that label and
-    IoU >= ``iou_threshold`` the one with the highest IoU is chosen and its score returned
-    (pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU to the score; camkit keeps the
-    model's confidence alone, so the map explains the detection's class score).
+    """A detector's score for each given box: ``detections -> (B,)``, or ``(B, M)`` for M boxes:
+    that of the sample's detection with the box's label and the highest IoU (at least
+    ``iou_threshold``). pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` adds the IoU; camkit
+    keeps the model's confidence alone, so the map explains the detection's class score.
 
     ``labels``: an int (one box ``(4,)``) or ``M`` ints (boxes ``(M, 4)``), ``x1, y1, x2, y2``
-    in the input's pixels, looked for in every sample of the batch. ``scoring``: how a
-    detection is scored (module docstring); ``"auto"`` reads it from the output's type, and
-    after a call :attr:`used` says how the detections were read and scored. ``layout``: a YOLO
-    tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"`` ``(B, 4 + C, N)`` (ultralytics
-    YOLOv8); ``"auto"``: columns for ultralytics' eval output ``(y, feature maps)``, else rows.
-    ``lost``: when no detection matches, ``"raise"`` a :class:`TargetError` naming the row and
-    the best IoU, or ``"zero"``: score 0. Perturbed copies (Score-CAM, Ablation-CAM, deletion)
-    always score a lost detection 0 (:meth:`for_copies`); Integrated Gradients scores its path
-    points with the target itself, and loses the detection near the baseline: pass
-    ``lost="zero"`` there.
+    in input pixels, looked for in every sample. ``scoring``: see the module docstring;
+    ``"auto"`` reads it from the output's type; :attr:`used` then says how the last call read
+    and scored. ``layout``: a YOLO tensor's ``"rows"`` ``(B, N, 4 + C)`` or ``"columns"``
+    ``(B, 4 + C, N)`` (ultralytics YOLOv8); ``"auto"``: columns for ultralytics' eval output
+    ``(y, feature maps)``, else rows. ``lost``: no matching detection ``"raise"``s a
+    :class:`TargetError` (row, best IoU) or scores ``"zero"``. Perturbed copies (Score-CAM,
+    Ablation-CAM, deletion) always score it 0 (:meth:`for_copies`); Integrated Gradients'
+    path points lose the detection near the baseline: pass ``lost="zero"`` there.
     """
 
     def __init__(
@@ -209,12 +203,10 @@ class BoxTarget(Target):
             raise TargetError("each box must have x2 > x1 and y2 > y1")
         if not 0 < iou_threshold <= 1:
             raise TargetError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
-        if lost not in ("raise", "zero"):
-            raise TargetError(f'lost must be "raise" or "zero", got {lost!r}')
-        if scoring not in SCORINGS:
-            raise TargetError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
-        if layout not in LAYOUTS:
-            raise TargetError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        choices = (("lost", lost, ("raise", "zero")), ("scoring", scoring, get_args(Scoring)))
+        for name, value, allowed in (*choices, ("layout", layout, get_args(Layout))):
+            if value not in allowed:
+                raise TargetError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         self.labels = label_tensor.long()
         self.boxes = box_tensor
         self.iou_threshold = float(iou_threshold)
@@ -242,29 +234,26 @@ class BoxTarget(Target):
         ious = box_iou(wanted, boxes.detach()) if len(boxes) else boxes.new_zeros(len(wanted), 0)
         same = labels.to(self.labels.device)[None, :] == self.labels[:, None]
         ious = ious.where(same.to(ious.device), ious.new_tensor(-1.0))
-        picked = []
-        for m in range(len(wanted)):
-            best = int(ious[m].argmax()) if ious.shape[1] else -1
-            iou = float(ious[m, best]) if best >= 0 else -1.0
-            if iou >= self.iou_threshold:
-                picked.append(scores[best])
-            elif self.lost == "zero":
-                picked.append(scores.sum() * 0)  # lost: 0, still part of the graph
-            else:
-                where = f"row {row} of the {total} scored (sample {row} of the batch, or"
-                where = "the image (or" if total == 1 else where
-                hint = f"; {_LAYOUT_HINT}" if "tensor" in self.used or "ultra" in self.used else ""
-                raise TargetError(
-                    f"{where} a copy that the method scores): no detection of label "
-                    f"{int(self.labels[m])} overlaps box {self.boxes[m].tolist()} with IoU >= "
-                    f"{self.iou_threshold} (best IoU among the {int(same[m].sum())} detections "
-                    f"of that label: {max(iou, 0.0):.2f}; {len(boxes)} detections in all; read "
-                    f"as {self.used}). Methods that score copies of the image with the target "
-                    "itself (Integrated Gradients' path points, SmoothGrad's noise) lose "
-                    "detections near the baseline: pass BoxTarget(..., lost='zero') to score a "
-                    f"lost detection 0{hint}"
-                )
-        return torch.stack(picked)
+        ious = torch.cat([ious, ious.new_full((len(wanted), 1), -1.0)], dim=1)  # none found
+        best_iou, best = ious.max(dim=1)  # ties: the first detection
+        found = best_iou >= self.iou_threshold
+        if self.lost == "raise" and not found.all():
+            m = int((~found).nonzero()[0])
+            where = f"row {row} of the {total} scored (sample {row} of the batch, or"
+            where = "the image (or" if total == 1 else where
+            hint = f"; {_LAYOUT_HINT}" if "tensor" in self.used or "ultra" in self.used else ""
+            raise TargetError(
+                f"{where} a copy that the method scores): no detection of label "
+                f"{int(self.labels[m])} overlaps box {self.boxes[m].tolist()} with IoU >= "
+                f"{self.iou_threshold} (best IoU among the {int(same[m].sum())} detections "
+                f"of that label: {max(float(best_iou[m]), 0.0):.2f}; {len(boxes)} detections in "
+                f"all; read as {self.used}). Methods that score copies of the image with the "
+                "target itself (Integrated Gradients' path points, SmoothGrad's noise) lose "
+                "detections near the baseline: pass BoxTarget(..., lost='zero') to score a "
+                f"lost detection 0{hint}"
+            )
+        lost = scores.sum()[None] * 0  # a lost detection scores 0, still part of the graph
+        return torch.cat([scores, lost])[best.where(found, len(scores)).to(scores.device)]
 
     def __repr__(self) -> str:
         return (

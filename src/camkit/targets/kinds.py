@@ -7,7 +7,7 @@ mask's logits, a span of frames, a reference embedding's cosine; detections are
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -40,9 +40,8 @@ class ClassTarget(Target):
     def __call__(self, output: Any) -> Tensor:
         hint = "for dense outputs use SegmentationTarget, for embeddings EmbeddingTarget"
         logits = target_logits(output, type(self).__name__, "(B, num_classes)", hint)
-        scorer = resolve(self.idx, logits.shape[0], logits.device)
-        scored = logits.softmax(dim=1) if self.probability else logits
-        scores = scorer(scored, torch.arange(logits.shape[0]))
+        scorer = resolve(self, logits.shape[0], logits.device)  # softmax when probability
+        scores = scorer(logits, torch.arange(logits.shape[0]))
         return scores if scorer.several else scores[:, 0]
 
 
@@ -55,18 +54,14 @@ class SoftmaxTarget(ClassTarget):
 
 
 def _dense_logits(output: Any) -> Tensor:
-    expected = "(B, K, H, W) or (B, K, D, H, W) logits or a dict with 'out' (torchvision)"
-    picked = output
-    if isinstance(output, Mapping):
-        picked = next((output[key] for key in ("out", "logits") if key in output), None)
-        if picked is None:
-            raise TargetError(
-                f"SegmentationTarget needs {expected} or 'logits', got {describe(output)}"
-            )
-    elif isinstance(field(output, "logits"), Tensor):
-        picked = output.logits  # HuggingFace segmentation outputs
+    keys = ("out", "logits")  # torchvision's dict, HuggingFace's segmentation outputs
+    found = (value for key in keys if isinstance(value := field(output, key), Tensor))
+    picked = next(found, output)
     if not isinstance(picked, Tensor) or picked.ndim not in (4, 5):
-        raise TargetError(f"SegmentationTarget needs {expected}, got {describe(picked)}")
+        raise TargetError(
+            "SegmentationTarget needs (B, K, H, W) or (B, K, D, H, W) logits, a dict with 'out' "
+            f"(torchvision) or a dict or object with 'logits', got {describe(picked)}"
+        )
     return picked
 
 
@@ -185,20 +180,16 @@ class EmbeddingTarget(Target):
         self.output = output
 
     def _embedding(self, output: Any) -> Tensor:
-        if self.output is not None:
-            try:
-                return select_output(output, self.output)
-            except OutputError as err:
-                raise TargetError(f"EmbeddingTarget(output={self.output!r}): {err}") from None
-        for key in ("image_embeds", "pooler_output", "embeddings"):
-            if isinstance(found := field(output, key), Tensor):
-                return found
+        keys = ("image_embeds", "pooler_output", "embeddings")
+        found = (value for key in keys if isinstance(value := field(output, key), Tensor))
         try:
-            return select_output(output)
-        except OutputError:
+            if self.output is None and (embedding := next(found, None)) is not None:
+                return embedding
+            return select_output(output, self.output)
+        except OutputError as err:
             raise TargetError(
-                f"EmbeddingTarget needs (B, D) embeddings, got {describe(output)}; pass "
-                "output= the key or a callable that picks them"
+                f"EmbeddingTarget(output={self.output!r}) needs (B, D) embeddings, got "
+                f"{describe(output)} ({err}); pass output= the key or a callable that picks them"
             ) from None
 
     def __call__(self, output: Any) -> Tensor:

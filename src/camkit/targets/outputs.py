@@ -74,20 +74,15 @@ def target_logits(output: Any, who: str, shape: str, hint: str) -> Tensor:
     return logits
 
 
-def _detections(output: Any) -> str | None:
-    """What kind of detector output this is (torchvision, DETR-style), or None."""
-    first = output[0] if isinstance(output, list | tuple) and output else None
-    if isinstance(first, Mapping) and "boxes" in first:
-        return "a list of detections (dicts with 'boxes', as torchvision detectors give)"
-    if isinstance(field(output, "pred_boxes"), Tensor):
-        return f"DETR-style detections ({type(output).__name__} with 'pred_boxes')"
-    return None
-
-
 def class_logits(output: Any, selector: OutputSelector) -> Tensor:
     """The ``(B, num_classes)`` logits class targets score, or a clear TargetError (for a
     detector: one that says it needs a box target)."""
-    detections = _detections(output) if selector is None else None
+    first = output[0] if isinstance(output, list | tuple) and output else None
+    detections = None
+    if selector is None and isinstance(first, Mapping) and "boxes" in first:
+        detections = "a list of detections (dicts with 'boxes', as torchvision detectors give)"
+    elif selector is None and isinstance(field(output, "pred_boxes"), Tensor):
+        detections = f"DETR-style detections ({type(output).__name__} with 'pred_boxes')"
     if detections is not None:
         raise TargetError(
             f"the model is a detector: it returns {detections}, so a class index (or no "

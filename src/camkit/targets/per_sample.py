@@ -12,10 +12,7 @@ from torch import Tensor
 
 from camkit.errors import TargetError
 from camkit.targets.base import Target
-
-
-def _got(value: object) -> object:
-    return tuple(value.shape) if isinstance(value, Tensor) else type(value)
+from camkit.targets.outputs import describe
 
 
 @dataclass(eq=False)  # identity: a RowScorer holding one stays hashable
@@ -76,7 +73,7 @@ class PerSample:
                     if not isinstance(values, Tensor) or values.shape != (n,):
                         raise TargetError(
                             f"target {target!r} of sample {sample} must return ({n},) scores "
-                            f"for the {n} rows of the output, got {_got(values)}"
+                            f"for the {n} rows of the output, got {describe(values)}"
                         )
                     for i in picked:
                         columns[k][i] = values[i]
@@ -91,7 +88,7 @@ class PerSample:
                     if not isinstance(value, Tensor) or value.numel() != 1:
                         raise TargetError(
                             f"target {target!r} of sample {sample} gets that sample's output "
-                            f"(output[i]) and must return one score, got {_got(value)}"
+                            f"(output[i]) and must return one score, got {describe(value)}"
                         )
                     columns[k][i] = value.reshape(())
         return torch.stack([torch.stack(column) for column in columns], dim=1)
