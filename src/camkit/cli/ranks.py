@@ -50,7 +50,7 @@ class Ranks:
         return items[self.rank :: self.world]
 
     def span(self, items: list) -> list:
-        """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
+        """This rank's contiguous :func:`span` of ``items``."""
         return span(items, self.world, self.rank)
 
     def gather(self, value: object) -> list:
@@ -72,10 +72,9 @@ class Ranks:
         if not self.distributed:
             yield
             return
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         try:
             yield
         finally:

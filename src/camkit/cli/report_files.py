@@ -67,10 +67,7 @@ def _fresh(target: Path, source: Path) -> bool:
         made = target.stat().st_mtime
     except FileNotFoundError:
         return False
-    try:
-        return made >= source.stat().st_mtime
-    except FileNotFoundError:
-        return True
+    return not source.exists() or made >= source.stat().st_mtime
 
 
 def image_url(image: str, out: Path) -> str:
