@@ -305,7 +305,5 @@ def _one_thread(worker: int) -> None:
 def _lowest_priority() -> None:
     """Nice 19 for this thread: it never holds up the model's OpenMP threads at a barrier (+9 %
     images/s on 2 cores, docs/performance.md)."""
-    setpriority = getattr(os, "setpriority", None)
-    if setpriority is not None:
-        with contextlib.suppress(OSError):
-            setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no setpriority (Windows)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

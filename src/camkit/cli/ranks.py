@@ -1,9 +1,6 @@
-"""Many processes through ``torchrun``: which rank this is, its device, barriers.
-
-``torchrun --nproc_per_node=N -m camkit explain ...`` starts N copies of the command with
-``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set; camkit joins them with ``torch.distributed``
-(NCCL on GPUs, gloo on the CPU). A plain ``camkit explain`` is rank 0 of 1, without a group.
-"""
+"""Many processes through ``torchrun`` (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``): which rank
+this is, its device, barriers; joined by ``torch.distributed`` (NCCL on GPUs, gloo on the CPU).
+A plain ``camkit explain`` is rank 0 of 1, without a group."""
 
 from __future__ import annotations
 

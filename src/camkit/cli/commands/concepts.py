@@ -272,10 +272,10 @@ def write_patches(
                         patch=str(Path("patches") / layer / name),
                     )
                 )
-    for modes in entries.values():
-        for rows in modes.values():
-            rows.sort(key=lambda entry: entry.rank)
-    return entries
+    return {
+        channel: {mode: sorted(rows, key=lambda entry: entry.rank) for mode, rows in modes.items()}
+        for channel, modes in entries.items()
+    }
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
