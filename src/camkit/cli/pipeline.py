@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from camkit import io, models, registry, viz
 from camkit.cli import report
@@ -238,7 +238,7 @@ def explain_files(
     after every batch whose files are written."""
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
-    files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
+    files = Subset(ImageFiles(paths, loaded.preprocess, max_pixels=job.max_pixels), indices)
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
     maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
@@ -268,8 +268,6 @@ def explain_files(
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []
         for batch in data_loader(files, job, collate):
-            batch.indices = [indices[index] for index in batch.indices]  # -> indices of paths
-            batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))

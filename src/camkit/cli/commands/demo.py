@@ -97,13 +97,7 @@ def run_demo(args: argparse.Namespace) -> int:
     inputs = out / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
     paths = [io.save_png(inputs / f"{name}.png", photo) for name, photo in demo_photos().items()]
-    job = Job(
-        methods=DEMO_METHODS,
-        layer=pick_layer(loaded, None, DEMO_METHODS),
-        classes=None,
-        out=out,
-        device=device,
-    )
+    job = Job(DEMO_METHODS, pick_layer(loaded, None, DEMO_METHODS), None, out, device)
     records = explain(loaded, paths, job, argv=args.argv)["records"]
     # the same photo explained for another class: what `--target` does
     astronaut = next(path for path in paths if path.stem == TARGET_PHOTO)
