@@ -27,8 +27,7 @@ from camkit.errors import RunFileError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line and a hint (a missing argument still shows
-    the usage); subcommands' parsers are of this class too."""
+    """argparse's parser (the subcommands' too) whose errors are one line and a hint."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):

@@ -122,9 +122,8 @@ def load_model(
     crop: str | None = None,
     clip_length: int | None = None,
 ) -> models.LoadedModel:
-    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
-    ``crop`` (``--crop``) replaces the model's own crop (None keeps it), the one preprocessing
-    every front end uses; ``clip_length``: a video model's frames per clip."""
+    """:func:`camkit.models.load`, errors as usage errors and warnings as stderr lines; ``crop``
+    replaces the model's own (None keeps it); ``clip_length``: a video model's frames per clip."""
     for option, path in (("--weights", weights), ("--labels", labels)):
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{option} {path}: no such file")
