@@ -35,6 +35,7 @@ from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
+OVERLAY_SETTINGS = ("alpha", "colormap", "save_raw", "format", "max_size")  # in a run's settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,7 @@ class Job:
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
             "composite": self.composite if composite else None,
-            "alpha": self.alpha,
-            "colormap": self.colormap,
-            "save_raw": self.save_raw,
-            "format": self.format,
-            "max_size": self.max_size,
+            **{name: getattr(self, name) for name in OVERLAY_SETTINGS},
         } | ({"save_maps": True} if self.save_maps else {})
 
 
