@@ -1,5 +1,4 @@
-"""What every ``camkit`` subcommand shares: usage errors, exit codes, checks of the arguments,
-loading the model."""
+"""What the subcommands share: usage errors, exit codes, argument checks, loading the model."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Image files as a ``torch.utils.data.Dataset``: decoded in DataLoader workers, never raising
-for a bad file (the pipeline reports it and carries on)."""
+"""Image files as a Dataset decoded in DataLoader workers; a bad file is reported, never raised."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The ``camkit explain`` pipeline on one rank: decoding workers, the methods, writer threads,
-and this rank's part of the manifest."""
+"""``camkit explain`` on one rank: decoding workers, the methods, writers, its manifest part."""
 
 from __future__ import annotations
 
@@ -161,11 +160,9 @@ class BatchExplainer:
         if batch.inputs is None:
             return explained
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
-        results, probabilities = self.run_methods(inputs)
-        if self.job.classes is None:
-            classes = top1(probabilities, keepdim=True).tolist()
-        else:
-            classes = [list(self.job.classes)] * len(inputs)
+        given = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
+        results, probabilities = self.run_methods(inputs, given)
+        classes = top1(probabilities, keepdim=True).tolist() if given is None else given
         seconds = (time.perf_counter() - started) / len(inputs)
         for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
             image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
@@ -190,9 +187,8 @@ class BatchExplainer:
                         explained.maps.append((record, mapstore.as_map(raw[row, column])))
         return explained
 
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
+    def run_methods(self, inputs: Tensor, target: list | None) -> tuple[dict[str, tuple], Tensor]:
         """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU, and the softmax."""
-        target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]

@@ -51,8 +51,7 @@ class Ranks:
         return span(items, self.world, self.rank)
 
     def gather(self, value: object) -> list:
-        """Every rank's ``value``, by rank (``torch.distributed.all_gather_object``: every rank
-        must call it, at the same point of the run); ``[value]`` for one process."""
+        """Every rank's ``value`` by rank (every rank must call it); ``[value]`` for one process."""
         if not self.distributed:
             return [value]
         found: list = [None] * self.world

@@ -1,6 +1,5 @@
-"""The report's files beside ``OUT/index.html``: the names of the thumbnails and raw-map
-pictures in ``OUT/thumbs/`` (a video's: its first frame), making them (missing or stale ones,
-in threads), and the URLs of files relative to the output folder."""
+"""The report's thumbnails and raw-map pictures in ``OUT/thumbs/``: their names, making the missing
+or stale ones (in threads), and files' URLs relative to the output folder."""
 
 from __future__ import annotations
 
