@@ -1,9 +1,6 @@
-"""The ``camkit`` command: ``explain`` images, ``evaluate`` the maps' faithfulness, list a model's
-``layers``, find the model's ``strategies`` across a run, run the ``demo``, ``serve`` the
-live explorer.
-
-The subcommands parse arguments, find and batch image files, name and write the outputs and the
-manifest, and choose exit codes; every map, overlay and model comes from the library.
+"""The ``camkit`` command (explain, evaluate, strategies, concepts, layers, demo, serve): the
+subcommands parse arguments, find and batch files, write the outputs and the manifest, and choose
+exit codes; every map, overlay and model comes from the library.
 
 Exit status: 0 all written, 1 some images could not be read (the others are written),
 2 a usage error (bad flag, unknown model/method/layer/class, missing path), 130 interrupted.
@@ -27,8 +24,7 @@ from camkit.errors import RunFileError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser whose errors are one line and a hint (a missing argument still shows
-    the usage); subcommands' parsers are of this class too."""
+    """argparse's parser (the subcommands' too) whose errors are one line and a hint."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("the following arguments are required"):

@@ -1,6 +1,5 @@
-"""The command line's options, written once: the arguments every command shares (model,
-crop, composite, device, the run options of ``explain`` and ``evaluate``), their value checks,
-and :func:`add_command`, which sets up each subcommand."""
+"""The options the commands share (model, crop, composite, device, the run options of ``explain``
+and ``evaluate``), their value checks, and :func:`add_command`, which sets up a subcommand."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What every ``camkit`` subcommand shares: usage errors, exit codes, checks of the arguments,
-loading the model."""
+"""What the subcommands share: usage errors, exit codes, argument checks, loading the model."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -122,9 +121,8 @@ def load_model(
     crop: str | None = None,
     clip_length: int | None = None,
 ) -> models.LoadedModel:
-    """:func:`camkit.models.load` with its errors as usage errors and warnings as stderr lines;
-    ``crop`` (``--crop``) replaces the model's own crop (None keeps it), the one preprocessing
-    every front end uses; ``clip_length``: a video model's frames per clip."""
+    """:func:`camkit.models.load`, errors as usage errors and warnings as stderr lines; ``crop``
+    replaces the model's own (None keeps it); ``clip_length``: a video model's frames per clip."""
     for option, path in (("--weights", weights), ("--labels", labels)):
         if path is not None and not Path(path).is_file():
             raise UsageError(f"{option} {path}: no such file")
@@ -184,16 +182,6 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {out}: {existing} is not writable")
 
 
-class RunInputs(NamedTuple):
-    """A run's checked inputs; ``checked``: what the command's own check returned."""
-
-    paths: list[Path]
-    methods: list[str]
-    out: Path
-    device: torch.device
-    checked: Any
-
-
 def image_paths(images: Sequence[str], say_skipped: bool = True) -> list[Path]:
     """The image files of the command line's files and folders (:func:`find_images`), saying
     on stderr what a folder held besides (``say_skipped``: on one rank only)."""
@@ -211,16 +199,17 @@ def check_run_inputs(
     own_check: Callable[[list[Path], list[str]], Any] | None = None,
     *,
     local_rank: int = 0,
-) -> RunInputs:
+) -> tuple[list[Path], list[str], Path, torch.device, Any]:
     """The inputs of :func:`add_run_arguments` checked in the order a refused run reports them:
     the images, ``--method``, the command's ``own_check(paths, methods)``, ``--out`` (nothing
-    written), ``--device`` (``local_rank``: see :func:`pick_device`)."""
+    written), ``--device`` (``local_rank``: see :func:`pick_device`) -> the paths, methods, out,
+    device and what ``own_check`` returned."""
     paths = image_paths(args.images, local_rank == 0)
     methods = parse_methods(args.method)
     checked = None if own_check is None else own_check(paths, methods)
     out = Path(args.out)
     check_out_dir(out)
-    return RunInputs(paths, methods, out, pick_device(args.device, local_rank), checked)
+    return paths, methods, out, pick_device(args.device, local_rank), checked
 
 
 def load_run_model(

@@ -1,5 +1,4 @@
-"""Image files as a ``torch.utils.data.Dataset``: decoded in DataLoader workers, never raising
-for a bad file (the pipeline reports it and carries on)."""
+"""Image files as a Dataset decoded in DataLoader workers; a bad file is reported, never raised."""
 
 from __future__ import annotations
 
@@ -17,25 +16,24 @@ from camkit.errors import ArgumentError
 from camkit.io import MAX_PIXELS, READ_ERRORS, describe, read_failure, read_image
 
 
+@dataclasses.dataclass(eq=False)
 class ImageFiles(Dataset):
     """Image files decoded in DataLoader workers: ``dataset[i]`` -> ``{index, path, input:
     preprocess(rgb) (3, h, w), image: the (H, W, 3) uint8 original (``keep_original``), error}``;
     an unreadable file never raises: its ``error`` says why. Batch them with :func:`collate`."""
 
-    def __init__(
-        self,
-        paths: Sequence[str | os.PathLike[str]],
-        preprocess: Callable[[np.ndarray], Tensor],
-        *,
-        keep_original: bool = True,
-        max_pixels: int | None = MAX_PIXELS,
-    ) -> None:
-        if not callable(preprocess):
-            raise ArgumentError(f"expected preprocess to be callable, got {describe(preprocess)}")
-        self.paths = [os.fspath(path) for path in paths]
-        self.preprocess = preprocess
-        self.keep_original = keep_original
-        self.max_pixels = max_pixels
+    paths: Sequence[str | os.PathLike[str]]
+    preprocess: Callable[[np.ndarray], Tensor]
+    _: dataclasses.KW_ONLY
+    keep_original: bool = True
+    max_pixels: int | None = MAX_PIXELS
+
+    def __post_init__(self) -> None:
+        if not callable(self.preprocess):
+            raise ArgumentError(
+                f"expected preprocess to be callable, got {describe(self.preprocess)}"
+            )
+        self.paths = [os.fspath(path) for path in self.paths]
 
     def __len__(self) -> int:
         return len(self.paths)

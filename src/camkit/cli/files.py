@@ -1,5 +1,4 @@
-"""The image files of a command line: files as given and the images of folders (not recursive,
-sorted), with what was left out of a folder and why."""
+"""The image files of a command line: files as given, folders' images, what was left out and why."""
 
 from __future__ import annotations
 

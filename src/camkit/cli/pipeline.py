@@ -1,5 +1,4 @@
-"""The ``camkit explain`` pipeline on one rank: decoding workers, the methods, writer threads,
-and this rank's part of the manifest."""
+"""``camkit explain`` on one rank: decoding workers, the methods, writers, its manifest part."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from camkit import io, models, registry, viz
 from camkit.cli import report
@@ -35,6 +34,7 @@ from camkit.targets.ranking import top1
 from camkit.targets.resolver import select_output
 
 OVERLAY_QUALITY = 90  # JPEG and WebP overlays: no visible loss on a blended heatmap
+OVERLAY_SETTINGS = ("alpha", "colormap", "save_raw", "format", "max_size")  # in a run's settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +77,7 @@ class Job:
             "input_size": list(loaded.input_size),
             "crop": loaded.preprocess.crop_mode,
             "composite": self.composite if composite else None,
-            "alpha": self.alpha,
-            "colormap": self.colormap,
-            "save_raw": self.save_raw,
-            "format": self.format,
-            "max_size": self.max_size,
+            **{name: getattr(self, name) for name in OVERLAY_SETTINGS},
         } | ({"save_maps": True} if self.save_maps else {})
 
 
@@ -164,11 +160,9 @@ class BatchExplainer:
         if batch.inputs is None:
             return explained
         inputs = batch.inputs.to(self.job.device, non_blocking=True)
-        results, probabilities = self.run_methods(inputs)
-        if self.job.classes is None:
-            classes = top1(probabilities, keepdim=True).tolist()
-        else:
-            classes = [list(self.job.classes)] * len(inputs)
+        given = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
+        results, probabilities = self.run_methods(inputs, given)
+        classes = top1(probabilities, keepdim=True).tolist() if given is None else given
         seconds = (time.perf_counter() - started) / len(inputs)
         for row, (index, original) in enumerate(zip(batch.indices, batch.images, strict=True)):
             image = original.numpy()  # numpy: an image a few pixels tall is read channels-last
@@ -193,9 +187,8 @@ class BatchExplainer:
                         explained.maps.append((record, mapstore.as_map(raw[row, column])))
         return explained
 
-    def run_methods(self, inputs: Tensor) -> tuple[dict[str, tuple], Tensor]:
+    def run_methods(self, inputs: Tensor, target: list | None) -> tuple[dict[str, tuple], Tensor]:
         """``{method: (heat (B, K, H, W), raw, measured)}`` on the CPU, and the softmax."""
-        target = None if self.job.classes is None else [list(self.job.classes)] * len(inputs)
         results, logits = {}, None
         for method in self.order:
             explainer = self.explainers[method]
@@ -238,7 +231,7 @@ def explain_files(
     after every batch whose files are written."""
     job.out.mkdir(parents=True, exist_ok=True)
     stems = unique_stems(paths)
-    files = ImageFiles([paths[i] for i in indices], loaded.preprocess, max_pixels=job.max_pixels)
+    files = Subset(ImageFiles(paths, loaded.preprocess, max_pixels=job.max_pixels), indices)
     part = part_path(job.out, ranks.rank)
     append(part, [head | {"rank": ranks.rank}])
     maps = mapstore.MapPart(job.out, ranks.rank) if job.save_maps else None
@@ -268,8 +261,6 @@ def explain_files(
         explainer = BatchExplainer(loaded, job, ranks.rank, writer)
         pending: list[Explained] = []
         for batch in data_loader(files, job, collate):
-            batch.indices = [indices[index] for index in batch.indices]  # -> indices of paths
-            batch.failures = [(indices[i], path, why) for i, path, why in batch.failures]
             for _, path, reason in batch.failures:
                 shown.write(f"camkit: cannot read {path}: {reason}", file=sys.stderr)
             pending.append(explainer.batch(batch, paths, stems))
@@ -305,7 +296,5 @@ def _one_thread(worker: int) -> None:
 def _lowest_priority() -> None:
     """Nice 19 for this thread: it never holds up the model's OpenMP threads at a barrier (+9 %
     images/s on 2 cores, docs/performance.md)."""
-    setpriority = getattr(os, "setpriority", None)
-    if setpriority is not None:
-        with contextlib.suppress(OSError):
-            setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no setpriority (Windows)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

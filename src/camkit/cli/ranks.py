@@ -1,9 +1,6 @@
-"""Many processes through ``torchrun``: which rank this is, its device, barriers.
-
-``torchrun --nproc_per_node=N -m camkit explain ...`` starts N copies of the command with
-``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set; camkit joins them with ``torch.distributed``
-(NCCL on GPUs, gloo on the CPU). A plain ``camkit explain`` is rank 0 of 1, without a group.
-"""
+"""Many processes through ``torchrun`` (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``): which rank
+this is, its device, barriers; joined by ``torch.distributed`` (NCCL on GPUs, gloo on the CPU).
+A plain ``camkit explain`` is rank 0 of 1, without a group."""
 
 from __future__ import annotations
 
@@ -50,12 +47,11 @@ class Ranks:
         return items[self.rank :: self.world]
 
     def span(self, items: list) -> list:
-        """The ``index``-th of ``parts`` contiguous spans of ``items`` (near-equal, in order)."""
+        """This rank's contiguous :func:`span` of ``items``."""
         return span(items, self.world, self.rank)
 
     def gather(self, value: object) -> list:
-        """Every rank's ``value``, by rank (``torch.distributed.all_gather_object``: every rank
-        must call it, at the same point of the run); ``[value]`` for one process."""
+        """Every rank's ``value`` by rank (every rank must call it); ``[value]`` for one process."""
         if not self.distributed:
             return [value]
         found: list = [None] * self.world
@@ -72,10 +68,9 @@ class Ranks:
         if not self.distributed:
             yield
             return
-        backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         try:
             yield
         finally:

@@ -1,11 +1,7 @@
-"""A static HTML page to browse an explained dataset: ``OUT/index.html``.
-
-:func:`write_report` turns the manifest rows of ``camkit explain`` into one self-contained page
-(``camkit/cli/page/report.{html,css,js}`` inlined, nothing fetched from the network) that stays
-responsive for 10,000 images: the data is one JSON blob, cards are built 60 at a time as the
-reader scrolls, thumbnails load lazily. Manifest strings reach the page as JSON and are put into
-the document with ``textContent``, never as HTML.
-"""
+"""``OUT/index.html``: one self-contained page (``camkit/cli/page/report.{html,css,js}``
+inlined, nothing fetched) to browse an explained dataset, responsive for 10,000 images (one JSON
+blob, cards built 60 at a time on scroll, lazy thumbnails). Manifest strings reach the page as
+JSON and are set with ``textContent``, never as HTML."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The report's files beside ``OUT/index.html``: the names of the thumbnails and raw-map
-pictures in ``OUT/thumbs/`` (a video's: its first frame), making them (missing or stale ones,
-in threads), and the URLs of files relative to the output folder."""
+"""The report's thumbnails and raw-map pictures in ``OUT/thumbs/``: their names, making the missing
+or stale ones (in threads), and files' URLs relative to the output folder."""
 
 from __future__ import annotations
 
@@ -67,10 +66,7 @@ def _fresh(target: Path, source: Path) -> bool:
         made = target.stat().st_mtime
     except FileNotFoundError:
         return False
-    try:
-        return made >= source.stat().st_mtime
-    except FileNotFoundError:
-        return True
+    return not source.exists() or made >= source.stat().st_mtime
 
 
 def image_url(image: str, out: Path) -> str:

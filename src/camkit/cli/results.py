@@ -1,6 +1,5 @@
-"""The results of ``camkit evaluate``: ``metrics.csv`` (one row per image and method),
-``metrics.json`` (means with 95% bootstrap intervals), the plots and the summary table; and the
-rows read back for the overlays of a ``camkit explain`` run in the same folder."""
+"""``camkit evaluate``'s ``metrics.csv`` (a row per image and method), ``metrics.json`` (means,
+95% bootstrap intervals), plots and summary; the rows read back for an explain run's overlays."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What ``camkit evaluate`` scores: the metric names and their ``metrics.csv`` columns, the
-object masks of the pointing games, one batch's scores from :mod:`camkit.metrics`, and the
-sanity check."""
+"""What ``camkit evaluate`` scores: the metrics and their ``metrics.csv`` columns, the pointing
+games' masks, one batch's scores from :mod:`camkit.metrics`, the sanity check."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The concepts that dominate each strategies cluster (``camkit strategies`` on a run with
-``camkit concepts`` results): :meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` the
-members' channel relevances for the cluster's class at the run's layer, so that a shortcut cluster
-names its channels; each image is measured once per class."""
+"""The channels that dominate each strategies cluster (a run with ``camkit concepts`` results):
+:meth:`~camkit.methods.concepts.ConceptAttribution.dominant_of` the members' channel relevances
+for the cluster's class at the run's layer, each image measured once per class."""
 
 from __future__ import annotations
 

@@ -156,9 +156,8 @@ def rank_images(
     collector: ReferenceCollector, files: Subset, args: argparse.Namespace, run: dict, ranks: Ranks
 ) -> list[str]:
     """Rank the channels over this rank's ``files``, saving the part after every batch."""
-    workers = loader_workers(args.workers)
     loader = DataLoader(
-        files, batch_size=args.images_per_batch, num_workers=workers, collate_fn=collate
+        files, args.images_per_batch, num_workers=loader_workers(args.workers), collate_fn=collate
     )
     part = new_part_path(Path(args.out), ranks.rank)
     done: list[int] = []
@@ -272,10 +271,10 @@ def write_patches(
                         patch=str(Path("patches") / layer / name),
                     )
                 )
-    for modes in entries.values():
-        for rows in modes.values():
-            rows.sort(key=lambda entry: entry.rank)
-    return entries
+    return {
+        channel: {mode: sorted(rows, key=lambda entry: entry.rank) for mode, rows in modes.items()}
+        for channel, modes in entries.items()
+    }
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

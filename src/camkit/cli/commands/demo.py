@@ -97,13 +97,7 @@ def run_demo(args: argparse.Namespace) -> int:
     inputs = out / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
     paths = [io.save_png(inputs / f"{name}.png", photo) for name, photo in demo_photos().items()]
-    job = Job(
-        methods=DEMO_METHODS,
-        layer=pick_layer(loaded, None, DEMO_METHODS),
-        classes=None,
-        out=out,
-        device=device,
-    )
+    job = Job(DEMO_METHODS, pick_layer(loaded, None, DEMO_METHODS), None, out, device)
     records = explain(loaded, paths, job, argv=args.argv)["records"]
     # the same photo explained for another class: what `--target` does
     astronaut = next(path for path in paths if path.stem == TARGET_PHOTO)
@@ -113,8 +107,13 @@ def run_demo(args: argparse.Namespace) -> int:
     extra = explain(loaded, [astronaut], targeted, argv=argv)["records"]
     extra = [moved(record, TARGET_DIR) for record in extra]
     # what it sees there: each channel's reference patches, into the run (the concept atlas)
-    found = [str(inputs), "--layer", CONCEPT_LAYER, "--top", str(CONCEPT_TOP), "--out", str(out)]
-    concepts.run_concepts(concepts_arguments(found))
+    from camkit.cli import build_parser  # the parser holds this command: imported on use
+
+    found = ["concepts", str(inputs), "--layer", CONCEPT_LAYER, "--top", str(CONCEPT_TOP)]
+    found += ["--out", str(out)]
+    parsed = build_parser().parse_args(found)
+    parsed.argv = found
+    concepts.run_concepts(parsed)
     # when, not only where: a clip explained frame by frame for two classes
     clip = io.video.save_mp4(inputs / CLIP_NAME, demo_clip(), CLIP_FPS)
     per_frame = models.frame_wise(loaded, 2 * CLIP_PAN)
@@ -164,15 +163,6 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"done in {time.perf_counter() - started:.1f} s on {device}")
     print(f"look at:   {page} (open it in a browser: every overlay, by photo, method and class)")
     return EXIT_OK
-
-
-def concepts_arguments(arguments: list[str]) -> argparse.Namespace:
-    """``camkit concepts ARGUMENTS`` parsed as the command line would parse them."""
-    from camkit.cli import build_parser  # the parser holds this command: imported on use
-
-    parsed = build_parser().parse_args(["concepts", *arguments])
-    parsed.argv = ["concepts", *arguments]
-    return parsed
 
 
 def percent(probability: float) -> str:

@@ -81,22 +81,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 probabilities = select_output(model(inputs)).float().softmax(dim=-1).cpu()
             target = top1(probabilities).tolist() if classes is None else classes * len(inputs)
             masks = None
-            if mask_files:
-                size = tuple(inputs.shape[-2:])
-                masks = torch.stack(
-                    [
-                        read_mask(mask_files[i], loaded.preprocess)
-                        if i in mask_files
-                        else torch.zeros(size, dtype=torch.bool)  # no mask: NaN, never a hit
-                        for i in batch.indices
-                    ]
-                ).to(device)
+            if mask_files:  # an image without a mask is all False: NaN, never a hit
+                blank = torch.zeros(inputs.shape[-2:], dtype=torch.bool)
+                found = [
+                    read_mask(mask_files[i], loaded.preprocess) if i in mask_files else blank
+                    for i in batch.indices
+                ]
+                masks = torch.stack(found).to(device)
             collected.first_batch = collected.first_batch or (inputs, target)
             scored = {}
             for method in methods:
                 try:
-                    explainer = explainers[method]
-                    heat, _ = displayed(explainer, inputs, target)
+                    heat, _ = displayed(explainers[method], inputs, target)
                     scored[method], method_curves = score_batch(
                         model, inputs, heat[:, 0].to(device), target, masks, settings
                     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from camkit import io, models
@@ -50,26 +51,18 @@ def run_explain(args: argparse.Namespace) -> int:
     )
     with ranks.group(device):
         loaded, classes, layer = load_run_model(args, methods)
-        job = Job(
-            methods=tuple(methods),
-            layer=layer,
-            classes=None if classes is None else tuple(classes),
-            out=out,
-            device=device,
-            images_per_batch=args.images_per_batch,
-            batch_size=args.batch_size,
-            composite=args.composite,
-            alpha=args.alpha,
-            colormap=args.colormap,
-            save_raw=args.save_raw,
-            format=args.format,
-            max_size=args.max_size,
-            save_maps=args.save_maps,
-            workers=loader_workers(args.workers),
-            max_pixels=args.max_pixels,
-            quiet=args.quiet,
-            report=wants_report(args),
-        )
+        resolved = {
+            "methods": tuple(methods),
+            "layer": layer,
+            "classes": None if classes is None else tuple(classes),
+            "out": out,
+            "device": device,
+            "workers": loader_workers(args.workers),
+            "report": wants_report(args),
+        }
+        # every other field of the job is the option of the same name
+        options = {f.name: getattr(args, f.name) for f in fields(Job) if f.name not in resolved}
+        job = Job(**resolved, **options)
         build_explainers(loaded.model, job)  # a method that cannot explain this model: exit 2
         manifest = explain(
             loaded,

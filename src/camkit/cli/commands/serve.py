@@ -41,8 +41,7 @@ def demo_folder() -> Path:
 
 
 def build(args: argparse.Namespace):
-    """The prepared app (:class:`camkit.serve.launch.Prepared`): everything but listening; the
-    one place the CLI imports the explorer, lazily."""
+    """The prepared app (:class:`camkit.serve.launch.Prepared`), not yet listening."""
     from camkit.serve import web_stack_missing
 
     missing = web_stack_missing()
@@ -87,8 +86,7 @@ def build(args: argparse.Namespace):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """``camkit serve``: build the app, bind the address (a busy port: exit status 2 before any
-    URL), print the URL and serve until interrupted."""
+    """``camkit serve``: build, bind (a busy port: exit 2 before any URL), serve until stopped."""
     prepared = build(args)
     from camkit.serve.launch import listen
 
