@@ -43,6 +43,15 @@ def _optional(values: Any, n: int, name: str, dtype: type) -> np.ndarray | None:
     return array
 
 
+_PER_SAMPLE = {"confidences": np.float64, "predictions": np.int64, "truth": np.int64}
+
+
+def _per_sample(n: int, *values: Any) -> dict[str, np.ndarray | None]:
+    """The per-sample arguments of :func:`summarise` (as :data:`_PER_SAMPLE`), checked."""
+    named = zip(_PER_SAMPLE.items(), values, strict=True)
+    return {name: _optional(value, n, name, dtype) for (name, dtype), value in named}
+
+
 def analyze_class(
     pooled: np.ndarray,
     *,
@@ -93,9 +102,7 @@ def analyze_class(
             f"nearest-neighbour graph needs at least {fewest} (n_neighbors={n_neighbors} + 1)"
         )
     indices = np.arange(n) if indices is None else _optional(indices, n, "indices", np.int64)
-    confidences = _optional(confidences, n, "confidences", np.float64)
-    predictions = _optional(predictions, n, "predictions", np.int64)
-    truth = _optional(truth, n, "truth", np.int64)
+    per_sample = _per_sample(n, confidences, predictions, truth)
     points = pooled.reshape(n, -1).astype(np.float64)
     parameters = {
         "n_neighbors": n_neighbors,
@@ -131,15 +138,7 @@ def analyze_class(
         clustered = spectral[:, :k] / np.where(norms > 0, norms, 1.0)
         labels = cluster_labels(clustered, k, clustering, seed, dict(clustering_options or {}))
     labels = by_size(labels)
-    clusters = summarise(
-        pooled,
-        labels,
-        indices,
-        confidences=confidences,
-        predictions=predictions,
-        truth=truth,
-        n_show=n_show,
-    )
+    clusters = summarise(pooled, labels, indices, **per_sample, n_show=n_show)
     coordinates, shown = embed_2d(pooled, spectral, embedding, seed, embedding_limit)
     return ClassStrategies(
         class_id=class_id,
@@ -186,14 +185,11 @@ def find_strategies(
     pooled = pool_maps(maps, grid, normalize=normalize, positive=positive, rows=rows)
     n = len(pooled)
     classes = _optional(classes, n, "classes", np.int64)
-    confidences = _optional(confidences, n, "confidences", np.float64)
-    predictions = _optional(predictions, n, "predictions", np.int64)
-    truth = _optional(truth, n, "truth", np.int64)
+    per_sample = _per_sample(n, confidences, predictions, truth)
     wanted = sorted(set(classes.tolist())) if only is None else list(only)
     found, skipped = {}, {}
     for class_id in wanted:
         members = np.flatnonzero(classes == class_id)
-        per_sample = {"confidences": confidences, "predictions": predictions, "truth": truth}
         try:
             found[class_id] = analyze_class(
                 pooled[members],
