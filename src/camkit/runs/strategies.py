@@ -85,9 +85,7 @@ def relative_urls(out: Path, folder: Path) -> Callable[[str | None], str | None]
     prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
 
     def url(name: str | None) -> str | None:
-        if name is None:
-            return None
-        return url_path(f"{prefix}/{name}" if prefix != "." else name)
+        return None if name is None else url_path(f"{prefix}/{name}" if prefix != "." else name)
 
     return url
 
@@ -101,12 +99,10 @@ def cluster_view(
     lists: Sequence[str] = ("typical", "atypical"),
 ) -> dict[str, Any]:
     """One cluster of ``strategies.json`` for a page: its ``id``, ``size``, ``confidence``,
-    ``accuracy`` and suspiciousness (named ``score``), its prototype picture through
-    ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
-    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's).
-    ``atypical`` leaves out the ``typical`` members: a small cluster's two lists overlap, and
-    the page would show the same images as both. ``concepts``: the cluster's dominant concepts
-    when ``camkit strategies`` found them (a run with ``camkit concepts`` results), else None."""
+    ``accuracy``, suspiciousness (named ``score``), ``concepts`` (None when not found), its
+    prototype through ``picture`` (file name -> the page's reference) and its member ``lists``
+    through ``members`` (map rows -> the page's). ``atypical`` leaves out the ``typical``
+    members (a small cluster's two lists overlap)."""
     found = {name: members(cluster.get(name, [])) for name in lists}
     if "typical" in found and "atypical" in found:
         typical = set(found["typical"])
@@ -128,22 +124,22 @@ def strategies_data(
     rows = [page.get(str(image), -1) for image in found.images]
     url = relative_urls(out, folder)
     lists = ("typical", "atypical", "members")
-    groups = []
-    for group in found.groups:
-        clusters = [
-            cluster_view(
-                c, lambda members: [rows[r] for r in members], url, score="score", lists=lists
-            )
-            for c in group.get("clusters", [])
-        ]
-        groups.append(
-            {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
-            | {
-                "suggested": group.get("suggested_k"),
-                "eigenvalues": group.get("eigenvalues", []),
-                "eigengap": url(group.get("eigengap_plot")),
-                "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
-                "clusters": clusters,
-            }
-        )
+
+    def on_page(members: Sequence[int]) -> list[int]:
+        return [rows[r] for r in members]
+
+    groups = [
+        {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
+        | {
+            "suggested": group.get("suggested_k"),
+            "eigenvalues": group.get("eigenvalues", []),
+            "eigengap": url(group.get("eigengap_plot")),
+            "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
+            "clusters": [
+                cluster_view(c, on_page, url, score="score", lists=lists)
+                for c in group.get("clusters", [])
+            ],
+        }
+        for group in found.groups
+    ]
     return {"groups": groups, "skipped": list(found.skipped)}
