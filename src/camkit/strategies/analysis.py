@@ -75,16 +75,14 @@ def analyze_class(
 
     ``indices`` name the samples (default ``0..n-1``); per-sample ``confidences``,
     ``predictions`` and ``truth`` (-1: unknown) give each cluster's confidence and accuracy.
-    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its normalised
-    Laplacian's ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters, used
-    unless ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
-    (``dbscan``/``hdbscan`` find their own number and mark noise -1; ``clustering_options`` go
-    to the scikit-learn class). ``embedding``: the 2-D layout for display (``tsne``, ``umap``
-    with umap-learn, ``spectral`` or None) of at most ``embedding_limit`` seeded samples. The
-    same ``seed`` gives the same result.
-
-    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples;
-    identical maps give one strategy and a :class:`StrategyWarning`.
+    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its Laplacian's
+    ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters unless
+    ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
+    (``dbscan``/``hdbscan`` mark noise -1; ``clustering_options`` go to scikit-learn).
+    ``embedding``: the 2-D layout for display (``tsne``, ``umap``, ``spectral`` or None) of at
+    most ``embedding_limit`` samples. The same ``seed`` gives the same result. Fewer than
+    ``n_neighbors + 1`` samples: :class:`~camkit.errors.ArgumentError`; identical maps: one
+    strategy and a :class:`StrategyWarning`.
     """
     pooled = np.asarray(pooled, dtype=np.float32)
     if pooled.ndim != 3 or not np.isfinite(pooled).all():

@@ -154,10 +154,8 @@ def summarise(
         prototype = pooled[inside].mean(axis=0)
         distances = np.linalg.norm(points[inside] - prototype.ravel(), axis=1)
         order = inside[np.argsort(distances, kind="stable")]
-        accuracy = None
-        if truth is not None and predictions is not None and (truth[inside] >= 0).any():
-            known = inside[truth[inside] >= 0]
-            accuracy = float(np.mean(predictions[known] == truth[known]))
+        known = inside[truth[inside] >= 0] if truth is not None and predictions is not None else []
+        accuracy = float(np.mean(predictions[known] == truth[known])) if len(known) else None
         score, distance, concentration = scores[cluster]
         clusters.append(
             Cluster(
