@@ -1,8 +1,6 @@
-"""The strategies results of a run folder: ``strategies/strategies.json`` (written by ``camkit
-strategies``). One writer (:func:`write_strategies`) and one reader (:func:`read_strategies`);
-:func:`cluster_view` turns one cluster into what a page shows, for the static report and the
-explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the report's
-whole view (map rows -> the page's image indices, files -> URLs)."""
+"""The strategies results of a run folder: ``strategies/strategies.json`` (``camkit
+strategies``), and what pages show of it: one cluster (:func:`cluster_view`, for the report and
+the explorer) and the report's whole view (:func:`strategies_data`)."""
 
 from __future__ import annotations
 
