@@ -86,7 +86,7 @@ def _as_regions(regions: object, maps: Tensor) -> Tensor:
                 ) from None
             if t.numel() and (t.ndim != 2 or t.shape[1] != 4):
                 raise InputError(f"expected each image's boxes as (n, 4) xyxy, got {t.shape}")
-            boxes.append(t.reshape(-1, 4))
+            boxes.append(t)
         return _boxes_mask(boxes, height, width, maps.device)
     raise InputError(
         f"expected masks (B, H, W) or boxes ((B, 4) tensor or lists), got {type(regions).__name__}"
