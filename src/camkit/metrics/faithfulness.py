@@ -5,12 +5,10 @@
 2018); ROAD (Rong et al., ICML 2022) is :mod:`camkit.metrics.road`.
 
 Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
-``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
-methods accept (None: each image's top-1 class). A class target is scored by its softmax
-probability, a callable by its own scores. Model calls run under ``torch.inference_mode()`` on
-the input's device, ``batch_size`` rows at a time (the results do not depend on it);
-``additional_forward_args`` are the model's other inputs, per-sample tensors following their
-image's rows. Conventions: docs/metrics.md.
+``(B, h, w)`` (smaller ones upsampled bilinearly) and a target as the methods take it (None:
+each image's top-1 class; a class is scored by its softmax probability, a callable by its own
+scores). Models run in inference mode, ``batch_size`` rows at a time (results do not depend on
+it); ``additional_forward_args``: the model's other inputs. Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations

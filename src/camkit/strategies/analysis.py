@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from camkit.core.inputs import positive_int
 from camkit.errors import ArgumentError, CamkitError, InputError
 from camkit.strategies.clustering import (
     Clustering,
@@ -88,10 +89,8 @@ def analyze_class(
     if pooled.ndim != 3 or not np.isfinite(pooled).all():
         raise InputError(f"expected finite pooled maps (n, gh, gw), got shape {pooled.shape}")
     n = len(pooled)
-    n_neighbors = default_neighbors(n) if n_neighbors is None else n_neighbors
-    for name, value in (("n_neighbors", n_neighbors), ("max_clusters", max_clusters)):
-        if not isinstance(value, int) or value < 1:
-            raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    n_neighbors = positive_int("n_neighbors", n_neighbors, optional=True) or default_neighbors(n)
+    positive_int("max_clusters", max_clusters)
     if n_clusters is not None and (not isinstance(n_clusters, int) or not 1 <= n_clusters < n):
         raise ArgumentError(f"n_clusters must be an int in [1, {n - 1}], got {n_clusters!r}")
     if n < (fewest := _fewest(n, n_neighbors)):
