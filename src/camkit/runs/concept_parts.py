@@ -1,12 +1,8 @@
 """The resume files of a ``camkit concepts`` run in progress: ``concepts.part-<rank>-<id>.pt``,
 each rank's channel rankings so far, saved after every batch so that ``--resume`` continues a
-killed run and rank 0 merges the ranks' parts. One writer (:func:`write_part`), one reader
-(:func:`read_parts`).
-
-A part is a ``torch.save`` dictionary read back with ``weights_only=True`` (no pickled code
-runs): the run's identity (model, layer, top, rules, images, crop, weights) as top-level keys,
-``done``, ``unreadable`` and the collector's ``state``
-(:meth:`camkit.methods.concepts.ReferenceCollector.state`)."""
+killed run and rank 0 merges the ranks' parts. A part is a ``torch.save`` dictionary read back
+with ``weights_only=True`` (no pickled code runs): the run's identity as top-level keys,
+``done``, ``unreadable`` and the collector's ``state``."""
 
 from __future__ import annotations
 
