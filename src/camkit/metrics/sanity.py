@@ -236,8 +236,7 @@ def randomization_test(
         explainer_factory: ``net -> explainer`` (``lambda net: camkit.GradCAM(net, "layer4")``);
             ``explainer(x, target=...)`` returns ``(B, H, W)`` maps or ``(B, C, H, W)``
             attributions (summed over channels).
-        model: the trained model; a deep copy is randomised and explained, the model itself is
-            never called or changed.
+        model: the trained model; only a deep copy is randomised and explained.
         x: images ``(B, C, H, W)`` (or one ``(C, H, W)``).
         target: one class per sample or a callable target; None: each sample's top-1 class
             **of the trained model**, explained by every randomised network.
@@ -252,17 +251,15 @@ def randomization_test(
         seed: seeds the draws (block ``i`` draws the same in both orders); None: from torch's
             global generator.
         per_sample: report a list of ``B`` values per similarity instead of their mean.
-        return_maps: also return ``{"original": maps, layer: maps, ...}``, the ``(B, H, W)``
-            maps in [0, 1] (on the CPU) that SSIM and HOG compare, for
-            :func:`camkit.metrics.plots.plot_randomization`.
+        return_maps: also return ``{"original": maps, layer: maps, ...}`` (``(B, H, W)`` in
+            [0, 1], on the CPU), for :func:`camkit.metrics.plots.plot_randomization`.
 
     Returns:
         One dict per randomised block, in order, top first:
         ``{"layer": name, "spearman": ..., "spearman_abs": ..., "ssim": ..., "hog": ...}``
-        (the similarities asked for, batch means as floats), and the maps if asked.
-        For maps that are non-negative (every CAM), ``spearman_abs`` equals ``spearman``.
-        A blank map of a randomised network is a finding, not a fault: it gives no warning
-        and counts as similarity 0 (a blank *original* map warns).
+        (the similarities asked for, batch means), and the maps if asked. Non-negative maps
+        (every CAM) give ``spearman_abs == spearman``; a randomised network's blank map counts
+        as similarity 0 without warning (a blank *original* map warns).
     """
     if order not in ORDERS:
         raise ArgumentError(f"order must be one of {ORDERS}, got {order!r}")

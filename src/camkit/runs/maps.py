@@ -175,10 +175,6 @@ PARTS = "maps.rank*.f16"
 BLOCK = 256  # rows copied at a time when merging
 
 
-def part_path(out: Path, rank: int) -> Path:
-    return out / f"maps.rank{rank}.f16"
-
-
 def as_map(raw: Tensor) -> np.ndarray:
     """A method's raw map ``(H, W)`` or pixel attribution ``(C, H, W)`` (summed over the
     channels) -> ``(H, W)`` float16."""
@@ -189,7 +185,7 @@ class MapPart:
     """This rank's part: maps appended as rows, each append flushed to the disk."""
 
     def __init__(self, out: Path, rank: int):
-        self.path, self.rank = part_path(out, rank), rank
+        self.path, self.rank = out / f"maps.rank{rank}.f16", rank
 
     def append(self, maps: Sequence[np.ndarray]) -> list[list[int]]:
         """Append ``maps`` -> their ``[rank, row]`` references."""

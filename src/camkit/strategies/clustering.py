@@ -141,11 +141,10 @@ def summarise(
     truth: np.ndarray | None = None,
     n_show: int = 8,
 ) -> list[Cluster]:
-    """The :class:`Cluster` of each label of one class (``labels`` from :func:`by_size`, -1 for
-    noise left out): the prototype (mean pooled map), the members from the most typical
-    (closest to the prototype) to the least, the ``n_show`` typical and atypical ones, the mean
-    confidence, the accuracy over the members whose ``truth`` is known (>= 0), and
-    :func:`suspiciousness`. ``indices`` name the samples."""
+    """The :class:`Cluster` of each label >= 0 of one class (``labels`` from :func:`by_size`,
+    ``indices`` naming the samples): the prototype (mean pooled map), the members from the
+    closest to it, ``n_show`` typical and atypical ones, the mean confidence, the accuracy where
+    ``truth`` is known (>= 0), and :func:`suspiciousness`."""
     points = pooled.reshape(len(pooled), -1).astype(np.float64)
     scores = suspiciousness(pooled, labels)
     clusters = []
