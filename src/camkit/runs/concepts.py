@@ -42,10 +42,9 @@ class ConceptReference:
 @dataclasses.dataclass
 class ConceptsRecord:
     """``concepts.json``: the ``layer``, ``channels[channel][ranking]`` (:data:`RANKINGS`) its
-    references by rank (the most relevant channels first); the ``model``, references per
-    channel and ranking (``top``), the ``images`` ranked, the ``unreadable`` paths, the
-    relevance ``rules``, what the ``score`` is and the ``run`` (as a manifest's header). Early
-    camkit 0.2 files may lack all but ``layer`` and ``channels`` (None / [])."""
+    references by rank (the most relevant channels first), and (camkit 0.2 files may lack them)
+    the ``model``, references per ranking (``top``), ``images`` ranked, ``unreadable`` paths,
+    ``rules``, what the ``score`` is and the ``run`` (as a manifest's header)."""
 
     layer: str
     channels: dict[int, dict[str, list[ConceptReference]]]

@@ -222,12 +222,10 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
 
 def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
     """Rank 0, after the barrier: every rank's part (and what a resumed run had) as one
-    ``manifest.json`` ordered like the inputs; the parts are removed.
-
-    ``explained`` and ``unreadable`` count the images of every run (a resumed run never says 0
-    unreadable while it holds error records); ``runs`` keeps each run's own start, end,
-    throughput and counts; ``started``/``throughput`` are the first run's start and the sums
-    over the runs. ``todo``: the images this run had to do."""
+    ``manifest.json`` ordered like the inputs; the parts are removed. ``explained`` and
+    ``unreadable`` count the images of every run; ``runs`` keeps each run's own start, end,
+    throughput and counts (``todo``: the images this run had to do); ``started``/``throughput``
+    are the first run's start and the sums over the runs."""
     previous = read(out / MANIFEST)
     paths = [part_path(out, rank) for rank in range(world)]
     parts = [read(path) for path in paths]

@@ -25,12 +25,10 @@ KIND = FileKind(STRATEGIES_FILE, 1, "camkit strategies RUN_DIR")
 
 @dataclasses.dataclass
 class StrategiesRecord:
-    """``strategies.json``: the ``run`` folder analysed, the analysis ``parameters``, the
-    ``images`` of the run's map rows (a cluster's members are rows), one group per (method,
-    class) (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, its
-    plots' files and the embedding's ``points`` ``[x, y, cluster, row]``), and the ``skipped``
-    classes (``{"method", "class", "reason"}``). Early camkit 0.2 files may lack ``run`` and
-    ``parameters`` (None / {})."""
+    """``strategies.json``: the ``images`` of the run's map rows, one group per (method, class)
+    (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, plot files
+    and ``points`` ``[x, y, cluster, row]``), the ``skipped`` classes, the ``run`` folder and
+    the ``parameters`` (camkit 0.2 files may lack these two)."""
 
     images: list[str]
     groups: list[dict[str, Any]]

@@ -72,11 +72,9 @@ def knn_graph(points: np.ndarray, n_neighbors: int) -> Any:
 
 
 def laplacian_spectrum(graph: Any, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``count`` smallest eigenvalues (ascending) of the normalised Laplacian
-    ``L = I - D^-1/2 A D^-1/2`` and the matching eigenvectors mapped back by ``D^-1/2`` (the
-    random-walk eigenvectors, as scikit-learn's spectral embedding). Dense LAPACK up to
-    :data:`DENSE_LIMIT` nodes, ARPACK (Lanczos, a seeded start vector) on the sparse matrix
-    above it: the largest eigenvalues of ``D^-1/2 A D^-1/2`` are ``1 - lambda``."""
+    """The ``count`` smallest eigenvalues (ascending) of ``L = I - D^-1/2 A D^-1/2`` and the
+    random-walk eigenvectors (mapped back by ``D^-1/2``, as scikit-learn's spectral embedding):
+    dense LAPACK up to :data:`DENSE_LIMIT` nodes, seeded ARPACK above."""
     import scipy.linalg
     import scipy.sparse
     import scipy.sparse.linalg
