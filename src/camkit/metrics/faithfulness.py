@@ -111,10 +111,9 @@ def unbatched(result: Tensor, single: bool) -> Tensor:
 
 
 def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
-    """The image that removed pixels take, ``(B, C, H, W)``: ``"blur"`` (Gaussian blur, kernel
-    ``BLUR_KERNEL`` x ``BLUR_KERNEL``, sigma ``BLUR_SIGMA``, reflected borders), ``"zero"``
-    (zeros: the dataset's mean colour for a normalised input), ``"mean"`` (each image's
-    per-channel mean) or a tensor broadcastable to the batch."""
+    """The image that removed pixels take: ``"blur"`` (Gaussian, :data:`BLUR_KERNEL`,
+    :data:`BLUR_SIGMA`, reflected borders), ``"zero"`` (a normalised input's mean colour),
+    ``"mean"`` (each image's channel means) or a tensor broadcastable to the batch."""
     if isinstance(baseline, Tensor):
         try:
             return torch.broadcast_to(baseline.to(x), x.shape)

@@ -56,9 +56,8 @@ def embed_2d(
     if method == "spectral":
         coordinates = spectral[:, :2] if spectral.shape[1] >= 2 else np.c_[spectral, spectral]
         return coordinates.astype(np.float32), np.arange(n)
-    keep = np.arange(n)
-    if n > limit:
-        keep = np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(n, limit, replace=False)) if n > limit else np.arange(n)
     data = pooled[keep].reshape(len(keep), -1)
     if len(keep) < 4 or np.ptp(data, axis=0).max() == 0:  # nothing to lay out
         return np.zeros((len(keep), 2), np.float32), keep
