@@ -5,12 +5,10 @@
 2018); ROAD (Rong et al., ICML 2022) is :mod:`camkit.metrics.road`.
 
 Every function takes the model, images ``(B, C, H, W)`` (or one ``(C, H, W)``), the maps
-``(B, h, w)`` (the input's size, or smaller: upsampled bilinearly) and a target in any form the
-methods accept (None: each image's top-1 class). A class target is scored by its softmax
-probability, a callable by its own scores. Model calls run under ``torch.inference_mode()`` on
-the input's device, ``batch_size`` rows at a time (the results do not depend on it);
-``additional_forward_args`` are the model's other inputs, per-sample tensors following their
-image's rows. Conventions: docs/metrics.md.
+``(B, h, w)`` (smaller ones upsampled bilinearly) and a target as the methods take it (None:
+each image's top-1 class; a class is scored by its softmax probability, a callable by its own
+scores). Models run in inference mode, ``batch_size`` rows at a time (results do not depend on
+it); ``additional_forward_args``: the model's other inputs. Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -52,8 +50,8 @@ def metric_images(x: object, model: nn.Module, *, volumes: bool = True) -> tuple
 
 
 def maps_like(maps: object, batch: Tensor, single: bool) -> Tensor:
-    """The maps as ``(B, *spatial)`` float on the input's device, a smaller map upsampled
-    (bilinear, trilinear for volumes; ``align_corners=False``, as camkit's methods)."""
+    """The maps as ``(B, *spatial)`` float on the input's device, a smaller map upsampled as
+    camkit's methods do."""
     if not isinstance(maps, Tensor):
         raise InputError(f"expected the maps as a tensor (B, H, W), got {type(maps).__name__}")
     b, spatial = batch.shape[0], tuple(batch.shape[2:])
@@ -93,10 +91,8 @@ def image_scorer(
     batch_size: int,
     additional_forward_args: Any = None,
 ) -> tuple[CopyScorer, Tensor]:
-    """The copy scorer of ``batch`` for the resolved target, one per image (a class's softmax
-    probability, a callable's own scores; ``batch_size`` rows a pass), and the clean images'
-    scores ``(B,)``. Its rows' scores: ``scorer.over(count, build)[:, 0]``, with ``build(indices
-    on the images' device) -> (images, the image of each row)``."""
+    """The copy scorer of ``batch`` for one target per image (``batch_size`` rows a pass) and
+    the clean images' scores ``(B,)``; rows' scores: ``scorer.over(count, build)[:, 0]``."""
     batch_size = positive_int("batch_size", batch_size)
     call = Call.of(batch, additional_forward_args)  # rows follow their images
     scorer = resolve(target, batch.shape[0], batch.device)
@@ -115,10 +111,9 @@ def unbatched(result: Tensor, single: bool) -> Tensor:
 
 
 def make_baseline(x: Tensor, baseline: str | Tensor) -> Tensor:
-    """The image that removed pixels take, ``(B, C, H, W)``: ``"blur"`` (Gaussian blur, kernel
-    ``BLUR_KERNEL`` x ``BLUR_KERNEL``, sigma ``BLUR_SIGMA``, reflected borders), ``"zero"``
-    (zeros: the dataset's mean colour for a normalised input), ``"mean"`` (each image's
-    per-channel mean) or a tensor broadcastable to the batch."""
+    """The image that removed pixels take: ``"blur"`` (Gaussian, :data:`BLUR_KERNEL`,
+    :data:`BLUR_SIGMA`, reflected borders), ``"zero"`` (a normalised input's mean colour),
+    ``"mean"`` (each image's channel means) or a tensor broadcastable to the batch."""
     if isinstance(baseline, Tensor):
         try:
             return torch.broadcast_to(baseline.to(x), x.shape)
@@ -168,16 +163,12 @@ def curve(
     progress: bool = False,
     additional_forward_args: Any = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """The deletion (``insert=False``) or insertion (``insert=True``) curve's AUC (Petsiuk et
-    al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``; ``return_curves=True`` gives
-    ``(auc (B,), curves (B, steps + 1))``.
-
-    Deletion replaces the pixels, in the map's decreasing order (ties: row-major order), by the
-    ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts the image's
-    pixels back onto the baseline in the same order. The curve is the target's probability at
-    the ``steps + 1`` points, the AUC its trapezoid over ``x = k / steps`` in [0, 1].
-    ``batch_size``: rows per forward pass; ``additional_forward_args``: the model's other inputs.
-    """
+    """The deletion (``insert=False``) or insertion curve's AUC (Petsiuk et al., RISE, BMVC
+    2018): ``(B, C, H, W), (B, h, w) -> (B,)``; ``return_curves=True``: ``(auc, curves (B, steps
+    + 1))``. Deletion replaces the pixels, in the map's decreasing order (ties: row-major), by
+    the ``baseline`` (:func:`make_baseline`) in ``steps`` equal chunks; insertion puts them back
+    onto the baseline in that order. The curve is the target's probability at the ``steps + 1``
+    points, the AUC its trapezoid over ``x = k / steps``."""
     steps = positive_int("steps", steps)
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
@@ -212,23 +203,16 @@ def curve(
 def deletion(
     model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Deletion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
-
-    The map's most important pixels go first; the curve runs from the clean image to the whole
-    baseline. **Lower is better.** Options (``steps=50``, ``baseline="blur"``,
-    ``batch_size=64``, ``return_curves``, ``progress``) as :func:`curve`.
-    """
+    """Deletion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``, the
+    map's most important pixels removed first. **Lower is better.** Options as :func:`curve`."""
     return curve(model, x, maps, target, insert=False, **options)
 
 
 def insertion(
     model: nn.Module, x: Tensor, maps: Tensor, target: TargetSpec = None, **options: Any
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Insertion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``.
-
-    The map's most important pixels are put back first onto the baseline; the curve runs from
-    the whole baseline to the clean image. **Higher is better.** Options as :func:`curve`.
-    """
+    """Insertion AUC (Petsiuk et al., RISE, BMVC 2018): ``(B, C, H, W), (B, h, w) -> (B,)``, the
+    map's most important pixels put back first. **Higher is better.** Options as :func:`curve`."""
     return curve(model, x, maps, target, insert=True, **options)
 
 
@@ -242,8 +226,8 @@ def _masked_confidence(
     batch_size: int = 64,
     additional_forward_args: Any = None,
 ) -> Tensor:
-    """``compare(Y, O) (B,)``: ``Y`` the target's probability on the images, ``O`` on the
-    images times their maps (in [0, 1]): the two Grad-CAM++ scores."""
+    """``compare(Y, O) (B,)``: the target's probability on the images, and on them times the
+    maps."""
     batch, single = metric_images(x, model)
     maps = maps_like(maps, batch, single)
     if maps.min() < -1e-6 or maps.max() > 1 + 1e-6:

@@ -5,11 +5,10 @@
 * :func:`energy_pointing_game` -- Wang et al., "Score-CAM", CVPR-W 2020: the share of the map's
   energy (its sum) inside the object.
 
-Both take maps ``(B, H, W)`` and, per image, a mask ``(B, H, W)`` (bool or 0/1) or boxes:
-``(B, 4)`` ``x1, y1, x2, y2`` in pixels (one box per image) or a list of ``B`` lists of boxes
-(any number per image). A box covers the pixels whose centres lie inside it, so an integer box
-covers ``map[y1:y2, x1:x2]``. An image without object (empty mask, no box) scores NaN: it is
-never a hit, and ``torch.nanmean`` leaves it out.
+Both take maps ``(B, H, W)`` and masks ``(B, H, W)`` (bool or 0/1) or boxes ``x1, y1, x2, y2``
+in pixels: ``(B, 4)`` or a list of ``B`` lists of boxes. A box covers the pixels whose centres
+lie inside it (an integer box: ``map[y1:y2, x1:x2]``). An image without object scores NaN, left
+out by ``torch.nanmean``.
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ def _as_regions(regions: object, maps: Tensor) -> Tensor:
                 ) from None
             if t.numel() and (t.ndim != 2 or t.shape[1] != 4):
                 raise InputError(f"expected each image's boxes as (n, 4) xyxy, got {t.shape}")
-            boxes.append(t.reshape(-1, 4))
+            boxes.append(t)
         return _boxes_mask(boxes, height, width, maps.device)
     raise InputError(
         f"expected masks (B, H, W) or boxes ((B, 4) tensor or lists), got {type(regions).__name__}"

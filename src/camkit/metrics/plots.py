@@ -26,13 +26,11 @@ KINDS = ("deletion", "insertion")
 def plot_curves(
     curves_by_method: Mapping[str, Tensor], kind: str, path: str | os.PathLike[str] | None = None
 ) -> Figure:
-    """Curves from ``deletion``/``insertion(..., return_curves=True)`` -> a matplotlib Figure.
+    """Curves from ``deletion``/``insertion(..., return_curves=True)`` -> a matplotlib Figure
+    (no pyplot), saved to ``path`` when given (the format by its suffix).
 
-    ``curves_by_method``: ``{name: curves}``, each ``(steps + 1,)`` or ``(B, steps + 1)`` (the
-    mean over the images is drawn); the legend gives each AUC (the trapezoid over ``x = k /
-    steps``, the mean of the images' AUCs). ``kind`` is ``"deletion"`` (lower is better) or
-    ``"insertion"`` (higher is better). Drawn with the Agg canvas, no pyplot and no global
-    matplotlib state; saved to ``path`` when given (any format matplotlib knows by suffix).
+    ``curves_by_method``: ``{name: curves}``, each ``(steps + 1,)`` or ``(B, steps + 1)`` (their
+    mean drawn, the legend giving the mean AUC); ``kind``: ``"deletion"`` or ``"insertion"``.
     """
     if kind not in KINDS:
         raise ArgumentError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -75,16 +73,15 @@ def plot_randomization(
     image: object = None,
     similarity: str | Sequence[str] | None = None,
 ) -> Figure:
-    """A row of maps (original, then each randomised block) with the similarities under each,
-    and the similarity against the depth of randomisation -> a ``matplotlib.figure.Figure``
-    (no pyplot: no global state changes). Saved as PNG to ``path`` when given.
+    """A row of maps (original, then each randomised block) with their similarities, and the
+    similarity against the depth of randomisation -> a matplotlib Figure (no pyplot), saved as
+    PNG to ``path`` when given.
 
     ``results``/``maps_by_layer``: those of one :func:`randomization_test` call
-    (``return_maps=True``), or dicts ``{method name: ...}`` of several: one row per method,
-    one curve each. The numbers under the maps and on the curves are those of ``results``
-    (batch means, or sample ``sample``'s values with ``per_sample=True``). ``sample``: which
-    image of the batch to show; ``image``: that photo (``(H, W, 3)``) drawn first in each row.
-    ``similarity``: the similarities drawn (default: all reported).
+    (``return_maps=True``), or ``{method name: ...}`` of several (a row and curves each).
+    ``sample``: the image of the batch shown (its values where ``per_sample=True``); ``image``:
+    that photo ``(H, W, 3)``, drawn first in each row; ``similarity``: those drawn (default:
+    all reported).
     """
     from matplotlib.figure import Figure
 

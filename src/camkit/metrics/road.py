@@ -52,7 +52,7 @@ def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.nd
     row, col = unknown // width, unknown % width
     rhs = np.zeros((count, image.shape[0]))
     weight_sum = np.zeros(count)
-    entries_i, entries_j, entries_w = [], [], []
+    entries = []  # (rows, columns, weights) of the matrix
     for dy, dx in _ROAD_NEIGHBOURS:
         weight = 1 / 12 if dy and dx else 1 / 6
         r, c = row + dy, col + dx
@@ -62,17 +62,11 @@ def _imputation_system(known: np.ndarray, image: np.ndarray) -> tuple[Any, np.nd
         weight_sum[ids] += weight
         has_value = flat_known[neighbour]
         rhs[ids[has_value]] -= weight * flat_image[:, neighbour[has_value]].T
-        entries_i.append(ids[~has_value])
-        entries_j.append(variable[neighbour[~has_value]])
-        entries_w.append(np.full(int((~has_value).sum()), weight))
-    diagonal = np.arange(count)
-    entries_i.append(diagonal)
-    entries_j.append(diagonal)
-    entries_w.append(-weight_sum)
-    matrix = coo_matrix(
-        (np.concatenate(entries_w), (np.concatenate(entries_i), np.concatenate(entries_j))),
-        shape=(count, count),
-    ).tocsc()
+        free = ~has_value
+        entries.append((ids[free], variable[neighbour[free]], np.full(int(free.sum()), weight)))
+    entries.append((np.arange(count), np.arange(count), -weight_sum))
+    rows, columns, weights = (np.concatenate(part) for part in zip(*entries, strict=True))
+    matrix = coo_matrix((weights, (rows, columns)), shape=(count, count)).tocsc()
     return matrix, rhs, unknown
 
 
@@ -119,16 +113,13 @@ def road(
     progress: bool = False,
     additional_forward_args: Any = None,
 ) -> Tensor:
-    """ROAD (Rong et al., ICML 2022): ``(B, C, H, W), (B, h, w) -> (B, len(percentiles))``.
-
-    For each percentile ``p`` (the share of pixels removed, in (0, 100)) the ``p`` % most
-    (``order="morf"``) or least (``"lerf"``) relevant pixels (stable ranking, ties row-major)
-    are replaced by noisy linear imputation: each is the weighted mean of its 8 neighbours (a
-    sparse linear system), plus Gaussian noise of standard deviation ``noise``. Returns the
-    target's probability on each imputed image. MoRF: **lower is better**; LeRF: **higher is
-    better**. The noise is drawn on the CPU (``seed``; None: torch's global generator),
-    percentile by percentile, image by image, as pytorch-grad-cam's ``ROADMostRelevantFirst(100
-    - p)`` calls after ``torch.manual_seed(seed)`` draw it.
+    """ROAD (Rong et al., ICML 2022): ``(B, C, H, W), (B, h, w) -> (B, len(percentiles))``, the
+    target's probability once the ``p`` % (in (0, 100)) most (``order="morf"``, **lower is
+    better**) or least (``"lerf"``, **higher is better**) relevant pixels (ties row-major) are
+    replaced by noisy linear imputation: the weighted mean of their 8 neighbours plus Gaussian
+    noise of standard deviation ``noise``, drawn on the CPU (``seed``; None: torch's global
+    generator) percentile by percentile, image by image, as pytorch-grad-cam's
+    ``ROADMostRelevantFirst(100 - p)`` after ``torch.manual_seed(seed)``.
     """
     if order not in ("morf", "lerf"):
         raise ArgumentError(f"order must be 'morf' or 'lerf', got {order!r}")

@@ -39,15 +39,11 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
 def default_blocks(model: nn.Module) -> list[str]:
-    """The blocks randomised by default, **top first** (reverse order of definition).
-
-    The model's top-level children that hold parameters; a container of containers (timm's
-    ``blocks``, torchvision EfficientNet's ``features``) is split into its children. ResNet:
-    ``fc, layer4, ..., layer1, bn1, conv1``; timm EfficientNet: ``classifier, bn2, conv_head,
-    blocks.6, ..., blocks.0, bn1, conv_stem``. With fewer than 3 blocks (VGG, a plain
-    ``nn.Sequential``) each container is split into its parameterised children. Definition
-    order stands for forward order; pass ``layers=`` where it does not.
-    """
+    """The blocks randomised by default, **top first** (reverse order of definition, which
+    stands for forward order; pass ``layers=`` where it does not): the model's top-level
+    children with parameters, a container of containers (timm's ``blocks``) split into its
+    children (ResNet: ``fc, layer4, ..., layer1, bn1, conv1``); with fewer than 3 blocks (VGG, a
+    plain ``nn.Sequential``) each container is split into its parameterised children."""
     model = explained_module(model)
 
     def children(module: nn.Module, prefix: str) -> list[tuple[str, nn.Module]]:
@@ -75,15 +71,11 @@ def default_blocks(model: nn.Module) -> list[str]:
 
 
 def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -> None:
-    """Re-draw every parameter tensor of ``module`` i.i.d. from a normal distribution with the
-    **same mean and standard deviation** as its trained values (per tensor).
-
-    Each layer's scale is kept and its structure destroyed; buffers (batch-norm running
-    statistics) are kept, so activations keep their trained scale through the randomised blocks
-    (with ``reset_parameters()`` EfficientNet-Lite0's cascaded logits shrink to about 0.03,
-    nearly constant). A tensor of one element, or a constant one, is left as it is. Draws are
-    made on the CPU with ``generator``: the same on every device.
-    """
+    """Re-draw every parameter tensor of ``module`` i.i.d. from a normal with the **same mean
+    and standard deviation** as its trained values; a one-element or constant tensor and the
+    buffers are kept, so activations keep their trained scale (with ``reset_parameters()``
+    EfficientNet-Lite0's cascaded logits shrink to about 0.03). Draws are made on the CPU with
+    ``generator``: the same on every device."""
     with torch.no_grad():
         for parameter in module.parameters():
             values = parameter.detach().double()
@@ -95,10 +87,8 @@ def randomize_normal(name: str, module: nn.Module, generator: torch.Generator) -
 
 
 def _correlation(a: Tensor, b: Tensor) -> Tensor:
-    """Pearson correlation of the rows of ``a`` and ``b`` ``(B, N) -> (B,)``, in float64.
-
-    A row that is constant in one map and not the other gives 0 (no shared ordering), a row
-    constant in both gives 1 (the correlation is undefined there: NaN in scipy)."""
+    """Pearson correlation of the rows ``(B, N) -> (B,)`` in float64; a row constant in one map
+    gives 0, constant in both 1 (scipy: NaN)."""
     a, b = (t.double() - t.double().mean(dim=1, keepdim=True) for t in (a, b))
     norms = a.norm(dim=1) * b.norm(dim=1)
     value = (a * b).sum(dim=1) / torch.where(norms > 0, norms, 1.0)
@@ -132,11 +122,9 @@ def _check_pair(a: Tensor, b: Tensor, what: str, dims: int | None = None) -> Non
 
 
 def spearman(a: Tensor, b: Tensor) -> Tensor:
-    """Spearman rank correlation of two batches of maps ``(B, ...) -> (B,)`` (average ranks
-    for ties; a constant map: see :func:`_correlation`), in float64.
-
-    Compares e.g. the maps of two checkpoints: ``spearman(maps_a, maps_b)``; the sanity check
-    of Adebayo et al. (NeurIPS 2018) uses it on the signed and the absolute maps."""
+    """Spearman rank correlation of two batches of maps ``(B, ...) -> (B,)`` in float64 (average
+    ranks for ties; a constant map: see :func:`_correlation`), as Adebayo et al. (NeurIPS 2018)
+    on the signed and the absolute maps."""
     _check_pair(a, b, "spearman")
     return _correlation(average_ranks(a.flatten(1)), average_ranks(b.flatten(1)))
 
@@ -192,25 +180,19 @@ def checked_similarity(similarity: str | Sequence[str], *, with_abs: bool = True
     """The similarity names asked (one or a list of :data:`SIMILARITIES`), checked."""
     asked = [similarity] if isinstance(similarity, str) else list(similarity)
     unknown = [name for name in asked if name not in SIMILARITIES]
-    if unknown or not asked:
-        raise ArgumentError(
-            f"unknown similarity {unknown[0]!r}; choose from {SIMILARITIES}"
-            if unknown
-            else f"no similarity asked; choose from {SIMILARITIES}"
-        )
+    if unknown:
+        raise ArgumentError(f"unknown similarity {unknown[0]!r}; choose from {SIMILARITIES}")
+    if not asked:
+        raise ArgumentError(f"no similarity asked; choose from {SIMILARITIES}")
     if with_abs and "spearman" in asked and "spearman_abs" not in asked:
         asked.insert(asked.index("spearman") + 1, "spearman_abs")
     return list(dict.fromkeys(asked))
 
 
 def _maps(explainer: Any, x: Tensor, target: TargetSpec) -> tuple[Tensor, Tensor]:
-    """``(signed (B, H, W), unit (B, H, W) in [0, 1])`` of one explainer on ``x (B, C, H, W)``.
-
-    A ``(B, H, W)`` map (a CAM) is used as is; an attribution shaped like ``x`` (a pixel
-    method) is summed over its channels. The [0, 1] map of a camkit method is the one it is
-    shown with (:meth:`~camkit.core.explainer.Explainer.display_heat`); of another callable,
-    the map itself when it lies in [0, 1], else ``|map|`` divided by its 99th percentile,
-    clipped at 1."""
+    """``(signed, unit in [0, 1])`` maps ``(B, H, W)`` of one explainer on ``x`` (an attribution
+    summed over channels). ``unit``: a camkit method's display map, another callable's map when
+    in [0, 1], else ``|map|`` over its 99th percentile, clipped at 1."""
     result = explainer(x, target=target)
     if not isinstance(result, Tensor):
         raise ArgumentError(f"the explainer returned {type(result).__name__}, not a tensor")
@@ -254,8 +236,7 @@ def randomization_test(
         explainer_factory: ``net -> explainer`` (``lambda net: camkit.GradCAM(net, "layer4")``);
             ``explainer(x, target=...)`` returns ``(B, H, W)`` maps or ``(B, C, H, W)``
             attributions (summed over channels).
-        model: the trained model; a deep copy is randomised and explained, the model itself is
-            never called or changed.
+        model: the trained model; only a deep copy is randomised and explained.
         x: images ``(B, C, H, W)`` (or one ``(C, H, W)``).
         target: one class per sample or a callable target; None: each sample's top-1 class
             **of the trained model**, explained by every randomised network.
@@ -270,17 +251,15 @@ def randomization_test(
         seed: seeds the draws (block ``i`` draws the same in both orders); None: from torch's
             global generator.
         per_sample: report a list of ``B`` values per similarity instead of their mean.
-        return_maps: also return ``{"original": maps, layer: maps, ...}``, the ``(B, H, W)``
-            maps in [0, 1] (on the CPU) that SSIM and HOG compare, for
-            :func:`camkit.metrics.plots.plot_randomization`.
+        return_maps: also return ``{"original": maps, layer: maps, ...}`` (``(B, H, W)`` in
+            [0, 1], on the CPU), for :func:`camkit.metrics.plots.plot_randomization`.
 
     Returns:
         One dict per randomised block, in order, top first:
         ``{"layer": name, "spearman": ..., "spearman_abs": ..., "ssim": ..., "hog": ...}``
-        (the similarities asked for, batch means as floats), and the maps if asked.
-        For maps that are non-negative (every CAM), ``spearman_abs`` equals ``spearman``.
-        A blank map of a randomised network is a finding, not a fault: it gives no warning
-        and counts as similarity 0 (a blank *original* map warns).
+        (the similarities asked for, batch means), and the maps if asked. Non-negative maps
+        (every CAM) give ``spearman_abs == spearman``; a randomised network's blank map counts
+        as similarity 0 without warning (a blank *original* map warns).
     """
     if order not in ORDERS:
         raise ArgumentError(f"order must be one of {ORDERS}, got {order!r}")
@@ -325,18 +304,17 @@ def randomization_test(
     randomize = randomize_normal if init == "normal" else init
     maps = {"original": original[1].cpu()}
     results = []
-    independent = order == "independent"
     for index, name in enumerate(names):
         module = blocks[name]
-        kept = (
-            {k: v.detach().clone() for k, v in module.state_dict().items()} if independent else {}
-        )
+        kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
         randomize(name, module, torch.Generator().manual_seed(seed + index))
         with warnings.catch_warnings():  # a randomised network's blank map is a finding here
             warnings.simplefilter("ignore", EmptyMapWarning)
             warnings.simplefilter("ignore", ZeroGradientWarning)
             randomised = _maps(explainer_factory(network), batch, target)
-        if independent:  # parameters and buffers back (an init= may reset running statistics)
+        if (
+            order == "independent"
+        ):  # parameters and buffers back (an init= may reset running statistics)
             module.load_state_dict(kept)
         values = _similarities(names_asked, original, randomised)
         summary = {k: v.tolist() if per_sample else float(v.mean()) for k, v in values.items()}

@@ -1,11 +1,7 @@
 """A run folder: what ``camkit explain``, ``evaluate``, ``strategies`` and ``concepts`` write,
 and what the report and the explorer read (neither front end imports the other). Every file has
-one typed, versioned record with one writer and one reader (a file without a version is read as
-version 0, camkit 0.2's layout; a broken one raises :class:`~camkit.errors.RunFileError` naming
-the file, its version and the command to re-run): :mod:`~camkit.runs.manifest` (and its
-per-rank parts), :mod:`~camkit.runs.maps` (``--save-maps``), :mod:`~camkit.runs.strategies`,
-:mod:`~camkit.runs.concepts` (and the resume files, :mod:`~camkit.runs.concept_parts`),
-:mod:`~camkit.runs.metrics`; what they share: :mod:`~camkit.runs.records`.
+one typed, versioned record with one writer and one reader; what they share:
+:mod:`~camkit.runs.records`.
 """
 
 from __future__ import annotations

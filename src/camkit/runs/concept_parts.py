@@ -1,12 +1,8 @@
 """The resume files of a ``camkit concepts`` run in progress: ``concepts.part-<rank>-<id>.pt``,
 each rank's channel rankings so far, saved after every batch so that ``--resume`` continues a
-killed run and rank 0 merges the ranks' parts. One writer (:func:`write_part`), one reader
-(:func:`read_parts`).
-
-A part is a ``torch.save`` dictionary read back with ``weights_only=True`` (no pickled code
-runs): the run's identity (model, layer, top, rules, images, crop, weights) as top-level keys,
-``done``, ``unreadable`` and the collector's ``state``
-(:meth:`camkit.methods.concepts.ReferenceCollector.state`)."""
+killed run and rank 0 merges the ranks' parts. A part is a ``torch.save`` dictionary read back
+with ``weights_only=True`` (no pickled code runs): the run's identity as top-level keys,
+``done``, ``unreadable`` and the collector's ``state``."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ PARTS = "concepts.part-*.pt"
 """The parts in a run folder (a glob pattern)."""
 KIND = FileKind(PARTS, 1, "camkit concepts IMAGES --out RUN")
 """Version 1: version 0's layout (camkit 0.2) with a ``version`` key."""
-_OWN = ("done", "unreadable", "state", "version")
+_OWN = ("done", "unreadable", "state")  # a part's keys besides the run's and the version
 
 
 @dataclasses.dataclass
@@ -51,12 +47,7 @@ def new_part_path(out: Path, rank: int) -> Path:
 
 def write_part(path: Path, part: ConceptsPart) -> Path:
     """Save ``part`` at ``path`` (atomically, renamed into place) -> the path."""
-    saved = part.run | {
-        "done": part.done,
-        "unreadable": part.unreadable,
-        "state": part.state,
-        "version": KIND.version,
-    }
+    saved = part.run | {key: getattr(part, key) for key in _OWN} | {"version": KIND.version}
     buffer = BytesIO()
     torch.save(saved, buffer)
     return io.write_atomic(path, buffer.getvalue(), durable=False)
@@ -70,7 +61,7 @@ def _read_part(path: Path) -> ConceptsPart:
         raise KIND.error(path, None, f"not a complete torch file ({reason})") from None
     read = Fields(KIND, path, KIND.version_of(path, data))
     return ConceptsPart(
-        run={key: value for key, value in data.items() if key not in _OWN},
+        run={key: value for key, value in data.items() if key not in (*_OWN, "version")},
         done=read.items(data, "done", int),
         unreadable=read.items(data, "unreadable", str),
         state=read.get(data, "state", dict),

@@ -1,8 +1,6 @@
-"""``concepts.json`` of a run folder (written by ``camkit concepts --out RUN``): per channel of
-one layer its reference images, most active and most relevant, each with its patch. One writer
-(:func:`write_concepts`), one reader (:func:`read_concepts`), and what pages make of it: the
-explorer's concept views (:func:`channel_references`) and the report's concept atlas
-(:func:`atlas_data`). The resume files of a run in progress: :mod:`camkit.runs.concept_parts`."""
+"""``concepts.json`` of a run folder (``camkit concepts --out RUN``): per channel of one layer
+its reference images, most active and most relevant, each with its patch; what the explorer
+(:func:`channel_references`) and the report's concept atlas (:func:`atlas_data`) show of it."""
 
 from __future__ import annotations
 
@@ -44,10 +42,9 @@ class ConceptReference:
 @dataclasses.dataclass
 class ConceptsRecord:
     """``concepts.json``: the ``layer``, ``channels[channel][ranking]`` (:data:`RANKINGS`) its
-    references by rank (the most relevant channels first); the ``model``, references per
-    channel and ranking (``top``), the ``images`` ranked, the ``unreadable`` paths, the
-    relevance ``rules``, what the ``score`` is and the ``run`` (as a manifest's header). Early
-    camkit 0.2 files may lack all but ``layer`` and ``channels`` (None / [])."""
+    references by rank (the most relevant channels first), and (camkit 0.2 files may lack them)
+    the ``model``, references per ranking (``top``), ``images`` ranked, ``unreadable`` paths,
+    ``rules``, what the ``score`` is and the ``run`` (as a manifest's header)."""
 
     layer: str
     channels: dict[int, dict[str, list[ConceptReference]]]
@@ -130,8 +127,8 @@ def channel_references(
 
 def atlas_data(out: Path, found: ConceptsRecord, folder: Path) -> dict[str, Any]:
     """:func:`read_concepts`'s record (read from ``folder``) for the report's concept atlas in
-    ``out``: per channel, in the file's order, its reference patches of each ranking with their
-    image's name, predicted label and score, patch paths -> URLs relative to ``out``."""
+    ``out``: per channel its patches of each ranking (URLs relative to ``out``) with their
+    image's name, predicted label and score."""
     url = relative_urls(out, folder)
 
     def patches(refs: list[ConceptReference]) -> list[dict[str, Any]]:

@@ -2,16 +2,14 @@
 the parts a killed run leaves, merging them.
 
 After every batch whose files are on disk, each rank appends to its own part
-``manifest.rank<R>.jsonl`` (a JSON line per record, one with the throughput so far) and
-flushes it: the cost per batch stays constant however large the run. At the end rank 0 merges
-the parts into ``manifest.json``. A killed run's parts list only images whose files are written
-(a line cut by the kill is ignored), so ``--resume`` merges them and skips those images; a
-video's finished windows (``{"window": {image, stage, start, stop}}`` lines) stay in
-``manifest.json`` until the video has its record, so that ``--resume`` skips them too.
+``manifest.rank<R>.jsonl`` (JSON lines: records, then the throughput so far) and flushes it, so
+a batch costs the same however large the run; rank 0 merges the parts into ``manifest.json``.
+A killed run's parts list only images whose files are written, so ``--resume`` merges them and
+skips those; a video's finished windows stay listed until the video has its record.
 
-One writer (:func:`write_manifest`), one reader (:func:`read_manifest`, a typed
-:class:`Manifest`); a manifest without a ``version`` is version 0 (camkit 0.2's layout, or 0.1's
-bare list of records); a broken one is a :class:`~camkit.errors.RunFileError`.
+One writer (:func:`write_manifest`), one reader (:func:`read_manifest`); a manifest without a
+``version`` is version 0 (camkit 0.2's layout, or 0.1's bare list of records); a broken one is
+a :class:`~camkit.errors.RunFileError`.
 """
 
 from __future__ import annotations
@@ -224,12 +222,10 @@ def header(settings: dict, model: str, device: str, arguments: list[str]) -> dic
 
 def merge(out: Path, head: dict, order: list[str], world: int, todo: int) -> dict:
     """Rank 0, after the barrier: every rank's part (and what a resumed run had) as one
-    ``manifest.json`` ordered like the inputs; the parts are removed.
-
-    ``explained`` and ``unreadable`` count the images of every run (a resumed run never says 0
-    unreadable while it holds error records); ``runs`` keeps each run's own start, end,
-    throughput and counts; ``started``/``throughput`` are the first run's start and the sums
-    over the runs. ``todo``: the images this run had to do."""
+    ``manifest.json`` ordered like the inputs; the parts are removed. ``explained`` and
+    ``unreadable`` count the images of every run; ``runs`` keeps each run's own start, end,
+    throughput and counts (``todo``: the images this run had to do); ``started``/``throughput``
+    are the first run's start and the sums over the runs."""
     previous = read(out / MANIFEST)
     paths = [part_path(out, rank) for rank in range(world)]
     parts = [read(path) for path in paths]

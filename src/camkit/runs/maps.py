@@ -14,16 +14,12 @@
     json.loads(str(data["metadata"]))  # the run: versions, settings, model, class labels,
                                        # and the file's "version" (none: version 0, camkit 0.2)
 
-Row ``i`` is the manifest record whose ``"map"`` is ``i``. One writer (:func:`write_maps`,
-streaming rows, never the whole array in memory), one reader (:func:`load_maps`, which maps
-``maps`` from the file: runs larger than memory can be analysed); a file that is not complete,
-misses a member or is of a newer version is a :class:`~camkit.errors.RunFileError`.
+Row ``i`` is the manifest record whose ``"map"`` is ``i``. The writer streams rows and the
+reader maps ``maps`` from the file, so runs larger than memory fit.
 
-Each rank appends its maps to its own part ``maps.rank<R>.f16`` (raw float16 rows, flushed to
-the disk) before the manifest records that name them (``"map_part": [rank, row]``): a record
-in a part always has its map on the disk. Merging the manifest (at the end, or on
-``--resume``) streams the earlier ``maps.npz`` and the parts into a new one in the manifest's
-order (:func:`fold`).
+Each rank appends its maps to its own part ``maps.rank<R>.f16`` (raw float16 rows, flushed)
+before the manifest records that name them (``"map_part": [rank, row]``); merging the manifest
+streams the earlier ``maps.npz`` and the parts into a new one in its order (:func:`fold`).
 """
 
 from __future__ import annotations
@@ -179,10 +175,6 @@ PARTS = "maps.rank*.f16"
 BLOCK = 256  # rows copied at a time when merging
 
 
-def part_path(out: Path, rank: int) -> Path:
-    return out / f"maps.rank{rank}.f16"
-
-
 def as_map(raw: Tensor) -> np.ndarray:
     """A method's raw map ``(H, W)`` or pixel attribution ``(C, H, W)`` (summed over the
     channels) -> ``(H, W)`` float16."""
@@ -193,7 +185,7 @@ class MapPart:
     """This rank's part: maps appended as rows, each append flushed to the disk."""
 
     def __init__(self, out: Path, rank: int):
-        self.path, self.rank = part_path(out, rank), rank
+        self.path, self.rank = out / f"maps.rank{rank}.f16", rank
 
     def append(self, maps: Sequence[np.ndarray]) -> list[list[int]]:
         """Append ``maps`` -> their ``[rank, row]`` references."""

@@ -1,11 +1,7 @@
 """What every file of a run folder shares: its kind (file name, the version this camkit writes,
-the command that writes it), reading its version, and typed reads of its values that turn a
-missing key or a wrong type into a :class:`~camkit.errors.RunFileError` naming the file, its
-version and what to do, never a silent None.
-
-A file written before run files had versions has no ``version`` field: it reads as version
-:data:`LEGACY` (0) with the layout camkit 0.2 wrote. A file of a version above the kind's is
-refused (a newer camkit wrote it)."""
+the command that writes it), reading its version (none: :data:`LEGACY`, camkit 0.2's layout;
+above the kind's: refused) and typed reads of its values that turn a missing key or a wrong
+type into a :class:`~camkit.errors.RunFileError` naming the file, its version and what to do."""
 
 from __future__ import annotations
 

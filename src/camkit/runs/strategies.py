@@ -1,8 +1,6 @@
-"""The strategies results of a run folder: ``strategies/strategies.json`` (written by ``camkit
-strategies``). One writer (:func:`write_strategies`) and one reader (:func:`read_strategies`);
-:func:`cluster_view` turns one cluster into what a page shows, for the static report and the
-explorer (:func:`camkit.serve.gallery.read_strategies`); :func:`strategies_data` is the report's
-whole view (map rows -> the page's image indices, files -> URLs)."""
+"""The strategies results of a run folder: ``strategies/strategies.json`` (``camkit
+strategies``), and what pages show of it: one cluster (:func:`cluster_view`, for the report and
+the explorer) and the report's whole view (:func:`strategies_data`)."""
 
 from __future__ import annotations
 
@@ -27,12 +25,10 @@ KIND = FileKind(STRATEGIES_FILE, 1, "camkit strategies RUN_DIR")
 
 @dataclasses.dataclass
 class StrategiesRecord:
-    """``strategies.json``: the ``run`` folder analysed, the analysis ``parameters``, the
-    ``images`` of the run's map rows (a cluster's members are rows), one group per (method,
-    class) (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, its
-    plots' files and the embedding's ``points`` ``[x, y, cluster, row]``), and the ``skipped``
-    classes (``{"method", "class", "reason"}``). Early camkit 0.2 files may lack ``run`` and
-    ``parameters`` (None / {})."""
+    """``strategies.json``: the ``images`` of the run's map rows, one group per (method, class)
+    (:meth:`camkit.strategies.ClassStrategies.to_dict` with ``method``, ``label``, plot files
+    and ``points`` ``[x, y, cluster, row]``), the ``skipped`` classes, the ``run`` folder and
+    the ``parameters`` (camkit 0.2 files may lack these two)."""
 
     images: list[str]
     groups: list[dict[str, Any]]
@@ -85,9 +81,7 @@ def relative_urls(out: Path, folder: Path) -> Callable[[str | None], str | None]
     prefix = Path(os.path.relpath(folder.resolve(), out.resolve())).as_posix()
 
     def url(name: str | None) -> str | None:
-        if name is None:
-            return None
-        return url_path(f"{prefix}/{name}" if prefix != "." else name)
+        return None if name is None else url_path(f"{prefix}/{name}" if prefix != "." else name)
 
     return url
 
@@ -101,12 +95,10 @@ def cluster_view(
     lists: Sequence[str] = ("typical", "atypical"),
 ) -> dict[str, Any]:
     """One cluster of ``strategies.json`` for a page: its ``id``, ``size``, ``confidence``,
-    ``accuracy`` and suspiciousness (named ``score``), its prototype picture through
-    ``picture`` (a file name relative to the strategies folder -> the page's reference) and its
-    member ``lists`` (rows of the run's map file) through ``members`` (rows -> the page's).
-    ``atypical`` leaves out the ``typical`` members: a small cluster's two lists overlap, and
-    the page would show the same images as both. ``concepts``: the cluster's dominant concepts
-    when ``camkit strategies`` found them (a run with ``camkit concepts`` results), else None."""
+    ``accuracy``, suspiciousness (named ``score``), ``concepts`` (None when not found), its
+    prototype through ``picture`` (file name -> the page's reference) and its member ``lists``
+    through ``members`` (map rows -> the page's). ``atypical`` leaves out the ``typical``
+    members (a small cluster's two lists overlap)."""
     found = {name: members(cluster.get(name, [])) for name in lists}
     if "typical" in found and "atypical" in found:
         typical = set(found["typical"])
@@ -128,22 +120,22 @@ def strategies_data(
     rows = [page.get(str(image), -1) for image in found.images]
     url = relative_urls(out, folder)
     lists = ("typical", "atypical", "members")
-    groups = []
-    for group in found.groups:
-        clusters = [
-            cluster_view(
-                c, lambda members: [rows[r] for r in members], url, score="score", lists=lists
-            )
-            for c in group.get("clusters", [])
-        ]
-        groups.append(
-            {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
-            | {
-                "suggested": group.get("suggested_k"),
-                "eigenvalues": group.get("eigenvalues", []),
-                "eigengap": url(group.get("eigengap_plot")),
-                "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
-                "clusters": clusters,
-            }
-        )
+
+    def on_page(members: Sequence[int]) -> list[int]:
+        return [rows[r] for r in members]
+
+    groups = [
+        {key: group.get(key) for key in ("method", "class", "label", "samples", "k")}
+        | {
+            "suggested": group.get("suggested_k"),
+            "eigenvalues": group.get("eigenvalues", []),
+            "eigengap": url(group.get("eigengap_plot")),
+            "points": [[x, y, c, rows[r]] for x, y, c, r in group.get("points", [])],
+            "clusters": [
+                cluster_view(c, on_page, url, score="score", lists=lists)
+                for c in group.get("clusters", [])
+            ],
+        }
+        for group in found.groups
+    ]
     return {"groups": groups, "skipped": list(found.skipped)}

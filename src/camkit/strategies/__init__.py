@@ -7,11 +7,8 @@ Laplacian's eigenvectors, read the number of strategies off the eigengap, cluste
 and look at each cluster's mean map. A cluster whose maps sit on a watermark, a border or a tag
 is a model reading a shortcut ("Clever Hans").
 
-Numbers in, numbers out: ``(N, H, W)`` maps (pixel attributions summed over channels) and their
-classes in, :class:`ClassStrategies` out. The steps: :mod:`~camkit.strategies.pooling`,
-:mod:`~camkit.strategies.spectrum`, :mod:`~camkit.strategies.clustering`,
-:mod:`~camkit.strategies.analysis`; figures: :mod:`camkit.strategies.plots`; a run's saved maps
-(``camkit explain --save-maps``): :func:`load_maps` (:mod:`camkit.runs.maps`).
+Numbers in, numbers out: ``(N, H, W)`` maps and their classes in, :class:`ClassStrategies`
+out; a run's saved maps (``camkit explain --save-maps``): :func:`load_maps`.
 """
 
 from camkit.runs.maps import MapSet, load_maps

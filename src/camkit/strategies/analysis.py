@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from camkit.core.inputs import positive_int
 from camkit.errors import ArgumentError, CamkitError, InputError
 from camkit.strategies.clustering import (
     Clustering,
@@ -43,6 +44,15 @@ def _optional(values: Any, n: int, name: str, dtype: type) -> np.ndarray | None:
     return array
 
 
+_PER_SAMPLE = {"confidences": np.float64, "predictions": np.int64, "truth": np.int64}
+
+
+def _per_sample(n: int, *values: Any) -> dict[str, np.ndarray | None]:
+    """The per-sample arguments of :func:`summarise` (as :data:`_PER_SAMPLE`), checked."""
+    named = zip(_PER_SAMPLE.items(), values, strict=True)
+    return {name: _optional(value, n, name, dtype) for (name, dtype), value in named}
+
+
 def analyze_class(
     pooled: np.ndarray,
     *,
@@ -66,25 +76,21 @@ def analyze_class(
 
     ``indices`` name the samples (default ``0..n-1``); per-sample ``confidences``,
     ``predictions`` and ``truth`` (-1: unknown) give each cluster's confidence and accuracy.
-    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its normalised
-    Laplacian's ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters, used
-    unless ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
-    (``dbscan``/``hdbscan`` find their own number and mark noise -1; ``clustering_options`` go
-    to the scikit-learn class). ``embedding``: the 2-D layout for display (``tsne``, ``umap``
-    with umap-learn, ``spectral`` or None) of at most ``embedding_limit`` seeded samples. The
-    same ``seed`` gives the same result.
-
-    Raises :class:`~camkit.errors.ArgumentError` for fewer than ``n_neighbors + 1`` samples;
-    identical maps give one strategy and a :class:`StrategyWarning`.
+    The graph joins each map to its ``n_neighbors`` nearest; the eigengap of its Laplacian's
+    ``max_clusters + 1`` smallest eigenvalues suggests the number of clusters unless
+    ``n_clusters`` is given. ``clustering`` runs on the row-normalised spectral embedding
+    (``dbscan``/``hdbscan`` mark noise -1; ``clustering_options`` go to scikit-learn).
+    ``embedding``: the 2-D layout for display (``tsne``, ``umap``, ``spectral`` or None) of at
+    most ``embedding_limit`` samples. The same ``seed`` gives the same result. Fewer than
+    ``n_neighbors + 1`` samples: :class:`~camkit.errors.ArgumentError`; identical maps: one
+    strategy and a :class:`StrategyWarning`.
     """
     pooled = np.asarray(pooled, dtype=np.float32)
     if pooled.ndim != 3 or not np.isfinite(pooled).all():
         raise InputError(f"expected finite pooled maps (n, gh, gw), got shape {pooled.shape}")
     n = len(pooled)
-    n_neighbors = default_neighbors(n) if n_neighbors is None else n_neighbors
-    for name, value in (("n_neighbors", n_neighbors), ("max_clusters", max_clusters)):
-        if not isinstance(value, int) or value < 1:
-            raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    n_neighbors = positive_int("n_neighbors", n_neighbors, optional=True) or default_neighbors(n)
+    positive_int("max_clusters", max_clusters)
     if n_clusters is not None and (not isinstance(n_clusters, int) or not 1 <= n_clusters < n):
         raise ArgumentError(f"n_clusters must be an int in [1, {n - 1}], got {n_clusters!r}")
     if n < (fewest := _fewest(n, n_neighbors)):
@@ -93,9 +99,7 @@ def analyze_class(
             f"nearest-neighbour graph needs at least {fewest} (n_neighbors={n_neighbors} + 1)"
         )
     indices = np.arange(n) if indices is None else _optional(indices, n, "indices", np.int64)
-    confidences = _optional(confidences, n, "confidences", np.float64)
-    predictions = _optional(predictions, n, "predictions", np.int64)
-    truth = _optional(truth, n, "truth", np.int64)
+    per_sample = _per_sample(n, confidences, predictions, truth)
     points = pooled.reshape(n, -1).astype(np.float64)
     parameters = {
         "n_neighbors": n_neighbors,
@@ -131,15 +135,7 @@ def analyze_class(
         clustered = spectral[:, :k] / np.where(norms > 0, norms, 1.0)
         labels = cluster_labels(clustered, k, clustering, seed, dict(clustering_options or {}))
     labels = by_size(labels)
-    clusters = summarise(
-        pooled,
-        labels,
-        indices,
-        confidences=confidences,
-        predictions=predictions,
-        truth=truth,
-        n_show=n_show,
-    )
+    clusters = summarise(pooled, labels, indices, **per_sample, n_show=n_show)
     coordinates, shown = embed_2d(pooled, spectral, embedding, seed, embedding_limit)
     return ClassStrategies(
         class_id=class_id,
@@ -186,14 +182,11 @@ def find_strategies(
     pooled = pool_maps(maps, grid, normalize=normalize, positive=positive, rows=rows)
     n = len(pooled)
     classes = _optional(classes, n, "classes", np.int64)
-    confidences = _optional(confidences, n, "confidences", np.float64)
-    predictions = _optional(predictions, n, "predictions", np.int64)
-    truth = _optional(truth, n, "truth", np.int64)
+    per_sample = _per_sample(n, confidences, predictions, truth)
     wanted = sorted(set(classes.tolist())) if only is None else list(only)
     found, skipped = {}, {}
     for class_id in wanted:
         members = np.flatnonzero(classes == class_id)
-        per_sample = {"confidences": confidences, "predictions": predictions, "truth": truth}
         try:
             found[class_id] = analyze_class(
                 pooled[members],

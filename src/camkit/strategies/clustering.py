@@ -56,9 +56,8 @@ def embed_2d(
     if method == "spectral":
         coordinates = spectral[:, :2] if spectral.shape[1] >= 2 else np.c_[spectral, spectral]
         return coordinates.astype(np.float32), np.arange(n)
-    keep = np.arange(n)
-    if n > limit:
-        keep = np.sort(np.random.default_rng(seed).choice(n, limit, replace=False))
+    rng = np.random.default_rng(seed)
+    keep = np.sort(rng.choice(n, limit, replace=False)) if n > limit else np.arange(n)
     data = pooled[keep].reshape(len(keep), -1)
     if len(keep) < 4 or np.ptp(data, axis=0).max() == 0:  # nothing to lay out
         return np.zeros((len(keep), 2), np.float32), keep
@@ -141,11 +140,10 @@ def summarise(
     truth: np.ndarray | None = None,
     n_show: int = 8,
 ) -> list[Cluster]:
-    """The :class:`Cluster` of each label of one class (``labels`` from :func:`by_size`, -1 for
-    noise left out): the prototype (mean pooled map), the members from the most typical
-    (closest to the prototype) to the least, the ``n_show`` typical and atypical ones, the mean
-    confidence, the accuracy over the members whose ``truth`` is known (>= 0), and
-    :func:`suspiciousness`. ``indices`` name the samples."""
+    """The :class:`Cluster` of each label >= 0 of one class (``labels`` from :func:`by_size`,
+    ``indices`` naming the samples): the prototype (mean pooled map), the members from the
+    closest to it, ``n_show`` typical and atypical ones, the mean confidence, the accuracy where
+    ``truth`` is known (>= 0), and :func:`suspiciousness`."""
     points = pooled.reshape(len(pooled), -1).astype(np.float64)
     scores = suspiciousness(pooled, labels)
     clusters = []
@@ -154,10 +152,8 @@ def summarise(
         prototype = pooled[inside].mean(axis=0)
         distances = np.linalg.norm(points[inside] - prototype.ravel(), axis=1)
         order = inside[np.argsort(distances, kind="stable")]
-        accuracy = None
-        if truth is not None and predictions is not None and (truth[inside] >= 0).any():
-            known = inside[truth[inside] >= 0]
-            accuracy = float(np.mean(predictions[known] == truth[known]))
+        known = inside[truth[inside] >= 0] if truth is not None and predictions is not None else []
+        accuracy = float(np.mean(predictions[known] == truth[known])) if len(known) else None
         score, distance, concentration = scores[cluster]
         clusters.append(
             Cluster(

@@ -1,13 +1,9 @@
 """A Clever-Hans model whose strategies are known: the check that SpRAy finds them.
 
-:func:`planted_model` is a hand-set CNN (a 1x1 convolution that detects red, green and blue,
-ReLU, global average pooling, a linear layer): class 0 ("horse") is decided by red, class 1 by
-blue. :func:`planted_images` draws class-0 images of two kinds, a small red tag in the
-bottom-right corner and nothing else (the shortcut, as the copyright tag of Lapuschkin et al.
-2019), or a red object near the centre (the honest strategy): the model reads red wherever it
-is, so Grad-CAM of class 0 lights the corner on the first kind and the centre on the second.
-The truth of each image is returned, so the clustering can be scored (adjusted Rand index) and
-the eigengap checked (2 strategies).
+:func:`planted_model` decides class 0 by red wherever it is; :func:`planted_images` draws
+class-0 images with a red tag in the corner (the shortcut, as the copyright tag of Lapuschkin et
+al. 2019) or a red object near the centre (the honest strategy), and returns which, so the
+clustering can be scored and the eigengap checked (2 strategies).
 """
 
 from __future__ import annotations
@@ -20,8 +16,8 @@ TAG = 5  # side of the corner tag, pixels
 
 
 def planted_model() -> nn.Sequential:
-    """``(B, 3, H, W)`` in [0, 1] -> logits ``(B, 2)``; the layer to explain is ``"1"`` (the
-    ReLU of the colour detectors: red, green, blue)."""
+    """A hand-set CNN ``(B, 3, H, W)`` in [0, 1] -> logits ``(B, 2)`` (class 0 by red, 1 by
+    blue); the layer to explain is ``"1"``, the ReLU of its red, green and blue detectors."""
     conv = nn.Conv2d(3, 3, kernel_size=1)
     head = nn.Linear(3, 2)
     with torch.no_grad():

@@ -1,6 +1,5 @@
-"""Pooling the maps of a dataset for SpRAy: each map average-pooled to a small grid, made
-non-negative and normalised, read a chunk at a time (a memory-mapped map file is never read
-whole, and its pages are dropped as they are read).
+"""Pooling the maps of a dataset for SpRAy, a chunk at a time (a memory-mapped map file is never
+read whole, its pages dropped as they are read).
 
 Lapuschkin et al., "Unmasking Clever Hans predictors and assessing what machines really learn",
 Nature Communications 10, 1096 (2019), section "Spectral relevance analysis" (downscaling).
@@ -30,11 +29,9 @@ def pool_maps(
 ) -> np.ndarray:
     """Maps ``(N, H, W)`` (or ``(N, C, H, W)``, summed over channels) -> ``(N, gh, gw)`` float32:
     average-pooled to the ``grid`` (SpRAy's downscaling), made non-negative (``positive``:
-    ``clip`` keeps the positive evidence, ``abs`` its magnitude) and normalised per map
-    (``normalize``: ``l1`` to sum 1, ``max`` to peak 1). A map with no positive mass stays all
-    zeros. Non-finite values raise :class:`~camkit.errors.InputError` naming the maps.
-    ``rows``: pool only these maps (read ``chunk`` at a time, so a memory-mapped file is never
-    read whole)."""
+    ``clip`` or ``abs``) and normalised per map (``normalize``: ``l1`` to sum 1, ``max`` to peak
+    1; a map with no mass stays zeros). ``rows``: pool only these maps. Read ``chunk`` maps at a
+    time; non-finite values raise :class:`~camkit.errors.InputError` naming the maps."""
     if normalize not in ("l1", "max"):
         raise ArgumentError(f"normalize must be 'l1' or 'max', got {normalize!r}")
     if positive not in ("clip", "abs"):

@@ -31,18 +31,14 @@ def eigengap(
     max_clusters: int | None = None,
     diffusion: float | None = None,
 ) -> int:
-    """The number of clusters the spectrum suggests, from the smallest eigenvalues (ascending)
-    of the normalised Laplacian: the ``k`` with the largest gap ``mu_(k-1)^t - mu_k^t`` where
-    ``mu = 1 - lambda`` are the eigenvalues of the random walk and ``t = diffusion`` its
-    number of steps (diffusion maps, Coifman and Lafon 2006). ``diffusion=1`` is the plain
-    eigengap ``lambda_k - lambda_(k-1)`` (von Luxburg 2007, section 8.3); more steps let a
-    walk spread inside a strategy whose maps vary continuously (their small eigenvalues fade,
-    ``mu^t -> 0``) while it stays inside separate strategies (``mu = 1``), so the gap after
-    the separate ones stands out. ``k`` separate groups give ``k`` zero eigenvalues.
-
-    ``diffusion=None`` (default): ``max(32, ln(1000) / lambda_m)`` steps with ``lambda_m`` the
-    largest eigenvalue considered, so that the slowest mode kept fades to about 1/1000 however
-    large the class (a larger graph has smaller eigenvalues)."""
+    """The number of clusters the smallest eigenvalues (ascending) of the normalised Laplacian
+    suggest: the ``k`` with the largest gap ``mu_(k-1)^t - mu_k^t``, ``mu = 1 - lambda`` the
+    random walk's eigenvalues and ``t = diffusion`` its steps (diffusion maps, Coifman and Lafon
+    2006). ``diffusion=1`` is the plain eigengap (von Luxburg 2007, section 8.3); more steps
+    fade the small eigenvalues of a strategy whose maps vary continuously (``mu^t -> 0``) while
+    separate strategies keep ``mu = 1``. ``diffusion=None``: ``max(32, ln(1000) / lambda_m)``
+    steps, ``lambda_m`` the largest eigenvalue considered, so the slowest mode kept fades to
+    about 1/1000 however large the class."""
     values = np.asarray(eigenvalues, dtype=np.float64)
     if values.ndim != 1 or values.size == 0 or not np.isfinite(values).all():
         raise ArgumentError(f"expected finite eigenvalues (m,), got {values!r:.100}")
@@ -76,11 +72,9 @@ def knn_graph(points: np.ndarray, n_neighbors: int) -> Any:
 
 
 def laplacian_spectrum(graph: Any, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``count`` smallest eigenvalues (ascending) of the normalised Laplacian
-    ``L = I - D^-1/2 A D^-1/2`` and the matching eigenvectors mapped back by ``D^-1/2`` (the
-    random-walk eigenvectors, as scikit-learn's spectral embedding). Dense LAPACK up to
-    :data:`DENSE_LIMIT` nodes, ARPACK (Lanczos, a seeded start vector) on the sparse matrix
-    above it: the largest eigenvalues of ``D^-1/2 A D^-1/2`` are ``1 - lambda``."""
+    """The ``count`` smallest eigenvalues (ascending) of ``L = I - D^-1/2 A D^-1/2`` and the
+    random-walk eigenvectors (mapped back by ``D^-1/2``, as scikit-learn's spectral embedding):
+    dense LAPACK up to :data:`DENSE_LIMIT` nodes, seeded ARPACK above."""
     import scipy.linalg
     import scipy.sparse
     import scipy.sparse.linalg
