@@ -53,11 +53,10 @@ def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
         bias = effective_bias(module)
         if bias is None:
             continue
-        tapped = module
         drop = getattr(module, "drop", None)
         if isinstance(module, nn.BatchNorm2d) and isinstance(drop, nn.Module):
-            tapped, name = drop, f"{name}.drop"
-        found.append((name, tapped, bias))
+            module, name = drop, f"{name}.drop"
+        found.append((name, module, bias))
     return found
 
 
@@ -140,7 +139,14 @@ class FullGrad(Explainer):
             bias = bias.to(device=grad.device, dtype=grad.dtype)[:, None, None]
             channels = _psi(grad * bias).sum(dim=2)  # (n, K, h, w)
             if channels.shape[0] != part.shape[0]:  # a frame-wise model: (n * T, K, h, w)
-                channels = self._clip_frames(channels, part)
+                frames = folded_frames(self.model, tuple(part.shape))
+                if not frames or channels.shape[0] != part.shape[0] * frames:
+                    raise LayerOutputError(
+                        f"FullGrad: a bias layer gives {channels.shape[0]} rows for "
+                        f"{part.shape[0]} inputs (not one per input); declare a frame-wise clip "
+                        "model with camkit.InputLayout(model, layout, frame_wise=True)"
+                    )
+                channels = channels.unflatten(0, (-1, frames)).transpose(1, 2)  # (n, K, T, h, w)
             if channels.shape[-2:] != size:
                 lead = channels.shape[:-2]
                 flat = channels.flatten(0, -3).unsqueeze(1)  # one plane per sample, target, frame
@@ -148,17 +154,6 @@ class FullGrad(Explainer):
                 channels = flat.squeeze(1).unflatten(0, lead)
             total = total + channels
         return total.float()
-
-    def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
-        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``."""
-        frames = folded_frames(self.model, tuple(part.shape))
-        if not frames or channels.shape[0] != part.shape[0] * frames:
-            raise LayerOutputError(
-                f"FullGrad: a bias layer gives {channels.shape[0]} rows for {part.shape[0]} "
-                "inputs (not one per input); declare a frame-wise clip model with "
-                "camkit.InputLayout(model, layout, frame_wise=True)"
-            )
-        return channels.unflatten(0, (-1, frames)).transpose(1, 2)
 
     def __repr__(self) -> str:
         return f"FullGrad(bias_layers={len(self.bias_layers)})"

@@ -63,16 +63,11 @@ class ShapleyCAM(GradCAM):
                             f"the target score does not depend on layer {names[i]!r}"
                         )
                     hvp = None
-                    if grad.requires_grad:
+                    if grad.requires_grad:  # else the score is linear in A: H A = 0
                         (hvp,) = torch.autograd.grad(
-                            grad,
-                            act,
-                            grad_outputs=act.detach(),
-                            retain_graph=True,
-                            allow_unused=True,
+                            grad, act, act.detach(), retain_graph=True, allow_unused=True
                         )
-                    hvp = torch.zeros_like(grad) if hvp is None else hvp
-                    corrected[i].append((grad - 0.5 * hvp).detach())
+                    corrected[i].append((grad if hvp is None else grad - 0.5 * hvp).detach())
         grads = [torch.stack(per_target, dim=1) for per_target in corrected]
         acts = [act.detach().unsqueeze(1) for act in acts]
         return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))

@@ -12,10 +12,9 @@ of the layer's output; both read the target score, one forward per channel:
   agreement with the exact map in docs/performance.md);
 * ``progress=True`` shows a tqdm bar of the forward passes.
 
-A method is two steps, :meth:`PerturbationCAM.perturbed_scores` and
-:meth:`PerturbationCAM.score_weights`; a variant overrides one (Score-CAM's variants only their
-masks, :meth:`ScoreCAM.perturb`). Every forward goes through the call's
-:meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args`` reach the perturbed passes.
+A method is :meth:`PerturbationCAM.perturbed_scores` then :meth:`PerturbationCAM.score_weights`
+(Score-CAM's variants change only :meth:`ScoreCAM.perturb`). ``additional_forward_args`` reach
+the perturbed passes.
 """
 
 from __future__ import annotations
@@ -158,8 +157,9 @@ class PerturbationCAM(BaseCAM):
         maps = {}
         for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
             raw = raw.detach()
-            size, rows = tuple(batch.shape[2:]), batch.shape[0]
-            reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
+            reader = self.grid_reader(
+                name, raw.unsqueeze(1), tuple(batch.shape[2:]), batch.shape[0]
+            )
             kind = getattr(reader, "kind", None)  # a layout it can perturb, or refused
             if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
                 raise LayerOutputError(
@@ -202,12 +202,11 @@ class PerturbationCAM(BaseCAM):
         """``(n, K)`` scores of sample ``sample`` with the layer's output of ``n`` copies
         replaced by ``edit(output)``.
 
-        The layer's prefix runs once: a hook replaces a one-image forward's output by ``edit``
-        of ``n`` copies of ``raw[sample]``. A model whose later layers do not broadcast over
-        that batch (a ``torch.cat`` skip, a reshape by the input's batch size) raises or gives
-        the wrong batch size; then ``suffix[0]`` is set False and from then on full forwards of
-        ``n`` repeated inputs run. A frame-wise layer has ``frames`` rows per sample: ``edit``
-        gets the ``n * frames`` rows of ``n`` clips, row ``i * frames + t``."""
+        The layer's prefix runs once (a hook swaps a one-image forward's output for ``edit`` of
+        ``n`` copies of ``raw[sample]``); where the model's later layers do not broadcast over
+        that batch (a ``torch.cat`` skip), ``suffix[0]`` turns False and full forwards of ``n``
+        repeated inputs run from then on. A frame-wise layer: ``edit`` gets ``n * frames`` rows,
+        row ``i * frames + t``."""
         rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
         image = run.batch[sample : sample + 1]
         if suffix[0]:

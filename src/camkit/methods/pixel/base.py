@@ -173,10 +173,9 @@ class PixelAttribution(Explainer):
         memory = MemoryFormat(first)
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
-            if make_inputs is None:
-                chunk = tuple(t[rows % size] for t in inputs)
-            else:
-                chunk = make_inputs(rows, span)
+            chunk = (
+                make_inputs(rows, span) if make_inputs else tuple(t[rows % size] for t in inputs)
+            )
             grads, scores = self.input_gradients(chunk, call, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
 
