@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,14 +25,7 @@ from camkit.targets.resolver import RowScorer
 
 POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
 _STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """One scale: the resized image's ``size (H_s, W_s)`` and its window corners ``(y, x)``."""
-
-    size: tuple[int, int]
-    corners: list[tuple[int, int]]
+_Scale = tuple[tuple[int, int], list[tuple[int, int]]]  # resized size, window corners
 
 
 def _starts(length: int, window: int, stride: int) -> list[int]:
@@ -126,6 +118,7 @@ class SESS(WrapperCAM):
         return {"sess": fused}
 
     def _scale(self, size: tuple[int, int], scale: int) -> _Scale:
+        """One scale: the resized image's size ``(H_s, W_s)`` and its window corners ``(y, x)``."""
         (h, w), (wh, ww), (sh, sw) = size, self.window, self.stride
         resized = (scale, int(scale * w / h)) if h <= w else (int(scale * h / w), scale)
         if resized[0] < wh or resized[1] < ww:
@@ -134,17 +127,17 @@ class SESS(WrapperCAM):
                 f"than the {wh}x{ww} window: every scale must be at least the window size"
             )
         ys, xs = _starts(resized[0], wh, sh), _starts(resized[1], ww, sw)
-        return _Scale(resized, [(y, x) for y in ys for x in xs])
+        return resized, [(y, x) for y in ys for x in xs]
 
     def _patches(self, batch: Tensor, scale: _Scale) -> Tensor:
         """``(B, C, H, W) -> (B, P_s, C, h, w)``: the windows of the resized batch."""
-        image = batch
-        if tuple(batch.shape[2:]) != scale.size:
+        (size, corners), image = scale, batch
+        if tuple(batch.shape[2:]) != size:
             image = F.interpolate(
-                batch, size=scale.size, mode="bilinear", align_corners=False, antialias=True
+                batch, size=size, mode="bilinear", align_corners=False, antialias=True
             )
         wh, ww = self.window
-        return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
+        return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in corners], 1)
 
     def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
         """Every patch's target score ``(B, P, K)``, all scales in order."""
@@ -196,11 +189,11 @@ class SESS(WrapperCAM):
                     continue
                 maps = self._patch_maps(patches[sample, patch], call, scorer, sample, k)
                 maps = maps * weights[:, span, k][sample, patch].view(-1, 1, 1)
-                canvas = maps.new_zeros(maps.shape[0], *scale.size)
+                canvas = maps.new_zeros(maps.shape[0], *scale[0])
                 for i, corner in enumerate(patch.tolist()):
-                    y, x = scale.corners[corner]
+                    y, x = scale[1][corner]
                     canvas[i, y : y + maps.shape[1], x : x + maps.shape[2]] = maps[i]
-                if scale.size != out_size:
+                if scale[0] != out_size:
                     canvas = F.interpolate(
                         canvas[:, None], size=out_size, mode="bilinear", align_corners=False
                     )[:, 0]

@@ -37,13 +37,11 @@ def to_heatmap(
     if not 0 < percentile <= 100:
         raise ArgumentError(f"percentile must be in (0, 100], got {percentile}")
     attr = attr.detach().float()
-    channels = -spatial - 1
-    if reduce == "abs-max":
-        heat = attr.abs().amax(dim=channels)
-    elif reduce == "norm":
-        heat = torch.linalg.vector_norm(attr, dim=channels)
-    else:
-        heat = attr.sum(dim=channels)
+    heat = {
+        "abs-max": lambda c: attr.abs().amax(dim=c),
+        "norm": lambda c: torch.linalg.vector_norm(attr, dim=c),
+        "sum": lambda c: attr.sum(dim=c),
+    }[reduce](-spatial - 1)  # over the channels
     magnitude = heat.abs().flatten(-spatial)
     full = percentile == 100
     scale = magnitude.amax(dim=-1) if full else magnitude.quantile(percentile / 100, dim=-1)

@@ -63,9 +63,7 @@ def quadrature_rule(
     n = steps
     if method == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(n)
-        return torch.from_numpy(0.5 * (nodes + 1)).to(dtype), torch.from_numpy(0.5 * weights).to(
-            dtype
-        )
+        return tuple(torch.from_numpy(0.5 * v).to(dtype) for v in (nodes + 1, weights))
     if n < 2 and method == "riemann_trapezoid":
         raise ArgumentError("the riemann_trapezoid quadrature needs steps >= 2 (captum's)")
     start, end, points = {
@@ -151,14 +149,10 @@ class IntegratedGradients(PixelAttribution):
         self.check_autograd()
         with model_guarded(self.model):
             attrs, delta = self.integrate(inputs, scorer, call, with_delta=True)
-        error = (summed(attrs) - delta).abs()
-        scale = delta.abs().mean()
-        report = {
-            "delta": delta,
-            "abs": error,
-            "relative": error / delta.abs(),
-            "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
-        }
+        error, scale = (summed(attrs) - delta).abs(), delta.abs().mean()
+        to_batch = error / scale if scale > 0 else torch.full_like(error, torch.inf)
+        report = {"delta": delta, "abs": error, "relative": error / delta.abs()}
+        report["relative_to_batch"] = to_batch
         return {key: drop_axes(value, single, scorer.several) for key, value in report.items()}
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
