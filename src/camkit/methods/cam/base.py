@@ -36,15 +36,13 @@ class BaseCAM(Explainer):
     ``K`` targets per sample ``-> (B, K, H, W)``. Constructor arguments: those of
     :class:`~camkit.core.explainer.Explainer`; the last call's layer readings are in ``layouts``.
 
-    Call options: ``relu``, ``upsample`` and ``normalize`` (min-max to [0, 1]) can be switched
-    off; ``fuse`` combines several layers: ``"mean"`` (``True``, pytorch-grad-cam), ``"max"``
-    (torchcam), ``"tanh"`` (torchcam's LayerCAM fusion, each map scaled by ``tanh(2 M)``, Jiang
-    et al., TIP 2021, before the maximum) or ``False`` for ``{layer: map}``.
-    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
-    (:func:`~camkit.methods.cam.smoothing.explained`). ``eigen_smooth=True``: each layer's map is
-    the first principal component of ``w_c A_c`` instead of their sum
-    (:func:`~camkit.methods.cam.smoothing.principal_component`); unchanged for Eigen-CAM and its
-    kin, refused where the map is no weighted sum of channels (Recipro-CAM).
+    Call options: ``relu``, ``upsample``, ``normalize`` (min-max to [0, 1]) and ``fuse``, as
+    :class:`~camkit.core.finish.Finishing` (``"tanh"``: torchcam's LayerCAM fusion, Jiang et
+    al., TIP 2021); ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
+    (:func:`~camkit.methods.cam.smoothing.explained`); ``eigen_smooth=True``: each layer's map
+    is the first principal component of ``w_c A_c`` instead of their sum
+    (:func:`~camkit.methods.cam.smoothing.principal_component`), refused where the map is no
+    weighted sum of channels (Recipro-CAM).
     """
 
     family: ClassVar[str] = "gradient-cam"

@@ -119,10 +119,8 @@ class Concepts:
 
 
 class DeepFeatureFactorization:
-    """Deep Feature Factorization (Collins et al., ECCV 2018); see the module docstring.
-
-    ``DeepFeatureFactorization(model, layer)(x, components=5) -> Concepts``: an image or a
-    batch, factorised together (the batch shares the concepts); maps upsampled bilinearly.
+    """Deep Feature Factorization (Collins et al., ECCV 2018; see the module docstring):
+    ``(model, layer)(x, components=5) -> Concepts``, a batch factorised together.
 
     Args:
         layer: the layer to factorise (dotted name or module), e.g. the last conv block.

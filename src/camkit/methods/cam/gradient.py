@@ -42,11 +42,9 @@ class GradCAMPlusPlus(BaseCAM):
     their sum). Exactly, in float64 (float32 where a device lacks it), with ``alpha = 0`` only
     where the denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
 
-    Where activations sum to values of either sign (LayerNorm outputs of ViT / Swin blocks) the
-    denominator can nearly cancel and the alpha changes a lot with tiny changes of ``A`` or
-    ``g``: an :class:`~camkit.errors.IllConditionedWarning` says so when the denominator's
-    condition number ``(2 g^2 + |sum(A) g^3|) / |2 g^2 + sum(A) g^3|`` exceeds
-    :attr:`ill_conditioned` at a position whose positive gradient counts.
+    An :class:`~camkit.errors.IllConditionedWarning` says when the denominator nearly cancels
+    (activations summing to either sign, LayerNorm outputs): its condition number ``(2 g^2 +
+    |sum(A) g^3|) / |2 g^2 + sum(A) g^3|`` above :attr:`ill_conditioned` where ``g > 0``.
     """
 
     #: condition number of an alpha's denominator above which the map is called ill-conditioned

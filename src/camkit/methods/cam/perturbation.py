@@ -243,15 +243,14 @@ class ScoreCAM(PerturbationCAM):
     Networks", CVPRW 2020, Algorithm 1. Per channel ``c`` of ``A (B, C, h, w)``: the mask
     ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` (a constant map gives zeros), the score
     ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map ``= ReLU(sum_c w_c
-    A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` (the K targets share the forwards).
+    A_c)`` (the ``K`` targets share the forwards).
 
-    As in the paper, pytorch-grad-cam and torchcam, the softmax is over the channels' target
-    *logits* (the baseline term ``- y(X_b)`` cancels in it); the authors' repository instead
-    uses the target's class probability and skips constant channels. Masks are upsampled
-    (``align_corners=False``) before normalising, as in the paper (torchcam normalises first,
-    pytorch-grad-cam upsamples with ``align_corners=True``). With ``top_channels=k`` the softmax
-    is over those channels. Volumes ``(B, C, D, H, W)``: trilinear masks normalised over the
-    volume (pytorch-grad-cam's Score-CAM is 2-D only).
+    As the paper, pytorch-grad-cam and torchcam: the softmax of the target *logits* (the
+    baseline ``- y(X_b)`` cancels; the authors' repository uses probabilities and skips
+    constant channels); masks upsampled (``align_corners=False``) before normalising, as the
+    paper (torchcam normalises first, pytorch-grad-cam uses ``align_corners=True``).
+    ``top_channels=k``: the softmax over those. Volumes: trilinear masks (pytorch-grad-cam's
+    Score-CAM is 2-D only).
     """
 
     label = "Score-CAM"  # in the progress bar
@@ -322,15 +321,11 @@ class AblationCAM(PerturbationCAM):
     Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
     Gradient-free Localization", WACV 2020: ``w_c = (y - y_c) / y`` with ``y`` the target score
     (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0 (``y - y_c``
-    where ``y`` is exactly 0); map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or
-    ``(B, K, H, W)``. As in the paper, ablation is zeroing (pytorch-grad-cam sets ``min - 1e7``
-    when the layer's minimum is not 0). ``top_channels=k`` ablates only the ``k`` channels of
-    largest ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c``.
-
-    The layer's prefix runs once per sample (:meth:`PerturbationCAM.edited_scores`). Token and
-    channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in their own layout, as
-    pytorch-grad-cam's ``AblationLayerVit`` (channel ``c`` zeroed in every token, the class
-    token too); a ``reshape=`` function cannot be undone and is refused.
+    where ``y`` is exactly 0); map ``= ReLU(sum_c w_c A_c)``. Ablation is zeroing, as the paper
+    (pytorch-grad-cam sets ``min - 1e7`` when the layer's minimum is not 0). ``top_channels=k``
+    ablates the ``k`` channels of largest ``|sum_ij g_cij A_cij|``, the first-order estimate of
+    ``y - y_c``. Token and channels-last layers (ViT, Swin) are ablated in their own layout, as
+    pytorch-grad-cam's ``AblationLayerVit`` (the class token too); ``reshape=`` is refused.
     """
 
     reshape_refused = (

@@ -31,19 +31,16 @@ class SSCAM(NoisyDraws, ScoreCAM):
     Wang et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature Localization", 2020
     (arXiv:2006.14255), noise on the masks, as torchcam 0.5's ``SSCAM``: with Score-CAM's mask
     ``H_c``, ``w = softmax_c(mean_m y(x * (H_c + d_mc)))``, ``d_mc ~ N(0, std^2)`` of size
-    ``(H, W)`` (shared by the input's channels), map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) ->
-    (B, H, W)`` or ``(B, K, H, W)``. Noisy masks are all distinct: ``samples * C`` forwards per
-    sample.
+    ``(H, W)`` (shared by the input's channels), map ``= ReLU(sum_c w_c A_c)``; ``samples * C``
+    forwards per sample.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
         samples: noisy masks per channel (torchcam's ``num_samples``).
         std: standard deviation of the noise added to the [0, 1] masks (torchcam's default).
         seed: seeds the noise (None: from torch's global generator). Row ``(m, b, c)`` (draw,
             sample, channel) gets one ``(H, W)`` standard normal draw, in that order, as
-            torchcam draws ``(B, C, H, W)`` per ``m``: on the CPU, for float32 inputs with
-            ``H * W`` a multiple of 16, ``seed=s`` gives torchcam's noise after
-            ``torch.manual_seed(s)``. As there, a row's noise depends on its sample's place in
-            the batch, not on ``batch_size``.
+            torchcam's per ``m``: on the CPU, for float32 inputs with ``H * W`` a multiple of
+            16, ``seed=s`` gives torchcam's noise after ``torch.manual_seed(s)``.
     """
 
     label = "SS-CAM"
@@ -107,12 +104,9 @@ class ReciproCAM(PerturbationCAM):
     Gaussian ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
     ``kernel="gaussian"``, the authors' code) or the one-hot position (``kernel="point"``, the
     paper's first form, as OpenVINO's ``ReciproCAM``); map ``(i, j) = softmax(logits)[target]``
-    (a callable target's score as it is), then finished as every CAM. ``h * w`` suffix forwards
-    per sample (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`), in
-    chunks of ``batch_size``; no gradient, no ``reshape``.
-
-    A frame-wise model's layer is read as the clip's positions ``(t, i, j)``: the feature map
-    kept around ``(i, j)`` in frame ``t`` and zeroed in the other frames, a map ``(B, T, H, W)``.
+    (a callable target's score as it is). ``h * w`` suffix forwards per sample
+    (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`); no ``reshape``.
+    A frame-wise layer: positions ``(t, i, j)``, zero in the other frames, a map ``(B, T, H, W)``.
 
     Args (besides ``batch_size``, ``progress``, ``output``, ``dtype``):
         kernel: ``"gaussian"`` or ``"point"``, the spatial mask.

@@ -39,26 +39,23 @@ class SESS(WrapperCAM):
 
     Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
     ECCV 2022 (arXiv:2207.01769, code: github.com/neouyghur/SESS). The ``base`` CAM maps
-    window-sized patches of the image at several scales and the patch maps are fused:
-    ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K)`` targets ``-> (B, K, H, W)``.
+    window-sized patches of the image at several scales, fused; shapes as every CAM's.
 
-    1. **Scaling**: the image is resized (bilinear) so that its shorter side is each of
-       ``scales`` (the longer side rounded down as torchvision's ``Resize(int)``).
-    2. **Sliding**: ``window``-sized patches every ``stride`` pixels, plus a last patch flush
-       with the right and bottom edges, so every pixel is covered.
-    3. **Pre-filtering**: every patch is scored without gradients (a class target's softmax
-       probability, as the authors' code, or a callable's score); the ``int(P *
-       pre_filter_ratio)`` lowest of an image's ``P`` patches are dropped.
-    4. **Saliency extraction**: the base method maps the kept patches, each map finished as
-       usual (ReLU, upsampled to the patch, min-max normalised).
-    5. **Fusion**: each patch map is multiplied by its score over the image's best score
-       (calibration; 0 for a score <= 0), placed in a zero canvas of its scale resized
-       (bilinear) to the input; each pixel gets the mean of the canvas values above ``1e-6``
-       there (0 where none is): the authors' ``mean_pool`` with ``theta=0``, over all scales.
+    1. Scaling: the image resized (bilinear) to each shorter side of ``scales`` (the longer
+       side rounded down as torchvision's ``Resize(int)``).
+    2. Sliding: ``window``-sized patches every ``stride`` pixels, plus a last one flush with
+       the right and bottom edges.
+    3. Pre-filtering: each patch scored without gradients (a class's softmax probability, as
+       the authors' code, or a callable's score); the ``int(P * pre_filter_ratio)`` lowest of
+       an image's ``P`` patches are dropped.
+    4. Saliency extraction: the base method's finished map of each kept patch.
+    5. Fusion: each patch map times its score over the image's best (0 for a score <= 0), in a
+       zero canvas of its scale resized (bilinear) to the input; each pixel gets the mean of
+       the canvas values above ``1e-6`` there, over all scales (the authors' ``mean_pool``,
+       ``theta=0``).
 
-    The top-1 target is the whole image's prediction, for every patch; ``K`` targets run steps
-    3-5 per target (map ``k`` is the single-target call's). Per-sample
-    ``additional_forward_args`` follow the patches of their sample.
+    The top-1 target is the whole image's prediction; ``K`` targets run steps 3-5 per target.
+    Per-sample ``additional_forward_args`` follow their sample's patches.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         base: any CAM class or its registry name; ``**options`` go to its constructor

@@ -85,17 +85,16 @@ def quadrature_rule(
 class IntegratedGradients(PixelAttribution):
     """Integrated Gradients: ``(x - x') * mean of the gradients on the path from x' to x``.
 
-    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. The path integral
-    is by default the trapezoid rule on ``steps`` equal intervals; ``quadrature`` picks captum's
-    or zennit's rule instead (:func:`quadrature_rule`). Completeness: ``sum(attr) ~ f(x) -
-    f(x')``; ``return_error=True`` also gives the gap. With ``composite=`` the gradients are the
-    rule set's (an LRP composite: zennit's ``IntegratedGradients`` with a composite;
-    ``rule="guided"``: guided IG).
+    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. Completeness:
+    ``sum(attr) ~ f(x) - f(x')``; ``return_error=True`` also gives the gap. ``composite=``: the
+    rule set's gradients (zennit's ``IntegratedGradients`` with a composite; ``rule="guided"``:
+    guided IG).
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         steps: intervals of the path for ``"trapezoid"`` (``steps + 1`` points); the number of
             points for the other rules (captum's ``n_steps``, zennit's ``n_iter``).
-        quadrature: the rule of the path integral, one of :data:`QUADRATURES`.
+        quadrature: the rule of the path integral, one of :data:`QUADRATURES`
+            (:func:`quadrature_rule`).
         integrand: ``"gradient"`` integrates the (rule set's) gradient ``g(x_a)``;
             ``"relevance"`` the relevance at the path point with the target's relevance 1,
             ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``), as zennit's

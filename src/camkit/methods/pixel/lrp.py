@@ -85,9 +85,8 @@ class LRP(PixelAttribution):
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
-    An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
-    merged; residual sums get the Norm rule where they are written). Input x gradient under the
-    composite, on the pixel base (vectors, volumes, a tuple of inputs, ``K`` targets...).
+    An Overview", 2019. Equal to zennit 0.5.1 for its composites (BatchNorm merged; residual
+    sums get the Norm rule where they are written). Input x gradient under the composite.
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
