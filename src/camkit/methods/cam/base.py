@@ -105,8 +105,7 @@ class BaseCAM(Explainer):
         raise NotImplementedError
 
     def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c`` whose
-        sum over channels is the map (volumes likewise, ``d, h, w``)."""
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c``."""
         return self.channel_weights(act, grad) * act
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
@@ -114,8 +113,7 @@ class BaseCAM(Explainer):
         return self.combine(self.weighted_activations(act, grad))
 
     def combine(self, weighted: Tensor) -> Tensor:
-        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum over channels, or with
-        ``eigen_smooth`` their first principal component."""
+        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum, or ``eigen_smooth``'s PCA."""
         return principal_component(weighted) if self.eigen_smooth else weighted.sum(dim=2)
 
     def maps(
@@ -139,9 +137,8 @@ class BaseCAM(Explainer):
         *,
         batch: int | None = None,
     ) -> dict[str, Tensor]:
-        """:meth:`layer_map` of each captured layer, repeated for the ``targets`` targets when it
-        does not depend on them. ``names``: the layers (default: this capture's); ``batch``: the
-        input's rows (a frame-wise model's layers have ``batch * T``)."""
+        """:meth:`layer_map` of each captured layer ``names`` (default: this capture's) for the
+        ``targets`` targets; ``batch``: the input's rows (a frame-wise layer has ``batch * T``)."""
         grads = grads if grads is not None else [None] * len(acts)
         maps = {}
         for name, act, grad in zip(
@@ -166,9 +163,8 @@ class BaseCAM(Explainer):
 
     @staticmethod
     def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
-        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
-        w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
-        gives ``(B, K, C, T, h, w)``, patch rows ``(B * N, K, C)`` ``(B, K, C, h, w)``."""
+        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, [d,] h, w)`` float32 through
+        ``reader`` (frame-wise ``(B * T, K, ...)`` gives ``(B, K, C, T, h, w)``)."""
         frames = getattr(reader, "frames", 0)
         folded = frames or getattr(reader, "rows", 0)
         if folded:  # rows b * T + t (frames) or b * N + n (patches) -> (B, K, T or N, ...)
@@ -189,10 +185,8 @@ class BaseCAM(Explainer):
 
 
 class WrapperCAM(BaseCAM):
-    """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
-    ``_CAMWrapper``: ``self.base`` is built from the same model, layer and options; the wrapper
-    keeps the options of every method, shares the base's capture (the default layer resolves
-    once) and layouts, and passes ``check_autograd`` and ``eigen_smooth`` on to it."""
+    """Base of the CAMs that wrap another CAM ``self.base`` of the same model, layer and options
+    (RefineCAM, SESS, Finer-CAM; torchcam's ``_CAMWrapper``), sharing its capture and layouts."""
 
     def __init__(
         self, model: nn.Module, layer: LayerSpec | None, *, base: type[BaseCAM], **options: Any
@@ -215,8 +209,8 @@ class WrapperCAM(BaseCAM):
 def one_pass_maps(
     cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
 ) -> dict[str, RawMaps]:
-    """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
-    (the first CAM's capture) and one backward per chunk of ``batch_size`` samples."""
+    """The unfinished maps of gradient CAMs that only weigh a layer: one tapped forward (the
+    first CAM's capture) and one backward per chunk."""
     first = next(iter(cams.values()))
     gradients = any(cam.needs_gradients for cam in cams.values())
 
@@ -232,9 +226,8 @@ def one_pass_maps(
 
 
 class NoisyDraws:
-    """The seeded noise settings of SS-CAM and Smooth Grad-CAM++: ``samples`` draws per sample
-    (>= 1) and the noise's ``std`` (>= 0), defaulting to ``default_samples`` and ``default_std``.
-    Listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
+    """The seeded noise settings of SS-CAM and Smooth Grad-CAM++ (``samples`` >= 1, ``std`` >=
+    0); listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
 
     seeded = True
     default_samples: ClassVar[int]

@@ -43,9 +43,8 @@ from camkit.targets.resolver import RowScorer
 
 
 def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
-    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` (volumes ``(n, 1,
-    D, H, W)``, trilinear) in [0, 1] at the size of ``like``, normalised in place (no temporary
-    of the masks' size)."""
+    """``H = minmax(upsample(A[samples[i], channels[i]]))`` ``(n, 1, [D,] H, W)`` at ``like``'s
+    size, normalised in place (no temporary of the masks' size)."""
     dims = grid.ndim - 2
     masks = F.interpolate(
         grid[samples, channels].unsqueeze(1),
@@ -60,8 +59,8 @@ def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -
 
 
 class MaskedBuffer:
-    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
-    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
+    """One ``(rows, C_in, H, W)`` buffer of masked inputs ``x[samples[i]] * masks[i]``, in the
+    runs' memory format, reused chunk after chunk."""
 
     def __init__(self, run: CopyScorer, rows: int):
         self.run, self.rows = run, rows
@@ -130,8 +129,8 @@ class PerturbationCAM(BaseCAM):
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        """``(B, C, K)`` target scores of one layer's perturbed passes, from its raw output, its
-        ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
+        """``(B, C, K)`` target scores of one layer's perturbed passes (``kept``: the ``(B, C)``
+        channels to evaluate)."""
         raise NotImplementedError
 
     def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
@@ -178,8 +177,7 @@ class PerturbationCAM(BaseCAM):
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
-        :meth:`score_weights` from :meth:`perturbed_scores`."""
+        """``(B, K, h, w)``: ``sum_c w_c A_c`` with :meth:`score_weights`."""
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
         if self.eigen_smooth:
@@ -222,9 +220,8 @@ class PerturbationCAM(BaseCAM):
             return run.score(inputs, rows)
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
-        ``|sum_ij g_cij A_cij|`` (summed over targets), the first-order estimate of the score
-        change when channel ``c`` is removed."""
+        """``(B, C)`` bool: all channels, or the ``top_channels`` of largest ``|sum_ij g_cij
+        A_cij|`` (summed over targets), the first-order estimate of removing channel ``c``."""
         if self.top_channels is None or self.top_channels >= grid.shape[1]:
             return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
         importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
@@ -263,8 +260,8 @@ class ScoreCAM(PerturbationCAM):
     shares_masks = True  # whether channels with equal masks share their forwards
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
-        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place),
-        drawing from ``random`` (:meth:`generator`) in row order; Score-CAM's as they are."""
+        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (in place allowed),
+        drawing from ``random`` in row order; Score-CAM's as they are."""
         return masks
 
     def generator(self, device: torch.device) -> torch.Generator | None:
