@@ -147,11 +147,10 @@ class FullGrad(Explainer):
                         "model with camkit.InputLayout(model, layout, frame_wise=True)"
                     )
                 channels = channels.unflatten(0, (-1, frames)).transpose(1, 2)  # (n, K, T, h, w)
-            if channels.shape[-2:] != size:
-                lead = channels.shape[:-2]
-                flat = channels.flatten(0, -3).unsqueeze(1)  # one plane per sample, target, frame
-                flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
-                channels = flat.squeeze(1).unflatten(0, lead)
+            if channels.shape[-2:] != size:  # one plane per sample, target, frame
+                planes = channels.flatten(0, -3).unsqueeze(1)
+                planes = F.interpolate(planes, size=size, mode="bilinear", align_corners=False)
+                channels = planes.squeeze(1).unflatten(0, channels.shape[:-2])
             total = total + channels
         return total.float()
 

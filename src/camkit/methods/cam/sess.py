@@ -157,8 +157,8 @@ class SESS(WrapperCAM):
         return torch.cat(parts, dim=1)
 
     def _kept(self, scores: Tensor) -> Tensor:
-        """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
-        scores of each image and target (ties: the earlier patch ranks higher)."""
+        """``(B, P, K)`` bool: all but the ``int(P * ratio)`` lowest scores of each image and
+        target (ties: the earlier patch ranks higher)."""
         total = scores.shape[1]
         rank = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
         return rank < total - int(total * self.pre_filter_ratio)
@@ -166,8 +166,7 @@ class SESS(WrapperCAM):
     def _fused(
         self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale], scores: Tensor
     ) -> Tensor:
-        """``(B, K, H, W)``: the mean, at each pixel, of the positive patch maps of the kept
-        patches, calibrated by their ``(B, P, K)`` scores."""
+        """``(B, K, H, W)``: the per-pixel mean of the kept patches' calibrated positive maps."""
         best = scores.amax(dim=1, keepdim=True)
         weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
         kept = self._kept(scores)
@@ -202,8 +201,7 @@ class SESS(WrapperCAM):
     def _patch_maps(
         self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
     ) -> Tensor:
-        """The base method's finished maps ``(n, h, w)`` of ``patches`` of ``sample`` for target
-        ``k``."""
+        """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k``."""
         target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
@@ -229,8 +227,8 @@ def _pair(name: str, value: object) -> tuple[int, int]:
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
-    """``(B, K, H, W)`` blurred with reflected borders, as OpenCV's ``GaussianBlur`` in the
-    authors' code; maps smaller than the kernel's reach are left as they are."""
+    """``(B, K, H, W)`` blurred with reflected borders (the authors' OpenCV ``GaussianBlur``);
+    maps smaller than the kernel's reach are left as they are."""
     if min(maps.shape[-2:]) <= size // 2:
         return maps
     flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])

@@ -163,8 +163,8 @@ class IntegratedGradients(PixelAttribution):
     def integrate(
         self, inputs: Inputs, target: TargetSpec, call: Call, with_delta: bool = False
     ) -> tuple[Inputs, Tensor]:
-        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``; with ``with_delta`` a rule
-        without the path's ends gets them with weight 0 (else the delta is 0)."""
+        """``(attr (B, K, ...) per input, f(x) - f(x') (B, K))``; ``with_delta`` adds the path's
+        ends with weight 0 where the rule lacks them."""
         size = inputs[0].shape[0]
         baselines = self.baselines_for(inputs)
         first = inputs[0]
@@ -232,8 +232,7 @@ class IntegratedGradients(PixelAttribution):
 
 
 def baseline_like(baseline: object, batch: Tensor) -> Tensor:
-    """``baseline`` (None: zeros, a number or a tensor) as a finite broadcast view of ``batch``'s
-    shape."""
+    """``baseline`` (None: zeros) as a finite broadcast view of ``batch``'s shape."""
     if baseline is None:
         return torch.zeros_like(batch)
     if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):
