@@ -172,7 +172,7 @@ class AttentionRollout(AttentionMethod):
 
 
 def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
-    """The block's last captured tensor; with ``batch``, checked as ``(batch, heads, N, N)``."""
+    """The block's last captured tensor, checked as ``(batch, heads, N, N)`` with ``batch``."""
     if not store:
         raise AttentionError(f"the attention of block {name!r} did not run during the forward")
     found = store[-1]
@@ -190,10 +190,8 @@ def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
 
 def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """Block tokens ``(B, N, C)`` -> class logits ``(B, classes)``: the mean token through the
-    model's final norm and head, as the LeGrad authors' code and torchcam 0.5.0: timm's
-    ``head(fc_norm(norm(mean)))``, torchvision's ``heads(encoder.ln(mean))``, HuggingFace's
-    ``classifier(layernorm(mean))``; DINOv2's classifier reads ``[norm(t)_0, mean_i>0 norm(t)_i]``.
-    """
+    model's final norm and head (the LeGrad authors' code, torchcam 0.5.0) for timm,
+    torchvision and HuggingFace ViTs; DINOv2's reads ``[norm(t)_0, mean_i>0 norm(t)_i]``."""
     if all(hasattr(model, a) for a in ("norm", "fc_norm", "head")):
         return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
     base = getattr(model, getattr(model, "base_model_prefix", "") or "_", None)

@@ -78,7 +78,7 @@ def nmf(
 
 
 def _hals_step(x: Tensor, w: Tensor, ht: Tensor) -> Tensor:
-    """Update ``w``'s columns in place for ``x ~ w ht^T``; the projected-gradient violation."""
+    """Update ``w``'s columns in place for ``x ~ w ht^T``; returns the gradient's violation."""
     hht = ht.T @ ht
     xht = x @ ht
     violation = x.new_zeros(())

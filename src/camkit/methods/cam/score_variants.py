@@ -142,8 +142,8 @@ class ReciproCAM(PerturbationCAM):
     def masks(
         self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
     ) -> Tensor:
-        """``(n * frames, 1, h, w)`` float32 masks of ``n`` clips for the flat positions ``t * h *
-        w + i * w + j``: the kernel centred at ``(i, j)`` in frame ``t``, zero in other frames."""
+        """``(n * frames, 1, h, w)`` masks of flat positions ``t h w + i w + j``: the kernel at
+        ``(i, j)`` in frame ``t``, zero in other frames."""
         (h, w), n = size, positions.shape[0]
         masks = torch.zeros((n, 1, h * w), device=device)
         masks[torch.arange(n), 0, (positions % (h * w)).to(device)] = 1

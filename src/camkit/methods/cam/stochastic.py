@@ -95,7 +95,6 @@ class _Noise:
         self.next = 0
 
     def rows(self, copy: Tensor, rows: Tensor) -> Tensor:
-        """The noise of ``rows`` of the copies ``copy`` (ascending)."""
         first, last = int(copy[0]), int(copy[-1])
         while self.next <= last:
             self.drawn[self.next] = torch.randn(

@@ -44,12 +44,9 @@ class Relevance(Explanation):
     """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
     ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (one per input for a tuple of inputs);
-    ``layers``: ``{name: (B, K, *A.shape[1:])}``, ``A * dS/dA`` at the layer's output (empty for
-    a tuple of inputs); ``scores``: ``(B, K)``; ``conservation``: the
-    :class:`~camkit.relevance.conservation.Conservation` record, the share of each score that
-    reached the input and each layer (1 when conserved; biases and the stabiliser absorb some,
-    the ``Flat``/``ZBox``/``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by
-    sample), and the step that loses most."""
+    ``layers``: ``{name: (B, K, *A.shape[1:])}``, ``A * dS/dA`` at the layer's output (none for
+    a tuple of inputs); ``scores``: ``(B, K)``; ``conservation``: the share of each score that
+    reached the input and each layer (1 when conserved), and the step that loses most."""
 
     layers: dict[str, Tensor]
     scores: Tensor
@@ -160,8 +157,8 @@ class LRP(PixelAttribution):
         return relevance.totals, scores.totals[0]
 
     def display_heat(self, result: Tensor) -> Tensor:
-        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part (the evidence
-        for the target) of the channels' sum over its 99th percentile, clipped at 1."""
+        """``(B, K, C, H, W) -> (B, K, H, W)``: the positive part of the channels' sum over its
+        99th percentile, clipped at 1."""
         heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
         return heat.clamp(min=0)
 
@@ -200,7 +197,7 @@ class LRP(PixelAttribution):
     def _scored(
         self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
     ) -> tuple[Tensor, Session]:
-        """The scores of rows ``rows`` and the session of their forward (the recorded layers)."""
+        """The scores of ``rows`` and their forward's session (the recorded layers)."""
         with torch.enable_grad(), autocast(leaf.device, self.dtype):
             with rules_applied(self.model, self.composite, record=self.record) as session:
                 output = call.forward(self.model, leaf.clone(memory_format=memory), rows)
