@@ -62,11 +62,10 @@ class GradCAMPlusPlus(BaseCAM):
         worst = float(condition[counted].max()) if counted.any() else 0.0
         if worst > self.ill_conditioned:
             warn(
-                f"Grad-CAM++'s alphas are ill-conditioned at this layer: a denominator "
-                f"2 g^2 + sum(A) g^3 nearly cancels (condition number {worst:.3g}), so tiny "
-                "changes of the activations or gradients change the map a lot. This happens "
-                "where activations sum to values of either sign (LayerNorm outputs of "
-                "transformer blocks); Grad-CAM or LayerCAM are stable there",
+                "Grad-CAM++'s alphas are ill-conditioned at this layer: a denominator 2 g^2 + "
+                f"sum(A) g^3 nearly cancels (condition number {worst:.3g}; activations of either "
+                "sign, as LayerNorm outputs), so tiny changes of A or g change the map a lot; "
+                "Grad-CAM or LayerCAM are stable there",
                 IllConditionedWarning,
             )
         return (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True).to(grad.dtype)

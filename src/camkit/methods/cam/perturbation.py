@@ -1,20 +1,13 @@
 """Perturbation CAMs: channel weights measured with masked or ablated forward passes.
 
 Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
-of the layer's output; both read the target score, one forward per channel:
-
-* the forwards run in chunks of ``batch_size`` through one reused buffer of masked images
-  (memory bounded by ``batch_size``; results do not depend on it);
-* identical perturbations run once: equal normalised masks (constant channels all give the
-  zero mask) share a forward, and an all-zero channel weighs 0 in Ablation-CAM without one;
-* ``top_channels=k`` (opt-in) evaluates only the ``k`` channels of largest
-  ``|sum_ij g_cij A_cij|`` per sample, ranked by one extra backward pass (the others weigh 0;
-  agreement with the exact map in docs/performance.md);
-* ``progress=True`` shows a tqdm bar of the forward passes.
+of the layer's output; one forward per channel, in chunks of ``batch_size`` (results do not
+depend on it); identical perturbations run once (equal normalised masks; an all-zero channel
+weighs 0 in Ablation-CAM without one); ``top_channels=k`` evaluates the ``k`` channels of
+largest ``|sum_ij g_cij A_cij|`` (agreement with the exact map in docs/performance.md).
 
 A method is :meth:`PerturbationCAM.perturbed_scores` then :meth:`PerturbationCAM.score_weights`
-(Score-CAM's variants change only :meth:`ScoreCAM.perturb`). ``additional_forward_args`` reach
-the perturbed passes.
+(Score-CAM's variants change only :meth:`ScoreCAM.perturb`).
 """
 
 from __future__ import annotations

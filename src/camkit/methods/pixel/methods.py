@@ -64,16 +64,15 @@ class Deconvnet(Saliency):
 class SmoothGrad(PixelAttribution):
     """SmoothGrad: gradients averaged over noisy copies of the input.
 
-    Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
-    ``samples`` copies ``x + N(0, sigma^2)``, ``sigma = noise_level * (max(x) - min(x))`` of that
-    sample (each input of a tuple by its own range).
+    Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017: ``samples`` copies ``x +
+    N(0, sigma^2)``, ``sigma = noise_level * (max(x) - min(x))`` per sample and input.
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         noise_level: the noise's standard deviation as a fraction of each sample's value range;
             0 gives exactly :class:`Saliency` (one pass).
         samples: noisy copies per input sample.
-        seed: seeds the noise: copy ``s`` of sample ``b`` depends only on ``(seed, s, b)``.
-            None draws the seed from torch's global generator.
+        seed: seeds the noise of copy ``s`` of sample ``b`` with ``(seed, s, b)`` (None: from
+            torch's global generator).
         kind: ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients, SmoothGrad^2)
             or ``"var"`` (population variance of the gradients, VarGrad).
     """
