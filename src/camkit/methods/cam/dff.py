@@ -40,12 +40,10 @@ def nmf(
 ) -> tuple[Tensor, Tensor]:
     """Non-negative matrix factorisation ``x (n, m) ~ W (n, k) H (k, m)``, Frobenius loss.
 
-    Lee & Seung's problem solved by coordinate descent (HALS, Cichocki & Phan 2009), as
-    scikit-learn's ``NMF(solver="cd")``: each iteration updates the columns of ``W`` with ``W_t
-    <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then the rows of ``H`` likewise, until the
-    projected-gradient violation is below ``tol`` times the first one, or ``max_iter``. The
-    default initialisation is scikit-learn's ``"random"``, ``sqrt(mean(x) / k) |N(0, 1)|``
-    (seeded); or ``init=(W, H)``. In float64 on ``x``'s device.
+    Lee & Seung's problem by coordinate descent (HALS, Cichocki & Phan 2009), as scikit-learn's
+    ``NMF(solver="cd")``: ``W_t <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then ``H``
+    likewise, until the projected-gradient violation is below ``tol`` times the first, or
+    ``max_iter``. Initialised as scikit-learn's ``"random"`` (seeded) or ``init=(W, H)``; float64.
     """
     if x.ndim != 2:
         raise InputError(f"nmf needs a matrix (n, m), got shape {tuple(x.shape)}")

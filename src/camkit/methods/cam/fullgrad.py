@@ -1,12 +1,10 @@
 """FullGrad: the input-gradient plus the bias-gradients of every convolution and batch norm.
 
 Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
-2019. A ReLU network's output is ``f(x) = grad_x f . x + sum_l grad_{b_l} f . b_l`` exactly;
-the saliency map keeps the spatial structure of every term, ``S(x) = psi(|grad_x f * x|) +
-sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)`` with ``z_l`` the output of layer ``l`` and ``psi``
-the absolute value, each channel map rescaled to [0, 1] and upsampled bilinearly to the input.
-Biases are those of every ``nn.Conv2d`` and ``nn.BatchNorm2d`` (in evaluation mode), as in the
-authors' code and pytorch-grad-cam's ``FullGrad``.
+2019: ``S(x) = psi(grad_x f * x) + sum_l sum_c psi(grad_{z_l} f_c * b_lc)`` with ``z_l`` the
+output of layer ``l`` and ``psi`` the absolute value with each channel map rescaled to [0, 1],
+upsampled bilinearly to the input. Biases: every ``nn.Conv2d`` and ``nn.BatchNorm2d`` (in
+evaluation mode), as the authors' code and pytorch-grad-cam's ``FullGrad``.
 """
 
 from __future__ import annotations
@@ -70,10 +68,8 @@ def _psi(t: Tensor) -> Tensor:
 @register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
 class FullGrad(Explainer):
     """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019; see the module docstring), shaped as
-    a CAM's, no layer. A layer's channel maps are summed, then upsampled once (bilinear
-    upsampling is linear). Call options: ``normalize``, ``aug_smooth``
-    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth``: the map is no sum of
-    channels ``w_c A_c``.
+    a CAM's, no layer. Call options: ``normalize``, ``aug_smooth``
+    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth`` (no sum ``w_c A_c``).
     """
 
     family: ClassVar[str] = "gradient-cam"

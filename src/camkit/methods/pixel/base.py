@@ -1,11 +1,10 @@
 """The base of the pixel methods: forwards, input gradients, copies, and the heatmap policy.
 
 A pixel method maps ``(C, H, W) -> (C, H, W)``, ``(B, C, H, W) -> (B, C, H, W)`` and ``(B, K)``
-targets ``-> (B, K, C, H, W)``, signed float32; a tuple of inputs ``(image, *others)`` gives a
-tuple of attributions, as captum's (inside, a single tensor is a tuple of one). Gradients are
-taken on a detached copy, inside ``torch.no_grad()`` too. ``composite=`` runs the forward under a
-rule set of the one backward (:func:`camkit.relevance.rules_applied`), so SmoothGrad or IG over
-guided or LRP gradients come for free (zennit's attributors taking a composite).
+targets ``-> (B, K, C, H, W)``, signed float32; a tuple of inputs gives a tuple of
+attributions, as captum's. ``composite=`` runs the forward under a rule set of the one backward
+(:func:`camkit.relevance.rules_applied`): SmoothGrad or IG over guided or LRP gradients, as
+zennit's attributors taking a composite.
 """
 
 from __future__ import annotations

@@ -50,13 +50,11 @@ def quadrature_rule(
     """``(alphas, weights)`` (in ``dtype``) of the path integral ``int_0^1 g(a) da ~ sum_i w_i
     g(a_i)``.
 
-    ``"trapezoid"`` (camkit's): ``n = steps`` equal intervals, ``n + 1`` points ``k / n``
-    weighted ``1/2, 1, ..., 1, 1/2`` over ``n``. captum's rules on ``n`` points, each weighted
-    ``1/n``: ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"``
-    ``linspace(1/n, 1, n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``,
-    ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` with both ends halved (summing to ``1 -
-    1/n``, as captum), ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``. ``"zennit"``:
-    zennit 0.5.1's ``IntegratedGradients(n_iter=n)``, captum's ``riemann_right``.
+    ``"trapezoid"``: ``n + 1`` points ``k / n`` weighted ``1/2, 1, ..., 1, 1/2`` over ``n``.
+    captum's, ``n`` points weighted ``1/n``: ``"riemann_left"`` ``linspace(0, 1 - 1/n, n)``,
+    ``"riemann_right"`` (zennit 0.5.1's, ``"zennit"``) ``linspace(1/n, 1, n)``,
+    ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``, ``"riemann_trapezoid"`` ``linspace(0,
+    1, n)`` with both ends halved, ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``.
     """
     if method not in QUADRATURES:
         raise ArgumentError(f"unknown quadrature {method!r}; choose from {list(QUADRATURES)}")
