@@ -23,8 +23,6 @@ from camkit.methods.cam.gradient import GradCAM
 from camkit.registry import register
 from camkit.targets.resolver import RowScorer
 
-POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
-_STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
 _Scale = tuple[tuple[int, int], list[tuple[int, int]]]  # resized size, window corners
 
 
@@ -92,7 +90,7 @@ class SESS(WrapperCAM):
         self.window = _pair("window", window)
         self.stride = self.window if stride is None else _pair("stride", stride)
         if scales is None:
-            scales = [max(self.window) + _STEP * i for i in range(6)]
+            scales = [max(self.window) + 64 * i for i in range(6)]  # the authors' spacing
         if isinstance(scales, int | str) or not isinstance(scales, Sequence) or not scales:
             raise ArgumentError(f"scales must be a non-empty list of sizes, got {scales!r}")
         self.scales = tuple(positive_int("scales", s) for s in scales)
@@ -170,13 +168,12 @@ class SESS(WrapperCAM):
         best = scores.amax(dim=1, keepdim=True)
         weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
         kept = self._kept(scores)
-        size, targets = batch.shape[0], weights.shape[2]
-        out_size = tuple(batch.shape[2:])
-        total = torch.zeros(size, targets, *out_size, device=batch.device)
+        targets, out_size = weights.shape[2], tuple(batch.shape[2:])
+        total = torch.zeros(batch.shape[0], targets, *out_size, device=batch.device)
         count = torch.zeros_like(total)
         offset = 0
-        for scale in grid:
-            patches = self._patches(batch, scale)
+        for size, corners in grid:
+            patches = self._patches(batch, (size, corners))
             span = slice(offset, offset + patches.shape[1])
             offset = span.stop
             for k in range(targets):
@@ -185,18 +182,18 @@ class SESS(WrapperCAM):
                     continue
                 maps = self._patch_maps(patches[sample, patch], call, scorer, sample, k)
                 maps = maps * weights[:, span, k][sample, patch].view(-1, 1, 1)
-                canvas = maps.new_zeros(maps.shape[0], *scale[0])
+                canvas = maps.new_zeros(maps.shape[0], *size)
                 for i, corner in enumerate(patch.tolist()):
-                    y, x = scale[1][corner]
+                    y, x = corners[corner]
                     canvas[i, y : y + maps.shape[1], x : x + maps.shape[2]] = maps[i]
-                if scale[0] != out_size:
+                if size != out_size:
                     canvas = F.interpolate(
                         canvas[:, None], size=out_size, mode="bilinear", align_corners=False
                     )[:, 0]
-                positive = canvas > POSITIVE  # float noise of a [0, 1] map is not a vote
+                positive = canvas > 1e-6  # the authors' theta = 0; float noise is not a vote
                 total[:, k].index_add_(0, sample, torch.where(positive, canvas, 0.0))
                 count[:, k].index_add_(0, sample, positive.float())
-        return torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
+        return total / count.clamp_min(1)  # 0 where no canvas value counts
 
     def _patch_maps(
         self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
