@@ -220,10 +220,9 @@ class LeGrad(AttentionMethod):
     """LeGrad (Bousselham et al., "LeGrad: An Explainability Method for Vision Transformers via
     Feature Formation Sensitivity", 2024).
 
-    For each block ``l``, the block's tokens go through ``score_projection`` (default
-    :func:`default_projection`) to logits ``s^l``; the map is ``mean_{heads, queries} relu(d
-    s^l_c / d A_l)`` over the patch keys, averaged over the blocks (paper eq. 5-7). Class
-    targets only.
+    Block ``l``'s tokens through ``score_projection`` (default :func:`default_projection`) give
+    logits ``s^l``; the map is ``mean_{l, heads, queries} relu(d s^l_c / d A_l)`` over the patch
+    keys (eq. 5-7). Class targets only.
     """
 
     needs_gradients = True

@@ -67,10 +67,9 @@ class ISCAM(ScoreCAM):
     """IS-CAM: Score-CAM with each channel's score integrated over scaled masks.
 
     Naidu et al., "IS-CAM: Integrated Score-CAM for axiomatic-based explanations", 2020
-    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c`` and ``N =
-    samples``, ``w = softmax_c(mean_i y(x * s_i H_c))`` with torchcam's cumulative scales ``s_i =
-    i (i + 1) / (2N)``, ``i = 1..N`` (above 1 from ``i`` about ``sqrt(2N)``), map ``= ReLU(sum_c
-    w_c A_c)``. Deterministic; equal masks share their ``N`` forwards as in Score-CAM.
+    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c``, ``w =
+    softmax_c(mean_i y(x * s_i H_c))`` with torchcam's cumulative scales ``s_i = i (i + 1) /
+    (2N)``, ``i = 1..N = samples``, map ``= ReLU(sum_c w_c A_c)``.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
         samples: scaled masks per channel (torchcam's ``num_samples``).

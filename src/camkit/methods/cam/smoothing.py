@@ -42,11 +42,9 @@ def principal_component(weighted: Tensor) -> Tensor:
 def explained(
     method: Any, call: Call, scorer: RowScorer, finishing: Finishing, aug_smooth: bool
 ) -> Explanation:
-    """``method.maps`` of ``call``'s batch, with ``aug_smooth`` pytorch-grad-cam's (its default
-    ``ttach`` transforms): the mean of the maps of the six batches ``x' = flip(x) * factor`` (the
-    identity or the horizontal mirror; intensities times 0.9, 1, 1.1), each mirrored back, for
-    the clean batch's top-1 target; min-max normalised again with ``finishing.normalize``
-    (pytorch-grad-cam does not: the same map up to an affine scale)."""
+    """``method.maps`` of ``call``'s batch; ``aug_smooth``: pytorch-grad-cam's (its ``ttach``
+    transforms), the mean of the maps of ``flip(x) * factor`` (:data:`FLIPS`, :data:`FACTORS`),
+    mirrored back, for the clean top-1 target, normalised again with ``finishing.normalize``."""
     batch = call.batch
     if not boolean("aug_smooth", aug_smooth):
         return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)

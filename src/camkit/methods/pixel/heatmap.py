@@ -22,10 +22,9 @@ def to_heatmap(
     """Reduce an attribution ``(..., C, H, W) -> (..., H, W)`` over its channel axis for display
     (``volume=True``: ``(..., C, D, H, W) -> (..., D, H, W)``, each volume one map).
 
-    ``reduce``: ``"abs-max"`` ``max_c |attr|`` (Simonyan et al.) or ``"norm"`` (L2 over the
-    channels), in [0, 1], or ``"sum"``, signed in [-1, 1]. Each map is divided by its largest
-    absolute value, or by that ``percentile`` of them and clipped (Smilkov et al. clip at the
-    99th for display); an all-zero map stays zero.
+    ``reduce``: ``"abs-max"`` ``max_c |attr|`` (Simonyan et al.) or ``"norm"`` (L2), in [0, 1],
+    or ``"sum"``, in [-1, 1]. Each map over its largest absolute value, or that ``percentile``
+    of them and clipped (Smilkov et al. clip at the 99th); an all-zero map stays zero.
     """
     spatial = 3 if volume else 2
     if not isinstance(attr, Tensor) or attr.ndim < spatial + 1:
