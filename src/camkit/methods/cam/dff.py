@@ -1,11 +1,9 @@
 """Deep Feature Factorization: a layer's activations as a few concepts, each with a map.
 
 Collins et al., "Deep Feature Factorization for Concept Discovery", ECCV 2018, as
-pytorch-grad-cam's ``DeepFeatureFactorization``: the activations of a batch ``(B, C, h, w)``
-form a ``(C, B h w)`` matrix, shifted per channel to be non-negative, and factorised ``A - min ~
-W H`` with non-negative ``W (C, k)`` (the concept embeddings, the shift added back) and ``H (k,
-B h w)`` (where each concept is). The classifier names each concept by its top classes;
-:func:`camkit.viz.plot_concepts` draws the maps.
+pytorch-grad-cam's ``DeepFeatureFactorization``: a batch's activations as a ``(C, B h w)``
+matrix, shifted per channel to be non-negative, factorised ``A - min ~ W H`` with ``W (C, k)``
+the concept embeddings (the shift added back) and ``H (k, B h w)`` where each concept is.
 """
 
 from __future__ import annotations
@@ -123,9 +121,8 @@ class DeepFeatureFactorization:
     Args:
         layer: the layer to factorise (dotted name or module), e.g. the last conv block.
         classifier: names the ``(k, C)`` concept embeddings: a module or callable, ``"auto"``
-            for the model's classifier (:func:`~camkit.methods.cam.classifier.find_classifier`,
-            with its bias), or None.
-        reshape: a layer output's reading as a ``(B, C, h, w)`` grid, as for every CAM.
+            (:func:`~camkit.methods.cam.classifier.find_classifier`'s, with its bias), or None.
+        reshape: a layer output's reading as a ``(B, C, h, w)`` grid, as every CAM's.
         seed: seeds the NMF initialisation.
     """
 

@@ -98,11 +98,10 @@ class ReciproCAM(PerturbationCAM):
     feature map is kept only around that position.
 
     Byun & Lee, "Recipro-CAM: Fast gradient-free visual explanations for convolutional neural
-    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output ``A
-    (C, h, w)``, ``A * M_ij`` runs through the network after the layer, with ``M_ij`` the 3x3
-    Gaussian ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
-    ``kernel="gaussian"``, the authors' code) or the one-hot position (``kernel="point"``, the
-    paper's first form, as OpenVINO's ``ReciproCAM``); map ``(i, j) = softmax(logits)[target]``
+    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output ``A``,
+    ``A * M_ij`` runs through the network after the layer, ``M_ij`` the 3x3 Gaussian
+    :data:`GAUSSIAN` at ``(i, j)`` (``kernel="gaussian"``, the authors' code) or the one-hot
+    position (``kernel="point"``, the paper's, OpenVINO's); map ``(i, j) = softmax(logits)[target]``
     (a callable target's score as it is). ``h * w`` suffix forwards per sample
     (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`); no ``reshape``.
     A frame-wise layer: positions ``(t, i, j)``, zero in the other frames, a map ``(B, T, H, W)``.

@@ -23,11 +23,10 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
     """Smooth Grad-CAM++: Grad-CAM++ with gradients averaged over noisy copies of the input.
 
     Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique for
-    Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``). With
-    ``samples`` copies ``x + N(0, std^2)`` and their gradients ``g_m`` at the layer: ``D_p =
-    mean_m g_m^p``, ``alpha = D2 / (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is 0),
-    ``w_c = sum_ij alpha_cij ReLU(D1_cij)``, map ``= sum_c w_c A_c`` with the clean activations
-    and the clean image's top-1 class.
+    Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``): with the
+    layer gradients ``g_m`` of copies ``x + N(0, std^2)``, ``D_p = mean_m g_m^p``, ``alpha = D2 /
+    (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is), ``w_c = sum_ij alpha_cij
+    ReLU(D1_cij)``, map ``= sum_c w_c A_c`` (clean activations, clean top-1 class).
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         samples: noisy copies per image.

@@ -86,17 +86,13 @@ class LRP(PixelAttribution):
     sums get the Norm rule where they are written). Input x gradient under the composite.
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
-        composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
-            :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`, or the ReLU rule that
-            ``rule`` names.
+        composite: as the base's; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`, or the
+            ReLU rule that ``rule`` names.
         layers: layer names whose relevance and share of the score :meth:`explain_batch`
             returns too (one input tensor only).
-        tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
-            loses most) when a sample's input relevance differs from its score by more than
-            this fraction of it; None: never.
-
-    After each call, :attr:`conservation` is that call's record.
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when a sample's input
+            relevance differs from its score by more than this fraction of it; None: never.
+            :attr:`conservation` is the last call's record.
     """
 
     default_composite = DEFAULT_COMPOSITE
