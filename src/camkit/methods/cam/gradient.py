@@ -36,11 +36,10 @@ class GradCAMPlusPlus(BaseCAM):
     """Grad-CAM++: ``w_c = sum_ij alpha_cij ReLU(g_cij)`` with the closed-form alpha.
 
     Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
-    Networks", WACV 2018, eq. 19 with the exponential score of the authors' code, where the
-    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, not rescaled
-    afterwards (as the paper and pytorch-grad-cam; the authors' TF script also divides them by
-    their sum). Exactly, in float64 (float32 where a device lacks it), with ``alpha = 0`` only
-    where the denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
+    Networks", WACV 2018, eq. 19 with the authors' exponential score (``exp(S)`` cancels):
+    ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, not rescaled (as the paper and
+    pytorch-grad-cam), in float64 (float32 where a device lacks it), 0 only where the
+    denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
 
     An :class:`~camkit.errors.IllConditionedWarning` says when the denominator nearly cancels
     (activations summing to either sign, LayerNorm outputs): its condition number ``(2 g^2 +

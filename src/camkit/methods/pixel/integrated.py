@@ -89,18 +89,15 @@ class IntegratedGradients(PixelAttribution):
     guided IG).
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
-        steps: intervals of the path for ``"trapezoid"`` (``steps + 1`` points); the number of
-            points for the other rules (captum's ``n_steps``, zennit's ``n_iter``).
-        quadrature: the rule of the path integral, one of :data:`QUADRATURES`
-            (:func:`quadrature_rule`).
+        steps: intervals for ``"trapezoid"`` (``steps + 1`` points), else points (captum's
+            ``n_steps``, zennit's ``n_iter``).
+        quadrature: one of :data:`QUADRATURES` (:func:`quadrature_rule`).
         integrand: ``"gradient"`` integrates the (rule set's) gradient ``g(x_a)``;
-            ``"relevance"`` the relevance at the path point with the target's relevance 1,
-            ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``), as zennit's
-            ``IntegratedGradients`` over an LRP composite (with ``quadrature="zennit"``).
-        baseline: ``x'``: None (zeros), a finite number, a tensor shaped like one sample or
-            broadcastable to the batch, or a callable ``f(batch) -> baseline``. For a tuple of
-            inputs: a tuple of baselines (None or a number applies to every input; a callable
-            gets the tuple).
+            ``"relevance"`` the relevance of a unit score ``x_a g(x_a) / f(x_a)`` (0 where
+            ``f(x_a) = 0``), as zennit's over an LRP composite (with ``quadrature="zennit"``).
+        baseline: ``x'``: None (zeros), a finite number, a tensor broadcastable to the batch, or
+            a callable ``f(batch) -> baseline``; for a tuple of inputs a tuple of them (None or
+            a number applies to every input; a callable gets the tuple).
     """
 
     def __init__(
