@@ -160,9 +160,8 @@ class IntegratedGradients(PixelAttribution):
     ) -> tuple[Inputs, Tensor]:
         """``(attr (B, K, ...) per input, f(x) - f(x') (B, K))``; ``with_delta`` adds the path's
         ends with weight 0 where the rule lacks them."""
-        size = inputs[0].shape[0]
-        baselines = self.baselines_for(inputs)
-        first = inputs[0]
+        first, baselines = inputs[0], self.baselines_for(inputs)
+        size = first.shape[0]
         alphas, weights = quadrature_rule(self.quadrature, self.steps, first.dtype)
         for end_point in (0.0, 1.0) if with_delta else ():
             if not (alphas == end_point).any():

@@ -162,8 +162,7 @@ class LRP(PixelAttribution):
         self, x: Tensor, scorer: RowScorer, call: Call
     ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
         """``((input relevance,), {layer: relevance}, scores (B, K))``, one backward per chunk."""
-        record = self.record
-        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        record, parts = self.record, []  # per chunk: input, recorded layers, scores
         memory = MemoryFormat(x)  # channels_last on the CPU, as every pixel method
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
@@ -184,11 +183,9 @@ class LRP(PixelAttribution):
                 else a.new_zeros((*scores.shape, *a.shape[1:]))
                 for a, g in zip([leaf, *acts], grads, strict=True)
             ]
-            parts.append((found[0], found[1:], scores.detach().float()))
-        scores = torch.cat([p[2] for p in parts])
-        relevance = torch.cat([p[0] for p in parts])
-        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
-        return (relevance,), layers, scores
+            parts.append((*found, scores.detach().float()))
+        relevance, *layers, scores = (torch.cat(column) for column in zip(*parts, strict=True))
+        return (relevance,), dict(zip(record, layers, strict=True)), scores
 
     def _scored(
         self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
