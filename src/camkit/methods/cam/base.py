@@ -140,10 +140,8 @@ class BaseCAM(Explainer):
         """:meth:`layer_map` of each captured layer ``names`` (default: this capture's) for the
         ``targets`` targets; ``batch``: the input's rows (a frame-wise layer has ``batch * T``)."""
         grads = grads if grads is not None else [None] * len(acts)
-        maps = {}
-        for name, act, grad in zip(
-            self.capture.names if names is None else names, acts, grads, strict=True
-        ):
+        names, maps = self.capture.names if names is None else names, {}
+        for name, act, grad in zip(names, acts, grads, strict=True):
             reader = self.grid_reader(name, act, input_size, batch)
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)

@@ -55,9 +55,8 @@ class SegEigenCAM(BaseCAM):
         projection = principal_component(self.weighted_activations(act, grad))
         values = projection.flatten(2)
         below = values.amin(dim=-1).abs() > values.amax(dim=-1).abs()  # (B, K)
-        return torch.where(
-            below.view(*below.shape, *[1] * (projection.ndim - 2)), -projection, projection
-        )
+        below = below.view(*below.shape, *[1] * (projection.ndim - 2))
+        return torch.where(below, -projection, projection)
 
 
 @register("kpcacam", "Karmani et al., IEEE MMSP 2024")
