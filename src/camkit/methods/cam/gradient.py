@@ -112,9 +112,8 @@ class EigenCAM(BaseCAM):
     """Eigen-CAM: the activations projected on their first principal component (no gradients).
 
     Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020:
-    :func:`~camkit.methods.cam.smoothing.principal_component` of the activations (centred per
-    channel as pytorch-grad-cam, the sign fixed so that maps do not flip). The same map for
-    every target; ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
+    :func:`~camkit.methods.cam.smoothing.principal_component` of the activations; the same map
+    for every target; ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
     """
 
     needs_gradients = False
@@ -143,8 +142,8 @@ class FEM(BaseCAM):
     Ahmed Fuad et al., "Features understanding in 3D CNNs for actions recognition in video",
     IPTA 2020 (pytorch-grad-cam's ``FEM``): with each channel's mean ``mu_c`` and population
     standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c + k
-    sigma_c]`` (the k-sigma rule), map ``= sum_c w_c A_c``. No gradients; the same map for every
-    target; ``eigen_smooth`` applies (pytorch-grad-cam's ``FEM`` ignores it).
+    sigma_c]`` (the k-sigma rule), map ``= sum_c w_c A_c``, the same for every target;
+    ``eigen_smooth`` applies (pytorch-grad-cam's ``FEM`` ignores it).
     """
 
     needs_gradients = False

@@ -78,8 +78,8 @@ class PerturbationCAM(BaseCAM):
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         batch_size: perturbed inputs per forward pass (default 32).
-        top_channels: evaluate only the ``top_channels`` channels of largest
-            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0); ``None``: all (exact).
+        top_channels: evaluate the ``top_channels`` channels of largest ``|sum_ij g_cij
+            A_cij|`` per sample (others weigh 0); ``None``: all (exact).
         progress: show a progress bar of the forward passes (on a terminal).
     """
 

@@ -41,8 +41,8 @@ class GuidedBackprop(Saliency):
     positive, ``grad_in = grad_out * (x > 0) * (grad_out > 0)``.
 
     Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR 2015
-    workshop. Reaches ``nn.ReLU`` modules (in-place, reused) and functional ReLUs alike; ReLU6
-    passes where ``0 < x < 6``. The same as ``Saliency(model, rule="guided")``.
+    workshop. ``nn.ReLU`` modules and functional ReLUs alike; ReLU6 passes where ``0 < x < 6``;
+    ``Saliency(model, rule="guided")``.
     """
 
     default_rule = "guided"
