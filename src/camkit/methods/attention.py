@@ -55,8 +55,7 @@ def rollout(
             drop = int(fused.shape[-1] * discard_ratio)
             lowest = fused.topk(drop, dim=-1, largest=False).indices
             fused = fused.scatter(-1, lowest, 0.0)
-        eye = torch.eye(fused.shape[-1], device=fused.device)
-        mixed = 0.5 * fused + 0.5 * eye
+        mixed = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], device=fused.device)
         mixed = mixed / mixed.sum(dim=-1, keepdim=True)
         result = mixed if result is None else mixed @ result
     return result

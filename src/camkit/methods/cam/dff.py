@@ -66,8 +66,7 @@ def nmf(
     first = None
     for _ in range(max_iter):
         violation = float(_hals_step(x, w, h.T) + _hals_step(x.T, h.T, w))
-        if first is None:
-            first = violation
+        first = violation if first is None else first
         if first == 0 or violation / first <= tol:
             break
     return w, h
@@ -143,8 +142,7 @@ class DeepFeatureFactorization:
         self.reshape = reshape
         self.seed = seed_value(seed)
         if classifier == "auto":
-            name, _ = find_classifier(self.model)
-            classifier = self.model.get_submodule(name)
+            classifier = self.model.get_submodule(find_classifier(self.model)[0])
         elif isinstance(classifier, str):
             _, classifier = find_layer(self.model, classifier)
         self.classifier = classifier
