@@ -142,8 +142,7 @@ class AttentionRollout(AttentionMethod):
     ):
         super().__init__(model, layer, **options)
         rollout([torch.ones(1, 1, 2, 2)], head_fusion, discard_ratio)  # validates the options
-        self.head_fusion = head_fusion
-        self.discard_ratio = discard_ratio
+        self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         with (

@@ -166,8 +166,7 @@ class ReciproCAM(PerturbationCAM):
         if run.scorer.has_classes:  # class targets: their softmax probability
             run = copy.copy(run)
             run.probabilities = True
-        maps = []
-        suffix = [True]  # reuse the layer's prefix until the model refuses
+        maps, suffix = [], [True]  # suffix: reuse the layer's prefix until the model refuses
         positions = frames * h * w
         with self._progress(f"Recipro-CAM {name}", batch * positions) as bar:
             for sample in range(batch):

@@ -42,8 +42,7 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
         return self.samples
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        size = batch.shape[0]
-        input_size = tuple(batch.shape[2:])
+        size, input_size = batch.shape[0], tuple(batch.shape[2:])
 
         def clean(part: Tensor, rows: Tensor) -> dict[str, Any]:
             output, taps = self.capture.forward(
