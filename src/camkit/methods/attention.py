@@ -55,8 +55,7 @@ def rollout(
             drop = int(fused.shape[-1] * discard_ratio)
             lowest = fused.topk(drop, dim=-1, largest=False).indices
             fused = fused.scatter(-1, lowest, 0.0)
-        eye = torch.eye(fused.shape[-1], device=fused.device)
-        mixed = 0.5 * fused + 0.5 * eye
+        mixed = 0.5 * fused + 0.5 * torch.eye(fused.shape[-1], device=fused.device)
         mixed = mixed / mixed.sum(dim=-1, keepdim=True)
         result = mixed if result is None else mixed @ result
     return result
@@ -143,8 +142,7 @@ class AttentionRollout(AttentionMethod):
     ):
         super().__init__(model, layer, **options)
         rollout([torch.ones(1, 1, 2, 2)], head_fusion, discard_ratio)  # validates the options
-        self.head_fusion = head_fusion
-        self.discard_ratio = discard_ratio
+        self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
 
     def _keys(self, batch: Tensor, call: Call, scorer: RowScorer, rows: Tensor) -> Tensor:
         with (
@@ -172,7 +170,7 @@ class AttentionRollout(AttentionMethod):
 
 
 def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
-    """The block's last captured tensor; with ``batch``, checked as ``(batch, heads, N, N)``."""
+    """The block's last captured tensor, checked as ``(batch, heads, N, N)`` with ``batch``."""
     if not store:
         raise AttentionError(f"the attention of block {name!r} did not run during the forward")
     found = store[-1]
@@ -190,10 +188,8 @@ def _last(store: list[Tensor], name: str, batch: int | None = None) -> Tensor:
 
 def default_projection(model: nn.Module) -> Callable[[Tensor], Tensor]:
     """Block tokens ``(B, N, C)`` -> class logits ``(B, classes)``: the mean token through the
-    model's final norm and head, as the LeGrad authors' code and torchcam 0.5.0: timm's
-    ``head(fc_norm(norm(mean)))``, torchvision's ``heads(encoder.ln(mean))``, HuggingFace's
-    ``classifier(layernorm(mean))``; DINOv2's classifier reads ``[norm(t)_0, mean_i>0 norm(t)_i]``.
-    """
+    model's final norm and head (the LeGrad authors' code, torchcam 0.5.0) for timm,
+    torchvision and HuggingFace ViTs; DINOv2's reads ``[norm(t)_0, mean_i>0 norm(t)_i]``."""
     if all(hasattr(model, a) for a in ("norm", "fc_norm", "head")):
         return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
     base = getattr(model, getattr(model, "base_model_prefix", "") or "_", None)
@@ -222,10 +218,9 @@ class LeGrad(AttentionMethod):
     """LeGrad (Bousselham et al., "LeGrad: An Explainability Method for Vision Transformers via
     Feature Formation Sensitivity", 2024).
 
-    For each block ``l``, the block's tokens go through ``score_projection`` (default
-    :func:`default_projection`) to logits ``s^l``; the map is ``mean_{heads, queries} relu(d
-    s^l_c / d A_l)`` over the patch keys, averaged over the blocks (paper eq. 5-7). Class
-    targets only.
+    Block ``l``'s tokens through ``score_projection`` (default :func:`default_projection`) give
+    logits ``s^l``; the map is ``mean_{l, heads, queries} relu(d s^l_c / d A_l)`` over the patch
+    keys (eq. 5-7). Class targets only.
     """
 
     needs_gradients = True

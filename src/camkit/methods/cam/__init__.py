@@ -62,12 +62,9 @@ def cams(
     fuse: bool | str = True,
     additional_forward_args: Any = None,
 ) -> dict[str, Tensor | dict[str, Tensor]]:
-    """Several CAM methods on the same input: ``{method name: map}``, each equal to what the
-    method's class returns for the same arguments.
-
-    The gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``: Grad-CAM,
-    Grad-CAM++, ...) share ONE forward and ONE backward pass; the others run their own.
-    """
+    """Several CAM methods on the same input: ``{method name: map}``, each what its class
+    returns; the gradient CAMs that only weigh a layer (``registry.get(name).shares_pass``)
+    share one forward and one backward pass."""
     entries = [registry.get(name) for name in dict.fromkeys(methods)]
     not_cams = [entry.name for entry in entries if not issubclass(entry.cls, BaseCAM)]
     if not_cams or not entries:

@@ -36,15 +36,13 @@ class BaseCAM(Explainer):
     ``K`` targets per sample ``-> (B, K, H, W)``. Constructor arguments: those of
     :class:`~camkit.core.explainer.Explainer`; the last call's layer readings are in ``layouts``.
 
-    Call options: ``relu``, ``upsample`` and ``normalize`` (min-max to [0, 1]) can be switched
-    off; ``fuse`` combines several layers: ``"mean"`` (``True``, pytorch-grad-cam), ``"max"``
-    (torchcam), ``"tanh"`` (torchcam's LayerCAM fusion, each map scaled by ``tanh(2 M)``, Jiang
-    et al., TIP 2021, before the maximum) or ``False`` for ``{layer: map}``.
-    ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
-    (:func:`~camkit.methods.cam.smoothing.explained`). ``eigen_smooth=True``: each layer's map is
-    the first principal component of ``w_c A_c`` instead of their sum
-    (:func:`~camkit.methods.cam.smoothing.principal_component`); unchanged for Eigen-CAM and its
-    kin, refused where the map is no weighted sum of channels (Recipro-CAM).
+    Call options: ``relu``, ``upsample``, ``normalize`` (min-max to [0, 1]) and ``fuse``, as
+    :class:`~camkit.core.finish.Finishing` (``"tanh"``: torchcam's LayerCAM fusion, Jiang et
+    al., TIP 2021); ``aug_smooth=True``: pytorch-grad-cam's test-time augmentation
+    (:func:`~camkit.methods.cam.smoothing.explained`); ``eigen_smooth=True``: each layer's map
+    is the first principal component of ``w_c A_c`` instead of their sum
+    (:func:`~camkit.methods.cam.smoothing.principal_component`), refused where the map is no
+    weighted sum of channels (Recipro-CAM).
     """
 
     family: ClassVar[str] = "gradient-cam"
@@ -107,8 +105,7 @@ class BaseCAM(Explainer):
         raise NotImplementedError
 
     def weighted_activations(self, act: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c`` whose
-        sum over channels is the map (volumes likewise, ``d, h, w``)."""
+        """``(B, 1, C, h, w), (B, K, C, h, w) -> (B, K, C, h, w)``: the terms ``w_c A_c``."""
         return self.channel_weights(act, grad) * act
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
@@ -116,8 +113,7 @@ class BaseCAM(Explainer):
         return self.combine(self.weighted_activations(act, grad))
 
     def combine(self, weighted: Tensor) -> Tensor:
-        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum over channels, or with
-        ``eigen_smooth`` their first principal component."""
+        """``(B, K, C, *spatial) -> (B, K, *spatial)``: the sum, or ``eigen_smooth``'s PCA."""
         return principal_component(weighted) if self.eigen_smooth else weighted.sum(dim=2)
 
     def maps(
@@ -141,14 +137,11 @@ class BaseCAM(Explainer):
         *,
         batch: int | None = None,
     ) -> dict[str, Tensor]:
-        """:meth:`layer_map` of each captured layer, repeated for the ``targets`` targets when it
-        does not depend on them. ``names``: the layers (default: this capture's); ``batch``: the
-        input's rows (a frame-wise model's layers have ``batch * T``)."""
+        """:meth:`layer_map` of each captured layer ``names`` (default: this capture's) for the
+        ``targets`` targets; ``batch``: the input's rows (a frame-wise layer has ``batch * T``)."""
         grads = grads if grads is not None else [None] * len(acts)
-        maps = {}
-        for name, act, grad in zip(
-            self.capture.names if names is None else names, acts, grads, strict=True
-        ):
+        names, maps = self.capture.names if names is None else names, {}
+        for name, act, grad in zip(names, acts, grads, strict=True):
             reader = self.grid_reader(name, act, input_size, batch)
             act = self.as_grid(act, reader)
             grad = None if grad is None else self.as_grid(grad, reader)
@@ -168,9 +161,8 @@ class BaseCAM(Explainer):
 
     @staticmethod
     def as_grid(t: Tensor, reader: Reshape | None) -> Tensor:
-        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, h, w)`` (or ``(B, K, C, d, h,
-        w)`` for volumes) float32, through ``reader``; a frame-wise layer's ``(B * T, K, ...)``
-        gives ``(B, K, C, T, h, w)``, patch rows ``(B * N, K, C)`` ``(B, K, C, h, w)``."""
+        """``(B, K, ...)`` layer output or gradient ``-> (B, K, C, [d,] h, w)`` float32 through
+        ``reader`` (frame-wise ``(B * T, K, ...)`` gives ``(B, K, C, T, h, w)``)."""
         frames = getattr(reader, "frames", 0)
         folded = frames or getattr(reader, "rows", 0)
         if folded:  # rows b * T + t (frames) or b * N + n (patches) -> (B, K, T or N, ...)
@@ -191,10 +183,8 @@ class BaseCAM(Explainer):
 
 
 class WrapperCAM(BaseCAM):
-    """Base of the CAMs that wrap another CAM (RefineCAM, SESS, Finer-CAM), as torchcam's
-    ``_CAMWrapper``: ``self.base`` is built from the same model, layer and options; the wrapper
-    keeps the options of every method, shares the base's capture (the default layer resolves
-    once) and layouts, and passes ``check_autograd`` and ``eigen_smooth`` on to it."""
+    """Base of the CAMs that wrap another CAM ``self.base`` of the same model, layer and options
+    (RefineCAM, SESS, Finer-CAM; torchcam's ``_CAMWrapper``), sharing its capture and layouts."""
 
     def __init__(
         self, model: nn.Module, layer: LayerSpec | None, *, base: type[BaseCAM], **options: Any
@@ -217,8 +207,8 @@ class WrapperCAM(BaseCAM):
 def one_pass_maps(
     cams: dict[str, BaseCAM], batch: Tensor, scorer: RowScorer, call: Call, batch_size: int | None
 ) -> dict[str, RawMaps]:
-    """The unfinished maps of gradient CAMs that only weigh a layer, from one tapped forward
-    (the first CAM's capture) and one backward per chunk of ``batch_size`` samples."""
+    """The unfinished maps of gradient CAMs that only weigh a layer: one tapped forward (the
+    first CAM's capture) and one backward per chunk."""
     first = next(iter(cams.values()))
     gradients = any(cam.needs_gradients for cam in cams.values())
 
@@ -234,9 +224,8 @@ def one_pass_maps(
 
 
 class NoisyDraws:
-    """The seeded noise settings of SS-CAM and Smooth Grad-CAM++: ``samples`` draws per sample
-    (>= 1) and the noise's ``std`` (>= 0), defaulting to ``default_samples`` and ``default_std``.
-    Listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
+    """The seeded noise settings of SS-CAM and Smooth Grad-CAM++ (``samples`` >= 1, ``std`` >=
+    0); listed before the CAM base: ``class SSCAM(NoisyDraws, ScoreCAM)``."""
 
     seeded = True
     default_samples: ClassVar[int]

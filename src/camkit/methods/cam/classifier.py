@@ -21,10 +21,9 @@ CLASSIFIER_NAMES = ("fc", "classifier", "head", "head.fc", "last_linear", "heads
 def find_classifier(model: nn.Module, fc: str | nn.Module | None = None) -> tuple[str, Tensor]:
     """The classifier after the global pooling and its weight matrix ``(num_classes, C)``.
 
-    ``fc`` names it (a dotted name or the module); without it, timm's ``get_classifier()`` is
-    asked, then the usual head names (:data:`CLASSIFIER_NAMES`) are tried, then the model's only
-    ``nn.Linear``. A container holding exactly one ``nn.Linear`` (``Sequential(Dropout,
-    Linear)``) or a 1x1 ``nn.Conv2d`` work as well. Raises
+    ``fc`` names it (a dotted name or the module); else timm's ``get_classifier()``, the head
+    names :data:`CLASSIFIER_NAMES`, then the model's only ``nn.Linear``. A container of one
+    ``nn.Linear`` or a 1x1 ``nn.Conv2d`` work as well. Raises
     :class:`~camkit.errors.ClassifierNotFoundError` when there is none or several.
     """
     if fc is not None:
@@ -87,10 +86,9 @@ def _classifier_weight(model: nn.Module, module: nn.Module) -> tuple[str, Tensor
 class CAM(BaseCAM):
     """CAM: the layer's channels weighted by the classifier's weights of the target class.
 
-    Zhou et al., "Learning Deep Features for Discriminative Localization", CVPR 2016. For a
-    network ending in global average pooling and a linear classifier ``W (N, C)``, the map of
-    class ``k`` is ``M_k = sum_c W_kc A_c``. Class targets only; no gradient. Finished as every
-    camkit CAM; the paper (and torchcam) show the signed map: ``relu=False``.
+    Zhou et al., "Learning Deep Features for Discriminative Localization", CVPR 2016: with global
+    average pooling and a linear classifier ``W (N, C)``, ``M_k = sum_c W_kc A_c``. Class targets
+    only; the paper (and torchcam) show the signed map: ``relu=False``.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         fc: the classifier (dotted name or module), whose input features are the layer's

@@ -1,11 +1,9 @@
 """Deep Feature Factorization: a layer's activations as a few concepts, each with a map.
 
 Collins et al., "Deep Feature Factorization for Concept Discovery", ECCV 2018, as
-pytorch-grad-cam's ``DeepFeatureFactorization``: the activations of a batch ``(B, C, h, w)``
-form a ``(C, B h w)`` matrix, shifted per channel to be non-negative, and factorised ``A - min ~
-W H`` with non-negative ``W (C, k)`` (the concept embeddings, the shift added back) and ``H (k,
-B h w)`` (where each concept is). The classifier names each concept by its top classes;
-:func:`camkit.viz.plot_concepts` draws the maps.
+pytorch-grad-cam's ``DeepFeatureFactorization``: a batch's activations as a ``(C, B h w)``
+matrix, shifted per channel to be non-negative, factorised ``A - min ~ W H`` with ``W (C, k)``
+the concept embeddings (the shift added back) and ``H (k, B h w)`` where each concept is.
 """
 
 from __future__ import annotations
@@ -40,12 +38,10 @@ def nmf(
 ) -> tuple[Tensor, Tensor]:
     """Non-negative matrix factorisation ``x (n, m) ~ W (n, k) H (k, m)``, Frobenius loss.
 
-    Lee & Seung's problem solved by coordinate descent (HALS, Cichocki & Phan 2009), as
-    scikit-learn's ``NMF(solver="cd")``: each iteration updates the columns of ``W`` with ``W_t
-    <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then the rows of ``H`` likewise, until the
-    projected-gradient violation is below ``tol`` times the first one, or ``max_iter``. The
-    default initialisation is scikit-learn's ``"random"``, ``sqrt(mean(x) / k) |N(0, 1)|``
-    (seeded); or ``init=(W, H)``. In float64 on ``x``'s device.
+    Lee & Seung's problem by coordinate descent (HALS, Cichocki & Phan 2009), as scikit-learn's
+    ``NMF(solver="cd")``: ``W_t <- max(0, W_t - (W HH^T - X H^T)_t / (HH^T)_tt)``, then ``H``
+    likewise, until the projected-gradient violation is below ``tol`` times the first, or
+    ``max_iter``. Initialised as scikit-learn's ``"random"`` (seeded) or ``init=(W, H)``; float64.
     """
     if x.ndim != 2:
         raise InputError(f"nmf needs a matrix (n, m), got shape {tuple(x.shape)}")
@@ -70,15 +66,14 @@ def nmf(
     first = None
     for _ in range(max_iter):
         violation = float(_hals_step(x, w, h.T) + _hals_step(x.T, h.T, w))
-        if first is None:
-            first = violation
+        first = violation if first is None else first
         if first == 0 or violation / first <= tol:
             break
     return w, h
 
 
 def _hals_step(x: Tensor, w: Tensor, ht: Tensor) -> Tensor:
-    """Update ``w``'s columns in place for ``x ~ w ht^T``; the projected-gradient violation."""
+    """Update ``w``'s columns in place for ``x ~ w ht^T``; returns the gradient's violation."""
     hht = ht.T @ ht
     xht = x @ ht
     violation = x.new_zeros(())
@@ -119,17 +114,14 @@ class Concepts:
 
 
 class DeepFeatureFactorization:
-    """Deep Feature Factorization (Collins et al., ECCV 2018); see the module docstring.
-
-    ``DeepFeatureFactorization(model, layer)(x, components=5) -> Concepts``: an image or a
-    batch, factorised together (the batch shares the concepts); maps upsampled bilinearly.
+    """Deep Feature Factorization (Collins et al., ECCV 2018; see the module docstring):
+    ``(model, layer)(x, components=5) -> Concepts``, a batch factorised together.
 
     Args:
         layer: the layer to factorise (dotted name or module), e.g. the last conv block.
         classifier: names the ``(k, C)`` concept embeddings: a module or callable, ``"auto"``
-            for the model's classifier (:func:`~camkit.methods.cam.classifier.find_classifier`,
-            with its bias), or None.
-        reshape: a layer output's reading as a ``(B, C, h, w)`` grid, as for every CAM.
+            (:func:`~camkit.methods.cam.classifier.find_classifier`'s, with its bias), or None.
+        reshape: a layer output's reading as a ``(B, C, h, w)`` grid, as every CAM's.
         seed: seeds the NMF initialisation.
     """
 
@@ -150,8 +142,7 @@ class DeepFeatureFactorization:
         self.reshape = reshape
         self.seed = seed_value(seed)
         if classifier == "auto":
-            name, _ = find_classifier(self.model)
-            classifier = self.model.get_submodule(name)
+            classifier = self.model.get_submodule(find_classifier(self.model)[0])
         elif isinstance(classifier, str):
             _, classifier = find_layer(self.model, classifier)
         self.classifier = classifier

@@ -55,9 +55,8 @@ class SegEigenCAM(BaseCAM):
         projection = principal_component(self.weighted_activations(act, grad))
         values = projection.flatten(2)
         below = values.amin(dim=-1).abs() > values.amax(dim=-1).abs()  # (B, K)
-        return torch.where(
-            below.view(*below.shape, *[1] * (projection.ndim - 2)), -projection, projection
-        )
+        below = below.view(*below.shape, *[1] * (projection.ndim - 2))
+        return torch.where(below, -projection, projection)
 
 
 @register("kpcacam", "Karmani et al., IEEE MMSP 2024")
@@ -65,13 +64,11 @@ class KPCACAM(BaseCAM):
     """KPCA-CAM: the activations projected on their first kernel principal component.
 
     Karmani et al., "KPCA-CAM: Visual Explainability of Deep Computer Vision Models using Kernel
-    PCA", IEEE MMSP 2024 (pytorch-grad-cam's ``KPCA_CAM``). The ``hw`` positions (rows of the
-    ``(hw, C)`` activation matrix, centred per channel) give a kernel matrix ``K (hw, hw)``,
-    centred in feature space (``K - 1K - K1 + 1K1``); the map is the first eigenvector scaled by
-    the square root of its eigenvalue, its sign as :class:`~camkit.EigenCAM`'s. ``kernel`` as
-    scikit-learn's: ``sigmoid`` ``tanh(gamma <x, y> + coef0)`` (default), ``rbf`` ``exp(-gamma
-    |x - y|^2)``, ``poly`` ``(gamma <x, y> + coef0)^degree``, ``linear``, ``cosine``;
-    ``gamma=None`` is ``1 / C``. No gradients; the same map for every target.
+    PCA", IEEE MMSP 2024 (pytorch-grad-cam's ``KPCA_CAM``): the first eigenvector (times the
+    root of its eigenvalue, signed as :class:`~camkit.EigenCAM`) of the centred kernel matrix of
+    the ``hw`` positions (centred per channel). ``kernel`` as scikit-learn's: ``sigmoid``
+    ``tanh(gamma <x, y> + coef0)`` (default), ``rbf`` ``exp(-gamma |x - y|^2)``, ``poly``
+    ``(gamma <x, y> + coef0)^degree``, ``linear``, ``cosine``; ``gamma=None`` is ``1 / C``.
     """
 
     needs_gradients = False

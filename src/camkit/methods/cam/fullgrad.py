@@ -1,12 +1,10 @@
 """FullGrad: the input-gradient plus the bias-gradients of every convolution and batch norm.
 
 Srinivas & Fleuret, "Full-Gradient Representation for Neural Network Visualization", NeurIPS
-2019. A ReLU network's output is ``f(x) = grad_x f . x + sum_l grad_{b_l} f . b_l`` exactly;
-the saliency map keeps the spatial structure of every term, ``S(x) = psi(|grad_x f * x|) +
-sum_l sum_c psi(|grad_{z_l} f_c * b_lc|)`` with ``z_l`` the output of layer ``l`` and ``psi``
-the absolute value, each channel map rescaled to [0, 1] and upsampled bilinearly to the input.
-Biases are those of every ``nn.Conv2d`` and ``nn.BatchNorm2d`` (in evaluation mode), as in the
-authors' code and pytorch-grad-cam's ``FullGrad``.
+2019: ``S(x) = psi(grad_x f * x) + sum_l sum_c psi(grad_{z_l} f_c * b_lc)`` with ``z_l`` the
+output of layer ``l`` and ``psi`` the absolute value with each channel map rescaled to [0, 1],
+upsampled bilinearly to the input. Biases: every ``nn.Conv2d`` and ``nn.BatchNorm2d`` (in
+evaluation mode), as the authors' code and pytorch-grad-cam's ``FullGrad``.
 """
 
 from __future__ import annotations
@@ -53,11 +51,10 @@ def bias_layers(model: nn.Module) -> list[tuple[str, nn.Module, Tensor]]:
         bias = effective_bias(module)
         if bias is None:
             continue
-        tapped = module
         drop = getattr(module, "drop", None)
         if isinstance(module, nn.BatchNorm2d) and isinstance(drop, nn.Module):
-            tapped, name = drop, f"{name}.drop"
-        found.append((name, tapped, bias))
+            module, name = drop, f"{name}.drop"
+        found.append((name, module, bias))
     return found
 
 
@@ -71,10 +68,8 @@ def _psi(t: Tensor) -> Tensor:
 @register("fullgrad", "Srinivas & Fleuret, NeurIPS 2019")
 class FullGrad(Explainer):
     """FullGrad saliency (Srinivas & Fleuret, NeurIPS 2019; see the module docstring), shaped as
-    a CAM's, no layer. A layer's channel maps are summed, then upsampled once (bilinear
-    upsampling is linear). Call options: ``normalize``, ``aug_smooth``
-    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth``: the map is no sum of
-    channels ``w_c A_c``.
+    a CAM's, no layer. Call options: ``normalize``, ``aug_smooth``
+    (:func:`camkit.methods.cam.smoothing.explained`); no ``eigen_smooth`` (no sum ``w_c A_c``).
     """
 
     family: ClassVar[str] = "gradient-cam"
@@ -140,25 +135,20 @@ class FullGrad(Explainer):
             bias = bias.to(device=grad.device, dtype=grad.dtype)[:, None, None]
             channels = _psi(grad * bias).sum(dim=2)  # (n, K, h, w)
             if channels.shape[0] != part.shape[0]:  # a frame-wise model: (n * T, K, h, w)
-                channels = self._clip_frames(channels, part)
-            if channels.shape[-2:] != size:
-                lead = channels.shape[:-2]
-                flat = channels.flatten(0, -3).unsqueeze(1)  # one plane per sample, target, frame
-                flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
-                channels = flat.squeeze(1).unflatten(0, lead)
+                frames = folded_frames(self.model, tuple(part.shape))
+                if not frames or channels.shape[0] != part.shape[0] * frames:
+                    raise LayerOutputError(
+                        f"FullGrad: a bias layer gives {channels.shape[0]} rows for "
+                        f"{part.shape[0]} inputs (not one per input); declare a frame-wise clip "
+                        "model with camkit.InputLayout(model, layout, frame_wise=True)"
+                    )
+                channels = channels.unflatten(0, (-1, frames)).transpose(1, 2)  # (n, K, T, h, w)
+            if channels.shape[-2:] != size:  # one plane per sample, target, frame
+                planes = channels.flatten(0, -3).unsqueeze(1)
+                planes = F.interpolate(planes, size=size, mode="bilinear", align_corners=False)
+                channels = planes.squeeze(1).unflatten(0, channels.shape[:-2])
             total = total + channels
         return total.float()
-
-    def _clip_frames(self, channels: Tensor, part: Tensor) -> Tensor:
-        """A frame-wise layer's ``(n * T, K, h, w)`` saliency as ``(n, K, T, h, w)``."""
-        frames = folded_frames(self.model, tuple(part.shape))
-        if not frames or channels.shape[0] != part.shape[0] * frames:
-            raise LayerOutputError(
-                f"FullGrad: a bias layer gives {channels.shape[0]} rows for {part.shape[0]} "
-                "inputs (not one per input); declare a frame-wise clip model with "
-                "camkit.InputLayout(model, layout, frame_wise=True)"
-            )
-        return channels.unflatten(0, (-1, frames)).transpose(1, 2)
 
     def __repr__(self) -> str:
         return f"FullGrad(bias_layers={len(self.bias_layers)})"

@@ -36,17 +36,14 @@ class GradCAMPlusPlus(BaseCAM):
     """Grad-CAM++: ``w_c = sum_ij alpha_cij ReLU(g_cij)`` with the closed-form alpha.
 
     Chattopadhay et al., "Grad-CAM++: Improved Visual Explanations for Deep Convolutional
-    Networks", WACV 2018, eq. 19 with the exponential score of the authors' code, where the
-    ``exp(S)`` factors cancel: ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, not rescaled
-    afterwards (as the paper and pytorch-grad-cam; the authors' TF script also divides them by
-    their sum). Exactly, in float64 (float32 where a device lacks it), with ``alpha = 0`` only
-    where the denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
+    Networks", WACV 2018, eq. 19 with the authors' exponential score (``exp(S)`` cancels):
+    ``alpha = g^2 / (2 g^2 + (sum_ab A_ab) g^3)``, not rescaled (as the paper and
+    pytorch-grad-cam), in float64 (float32 where a device lacks it), 0 only where the
+    denominator is exactly 0 (pytorch-grad-cam adds ``1e-6`` to every denominator).
 
-    Where activations sum to values of either sign (LayerNorm outputs of ViT / Swin blocks) the
-    denominator can nearly cancel and the alpha changes a lot with tiny changes of ``A`` or
-    ``g``: an :class:`~camkit.errors.IllConditionedWarning` says so when the denominator's
-    condition number ``(2 g^2 + |sum(A) g^3|) / |2 g^2 + sum(A) g^3|`` exceeds
-    :attr:`ill_conditioned` at a position whose positive gradient counts.
+    An :class:`~camkit.errors.IllConditionedWarning` says when the denominator nearly cancels
+    (activations summing to either sign, LayerNorm outputs): its condition number ``(2 g^2 +
+    |sum(A) g^3|) / |2 g^2 + sum(A) g^3|`` above :attr:`ill_conditioned` where ``g > 0``.
     """
 
     #: condition number of an alpha's denominator above which the map is called ill-conditioned
@@ -64,11 +61,10 @@ class GradCAMPlusPlus(BaseCAM):
         worst = float(condition[counted].max()) if counted.any() else 0.0
         if worst > self.ill_conditioned:
             warn(
-                f"Grad-CAM++'s alphas are ill-conditioned at this layer: a denominator "
-                f"2 g^2 + sum(A) g^3 nearly cancels (condition number {worst:.3g}), so tiny "
-                "changes of the activations or gradients change the map a lot. This happens "
-                "where activations sum to values of either sign (LayerNorm outputs of "
-                "transformer blocks); Grad-CAM or LayerCAM are stable there",
+                "Grad-CAM++'s alphas are ill-conditioned at this layer: a denominator 2 g^2 + "
+                f"sum(A) g^3 nearly cancels (condition number {worst:.3g}; activations of either "
+                "sign, as LayerNorm outputs), so tiny changes of A or g change the map a lot; "
+                "Grad-CAM or LayerCAM are stable there",
                 IllConditionedWarning,
             )
         return (alpha * g.relu()).sum(dim=spatial(grad), keepdim=True).to(grad.dtype)
@@ -116,9 +112,8 @@ class EigenCAM(BaseCAM):
     """Eigen-CAM: the activations projected on their first principal component (no gradients).
 
     Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components", IJCNN 2020:
-    :func:`~camkit.methods.cam.smoothing.principal_component` of the activations (centred per
-    channel as pytorch-grad-cam, the sign fixed so that maps do not flip). The same map for
-    every target; ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
+    :func:`~camkit.methods.cam.smoothing.principal_component` of the activations; the same map
+    for every target; ``eigen_smooth`` changes nothing (as in pytorch-grad-cam).
     """
 
     needs_gradients = False
@@ -147,8 +142,8 @@ class FEM(BaseCAM):
     Ahmed Fuad et al., "Features understanding in 3D CNNs for actions recognition in video",
     IPTA 2020 (pytorch-grad-cam's ``FEM``): with each channel's mean ``mu_c`` and population
     standard deviation ``sigma_c`` over the positions, ``w_c = mean_ij [A_cij > mu_c + k
-    sigma_c]`` (the k-sigma rule), map ``= sum_c w_c A_c``. No gradients; the same map for every
-    target; ``eigen_smooth`` applies (pytorch-grad-cam's ``FEM`` ignores it).
+    sigma_c]`` (the k-sigma rule), map ``= sum_c w_c A_c``, the same for every target;
+    ``eigen_smooth`` applies (pytorch-grad-cam's ``FEM`` ignores it).
     """
 
     needs_gradients = False

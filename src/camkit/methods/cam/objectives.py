@@ -29,11 +29,9 @@ class ShapleyCAM(GradCAM):
     """Shapley-CAM: Grad-CAM with the gradient corrected by the Hessian-vector product.
 
     Cai, "CAMs as Shapley Value-based Explainers", 2025 (arXiv:2501.06261; pytorch-grad-cam's
-    ``ShapleyCAM``). A second-order approximation of the Shapley values of the channels gives
-    ``w_c = mean_ij (g - H A / 2)_cij`` with ``H = d^2 S / dA^2``, map ``= sum_c w_c A_c``. ``H A``
-    is one double-backward per target (0 where the score is piecewise linear in ``A``, e.g. a
-    logit after ReLU layers: then it equals Grad-CAM; the paper pairs it with the ``logit -
-    cross-entropy`` target, a callable target).
+    ``ShapleyCAM``): the channels' second-order Shapley values, ``w_c = mean_ij (g - H A /
+    2)_cij`` with ``H = d^2 S / dA^2`` (one double backward per target; 0 where ``S`` is
+    piecewise linear in ``A``: then Grad-CAM; the paper uses a ``logit - cross-entropy`` target).
     """
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
@@ -63,16 +61,11 @@ class ShapleyCAM(GradCAM):
                             f"the target score does not depend on layer {names[i]!r}"
                         )
                     hvp = None
-                    if grad.requires_grad:
+                    if grad.requires_grad:  # else the score is linear in A: H A = 0
                         (hvp,) = torch.autograd.grad(
-                            grad,
-                            act,
-                            grad_outputs=act.detach(),
-                            retain_graph=True,
-                            allow_unused=True,
+                            grad, act, act.detach(), retain_graph=True, allow_unused=True
                         )
-                    hvp = torch.zeros_like(grad) if hvp is None else hvp
-                    corrected[i].append((grad - 0.5 * hvp).detach())
+                    corrected[i].append((grad if hvp is None else grad - 0.5 * hvp).detach())
         grads = [torch.stack(per_target, dim=1) for per_target in corrected]
         acts = [act.detach().unsqueeze(1) for act in acts]
         return self.maps_from(acts, grads, scores.shape[1], tuple(part.shape[2:]))
@@ -83,17 +76,11 @@ class FinerCAM(WrapperCAM):
     """Finer-CAM: the map of the target's score relative to the most similar classes.
 
     Zhang et al., "Finer-CAM: Spotting the Difference Reveals Finer Details for Visual
-    Explanation", CVPR 2025. A gradient CAM (``base``, Grad-CAM by default) explains, instead of
-    the logit ``y_c``, the contrast with the ``references`` classes ``d_t`` whose logits are
-    closest to ``y_c`` (the target excluded):
-
-    * ``weighting="mean"`` (torchcam's ``FinerCAM``): ``y_c - gamma * mean_t y_{d_t}``;
-    * ``weighting="softmax"`` (pytorch-grad-cam's ``FinerCAM``, the authors' weighted target):
-      ``sum_t p_t (y_c - gamma y_{d_t}) / sum_t p_t`` with the softmax probabilities ``p``
-      (differentiated too, as there).
-
-    Class targets only; ``gamma >= 0`` (0 gives the base method's map); the other options go to
-    ``base`` too.
+    Explanation", CVPR 2025. A gradient CAM ``base`` explains the contrast of ``y_c`` with the
+    ``references`` classes ``d_t`` of closest logits: ``weighting="mean"`` (torchcam) ``y_c -
+    gamma * mean_t y_{d_t}``; ``"softmax"`` (pytorch-grad-cam, the authors') ``sum_t p_t (y_c -
+    gamma y_{d_t}) / sum_t p_t`` with the softmax probabilities ``p`` (differentiated too).
+    Class targets only; ``gamma >= 0`` (0: the base map); other options go to ``base``.
     """
 
     def __init__(

@@ -1,21 +1,13 @@
 """Perturbation CAMs: channel weights measured with masked or ablated forward passes.
 
 Score-CAM masks the input with each channel's activation map, Ablation-CAM zeroes each channel
-of the layer's output; both read the target score, one forward per channel:
+of the layer's output; one forward per channel, in chunks of ``batch_size`` (results do not
+depend on it); identical perturbations run once (equal normalised masks; an all-zero channel
+weighs 0 in Ablation-CAM without one); ``top_channels=k`` evaluates the ``k`` channels of
+largest ``|sum_ij g_cij A_cij|`` (agreement with the exact map in docs/performance.md).
 
-* the forwards run in chunks of ``batch_size`` through one reused buffer of masked images
-  (memory bounded by ``batch_size``; results do not depend on it);
-* identical perturbations run once: equal normalised masks (constant channels all give the
-  zero mask) share a forward, and an all-zero channel weighs 0 in Ablation-CAM without one;
-* ``top_channels=k`` (opt-in) evaluates only the ``k`` channels of largest
-  ``|sum_ij g_cij A_cij|`` per sample, ranked by one extra backward pass (the others weigh 0;
-  agreement with the exact map in docs/performance.md);
-* ``progress=True`` shows a tqdm bar of the forward passes.
-
-A method is two steps, :meth:`PerturbationCAM.perturbed_scores` and
-:meth:`PerturbationCAM.score_weights`; a variant overrides one (Score-CAM's variants only their
-masks, :meth:`ScoreCAM.perturb`). Every forward goes through the call's
-:meth:`~camkit.core.call.Call.forward`, so ``additional_forward_args`` reach the perturbed passes.
+A method is :meth:`PerturbationCAM.perturbed_scores` then :meth:`PerturbationCAM.score_weights`
+(Score-CAM's variants change only :meth:`ScoreCAM.perturb`).
 """
 
 from __future__ import annotations
@@ -44,9 +36,8 @@ from camkit.targets.resolver import RowScorer
 
 
 def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -> Tensor:
-    """``H = minmax(upsample(A[samples[i], channels[i]]))``: ``(n, 1, H, W)`` (volumes ``(n, 1,
-    D, H, W)``, trilinear) in [0, 1] at the size of ``like``, normalised in place (no temporary
-    of the masks' size)."""
+    """``H = minmax(upsample(A[samples[i], channels[i]]))`` ``(n, 1, [D,] H, W)`` at ``like``'s
+    size, normalised in place (no temporary of the masks' size)."""
     dims = grid.ndim - 2
     masks = F.interpolate(
         grid[samples, channels].unsqueeze(1),
@@ -61,8 +52,8 @@ def score_masks(grid: Tensor, samples: Tensor, channels: Tensor, like: Tensor) -
 
 
 class MaskedBuffer:
-    """One ``(rows, C_in, H, W)`` buffer of masked inputs in the runs' memory format, allocated
-    once: ``x[samples[i]] * masks[i]`` is written into it, chunk after chunk."""
+    """One ``(rows, C_in, H, W)`` buffer of masked inputs ``x[samples[i]] * masks[i]``, in the
+    runs' memory format, reused chunk after chunk."""
 
     def __init__(self, run: CopyScorer, rows: int):
         self.run, self.rows = run, rows
@@ -87,8 +78,8 @@ class PerturbationCAM(BaseCAM):
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         batch_size: perturbed inputs per forward pass (default 32).
-        top_channels: evaluate only the ``top_channels`` channels of largest
-            ``|sum_ij g_cij A_cij|`` per sample (others weigh 0); ``None``: all (exact).
+        top_channels: evaluate the ``top_channels`` channels of largest ``|sum_ij g_cij
+            A_cij|`` per sample (others weigh 0); ``None``: all (exact).
         progress: show a progress bar of the forward passes (on a terminal).
     """
 
@@ -131,8 +122,8 @@ class PerturbationCAM(BaseCAM):
     def perturbed_scores(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        """``(B, C, K)`` target scores of one layer's perturbed passes, from its raw output, its
-        ``(B, C, h, w)`` grid and the ``(B, C)`` channels to evaluate."""
+        """``(B, C, K)`` target scores of one layer's perturbed passes (``kept``: the ``(B, C)``
+        channels to evaluate)."""
         raise NotImplementedError
 
     def score_weights(self, scores: Tensor, run: CopyScorer, kept: Tensor) -> Tensor:
@@ -158,8 +149,9 @@ class PerturbationCAM(BaseCAM):
         maps = {}
         for (name, module), raw, grad in zip(self.capture.layers, acts, grads, strict=True):
             raw = raw.detach()
-            size, rows = tuple(batch.shape[2:]), batch.shape[0]
-            reader = self.grid_reader(name, raw.unsqueeze(1), size, rows)
+            reader = self.grid_reader(
+                name, raw.unsqueeze(1), tuple(batch.shape[2:]), batch.shape[0]
+            )
             kind = getattr(reader, "kind", None)  # a layout it can perturb, or refused
             if self.reshape_refused and reader is not None and kind not in self.perturbed_layouts:
                 raise LayerOutputError(
@@ -178,8 +170,7 @@ class PerturbationCAM(BaseCAM):
     def perturbed_map(
         self, run: CopyScorer, name: str, module: nn.Module, raw: Tensor, grid: Tensor, kept: Tensor
     ) -> Tensor:
-        """``(B, K, h, w)`` raw map of one layer: ``sum_c w_c A_c`` with the weights of
-        :meth:`score_weights` from :meth:`perturbed_scores`."""
+        """``(B, K, h, w)``: ``sum_c w_c A_c`` with :meth:`score_weights`."""
         perturbed = self.perturbed_scores(run, name, module, raw, grid, kept)
         weights = self.score_weights(perturbed, run, kept)
         if self.eigen_smooth:
@@ -202,12 +193,11 @@ class PerturbationCAM(BaseCAM):
         """``(n, K)`` scores of sample ``sample`` with the layer's output of ``n`` copies
         replaced by ``edit(output)``.
 
-        The layer's prefix runs once: a hook replaces a one-image forward's output by ``edit``
-        of ``n`` copies of ``raw[sample]``. A model whose later layers do not broadcast over
-        that batch (a ``torch.cat`` skip, a reshape by the input's batch size) raises or gives
-        the wrong batch size; then ``suffix[0]`` is set False and from then on full forwards of
-        ``n`` repeated inputs run. A frame-wise layer has ``frames`` rows per sample: ``edit``
-        gets the ``n * frames`` rows of ``n`` clips, row ``i * frames + t``."""
+        The layer's prefix runs once (a hook swaps a one-image forward's output for ``edit`` of
+        ``n`` copies of ``raw[sample]``); where the model's later layers do not broadcast over
+        that batch (a ``torch.cat`` skip), ``suffix[0]`` turns False and full forwards of ``n``
+        repeated inputs run from then on. A frame-wise layer: ``edit`` gets ``n * frames`` rows,
+        row ``i * frames + t``."""
         rows = torch.full((n,), sample, dtype=torch.long, device=run.batch.device)
         image = run.batch[sample : sample + 1]
         if suffix[0]:
@@ -223,9 +213,8 @@ class PerturbationCAM(BaseCAM):
             return run.score(inputs, rows)
 
     def kept(self, grid: Tensor, grad: Tensor | None) -> Tensor:
-        """``(B, C)`` bool: the channels to evaluate: all, or the ``top_channels`` of largest
-        ``|sum_ij g_cij A_cij|`` (summed over targets), the first-order estimate of the score
-        change when channel ``c`` is removed."""
+        """``(B, C)`` bool: all channels, or the ``top_channels`` of largest ``|sum_ij g_cij
+        A_cij|`` (summed over targets), the first-order estimate of removing channel ``c``."""
         if self.top_channels is None or self.top_channels >= grid.shape[1]:
             return torch.ones(grid.shape[:2], dtype=torch.bool, device=grid.device)
         importance = (grad * grid.unsqueeze(1)).flatten(3).sum(dim=-1).abs().sum(dim=1)
@@ -244,15 +233,14 @@ class ScoreCAM(PerturbationCAM):
     Networks", CVPRW 2020, Algorithm 1. Per channel ``c`` of ``A (B, C, h, w)``: the mask
     ``H_c = minmax(upsample_bilinear(A_c)) (H, W)`` (a constant map gives zeros), the score
     ``S_c = y(x * H_c)`` (the target logit), ``w = softmax_c(S)``, map ``= ReLU(sum_c w_c
-    A_c)``; ``(B, C, H, W) -> (B, H, W)``, or ``(B, K, H, W)`` (the K targets share the forwards).
+    A_c)`` (the ``K`` targets share the forwards).
 
-    As in the paper, pytorch-grad-cam and torchcam, the softmax is over the channels' target
-    *logits* (the baseline term ``- y(X_b)`` cancels in it); the authors' repository instead
-    uses the target's class probability and skips constant channels. Masks are upsampled
-    (``align_corners=False``) before normalising, as in the paper (torchcam normalises first,
-    pytorch-grad-cam upsamples with ``align_corners=True``). With ``top_channels=k`` the softmax
-    is over those channels. Volumes ``(B, C, D, H, W)``: trilinear masks normalised over the
-    volume (pytorch-grad-cam's Score-CAM is 2-D only).
+    As the paper, pytorch-grad-cam and torchcam: the softmax of the target *logits* (the
+    baseline ``- y(X_b)`` cancels; the authors' repository uses probabilities and skips
+    constant channels); masks upsampled (``align_corners=False``) before normalising, as the
+    paper (torchcam normalises first, pytorch-grad-cam uses ``align_corners=True``).
+    ``top_channels=k``: the softmax over those. Volumes: trilinear masks (pytorch-grad-cam's
+    Score-CAM is 2-D only).
     """
 
     label = "Score-CAM"  # in the progress bar
@@ -265,8 +253,8 @@ class ScoreCAM(PerturbationCAM):
     shares_masks = True  # whether channels with equal masks share their forwards
 
     def perturb(self, masks: Tensor, draw: Tensor, random: torch.Generator | None) -> Tensor:
-        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (may work in place),
-        drawing from ``random`` (:meth:`generator`) in row order; Score-CAM's as they are."""
+        """The masks ``(n, 1, H, W)`` of draw ``draw[i]`` for row ``i`` (in place allowed),
+        drawing from ``random`` in row order; Score-CAM's as they are."""
         return masks
 
     def generator(self, device: torch.device) -> torch.Generator | None:
@@ -323,15 +311,11 @@ class AblationCAM(PerturbationCAM):
     Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network via
     Gradient-free Localization", WACV 2020: ``w_c = (y - y_c) / y`` with ``y`` the target score
     (logit) and ``y_c`` the score with channel ``c`` of the layer's output set to 0 (``y - y_c``
-    where ``y`` is exactly 0); map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) -> (B, H, W)`` or
-    ``(B, K, H, W)``. As in the paper, ablation is zeroing (pytorch-grad-cam sets ``min - 1e7``
-    when the layer's minimum is not 0). ``top_channels=k`` ablates only the ``k`` channels of
-    largest ``|sum_ij g_cij A_cij|``, the first-order estimate of ``y - y_c``.
-
-    The layer's prefix runs once per sample (:meth:`PerturbationCAM.edited_scores`). Token and
-    channels-last layers (ViT, Swin; ``reshape="auto"``) are ablated in their own layout, as
-    pytorch-grad-cam's ``AblationLayerVit`` (channel ``c`` zeroed in every token, the class
-    token too); a ``reshape=`` function cannot be undone and is refused.
+    where ``y`` is exactly 0); map ``= ReLU(sum_c w_c A_c)``. Ablation is zeroing, as the paper
+    (pytorch-grad-cam sets ``min - 1e7`` when the layer's minimum is not 0). ``top_channels=k``
+    ablates the ``k`` channels of largest ``|sum_ij g_cij A_cij|``, the first-order estimate of
+    ``y - y_c``. Token and channels-last layers (ViT, Swin) are ablated in their own layout, as
+    pytorch-grad-cam's ``AblationLayerVit`` (the class token too); ``reshape=`` is refused.
     """
 
     reshape_refused = (

@@ -21,11 +21,9 @@ from camkit.targets.resolver import RowScorer
 class RefineCAM(WrapperCAM):
     """RefineCAM: the product of the normalised maps of several layers (torchcam's ``RefineCAM``).
 
-    "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): the ``base``
-    method (Grad-CAM++ by default) maps every layer; each map is rectified, min-max normalised
-    and resized (bilinear, trilinear for volumes) to the largest layer resolution, and
-    ``M = prod_l minmax(ReLU(M_l))``: a position stays only if every layer agrees. Then
-    finished as every CAM; shapes as the base method.
+    "How to Evaluate and Refine your CAM" (arXiv:2605.14641, torchcam 0.5.0): ``M = prod_l
+    minmax(ReLU(M_l))`` over the ``base`` method's layer maps resized (bilinear, trilinear for
+    volumes) to the largest layer resolution: a position stays where every layer agrees.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         layer: at least two layers (names or modules).

@@ -31,19 +31,16 @@ class SSCAM(NoisyDraws, ScoreCAM):
     Wang et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature Localization", 2020
     (arXiv:2006.14255), noise on the masks, as torchcam 0.5's ``SSCAM``: with Score-CAM's mask
     ``H_c``, ``w = softmax_c(mean_m y(x * (H_c + d_mc)))``, ``d_mc ~ N(0, std^2)`` of size
-    ``(H, W)`` (shared by the input's channels), map ``= ReLU(sum_c w_c A_c)``; ``(B, C, H, W) ->
-    (B, H, W)`` or ``(B, K, H, W)``. Noisy masks are all distinct: ``samples * C`` forwards per
-    sample.
+    ``(H, W)`` (shared by the input's channels), map ``= ReLU(sum_c w_c A_c)``; ``samples * C``
+    forwards per sample.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
         samples: noisy masks per channel (torchcam's ``num_samples``).
         std: standard deviation of the noise added to the [0, 1] masks (torchcam's default).
         seed: seeds the noise (None: from torch's global generator). Row ``(m, b, c)`` (draw,
             sample, channel) gets one ``(H, W)`` standard normal draw, in that order, as
-            torchcam draws ``(B, C, H, W)`` per ``m``: on the CPU, for float32 inputs with
-            ``H * W`` a multiple of 16, ``seed=s`` gives torchcam's noise after
-            ``torch.manual_seed(s)``. As there, a row's noise depends on its sample's place in
-            the batch, not on ``batch_size``.
+            torchcam's per ``m``: on the CPU, for float32 inputs with ``H * W`` a multiple of
+            16, ``seed=s`` gives torchcam's noise after ``torch.manual_seed(s)``.
     """
 
     label = "SS-CAM"
@@ -70,10 +67,9 @@ class ISCAM(ScoreCAM):
     """IS-CAM: Score-CAM with each channel's score integrated over scaled masks.
 
     Naidu et al., "IS-CAM: Integrated Score-CAM for axiomatic-based explanations", 2020
-    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c`` and ``N =
-    samples``, ``w = softmax_c(mean_i y(x * s_i H_c))`` with torchcam's cumulative scales ``s_i =
-    i (i + 1) / (2N)``, ``i = 1..N`` (above 1 from ``i`` about ``sqrt(2N)``), map ``= ReLU(sum_c
-    w_c A_c)``. Deterministic; equal masks share their ``N`` forwards as in Score-CAM.
+    (arXiv:2010.03023), as torchcam 0.5's ``ISCAM``: with Score-CAM's mask ``H_c``, ``w =
+    softmax_c(mean_i y(x * s_i H_c))`` with torchcam's cumulative scales ``s_i = i (i + 1) /
+    (2N)``, ``i = 1..N = samples``, map ``= ReLU(sum_c w_c A_c)``.
 
     Args (besides those of :class:`~camkit.methods.cam.perturbation.PerturbationCAM`):
         samples: scaled masks per channel (torchcam's ``num_samples``).
@@ -102,17 +98,13 @@ class ReciproCAM(PerturbationCAM):
     feature map is kept only around that position.
 
     Byun & Lee, "Recipro-CAM: Fast gradient-free visual explanations for convolutional neural
-    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output ``A
-    (C, h, w)``, ``A * M_ij`` runs through the network after the layer, with ``M_ij`` the 3x3
-    Gaussian ``[[1, 2, 1], [2, 4, 2], [1, 2, 1]] / 16`` centred at ``(i, j)`` (cut at the border;
-    ``kernel="gaussian"``, the authors' code) or the one-hot position (``kernel="point"``, the
-    paper's first form, as OpenVINO's ``ReciproCAM``); map ``(i, j) = softmax(logits)[target]``
-    (a callable target's score as it is), then finished as every CAM. ``h * w`` suffix forwards
-    per sample (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`), in
-    chunks of ``batch_size``; no gradient, no ``reshape``.
-
-    A frame-wise model's layer is read as the clip's positions ``(t, i, j)``: the feature map
-    kept around ``(i, j)`` in frame ``t`` and zeroed in the other frames, a map ``(B, T, H, W)``.
+    networks", 2022 (arXiv:2209.14074). For each position ``(i, j)`` of the layer's output ``A``,
+    ``A * M_ij`` runs through the network after the layer, ``M_ij`` the 3x3 Gaussian
+    :data:`GAUSSIAN` at ``(i, j)`` (``kernel="gaussian"``, the authors' code) or the one-hot
+    position (``kernel="point"``, the paper's, OpenVINO's); map ``(i, j) = softmax(logits)[target]``
+    (a callable target's score as it is). ``h * w`` suffix forwards per sample
+    (:meth:`~camkit.methods.cam.perturbation.PerturbationCAM.edited_scores`); no ``reshape``.
+    A frame-wise layer: positions ``(t, i, j)``, zero in the other frames, a map ``(B, T, H, W)``.
 
     Args (besides ``batch_size``, ``progress``, ``output``, ``dtype``):
         kernel: ``"gaussian"`` or ``"point"``, the spatial mask.
@@ -148,8 +140,8 @@ class ReciproCAM(PerturbationCAM):
     def masks(
         self, positions: Tensor, frames: int, size: tuple[int, int], device: torch.device
     ) -> Tensor:
-        """``(n * frames, 1, h, w)`` float32 masks of ``n`` clips for the flat positions ``t * h *
-        w + i * w + j``: the kernel centred at ``(i, j)`` in frame ``t``, zero in other frames."""
+        """``(n * frames, 1, h, w)`` masks of flat positions ``t h w + i w + j``: the kernel at
+        ``(i, j)`` in frame ``t``, zero in other frames."""
         (h, w), n = size, positions.shape[0]
         masks = torch.zeros((n, 1, h * w), device=device)
         masks[torch.arange(n), 0, (positions % (h * w)).to(device)] = 1
@@ -174,8 +166,7 @@ class ReciproCAM(PerturbationCAM):
         if run.scorer.has_classes:  # class targets: their softmax probability
             run = copy.copy(run)
             run.probabilities = True
-        maps = []
-        suffix = [True]  # reuse the layer's prefix until the model refuses
+        maps, suffix = [], [True]  # suffix: reuse the layer's prefix until the model refuses
         positions = frames * h * w
         with self._progress(f"Recipro-CAM {name}", batch * positions) as bar:
             for sample in range(batch):

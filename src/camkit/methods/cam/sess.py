@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,16 +23,7 @@ from camkit.methods.cam.gradient import GradCAM
 from camkit.registry import register
 from camkit.targets.resolver import RowScorer
 
-POSITIVE = 1e-6  # canvas values above this count in the mean (the authors' theta = 0)
-_STEP = 64  # the authors' spacing of the default scales (224, 288, ...)
-
-
-@dataclass(frozen=True)
-class _Scale:
-    """One scale: the resized image's ``size (H_s, W_s)`` and its window corners ``(y, x)``."""
-
-    size: tuple[int, int]
-    corners: list[tuple[int, int]]
+_Scale = tuple[tuple[int, int], list[tuple[int, int]]]  # resized size, window corners
 
 
 def _starts(length: int, window: int, stride: int) -> list[int]:
@@ -47,26 +37,23 @@ class SESS(WrapperCAM):
 
     Tursun, Denman, Sridharan and Fookes, "SESS: Saliency Enhancing with Scaling and Sliding",
     ECCV 2022 (arXiv:2207.01769, code: github.com/neouyghur/SESS). The ``base`` CAM maps
-    window-sized patches of the image at several scales and the patch maps are fused:
-    ``(C, H, W) -> (H, W)``, ``(B, C, H, W) -> (B, H, W)``, ``(B, K)`` targets ``-> (B, K, H, W)``.
+    window-sized patches of the image at several scales, fused; shapes as every CAM's.
 
-    1. **Scaling**: the image is resized (bilinear) so that its shorter side is each of
-       ``scales`` (the longer side rounded down as torchvision's ``Resize(int)``).
-    2. **Sliding**: ``window``-sized patches every ``stride`` pixels, plus a last patch flush
-       with the right and bottom edges, so every pixel is covered.
-    3. **Pre-filtering**: every patch is scored without gradients (a class target's softmax
-       probability, as the authors' code, or a callable's score); the ``int(P *
-       pre_filter_ratio)`` lowest of an image's ``P`` patches are dropped.
-    4. **Saliency extraction**: the base method maps the kept patches, each map finished as
-       usual (ReLU, upsampled to the patch, min-max normalised).
-    5. **Fusion**: each patch map is multiplied by its score over the image's best score
-       (calibration; 0 for a score <= 0), placed in a zero canvas of its scale resized
-       (bilinear) to the input; each pixel gets the mean of the canvas values above ``1e-6``
-       there (0 where none is): the authors' ``mean_pool`` with ``theta=0``, over all scales.
+    1. Scaling: the image resized (bilinear) to each shorter side of ``scales`` (the longer
+       side rounded down as torchvision's ``Resize(int)``).
+    2. Sliding: ``window``-sized patches every ``stride`` pixels, plus a last one flush with
+       the right and bottom edges.
+    3. Pre-filtering: each patch scored without gradients (a class's softmax probability, as
+       the authors' code, or a callable's score); the ``int(P * pre_filter_ratio)`` lowest of
+       an image's ``P`` patches are dropped.
+    4. Saliency extraction: the base method's finished map of each kept patch.
+    5. Fusion: each patch map times its score over the image's best (0 for a score <= 0), in a
+       zero canvas of its scale resized (bilinear) to the input; each pixel gets the mean of
+       the canvas values above ``1e-6`` there, over all scales (the authors' ``mean_pool``,
+       ``theta=0``).
 
-    The top-1 target is the whole image's prediction, for every patch; ``K`` targets run steps
-    3-5 per target (map ``k`` is the single-target call's). Per-sample
-    ``additional_forward_args`` follow the patches of their sample.
+    The top-1 target is the whole image's prediction; ``K`` targets run steps 3-5 per target.
+    Per-sample ``additional_forward_args`` follow their sample's patches.
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         base: any CAM class or its registry name; ``**options`` go to its constructor
@@ -103,7 +90,7 @@ class SESS(WrapperCAM):
         self.window = _pair("window", window)
         self.stride = self.window if stride is None else _pair("stride", stride)
         if scales is None:
-            scales = [max(self.window) + _STEP * i for i in range(6)]
+            scales = [max(self.window) + 64 * i for i in range(6)]  # the authors' spacing
         if isinstance(scales, int | str) or not isinstance(scales, Sequence) or not scales:
             raise ArgumentError(f"scales must be a non-empty list of sizes, got {scales!r}")
         self.scales = tuple(positive_int("scales", s) for s in scales)
@@ -126,6 +113,7 @@ class SESS(WrapperCAM):
         return {"sess": fused}
 
     def _scale(self, size: tuple[int, int], scale: int) -> _Scale:
+        """One scale: the resized image's size ``(H_s, W_s)`` and its window corners ``(y, x)``."""
         (h, w), (wh, ww), (sh, sw) = size, self.window, self.stride
         resized = (scale, int(scale * w / h)) if h <= w else (int(scale * h / w), scale)
         if resized[0] < wh or resized[1] < ww:
@@ -134,17 +122,17 @@ class SESS(WrapperCAM):
                 f"than the {wh}x{ww} window: every scale must be at least the window size"
             )
         ys, xs = _starts(resized[0], wh, sh), _starts(resized[1], ww, sw)
-        return _Scale(resized, [(y, x) for y in ys for x in xs])
+        return resized, [(y, x) for y in ys for x in xs]
 
     def _patches(self, batch: Tensor, scale: _Scale) -> Tensor:
         """``(B, C, H, W) -> (B, P_s, C, h, w)``: the windows of the resized batch."""
-        image = batch
-        if tuple(batch.shape[2:]) != scale.size:
+        (size, corners), image = scale, batch
+        if tuple(batch.shape[2:]) != size:
             image = F.interpolate(
-                batch, size=scale.size, mode="bilinear", align_corners=False, antialias=True
+                batch, size=size, mode="bilinear", align_corners=False, antialias=True
             )
         wh, ww = self.window
-        return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in scale.corners], 1)
+        return torch.stack([image[:, :, y : y + wh, x : x + ww] for y, x in corners], 1)
 
     def _scores(self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale]) -> Tensor:
         """Every patch's target score ``(B, P, K)``, all scales in order."""
@@ -167,8 +155,8 @@ class SESS(WrapperCAM):
         return torch.cat(parts, dim=1)
 
     def _kept(self, scores: Tensor) -> Tensor:
-        """``(B, P, K)`` bool: the patches left after dropping the ``int(P * ratio)`` lowest
-        scores of each image and target (ties: the earlier patch ranks higher)."""
+        """``(B, P, K)`` bool: all but the ``int(P * ratio)`` lowest scores of each image and
+        target (ties: the earlier patch ranks higher)."""
         total = scores.shape[1]
         rank = scores.argsort(dim=1, descending=True, stable=True).argsort(dim=1)
         return rank < total - int(total * self.pre_filter_ratio)
@@ -176,18 +164,16 @@ class SESS(WrapperCAM):
     def _fused(
         self, batch: Tensor, call: Call, scorer: RowScorer, grid: list[_Scale], scores: Tensor
     ) -> Tensor:
-        """``(B, K, H, W)``: the mean, at each pixel, of the positive patch maps of the kept
-        patches, calibrated by their ``(B, P, K)`` scores."""
+        """``(B, K, H, W)``: the per-pixel mean of the kept patches' calibrated positive maps."""
         best = scores.amax(dim=1, keepdim=True)
         weights = torch.where(best > 0, scores.relu() / best.clamp_min(1e-30), 0.0)
         kept = self._kept(scores)
-        size, targets = batch.shape[0], weights.shape[2]
-        out_size = tuple(batch.shape[2:])
-        total = torch.zeros(size, targets, *out_size, device=batch.device)
+        targets, out_size = weights.shape[2], tuple(batch.shape[2:])
+        total = torch.zeros(batch.shape[0], targets, *out_size, device=batch.device)
         count = torch.zeros_like(total)
         offset = 0
-        for scale in grid:
-            patches = self._patches(batch, scale)
+        for size, corners in grid:
+            patches = self._patches(batch, (size, corners))
             span = slice(offset, offset + patches.shape[1])
             offset = span.stop
             for k in range(targets):
@@ -196,24 +182,23 @@ class SESS(WrapperCAM):
                     continue
                 maps = self._patch_maps(patches[sample, patch], call, scorer, sample, k)
                 maps = maps * weights[:, span, k][sample, patch].view(-1, 1, 1)
-                canvas = maps.new_zeros(maps.shape[0], *scale.size)
+                canvas = maps.new_zeros(maps.shape[0], *size)
                 for i, corner in enumerate(patch.tolist()):
-                    y, x = scale.corners[corner]
+                    y, x = corners[corner]
                     canvas[i, y : y + maps.shape[1], x : x + maps.shape[2]] = maps[i]
-                if scale.size != out_size:
+                if size != out_size:
                     canvas = F.interpolate(
                         canvas[:, None], size=out_size, mode="bilinear", align_corners=False
                     )[:, 0]
-                positive = canvas > POSITIVE  # float noise of a [0, 1] map is not a vote
+                positive = canvas > 1e-6  # the authors' theta = 0; float noise is not a vote
                 total[:, k].index_add_(0, sample, torch.where(positive, canvas, 0.0))
                 count[:, k].index_add_(0, sample, positive.float())
-        return torch.where(count > 0, total / count.clamp_min(1), torch.zeros_like(total))
+        return total / count.clamp_min(1)  # 0 where no canvas value counts
 
     def _patch_maps(
         self, patches: Tensor, call: Call, scorer: RowScorer, sample: Tensor, k: int
     ) -> Tensor:
-        """The base method's finished maps ``(n, h, w)`` of ``patches`` of ``sample`` for target
-        ``k``."""
+        """The base method's finished maps ``(n, h, w)`` of ``patches`` for target ``k``."""
         target = scorer.target_of(sample, k)
         with warnings.catch_warnings():
             # a blank patch map is expected (a background patch); the fused map is checked
@@ -239,8 +224,8 @@ def _pair(name: str, value: object) -> tuple[int, int]:
 
 
 def _gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
-    """``(B, K, H, W)`` blurred with reflected borders, as OpenCV's ``GaussianBlur`` in the
-    authors' code; maps smaller than the kernel's reach are left as they are."""
+    """``(B, K, H, W)`` blurred with reflected borders (the authors' OpenCV ``GaussianBlur``);
+    maps smaller than the kernel's reach are left as they are."""
     if min(maps.shape[-2:]) <= size // 2:
         return maps
     flat = gaussian_blur(maps.flatten(0, 1)[:, None], [size, size], [sigma, sigma])

@@ -25,11 +25,9 @@ def principal_component(weighted: Tensor) -> Tensor:
     """``(B, K, C, *spatial) -> (B, K, *spatial)``: the positions' projection on the first
     principal component of the channels (2-D maps or volumes).
 
-    As pytorch-grad-cam's ``get_2d_projection`` (Eigen-CAM's projection, Muhammad & Yeasin,
-    IJCNN 2020): the ``(positions, C)`` matrix is centred per channel and projected on its first
-    right singular vector, whose arbitrary sign (pytorch-grad-cam keeps LAPACK's) is fixed so
-    that the projection correlates positively with the channel mean of the uncentred matrix: the
-    map never flips to its complement.
+    As pytorch-grad-cam's ``get_2d_projection`` (Eigen-CAM, Muhammad & Yeasin, IJCNN 2020): the
+    ``(positions, C)`` matrix centred per channel, projected on its first right singular vector,
+    its sign (LAPACK's in pytorch-grad-cam) set to correlate positively with the channel mean.
     """
     grid = weighted.shape[3:]
     positions = weighted.flatten(3).transpose(-1, -2)  # (B, K, n, C)
@@ -44,11 +42,9 @@ def principal_component(weighted: Tensor) -> Tensor:
 def explained(
     method: Any, call: Call, scorer: RowScorer, finishing: Finishing, aug_smooth: bool
 ) -> Explanation:
-    """``method.maps`` of ``call``'s batch, with ``aug_smooth`` pytorch-grad-cam's (its default
-    ``ttach`` transforms): the mean of the maps of the six batches ``x' = flip(x) * factor`` (the
-    identity or the horizontal mirror; intensities times 0.9, 1, 1.1), each mirrored back, for
-    the clean batch's top-1 target; min-max normalised again with ``finishing.normalize``
-    (pytorch-grad-cam does not: the same map up to an affine scale)."""
+    """``method.maps`` of ``call``'s batch; ``aug_smooth``: pytorch-grad-cam's (its ``ttach``
+    transforms), the mean of the maps of ``flip(x) * factor`` (:data:`FLIPS`, :data:`FACTORS`),
+    mirrored back, for the clean top-1 target, normalised again with ``finishing.normalize``."""
     batch = call.batch
     if not boolean("aug_smooth", aug_smooth):
         return Explanation.of(method.maps(batch, scorer, finishing, call), scorer)
@@ -69,7 +65,7 @@ def explained(
 
 
 def _each(maps: Maps, fn: Callable[..., Tensor], other: Maps | None = None) -> Maps:
-    """``fn`` on a map, or on each map of ``{layer: map}`` (with ``other``'s likewise)."""
+    """``fn`` on a map or on each of ``{layer: map}`` (with ``other``'s)."""
     if isinstance(maps, dict):
         return {
             name: fn(m) if other is None else fn(m, other[name])  # type: ignore[index]

@@ -23,11 +23,10 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
     """Smooth Grad-CAM++: Grad-CAM++ with gradients averaged over noisy copies of the input.
 
     Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique for
-    Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``). With
-    ``samples`` copies ``x + N(0, std^2)`` and their gradients ``g_m`` at the layer: ``D_p =
-    mean_m g_m^p``, ``alpha = D2 / (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is 0),
-    ``w_c = sum_ij alpha_cij ReLU(D1_cij)``, map ``= sum_c w_c A_c`` with the clean activations.
-    The top-1 class is the clean image's; a callable target scores each noisy row on its own.
+    Deep Convolutional Neural Network Models", 2019 (torchcam's ``SmoothGradCAMpp``): with the
+    layer gradients ``g_m`` of copies ``x + N(0, std^2)``, ``D_p = mean_m g_m^p``, ``alpha = D2 /
+    (2 D2 + (sum_ab A_ab) D3)`` (0 where the denominator is), ``w_c = sum_ij alpha_cij
+    ReLU(D1_cij)``, map ``= sum_c w_c A_c`` (clean activations, clean top-1 class).
 
     Args (besides those of :class:`~camkit.methods.cam.base.BaseCAM`):
         samples: noisy copies per image.
@@ -43,8 +42,7 @@ class SmoothGradCAMPlusPlus(NoisyDraws, BaseCAM):
         return self.samples
 
     def raw_maps(self, batch: Tensor, scorer: RowScorer, call: Call) -> RawMaps:
-        size = batch.shape[0]
-        input_size = tuple(batch.shape[2:])
+        size, input_size = batch.shape[0], tuple(batch.shape[2:])
 
         def clean(part: Tensor, rows: Tensor) -> dict[str, Any]:
             output, taps = self.capture.forward(
@@ -95,7 +93,6 @@ class _Noise:
         self.next = 0
 
     def rows(self, copy: Tensor, rows: Tensor) -> Tensor:
-        """The noise of ``rows`` of the copies ``copy`` (ascending)."""
         first, last = int(copy[0]), int(copy[-1])
         while self.next <= last:
             self.drawn[self.next] = torch.randn(

@@ -1,11 +1,10 @@
 """The base of the pixel methods: forwards, input gradients, copies, and the heatmap policy.
 
 A pixel method maps ``(C, H, W) -> (C, H, W)``, ``(B, C, H, W) -> (B, C, H, W)`` and ``(B, K)``
-targets ``-> (B, K, C, H, W)``, signed float32; a tuple of inputs ``(image, *others)`` gives a
-tuple of attributions, as captum's (inside, a single tensor is a tuple of one). Gradients are
-taken on a detached copy, inside ``torch.no_grad()`` too. ``composite=`` runs the forward under a
-rule set of the one backward (:func:`camkit.relevance.rules_applied`), so SmoothGrad or IG over
-guided or LRP gradients come for free (zennit's attributors taking a composite).
+targets ``-> (B, K, C, H, W)``, signed float32; a tuple of inputs gives a tuple of
+attributions, as captum's. ``composite=`` runs the forward under a rule set of the one backward
+(:func:`camkit.relevance.rules_applied`): SmoothGrad or IG over guided or LRP gradients, as
+zennit's attributors taking a composite.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ Inputs = tuple[Tensor, ...]
 
 
 class SampleTotals:
-    """Per-sample ``totals``, one per value given to :meth:`add`, of values computed on rows that
-    belong to the samples ``sample``."""
+    """Per-sample ``totals`` of the values that :meth:`add` gets for the rows of ``sample``."""
 
     def __init__(self, samples: int):
         self.samples = samples
@@ -95,14 +93,12 @@ class PixelAttribution(Explainer):
         return Explanation.of(finished(call.batch, attrs)[0], scorer)
 
     def attribute(self, inputs: Inputs, target: TargetSpec | RowScorer, call: Call) -> Inputs:
-        """The family's step: ``(B, C, H, W)`` (and the other inputs ``(B, ...)``) ``->`` one
-        ``(B, K, C, H, W)`` (``(B, K, ...)``) per input; the model runs as ``call.forward``."""
+        """The family's step: each input ``(B, ...) -> (B, K, ...)``."""
         raise NotImplementedError
 
     def display_heat(self, result: Tensor) -> Tensor:
-        """``(B, K, C, H, W)`` attribution -> heat ``(B, K, H, W)``: ``max_c |attribution|``
-        divided by its 99th percentile and clipped at 1: gradients are spiky (Smilkov et al.
-        2017)."""
+        """``(B, K, C, H, W) -> (B, K, H, W)``: ``max_c |attribution|`` over its 99th percentile,
+        clipped at 1 (gradients are spiky, Smilkov et al. 2017)."""
         return to_heatmap(result.detach().float(), "abs-max", percentile=HEATMAP_PERCENTILE)
 
     def forward(self, inputs: Inputs, call: Call, rows: Tensor | None = None) -> object:
@@ -118,10 +114,8 @@ class PixelAttribution(Explainer):
     def input_gradients(
         self, inputs: Inputs, call: Call, scorer: RowScorer, rows: Tensor, memory: MemoryFormat
     ) -> tuple[Inputs, Tensor]:
-        """One forward, the backward of the ``K`` targets: ``(grads (n, K, *input) per input,
-        scores (n, K))``, with respect to detached aliases of ``inputs``. The model gets copies
-        (the image in ``memory``'s format), so in-place operations on them stay inside camkit.
-        An input the score does not depend on gets zeros, with a warning."""
+        """``(grads (n, K, *input) per input, scores (n, K))`` from one forward of copies of
+        ``inputs`` (in-place operations stay inside camkit); an unused input gets zeros, warned."""
         leaves = tuple(t.detach().requires_grad_(True) for t in inputs)
 
         def scores_in(memory_format: torch.memory_format) -> Tensor:
@@ -159,12 +153,10 @@ class PixelAttribution(Explainer):
         make_inputs: Callable[[Tensor, range], Inputs] | None,
         accumulate: Callable[[Tensor, Inputs, Tensor], None],
     ) -> None:
-        """Gradients of ``copies`` copies of every sample, ``batch_size`` rows at a time: row
-        ``r`` is copy ``r // B`` of sample ``r % B``. ``make_inputs(rows, span)`` builds a
-        chunk's rows (given as a tensor and a ``range``; None: the samples themselves),
-        ``accumulate(rows, grads, scores)`` consumes them. Copies that differ from the samples
-        explain the clean batch's top-1 class.
-        """
+        """Gradients of ``copies`` copies of every sample, ``batch_size`` rows at a time (row
+        ``r``: copy ``r // B`` of sample ``r % B``), built by ``make_inputs(rows, span)`` (None:
+        the samples) and passed to ``accumulate(rows, grads, scores)``. Copies that differ from
+        the samples explain the clean batch's top-1 class."""
         first = inputs[0]
         size = first.shape[0]
         scorer = resolve(target, size, first.device, self.output)
@@ -173,10 +165,9 @@ class PixelAttribution(Explainer):
         memory = MemoryFormat(first)
         for rows in chunks(copies * size, self.batch_size, first.device):
             span = range(int(rows[0]), int(rows[-1]) + 1)
-            if make_inputs is None:
-                chunk = tuple(t[rows % size] for t in inputs)
-            else:
-                chunk = make_inputs(rows, span)
+            chunk = (
+                make_inputs(rows, span) if make_inputs else tuple(t[rows % size] for t in inputs)
+            )
             grads, scores = self.input_gradients(chunk, call, scorer, rows % size, memory)
             accumulate(rows, grads, scores)
 
@@ -200,10 +191,8 @@ def summed(attrs: Inputs) -> Tensor:
 
 
 def finished(batch: Tensor | Inputs, attrs: Inputs) -> tuple[Tensor | Inputs, Tensor]:
-    """The attributions float32 and checked (:func:`~camkit.core.finish.checked`; only the
-    image's zeros warn, another input's are warned about as unused or are its attribution), a
-    tuple when the inputs came as one, and their :func:`summed` totals ``(B, K)``, the side of
-    IG's completeness and LRP's conservation that the map gives."""
+    """The attributions float32 and checked (only the image's zeros warn), a tuple when the
+    inputs came as one, and their :func:`summed` totals ``(B, K)``."""
     found = tuple(checked(attr.float(), warn_empty=i == 0) for i, attr in enumerate(attrs))
     return (found if isinstance(batch, tuple) else found[0]), summed(found)
 

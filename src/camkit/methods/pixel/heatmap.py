@@ -22,10 +22,9 @@ def to_heatmap(
     """Reduce an attribution ``(..., C, H, W) -> (..., H, W)`` over its channel axis for display
     (``volume=True``: ``(..., C, D, H, W) -> (..., D, H, W)``, each volume one map).
 
-    ``reduce``: ``"abs-max"`` ``max_c |attr|`` (Simonyan et al.) or ``"norm"`` (L2 over the
-    channels), in [0, 1], or ``"sum"``, signed in [-1, 1]. Each map is divided by its largest
-    absolute value, or by that ``percentile`` of them and clipped (Smilkov et al. clip at the
-    99th for display); an all-zero map stays zero.
+    ``reduce``: ``"abs-max"`` ``max_c |attr|`` (Simonyan et al.) or ``"norm"`` (L2), in [0, 1],
+    or ``"sum"``, in [-1, 1]. Each map over its largest absolute value, or that ``percentile``
+    of them and clipped (Smilkov et al. clip at the 99th); an all-zero map stays zero.
     """
     spatial = 3 if volume else 2
     if not isinstance(attr, Tensor) or attr.ndim < spatial + 1:
@@ -37,13 +36,11 @@ def to_heatmap(
     if not 0 < percentile <= 100:
         raise ArgumentError(f"percentile must be in (0, 100], got {percentile}")
     attr = attr.detach().float()
-    channels = -spatial - 1
-    if reduce == "abs-max":
-        heat = attr.abs().amax(dim=channels)
-    elif reduce == "norm":
-        heat = torch.linalg.vector_norm(attr, dim=channels)
-    else:
-        heat = attr.sum(dim=channels)
+    heat = {
+        "abs-max": lambda c: attr.abs().amax(dim=c),
+        "norm": lambda c: torch.linalg.vector_norm(attr, dim=c),
+        "sum": lambda c: attr.sum(dim=c),
+    }[reduce](-spatial - 1)  # over the channels
     magnitude = heat.abs().flatten(-spatial)
     full = percentile == 100
     scale = magnitude.amax(dim=-1) if full else magnitude.quantile(percentile / 100, dim=-1)

@@ -50,22 +50,18 @@ def quadrature_rule(
     """``(alphas, weights)`` (in ``dtype``) of the path integral ``int_0^1 g(a) da ~ sum_i w_i
     g(a_i)``.
 
-    ``"trapezoid"`` (camkit's): ``n = steps`` equal intervals, ``n + 1`` points ``k / n``
-    weighted ``1/2, 1, ..., 1, 1/2`` over ``n``. captum's rules on ``n`` points, each weighted
-    ``1/n``: ``"riemann_left"`` ``a = linspace(0, 1 - 1/n, n)``, ``"riemann_right"``
-    ``linspace(1/n, 1, n)``, ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``,
-    ``"riemann_trapezoid"`` ``linspace(0, 1, n)`` with both ends halved (summing to ``1 -
-    1/n``, as captum), ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``. ``"zennit"``:
-    zennit 0.5.1's ``IntegratedGradients(n_iter=n)``, captum's ``riemann_right``.
+    ``"trapezoid"``: ``n + 1`` points ``k / n`` weighted ``1/2, 1, ..., 1, 1/2`` over ``n``.
+    captum's, ``n`` points weighted ``1/n``: ``"riemann_left"`` ``linspace(0, 1 - 1/n, n)``,
+    ``"riemann_right"`` (zennit 0.5.1's, ``"zennit"``) ``linspace(1/n, 1, n)``,
+    ``"riemann_middle"`` ``linspace(1/2n, 1 - 1/2n, n)``, ``"riemann_trapezoid"`` ``linspace(0,
+    1, n)`` with both ends halved, ``"gausslegendre"`` the Gauss-Legendre rule on ``[0, 1]``.
     """
     if method not in QUADRATURES:
         raise ArgumentError(f"unknown quadrature {method!r}; choose from {list(QUADRATURES)}")
     n = steps
     if method == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(n)
-        return torch.from_numpy(0.5 * (nodes + 1)).to(dtype), torch.from_numpy(0.5 * weights).to(
-            dtype
-        )
+        return tuple(torch.from_numpy(0.5 * v).to(dtype) for v in (nodes + 1, weights))
     if n < 2 and method == "riemann_trapezoid":
         raise ArgumentError("the riemann_trapezoid quadrature needs steps >= 2 (captum's)")
     start, end, points = {
@@ -87,25 +83,21 @@ def quadrature_rule(
 class IntegratedGradients(PixelAttribution):
     """Integrated Gradients: ``(x - x') * mean of the gradients on the path from x' to x``.
 
-    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. The path integral
-    is by default the trapezoid rule on ``steps`` equal intervals; ``quadrature`` picks captum's
-    or zennit's rule instead (:func:`quadrature_rule`). Completeness: ``sum(attr) ~ f(x) -
-    f(x')``; ``return_error=True`` also gives the gap. With ``composite=`` the gradients are the
-    rule set's (an LRP composite: zennit's ``IntegratedGradients`` with a composite;
-    ``rule="guided"``: guided IG).
+    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017. Completeness:
+    ``sum(attr) ~ f(x) - f(x')``; ``return_error=True`` also gives the gap. ``composite=``: the
+    rule set's gradients (zennit's ``IntegratedGradients`` with a composite; ``rule="guided"``:
+    guided IG).
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
-        steps: intervals of the path for ``"trapezoid"`` (``steps + 1`` points); the number of
-            points for the other rules (captum's ``n_steps``, zennit's ``n_iter``).
-        quadrature: the rule of the path integral, one of :data:`QUADRATURES`.
+        steps: intervals for ``"trapezoid"`` (``steps + 1`` points), else points (captum's
+            ``n_steps``, zennit's ``n_iter``).
+        quadrature: one of :data:`QUADRATURES` (:func:`quadrature_rule`).
         integrand: ``"gradient"`` integrates the (rule set's) gradient ``g(x_a)``;
-            ``"relevance"`` the relevance at the path point with the target's relevance 1,
-            ``x_a g(x_a) / f(x_a)`` (0 where ``f(x_a) = 0``), as zennit's
-            ``IntegratedGradients`` over an LRP composite (with ``quadrature="zennit"``).
-        baseline: ``x'``: None (zeros), a finite number, a tensor shaped like one sample or
-            broadcastable to the batch, or a callable ``f(batch) -> baseline``. For a tuple of
-            inputs: a tuple of baselines (None or a number applies to every input; a callable
-            gets the tuple).
+            ``"relevance"`` the relevance of a unit score ``x_a g(x_a) / f(x_a)`` (0 where
+            ``f(x_a) = 0``), as zennit's over an LRP composite (with ``quadrature="zennit"``).
+        baseline: ``x'``: None (zeros), a finite number, a tensor broadcastable to the batch, or
+            a callable ``f(batch) -> baseline``; for a tuple of inputs a tuple of them (None or
+            a number applies to every input; a callable gets the tuple).
     """
 
     def __init__(
@@ -151,14 +143,10 @@ class IntegratedGradients(PixelAttribution):
         self.check_autograd()
         with model_guarded(self.model):
             attrs, delta = self.integrate(inputs, scorer, call, with_delta=True)
-        error = (summed(attrs) - delta).abs()
-        scale = delta.abs().mean()
-        report = {
-            "delta": delta,
-            "abs": error,
-            "relative": error / delta.abs(),
-            "relative_to_batch": error / scale if scale > 0 else torch.full_like(error, torch.inf),
-        }
+        error, scale = (summed(attrs) - delta).abs(), delta.abs().mean()
+        to_batch = error / scale if scale > 0 else torch.full_like(error, torch.inf)
+        report = {"delta": delta, "abs": error, "relative": error / delta.abs()}
+        report["relative_to_batch"] = to_batch
         return {key: drop_axes(value, single, scorer.several) for key, value in report.items()}
 
     def forward_rows(self, layer_shape: tuple[int, ...] | None = None) -> int:
@@ -170,11 +158,10 @@ class IntegratedGradients(PixelAttribution):
     def integrate(
         self, inputs: Inputs, target: TargetSpec, call: Call, with_delta: bool = False
     ) -> tuple[Inputs, Tensor]:
-        """``(attr (B, K, C, H, W) per input, f(x) - f(x') (B, K))``; with ``with_delta`` a rule
-        without the path's ends gets them with weight 0 (else the delta is 0)."""
-        size = inputs[0].shape[0]
-        baselines = self.baselines_for(inputs)
-        first = inputs[0]
+        """``(attr (B, K, ...) per input, f(x) - f(x') (B, K))``; ``with_delta`` adds the path's
+        ends with weight 0 where the rule lacks them."""
+        first, baselines = inputs[0], self.baselines_for(inputs)
+        size = first.shape[0]
         alphas, weights = quadrature_rule(self.quadrature, self.steps, first.dtype)
         for end_point in (0.0, 1.0) if with_delta else ():
             if not (alphas == end_point).any():
@@ -239,8 +226,7 @@ class IntegratedGradients(PixelAttribution):
 
 
 def baseline_like(baseline: object, batch: Tensor) -> Tensor:
-    """``baseline`` (None: zeros, a number or a tensor) as a finite broadcast view of ``batch``'s
-    shape."""
+    """``baseline`` (None: zeros) as a finite broadcast view of ``batch``'s shape."""
     if baseline is None:
         return torch.zeros_like(batch)
     if isinstance(baseline, bool) or not isinstance(baseline, Tensor | Real):

@@ -44,12 +44,9 @@ class Relevance(Explanation):
     """What one :meth:`LRP.explain_batch` call found, float32, the target axis ``K`` kept.
 
     ``input`` (the ``maps``): ``(B, K, *x.shape[1:])`` (one per input for a tuple of inputs);
-    ``layers``: ``{name: (B, K, *A.shape[1:])}``, ``A * dS/dA`` at the layer's output (empty for
-    a tuple of inputs); ``scores``: ``(B, K)``; ``conservation``: the
-    :class:`~camkit.relevance.conservation.Conservation` record, the share of each score that
-    reached the input and each layer (1 when conserved; biases and the stabiliser absorb some,
-    the ``Flat``/``ZBox``/``WSquare`` first layers and ``AlphaBeta`` do not conserve sample by
-    sample), and the step that loses most."""
+    ``layers``: ``{name: (B, K, *A.shape[1:])}``, ``A * dS/dA`` at the layer's output (none for
+    a tuple of inputs); ``scores``: ``(B, K)``; ``conservation``: the share of each score that
+    reached the input and each layer (1 when conserved), and the step that loses most."""
 
     layers: dict[str, Tensor]
     scores: Tensor
@@ -85,22 +82,17 @@ class LRP(PixelAttribution):
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by Layer-Wise
     Relevance Propagation", PLOS ONE 2015; Montavon et al., "Layer-Wise Relevance Propagation:
-    An Overview", 2019. Equal to zennit 0.5.1 for its composites (its canonizers: BatchNorm
-    merged; residual sums get the Norm rule where they are written). Input x gradient under the
-    composite, on the pixel base (vectors, volumes, a tuple of inputs, ``K`` targets...).
+    An Overview", 2019. Equal to zennit 0.5.1 for its composites (BatchNorm merged; residual
+    sums get the Norm rule where they are written). Input x gradient under the composite.
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
-        composite: a name of :data:`~camkit.relevance.COMPOSITES`, a
-            :class:`~camkit.relevance.Composite`, or a list of ``(module type or name pattern,
-            rule)``; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`, or the ReLU rule that
-            ``rule`` names.
+        composite: as the base's; None: :data:`~camkit.relevance.DEFAULT_COMPOSITE`, or the
+            ReLU rule that ``rule`` names.
         layers: layer names whose relevance and share of the score :meth:`explain_batch`
             returns too (one input tensor only).
-        tolerance: warn (:class:`~camkit.errors.ConservationWarning`, naming the step that
-            loses most) when a sample's input relevance differs from its score by more than
-            this fraction of it; None: never.
-
-    After each call, :attr:`conservation` is that call's record.
+        tolerance: warn (:class:`~camkit.errors.ConservationWarning`) when a sample's input
+            relevance differs from its score by more than this fraction of it; None: never.
+            :attr:`conservation` is the last call's record.
     """
 
     default_composite = DEFAULT_COMPOSITE
@@ -161,8 +153,8 @@ class LRP(PixelAttribution):
         return relevance.totals, scores.totals[0]
 
     def display_heat(self, result: Tensor) -> Tensor:
-        """``(B, K, C, H, W)`` relevance -> heat ``(B, K, H, W)``: the positive part (the evidence
-        for the target) of the channels' sum over its 99th percentile, clipped at 1."""
+        """``(B, K, C, H, W) -> (B, K, H, W)``: the positive part of the channels' sum over its
+        99th percentile, clipped at 1."""
         heat = to_heatmap(result.detach().float(), "sum", percentile=HEATMAP_PERCENTILE)
         return heat.clamp(min=0)
 
@@ -170,8 +162,7 @@ class LRP(PixelAttribution):
         self, x: Tensor, scorer: RowScorer, call: Call
     ) -> tuple[Inputs, dict[str, Tensor], Tensor]:
         """``((input relevance,), {layer: relevance}, scores (B, K))``, one backward per chunk."""
-        record = self.record
-        parts: list[tuple[Tensor, list[Tensor], Tensor]] = []
+        record, parts = self.record, []  # per chunk: input, recorded layers, scores
         memory = MemoryFormat(x)  # channels_last on the CPU, as every pixel method
         for rows in chunks(x.shape[0], self.batch_size, x.device):
             leaf = x[rows].detach().clone().requires_grad_(True)
@@ -192,16 +183,14 @@ class LRP(PixelAttribution):
                 else a.new_zeros((*scores.shape, *a.shape[1:]))
                 for a, g in zip([leaf, *acts], grads, strict=True)
             ]
-            parts.append((found[0], found[1:], scores.detach().float()))
-        scores = torch.cat([p[2] for p in parts])
-        relevance = torch.cat([p[0] for p in parts])
-        layers = {name: torch.cat([p[1][i] for p in parts]) for i, name in enumerate(record)}
-        return (relevance,), layers, scores
+            parts.append((*found, scores.detach().float()))
+        relevance, *layers, scores = (torch.cat(column) for column in zip(*parts, strict=True))
+        return (relevance,), dict(zip(record, layers, strict=True)), scores
 
     def _scored(
         self, leaf: Tensor, rows: Tensor, scorer: RowScorer, call: Call, memory: torch.memory_format
     ) -> tuple[Tensor, Session]:
-        """The scores of rows ``rows`` and the session of their forward (the recorded layers)."""
+        """The scores of ``rows`` and their forward's session (the recorded layers)."""
         with torch.enable_grad(), autocast(leaf.device, self.dtype):
             with rules_applied(self.model, self.composite, record=self.record) as session:
                 output = call.forward(self.model, leaf.clone(memory_format=memory), rows)

@@ -41,8 +41,8 @@ class GuidedBackprop(Saliency):
     positive, ``grad_in = grad_out * (x > 0) * (grad_out > 0)``.
 
     Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR 2015
-    workshop. Reaches ``nn.ReLU`` modules (in-place, reused) and functional ReLUs alike; ReLU6
-    passes where ``0 < x < 6``. The same as ``Saliency(model, rule="guided")``.
+    workshop. ``nn.ReLU`` modules and functional ReLUs alike; ReLU6 passes where ``0 < x < 6``;
+    ``Saliency(model, rule="guided")``.
     """
 
     default_rule = "guided"
@@ -64,16 +64,15 @@ class Deconvnet(Saliency):
 class SmoothGrad(PixelAttribution):
     """SmoothGrad: gradients averaged over noisy copies of the input.
 
-    Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017. Each sample gets
-    ``samples`` copies ``x + N(0, sigma^2)``, ``sigma = noise_level * (max(x) - min(x))`` of that
-    sample (each input of a tuple by its own range).
+    Smilkov et al., "SmoothGrad: removing noise by adding noise", 2017: ``samples`` copies ``x +
+    N(0, sigma^2)``, ``sigma = noise_level * (max(x) - min(x))`` per sample and input.
 
     Args (besides those of :class:`~camkit.methods.pixel.base.PixelAttribution`):
         noise_level: the noise's standard deviation as a fraction of each sample's value range;
             0 gives exactly :class:`Saliency` (one pass).
         samples: noisy copies per input sample.
-        seed: seeds the noise: copy ``s`` of sample ``b`` depends only on ``(seed, s, b)``.
-            None draws the seed from torch's global generator.
+        seed: seeds the noise of copy ``s`` of sample ``b`` with ``(seed, s, b)`` (None: from
+            torch's global generator).
         kind: ``"mean"`` (SmoothGrad), ``"square"`` (mean of squared gradients, SmoothGrad^2)
             or ``"var"`` (population variance of the gradients, VarGrad).
     """
