@@ -113,13 +113,11 @@ class Capture:
 
     @property
     def names(self) -> list[str]:
-        """The tapped layers' names."""
         return [name for name, _ in self.layers]
 
     def resolve(self, batch: Tensor, call: Call) -> None:
-        """Without a layer given: the model's default layer
-        (:func:`~camkit.core.trace.default_layer`) traced with ``batch`` and the call's extra
-        inputs, once, at the first call."""
+        """Without a layer given: the model's :func:`~camkit.core.trace.default_layer`, traced
+        with ``batch`` and the call's extra inputs at the first call."""
         if not self.layers:
             example = call.example(batch)
             self.layers = layers.find_layers(self.model, default_layer(self.model, example=example))
