@@ -25,7 +25,6 @@ from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
 from camkit.errors import CamkitError, InputError, LayerOutputError, warn
 
-_PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
 _TWINS = 2  # the trace runs two different inputs, to see which layers follow them
 
 
@@ -90,7 +89,7 @@ def trace(
             shape=tuple(tensor.shape) if tensor is not None else (),
             started=open_calls[name].pop(),
             finished=next(counter),
-            passes_through=isinstance(module, _PASS_THROUGH_MODULES),
+            passes_through=isinstance(module, nn.Identity | nn.modules.dropout._DropoutNd),
             skip=_skip_reason(output, perturbed, frames),
         )
         if call.skip is None and call.shape[0] == _TWINS:
