@@ -133,10 +133,8 @@ class CopyScorer:
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
             inputs = inputs.contiguous(memory_format=memory_format)
             output = self.call.forward(self.model, inputs, samples)
-            if self.probabilities:
-                scores = self.scorer.probabilities(output, samples)
-            else:  # checks that there is one row per input
-                scores = self.scorer(output, samples)
+            score = self.scorer.probabilities if self.probabilities else self.scorer
+            scores = score(output, samples)  # the scorer checks one row per input
         return scores.float()
 
 
