@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -112,16 +113,12 @@ def patch_grid(model: nn.Module | None, size: tuple[int, int]) -> tuple[int, int
     embed = getattr(model, "patch_embed", None)
     feat_size = getattr(embed, "dynamic_feat_size", None)
     if callable(feat_size):
-        try:
+        with suppress(Exception):  # an unexpected signature: the plain rule below
             grid = _pair(tuple(feat_size(size)))
-        except Exception:  # noqa: BLE001 -- an unexpected signature: use the plain rule
-            grid = None
-        if grid:
-            return grid
+            if grid:
+                return grid
     patch = patch_size(model)
-    if patch is None:
-        return None
-    return size[0] // patch[0], size[1] // patch[1]
+    return None if patch is None else (size[0] // patch[0], size[1] // patch[1])
 
 
 def channel_counts(model: nn.Module | None) -> tuple[set[int], set[int]]:
