@@ -68,10 +68,9 @@ def trace(
     """
     if example is None:
         example = default_example(model, input_size)
+    pair, perturbed = twins(example)  # refuses an example without a batched tensor
     given = first_tensor(example)
-    batch_rows = given.shape[0] if given is not None and given.ndim else 1
-    pair, perturbed = twins(example)
-    frames = folded_rows(model, tuple(given.shape)) if given is not None else None
+    batch_rows, frames = given.shape[0], folded_rows(model, tuple(given.shape))
 
     calls: list[_Call] = []
     kept: list[tuple[_Call, weakref.ref | None]] = []
