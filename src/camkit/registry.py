@@ -44,17 +44,12 @@ class Method:
     cls: type
     reference: str
 
-    @property
-    def capabilities(self) -> Any:
-        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`), each also an
-        attribute of the entry."""
-        return self.cls.capabilities()
-
     def __getattr__(self, flag: str) -> Any:
+        """The class's typed flags (:class:`camkit.core.explainer.Capabilities`)."""
         if flag.startswith("_") or flag == "cls":
             raise AttributeError(flag)
         try:
-            return getattr(self.capabilities, flag)
+            return getattr(self.cls.capabilities(), flag)
         except AttributeError:
             raise AttributeError(f"a registered method has no {flag!r}") from None
 
@@ -73,14 +68,12 @@ class Method:
         """The constructor options ``settings`` gives this method, exactly those it takes:
         ``batch_size`` unless it shares the one plain pass, ``seed`` if ``seeded``, and
         ``composite`` if it takes one (and one is set)."""
-        options: dict[str, Any] = {}
-        if not self.shares_pass:
-            options["batch_size"] = settings.batch_size
-        if self.seeded:
-            options["seed"] = settings.seed
-        if self.takes_composite and settings.composite is not None:
-            options["composite"] = settings.composite
-        return options
+        taken = {
+            "batch_size": not self.shares_pass,
+            "seed": self.seeded,
+            "composite": self.takes_composite and settings.composite is not None,
+        }
+        return {name: getattr(settings, name) for name, takes in taken.items() if takes}
 
     def build(
         self,

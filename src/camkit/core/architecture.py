@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -112,16 +113,12 @@ def patch_grid(model: nn.Module | None, size: tuple[int, int]) -> tuple[int, int
     embed = getattr(model, "patch_embed", None)
     feat_size = getattr(embed, "dynamic_feat_size", None)
     if callable(feat_size):
-        try:
+        with suppress(Exception):  # an unexpected signature: the plain rule below
             grid = _pair(tuple(feat_size(size)))
-        except Exception:  # noqa: BLE001 -- an unexpected signature: use the plain rule
-            grid = None
-        if grid:
-            return grid
+            if grid:
+                return grid
     patch = patch_size(model)
-    if patch is None:
-        return None
-    return size[0] // patch[0], size[1] // patch[1]
+    return None if patch is None else (size[0] // patch[0], size[1] // patch[1])
 
 
 def channel_counts(model: nn.Module | None) -> tuple[set[int], set[int]]:
@@ -233,17 +230,14 @@ def default_token_layer(model: nn.Module, ran: Callable[[str], bool] | None = No
     :func:`~camkit.core.spacetime.default_video_layer`; None without such blocks (CNNs).
     ``ran``: which module names ran in the explained forward (OpenCLIP's text tower does not).
     """
-    found = default_video_layer(model)
-    if found is not None:
-        return found
-    for name, module in model.named_modules():
-        if (
-            isinstance(module, nn.LayerNorm)
-            and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES
-            and (ran is None or ran(name))
-        ):
-            found = name
-    return found
+    norms = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.LayerNorm)
+        and name.rsplit(".", 1)[-1] in _BLOCK_NORM_NAMES
+        and (ran is None or ran(name))
+    ]
+    return default_video_layer(model) or (norms[-1] if norms else None)
 
 
 def vision_feature_layer(model: nn.Module) -> str | None:
@@ -256,28 +250,22 @@ def vision_feature_layer(model: nn.Module) -> str | None:
     the deepest). Without (PaliGemma, Qwen2-VL): the tower's ``post_layernorm``, else its last
     encoder layer.
     """
-    tower = next(
-        (
-            (name, m)
-            for name, m in model.named_modules()
-            if name.endswith("vision_tower") or (name.endswith("visual") and hasattr(m, "merger"))
-        ),
-        None,
-    )
-    if tower is None:
+    towers = [
+        (name, m)
+        for name, m in model.named_modules()
+        if name.endswith("vision_tower") or (name.endswith("visual") and hasattr(m, "merger"))
+    ]
+    if not towers:
         return None
-    prefix, module = tower
-    encoder = next(
-        (
-            (name, m)
-            for name, m in module.named_modules()
-            if name.rsplit(".", 1)[-1] in _ENCODER_LISTS and isinstance(m, nn.ModuleList) and len(m)
-        ),
-        None,
-    )
-    if encoder is None:
+    prefix, module = towers[0]
+    encoders = [
+        (name, m)
+        for name, m in module.named_modules()
+        if name.rsplit(".", 1)[-1] in _ENCODER_LISTS and isinstance(m, nn.ModuleList) and len(m)
+    ]
+    if not encoders:
         return None
-    blocks, layers = f"{prefix}.{encoder[0]}", encoder[1]
+    blocks, layers = f"{prefix}.{encoders[0][0]}", encoders[0][1]
     index = _feature_index(model)
     if index is None:
         norms = [n for n, _ in module.named_modules() if n.endswith("post_layernorm")]

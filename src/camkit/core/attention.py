@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from camkit.core.layers import hooked, this_thread
+from camkit.core.layers import this_thread
 from camkit.errors import AttentionError
 
 
@@ -114,32 +114,21 @@ def captured_attention(attentions: Sequence[nn.Module]) -> Iterator[list[list[Te
     """Collect each attention module's probabilities ``(B, heads, N, N)`` during the forward
     passes inside; every flag and hook is restored/removed on exit."""
     stores: list[list[Tensor]] = [[] for _ in attentions]
-
-    def handles() -> list:
-        registered = []
-        for store, attn in zip(stores, attentions, strict=True):
-            if _is_hf_attention(attn):
-                keep = this_thread(lambda module, args, out, store=store: store.append(out[1]))
-                registered.append(attn.register_forward_hook(keep))
-            elif isinstance(attn, nn.MultiheadAttention):
-                post = this_thread(partial(_mha_post, store))
-                registered += [
-                    attn.register_forward_pre_hook(this_thread(_mha_pre), with_kwargs=True),
-                    attn.register_forward_hook(post, with_kwargs=True),
-                ]
-            else:
-                keep = this_thread(lambda module, args, out, store=store: store.append(out))
-                registered.append(attn.attn_drop.register_forward_hook(keep))
-        return registered
-
     with ExitStack() as edits:
-        configs = {id(a.config): a.config for a in attentions if _is_hf_attention(a)}
-        for config in configs.values():  # SDPA returns no probabilities
-            edits.enter_context(switched(config, "_attn_implementation", "eager"))
-        for attn in attentions:
-            if not isinstance(attn, nn.MultiheadAttention) and not _is_hf_attention(attn):
+
+        def hook(register: Callable, function: Callable, **options: bool) -> None:
+            edits.callback(register(this_thread(function), **options).remove)
+
+        for store, attn in zip(stores, attentions, strict=True):
+            if _is_hf_attention(attn):  # SDPA returns none; a shared config is restored last
+                edits.enter_context(switched(attn.config, "_attn_implementation", "eager"))
+                hook(attn.register_forward_hook, lambda m, a, out, s=store: s.append(out[1]))
+            elif isinstance(attn, nn.MultiheadAttention):
+                hook(attn.register_forward_pre_hook, _mha_pre, with_kwargs=True)
+                hook(attn.register_forward_hook, partial(_mha_post, store), with_kwargs=True)
+            else:
                 edits.enter_context(switched(attn, "fused_attn", False))
-        edits.enter_context(hooked(handles))
+                hook(attn.attn_drop.register_forward_hook, lambda m, a, out, s=store: s.append(out))
         yield stores
 
 

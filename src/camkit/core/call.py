@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from camkit.core.examples import Example, Inputs, call_model
+from camkit.core.examples import Example, Inputs
 from camkit.errors import ArgumentError
 
 
@@ -43,18 +43,13 @@ class Call:
         """The number of samples ``B``."""
         return (self.batch[0] if isinstance(self.batch, tuple) else self.batch).shape[0]
 
-    @property
-    def has_extra(self) -> bool:
-        """Whether the model takes more inputs than the explained ones."""
-        return bool(self.args or self.kwargs)
-
     def forward(
         self, model: nn.Module, inputs: Tensor | tuple[Tensor, ...], rows: Tensor | None = None
     ) -> Any:
         """``model(*inputs, *args, **kwargs)`` with the per-sample extra inputs of ``rows`` (the
         sample of each row of ``inputs``; None: the call's samples)."""
         explained = inputs if isinstance(inputs, tuple) else (inputs,)
-        if not self.has_extra:
+        if not (self.args or self.kwargs):
             return model(*explained)
         if rows is None:
             extra = (*self.args, *self.kwargs.values())
@@ -65,7 +60,7 @@ class Call:
                 )
             rows = torch.arange(self.size)
         args, kwargs = self._extra(rows)
-        return call_model(model, Inputs((*explained, *args), kwargs))
+        return model(*explained, *args, **kwargs)
 
     def following(self, samples: Tensor, batch: Tensor) -> Call:
         """The call of a new ``batch`` whose row ``i`` comes from sample ``samples[i]``."""

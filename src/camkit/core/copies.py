@@ -8,7 +8,6 @@ at a time, ``channels_last`` on the CPU.
 from __future__ import annotations
 
 import ctypes
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from functools import cache, partial
@@ -27,14 +26,12 @@ TRIM_BYTES = 8 * 2**20  # copies from this size on free the heap before forwardi
 
 
 @cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None (another C library, another OS)."""
-    if not sys.platform.startswith("linux"):
-        return None
+def _malloc_trim() -> Callable[[int], int]:
+    """glibc's ``malloc_trim``, else a no-op (another C library, another OS)."""
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        return None
+        return lambda pad: 0
 
 
 def trim_heap() -> None:
@@ -45,9 +42,7 @@ def trim_heap() -> None:
     to the tensors' own 214 MB (benchmarks/MEMORY_SCORECAM.md). Chunks under ``TRIM_BYTES``
     skip it: there the re-faulted pages cost more time (about 10 %) than the memory is worth.
     """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    _malloc_trim()(0)
 
 
 def pin_top1(
@@ -138,10 +133,8 @@ class CopyScorer:
         with torch.inference_mode(), autocast(inputs.device, self.dtype):
             inputs = inputs.contiguous(memory_format=memory_format)
             output = self.call.forward(self.model, inputs, samples)
-            if self.probabilities:
-                scores = self.scorer.probabilities(output, samples)
-            else:  # checks that there is one row per input
-                scores = self.scorer(output, samples)
+            score = self.scorer.probabilities if self.probabilities else self.scorer
+            scores = score(output, samples)  # the scorer checks one row per input
         return scores.float()
 
 

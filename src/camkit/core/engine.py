@@ -5,6 +5,7 @@ scores the target; :func:`layer_gradients` takes the ``K`` targets' gradients af
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -50,30 +51,19 @@ def layer_gradients(
             "reach the model's output"
         )
     k = scores.shape[1]
+    vjp = partial(torch.autograd.grad, inputs=acts, allow_unused=True)
     if k == 1 or not batched_backward(scores.device):
         with torch.enable_grad():
-            passes = [
-                torch.autograd.grad(
-                    scores[:, i].sum(),
-                    acts,
-                    allow_unused=True,
-                    retain_graph=retain_graph or i < k - 1,
-                )
-                for i in range(k)
-            ]
+            keep = [retain_graph or i < k - 1 for i in range(k)]
+            passes = [vjp(scores[:, i].sum(), retain_graph=keep[i]) for i in range(k)]
         grads = [
             None if parts[0] is None else torch.stack(parts) for parts in zip(*passes, strict=True)
         ]
     else:
         one_hot = torch.eye(k, dtype=scores.dtype, device=scores.device)
         grad_outputs = one_hot[:, None, :].expand(k, *scores.shape)
-        grads = torch.autograd.grad(
-            scores,
-            acts,
-            grad_outputs=grad_outputs,
-            is_grads_batched=True,
-            allow_unused=True,
-            retain_graph=retain_graph,
+        grads = vjp(
+            scores, grad_outputs=grad_outputs, is_grads_batched=True, retain_graph=retain_graph
         )
     grads = [None if grad is None else grad.transpose(0, 1) for grad in grads]  # (B, K, ...)
     if allow_unused:
@@ -113,13 +103,11 @@ class Capture:
 
     @property
     def names(self) -> list[str]:
-        """The tapped layers' names."""
         return [name for name, _ in self.layers]
 
     def resolve(self, batch: Tensor, call: Call) -> None:
-        """Without a layer given: the model's default layer
-        (:func:`~camkit.core.trace.default_layer`) traced with ``batch`` and the call's extra
-        inputs, once, at the first call."""
+        """Without a layer given: the model's :func:`~camkit.core.trace.default_layer`, traced
+        with ``batch`` and the call's extra inputs at the first call."""
         if not self.layers:
             example = call.example(batch)
             self.layers = layers.find_layers(self.model, default_layer(self.model, example=example))
@@ -178,12 +166,8 @@ class Capture:
 def over_rows(batch: Tensor, batch_size: int | None, run: Callable[[Tensor, Tensor], Any]) -> Any:
     """``run(part, rows)`` over chunks of at most ``batch_size`` samples (all at once for
     None); the results (tensors, or dicts of them, batch first) are concatenated."""
-    return _concatenate(
-        [
-            run(batch[int(rows[0]) : int(rows[-1]) + 1], rows)
-            for rows in chunks(batch.shape[0], batch_size)
-        ]
-    )
+    steps = chunks(batch.shape[0], batch_size)
+    return _concatenate([run(batch[int(rows[0]) : int(rows[-1]) + 1], rows) for rows in steps])
 
 
 def _concatenate(parts: list[Any]) -> Any:

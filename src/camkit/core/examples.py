@@ -47,8 +47,7 @@ def default_example(model: nn.Module, input_size: InputSize) -> Tensor:
     reference = next(chain(model.parameters(), model.buffers()), torch.zeros(()))
     dtype = reference.dtype if reference.is_floating_point() else torch.float32
     conv = first_conv(model)
-    dims = len(conv.kernel_size) if conv is not None else 2
-    channels = conv.in_channels if conv is not None else 3
+    dims, channels = (len(conv.kernel_size), conv.in_channels) if conv is not None else (2, 3)
     flat = patch_rows(model)  # images as flattened patches: a 3-D convolution over the frames
     if flat is not None:
         dims, channels = 2, flat.channels

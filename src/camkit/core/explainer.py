@@ -203,8 +203,7 @@ class Explainer:
         inputs of a model called as ``model(x, *args)`` (per-sample tensors follow their
         samples). ``options``: the family's call options (e.g. ``fuse`` for CAMs). Methods with
         ``several_inputs`` also take a tuple ``(image, *others)``: one attribution per input,
-        as captum's. The template: check, resolve the layer and the target once, run the
-        family's :meth:`_explain` with the model guarded."""
+        as captum's."""
         self.check_options(options)
         batch, single = self.checked_input(x)
         self.check_autograd()

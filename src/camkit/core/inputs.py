@@ -14,7 +14,6 @@ from camkit.core.architecture import first_conv
 from camkit.core.wrappers import InputLayout, KeywordInput
 from camkit.errors import ArgumentError, InputError, warn
 
-MODE_DEPENDENT = (_BatchNorm, _DropoutNd)
 VOLUME_LAYERS = (
     nn.Conv3d,
     nn.ConvTranspose3d,
@@ -68,7 +67,7 @@ def as_batch(x: object, model: nn.Module, *, vectors: bool = False) -> tuple[Ten
             f"the model's parameters are {param.dtype} but the input is {x.dtype}; pass "
             f"x.to({param.dtype}) (or keep a float32 model and use the methods' dtype= autocast)"
         )
-    if any(isinstance(m, MODE_DEPENDENT) and m.training for m in model.modules()):
+    if any(isinstance(m, _BatchNorm | _DropoutNd) and m.training for m in model.modules()):
         warn(
             "the model is in training mode: dropout and batch-norm statistics make the maps "
             "random and batch-dependent (camkit restores the running statistics and other "

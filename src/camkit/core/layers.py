@@ -126,11 +126,7 @@ def replacing_output(module: nn.Module, hook: Callable) -> torch.utils.hooks.Rem
     """
     handle = module.register_forward_hook(this_thread(hook))
     hooks = module._forward_hooks
-    for key in [
-        key
-        for key, registered in hooks.items()
-        if key != handle.id and not getattr(registered, "camkit_hook", False)
-    ]:
+    for key in [k for k, added in hooks.items() if not getattr(added, "camkit_hook", False)]:
         hooks.move_to_end(key)
     return handle
 

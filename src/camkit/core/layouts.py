@@ -60,15 +60,6 @@ def layer_layout(
     return infer_layout(shape, model, input_size, batch=batch)
 
 
-def _size(input_size: int | Sequence[int]) -> tuple[int, ...]:
-    size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
-    if len(size) not in (2, 3) or not all(isinstance(n, int) and n > 0 for n in size):
-        raise ArgumentError(
-            f"input_size must be H, (H, W) or (D, H, W) positive ints, got {input_size!r}"
-        )
-    return size
-
-
 def fits_input(spatial: Sequence[int], size: Sequence[int]) -> bool:
     """Whether a spatial shape can be the input ``size`` divided by one common stride: each
     axis within one unit of ``size / stride`` for a real stride >= 1 (padding rounds either
@@ -269,7 +260,11 @@ def infer_layout(
     candidates when ambiguous or unreadable.
     """
     shape = tuple(int(n) for n in shape)
-    size = _size(input_size)
+    size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+    if len(size) not in (2, 3) or not all(isinstance(n, int) and n > 0 for n in size):
+        raise ArgumentError(
+            f"input_size must be H, (H, W) or (D, H, W) positive ints, got {input_size!r}"
+        )
     tiles = image_tiles(model) if len(size) == 2 and batch is not None else None
     grid = tiles.grid(size) if tiles is not None else None
     if grid is not None and shape[0] == batch * (1 + math.prod(grid)):

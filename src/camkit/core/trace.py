@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +25,6 @@ from camkit.core.layers import hooked, user_name
 from camkit.core.layouts import fits_input
 from camkit.errors import CamkitError, InputError, LayerOutputError, warn
 
-_PASS_THROUGH_MODULES = (nn.Identity, nn.modules.dropout._DropoutNd)
 _TWINS = 2  # the trace runs two different inputs, to see which layers follow them
 
 
@@ -65,14 +63,14 @@ def trace(
     keyword inputs, batch first; default: noise of ``input_size``) and a noisy copy. Each call
     records why it cannot be a layer to explain (``skip``: not a tensor, a first axis that is
     not the batch's, the same output for both inputs, the model's output, several calls).
-    Shapes are given for the example's batch. Modes and hooks are restored, even on error.
+    Shapes are given for the example's batch; calls in the order they start. Modes and hooks
+    are restored, even on error.
     """
     if example is None:
         example = default_example(model, input_size)
+    pair, perturbed = twins(example)  # refuses an example without a batched tensor
     given = first_tensor(example)
-    batch_rows = given.shape[0] if given is not None and given.ndim else 1
-    pair, perturbed = twins(example)
-    frames = folded_rows(model, tuple(given.shape)) if given is not None else None
+    batch_rows, frames = given.shape[0], folded_rows(model, tuple(given.shape))
 
     calls: list[_Call] = []
     kept: list[tuple[_Call, weakref.ref | None]] = []
@@ -90,7 +88,7 @@ def trace(
             shape=tuple(tensor.shape) if tensor is not None else (),
             started=open_calls[name].pop(),
             finished=next(counter),
-            passes_through=isinstance(module, _PASS_THROUGH_MODULES),
+            passes_through=isinstance(module, nn.Identity | nn.modules.dropout._DropoutNd),
             skip=_skip_reason(output, perturbed, frames),
         )
         if call.skip is None and call.shape[0] == _TWINS:
@@ -135,7 +133,7 @@ def trace(
         if call.skip is None and ref is not None and final is not None and ref() is final:
             call.skip = "its output is the model's output (the logits), not a feature map"
     _skip_shared_heads(calls)
-    return calls, output
+    return sorted(calls, key=lambda call: call.started), output
 
 
 def _skip_reason(output: object, perturbed: bool, frames: int | None = None) -> str | None:
@@ -158,15 +156,14 @@ def _skip_reason(output: object, perturbed: bool, frames: int | None = None) -> 
 
 
 def _skip_shared_heads(calls: list[_Call]) -> None:
-    counts = Counter(call.name for call in calls)
-    shapes: dict[str, set[tuple[int, ...]]] = {}
+    shapes: dict[str, list[tuple[int, ...]]] = {}
     for call in calls:
-        shapes.setdefault(call.name, set()).add(call.shape)
+        shapes.setdefault(call.name, []).append(call.shape)
     for call in calls:
-        if call.skip is None and counts[call.name] > 1:
+        if call.skip is None and len(shapes[call.name]) > 1:
             call.skip = (
-                f"it runs {counts[call.name]} times in one forward pass (at "
-                f"{len(shapes[call.name])} shape(s): a head shared by pyramid levels, or a "
+                f"it runs {len(shapes[call.name])} times in one forward pass (at "
+                f"{len(set(shapes[call.name]))} shape(s): a head shared by pyramid levels, or a "
                 "module reused in a block); camkit refuses a layer with several calls"
             )
 
@@ -176,7 +173,7 @@ def layer_shapes(
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``(name, type name, output shape)`` for every module call but the model's, in the order
     the calls start (a non-tensor output: its first tensor's shape, or ``()``)."""
-    return [(c.name, c.type_name, c.shape) for c in _ordered_calls(model, input_size, example)]
+    return [(c.name, c.type_name, c.shape) for c in trace(model, input_size, example=example)[0]]
 
 
 def skipped_layers(
@@ -198,7 +195,7 @@ def map_layers(
 def readable_layers(calls: Sequence[_Call]) -> dict[str, str | None]:
     """:func:`map_layers`' answer from a trace's calls, without tracing again."""
     answer: dict[str, str | None] = {}
-    for call in sorted(calls, key=lambda call: call.started):
+    for call in calls:
         answer.setdefault(call.name, call.unreadable)
     return answer
 
@@ -207,12 +204,8 @@ def map_layer_shapes(
     model: nn.Module, input_size: InputSize = (224, 224), *, example: Example | None = None
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """:func:`layer_shapes` of the layers a CAM can read (:func:`map_layers`), from one trace."""
-    calls = _ordered_calls(model, input_size, example)
+    calls = trace(model, input_size, example=example)[0]
     return [(call.name, call.type_name, call.shape) for call in calls if call.unreadable is None]
-
-
-def _ordered_calls(model: nn.Module, input_size: InputSize, example: Example | None) -> list[_Call]:
-    return sorted(trace(model, input_size, example=example)[0], key=lambda call: call.started)
 
 
 def default_layer(

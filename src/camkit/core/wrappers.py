@@ -150,10 +150,6 @@ def _flat_patches(model: nn.Module, x: Tensor, layout: PatchRows) -> dict[str, T
     return {"pixel_values": frames.reshape(b * h * w, c * t * p * p), "image_grid_thw": grid}
 
 
-# a dual encoder's image side: HuggingFace (CLIP, SigLIP) and OpenCLIP
-IMAGE_TOWERS = ("get_image_features", "encode_image")
-
-
 class ImageTower(_Wrapper):
     """The image side of a dual encoder (HuggingFace CLIP, SigLIP; OpenCLIP):
     ``ImageTower(model)(pixel_values)`` is ``model.get_image_features``'s ``(B, D)`` embedding
@@ -163,7 +159,8 @@ class ImageTower(_Wrapper):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        if not any(callable(getattr(model, name, None)) for name in IMAGE_TOWERS):
+        towers = (getattr(model, name, None) for name in ("get_image_features", "encode_image"))
+        if not any(map(callable, towers)):
             raise ArgumentError(
                 f"ImageTower needs a dual encoder with get_image_features (HuggingFace CLIPModel, "
                 f"SiglipModel) or encode_image (OpenCLIP), got {type(model).__name__}"
@@ -192,9 +189,8 @@ class VideoPrompts(_Wrapper):
                 f"VideoPrompts takes a HuggingFace XCLIPModel, got {type(model).__name__}; for "
                 "an image-text dual encoder use camkit.ImageTower and a PromptTarget"
             )
-        ids = input_ids
-        if isinstance(ids, Tensor) and ids.ndim == 1:
-            ids = ids[None]
+        one = isinstance(input_ids, Tensor) and input_ids.ndim == 1
+        ids = input_ids[None] if one else input_ids
         if not isinstance(ids, Tensor) or ids.ndim != 2 or ids.is_floating_point():
             raise ArgumentError(f"input_ids must be (K, L) token ids, got {ids!r}")
         self.input_ids, self.attention_mask = ids, attention_mask
