@@ -68,10 +68,7 @@ def check_start(paths: list[Path], host: str, token: str | None) -> str:
     -> the token (a new one for None; '' for none)."""
     check_paths(paths)
     token = security.new_token() if token is None else token
-    try:
-        security.check_bind(host, token)
-    except security.SecurityError as refused:
-        raise ArgumentError(str(refused)) from None
+    security.check_bind(host, token)
     return token
 
 

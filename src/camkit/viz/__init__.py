@@ -119,23 +119,6 @@ def _slice(volume: object, depth: int, spatial: int) -> object:
     return volume[(slice(None),) * axis + (depth,)]
 
 
-def _grid_tiles(maps: object) -> np.ndarray:
-    """Maps -> ``(N, h, w)`` or ``(N, h, w, 3)`` float64 tiles; see :func:`feature_grid`."""
-    array = float_array(maps, "maps", np.float64)
-    if array.ndim == 4 and array.shape[0] == 1:
-        array = array[0]
-    elif array.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
-        array = np.moveaxis(array, 1, 3) if array.shape[1] == 3 else array.mean(axis=1)
-    elif array.ndim == 2:
-        array = array[None]
-    elif array.ndim != 3:
-        raise ArgumentError(
-            "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
-            f"(H, W), got {describe(maps)}"
-        )
-    return finite_values(array, maps, "maps")
-
-
 def feature_grid(
     maps: np.ndarray | torch.Tensor,
     ncols: int | None = None,
@@ -158,7 +141,19 @@ def feature_grid(
     """
     if depth is not None:
         maps = _slice(maps, depth, 3)
-    tiles = _grid_tiles(maps)
+    tiles = float_array(maps, "maps", np.float64)
+    if tiles.ndim == 4 and tiles.shape[0] == 1:
+        tiles = tiles[0]
+    elif tiles.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
+        tiles = np.moveaxis(tiles, 1, 3) if tiles.shape[1] == 3 else tiles.mean(axis=1)
+    elif tiles.ndim == 2:
+        tiles = tiles[None]
+    elif tiles.ndim != 3:
+        raise ArgumentError(
+            "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
+            f"(H, W), got {describe(maps)}"
+        )
+    tiles = finite_values(tiles, maps, "maps")
     if max_tiles is not None:
         if max_tiles < 1:
             raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
@@ -195,20 +190,6 @@ def feature_grid(
     return grid
 
 
-def _attribution_2d(attribution: object) -> np.ndarray:
-    array = float_array(attribution, "a heatmap/attribution")
-    while array.ndim > 3 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim == 3 and array.shape[0] in (1, 3):
-        array = array.sum(axis=0)
-    if array.ndim != 2:
-        raise ArgumentError(
-            f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
-            f"got {describe(attribution)}"
-        )
-    return finite_values(array, attribution, "map")
-
-
 def plot(
     image: object,
     heatmap_or_attr: np.ndarray | torch.Tensor,
@@ -236,7 +217,17 @@ def plot(
     from matplotlib.figure import Figure
 
     rgb = to_rgb_uint8(image)
-    values = _attribution_2d(heatmap_or_attr)
+    values = float_array(heatmap_or_attr, "a heatmap/attribution")
+    while values.ndim > 3 and values.shape[0] == 1:
+        values = values[0]
+    if values.ndim == 3 and values.shape[0] in (1, 3):
+        values = values.sum(axis=0)
+    if values.ndim != 2:
+        raise ArgumentError(
+            f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
+            f"got {describe(heatmap_or_attr)}"
+        )
+    values = finite_values(values, heatmap_or_attr, "map")
     is_signed = bool((values < 0).any()) if signed is None else signed
     if is_signed:
         unit, limit = signed_scale(values, clip_percentile)

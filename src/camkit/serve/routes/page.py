@@ -19,10 +19,6 @@ STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "t
 COLORMAPS = ("jet", "turbo", "inferno", "viridis", "magma", "gray")
 
 
-def _static(name: str) -> bytes:
-    return resources.files("camkit.serve").joinpath("static", name).read_bytes()
-
-
 def routes(state: ServerState) -> list[Route]:
     """``/``, ``/static/{name}`` and ``/api/info``."""
     explorer, checkpoints = state.explorer, state.checkpoints
@@ -31,7 +27,8 @@ def routes(state: ServerState) -> list[Route]:
         name = request.path_params.get("name", "index.html")
         if name not in STATIC:
             return error("not found", 404)
-        return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
+        data = resources.files("camkit.serve").joinpath("static", name).read_bytes()
+        return Response(data, media_type=STATIC[name], headers=NO_STORE)
 
     costs: dict[str, Cost | None] = {}  # the same for the server's life: measured once
 
