@@ -1,9 +1,6 @@
-"""Long maps on the page: progress, cancelling, and how long a method takes on this model.
-
-A map request may name a ``job`` (an id the page makes up): while the map is computed, a
-forward pre-hook counts the rows the model scores, and raises :class:`Cancelled` at the next
-forward pass once ``/api/cancel`` marked the job (:func:`watching`).
-"""
+"""Long maps on the page: progress and cancelling. A map request may name a ``job`` (an id the
+page makes up): a forward pre-hook counts the rows the model scores, and raises
+:class:`Cancelled` at the next forward pass once ``/api/cancel`` marked it (:func:`watching`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Every check that keeps ``camkit serve`` safe, in one place: the API token (random, printed
-in the start-up URL as Jupyter does, compared in constant time; a non-loopback address without
-one is refused), the hosts it answers, the files it may serve (only under their root, symlinks
-followed) and the uploads it accepts (:data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES`,
-decoded by :func:`camkit.io.read_image` with the explorer's pixel limit).
-"""
+"""Every check that keeps ``camkit serve`` safe: the API token (random, in the start-up URL as
+Jupyter does, compared in constant time; required off loopback), the hosts it answers, the files
+it serves (only under their root, symlinks followed) and the uploads it accepts
+(:data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES`, read with the explorer's pixel limit)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Pictures: heatmap overlays, feature-map grids and figures (files: :mod:`camkit.io`).
-
-Images are anything :func:`camkit.io.to_rgb_uint8` takes (PIL, numpy, torch; uint8 or float).
-"""
+"""Pictures: heatmap overlays, feature-map grids and figures (files: :mod:`camkit.io`), of
+images :func:`camkit.io.to_rgb_uint8` takes (PIL, numpy, torch; uint8 or float)."""
 
 from __future__ import annotations
 
@@ -55,10 +53,9 @@ def overlay(
 ) -> np.ndarray:
     """Blend a colored heatmap onto an image -> ``HxWx3`` uint8 RGB at the image's own size.
 
-    The image becomes uint8 RGB (:func:`to_rgb_uint8`); the heatmap (``(h, w)``, leading size-1
-    axes dropped) is used as is when in [0, 1], else min-max rescaled (a constant map -> 0),
-    resized to the image (bilinear), quantised to 0..255 (rounded) and coloured by
-    ``colormap`` (an OpenCV name, case-insensitive, looked up first, or a matplotlib name);
+    The heatmap (``(h, w)``, leading size-1 axes dropped) is used as is when in [0, 1], else
+    min-max rescaled (a constant map -> 0), resized to the image (bilinear), rounded to 0..255
+    and coloured by ``colormap`` (OpenCV names first, case-insensitive, then matplotlib's);
     ``out = round((1 - alpha) * image + alpha * colored)`` (``cv2.addWeighted``: a level may
     differ by 1 from float64). The heatmap must cover the image: for a centre-cropping
     preprocess, overlay on ``preprocess.resize_crop(image)``. ``depth``: slice ``depth`` of a
