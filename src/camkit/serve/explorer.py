@@ -29,8 +29,7 @@ SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
 
 @dataclass(frozen=True)
 class MapKey:
-    """One map: checkpoint, method, layer and LRP composite (None for methods without), image,
-    class."""
+    """One map's key: checkpoint, method, layer, image, class, LRP composite (None: none taken)."""
 
     checkpoint: str
     method: str

@@ -151,10 +151,9 @@ def feature_grid(
             f"(H, W), got {describe(maps)}"
         )
     tiles = finite_values(tiles, maps, "maps")
-    if max_tiles is not None:
-        if max_tiles < 1:
-            raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
-        tiles = tiles[:max_tiles]
+    if max_tiles is not None and max_tiles < 1:
+        raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
+    tiles = tiles[:max_tiles]
     if padding < 0:
         raise ArgumentError(f"expected padding >= 0, got {padding}")
     if not 0.0 <= pad_value <= 1.0:
