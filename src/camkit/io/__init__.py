@@ -1,8 +1,7 @@
 """Image files in and out: safe decoding (:mod:`~camkit.io.read`: ``HxWx3`` uint8 RGB, upright,
-the size checked from the header before any pixel is decoded), conversion to RGB and thumbnails
-(:mod:`~camkit.io.convert`), atomic writes (:mod:`~camkit.io.write`: a hidden temporary file
-renamed over the target, so readers never see a half-written file); videos: :mod:`camkit.io.video`.
-"""
+the size checked from the header before decoding), conversion to RGB and thumbnails
+(:mod:`~camkit.io.convert`), atomic writes (:mod:`~camkit.io.write`: readers never see a
+half-written file); videos: :mod:`camkit.io.video`."""
 
 from __future__ import annotations
 

@@ -33,16 +33,13 @@ def _image_rgb(image: object) -> np.ndarray:
     """Any supported image -> numpy ``HxWx3`` (gray repeated, alpha dropped), dtype unchanged."""
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"))
-    if isinstance(image, torch.Tensor):
-        channels_first = True
-        if image.ndim == 4 and image.shape[0] == 1:
-            image = image[0]
-    elif isinstance(image, np.ndarray):
-        channels_first = False
-    else:
+    if not isinstance(image, (torch.Tensor, np.ndarray)):
         raise ArgumentError(
             f"expected an image as a PIL image, numpy array or torch tensor, got {describe(image)}"
         )
+    channels_first = isinstance(image, torch.Tensor)
+    if channels_first and image.ndim == 4 and image.shape[0] == 1:
+        image = image[0]
     array = as_numpy(image)
     if array.ndim == 2:
         array = array[:, :, None]

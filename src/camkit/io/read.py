@@ -51,18 +51,6 @@ def read_failure(error: BaseException) -> str:
     return str(error) or type(error).__name__
 
 
-def _check_size(image: Image.Image, max_pixels: int | None) -> None:
-    width, height = image.size
-    if width < 1 or height < 1:
-        raise ArgumentError(f"the image header declares an empty size {width}x{height}")
-    if max_pixels is not None and width * height > max_pixels:
-        raise ImageTooLargeError(
-            f"the image is {width}x{height} ({width * height:,} pixels), more than the limit of "
-            f"{max_pixels:,} pixels; refused before decoding (raise max_pixels, or --max-pixels "
-            "on the command line, to read it)"
-        )
-
-
 def _upright(image: Image.Image) -> Image.Image:
     """The image rotated/flipped as its EXIF orientation says (unchanged without one)."""
     try:
@@ -116,6 +104,14 @@ def read_image(path: str | os.PathLike[str], *, max_pixels: int | None = MAX_PIX
                 f"{error}; refused before decoding (Pillow's Image.MAX_IMAGE_PIXELS)"
             ) from None
         with opened as image:
-            _check_size(image, max_pixels)
+            width, height = image.size
+            if width < 1 or height < 1:
+                raise ArgumentError(f"the image header declares an empty size {width}x{height}")
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageTooLargeError(
+                    f"the image is {width}x{height} ({width * height:,} pixels), more than the "
+                    f"limit of {max_pixels:,} pixels; refused before decoding (raise max_pixels, "
+                    "or --max-pixels on the command line, to read it)"
+                )
             image.load()
             return _pil_to_rgb(_upright(image))

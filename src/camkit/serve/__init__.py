@@ -1,13 +1,10 @@
-"""``camkit serve``: an interactive explorer of a model's maps, live in the browser.
-
-A gallery of images with their predictions, and for each image the maps of any class, method,
-layer and checkpoint computed on demand: the depth strip, two classes or two checkpoints side by
-side, deletion/insertion curves, downloads, and the concepts where the user clicks. The app
-(:mod:`~camkit.serve.app`) calls :mod:`~camkit.serve.explorer`, which uses camkit's public API
-only; ``camkit serve`` imports :mod:`~camkit.serve.launch` only, lazily.
-
-The web stack is an optional extra: ``pip install 'camkit[serve]'``.
-"""
+"""``camkit serve``: an interactive explorer of a model's maps, live in the browser: a gallery of
+images with their predictions, and each image's maps of any class, method, layer and checkpoint
+on demand: the depth strip, two classes or checkpoints side by side, deletion/insertion curves,
+downloads, the concepts where the user clicks. The app (:mod:`~camkit.serve.app`) calls
+:mod:`~camkit.serve.explorer` (camkit's public API only); ``camkit serve`` imports
+:mod:`~camkit.serve.launch` only, lazily. The web stack is an optional extra:
+``pip install 'camkit[serve]'``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API (every route
-listed in ``docs/serve.md``; the routes themselves, by concern, in :mod:`camkit.serve.routes`).
-Every ``/api/`` route needs the token (:mod:`camkit.serve.security`); an unknown query parameter
-or value is a 422.
-"""
+"""The ASGI app of ``camkit serve``: the page, its static files and the JSON/PNG API (routes listed
+in ``docs/serve.md``, written by concern in :mod:`camkit.serve.routes`). Every ``/api/`` route
+needs the token (:mod:`camkit.serve.security`); an unknown query parameter or value is a 422."""
 
 from __future__ import annotations
 
@@ -65,10 +63,8 @@ def create_app(
             return await call_next(request)
         except KeyError as missing:
             return error(f"no image {missing.args[0]!r}", 404)
-        except security.UploadError as refused:
-            return error(str(refused), refused.status)
-        except CamkitError as refused:
-            return error(str(refused), 422)
+        except CamkitError as refused:  # an UploadError carries its own status
+            return error(str(refused), getattr(refused, "status", 422))
         except Cancelled as stopped:
             return error(str(stopped), 409)
         except Exception as failed:  # noqa: BLE001 -- a computation that fails never stops the server

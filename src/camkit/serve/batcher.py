@@ -1,8 +1,7 @@
 """Map requests that arrive together (within ``window`` seconds; a lone click waits for nothing)
 become one engine call per checkpoint, method, layers and LRP composite
 (:meth:`~camkit.serve.explorer.Explorer.compute`), on the one thread that runs every model call,
-so hooks of two calls never overlap.
-"""
+so hooks of two calls never overlap."""
 
 from __future__ import annotations
 

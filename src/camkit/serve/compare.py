@@ -7,6 +7,7 @@ where it fits: 0 for maps ranked alike, 1 for unrelated, 2 for reversed.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,13 +53,10 @@ class Comparison:
         explorer, both = self.explorer, (self.first, self.second)
         readable = []
         for image in images:
-            if explorer.entry(image).error is not None:  # found unreadable before: not again
-                continue
-            try:
-                explorer.model_input(image)
-                readable.append(image)
-            except InputError:  # the entry holds the reason; the gallery shows it
-                continue
+            with contextlib.suppress(InputError):  # the entry holds why; the gallery shows it
+                if explorer.entry(image).error is None:  # found unreadable before: not again
+                    explorer.model_input(image)
+                    readable.append(image)
         if not readable:
             return
         probabilities = {c: explorer.probabilities_of(readable, c) for c in both}

@@ -1,10 +1,8 @@
-"""The explorer's concept views, through :mod:`camkit.methods.concepts`' public API only: the
-top concepts (channels of a layer) of an image for a class, in the whole image, a clicked cell or
-a dragged box, with their shares, conditional heatmaps (Concept Relevance Propagation, Achtibat
-et al., Nature Machine Intelligence 5, 2023) and the run's reference patches; a channel's feature
-visualisation (Olah et al., "Feature Visualization", Distill 2017); the concepts that dominate
-a strategies cluster. Every call runs on the batcher's model thread.
-"""
+"""The explorer's concept views (:mod:`camkit.methods.concepts`' public API, on the batcher's
+model thread): an image's top channels for a class in the image, a clicked cell or a dragged box,
+their shares, conditional heatmaps (Concept Relevance Propagation, Achtibat et al., Nature
+Machine Intelligence 5, 2023) and reference patches; a channel's feature visualisation (Olah et
+al., "Feature Visualization", Distill 2017); the concepts that dominate a strategies cluster."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What the explorer computes, through camkit's public API only: predictions, the methods and
-layers that fit a model, maps for many (image, class) pairs of one method in one engine call,
-the depth strip, deletion/insertion curves. Every call runs on the one model thread of
-:class:`~camkit.serve.batcher.MapBatcher` (hooks of two calls must never overlap).
-"""
+layers that fit a model, maps (many (image, class) pairs of one method in one engine call), the
+depth strip, deletion/insertion curves; all on :class:`~camkit.serve.batcher.MapBatcher`'s one
+model thread (hooks of two calls must never overlap)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ SETTINGS = registry.Settings(composite=DEFAULT_COMPOSITE)
 
 @dataclass(frozen=True)
 class MapKey:
-    """One map: checkpoint, method, layer and LRP composite (None for methods without), image,
-    class."""
+    """One map's key: checkpoint, method, layer, image, class, LRP composite (None: none taken)."""
 
     checkpoint: str
     method: str

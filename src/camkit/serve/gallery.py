@@ -1,7 +1,6 @@
 """The images the explorer shows: found in folders (ImageFolder layout gives true labels) or in
 a ``camkit explain`` run's manifest, plus uploads; filtered and sorted. Images are known by their
-index, never by a path from the web: the browser can only ask for images in the list.
-"""
+index, never by a path from the web."""
 
 from __future__ import annotations
 
@@ -149,24 +148,22 @@ def select(
     """
     if order not in ORDERS:
         raise ArgumentError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
-    chosen = []
-    for index, entry in enumerate(entries):
+
+    def kept(index: int, entry: Entry) -> bool:
         prediction = predictions.get(index)
-        if predicted is not None and (not prediction or prediction[0][1] != predicted):
-            continue
-        if truth is not None and entry.truth != truth:
-            continue
-        if wrong and not _wrong(entry, prediction):
-            continue
-        if only is not None and index not in only:
-            continue
-        chosen.append(index)
+        return (
+            (predicted is None or (bool(prediction) and prediction[0][1] == predicted))
+            and (truth is None or entry.truth == truth)
+            and (not wrong or _wrong(entry, prediction))
+            and (only is None or index in only)
+        )
+
+    chosen = [index for index, entry in enumerate(entries) if kept(index, entry)]
     if order != "name":
         sign = {"confidence": -1.0, "-confidence": 1.0}.get(order)
-        if sign is None:
-            ranks = ranking or {}
-        else:
-            ranks = {i: sign * found[0][2] for i, found in predictions.items() if found}
+        if sign is not None:
+            ranking = {i: sign * found[0][2] for i, found in predictions.items() if found}
+        ranks = ranking or {}
         chosen.sort(key=lambda index: (index not in ranks, -ranks.get(index, 0.0)))
     return chosen
 

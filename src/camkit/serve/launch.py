@@ -1,7 +1,6 @@
-"""Starting the explorer: the gallery from paths, the app, binding the address, and listening;
-for ``camkit serve`` (the one module of this package the CLI imports, lazily) and
-:func:`camkit.serve.notebook.explore`. The address is bound *before* the URL is printed, so a
-busy port or a refused address fails with one line (:class:`BindError`), no URL.
+"""Starting the explorer for ``camkit serve`` (the CLI imports this module only, lazily) and
+:func:`camkit.serve.notebook.explore`: the gallery from paths, the app, binding, listening. The
+address is bound *before* the URL is printed: a busy port fails in one line (:class:`BindError`).
 """
 
 from __future__ import annotations
@@ -68,10 +67,7 @@ def check_start(paths: list[Path], host: str, token: str | None) -> str:
     -> the token (a new one for None; '' for none)."""
     check_paths(paths)
     token = security.new_token() if token is None else token
-    try:
-        security.check_bind(host, token)
-    except security.SecurityError as refused:
-        raise ArgumentError(str(refused)) from None
+    security.check_bind(host, token)
     return token
 
 

@@ -4,6 +4,7 @@ Insights' way)."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import threading
@@ -26,7 +27,7 @@ from camkit.serve.launch import Gallery, app_for, bind, open_gallery, serve_in_t
 LOOPBACK = "127.0.0.1"
 
 
-class Exploration:
+class Exploration(contextlib.AbstractContextManager):
     """A running explorer at ``url`` (with its token), shown inline by a notebook (an
     ``<iframe>`` of ``height`` pixels); :meth:`stop` or leaving a ``with`` block ends it."""
 
@@ -57,9 +58,6 @@ class Exploration:
         """Stop the server and wait for its thread (the model is left as it was)."""
         self.server.should_exit = True
         self.thread.join(timeout=30)
-
-    def __enter__(self) -> Exploration:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

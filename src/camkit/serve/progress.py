@@ -1,9 +1,6 @@
-"""Long maps on the page: progress, cancelling, and how long a method takes on this model.
-
-A map request may name a ``job`` (an id the page makes up): while the map is computed, a
-forward pre-hook counts the rows the model scores, and raises :class:`Cancelled` at the next
-forward pass once ``/api/cancel`` marked the job (:func:`watching`).
-"""
+"""Long maps on the page: progress and cancelling. A map request may name a ``job`` (an id the
+page makes up): a forward pre-hook counts the rows the model scores, and raises
+:class:`Cancelled` at the next forward pass once ``/api/cancel`` marked it (:func:`watching`)."""
 
 from __future__ import annotations
 
@@ -105,23 +102,3 @@ def copies_per_image(explainer: Explainer, layer_shape: tuple | None) -> int:
     """About how many rows of forward passes one image costs ``explainer``: the method's own
     :meth:`~camkit.core.explainer.Explainer.forward_rows`, plus the clean pass."""
     return explainer.forward_rows(layer_shape) + 1
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one map of a method costs on a model: the rows of forward passes per image
-    (:func:`copies_per_image`), and whether it also runs backward passes."""
-
-    copies: int
-    needs_gradients: bool
-
-    @property
-    def slow(self) -> bool:
-        """Whether the method scores many copies of an image (``forward_rows`` above 1)."""
-        return self.copies > 2
-
-    def seconds(self, row_seconds: float) -> float:
-        """Roughly how long one map takes: its rows times the seconds of one forward row, times 3
-        with backward passes (a backward costs about two forwards)."""
-        backward = 3 if self.needs_gradients else 1
-        return self.copies * row_seconds * backward

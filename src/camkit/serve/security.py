@@ -1,9 +1,7 @@
-"""Every check that keeps ``camkit serve`` safe, in one place: the API token (random, printed
-in the start-up URL as Jupyter does, compared in constant time; a non-loopback address without
-one is refused), the hosts it answers, the files it may serve (only under their root, symlinks
-followed) and the uploads it accepts (:data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES`,
-decoded by :func:`camkit.io.read_image` with the explorer's pixel limit).
-"""
+"""Every check that keeps ``camkit serve`` safe: the API token (random, in the start-up URL as
+Jupyter does, compared in constant time; required off loopback), the hosts it answers, the files
+it serves (only under their root, symlinks followed) and the uploads it accepts
+(:data:`MAX_UPLOADS` of at most :data:`MAX_UPLOAD_BYTES`, read with the explorer's pixel limit)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from camkit import io
-from camkit.errors import CamkitError
+from camkit.errors import ArgumentError, CamkitError
 
 TOKEN_HEADER = "X-Camkit-Token"
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -26,7 +24,7 @@ MAX_UPLOADS = 200
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-class SecurityError(CamkitError):
+class SecurityError(ArgumentError):
     """A setting that would expose the explorer (a public address without a token)."""
 
 
@@ -77,10 +75,9 @@ def token_matches(expected: str | None, given: str | None) -> bool:
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address or ``localhost``."""
+    name = host.strip("[]")
     try:
-        return (
-            host.strip("[]") in LOOPBACK_NAMES or ipaddress.ip_address(host.strip("[]")).is_loopback
-        )
+        return name in LOOPBACK_NAMES or ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
 
@@ -117,13 +114,10 @@ def resolve_under(root: Path, relative: str) -> Path | None:
     return resolved if resolved.is_relative_to(base) and resolved.is_file() else None
 
 
-def read_upload(
-    data: bytes, *, max_pixels: int | None = io.MAX_PIXELS, max_bytes: int = MAX_UPLOAD_BYTES
-) -> np.ndarray:
-    """An uploaded file's bytes -> ``HxWx3`` uint8 RGB, through camkit's image reading and its
-    limits; :class:`UploadError` (413 too large, 400 unreadable) otherwise."""
-    if len(data) > max_bytes:
-        raise UploadError(f"the upload is {len(data):,} bytes, more than {max_bytes:,}", 413)
+def read_upload(data: bytes, *, max_pixels: int | None = io.MAX_PIXELS) -> np.ndarray:
+    """An uploaded file's bytes (at most :data:`MAX_UPLOAD_BYTES`: the upload route stops
+    reading there) -> ``HxWx3`` uint8 RGB, through camkit's image reading and its limits;
+    :class:`UploadError` (413 too large, 400 unreadable) otherwise."""
     if not data:
         raise UploadError("the upload is empty: send the image file's bytes as the body")
     try:

@@ -1,7 +1,5 @@
-"""Pictures: heatmap overlays, feature-map grids and figures (files: :mod:`camkit.io`).
-
-Images are anything :func:`camkit.io.to_rgb_uint8` takes (PIL, numpy, torch; uint8 or float).
-"""
+"""Pictures: heatmap overlays, feature-map grids and figures (files: :mod:`camkit.io`), of
+images :func:`camkit.io.to_rgb_uint8` takes (PIL, numpy, torch; uint8 or float)."""
 
 from __future__ import annotations
 
@@ -55,10 +53,9 @@ def overlay(
 ) -> np.ndarray:
     """Blend a colored heatmap onto an image -> ``HxWx3`` uint8 RGB at the image's own size.
 
-    The image becomes uint8 RGB (:func:`to_rgb_uint8`); the heatmap (``(h, w)``, leading size-1
-    axes dropped) is used as is when in [0, 1], else min-max rescaled (a constant map -> 0),
-    resized to the image (bilinear), quantised to 0..255 (rounded) and coloured by
-    ``colormap`` (an OpenCV name, case-insensitive, looked up first, or a matplotlib name);
+    The heatmap (``(h, w)``, leading size-1 axes dropped) is used as is when in [0, 1], else
+    min-max rescaled (a constant map -> 0), resized to the image (bilinear), rounded to 0..255
+    and coloured by ``colormap`` (OpenCV names first, case-insensitive, then matplotlib's);
     ``out = round((1 - alpha) * image + alpha * colored)`` (``cv2.addWeighted``: a level may
     differ by 1 from float64). The heatmap must cover the image: for a centre-cropping
     preprocess, overlay on ``preprocess.resize_crop(image)``. ``depth``: slice ``depth`` of a
@@ -119,23 +116,6 @@ def _slice(volume: object, depth: int, spatial: int) -> object:
     return volume[(slice(None),) * axis + (depth,)]
 
 
-def _grid_tiles(maps: object) -> np.ndarray:
-    """Maps -> ``(N, h, w)`` or ``(N, h, w, 3)`` float64 tiles; see :func:`feature_grid`."""
-    array = float_array(maps, "maps", np.float64)
-    if array.ndim == 4 and array.shape[0] == 1:
-        array = array[0]
-    elif array.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
-        array = np.moveaxis(array, 1, 3) if array.shape[1] == 3 else array.mean(axis=1)
-    elif array.ndim == 2:
-        array = array[None]
-    elif array.ndim != 3:
-        raise ArgumentError(
-            "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
-            f"(H, W), got {describe(maps)}"
-        )
-    return finite_values(array, maps, "maps")
-
-
 def feature_grid(
     maps: np.ndarray | torch.Tensor,
     ncols: int | None = None,
@@ -158,11 +138,22 @@ def feature_grid(
     """
     if depth is not None:
         maps = _slice(maps, depth, 3)
-    tiles = _grid_tiles(maps)
-    if max_tiles is not None:
-        if max_tiles < 1:
-            raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
-        tiles = tiles[:max_tiles]
+    tiles = float_array(maps, "maps", np.float64)
+    if tiles.ndim == 4 and tiles.shape[0] == 1:
+        tiles = tiles[0]
+    elif tiles.ndim == 4:  # conv weights (out, in, kh, kw): RGB tiles, else the in-channel mean
+        tiles = np.moveaxis(tiles, 1, 3) if tiles.shape[1] == 3 else tiles.mean(axis=1)
+    elif tiles.ndim == 2:
+        tiles = tiles[None]
+    elif tiles.ndim != 3:
+        raise ArgumentError(
+            "expected maps (C, H, W), (1, C, H, W), conv weights (out, in, kh, kw) or one map "
+            f"(H, W), got {describe(maps)}"
+        )
+    tiles = finite_values(tiles, maps, "maps")
+    if max_tiles is not None and max_tiles < 1:
+        raise ArgumentError(f"expected max_tiles >= 1 or None, got {max_tiles}")
+    tiles = tiles[:max_tiles]
     if padding < 0:
         raise ArgumentError(f"expected padding >= 0, got {padding}")
     if not 0.0 <= pad_value <= 1.0:
@@ -195,20 +186,6 @@ def feature_grid(
     return grid
 
 
-def _attribution_2d(attribution: object) -> np.ndarray:
-    array = float_array(attribution, "a heatmap/attribution")
-    while array.ndim > 3 and array.shape[0] == 1:
-        array = array[0]
-    if array.ndim == 3 and array.shape[0] in (1, 3):
-        array = array.sum(axis=0)
-    if array.ndim != 2:
-        raise ArgumentError(
-            f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
-            f"got {describe(attribution)}"
-        )
-    return finite_values(array, attribution, "map")
-
-
 def plot(
     image: object,
     heatmap_or_attr: np.ndarray | torch.Tensor,
@@ -236,7 +213,17 @@ def plot(
     from matplotlib.figure import Figure
 
     rgb = to_rgb_uint8(image)
-    values = _attribution_2d(heatmap_or_attr)
+    values = float_array(heatmap_or_attr, "a heatmap/attribution")
+    while values.ndim > 3 and values.shape[0] == 1:
+        values = values[0]
+    if values.ndim == 3 and values.shape[0] in (1, 3):
+        values = values.sum(axis=0)
+    if values.ndim != 2:
+        raise ArgumentError(
+            f"expected a 2-D map (H, W) or a per-channel attribution (3, H, W), "
+            f"got {describe(heatmap_or_attr)}"
+        )
+    values = finite_values(values, heatmap_or_attr, "map")
     is_signed = bool((values < 0).any()) if signed is None else signed
     if is_signed:
         unit, limit = signed_scale(values, clip_percentile)

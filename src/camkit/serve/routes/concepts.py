@@ -104,7 +104,13 @@ def routes(state: ServerState) -> list[Route]:
             ids = [c.get("id") for c in group["clusters"]]
             raise ArgumentError(f"no cluster {cluster_id} for this class; its clusters are {ids}")
         members = cluster.get("members") or cluster.get("typical", []) + cluster.get("atypical", [])
-        layer = explorer.check_layer(query.text("layer") or state.run_layer(method, members))
+        recorded = (  # the layer the run explained the members with this method at
+            str(record["layer"])
+            for image in members
+            for record in explorer.entry(image).run_maps
+            if record.get("method") == method and record.get("layer")
+        )
+        layer = explorer.check_layer(query.text("layer") or next(recorded, explorer.default_layer))
         found = await batcher.run(views.dominant, checkpoint, layer, members, target, k)
         return JSONResponse(
             {"layer": layer, "class": target, "images": len(members), "concepts": found}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 
 from starlette.requests import Request
@@ -12,15 +13,11 @@ from camkit import registry
 from camkit.errors import CamkitError
 from camkit.relevance.composites import COMPOSITES
 from camkit.serve.http import NO_STORE, Query, error
-from camkit.serve.progress import Cost, copies_per_image
+from camkit.serve.progress import copies_per_image
 from camkit.serve.routes.state import ServerState
 
 STATIC = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 COLORMAPS = ("jet", "turbo", "inferno", "viridis", "magma", "gray")
-
-
-def _static(name: str) -> bytes:
-    return resources.files("camkit.serve").joinpath("static", name).read_bytes()
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -31,24 +28,23 @@ def routes(state: ServerState) -> list[Route]:
         name = request.path_params.get("name", "index.html")
         if name not in STATIC:
             return error("not found", 404)
-        return Response(_static(name), media_type=STATIC[name], headers=NO_STORE)
+        data = resources.files("camkit.serve").joinpath("static", name).read_bytes()
+        return Response(data, media_type=STATIC[name], headers=NO_STORE)
 
-    costs: dict[str, Cost | None] = {}  # the same for the server's life: measured once
-
-    def cost(name: str, entry: registry.Method) -> Cost | None:
-        """What a map of the method costs at the default layer, asked once of a fresh instance
-        built as the maps are; None when it needs more than the default layer (RefineCAM)."""
-        if name not in costs:
-            layer = explorer.default_layer if entry.needs_layer else None
-            model = explorer.checkpoints[checkpoints[0]].model
-            try:
-                explainer = registry.build(name, model, layer, explorer.settings)
-            except CamkitError:
-                costs[name] = None
-            else:
-                shape = explorer.layer_shapes.get(explorer.default_layer)
-                costs[name] = Cost(copies_per_image(explainer, shape), explainer.needs_gradients)
-        return costs[name]
+    @functools.cache  # the same for the server's life: measured once
+    def cost(name: str) -> tuple[int, int] | None:
+        """What a map of the method costs at the default layer: the rows of forward passes per
+        image (:func:`~camkit.serve.progress.copies_per_image`) and 3 with backward passes (a
+        backward costs about two forwards), else 1; asked once of a fresh instance built as the
+        maps are; None when it needs more than the default layer (RefineCAM)."""
+        layer = explorer.default_layer if registry.get(name).needs_layer else None
+        model = explorer.checkpoints[checkpoints[0]].model
+        try:
+            explainer = registry.build(name, model, layer, explorer.settings)
+        except CamkitError:
+            return None
+        shape = explorer.layer_shapes.get(explorer.default_layer)
+        return copies_per_image(explainer, shape), 3 if explainer.needs_gradients else 1
 
     async def info(request: Request) -> Response:
         Query(request, ())
@@ -57,8 +53,9 @@ def routes(state: ServerState) -> list[Route]:
         methods = []
         for name in explorer.methods:
             entry = registry.get(name)
-            found = cost(name, entry)
-            seconds = None if found is None or rows is None else round(found.seconds(rows), 3)
+            copies, backward = cost(name) or (None, None)
+            known = copies is not None and rows is not None
+            seconds = round(copies * rows * backward, 3) if known else None
             methods.append(
                 {
                     "name": name,
@@ -66,7 +63,7 @@ def routes(state: ServerState) -> list[Route]:
                     "needs_layer": entry.needs_layer,
                     "takes_composite": entry.takes_composite,
                     "reference": entry.reference,
-                    "slow": found is not None and found.slow,
+                    "slow": copies is not None and copies > 2,  # scores many copies of an image
                     "seconds": seconds,
                 }
             )

@@ -87,11 +87,3 @@ class ServerState:
         """The PNG ``draw(model view of image, *args)`` makes, both off the event loop."""
         view = await asyncio.to_thread(self.explorer.model_view, image)
         return Response(await asyncio.to_thread(draw, view, *args), media_type="image/png")
-
-    def run_layer(self, method: str, images: list[int]) -> str:
-        """The layer the run explained ``images`` with ``method`` at, else the default layer."""
-        for image in images:
-            for record in self.explorer.entry(image).run_maps:
-                if record.get("method") == method and record.get("layer"):
-                    return str(record["layer"])
-        return self.explorer.default_layer

@@ -23,19 +23,17 @@ def routes(state: ServerState) -> list[Route]:
             raise security.UploadError(
                 f"this server already holds {security.MAX_UPLOADS} uploads; restart it", 429
             )
+        max_bytes = security.MAX_UPLOAD_BYTES
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > security.MAX_UPLOAD_BYTES:
+        if declared.isdigit() and int(declared) > max_bytes:
             raise security.UploadError(
-                f"the upload is {int(declared):,} bytes, more than {security.MAX_UPLOAD_BYTES:,}",
-                413,
+                f"the upload is {int(declared):,} bytes, more than {max_bytes:,}", 413
             )
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > security.MAX_UPLOAD_BYTES:
-                raise security.UploadError(
-                    f"the upload is more than {security.MAX_UPLOAD_BYTES:,} bytes", 413
-                )
+            if len(body) > max_bytes:
+                raise security.UploadError(f"the upload is more than {max_bytes:,} bytes", 413)
         limit = state.explorer.max_pixels
         pixels = await asyncio.to_thread(security.read_upload, bytes(body), max_pixels=limit)
         name = safe_name(request.query_params.get("name") or "upload") or "upload"
