@@ -32,6 +32,7 @@ from camkit.serve.compare import Comparison  # noqa: E402
 from camkit.serve.explorer import Explorer  # noqa: E402
 from camkit.serve.gallery import RunViews, scan  # noqa: E402
 from camkit.serve.progress import Jobs, copies_per_image  # noqa: E402
+from camkit.serve.sockets import BindError  # noqa: E402
 from tests.conftest import assert_untouched, model_state  # noqa: E402
 from tests.test_serve import (  # noqa: E402
     LABELS,
@@ -239,9 +240,9 @@ def test_binding_fails_first_with_one_line_and_no_url(tmp_path: Path) -> None:
     said: list[str] = []
     try:
         port = busy.getsockname()[1]
-        with pytest.raises(launch.BindError, match=f"cannot listen on 127.0.0.1:{port}: .*--port"):
+        with pytest.raises(BindError, match=f"cannot listen on 127.0.0.1:{port}: .*--port"):
             launch.listen(prepared, "127.0.0.1", port, say=said.append)
-        with pytest.raises(launch.BindError, match="cannot listen on no.such.host.invalid"):
+        with pytest.raises(BindError, match="cannot listen on no.such.host.invalid"):
             launch.listen(prepared, "no.such.host.invalid", 0, say=said.append)
     finally:
         busy.close()

@@ -24,11 +24,11 @@ from camkit.serve.batcher import MapBatcher
 from camkit.serve.explorer import Explorer
 from camkit.serve.gallery import RunViews
 from camkit.serve.http import error
-from camkit.serve.launch import bind, serve_in_thread
 from camkit.serve.logs import LOG, printable, request_line
 from camkit.serve.progress import Cancelled
 from camkit.serve.prompts import Prompts
 from camkit.serve.routes import ServerState, all_routes
+from camkit.serve.sockets import bind, serve_in_thread
 
 
 def create_app(

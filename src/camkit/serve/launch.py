@@ -1,15 +1,12 @@
 """Starting the explorer for ``camkit serve`` (the CLI imports this module only, lazily) and
 :func:`camkit.serve.notebook.explore`: the gallery from paths, the app, binding, listening. The
-address is bound *before* the URL is printed: a busy port fails in one line (:class:`BindError`).
+address is bound *before* the URL is printed: a busy port fails in one line (:class:`~camkit.serve.sockets.BindError`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +25,7 @@ from camkit.runs.strategies import STRATEGIES_FILE
 from camkit.serve import clips, security
 from camkit.serve.gallery import Entry, Prediction, RunViews, read_run, read_strategies, scan
 from camkit.serve.logs import configure
-
-START_SECONDS = 30.0  # a server in a thread must listen within this
-
-
-class BindError(ArgumentError):
-    """The address cannot be listened on (a busy port, an address this machine does not have)."""
+from camkit.serve.sockets import bind
 
 
 @dataclass
@@ -107,27 +99,6 @@ def open_gallery(
     if not gallery.entries:
         raise ArgumentError(f"no images found in {', '.join(map(str, paths))}")
     return gallery
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`BindError`."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as failed:
-        raise BindError(f"cannot listen on {host}: not an address ({failed.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-    except OSError as failed:
-        sock.close()
-        reason = failed.strerror or str(failed)
-        hint = "; pick another --port" if failed.errno == 98 else ""
-        raise BindError(f"cannot listen on {host}:{port}: {reason}{hint}") from None
-    sock.set_inheritable(True)
-    return sock
 
 
 def checkpoint_names(model: str, weights: Sequence[str | None]) -> dict[str, str]:
@@ -215,37 +186,13 @@ def app_for(
     )
 
 
-def serve_in_thread(app: Any, sock: socket.socket, name: str) -> tuple[Any, threading.Thread]:
-    """uvicorn serving ``app`` on ``sock`` in a daemon thread, once started -> (server, thread)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-
-    def serve() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            sock.close()
-
-    thread = threading.Thread(target=serve, daemon=True, name=name)
-    thread.start()
-    deadline = time.monotonic() + START_SECONDS
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            server.should_exit = True
-            raise ArgumentError("the explorer did not start (see the log above)")
-        time.sleep(0.02)
-    return server, thread
-
-
 def listen(
     prepared: Prepared,
     host: str,
     port: int,
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> None:
-    """Bind ``host:port`` (:class:`BindError` when it cannot), then print the URL and serve
+    """Bind ``host:port`` (:class:`~camkit.serve.sockets.BindError` when it cannot), then print the URL and serve
     until interrupted, logging each request (:mod:`camkit.serve.logs`)."""
     import uvicorn
 

@@ -22,7 +22,8 @@ from camkit.models.load import class_names
 from camkit.models.vlm import HF_PREFIX, LoadedVLM, load_vlm
 from camkit.serve import clips, security, web_stack_missing
 from camkit.serve.gallery import Entry
-from camkit.serve.launch import Gallery, app_for, bind, open_gallery, serve_in_thread, url_of
+from camkit.serve.launch import Gallery, app_for, open_gallery, url_of
+from camkit.serve.sockets import bind, serve_in_thread
 
 LOOPBACK = "127.0.0.1"
 

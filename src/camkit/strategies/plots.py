@@ -8,13 +8,18 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 from matplotlib.figure import Figure
 
 from camkit import io, viz
-from camkit.strategies.results import ClassStrategies, Cluster
+
+# the result types of camkit.strategies.results, which imports this module for its rich displays:
+# named here by what they are, not imported (no import circle)
+ClassStrategies = Any
+Cluster = Any
 
 
 def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:
