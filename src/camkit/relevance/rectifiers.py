@@ -19,6 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -189,7 +190,7 @@ def rectified(
         log.rectifiers += 1
         if torch.is_grad_enabled() and x.requires_grad:
             inplace = bool(bound.get("inplace", rectifier.inplace))
-            call = lambda: func(*args, **kwargs)  # noqa: E731
+            call = partial(func, *args, **kwargs)
             return _RectifierBackward.apply(x, call, rule or _BACKWARDS[log.rule], upper, inplace)
     return func(*args, **kwargs)
 

@@ -1,6 +1,7 @@
 """Starting the explorer for ``camkit serve`` (the CLI imports this module only, lazily) and
 :func:`camkit.serve.notebook.explore`: the gallery from paths, the app, binding, listening. The
-address is bound *before* the URL is printed: a busy port fails in one line (:class:`~camkit.serve.sockets.BindError`).
+address is bound *before* the URL is printed: a busy port fails in one line
+(:class:`~camkit.serve.sockets.BindError`).
 """
 
 from __future__ import annotations
@@ -192,8 +193,8 @@ def listen(
     port: int,
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> None:
-    """Bind ``host:port`` (:class:`~camkit.serve.sockets.BindError` when it cannot), then print the URL and serve
-    until interrupted, logging each request (:mod:`camkit.serve.logs`)."""
+    """Bind ``host:port`` (:class:`~camkit.serve.sockets.BindError` when it cannot), then print
+    the URL and serve until interrupted, logging each request (:mod:`camkit.serve.logs`)."""
     import uvicorn
 
     sock = bind(host, port)

@@ -18,8 +18,8 @@ from camkit import io, viz
 
 # the result types of camkit.strategies.results, which imports this module for its rich displays:
 # named here by what they are, not imported (no import circle)
-ClassStrategies = Any
-Cluster = Any
+Strategies = Any  # a ClassStrategies
+ClusterResult = Any  # a Cluster
 
 
 def prototype_picture(prototype: np.ndarray, side: int = 128, colormap: str = "jet") -> np.ndarray:
@@ -48,7 +48,7 @@ def montage(pictures: Sequence[np.ndarray], columns: int = 8, side: int = 96) ->
     return sheet
 
 
-def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
+def eigengap_figure(found: Strategies, title: str | None = None) -> Figure:
     """The smallest eigenvalues of the normalised Laplacian, the suggested ``k`` marked."""
     figure = Figure(figsize=(4.2, 3.0), layout="constrained")
     ax = figure.subplots()
@@ -63,7 +63,7 @@ def eigengap_figure(found: ClassStrategies, title: str | None = None) -> Figure:
     return figure
 
 
-def embedding_figure(found: ClassStrategies, title: str | None = None) -> Figure:
+def embedding_figure(found: Strategies, title: str | None = None) -> Figure:
     """The 2-D embedding, one colour per cluster (noise grey)."""
     figure = Figure(figsize=(4.2, 3.6), layout="constrained")
     ax = figure.subplots()
@@ -86,7 +86,7 @@ def save_figure(figure: Figure, path: str) -> None:
     figure.savefig(path, dpi=110)
 
 
-def prototype_png(cluster: Cluster, side: int = 96) -> bytes:
+def prototype_png(cluster: ClusterResult, side: int = 96) -> bytes:
     """The cluster's prototype (its mean pooled map) as PNG bytes."""
     return io.encode_image(prototype_picture(cluster.prototype, side), "png")
 
@@ -95,7 +95,7 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _row(class_id: int | None, cluster: Cluster) -> str:
+def _row(class_id: int | None, cluster: ClusterResult) -> str:
     picture = base64.b64encode(prototype_png(cluster, 48)).decode("ascii")
     return (
         f"<tr><td>{html.escape(str(class_id))}</td><td>{cluster.id}</td>"
@@ -105,7 +105,7 @@ def _row(class_id: int | None, cluster: Cluster) -> str:
     )
 
 
-def table(classes: Iterable[ClassStrategies], skipped: dict[int, str] | None = None) -> str:
+def table(classes: Iterable[Strategies], skipped: dict[int, str] | None = None) -> str:
     """The clusters of ``classes`` as an HTML table, the most suspicious of a class first (and
     the classes skipped, with why)."""
     head = (

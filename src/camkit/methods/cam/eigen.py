@@ -97,15 +97,16 @@ class KPCACAM(BaseCAM):
         """``(..., n, C) -> (..., n, n)``: the kernel between the rows of ``x``."""
         gamma = 1.0 / x.shape[-1] if self.gamma is None else self.gamma
         dot = x @ x.transpose(-1, -2)
-        if self.kernel == "cosine":
-            unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-            return unit @ unit.transpose(-1, -2)
-        return {
-            "linear": lambda: dot,
-            "poly": lambda: (gamma * dot + self.coef0) ** self.degree,
-            "sigmoid": lambda: torch.tanh(gamma * dot + self.coef0),
-            "rbf": lambda: torch.exp(-gamma * torch.cdist(x, x).square()),
-        }[self.kernel]()
+        if self.kernel == "linear":
+            return dot
+        if self.kernel == "poly":
+            return (gamma * dot + self.coef0) ** self.degree
+        if self.kernel == "sigmoid":
+            return torch.tanh(gamma * dot + self.coef0)
+        if self.kernel == "rbf":
+            return torch.exp(-gamma * torch.cdist(x, x).square())
+        unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        return unit @ unit.transpose(-1, -2)
 
     def layer_map(self, act: Tensor, grad: Tensor | None) -> Tensor:
         grid = act.shape[3:]
