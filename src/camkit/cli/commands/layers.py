@@ -33,7 +33,6 @@ def run_layers(args: argparse.Namespace) -> int:
     except CamkitError as error:
         default = None
         print(f"camkit: no default CAM layer: {error}", file=sys.stderr)
-    calls.sort(key=lambda call: call.started)
     total = len(calls)
     if args.match is not None:
         calls = [call for call in calls if matches(call.name, args.match)]
